@@ -1,0 +1,102 @@
+/*
+ * backward.c: kiln_backward reads the trace backwards from the loss and records the gradient of
+ * every node that needs one, with the same op functions as the forward pass. Leaf gradients
+ * (persistent tensors with requires_grad) are written into their .grad buffers at the end, by
+ * one recorded assign or accumulate per leaf.
+ */
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../core/internal.h"
+
+struct kiln__bw {
+  kiln_ctx *ctx;
+  kiln_tensor **leaves;
+  int nleaves, cap;
+};
+
+static bool add_grad(kiln__bw *b, kiln_tensor *t, kiln_tensor *g) {
+  if (!g) return false;
+  if (!t->bw_acc) {
+    t->bw_acc = g;
+    if (t->persistent) {
+      if (b->nleaves == b->cap) {
+        int cap = b->cap ? 2 * b->cap : 32;
+        kiln_tensor **l = realloc(b->leaves, (size_t)cap * sizeof *l);
+        if (!l) {
+          kiln__error(b->ctx, KILN_ERR_OOM, "kiln_backward: out of host memory");
+          return false;
+        }
+        b->leaves = l;
+        b->cap = cap;
+      }
+      b->leaves[b->nleaves++] = t;
+    }
+    return true;
+  }
+  t->bw_acc = kiln_add(t->bw_acc, g);
+  return t->bw_acc != NULL;
+}
+
+static bool write_leaf(kiln__bw *b, kiln_tensor *t) {
+  kiln_ctx *ctx = b->ctx;
+  kiln_tensor *g = t->bw_acc;
+  t->bw_acc = NULL;
+  if (!t->grad) {
+    t->grad = kiln__tensor_persistent(ctx, KILN_DTYPE_F32, t->ndim, t->shape, false);
+    if (!t->grad) return false;
+    /* owned by t, not by the context's list */
+    KILN_ASSERT(ctx->persistents[ctx->npersistent - 1] == t->grad);
+    ctx->npersistent--;
+    char name[sizeof t->name + 8];
+    snprintf(name, sizeof name, "%s.grad", t->name);
+    kiln_tensor_set_name(t->grad, name);
+    t->grad_valid = false;
+  }
+  if (g->ndim != t->ndim) g = kiln_reshape(g, kiln_tensor_shape(t));
+  kiln_tensor *in[2] = {t->grad, g};
+  kiln__node *n = kiln__update(t->grad_valid ? KILN__OP_ACCUM : KILN__OP_ASSIGN, "kiln_backward",
+                               2, in);
+  if (!n) return false;
+  t->grad_valid = true;
+  return true;
+}
+
+kiln_status kiln_backward(kiln_tensor *loss) {
+  kiln_ctx *ctx = kiln_tensor_ctx(loss);
+  if (!ctx) return KILN_ERR_INVALID;
+  if (!kiln__ok(ctx)) return ctx->status;
+  if (!kiln__check(ctx, loss, __func__)) return ctx->status;
+  char sh[96];
+  if (kiln_tensor_numel(loss) != 1 || loss->dtype != KILN_DTYPE_F32)
+    return kiln__error(ctx, KILN_ERR_SHAPE, "kiln_backward: the loss must be one f32 element, got "
+                       "%s %s",
+                       kiln__shape_of(loss, sh, sizeof sh), kiln_dtype_name(loss->dtype));
+  if (!loss->requires_grad || loss->node < 0)
+    return kiln__error(ctx, KILN_ERR_STATE,
+                       "kiln_backward: the loss does not require grad (no tensor with "
+                       "requires_grad reaches it, or it was computed under no-grad)");
+  kiln__bw b = {.ctx = ctx};
+  kiln_no_grad_begin(ctx);
+  loss->bw_acc = kiln_full(ctx, kiln_tensor_shape(loss), 1.f);
+  for (int32_t i = loss->node; i >= 0 && kiln__ok(ctx); i--) {
+    /* nodes recorded by this walk land after loss->node, so indices below it stay put */
+    kiln__node *n = &ctx->trace.nodes[i];
+    kiln_tensor *out = n->out;
+    if (!out || !out->bw_acc) continue;
+    kiln_tensor *g = out->bw_acc;
+    out->bw_acc = NULL;
+    if (!out->requires_grad) continue;
+    kiln_tensor *gin[KILN__MAX_IN] = {0};
+    kiln__node copy = *n; /* the trace may move when it grows */
+    kiln__ops[copy.op].grad(&b, &copy, g, gin);
+    for (int k = 0; k < copy.nin; k++)
+      if (gin[k] && copy.in[k]->requires_grad) add_grad(&b, copy.in[k], gin[k]);
+  }
+  for (int k = 0; k < b.nleaves && kiln__ok(ctx); k++) write_leaf(&b, b.leaves[k]);
+  for (int k = 0; k < b.nleaves; k++) b.leaves[k]->bw_acc = NULL;
+  kiln_no_grad_end(ctx);
+  free(b.leaves);
+  return ctx->status;
+}

@@ -1,0 +1,279 @@
+/*
+ * rules.c: the backward rule of every op in ops.def that has one. A rule records the gradients of
+ * a node's inputs with the ordinary op functions, so backward ops are traced (and later fused)
+ * like forward ones. Rules skip inputs that do not need a gradient.
+ */
+#include <string.h>
+
+#include "../core/internal.h"
+
+#define NEED(i) (n->in[i]->requires_grad)
+
+/* Sums g over the dims that broadcasting added or stretched, then shapes it as (ndim, shape). */
+kiln_tensor *kiln__unbroadcast(kiln_tensor *g, int ndim, const int64_t *shape) {
+  if (!g) return NULL;
+  unsigned mask = 0;
+  int lead = g->ndim - ndim;
+  for (int d = 0; d < g->ndim; d++) {
+    int j = d - lead;
+    if (j < 0 || (shape[j] == 1 && g->shape[d] != 1)) mask |= 1u << d;
+  }
+  kiln_shape s = {.ndim = ndim};
+  memcpy(s.d, shape, (size_t)ndim * sizeof *shape);
+  if (mask == 0) return g->ndim == ndim ? g : kiln_reshape(g, s);
+  kiln_tensor *r = kiln__reduce(KILN__OP_SUM, "kiln_backward", g, mask, 1, 1.f);
+  return kiln_reshape(r, s);
+}
+
+static kiln_tensor *ub(kiln_tensor *g, const kiln_tensor *like) {
+  return kiln__unbroadcast(g, like->ndim, like->shape);
+}
+
+static kiln_tensor *zeros_like_scalar(kiln_ctx *ctx) { return kiln_full(ctx, KILN_SCALAR_SHAPE, 0.f); }
+
+void kiln__grad_NONE(kiln__bw *b, const kiln__node *n, kiln_tensor *g, kiln_tensor **gin) {
+  (void)b, (void)n, (void)g, (void)gin;
+  KILN_ASSERT(!"backward through an op without a gradient");
+}
+
+void kiln__grad_add(kiln__bw *b, const kiln__node *n, kiln_tensor *g, kiln_tensor **gin) {
+  (void)b;
+  if (NEED(0)) gin[0] = ub(g, n->in[0]);
+  if (NEED(1)) gin[1] = ub(g, n->in[1]);
+}
+
+void kiln__grad_sub(kiln__bw *b, const kiln__node *n, kiln_tensor *g, kiln_tensor **gin) {
+  (void)b;
+  if (NEED(0)) gin[0] = ub(g, n->in[0]);
+  if (NEED(1)) gin[1] = ub(kiln_neg(g), n->in[1]);
+}
+
+void kiln__grad_mul(kiln__bw *b, const kiln__node *n, kiln_tensor *g, kiln_tensor **gin) {
+  (void)b;
+  if (NEED(0)) gin[0] = ub(kiln_mul(g, n->in[1]), n->in[0]);
+  if (NEED(1)) gin[1] = ub(kiln_mul(g, n->in[0]), n->in[1]);
+}
+
+void kiln__grad_div(kiln__bw *b, const kiln__node *n, kiln_tensor *g, kiln_tensor **gin) {
+  (void)b;
+  kiln_tensor *ga = kiln_div(g, n->in[1]);
+  if (NEED(0)) gin[0] = ub(ga, n->in[0]);
+  /* d(a/b)/db = -(a/b)/b */
+  if (NEED(1)) gin[1] = ub(kiln_neg(kiln_mul(ga, n->out)), n->in[1]);
+}
+
+/* maximum/minimum: the gradient goes to the chosen input, split evenly on ties (as PyTorch). */
+static void grad_minmax(const kiln__node *n, kiln_tensor *g, kiln_tensor **gin, bool max) {
+  kiln_tensor *a = n->in[0], *c = n->in[1];
+  kiln_tensor *wins = max ? kiln_gt(a, c) : kiln_lt(a, c);
+  kiln_tensor *wa = kiln_add(wins, kiln_mul_scalar(kiln_eq(a, c), 0.5f));
+  if (NEED(0)) gin[0] = ub(kiln_mul(g, wa), a);
+  if (NEED(1)) gin[1] = ub(kiln_mul(g, kiln_add_scalar(kiln_neg(wa), 1.f)), c);
+}
+void kiln__grad_maximum(kiln__bw *b, const kiln__node *n, kiln_tensor *g, kiln_tensor **gin) {
+  (void)b;
+  grad_minmax(n, g, gin, true);
+}
+void kiln__grad_minimum(kiln__bw *b, const kiln__node *n, kiln_tensor *g, kiln_tensor **gin) {
+  (void)b;
+  grad_minmax(n, g, gin, false);
+}
+
+void kiln__grad_where(kiln__bw *b, const kiln__node *n, kiln_tensor *g, kiln_tensor **gin) {
+  (void)b;
+  kiln_tensor *z = zeros_like_scalar(g->ctx);
+  if (NEED(1)) gin[1] = ub(kiln_where(n->in[0], g, z), n->in[1]);
+  if (NEED(2)) gin[2] = ub(kiln_where(n->in[0], z, g), n->in[2]);
+}
+
+void kiln__grad_neg(kiln__bw *b, const kiln__node *n, kiln_tensor *g, kiln_tensor **gin) {
+  (void)b, (void)n;
+  gin[0] = kiln_neg(g);
+}
+void kiln__grad_exp(kiln__bw *b, const kiln__node *n, kiln_tensor *g, kiln_tensor **gin) {
+  (void)b;
+  gin[0] = kiln_mul(g, n->out);
+}
+void kiln__grad_log(kiln__bw *b, const kiln__node *n, kiln_tensor *g, kiln_tensor **gin) {
+  (void)b;
+  gin[0] = kiln_div(g, n->in[0]);
+}
+void kiln__grad_sqrt(kiln__bw *b, const kiln__node *n, kiln_tensor *g, kiln_tensor **gin) {
+  (void)b;
+  gin[0] = kiln_div(kiln_mul_scalar(g, 0.5f), n->out);
+}
+void kiln__grad_rsqrt(kiln__bw *b, const kiln__node *n, kiln_tensor *g, kiln_tensor **gin) {
+  (void)b;
+  /* d x^-1/2 = -1/2 x^-3/2 = -1/2 y^3 */
+  gin[0] = kiln_mul(g, kiln_mul_scalar(kiln_pow_scalar(n->out, 3.f), -0.5f));
+}
+void kiln__grad_tanh(kiln__bw *b, const kiln__node *n, kiln_tensor *g, kiln_tensor **gin) {
+  (void)b;
+  gin[0] = kiln_mul(g, kiln_add_scalar(kiln_neg(kiln_mul(n->out, n->out)), 1.f));
+}
+void kiln__grad_sigmoid(kiln__bw *b, const kiln__node *n, kiln_tensor *g, kiln_tensor **gin) {
+  (void)b;
+  gin[0] = kiln_mul(g, kiln_mul(n->out, kiln_add_scalar(kiln_neg(n->out), 1.f)));
+}
+void kiln__grad_relu(kiln__bw *b, const kiln__node *n, kiln_tensor *g, kiln_tensor **gin) {
+  (void)b;
+  kiln_tensor *in[2] = {g, n->out};
+  gin[0] = kiln__ew(KILN__OP_RELU_GRAD, "kiln_backward", 2, in, NULL, 0);
+}
+void kiln__grad_gelu_erf(kiln__bw *b, const kiln__node *n, kiln_tensor *g, kiln_tensor **gin) {
+  (void)b;
+  kiln_tensor *in[2] = {g, n->in[0]};
+  gin[0] = kiln__ew(KILN__OP_GELU_ERF_GRAD, "kiln_backward", 2, in, NULL, 0);
+}
+void kiln__grad_gelu_tanh(kiln__bw *b, const kiln__node *n, kiln_tensor *g, kiln_tensor **gin) {
+  (void)b;
+  kiln_tensor *in[2] = {g, n->in[0]};
+  gin[0] = kiln__ew(KILN__OP_GELU_TANH_GRAD, "kiln_backward", 2, in, NULL, 0);
+}
+void kiln__grad_add_scalar(kiln__bw *b, const kiln__node *n, kiln_tensor *g, kiln_tensor **gin) {
+  (void)b, (void)n;
+  gin[0] = g;
+}
+void kiln__grad_mul_scalar(kiln__bw *b, const kiln__node *n, kiln_tensor *g, kiln_tensor **gin) {
+  (void)b;
+  gin[0] = kiln_mul_scalar(g, n->f[0]);
+}
+void kiln__grad_pow_scalar(kiln__bw *b, const kiln__node *n, kiln_tensor *g, kiln_tensor **gin) {
+  (void)b;
+  float e = n->f[0];
+  if (e == 0.f) {
+    gin[0] = kiln_mul_scalar(g, 0.f);
+    return;
+  }
+  kiln_tensor *d = e == 1.f ? NULL : kiln_mul_scalar(kiln_pow_scalar(n->in[0], e - 1.f), e);
+  gin[0] = d ? kiln_mul(g, d) : g;
+}
+void kiln__grad_clamp(kiln__bw *b, const kiln__node *n, kiln_tensor *g, kiln_tensor **gin) {
+  (void)b;
+  kiln_tensor *in[2] = {g, n->in[0]};
+  gin[0] = kiln__ew(KILN__OP_CLAMP_GRAD, "kiln_backward", 2, in, n->f, 2);
+}
+void kiln__grad_copy(kiln__bw *b, const kiln__node *n, kiln_tensor *g, kiln_tensor **gin) {
+  (void)b, (void)n;
+  gin[0] = g;
+}
+void kiln__grad_dropout(kiln__bw *b, const kiln__node *n, kiln_tensor *g, kiln_tensor **gin) {
+  (void)b;
+  /* the same Philox draw (seed, offset) recomputes the same mask */
+  kiln_tensor *out = kiln__ew(KILN__OP_DROPOUT, "kiln_backward", 1, &g, n->f, 2);
+  if (out) {
+    kiln__node *m = &g->ctx->trace.nodes[out->node];
+    m->u[0] = n->u[0];
+    m->u[1] = n->u[1];
+  }
+  gin[0] = out;
+}
+
+/* The gradient of a reduction, broadcast back over the reduced axes (a view, no copy). */
+static kiln_tensor *spread(const kiln__node *n, kiln_tensor *g) {
+  const kiln_tensor *x = n->in[0];
+  kiln_shape keep = {.ndim = x->ndim}, full = {.ndim = x->ndim};
+  for (int d = 0; d < x->ndim; d++) {
+    keep.d[d] = (n->i[0] & (1u << d)) ? 1 : x->shape[d];
+    full.d[d] = x->shape[d];
+  }
+  return kiln_expand(kiln_reshape(g, keep), full);
+}
+
+void kiln__grad_sum(kiln__bw *b, const kiln__node *n, kiln_tensor *g, kiln_tensor **gin) {
+  (void)b;
+  kiln_tensor *s = spread(n, g);
+  gin[0] = n->f[0] == 1.f ? s : kiln_mul_scalar(s, n->f[0]);
+}
+
+void kiln__grad_max(kiln__bw *b, const kiln__node *n, kiln_tensor *g, kiln_tensor **gin) {
+  (void)b;
+  /* split evenly among the elements equal to the maximum (PyTorch's amax) */
+  kiln_tensor *hit = kiln_eq(n->in[0], spread(n, n->out));
+  kiln_tensor *count = kiln__reduce(KILN__OP_SUM, "kiln_backward", hit, (unsigned)n->i[0], 1, 1.f);
+  gin[0] = kiln_div(kiln_mul(spread(n, g), hit), count);
+}
+
+void kiln__grad_matmul(kiln__bw *b, const kiln__node *n, kiln_tensor *g, kiln_tensor **gin) {
+  (void)b;
+  kiln_tensor *a = n->in[0], *c = n->in[1];
+  if (NEED(0)) gin[0] = ub(kiln_matmul(g, kiln_transpose(c, -1, -2)), a);
+  if (NEED(1)) {
+    if (a->ndim == 3 && c->ndim == 2 && kiln__is_contiguous(a)) {
+      /* (B,M,K) x (K,N): dB = A^T dC over all B*M rows, one product */
+      int64_t rows = a->shape[0] * a->shape[1];
+      kiln_tensor *a2 = kiln_reshape(a, KILN_SHAPE(rows, a->shape[2]));
+      kiln_tensor *g2 = kiln_reshape(g, KILN_SHAPE(rows, g->shape[2]));
+      gin[1] = kiln_matmul(kiln_transpose(a2, 0, 1), g2);
+    } else {
+      gin[1] = ub(kiln_matmul(kiln_transpose(a, -1, -2), g), c);
+    }
+  }
+}
+
+void kiln__grad_reshape(kiln__bw *b, const kiln__node *n, kiln_tensor *g, kiln_tensor **gin) {
+  (void)b;
+  gin[0] = kiln_reshape(g, kiln_tensor_shape(n->in[0]));
+}
+
+void kiln__grad_permute(kiln__bw *b, const kiln__node *n, kiln_tensor *g, kiln_tensor **gin) {
+  (void)b;
+  kiln_axes inv = {.n = n->in[0]->ndim};
+  for (int i = 0; i < inv.n; i++) inv.a[n->i[i]] = i;
+  gin[0] = kiln_permute(g, inv);
+}
+
+void kiln__grad_expand(kiln__bw *b, const kiln__node *n, kiln_tensor *g, kiln_tensor **gin) {
+  (void)b;
+  gin[0] = ub(g, n->in[0]);
+}
+
+/* Zeros of x's shape but length len along axis. */
+static kiln_tensor *zeros_along(kiln_ctx *ctx, const kiln_tensor *x, int axis, int64_t len) {
+  kiln_shape s = kiln_tensor_shape(x);
+  s.d[axis] = len;
+  return kiln_full(ctx, s, 0.f);
+}
+
+void kiln__grad_slice(kiln__bw *b, const kiln__node *n, kiln_tensor *g, kiln_tensor **gin) {
+  (void)b;
+  kiln_ctx *ctx = g->ctx;
+  const kiln_tensor *x = n->in[0];
+  int axis = (int)n->i[0];
+  int64_t start = n->i[1], step = n->i[2], len = g->shape[axis], full = x->shape[axis];
+  kiln_tensor *spaced = g;
+  if (step > 1 && len > 0) {
+    /* interleave step-1 zeros after every element: (.., len, step, ..) then merge the two axes */
+    kiln_shape us = kiln_tensor_shape(g);
+    for (int d = us.ndim; d > axis + 1; d--) us.d[d] = us.d[d - 1];
+    us.d[axis + 1] = 1;
+    us.ndim++;
+    kiln_tensor *gu = kiln_reshape(g, us);
+    us.d[axis + 1] = step - 1;
+    kiln_tensor *parts[2] = {gu, kiln_full(ctx, us, 0.f)};
+    kiln_tensor *inter = kiln_concat(2, parts, axis + 1);
+    kiln_shape ms = kiln_tensor_shape(g);
+    ms.d[axis] = len * step;
+    spaced = kiln_reshape(inter, ms);
+    int64_t keep = full - start < len * step ? full - start : len * step;
+    spaced = kiln_slice(spaced, axis, 0, keep, 1);
+  }
+  int64_t have = spaced ? spaced->shape[axis] : 0;
+  kiln_tensor *parts[3];
+  int np = 0;
+  if (start > 0) parts[np++] = zeros_along(ctx, x, axis, start);
+  parts[np++] = spaced;
+  if (full - start - have > 0) parts[np++] = zeros_along(ctx, x, axis, full - start - have);
+  gin[0] = np == 1 ? spaced : kiln_concat(np, parts, axis);
+}
+
+void kiln__grad_concat(kiln__bw *b, const kiln__node *n, kiln_tensor *g, kiln_tensor **gin) {
+  (void)b;
+  int axis = (int)n->i[0];
+  int64_t start = 0;
+  for (int k = 0; k < n->nin; k++) {
+    int64_t len = n->in[k]->shape[axis];
+    if (NEED(k)) gin[k] = kiln_slice(g, axis, start, start + len, 1);
+    start += len;
+  }
+}

@@ -1,0 +1,216 @@
+/*
+ * ctx.c: the context: device, stream, cuBLAS/cuBLASLt handles and workspace, options from the
+ * environment, the host RNG, steps (generations of intermediates) and statistics.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+#ifndef KILN_DEFAULT_ARCH
+#define KILN_DEFAULT_ARCH 90
+#endif
+
+#define KILN__WORKSPACE_BYTES ((size_t)32 << 20)
+
+static char *env_dup(const char *name) {
+  const char *v = getenv(name);
+  return (v && *v) ? strdup(v) : NULL;
+}
+
+static char *default_cache_dir(void) {
+  char *dir = env_dup("KILN_CACHE_DIR");
+  if (dir) return dir;
+  const char *home = getenv("HOME");
+  if (!home || !*home) return NULL;
+  size_t n = strlen(home) + 32;
+  dir = malloc(n);
+  if (dir) snprintf(dir, n, "%s/.cache/kiln", home);
+  return dir;
+}
+
+static void gpu_init(kiln_ctx *ctx, int device) {
+  int count = 0;
+  cudaError_t e = cudaGetDeviceCount(&count);
+  if (e != cudaSuccess || count == 0) {
+    kiln__error(ctx, KILN_ERR_STATE, "kiln_ctx_new: no CUDA device: %s",
+                e != cudaSuccess ? cudaGetErrorString(e) : "cudaGetDeviceCount found 0 devices");
+    (void)cudaGetLastError();
+    return;
+  }
+  if (device < 0 || device >= count) {
+    kiln__error(ctx, KILN_ERR_INVALID, "kiln_ctx_new: device %d out of range [0, %d)", device,
+                count);
+    return;
+  }
+  struct cudaDeviceProp prop;
+  if (KILN_CUDA_FAILED(ctx, cudaSetDevice(device)) ||
+      KILN_CUDA_FAILED(ctx, cudaGetDeviceProperties(&prop, device)))
+    return;
+  if (prop.major < 7) {
+    kiln__error(ctx, KILN_ERR_STATE,
+                "kiln_ctx_new: device %d (%s) has compute capability %d.%d; kiln needs 7.0 or "
+                "newer",
+                device, prop.name, prop.major, prop.minor);
+    return;
+  }
+  ctx->arch = prop.major * 10 + prop.minor;
+  ctx->num_sms = prop.multiProcessorCount;
+  if (KILN_CUDA_FAILED(ctx, cudaStreamCreateWithFlags(&ctx->stream, cudaStreamNonBlocking)) ||
+      KILN_CUBLAS_FAILED(ctx, cublasCreate(&ctx->cublas)) ||
+      KILN_CUBLAS_FAILED(ctx, cublasSetStream(ctx->cublas, ctx->stream)) ||
+      KILN_CUBLAS_FAILED(ctx, cublasLtCreate(&ctx->cublaslt)) ||
+      KILN_CUDA_FAILED(ctx, cudaMalloc(&ctx->lt_workspace, KILN__WORKSPACE_BYTES)))
+    return;
+  ctx->lt_workspace_bytes = KILN__WORKSPACE_BYTES;
+  if (KILN_CUBLAS_FAILED(ctx, cublasSetWorkspace(ctx->cublas, ctx->lt_workspace,
+                                                  ctx->lt_workspace_bytes)))
+    return;
+  ctx->has_gpu = true;
+}
+
+kiln_ctx *kiln_ctx_new(const kiln_ctx_options *opts) {
+  kiln_ctx *ctx = calloc(1, sizeof *ctx);
+  if (!ctx) return NULL;
+  kiln_ctx_options o = {0};
+  if (opts) o = *opts;
+  ctx->device = o.device;
+  ctx->arch = KILN_DEFAULT_ARCH;
+  ctx->num_sms = 132;
+  ctx->gen = 1;
+  const char *tf32 = getenv("KILN_TF32");
+  ctx->tf32 = !(tf32 && strcmp(tf32, "0") == 0);
+  const char *seed = getenv("KILN_SEED");
+  kiln_manual_seed(ctx, seed ? strtoull(seed, NULL, 0) : 0);
+  ctx->cache_dir = default_cache_dir();
+  ctx->dump_dir = env_dup("KILN_DUMP_KERNELS");
+  int major = 0, minor = 0;
+  nvrtcVersion(&major, &minor);
+  ctx->nvrtc_version = major * 1000 + minor;
+  if (!o.no_gpu) gpu_init(ctx, o.device);
+  return ctx;
+}
+
+static void release_step_storages(kiln_ctx *ctx) {
+  for (kiln__storage *s = ctx->step_storages; s; s = s->next) {
+    if (s->ptr) kiln__dev_free(ctx, s->ptr);
+    s->ptr = NULL;
+  }
+  ctx->step_storages = NULL;
+}
+
+void kiln_ctx_free(kiln_ctx *ctx) {
+  if (!ctx) return;
+  if (ctx->has_gpu) (void)cudaStreamSynchronize(ctx->stream);
+  release_step_storages(ctx);
+  while (ctx->npersistent > 0) kiln_tensor_free(ctx->persistents[ctx->npersistent - 1]);
+  free(ctx->persistents);
+  kiln__kernels_free(ctx);
+  kiln__alloc_release_all(ctx);
+  if (ctx->has_gpu) {
+    cublasLtDestroy(ctx->cublaslt);
+    cublasDestroy(ctx->cublas);
+    cudaFree(ctx->lt_workspace);
+    cudaStreamDestroy(ctx->stream);
+  }
+  kiln__arena_free(&ctx->arenas[0]);
+  kiln__arena_free(&ctx->arenas[1]);
+  free(ctx->trace.nodes);
+  free(ctx->cache_dir);
+  free(ctx->dump_dir);
+  free(ctx);
+}
+
+int kiln_ctx_has_gpu(const kiln_ctx *ctx) { return ctx && ctx->has_gpu; }
+
+const char *kiln_version(void) {
+#define KILN__S(x) #x
+#define KILN__XS(x) KILN__S(x)
+  return KILN__XS(KILN_VERSION_MAJOR) "." KILN__XS(KILN_VERSION_MINOR) "." KILN__XS(
+      KILN_VERSION_PATCH);
+}
+
+void kiln_set_tf32(kiln_ctx *ctx, int on) {
+  if (ctx) ctx->tf32 = on != 0;
+}
+int kiln_tf32(const kiln_ctx *ctx) { return ctx && ctx->tf32; }
+
+void kiln_manual_seed(kiln_ctx *ctx, uint64_t seed) {
+  if (!ctx) return;
+  ctx->seed = seed;
+  ctx->philox_offset = 0;
+  ctx->host_rng = seed ^ 0x5851f42d4c957f2dULL;
+}
+
+uint64_t kiln__rng_next(kiln_ctx *ctx) {
+  uint64_t z = (ctx->host_rng += 0x9e3779b97f4a7c15ULL);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+
+double kiln__rng_uniform(kiln_ctx *ctx) { return (double)(kiln__rng_next(ctx) >> 11) * 0x1.0p-53; }
+
+uint64_t kiln__hash(const void *p, size_t n, uint64_t h) {
+  const unsigned char *b = p;
+  if (h == 0) h = 0xcbf29ce484222325ULL;
+  for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 0x100000001b3ULL;
+  return h;
+}
+
+kiln_status kiln_sync(kiln_ctx *ctx) {
+  if (!ctx) return KILN_ERR_INVALID;
+  kiln_status s = kiln__flush(ctx);
+  if (s != KILN_OK) return s;
+  if (ctx->has_gpu && KILN_CUDA_FAILED(ctx, cudaStreamSynchronize(ctx->stream)))
+    return ctx->status;
+  return ctx->status;
+}
+
+void kiln_step_begin(kiln_ctx *ctx) {
+  if (!ctx) return;
+  /* Whatever was recorded before the step (an update outside it, say) runs first. */
+  if (ctx->has_gpu && ctx->trace.done < ctx->trace.n) kiln__flush(ctx);
+  release_step_storages(ctx);
+  for (int i = 0; i < ctx->npersistent; i++) ctx->persistents[i]->bw_acc = NULL;
+  ctx->trace.n = ctx->trace.done = 0;
+  ctx->gen++;
+  kiln__arena_reset(&ctx->arenas[ctx->gen & 1]);
+}
+
+kiln_status kiln_step_end(kiln_ctx *ctx) {
+  if (!ctx) return KILN_ERR_INVALID;
+  return kiln__flush(ctx);
+}
+
+void kiln_memory_stats(const kiln_ctx *ctx, kiln_mem_stats *out) {
+  if (!out) return;
+  memset(out, 0, sizeof *out);
+  if (!ctx) return;
+  out->in_use = ctx->alloc.in_use;
+  out->peak = ctx->alloc.peak;
+  out->cached = ctx->alloc.cached;
+  out->reserved = ctx->alloc.in_use + ctx->alloc.cached;
+  out->device_mallocs = ctx->alloc.device_mallocs;
+}
+
+void kiln_memory_reset_peak(kiln_ctx *ctx) {
+  if (ctx) ctx->alloc.peak = ctx->alloc.in_use;
+}
+
+void kiln_stats(const kiln_ctx *ctx, kiln_exec_stats *out) {
+  if (!out) return;
+  if (!ctx) {
+    memset(out, 0, sizeof *out);
+    return;
+  }
+  *out = ctx->stats;
+}
+
+void kiln_no_grad_begin(kiln_ctx *ctx) {
+  if (ctx) ctx->no_grad_depth++;
+}
+void kiln_no_grad_end(kiln_ctx *ctx) {
+  if (ctx && ctx->no_grad_depth > 0) ctx->no_grad_depth--;
+}
+int kiln_grad_enabled(const kiln_ctx *ctx) { return ctx && ctx->no_grad_depth == 0; }

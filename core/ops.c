@@ -1,0 +1,673 @@
+/*
+ * ops.c: the public ops. Each checks its inputs, makes the output's metadata and records one node
+ * (or, for composites such as softmax and cross_entropy, the few nodes they are made of).
+ * Nothing runs here.
+ */
+#include <inttypes.h>
+#include <math.h>
+#include <string.h>
+
+#include "internal.h"
+
+/* Returns the context of the inputs and checks every one; NULL when any is bad or the context
+ * has failed already (then nothing is recorded). */
+static kiln_ctx *begin(const char *fn, int n, kiln_tensor *const *in) {
+  kiln_ctx *ctx = kiln__ctx_of(n, in);
+  if (!ctx || !kiln__ok(ctx)) return NULL;
+  for (int i = 0; i < n; i++)
+    if (!kiln__check(ctx, in[i], fn)) return NULL;
+  return ctx;
+}
+
+static bool need_f32(kiln_ctx *ctx, const char *fn, int n, kiln_tensor *const *in) {
+  for (int i = 0; i < n; i++)
+    if (in[i]->dtype != KILN_DTYPE_F32)
+      return kiln__error(ctx, KILN_ERR_DTYPE, "%s: input %d is %s; this op takes f32", fn, i,
+                         kiln_dtype_name(in[i]->dtype)),
+             false;
+  return true;
+}
+
+bool kiln__broadcast_shape(kiln_ctx *ctx, const char *fn, int n, kiln_tensor *const *ts,
+                           int *ndim, int64_t *shape) {
+  int nd = 0;
+  for (int i = 0; i < n; i++)
+    if (ts[i]->ndim > nd) nd = ts[i]->ndim;
+  for (int d = 0; d < nd; d++) shape[d] = 1;
+  for (int i = 0; i < n; i++) {
+    const kiln_tensor *t = ts[i];
+    for (int j = 0; j < t->ndim; j++) {
+      int d = nd - t->ndim + j;
+      int64_t s = t->shape[j];
+      if (s == shape[d] || s == 1) continue;
+      if (shape[d] == 1) {
+        shape[d] = s;
+        continue;
+      }
+      char buf[512];
+      size_t k = 0;
+      for (int m = 0; m < n; m++) {
+        char sh[96];
+        k += (size_t)snprintf(buf + k, sizeof buf - k, "%s%s", m ? " and " : "",
+                              kiln__shape_of(ts[m], sh, sizeof sh));
+        if (k >= sizeof buf) break;
+      }
+      return kiln__error(ctx, KILN_ERR_SHAPE, "%s: shapes %s do not broadcast (dim %d: %" PRId64
+                         " vs %" PRId64 ")",
+                         fn, buf, d - nd, shape[d], s),
+             false;
+    }
+  }
+  *ndim = nd;
+  return true;
+}
+
+kiln_tensor *kiln__ew(kiln__op op, const char *fn, int nin, kiln_tensor *const *in,
+                      const float *f, int nf) {
+  kiln_ctx *ctx = begin(fn, nin, in);
+  if (!ctx || !need_f32(ctx, fn, nin, in)) return NULL;
+  int nd;
+  int64_t shape[KILN_MAX_DIMS];
+  if (!kiln__broadcast_shape(ctx, fn, nin, in, &nd, shape)) return NULL;
+  kiln_tensor *out = kiln__tensor_intermediate(ctx, KILN_DTYPE_F32, nd, shape);
+  if (!out) return NULL;
+  kiln__node *n = kiln__record(ctx, op, nin, in, out);
+  if (!n) return NULL;
+  for (int i = 0; i < nf; i++) n->f[i] = f[i];
+  return out;
+}
+
+#define BINARY(fname, OP)                                                                      \
+  kiln_tensor *fname(kiln_tensor *a, kiln_tensor *b) {                                         \
+    kiln_tensor *in[2] = {a, b};                                                               \
+    return kiln__ew(KILN__OP_##OP, __func__, 2, in, NULL, 0);                                  \
+  }
+BINARY(kiln_add, ADD)
+BINARY(kiln_sub, SUB)
+BINARY(kiln_mul, MUL)
+BINARY(kiln_div, DIV)
+BINARY(kiln_maximum, MAXIMUM)
+BINARY(kiln_minimum, MINIMUM)
+BINARY(kiln_eq, EQ)
+BINARY(kiln_ne, NE)
+BINARY(kiln_lt, LT)
+BINARY(kiln_le, LE)
+BINARY(kiln_gt, GT)
+BINARY(kiln_ge, GE)
+#undef BINARY
+
+#define UNARY(fname, OP)                                                                       \
+  kiln_tensor *fname(kiln_tensor *a) { return kiln__ew(KILN__OP_##OP, __func__, 1, &a, NULL, 0); }
+UNARY(kiln_neg, NEG)
+UNARY(kiln_exp, EXP)
+UNARY(kiln_log, LOG)
+UNARY(kiln_sqrt, SQRT)
+UNARY(kiln_rsqrt, RSQRT)
+UNARY(kiln_tanh, TANH)
+UNARY(kiln_sigmoid, SIGMOID)
+UNARY(kiln_relu, RELU)
+#undef UNARY
+
+kiln_tensor *kiln_where(kiln_tensor *cond, kiln_tensor *a, kiln_tensor *b) {
+  kiln_tensor *in[3] = {cond, a, b};
+  return kiln__ew(KILN__OP_WHERE, __func__, 3, in, NULL, 0);
+}
+
+kiln_tensor *kiln_gelu(kiln_tensor *a, kiln_gelu_approx approx) {
+  kiln_ctx *ctx = kiln_tensor_ctx(a);
+  if (approx != KILN_GELU_ERF && approx != KILN_GELU_TANH) {
+    if (ctx) kiln__error(ctx, KILN_ERR_INVALID, "kiln_gelu: unknown approximation %d", approx);
+    return NULL;
+  }
+  return kiln__ew(approx == KILN_GELU_ERF ? KILN__OP_GELU_ERF : KILN__OP_GELU_TANH, __func__, 1,
+                  &a, NULL, 0);
+}
+
+kiln_tensor *kiln_add_scalar(kiln_tensor *a, float s) {
+  return kiln__ew(KILN__OP_ADD_SCALAR, __func__, 1, &a, &s, 1);
+}
+kiln_tensor *kiln_mul_scalar(kiln_tensor *a, float s) {
+  return kiln__ew(KILN__OP_MUL_SCALAR, __func__, 1, &a, &s, 1);
+}
+kiln_tensor *kiln_pow_scalar(kiln_tensor *a, float e) {
+  return kiln__ew(KILN__OP_POW_SCALAR, __func__, 1, &a, &e, 1);
+}
+kiln_tensor *kiln_clamp(kiln_tensor *a, float lo, float hi) {
+  kiln_ctx *ctx = kiln_tensor_ctx(a);
+  if (ctx && kiln__ok(ctx) && !(lo <= hi)) {
+    kiln__error(ctx, KILN_ERR_INVALID, "kiln_clamp: lo %g is not <= hi %g", lo, hi);
+    return NULL;
+  }
+  float f[2] = {lo, hi};
+  return kiln__ew(KILN__OP_CLAMP, __func__, 1, &a, f, 2);
+}
+
+kiln_tensor *kiln_full(kiln_ctx *ctx, kiln_shape shape, float value) {
+  if (!kiln__ok(ctx)) return NULL;
+  if (shape.ndim < 0 || shape.ndim > KILN_MAX_DIMS)
+    return kiln__error(ctx, KILN_ERR_SHAPE, "kiln_full: %d dims; kiln takes 0 to %d", shape.ndim,
+                       KILN_MAX_DIMS),
+           NULL;
+  for (int i = 0; i < shape.ndim; i++)
+    if (shape.d[i] < 0)
+      return kiln__error(ctx, KILN_ERR_SHAPE, "kiln_full: dim %d is %" PRId64, i, shape.d[i]),
+             NULL;
+  kiln_tensor *out = kiln__tensor_intermediate(ctx, KILN_DTYPE_F32, shape.ndim, shape.d);
+  if (!out) return NULL;
+  kiln__node *n = kiln__record(ctx, KILN__OP_FILL, 0, NULL, out);
+  if (!n) return NULL;
+  n->f[0] = value;
+  return out;
+}
+
+kiln_tensor *kiln_cast(kiln_tensor *a, kiln_dtype dtype) {
+  kiln_ctx *ctx = begin(__func__, 1, &a);
+  if (!ctx) return NULL;
+  bool ok_in = a->dtype == KILN_DTYPE_F32 || a->dtype == KILN_DTYPE_I32;
+  bool ok_out = dtype == KILN_DTYPE_F32 || dtype == KILN_DTYPE_I32;
+  if (!ok_in || !ok_out)
+    return kiln__error(ctx, KILN_ERR_DTYPE, "kiln_cast: %s to %s is not supported (f32 and i32)",
+                       kiln_dtype_name(a->dtype), kiln_dtype_name(dtype)),
+           NULL;
+  kiln_tensor *out = kiln__tensor_intermediate(ctx, dtype, a->ndim, a->shape);
+  if (!out || !kiln__record(ctx, KILN__OP_CAST, 1, &a, out)) return NULL;
+  return out;
+}
+
+/* ---------------------------------------------------------------- reductions */
+
+/* Turns axes into a bit mask over ndim dims; an empty set means all. */
+static bool axes_mask(kiln_ctx *ctx, const char *fn, const kiln_tensor *a, kiln_axes axes,
+                      unsigned *mask) {
+  char sh[96];
+  if (axes.n < 0 || axes.n > KILN_MAX_DIMS)
+    return kiln__error(ctx, KILN_ERR_INVALID, "%s: %d axes given", fn, axes.n), false;
+  if (axes.n == 0) {
+    *mask = (1u << a->ndim) - 1;
+    return true;
+  }
+  unsigned m = 0;
+  for (int i = 0; i < axes.n; i++) {
+    int ax = axes.a[i] < 0 ? axes.a[i] + a->ndim : axes.a[i];
+    if (ax < 0 || ax >= a->ndim)
+      return kiln__error(ctx, KILN_ERR_SHAPE, "%s: axis %d out of range for %s (%d dims)", fn,
+                         axes.a[i], kiln__shape_of(a, sh, sizeof sh), a->ndim),
+             false;
+    if (m & (1u << ax))
+      return kiln__error(ctx, KILN_ERR_INVALID, "%s: axis %d given twice", fn, axes.a[i]), false;
+    m |= 1u << ax;
+  }
+  *mask = m;
+  return true;
+}
+
+kiln_tensor *kiln__reduce(kiln__op op, const char *fn, kiln_tensor *a, unsigned mask, int keepdim,
+                          float scale) {
+  kiln_ctx *ctx = a->ctx;
+  int nd = 0;
+  int64_t shape[KILN_MAX_DIMS];
+  for (int d = 0; d < a->ndim; d++) {
+    if (mask & (1u << d)) {
+      if (op != KILN__OP_SUM && a->shape[d] == 0) {
+        char sh[96];
+        return kiln__error(ctx, KILN_ERR_SHAPE, "%s: cannot reduce over the empty axis %d of %s",
+                           fn, d, kiln__shape_of(a, sh, sizeof sh)),
+               NULL;
+      }
+      if (keepdim) shape[nd++] = 1;
+    } else {
+      shape[nd++] = a->shape[d];
+    }
+  }
+  kiln_dtype dt = op == KILN__OP_ARGMAX ? KILN_DTYPE_I32 : KILN_DTYPE_F32;
+  kiln_tensor *out = kiln__tensor_intermediate(ctx, dt, nd, shape);
+  if (!out) return NULL;
+  kiln__node *n = kiln__record(ctx, op, 1, &a, out);
+  if (!n) return NULL;
+  n->i[0] = mask;
+  n->i[1] = keepdim != 0;
+  n->f[0] = scale;
+  return out;
+}
+
+static kiln_tensor *reduction(kiln__op op, const char *fn, kiln_tensor *a, kiln_axes axes,
+                              int keepdim, bool mean) {
+  kiln_ctx *ctx = begin(fn, 1, &a);
+  if (!ctx || !need_f32(ctx, fn, 1, &a)) return NULL;
+  unsigned mask;
+  if (!axes_mask(ctx, fn, a, axes, &mask)) return NULL;
+  int64_t r = 1;
+  for (int d = 0; d < a->ndim; d++)
+    if (mask & (1u << d)) r *= a->shape[d];
+  float scale = mean ? (r > 0 ? (float)(1.0 / (double)r) : NAN) : 1.f;
+  return kiln__reduce(op, fn, a, mask, keepdim, scale);
+}
+
+kiln_tensor *kiln_sum(kiln_tensor *a, kiln_axes axes, int keepdim) {
+  return reduction(KILN__OP_SUM, __func__, a, axes, keepdim, false);
+}
+kiln_tensor *kiln_mean(kiln_tensor *a, kiln_axes axes, int keepdim) {
+  return reduction(KILN__OP_SUM, __func__, a, axes, keepdim, true);
+}
+kiln_tensor *kiln_max(kiln_tensor *a, kiln_axes axes, int keepdim) {
+  return reduction(KILN__OP_MAX, __func__, a, axes, keepdim, false);
+}
+
+static bool norm_axis(kiln_ctx *ctx, const char *fn, const kiln_tensor *a, int *axis) {
+  int ax = *axis < 0 ? *axis + a->ndim : *axis;
+  if (ax < 0 || ax >= a->ndim) {
+    char sh[96];
+    return kiln__error(ctx, KILN_ERR_SHAPE, "%s: axis %d out of range for %s (%d dims)", fn,
+                       *axis, kiln__shape_of(a, sh, sizeof sh), a->ndim),
+           false;
+  }
+  *axis = ax;
+  return true;
+}
+
+kiln_tensor *kiln_argmax(kiln_tensor *a, int axis, int keepdim) {
+  kiln_ctx *ctx = begin(__func__, 1, &a);
+  if (!ctx || !need_f32(ctx, __func__, 1, &a) || !norm_axis(ctx, __func__, a, &axis)) return NULL;
+  return kiln__reduce(KILN__OP_ARGMAX, __func__, a, 1u << axis, keepdim, 1.f);
+}
+
+kiln_tensor *kiln_softmax(kiln_tensor *a, int axis) {
+  kiln_ctx *ctx = begin(__func__, 1, &a);
+  if (!ctx || !need_f32(ctx, __func__, 1, &a) || !norm_axis(ctx, __func__, a, &axis)) return NULL;
+  /* the max only steadies the exponent: it carries no gradient */
+  kiln_no_grad_begin(ctx);
+  kiln_tensor *m = kiln__reduce(KILN__OP_MAX, __func__, a, 1u << axis, 1, 1.f);
+  kiln_no_grad_end(ctx);
+  kiln_tensor *e = kiln_exp(kiln_sub(a, m));
+  return kiln_div(e, kiln_sum(e, KILN_AXES(axis), 1));
+}
+
+kiln_tensor *kiln_log_softmax(kiln_tensor *a, int axis) {
+  kiln_ctx *ctx = begin(__func__, 1, &a);
+  if (!ctx || !need_f32(ctx, __func__, 1, &a) || !norm_axis(ctx, __func__, a, &axis)) return NULL;
+  kiln_no_grad_begin(ctx);
+  kiln_tensor *m = kiln__reduce(KILN__OP_MAX, __func__, a, 1u << axis, 1, 1.f);
+  kiln_no_grad_end(ctx);
+  kiln_tensor *z = kiln_sub(a, m);
+  return kiln_sub(z, kiln_log(kiln_sum(kiln_exp(z), KILN_AXES(axis), 1)));
+}
+
+kiln_tensor *kiln_cross_entropy(kiln_tensor *logits, kiln_tensor *labels, kiln_reduction red,
+                                float label_smoothing) {
+  kiln_tensor *in[2] = {logits, labels};
+  const char *fn = __func__;
+  kiln_ctx *ctx = begin(fn, 2, in);
+  if (!ctx || !need_f32(ctx, fn, 1, &logits)) return NULL;
+  char s1[96], s2[96];
+  if (logits->ndim != 2 || labels->ndim != 1 || labels->shape[0] != logits->shape[0])
+    return kiln__error(ctx, KILN_ERR_SHAPE,
+                       "%s: logits must be (N, C) and labels (N); got %s and %s", fn,
+                       kiln__shape_of(logits, s1, sizeof s1), kiln__shape_of(labels, s2, sizeof s2)),
+           NULL;
+  if (labels->dtype != KILN_DTYPE_I32)
+    return kiln__error(ctx, KILN_ERR_DTYPE, "%s: labels are %s; they must be i32", fn,
+                       kiln_dtype_name(labels->dtype)),
+           NULL;
+  if (!(label_smoothing >= 0.f && label_smoothing <= 1.f))
+    return kiln__error(ctx, KILN_ERR_INVALID, "%s: label_smoothing %g is not in [0, 1]", fn,
+                       label_smoothing),
+           NULL;
+  if (red != KILN_REDUCTION_MEAN && red != KILN_REDUCTION_SUM && red != KILN_REDUCTION_NONE)
+    return kiln__error(ctx, KILN_ERR_INVALID, "%s: unknown reduction %d", fn, red), NULL;
+  int64_t n = logits->shape[0], c = logits->shape[1];
+  kiln_tensor *logp = kiln_log_softmax(logits, 1);
+  /* the target distribution: one-hot labels, smoothed towards uniform */
+  kiln_tensor *lab = kiln_reshape(labels, KILN_SHAPE(n, 1));
+  if (!lab) return NULL;
+  int64_t oshape[2] = {n, c};
+  kiln_tensor *target = kiln__tensor_intermediate(ctx, KILN_DTYPE_F32, 2, oshape);
+  if (!target) return NULL;
+  kiln__node *nd = kiln__record(ctx, KILN__OP_ONEHOT, 1, &lab, target);
+  if (!nd) return NULL;
+  nd->i[7] = 1;
+  if (label_smoothing > 0.f)
+    target = kiln_add_scalar(kiln_mul_scalar(target, 1.f - label_smoothing),
+                             label_smoothing / (float)c);
+  kiln_tensor *loss = kiln_neg(kiln_sum(kiln_mul(target, logp), KILN_AXES(1), 0)); /* (N) */
+  if (red == KILN_REDUCTION_MEAN) return kiln_mean(loss, KILN_ALL_AXES, 0);
+  if (red == KILN_REDUCTION_SUM) return kiln_sum(loss, KILN_ALL_AXES, 0);
+  return loss;
+}
+
+/* ---------------------------------------------------------------- matmul */
+
+kiln_tensor *kiln_matmul(kiln_tensor *a, kiln_tensor *b) {
+  kiln_tensor *in[2] = {a, b};
+  const char *fn = __func__;
+  kiln_ctx *ctx = begin(fn, 2, in);
+  if (!ctx || !need_f32(ctx, fn, 2, in)) return NULL;
+  char s1[96], s2[96];
+  if (a->ndim < 2 || a->ndim > 3 || b->ndim < 2 || b->ndim > 3)
+    return kiln__error(ctx, KILN_ERR_SHAPE, "%s: operands must be 2-D or 3-D; got %s x %s", fn,
+                       kiln__shape_of(a, s1, sizeof s1), kiln__shape_of(b, s2, sizeof s2)),
+           NULL;
+  int64_t m = a->shape[a->ndim - 2], k = a->shape[a->ndim - 1];
+  int64_t k2 = b->shape[b->ndim - 2], nn = b->shape[b->ndim - 1];
+  if (k != k2)
+    return kiln__error(ctx, KILN_ERR_SHAPE, "%s: inner dims differ: %s x %s", fn,
+                       kiln__shape_of(a, s1, sizeof s1), kiln__shape_of(b, s2, sizeof s2)),
+           NULL;
+  int64_t ba = a->ndim == 3 ? a->shape[0] : 1, bb = b->ndim == 3 ? b->shape[0] : 1;
+  if (ba != bb && ba != 1 && bb != 1)
+    return kiln__error(ctx, KILN_ERR_SHAPE, "%s: batch dims differ: %s x %s", fn,
+                       kiln__shape_of(a, s1, sizeof s1), kiln__shape_of(b, s2, sizeof s2)),
+           NULL;
+  if (m > INT32_MAX || k > INT32_MAX || nn > INT32_MAX || ba > INT32_MAX || bb > INT32_MAX)
+    return kiln__error(ctx, KILN_ERR_SHAPE, "%s: dims beyond cuBLAS's int range: %s x %s", fn,
+                       kiln__shape_of(a, s1, sizeof s1), kiln__shape_of(b, s2, sizeof s2)),
+           NULL;
+  /* operands cuBLAS cannot read as they are (neither rows nor columns dense) are copied */
+  for (int i = 0; i < 2; i++) {
+    kiln_tensor *t = in[i];
+    int r = t->ndim - 2;
+    int64_t sr = t->stride[r], sc = t->stride[r + 1], R = t->shape[r], C = t->shape[r + 1];
+    bool rowmajor = (sc == 1 || C == 1) && (sr >= C || R == 1);
+    bool colmajor = (sr == 1 || R == 1) && (sc >= R || C == 1);
+    if (!rowmajor && !colmajor) in[i] = kiln_contiguous(t);
+    if (!in[i]) return NULL;
+  }
+  int64_t shape[3];
+  int nd = (a->ndim == 3 || b->ndim == 3) ? 3 : 2;
+  if (nd == 3) {
+    shape[0] = ba > bb ? ba : bb;
+    shape[1] = m;
+    shape[2] = nn;
+  } else {
+    shape[0] = m;
+    shape[1] = nn;
+  }
+  kiln_tensor *out = kiln__tensor_intermediate(ctx, KILN_DTYPE_F32, nd, shape);
+  if (!out || !kiln__record(ctx, KILN__OP_MATMUL, 2, in, out)) return NULL;
+  return out;
+}
+
+/* ---------------------------------------------------------------- views and movement */
+
+static kiln_tensor *view(kiln__op op, kiln_tensor *a, int nd, const int64_t *shape,
+                         const int64_t *stride, int64_t offset) {
+  kiln_tensor *out = kiln__tensor_view(a, nd, shape, stride, offset);
+  if (!out) return NULL;
+  kiln__node *n = kiln__record(a->ctx, op, 1, &a, out);
+  return n ? out : NULL;
+}
+
+kiln_tensor *kiln_contiguous(kiln_tensor *a) {
+  kiln_ctx *ctx = begin(__func__, 1, &a);
+  if (!ctx) return NULL;
+  if (kiln__is_contiguous(a)) return a;
+  kiln_tensor *out = kiln__tensor_intermediate(ctx, a->dtype, a->ndim, a->shape);
+  if (!out || !kiln__record(ctx, KILN__OP_COPY, 1, &a, out)) return NULL;
+  return out;
+}
+
+kiln_tensor *kiln_reshape(kiln_tensor *a, kiln_shape shape) {
+  const char *fn = __func__;
+  kiln_ctx *ctx = begin(fn, 1, &a);
+  if (!ctx) return NULL;
+  char s1[96], s2[96];
+  if (shape.ndim < 0 || shape.ndim > KILN_MAX_DIMS)
+    return kiln__error(ctx, KILN_ERR_SHAPE, "%s: %d dims; kiln takes 0 to %d", fn, shape.ndim,
+                       KILN_MAX_DIMS),
+           NULL;
+  int infer = -1;
+  int64_t known = 1;
+  for (int i = 0; i < shape.ndim; i++) {
+    if (shape.d[i] == -1) {
+      if (infer >= 0)
+        return kiln__error(ctx, KILN_ERR_SHAPE, "%s: more than one -1 in %s", fn,
+                           kiln_shape_str(shape, s1, sizeof s1)),
+               NULL;
+      infer = i;
+    } else if (shape.d[i] < 0) {
+      return kiln__error(ctx, KILN_ERR_SHAPE, "%s: bad size %" PRId64 " in %s", fn, shape.d[i],
+                         kiln_shape_str(shape, s1, sizeof s1)),
+             NULL;
+    } else {
+      known *= shape.d[i];
+    }
+  }
+  int64_t numel = kiln_tensor_numel(a);
+  if (infer >= 0) {
+    if (known == 0 || numel % known != 0)
+      return kiln__error(ctx, KILN_ERR_SHAPE, "%s: cannot reshape %s into %s", fn,
+                         kiln__shape_of(a, s2, sizeof s2), kiln_shape_str(shape, s1, sizeof s1)),
+             NULL;
+    shape.d[infer] = numel / known;
+    known *= shape.d[infer];
+  }
+  if (known != numel)
+    return kiln__error(ctx, KILN_ERR_SHAPE, "%s: cannot reshape %s (%" PRId64
+                       " elements) into %s (%" PRId64 ")",
+                       fn, kiln__shape_of(a, s2, sizeof s2), numel,
+                       kiln_shape_str(shape, s1, sizeof s1), known),
+           NULL;
+  kiln_tensor *src = kiln_contiguous(a);
+  if (!src) return NULL;
+  int64_t stride[KILN_MAX_DIMS];
+  kiln__contiguous_strides(shape.ndim, shape.d, stride);
+  return view(KILN__OP_RESHAPE, src, shape.ndim, shape.d, stride, src->offset);
+}
+
+kiln_tensor *kiln_permute(kiln_tensor *a, kiln_axes order) {
+  const char *fn = __func__;
+  kiln_ctx *ctx = begin(fn, 1, &a);
+  if (!ctx) return NULL;
+  char sh[96];
+  if (order.n != a->ndim)
+    return kiln__error(ctx, KILN_ERR_SHAPE, "%s: %d axes given for %s (%d dims)", fn, order.n,
+                       kiln__shape_of(a, sh, sizeof sh), a->ndim),
+           NULL;
+  int64_t shape[KILN_MAX_DIMS], stride[KILN_MAX_DIMS];
+  unsigned seen = 0;
+  for (int i = 0; i < order.n; i++) {
+    int ax = order.a[i] < 0 ? order.a[i] + a->ndim : order.a[i];
+    if (ax < 0 || ax >= a->ndim || (seen & (1u << ax)))
+      return kiln__error(ctx, KILN_ERR_SHAPE, "%s: axis %d (position %d) is not a permutation of "
+                         "the %d axes of %s",
+                         fn, order.a[i], i, a->ndim, kiln__shape_of(a, sh, sizeof sh)),
+             NULL;
+    seen |= 1u << ax;
+    shape[i] = a->shape[ax];
+    stride[i] = a->stride[ax];
+  }
+  kiln_tensor *out = view(KILN__OP_PERMUTE, a, a->ndim, shape, stride, a->offset);
+  if (out) {
+    kiln__node *n = &ctx->trace.nodes[out->node];
+    for (int i = 0; i < order.n; i++)
+      n->i[i] = order.a[i] < 0 ? order.a[i] + a->ndim : order.a[i];
+  }
+  return out;
+}
+
+kiln_tensor *kiln_transpose(kiln_tensor *a, int axis0, int axis1) {
+  kiln_ctx *ctx = begin(__func__, 1, &a);
+  if (!ctx || !norm_axis(ctx, __func__, a, &axis0) || !norm_axis(ctx, __func__, a, &axis1))
+    return NULL;
+  kiln_axes order = {.n = a->ndim};
+  for (int i = 0; i < a->ndim; i++) order.a[i] = i;
+  order.a[axis0] = axis1;
+  order.a[axis1] = axis0;
+  return kiln_permute(a, order);
+}
+
+kiln_tensor *kiln_slice(kiln_tensor *a, int axis, int64_t start, int64_t end, int64_t step) {
+  const char *fn = __func__;
+  kiln_ctx *ctx = begin(fn, 1, &a);
+  if (!ctx || !norm_axis(ctx, fn, a, &axis)) return NULL;
+  if (step <= 0)
+    return kiln__error(ctx, KILN_ERR_INVALID, "%s: step %" PRId64 " must be positive", fn, step),
+           NULL;
+  int64_t len = a->shape[axis];
+  if (start < 0) start += len;
+  if (end < 0) end += len;
+  if (start < 0) start = 0;
+  if (end > len) end = len;
+  if (start > len) start = len;
+  if (end < start) end = start;
+  int64_t shape[KILN_MAX_DIMS], stride[KILN_MAX_DIMS];
+  memcpy(shape, a->shape, sizeof shape);
+  memcpy(stride, a->stride, sizeof stride);
+  shape[axis] = (end - start + step - 1) / step;
+  stride[axis] = a->stride[axis] * step;
+  kiln_tensor *out = view(KILN__OP_SLICE, a, a->ndim, shape, stride,
+                          a->offset + start * a->stride[axis]);
+  if (out) {
+    kiln__node *n = &ctx->trace.nodes[out->node];
+    n->i[0] = axis;
+    n->i[1] = start;
+    n->i[2] = step;
+  }
+  return out;
+}
+
+kiln_tensor *kiln_expand(kiln_tensor *a, kiln_shape shape) {
+  const char *fn = __func__;
+  kiln_ctx *ctx = begin(fn, 1, &a);
+  if (!ctx) return NULL;
+  char s1[96], s2[96];
+  if (shape.ndim < a->ndim || shape.ndim > KILN_MAX_DIMS)
+    return kiln__error(ctx, KILN_ERR_SHAPE, "%s: cannot expand %s to %s", fn,
+                       kiln__shape_of(a, s1, sizeof s1), kiln_shape_str(shape, s2, sizeof s2)),
+           NULL;
+  int64_t st[KILN_MAX_DIMS];
+  int lead = shape.ndim - a->ndim;
+  for (int d = 0; d < shape.ndim; d++) {
+    int j = d - lead;
+    if (j < 0) {
+      if (shape.d[d] < 0) goto bad;
+      st[d] = 0;
+      continue;
+    }
+    if (shape.d[d] == -1) shape.d[d] = a->shape[j];
+    if (shape.d[d] == a->shape[j]) {
+      st[d] = a->stride[j];
+    } else if (a->shape[j] == 1 && shape.d[d] >= 0) {
+      st[d] = 0;
+    } else {
+      goto bad;
+    }
+  }
+  return view(KILN__OP_EXPAND, a, shape.ndim, shape.d, st, a->offset);
+bad:
+  return kiln__error(ctx, KILN_ERR_SHAPE, "%s: cannot expand %s to %s", fn,
+                     kiln__shape_of(a, s1, sizeof s1), kiln_shape_str(shape, s2, sizeof s2)),
+         NULL;
+}
+
+kiln_tensor *kiln_detach(kiln_tensor *a) {
+  kiln_ctx *ctx = begin(__func__, 1, &a);
+  if (!ctx) return NULL;
+  return view(KILN__OP_DETACH, a, a->ndim, a->shape, a->stride, a->offset);
+}
+
+kiln_tensor *kiln_concat(int n, kiln_tensor *const *ts, int axis) {
+  const char *fn = __func__;
+  if (n <= 0 || !ts) return NULL;
+  kiln_ctx *ctx = begin(fn, n, ts);
+  if (!ctx) return NULL;
+  kiln_tensor *a = ts[0];
+  if (!norm_axis(ctx, fn, a, &axis)) return NULL;
+  if (n == 1) return a;
+  if (n > KILN__MAX_IN) {
+    /* in pieces of at most KILN__MAX_IN inputs */
+    kiln_tensor *parts[KILN__MAX_IN];
+    int np = 0;
+    for (int i = 0; i < n; i += KILN__MAX_IN) {
+      int k = n - i < KILN__MAX_IN ? n - i : KILN__MAX_IN;
+      parts[np++] = kiln_concat(k, ts + i, axis);
+      if (np == KILN__MAX_IN && i + k < n) {
+        parts[0] = kiln_concat(np, parts, axis);
+        np = 1;
+      }
+    }
+    return kiln_concat(np, parts, axis);
+  }
+  int64_t shape[KILN_MAX_DIMS];
+  memcpy(shape, a->shape, sizeof shape);
+  shape[axis] = 0;
+  for (int i = 0; i < n; i++) {
+    kiln_tensor *t = ts[i];
+    bool same = t->ndim == a->ndim && t->dtype == a->dtype;
+    for (int d = 0; same && d < a->ndim; d++)
+      if (d != axis && t->shape[d] != a->shape[d]) same = false;
+    if (!same) {
+      char s1[96], s2[96];
+      return kiln__error(ctx, KILN_ERR_SHAPE, "%s: input %d is %s %s, input 0 %s %s: all but "
+                         "axis %d must agree",
+                         fn, i, kiln__shape_of(t, s1, sizeof s1), kiln_dtype_name(t->dtype),
+                         kiln__shape_of(a, s2, sizeof s2), kiln_dtype_name(a->dtype), axis),
+             NULL;
+    }
+    shape[axis] += t->shape[axis];
+  }
+  kiln_tensor *out = kiln__tensor_intermediate(ctx, a->dtype, a->ndim, shape);
+  if (!out) return NULL;
+  kiln__node *nd = kiln__record(ctx, KILN__OP_CONCAT, n, ts, out);
+  if (!nd) return NULL;
+  nd->i[0] = axis;
+  return out;
+}
+
+kiln_tensor *kiln_index_select(kiln_tensor *a, kiln_tensor *idx) {
+  kiln_tensor *in[2] = {a, idx};
+  const char *fn = __func__;
+  kiln_ctx *ctx = begin(fn, 2, in);
+  if (!ctx) return NULL;
+  char s1[96], s2[96];
+  if (a->ndim < 1 || idx->ndim != 1 || idx->dtype != KILN_DTYPE_I32)
+    return kiln__error(ctx, KILN_ERR_SHAPE,
+                       "%s: needs a tensor of >= 1 dims and a 1-D i32 index; got %s and %s %s", fn,
+                       kiln__shape_of(a, s1, sizeof s1), kiln__shape_of(idx, s2, sizeof s2),
+                       kiln_dtype_name(idx->dtype)),
+           NULL;
+  in[0] = kiln_contiguous(a);
+  in[1] = kiln_contiguous(idx);
+  if (!in[0] || !in[1]) return NULL;
+  int64_t shape[KILN_MAX_DIMS];
+  memcpy(shape, a->shape, sizeof shape);
+  shape[0] = idx->shape[0];
+  kiln_tensor *out = kiln__tensor_intermediate(ctx, a->dtype, a->ndim, shape);
+  if (!out || !kiln__record(ctx, KILN__OP_INDEX_SELECT, 2, in, out)) return NULL;
+  return out;
+}
+
+kiln_tensor *kiln_dropout(kiln_tensor *a, float p, int training) {
+  kiln_ctx *ctx = begin(__func__, 1, &a);
+  if (!ctx || !need_f32(ctx, __func__, 1, &a)) return NULL;
+  if (!(p >= 0.f && p <= 1.f))
+    return kiln__error(ctx, KILN_ERR_INVALID, "kiln_dropout: p %g is not in [0, 1]", p), NULL;
+  if (!training || p == 0.f) return a;
+  float f[2] = {p, p < 1.f ? 1.f / (1.f - p) : 0.f};
+  kiln_tensor *out = kiln__ew(KILN__OP_DROPOUT, __func__, 1, &a, f, 2);
+  if (!out) return NULL;
+  kiln__node *n = &ctx->trace.nodes[out->node];
+  n->u[0] = ctx->seed;
+  n->u[1] = ctx->philox_offset++;
+  return out;
+}
+
+kiln__node *kiln__update(kiln__op op, const char *fn, int nin, kiln_tensor *const *in) {
+  kiln_ctx *ctx = begin(fn, nin, in);
+  if (!ctx) return NULL;
+  for (int i = 0; i < nin; i++) {
+    bool store = kiln__ops[op].stores & (1u << i);
+    if (store && (!in[i]->persistent || !kiln__is_contiguous(in[i]))) {
+      kiln__error(ctx, KILN_ERR_INVALID, "%s: input %d must be a persistent contiguous tensor", fn,
+                  i);
+      return NULL;
+    }
+    if (kiln_tensor_numel(in[i]) != kiln_tensor_numel(in[0]) || in[i]->dtype != KILN_DTYPE_F32) {
+      char s1[96], s2[96];
+      kiln__error(ctx, KILN_ERR_SHAPE, "%s: input %d is %s %s, input 0 %s: they must agree", fn,
+                  i, kiln__shape_of(in[i], s1, sizeof s1), kiln_dtype_name(in[i]->dtype),
+                  kiln__shape_of(in[0], s2, sizeof s2));
+      return NULL;
+    }
+  }
+  return kiln__record(ctx, op, nin, in, NULL);
+}

@@ -1,0 +1,427 @@
+/*
+ * tensor.c: tensor handles. Persistent tensors own their device memory from creation on;
+ * intermediates are handles from a host arena whose storage is allocated when the trace that
+ * produces them is flushed and released at the next kiln_step_begin.
+ */
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+#define KILN__CHUNK ((size_t)64 << 10)
+
+void *kiln__arena_alloc(kiln__arena *a, size_t bytes) {
+  bytes = (bytes + 15) & ~(size_t)15;
+  KILN_ASSERT(bytes <= KILN__CHUNK);
+  if (a->nchunks == 0 || a->used + bytes > KILN__CHUNK) {
+    /* a reset arena keeps its chunks: reuse the next one before growing */
+    if (a->cur + 1 < a->nchunks) {
+      a->cur++;
+    } else {
+      if (a->nchunks == a->cap) {
+        int cap = a->cap ? 2 * a->cap : 8;
+        char **c = realloc(a->chunks, (size_t)cap * sizeof *c);
+        if (!c) return NULL;
+        a->chunks = c;
+        a->cap = cap;
+      }
+      char *chunk = malloc(KILN__CHUNK);
+      if (!chunk) return NULL;
+      a->chunks[a->nchunks++] = chunk;
+      a->cur = a->nchunks - 1;
+    }
+    a->used = 0;
+  }
+  void *p = a->chunks[a->cur] + a->used;
+  a->used += bytes;
+  memset(p, 0, bytes);
+  return p;
+}
+
+void kiln__arena_reset(kiln__arena *a) {
+  a->cur = 0;
+  a->used = 0;
+  if (a->nchunks == 0) return;
+  /* chunk 0 is reused from its start */
+}
+
+void kiln__arena_free(kiln__arena *a) {
+  for (int i = 0; i < a->nchunks; i++) free(a->chunks[i]);
+  free(a->chunks);
+  memset(a, 0, sizeof *a);
+}
+
+size_t kiln_dtype_size(kiln_dtype dt) {
+  switch (dt) {
+  case KILN_DTYPE_F32: return 4;
+  case KILN_DTYPE_BF16: return 2;
+  case KILN_DTYPE_F16: return 2;
+  case KILN_DTYPE_I32: return 4;
+  }
+  return 0;
+}
+
+const char *kiln_dtype_name(kiln_dtype dt) {
+  switch (dt) {
+  case KILN_DTYPE_F32: return "f32";
+  case KILN_DTYPE_BF16: return "bf16";
+  case KILN_DTYPE_F16: return "f16";
+  case KILN_DTYPE_I32: return "i32";
+  }
+  return "?";
+}
+
+int64_t kiln__numel(int ndim, const int64_t *shape) {
+  int64_t n = 1;
+  for (int i = 0; i < ndim; i++) n *= shape[i];
+  return n;
+}
+
+void kiln__contiguous_strides(int ndim, const int64_t *shape, int64_t *stride) {
+  int64_t s = 1;
+  for (int i = ndim - 1; i >= 0; i--) {
+    stride[i] = s;
+    s *= shape[i] > 0 ? shape[i] : 1;
+  }
+}
+
+bool kiln__is_contiguous(const kiln_tensor *t) {
+  int64_t s = 1;
+  for (int i = t->ndim - 1; i >= 0; i--) {
+    if (t->shape[i] != 1 && t->stride[i] != s) return false;
+    s *= t->shape[i];
+  }
+  return true;
+}
+
+char *kiln_shape_str(kiln_shape s, char *buf, size_t n) {
+  size_t k = 0;
+  if (n == 0) return buf;
+  k += (size_t)snprintf(buf + k, n - k, "[");
+  for (int i = 0; i < s.ndim && k < n; i++)
+    k += (size_t)snprintf(buf + k, n - k, i ? ",%" PRId64 : "%" PRId64, s.d[i]);
+  if (k < n) snprintf(buf + k, n - k, "]");
+  return buf;
+}
+
+const char *kiln__shape_of(const kiln_tensor *t, char *buf, size_t n) {
+  if (!t) {
+    snprintf(buf, n, "NULL");
+    return buf;
+  }
+  return kiln_shape_str(kiln_tensor_shape(t), buf, n);
+}
+
+static bool valid_shape(kiln_ctx *ctx, const char *fn, int ndim, const int64_t *shape) {
+  if (ndim < 0 || ndim > KILN_MAX_DIMS)
+    return kiln__error(ctx, KILN_ERR_SHAPE, "%s: %d dims; kiln takes 0 to %d", fn, ndim,
+                       KILN_MAX_DIMS),
+           false;
+  for (int i = 0; i < ndim; i++)
+    if (shape[i] < 0)
+      return kiln__error(ctx, KILN_ERR_SHAPE, "%s: dim %d is %" PRId64 "; sizes must be >= 0", fn,
+                         i, shape[i]),
+             false;
+  return true;
+}
+
+kiln_tensor *kiln__tensor_intermediate(kiln_ctx *ctx, kiln_dtype dt, int ndim,
+                                       const int64_t *shape) {
+  kiln__arena *a = &ctx->arenas[ctx->gen & 1];
+  kiln_tensor *t = kiln__arena_alloc(a, sizeof *t);
+  kiln__storage *st = kiln__arena_alloc(a, sizeof *st);
+  if (!t || !st) {
+    kiln__error(ctx, KILN_ERR_OOM, "kiln: out of host memory for tensor handles");
+    return NULL;
+  }
+  t->magic = KILN__TENSOR_MAGIC;
+  t->ctx = ctx;
+  t->gen = ctx->gen;
+  t->dtype = dt;
+  t->ndim = ndim;
+  memcpy(t->shape, shape, (size_t)ndim * sizeof *shape);
+  kiln__contiguous_strides(ndim, shape, t->stride);
+  t->node = -1;
+  st->bytes = (size_t)kiln__numel(ndim, shape) * kiln_dtype_size(dt);
+  st->next = ctx->step_storages;
+  ctx->step_storages = st;
+  t->st = st;
+  return t;
+}
+
+kiln_tensor *kiln__tensor_view(kiln_tensor *a, int ndim, const int64_t *shape,
+                               const int64_t *stride, int64_t offset) {
+  kiln_ctx *ctx = a->ctx;
+  kiln_tensor *t = kiln__arena_alloc(&ctx->arenas[ctx->gen & 1], sizeof *t);
+  if (!t) {
+    kiln__error(ctx, KILN_ERR_OOM, "kiln: out of host memory for tensor handles");
+    return NULL;
+  }
+  t->magic = KILN__TENSOR_MAGIC;
+  t->ctx = ctx;
+  t->gen = ctx->gen;
+  t->dtype = a->dtype;
+  t->ndim = ndim;
+  memcpy(t->shape, shape, (size_t)ndim * sizeof *shape);
+  memcpy(t->stride, stride, (size_t)ndim * sizeof *stride);
+  t->offset = offset;
+  t->st = a->st;
+  t->node = -1;
+  return t;
+}
+
+static bool track_persistent(kiln_ctx *ctx, kiln_tensor *t) {
+  if (ctx->npersistent == ctx->cap_persistent) {
+    int cap = ctx->cap_persistent ? 2 * ctx->cap_persistent : 64;
+    kiln_tensor **p = realloc(ctx->persistents, (size_t)cap * sizeof *p);
+    if (!p) return false;
+    ctx->persistents = p;
+    ctx->cap_persistent = cap;
+  }
+  ctx->persistents[ctx->npersistent++] = t;
+  return true;
+}
+
+kiln_tensor *kiln__tensor_persistent(kiln_ctx *ctx, kiln_dtype dt, int ndim, const int64_t *shape,
+                                     bool zero) {
+  kiln_tensor *t = calloc(1, sizeof *t);
+  kiln__storage *st = calloc(1, sizeof *st);
+  if (!t || !st || !track_persistent(ctx, t)) {
+    free(t);
+    free(st);
+    kiln__error(ctx, KILN_ERR_OOM, "kiln_tensor_new: out of host memory");
+    return NULL;
+  }
+  t->magic = KILN__TENSOR_MAGIC;
+  t->ctx = ctx;
+  t->dtype = dt;
+  t->ndim = ndim;
+  memcpy(t->shape, shape, (size_t)ndim * sizeof *shape);
+  kiln__contiguous_strides(ndim, shape, t->stride);
+  t->node = -1;
+  t->persistent = true;
+  st->persistent = true;
+  st->bytes = (size_t)kiln__numel(ndim, shape) * kiln_dtype_size(dt);
+  t->st = st;
+  if (ctx->has_gpu) {
+    st->ptr = kiln__dev_alloc(ctx, st->bytes);
+    if (!st->ptr) {
+      char sh[96];
+      kiln__error(ctx, KILN_ERR_OOM,
+                  "kiln_tensor_new: out of device memory for a %s %s tensor (%zu bytes; %zu in "
+                  "use)",
+                  kiln__shape_of(t, sh, sizeof sh), kiln_dtype_name(dt), st->bytes,
+                  ctx->alloc.in_use);
+      ctx->npersistent--;
+      free(st);
+      free(t);
+      return NULL;
+    }
+    if (zero && KILN_CUDA_FAILED(ctx, cudaMemsetAsync(st->ptr, 0, st->bytes, ctx->stream))) {
+      kiln_tensor_free(t);
+      return NULL;
+    }
+  }
+  return t;
+}
+
+static bool check_dtype_supported(kiln_ctx *ctx, const char *fn, kiln_dtype dt) {
+  if (dt == KILN_DTYPE_F32 || dt == KILN_DTYPE_I32) return true;
+  if (dt == KILN_DTYPE_BF16 || dt == KILN_DTYPE_F16)
+    return kiln__error(ctx, KILN_ERR_DTYPE, "%s: dtype %s is not supported yet (f32 and i32 are)",
+                       fn, kiln_dtype_name(dt)),
+           false;
+  return kiln__error(ctx, KILN_ERR_DTYPE, "%s: unknown dtype %d", fn, (int)dt), false;
+}
+
+kiln_tensor *kiln_tensor_new(kiln_ctx *ctx, kiln_dtype dtype, kiln_shape shape) {
+  if (!kiln__ok(ctx)) return NULL;
+  if (!check_dtype_supported(ctx, __func__, dtype) ||
+      !valid_shape(ctx, __func__, shape.ndim, shape.d))
+    return NULL;
+  return kiln__tensor_persistent(ctx, dtype, shape.ndim, shape.d, true);
+}
+
+kiln_tensor *kiln_tensor_from_host(kiln_ctx *ctx, kiln_dtype dtype, kiln_shape shape,
+                                   const void *data) {
+  if (!kiln__ok(ctx)) return NULL;
+  if (!data) return kiln__error(ctx, KILN_ERR_INVALID, "%s: NULL data", __func__), NULL;
+  if (!check_dtype_supported(ctx, __func__, dtype) ||
+      !valid_shape(ctx, __func__, shape.ndim, shape.d))
+    return NULL;
+  kiln_tensor *t = kiln__tensor_persistent(ctx, dtype, shape.ndim, shape.d, false);
+  if (!t) return NULL;
+  if (kiln_tensor_copy_from_host(t, data, t->st->bytes) != KILN_OK) {
+    kiln_tensor_free(t);
+    return NULL;
+  }
+  return t;
+}
+
+void kiln_tensor_free(kiln_tensor *t) {
+  if (!t || t->magic != KILN__TENSOR_MAGIC) return;
+  kiln_ctx *ctx = t->ctx;
+  if (!t->persistent) return; /* intermediates go at the next step */
+  /* recorded work may still read the tensor: run it before the memory can be reused */
+  if (ctx->trace.done < ctx->trace.n) kiln__flush(ctx);
+  if (t->grad) kiln_tensor_free(t->grad);
+  for (int i = 0; i < ctx->npersistent; i++) {
+    if (ctx->persistents[i] == t) {
+      ctx->persistents[i] = ctx->persistents[--ctx->npersistent];
+      break;
+    }
+  }
+  if (t->st->ptr) kiln__dev_free(ctx, t->st->ptr);
+  free(t->st);
+  t->magic = KILN__TENSOR_DEAD;
+  free(t);
+}
+
+kiln_ctx *kiln__ctx_of(int n, kiln_tensor *const *ts) {
+  for (int i = 0; i < n; i++)
+    if (ts[i] && ts[i]->magic == KILN__TENSOR_MAGIC) return ts[i]->ctx;
+  return NULL;
+}
+
+bool kiln__check(kiln_ctx *ctx, const kiln_tensor *t, const char *fn) {
+  if (!t) return kiln__error(ctx, KILN_ERR_INVALID, "%s: NULL tensor", fn), false;
+  if (t->magic != KILN__TENSOR_MAGIC)
+    return kiln__error(ctx, KILN_ERR_STATE, "%s: invalid or freed tensor handle", fn), false;
+  if (ctx && t->ctx != ctx)
+    return kiln__error(ctx, KILN_ERR_INVALID, "%s: tensor belongs to another context", fn),
+           false;
+  if (!t->persistent && t->gen != t->ctx->gen)
+    return kiln__error(t->ctx, KILN_ERR_STATE,
+                       "%s: stale tensor handle%s%s%s: an intermediate of step generation "
+                       "%" PRIu64 " used in generation %" PRIu64
+                       " (intermediates are released by kiln_step_begin)",
+                       fn, t->name[0] ? " '" : "", t->name, t->name[0] ? "'" : "", t->gen,
+                       t->ctx->gen),
+           false;
+  return true;
+}
+
+/* ---------------------------------------------------------------- host copies */
+
+kiln_status kiln_tensor_to_host(kiln_tensor *t, void *dst, size_t bytes) {
+  kiln_ctx *ctx = t && t->magic == KILN__TENSOR_MAGIC ? t->ctx : NULL;
+  if (!ctx) return KILN_ERR_INVALID;
+  if (!kiln__ok(ctx)) return ctx->status;
+  if (!kiln__check(ctx, t, __func__)) return ctx->status;
+  size_t need = (size_t)kiln_tensor_numel(t) * kiln_dtype_size(t->dtype);
+  char sh[96];
+  if (!dst || bytes != need)
+    return kiln__error(ctx, KILN_ERR_INVALID,
+                       "%s: buffer of %zu bytes for a %s %s tensor of %zu bytes", __func__, bytes,
+                       kiln__shape_of(t, sh, sizeof sh), kiln_dtype_name(t->dtype), need);
+  if (!ctx->has_gpu)
+    return kiln__error(ctx, KILN_ERR_STATE, "%s: the context has no GPU (no_gpu or no device)",
+                       __func__);
+  kiln_tensor *src = kiln__is_contiguous(t) ? t : kiln_contiguous(t);
+  if (!src) return ctx->status;
+  kiln_status s = kiln__flush(ctx);
+  if (s != KILN_OK) return s;
+  if (!src->st->ptr)
+    return kiln__error(ctx, KILN_ERR_STATE, "%s: the tensor has no data (its step failed)",
+                       __func__);
+  if (need == 0) return KILN_OK;
+  const char *p = (const char *)src->st->ptr + src->offset * (int64_t)kiln_dtype_size(t->dtype);
+  if (KILN_CUDA_FAILED(ctx, cudaMemcpyAsync(dst, p, need, cudaMemcpyDeviceToHost, ctx->stream)) ||
+      KILN_CUDA_FAILED(ctx, cudaStreamSynchronize(ctx->stream)))
+    return ctx->status;
+  return KILN_OK;
+}
+
+kiln_status kiln_tensor_copy_from_host(kiln_tensor *t, const void *src, size_t bytes) {
+  kiln_ctx *ctx = t && t->magic == KILN__TENSOR_MAGIC ? t->ctx : NULL;
+  if (!ctx) return KILN_ERR_INVALID;
+  if (!kiln__ok(ctx)) return ctx->status;
+  if (!kiln__check(ctx, t, __func__)) return ctx->status;
+  char sh[96];
+  if (!t->persistent || !kiln__is_contiguous(t))
+    return kiln__error(ctx, KILN_ERR_INVALID,
+                       "%s: the target must be a persistent contiguous tensor (got %s%s)",
+                       __func__, t->persistent ? "a view " : "an intermediate ",
+                       kiln__shape_of(t, sh, sizeof sh));
+  size_t need = (size_t)kiln_tensor_numel(t) * kiln_dtype_size(t->dtype);
+  if (!src || bytes != need)
+    return kiln__error(ctx, KILN_ERR_INVALID,
+                       "%s: %zu bytes given for a %s %s tensor of %zu bytes", __func__, bytes,
+                       kiln__shape_of(t, sh, sizeof sh), kiln_dtype_name(t->dtype), need);
+  if (!ctx->has_gpu) return KILN_OK; /* a no-GPU context records and plans; it keeps no data */
+  kiln_status s = kiln__flush(ctx);
+  if (s != KILN_OK) return s;
+  if (need == 0) return KILN_OK;
+  if (KILN_CUDA_FAILED(ctx, cudaMemcpyAsync(t->st->ptr, src, need, cudaMemcpyHostToDevice,
+                                            ctx->stream)) ||
+      KILN_CUDA_FAILED(ctx, cudaStreamSynchronize(ctx->stream)))
+    return ctx->status;
+  return KILN_OK;
+}
+
+float kiln_tensor_item(kiln_tensor *t) {
+  kiln_ctx *ctx = t && t->magic == KILN__TENSOR_MAGIC ? t->ctx : NULL;
+  if (!ctx) return NAN;
+  if (!kiln__ok(ctx) || !kiln__check(ctx, t, __func__)) return NAN;
+  if (kiln_tensor_numel(t) != 1 || t->dtype != KILN_DTYPE_F32) {
+    char sh[96];
+    kiln__error(ctx, KILN_ERR_SHAPE, "%s: needs a one-element f32 tensor, got %s %s", __func__,
+                kiln__shape_of(t, sh, sizeof sh), kiln_dtype_name(t->dtype));
+    return NAN;
+  }
+  float v = NAN;
+  if (kiln_tensor_to_host(t, &v, sizeof v) != KILN_OK) return NAN;
+  return v;
+}
+
+/* ---------------------------------------------------------------- accessors */
+
+kiln_ctx *kiln_tensor_ctx(const kiln_tensor *t) {
+  return t && t->magic == KILN__TENSOR_MAGIC ? t->ctx : NULL;
+}
+kiln_dtype kiln_tensor_dtype(const kiln_tensor *t) { return t ? t->dtype : KILN_DTYPE_F32; }
+int kiln_tensor_ndim(const kiln_tensor *t) { return t ? t->ndim : 0; }
+int64_t kiln_tensor_dim(const kiln_tensor *t, int axis) {
+  if (!t) return 0;
+  if (axis < 0) axis += t->ndim;
+  return axis >= 0 && axis < t->ndim ? t->shape[axis] : 0;
+}
+int64_t kiln_tensor_stride(const kiln_tensor *t, int axis) {
+  if (!t) return 0;
+  if (axis < 0) axis += t->ndim;
+  return axis >= 0 && axis < t->ndim ? t->stride[axis] : 0;
+}
+kiln_shape kiln_tensor_shape(const kiln_tensor *t) {
+  kiln_shape s = {0};
+  if (!t) return s;
+  s.ndim = t->ndim;
+  memcpy(s.d, t->shape, (size_t)t->ndim * sizeof *s.d);
+  return s;
+}
+int64_t kiln_tensor_numel(const kiln_tensor *t) { return t ? kiln__numel(t->ndim, t->shape) : 0; }
+int kiln_tensor_is_contiguous(const kiln_tensor *t) { return t && kiln__is_contiguous(t); }
+int kiln_tensor_is_persistent(const kiln_tensor *t) { return t && t->persistent; }
+const char *kiln_tensor_name(const kiln_tensor *t) { return t ? t->name : ""; }
+void kiln_tensor_set_name(kiln_tensor *t, const char *name) {
+  if (t && name) snprintf(t->name, sizeof t->name, "%s", name);
+}
+
+void kiln_tensor_set_requires_grad(kiln_tensor *t, int on) {
+  kiln_ctx *ctx = kiln_tensor_ctx(t);
+  if (!ctx || !kiln__check(ctx, t, __func__)) return;
+  if (on && (!t->persistent || t->dtype != KILN_DTYPE_F32)) {
+    kiln__error(ctx, KILN_ERR_INVALID,
+                "%s: only persistent f32 tensors can require grad (got %s %s)", __func__,
+                t->persistent ? "persistent" : "an intermediate", kiln_dtype_name(t->dtype));
+    return;
+  }
+  t->requires_grad = on != 0;
+}
+int kiln_tensor_requires_grad(const kiln_tensor *t) { return t && t->requires_grad; }
+kiln_tensor *kiln_tensor_grad(const kiln_tensor *t) {
+  return t && t->persistent && t->grad_valid ? t->grad : NULL;
+}
+void kiln_tensor_zero_grad(kiln_tensor *t) {
+  if (t && t->magic == KILN__TENSOR_MAGIC) t->grad_valid = false;
+}

@@ -1,0 +1,64 @@
+/*
+ * trace.c: recording nodes into the context's trace (which is also the autograd tape) and
+ * flushing it: the nodes not yet run are handed to the executor in fusion/.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+kiln__node *kiln__record(kiln_ctx *ctx, kiln__op op, int nin, kiln_tensor *const *in,
+                         kiln_tensor *out) {
+  KILN_ASSERT(nin >= 0 && nin <= KILN__MAX_IN);
+  kiln__trace *tr = &ctx->trace;
+  if (tr->n == tr->cap) {
+    int32_t cap = tr->cap ? 2 * tr->cap : 1024;
+    kiln__node *nodes = realloc(tr->nodes, (size_t)cap * sizeof *nodes);
+    if (!nodes) {
+      kiln__error(ctx, KILN_ERR_OOM, "kiln: out of host memory for the trace (%d nodes)", tr->n);
+      return NULL;
+    }
+    tr->nodes = nodes;
+    tr->cap = cap;
+  }
+  kiln__node *n = &tr->nodes[tr->n];
+  memset(n, 0, sizeof *n);
+  n->op = op;
+  n->nin = nin;
+  bool rg = false;
+  for (int i = 0; i < nin; i++) {
+    n->in[i] = in[i];
+    rg = rg || in[i]->requires_grad;
+  }
+  n->out = out;
+  if (out) {
+    out->node = tr->n;
+    out->requires_grad = rg && ctx->no_grad_depth == 0 && kiln__has_grad(op);
+  }
+  tr->n++;
+  ctx->stats.nodes_recorded++;
+  return n;
+}
+
+kiln_status kiln__flush(kiln_ctx *ctx) {
+  if (!ctx) return KILN_ERR_INVALID;
+  kiln__trace *tr = &ctx->trace;
+  if (tr->done == tr->n) return ctx->status;
+  if (!kiln__ok(ctx)) {
+    /* a failed step runs nothing */
+    tr->done = tr->n;
+    return ctx->status;
+  }
+  if (!ctx->has_gpu) {
+    tr->done = tr->n;
+    return kiln__error(ctx, KILN_ERR_STATE,
+                       "kiln_flush: the context has no GPU (no_gpu or no device): %d recorded "
+                       "nodes cannot run",
+                       tr->n);
+  }
+  int32_t first = tr->done, last = tr->n;
+  kiln_status s = kiln__execute(ctx, first, last);
+  tr->done = last;
+  ctx->stats.flushes++;
+  return s;
+}

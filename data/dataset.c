@@ -1,0 +1,157 @@
+/*
+ * dataset.c: data sets held on the device (uploaded once) and batches gathered there. A loader
+ * shuffles each epoch on the host from its seed, uploads the epoch's order once, and each batch
+ * is a slice of that order and a row gather: nothing per batch crosses the bus.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "../core/internal.h"
+
+struct kiln_dataset {
+  kiln_ctx *ctx;
+  int64_t n;
+  kiln_tensor *images; /* (n, features) f32 */
+  kiln_tensor *labels; /* (n) i32 */
+};
+
+struct kiln_loader {
+  kiln_dataset *ds;
+  int64_t batch, pos;
+  bool shuffle, drop_last;
+  uint64_t seed;
+  kiln_tensor *order; /* (n) i32: this epoch's order */
+  int32_t *host_order;
+};
+
+kiln_dataset *kiln_dataset_from_mnist(kiln_ctx *ctx, const kiln_mnist *m, float mean, float std) {
+  if (!kiln__ok(ctx)) return NULL;
+  if (!m || !m->images || m->n <= 0)
+    return kiln__error(ctx, KILN_ERR_INVALID, "kiln_dataset_from_mnist: empty data set"), NULL;
+  if (!(std > 0.f))
+    return kiln__error(ctx, KILN_ERR_INVALID, "kiln_dataset_from_mnist: std %g must be > 0", std),
+           NULL;
+  int64_t feat = m->rows * m->cols;
+  float *x = malloc((size_t)(m->n * feat) * sizeof *x);
+  int32_t *y = malloc((size_t)m->n * sizeof *y);
+  kiln_dataset *ds = calloc(1, sizeof *ds);
+  if (!x || !y || !ds) {
+    free(x);
+    free(y);
+    free(ds);
+    return kiln__error(ctx, KILN_ERR_OOM, "kiln_dataset_from_mnist: out of host memory"), NULL;
+  }
+  for (int64_t i = 0; i < m->n * feat; i++) x[i] = ((float)m->images[i] / 255.f - mean) / std;
+  for (int64_t i = 0; i < m->n; i++) y[i] = m->labels[i];
+  ds->ctx = ctx;
+  ds->n = m->n;
+  ds->images = kiln_tensor_from_host(ctx, KILN_DTYPE_F32, KILN_SHAPE(m->n, feat), x);
+  ds->labels = kiln_tensor_from_host(ctx, KILN_DTYPE_I32, KILN_SHAPE(m->n), y);
+  free(x);
+  free(y);
+  if (!ds->images || !ds->labels) {
+    kiln_dataset_free(ds);
+    return NULL;
+  }
+  kiln_tensor_set_name(ds->images, "images");
+  kiln_tensor_set_name(ds->labels, "labels");
+  return ds;
+}
+
+kiln_dataset *kiln_mnist_load(kiln_ctx *ctx, const char *dir, const char *split, float mean,
+                              float std) {
+  kiln_mnist m;
+  if (kiln_mnist_read(ctx, dir, split, &m) != KILN_OK) return NULL;
+  kiln_dataset *ds = kiln_dataset_from_mnist(ctx, &m, mean, std);
+  kiln_mnist_free(&m);
+  return ds;
+}
+
+int64_t kiln_dataset_size(const kiln_dataset *ds) { return ds ? ds->n : 0; }
+kiln_tensor *kiln_dataset_images(const kiln_dataset *ds) { return ds ? ds->images : NULL; }
+kiln_tensor *kiln_dataset_labels(const kiln_dataset *ds) { return ds ? ds->labels : NULL; }
+
+void kiln_dataset_free(kiln_dataset *ds) {
+  if (!ds) return;
+  kiln_tensor_free(ds->images);
+  kiln_tensor_free(ds->labels);
+  free(ds);
+}
+
+kiln_loader *kiln_loader_new(kiln_dataset *ds, int64_t batch, int shuffle, uint64_t seed,
+                             int drop_last) {
+  if (!ds) return NULL;
+  kiln_ctx *ctx = ds->ctx;
+  if (!kiln__ok(ctx)) return NULL;
+  if (batch <= 0 || batch > ds->n)
+    return kiln__error(ctx, KILN_ERR_INVALID, "kiln_loader_new: batch %lld not in [1, %lld]",
+                       (long long)batch, (long long)ds->n),
+           NULL;
+  kiln_loader *l = calloc(1, sizeof *l);
+  int32_t *h = malloc((size_t)ds->n * sizeof *h);
+  if (!l || !h) {
+    free(l);
+    free(h);
+    return kiln__error(ctx, KILN_ERR_OOM, "kiln_loader_new: out of host memory"), NULL;
+  }
+  l->ds = ds;
+  l->batch = batch;
+  l->shuffle = shuffle != 0;
+  l->drop_last = drop_last != 0;
+  l->seed = seed;
+  l->host_order = h;
+  l->order = kiln__tensor_persistent(ctx, KILN_DTYPE_I32, 1, &ds->n, false);
+  if (!l->order) {
+    kiln_loader_free(l);
+    return NULL;
+  }
+  kiln_loader_start(l, 0);
+  return l;
+}
+
+void kiln_loader_start(kiln_loader *l, int epoch) {
+  if (!l) return;
+  int64_t n = l->ds->n;
+  for (int64_t i = 0; i < n; i++) l->host_order[i] = (int32_t)i;
+  if (l->shuffle) {
+    /* Fisher-Yates from splitmix64 seeded by (seed, epoch) */
+    uint64_t state = l->seed * 0x9e3779b97f4a7c15ULL + (uint64_t)epoch * 0xd1b54a32d192ed03ULL;
+    for (int64_t i = n - 1; i > 0; i--) {
+      uint64_t z = (state += 0x9e3779b97f4a7c15ULL);
+      z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+      z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+      z ^= z >> 31;
+      int64_t j = (int64_t)(z % (uint64_t)(i + 1));
+      int32_t t = l->host_order[i];
+      l->host_order[i] = l->host_order[j];
+      l->host_order[j] = t;
+    }
+  }
+  kiln_tensor_copy_from_host(l->order, l->host_order, (size_t)n * sizeof(int32_t));
+  l->pos = 0;
+}
+
+int kiln_loader_next(kiln_loader *l, kiln_tensor **x, kiln_tensor **y) {
+  if (!l || !x || !y) return 0;
+  int64_t n = l->ds->n, left = n - l->pos;
+  if (left <= 0 || (l->drop_last && left < l->batch)) return 0;
+  int64_t b = left < l->batch ? left : l->batch;
+  kiln_tensor *idx = kiln_slice(l->order, 0, l->pos, l->pos + b, 1);
+  *x = kiln_index_select(l->ds->images, idx);
+  *y = kiln_index_select(l->ds->labels, idx);
+  l->pos += b;
+  return *x && *y;
+}
+
+int64_t kiln_loader_batches(const kiln_loader *l) {
+  if (!l) return 0;
+  int64_t n = l->ds->n;
+  return l->drop_last ? n / l->batch : (n + l->batch - 1) / l->batch;
+}
+
+void kiln_loader_free(kiln_loader *l) {
+  if (!l) return;
+  kiln_tensor_free(l->order);
+  free(l->host_order);
+  free(l);
+}

@@ -1,0 +1,35 @@
+/*
+ * kargs.h: the one argument every generated kernel takes, written once as a macro so that the
+ * host C code and the generated CUDA C (through the prelude's string) see the same layout.
+ */
+#ifndef KILN_KARGS_H
+#define KILN_KARGS_H
+
+#define KILN__KMAX_PTR 12
+#define KILN__KMAX_F 16
+#define KILN__KMAX_I 8
+#define KILN__KMAX_U 4
+
+/* ptr: operands; n: elements in the iteration space; shape: its dims; st: each operand's strides
+ * (elements) over those dims; rshape/rst: the reduced dims of a reduction and the input's strides
+ * over them; nred: elements reduced into each output; f, i, u: node attributes. */
+#define KILN__KARGS_FIELDS                                                                     \
+  void *ptr[12];                                                                               \
+  long long n;                                                                                 \
+  long long nred;                                                                              \
+  long long shape[6];                                                                          \
+  long long st[12][6];                                                                         \
+  long long rshape[6];                                                                         \
+  long long rst[6];                                                                            \
+  float f[16];                                                                                 \
+  int i[8];                                                                                    \
+  unsigned long long u[4];
+
+typedef struct kiln__kargs {
+  KILN__KARGS_FIELDS
+} kiln__kargs;
+
+#define KILN__STR_(...) #__VA_ARGS__
+#define KILN__STR(...) KILN__STR_(__VA_ARGS__)
+
+#endif

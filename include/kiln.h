@@ -1,0 +1,354 @@
+/*
+ * kiln.h: the one public header of kiln, a CUDA-only training framework in C.
+ *
+ * Every tensor operation records a node into the context's trace; nothing runs until the trace is
+ * flushed (a host read, kiln_sync, kiln_step_end). The trace doubles as the autograd tape.
+ * Errors are sticky: a failing call returns NULL or a status and sets a message on the context
+ * that names the function and the values; later ops on a failed context record nothing.
+ */
+#ifndef KILN_H
+#define KILN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define KILN_VERSION_MAJOR 0
+#define KILN_VERSION_MINOR 1
+#define KILN_VERSION_PATCH 0
+
+#define KILN_MAX_DIMS 6
+
+typedef enum kiln_status {
+  KILN_OK = 0,
+  KILN_ERR_INVALID, /* a bad argument: NULL, out of range, wrong option */
+  KILN_ERR_SHAPE,   /* shapes that do not fit the operation */
+  KILN_ERR_DTYPE,   /* a dtype the operation does not take */
+  KILN_ERR_OOM,     /* out of device or host memory */
+  KILN_ERR_CUDA,    /* a CUDA, cuBLAS or NVRTC call failed */
+  KILN_ERR_IO,      /* a file could not be opened, read or written */
+  KILN_ERR_FORMAT,  /* a file's contents are not what they must be */
+  KILN_ERR_STATE,   /* wrong order of calls, stale handle, no GPU */
+} kiln_status;
+
+typedef enum kiln_dtype {
+  KILN_DTYPE_F32 = 0,
+  KILN_DTYPE_BF16,
+  KILN_DTYPE_F16,
+  KILN_DTYPE_I32,
+} kiln_dtype;
+
+typedef struct kiln_ctx kiln_ctx;
+typedef struct kiln_tensor kiln_tensor;
+
+/* A shape by value: KILN_SHAPE(128, 784). */
+typedef struct kiln_shape {
+  int ndim;
+  int64_t d[KILN_MAX_DIMS];
+} kiln_shape;
+
+/* A set of axes by value: KILN_AXES(0, 2). KILN_ALL_AXES means every axis. */
+typedef struct kiln_axes {
+  int n;
+  int a[KILN_MAX_DIMS];
+} kiln_axes;
+
+#define KILN__NARG(...) KILN__NARG_(__VA_ARGS__, 6, 5, 4, 3, 2, 1, 0)
+#define KILN__NARG_(_1, _2, _3, _4, _5, _6, N, ...) N
+#define KILN_SHAPE(...) ((kiln_shape){.ndim = KILN__NARG(__VA_ARGS__), .d = {__VA_ARGS__}})
+#define KILN_SCALAR_SHAPE ((kiln_shape){.ndim = 0})
+#define KILN_AXES(...) ((kiln_axes){.n = KILN__NARG(__VA_ARGS__), .a = {__VA_ARGS__}})
+#define KILN_ALL_AXES ((kiln_axes){.n = 0})
+
+/* ---------------------------------------------------------------- context */
+
+typedef struct kiln_ctx_options {
+  int device;  /* CUDA device ordinal */
+  int no_gpu;  /* 1: a context that records and plans but never executes (CI, tests) */
+} kiln_ctx_options;
+
+/*
+ * Creates a context. NULL options: device 0, a GPU context. Always returns a context unless host
+ * memory runs out; when the device cannot be used, kiln_ctx_error() says why and
+ * kiln_ctx_has_gpu() is 0. Environment: KILN_TF32=0 turns TF32 matmuls off, KILN_SEED sets the
+ * RNG seed, KILN_CACHE_DIR the kernel cache, KILN_DUMP_KERNELS=dir writes generated sources.
+ */
+kiln_ctx *kiln_ctx_new(const kiln_ctx_options *opts);
+void kiln_ctx_free(kiln_ctx *ctx);
+int kiln_ctx_has_gpu(const kiln_ctx *ctx);
+
+kiln_status kiln_ctx_status(const kiln_ctx *ctx);
+const char *kiln_ctx_error(const kiln_ctx *ctx); /* NULL when no error is set */
+void kiln_ctx_clear_error(kiln_ctx *ctx);
+const char *kiln_status_name(kiln_status s);
+const char *kiln_version(void);
+
+void kiln_set_tf32(kiln_ctx *ctx, int on); /* default on, KILN_TF32=0 in the environment: off */
+int kiln_tf32(const kiln_ctx *ctx);
+void kiln_manual_seed(kiln_ctx *ctx, uint64_t seed); /* seeds dropout and init */
+
+/* Runs everything recorded so far and waits for the device. */
+kiln_status kiln_sync(kiln_ctx *ctx);
+
+/*
+ * A training step. kiln_step_begin releases the intermediates of the previous step: their
+ * handles become stale and using one is an error. kiln_step_end runs the step's trace.
+ */
+void kiln_step_begin(kiln_ctx *ctx);
+kiln_status kiln_step_end(kiln_ctx *ctx);
+
+typedef struct kiln_mem_stats {
+  size_t in_use;   /* bytes handed out by the caching allocator */
+  size_t peak;     /* the most in_use has been */
+  size_t cached;   /* bytes held by the allocator but free */
+  size_t reserved; /* in_use + cached: what cudaMalloc gave */
+  uint64_t device_mallocs;
+} kiln_mem_stats;
+void kiln_memory_stats(const kiln_ctx *ctx, kiln_mem_stats *out);
+void kiln_memory_reset_peak(kiln_ctx *ctx);
+void kiln_memory_empty_cache(kiln_ctx *ctx);
+
+typedef struct kiln_exec_stats {
+  uint64_t nodes_recorded;   /* all nodes ever recorded */
+  uint64_t nodes_executed;
+  uint64_t flushes;
+  uint64_t kernels_launched; /* generated kernels and library calls (cuBLAS) */
+  uint64_t kernels_compiled; /* NVRTC compilations */
+  uint64_t cache_hits;       /* kernels found in the memory or disk cache */
+  uint64_t disk_hits;
+  double compile_ms;
+} kiln_exec_stats;
+void kiln_stats(const kiln_ctx *ctx, kiln_exec_stats *out);
+
+/* ---------------------------------------------------------------- tensors */
+
+/* A persistent tensor (owned by the caller, freed with kiln_tensor_free), filled with zeros. */
+kiln_tensor *kiln_tensor_new(kiln_ctx *ctx, kiln_dtype dtype, kiln_shape shape);
+kiln_tensor *kiln_tensor_from_host(kiln_ctx *ctx, kiln_dtype dtype, kiln_shape shape,
+                                   const void *data);
+/* Frees a persistent tensor and its gradient; intermediates are released by kiln_step_begin. */
+void kiln_tensor_free(kiln_tensor *t);
+
+/* Flushes, then copies the whole tensor (any view) to host memory, contiguous. */
+kiln_status kiln_tensor_to_host(kiln_tensor *t, void *dst, size_t bytes);
+/* Copies host data into a persistent contiguous tensor, after what was recorded before. */
+kiln_status kiln_tensor_copy_from_host(kiln_tensor *t, const void *src, size_t bytes);
+/* The value of a one-element f32 tensor; NAN (and an error on the context) on failure. */
+float kiln_tensor_item(kiln_tensor *t);
+
+kiln_ctx *kiln_tensor_ctx(const kiln_tensor *t);
+kiln_dtype kiln_tensor_dtype(const kiln_tensor *t);
+int kiln_tensor_ndim(const kiln_tensor *t);
+int64_t kiln_tensor_dim(const kiln_tensor *t, int axis); /* negative axes count from the end */
+kiln_shape kiln_tensor_shape(const kiln_tensor *t);
+int64_t kiln_tensor_stride(const kiln_tensor *t, int axis); /* in elements */
+int64_t kiln_tensor_numel(const kiln_tensor *t);
+int kiln_tensor_is_contiguous(const kiln_tensor *t);
+int kiln_tensor_is_persistent(const kiln_tensor *t);
+const char *kiln_tensor_name(const kiln_tensor *t);
+void kiln_tensor_set_name(kiln_tensor *t, const char *name);
+
+void kiln_tensor_set_requires_grad(kiln_tensor *t, int on); /* persistent f32 tensors only */
+int kiln_tensor_requires_grad(const kiln_tensor *t);
+/* The accumulated gradient of a persistent tensor, or NULL while there is none. */
+kiln_tensor *kiln_tensor_grad(const kiln_tensor *t);
+/* Drops the gradient (the next backward writes it afresh), as PyTorch's set_to_none. */
+void kiln_tensor_zero_grad(kiln_tensor *t);
+
+/* Formats a shape as "[128,784]" into buf; returns buf. */
+char *kiln_shape_str(kiln_shape s, char *buf, size_t n);
+size_t kiln_dtype_size(kiln_dtype dt);
+const char *kiln_dtype_name(kiln_dtype dt);
+
+/* ---------------------------------------------------------------- ops */
+
+/* Elementwise, with NumPy broadcasting. */
+kiln_tensor *kiln_add(kiln_tensor *a, kiln_tensor *b);
+kiln_tensor *kiln_sub(kiln_tensor *a, kiln_tensor *b);
+kiln_tensor *kiln_mul(kiln_tensor *a, kiln_tensor *b);
+kiln_tensor *kiln_div(kiln_tensor *a, kiln_tensor *b);
+kiln_tensor *kiln_maximum(kiln_tensor *a, kiln_tensor *b);
+kiln_tensor *kiln_minimum(kiln_tensor *a, kiln_tensor *b);
+/* Comparisons give 1.0f or 0.0f and carry no gradient. */
+kiln_tensor *kiln_eq(kiln_tensor *a, kiln_tensor *b);
+kiln_tensor *kiln_ne(kiln_tensor *a, kiln_tensor *b);
+kiln_tensor *kiln_lt(kiln_tensor *a, kiln_tensor *b);
+kiln_tensor *kiln_le(kiln_tensor *a, kiln_tensor *b);
+kiln_tensor *kiln_gt(kiln_tensor *a, kiln_tensor *b);
+kiln_tensor *kiln_ge(kiln_tensor *a, kiln_tensor *b);
+/* cond != 0 ? a : b, broadcasting all three. */
+kiln_tensor *kiln_where(kiln_tensor *cond, kiln_tensor *a, kiln_tensor *b);
+
+kiln_tensor *kiln_neg(kiln_tensor *a);
+kiln_tensor *kiln_exp(kiln_tensor *a);
+kiln_tensor *kiln_log(kiln_tensor *a);
+kiln_tensor *kiln_sqrt(kiln_tensor *a);
+kiln_tensor *kiln_rsqrt(kiln_tensor *a);
+kiln_tensor *kiln_tanh(kiln_tensor *a);
+kiln_tensor *kiln_sigmoid(kiln_tensor *a);
+kiln_tensor *kiln_relu(kiln_tensor *a);
+typedef enum kiln_gelu_approx { KILN_GELU_ERF = 0, KILN_GELU_TANH } kiln_gelu_approx;
+kiln_tensor *kiln_gelu(kiln_tensor *a, kiln_gelu_approx approx);
+kiln_tensor *kiln_add_scalar(kiln_tensor *a, float s);
+kiln_tensor *kiln_mul_scalar(kiln_tensor *a, float s);
+kiln_tensor *kiln_pow_scalar(kiln_tensor *a, float exponent);
+kiln_tensor *kiln_clamp(kiln_tensor *a, float lo, float hi);
+/* An intermediate filled with value. */
+kiln_tensor *kiln_full(kiln_ctx *ctx, kiln_shape shape, float value);
+/* Converts between f32 and i32 (truncating towards zero); no gradient through i32. */
+kiln_tensor *kiln_cast(kiln_tensor *a, kiln_dtype dtype);
+
+/* Reductions over a set of axes (KILN_ALL_AXES: all of them). */
+kiln_tensor *kiln_sum(kiln_tensor *a, kiln_axes axes, int keepdim);
+kiln_tensor *kiln_mean(kiln_tensor *a, kiln_axes axes, int keepdim);
+kiln_tensor *kiln_max(kiln_tensor *a, kiln_axes axes, int keepdim);
+/* Index of the largest value along one axis, as i32 (the first on ties); no gradient. */
+kiln_tensor *kiln_argmax(kiln_tensor *a, int axis, int keepdim);
+kiln_tensor *kiln_softmax(kiln_tensor *a, int axis);
+kiln_tensor *kiln_log_softmax(kiln_tensor *a, int axis);
+
+typedef enum kiln_reduction {
+  KILN_REDUCTION_MEAN = 0,
+  KILN_REDUCTION_SUM,
+  KILN_REDUCTION_NONE,
+} kiln_reduction;
+/* logits (N, C) f32, labels (N) i32 in [0, C). */
+kiln_tensor *kiln_cross_entropy(kiln_tensor *logits, kiln_tensor *labels, kiln_reduction red,
+                                float label_smoothing);
+
+/*
+ * Matrix product: (M,K) x (K,N), (B,M,K) x (B,K,N), (B,M,K) x (K,N); a batch of 1 broadcasts.
+ * Transposed views are passed to cuBLAS as transposed operands, not copied.
+ */
+kiln_tensor *kiln_matmul(kiln_tensor *a, kiln_tensor *b);
+
+/* Views and movement. reshape takes one -1; it copies only when a view cannot express it. */
+kiln_tensor *kiln_reshape(kiln_tensor *a, kiln_shape shape);
+kiln_tensor *kiln_permute(kiln_tensor *a, kiln_axes order);
+kiln_tensor *kiln_transpose(kiln_tensor *a, int axis0, int axis1);
+kiln_tensor *kiln_slice(kiln_tensor *a, int axis, int64_t start, int64_t end, int64_t step);
+kiln_tensor *kiln_expand(kiln_tensor *a, kiln_shape shape);
+kiln_tensor *kiln_contiguous(kiln_tensor *a);
+kiln_tensor *kiln_concat(int n, kiln_tensor *const *ts, int axis);
+/* Rows of a (axis 0) picked by idx (K) i32: (K, ...). No gradient. */
+kiln_tensor *kiln_index_select(kiln_tensor *a, kiln_tensor *idx);
+/* Inverted dropout with counter-based Philox: each call draws a fresh offset from the context. */
+kiln_tensor *kiln_dropout(kiln_tensor *a, float p, int training);
+/* The same values without a gradient path. */
+kiln_tensor *kiln_detach(kiln_tensor *a);
+
+/* ---------------------------------------------------------------- autograd */
+
+/* Records the backward pass of a one-element loss; gradients accumulate into .grad. */
+kiln_status kiln_backward(kiln_tensor *loss);
+void kiln_no_grad_begin(kiln_ctx *ctx);
+void kiln_no_grad_end(kiln_ctx *ctx);
+int kiln_grad_enabled(const kiln_ctx *ctx);
+
+/*
+ * Gradient check: fn maps inputs to an output; the check compares the analytic gradient of
+ * sum(output * w), w fixed random, with central finite differences in each input element.
+ * Inputs must be persistent f32 tensors with requires_grad set.
+ */
+typedef kiln_tensor *(*kiln_gradcheck_fn)(kiln_tensor *const *inputs, void *user);
+typedef struct kiln_gradcheck_options {
+  float eps;      /* finite-difference step, default 1e-2 */
+  float atol;     /* default 1e-2 */
+  float rtol;     /* default 1e-2 */
+  uint64_t seed;  /* for w */
+} kiln_gradcheck_options;
+/* Returns KILN_OK when every element agrees; otherwise writes the worst element to report. */
+kiln_status kiln_gradcheck(kiln_ctx *ctx, kiln_gradcheck_fn fn, int n, kiln_tensor *const *inputs,
+                           void *user, const kiln_gradcheck_options *opts, char *report,
+                           size_t report_len);
+
+/* ---------------------------------------------------------------- nn */
+
+typedef struct kiln_params kiln_params;
+kiln_params *kiln_params_new(kiln_ctx *ctx);
+/* Takes ownership of t (freed with the list); names must be unique. */
+kiln_status kiln_params_add(kiln_params *p, const char *name, kiln_tensor *t);
+int kiln_params_count(const kiln_params *p);
+kiln_tensor *kiln_params_get(const kiln_params *p, int i);
+const char *kiln_params_name(const kiln_params *p, int i);
+kiln_tensor *kiln_params_find(const kiln_params *p, const char *name);
+int64_t kiln_params_numel(const kiln_params *p);
+void kiln_params_zero_grad(kiln_params *p);
+void kiln_params_free(kiln_params *p);
+
+/* y = x W^T + b, with PyTorch's default init: W, b ~ U(-1/sqrt(in), 1/sqrt(in)). */
+typedef struct kiln_linear {
+  kiln_tensor *weight; /* (out, in) */
+  kiln_tensor *bias;   /* (out) or NULL */
+  int64_t in_features, out_features;
+} kiln_linear;
+kiln_status kiln_linear_init(kiln_linear *l, kiln_params *params, const char *name,
+                             int64_t in_features, int64_t out_features, int bias);
+kiln_tensor *kiln_linear_forward(const kiln_linear *l, kiln_tensor *x);
+
+/* ---------------------------------------------------------------- optim */
+
+typedef struct kiln_optim kiln_optim;
+typedef struct kiln_sgd_options {
+  float lr, momentum, dampening, weight_decay;
+  int nesterov;
+} kiln_sgd_options;
+typedef struct kiln_adam_options {
+  float lr, beta1, beta2, eps, weight_decay;
+} kiln_adam_options;
+/* Default options: PyTorch's (Adam lr 1e-3, betas 0.9/0.999, eps 1e-8; AdamW wd 1e-2). */
+kiln_sgd_options kiln_sgd_defaults(float lr);
+kiln_adam_options kiln_adam_defaults(void);
+kiln_adam_options kiln_adamw_defaults(void);
+kiln_optim *kiln_sgd_new(kiln_params *params, const kiln_sgd_options *o);
+kiln_optim *kiln_adam_new(kiln_params *params, const kiln_adam_options *o);
+kiln_optim *kiln_adamw_new(kiln_params *params, const kiln_adam_options *o);
+/* Records one update of every parameter that has a gradient. */
+kiln_status kiln_optim_step(kiln_optim *o);
+void kiln_optim_zero_grad(kiln_optim *o);
+void kiln_optim_set_lr(kiln_optim *o, float lr);
+float kiln_optim_lr(const kiln_optim *o);
+int64_t kiln_optim_steps(const kiln_optim *o);
+void kiln_optim_free(kiln_optim *o);
+
+/* ---------------------------------------------------------------- data */
+
+/* An MNIST-format split read into host memory (raw or gzip idx files). */
+typedef struct kiln_mnist {
+  int64_t n, rows, cols;
+  uint8_t *images; /* (n, rows, cols) */
+  uint8_t *labels; /* (n) */
+} kiln_mnist;
+/* split: "train" or "t10k"; tries NAME and NAME.gz in dir. Errors go on ctx (a no-GPU ctx works). */
+kiln_status kiln_mnist_read(kiln_ctx *ctx, const char *dir, const char *split, kiln_mnist *out);
+void kiln_mnist_free(kiln_mnist *m);
+
+/* A data set on the device: images (n, features) f32, labels (n) i32. */
+typedef struct kiln_dataset kiln_dataset;
+/* Uploads once, as (pixel / 255 - mean) / std. */
+kiln_dataset *kiln_dataset_from_mnist(kiln_ctx *ctx, const kiln_mnist *m, float mean, float std);
+kiln_dataset *kiln_mnist_load(kiln_ctx *ctx, const char *dir, const char *split, float mean,
+                              float std);
+int64_t kiln_dataset_size(const kiln_dataset *ds);
+kiln_tensor *kiln_dataset_images(const kiln_dataset *ds);
+kiln_tensor *kiln_dataset_labels(const kiln_dataset *ds);
+void kiln_dataset_free(kiln_dataset *ds);
+
+/* Batches gathered on the device; shuffled per epoch from a seed when shuffle is set. */
+typedef struct kiln_loader kiln_loader;
+kiln_loader *kiln_loader_new(kiln_dataset *ds, int64_t batch, int shuffle, uint64_t seed,
+                             int drop_last);
+/* Starts an epoch (reshuffles). */
+void kiln_loader_start(kiln_loader *l, int epoch);
+/* The next batch of the epoch as intermediates, or 0 at its end. */
+int kiln_loader_next(kiln_loader *l, kiln_tensor **x, kiln_tensor **y);
+int64_t kiln_loader_batches(const kiln_loader *l);
+void kiln_loader_free(kiln_loader *l);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

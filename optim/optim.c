@@ -1,0 +1,214 @@
+/*
+ * optim.c: SGD (momentum, dampening, Nesterov, weight decay), Adam and AdamW with PyTorch's
+ * semantics. kiln_optim_step records one in-place update node per parameter; the update rules
+ * themselves are in the generated code's prelude (fusion/prelude.c).
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../core/internal.h"
+
+typedef enum kind { SGD, ADAM, ADAMW } kind;
+
+struct kiln_optim {
+  kind kind;
+  kiln_ctx *ctx;
+  kiln_params *params;
+  kiln_sgd_options sgd;
+  kiln_adam_options adam;
+  float lr;
+  int64_t steps;
+  int n;
+  kiln_tensor **s1, **s2; /* momentum buffer; Adam's m and v */
+  int64_t *count;         /* updates each parameter has had */
+};
+
+kiln_sgd_options kiln_sgd_defaults(float lr) {
+  return (kiln_sgd_options){.lr = lr, .momentum = 0.f, .dampening = 0.f, .weight_decay = 0.f,
+                            .nesterov = 0};
+}
+kiln_adam_options kiln_adam_defaults(void) {
+  return (kiln_adam_options){.lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f,
+                             .weight_decay = 0.f};
+}
+kiln_adam_options kiln_adamw_defaults(void) {
+  kiln_adam_options o = kiln_adam_defaults();
+  o.weight_decay = 1e-2f;
+  return o;
+}
+
+static kiln_optim *make(kind k, kiln_params *params, const char *fn) {
+  kiln_ctx *ctx = kiln__params_ctx(params);
+  if (!ctx || !kiln__ok(ctx)) return NULL;
+  kiln_optim *o = calloc(1, sizeof *o);
+  int n = kiln_params_count(params);
+  if (o) {
+    o->s1 = calloc((size_t)n + 1, sizeof *o->s1);
+    o->s2 = calloc((size_t)n + 1, sizeof *o->s2);
+    o->count = calloc((size_t)n + 1, sizeof *o->count);
+  }
+  if (!o || !o->s1 || !o->s2 || !o->count) {
+    if (o) {
+      free(o->s1);
+      free(o->s2);
+      free(o->count);
+    }
+    free(o);
+    kiln__error(ctx, KILN_ERR_OOM, "%s: out of host memory", fn);
+    return NULL;
+  }
+  o->kind = k;
+  o->ctx = ctx;
+  o->params = params;
+  o->n = n;
+  return o;
+}
+
+/* State tensors, zero-filled, one per parameter. */
+static bool make_state(kiln_optim *o, kiln_tensor **s, const char *suffix) {
+  for (int i = 0; i < o->n; i++) {
+    kiln_tensor *p = kiln_params_get(o->params, i);
+    s[i] = kiln__tensor_persistent(o->ctx, KILN_DTYPE_F32, p->ndim, p->shape, true);
+    if (!s[i]) return false;
+    char name[64];
+    snprintf(name, sizeof name, "%s.%s", p->name, suffix);
+    kiln_tensor_set_name(s[i], name);
+  }
+  return true;
+}
+
+kiln_optim *kiln_sgd_new(kiln_params *params, const kiln_sgd_options *opts) {
+  const char *fn = __func__;
+  kiln_ctx *ctx = kiln__params_ctx(params);
+  if (!ctx || !kiln__ok(ctx)) return NULL;
+  kiln_sgd_options s = opts ? *opts : kiln_sgd_defaults(1e-3f);
+  if (!(s.lr >= 0.f) || !(s.momentum >= 0.f) || !(s.weight_decay >= 0.f))
+    return kiln__error(ctx, KILN_ERR_INVALID,
+                       "%s: lr %g, momentum %g and weight_decay %g must be >= 0", fn, s.lr,
+                       s.momentum, s.weight_decay),
+           NULL;
+  if (s.nesterov && (s.momentum <= 0.f || s.dampening != 0.f))
+    return kiln__error(ctx, KILN_ERR_INVALID,
+                       "%s: Nesterov momentum needs momentum > 0 and dampening 0 (got %g, %g)", fn,
+                       s.momentum, s.dampening),
+           NULL;
+  kiln_optim *o = make(SGD, params, fn);
+  if (!o) return NULL;
+  o->sgd = s;
+  o->lr = s.lr;
+  if (s.momentum > 0.f && !make_state(o, o->s1, "momentum_buffer")) {
+    kiln_optim_free(o);
+    return NULL;
+  }
+  return o;
+}
+
+static kiln_optim *adam_new(kind k, kiln_params *params, const kiln_adam_options *opts,
+                            const char *fn) {
+  kiln_ctx *ctx = kiln__params_ctx(params);
+  if (!ctx || !kiln__ok(ctx)) return NULL;
+  kiln_adam_options a = opts ? *opts : (k == ADAMW ? kiln_adamw_defaults() : kiln_adam_defaults());
+  if (!(a.lr >= 0.f) || !(a.eps >= 0.f) || !(a.weight_decay >= 0.f) ||
+      !(a.beta1 >= 0.f && a.beta1 < 1.f) || !(a.beta2 >= 0.f && a.beta2 < 1.f))
+    return kiln__error(ctx, KILN_ERR_INVALID,
+                       "%s: lr %g, eps %g, weight_decay %g must be >= 0 and betas %g, %g in "
+                       "[0, 1)",
+                       fn, a.lr, a.eps, a.weight_decay, a.beta1, a.beta2),
+           NULL;
+  kiln_optim *o = make(k, params, fn);
+  if (!o) return NULL;
+  o->adam = a;
+  o->lr = a.lr;
+  if (!make_state(o, o->s1, "exp_avg") || !make_state(o, o->s2, "exp_avg_sq")) {
+    kiln_optim_free(o);
+    return NULL;
+  }
+  return o;
+}
+
+kiln_optim *kiln_adam_new(kiln_params *params, const kiln_adam_options *o) {
+  return adam_new(ADAM, params, o, __func__);
+}
+kiln_optim *kiln_adamw_new(kiln_params *params, const kiln_adam_options *o) {
+  return adam_new(ADAMW, params, o, __func__);
+}
+
+kiln_status kiln_optim_step(kiln_optim *o) {
+  if (!o) return KILN_ERR_INVALID;
+  kiln_ctx *ctx = o->ctx;
+  if (!kiln__ok(ctx)) return ctx->status;
+  if (kiln_params_count(o->params) != o->n)
+    return kiln__error(ctx, KILN_ERR_STATE,
+                       "kiln_optim_step: the parameter list changed (%d parameters, the optimizer "
+                       "was made for %d)",
+                       kiln_params_count(o->params), o->n);
+  for (int i = 0; i < o->n; i++) {
+    kiln_tensor *p = kiln_params_get(o->params, i);
+    kiln_tensor *g = kiln_tensor_grad(p);
+    if (!g) continue; /* no gradient this step: left alone, as in PyTorch */
+    kiln__node *n;
+    if (o->kind == SGD) {
+      const kiln_sgd_options *s = &o->sgd;
+      if (s->momentum > 0.f) {
+        kiln_tensor *in[3] = {p, g, o->s1[i]};
+        n = kiln__update(KILN__OP_SGD_MOMENTUM, __func__, 3, in);
+        if (!n) return ctx->status;
+        n->i[0] = s->nesterov != 0;
+        n->i[1] = o->count[i] == 0;
+      } else {
+        kiln_tensor *in[2] = {p, g};
+        n = kiln__update(KILN__OP_SGD, __func__, 2, in);
+        if (!n) return ctx->status;
+      }
+      n->f[0] = o->lr;
+      n->f[1] = s->momentum;
+      n->f[2] = s->dampening;
+      n->f[3] = s->weight_decay;
+    } else {
+      const kiln_adam_options *a = &o->adam;
+      kiln_tensor *in[4] = {p, g, o->s1[i], o->s2[i]};
+      n = kiln__update(KILN__OP_ADAM, __func__, 4, in);
+      if (!n) return ctx->status;
+      double t = (double)(o->count[i] + 1);
+      double bc1 = 1.0 - pow((double)a->beta1, t), bc2 = 1.0 - pow((double)a->beta2, t);
+      n->f[0] = o->lr;
+      n->f[1] = a->beta1;
+      n->f[2] = a->beta2;
+      n->f[3] = a->eps;
+      n->f[4] = a->weight_decay;
+      n->f[5] = (float)(o->lr / bc1);
+      n->f[6] = (float)sqrt(bc2);
+      n->i[0] = o->kind == ADAMW;
+    }
+    o->count[i]++;
+  }
+  o->steps++;
+  return ctx->status;
+}
+
+void kiln_optim_zero_grad(kiln_optim *o) {
+  if (o) kiln_params_zero_grad(o->params);
+}
+void kiln_optim_set_lr(kiln_optim *o, float lr) {
+  if (!o) return;
+  if (!(lr >= 0.f)) {
+    kiln__error(o->ctx, KILN_ERR_INVALID, "kiln_optim_set_lr: lr %g must be >= 0", lr);
+    return;
+  }
+  o->lr = lr;
+}
+float kiln_optim_lr(const kiln_optim *o) { return o ? o->lr : 0.f; }
+int64_t kiln_optim_steps(const kiln_optim *o) { return o ? o->steps : 0; }
+
+void kiln_optim_free(kiln_optim *o) {
+  if (!o) return;
+  for (int i = 0; i < o->n; i++) {
+    kiln_tensor_free(o->s1[i]);
+    kiln_tensor_free(o->s2[i]);
+  }
+  free(o->s1);
+  free(o->s2);
+  free(o->count);
+  free(o);
+}
