@@ -122,6 +122,7 @@ void kiln_ctx_free(kiln_ctx *ctx) {
 }
 
 int kiln_ctx_has_gpu(const kiln_ctx *ctx) { return ctx && ctx->has_gpu; }
+void *kiln_ctx_stream(const kiln_ctx *ctx) { return ctx ? (void *)ctx->stream : NULL; }
 
 const char *kiln_version(void) {
 #define KILN__S(x) #x

@@ -195,6 +195,7 @@ struct kiln_ctx {
   char *cache_dir;
   char *dump_dir;
   int nvrtc_version;
+  uint64_t key_seed; /* hash of the prelude, arch and NVRTC version */
   kiln_exec_stats stats;
 };
 

@@ -137,11 +137,12 @@ kiln_status kiln_mnist_read(kiln_ctx *ctx, const char *dir, const char *split, k
   }
   for (uint32_t i = 0; i < ldims[0]; i++) {
     if (labels[i] > 9) {
+      unsigned bad = labels[i];
       free(images);
       free(labels);
       return kiln__error(ctx, KILN_ERR_FORMAT, "kiln_mnist_read: %s/%s: label %u of record %u is "
                          "not a digit class 0-9",
-                         dir, lname, labels[i], i);
+                         dir, lname, bad, i);
     }
   }
   out->n = idims[0];

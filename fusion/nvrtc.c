@@ -161,10 +161,12 @@ kiln__kernel *kiln__kernel_get(kiln_ctx *ctx, const char *name, const char *sour
                                const char *comment) {
   const char *pre = kiln__prelude();
   size_t lp = strlen(pre), ls = strlen(source);
-  uint64_t key = kiln__hash(pre, lp, 0);
-  key = kiln__hash(source, ls, key);
-  int tag[2] = {ctx->arch, ctx->nvrtc_version};
-  key = kiln__hash(tag, sizeof tag, key);
+  if (ctx->key_seed == 0) {
+    /* the prelude, architecture and NVRTC version are part of every key */
+    int tag[2] = {ctx->arch, ctx->nvrtc_version};
+    ctx->key_seed = kiln__hash(tag, sizeof tag, kiln__hash(pre, lp, 0));
+  }
+  uint64_t key = kiln__hash(source, ls, ctx->key_seed);
   for (kiln__kernel *k = ctx->kernels[key & 255]; k; k = k->next) {
     if (k->key == key) {
       ctx->stats.cache_hits++;

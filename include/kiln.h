@@ -79,6 +79,8 @@ typedef struct kiln_ctx_options {
 kiln_ctx *kiln_ctx_new(const kiln_ctx_options *opts);
 void kiln_ctx_free(kiln_ctx *ctx);
 int kiln_ctx_has_gpu(const kiln_ctx *ctx);
+/* The cudaStream_t all of the context's work runs on (for events and interop). */
+void *kiln_ctx_stream(const kiln_ctx *ctx);
 
 kiln_status kiln_ctx_status(const kiln_ctx *ctx);
 const char *kiln_ctx_error(const kiln_ctx *ctx); /* NULL when no error is set */

@@ -40,24 +40,25 @@ kiln_tensor *th_rand(kiln_ctx *ctx, kiln_shape s, uint64_t seed, float lo, float
   return t;
 }
 
-float *th_read(kiln_tensor *t) {
-  cr_assert_not_null(t, "th_read: NULL tensor (%s)", "an op before it failed");
+/* Reads any 4-byte-element tensor into a malloc'd host buffer. */
+static void *read4(kiln_tensor *t) {
+  cr_assert_not_null(t, "th_read: NULL tensor (an op before it failed)");
   int64_t n = kiln_tensor_numel(t);
-  float *h = malloc((size_t)(n > 0 ? n : 1) * sizeof *h);
+  void *h = malloc((size_t)(n > 0 ? n : 1) * 4);
   cr_assert_not_null(h);
-  kiln_status s = kiln_tensor_to_host(t, h, (size_t)n * sizeof *h);
+  kiln_status s = kiln_tensor_to_host(t, h, (size_t)n * 4);
   cr_assert_eq(s, KILN_OK, "kiln_tensor_to_host: %s", kiln_ctx_error(kiln_tensor_ctx(t)));
   return h;
 }
 
+float *th_read(kiln_tensor *t) {
+  cr_assert(t == NULL || kiln_tensor_dtype(t) == KILN_DTYPE_F32, "th_read: not an f32 tensor");
+  return read4(t);
+}
+
 int32_t *th_read_i32(kiln_tensor *t) {
-  cr_assert_not_null(t);
-  int64_t n = kiln_tensor_numel(t);
-  int32_t *h = malloc((size_t)(n > 0 ? n : 1) * sizeof *h);
-  cr_assert_not_null(h);
-  kiln_status s = kiln_tensor_to_host(t, h, (size_t)n * sizeof *h);
-  cr_assert_eq(s, KILN_OK, "kiln_tensor_to_host: %s", kiln_ctx_error(kiln_tensor_ctx(t)));
-  return h;
+  cr_assert(t == NULL || kiln_tensor_dtype(t) == KILN_DTYPE_I32, "th_read_i32: not i32");
+  return read4(t);
 }
 
 void th_assert_close(const float *got, const double *want, int64_t n, double atol, double rtol,

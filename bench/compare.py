@@ -1,0 +1,50 @@
+#!/usr/bin/env python3
+"""compare.py: runs kiln's benchmark and the PyTorch reference on this GPU and prints one table.
+
+    python3 bench/compare.py [--build build] [--steps N] [--blocks N]
+
+The kiln side is build/bench_mlp (build it first); the PyTorch side is bench/torch_ref.py. Ratios
+are kiln's ms/step over PyTorch's (below 1: kiln is faster).
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def run(cmd, env=None):
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env)
+    return [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--build", default="build")
+    ap.add_argument("--steps", type=int, default=100)
+    ap.add_argument("--blocks", type=int, default=21)
+    ap.add_argument("--no-torch", action="store_true")
+    args = ap.parse_args()
+    common = ["--steps", str(args.steps), "--blocks", str(args.blocks)]
+    rows = run([os.path.join(args.build, "bench_mlp"), "--mode", "unfused"] + common)
+    torch_rows = []
+    if not args.no_torch:
+        try:
+            torch_rows = run([sys.executable, os.path.join(HERE, "torch_ref.py")] + common)
+        except (subprocess.CalledProcessError, FileNotFoundError) as e:
+            print(f"PyTorch reference failed: {e}", file=sys.stderr)
+    ref = {r["mode"]: r["ms_per_step"] for r in torch_rows}
+    print("| workload | framework | mode | ms/step (median) | kernels/step | peak MiB |"
+          " vs PyTorch eager | vs PyTorch best |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    for r in rows + torch_rows:
+        ratio = lambda m: f"{r['ms_per_step'] / ref[m]:.2f}x" if m in ref else "-"
+        kern = f"{r['kernels_per_step']:.0f}" if "kernels_per_step" in r else "-"
+        print(f"| {r['workload']} | {r['framework']} | {r['mode']} | {r['ms_per_step']:.3f} |"
+              f" {kern} | {r['peak_mib']:.1f} | {ratio('eager')} | {ratio('best')} |")
+
+
+if __name__ == "__main__":
+    main()
