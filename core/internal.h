@@ -246,6 +246,12 @@ double kiln__rng_uniform(kiln_ctx *ctx);    /* [0, 1) */
 uint64_t kiln__hash(const void *p, size_t n, uint64_t h); /* FNV-1a, 64-bit */
 
 kiln_ctx *kiln__params_ctx(const kiln_params *p);
+/* optim/: what checkpoints read and restore */
+const char *kiln__optim_kind(const kiln_optim *o);
+/* State tensor which (0, 1) of parameter i, or NULL; *name is its name in a checkpoint. */
+kiln_tensor *kiln__optim_state(const kiln_optim *o, int i, int which, const char **name);
+int64_t kiln__optim_count(const kiln_optim *o, int i);
+void kiln__optim_restore(kiln_optim *o, int64_t steps, const int64_t *counts);
 
 /* fusion/: planning, code generation, compiling and launching. */
 kiln_status kiln__execute(kiln_ctx *ctx, int32_t first, int32_t last);

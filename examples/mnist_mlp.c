@@ -4,8 +4,12 @@
  * accuracy after every epoch.
  *
  *   mnist_mlp [DATA_DIR] [--epochs N] [--lr LR] [--batch N] [--seed N]
+ *             [--save PATH] [--resume PATH] [--eval-only PATH] [--log PATH]
  *
  * DATA_DIR defaults to $KILN_MNIST, else data/mnist. The whole data set lives on the GPU.
+ * --save writes a training checkpoint after every epoch; --resume continues one (bitwise as the
+ * uninterrupted run); --eval-only evaluates a checkpoint or a weights file; --log appends metrics
+ * as JSON lines (tools/plot_log.py draws them).
  */
 #include <math.h>
 #include <stdio.h>
@@ -29,6 +33,14 @@ static double now_s(void) {
 static void die(kiln_ctx *ctx, const char *what) {
   fprintf(stderr, "mnist_mlp: %s: %s\n", what, kiln_ctx_error(ctx) ? kiln_ctx_error(ctx) : "?");
   exit(1);
+}
+
+static void usage(const char *argv0) {
+  fprintf(stderr,
+          "usage: %s [DATA_DIR] [--epochs N] [--lr LR] [--batch N] [--seed N] [--save PATH]\n"
+          "          [--resume PATH] [--eval-only PATH] [--log PATH]\n",
+          argv0);
+  exit(2);
 }
 
 static kiln_tensor *forward(const mlp *m, kiln_tensor *x) {
@@ -82,27 +94,34 @@ int main(int argc, char **argv) {
   int64_t batch = 128;
   float lr = 0.05f;
   uint64_t seed = 0;
+  const char *save = NULL, *resume = NULL, *eval_only = NULL, *log_path = NULL;
   for (int i = 1; i < argc; i++) {
-    if (strcmp(argv[i], "--epochs") == 0 && i + 1 < argc) {
-      epochs = atoi(argv[++i]);
-    } else if (strcmp(argv[i], "--lr") == 0 && i + 1 < argc) {
-      lr = strtof(argv[++i], NULL);
-    } else if (strcmp(argv[i], "--batch") == 0 && i + 1 < argc) {
-      batch = atoll(argv[++i]);
-    } else if (strcmp(argv[i], "--seed") == 0 && i + 1 < argc) {
-      seed = strtoull(argv[++i], NULL, 0);
-    } else if (argv[i][0] == '-') {
-      fprintf(stderr, "usage: %s [DATA_DIR] [--epochs N] [--lr LR] [--batch N] [--seed N]\n",
-              argv[0]);
-      return 2;
-    } else {
-      dir = argv[i];
+    const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+    if (a[0] != '-') {
+      dir = a;
+      continue;
     }
+    if (!v) usage(argv[0]);
+    i++;
+    if (strcmp(a, "--epochs") == 0) epochs = atoi(v);
+    else if (strcmp(a, "--lr") == 0) lr = strtof(v, NULL);
+    else if (strcmp(a, "--batch") == 0) batch = atoll(v);
+    else if (strcmp(a, "--seed") == 0) seed = strtoull(v, NULL, 0);
+    else if (strcmp(a, "--save") == 0) save = v;
+    else if (strcmp(a, "--resume") == 0) resume = v;
+    else if (strcmp(a, "--eval-only") == 0) eval_only = v;
+    else if (strcmp(a, "--log") == 0) log_path = v;
+    else usage(argv[0]);
   }
   if (epochs < 1 || batch < 1 || !(lr > 0)) {
     fprintf(stderr, "mnist_mlp: epochs %d, batch %lld and lr %g must be positive\n", epochs,
             (long long)batch, lr);
     return 2;
+  }
+  FILE *log = NULL;
+  if (log_path && !(log = fopen(log_path, "a"))) {
+    perror(log_path);
+    return 1;
   }
 
   kiln_ctx *ctx = kiln_ctx_new(NULL);
@@ -138,12 +157,44 @@ int main(int argc, char **argv) {
 
   int64_t ntrain = kiln_dataset_size(train), steps_per_epoch = kiln_loader_batches(loader);
   int64_t total_steps = steps_per_epoch * epochs, step = 0;
+  int first_epoch = 1;
+  const char *load = resume ? resume : eval_only;
+  if (load) {
+    /* a checkpoint, or (for --eval-only) a plain weights file */
+    kiln_meta *meta = kiln_meta_new();
+    if (kiln_checkpoint_load(load, m.params, opt, meta) != KILN_OK) {
+      if (!eval_only) die(ctx, "resuming");
+      kiln_ctx_clear_error(ctx);
+      if (kiln_params_load(m.params, load) != KILN_OK) die(ctx, "loading the weights");
+    } else if (resume) {
+      const char *e = kiln_meta_get(meta, "epoch"), *st = kiln_meta_get(meta, "step");
+      const char *b = kiln_meta_get(meta, "batch");
+      if (!e || !st || !b || atoll(b) != batch) {
+        fprintf(stderr, "mnist_mlp: %s was not written by mnist_mlp with batch %lld\n", resume,
+                (long long)batch);
+        return 1;
+      }
+      first_epoch = atoi(e) + 1;
+      step = atoll(st);
+      printf("resumed %s: epoch %d done, step %lld\n", resume, first_epoch - 1, (long long)step);
+    }
+    kiln_meta_free(meta);
+  }
   printf("kiln %s mnist_mlp: %s (%lld train, %lld test images; pixel mean %.4f std %.4f)\n",
          kiln_version(), dir, (long long)ntrain, (long long)kiln_dataset_size(test), mean, std);
+  if (eval_only) {
+    double tl, ta;
+    evaluate(ctx, &m, test_loader, kiln_dataset_size(test), &tl, &ta);
+    printf("%s: test loss %.4f | test accuracy %.2f%%\n", eval_only, tl, 100.0 * ta);
+    if (log) fprintf(log, "{\"eval\": \"%s\", \"test_loss\": %.6f, \"test_accuracy\": %.6f}\n",
+                     eval_only, tl, ta);
+    return 0;
+  }
   printf("784-512-512-10 ReLU MLP (%lld parameters), batch %lld, SGD Nesterov momentum 0.9, "
          "lr %g with cosine decay, weight decay 5e-4, %d epochs\n",
          (long long)kiln_params_numel(m.params), (long long)batch, lr, epochs);
-  for (int epoch = 1; epoch <= epochs; epoch++) {
+  double t_start = now_s();
+  for (int epoch = first_epoch; epoch <= epochs; epoch++) {
     kiln_loader_start(loader, epoch);
     double t0 = now_s(), tlast = t0, lsum = 0;
     int64_t seen = 0, seen_last = 0, nread = 0;
@@ -161,8 +212,13 @@ int main(int argc, char **argv) {
       step++;
       /* reading the loss waits for the GPU: do it every 25 steps only */
       if (step % 25 == 0) {
-        lsum += kiln_tensor_item(loss);
+        float l = kiln_tensor_item(loss);
+        lsum += l;
         nread++;
+        if (log)
+          fprintf(log, "{\"step\": %lld, \"epoch\": %d, \"loss\": %.6f, \"lr\": %.6g, "
+                       "\"time\": %.3f}\n",
+                  (long long)step, epoch, l, kiln_optim_lr(opt), now_s() - t_start);
       }
       if (step % 100 == 0) {
         double t = now_s();
@@ -182,7 +238,28 @@ int main(int argc, char **argv) {
            "(%.0f samples/s)\n",
            epoch, nread ? lsum / nread : NAN, tl, 100.0 * ta, train_time, ntrain / train_time);
     fflush(stdout);
+    if (log) {
+      fprintf(log, "{\"step\": %lld, \"epoch\": %d, \"train_loss\": %.6f, \"test_loss\": %.6f, "
+                   "\"test_accuracy\": %.6f, \"lr\": %.6g, \"time\": %.3f}\n",
+              (long long)step, epoch, nread ? lsum / nread : NAN, tl, ta, kiln_optim_lr(opt),
+              now_s() - t_start);
+      fflush(log);
+    }
+    if (save) {
+      kiln_meta *meta = kiln_meta_new();
+      char buf[32];
+      snprintf(buf, sizeof buf, "%d", epoch);
+      kiln_meta_set(meta, "epoch", buf);
+      snprintf(buf, sizeof buf, "%lld", (long long)step);
+      kiln_meta_set(meta, "step", buf);
+      snprintf(buf, sizeof buf, "%lld", (long long)batch);
+      kiln_meta_set(meta, "batch", buf);
+      if (kiln_checkpoint_save(save, m.params, opt, meta) != KILN_OK) die(ctx, "saving");
+      kiln_meta_free(meta);
+      printf("saved %s\n", save);
+    }
   }
+  if (log) fclose(log);
   kiln_mem_stats ms;
   kiln_memory_stats(ctx, &ms);
   printf("peak device memory %.1f MiB\n", ms.peak / 1048576.0);

@@ -316,6 +316,33 @@ float kiln_optim_lr(const kiln_optim *o);
 int64_t kiln_optim_steps(const kiln_optim *o);
 void kiln_optim_free(kiln_optim *o);
 
+/* ---------------------------------------------------------------- checkpoints */
+
+/* Parameters in the safetensors format, by name, stored as KILN_DTYPE_F32 or KILN_DTYPE_BF16.
+ * Saving writes a temporary file and renames it over path: an interrupted save leaves the old
+ * file whole. Loading accepts F32 or BF16 and checks every name, shape and dtype first: a
+ * missing, extra, mis-shaped or corrupted tensor is an error naming it, and nothing is loaded. */
+kiln_status kiln_params_save(const kiln_params *p, const char *path, kiln_dtype dtype);
+kiln_status kiln_params_load(kiln_params *p, const char *path);
+
+/* String key/value metadata carried by checkpoints (keys starting "kiln." are kiln's own). */
+typedef struct kiln_meta kiln_meta;
+kiln_meta *kiln_meta_new(void);
+int kiln_meta_set(kiln_meta *m, const char *key, const char *value); /* 0, or -1 out of memory */
+const char *kiln_meta_get(const kiln_meta *m, const char *key);      /* NULL when absent */
+int kiln_meta_count(const kiln_meta *m);
+const char *kiln_meta_key(const kiln_meta *m, int i);
+void kiln_meta_free(kiln_meta *m);
+
+/* A training checkpoint: parameters, the optimizer's state, step counts and learning rate, the
+ * context's RNG state and the caller's metadata (user may be NULL), in one safetensors file.
+ * Loading restores all of them (user, if given, receives the caller's metadata), so a resumed
+ * run continues bitwise as the uninterrupted one; on any mismatch nothing changes. */
+kiln_status kiln_checkpoint_save(const char *path, const kiln_params *p, const kiln_optim *o,
+                                 const kiln_meta *user);
+kiln_status kiln_checkpoint_load(const char *path, kiln_params *p, kiln_optim *o,
+                                 kiln_meta *user);
+
 /* ---------------------------------------------------------------- data */
 
 /* An MNIST-format split read into host memory (raw or gzip idx files). */

@@ -212,3 +212,28 @@ void kiln_optim_free(kiln_optim *o) {
   free(o->count);
   free(o);
 }
+
+/* ---------------------------------------------------------------- for checkpoints */
+
+const char *kiln__optim_kind(const kiln_optim *o) {
+  return o->kind == SGD ? "sgd" : (o->kind == ADAM ? "adam" : "adamw");
+}
+
+kiln_tensor *kiln__optim_state(const kiln_optim *o, int i, int which, const char **name) {
+  if (i < 0 || i >= o->n) return NULL;
+  if (o->kind == SGD) {
+    *name = "momentum_buffer";
+    return which == 0 ? o->s1[i] : NULL;
+  }
+  *name = which == 0 ? "exp_avg" : "exp_avg_sq";
+  return which == 0 ? o->s1[i] : o->s2[i];
+}
+
+int64_t kiln__optim_count(const kiln_optim *o, int i) {
+  return i >= 0 && i < o->n ? o->count[i] : 0;
+}
+
+void kiln__optim_restore(kiln_optim *o, int64_t steps, const int64_t *counts) {
+  o->steps = steps;
+  for (int i = 0; i < o->n; i++) o->count[i] = counts[i];
+}

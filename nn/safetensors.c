@@ -1,0 +1,319 @@
+/*
+ * safetensors.c: the safetensors format. The parser trusts nothing: the header length, the JSON,
+ * every dtype, shape and byte range are checked before anything is used, so that a truncated,
+ * corrupted or foreign file is an error naming what is wrong (the fuzzer in tests/fuzz/ drives
+ * this code). Writes go to a temporary file that is synced and renamed over the target, so an
+ * interrupted save leaves the previous file whole.
+ */
+#include "safetensors.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <libgen.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define MAX_HEADER ((uint64_t)100 << 20)
+
+static const char *st_dtype_name(kiln_dtype dt) {
+  switch (dt) {
+  case KILN_DTYPE_F32: return "F32";
+  case KILN_DTYPE_BF16: return "BF16";
+  case KILN_DTYPE_F16: return "F16";
+  case KILN_DTYPE_I32: return "I32";
+  }
+  return "?";
+}
+
+static bool st_dtype(const char *s, kiln_dtype *dt) {
+  if (strcmp(s, "F32") == 0) *dt = KILN_DTYPE_F32;
+  else if (strcmp(s, "BF16") == 0) *dt = KILN_DTYPE_BF16;
+  else if (strcmp(s, "I32") == 0) *dt = KILN_DTYPE_I32;
+  else return false;
+  return true;
+}
+
+/* A JSON number that is a non-negative integer exactly representable in a double. */
+static bool json_uint(const cJSON *j, uint64_t *v) {
+  if (!cJSON_IsNumber(j)) return false;
+  double d = cJSON_GetNumberValue(j);
+  if (!(d >= 0 && d <= 9007199254740992.0) || floor(d) != d) return false;
+  *v = (uint64_t)d;
+  return true;
+}
+
+static int by_begin(const void *a, const void *b) {
+  const kiln__st_entry *x = *(kiln__st_entry *const *)a, *y = *(kiln__st_entry *const *)b;
+  return (x->begin > y->begin) - (x->begin < y->begin);
+}
+
+void kiln__st_free(kiln__st_file *f) {
+  if (!f) return;
+  cJSON_Delete(f->json);
+  free(f->e);
+  memset(f, 0, sizeof *f);
+}
+
+kiln_status kiln__st_parse(kiln_ctx *ctx, const char *fn, const char *path, const uint8_t *buf,
+                           size_t len, kiln__st_file *out) {
+  memset(out, 0, sizeof *out);
+  kiln__st_entry **order = NULL;
+  char why[512] = "";
+  if (len < 8) {
+    snprintf(why, sizeof why, "truncated: %zu bytes, less than the 8-byte header length", len);
+    goto bad;
+  }
+  uint64_t hlen = 0;
+  for (int i = 7; i >= 0; i--) hlen = hlen << 8 | buf[i];
+  if (hlen > MAX_HEADER || hlen > len - 8) {
+    snprintf(why, sizeof why, "header length %" PRIu64 " %s", hlen,
+             hlen > len - 8 ? "runs past the end of the file (truncated?)" : "is implausible");
+    goto bad;
+  }
+  out->json = cJSON_ParseWithLength((const char *)buf + 8, hlen);
+  if (!out->json || !cJSON_IsObject(out->json)) {
+    snprintf(why, sizeof why, "the header is not a JSON object%s",
+             out->json ? "" : " (bad JSON)");
+    goto bad;
+  }
+  out->data = buf + 8 + hlen;
+  out->data_len = len - 8 - hlen;
+  int count = cJSON_GetArraySize(out->json);
+  out->e = calloc((size_t)count + 1, sizeof *out->e);
+  order = calloc((size_t)count + 1, sizeof *order);
+  if (!out->e || !order) {
+    snprintf(why, sizeof why, "out of host memory for %d header entries", count);
+    goto bad;
+  }
+  for (const cJSON *it = out->json->child; it; it = it->next) {
+    const char *name = it->string ? it->string : "";
+    if (strcmp(name, "__metadata__") == 0) {
+      if (!cJSON_IsObject(it) || out->metadata) {
+        snprintf(why, sizeof why, "__metadata__ is not one object of strings");
+        goto bad;
+      }
+      for (const cJSON *m = it->child; m; m = m->next)
+        if (!cJSON_IsString(m)) {
+          snprintf(why, sizeof why, "__metadata__ value '%s' is not a string",
+                   m->string ? m->string : "");
+          goto bad;
+        }
+      out->metadata = it;
+      continue;
+    }
+    for (int k = 0; k < out->n; k++)
+      if (strcmp(out->e[k].name, name) == 0) {
+        snprintf(why, sizeof why, "tensor '%s' appears twice", name);
+        goto bad;
+      }
+    kiln__st_entry *e = &out->e[out->n];
+    e->name = name;
+    const cJSON *dt = cJSON_GetObjectItemCaseSensitive(it, "dtype");
+    const cJSON *sh = cJSON_GetObjectItemCaseSensitive(it, "shape");
+    const cJSON *off = cJSON_GetObjectItemCaseSensitive(it, "data_offsets");
+    if (!cJSON_IsObject(it) || !cJSON_IsString(dt) || !cJSON_IsArray(sh) || !cJSON_IsArray(off)) {
+      snprintf(why, sizeof why, "tensor '%s' lacks a dtype string, a shape or data_offsets", name);
+      goto bad;
+    }
+    if (!st_dtype(dt->valuestring, &e->dtype)) {
+      snprintf(why, sizeof why, "tensor '%s' has dtype %.32s; kiln reads F32, BF16 and I32", name,
+               dt->valuestring);
+      goto bad;
+    }
+    e->ndim = cJSON_GetArraySize(sh);
+    if (e->ndim > KILN_MAX_DIMS) {
+      snprintf(why, sizeof why, "tensor '%s' has %d dims; kiln takes up to %d", name, e->ndim,
+               KILN_MAX_DIMS);
+      goto bad;
+    }
+    uint64_t numel = 1;
+    int d = 0;
+    for (const cJSON *x = sh->child; x; x = x->next, d++) {
+      uint64_t v;
+      if (!json_uint(x, &v) || v > ((uint64_t)1 << 40)) {
+        snprintf(why, sizeof why, "tensor '%s' has a bad size in its shape (dim %d)", name, d);
+        goto bad;
+      }
+      e->shape[d] = (int64_t)v;
+      numel *= v;
+      if (numel > ((uint64_t)1 << 40)) {
+        snprintf(why, sizeof why, "tensor '%s' is implausibly large", name);
+        goto bad;
+      }
+    }
+    uint64_t b, en;
+    if (cJSON_GetArraySize(off) != 2 || !json_uint(off->child, &b) ||
+        !json_uint(off->child->next, &en)) {
+      snprintf(why, sizeof why, "tensor '%s' has bad data_offsets (two byte positions wanted)",
+               name);
+      goto bad;
+    }
+    if (b > en || en > out->data_len) {
+      snprintf(why, sizeof why,
+               "tensor '%s' has data_offsets [%" PRIu64 ", %" PRIu64 "] outside the %" PRIu64
+               " bytes of data (truncated?)",
+               name, b, en, out->data_len);
+      goto bad;
+    }
+    if (en - b != numel * kiln_dtype_size(e->dtype)) {
+      snprintf(why, sizeof why,
+               "tensor '%s' (%s, %" PRIu64 " elements) needs %" PRIu64 " bytes, its data_offsets "
+               "give %" PRIu64,
+               name, st_dtype_name(e->dtype), numel, numel * kiln_dtype_size(e->dtype), en - b);
+      goto bad;
+    }
+    e->begin = b;
+    e->end = en;
+    order[out->n] = e;
+    out->n++;
+  }
+  /* the byte ranges must tile the data section: no overlap, no hole */
+  qsort(order, (size_t)out->n, sizeof *order, by_begin);
+  uint64_t at = 0;
+  for (int k = 0; k < out->n; k++) {
+    if (order[k]->begin != at) {
+      snprintf(why, sizeof why, "tensor '%s' starts at byte %" PRIu64 " where %" PRIu64 " was due "
+               "(%s)",
+               order[k]->name, order[k]->begin, at,
+               order[k]->begin < at ? "it overlaps another" : "a hole before it");
+      goto bad;
+    }
+    at = order[k]->end;
+  }
+  if (at != out->data_len) {
+    snprintf(why, sizeof why, "%" PRIu64 " bytes of data follow the last tensor",
+             out->data_len - at);
+    goto bad;
+  }
+  free(order);
+  return KILN_OK;
+bad:
+  free(order);
+  kiln__st_free(out);
+  return kiln__error(ctx, KILN_ERR_FORMAT, "%s: %s: %s", fn, path, why);
+}
+
+const kiln__st_entry *kiln__st_find(const kiln__st_file *f, const char *name) {
+  for (int i = 0; i < f->n; i++)
+    if (strcmp(f->e[i].name, name) == 0) return &f->e[i];
+  return NULL;
+}
+
+kiln_status kiln__read_file(kiln_ctx *ctx, const char *fn, const char *path, uint8_t **buf,
+                            size_t *len) {
+  *buf = NULL;
+  *len = 0;
+  FILE *f = fopen(path, "rb");
+  if (!f) return kiln__error(ctx, KILN_ERR_IO, "%s: cannot open %s: %s", fn, path, strerror(errno));
+  if (fseek(f, 0, SEEK_END) != 0) goto io;
+  long size = ftell(f);
+  if (size < 0 || fseek(f, 0, SEEK_SET) != 0) goto io;
+  *buf = malloc(size > 0 ? (size_t)size : 1);
+  if (!*buf) {
+    fclose(f);
+    return kiln__error(ctx, KILN_ERR_OOM, "%s: out of host memory reading %s (%ld bytes)", fn, path,
+                       size);
+  }
+  if (fread(*buf, 1, (size_t)size, f) != (size_t)size) goto io;
+  fclose(f);
+  *len = (size_t)size;
+  return KILN_OK;
+io:
+  free(*buf);
+  *buf = NULL;
+  fclose(f);
+  return kiln__error(ctx, KILN_ERR_IO, "%s: cannot read %s: %s", fn, path, strerror(errno));
+}
+
+static bool write_all(int fd, const void *p, size_t n) {
+  const char *c = p;
+  while (n > 0) {
+    ssize_t k = write(fd, c, n);
+    if (k < 0) {
+      if (errno == EINTR) continue;
+      return false;
+    }
+    c += k;
+    n -= (size_t)k;
+  }
+  return true;
+}
+
+kiln_status kiln__st_write(kiln_ctx *ctx, const char *fn, const char *path, int n,
+                           const kiln__st_out *t, const cJSON *metadata) {
+  cJSON *h = cJSON_CreateObject();
+  char *text = NULL;
+  if (!h) goto oom;
+  if (metadata) {
+    cJSON *m = cJSON_Duplicate(metadata, 1);
+    if (!m) goto oom;
+    cJSON_AddItemToObject(h, "__metadata__", m);
+  }
+  uint64_t at = 0;
+  for (int i = 0; i < n; i++) {
+    cJSON *e = cJSON_CreateObject();
+    if (!e) goto oom;
+    cJSON_AddItemToObject(h, t[i].name, e);
+    cJSON_AddStringToObject(e, "dtype", st_dtype_name(t[i].dtype));
+    cJSON *sh = cJSON_AddArrayToObject(e, "shape");
+    uint64_t bytes = kiln_dtype_size(t[i].dtype);
+    for (int d = 0; d < t[i].ndim; d++) {
+      cJSON_AddItemToArray(sh, cJSON_CreateNumber((double)t[i].shape[d]));
+      bytes *= (uint64_t)t[i].shape[d];
+    }
+    cJSON *off = cJSON_AddArrayToObject(e, "data_offsets");
+    cJSON_AddItemToArray(off, cJSON_CreateNumber((double)at));
+    cJSON_AddItemToArray(off, cJSON_CreateNumber((double)(at + bytes)));
+    at += bytes;
+  }
+  text = cJSON_PrintUnformatted(h);
+  if (!text) goto oom;
+  size_t tl = strlen(text), padded = (tl + 7) & ~(size_t)7; /* data starts 8-byte aligned */
+  char tmp[4096];
+  snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
+  int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  if (fd < 0) {
+    kiln__error(ctx, KILN_ERR_IO, "%s: cannot create %s: %s", fn, tmp, strerror(errno));
+    goto fail;
+  }
+  unsigned char len8[8];
+  for (int i = 0; i < 8; i++) len8[i] = (unsigned char)((uint64_t)padded >> (8 * i));
+  bool ok = write_all(fd, len8, 8) && write_all(fd, text, tl) &&
+            write_all(fd, "        ", padded - tl);
+  for (int i = 0; i < n && ok; i++) {
+    size_t bytes = kiln_dtype_size(t[i].dtype) * (size_t)kiln__numel(t[i].ndim, t[i].shape);
+    ok = write_all(fd, t[i].data, bytes);
+  }
+  ok = ok && fsync(fd) == 0;
+  int err = errno;
+  if (close(fd) != 0 && ok) {
+    ok = false;
+    err = errno;
+  }
+  if (!ok || rename(tmp, path) != 0) {
+    if (ok) err = errno;
+    unlink(tmp);
+    kiln__error(ctx, KILN_ERR_IO, "%s: cannot write %s: %s", fn, path, strerror(err));
+    goto fail;
+  }
+  /* make the rename itself durable */
+  char dir[4096];
+  snprintf(dir, sizeof dir, "%s", path);
+  int dfd = open(dirname(dir), O_RDONLY);
+  if (dfd >= 0) {
+    fsync(dfd);
+    close(dfd);
+  }
+  cJSON_free(text);
+  cJSON_Delete(h);
+  return KILN_OK;
+oom:
+  kiln__error(ctx, KILN_ERR_OOM, "%s: out of host memory writing %s", fn, path);
+fail:
+  cJSON_free(text);
+  cJSON_Delete(h);
+  return kiln_ctx_status(ctx);
+}
