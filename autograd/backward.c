@@ -56,8 +56,8 @@ static bool write_leaf(kiln__bw *b, kiln_tensor *t) {
   }
   if (g->ndim != t->ndim) g = kiln_reshape(g, kiln_tensor_shape(t));
   kiln_tensor *in[2] = {t->grad, g};
-  kiln__node *n = kiln__update(t->grad_valid ? KILN__OP_ACCUM : KILN__OP_ASSIGN, "kiln_backward",
-                               2, in);
+  kiln__node *n =
+      kiln__update(t->grad_valid ? KILN__OP_ACCUM : KILN__OP_ASSIGN, "kiln_backward", 2, in);
   if (!n) return false;
   t->grad_valid = true;
   return true;
@@ -70,7 +70,8 @@ kiln_status kiln_backward(kiln_tensor *loss) {
   if (!kiln__check(ctx, loss, __func__)) return ctx->status;
   char sh[96];
   if (kiln_tensor_numel(loss) != 1 || loss->dtype != KILN_DTYPE_F32)
-    return kiln__error(ctx, KILN_ERR_SHAPE, "kiln_backward: the loss must be one f32 element, got "
+    return kiln__error(ctx, KILN_ERR_SHAPE,
+                       "kiln_backward: the loss must be one f32 element, got "
                        "%s %s",
                        kiln__shape_of(loss, sh, sizeof sh), kiln_dtype_name(loss->dtype));
   if (!loss->requires_grad || loss->node < 0)
@@ -94,8 +95,10 @@ kiln_status kiln_backward(kiln_tensor *loss) {
     for (int k = 0; k < copy.nin; k++)
       if (gin[k] && copy.in[k]->requires_grad) add_grad(&b, copy.in[k], gin[k]);
   }
-  for (int k = 0; k < b.nleaves && kiln__ok(ctx); k++) write_leaf(&b, b.leaves[k]);
-  for (int k = 0; k < b.nleaves; k++) b.leaves[k]->bw_acc = NULL;
+  for (int k = 0; k < b.nleaves && kiln__ok(ctx); k++)
+    write_leaf(&b, b.leaves[k]);
+  for (int k = 0; k < b.nleaves; k++)
+    b.leaves[k]->bw_acc = NULL;
   kiln_no_grad_end(ctx);
   free(b.leaves);
   return ctx->status;

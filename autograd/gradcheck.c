@@ -49,13 +49,15 @@ kiln_status kiln_gradcheck(kiln_ctx *ctx, kiln_gradcheck_fn fn, int n, kiln_tens
   if (!wh) return kiln__error(ctx, KILN_ERR_OOM, "kiln_gradcheck: out of host memory");
   uint64_t saved = ctx->host_rng;
   ctx->host_rng = o.seed * 0x9e3779b97f4a7c15ULL + 7;
-  for (int64_t k = 0; k < on; k++) wh[k] = (float)(kiln__rng_uniform(ctx) * 2.0 - 1.0);
+  for (int64_t k = 0; k < on; k++)
+    wh[k] = (float)(kiln__rng_uniform(ctx) * 2.0 - 1.0);
   ctx->host_rng = saved;
   kiln_tensor *w = kiln_tensor_from_host(ctx, KILN_DTYPE_F32, os, wh);
   free(wh);
   if (!w) return ctx->status;
 
-  for (int i = 0; i < n; i++) kiln_tensor_zero_grad(inputs[i]);
+  for (int i = 0; i < n; i++)
+    kiln_tensor_zero_grad(inputs[i]);
   double base = eval(ctx, fn, inputs, user, w, true);
   kiln_status st = kiln_ctx_status(ctx);
   double worst = -1;
@@ -92,8 +94,8 @@ kiln_status kiln_gradcheck(kiln_ctx *ctx, kiln_gradcheck_fn fn, int n, kiln_tens
         worst = err - tol;
         if (report)
           snprintf(report, report_len,
-                   "input %d element %lld: analytic %.6g, numeric %.6g (|diff| %.3g > tol %.3g)",
-                   i, (long long)k, gh[k], num, err, tol);
+                   "input %d element %lld: analytic %.6g, numeric %.6g (|diff| %.3g > tol %.3g)", i,
+                   (long long)k, gh[k], num, err, tol);
       }
     }
     free(xh);

@@ -29,7 +29,9 @@ static kiln_tensor *ub(kiln_tensor *g, const kiln_tensor *like) {
   return kiln__unbroadcast(g, like->ndim, like->shape);
 }
 
-static kiln_tensor *zeros_like_scalar(kiln_ctx *ctx) { return kiln_full(ctx, KILN_SCALAR_SHAPE, 0.f); }
+static kiln_tensor *zeros_like_scalar(kiln_ctx *ctx) {
+  return kiln_full(ctx, KILN_SCALAR_SHAPE, 0.f);
+}
 
 void kiln__grad_NONE(kiln__bw *b, const kiln__node *n, kiln_tensor *g, kiln_tensor **gin) {
   (void)b, (void)n, (void)g, (void)gin;
@@ -219,7 +221,8 @@ void kiln__grad_reshape(kiln__bw *b, const kiln__node *n, kiln_tensor *g, kiln_t
 void kiln__grad_permute(kiln__bw *b, const kiln__node *n, kiln_tensor *g, kiln_tensor **gin) {
   (void)b;
   kiln_axes inv = {.n = n->in[0]->ndim};
-  for (int i = 0; i < inv.n; i++) inv.a[n->i[i]] = i;
+  for (int i = 0; i < inv.n; i++)
+    inv.a[n->i[i]] = i;
   gin[0] = kiln_permute(g, inv);
 }
 
@@ -228,43 +231,37 @@ void kiln__grad_expand(kiln__bw *b, const kiln__node *n, kiln_tensor *g, kiln_te
   gin[0] = ub(g, n->in[0]);
 }
 
-/* Zeros of x's shape but length len along axis. */
-static kiln_tensor *zeros_along(kiln_ctx *ctx, const kiln_tensor *x, int axis, int64_t len) {
-  kiln_shape s = kiln_tensor_shape(x);
-  s.d[axis] = len;
-  return kiln_full(ctx, s, 0.f);
-}
-
 void kiln__grad_slice(kiln__bw *b, const kiln__node *n, kiln_tensor *g, kiln_tensor **gin) {
   (void)b;
   kiln_ctx *ctx = g->ctx;
   const kiln_tensor *x = n->in[0];
   int axis = (int)n->i[0];
   int64_t start = n->i[1], step = n->i[2], len = g->shape[axis], full = x->shape[axis];
-  kiln_tensor *spaced = g;
+  /* in three dims (outer, axis, inner), so that any rank works the same way */
+  int64_t outer = 1, inner = 1;
+  for (int d = 0; d < axis; d++)
+    outer *= x->shape[d];
+  for (int d = axis + 1; d < x->ndim; d++)
+    inner *= x->shape[d];
+  kiln_tensor *g3 = kiln_reshape(g, KILN_SHAPE(outer, len, inner));
   if (step > 1 && len > 0) {
-    /* interleave step-1 zeros after every element: (.., len, step, ..) then merge the two axes */
-    kiln_shape us = kiln_tensor_shape(g);
-    for (int d = us.ndim; d > axis + 1; d--) us.d[d] = us.d[d - 1];
-    us.d[axis + 1] = 1;
-    us.ndim++;
-    kiln_tensor *gu = kiln_reshape(g, us);
-    us.d[axis + 1] = step - 1;
-    kiln_tensor *parts[2] = {gu, kiln_full(ctx, us, 0.f)};
-    kiln_tensor *inter = kiln_concat(2, parts, axis + 1);
-    kiln_shape ms = kiln_tensor_shape(g);
-    ms.d[axis] = len * step;
-    spaced = kiln_reshape(inter, ms);
+    /* step-1 zeros after every element: (outer, len, step, inner), merged to (outer, len*step,
+     * inner), then cut to what fits after start */
+    kiln_tensor *parts[2] = {kiln_reshape(g3, KILN_SHAPE(outer, len, 1, inner)),
+                             kiln_full(ctx, KILN_SHAPE(outer, len, step - 1, inner), 0.f)};
+    g3 = kiln_reshape(kiln_concat(2, parts, 2), KILN_SHAPE(outer, len * step, inner));
     int64_t keep = full - start < len * step ? full - start : len * step;
-    spaced = kiln_slice(spaced, axis, 0, keep, 1);
+    g3 = kiln_slice(g3, 1, 0, keep, 1);
   }
-  int64_t have = spaced ? spaced->shape[axis] : 0;
+  int64_t have = g3 ? g3->shape[1] : 0;
   kiln_tensor *parts[3];
   int np = 0;
-  if (start > 0) parts[np++] = zeros_along(ctx, x, axis, start);
-  parts[np++] = spaced;
-  if (full - start - have > 0) parts[np++] = zeros_along(ctx, x, axis, full - start - have);
-  gin[0] = np == 1 ? spaced : kiln_concat(np, parts, axis);
+  if (start > 0) parts[np++] = kiln_full(ctx, KILN_SHAPE(outer, start, inner), 0.f);
+  parts[np++] = g3;
+  if (full - start - have > 0)
+    parts[np++] = kiln_full(ctx, KILN_SHAPE(outer, full - start - have, inner), 0.f);
+  kiln_tensor *whole = np == 1 ? g3 : kiln_concat(np, parts, 1);
+  gin[0] = kiln_reshape(whole, kiln_tensor_shape(x));
 }
 
 void kiln__grad_concat(kiln__bw *b, const kiln__node *n, kiln_tensor *g, kiln_tensor **gin) {

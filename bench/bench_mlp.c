@@ -27,9 +27,12 @@ int main(int argc, char **argv) {
   int steps = 100, blocks = 21;
   const char *mode = "unfused";
   for (int i = 1; i < argc; i++) {
-    if (strcmp(argv[i], "--steps") == 0 && i + 1 < argc) steps = atoi(argv[++i]);
-    else if (strcmp(argv[i], "--blocks") == 0 && i + 1 < argc) blocks = atoi(argv[++i]);
-    else if (strcmp(argv[i], "--mode") == 0 && i + 1 < argc) mode = argv[++i];
+    if (strcmp(argv[i], "--steps") == 0 && i + 1 < argc)
+      steps = atoi(argv[++i]);
+    else if (strcmp(argv[i], "--blocks") == 0 && i + 1 < argc)
+      blocks = atoi(argv[++i]);
+    else if (strcmp(argv[i], "--mode") == 0 && i + 1 < argc)
+      mode = argv[++i];
     else {
       fprintf(stderr, "usage: %s [--steps N] [--blocks N] [--mode NAME]\n", argv[0]);
       return 2;
@@ -49,7 +52,8 @@ int main(int argc, char **argv) {
     s = s * 6364136223846793005ULL + 1442695040888963407ULL;
     xh[i] = (float)((s >> 40) / 16777216.0) * 2.f - 1.f;
   }
-  for (int64_t i = 0; i < B; i++) yh[i] = (int32_t)((i * 7 + 3) % C);
+  for (int64_t i = 0; i < B; i++)
+    yh[i] = (int32_t)((i * 7 + 3) % C);
   kiln_tensor *x = kiln_tensor_from_host(ctx, KILN_DTYPE_F32, KILN_SHAPE(B, D), xh);
   kiln_tensor *y = kiln_tensor_from_host(ctx, KILN_DTYPE_I32, KILN_SHAPE(B), yh);
   free(xh);
@@ -79,8 +83,8 @@ int main(int argc, char **argv) {
       kiln_step_begin(ctx);
       kiln_tensor *h = kiln_relu(kiln_linear_forward(&l1, x));
       h = kiln_relu(kiln_linear_forward(&l2, h));
-      kiln_tensor *loss = kiln_cross_entropy(kiln_linear_forward(&l3, h), y,
-                                             KILN_REDUCTION_MEAN, 0.f);
+      kiln_tensor *loss =
+          kiln_cross_entropy(kiln_linear_forward(&l3, h), y, KILN_REDUCTION_MEAN, 0.f);
       kiln_optim_zero_grad(opt);
       kiln_backward(loss);
       kiln_optim_step(opt);
@@ -99,10 +103,11 @@ int main(int argc, char **argv) {
   kiln_mem_stats mem;
   kiln_memory_stats(ctx, &mem);
   double kps = (double)(st1.kernels_launched - st0.kernels_launched) / ((double)blocks * steps);
-  printf("{\"workload\": \"mlp\", \"framework\": \"kiln\", \"mode\": \"%s\", \"ms_per_step\": %.4f, "
-         "\"ms_min\": %.4f, \"ms_max\": %.4f, \"kernels_per_step\": %.1f, \"peak_mib\": %.2f, "
-         "\"steps\": %d}\n",
-         mode, ms[blocks / 2], ms[0], ms[blocks - 1], kps, mem.peak / 1048576.0, blocks * steps);
+  printf(
+      "{\"workload\": \"mlp\", \"framework\": \"kiln\", \"mode\": \"%s\", \"ms_per_step\": %.4f, "
+      "\"ms_min\": %.4f, \"ms_max\": %.4f, \"kernels_per_step\": %.1f, \"peak_mib\": %.2f, "
+      "\"steps\": %d}\n",
+      mode, ms[blocks / 2], ms[0], ms[blocks - 1], kps, mem.peak / 1048576.0, blocks * steps);
   free(ms);
   kiln_optim_free(opt);
   kiln_params_free(p);

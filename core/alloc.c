@@ -20,9 +20,7 @@ typedef struct live_table {
   kiln__block *b[KILN__LIVE_BUCKETS];
 } live_table;
 
-static live_table *live_of(kiln_ctx *ctx) {
-  return (live_table *)ctx->alloc.live;
-}
+static live_table *live_of(kiln_ctx *ctx) { return (live_table *)ctx->alloc.live; }
 
 static size_t bucket(const void *p) { return ((uintptr_t)p >> 9) % KILN__LIVE_BUCKETS; }
 
@@ -113,7 +111,8 @@ void kiln__dev_free(kiln_ctx *ctx, void *p) {
   ctx->alloc.in_use -= b->size;
   ctx->alloc.cached += b->size;
   kiln__block **pp = &ctx->alloc.free_list;
-  while (*pp && (*pp)->size < b->size) pp = &(*pp)->next;
+  while (*pp && (*pp)->size < b->size)
+    pp = &(*pp)->next;
   b->next = *pp;
   *pp = b;
 }

@@ -63,8 +63,8 @@ static void gpu_init(kiln_ctx *ctx, int device) {
       KILN_CUDA_FAILED(ctx, cudaMalloc(&ctx->lt_workspace, KILN__WORKSPACE_BYTES)))
     return;
   ctx->lt_workspace_bytes = KILN__WORKSPACE_BYTES;
-  if (KILN_CUBLAS_FAILED(ctx, cublasSetWorkspace(ctx->cublas, ctx->lt_workspace,
-                                                  ctx->lt_workspace_bytes)))
+  if (KILN_CUBLAS_FAILED(
+          ctx, cublasSetWorkspace(ctx->cublas, ctx->lt_workspace, ctx->lt_workspace_bytes)))
     return;
   ctx->has_gpu = true;
 }
@@ -103,7 +103,8 @@ void kiln_ctx_free(kiln_ctx *ctx) {
   if (!ctx) return;
   if (ctx->has_gpu) (void)cudaStreamSynchronize(ctx->stream);
   release_step_storages(ctx);
-  while (ctx->npersistent > 0) kiln_tensor_free(ctx->persistents[ctx->npersistent - 1]);
+  while (ctx->npersistent > 0)
+    kiln_tensor_free(ctx->persistents[ctx->npersistent - 1]);
   free(ctx->persistents);
   kiln__kernels_free(ctx);
   kiln__alloc_release_all(ctx);
@@ -155,7 +156,8 @@ double kiln__rng_uniform(kiln_ctx *ctx) { return (double)(kiln__rng_next(ctx) >>
 uint64_t kiln__hash(const void *p, size_t n, uint64_t h) {
   const unsigned char *b = p;
   if (h == 0) h = 0xcbf29ce484222325ULL;
-  for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 0x100000001b3ULL;
+  for (size_t i = 0; i < n; i++)
+    h = (h ^ b[i]) * 0x100000001b3ULL;
   return h;
 }
 
@@ -163,8 +165,7 @@ kiln_status kiln_sync(kiln_ctx *ctx) {
   if (!ctx) return KILN_ERR_INVALID;
   kiln_status s = kiln__flush(ctx);
   if (s != KILN_OK) return s;
-  if (ctx->has_gpu && KILN_CUDA_FAILED(ctx, cudaStreamSynchronize(ctx->stream)))
-    return ctx->status;
+  if (ctx->has_gpu && KILN_CUDA_FAILED(ctx, cudaStreamSynchronize(ctx->stream))) return ctx->status;
   return ctx->status;
 }
 
@@ -173,7 +174,8 @@ void kiln_step_begin(kiln_ctx *ctx) {
   /* Whatever was recorded before the step (an update outside it, say) runs first. */
   if (ctx->has_gpu && ctx->trace.done < ctx->trace.n) kiln__flush(ctx);
   release_step_storages(ctx);
-  for (int i = 0; i < ctx->npersistent; i++) ctx->persistents[i]->bw_acc = NULL;
+  for (int i = 0; i < ctx->npersistent; i++)
+    ctx->persistents[i]->bw_acc = NULL;
   ctx->trace.n = ctx->trace.done = 0;
   ctx->gen++;
   kiln__arena_reset(&ctx->arenas[ctx->gen & 1]);

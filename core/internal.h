@@ -58,19 +58,18 @@ typedef enum kiln__op {
 typedef struct kiln__node kiln__node;
 typedef struct kiln__bw kiln__bw;
 /* A backward rule: records the gradients of n's inputs from g, the gradient of its output. */
-typedef void (*kiln__grad_fn)(kiln__bw *b, const kiln__node *n, kiln_tensor *g,
-                              kiln_tensor **gin);
+typedef void (*kiln__grad_fn)(kiln__bw *b, const kiln__node *n, kiln_tensor *g, kiln_tensor **gin);
 
 typedef struct kiln__op_info {
   const char *name;
   int nin; /* the most inputs (concat takes 1..8) */
   kiln__kind kind;
   const char *expr;
-  unsigned stores; /* UPDATE: bit i set when input i is written back */
+  unsigned stores;    /* UPDATE: bit i set when input i is written back */
   kiln__grad_fn grad; /* kiln__grad_NONE: no gradient */
 } kiln__op_info;
 
-#define X(id, name, nin, kind, expr, stores, grad)                                             \
+#define X(id, name, nin, kind, expr, stores, grad)                                                 \
   void kiln__grad_##grad(kiln__bw *b, const kiln__node *n, kiln_tensor *g, kiln_tensor **gin);
 #include "ops.def"
 #undef X
@@ -97,9 +96,9 @@ void kiln__alloc_release_all(kiln_ctx *ctx);
 /* ---------------------------------------------------------------- tensors */
 
 typedef struct kiln__storage {
-  void *ptr;          /* device memory, NULL until allocated */
+  void *ptr; /* device memory, NULL until allocated */
   size_t bytes;
-  bool persistent;    /* owned by a persistent tensor; else freed at step begin */
+  bool persistent;            /* owned by a persistent tensor; else freed at step begin */
   struct kiln__storage *next; /* intermediates of a generation, for release */
 } kiln__storage;
 
@@ -109,14 +108,14 @@ typedef struct kiln__storage {
 struct kiln_tensor {
   uint32_t magic;
   kiln_ctx *ctx;
-  uint64_t gen;        /* 0: persistent; else the step generation of an intermediate */
+  uint64_t gen; /* 0: persistent; else the step generation of an intermediate */
   kiln_dtype dtype;
   int ndim;
   int64_t shape[KILN_MAX_DIMS];
   int64_t stride[KILN_MAX_DIMS]; /* in elements */
   int64_t offset;                /* in elements, into the storage */
   kiln__storage *st;
-  int32_t node;        /* index of the producing node in the trace, -1 for none */
+  int32_t node; /* index of the producing node in the trace, -1 for none */
   bool persistent;
   bool requires_grad;
   bool grad_valid;     /* persistent: grad holds a gradient */
@@ -230,19 +229,19 @@ kiln__node *kiln__record(kiln_ctx *ctx, kiln__op op, int nin, kiln_tensor *const
 kiln_status kiln__flush(kiln_ctx *ctx);
 
 /* Elementwise op helpers used by the public ops and the backward rules. */
-kiln_tensor *kiln__ew(kiln__op op, const char *fn, int nin, kiln_tensor *const *in,
-                      const float *f, int nf);
-kiln_tensor *kiln__reduce(kiln__op op, const char *fn, kiln_tensor *a, unsigned mask,
-                          int keepdim, float scale);
+kiln_tensor *kiln__ew(kiln__op op, const char *fn, int nin, kiln_tensor *const *in, const float *f,
+                      int nf);
+kiln_tensor *kiln__reduce(kiln__op op, const char *fn, kiln_tensor *a, unsigned mask, int keepdim,
+                          float scale);
 /* Sums g over the axes that broadcasting added or stretched, so that it has shape s. */
 kiln_tensor *kiln__unbroadcast(kiln_tensor *g, int ndim, const int64_t *shape);
 /* Records an in-place update of persistent tensors. */
 kiln__node *kiln__update(kiln__op op, const char *fn, int nin, kiln_tensor *const *in);
-bool kiln__broadcast_shape(kiln_ctx *ctx, const char *fn, int n, kiln_tensor *const *ts,
-                           int *ndim, int64_t *shape);
+bool kiln__broadcast_shape(kiln_ctx *ctx, const char *fn, int n, kiln_tensor *const *ts, int *ndim,
+                           int64_t *shape);
 
-uint64_t kiln__rng_next(kiln_ctx *ctx);     /* splitmix64 */
-double kiln__rng_uniform(kiln_ctx *ctx);    /* [0, 1) */
+uint64_t kiln__rng_next(kiln_ctx *ctx);                   /* splitmix64 */
+double kiln__rng_uniform(kiln_ctx *ctx);                  /* [0, 1) */
 uint64_t kiln__hash(const void *p, size_t n, uint64_t h); /* FNV-1a, 64-bit */
 
 kiln_ctx *kiln__params_ctx(const kiln_params *p);

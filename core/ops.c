@@ -28,12 +28,13 @@ static bool need_f32(kiln_ctx *ctx, const char *fn, int n, kiln_tensor *const *i
   return true;
 }
 
-bool kiln__broadcast_shape(kiln_ctx *ctx, const char *fn, int n, kiln_tensor *const *ts,
-                           int *ndim, int64_t *shape) {
+bool kiln__broadcast_shape(kiln_ctx *ctx, const char *fn, int n, kiln_tensor *const *ts, int *ndim,
+                           int64_t *shape) {
   int nd = 0;
   for (int i = 0; i < n; i++)
     if (ts[i]->ndim > nd) nd = ts[i]->ndim;
-  for (int d = 0; d < nd; d++) shape[d] = 1;
+  for (int d = 0; d < nd; d++)
+    shape[d] = 1;
   for (int i = 0; i < n; i++) {
     const kiln_tensor *t = ts[i];
     for (int j = 0; j < t->ndim; j++) {
@@ -52,9 +53,9 @@ bool kiln__broadcast_shape(kiln_ctx *ctx, const char *fn, int n, kiln_tensor *co
                               kiln__shape_of(ts[m], sh, sizeof sh));
         if (k >= sizeof buf) break;
       }
-      return kiln__error(ctx, KILN_ERR_SHAPE, "%s: shapes %s do not broadcast (dim %d: %" PRId64
-                         " vs %" PRId64 ")",
-                         fn, buf, d - nd, shape[d], s),
+      return kiln__error(ctx, KILN_ERR_SHAPE,
+                         "%s: shapes %s do not broadcast (dim %d: %" PRId64 " vs %" PRId64 ")", fn,
+                         buf, d - nd, shape[d], s),
              false;
     }
   }
@@ -62,8 +63,8 @@ bool kiln__broadcast_shape(kiln_ctx *ctx, const char *fn, int n, kiln_tensor *co
   return true;
 }
 
-kiln_tensor *kiln__ew(kiln__op op, const char *fn, int nin, kiln_tensor *const *in,
-                      const float *f, int nf) {
+kiln_tensor *kiln__ew(kiln__op op, const char *fn, int nin, kiln_tensor *const *in, const float *f,
+                      int nf) {
   kiln_ctx *ctx = begin(fn, nin, in);
   if (!ctx || !need_f32(ctx, fn, nin, in)) return NULL;
   int nd;
@@ -73,14 +74,15 @@ kiln_tensor *kiln__ew(kiln__op op, const char *fn, int nin, kiln_tensor *const *
   if (!out) return NULL;
   kiln__node *n = kiln__record(ctx, op, nin, in, out);
   if (!n) return NULL;
-  for (int i = 0; i < nf; i++) n->f[i] = f[i];
+  for (int i = 0; i < nf; i++)
+    n->f[i] = f[i];
   return out;
 }
 
-#define BINARY(fname, OP)                                                                      \
-  kiln_tensor *fname(kiln_tensor *a, kiln_tensor *b) {                                         \
-    kiln_tensor *in[2] = {a, b};                                                               \
-    return kiln__ew(KILN__OP_##OP, __func__, 2, in, NULL, 0);                                  \
+#define BINARY(fname, OP)                                                                          \
+  kiln_tensor *fname(kiln_tensor *a, kiln_tensor *b) {                                             \
+    kiln_tensor *in[2] = {a, b};                                                                   \
+    return kiln__ew(KILN__OP_##OP, __func__, 2, in, NULL, 0);                                      \
   }
 BINARY(kiln_add, ADD)
 BINARY(kiln_sub, SUB)
@@ -96,7 +98,7 @@ BINARY(kiln_gt, GT)
 BINARY(kiln_ge, GE)
 #undef BINARY
 
-#define UNARY(fname, OP)                                                                       \
+#define UNARY(fname, OP)                                                                           \
   kiln_tensor *fname(kiln_tensor *a) { return kiln__ew(KILN__OP_##OP, __func__, 1, &a, NULL, 0); }
 UNARY(kiln_neg, NEG)
 UNARY(kiln_exp, EXP)
@@ -119,8 +121,8 @@ kiln_tensor *kiln_gelu(kiln_tensor *a, kiln_gelu_approx approx) {
     if (ctx) kiln__error(ctx, KILN_ERR_INVALID, "kiln_gelu: unknown approximation %d", approx);
     return NULL;
   }
-  return kiln__ew(approx == KILN_GELU_ERF ? KILN__OP_GELU_ERF : KILN__OP_GELU_TANH, __func__, 1,
-                  &a, NULL, 0);
+  return kiln__ew(approx == KILN_GELU_ERF ? KILN__OP_GELU_ERF : KILN__OP_GELU_TANH, __func__, 1, &a,
+                  NULL, 0);
 }
 
 kiln_tensor *kiln_add_scalar(kiln_tensor *a, float s) {
@@ -150,8 +152,7 @@ kiln_tensor *kiln_full(kiln_ctx *ctx, kiln_shape shape, float value) {
            NULL;
   for (int i = 0; i < shape.ndim; i++)
     if (shape.d[i] < 0)
-      return kiln__error(ctx, KILN_ERR_SHAPE, "kiln_full: dim %d is %" PRId64, i, shape.d[i]),
-             NULL;
+      return kiln__error(ctx, KILN_ERR_SHAPE, "kiln_full: dim %d is %" PRId64, i, shape.d[i]), NULL;
   kiln_tensor *out = kiln__tensor_intermediate(ctx, KILN_DTYPE_F32, shape.ndim, shape.d);
   if (!out) return NULL;
   kiln__node *n = kiln__record(ctx, KILN__OP_FILL, 0, NULL, out);
@@ -169,6 +170,7 @@ kiln_tensor *kiln_cast(kiln_tensor *a, kiln_dtype dtype) {
     return kiln__error(ctx, KILN_ERR_DTYPE, "kiln_cast: %s to %s is not supported (f32 and i32)",
                        kiln_dtype_name(a->dtype), kiln_dtype_name(dtype)),
            NULL;
+  if (dtype == a->dtype) return a; /* as PyTorch's .to: the same tensor, gradient and all */
   kiln_tensor *out = kiln__tensor_intermediate(ctx, dtype, a->ndim, a->shape);
   if (!out || !kiln__record(ctx, KILN__OP_CAST, 1, &a, out)) return NULL;
   return out;
@@ -203,7 +205,8 @@ static bool axes_mask(kiln_ctx *ctx, const char *fn, const kiln_tensor *a, kiln_
 
 kiln_tensor *kiln__reduce(kiln__op op, const char *fn, kiln_tensor *a, unsigned mask, int keepdim,
                           float scale) {
-  kiln_ctx *ctx = a->ctx;
+  kiln_ctx *ctx = begin(fn, 1, &a);
+  if (!ctx) return NULL;
   int nd = 0;
   int64_t shape[KILN_MAX_DIMS];
   for (int d = 0; d < a->ndim; d++) {
@@ -257,8 +260,8 @@ static bool norm_axis(kiln_ctx *ctx, const char *fn, const kiln_tensor *a, int *
   int ax = *axis < 0 ? *axis + a->ndim : *axis;
   if (ax < 0 || ax >= a->ndim) {
     char sh[96];
-    return kiln__error(ctx, KILN_ERR_SHAPE, "%s: axis %d out of range for %s (%d dims)", fn,
-                       *axis, kiln__shape_of(a, sh, sizeof sh), a->ndim),
+    return kiln__error(ctx, KILN_ERR_SHAPE, "%s: axis %d out of range for %s (%d dims)", fn, *axis,
+                       kiln__shape_of(a, sh, sizeof sh), a->ndim),
            false;
   }
   *axis = ax;
@@ -300,9 +303,9 @@ kiln_tensor *kiln_cross_entropy(kiln_tensor *logits, kiln_tensor *labels, kiln_r
   if (!ctx || !need_f32(ctx, fn, 1, &logits)) return NULL;
   char s1[96], s2[96];
   if (logits->ndim != 2 || labels->ndim != 1 || labels->shape[0] != logits->shape[0])
-    return kiln__error(ctx, KILN_ERR_SHAPE,
-                       "%s: logits must be (N, C) and labels (N); got %s and %s", fn,
-                       kiln__shape_of(logits, s1, sizeof s1), kiln__shape_of(labels, s2, sizeof s2)),
+    return kiln__error(
+               ctx, KILN_ERR_SHAPE, "%s: logits must be (N, C) and labels (N); got %s and %s", fn,
+               kiln__shape_of(logits, s1, sizeof s1), kiln__shape_of(labels, s2, sizeof s2)),
            NULL;
   if (labels->dtype != KILN_DTYPE_I32)
     return kiln__error(ctx, KILN_ERR_DTYPE, "%s: labels are %s; they must be i32", fn,
@@ -326,8 +329,8 @@ kiln_tensor *kiln_cross_entropy(kiln_tensor *logits, kiln_tensor *labels, kiln_r
   if (!nd) return NULL;
   nd->i[7] = 1;
   if (label_smoothing > 0.f)
-    target = kiln_add_scalar(kiln_mul_scalar(target, 1.f - label_smoothing),
-                             label_smoothing / (float)c);
+    target =
+        kiln_add_scalar(kiln_mul_scalar(target, 1.f - label_smoothing), label_smoothing / (float)c);
   kiln_tensor *loss = kiln_neg(kiln_sum(kiln_mul(target, logp), KILN_AXES(1), 0)); /* (N) */
   if (red == KILN_REDUCTION_MEAN) return kiln_mean(loss, KILN_ALL_AXES, 0);
   if (red == KILN_REDUCTION_SUM) return kiln_sum(loss, KILN_ALL_AXES, 0);
@@ -441,9 +444,9 @@ kiln_tensor *kiln_reshape(kiln_tensor *a, kiln_shape shape) {
     known *= shape.d[infer];
   }
   if (known != numel)
-    return kiln__error(ctx, KILN_ERR_SHAPE, "%s: cannot reshape %s (%" PRId64
-                       " elements) into %s (%" PRId64 ")",
-                       fn, kiln__shape_of(a, s2, sizeof s2), numel,
+    return kiln__error(ctx, KILN_ERR_SHAPE,
+                       "%s: cannot reshape %s (%" PRId64 " elements) into %s (%" PRId64 ")", fn,
+                       kiln__shape_of(a, s2, sizeof s2), numel,
                        kiln_shape_str(shape, s1, sizeof s1), known),
            NULL;
   kiln_tensor *src = kiln_contiguous(a);
@@ -467,7 +470,8 @@ kiln_tensor *kiln_permute(kiln_tensor *a, kiln_axes order) {
   for (int i = 0; i < order.n; i++) {
     int ax = order.a[i] < 0 ? order.a[i] + a->ndim : order.a[i];
     if (ax < 0 || ax >= a->ndim || (seen & (1u << ax)))
-      return kiln__error(ctx, KILN_ERR_SHAPE, "%s: axis %d (position %d) is not a permutation of "
+      return kiln__error(ctx, KILN_ERR_SHAPE,
+                         "%s: axis %d (position %d) is not a permutation of "
                          "the %d axes of %s",
                          fn, order.a[i], i, a->ndim, kiln__shape_of(a, sh, sizeof sh)),
              NULL;
@@ -489,7 +493,8 @@ kiln_tensor *kiln_transpose(kiln_tensor *a, int axis0, int axis1) {
   if (!ctx || !norm_axis(ctx, __func__, a, &axis0) || !norm_axis(ctx, __func__, a, &axis1))
     return NULL;
   kiln_axes order = {.n = a->ndim};
-  for (int i = 0; i < a->ndim; i++) order.a[i] = i;
+  for (int i = 0; i < a->ndim; i++)
+    order.a[i] = i;
   order.a[axis0] = axis1;
   order.a[axis1] = axis0;
   return kiln_permute(a, order);
@@ -512,10 +517,10 @@ kiln_tensor *kiln_slice(kiln_tensor *a, int axis, int64_t start, int64_t end, in
   int64_t shape[KILN_MAX_DIMS], stride[KILN_MAX_DIMS];
   memcpy(shape, a->shape, sizeof shape);
   memcpy(stride, a->stride, sizeof stride);
-  shape[axis] = (end - start + step - 1) / step;
+  shape[axis] = end > start ? (end - start - 1) / step + 1 : 0;
   stride[axis] = a->stride[axis] * step;
-  kiln_tensor *out = view(KILN__OP_SLICE, a, a->ndim, shape, stride,
-                          a->offset + start * a->stride[axis]);
+  kiln_tensor *out =
+      view(KILN__OP_SLICE, a, a->ndim, shape, stride, a->offset + start * a->stride[axis]);
   if (out) {
     kiln__node *n = &ctx->trace.nodes[out->node];
     n->i[0] = axis;
@@ -597,7 +602,8 @@ kiln_tensor *kiln_concat(int n, kiln_tensor *const *ts, int axis) {
       if (d != axis && t->shape[d] != a->shape[d]) same = false;
     if (!same) {
       char s1[96], s2[96];
-      return kiln__error(ctx, KILN_ERR_SHAPE, "%s: input %d is %s %s, input 0 %s %s: all but "
+      return kiln__error(ctx, t->dtype != a->dtype ? KILN_ERR_DTYPE : KILN_ERR_SHAPE,
+                         "%s: input %d is %s %s, input 0 %s %s: all but "
                          "axis %d must agree",
                          fn, i, kiln__shape_of(t, s1, sizeof s1), kiln_dtype_name(t->dtype),
                          kiln__shape_of(a, s2, sizeof s2), kiln_dtype_name(a->dtype), axis),
@@ -620,7 +626,7 @@ kiln_tensor *kiln_index_select(kiln_tensor *a, kiln_tensor *idx) {
   if (!ctx) return NULL;
   char s1[96], s2[96];
   if (a->ndim < 1 || idx->ndim != 1 || idx->dtype != KILN_DTYPE_I32)
-    return kiln__error(ctx, KILN_ERR_SHAPE,
+    return kiln__error(ctx, idx->dtype != KILN_DTYPE_I32 ? KILN_ERR_DTYPE : KILN_ERR_SHAPE,
                        "%s: needs a tensor of >= 1 dims and a 1-D i32 index; got %s and %s %s", fn,
                        kiln__shape_of(a, s1, sizeof s1), kiln__shape_of(idx, s2, sizeof s2),
                        kiln_dtype_name(idx->dtype)),
@@ -663,8 +669,8 @@ kiln__node *kiln__update(kiln__op op, const char *fn, int nin, kiln_tensor *cons
     }
     if (kiln_tensor_numel(in[i]) != kiln_tensor_numel(in[0]) || in[i]->dtype != KILN_DTYPE_F32) {
       char s1[96], s2[96];
-      kiln__error(ctx, KILN_ERR_SHAPE, "%s: input %d is %s %s, input 0 %s: they must agree", fn,
-                  i, kiln__shape_of(in[i], s1, sizeof s1), kiln_dtype_name(in[i]->dtype),
+      kiln__error(ctx, KILN_ERR_SHAPE, "%s: input %d is %s %s, input 0 %s: they must agree", fn, i,
+                  kiln__shape_of(in[i], s1, sizeof s1), kiln_dtype_name(in[i]->dtype),
                   kiln__shape_of(in[0], s2, sizeof s2));
       return NULL;
     }

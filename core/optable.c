@@ -4,12 +4,12 @@
 #include "internal.h"
 
 const kiln__op_info kiln__ops[KILN__OP_COUNT] = {
-#define X(id, nm, n, k, e, s, g)                                                                \
-  [KILN__OP_##id] = {.name = nm,                                                               \
-                     .nin = n,                                                                 \
-                     .kind = KILN__KIND_##k,                                                   \
-                     .expr = e,                                                                \
-                     .stores = s,                                                              \
+#define X(id, nm, n, k, e, s, g)                                                                   \
+  [KILN__OP_##id] = {.name = nm,                                                                   \
+                     .nin = n,                                                                     \
+                     .kind = KILN__KIND_##k,                                                       \
+                     .expr = e,                                                                    \
+                     .stores = s,                                                                  \
                      .grad = kiln__grad_##g},
 #include "ops.def"
 #undef X

@@ -47,7 +47,8 @@ void kiln__arena_reset(kiln__arena *a) {
 }
 
 void kiln__arena_free(kiln__arena *a) {
-  for (int i = 0; i < a->nchunks; i++) free(a->chunks[i]);
+  for (int i = 0; i < a->nchunks; i++)
+    free(a->chunks[i]);
   free(a->chunks);
   memset(a, 0, sizeof *a);
 }
@@ -74,7 +75,8 @@ const char *kiln_dtype_name(kiln_dtype dt) {
 
 int64_t kiln__numel(int ndim, const int64_t *shape) {
   int64_t n = 1;
-  for (int i = 0; i < ndim; i++) n *= shape[i];
+  for (int i = 0; i < ndim; i++)
+    n *= shape[i];
   return n;
 }
 
@@ -90,7 +92,7 @@ bool kiln__is_contiguous(const kiln_tensor *t) {
   int64_t s = 1;
   for (int i = t->ndim - 1; i >= 0; i--) {
     if (t->shape[i] != 1 && t->stride[i] != s) return false;
-    s *= t->shape[i];
+    s *= t->shape[i] > 0 ? t->shape[i] : 1;
   }
   return true;
 }
@@ -264,7 +266,7 @@ void kiln_tensor_free(kiln_tensor *t) {
   kiln_ctx *ctx = t->ctx;
   if (!t->persistent) return; /* intermediates go at the next step */
   /* recorded work may still read the tensor: run it before the memory can be reused */
-  if (ctx->trace.done < ctx->trace.n) kiln__flush(ctx);
+  if (ctx->has_gpu && ctx->trace.done < ctx->trace.n) kiln__flush(ctx);
   if (t->grad) kiln_tensor_free(t->grad);
   for (int i = 0; i < ctx->npersistent; i++) {
     if (ctx->persistents[i] == t) {
@@ -289,8 +291,7 @@ bool kiln__check(kiln_ctx *ctx, const kiln_tensor *t, const char *fn) {
   if (t->magic != KILN__TENSOR_MAGIC)
     return kiln__error(ctx, KILN_ERR_STATE, "%s: invalid or freed tensor handle", fn), false;
   if (ctx && t->ctx != ctx)
-    return kiln__error(ctx, KILN_ERR_INVALID, "%s: tensor belongs to another context", fn),
-           false;
+    return kiln__error(ctx, KILN_ERR_INVALID, "%s: tensor belongs to another context", fn), false;
   if (!t->persistent && t->gen != t->ctx->gen)
     return kiln__error(t->ctx, KILN_ERR_STATE,
                        "%s: stale tensor handle%s%s%s: an intermediate of step generation "
@@ -322,10 +323,10 @@ kiln_status kiln_tensor_to_host(kiln_tensor *t, void *dst, size_t bytes) {
   if (!src) return ctx->status;
   kiln_status s = kiln__flush(ctx);
   if (s != KILN_OK) return s;
+  if (need == 0) return KILN_OK;
   if (!src->st->ptr)
     return kiln__error(ctx, KILN_ERR_STATE, "%s: the tensor has no data (its step failed)",
                        __func__);
-  if (need == 0) return KILN_OK;
   const char *p = (const char *)src->st->ptr + src->offset * (int64_t)kiln_dtype_size(t->dtype);
   if (KILN_CUDA_FAILED(ctx, cudaMemcpyAsync(dst, p, need, cudaMemcpyDeviceToHost, ctx->stream)) ||
       KILN_CUDA_FAILED(ctx, cudaStreamSynchronize(ctx->stream)))
@@ -340,21 +341,20 @@ kiln_status kiln_tensor_copy_from_host(kiln_tensor *t, const void *src, size_t b
   if (!kiln__check(ctx, t, __func__)) return ctx->status;
   char sh[96];
   if (!t->persistent || !kiln__is_contiguous(t))
-    return kiln__error(ctx, KILN_ERR_INVALID,
-                       "%s: the target must be a persistent contiguous tensor (got %s%s)",
-                       __func__, t->persistent ? "a view " : "an intermediate ",
-                       kiln__shape_of(t, sh, sizeof sh));
+    return kiln__error(
+        ctx, KILN_ERR_INVALID, "%s: the target must be a persistent contiguous tensor (got %s%s)",
+        __func__, t->persistent ? "a view " : "an intermediate ", kiln__shape_of(t, sh, sizeof sh));
   size_t need = (size_t)kiln_tensor_numel(t) * kiln_dtype_size(t->dtype);
   if (!src || bytes != need)
-    return kiln__error(ctx, KILN_ERR_INVALID,
-                       "%s: %zu bytes given for a %s %s tensor of %zu bytes", __func__, bytes,
-                       kiln__shape_of(t, sh, sizeof sh), kiln_dtype_name(t->dtype), need);
+    return kiln__error(ctx, KILN_ERR_INVALID, "%s: %zu bytes given for a %s %s tensor of %zu bytes",
+                       __func__, bytes, kiln__shape_of(t, sh, sizeof sh), kiln_dtype_name(t->dtype),
+                       need);
   if (!ctx->has_gpu) return KILN_OK; /* a no-GPU context records and plans; it keeps no data */
   kiln_status s = kiln__flush(ctx);
   if (s != KILN_OK) return s;
   if (need == 0) return KILN_OK;
-  if (KILN_CUDA_FAILED(ctx, cudaMemcpyAsync(t->st->ptr, src, need, cudaMemcpyHostToDevice,
-                                            ctx->stream)) ||
+  if (KILN_CUDA_FAILED(
+          ctx, cudaMemcpyAsync(t->st->ptr, src, need, cudaMemcpyHostToDevice, ctx->stream)) ||
       KILN_CUDA_FAILED(ctx, cudaStreamSynchronize(ctx->stream)))
     return ctx->status;
   return KILN_OK;

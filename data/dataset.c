@@ -41,8 +41,10 @@ kiln_dataset *kiln_dataset_from_mnist(kiln_ctx *ctx, const kiln_mnist *m, float 
     free(ds);
     return kiln__error(ctx, KILN_ERR_OOM, "kiln_dataset_from_mnist: out of host memory"), NULL;
   }
-  for (int64_t i = 0; i < m->n * feat; i++) x[i] = ((float)m->images[i] / 255.f - mean) / std;
-  for (int64_t i = 0; i < m->n; i++) y[i] = m->labels[i];
+  for (int64_t i = 0; i < m->n * feat; i++)
+    x[i] = ((float)m->images[i] / 255.f - mean) / std;
+  for (int64_t i = 0; i < m->n; i++)
+    y[i] = m->labels[i];
   ds->ctx = ctx;
   ds->n = m->n;
   ds->images = kiln_tensor_from_host(ctx, KILN_DTYPE_F32, KILN_SHAPE(m->n, feat), x);
@@ -112,7 +114,8 @@ kiln_loader *kiln_loader_new(kiln_dataset *ds, int64_t batch, int shuffle, uint6
 void kiln_loader_start(kiln_loader *l, int epoch) {
   if (!l) return;
   int64_t n = l->ds->n;
-  for (int64_t i = 0; i < n; i++) l->host_order[i] = (int32_t)i;
+  for (int64_t i = 0; i < n; i++)
+    l->host_order[i] = (int32_t)i;
   if (l->shuffle) {
     /* Fisher-Yates from splitmix64 seeded by (seed, epoch) */
     uint64_t state = l->seed * 0x9e3779b97f4a7c15ULL + (uint64_t)epoch * 0xd1b54a32d192ed03ULL;

@@ -1,6 +1,6 @@
 /*
- * mnist.c: the MNIST idx reader (raw or gzip, through zlib) and MNIST-format data sets such as
- * Fashion-MNIST. Every header field and length is checked: a missing, truncated or wrong file is
+ * mnist.c: the MNIST idx reader (raw or gzip, inflated with zlib) for MNIST-format data sets such
+ * as Fashion-MNIST. Every header field and length is checked: a missing, truncated or wrong file is
  * an error naming the file and what was wrong, never a crash.
  */
 #include <errno.h>
@@ -10,40 +10,101 @@
 
 #include "../core/internal.h"
 
-/* Opens dir/name, else dir/name.gz; gzread reads both raw and gzip files. */
-static gzFile open_idx(const char *dir, const char *name, char *path, size_t n) {
-  snprintf(path, n, "%s/%s", dir, name);
-  gzFile f = gzopen(path, "rb");
-  if (f) return f;
-  snprintf(path, n, "%s/%s.gz", dir, name);
-  return gzopen(path, "rb");
-}
-
-/* Reads exactly n bytes; on failure says why in err. */
-static bool read_exact(gzFile f, void *buf, size_t n, const char *what, char *err, size_t elen) {
-  size_t got = 0;
-  while (got < n) {
-    unsigned chunk = n - got > (1u << 30) ? (1u << 30) : (unsigned)(n - got);
-    int k = gzread(f, (char *)buf + got, chunk);
-    if (k < 0) {
-      int zerr;
-      const char *msg = gzerror(f, &zerr);
-      snprintf(err, elen, "corrupt data reading %s: %s", what, msg ? msg : "zlib error");
-      return false;
+/* Reads dir/name, else dir/name.gz, whole into memory; gzip files (every member of them) are
+ * inflated. Returns NULL with why filled on failure. */
+static uint8_t *load(const char *dir, const char *name, char *path, size_t plen, size_t *len,
+                     char *why, size_t wlen, bool *missing) {
+  *missing = false;
+  snprintf(path, plen, "%s/%s", dir, name);
+  FILE *f = fopen(path, "rb");
+  if (!f) {
+    snprintf(path, plen, "%s/%s.gz", dir, name);
+    f = fopen(path, "rb");
+  }
+  if (!f) {
+    snprintf(path, plen, "%s/%s[.gz]", dir, name);
+    snprintf(why, wlen, "cannot open: %s", strerror(errno));
+    *missing = true;
+    return NULL;
+  }
+  uint8_t *raw = NULL, *out = NULL;
+  size_t rlen = 0, cap = 0;
+  for (;;) {
+    if (rlen == cap) {
+      cap = cap ? 2 * cap : (size_t)1 << 20;
+      uint8_t *r = realloc(raw, cap);
+      if (!r) goto oom;
+      raw = r;
     }
+    size_t k = fread(raw + rlen, 1, cap - rlen, f);
+    rlen += k;
     if (k == 0) break;
-    got += (size_t)k;
   }
-  if (got < n) {
-    int zerr = Z_OK;
-    const char *msg = gzerror(f, &zerr);
-    if (zerr != Z_OK && zerr != Z_STREAM_END && msg && *msg)
-      snprintf(err, elen, "corrupt data reading %s: %s", what, msg);
+  if (ferror(f)) {
+    snprintf(why, wlen, "read error: %s", strerror(errno));
+    goto fail;
+  }
+  fclose(f);
+  f = NULL;
+  if (rlen < 2 || raw[0] != 0x1f || raw[1] != 0x8b) {
+    *len = rlen; /* not gzip: the raw idx bytes */
+    return raw;
+  }
+  z_stream z;
+  memset(&z, 0, sizeof z);
+  if (inflateInit2(&z, 16 + MAX_WBITS) != Z_OK) goto oom;
+  size_t olen = 0, ocap = rlen * 4 + 1024;
+  out = malloc(ocap);
+  if (!out) {
+    inflateEnd(&z);
+    goto oom;
+  }
+  z.next_in = raw;
+  z.avail_in = (uInt)rlen;
+  for (;;) {
+    if (olen == ocap) {
+      ocap *= 2;
+      uint8_t *o = realloc(out, ocap);
+      if (!o) {
+        inflateEnd(&z);
+        goto oom;
+      }
+      out = o;
+    }
+    z.next_out = out + olen;
+    z.avail_out = (uInt)(ocap - olen);
+    int r = inflate(&z, Z_NO_FLUSH);
+    olen = ocap - z.avail_out;
+    if (r == Z_STREAM_END) {
+      if (z.avail_in == 0) break;
+      /* another gzip member may follow; anything else is garbage */
+      if (z.avail_in < 2 || z.next_in[0] != 0x1f || z.next_in[1] != 0x8b) {
+        snprintf(why, wlen, "%u bytes of trailing garbage after the gzip data", z.avail_in);
+        inflateEnd(&z);
+        goto fail;
+      }
+      inflateReset(&z);
+      continue;
+    }
+    if (r == Z_OK) continue;
+    if (r == Z_BUF_ERROR && z.avail_in == 0)
+      snprintf(why, wlen, "truncated: the gzip data ends early (after %zu bytes inflated)", olen);
     else
-      snprintf(err, elen, "truncated: %s needs %zu bytes, the file has %zu", what, n, got);
-    return false;
+      snprintf(why, wlen, "corrupt gzip data: %s", z.msg ? z.msg : zError(r));
+    inflateEnd(&z);
+    goto fail;
   }
-  return true;
+  inflateEnd(&z);
+  free(raw);
+  *len = olen;
+  return out;
+oom:
+  snprintf(why, wlen, "out of host memory");
+fail:
+  if (f) fclose(f);
+  free(raw);
+  free(out);
+  return NULL;
 }
 
 static uint32_t be32(const unsigned char *p) {
@@ -54,18 +115,20 @@ static uint32_t be32(const unsigned char *p) {
 static uint8_t *read_idx(kiln_ctx *ctx, const char *dir, const char *name, int ndim,
                          uint32_t *dims) {
   char path[1200], err[512];
-  gzFile f = open_idx(dir, name, path, sizeof path);
-  if (!f) {
-    snprintf(path, sizeof path, "%s/%s[.gz]", dir, name);
-    kiln__error(ctx, KILN_ERR_IO, "kiln_mnist_read: cannot open %s: %s", path,
-                errno ? strerror(errno) : "not found");
+  size_t len;
+  bool missing;
+  uint8_t *buf = load(dir, name, path, sizeof path, &len, err, sizeof err, &missing);
+  if (!buf) {
+    kiln__error(ctx, missing ? KILN_ERR_IO : KILN_ERR_FORMAT, "kiln_mnist_read: %s: %s", path, err);
     return NULL;
   }
-  unsigned char head[16];
   uint8_t *data = NULL;
   size_t hlen = 4 + 4 * (size_t)ndim;
-  if (!read_exact(f, head, hlen, "the header", err, sizeof err)) goto fail;
-  uint32_t magic = be32(head);
+  if (len < hlen) {
+    snprintf(err, sizeof err, "truncated: the header needs %zu bytes, the file has %zu", hlen, len);
+    goto fail;
+  }
+  uint32_t magic = be32(buf);
   if (magic != (uint32_t)(0x800 | ndim)) {
     snprintf(err, sizeof err, "bad magic number 0x%08x (expected 0x%08x: unsigned bytes, %d dims)",
              magic, 0x800 | ndim, ndim);
@@ -73,7 +136,7 @@ static uint8_t *read_idx(kiln_ctx *ctx, const char *dir, const char *name, int n
   }
   size_t total = 1;
   for (int i = 0; i < ndim; i++) {
-    dims[i] = be32(head + 4 + 4 * i);
+    dims[i] = be32(buf + 4 + 4 * i);
     if (dims[i] == 0 || dims[i] > 100000000u) {
       snprintf(err, sizeof err, "dim %d is %u", i, dims[i]);
       goto fail;
@@ -84,35 +147,37 @@ static uint8_t *read_idx(kiln_ctx *ctx, const char *dir, const char *name, int n
       goto fail;
     }
   }
+  if (len - hlen < total) {
+    snprintf(err, sizeof err, "truncated: the data needs %zu bytes, the file has %zu", total,
+             len - hlen);
+    goto fail;
+  }
+  if (len - hlen > total) {
+    snprintf(err, sizeof err, "%zu trailing bytes after %zu bytes of data", len - hlen - total,
+             total);
+    goto fail;
+  }
   data = malloc(total);
   if (!data) {
     snprintf(err, sizeof err, "out of host memory for %zu bytes", total);
     goto fail;
   }
-  if (!read_exact(f, data, total, "the data", err, sizeof err)) goto fail;
-  unsigned char extra;
-  int k = gzread(f, &extra, 1);
-  if (k != 0) {
-    snprintf(err, sizeof err, k > 0 ? "trailing bytes after %zu bytes of data"
-                                    : "corrupt data after the last record",
-             total);
-    goto fail;
-  }
-  gzclose(f);
+  memcpy(data, buf + hlen, total);
+  free(buf);
   return data;
 fail:
   kiln__error(ctx, KILN_ERR_FORMAT, "kiln_mnist_read: %s: %s", path, err);
-  free(data);
-  gzclose(f);
+  free(buf);
   return NULL;
 }
 
 kiln_status kiln_mnist_read(kiln_ctx *ctx, const char *dir, const char *split, kiln_mnist *out) {
+  if (out) memset(out, 0, sizeof *out);
   if (!ctx) return KILN_ERR_INVALID;
   if (!kiln__ok(ctx)) return ctx->status;
+  if (out) memset(out, 0, sizeof *out);
   if (!out || !dir)
     return kiln__error(ctx, KILN_ERR_INVALID, "kiln_mnist_read: NULL %s", out ? "dir" : "out");
-  memset(out, 0, sizeof *out);
   if (!split || (strcmp(split, "train") != 0 && strcmp(split, "t10k") != 0))
     return kiln__error(ctx, KILN_ERR_INVALID,
                        "kiln_mnist_read: split '%s' is neither \"train\" nor \"t10k\"",
@@ -140,7 +205,8 @@ kiln_status kiln_mnist_read(kiln_ctx *ctx, const char *dir, const char *split, k
       unsigned bad = labels[i];
       free(images);
       free(labels);
-      return kiln__error(ctx, KILN_ERR_FORMAT, "kiln_mnist_read: %s/%s: label %u of record %u is "
+      return kiln__error(ctx, KILN_ERR_FORMAT,
+                         "kiln_mnist_read: %s/%s: label %u of record %u is "
                          "not a digit class 0-9",
                          dir, lname, bad, i);
     }

@@ -74,8 +74,8 @@ static void evaluate(kiln_ctx *ctx, const mlp *m, kiln_loader *test, int64_t n, 
     if (!kiln_loader_next(test, &x, &y)) break;
     kiln_tensor *logits = forward(m, x);
     kiln_tensor *l = kiln_cross_entropy(logits, y, KILN_REDUCTION_SUM, 0.f);
-    kiln_tensor *hit = kiln_eq(kiln_cast(kiln_argmax(logits, 1, 0), KILN_DTYPE_F32),
-                               kiln_cast(y, KILN_DTYPE_F32));
+    kiln_tensor *hit =
+        kiln_eq(kiln_cast(kiln_argmax(logits, 1, 0), KILN_DTYPE_F32), kiln_cast(y, KILN_DTYPE_F32));
     kiln_tensor *c = kiln_sum(hit, KILN_ALL_AXES, 0);
     if (kiln_step_end(ctx) != KILN_OK) die(ctx, "evaluation");
     lsum += kiln_tensor_item(l);
@@ -103,15 +103,24 @@ int main(int argc, char **argv) {
     }
     if (!v) usage(argv[0]);
     i++;
-    if (strcmp(a, "--epochs") == 0) epochs = atoi(v);
-    else if (strcmp(a, "--lr") == 0) lr = strtof(v, NULL);
-    else if (strcmp(a, "--batch") == 0) batch = atoll(v);
-    else if (strcmp(a, "--seed") == 0) seed = strtoull(v, NULL, 0);
-    else if (strcmp(a, "--save") == 0) save = v;
-    else if (strcmp(a, "--resume") == 0) resume = v;
-    else if (strcmp(a, "--eval-only") == 0) eval_only = v;
-    else if (strcmp(a, "--log") == 0) log_path = v;
-    else usage(argv[0]);
+    if (strcmp(a, "--epochs") == 0)
+      epochs = atoi(v);
+    else if (strcmp(a, "--lr") == 0)
+      lr = strtof(v, NULL);
+    else if (strcmp(a, "--batch") == 0)
+      batch = atoll(v);
+    else if (strcmp(a, "--seed") == 0)
+      seed = strtoull(v, NULL, 0);
+    else if (strcmp(a, "--save") == 0)
+      save = v;
+    else if (strcmp(a, "--resume") == 0)
+      resume = v;
+    else if (strcmp(a, "--eval-only") == 0)
+      eval_only = v;
+    else if (strcmp(a, "--log") == 0)
+      log_path = v;
+    else
+      usage(argv[0]);
   }
   if (epochs < 1 || batch < 1 || !(lr > 0)) {
     fprintf(stderr, "mnist_mlp: epochs %d, batch %lld and lr %g must be positive\n", epochs,
@@ -186,8 +195,9 @@ int main(int argc, char **argv) {
     double tl, ta;
     evaluate(ctx, &m, test_loader, kiln_dataset_size(test), &tl, &ta);
     printf("%s: test loss %.4f | test accuracy %.2f%%\n", eval_only, tl, 100.0 * ta);
-    if (log) fprintf(log, "{\"eval\": \"%s\", \"test_loss\": %.6f, \"test_accuracy\": %.6f}\n",
-                     eval_only, tl, ta);
+    if (log)
+      fprintf(log, "{\"eval\": \"%s\", \"test_loss\": %.6f, \"test_accuracy\": %.6f}\n", eval_only,
+              tl, ta);
     return 0;
   }
   printf("784-512-512-10 ReLU MLP (%lld parameters), batch %lld, SGD Nesterov momentum 0.9, "
@@ -216,8 +226,9 @@ int main(int argc, char **argv) {
         lsum += l;
         nread++;
         if (log)
-          fprintf(log, "{\"step\": %lld, \"epoch\": %d, \"loss\": %.6f, \"lr\": %.6g, "
-                       "\"time\": %.3f}\n",
+          fprintf(log,
+                  "{\"step\": %lld, \"epoch\": %d, \"loss\": %.6f, \"lr\": %.6g, "
+                  "\"time\": %.3f}\n",
                   (long long)step, epoch, l, kiln_optim_lr(opt), now_s() - t_start);
       }
       if (step % 100 == 0) {
@@ -239,8 +250,9 @@ int main(int argc, char **argv) {
            epoch, nread ? lsum / nread : NAN, tl, 100.0 * ta, train_time, ntrain / train_time);
     fflush(stdout);
     if (log) {
-      fprintf(log, "{\"step\": %lld, \"epoch\": %d, \"train_loss\": %.6f, \"test_loss\": %.6f, "
-                   "\"test_accuracy\": %.6f, \"lr\": %.6g, \"time\": %.3f}\n",
+      fprintf(log,
+              "{\"step\": %lld, \"epoch\": %d, \"train_loss\": %.6f, \"test_loss\": %.6f, "
+              "\"test_accuracy\": %.6f, \"lr\": %.6g, \"time\": %.3f}\n",
               (long long)step, epoch, nread ? lsum / nread : NAN, tl, ta, kiln_optim_lr(opt),
               now_s() - t_start);
       fflush(log);

@@ -27,7 +27,8 @@ void kiln__sb_printf(kiln__sb *b, const char *fmt, ...) {
       return;
     }
     size_t cap = b->cap ? b->cap * 2 : 4096;
-    while (cap - b->n <= (size_t)k) cap *= 2;
+    while (cap - b->n <= (size_t)k)
+      cap *= 2;
     char *s = realloc(b->s, cap);
     if (!s) {
       b->oom = true;
@@ -93,7 +94,8 @@ static void offset_expr(kiln__sb *b, int k, int nd, bool lin) {
     return;
   }
   if (nd == 0) kiln__sb_printf(b, "0");
-  for (int d = 0; d < nd; d++) kiln__sb_printf(b, "%sc%d * a.st[%d][%d]", d ? " + " : "", d, k, d);
+  for (int d = 0; d < nd; d++)
+    kiln__sb_printf(b, "%sc%d * a.st[%d][%d]", d ? " + " : "", d, k, d);
 }
 
 static void finish(kiln_ctx *ctx, kiln__sb *body, const char *stem, kiln__group *g,
@@ -107,8 +109,9 @@ static void finish(kiln_ctx *ctx, kiln__sb *body, const char *stem, kiln__group 
   char name[96];
   snprintf(name, sizeof name, "%s_%08" PRIx64, stem, h & 0xffffffffu);
   kiln__sb src = {0};
-  kiln__sb_printf(&src, "extern \"C\" __global__ void __launch_bounds__(256) %s(const kiln__kargs a) {\n%s}\n",
-                  name, body->s);
+  kiln__sb_printf(
+      &src, "extern \"C\" __global__ void __launch_bounds__(256) %s(const kiln__kargs a) {\n%s}\n",
+      name, body->s);
   if (src.oom) {
     kiln__error(ctx, KILN_ERR_OOM, "kiln: out of host memory generating %s", stem);
     *ok = false;
@@ -127,10 +130,14 @@ bool kiln__gen_ew(kiln_ctx *ctx, const kiln__ew_spec *s, kiln__group *g, const c
   kiln__kargs *a = &g->args;
   memset(a, 0, sizeof *a);
   a->n = n;
-  for (int d = 0; d < nd; d++) a->shape[d] = s->shape[d];
-  for (int k = 0; k < KILN__NF && k < KILN__KMAX_F; k++) a->f[k] = s->attrs ? s->attrs->f[k] : 0.f;
-  for (int k = 0; k < KILN__KMAX_I; k++) a->i[k] = s->attrs ? (int)s->attrs->i[k] : 0;
-  for (int k = 0; k < KILN__NU; k++) a->u[k] = s->attrs ? s->attrs->u[k] : 0;
+  for (int d = 0; d < nd; d++)
+    a->shape[d] = s->shape[d];
+  for (int k = 0; k < KILN__NF && k < KILN__KMAX_F; k++)
+    a->f[k] = s->attrs ? s->attrs->f[k] : 0.f;
+  for (int k = 0; k < KILN__KMAX_I; k++)
+    a->i[k] = s->attrs ? (int)s->attrs->i[k] : 0;
+  for (int k = 0; k < KILN__NU; k++)
+    a->u[k] = s->attrs ? s->attrs->u[k] : 0;
 
   bool lin[KILN__KMAX_PTR];
   int nops = s->nin + (s->out ? 1 : 0);
@@ -145,12 +152,14 @@ bool kiln__gen_ew(kiln_ctx *ctx, const kiln__ew_spec *s, kiln__group *g, const c
   }
 
   kiln__sb b = {0};
-  kiln__sb_printf(&b, "  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < a.n;\n"
-                      "       i += (long long)gridDim.x * blockDim.x) {\n");
+  kiln__sb_printf(
+      &b, "  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < a.n;\n"
+          "       i += (long long)gridDim.x * blockDim.x) {\n");
   if (coords && nd > 0) {
     kiln__sb_printf(&b, "    long long r = i;\n");
     for (int d = nd - 1; d > 0; d--)
-      kiln__sb_printf(&b, "    const long long c%d = r %% a.shape[%d]; r /= a.shape[%d];\n", d, d, d);
+      kiln__sb_printf(&b, "    const long long c%d = r %% a.shape[%d]; r /= a.shape[%d];\n", d, d,
+                      d);
     kiln__sb_printf(&b, "    const long long c0 = r;\n");
   }
   char names[KILN__MAX_IN][16];
@@ -236,8 +245,8 @@ bool kiln__gen_reduce(kiln_ctx *ctx, const kiln__node *n, kiln__group *g, const 
   }
   kiln__sb_printf(&b, "    long long base = 0;\n    { long long r = o;\n");
   for (int d = no - 1; d >= 0; d--)
-    kiln__sb_printf(&b, "      base += (r %% a.shape[%d]) * a.st[0][%d]; r /= a.shape[%d];\n", d,
-                    d, d);
+    kiln__sb_printf(&b, "      base += (r %% a.shape[%d]) * a.st[0][%d]; r /= a.shape[%d];\n", d, d,
+                    d);
   kiln__sb_printf(&b, "    }\n    float acc = %s;\n    long long ai = 0x7fffffffffffffffll;\n",
                   init);
   if (rows)
@@ -263,22 +272,26 @@ bool kiln__gen_reduce(kiln_ctx *ctx, const kiln__node *n, kiln__group *g, const 
     for (int pass = 0; pass < 2; pass++) {
       const char *ind = pass ? "      " : "    ";
       if (pass) {
-        kiln__sb_printf(&b, "    __syncthreads();\n    if (w == 0) {\n"
-                            "      acc = lane < nw ? sv[lane] : %s;\n",
+        kiln__sb_printf(&b,
+                        "    __syncthreads();\n    if (w == 0) {\n"
+                        "      acc = lane < nw ? sv[lane] : %s;\n",
                         init);
-        if (argmax) kiln__sb_printf(&b, "      ai = lane < nw ? si[lane] : 0x7fffffffffffffffll;\n");
+        if (argmax)
+          kiln__sb_printf(&b, "      ai = lane < nw ? si[lane] : 0x7fffffffffffffffll;\n");
       }
       if (warp) {
         kiln__sb_printf(&b, "%sacc = %s(acc);\n", ind, warp);
       } else {
-        kiln__sb_printf(&b, "%sfor (int s = 16; s > 0; s >>= 1) {\n"
-                            "%s  const float ov = __shfl_down_sync(0xffffffffu, acc, s);\n"
-                            "%s  const long long oi = __shfl_down_sync(0xffffffffu, ai, s);\n"
-                            "%s  kiln_argmax_step(acc, ai, ov, oi);\n%s}\n",
+        kiln__sb_printf(&b,
+                        "%sfor (int s = 16; s > 0; s >>= 1) {\n"
+                        "%s  const float ov = __shfl_down_sync(0xffffffffu, acc, s);\n"
+                        "%s  const long long oi = __shfl_down_sync(0xffffffffu, ai, s);\n"
+                        "%s  kiln_argmax_step(acc, ai, ov, oi);\n%s}\n",
                         ind, ind, ind, ind, ind);
       }
       if (!pass) {
-        kiln__sb_printf(&b, "    if (lane == 0) { sv[w] = acc;%s }\n", argmax ? " si[w] = ai;" : "");
+        kiln__sb_printf(&b, "    if (lane == 0) { sv[w] = acc;%s }\n",
+                        argmax ? " si[w] = ai;" : "");
       }
     }
     if (argmax)
@@ -302,7 +315,8 @@ bool kiln__gen_reduce(kiln_ctx *ctx, const kiln__node *n, kiln__group *g, const 
   kiln__sb_free(&b);
   if (rows) {
     int64_t bl = 32;
-    while (bl < a->nred && bl < 256) bl *= 2;
+    while (bl < a->nred && bl < 256)
+      bl *= 2;
     g->block = (unsigned)bl;
     int64_t cap = (int64_t)ctx->num_sms * 16;
     g->grid = (unsigned)(a->n < 1 ? 1 : (a->n > cap ? cap : a->n));
@@ -327,17 +341,18 @@ bool kiln__gen_index_select(kiln_ctx *ctx, const kiln__node *n, kiln__group *g,
   a->shape[0] = x->shape[0];
   const char *t = ctype(x->dtype);
   kiln__sb b = {0};
-  kiln__sb_printf(&b,
-                  "  const %s *x = (const %s *)a.ptr[0];\n"
-                  "  const int *idx = (const int *)a.ptr[1];\n"
-                  "  %s *y = (%s *)a.ptr[2];\n"
-                  "  for (long long e = (long long)blockIdx.x * blockDim.x + threadIdx.x; e < a.n;\n"
-                  "       e += (long long)gridDim.x * blockDim.x) {\n"
-                  "    const long long k = e / a.nred, j = e - k * a.nred;\n"
-                  "    const long long r = idx[k];\n"
-                  "    y[e] = (r >= 0 && r < a.shape[0]) ? x[r * a.nred + j] : (%s)0;\n"
-                  "  }\n",
-                  t, t, t, t, t);
+  kiln__sb_printf(
+      &b,
+      "  const %s *x = (const %s *)a.ptr[0];\n"
+      "  const int *idx = (const int *)a.ptr[1];\n"
+      "  %s *y = (%s *)a.ptr[2];\n"
+      "  for (long long e = (long long)blockIdx.x * blockDim.x + threadIdx.x; e < a.n;\n"
+      "       e += (long long)gridDim.x * blockDim.x) {\n"
+      "    const long long k = e / a.nred, j = e - k * a.nred;\n"
+      "    const long long r = idx[k];\n"
+      "    y[e] = (r >= 0 && r < a.shape[0]) ? x[r * a.nred + j] : (%s)0;\n"
+      "  }\n",
+      t, t, t, t, t);
   char stem[64];
   snprintf(stem, sizeof stem, "k_index_select_%s", kiln_dtype_name(x->dtype));
   bool ok;

@@ -83,8 +83,8 @@ static bool run_matmul(kiln_ctx *ctx, const kiln__node *n) {
       ctx, cublasGemmStridedBatchedEx(ctx->cublas, tb ? CUBLAS_OP_T : CUBLAS_OP_N,
                                       ta ? CUBLAS_OP_T : CUBLAS_OP_N, nn, m, k, &one,
                                       kiln__data_ptr(B), CUDA_R_32F, ldb, sb, kiln__data_ptr(A),
-                                      CUDA_R_32F, lda, sa, &zero, kiln__data_ptr(C), CUDA_R_32F,
-                                      nn, (long long)m * nn, batch, ct, CUBLAS_GEMM_DEFAULT));
+                                      CUDA_R_32F, lda, sa, &zero, kiln__data_ptr(C), CUDA_R_32F, nn,
+                                      (long long)m * nn, batch, ct, CUBLAS_GEMM_DEFAULT));
 }
 
 static bool launch(kiln_ctx *ctx, kiln__group *g) {
@@ -127,8 +127,13 @@ static bool prepare(kiln_ctx *ctx, int32_t first, int32_t last, kiln__group **ou
     case KILN__KIND_EW:
     case KILN__KIND_UPDATE: {
       const kiln_tensor *shape_of = n->out ? n->out : n->in[0];
-      kiln__ew_spec s = {.op = n->op, .nin = n->nin, .in = n->in, .out = n->out, .attrs = n,
-                         .ndim = shape_of->ndim, .shape = shape_of->shape};
+      kiln__ew_spec s = {.op = n->op,
+                         .nin = n->nin,
+                         .in = n->in,
+                         .out = n->out,
+                         .attrs = n,
+                         .ndim = shape_of->ndim,
+                         .shape = shape_of->shape};
       ok = kiln__gen_ew(ctx, &s, g, comment);
       break;
     }
@@ -152,8 +157,13 @@ static bool prepare(kiln_ctx *ctx, int32_t first, int32_t last, kiln__group **ou
         kiln__group *gk = &gs[ng++];
         gk->kind = KILN__KIND_EW;
         gk->node = i;
-        kiln__ew_spec s = {.op = KILN__OP_COPY, .nin = 1, .in = &n->in[k], .out = &slice,
-                           .attrs = n, .ndim = slice.ndim, .shape = slice.shape};
+        kiln__ew_spec s = {.op = KILN__OP_COPY,
+                           .nin = 1,
+                           .in = &n->in[k],
+                           .out = &slice,
+                           .attrs = n,
+                           .ndim = slice.ndim,
+                           .shape = slice.shape};
         ok = kiln__gen_ew(ctx, &s, gk, comment);
       }
       break;
@@ -177,8 +187,8 @@ kiln_status kiln__execute(kiln_ctx *ctx, int32_t first, int32_t last) {
   bool ok = true;
   for (int i = 0; i < ng && ok; i++) {
     kiln__group *g = &gs[i];
-    ok = g->kind == KILN__KIND_MATMUL ? run_matmul(ctx, &ctx->trace.nodes[g->node])
-                                      : launch(ctx, g);
+    ok =
+        g->kind == KILN__KIND_MATMUL ? run_matmul(ctx, &ctx->trace.nodes[g->node]) : launch(ctx, g);
   }
   free(gs);
   ctx->stats.nodes_executed += (uint64_t)(last - first);

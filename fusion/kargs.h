@@ -13,16 +13,16 @@
 /* ptr: operands; n: elements in the iteration space; shape: its dims; st: each operand's strides
  * (elements) over those dims; rshape/rst: the reduced dims of a reduction and the input's strides
  * over them; nred: elements reduced into each output; f, i, u: node attributes. */
-#define KILN__KARGS_FIELDS                                                                     \
-  void *ptr[12];                                                                               \
-  long long n;                                                                                 \
-  long long nred;                                                                              \
-  long long shape[6];                                                                          \
-  long long st[12][6];                                                                         \
-  long long rshape[6];                                                                         \
-  long long rst[6];                                                                            \
-  float f[16];                                                                                 \
-  int i[8];                                                                                    \
+#define KILN__KARGS_FIELDS                                                                         \
+  void *ptr[12];                                                                                   \
+  long long n;                                                                                     \
+  long long nred;                                                                                  \
+  long long shape[6];                                                                              \
+  long long st[12][6];                                                                             \
+  long long rshape[6];                                                                             \
+  long long rst[6];                                                                                \
+  float f[16];                                                                                     \
+  int i[8];                                                                                        \
   unsigned long long u[4];
 
 typedef struct kiln__kargs {

@@ -57,8 +57,8 @@ static void *cache_read(kiln_ctx *ctx, uint64_t key, size_t *size) {
   cache_header h;
   void *data = NULL;
   if (fread(&h, sizeof h, 1, f) != 1 || memcmp(h.magic, CACHE_MAGIC, 8) != 0 || h.key != key ||
-      h.arch != (uint32_t)ctx->arch || h.nvrtc != (uint32_t)ctx->nvrtc_version ||
-      h.size == 0 || h.size > ((uint64_t)256 << 20))
+      h.arch != (uint32_t)ctx->arch || h.nvrtc != (uint32_t)ctx->nvrtc_version || h.size == 0 ||
+      h.size > ((uint64_t)256 << 20))
     goto bad;
   data = malloc(h.size);
   if (!data || fread(data, 1, h.size, f) != h.size || fgetc(f) != EOF ||

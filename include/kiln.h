@@ -66,8 +66,8 @@ typedef struct kiln_axes {
 /* ---------------------------------------------------------------- context */
 
 typedef struct kiln_ctx_options {
-  int device;  /* CUDA device ordinal */
-  int no_gpu;  /* 1: a context that records and plans but never executes (CI, tests) */
+  int device; /* CUDA device ordinal */
+  int no_gpu; /* 1: a context that records and plans but never executes (CI, tests) */
 } kiln_ctx_options;
 
 /*
@@ -114,7 +114,7 @@ void kiln_memory_reset_peak(kiln_ctx *ctx);
 void kiln_memory_empty_cache(kiln_ctx *ctx);
 
 typedef struct kiln_exec_stats {
-  uint64_t nodes_recorded;   /* all nodes ever recorded */
+  uint64_t nodes_recorded; /* all nodes ever recorded */
   uint64_t nodes_executed;
   uint64_t flushes;
   uint64_t kernels_launched; /* generated kernels and library calls (cuBLAS) */
@@ -227,7 +227,8 @@ kiln_tensor *kiln_cross_entropy(kiln_tensor *logits, kiln_tensor *labels, kiln_r
  */
 kiln_tensor *kiln_matmul(kiln_tensor *a, kiln_tensor *b);
 
-/* Views and movement. reshape takes one -1; it copies only when a view cannot express it. */
+/* Views and movement. reshape takes one -1; it is a view of a contiguous input and copies a
+ * non-contiguous one first. */
 kiln_tensor *kiln_reshape(kiln_tensor *a, kiln_shape shape);
 kiln_tensor *kiln_permute(kiln_tensor *a, kiln_axes order);
 kiln_tensor *kiln_transpose(kiln_tensor *a, int axis0, int axis1);
@@ -257,10 +258,10 @@ int kiln_grad_enabled(const kiln_ctx *ctx);
  */
 typedef kiln_tensor *(*kiln_gradcheck_fn)(kiln_tensor *const *inputs, void *user);
 typedef struct kiln_gradcheck_options {
-  float eps;      /* finite-difference step, default 1e-2 */
-  float atol;     /* default 1e-2 */
-  float rtol;     /* default 1e-2 */
-  uint64_t seed;  /* for w */
+  float eps;     /* finite-difference step, default 1e-2 */
+  float atol;    /* default 1e-2 */
+  float rtol;    /* default 1e-2 */
+  uint64_t seed; /* for w */
 } kiln_gradcheck_options;
 /* Returns KILN_OK when every element agrees; otherwise writes the worst element to report. */
 kiln_status kiln_gradcheck(kiln_ctx *ctx, kiln_gradcheck_fn fn, int n, kiln_tensor *const *inputs,
@@ -340,8 +341,7 @@ void kiln_meta_free(kiln_meta *m);
  * run continues bitwise as the uninterrupted one; on any mismatch nothing changes. */
 kiln_status kiln_checkpoint_save(const char *path, const kiln_params *p, const kiln_optim *o,
                                  const kiln_meta *user);
-kiln_status kiln_checkpoint_load(const char *path, kiln_params *p, kiln_optim *o,
-                                 kiln_meta *user);
+kiln_status kiln_checkpoint_load(const char *path, kiln_params *p, kiln_optim *o, kiln_meta *user);
 
 /* ---------------------------------------------------------------- data */
 
@@ -351,7 +351,8 @@ typedef struct kiln_mnist {
   uint8_t *images; /* (n, rows, cols) */
   uint8_t *labels; /* (n) */
 } kiln_mnist;
-/* split: "train" or "t10k"; tries NAME and NAME.gz in dir. Errors go on ctx (a no-GPU ctx works). */
+/* split: "train" or "t10k"; tries NAME and NAME.gz in dir. Errors go on ctx (a no-GPU ctx works).
+ */
 kiln_status kiln_mnist_read(kiln_ctx *ctx, const char *dir, const char *split, kiln_mnist *out);
 void kiln_mnist_free(kiln_mnist *m);
 

@@ -118,7 +118,8 @@ static bool slots_add(slots *ss, const char *name, kiln_tensor *t) {
 }
 
 static void slots_free(slots *ss) {
-  for (int i = 0; i < ss->n; i++) free(ss->s[i].host);
+  for (int i = 0; i < ss->n; i++)
+    free(ss->s[i].host);
   free(ss->s);
 }
 
@@ -167,10 +168,11 @@ static kiln_status save(const char *fn, const char *path, const kiln_params *p, 
     kiln_dtype dt = i < kiln_params_count(p) ? dtype : KILN_DTYPE_F32; /* state stays f32 */
     if (dt == KILN_DTYPE_BF16) {
       uint16_t *h = (uint16_t *)f; /* in place: each bf16 fits where its float was */
-      for (int64_t k = 0; k < n; k++) h[k] = to_bf16(f[k]);
+      for (int64_t k = 0; k < n; k++)
+        h[k] = to_bf16(f[k]);
     }
-    out[i] = (kiln__st_out){.name = s->name, .dtype = dt, .ndim = s->t->ndim,
-                            .shape = s->t->shape, .data = s->host};
+    out[i] = (kiln__st_out){
+        .name = s->name, .dtype = dt, .ndim = s->t->ndim, .shape = s->t->shape, .data = s->host};
   }
   kiln__st_write(ctx, fn, path, ss.n, out, meta);
 done:
@@ -193,9 +195,11 @@ static kiln_status match(kiln_ctx *ctx, const char *fn, const char *path, const 
     kiln_shape es = {.ndim = e->ndim};
     memcpy(es.d, e->shape, sizeof es.d);
     bool same = e->ndim == s->t->ndim;
-    for (int d = 0; same && d < e->ndim; d++) same = e->shape[d] == s->t->shape[d];
+    for (int d = 0; same && d < e->ndim; d++)
+      same = e->shape[d] == s->t->shape[d];
     if (!same)
-      return kiln__error(ctx, KILN_ERR_FORMAT, "%s: %s: tensor '%s' is %s in the file, %s in the "
+      return kiln__error(ctx, KILN_ERR_FORMAT,
+                         "%s: %s: tensor '%s' is %s in the file, %s in the "
                          "model",
                          fn, path, s->name, kiln_shape_str(es, got, sizeof got),
                          kiln__shape_of(s->t, want, sizeof want));
@@ -223,7 +227,8 @@ static kiln_status match(kiln_ctx *ctx, const char *fn, const char *path, const 
   /* a tensor in the file that the model does not have means a different model */
   for (int k = 0; k < f->n; k++) {
     bool known = false;
-    for (int i = 0; i < ss->n && !known; i++) known = strcmp(ss->s[i].name, f->e[k].name) == 0;
+    for (int i = 0; i < ss->n && !known; i++)
+      known = strcmp(ss->s[i].name, f->e[k].name) == 0;
     if (!known)
       return kiln__error(ctx, KILN_ERR_FORMAT, "%s: %s has tensor '%s', which the model lacks", fn,
                          path, f->e[k].name);
@@ -234,8 +239,8 @@ static kiln_status match(kiln_ctx *ctx, const char *fn, const char *path, const 
 static kiln_status upload(slots *ss) {
   for (int i = 0; i < ss->n; i++) {
     kiln_tensor *t = ss->s[i].t;
-    kiln_status s = kiln_tensor_copy_from_host(t, ss->s[i].host,
-                                               (size_t)kiln_tensor_numel(t) * sizeof(float));
+    kiln_status s =
+        kiln_tensor_copy_from_host(t, ss->s[i].host, (size_t)kiln_tensor_numel(t) * sizeof(float));
     if (s != KILN_OK) return s;
   }
   return KILN_OK;
@@ -330,8 +335,7 @@ static bool meta_num(const cJSON *m, const char *k, uint64_t *v) {
   return *end == 0;
 }
 
-kiln_status kiln_checkpoint_load(const char *path, kiln_params *p, kiln_optim *o,
-                                 kiln_meta *user) {
+kiln_status kiln_checkpoint_load(const char *path, kiln_params *p, kiln_optim *o, kiln_meta *user) {
   const char *fn = __func__;
   kiln_ctx *ctx = kiln__params_ctx(p);
   if (!ctx) return KILN_ERR_INVALID;

@@ -15,7 +15,8 @@ static kiln_tensor *uniform_param(kiln_ctx *ctx, kiln_shape shape, double bound)
     kiln__error(ctx, KILN_ERR_OOM, "kiln_linear_init: out of host memory");
     return NULL;
   }
-  for (int64_t i = 0; i < n; i++) h[i] = (float)((kiln__rng_uniform(ctx) * 2.0 - 1.0) * bound);
+  for (int64_t i = 0; i < n; i++)
+    h[i] = (float)((kiln__rng_uniform(ctx) * 2.0 - 1.0) * bound);
   kiln_tensor *t = kiln_tensor_from_host(ctx, KILN_DTYPE_F32, shape, h);
   free(h);
   if (t) kiln_tensor_set_requires_grad(t, 1);
@@ -60,7 +61,8 @@ kiln_tensor *kiln_linear_forward(const kiln_linear *l, kiln_tensor *x) {
   kiln_ctx *ctx = kiln_tensor_ctx(x);
   if (ctx && kiln__ok(ctx) && kiln_tensor_dim(x, -1) != l->in_features) {
     char sh[96];
-    kiln__error(ctx, KILN_ERR_SHAPE, "kiln_linear_forward: input %s, layer '%s' takes %lld features",
+    kiln__error(ctx, KILN_ERR_SHAPE,
+                "kiln_linear_forward: input %s, layer '%s' takes %lld features",
                 kiln__shape_of(x, sh, sizeof sh), l->weight->name, (long long)l->in_features);
     return NULL;
   }

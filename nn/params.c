@@ -73,11 +73,13 @@ kiln_tensor *kiln_params_find(const kiln_params *p, const char *name) {
 }
 int64_t kiln_params_numel(const kiln_params *p) {
   int64_t n = 0;
-  for (int i = 0; p && i < p->n; i++) n += kiln_tensor_numel(p->p[i].t);
+  for (int i = 0; p && i < p->n; i++)
+    n += kiln_tensor_numel(p->p[i].t);
   return n;
 }
 void kiln_params_zero_grad(kiln_params *p) {
-  for (int i = 0; p && i < p->n; i++) kiln_tensor_zero_grad(p->p[i].t);
+  for (int i = 0; p && i < p->n; i++)
+    kiln_tensor_zero_grad(p->p[i].t);
 }
 void kiln_params_free(kiln_params *p) {
   if (!p) return;

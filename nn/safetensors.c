@@ -29,10 +29,14 @@ static const char *st_dtype_name(kiln_dtype dt) {
 }
 
 static bool st_dtype(const char *s, kiln_dtype *dt) {
-  if (strcmp(s, "F32") == 0) *dt = KILN_DTYPE_F32;
-  else if (strcmp(s, "BF16") == 0) *dt = KILN_DTYPE_BF16;
-  else if (strcmp(s, "I32") == 0) *dt = KILN_DTYPE_I32;
-  else return false;
+  if (strcmp(s, "F32") == 0)
+    *dt = KILN_DTYPE_F32;
+  else if (strcmp(s, "BF16") == 0)
+    *dt = KILN_DTYPE_BF16;
+  else if (strcmp(s, "I32") == 0)
+    *dt = KILN_DTYPE_I32;
+  else
+    return false;
   return true;
 }
 
@@ -67,7 +71,8 @@ kiln_status kiln__st_parse(kiln_ctx *ctx, const char *fn, const char *path, cons
     goto bad;
   }
   uint64_t hlen = 0;
-  for (int i = 7; i >= 0; i--) hlen = hlen << 8 | buf[i];
+  for (int i = 7; i >= 0; i--)
+    hlen = hlen << 8 | buf[i];
   if (hlen > MAX_HEADER || hlen > len - 8) {
     snprintf(why, sizeof why, "header length %" PRIu64 " %s", hlen,
              hlen > len - 8 ? "runs past the end of the file (truncated?)" : "is implausible");
@@ -75,8 +80,7 @@ kiln_status kiln__st_parse(kiln_ctx *ctx, const char *fn, const char *path, cons
   }
   out->json = cJSON_ParseWithLength((const char *)buf + 8, hlen);
   if (!out->json || !cJSON_IsObject(out->json)) {
-    snprintf(why, sizeof why, "the header is not a JSON object%s",
-             out->json ? "" : " (bad JSON)");
+    snprintf(why, sizeof why, "the header is not a JSON object%s", out->json ? "" : " (bad JSON)");
     goto bad;
   }
   out->data = buf + 8 + hlen;
@@ -175,7 +179,8 @@ kiln_status kiln__st_parse(kiln_ctx *ctx, const char *fn, const char *path, cons
   uint64_t at = 0;
   for (int k = 0; k < out->n; k++) {
     if (order[k]->begin != at) {
-      snprintf(why, sizeof why, "tensor '%s' starts at byte %" PRIu64 " where %" PRIu64 " was due "
+      snprintf(why, sizeof why,
+               "tensor '%s' starts at byte %" PRIu64 " where %" PRIu64 " was due "
                "(%s)",
                order[k]->name, order[k]->begin, at,
                order[k]->begin < at ? "it overlaps another" : "a hole before it");
@@ -280,9 +285,10 @@ kiln_status kiln__st_write(kiln_ctx *ctx, const char *fn, const char *path, int 
     goto fail;
   }
   unsigned char len8[8];
-  for (int i = 0; i < 8; i++) len8[i] = (unsigned char)((uint64_t)padded >> (8 * i));
-  bool ok = write_all(fd, len8, 8) && write_all(fd, text, tl) &&
-            write_all(fd, "        ", padded - tl);
+  for (int i = 0; i < 8; i++)
+    len8[i] = (unsigned char)((uint64_t)padded >> (8 * i));
+  bool ok =
+      write_all(fd, len8, 8) && write_all(fd, text, tl) && write_all(fd, "        ", padded - tl);
   for (int i = 0; i < n && ok; i++) {
     size_t bytes = kiln_dtype_size(t[i].dtype) * (size_t)kiln__numel(t[i].ndim, t[i].shape);
     ok = write_all(fd, t[i].data, bytes);

@@ -22,8 +22,8 @@ typedef struct kiln__st_file {
   cJSON *json;
   kiln__st_entry *e;
   int n;
-  const cJSON *metadata;  /* the "__metadata__" object, or NULL */
-  const uint8_t *data;    /* the data section */
+  const cJSON *metadata; /* the "__metadata__" object, or NULL */
+  const uint8_t *data;   /* the data section */
   uint64_t data_len;
 } kiln__st_file;
 

@@ -25,12 +25,12 @@ struct kiln_optim {
 };
 
 kiln_sgd_options kiln_sgd_defaults(float lr) {
-  return (kiln_sgd_options){.lr = lr, .momentum = 0.f, .dampening = 0.f, .weight_decay = 0.f,
-                            .nesterov = 0};
+  return (kiln_sgd_options){
+      .lr = lr, .momentum = 0.f, .dampening = 0.f, .weight_decay = 0.f, .nesterov = 0};
 }
 kiln_adam_options kiln_adam_defaults(void) {
-  return (kiln_adam_options){.lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f,
-                             .weight_decay = 0.f};
+  return (kiln_adam_options){
+      .lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .weight_decay = 0.f};
 }
 kiln_adam_options kiln_adamw_defaults(void) {
   kiln_adam_options o = kiln_adam_defaults();
@@ -235,5 +235,6 @@ int64_t kiln__optim_count(const kiln_optim *o, int i) {
 
 void kiln__optim_restore(kiln_optim *o, int64_t steps, const int64_t *counts) {
   o->steps = steps;
-  for (int i = 0; i < o->n; i++) o->count[i] = counts[i];
+  for (int i = 0; i < o->n; i++)
+    o->count[i] = counts[i];
 }

@@ -24,10 +24,10 @@ void th_fill(float *p, int64_t n, uint64_t seed, float lo, float hi) {
   }
 }
 
-kiln_tensor *th_rand(kiln_ctx *ctx, kiln_shape s, uint64_t seed, float lo, float hi,
-                     float **host) {
+kiln_tensor *th_rand(kiln_ctx *ctx, kiln_shape s, uint64_t seed, float lo, float hi, float **host) {
   int64_t n = 1;
-  for (int i = 0; i < s.ndim; i++) n *= s.d[i];
+  for (int i = 0; i < s.ndim; i++)
+    n *= s.d[i];
   float *h = malloc((size_t)(n > 0 ? n : 1) * sizeof *h);
   cr_assert_not_null(h);
   th_fill(h, n, seed, lo, hi);
@@ -69,8 +69,8 @@ void th_assert_close(const float *got, const double *want, int64_t n, double ato
     bool same_inf = isinf(g) && isinf(w) && (g > 0) == (w > 0);
     if (both_nan || same_inf) continue;
     cr_assert(fabs(g - w) <= atol + rtol * fabs(w),
-              "%s: element %lld: got %.9g, want %.9g (atol %g, rtol %g)", what, (long long)i, g,
-              w, atol, rtol);
+              "%s: element %lld: got %.9g, want %.9g (atol %g, rtol %g)", what, (long long)i, g, w,
+              atol, rtol);
   }
 }
 

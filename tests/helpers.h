@@ -13,16 +13,16 @@
 #include "kiln.h"
 
 /* A GPU context, or the test is skipped with the reason. TF32 is off: references are float64. */
-#define TH_GPU_CTX(ctx)                                                                        \
-  kiln_ctx *ctx = kiln_ctx_new(NULL);                                                          \
-  cr_assert_not_null(ctx);                                                                     \
-  if (!kiln_ctx_has_gpu(ctx)) {                                                                \
-    char th_reason_[1100];                                                                     \
-    snprintf(th_reason_, sizeof th_reason_, "needs a GPU: %s",                                 \
-             kiln_ctx_error(ctx) ? kiln_ctx_error(ctx) : "none");                              \
-    kiln_ctx_free(ctx);                                                                        \
-    cr_skip_test("%s", th_reason_);                                                            \
-  }                                                                                            \
+#define TH_GPU_CTX(ctx)                                                                            \
+  kiln_ctx *ctx = kiln_ctx_new(NULL);                                                              \
+  cr_assert_not_null(ctx);                                                                         \
+  if (!kiln_ctx_has_gpu(ctx)) {                                                                    \
+    char th_reason_[1100];                                                                         \
+    snprintf(th_reason_, sizeof th_reason_, "needs a GPU: %s",                                     \
+             kiln_ctx_error(ctx) ? kiln_ctx_error(ctx) : "none");                                  \
+    kiln_ctx_free(ctx);                                                                            \
+    cr_skip_test("%s", th_reason_);                                                                \
+  }                                                                                                \
   kiln_set_tf32(ctx, 0)
 
 /* A context that records and plans without a GPU. */
@@ -31,8 +31,7 @@ kiln_ctx *th_cpu_ctx(void);
 /* Uniform values in [lo, hi) from a fixed seed (splitmix64). */
 void th_fill(float *p, int64_t n, uint64_t seed, float lo, float hi);
 /* A persistent f32 tensor of random values in [lo, hi); *host (if given) gets a malloc'd copy. */
-kiln_tensor *th_rand(kiln_ctx *ctx, kiln_shape s, uint64_t seed, float lo, float hi,
-                     float **host);
+kiln_tensor *th_rand(kiln_ctx *ctx, kiln_shape s, uint64_t seed, float lo, float hi, float **host);
 /* The tensor's values, read to a malloc'd host buffer (asserts on failure). */
 float *th_read(kiln_tensor *t);
 int32_t *th_read_i32(kiln_tensor *t);

@@ -20,7 +20,8 @@ static uint8_t *build(const char *header, size_t ndata, size_t *len) {
   *len = 8 + hl + ndata;
   uint8_t *b = malloc(*len);
   cr_assert_not_null(b);
-  for (int i = 0; i < 8; i++) b[i] = (uint8_t)((uint64_t)hl >> (8 * i));
+  for (int i = 0; i < 8; i++)
+    b[i] = (uint8_t)((uint64_t)hl >> (8 * i));
   memcpy(b + 8, header, hl);
   memset(b + 8 + hl, 0x3c, ndata);
   return b;
@@ -112,8 +113,8 @@ Test(safetensors, wrong_dtype_shape_and_names) {
                  "dtype F64");
   refused_header("{\"w\":{\"dtype\":\"F32\",\"shape\":[-1],\"data_offsets\":[0,4]}}", 4,
                  "bad size in its shape");
-  refused_header("{\"w\":{\"dtype\":\"F32\",\"shape\":[1,1,1,1,1,1,1],\"data_offsets\":[0,4]}}",
-                 4, "7 dims");
+  refused_header("{\"w\":{\"dtype\":\"F32\",\"shape\":[1,1,1,1,1,1,1],\"data_offsets\":[0,4]}}", 4,
+                 "7 dims");
   refused_header("{\"w\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},"
                  "\"w\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}",
                  8, "'w' appears twice");
@@ -132,14 +133,16 @@ Test(safetensors, written_files_read_back) {
   char names[7][8];
   void *data[7];
   for (int r = 0; r <= 6; r++) {
-    for (int d = 0; d < r; d++) shapes[r][d] = 1 + (r + d) % 3;
+    for (int d = 0; d < r; d++)
+      shapes[r][d] = 1 + (r + d) % 3;
     kiln_dtype dt = r % 3 == 0 ? KILN_DTYPE_F32 : (r % 3 == 1 ? KILN_DTYPE_BF16 : KILN_DTYPE_I32);
     size_t bytes = kiln_dtype_size(dt) * (size_t)kiln__numel(r, shapes[r]);
     data[r] = malloc(bytes);
-    for (size_t k = 0; k < bytes; k++) ((uint8_t *)data[r])[k] = (uint8_t)(k * 7 + r);
+    for (size_t k = 0; k < bytes; k++)
+      ((uint8_t *)data[r])[k] = (uint8_t)(k * 7 + r);
     snprintf(names[r], sizeof names[r], "t%d", r);
-    t[r] = (kiln__st_out){.name = names[r], .dtype = dt, .ndim = r, .shape = shapes[r],
-                          .data = data[r]};
+    t[r] = (kiln__st_out){
+        .name = names[r], .dtype = dt, .ndim = r, .shape = shapes[r], .data = data[r]};
   }
   cJSON *meta = cJSON_CreateObject();
   cJSON_AddStringToObject(meta, "note", "round trip");
@@ -148,7 +151,8 @@ Test(safetensors, written_files_read_back) {
   size_t len;
   cr_assert_eq(kiln__read_file(ctx, "t", path, &buf, &len), KILN_OK);
   uint64_t hl = 0;
-  for (int i = 7; i >= 0; i--) hl = hl << 8 | buf[i];
+  for (int i = 7; i >= 0; i--)
+    hl = hl << 8 | buf[i];
   cr_assert_eq(hl % 8, 0, "the data section starts 8-byte aligned");
   kiln__st_file f;
   cr_assert_eq(kiln__st_parse(ctx, "t", path, buf, len, &f), KILN_OK, "%s", kiln_ctx_error(ctx));
@@ -158,7 +162,8 @@ Test(safetensors, written_files_read_back) {
     cr_assert_not_null(e);
     cr_assert_eq(e->ndim, r);
     cr_assert_eq(e->dtype, t[r].dtype);
-    for (int d = 0; d < r; d++) cr_assert_eq(e->shape[d], shapes[r][d]);
+    for (int d = 0; d < r; d++)
+      cr_assert_eq(e->shape[d], shapes[r][d]);
     cr_assert_eq(memcmp(f.data + e->begin, data[r], e->end - e->begin), 0, "rank %d bytes", r);
     free(data[r]);
   }
@@ -194,7 +199,8 @@ Test(safetensors, save_killed_midway_keeps_previous_file, .timeout = 300) {
     pid_t pid = fork();
     cr_assert_geq(pid, 0);
     if (pid == 0) {
-      for (uint8_t v = 2;; v = (uint8_t)(v % 200 + 2)) write_version(ctx, path, v, data, n);
+      for (uint8_t v = 2;; v = (uint8_t)(v % 200 + 2))
+        write_version(ctx, path, v, data, n);
     }
     /* kill the writer while its temporary file is partly written (or, in odd rounds, at a
      * moment that may fall anywhere, between writes too) */
@@ -226,7 +232,8 @@ Test(safetensors, save_killed_midway_keeps_previous_file, .timeout = 300) {
     cr_assert_not_null(e);
     cr_assert_eq(e->end - e->begin, n);
     uint8_t v = f.data[e->begin];
-    for (size_t k = 0; k < n; k += 4093) cr_assert_eq(f.data[e->begin + k], v, "mixed versions");
+    for (size_t k = 0; k < n; k += 4093)
+      cr_assert_eq(f.data[e->begin + k], v, "mixed versions");
     cr_assert_eq(f.data[e->end - 1], v);
     kiln__st_free(&f);
     free(buf);

@@ -5,8 +5,8 @@
  */
 #define _GNU_SOURCE /* memmem */
 #include <math.h>
-#include <sys/wait.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "helpers.h"
@@ -22,11 +22,14 @@ static kiln_params *ranked(kiln_ctx *ctx) {
   kiln_params *p = kiln_params_new(ctx);
   for (int r = 0; r <= 6; r++) {
     kiln_shape s = {.ndim = r};
-    for (int d = 0; d < r; d++) s.d[d] = 2 + (r + d) % 3;
+    for (int d = 0; d < r; d++)
+      s.d[d] = 2 + (r + d) % 3;
     int64_t n = 1;
-    for (int d = 0; d < r; d++) n *= s.d[d];
+    for (int d = 0; d < r; d++)
+      n *= s.d[d];
     float *h = malloc((size_t)n * sizeof *h);
-    for (int64_t i = 0; i < n; i++) h[i] = (float)i * 0.25f - 3.f;
+    for (int64_t i = 0; i < n; i++)
+      h[i] = (float)i * 0.25f - 3.f;
     kiln_tensor *t = kiln_tensor_from_host(ctx, KILN_DTYPE_F32, s, h);
     free(h);
     char name[32];
@@ -104,7 +107,8 @@ static void load_refused(kiln_ctx *ctx, kiln_params *q, const char *path, const 
             kiln_ctx_error(ctx), want);
   kiln_ctx_clear_error(ctx);
   float *after = values(q, &n);
-  cr_assert_eq(memcmp(before, after, (size_t)n * sizeof *before), 0, "a refused load changed values");
+  cr_assert_eq(memcmp(before, after, (size_t)n * sizeof *before), 0,
+               "a refused load changed values");
   free(before);
   free(after);
 }
@@ -197,7 +201,8 @@ static void run_init(kiln_ctx *ctx, run *r, int adam) {
   }
   r->x = th_rand(ctx, KILN_SHAPE(16, 30), 7, -1.f, 1.f, NULL);
   int32_t lab[16];
-  for (int i = 0; i < 16; i++) lab[i] = (i * 5) % 6;
+  for (int i = 0; i < 16; i++)
+    lab[i] = (i * 5) % 6;
   r->y = kiln_tensor_from_host(ctx, KILN_DTYPE_I32, KILN_SHAPE(16), lab);
   th_assert_ok(ctx);
 }
@@ -286,8 +291,8 @@ Test(gpu_checkpoint, pytorch_reads_and_writes_our_files, .timeout = 300) {
   kiln_params *p = ranked(ctx);
   for (int bf = 0; bf < 2; bf++) {
     cr_assert_eq(kiln_params_save(p, a, bf ? KILN_DTYPE_BF16 : KILN_DTYPE_F32), KILN_OK);
-    snprintf(cmd, sizeof cmd, "python3 '%s/tests/torch_roundtrip.py' '%s' '%s'", KILN_SOURCE_DIR,
-             a, b);
+    snprintf(cmd, sizeof cmd, "python3 '%s/tests/torch_roundtrip.py' '%s' '%s'", KILN_SOURCE_DIR, a,
+             b);
     int rc = system(cmd);
     if (WEXITSTATUS(rc) == 2) cr_skip_test("PyTorch or safetensors is not installed");
     cr_assert_eq(rc, 0, "the PyTorch side failed (%s)", cmd);

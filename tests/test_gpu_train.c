@@ -38,7 +38,8 @@ static void check_optimizer(const opt_case *c) {
                                  : kiln_adamw_new(params, &c->ad);
   cr_assert_not_null(o, "%s: %s", c->name, kiln_ctx_error(ctx));
   double P[N], M1[N] = {0}, M2[N] = {0};
-  for (int i = 0; i < N; i++) P[i] = ph[i];
+  for (int i = 0; i < N; i++)
+    P[i] = ph[i];
   for (int t = 1; t <= 5; t++) {
     kiln_step_begin(ctx);
     kiln_optim_zero_grad(o);
@@ -187,7 +188,8 @@ static void small_free(small *m) {
 
 static int count_changed(const float *a, const float *b, int64_t n) {
   int c = 0;
-  for (int64_t i = 0; i < n; i++) c += a[i] != b[i];
+  for (int64_t i = 0; i < n; i++)
+    c += a[i] != b[i];
   return c;
 }
 
@@ -206,8 +208,7 @@ Test(gpu_train, out_of_memory_step_changes_nothing) {
   cr_assert_not_null(huge);
   kiln_status st = kiln_step_end(ctx);
   cr_assert_eq(st, KILN_ERR_OOM, "status %s: %s", kiln_status_name(st), kiln_ctx_error(ctx));
-  cr_assert(strstr(kiln_ctx_error(ctx), "out of device memory") != NULL, "%s",
-            kiln_ctx_error(ctx));
+  cr_assert(strstr(kiln_ctx_error(ctx), "out of device memory") != NULL, "%s", kiln_ctx_error(ctx));
   cr_assert(strstr(kiln_ctx_error(ctx), "[524288,524288]") != NULL, "%s", kiln_ctx_error(ctx));
   kiln_stats(ctx, &s1);
   cr_assert_eq(s1.kernels_launched, s0.kernels_launched, "a failed step launched kernels");
@@ -274,7 +275,8 @@ Test(gpu_train, linear_init_matches_pytorch_bounds) {
   cr_assert_gt(mx, 0.99 * bound);
   cr_assert_lt(fabs(s / n), 0.01 * bound);
   cr_assert_lt(fabs(sqrt(s2 / n) - bound / sqrt(3.0)), 0.01 * bound);
-  for (int i = 0; i < 512; i++) cr_assert_leq(fabs(b[i]), bound);
+  for (int i = 0; i < 512; i++)
+    cr_assert_leq(fabs(b[i]), bound);
   cr_assert_str_eq(kiln_params_name(p, 0), "fc.weight");
   cr_assert_str_eq(kiln_params_name(p, 1), "fc.bias");
   cr_assert_eq(kiln_params_numel(p), 784 * 512 + 512);
@@ -330,11 +332,13 @@ Test(gpu_train, loader_covers_every_record_once_per_epoch) {
       nb++;
     }
     cr_assert_eq(nb, 4);
-    for (int i = 0; i < 250; i++) cr_assert_eq(seen[i], 1, "record %d seen %d times", i, seen[i]);
+    for (int i = 0; i < 250; i++)
+      cr_assert_eq(seen[i], 1, "record %d seen %d times", i, seen[i]);
     if (epoch == 0) {
       memcpy(first_epoch, order, sizeof order);
       int inplace = 0;
-      for (int i = 0; i < 250; i++) inplace += order[i] == i;
+      for (int i = 0; i < 250; i++)
+        inplace += order[i] == i;
       cr_assert_lt(inplace, 20, "the order is not shuffled");
     } else {
       cr_assert_neq(memcmp(first_epoch, order, sizeof order), 0, "epochs reshuffle");

@@ -17,7 +17,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     unsigned sum = 0;
     for (int i = 0; i < f.n; i++) {
       if (f.data + f.e[i].end > data + size) abort();
-      for (uint64_t b = f.e[i].begin; b < f.e[i].end; b++) sum += f.data[b];
+      for (uint64_t b = f.e[i].begin; b < f.e[i].end; b++)
+        sum += f.data[b];
       if (!kiln__st_find(&f, f.e[i].name)) abort();
     }
     (void)sum;
