@@ -4,12 +4,13 @@
  * accuracy after every epoch.
  *
  *   mnist_mlp [DATA_DIR] [--epochs N] [--lr LR] [--batch N] [--seed N]
- *             [--save PATH] [--resume PATH] [--eval-only PATH] [--log PATH]
+ *             [--save PATH] [--resume PATH] [--eval-only PATH] [--log PATH] [--stop-after N]
  *
  * DATA_DIR defaults to $KILN_MNIST, else data/mnist. The whole data set lives on the GPU.
  * --save writes a training checkpoint after every epoch; --resume continues one (bitwise as the
  * uninterrupted run); --eval-only evaluates a checkpoint or a weights file; --log appends metrics
- * as JSON lines (tools/plot_log.py draws them).
+ * as JSON lines (tools/plot_log.py draws them); --stop-after N ends the run after epoch N, as an
+ * interruption would (the schedule still spans --epochs).
  */
 #include <math.h>
 #include <stdio.h>
@@ -38,7 +39,7 @@ static void die(kiln_ctx *ctx, const char *what) {
 static void usage(const char *argv0) {
   fprintf(stderr,
           "usage: %s [DATA_DIR] [--epochs N] [--lr LR] [--batch N] [--seed N] [--save PATH]\n"
-          "          [--resume PATH] [--eval-only PATH] [--log PATH]\n",
+          "          [--resume PATH] [--eval-only PATH] [--log PATH] [--stop-after N]\n",
           argv0);
   exit(2);
 }
@@ -95,6 +96,7 @@ int main(int argc, char **argv) {
   float lr = 0.05f;
   uint64_t seed = 0;
   const char *save = NULL, *resume = NULL, *eval_only = NULL, *log_path = NULL;
+  int stop_after = 0;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
     if (a[0] != '-') {
@@ -269,6 +271,10 @@ int main(int argc, char **argv) {
       if (kiln_checkpoint_save(save, m.params, opt, meta) != KILN_OK) die(ctx, "saving");
       kiln_meta_free(meta);
       printf("saved %s\n", save);
+    }
+    if (epoch == stop_after) {
+      printf("stopping after epoch %d of %d\n", epoch, epochs);
+      break;
     }
   }
   if (log) fclose(log);

@@ -25,8 +25,8 @@ def ticks(lo, hi, n=5):
     return out
 
 
-def panel(x0, title, series, xlabel, ylabel, fmt):
-    """series: list of (points, colour, label, dots)."""
+def panel(x0, title, series, xlabel, ylabel, fmt, legend_top=True):
+    """series: list of (points, colour, label, dots); the legend sits top or bottom right."""
     xs = [p[0] for s in series for p in s[0]]
     ys = [p[1] for s in series for p in s[0]]
     xlo, xhi = min(xs), max(xs)
@@ -56,7 +56,7 @@ def panel(x0, title, series, xlabel, ylabel, fmt):
         if dots:
             out += [f'<circle cx="{sx(x):.1f}" cy="{sy(y):.1f}" r="3" fill="{colour}"/>'
                     for x, y in pts]
-        ly = sy(yhi) + 16 + 16 * i
+        ly = sy(yhi) + 16 + 16 * i if legend_top else sy(ylo) - 8 - 16 * (len(series) - 1 - i)
         out.append(f'<line x1="{sx(xhi) - 120}" x2="{sx(xhi) - 100}" y1="{ly - 4}" y2="{ly - 4}" '
                    f'stroke="{colour}" stroke-width="2"/>')
         out.append(f'<text x="{sx(xhi) - 95}" y="{ly}">{label}</text>')
@@ -83,7 +83,8 @@ def main():
                                         (test, "#d62728", "test (per epoch)", True)],
                  "step", "cross-entropy", lambda v: f"{v:.2g}")
     svg += panel(W, f"test accuracy (best {best[1]:.2f}% at epoch {best[0]})",
-                 [(acc, "#2ca02c", "test accuracy", True)], "epoch", "%", lambda v: f"{v:.2f}")
+                 [(acc, "#2ca02c", "test accuracy", True)], "epoch", "%", lambda v: f"{v:.2f}",
+                 legend_top=False)
     svg.append("</svg>")
     with open(a.out, "w") as f:
         f.write("\n".join(svg) + "\n")

@@ -12,6 +12,8 @@ cmake --build "$work/build" >/dev/null
 "$work/build/outside"
 if command -v pkg-config >/dev/null; then
   export PKG_CONFIG_PATH="$work/prefix/lib/pkgconfig:$work/prefix/lib64/pkgconfig:${PKG_CONFIG_PATH:-}"
-  cc -std=c11 -o "$work/outside-pc" "$src/main.c" $(pkg-config --cflags --libs kiln)
+  # the installed prefix is a real path, not inside any sysroot pkg-config may be set up for
+  flags="$(env -u PKG_CONFIG_SYSROOT_DIR pkg-config --cflags --libs kiln)"
+  cc -std=c11 -o "$work/outside-pc" "$src/main.c" $flags
   "$work/outside-pc"
 fi
