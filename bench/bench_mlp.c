@@ -4,7 +4,7 @@
  * JSON line: median ms per training step (over blocks of steps timed with CUDA events after a
  * warm-up), kernels launched per step and peak device memory.
  *
- *   bench_mlp [--steps N] [--blocks N] [--mode NAME]
+ *   bench_mlp [--steps N] [--blocks N] [--mode fused|unfused]
  */
 #include <cuda_runtime_api.h>
 #include <stdio.h>
@@ -25,7 +25,7 @@ static int cmp(const void *a, const void *b) {
 
 int main(int argc, char **argv) {
   int steps = 100, blocks = 21;
-  const char *mode = "unfused";
+  const char *mode = "fused";
   for (int i = 1; i < argc; i++) {
     if (strcmp(argv[i], "--steps") == 0 && i + 1 < argc)
       steps = atoi(argv[++i]);
@@ -34,7 +34,7 @@ int main(int argc, char **argv) {
     else if (strcmp(argv[i], "--mode") == 0 && i + 1 < argc)
       mode = argv[++i];
     else {
-      fprintf(stderr, "usage: %s [--steps N] [--blocks N] [--mode NAME]\n", argv[0]);
+      fprintf(stderr, "usage: %s [--steps N] [--blocks N] [--mode fused|unfused]\n", argv[0]);
       return 2;
     }
   }
@@ -42,8 +42,13 @@ int main(int argc, char **argv) {
     fprintf(stderr, "bench_mlp: --steps and --blocks must be positive (blocks <= 1000)\n");
     return 2;
   }
+  if (strcmp(mode, "fused") != 0 && strcmp(mode, "unfused") != 0) {
+    fprintf(stderr, "bench_mlp: --mode is fused or unfused, not %s\n", mode);
+    return 2;
+  }
   kiln_ctx *ctx = kiln_ctx_new(NULL);
   if (!ctx || kiln_ctx_error(ctx)) die(ctx, "no usable GPU");
+  kiln_set_fusion(ctx, strcmp(mode, "fused") == 0);
   const int64_t B = 128, D = 784, H = 512, C = 10;
   float *xh = malloc((size_t)(B * D) * sizeof *xh);
   int32_t yh[128];

@@ -28,7 +28,9 @@ def main():
     ap.add_argument("--no-torch", action="store_true")
     args = ap.parse_args()
     common = ["--steps", str(args.steps), "--blocks", str(args.blocks)]
-    rows = run([os.path.join(args.build, "bench_mlp"), "--mode", "unfused"] + common)
+    rows = []
+    for mode in ("unfused", "fused"):
+        rows += run([os.path.join(args.build, "bench_mlp"), "--mode", mode] + common)
     torch_rows = []
     if not args.no_torch:
         try:

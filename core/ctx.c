@@ -80,6 +80,9 @@ kiln_ctx *kiln_ctx_new(const kiln_ctx_options *opts) {
   ctx->gen = 1;
   const char *tf32 = getenv("KILN_TF32");
   ctx->tf32 = !(tf32 && strcmp(tf32, "0") == 0);
+  const char *fusion = getenv("KILN_FUSION"), *nvtx = getenv("KILN_NVTX");
+  ctx->fusion = !(fusion && strcmp(fusion, "0") == 0);
+  ctx->nvtx = nvtx && strcmp(nvtx, "1") == 0;
   const char *seed = getenv("KILN_SEED");
   kiln_manual_seed(ctx, seed ? strtoull(seed, NULL, 0) : 0);
   ctx->cache_dir = default_cache_dir();
@@ -136,6 +139,10 @@ void kiln_set_tf32(kiln_ctx *ctx, int on) {
   if (ctx) ctx->tf32 = on != 0;
 }
 int kiln_tf32(const kiln_ctx *ctx) { return ctx && ctx->tf32; }
+void kiln_set_fusion(kiln_ctx *ctx, int on) {
+  if (ctx) ctx->fusion = on != 0;
+}
+int kiln_fusion(const kiln_ctx *ctx) { return ctx && ctx->fusion; }
 
 void kiln_manual_seed(kiln_ctx *ctx, uint64_t seed) {
   if (!ctx) return;

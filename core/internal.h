@@ -44,7 +44,7 @@ typedef enum kiln__kind {
 } kiln__kind;
 
 typedef enum kiln__op {
-#define X(id, name, nin, kind, expr, stores, grad) KILN__OP_##id,
+#define X(id, name, nin, kind, expr, stores, grad, saves) KILN__OP_##id,
 #include "ops.def"
 #undef X
   KILN__OP_COUNT
@@ -67,9 +67,10 @@ typedef struct kiln__op_info {
   const char *expr;
   unsigned stores;    /* UPDATE: bit i set when input i is written back */
   kiln__grad_fn grad; /* kiln__grad_NONE: no gradient */
+  unsigned saves;     /* what grad reads: bits 0-2 inputs, bit 3 the output */
 } kiln__op_info;
 
-#define X(id, name, nin, kind, expr, stores, grad)                                                 \
+#define X(id, name, nin, kind, expr, stores, grad, saves) \
   void kiln__grad_##grad(kiln__bw *b, const kiln__node *n, kiln_tensor *g, kiln_tensor **gin);
 #include "ops.def"
 #undef X
@@ -99,6 +100,7 @@ typedef struct kiln__storage {
   void *ptr; /* device memory, NULL until allocated */
   size_t bytes;
   bool persistent;            /* owned by a persistent tensor; else freed at step begin */
+  bool fused;                 /* it lived in a fused kernel's registers and was never written */
   struct kiln__storage *next; /* intermediates of a generation, for release */
 } kiln__storage;
 
@@ -119,6 +121,7 @@ struct kiln_tensor {
   bool persistent;
   bool requires_grad;
   bool grad_valid;     /* persistent: grad holds a gradient */
+  bool keep;           /* the planner must write it to memory (a host read asked for it) */
   kiln_tensor *grad;   /* persistent: gradient buffer, allocated on first backward */
   kiln_tensor *bw_acc; /* during backward: the gradient gathered so far */
   char name[48];
@@ -177,6 +180,8 @@ struct kiln_ctx {
   char error[1024];
 
   bool tf32;
+  bool fusion; /* plan fused groups (KILN_FUSION=0: one node per kernel) */
+  bool nvtx;   /* KILN_NVTX=1: an NVTX range around every launch */
   int no_grad_depth;
   uint64_t seed, philox_offset;
   uint64_t host_rng; /* init and shuffles: splitmix64 state */

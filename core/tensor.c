@@ -321,9 +321,16 @@ kiln_status kiln_tensor_to_host(kiln_tensor *t, void *dst, size_t bytes) {
                        __func__);
   kiln_tensor *src = kiln__is_contiguous(t) ? t : kiln_contiguous(t);
   if (!src) return ctx->status;
+  src->keep = true; /* a pending value the host asks for is written, fused or not */
   kiln_status s = kiln__flush(ctx);
   if (s != KILN_OK) return s;
   if (need == 0) return KILN_OK;
+  if (!src->st->ptr && src->st->fused)
+    return kiln__error(ctx, KILN_ERR_STATE,
+                       "%s: this %s intermediate lived in a fused kernel's registers and was never "
+                       "written: read it before the flush that ran it (before kiln_step_end), "
+                       "or set KILN_FUSION=0",
+                       __func__, kiln__shape_of(t, sh, sizeof sh));
   if (!src->st->ptr)
     return kiln__error(ctx, KILN_ERR_STATE, "%s: the tensor has no data (its step failed)",
                        __func__);

@@ -63,9 +63,89 @@ static bool dense(const kiln_tensor *t, int64_t n) {
   return kiln__is_contiguous(t) && kiln_tensor_numel(t) == n;
 }
 
-/* Expands an op-table template: $0..$9 become the operand names, $fK/$iK/$uK attribute reads,
- * $idx the linear index and $c the coordinate along attribute i[7]. */
-static void expand(kiln__sb *b, const char *tpl, char names[][16], const kiln__node *attrs) {
+/* Bytes of t a kernel touches: each element once, broadcast dims counted once. */
+static uint64_t footprint(const kiln_tensor *t) {
+  uint64_t n = kiln_dtype_size(t->dtype);
+  for (int d = 0; d < t->ndim; d++)
+    if (t->stride[d] != 0) n *= (uint64_t)t->shape[d];
+  return n;
+}
+
+/* The tensors a kernel reads and writes, each through a.ptr[k]. */
+typedef struct operands {
+  int n;
+  const kiln_tensor *t[KILN__KMAX_PTR];
+  bool lin[KILN__KMAX_PTR];
+  bool store[KILN__KMAX_PTR];
+} operands;
+
+static int operand(operands *o, const kiln_tensor *t, bool store) {
+  for (int k = 0; k < o->n && !store; k++)
+    if (o->t[k] == t && !o->store[k]) return k;
+  KILN_ASSERT(o->n < KILN__KMAX_PTR);
+  o->t[o->n] = t;
+  o->store[o->n] = store;
+  return o->n++;
+}
+
+/* How an elementwise program's nodes read their inputs and where their attributes live. */
+typedef struct wiring {
+  char in[KILN__MAX_GROUP][KILN__MAX_IN][16]; /* the name of node j's input q */
+  int fb[KILN__MAX_GROUP], ib[KILN__MAX_GROUP], ub[KILN__MAX_GROUP];
+  int store_slot[KILN__MAX_GROUP]; /* operand written with node j's value, -1 for none */
+  bool coords;                     /* some read needs the element's coordinates */
+} wiring;
+
+static void attr_count(const char *e, int *nf, int *ni, int *nu) {
+  *nf = *ni = *nu = 0;
+  for (const char *c = e; *c; c++) {
+    if (c[0] != '$' || !c[1] || c[2] < '0' || c[2] > '9') continue;
+    int k = c[2] - '0' + 1;
+    if (c[1] == 'f' && k > *nf) *nf = k;
+    if (c[1] == 'i' && k > *ni) *ni = k;
+    if (c[1] == 'u' && k > *nu) *nu = k;
+  }
+}
+
+/* Assigns operands, value names and attribute slots for prog; fills a's attributes. */
+static void wire(const kiln__ew_prog *p, operands *o, wiring *w, kiln__kargs *a) {
+  int nf = 0, ni = 0, nu = 0;
+  w->coords = false;
+  for (int j = 0; j < p->n; j++) {
+    const kiln__node *nd = p->nodes[j];
+    const kiln__op_info *info = &kiln__ops[nd->op];
+    bool update = info->kind == KILN__KIND_UPDATE;
+    for (int q = 0; q < nd->nin; q++) {
+      int m = -1; /* an update reads only operands, input q as operand q */
+      for (int k = 0; k < j && !update; k++)
+        if (p->nodes[k]->out == nd->in[q]) m = k;
+      if (m >= 0)
+        snprintf(w->in[j][q], sizeof w->in[j][q], "v%d", m);
+      else {
+        int k = operand(o, nd->in[q], false);
+        KILN_ASSERT(!update || k == q);
+        snprintf(w->in[j][q], sizeof w->in[j][q], "x%d", k);
+      }
+    }
+    int f, i, u;
+    attr_count(info->expr, &f, &i, &u);
+    w->fb[j] = nf;
+    w->ib[j] = ni;
+    w->ub[j] = nu;
+    for (int k = 0; k < f; k++) a->f[nf + k] = nd->f[k];
+    for (int k = 0; k < i; k++) a->i[ni + k] = (int)nd->i[k];
+    for (int k = 0; k < u; k++) a->u[nu + k] = nd->u[k];
+    nf += f;
+    ni += i;
+    nu += u;
+    KILN_ASSERT(nf <= KILN__KMAX_F && ni <= KILN__KMAX_I && nu <= KILN__KMAX_U);
+    if (strstr(info->expr, "$c")) w->coords = true;
+    w->store_slot[j] = !update && p->store[j] ? operand(o, nd->out, true) : -1;
+  }
+}
+
+/* Writes an op-table template with node j's names and attribute slots. */
+static void expand(kiln__sb *b, const char *tpl, const wiring *w, int j, const kiln__node *nd) {
   for (const char *p = tpl; *p; p++) {
     if (*p != '$') {
       kiln__sb_printf(b, "%c", *p);
@@ -73,15 +153,16 @@ static void expand(kiln__sb *b, const char *tpl, char names[][16], const kiln__n
     }
     p++;
     if (*p >= '0' && *p <= '9') {
-      kiln__sb_printf(b, "%s", names[*p - '0']);
+      kiln__sb_printf(b, "%s", w->in[j][*p - '0']);
     } else if ((*p == 'f' || *p == 'i' || *p == 'u') && p[1] >= '0' && p[1] <= '9') {
-      kiln__sb_printf(b, "a.%c[%c]", *p, p[1]);
+      int base = *p == 'f' ? w->fb[j] : (*p == 'i' ? w->ib[j] : w->ub[j]);
+      kiln__sb_printf(b, "a.%c[%d]", *p, base + (p[1] - '0'));
       p++;
     } else if (strncmp(p, "idx", 3) == 0) {
       kiln__sb_printf(b, "i");
       p += 2;
     } else if (*p == 'c') {
-      kiln__sb_printf(b, "c%d", (int)attrs->i[7]);
+      kiln__sb_printf(b, "c%d", (int)nd->i[7]);
     } else {
       KILN_ASSERT(!"bad op template");
     }
@@ -94,8 +175,83 @@ static void offset_expr(kiln__sb *b, int k, int nd, bool lin) {
     return;
   }
   if (nd == 0) kiln__sb_printf(b, "0");
-  for (int d = 0; d < nd; d++)
-    kiln__sb_printf(b, "%sc%d * a.st[%d][%d]", d ? " + " : "", d, k, d);
+  for (int d = 0; d < nd; d++) kiln__sb_printf(b, "%sc%d * a.st[%d][%d]", d ? " + " : "", d, k, d);
+}
+
+/* The loads (scalar), values and stores of prog for one element, indented by ind. In vector
+ * mode loads come from the lanes L<k>[e] and stores go to S<k>[e]. */
+static void emit_element(kiln__sb *b, const kiln__ew_prog *p, const operands *o, const wiring *w,
+                         const char *ind, int nd, bool vec) {
+  bool update = p->n == 1 && kiln__ops[p->nodes[0]->op].kind == KILN__KIND_UPDATE;
+  for (int k = 0; k < o->n; k++) {
+    if (o->store[k]) continue;
+    const char *ct = ctype(o->t[k]->dtype);
+    kiln__sb_printf(b, "%s%s%s x%d = ", ind, update ? "" : "const ", ct, k);
+    if (vec) {
+      kiln__sb_printf(b, "((const float *)&L%d)[e];\n", k);
+    } else {
+      kiln__sb_printf(b, "((const %s *)a.ptr[%d])[", ct, k);
+      offset_expr(b, k, nd, o->lin[k]);
+      kiln__sb_printf(b, "];\n");
+    }
+  }
+  for (int j = 0; j < p->n; j++) {
+    const kiln__node *n = p->nodes[j];
+    const kiln__op_info *info = &kiln__ops[n->op];
+    if (info->kind == KILN__KIND_UPDATE) {
+      kiln__sb_printf(b, "%s", ind);
+      expand(b, info->expr, w, j, n);
+      kiln__sb_printf(b, "\n");
+      for (int q = 0; q < n->nin; q++) {
+        if (!(info->stores & (1u << q))) continue;
+        int k = w->in[j][q][1] - '0'; /* "x<k>": updates read only operands */
+        if (vec)
+          kiln__sb_printf(b, "%s((float *)&L%d)[e] = x%d;\n", ind, k, k);
+        else {
+          kiln__sb_printf(b, "%s((float *)a.ptr[%d])[", ind, k);
+          offset_expr(b, k, nd, o->lin[k]);
+          kiln__sb_printf(b, "] = x%d;\n", k);
+        }
+      }
+      continue;
+    }
+    kiln__sb_printf(b, "%sconst auto v%d = ", ind, j);
+    expand(b, info->expr, w, j, n);
+    kiln__sb_printf(b, "; // %s\n", info->name);
+    int k = w->store_slot[j];
+    if (k < 0) continue;
+    const char *ot = ctype(n->out->dtype);
+    if (vec) {
+      kiln__sb_printf(b, "%s((float *)&S%d)[e] = (float)v%d;\n", ind, k, j);
+    } else {
+      kiln__sb_printf(b, "%s((%s *)a.ptr[%d])[", ind, ot, k);
+      offset_expr(b, k, nd, o->lin[k]);
+      kiln__sb_printf(b, "] = (%s)v%d;\n", ot, j);
+    }
+  }
+}
+
+static void emit_coords(kiln__sb *b, const char *ind, int nd, const char *idx) {
+  if (nd == 0) return;
+  kiln__sb_printf(b, "%six r = %s;\n", ind, idx);
+  for (int d = nd - 1; d > 0; d--)
+    kiln__sb_printf(b, "%sconst ix c%d = r %% (ix)a.shape[%d]; r /= (ix)a.shape[%d];\n", ind, d, d,
+                    d);
+  kiln__sb_printf(b, "%sconst ix c0 = r;\n", ind);
+}
+
+/* A kernel name from the ops it runs, like k_add_relu_f32, kept short. */
+static void stem_of(const kiln__ew_prog *p, const char *prefix, const char *suffix, char *stem,
+                    size_t n) {
+  size_t k = (size_t)snprintf(stem, n, "%s", prefix);
+  for (int j = 0; j < p->n && k < n; j++) {
+    if (k > 40) {
+      k += (size_t)snprintf(stem + k, n - k, "_etc%d", p->n - j);
+      break;
+    }
+    k += (size_t)snprintf(stem + k, n - k, "_%s", kiln__ops[p->nodes[j]->op].name);
+  }
+  if (k < n) snprintf(stem + k, n - k, "%s", suffix);
 }
 
 static void finish(kiln_ctx *ctx, kiln__sb *body, const char *stem, kiln__group *g,
@@ -106,158 +262,194 @@ static void finish(kiln_ctx *ctx, kiln__sb *body, const char *stem, kiln__group 
     return;
   }
   uint64_t h = kiln__hash(body->s, body->n, 0);
-  char name[96];
-  snprintf(name, sizeof name, "%s_%08" PRIx64, stem, h & 0xffffffffu);
+  snprintf(g->name, sizeof g->name, "%s_%08" PRIx64, stem, h & 0xffffffffu);
   kiln__sb src = {0};
-  kiln__sb_printf(
-      &src, "extern \"C\" __global__ void __launch_bounds__(256) %s(const kiln__kargs a) {\n%s}\n",
-      name, body->s);
+  kiln__sb_printf(&src,
+                  "extern \"C\" __global__ void __launch_bounds__(256) %s(const kiln__kargs a) {\n"
+                  "%s}\n",
+                  g->name, body->s);
   if (src.oom) {
     kiln__error(ctx, KILN_ERR_OOM, "kiln: out of host memory generating %s", stem);
     *ok = false;
     return;
   }
-  g->k = kiln__kernel_get(ctx, name, src.s, comment);
+  g->k = kiln__kernel_get(ctx, g->name, src.s, comment);
   kiln__sb_free(&src);
   *ok = g->k != NULL;
 }
 
-bool kiln__gen_ew(kiln_ctx *ctx, const kiln__ew_spec *s, kiln__group *g, const char *comment) {
-  const kiln__op_info *info = &kiln__ops[s->op];
-  bool update = info->kind == KILN__KIND_UPDATE;
-  int nd = s->ndim;
-  int64_t n = kiln__numel(nd, s->shape);
+static unsigned grid_for(const kiln_ctx *ctx, int64_t threads) {
+  int64_t blocks = (threads + 255) / 256, cap = (int64_t)ctx->num_sms * 8;
+  return (unsigned)(blocks < 1 ? 1 : (blocks > cap ? cap : blocks));
+}
+
+bool kiln__gen_ew(kiln_ctx *ctx, const kiln__ew_prog *p, kiln__group *g, const char *comment) {
+  int nd = p->ndim;
+  int64_t n = kiln__numel(nd, p->shape);
   kiln__kargs *a = &g->args;
   memset(a, 0, sizeof *a);
   a->n = n;
-  for (int d = 0; d < nd; d++)
-    a->shape[d] = s->shape[d];
-  for (int k = 0; k < KILN__NF && k < KILN__KMAX_F; k++)
-    a->f[k] = s->attrs ? s->attrs->f[k] : 0.f;
-  for (int k = 0; k < KILN__KMAX_I; k++)
-    a->i[k] = s->attrs ? (int)s->attrs->i[k] : 0;
-  for (int k = 0; k < KILN__NU; k++)
-    a->u[k] = s->attrs ? s->attrs->u[k] : 0;
-
-  bool lin[KILN__KMAX_PTR];
-  int nops = s->nin + (s->out ? 1 : 0);
-  KILN_ASSERT(nops <= KILN__KMAX_PTR);
-  bool coords = strstr(info->expr, "$c") != NULL;
-  for (int k = 0; k < nops; k++) {
-    const kiln_tensor *t = k < s->nin ? s->in[k] : s->out;
+  for (int d = 0; d < nd; d++) a->shape[d] = p->shape[d];
+  operands o = {0};
+  wiring w;
+  wire(p, &o, &w, a);
+  bool coords = w.coords, vec = n % 4 == 0 && n > 0 && !w.coords, f32 = true;
+  int64_t span = n; /* the largest offset any operand reaches, for the index type */
+  g->bytes_read = g->bytes_written = 0;
+  for (int k = 0; k < o.n; k++) {
+    const kiln_tensor *t = o.t[k];
     a->ptr[k] = kiln__data_ptr(t);
-    align_strides(t, nd, s->shape, a->st[k]);
-    lin[k] = dense(t, n);
-    if (!lin[k]) coords = true;
+    align_strides(t, nd, p->shape, a->st[k]);
+    o.lin[k] = dense(t, n);
+    int64_t reach = 0;
+    for (int d = 0; d < nd; d++) reach += (p->shape[d] - 1) * llabs(a->st[k][d]);
+    if (reach > span) span = reach;
+    if (!o.lin[k]) coords = true;
+    vec = vec && o.lin[k] && (((uintptr_t)a->ptr[k] | (uintptr_t)(t->offset * 4)) % 16 == 0);
+    f32 = f32 && t->dtype == KILN_DTYPE_F32;
+    if (o.store[k]) g->bytes_written += footprint(t);
+    else g->bytes_read += footprint(t);
   }
+  for (int j = 0; j < p->n; j++) /* updates write their inputs back */
+    if (kiln__ops[p->nodes[j]->op].kind == KILN__KIND_UPDATE)
+      for (int q = 0; q < p->nodes[j]->nin; q++)
+        if (kiln__ops[p->nodes[j]->op].stores & (1u << q))
+          g->bytes_written += footprint(p->nodes[j]->in[q]);
+  vec = vec && f32 && !coords;
+  bool wide = span >= ((int64_t)1 << 31) - 1024;
 
   kiln__sb b = {0};
-  kiln__sb_printf(
-      &b, "  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < a.n;\n"
-          "       i += (long long)gridDim.x * blockDim.x) {\n");
-  if (coords && nd > 0) {
-    kiln__sb_printf(&b, "    long long r = i;\n");
-    for (int d = nd - 1; d > 0; d--)
-      kiln__sb_printf(&b, "    const long long c%d = r %% a.shape[%d]; r /= a.shape[%d];\n", d, d,
-                      d);
-    kiln__sb_printf(&b, "    const long long c0 = r;\n");
-  }
-  char names[KILN__MAX_IN][16];
-  for (int k = 0; k < s->nin; k++) {
-    snprintf(names[k], sizeof names[k], "x%d", k);
-    const char *ct = ctype(s->in[k]->dtype);
-    kiln__sb_printf(&b, "    %s%s x%d = ((const %s *)a.ptr[%d])[", update ? "" : "const ", ct, k,
-                    ct, k);
-    offset_expr(&b, k, nd, lin[k]);
-    kiln__sb_printf(&b, "];\n");
-  }
-  if (update) {
-    kiln__sb_printf(&b, "    ");
-    expand(&b, info->expr, names, s->attrs);
-    kiln__sb_printf(&b, "\n");
-    for (int k = 0; k < s->nin; k++) {
-      if (!(info->stores & (1u << k))) continue;
-      kiln__sb_printf(&b, "    ((float *)a.ptr[%d])[", k);
-      offset_expr(&b, k, nd, lin[k]);
-      kiln__sb_printf(&b, "] = x%d;\n", k);
+  kiln__sb_printf(&b, "  typedef %s ix; // %s indexing\n", wide ? "long long" : "int",
+                  wide ? "64-bit" : "32-bit");
+  if (vec) {
+    /* 16-byte loads and stores: four elements a thread per iteration */
+    kiln__sb_printf(&b, "  const ix n4 = (ix)(a.n >> 2);\n"
+                        "  for (ix q = (ix)blockIdx.x * blockDim.x + threadIdx.x; q < n4;\n"
+                        "       q += (ix)gridDim.x * blockDim.x) {\n");
+    for (int k = 0; k < o.n; k++) {
+      if (o.store[k])
+        kiln__sb_printf(&b, "    float4 S%d;\n", k);
+      else
+        kiln__sb_printf(&b, "    %sfloat4 L%d = ((const float4 *)a.ptr[%d])[q];\n",
+                        p->n == 1 && kiln__ops[p->nodes[0]->op].kind == KILN__KIND_UPDATE
+                            ? ""
+                            : "const ",
+                        k, k);
     }
+    kiln__sb_printf(&b, "#pragma unroll\n    for (int e = 0; e < 4; e++) {\n"
+                        "      const ix i = q * 4 + e;\n      (void)i;\n");
+    emit_element(&b, p, &o, &w, "      ", nd, true);
+    kiln__sb_printf(&b, "    }\n");
+    for (int k = 0; k < o.n; k++) {
+      if (o.store[k])
+        kiln__sb_printf(&b, "    ((float4 *)a.ptr[%d])[q] = S%d;\n", k, k);
+      else if (p->n == 1 && (kiln__ops[p->nodes[0]->op].stores & (1u << k)))
+        kiln__sb_printf(&b, "    ((float4 *)a.ptr[%d])[q] = L%d;\n", k, k);
+    }
+    kiln__sb_printf(&b, "  }\n");
   } else {
-    const char *ot = ctype(s->out->dtype);
-    kiln__sb_printf(&b, "    const auto v = ");
-    expand(&b, info->expr, names, s->attrs);
-    kiln__sb_printf(&b, ";\n    ((%s *)a.ptr[%d])[", ot, s->nin);
-    offset_expr(&b, s->nin, nd, lin[s->nin]);
-    kiln__sb_printf(&b, "] = (%s)v;\n", ot);
+    kiln__sb_printf(&b, "  for (ix i = (ix)blockIdx.x * blockDim.x + threadIdx.x; i < (ix)a.n;\n"
+                        "       i += (ix)gridDim.x * blockDim.x) {\n");
+    if (coords) emit_coords(&b, "    ", nd, "i");
+    emit_element(&b, p, &o, &w, "    ", nd, false);
+    kiln__sb_printf(&b, "  }\n");
   }
-  kiln__sb_printf(&b, "  }\n");
-
-  char stem[64];
-  snprintf(stem, sizeof stem, "k_%s_%s", info->name,
-           kiln_dtype_name(s->out ? s->out->dtype : s->in[0]->dtype));
+  const kiln__node *last = p->nodes[p->n - 1];
+  const kiln_tensor *typed = last->out ? last->out : last->in[0];
+  char stem[80];
+  char suffix[24];
+  snprintf(suffix, sizeof suffix, "_%s%s", kiln_dtype_name(typed->dtype), vec ? "_v4" : "");
+  stem_of(p, "k", suffix, stem, sizeof stem);
   bool ok;
   finish(ctx, &b, stem, g, comment, &ok);
   kiln__sb_free(&b);
-  int64_t blocks = (n + 255) / 256;
-  int64_t cap = (int64_t)ctx->num_sms * 8;
   g->block = 256;
-  g->grid = (unsigned)(blocks < 1 ? 1 : (blocks > cap ? cap : blocks));
+  g->grid = grid_for(ctx, vec ? n / 4 : n);
   return ok;
 }
 
-/* Generated reduction. Strategy "block": one block per output, threads stride over the reduced
- * elements (for reductions along dense rows). Strategy "thread": one thread per output, looping
- * over the reduced elements (neighbouring threads read neighbouring columns). */
-bool kiln__gen_reduce(kiln_ctx *ctx, const kiln__node *n, kiln__group *g, const char *comment) {
-  const kiln_tensor *x = n->in[0];
-  unsigned mask = (unsigned)n->i[0];
+/* A reduction, its input computed by an elementwise prologue or read from memory. Strategy
+ * "rows": one block per output, threads stride over the reduced elements (for reductions along
+ * the innermost dim). Strategy "cols": one thread per output, looping over the reduced elements
+ * (neighbouring threads read neighbouring columns). */
+bool kiln__gen_reduce(kiln_ctx *ctx, const kiln__ew_prog *pro, const kiln__node *r,
+                      kiln__group *g, const char *comment) {
+  const kiln_tensor *x = r->in[0];
+  unsigned mask = (unsigned)r->i[0];
+  int nd = x->ndim;
   kiln__kargs *a = &g->args;
   memset(a, 0, sizeof *a);
-  int no = 0, nr = 0;
+  operands o = {0};
+  wiring w;
+  int value = -1; /* the prologue node whose value is reduced */
+  if (pro && pro->n > 0) {
+    wire(pro, &o, &w, a);
+    for (int j = 0; j < pro->n; j++)
+      if (pro->nodes[j]->out == x) value = j;
+    KILN_ASSERT(value >= 0);
+  } else {
+    operand(&o, x, false);
+  }
+  int out = operand(&o, r->out, true);
+  int outer[KILN_MAX_DIMS], red[KILN_MAX_DIMS], no = 0, nr = 0;
   a->n = 1;
   a->nred = 1;
-  for (int d = 0; d < x->ndim; d++) {
+  for (int d = 0; d < nd; d++) {
     if (mask & (1u << d)) {
       a->rshape[nr] = x->shape[d];
-      a->rst[nr++] = x->stride[d];
+      red[nr++] = d;
       a->nred *= x->shape[d];
     } else {
       a->shape[no] = x->shape[d];
-      a->st[0][no++] = x->stride[d];
+      outer[no++] = d;
       a->n *= x->shape[d];
     }
   }
-  a->ptr[0] = kiln__data_ptr(x);
-  a->ptr[1] = kiln__data_ptr(n->out);
-  a->f[0] = n->f[0];
-  bool argmax = n->op == KILN__OP_ARGMAX, isum = n->op == KILN__OP_SUM;
-  bool rows = nr > 0 && (a->rst[nr - 1] == 1 || a->n < (int64_t)ctx->num_sms * 4);
+  g->bytes_read = g->bytes_written = 0;
+  for (int k = 0; k < o.n; k++) {
+    a->ptr[k] = kiln__data_ptr(o.t[k]);
+    if (k != out) align_strides(o.t[k], nd, x->shape, a->st[k]);
+    o.lin[k] = false;
+    if (o.store[k]) g->bytes_written += footprint(o.t[k]);
+    else g->bytes_read += footprint(o.t[k]);
+  }
+  a->f[KILN__KMAX_F - 1] = r->f[0]; /* the mean's scale, after any prologue attributes */
+  bool argmax = r->op == KILN__OP_ARGMAX, isum = r->op == KILN__OP_SUM;
+  bool inner = nr > 0 && red[nr - 1] == nd - 1 && (value >= 0 || x->stride[nd - 1] == 1);
+  bool rows = nr > 0 && (inner || a->n < (int64_t)ctx->num_sms * 4);
   const char *init = isum ? "0.f" : "-__int_as_float(0x7f800000)";
 
   kiln__sb b = {0};
-  kiln__sb_printf(&b, "  const float *x = (const float *)a.ptr[0];\n");
+  kiln__sb_printf(&b, "  typedef long long ix;\n");
   if (rows) {
     kiln__sb_printf(&b, "  __shared__ float sv[32];\n");
     if (argmax) kiln__sb_printf(&b, "  __shared__ long long si[32];\n");
-    kiln__sb_printf(&b, "  for (long long o = blockIdx.x; o < a.n; o += gridDim.x) {\n");
+    kiln__sb_printf(&b, "  for (ix o = blockIdx.x; o < a.n; o += gridDim.x) {\n");
   } else {
-    kiln__sb_printf(&b, "  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; "
-                        "o < a.n; o += (long long)gridDim.x * blockDim.x) {\n");
+    kiln__sb_printf(&b, "  for (ix o = (ix)blockIdx.x * blockDim.x + threadIdx.x; o < a.n;\n"
+                        "       o += (ix)gridDim.x * blockDim.x) {\n");
   }
-  kiln__sb_printf(&b, "    long long base = 0;\n    { long long r = o;\n");
-  for (int d = no - 1; d >= 0; d--)
-    kiln__sb_printf(&b, "      base += (r %% a.shape[%d]) * a.st[0][%d]; r /= a.shape[%d];\n", d, d,
-                    d);
-  kiln__sb_printf(&b, "    }\n    float acc = %s;\n    long long ai = 0x7fffffffffffffffll;\n",
-                  init);
+  kiln__sb_printf(&b, "    ix r = o;\n");
+  for (int k = no - 1; k >= 0; k--)
+    kiln__sb_printf(&b, "    const ix c%d = r %% a.shape[%d]; r /= a.shape[%d];\n", outer[k], k,
+                    k);
+  kiln__sb_printf(&b, "    float acc = %s;\n    long long ai = 0x7fffffffffffffffll;\n", init);
   if (rows)
-    kiln__sb_printf(&b, "    for (long long j = threadIdx.x; j < a.nred; j += blockDim.x) {\n");
+    kiln__sb_printf(&b, "    for (ix j = threadIdx.x; j < a.nred; j += blockDim.x) {\n");
   else
-    kiln__sb_printf(&b, "    for (long long j = 0; j < a.nred; j++) {\n");
-  kiln__sb_printf(&b, "      long long off = base;\n      { long long r = j;\n");
-  for (int d = nr - 1; d >= 0; d--)
-    kiln__sb_printf(&b, "        off += (r %% a.rshape[%d]) * a.rst[%d]; r /= a.rshape[%d];\n", d,
-                    d, d);
-  kiln__sb_printf(&b, "      }\n      const float v = x[off];\n");
+    kiln__sb_printf(&b, "    for (ix j = 0; j < a.nred; j++) {\n");
+  kiln__sb_printf(&b, "      ix q = j;\n");
+  for (int k = nr - 1; k >= 0; k--)
+    kiln__sb_printf(&b, "      const ix c%d = q %% a.rshape[%d]; q /= a.rshape[%d];\n", red[k], k,
+                    k);
+  if (value >= 0) {
+    emit_element(&b, pro, &o, &w, "      ", nd, false);
+    kiln__sb_printf(&b, "      const float v = v%d;\n", value);
+  } else {
+    kiln__sb_printf(&b, "      const float v = ((const float *)a.ptr[0])[");
+    offset_expr(&b, 0, nd, false);
+    kiln__sb_printf(&b, "];\n");
+  }
   if (argmax)
     kiln__sb_printf(&b, "      kiln_argmax_step(acc, ai, v, j);\n");
   else if (isum)
@@ -265,6 +457,12 @@ bool kiln__gen_reduce(kiln_ctx *ctx, const kiln__node *n, kiln__group *g, const 
   else
     kiln__sb_printf(&b, "      acc = kiln_maximum(acc, v);\n");
   kiln__sb_printf(&b, "    }\n");
+  char store[96];
+  if (argmax)
+    snprintf(store, sizeof store, "((int *)a.ptr[%d])[o] = (int)ai;", out);
+  else
+    snprintf(store, sizeof store, "((float *)a.ptr[%d])[o] = acc * a.f[%d];", out,
+             KILN__KMAX_F - 1);
   if (rows) {
     const char *warp = argmax ? NULL : (isum ? "kiln_warp_sum" : "kiln_warp_max");
     kiln__sb_printf(&b, "    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;\n"
@@ -289,41 +487,36 @@ bool kiln__gen_reduce(kiln_ctx *ctx, const kiln__node *n, kiln__group *g, const 
                         "%s  kiln_argmax_step(acc, ai, ov, oi);\n%s}\n",
                         ind, ind, ind, ind, ind);
       }
-      if (!pass) {
+      if (!pass)
         kiln__sb_printf(&b, "    if (lane == 0) { sv[w] = acc;%s }\n",
                         argmax ? " si[w] = ai;" : "");
-      }
     }
-    if (argmax)
-      kiln__sb_printf(&b, "      if (lane == 0) ((int *)a.ptr[1])[o] = (int)ai;\n");
-    else
-      kiln__sb_printf(&b, "      if (lane == 0) ((float *)a.ptr[1])[o] = acc * a.f[0];\n");
-    kiln__sb_printf(&b, "    }\n    __syncthreads();\n");
+    kiln__sb_printf(&b, "      if (lane == 0) %s\n    }\n    __syncthreads();\n", store);
   } else {
-    if (argmax)
-      kiln__sb_printf(&b, "    ((int *)a.ptr[1])[o] = (int)ai;\n");
-    else
-      kiln__sb_printf(&b, "    ((float *)a.ptr[1])[o] = acc * a.f[0];\n");
+    kiln__sb_printf(&b, "    %s\n", store);
   }
   kiln__sb_printf(&b, "  }\n");
 
-  char stem[64];
-  snprintf(stem, sizeof stem, "k_%s_%s_%dd_%dr_%s", kiln__ops[n->op].name, "f32", no, nr,
+  char stem[80], prefix[40], suffix[40];
+  snprintf(prefix, sizeof prefix, "k");
+  snprintf(suffix, sizeof suffix, "_%s_f32_%dd_%dr_%s", kiln__ops[r->op].name, no, nr,
            rows ? "rows" : "cols");
+  if (value >= 0)
+    stem_of(pro, prefix, suffix, stem, sizeof stem);
+  else
+    snprintf(stem, sizeof stem, "k%s", suffix);
   bool ok;
   finish(ctx, &b, stem, g, comment, &ok);
   kiln__sb_free(&b);
   if (rows) {
     int64_t bl = 32;
-    while (bl < a->nred && bl < 256)
-      bl *= 2;
+    while (bl < a->nred && bl < 256) bl *= 2;
     g->block = (unsigned)bl;
     int64_t cap = (int64_t)ctx->num_sms * 16;
     g->grid = (unsigned)(a->n < 1 ? 1 : (a->n > cap ? cap : a->n));
   } else {
-    int64_t blocks = (a->n + 255) / 256, cap = (int64_t)ctx->num_sms * 8;
     g->block = 256;
-    g->grid = (unsigned)(blocks < 1 ? 1 : (blocks > cap ? cap : blocks));
+    g->grid = grid_for(ctx, a->n);
   }
   return ok;
 }
@@ -358,8 +551,9 @@ bool kiln__gen_index_select(kiln_ctx *ctx, const kiln__node *n, kiln__group *g,
   bool ok;
   finish(ctx, &b, stem, g, comment, &ok);
   kiln__sb_free(&b);
-  int64_t blocks = (a->n + 255) / 256, cap = (int64_t)ctx->num_sms * 8;
   g->block = 256;
-  g->grid = (unsigned)(blocks < 1 ? 1 : (blocks > cap ? cap : blocks));
+  g->grid = grid_for(ctx, a->n);
+  g->bytes_read = footprint(y) + footprint(idx); /* the rows picked, not the whole table */
+  g->bytes_written = footprint(y);
   return ok;
 }

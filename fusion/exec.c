@@ -1,32 +1,52 @@
 /*
- * exec.c: the executor. A flush is planned into groups (one per node in this version), every
- * output gets device memory, every group's kernel is generated and compiled, and only then is
- * anything launched: a flush that cannot allocate or compile runs nothing.
+ * exec.c: the executor. A flush is planned into groups (fusion/plan.c), every value that must be
+ * written gets device memory, every group's kernel is generated and compiled, and only then is
+ * anything launched: a flush that cannot allocate or compile runs nothing. Matrix products go to
+ * cuBLAS, or to cuBLASLt when they carry a bias/ReLU epilogue. With KILN_NVTX=1 each launch is
+ * an NVTX range named like its kernel.
  */
 #include <inttypes.h>
+#include <nvtx3/nvToolsExt.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "fusion.h"
 
-static void describe(const kiln__node *n, int32_t idx, char *buf, size_t len) {
-  char sh[96];
-  const kiln_tensor *t = n->out ? n->out : n->in[0];
-  snprintf(buf, len, "// trace nodes: #%d %s %s %s\n", idx, kiln__ops[n->op].name,
-           kiln__shape_of(t, sh, sizeof sh), kiln_dtype_name(t->dtype));
+/* "// trace nodes: #12 add [128,512] f32, #13 relu ..." for a group's source. */
+static void describe(const kiln_ctx *ctx, const kiln__plan *p, const kiln__group *g, char *buf,
+                     size_t len) {
+  size_t k = (size_t)snprintf(buf, len, "// trace nodes:");
+  int n = g->n ? g->n : 1;
+  for (int m = 0; m < n && k < len; m++) {
+    int32_t i = g->n ? p->members[g->first + m] : g->node;
+    const kiln__node *nd = &ctx->trace.nodes[i];
+    const kiln_tensor *t = nd->out ? nd->out : nd->in[0];
+    char sh[96];
+    k += (size_t)snprintf(buf + k, len - k, "%s #%d %s %s %s%s", m ? "," : "", i,
+                          kiln__ops[nd->op].name, kiln__shape_of(t, sh, sizeof sh),
+                          kiln_dtype_name(t->dtype),
+                          nd->out && !p->store[i - p->first] ? " (in registers)" : "");
+  }
+  if (k < len) snprintf(buf + k, len - k, "\n");
 }
 
-static bool alloc_outputs(kiln_ctx *ctx, int32_t first, int32_t last) {
+static bool alloc_outputs(kiln_ctx *ctx, const kiln__plan *p) {
   kiln__trace *tr = &ctx->trace;
-  for (int32_t i = first; i < last; i++) {
+  for (int32_t i = p->first; i < p->last; i++) {
     kiln__node *n = &tr->nodes[i];
-    if (!n->out || n->out->st->ptr || n->out->st->bytes == 0) continue;
+    if (!n->out || kiln__ops[n->op].kind == KILN__KIND_VIEW || n->out->st->ptr) continue;
+    if (!p->store[i - p->first]) {
+      n->out->st->fused = true; /* kept in registers: never written */
+      continue;
+    }
+    n->out->st->fused = false;
+    if (n->out->st->bytes == 0) continue;
     n->out->st->ptr = kiln__dev_alloc(ctx, n->out->st->bytes);
     if (!n->out->st->ptr) {
       char sh[96];
       size_t bytes = n->out->st->bytes;
       /* give back what this flush took, so that the context stays usable */
-      for (int32_t j = first; j < i; j++) {
+      for (int32_t j = p->first; j < i; j++) {
         kiln__node *m = &tr->nodes[j];
         if (m->out && !m->out->st->persistent && m->out->st->ptr &&
             kiln__ops[m->op].kind != KILN__KIND_VIEW) {
@@ -62,7 +82,74 @@ static void mm_layout(const kiln_tensor *t, bool *trans, int *ld, long long *bat
   *batch_stride = (t->ndim == 3 && t->shape[0] > 1) ? t->stride[0] : 0;
 }
 
-static bool run_matmul(kiln_ctx *ctx, const kiln__node *n) {
+/* D = act(A B + bias) through cuBLASLt, for a 2-D product with an epilogue. */
+static bool run_matmul_lt(kiln_ctx *ctx, const kiln__node *n, const kiln__group *g) {
+  const kiln_tensor *A = n->in[0], *B = n->in[1], *D = g->out;
+  uint64_t m = (uint64_t)A->shape[0], k = (uint64_t)A->shape[1], nn = (uint64_t)B->shape[1];
+  bool ta, tb;
+  int lda, ldb;
+  long long sa, sb;
+  mm_layout(A, &ta, &lda, &sa);
+  mm_layout(B, &tb, &ldb, &sb);
+  cublasLtMatmulDesc_t desc = NULL;
+  cublasLtMatrixLayout_t la = NULL, lb = NULL, ld = NULL;
+  cublasLtMatmulPreference_t pref = NULL;
+  bool ok = false;
+  cublasOperation_t opb = tb ? CUBLAS_OP_T : CUBLAS_OP_N, opa = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
+  cublasLtEpilogue_t epi = g->relu ? CUBLASLT_EPILOGUE_RELU_BIAS : CUBLASLT_EPILOGUE_BIAS;
+  const void *bias = kiln__data_ptr(g->bias);
+  cublasComputeType_t ct = ctx->tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+  /* column-major: D^T (N x M) = op(B)^T-side (N x K) times op(A) side (K x M), bias per row */
+  if (KILN_CUBLAS_FAILED(ctx, cublasLtMatmulDescCreate(&desc, ct, CUDA_R_32F)) ||
+      KILN_CUBLAS_FAILED(ctx, cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA,
+                                                             &opb, sizeof opb)) ||
+      KILN_CUBLAS_FAILED(ctx, cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB,
+                                                             &opa, sizeof opa)) ||
+      KILN_CUBLAS_FAILED(ctx, cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE,
+                                                             &epi, sizeof epi)) ||
+      KILN_CUBLAS_FAILED(ctx, cublasLtMatmulDescSetAttribute(
+                                  desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias)) ||
+      KILN_CUBLAS_FAILED(ctx, cublasLtMatrixLayoutCreate(&lb, CUDA_R_32F, tb ? k : nn,
+                                                         tb ? nn : k, ldb)) ||
+      KILN_CUBLAS_FAILED(ctx, cublasLtMatrixLayoutCreate(&la, CUDA_R_32F, ta ? m : k,
+                                                         ta ? k : m, lda)) ||
+      KILN_CUBLAS_FAILED(ctx, cublasLtMatrixLayoutCreate(&ld, CUDA_R_32F, nn, m, (int64_t)nn)) ||
+      KILN_CUBLAS_FAILED(ctx, cublasLtMatmulPreferenceCreate(&pref)))
+    goto done;
+  size_t ws = ctx->lt_workspace_bytes;
+  if (KILN_CUBLAS_FAILED(ctx, cublasLtMatmulPreferenceSetAttribute(
+                                  pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws)))
+    goto done;
+  cublasLtMatmulHeuristicResult_t h;
+  int found = 0;
+  if (KILN_CUBLAS_FAILED(ctx, cublasLtMatmulAlgoGetHeuristic(ctx->cublaslt, desc, lb, la, ld, ld,
+                                                             pref, 1, &h, &found)))
+    goto done;
+  if (found == 0) {
+    char s1[96], s2[96];
+    kiln__error(ctx, KILN_ERR_CUDA, "kiln_flush: cuBLASLt has no algorithm for %s x %s with a %s "
+                "epilogue",
+                kiln__shape_of(A, s1, sizeof s1), kiln__shape_of(B, s2, sizeof s2),
+                g->relu ? "bias+relu" : "bias");
+    goto done;
+  }
+  const float one = 1.f, zero = 0.f;
+  ctx->stats.kernels_launched++;
+  ok = !KILN_CUBLAS_FAILED(
+      ctx, cublasLtMatmul(ctx->cublaslt, desc, &one, kiln__data_ptr(B), lb, kiln__data_ptr(A), la,
+                          &zero, kiln__data_ptr(D), ld, kiln__data_ptr(D), ld, &h.algo,
+                          ctx->lt_workspace, ctx->lt_workspace_bytes, ctx->stream));
+done:
+  if (pref) cublasLtMatmulPreferenceDestroy(pref);
+  if (ld) cublasLtMatrixLayoutDestroy(ld);
+  if (la) cublasLtMatrixLayoutDestroy(la);
+  if (lb) cublasLtMatrixLayoutDestroy(lb);
+  if (desc) cublasLtMatmulDescDestroy(desc);
+  return ok;
+}
+
+static bool run_matmul(kiln_ctx *ctx, const kiln__node *n, const kiln__group *g) {
+  if (g->bias) return run_matmul_lt(ctx, n, g);
   const kiln_tensor *A = n->in[0], *B = n->in[1], *C = n->out;
   int m = (int)A->shape[A->ndim - 2], k = (int)A->shape[A->ndim - 1];
   int nn = (int)B->shape[B->ndim - 1];
@@ -83,12 +170,11 @@ static bool run_matmul(kiln_ctx *ctx, const kiln__node *n) {
       ctx, cublasGemmStridedBatchedEx(ctx->cublas, tb ? CUBLAS_OP_T : CUBLAS_OP_N,
                                       ta ? CUBLAS_OP_T : CUBLAS_OP_N, nn, m, k, &one,
                                       kiln__data_ptr(B), CUDA_R_32F, ldb, sb, kiln__data_ptr(A),
-                                      CUDA_R_32F, lda, sa, &zero, kiln__data_ptr(C), CUDA_R_32F, nn,
-                                      (long long)m * nn, batch, ct, CUBLAS_GEMM_DEFAULT));
+                                      CUDA_R_32F, lda, sa, &zero, kiln__data_ptr(C), CUDA_R_32F,
+                                      nn, (long long)m * nn, batch, ct, CUBLAS_GEMM_DEFAULT));
 }
 
 static bool launch(kiln_ctx *ctx, kiln__group *g) {
-  if (!ctx->has_gpu) return true;
   if (g->args.n == 0) return true;
   void *params[1] = {&g->args};
   ctx->stats.kernels_launched++;
@@ -97,109 +183,114 @@ static bool launch(kiln_ctx *ctx, kiln__group *g) {
       ctx, cudaLaunchKernel((const void *)g->k->fn, grid, block, params, 0, ctx->stream));
 }
 
-/* Plans [first, last) into groups and generates and compiles each group's kernel. */
-static bool prepare(kiln_ctx *ctx, int32_t first, int32_t last, kiln__group **out, int *count) {
-  kiln__trace *tr = &ctx->trace;
-  int cap = 0;
-  for (int32_t i = first; i < last; i++) {
-    const kiln__node *n = &tr->nodes[i];
-    kiln__kind kind = kiln__ops[n->op].kind;
-    cap += kind == KILN__KIND_VIEW ? 0 : (n->op == KILN__OP_CONCAT ? n->nin : 1);
+/* The elementwise program of a group's members [from, to). */
+static void prog_of(const kiln_ctx *ctx, const kiln__plan *p, const kiln__group *g, int from,
+                    int to, kiln__ew_prog *prog) {
+  prog->n = 0;
+  for (int m = from; m < to; m++) {
+    int32_t i = p->members[g->first + m];
+    prog->nodes[prog->n] = &ctx->trace.nodes[i];
+    prog->store[prog->n] = p->store[i - p->first];
+    prog->n++;
   }
-  kiln__group *gs = calloc(cap > 0 ? (size_t)cap : 1, sizeof *gs);
-  if (!gs) {
-    kiln__error(ctx, KILN_ERR_OOM, "kiln_flush: out of host memory planning %d nodes",
-                last - first);
-    return false;
-  }
-  int ng = 0;
-  bool ok = true;
-  char comment[256];
-  for (int32_t i = first; i < last && ok; i++) {
-    const kiln__node *n = &tr->nodes[i];
-    kiln__kind kind = kiln__ops[n->op].kind;
-    if (kind == KILN__KIND_VIEW) continue;
-    describe(n, i, comment, sizeof comment);
-    kiln__group *g = &gs[ng++];
-    g->kind = kind;
-    g->node = i;
-    switch (kind) {
+  if (prog->n == 0) return;
+  const kiln__node *n0 = prog->nodes[0];
+  const kiln_tensor *space = n0->out ? n0->out : n0->in[0];
+  prog->ndim = space->ndim;
+  prog->shape = space->shape;
+}
+
+/* Generates and compiles every group's kernel. */
+static bool prepare(kiln_ctx *ctx, kiln__plan *p) {
+  char comment[1024];
+  for (int k = 0; k < p->ng; k++) {
+    kiln__group *g = &p->g[k];
+    const kiln__node *n = &ctx->trace.nodes[g->node];
+    describe(ctx, p, g, comment, sizeof comment);
+    kiln__ew_prog prog;
+    bool ok = true;
+    switch (g->kind) {
     case KILN__KIND_EW:
-    case KILN__KIND_UPDATE: {
-      const kiln_tensor *shape_of = n->out ? n->out : n->in[0];
-      kiln__ew_spec s = {.op = n->op,
-                         .nin = n->nin,
-                         .in = n->in,
-                         .out = n->out,
-                         .attrs = n,
-                         .ndim = shape_of->ndim,
-                         .shape = shape_of->shape};
-      ok = kiln__gen_ew(ctx, &s, g, comment);
+    case KILN__KIND_UPDATE:
+      prog_of(ctx, p, g, 0, g->n, &prog);
+      ok = kiln__gen_ew(ctx, &prog, g, comment);
       break;
-    }
-    case KILN__KIND_REDUCE: ok = kiln__gen_reduce(ctx, n, g, comment); break;
-    case KILN__KIND_MATMUL: break;
+    case KILN__KIND_REDUCE:
+      prog_of(ctx, p, g, 0, g->n - 1, &prog);
+      ok = kiln__gen_reduce(ctx, g->n > 1 ? &prog : NULL, n, g, comment);
+      break;
+    case KILN__KIND_MATMUL:
+      snprintf(g->name, sizeof g->name, "%s_%lldx%lldx%lld%s",
+               g->bias ? (g->relu ? "cublasLt_gemm_bias_relu" : "cublasLt_gemm_bias")
+                       : "cublas_gemm",
+               (long long)n->in[0]->shape[n->in[0]->ndim - 2], (long long)n->out->shape[n->out->ndim - 1],
+               (long long)n->in[0]->shape[n->in[0]->ndim - 1], n->out->ndim == 3 ? "_batched" : "");
+      break;
     case KILN__KIND_LIB:
       if (n->op == KILN__OP_INDEX_SELECT) {
         ok = kiln__gen_index_select(ctx, n, g, comment);
         break;
       }
       KILN_ASSERT(n->op == KILN__OP_CONCAT);
-      ng--;
-      int axis = (int)n->i[0];
-      int64_t start = 0;
-      for (int k = 0; k < n->nin && ok; k++) {
-        /* each input is copied into its slice of the output */
+      {
+        /* input g->sub is copied into its slice of the output */
+        int axis = (int)n->i[0];
+        int64_t start = 0;
+        for (int q = 0; q < g->sub; q++) start += n->in[q]->shape[axis];
         kiln_tensor slice = *n->out;
-        memcpy(slice.shape, n->in[k]->shape, sizeof slice.shape);
+        memcpy(slice.shape, n->in[g->sub]->shape, sizeof slice.shape);
         slice.offset = n->out->offset + start * n->out->stride[axis];
-        start += n->in[k]->shape[axis];
-        kiln__group *gk = &gs[ng++];
-        gk->kind = KILN__KIND_EW;
-        gk->node = i;
-        kiln__ew_spec s = {.op = KILN__OP_COPY,
-                           .nin = 1,
-                           .in = &n->in[k],
-                           .out = &slice,
-                           .attrs = n,
-                           .ndim = slice.ndim,
-                           .shape = slice.shape};
-        ok = kiln__gen_ew(ctx, &s, gk, comment);
+        kiln__node copy = {.op = KILN__OP_COPY, .nin = 1, .out = &slice};
+        copy.in[0] = n->in[g->sub];
+        kiln__ew_prog cp = {.n = 1, .nodes = {&copy}, .store = {true}, .ndim = slice.ndim,
+                            .shape = slice.shape};
+        ok = kiln__gen_ew(ctx, &cp, g, comment);
       }
       break;
     case KILN__KIND_VIEW: break;
     }
+    if (!ok) return false;
   }
-  if (!ok) {
-    free(gs);
-    return false;
-  }
-  *out = gs;
-  *count = ng;
   return true;
 }
 
 kiln_status kiln__execute(kiln_ctx *ctx, int32_t first, int32_t last) {
-  if (!alloc_outputs(ctx, first, last)) return ctx->status;
-  kiln__group *gs;
-  int ng;
-  if (!prepare(ctx, first, last, &gs, &ng)) return ctx->status;
-  bool ok = true;
-  for (int i = 0; i < ng && ok; i++) {
-    kiln__group *g = &gs[i];
-    ok =
-        g->kind == KILN__KIND_MATMUL ? run_matmul(ctx, &ctx->trace.nodes[g->node]) : launch(ctx, g);
+  kiln__plan p;
+  kiln_exec_stats before = ctx->stats;
+  if (!kiln__plan_build(ctx, first, last, ctx->fusion, &p)) return ctx->status;
+  bool ok = alloc_outputs(ctx, &p) && prepare(ctx, &p);
+  uint64_t rd = 0, wr = 0;
+  for (int i = 0; i < p.ng && ok; i++) {
+    kiln__group *g = &p.g[i];
+    if (ctx->nvtx) nvtxRangePushA(g->name);
+    ok = g->kind == KILN__KIND_MATMUL ? run_matmul(ctx, &ctx->trace.nodes[g->node], g)
+                                      : launch(ctx, g);
+    if (ctx->nvtx) nvtxRangePop();
+    rd += g->bytes_read;
+    wr += g->bytes_written;
   }
-  free(gs);
+  kiln_flush_stats *f = &ctx->stats.last_flush;
+  f->nodes = (uint64_t)(last - first);
+  f->groups = (uint64_t)p.ng;
+  f->kernels = ctx->stats.kernels_launched - before.kernels_launched;
+  f->bytes_read = rd;
+  f->bytes_written = wr;
+  f->compiled = ctx->stats.kernels_compiled - before.kernels_compiled;
+  f->cache_hits = ctx->stats.cache_hits - before.cache_hits;
+  f->compile_ms = ctx->stats.compile_ms - before.compile_ms;
+  ctx->stats.groups += (uint64_t)p.ng;
+  ctx->stats.bytes_read += rd;
+  ctx->stats.bytes_written += wr;
   ctx->stats.nodes_executed += (uint64_t)(last - first);
+  kiln__plan_free(&p);
   return ctx->status;
 }
 
 kiln_status kiln__compile_pending(kiln_ctx *ctx) {
   if (!kiln__ok(ctx)) return kiln_ctx_status(ctx);
-  kiln__group *gs;
-  int ng;
-  if (!prepare(ctx, ctx->trace.done, ctx->trace.n, &gs, &ng)) return ctx->status;
-  free(gs);
-  return KILN_OK;
+  kiln__plan p;
+  if (!kiln__plan_build(ctx, ctx->trace.done, ctx->trace.n, ctx->fusion, &p)) return ctx->status;
+  prepare(ctx, &p);
+  kiln__plan_free(&p);
+  return ctx->status;
 }

@@ -1,7 +1,9 @@
 /*
- * fusion.h: what the planner, code generator and executor share. A group is what one launch
- * runs: one or more trace nodes. In this version the planner makes one group per node (the
- * unfused, node-by-node mode); the interfaces are the ones fusion builds on.
+ * fusion.h: what the planner, code generator and executor share. A flush is planned into groups,
+ * each one launch: a chain of elementwise nodes over one iteration space, a reduction with the
+ * elementwise nodes that produce its input computed inside it, a matrix product with a bias and
+ * activation epilogue, an in-place update, or a library call. With fusion off every node is its
+ * own group.
  */
 #ifndef KILN_FUSION_H
 #define KILN_FUSION_H
@@ -18,29 +20,55 @@ typedef struct kiln__sb {
 void kiln__sb_printf(kiln__sb *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void kiln__sb_free(kiln__sb *b);
 
+#define KILN__MAX_GROUP 32 /* nodes in one generated kernel */
+
+/* The elementwise part of a kernel: nodes over one iteration space, in trace order. A node's
+ * inputs are earlier nodes' outputs (kept in registers) or operands read from memory; store[j]
+ * says node j's output is written. */
+typedef struct kiln__ew_prog {
+  int n;
+  const kiln__node *nodes[KILN__MAX_GROUP];
+  bool store[KILN__MAX_GROUP];
+  int ndim;
+  const int64_t *shape;
+} kiln__ew_prog;
+
 typedef struct kiln__group {
   kiln__kind kind;
-  int32_t node; /* the trace node it covers */
+  int32_t node;   /* the group's main node: the reduction, product, update or library call */
+  int first, n;   /* members: plan->members[first .. first + n), in trace order */
+  int sub;        /* concat: which input this copy moves */
+  /* matrix product epilogue (cuBLASLt): D = act(A B + bias) */
+  const kiln_tensor *bias;
+  bool relu;
+  const kiln_tensor *out; /* what the product group writes */
+  /* filled by code generation */
   kiln__kernel *k;
   kiln__kargs args;
   unsigned grid, block;
+  uint64_t bytes_read, bytes_written;
+  char name[96];
 } kiln__group;
 
-/* An elementwise launch: op over the iteration space shape, reading in[], writing out (EW) or
- * the inputs its op stores (UPDATE). out may be a strided view (concat writes into slices). */
-typedef struct kiln__ew_spec {
-  kiln__op op;
-  int nin;
-  kiln_tensor *const *in;
-  const kiln_tensor *out;
-  const kiln__node *attrs; /* f, i, u */
-  int ndim;
-  const int64_t *shape;
-} kiln__ew_spec;
+typedef struct kiln__plan {
+  int32_t first, last; /* trace nodes [first, last) */
+  kiln__group *g;
+  int ng, capg;
+  int32_t *members;
+  int nm, capm;
+  int32_t *group_of; /* per node (index - first): its group, -1 for views */
+  bool *store;       /* per node: its output must be written to memory */
+} kiln__plan;
 
-/* Generate source and kernel arguments; false with the context's error set on failure. */
-bool kiln__gen_ew(kiln_ctx *ctx, const kiln__ew_spec *s, kiln__group *g, const char *comment);
-bool kiln__gen_reduce(kiln_ctx *ctx, const kiln__node *n, kiln__group *g, const char *comment);
+/* Plans trace nodes [first, last); fusion off gives one group per node. */
+bool kiln__plan_build(kiln_ctx *ctx, int32_t first, int32_t last, bool fuse, kiln__plan *p);
+void kiln__plan_free(kiln__plan *p);
+
+/* Code generation: source and kernel arguments for a group; false with the context's error set. */
+bool kiln__gen_ew(kiln_ctx *ctx, const kiln__ew_prog *p, kiln__group *g, const char *comment);
+/* A reduction node r whose input is computed by prologue (NULL or empty: read from memory). */
+bool kiln__gen_reduce(kiln_ctx *ctx, const kiln__ew_prog *prologue, const kiln__node *r,
+                      kiln__group *g, const char *comment);
 bool kiln__gen_index_select(kiln_ctx *ctx, const kiln__node *n, kiln__group *g,
                             const char *comment);
 void *kiln__data_ptr(const kiln_tensor *t); /* device address of t's first element */

@@ -89,6 +89,10 @@ const char *kiln_status_name(kiln_status s);
 const char *kiln_version(void);
 
 void kiln_set_tf32(kiln_ctx *ctx, int on); /* default on, KILN_TF32=0 in the environment: off */
+/* Fusion: on by default; KILN_FUSION=0 (or kiln_set_fusion(ctx, 0)) runs every node as its own
+ * kernel, with the same results. Applies from the next flush. */
+void kiln_set_fusion(kiln_ctx *ctx, int on);
+int kiln_fusion(const kiln_ctx *ctx);
 int kiln_tf32(const kiln_ctx *ctx);
 void kiln_manual_seed(kiln_ctx *ctx, uint64_t seed); /* seeds dropout and init */
 
@@ -113,15 +117,30 @@ void kiln_memory_stats(const kiln_ctx *ctx, kiln_mem_stats *out);
 void kiln_memory_reset_peak(kiln_ctx *ctx);
 void kiln_memory_empty_cache(kiln_ctx *ctx);
 
+/* What one flush did. */
+typedef struct kiln_flush_stats {
+  uint64_t nodes;         /* trace nodes run */
+  uint64_t groups;        /* launches planned: fused groups and library calls */
+  uint64_t kernels;       /* kernels and library calls launched */
+  uint64_t bytes_read;    /* by generated kernels, each input element counted once */
+  uint64_t bytes_written; /* by generated kernels */
+  uint64_t compiled;      /* NVRTC compilations */
+  uint64_t cache_hits;    /* kernels found compiled, in memory or on disk */
+  double compile_ms;
+} kiln_flush_stats;
+
 typedef struct kiln_exec_stats {
-  uint64_t nodes_recorded; /* all nodes ever recorded */
+  uint64_t nodes_recorded;   /* all nodes ever recorded */
   uint64_t nodes_executed;
   uint64_t flushes;
+  uint64_t groups;           /* launches planned, all flushes */
   uint64_t kernels_launched; /* generated kernels and library calls (cuBLAS) */
   uint64_t kernels_compiled; /* NVRTC compilations */
   uint64_t cache_hits;       /* kernels found in the memory or disk cache */
   uint64_t disk_hits;
+  uint64_t bytes_read, bytes_written; /* by generated kernels */
   double compile_ms;
+  kiln_flush_stats last_flush;
 } kiln_exec_stats;
 void kiln_stats(const kiln_ctx *ctx, kiln_exec_stats *out);
 

@@ -1638,7 +1638,9 @@ Test(nvrtc, every_generated_kernel_compiles, .timeout = 1200) {
   for (int i = 0; i < KILN__OP_COUNT; i++)
     cr_assert(seen[i], "the op %s is missing from the compile test", kiln__ops[i].name);
 
+  /* unfused first: one kernel per node, so every op's own kernel compiles */
   uint64_t want = pending_kernels(ctx);
+  kiln_set_fusion(ctx, 0);
   compile_ok(ctx);
   kiln_exec_stats st;
   kiln_stats(ctx, &st);
@@ -1656,6 +1658,14 @@ Test(nvrtc, every_generated_kernel_compiles, .timeout = 1200) {
   char files[1][1200];
   cr_assert_eq((uint64_t)list_files(cache, ".cubin", files, 1), st.kernels_compiled,
                "one cache file per compiled kernel");
+  /* then fused: the planner's kernels (chains, reductions with prologues) compile too */
+  kiln_set_fusion(ctx, 1);
+  compile_ok(ctx);
+  kiln_exec_stats fused;
+  kiln_stats(ctx, &fused);
+  cr_assert_gt(fused.kernels_compiled, st.kernels_compiled, "fusion made no kernels of its own");
+  cr_log_info("fused: %llu more kernels compiled",
+              (unsigned long long)(fused.kernels_compiled - st.kernels_compiled));
   for (int i = 0; i < 4; i++)
     kiln_optim_free(os[i]);
   kiln_optim_free(sgd);
