@@ -201,7 +201,13 @@ void kiln__grad_matmul(kiln__bw *b, const kiln__node *n, kiln_tensor *g, kiln_te
   kiln_tensor *a = n->in[0], *c = n->in[1];
   if (NEED(0)) gin[0] = ub(kiln_matmul(g, kiln_transpose(c, -1, -2)), a);
   if (NEED(1)) {
-    if (a->ndim == 3 && c->ndim == 2 && kiln__is_contiguous(a)) {
+    bool c_transposed = c->ndim == 2 && c->stride[0] == 1 && c->stride[1] == c->shape[0] &&
+                        c->shape[0] > 1 && c->shape[1] > 1;
+    if (a->ndim == 2 && c_transposed) {
+      /* B is a transposed view (x W^T): compute its gradient transposed, g^T A, so that W's
+       * gradient comes out dense in W's own layout */
+      gin[1] = kiln_transpose(kiln_matmul(kiln_transpose(g, 0, 1), a), 0, 1);
+    } else if (a->ndim == 3 && c->ndim == 2 && kiln__is_contiguous(a)) {
       /* (B,M,K) x (K,N): dB = A^T dC over all B*M rows, one product */
       int64_t rows = a->shape[0] * a->shape[1];
       kiln_tensor *a2 = kiln_reshape(a, KILN_SHAPE(rows, a->shape[2]));

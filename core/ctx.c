@@ -110,6 +110,7 @@ void kiln_ctx_free(kiln_ctx *ctx) {
     kiln_tensor_free(ctx->persistents[ctx->npersistent - 1]);
   free(ctx->persistents);
   kiln__kernels_free(ctx);
+  if (ctx->has_gpu) kiln__lt_plans_free(ctx);
   kiln__alloc_release_all(ctx);
   if (ctx->has_gpu) {
     cublasLtDestroy(ctx->cublaslt);

@@ -163,6 +163,8 @@ typedef struct kiln__kernel {
   struct kiln__kernel *next;
 } kiln__kernel;
 
+typedef struct kiln__lt_plan kiln__lt_plan; /* fusion/exec.c */
+
 /* ---------------------------------------------------------------- context */
 
 struct kiln_ctx {
@@ -196,6 +198,7 @@ struct kiln_ctx {
   kiln__alloc alloc;
 
   kiln__kernel *kernels[256]; /* loaded kernels, by key */
+  kiln__lt_plan *lt_plans;    /* cuBLASLt products with epilogues, by shape */
   char *cache_dir;
   char *dump_dir;
   int nvrtc_version;
@@ -265,6 +268,7 @@ kiln_status kiln__compile_pending(kiln_ctx *ctx);
 kiln__kernel *kiln__kernel_get(kiln_ctx *ctx, const char *name, const char *source,
                                const char *comment);
 void kiln__kernels_free(kiln_ctx *ctx);
+void kiln__lt_plans_free(kiln_ctx *ctx);
 const char *kiln__prelude(void);
 
 #endif

@@ -368,6 +368,59 @@ bool kiln__gen_ew(kiln_ctx *ctx, const kiln__ew_prog *p, kiln__group *g, const c
   return ok;
 }
 
+/* A multi-tensor update: one launch runs the same update over g's T tensors, tensor t in
+ * blockIdx.y, its inputs in a.ptr[t * nin ...] and its length in a.st[t][0]. */
+bool kiln__gen_update_multi(kiln_ctx *ctx, const kiln__node *const *nodes, int T, kiln__group *g,
+                            const char *comment) {
+  const kiln__node *n0 = nodes[0];
+  const kiln__op_info *info = &kiln__ops[n0->op];
+  int nin = n0->nin;
+  kiln__kargs *a = &g->args;
+  memset(a, 0, sizeof *a);
+  int nf, ni, nu;
+  attr_count(info->expr, &nf, &ni, &nu);
+  for (int k = 0; k < nf; k++) a->f[k] = n0->f[k];
+  for (int k = 0; k < ni; k++) a->i[k] = (int)n0->i[k];
+  for (int k = 0; k < nu; k++) a->u[k] = n0->u[k];
+  int64_t most = 0;
+  g->bytes_read = g->bytes_written = 0;
+  for (int t = 0; t < T; t++) {
+    int64_t len = kiln_tensor_numel(nodes[t]->in[0]);
+    a->st[t][0] = len;
+    a->n += len;
+    if (len > most) most = len;
+    for (int q = 0; q < nin; q++) {
+      a->ptr[t * nin + q] = kiln__data_ptr(nodes[t]->in[q]);
+      g->bytes_read += footprint(nodes[t]->in[q]);
+      if (info->stores & (1u << q)) g->bytes_written += footprint(nodes[t]->in[q]);
+    }
+  }
+  wiring w = {0};
+  for (int q = 0; q < nin; q++) snprintf(w.in[0][q], sizeof w.in[0][q], "x%d", q);
+  kiln__sb b = {0};
+  kiln__sb_printf(&b, "  const int t = blockIdx.y;\n  const long long n = a.st[t][0];\n"
+                      "  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; "
+                      "i < n;\n       i += (long long)gridDim.x * blockDim.x) {\n");
+  for (int q = 0; q < nin; q++)
+    kiln__sb_printf(&b, "    float x%d = ((const float *)a.ptr[t * %d + %d])[i];\n", q, nin, q);
+  kiln__sb_printf(&b, "    ");
+  expand(&b, info->expr, &w, 0, n0);
+  kiln__sb_printf(&b, "\n");
+  for (int q = 0; q < nin; q++)
+    if (info->stores & (1u << q))
+      kiln__sb_printf(&b, "    ((float *)a.ptr[t * %d + %d])[i] = x%d;\n", nin, q, q);
+  kiln__sb_printf(&b, "  }\n");
+  char stem[64];
+  snprintf(stem, sizeof stem, "k_%s_f32_x%d", info->name, T);
+  bool ok;
+  finish(ctx, &b, stem, g, comment, &ok);
+  kiln__sb_free(&b);
+  g->block = 256;
+  g->grid = grid_for(ctx, most);
+  g->grid_y = (unsigned)T;
+  return ok;
+}
+
 /* A reduction, its input computed by an elementwise prologue or read from memory. Strategy
  * "rows": one block per output, threads stride over the reduced elements (for reductions along
  * the innermost dim). Strategy "cols": one thread per output, looping over the reduced elements

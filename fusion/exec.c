@@ -82,70 +82,109 @@ static void mm_layout(const kiln_tensor *t, bool *trans, int *ld, long long *bat
   *batch_stride = (t->ndim == 3 && t->shape[0] > 1) ? t->stride[0] : 0;
 }
 
-/* D = act(A B + bias) through cuBLASLt, for a 2-D product with an epilogue. */
-static bool run_matmul_lt(kiln_ctx *ctx, const kiln__node *n, const kiln__group *g) {
-  const kiln_tensor *A = n->in[0], *B = n->in[1], *D = g->out;
+/* A cuBLASLt plan for one product shape and epilogue: descriptors and the chosen algorithm,
+ * built once and reused (the heuristic query costs more host time than the launch). */
+struct kiln__lt_plan {
+  uint64_t m, k, n;
+  int lda, ldb;
+  bool ta, tb, relu, tf32;
+  cublasLtMatmulDesc_t desc;
+  cublasLtMatrixLayout_t la, lb, ld;
+  cublasLtMatmulAlgo_t algo;
+  struct kiln__lt_plan *next;
+};
+
+void kiln__lt_plans_free(kiln_ctx *ctx) {
+  kiln__lt_plan *q = ctx->lt_plans;
+  while (q) {
+    kiln__lt_plan *n = q->next;
+    cublasLtMatrixLayoutDestroy(q->ld);
+    cublasLtMatrixLayoutDestroy(q->la);
+    cublasLtMatrixLayoutDestroy(q->lb);
+    cublasLtMatmulDescDestroy(q->desc);
+    free(q);
+    q = n;
+  }
+  ctx->lt_plans = NULL;
+}
+
+static kiln__lt_plan *lt_plan(kiln_ctx *ctx, const kiln_tensor *A, const kiln_tensor *B,
+                              bool relu) {
   uint64_t m = (uint64_t)A->shape[0], k = (uint64_t)A->shape[1], nn = (uint64_t)B->shape[1];
   bool ta, tb;
   int lda, ldb;
   long long sa, sb;
   mm_layout(A, &ta, &lda, &sa);
   mm_layout(B, &tb, &ldb, &sb);
-  cublasLtMatmulDesc_t desc = NULL;
-  cublasLtMatrixLayout_t la = NULL, lb = NULL, ld = NULL;
+  for (kiln__lt_plan *q = ctx->lt_plans; q; q = q->next)
+    if (q->m == m && q->k == k && q->n == nn && q->lda == lda && q->ldb == ldb && q->ta == ta &&
+        q->tb == tb && q->relu == relu && q->tf32 == ctx->tf32)
+      return q;
+  kiln__lt_plan *q = calloc(1, sizeof *q);
+  if (!q) {
+    kiln__error(ctx, KILN_ERR_OOM, "kiln_flush: out of host memory for a cuBLASLt plan");
+    return NULL;
+  }
+  *q = (kiln__lt_plan){.m = m, .k = k, .n = nn, .lda = lda, .ldb = ldb, .ta = ta, .tb = tb,
+                       .relu = relu, .tf32 = ctx->tf32};
   cublasLtMatmulPreference_t pref = NULL;
-  bool ok = false;
   cublasOperation_t opb = tb ? CUBLAS_OP_T : CUBLAS_OP_N, opa = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
-  cublasLtEpilogue_t epi = g->relu ? CUBLASLT_EPILOGUE_RELU_BIAS : CUBLASLT_EPILOGUE_BIAS;
-  const void *bias = kiln__data_ptr(g->bias);
+  cublasLtEpilogue_t epi = relu ? CUBLASLT_EPILOGUE_RELU_BIAS : CUBLASLT_EPILOGUE_BIAS;
   cublasComputeType_t ct = ctx->tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
-  /* column-major: D^T (N x M) = op(B)^T-side (N x K) times op(A) side (K x M), bias per row */
-  if (KILN_CUBLAS_FAILED(ctx, cublasLtMatmulDescCreate(&desc, ct, CUDA_R_32F)) ||
-      KILN_CUBLAS_FAILED(ctx, cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA,
-                                                             &opb, sizeof opb)) ||
-      KILN_CUBLAS_FAILED(ctx, cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB,
-                                                             &opa, sizeof opa)) ||
-      KILN_CUBLAS_FAILED(ctx, cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE,
-                                                             &epi, sizeof epi)) ||
-      KILN_CUBLAS_FAILED(ctx, cublasLtMatmulDescSetAttribute(
-                                  desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias)) ||
-      KILN_CUBLAS_FAILED(ctx, cublasLtMatrixLayoutCreate(&lb, CUDA_R_32F, tb ? k : nn,
-                                                         tb ? nn : k, ldb)) ||
-      KILN_CUBLAS_FAILED(ctx, cublasLtMatrixLayoutCreate(&la, CUDA_R_32F, ta ? m : k,
-                                                         ta ? k : m, lda)) ||
-      KILN_CUBLAS_FAILED(ctx, cublasLtMatrixLayoutCreate(&ld, CUDA_R_32F, nn, m, (int64_t)nn)) ||
-      KILN_CUBLAS_FAILED(ctx, cublasLtMatmulPreferenceCreate(&pref)))
-    goto done;
   size_t ws = ctx->lt_workspace_bytes;
-  if (KILN_CUBLAS_FAILED(ctx, cublasLtMatmulPreferenceSetAttribute(
-                                  pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws)))
-    goto done;
   cublasLtMatmulHeuristicResult_t h;
   int found = 0;
-  if (KILN_CUBLAS_FAILED(ctx, cublasLtMatmulAlgoGetHeuristic(ctx->cublaslt, desc, lb, la, ld, ld,
-                                                             pref, 1, &h, &found)))
-    goto done;
-  if (found == 0) {
+  /* column-major: D^T (N x M) = B^T-side (N x K) times A^T-side (K x M), the bias per row */
+  bool bad =
+      KILN_CUBLAS_FAILED(ctx, cublasLtMatmulDescCreate(&q->desc, ct, CUDA_R_32F)) ||
+      KILN_CUBLAS_FAILED(ctx, cublasLtMatmulDescSetAttribute(q->desc, CUBLASLT_MATMUL_DESC_TRANSA,
+                                                             &opb, sizeof opb)) ||
+      KILN_CUBLAS_FAILED(ctx, cublasLtMatmulDescSetAttribute(q->desc, CUBLASLT_MATMUL_DESC_TRANSB,
+                                                             &opa, sizeof opa)) ||
+      KILN_CUBLAS_FAILED(ctx, cublasLtMatmulDescSetAttribute(
+                                  q->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi)) ||
+      KILN_CUBLAS_FAILED(ctx, cublasLtMatrixLayoutCreate(&q->lb, CUDA_R_32F, tb ? k : nn,
+                                                         tb ? nn : k, ldb)) ||
+      KILN_CUBLAS_FAILED(ctx, cublasLtMatrixLayoutCreate(&q->la, CUDA_R_32F, ta ? m : k,
+                                                         ta ? k : m, lda)) ||
+      KILN_CUBLAS_FAILED(ctx, cublasLtMatrixLayoutCreate(&q->ld, CUDA_R_32F, nn, m, (int64_t)nn)) ||
+      KILN_CUBLAS_FAILED(ctx, cublasLtMatmulPreferenceCreate(&pref)) ||
+      KILN_CUBLAS_FAILED(ctx, cublasLtMatmulPreferenceSetAttribute(
+                                  pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws)) ||
+      KILN_CUBLAS_FAILED(ctx, cublasLtMatmulAlgoGetHeuristic(ctx->cublaslt, q->desc, q->lb, q->la,
+                                                             q->ld, q->ld, pref, 1, &h, &found));
+  if (pref) cublasLtMatmulPreferenceDestroy(pref);
+  if (!bad && found == 0) {
     char s1[96], s2[96];
-    kiln__error(ctx, KILN_ERR_CUDA, "kiln_flush: cuBLASLt has no algorithm for %s x %s with a %s "
-                "epilogue",
+    kiln__error(ctx, KILN_ERR_CUDA,
+                "kiln_flush: cuBLASLt has no algorithm for %s x %s with a %s epilogue",
                 kiln__shape_of(A, s1, sizeof s1), kiln__shape_of(B, s2, sizeof s2),
-                g->relu ? "bias+relu" : "bias");
-    goto done;
+                relu ? "bias+relu" : "bias");
+    bad = true;
   }
+  q->next = ctx->lt_plans; /* even a failed one, so that free releases what it made */
+  ctx->lt_plans = q;
+  if (bad) return NULL;
+  q->algo = h.algo;
+  return q;
+}
+
+/* D = act(A B + bias) through cuBLASLt, for a 2-D product with an epilogue. */
+static bool run_matmul_lt(kiln_ctx *ctx, const kiln__node *n, const kiln__group *g) {
+  const kiln_tensor *A = n->in[0], *B = n->in[1], *D = g->out;
+  kiln__lt_plan *q = lt_plan(ctx, A, B, g->relu);
+  if (!q) return false;
+  const void *bias = kiln__data_ptr(g->bias);
+  if (KILN_CUBLAS_FAILED(ctx, cublasLtMatmulDescSetAttribute(
+                                  q->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias)))
+    return false;
   const float one = 1.f, zero = 0.f;
   ctx->stats.kernels_launched++;
-  ok = !KILN_CUBLAS_FAILED(
-      ctx, cublasLtMatmul(ctx->cublaslt, desc, &one, kiln__data_ptr(B), lb, kiln__data_ptr(A), la,
-                          &zero, kiln__data_ptr(D), ld, kiln__data_ptr(D), ld, &h.algo,
-                          ctx->lt_workspace, ctx->lt_workspace_bytes, ctx->stream));
-done:
-  if (pref) cublasLtMatmulPreferenceDestroy(pref);
-  if (ld) cublasLtMatrixLayoutDestroy(ld);
-  if (la) cublasLtMatrixLayoutDestroy(la);
-  if (lb) cublasLtMatrixLayoutDestroy(lb);
-  if (desc) cublasLtMatmulDescDestroy(desc);
-  return ok;
+  return !KILN_CUBLAS_FAILED(
+      ctx, cublasLtMatmul(ctx->cublaslt, q->desc, &one, kiln__data_ptr(B), q->lb,
+                          kiln__data_ptr(A), q->la, &zero, kiln__data_ptr(D), q->ld,
+                          kiln__data_ptr(D), q->ld, &q->algo, ctx->lt_workspace,
+                          ctx->lt_workspace_bytes, ctx->stream));
 }
 
 static bool run_matmul(kiln_ctx *ctx, const kiln__node *n, const kiln__group *g) {
@@ -178,7 +217,7 @@ static bool launch(kiln_ctx *ctx, kiln__group *g) {
   if (g->args.n == 0) return true;
   void *params[1] = {&g->args};
   ctx->stats.kernels_launched++;
-  dim3 grid = {g->grid, 1, 1}, block = {g->block, 1, 1};
+  dim3 grid = {g->grid, g->grid_y ? g->grid_y : 1, 1}, block = {g->block, 1, 1};
   return !KILN_CUDA_FAILED(
       ctx, cudaLaunchKernel((const void *)g->k->fn, grid, block, params, 0, ctx->stream));
 }
@@ -211,9 +250,18 @@ static bool prepare(kiln_ctx *ctx, kiln__plan *p) {
     bool ok = true;
     switch (g->kind) {
     case KILN__KIND_EW:
-    case KILN__KIND_UPDATE:
       prog_of(ctx, p, g, 0, g->n, &prog);
       ok = kiln__gen_ew(ctx, &prog, g, comment);
+      break;
+    case KILN__KIND_UPDATE:
+      if (g->n == 1) {
+        prog_of(ctx, p, g, 0, 1, &prog);
+        ok = kiln__gen_ew(ctx, &prog, g, comment);
+      } else {
+        const kiln__node *ups[KILN__KMAX_PTR];
+        for (int m = 0; m < g->n; m++) ups[m] = &ctx->trace.nodes[p->members[g->first + m]];
+        ok = kiln__gen_update_multi(ctx, ups, g->n, g, comment);
+      }
       break;
     case KILN__KIND_REDUCE:
       prog_of(ctx, p, g, 0, g->n - 1, &prog);

@@ -45,7 +45,7 @@ typedef struct kiln__group {
   /* filled by code generation */
   kiln__kernel *k;
   kiln__kargs args;
-  unsigned grid, block;
+  unsigned grid, block, grid_y; /* grid_y: tensors of a multi-tensor update (0: 1) */
   uint64_t bytes_read, bytes_written;
   char name[96];
 } kiln__group;
@@ -69,6 +69,9 @@ bool kiln__gen_ew(kiln_ctx *ctx, const kiln__ew_prog *p, kiln__group *g, const c
 /* A reduction node r whose input is computed by prologue (NULL or empty: read from memory). */
 bool kiln__gen_reduce(kiln_ctx *ctx, const kiln__ew_prog *prologue, const kiln__node *r,
                       kiln__group *g, const char *comment);
+/* One launch of the same update over T tensors (nodes of one op and the same attributes). */
+bool kiln__gen_update_multi(kiln_ctx *ctx, const kiln__node *const *nodes, int T, kiln__group *g,
+                            const char *comment);
 bool kiln__gen_index_select(kiln_ctx *ctx, const kiln__node *n, kiln__group *g,
                             const char *comment);
 void *kiln__data_ptr(const kiln_tensor *t); /* device address of t's first element */

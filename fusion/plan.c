@@ -5,7 +5,9 @@
  *   - a reduction directly after such a run, reading one of its values, takes the run in as its
  *     prologue (fuse-on-read);
  *   - a 2-D matrix product followed by the addition of a bias over its columns, and optionally a
- *     ReLU, becomes one cuBLASLt call with the BIAS or RELU_BIAS epilogue.
+ *     ReLU, becomes one cuBLASLt call with the BIAS or RELU_BIAS epilogue;
+ *   - consecutive in-place updates of the same kind and settings (an optimizer's parameters,
+ *     gradient assignments) become one multi-tensor launch.
  * Then it decides what is written to memory: a value read outside its group (or through a view),
  * one nothing in the flush reads, one the backward pass will read (the op table's saves column),
  * and one the caller asked to keep. The rest stays in registers and gets no memory at all.
@@ -123,6 +125,32 @@ static bool prologue_ok(const kiln_ctx *ctx, const kiln__plan *p, const kiln__gr
   return nf < KILN__KMAX_F;
 }
 
+/* Whether update node i can join the update group g in one multi-tensor launch: the same op
+ * and attributes, dense operands, room for their pointers, and no operand that an update of
+ * the group writes. */
+static bool can_batch(const kiln_ctx *ctx, const kiln__plan *p, const kiln__group *g, int32_t i) {
+  if (g->kind != KILN__KIND_UPDATE || p->members[g->first + g->n - 1] != i - 1) return false;
+  const kiln__node *n = &ctx->trace.nodes[i], *first = &ctx->trace.nodes[p->members[g->first]];
+  if (n->op != first->op || (g->n + 1) * n->nin > KILN__KMAX_PTR ||
+      memcmp(n->f, first->f, sizeof n->f) != 0 || memcmp(n->i, first->i, sizeof n->i) != 0 ||
+      memcmp(n->u, first->u, sizeof n->u) != 0)
+    return false;
+  for (int m = 0; m <= g->n; m++) {
+    const kiln__node *x = m < g->n ? &ctx->trace.nodes[p->members[g->first + m]] : n;
+    for (int j = 0; j < x->nin; j++)
+      if (!kiln__is_contiguous(x->in[j])) return false;
+  }
+  for (int m = 0; m < g->n; m++) {
+    const kiln__node *x = &ctx->trace.nodes[p->members[g->first + m]];
+    for (int j = 0; j < x->nin; j++) {
+      if (!(kiln__ops[x->op].stores & (1u << j))) continue;
+      for (int q = 0; q < n->nin; q++)
+        if (n->in[q]->st == x->in[j]->st) return false;
+    }
+  }
+  return true;
+}
+
 /* cuBLASLt's epilogue after the product of node i: D = A B + bias (+ ReLU). Returns how many of
  * the following nodes it takes (0, 1 or 2); *next_out is what the group writes. */
 static int matmul_epilogue(const kiln_ctx *ctx, const kiln__plan *p, int32_t i, const int *readers,
@@ -204,6 +232,10 @@ bool kiln__plan_build(kiln_ctx *ctx, int32_t first, int32_t last, bool fuse, kil
       }
     }
     open = NULL;
+    if (kind == KILN__KIND_UPDATE && fuse && p->ng > 0 && can_batch(ctx, p, &p->g[p->ng - 1], i)) {
+      if (!add_member(ctx, p, &p->g[p->ng - 1], i)) goto oom;
+      continue;
+    }
     if (nd->op == KILN__OP_CONCAT) {
       for (int k = 0; k < nd->nin; k++) {
         kiln__group *g = new_group(ctx, p, KILN__KIND_LIB, i);

@@ -1,0 +1,224 @@
+/*
+ * test_cpu_fusion.c: the planner on known traces, without a GPU: which nodes share a kernel,
+ * which values are written to memory and which stay in registers, and that every fused kernel's
+ * CUDA C compiles for sm_90.
+ */
+#include <string.h>
+
+#include "fusion/fusion.h"
+#include "helpers.h"
+#include "internal.h"
+
+static kiln_tensor *f32(kiln_ctx *ctx, kiln_shape s) {
+  kiln_tensor *t = kiln_tensor_new(ctx, KILN_DTYPE_F32, s);
+  cr_assert_not_null(t, "%s", kiln_ctx_error(ctx));
+  return t;
+}
+
+/* The plan of everything recorded so far, with fusion on or off. */
+static kiln__plan plan(kiln_ctx *ctx, bool fuse) {
+  kiln__plan p;
+  cr_assert(kiln__plan_build(ctx, ctx->trace.done, ctx->trace.n, fuse, &p), "%s",
+            kiln_ctx_error(ctx));
+  return p;
+}
+
+/* "add relu* | sum" style: each group's ops, '*' for values kept in registers. */
+static void describe(const kiln_ctx *ctx, const kiln__plan *p, char *buf, size_t n) {
+  size_t k = 0;
+  buf[0] = 0;
+  for (int i = 0; i < p->ng && k < n; i++) {
+    const kiln__group *g = &p->g[i];
+    k += (size_t)snprintf(buf + k, n - k, "%s", i ? " | " : "");
+    if (g->n == 0) /* a concat copy */
+      k += (size_t)snprintf(buf + k, n - k, "%s", kiln__ops[ctx->trace.nodes[g->node].op].name);
+    for (int m = 0; m < g->n && k < n; m++) {
+      int32_t j = p->members[g->first + m];
+      const kiln__node *nd = &ctx->trace.nodes[j];
+      k += (size_t)snprintf(buf + k, n - k, "%s%s%s", m ? " " : "", kiln__ops[nd->op].name,
+                            nd->out && !p->store[j - p->first] ? "*" : "");
+    }
+    if (g->bias && k < n) k += (size_t)snprintf(buf + k, n - k, g->relu ? " [bias+relu]" : " [bias]");
+  }
+}
+
+static void expect_plan(kiln_ctx *ctx, bool fuse, const char *want) {
+  kiln__plan p = plan(ctx, fuse);
+  char got[2048];
+  describe(ctx, &p, got, sizeof got);
+  cr_assert_str_eq(got, want);
+  kiln__plan_free(&p);
+}
+
+Test(fusion, elementwise_chain_is_one_kernel_with_broadcast_inputs) {
+  kiln_ctx *ctx = th_cpu_ctx();
+  kiln_tensor *a = f32(ctx, KILN_SHAPE(64, 32)), *b = f32(ctx, KILN_SHAPE(32));
+  kiln_tensor *c = f32(ctx, KILN_SHAPE(64, 1));
+  kiln_tensor *y = kiln_mul(kiln_relu(kiln_add(a, b)), c);
+  cr_assert_not_null(y);
+  expect_plan(ctx, true, "add* relu* mul");
+  expect_plan(ctx, false, "add | relu | mul");
+  kiln_ctx_free(ctx);
+}
+
+Test(fusion, a_value_used_outside_is_written) {
+  kiln_ctx *ctx = th_cpu_ctx();
+  kiln_tensor *a = f32(ctx, KILN_SHAPE(16, 8));
+  kiln_tensor *e = kiln_exp(a);
+  kiln_tensor *s = kiln_sum(kiln_relu(e), KILN_AXES(1), 1); /* a reduction reads relu */
+  kiln_tensor *d = kiln_div(e, s); /* e is read again after the reduction */
+  cr_assert_not_null(d);
+  expect_plan(ctx, true, "exp relu* sum | div");
+  kiln_ctx_free(ctx);
+}
+
+Test(fusion, shape_changes_and_views_split_runs) {
+  kiln_ctx *ctx = th_cpu_ctx();
+  kiln_tensor *a = f32(ctx, KILN_SHAPE(8, 8));
+  kiln_tensor *t = kiln_exp(a);
+  /* reading t transposed while the kernel writes t would race: a new kernel */
+  kiln_tensor *u = kiln_add(kiln_transpose(t, 0, 1), a);
+  kiln_tensor *v = kiln_neg(kiln_reshape(u, KILN_SHAPE(64)));
+  cr_assert_not_null(v);
+  expect_plan(ctx, true, "exp | add | neg");
+  kiln_ctx_free(ctx);
+}
+
+Test(fusion, softmax_is_three_kernels) {
+  kiln_ctx *ctx = th_cpu_ctx();
+  kiln_tensor *a = f32(ctx, KILN_SHAPE(128, 10));
+  cr_assert_not_null(kiln_softmax(a, 1));
+  expect_plan(ctx, true, "max | sub* exp sum | div");
+  expect_plan(ctx, false, "max | sub | exp | sum | div");
+  kiln_ctx_free(ctx);
+}
+
+Test(fusion, dropout_stays_out_of_reduction_prologues) {
+  kiln_ctx *ctx = th_cpu_ctx();
+  kiln_tensor *a = f32(ctx, KILN_SHAPE(32, 32));
+  cr_assert_not_null(kiln_sum(kiln_dropout(kiln_relu(a), 0.5f, 1), KILN_ALL_AXES, 0));
+  expect_plan(ctx, true, "relu* dropout | sum");
+  kiln_ctx_free(ctx);
+}
+
+Test(fusion, matmul_bias_relu_epilogue) {
+  kiln_ctx *ctx = th_cpu_ctx();
+  kiln_params *p = kiln_params_new(ctx);
+  kiln_linear l1, l2;
+  cr_assert_eq(kiln_linear_init(&l1, p, "l1", 20, 16, 1), KILN_OK);
+  cr_assert_eq(kiln_linear_init(&l2, p, "l2", 16, 4, 1), KILN_OK);
+  kiln_tensor *x = f32(ctx, KILN_SHAPE(8, 20));
+  kiln_tensor *h = kiln_relu(kiln_linear_forward(&l1, x));
+  cr_assert_not_null(kiln_linear_forward(&l2, h));
+  expect_plan(ctx, true, "matmul* add* relu [bias+relu] | matmul* add [bias]");
+  expect_plan(ctx, false, "matmul | add | relu | matmul | add");
+  /* a product whose result is read elsewhere too keeps it, and gets no epilogue */
+  kiln_step_begin(ctx);
+  kiln_tensor *y = kiln_linear_forward(&l1, x);
+  kiln_tensor *z = kiln_add(kiln_matmul(x, kiln_transpose(l1.weight, 0, 1)), y);
+  cr_assert_not_null(z);
+  expect_plan(ctx, true, "matmul* add [bias] | matmul | add");
+  kiln_params_free(p);
+  kiln_ctx_free(ctx);
+}
+
+Test(fusion, values_backward_reads_are_kept) {
+  kiln_ctx *ctx = th_cpu_ctx();
+  kiln_tensor *a = f32(ctx, KILN_SHAPE(8, 8));
+  kiln_tensor_set_requires_grad(a, 1);
+  /* exp's backward reads its output and mul's its inputs: written even though a kernel could
+   * keep them in registers, because kiln_backward may come after this flush */
+  kiln_tensor *y = kiln_tanh(kiln_mul(kiln_exp(a), a));
+  cr_assert_not_null(y);
+  expect_plan(ctx, true, "exp mul* tanh");
+  kiln_ctx_free(ctx);
+}
+
+Test(fusion, mlp_training_step_groups) {
+  kiln_ctx *ctx = th_cpu_ctx();
+  kiln_params *p = kiln_params_new(ctx);
+  kiln_linear l1, l2, l3;
+  kiln_linear_init(&l1, p, "fc1", 784, 512, 1);
+  kiln_linear_init(&l2, p, "fc2", 512, 512, 1);
+  kiln_linear_init(&l3, p, "fc3", 512, 10, 1);
+  kiln_sgd_options so = kiln_sgd_defaults(0.05f);
+  so.momentum = 0.9f;
+  so.nesterov = 1;
+  kiln_optim *o = kiln_sgd_new(p, &so);
+  kiln_tensor *x = f32(ctx, KILN_SHAPE(128, 784));
+  kiln_tensor *y = kiln_tensor_new(ctx, KILN_DTYPE_I32, KILN_SHAPE(128));
+  kiln_tensor *h = kiln_relu(kiln_linear_forward(&l1, x));
+  h = kiln_relu(kiln_linear_forward(&l2, h));
+  kiln_tensor *loss =
+      kiln_cross_entropy(kiln_linear_forward(&l3, h), y, KILN_REDUCTION_MEAN, 0.f);
+  kiln_optim_zero_grad(o);
+  cr_assert_eq(kiln_backward(loss), KILN_OK);
+  cr_assert_eq(kiln_optim_step(o), KILN_OK);
+  kiln__plan fused = plan(ctx, true), unfused = plan(ctx, false);
+  char got[4096];
+  describe(ctx, &fused, got, sizeof got);
+  cr_log_info("MLP step: %d groups fused, %d unfused: %s", fused.ng, unfused.ng, got);
+  /* forward: 3 products with epilogues; loss: 10 kernels; backward: 5 products and 2 bias
+   * gradients; updates: one launch assigns all six .grad buffers, two run SGD on them */
+  cr_assert_eq(fused.ng, 23, "%d groups: %s", fused.ng, got);
+  cr_assert_eq(unfused.ng, 50);
+  const char *updates = "assign assign assign assign assign assign | sgd_momentum sgd_momentum "
+                        "sgd_momentum sgd_momentum | sgd_momentum sgd_momentum";
+  cr_assert(strstr(got, updates) != NULL, "%s", got);
+  cr_assert(strncmp(got, "matmul* add* relu [bias+relu] | matmul* add* relu [bias+relu] | "
+                         "matmul* add [bias] | max | sub exp sum",
+                    strlen("matmul* add* relu [bias+relu] | matmul* add* relu [bias+relu] | "
+                           "matmul* add [bias] | max | sub exp sum")) == 0,
+            "%s", got);
+  kiln__plan_free(&fused);
+  kiln__plan_free(&unfused);
+  /* and every kernel of the fused plan compiles */
+  cr_assert_eq(kiln__compile_pending(ctx), KILN_OK, "%s", kiln_ctx_error(ctx));
+  kiln_optim_free(o);
+  kiln_params_free(p);
+  kiln_ctx_free(ctx);
+}
+
+Test(fusion, generated_source_names_its_ops_and_nodes) {
+  char dir[] = "/tmp/kiln-fusion-dump-XXXXXX";
+  cr_assert_not_null(mkdtemp(dir));
+  setenv("KILN_DUMP_KERNELS", dir, 1);
+  kiln_ctx *ctx = th_cpu_ctx();
+  unsetenv("KILN_DUMP_KERNELS");
+  kiln_tensor *a = f32(ctx, KILN_SHAPE(256, 64)), *b = f32(ctx, KILN_SHAPE(64));
+  cr_assert_not_null(kiln_mul(kiln_relu(kiln_add(a, b)), a));
+  cr_assert_eq(kiln__compile_pending(ctx), KILN_OK, "%s", kiln_ctx_error(ctx));
+  char cmd[512];
+  snprintf(cmd, sizeof cmd,
+           "grep -l 'trace nodes: #0 add \\[256,64\\] f32 (in registers), #1 relu' %s/k_add_relu_mul_f32_*.cu"
+           " >/dev/null",
+           dir);
+  cr_assert_eq(system(cmd), 0, "no k_add_relu_mul_f32_* source listing its nodes in %s", dir);
+  snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+  cr_assert_eq(system(cmd), 0);
+  kiln_ctx_free(ctx);
+}
+
+Test(fusion, dense_operands_get_vector_loads_and_32_bit_indexing) {
+  char dir[] = "/tmp/kiln-fusion-vec-XXXXXX";
+  cr_assert_not_null(mkdtemp(dir));
+  setenv("KILN_DUMP_KERNELS", dir, 1);
+  kiln_ctx *ctx = th_cpu_ctx();
+  unsetenv("KILN_DUMP_KERNELS");
+  kiln_tensor *a = f32(ctx, KILN_SHAPE(1024, 64)), *c = f32(ctx, KILN_SHAPE(1024, 64));
+  cr_assert_not_null(kiln_sigmoid(kiln_sub(a, c))); /* dense */
+  cr_assert_eq(kiln__compile_pending(ctx), KILN_OK, "%s", kiln_ctx_error(ctx));
+  ctx->trace.done = ctx->trace.n; /* as if flushed: the next chain is a kernel of its own */
+  kiln_tensor *ct = kiln_transpose(kiln_reshape(c, KILN_SHAPE(64, 1024)), 0, 1); /* strided */
+  cr_assert_not_null(kiln_tanh(kiln_sub(a, ct)));
+  cr_assert_eq(kiln__compile_pending(ctx), KILN_OK, "%s", kiln_ctx_error(ctx));
+  char cmd[512];
+  snprintf(cmd, sizeof cmd, "grep -q 'float4' %s/k_sub_sigmoid_f32_v4_*.cu && "
+                            "grep -q '32-bit indexing' %s/k_sub_sigmoid_f32_v4_*.cu && "
+                            "! grep -q 'float4' %s/k_sub_tanh_f32_[0-9a-f]*.cu",
+           dir, dir, dir);
+  cr_assert_eq(system(cmd), 0, "vector loads where dense, scalar where strided (%s)", dir);
+  snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+  cr_assert_eq(system(cmd), 0);
+  kiln_ctx_free(ctx);
+}
