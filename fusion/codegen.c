@@ -132,9 +132,12 @@ static void wire(const kiln__ew_prog *p, operands *o, wiring *w, kiln__kargs *a)
     w->fb[j] = nf;
     w->ib[j] = ni;
     w->ub[j] = nu;
-    for (int k = 0; k < f; k++) a->f[nf + k] = nd->f[k];
-    for (int k = 0; k < i; k++) a->i[ni + k] = (int)nd->i[k];
-    for (int k = 0; k < u; k++) a->u[nu + k] = nd->u[k];
+    for (int k = 0; k < f; k++)
+      a->f[nf + k] = nd->f[k];
+    for (int k = 0; k < i; k++)
+      a->i[ni + k] = (int)nd->i[k];
+    for (int k = 0; k < u; k++)
+      a->u[nu + k] = nd->u[k];
     nf += f;
     ni += i;
     nu += u;
@@ -175,7 +178,8 @@ static void offset_expr(kiln__sb *b, int k, int nd, bool lin) {
     return;
   }
   if (nd == 0) kiln__sb_printf(b, "0");
-  for (int d = 0; d < nd; d++) kiln__sb_printf(b, "%sc%d * a.st[%d][%d]", d ? " + " : "", d, k, d);
+  for (int d = 0; d < nd; d++)
+    kiln__sb_printf(b, "%sc%d * a.st[%d][%d]", d ? " + " : "", d, k, d);
 }
 
 /* The loads (scalar), values and stores of prog for one element, indented by ind. In vector
@@ -289,7 +293,8 @@ bool kiln__gen_ew(kiln_ctx *ctx, const kiln__ew_prog *p, kiln__group *g, const c
   kiln__kargs *a = &g->args;
   memset(a, 0, sizeof *a);
   a->n = n;
-  for (int d = 0; d < nd; d++) a->shape[d] = p->shape[d];
+  for (int d = 0; d < nd; d++)
+    a->shape[d] = p->shape[d];
   operands o = {0};
   wiring w;
   wire(p, &o, &w, a);
@@ -302,13 +307,16 @@ bool kiln__gen_ew(kiln_ctx *ctx, const kiln__ew_prog *p, kiln__group *g, const c
     align_strides(t, nd, p->shape, a->st[k]);
     o.lin[k] = dense(t, n);
     int64_t reach = 0;
-    for (int d = 0; d < nd; d++) reach += (p->shape[d] - 1) * llabs(a->st[k][d]);
+    for (int d = 0; d < nd; d++)
+      reach += (p->shape[d] - 1) * llabs(a->st[k][d]);
     if (reach > span) span = reach;
     if (!o.lin[k]) coords = true;
     vec = vec && o.lin[k] && (((uintptr_t)a->ptr[k] | (uintptr_t)(t->offset * 4)) % 16 == 0);
     f32 = f32 && t->dtype == KILN_DTYPE_F32;
-    if (o.store[k]) g->bytes_written += footprint(t);
-    else g->bytes_read += footprint(t);
+    if (o.store[k])
+      g->bytes_written += footprint(t);
+    else
+      g->bytes_read += footprint(t);
   }
   for (int j = 0; j < p->n; j++) /* updates write their inputs back */
     if (kiln__ops[p->nodes[j]->op].kind == KILN__KIND_UPDATE)
@@ -330,11 +338,10 @@ bool kiln__gen_ew(kiln_ctx *ctx, const kiln__ew_prog *p, kiln__group *g, const c
       if (o.store[k])
         kiln__sb_printf(&b, "    float4 S%d;\n", k);
       else
-        kiln__sb_printf(&b, "    %sfloat4 L%d = ((const float4 *)a.ptr[%d])[q];\n",
-                        p->n == 1 && kiln__ops[p->nodes[0]->op].kind == KILN__KIND_UPDATE
-                            ? ""
-                            : "const ",
-                        k, k);
+        kiln__sb_printf(
+            &b, "    %sfloat4 L%d = ((const float4 *)a.ptr[%d])[q];\n",
+            p->n == 1 && kiln__ops[p->nodes[0]->op].kind == KILN__KIND_UPDATE ? "" : "const ", k,
+            k);
     }
     kiln__sb_printf(&b, "#pragma unroll\n    for (int e = 0; e < 4; e++) {\n"
                         "      const ix i = q * 4 + e;\n      (void)i;\n");
@@ -379,9 +386,12 @@ bool kiln__gen_update_multi(kiln_ctx *ctx, const kiln__node *const *nodes, int T
   memset(a, 0, sizeof *a);
   int nf, ni, nu;
   attr_count(info->expr, &nf, &ni, &nu);
-  for (int k = 0; k < nf; k++) a->f[k] = n0->f[k];
-  for (int k = 0; k < ni; k++) a->i[k] = (int)n0->i[k];
-  for (int k = 0; k < nu; k++) a->u[k] = n0->u[k];
+  for (int k = 0; k < nf; k++)
+    a->f[k] = n0->f[k];
+  for (int k = 0; k < ni; k++)
+    a->i[k] = (int)n0->i[k];
+  for (int k = 0; k < nu; k++)
+    a->u[k] = n0->u[k];
   int64_t most = 0;
   g->bytes_read = g->bytes_written = 0;
   for (int t = 0; t < T; t++) {
@@ -396,7 +406,8 @@ bool kiln__gen_update_multi(kiln_ctx *ctx, const kiln__node *const *nodes, int T
     }
   }
   wiring w = {0};
-  for (int q = 0; q < nin; q++) snprintf(w.in[0][q], sizeof w.in[0][q], "x%d", q);
+  for (int q = 0; q < nin; q++)
+    snprintf(w.in[0][q], sizeof w.in[0][q], "x%d", q);
   kiln__sb b = {0};
   kiln__sb_printf(&b, "  const int t = blockIdx.y;\n  const long long n = a.st[t][0];\n"
                       "  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; "
@@ -425,8 +436,8 @@ bool kiln__gen_update_multi(kiln_ctx *ctx, const kiln__node *const *nodes, int T
  * "rows": one block per output, threads stride over the reduced elements (for reductions along
  * the innermost dim). Strategy "cols": one thread per output, looping over the reduced elements
  * (neighbouring threads read neighbouring columns). */
-bool kiln__gen_reduce(kiln_ctx *ctx, const kiln__ew_prog *pro, const kiln__node *r,
-                      kiln__group *g, const char *comment) {
+bool kiln__gen_reduce(kiln_ctx *ctx, const kiln__ew_prog *pro, const kiln__node *r, kiln__group *g,
+                      const char *comment) {
   const kiln_tensor *x = r->in[0];
   unsigned mask = (unsigned)r->i[0];
   int nd = x->ndim;
@@ -463,8 +474,10 @@ bool kiln__gen_reduce(kiln_ctx *ctx, const kiln__ew_prog *pro, const kiln__node 
     a->ptr[k] = kiln__data_ptr(o.t[k]);
     if (k != out) align_strides(o.t[k], nd, x->shape, a->st[k]);
     o.lin[k] = false;
-    if (o.store[k]) g->bytes_written += footprint(o.t[k]);
-    else g->bytes_read += footprint(o.t[k]);
+    if (o.store[k])
+      g->bytes_written += footprint(o.t[k]);
+    else
+      g->bytes_read += footprint(o.t[k]);
   }
   a->f[KILN__KMAX_F - 1] = r->f[0]; /* the mean's scale, after any prologue attributes */
   bool argmax = r->op == KILN__OP_ARGMAX, isum = r->op == KILN__OP_SUM;
@@ -484,8 +497,7 @@ bool kiln__gen_reduce(kiln_ctx *ctx, const kiln__ew_prog *pro, const kiln__node 
   }
   kiln__sb_printf(&b, "    ix r = o;\n");
   for (int k = no - 1; k >= 0; k--)
-    kiln__sb_printf(&b, "    const ix c%d = r %% a.shape[%d]; r /= a.shape[%d];\n", outer[k], k,
-                    k);
+    kiln__sb_printf(&b, "    const ix c%d = r %% a.shape[%d]; r /= a.shape[%d];\n", outer[k], k, k);
   kiln__sb_printf(&b, "    float acc = %s;\n    long long ai = 0x7fffffffffffffffll;\n", init);
   if (rows)
     kiln__sb_printf(&b, "    for (ix j = threadIdx.x; j < a.nred; j += blockDim.x) {\n");
@@ -563,7 +575,8 @@ bool kiln__gen_reduce(kiln_ctx *ctx, const kiln__ew_prog *pro, const kiln__node 
   kiln__sb_free(&b);
   if (rows) {
     int64_t bl = 32;
-    while (bl < a->nred && bl < 256) bl *= 2;
+    while (bl < a->nred && bl < 256)
+      bl *= 2;
     g->block = (unsigned)bl;
     int64_t cap = (int64_t)ctx->num_sms * 16;
     g->grid = (unsigned)(a->n < 1 ? 1 : (a->n > cap ? cap : a->n));

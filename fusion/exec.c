@@ -125,8 +125,15 @@ static kiln__lt_plan *lt_plan(kiln_ctx *ctx, const kiln_tensor *A, const kiln_te
     kiln__error(ctx, KILN_ERR_OOM, "kiln_flush: out of host memory for a cuBLASLt plan");
     return NULL;
   }
-  *q = (kiln__lt_plan){.m = m, .k = k, .n = nn, .lda = lda, .ldb = ldb, .ta = ta, .tb = tb,
-                       .relu = relu, .tf32 = ctx->tf32};
+  *q = (kiln__lt_plan){.m = m,
+                       .k = k,
+                       .n = nn,
+                       .lda = lda,
+                       .ldb = ldb,
+                       .ta = ta,
+                       .tb = tb,
+                       .relu = relu,
+                       .tf32 = ctx->tf32};
   cublasLtMatmulPreference_t pref = NULL;
   cublasOperation_t opb = tb ? CUBLAS_OP_T : CUBLAS_OP_N, opa = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
   cublasLtEpilogue_t epi = relu ? CUBLASLT_EPILOGUE_RELU_BIAS : CUBLASLT_EPILOGUE_BIAS;
@@ -141,16 +148,17 @@ static kiln__lt_plan *lt_plan(kiln_ctx *ctx, const kiln_tensor *A, const kiln_te
                                                              &opb, sizeof opb)) ||
       KILN_CUBLAS_FAILED(ctx, cublasLtMatmulDescSetAttribute(q->desc, CUBLASLT_MATMUL_DESC_TRANSB,
                                                              &opa, sizeof opa)) ||
-      KILN_CUBLAS_FAILED(ctx, cublasLtMatmulDescSetAttribute(
-                                  q->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi)) ||
-      KILN_CUBLAS_FAILED(ctx, cublasLtMatrixLayoutCreate(&q->lb, CUDA_R_32F, tb ? k : nn,
-                                                         tb ? nn : k, ldb)) ||
-      KILN_CUBLAS_FAILED(ctx, cublasLtMatrixLayoutCreate(&q->la, CUDA_R_32F, ta ? m : k,
-                                                         ta ? k : m, lda)) ||
+      KILN_CUBLAS_FAILED(ctx, cublasLtMatmulDescSetAttribute(q->desc, CUBLASLT_MATMUL_DESC_EPILOGUE,
+                                                             &epi, sizeof epi)) ||
+      KILN_CUBLAS_FAILED(
+          ctx, cublasLtMatrixLayoutCreate(&q->lb, CUDA_R_32F, tb ? k : nn, tb ? nn : k, ldb)) ||
+      KILN_CUBLAS_FAILED(
+          ctx, cublasLtMatrixLayoutCreate(&q->la, CUDA_R_32F, ta ? m : k, ta ? k : m, lda)) ||
       KILN_CUBLAS_FAILED(ctx, cublasLtMatrixLayoutCreate(&q->ld, CUDA_R_32F, nn, m, (int64_t)nn)) ||
       KILN_CUBLAS_FAILED(ctx, cublasLtMatmulPreferenceCreate(&pref)) ||
-      KILN_CUBLAS_FAILED(ctx, cublasLtMatmulPreferenceSetAttribute(
-                                  pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws)) ||
+      KILN_CUBLAS_FAILED(
+          ctx, cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                    &ws, sizeof ws)) ||
       KILN_CUBLAS_FAILED(ctx, cublasLtMatmulAlgoGetHeuristic(ctx->cublaslt, q->desc, q->lb, q->la,
                                                              q->ld, q->ld, pref, 1, &h, &found));
   if (pref) cublasLtMatmulPreferenceDestroy(pref);
@@ -181,10 +189,9 @@ static bool run_matmul_lt(kiln_ctx *ctx, const kiln__node *n, const kiln__group 
   const float one = 1.f, zero = 0.f;
   ctx->stats.kernels_launched++;
   return !KILN_CUBLAS_FAILED(
-      ctx, cublasLtMatmul(ctx->cublaslt, q->desc, &one, kiln__data_ptr(B), q->lb,
-                          kiln__data_ptr(A), q->la, &zero, kiln__data_ptr(D), q->ld,
-                          kiln__data_ptr(D), q->ld, &q->algo, ctx->lt_workspace,
-                          ctx->lt_workspace_bytes, ctx->stream));
+      ctx, cublasLtMatmul(ctx->cublaslt, q->desc, &one, kiln__data_ptr(B), q->lb, kiln__data_ptr(A),
+                          q->la, &zero, kiln__data_ptr(D), q->ld, kiln__data_ptr(D), q->ld,
+                          &q->algo, ctx->lt_workspace, ctx->lt_workspace_bytes, ctx->stream));
 }
 
 static bool run_matmul(kiln_ctx *ctx, const kiln__node *n, const kiln__group *g) {
@@ -209,8 +216,8 @@ static bool run_matmul(kiln_ctx *ctx, const kiln__node *n, const kiln__group *g)
       ctx, cublasGemmStridedBatchedEx(ctx->cublas, tb ? CUBLAS_OP_T : CUBLAS_OP_N,
                                       ta ? CUBLAS_OP_T : CUBLAS_OP_N, nn, m, k, &one,
                                       kiln__data_ptr(B), CUDA_R_32F, ldb, sb, kiln__data_ptr(A),
-                                      CUDA_R_32F, lda, sa, &zero, kiln__data_ptr(C), CUDA_R_32F,
-                                      nn, (long long)m * nn, batch, ct, CUBLAS_GEMM_DEFAULT));
+                                      CUDA_R_32F, lda, sa, &zero, kiln__data_ptr(C), CUDA_R_32F, nn,
+                                      (long long)m * nn, batch, ct, CUBLAS_GEMM_DEFAULT));
 }
 
 static bool launch(kiln_ctx *ctx, kiln__group *g) {
@@ -259,7 +266,8 @@ static bool prepare(kiln_ctx *ctx, kiln__plan *p) {
         ok = kiln__gen_ew(ctx, &prog, g, comment);
       } else {
         const kiln__node *ups[KILN__KMAX_PTR];
-        for (int m = 0; m < g->n; m++) ups[m] = &ctx->trace.nodes[p->members[g->first + m]];
+        for (int m = 0; m < g->n; m++)
+          ups[m] = &ctx->trace.nodes[p->members[g->first + m]];
         ok = kiln__gen_update_multi(ctx, ups, g->n, g, comment);
       }
       break;
@@ -271,7 +279,8 @@ static bool prepare(kiln_ctx *ctx, kiln__plan *p) {
       snprintf(g->name, sizeof g->name, "%s_%lldx%lldx%lld%s",
                g->bias ? (g->relu ? "cublasLt_gemm_bias_relu" : "cublasLt_gemm_bias")
                        : "cublas_gemm",
-               (long long)n->in[0]->shape[n->in[0]->ndim - 2], (long long)n->out->shape[n->out->ndim - 1],
+               (long long)n->in[0]->shape[n->in[0]->ndim - 2],
+               (long long)n->out->shape[n->out->ndim - 1],
                (long long)n->in[0]->shape[n->in[0]->ndim - 1], n->out->ndim == 3 ? "_batched" : "");
       break;
     case KILN__KIND_LIB:
@@ -284,14 +293,15 @@ static bool prepare(kiln_ctx *ctx, kiln__plan *p) {
         /* input g->sub is copied into its slice of the output */
         int axis = (int)n->i[0];
         int64_t start = 0;
-        for (int q = 0; q < g->sub; q++) start += n->in[q]->shape[axis];
+        for (int q = 0; q < g->sub; q++)
+          start += n->in[q]->shape[axis];
         kiln_tensor slice = *n->out;
         memcpy(slice.shape, n->in[g->sub]->shape, sizeof slice.shape);
         slice.offset = n->out->offset + start * n->out->stride[axis];
         kiln__node copy = {.op = KILN__OP_COPY, .nin = 1, .out = &slice};
         copy.in[0] = n->in[g->sub];
-        kiln__ew_prog cp = {.n = 1, .nodes = {&copy}, .store = {true}, .ndim = slice.ndim,
-                            .shape = slice.shape};
+        kiln__ew_prog cp = {
+            .n = 1, .nodes = {&copy}, .store = {true}, .ndim = slice.ndim, .shape = slice.shape};
         ok = kiln__gen_ew(ctx, &cp, g, comment);
       }
       break;

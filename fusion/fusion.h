@@ -35,9 +35,9 @@ typedef struct kiln__ew_prog {
 
 typedef struct kiln__group {
   kiln__kind kind;
-  int32_t node;   /* the group's main node: the reduction, product, update or library call */
-  int first, n;   /* members: plan->members[first .. first + n), in trace order */
-  int sub;        /* concat: which input this copy moves */
+  int32_t node; /* the group's main node: the reduction, product, update or library call */
+  int first, n; /* members: plan->members[first .. first + n), in trace order */
+  int sub;      /* concat: which input this copy moves */
   /* matrix product epilogue (cuBLASLt): D = act(A B + bias) */
   const kiln_tensor *bias;
   bool relu;

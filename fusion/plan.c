@@ -20,7 +20,8 @@
 static bool grow(kiln_ctx *ctx, void **p, int *cap, int need, size_t size) {
   if (need <= *cap) return true;
   int c = *cap ? *cap : 64;
-  while (c < need) c *= 2;
+  while (c < need)
+    c *= 2;
   void *q = realloc(*p, (size_t)c * size);
   if (!q) {
     kiln__error(ctx, KILN_ERR_OOM, "kiln_flush: out of host memory planning");
@@ -165,9 +166,9 @@ static int matmul_epilogue(const kiln_ctx *ctx, const kiln__plan *p, int32_t i, 
   if (side < 0 || !same_shape(add->out, mm->out)) return 0;
   const kiln_tensor *b = add->in[side];
   int64_t ncol = mm->out->shape[1];
-  bool vec = (b->ndim == 1 || (b->ndim == 2 && b->shape[0] == 1)) && b->shape[b->ndim - 1] == ncol &&
-             (ncol == 1 || b->stride[b->ndim - 1] == 1) && b->dtype == KILN_DTYPE_F32 &&
-             ((uintptr_t)b->offset * 4) % 16 == 0;
+  bool vec = (b->ndim == 1 || (b->ndim == 2 && b->shape[0] == 1)) &&
+             b->shape[b->ndim - 1] == ncol && (ncol == 1 || b->stride[b->ndim - 1] == 1) &&
+             b->dtype == KILN_DTYPE_F32 && ((uintptr_t)b->offset * 4) % 16 == 0;
   if (!vec || b->st == mm->out->st) return 0;
   g->bias = b;
   g->out = add->out;
@@ -223,7 +224,8 @@ bool kiln__plan_build(kiln_ctx *ctx, int32_t first, int32_t last, bool fuse, kil
     if (kind == KILN__KIND_REDUCE && fuse && open) {
       /* fuse-on-read: the run computes the reduction's input */
       int32_t pr = producer(ctx, p, nd->in[0]);
-      if (pr >= 0 && p->group_of[pr - first] == (int32_t)(open - p->g) && prologue_ok(ctx, p, open)) {
+      if (pr >= 0 && p->group_of[pr - first] == (int32_t)(open - p->g) &&
+          prologue_ok(ctx, p, open)) {
         open->kind = KILN__KIND_REDUCE;
         open->node = i;
         if (!add_member(ctx, p, open, i)) goto oom;

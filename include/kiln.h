@@ -94,7 +94,9 @@ void kiln_set_tf32(kiln_ctx *ctx, int on); /* default on, KILN_TF32=0 in the env
 void kiln_set_fusion(kiln_ctx *ctx, int on);
 int kiln_fusion(const kiln_ctx *ctx);
 int kiln_tf32(const kiln_ctx *ctx);
-void kiln_manual_seed(kiln_ctx *ctx, uint64_t seed); /* seeds dropout and init */
+/* Seeds parameter init, shuffles drawn from the context, and dropout; dropout's Philox offset
+ * restarts at 0, so the same seed gives the same masks. */
+void kiln_manual_seed(kiln_ctx *ctx, uint64_t seed);
 
 /* Runs everything recorded so far and waits for the device. */
 kiln_status kiln_sync(kiln_ctx *ctx);
@@ -130,7 +132,7 @@ typedef struct kiln_flush_stats {
 } kiln_flush_stats;
 
 typedef struct kiln_exec_stats {
-  uint64_t nodes_recorded;   /* all nodes ever recorded */
+  uint64_t nodes_recorded; /* all nodes ever recorded */
   uint64_t nodes_executed;
   uint64_t flushes;
   uint64_t groups;           /* launches planned, all flushes */
@@ -153,7 +155,10 @@ kiln_tensor *kiln_tensor_from_host(kiln_ctx *ctx, kiln_dtype dtype, kiln_shape s
 /* Frees a persistent tensor and its gradient; intermediates are released by kiln_step_begin. */
 void kiln_tensor_free(kiln_tensor *t);
 
-/* Flushes, then copies the whole tensor (any view) to host memory, contiguous. */
+/* Flushes, then copies the whole tensor (any view) to host memory, contiguous. With fusion on,
+ * an intermediate that other ops consumed may have lived only in a fused kernel's registers:
+ * reading it after the flush that ran it is an error (KILN_ERR_STATE) that says so; reading it
+ * before (while it is pending) makes that flush write it. */
 kiln_status kiln_tensor_to_host(kiln_tensor *t, void *dst, size_t bytes);
 /* Copies host data into a persistent contiguous tensor, after what was recorded before. */
 kiln_status kiln_tensor_copy_from_host(kiln_tensor *t, const void *src, size_t bytes);
@@ -241,7 +246,8 @@ kiln_tensor *kiln_cross_entropy(kiln_tensor *logits, kiln_tensor *labels, kiln_r
                                 float label_smoothing);
 
 /*
- * Matrix product: (M,K) x (K,N), (B,M,K) x (B,K,N), (B,M,K) x (K,N); a batch of 1 broadcasts.
+ * Matrix product: (M,K) x (K,N), (B,M,K) x (B,K,N), (B,M,K) x (K,N), (M,K) x (B,K,N); a batch
+ * of 1 broadcasts.
  * Transposed views are passed to cuBLAS as transposed operands, not copied.
  */
 kiln_tensor *kiln_matmul(kiln_tensor *a, kiln_tensor *b);

@@ -38,7 +38,8 @@ static void describe(const kiln_ctx *ctx, const kiln__plan *p, char *buf, size_t
       k += (size_t)snprintf(buf + k, n - k, "%s%s%s", m ? " " : "", kiln__ops[nd->op].name,
                             nd->out && !p->store[j - p->first] ? "*" : "");
     }
-    if (g->bias && k < n) k += (size_t)snprintf(buf + k, n - k, g->relu ? " [bias+relu]" : " [bias]");
+    if (g->bias && k < n)
+      k += (size_t)snprintf(buf + k, n - k, g->relu ? " [bias+relu]" : " [bias]");
   }
 }
 
@@ -149,8 +150,7 @@ Test(fusion, mlp_training_step_groups) {
   kiln_tensor *y = kiln_tensor_new(ctx, KILN_DTYPE_I32, KILN_SHAPE(128));
   kiln_tensor *h = kiln_relu(kiln_linear_forward(&l1, x));
   h = kiln_relu(kiln_linear_forward(&l2, h));
-  kiln_tensor *loss =
-      kiln_cross_entropy(kiln_linear_forward(&l3, h), y, KILN_REDUCTION_MEAN, 0.f);
+  kiln_tensor *loss = kiln_cross_entropy(kiln_linear_forward(&l3, h), y, KILN_REDUCTION_MEAN, 0.f);
   kiln_optim_zero_grad(o);
   cr_assert_eq(kiln_backward(loss), KILN_OK);
   cr_assert_eq(kiln_optim_step(o), KILN_OK);
@@ -165,8 +165,9 @@ Test(fusion, mlp_training_step_groups) {
   const char *updates = "assign assign assign assign assign assign | sgd_momentum sgd_momentum "
                         "sgd_momentum sgd_momentum | sgd_momentum sgd_momentum";
   cr_assert(strstr(got, updates) != NULL, "%s", got);
-  cr_assert(strncmp(got, "matmul* add* relu [bias+relu] | matmul* add* relu [bias+relu] | "
-                         "matmul* add [bias] | max | sub exp sum",
+  cr_assert(strncmp(got,
+                    "matmul* add* relu [bias+relu] | matmul* add* relu [bias+relu] | "
+                    "matmul* add [bias] | max | sub exp sum",
                     strlen("matmul* add* relu [bias+relu] | matmul* add* relu [bias+relu] | "
                            "matmul* add [bias] | max | sub exp sum")) == 0,
             "%s", got);
@@ -190,7 +191,8 @@ Test(fusion, generated_source_names_its_ops_and_nodes) {
   cr_assert_eq(kiln__compile_pending(ctx), KILN_OK, "%s", kiln_ctx_error(ctx));
   char cmd[512];
   snprintf(cmd, sizeof cmd,
-           "grep -l 'trace nodes: #0 add \\[256,64\\] f32 (in registers), #1 relu' %s/k_add_relu_mul_f32_*.cu"
+           "grep -l 'trace nodes: #0 add \\[256,64\\] f32 (in registers), #1 relu' "
+           "%s/k_add_relu_mul_f32_*.cu"
            " >/dev/null",
            dir);
   cr_assert_eq(system(cmd), 0, "no k_add_relu_mul_f32_* source listing its nodes in %s", dir);
@@ -213,9 +215,10 @@ Test(fusion, dense_operands_get_vector_loads_and_32_bit_indexing) {
   cr_assert_not_null(kiln_tanh(kiln_sub(a, ct)));
   cr_assert_eq(kiln__compile_pending(ctx), KILN_OK, "%s", kiln_ctx_error(ctx));
   char cmd[512];
-  snprintf(cmd, sizeof cmd, "grep -q 'float4' %s/k_sub_sigmoid_f32_v4_*.cu && "
-                            "grep -q '32-bit indexing' %s/k_sub_sigmoid_f32_v4_*.cu && "
-                            "! grep -q 'float4' %s/k_sub_tanh_f32_[0-9a-f]*.cu",
+  snprintf(cmd, sizeof cmd,
+           "grep -q 'float4' %s/k_sub_sigmoid_f32_v4_*.cu && "
+           "grep -q '32-bit indexing' %s/k_sub_sigmoid_f32_v4_*.cu && "
+           "! grep -q 'float4' %s/k_sub_tanh_f32_[0-9a-f]*.cu",
            dir, dir, dir);
   cr_assert_eq(system(cmd), 0, "vector loads where dense, scalar where strided (%s)", dir);
   snprintf(cmd, sizeof cmd, "rm -rf %s", dir);

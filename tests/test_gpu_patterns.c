@@ -38,7 +38,8 @@ static void compare(builder build, kiln_tensor **in, kiln_ctx *ctx, uint64_t wan
   cr_assert_eq(ku, want_unfused, "%s: %llu kernels unfused, want %llu", what,
                (unsigned long long)ku, (unsigned long long)want_unfused);
   for (int64_t i = 0; i < n; i++)
-    cr_assert(fabs(f[i] - u[i]) <= 1e-6 + rtol * fabs(u[i]), "%s: element %lld: fused %.9g, "
+    cr_assert(fabs(f[i] - u[i]) <= 1e-6 + rtol * fabs(u[i]),
+              "%s: element %lld: fused %.9g, "
               "unfused %.9g",
               what, (long long)i, f[i], u[i]);
   free(f);
@@ -65,7 +66,8 @@ Test(gpu_patterns, elementwise_chain_is_one_kernel) {
   kiln_stats(ctx, &s);
   cr_assert_eq(s.last_flush.bytes_read, (uint64_t)(1024 * 1024 + 1024 + 1024) * 4);
   cr_assert_eq(s.last_flush.bytes_written, (uint64_t)1024 * 1024 * 4);
-  for (int i = 0; i < 3; i++) kiln_tensor_free(in[i]);
+  for (int i = 0; i < 3; i++)
+    kiln_tensor_free(in[i]);
   kiln_ctx_free(ctx);
 }
 
@@ -122,7 +124,8 @@ Test(gpu_patterns, mlp_training_step_is_23_launches) {
     kiln_optim *o = kiln_sgd_new(p, &so);
     kiln_tensor *x = th_rand(ctx, KILN_SHAPE(128, 784), 6, -1.f, 1.f, NULL);
     int32_t lab[128];
-    for (int i = 0; i < 128; i++) lab[i] = (i * 7) % 10;
+    for (int i = 0; i < 128; i++)
+      lab[i] = (i * 7) % 10;
     kiln_tensor *y = kiln_tensor_from_host(ctx, KILN_DTYPE_I32, KILN_SHAPE(128), lab);
     for (int s = 0; s < 6; s++) {
       kiln_step_begin(ctx);
@@ -162,7 +165,8 @@ Test(gpu_patterns, reading_a_value_kept_in_registers) {
   kiln_tensor *e = kiln_exp(a);
   kiln_tensor *y = kiln_neg(e);
   float *ev = th_read(e), *yv = th_read(y);
-  for (int i = 0; i < 100; i++) cr_assert_float_eq(yv[i], -ev[i], 0.f);
+  for (int i = 0; i < 100; i++)
+    cr_assert_float_eq(yv[i], -ev[i], 0.f);
   free(ev);
   free(yv);
   /* read after the flush that kept it in registers: a clear error */
