@@ -121,6 +121,8 @@ int main(int argc, char **argv) {
       eval_only = v;
     else if (strcmp(a, "--log") == 0)
       log_path = v;
+    else if (strcmp(a, "--stop-after") == 0)
+      stop_after = atoi(v);
     else
       usage(argv[0]);
   }
