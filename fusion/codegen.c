@@ -96,7 +96,7 @@ typedef struct wiring {
   bool coords;                     /* some read needs the element's coordinates */
 } wiring;
 
-static void attr_count(const char *e, int *nf, int *ni, int *nu) {
+void kiln__attr_use(const char *e, int *nf, int *ni, int *nu) {
   *nf = *ni = *nu = 0;
   for (const char *c = e; *c; c++) {
     if (c[0] != '$' || !c[1] || c[2] < '0' || c[2] > '9') continue;
@@ -128,7 +128,7 @@ static void wire(const kiln__ew_prog *p, operands *o, wiring *w, kiln__kargs *a)
       }
     }
     int f, i, u;
-    attr_count(info->expr, &f, &i, &u);
+    kiln__attr_use(info->expr, &f, &i, &u);
     w->fb[j] = nf;
     w->ib[j] = ni;
     w->ub[j] = nu;
@@ -385,7 +385,7 @@ bool kiln__gen_update_multi(kiln_ctx *ctx, const kiln__node *const *nodes, int T
   kiln__kargs *a = &g->args;
   memset(a, 0, sizeof *a);
   int nf, ni, nu;
-  attr_count(info->expr, &nf, &ni, &nu);
+  kiln__attr_use(info->expr, &nf, &ni, &nu);
   for (int k = 0; k < nf; k++)
     a->f[k] = n0->f[k];
   for (int k = 0; k < ni; k++)

@@ -60,6 +60,9 @@ typedef struct kiln__plan {
   bool *store;       /* per node: its output must be written to memory */
 } kiln__plan;
 
+/* How many float, int and 64-bit attribute slots an op expression uses ($f0.., $i0.., $u0..). */
+void kiln__attr_use(const char *expr, int *nf, int *ni, int *nu);
+
 /* Plans trace nodes [first, last); fusion off gives one group per node. */
 bool kiln__plan_build(kiln_ctx *ctx, int32_t first, int32_t last, bool fuse, kiln__plan *p);
 void kiln__plan_free(kiln__plan *p);

@@ -58,18 +58,6 @@ static int32_t producer(const kiln_ctx *ctx, const kiln__plan *p, const kiln_ten
   return ctx->trace.nodes[i].out == t ? i : -1;
 }
 
-/* Attribute slots an op's expression uses: the highest $fK, $iK, $uK plus one. */
-static void attr_use(const char *e, int *nf, int *ni, int *nu) {
-  *nf = *ni = *nu = 0;
-  for (const char *c = e; *c; c++) {
-    if (c[0] != '$' || !c[1] || c[2] < '0' || c[2] > '9') continue;
-    int k = c[2] - '0' + 1;
-    if (c[1] == 'f' && k > *nf) *nf = k;
-    if (c[1] == 'i' && k > *ni) *ni = k;
-    if (c[1] == 'u' && k > *nu) *nu = k;
-  }
-}
-
 static bool same_shape(const kiln_tensor *a, const kiln_tensor *b) {
   if (a->ndim != b->ndim) return false;
   for (int d = 0; d < a->ndim; d++)
@@ -87,7 +75,7 @@ static bool can_join(const kiln_ctx *ctx, const kiln__plan *p, const kiln__group
   for (int m = 0; m <= g->n; m++) {
     const kiln__node *x = m < g->n ? &ctx->trace.nodes[p->members[g->first + m]] : n;
     int f, k, u;
-    attr_use(kiln__ops[x->op].expr, &f, &k, &u);
+    kiln__attr_use(kiln__ops[x->op].expr, &f, &k, &u);
     nf += f;
     ni += k;
     nu += u;
@@ -120,7 +108,7 @@ static bool prologue_ok(const kiln_ctx *ctx, const kiln__plan *p, const kiln__gr
     const char *e = kiln__ops[ctx->trace.nodes[p->members[g->first + m]].op].expr;
     if (strstr(e, "$idx")) return false;
     int f, i, u;
-    attr_use(e, &f, &i, &u);
+    kiln__attr_use(e, &f, &i, &u);
     nf += f;
   }
   return nf < KILN__KMAX_F;

@@ -250,24 +250,36 @@ kiln_status kiln_params_save(const kiln_params *p, const char *path, kiln_dtype 
   return save(__func__, path, p, NULL, dtype, NULL);
 }
 
+/* Reads and checks path for fn; NULL (the error set, when there is a context) on failure. */
+static kiln_ctx *read_parsed(const char *fn, const kiln_params *p, const char *path, uint8_t **buf,
+                             kiln__st_file *f) {
+  kiln_ctx *ctx = kiln__params_ctx(p);
+  *buf = NULL;
+  memset(f, 0, sizeof *f);
+  if (!ctx || !kiln__ok(ctx)) return NULL;
+  if (!path) return kiln__error(ctx, KILN_ERR_INVALID, "%s: NULL path", fn), NULL;
+  size_t len;
+  if (kiln__read_file(ctx, fn, path, buf, &len) != KILN_OK) return NULL;
+  if (kiln__st_parse(ctx, fn, path, *buf, len, f) != KILN_OK) {
+    free(*buf);
+    *buf = NULL;
+    return NULL;
+  }
+  return ctx;
+}
+
 kiln_status kiln_params_load(kiln_params *p, const char *path) {
   const char *fn = __func__;
-  kiln_ctx *ctx = kiln__params_ctx(p);
-  if (!ctx) return KILN_ERR_INVALID;
-  if (!kiln__ok(ctx)) return ctx->status;
-  if (!path) return kiln__error(ctx, KILN_ERR_INVALID, "%s: NULL path", fn);
   uint8_t *buf;
-  size_t len;
-  if (kiln__read_file(ctx, fn, path, &buf, &len) != KILN_OK) return ctx->status;
   kiln__st_file f;
+  kiln_ctx *ctx = read_parsed(fn, p, path, &buf, &f);
+  if (!ctx) return kiln__params_ctx(p) ? kiln_ctx_status(kiln__params_ctx(p)) : KILN_ERR_INVALID;
   slots ss = {0};
-  if (kiln__st_parse(ctx, fn, path, buf, len, &f) == KILN_OK) {
-    if (!gather(p, NULL, &ss))
-      kiln__error(ctx, KILN_ERR_OOM, "%s: out of host memory", fn);
-    else if (match(ctx, fn, path, &f, &ss, ss.n) == KILN_OK)
-      upload(&ss);
-    kiln__st_free(&f);
-  }
+  if (!gather(p, NULL, &ss))
+    kiln__error(ctx, KILN_ERR_OOM, "%s: out of host memory", fn);
+  else if (match(ctx, fn, path, &f, &ss, ss.n) == KILN_OK)
+    upload(&ss);
+  kiln__st_free(&f);
   slots_free(&ss);
   free(buf);
   return ctx->status;
@@ -337,18 +349,13 @@ static bool meta_num(const cJSON *m, const char *k, uint64_t *v) {
 
 kiln_status kiln_checkpoint_load(const char *path, kiln_params *p, kiln_optim *o, kiln_meta *user) {
   const char *fn = __func__;
-  kiln_ctx *ctx = kiln__params_ctx(p);
-  if (!ctx) return KILN_ERR_INVALID;
-  if (!kiln__ok(ctx)) return ctx->status;
-  if (!path) return kiln__error(ctx, KILN_ERR_INVALID, "%s: NULL path", fn);
   uint8_t *buf;
-  size_t len;
-  if (kiln__read_file(ctx, fn, path, &buf, &len) != KILN_OK) return ctx->status;
   kiln__st_file f;
+  kiln_ctx *ctx = read_parsed(fn, p, path, &buf, &f);
+  if (!ctx) return kiln__params_ctx(p) ? kiln_ctx_status(kiln__params_ctx(p)) : KILN_ERR_INVALID;
   slots ss = {0};
   int np = kiln_params_count(p);
   int64_t *counts = calloc((size_t)np + 1, sizeof *counts);
-  if (kiln__st_parse(ctx, fn, path, buf, len, &f) != KILN_OK) goto done;
   const cJSON *m = f.metadata;
   const char *format = meta_str(m, "kiln.format");
   uint64_t seed, off, host, steps = 0;
