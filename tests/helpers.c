@@ -77,3 +77,34 @@ void th_assert_close(const float *got, const double *want, int64_t n, double ato
 void th_assert_ok(kiln_ctx *ctx) {
   cr_assert_null(kiln_ctx_error(ctx), "context error: %s", kiln_ctx_error(ctx));
 }
+
+void th_mlp_init(kiln_ctx *ctx, th_mlp *m) {
+  m->params = kiln_params_new(ctx);
+  cr_assert_eq(kiln_linear_init(&m->l1, m->params, "fc1", 784, 512, 1), KILN_OK);
+  cr_assert_eq(kiln_linear_init(&m->l2, m->params, "fc2", 512, 512, 1), KILN_OK);
+  cr_assert_eq(kiln_linear_init(&m->l3, m->params, "fc3", 512, 10, 1), KILN_OK);
+  kiln_sgd_options so = kiln_sgd_defaults(0.05f);
+  so.momentum = 0.9f;
+  so.nesterov = 1;
+  m->opt = kiln_sgd_new(m->params, &so);
+  cr_assert_not_null(m->opt, "%s", kiln_ctx_error(ctx));
+}
+
+kiln_tensor *th_mlp_logits(const th_mlp *m, kiln_tensor *x) {
+  kiln_tensor *h = kiln_relu(kiln_linear_forward(&m->l1, x));
+  h = kiln_relu(kiln_linear_forward(&m->l2, h));
+  return kiln_linear_forward(&m->l3, h);
+}
+
+kiln_tensor *th_mlp_record_step(th_mlp *m, kiln_tensor *x, kiln_tensor *y) {
+  kiln_tensor *loss = kiln_cross_entropy(th_mlp_logits(m, x), y, KILN_REDUCTION_MEAN, 0.f);
+  kiln_optim_zero_grad(m->opt);
+  kiln_backward(loss);
+  kiln_optim_step(m->opt);
+  return loss;
+}
+
+void th_mlp_free(th_mlp *m) {
+  kiln_optim_free(m->opt);
+  kiln_params_free(m->params);
+}

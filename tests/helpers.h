@@ -38,6 +38,18 @@ int32_t *th_read_i32(kiln_tensor *t);
 /* Asserts |got - want| <= atol + rtol * |want| everywhere, naming the first bad element. */
 void th_assert_close(const float *got, const double *want, int64_t n, double atol, double rtol,
                      const char *what);
+/* The benchmark MLP: 784-512-512-10 with ReLU, SGD with Nesterov momentum 0.9 and lr 0.05. */
+typedef struct th_mlp {
+  kiln_params *params;
+  kiln_linear l1, l2, l3;
+  kiln_optim *opt;
+} th_mlp;
+void th_mlp_init(kiln_ctx *ctx, th_mlp *m);
+kiln_tensor *th_mlp_logits(const th_mlp *m, kiln_tensor *x); /* (B, 10) */
+/* Records one training step on (x, y): forward, loss, backward, update; returns the loss. */
+kiln_tensor *th_mlp_record_step(th_mlp *m, kiln_tensor *x, kiln_tensor *y);
+void th_mlp_free(th_mlp *m);
+
 /* Asserts the context has no error (and prints it if it has). */
 void th_assert_ok(kiln_ctx *ctx);
 

@@ -137,23 +137,12 @@ Test(fusion, values_backward_reads_are_kept) {
 
 Test(fusion, mlp_training_step_groups) {
   kiln_ctx *ctx = th_cpu_ctx();
-  kiln_params *p = kiln_params_new(ctx);
-  kiln_linear l1, l2, l3;
-  kiln_linear_init(&l1, p, "fc1", 784, 512, 1);
-  kiln_linear_init(&l2, p, "fc2", 512, 512, 1);
-  kiln_linear_init(&l3, p, "fc3", 512, 10, 1);
-  kiln_sgd_options so = kiln_sgd_defaults(0.05f);
-  so.momentum = 0.9f;
-  so.nesterov = 1;
-  kiln_optim *o = kiln_sgd_new(p, &so);
+  th_mlp m;
+  th_mlp_init(ctx, &m);
   kiln_tensor *x = f32(ctx, KILN_SHAPE(128, 784));
   kiln_tensor *y = kiln_tensor_new(ctx, KILN_DTYPE_I32, KILN_SHAPE(128));
-  kiln_tensor *h = kiln_relu(kiln_linear_forward(&l1, x));
-  h = kiln_relu(kiln_linear_forward(&l2, h));
-  kiln_tensor *loss = kiln_cross_entropy(kiln_linear_forward(&l3, h), y, KILN_REDUCTION_MEAN, 0.f);
-  kiln_optim_zero_grad(o);
-  cr_assert_eq(kiln_backward(loss), KILN_OK);
-  cr_assert_eq(kiln_optim_step(o), KILN_OK);
+  cr_assert_not_null(th_mlp_record_step(&m, x, y));
+  th_assert_ok(ctx);
   kiln__plan fused = plan(ctx, true), unfused = plan(ctx, false);
   char got[4096];
   describe(ctx, &fused, got, sizeof got);
@@ -175,8 +164,7 @@ Test(fusion, mlp_training_step_groups) {
   kiln__plan_free(&unfused);
   /* and every kernel of the fused plan compiles */
   cr_assert_eq(kiln__compile_pending(ctx), KILN_OK, "%s", kiln_ctx_error(ctx));
-  kiln_optim_free(o);
-  kiln_params_free(p);
+  th_mlp_free(&m);
   kiln_ctx_free(ctx);
 }
 

@@ -113,15 +113,8 @@ Test(gpu_patterns, mlp_training_step_is_23_launches) {
   for (int fuse = 0; fuse < 2; fuse++) {
     kiln_set_fusion(ctx, fuse);
     kiln_manual_seed(ctx, 3);
-    kiln_params *p = kiln_params_new(ctx);
-    kiln_linear l1, l2, l3;
-    kiln_linear_init(&l1, p, "fc1", 784, 512, 1);
-    kiln_linear_init(&l2, p, "fc2", 512, 512, 1);
-    kiln_linear_init(&l3, p, "fc3", 512, 10, 1);
-    kiln_sgd_options so = kiln_sgd_defaults(0.05f);
-    so.momentum = 0.9f;
-    so.nesterov = 1;
-    kiln_optim *o = kiln_sgd_new(p, &so);
+    th_mlp m;
+    th_mlp_init(ctx, &m);
     kiln_tensor *x = th_rand(ctx, KILN_SHAPE(128, 784), 6, -1.f, 1.f, NULL);
     int32_t lab[128];
     for (int i = 0; i < 128; i++)
@@ -129,20 +122,14 @@ Test(gpu_patterns, mlp_training_step_is_23_launches) {
     kiln_tensor *y = kiln_tensor_from_host(ctx, KILN_DTYPE_I32, KILN_SHAPE(128), lab);
     for (int s = 0; s < 6; s++) {
       kiln_step_begin(ctx);
-      kiln_tensor *h = kiln_relu(kiln_linear_forward(&l1, x));
-      h = kiln_relu(kiln_linear_forward(&l2, h));
-      kiln_tensor *l = kiln_cross_entropy(kiln_linear_forward(&l3, h), y, KILN_REDUCTION_MEAN, 0.f);
-      kiln_optim_zero_grad(o);
-      kiln_backward(l);
-      kiln_optim_step(o);
+      kiln_tensor *l = th_mlp_record_step(&m, x, y);
       cr_assert_eq(kiln_step_end(ctx), KILN_OK, "%s", kiln_ctx_error(ctx));
       kiln_exec_stats st;
       kiln_stats(ctx, &st);
       kernels[fuse] = st.last_flush.kernels;
       loss[fuse][s] = kiln_tensor_item(l);
     }
-    kiln_optim_free(o);
-    kiln_params_free(p);
+    th_mlp_free(&m);
     kiln_tensor_free(x);
     kiln_tensor_free(y);
   }

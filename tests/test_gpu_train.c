@@ -384,15 +384,8 @@ Test(gpu_train, mnist_one_epoch_learns, .timeout = 600) {
   kiln_dataset *test = kiln_mnist_load(ctx, dir, "t10k", 0.1307f, 0.3081f);
   cr_assert_not_null(train, "%s", kiln_ctx_error(ctx));
   cr_assert_not_null(test, "%s", kiln_ctx_error(ctx));
-  kiln_params *p = kiln_params_new(ctx);
-  kiln_linear l1, l2, l3;
-  kiln_linear_init(&l1, p, "fc1", 784, 512, 1);
-  kiln_linear_init(&l2, p, "fc2", 512, 512, 1);
-  kiln_linear_init(&l3, p, "fc3", 512, 10, 1);
-  kiln_sgd_options so = kiln_sgd_defaults(0.05f);
-  so.momentum = 0.9f;
-  so.nesterov = 1;
-  kiln_optim *opt = kiln_sgd_new(p, &so);
+  th_mlp m;
+  th_mlp_init(ctx, &m);
   kiln_loader *loader = kiln_loader_new(train, 128, 1, 1, 0);
   th_assert_ok(ctx);
   double first = 0, last = 0;
@@ -401,13 +394,7 @@ Test(gpu_train, mnist_one_epoch_learns, .timeout = 600) {
     kiln_step_begin(ctx);
     kiln_tensor *x, *y;
     if (!kiln_loader_next(loader, &x, &y)) break;
-    kiln_tensor *h = kiln_relu(kiln_linear_forward(&l1, x));
-    h = kiln_relu(kiln_linear_forward(&l2, h));
-    kiln_tensor *loss =
-        kiln_cross_entropy(kiln_linear_forward(&l3, h), y, KILN_REDUCTION_MEAN, 0.f);
-    kiln_optim_zero_grad(opt);
-    kiln_backward(loss);
-    kiln_optim_step(opt);
+    kiln_tensor *loss = th_mlp_record_step(&m, x, y);
     cr_assert_eq(kiln_step_end(ctx), KILN_OK, "%s", kiln_ctx_error(ctx));
     if (steps < 20) first += kiln_tensor_item(loss) / 20;
     if (steps >= nb - 20) last += kiln_tensor_item(loss) / 20;
@@ -423,9 +410,7 @@ Test(gpu_train, mnist_one_epoch_learns, .timeout = 600) {
     kiln_step_begin(ctx);
     kiln_tensor *x, *y;
     if (!kiln_loader_next(tl, &x, &y)) break;
-    kiln_tensor *h = kiln_relu(kiln_linear_forward(&l1, x));
-    h = kiln_relu(kiln_linear_forward(&l2, h));
-    kiln_tensor *pred = kiln_argmax(kiln_linear_forward(&l3, h), 1, 0);
+    kiln_tensor *pred = kiln_argmax(th_mlp_logits(&m, x), 1, 0);
     kiln_tensor *hit = kiln_eq(kiln_cast(pred, KILN_DTYPE_F32), kiln_cast(y, KILN_DTYPE_F32));
     correct += kiln_tensor_item(kiln_sum(hit, KILN_ALL_AXES, 0));
   }
@@ -436,8 +421,7 @@ Test(gpu_train, mnist_one_epoch_learns, .timeout = 600) {
   cr_assert_gt(acc, 0.95, "test accuracy %.4f after one epoch", acc);
   kiln_loader_free(tl);
   kiln_loader_free(loader);
-  kiln_optim_free(opt);
-  kiln_params_free(p);
+  th_mlp_free(&m);
   kiln_dataset_free(train);
   kiln_dataset_free(test);
   kiln_ctx_free(ctx);
