@@ -168,12 +168,25 @@ Test(fusion, mlp_training_step_groups) {
   kiln_ctx_free(ctx);
 }
 
-Test(fusion, generated_source_names_its_ops_and_nodes) {
-  char dir[] = "/tmp/kiln-fusion-dump-XXXXXX";
+/* A no-GPU context that writes every generated source into a fresh directory dir. */
+static kiln_ctx *dumping_ctx(char *dir) {
   cr_assert_not_null(mkdtemp(dir));
   setenv("KILN_DUMP_KERNELS", dir, 1);
   kiln_ctx *ctx = th_cpu_ctx();
   unsetenv("KILN_DUMP_KERNELS");
+  return ctx;
+}
+
+static void dumping_ctx_free(kiln_ctx *ctx, const char *dir) {
+  char cmd[512];
+  snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+  cr_assert_eq(system(cmd), 0);
+  kiln_ctx_free(ctx);
+}
+
+Test(fusion, generated_source_names_its_ops_and_nodes) {
+  char dir[] = "/tmp/kiln-fusion-dump-XXXXXX";
+  kiln_ctx *ctx = dumping_ctx(dir);
   kiln_tensor *a = f32(ctx, KILN_SHAPE(256, 64)), *b = f32(ctx, KILN_SHAPE(64));
   cr_assert_not_null(kiln_mul(kiln_relu(kiln_add(a, b)), a));
   cr_assert_eq(kiln__compile_pending(ctx), KILN_OK, "%s", kiln_ctx_error(ctx));
@@ -184,17 +197,12 @@ Test(fusion, generated_source_names_its_ops_and_nodes) {
            " >/dev/null",
            dir);
   cr_assert_eq(system(cmd), 0, "no k_add_relu_mul_f32_* source listing its nodes in %s", dir);
-  snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-  cr_assert_eq(system(cmd), 0);
-  kiln_ctx_free(ctx);
+  dumping_ctx_free(ctx, dir);
 }
 
 Test(fusion, dense_operands_get_vector_loads_and_32_bit_indexing) {
   char dir[] = "/tmp/kiln-fusion-vec-XXXXXX";
-  cr_assert_not_null(mkdtemp(dir));
-  setenv("KILN_DUMP_KERNELS", dir, 1);
-  kiln_ctx *ctx = th_cpu_ctx();
-  unsetenv("KILN_DUMP_KERNELS");
+  kiln_ctx *ctx = dumping_ctx(dir);
   kiln_tensor *a = f32(ctx, KILN_SHAPE(1024, 64)), *c = f32(ctx, KILN_SHAPE(1024, 64));
   cr_assert_not_null(kiln_sigmoid(kiln_sub(a, c))); /* dense */
   cr_assert_eq(kiln__compile_pending(ctx), KILN_OK, "%s", kiln_ctx_error(ctx));
@@ -209,7 +217,5 @@ Test(fusion, dense_operands_get_vector_loads_and_32_bit_indexing) {
            "! grep -q 'float4' %s/k_sub_tanh_f32_[0-9a-f]*.cu",
            dir, dir, dir);
   cr_assert_eq(system(cmd), 0, "vector loads where dense, scalar where strided (%s)", dir);
-  snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-  cr_assert_eq(system(cmd), 0);
-  kiln_ctx_free(ctx);
+  dumping_ctx_free(ctx, dir);
 }
