@@ -97,7 +97,8 @@ kiln_ctx *kiln_ctx_new(const kiln_ctx_options *opts) {
 static void release_step_storages(kiln_ctx *ctx) {
   for (kiln__storage *s = ctx->step_storages; s; s = s->next) {
     if (s->ptr) kiln__dev_free(ctx, s->ptr);
-    s->ptr = NULL;
+    if (s->relu_mask) kiln__dev_free(ctx, s->relu_mask);
+    s->ptr = s->relu_mask = NULL;
   }
   ctx->step_storages = NULL;
 }

@@ -101,6 +101,7 @@ typedef struct kiln__storage {
   size_t bytes;
   bool persistent;            /* owned by a persistent tensor; else freed at step begin */
   bool fused;                 /* it lived in a fused kernel's registers and was never written */
+  void *relu_mask;            /* a ReLU output's bit mask from cuBLASLt (1 where positive), or NULL */
   struct kiln__storage *next; /* intermediates of a generation, for release */
 } kiln__storage;
 

@@ -77,14 +77,20 @@ typedef struct operands {
   const kiln_tensor *t[KILN__KMAX_PTR];
   bool lin[KILN__KMAX_PTR];
   bool store[KILN__KMAX_PTR];
+  /* a row program's operand read or written once per row: the row-shaped space it is indexed
+   * over (NULL: the program's whole iteration space) */
+  const kiln_tensor *row[KILN__KMAX_PTR];
 } operands;
 
-static int operand(operands *o, const kiln_tensor *t, bool store) {
+static int operand(operands *o, const kiln_tensor *t, bool store, const kiln_tensor *row) {
   for (int k = 0; k < o->n && !store; k++)
-    if (o->t[k] == t && !o->store[k]) return k;
+    if (o->t[k] == t && !o->store[k] && !o->row[k] == !row &&
+        (!row || row->ndim == o->row[k]->ndim))
+      return k;
   KILN_ASSERT(o->n < KILN__KMAX_PTR);
   o->t[o->n] = t;
   o->store[o->n] = store;
+  o->row[o->n] = row;
   return o->n++;
 }
 
@@ -107,28 +113,36 @@ void kiln__attr_use(const char *e, int *nf, int *ni, int *nu) {
   }
 }
 
-/* Assigns operands, value names and attribute slots for prog; fills a's attributes. */
-static void wire(const kiln__ew_prog *p, operands *o, wiring *w, kiln__kargs *a) {
+/* Assigns operands, value names and attribute slots for prog; fills a's attributes. In a row
+ * program (row non-NULL) row[j] says node j computes one value per row; a reduction's output is
+ * one value per row too, and its scale takes a float slot. */
+static void wire(const kiln__ew_prog *p, const bool *row, operands *o, wiring *w, kiln__kargs *a) {
   int nf = 0, ni = 0, nu = 0;
   w->coords = false;
   for (int j = 0; j < p->n; j++) {
     const kiln__node *nd = p->nodes[j];
     const kiln__op_info *info = &kiln__ops[nd->op];
-    bool update = info->kind == KILN__KIND_UPDATE;
+    bool update = info->kind == KILN__KIND_UPDATE, red = info->kind == KILN__KIND_REDUCE;
+    const kiln_tensor *in_row = row && row[j] ? nd->out : NULL;
+    const kiln_tensor *out_row = row && (row[j] || red) ? nd->out : NULL;
     for (int q = 0; q < nd->nin; q++) {
+      const kiln_tensor *x = nd->in[q];
+      for (int k = 0; k < p->nalias; k++)
+        if (p->alias[k][0] == x) x = p->alias[k][1];
       int m = -1; /* an update reads only operands, input q as operand q */
       for (int k = 0; k < j && !update; k++)
-        if (p->nodes[k]->out == nd->in[q]) m = k;
+        if (p->nodes[k]->out == x) m = k;
       if (m >= 0)
         snprintf(w->in[j][q], sizeof w->in[j][q], "v%d", m);
       else {
-        int k = operand(o, nd->in[q], false);
+        int k = operand(o, nd->in[q], false, in_row);
         KILN_ASSERT(!update || k == q);
         snprintf(w->in[j][q], sizeof w->in[j][q], "x%d", k);
       }
     }
     int f, i, u;
     kiln__attr_use(info->expr, &f, &i, &u);
+    if (red) f = 1, i = u = 0; /* the scale (a mean's 1/n) */
     w->fb[j] = nf;
     w->ib[j] = ni;
     w->ub[j] = nu;
@@ -143,7 +157,7 @@ static void wire(const kiln__ew_prog *p, operands *o, wiring *w, kiln__kargs *a)
     nu += u;
     KILN_ASSERT(nf <= KILN__KMAX_F && ni <= KILN__KMAX_I && nu <= KILN__KMAX_U);
     if (strstr(info->expr, "$c")) w->coords = true;
-    w->store_slot[j] = !update && p->store[j] ? operand(o, nd->out, true) : -1;
+    w->store_slot[j] = !update && p->store[j] ? operand(o, nd->out, true, out_row) : -1;
   }
 }
 
@@ -297,7 +311,7 @@ bool kiln__gen_ew(kiln_ctx *ctx, const kiln__ew_prog *p, kiln__group *g, const c
     a->shape[d] = p->shape[d];
   operands o = {0};
   wiring w;
-  wire(p, &o, &w, a);
+  wire(p, NULL, &o, &w, a);
   bool coords = w.coords, vec = n % 4 == 0 && n > 0 && !w.coords, f32 = true;
   int64_t span = n; /* the largest offset any operand reaches, for the index type */
   g->bytes_read = g->bytes_written = 0;
@@ -447,14 +461,14 @@ bool kiln__gen_reduce(kiln_ctx *ctx, const kiln__ew_prog *pro, const kiln__node 
   wiring w;
   int value = -1; /* the prologue node whose value is reduced */
   if (pro && pro->n > 0) {
-    wire(pro, &o, &w, a);
+    wire(pro, NULL, &o, &w, a);
     for (int j = 0; j < pro->n; j++)
       if (pro->nodes[j]->out == x) value = j;
     KILN_ASSERT(value >= 0);
   } else {
-    operand(&o, x, false);
+    operand(&o, x, false, NULL);
   }
-  int out = operand(&o, r->out, true);
+  int out = operand(&o, r->out, true, NULL);
   int outer[KILN_MAX_DIMS], red[KILN_MAX_DIMS], no = 0, nr = 0;
   a->n = 1;
   a->nred = 1;
@@ -621,5 +635,166 @@ bool kiln__gen_index_select(kiln_ctx *ctx, const kiln__node *n, kiln__group *g,
   g->grid = grid_for(ctx, a->n);
   g->bytes_read = footprint(y) + footprint(idx); /* the rows picked, not the whole table */
   g->bytes_written = footprint(y);
+  return ok;
+}
+
+/* The offset of a once-per-row operand k: its strides over the row's outer coordinates. */
+static void row_offset(kiln__sb *b, int k, int nouter) {
+  if (nouter == 0) kiln__sb_printf(b, "0");
+  for (int d = 0; d < nouter; d++)
+    kiln__sb_printf(b, "%sc%d * a.st[%d][%d]", d ? " + " : "", d, k, d);
+}
+
+/* Loads of the operands that the nodes marked in use[] read, once per element or per row. */
+static void emit_loads(kiln__sb *b, const kiln__ew_prog *p, const bool *use, const operands *o,
+                       const wiring *w, bool *loaded, const char *ind, int nd, bool per_row) {
+  for (int j = 0; j < p->n; j++) {
+    if (!use[j]) continue;
+    for (int q = 0; q < p->nodes[j]->nin; q++) {
+      if (w->in[j][q][0] != 'x') continue;
+      int k = atoi(w->in[j][q] + 1);
+      if (loaded[k]) continue;
+      loaded[k] = true;
+      const char *ct = ctype(o->t[k]->dtype);
+      kiln__sb_printf(b, "%sconst %s x%d = ((const %s *)a.ptr[%d])[", ind, ct, k, ct, k);
+      if (per_row)
+        row_offset(b, k, nd - 1);
+      else
+        offset_expr(b, k, nd, false);
+      kiln__sb_printf(b, "];\n");
+    }
+  }
+}
+
+/* Node j's value (an op-table expression), and its store when it is written. */
+static void emit_value(kiln__sb *b, const kiln__ew_prog *p, const wiring *w,
+                       int j, const char *ind, int nd, bool store, bool per_row) {
+  const kiln__node *n = p->nodes[j];
+  kiln__sb_printf(b, "%sconst auto v%d = ", ind, j);
+  expand(b, kiln__ops[n->op].expr, w, j, n);
+  kiln__sb_printf(b, "; // %s\n", kiln__ops[n->op].name);
+  int k = w->store_slot[j];
+  if (!store || k < 0) return;
+  const char *ot = ctype(n->out->dtype);
+  kiln__sb_printf(b, "%s((%s *)a.ptr[%d])[", ind, ot, k);
+  if (per_row)
+    row_offset(b, k, nd - 1);
+  else
+    offset_expr(b, k, nd, false);
+  kiln__sb_printf(b, "] = (%s)v%d;\n", ot, j);
+}
+
+bool kiln__gen_rows(kiln_ctx *ctx, const kiln__ew_prog *p, const kiln_tensor *F, kiln__group *g,
+                    const char *comment) {
+  int nd = F->ndim;
+  enum { FULL, ROW, RED } cls[KILN__MAX_GROUP];
+  bool row[KILN__MAX_GROUP];
+  int last_red = -1;
+  bool final_pass = false; /* some per-element value is written or computed after the last sum */
+  for (int j = 0; j < p->n; j++) {
+    const kiln__node *n = p->nodes[j];
+    bool full = n->out->ndim == nd && !memcmp(n->out->shape, F->shape, (size_t)nd * 8);
+    cls[j] = kiln__ops[n->op].kind == KILN__KIND_REDUCE ? RED : (full ? FULL : ROW);
+    row[j] = cls[j] == ROW;
+    if (cls[j] == RED) last_red = j;
+  }
+  KILN_ASSERT(last_red >= 0);
+  for (int j = 0; j < p->n; j++)
+    if (cls[j] == FULL && (j > last_red || p->store[j])) final_pass = true;
+  kiln__kargs *a = &g->args;
+  memset(a, 0, sizeof *a);
+  operands o = {0};
+  wiring w;
+  wire(p, row, &o, &w, a);
+  a->n = 1;
+  for (int d = 0; d + 1 < nd; d++) {
+    a->shape[d] = F->shape[d];
+    a->n *= F->shape[d];
+  }
+  a->nred = F->shape[nd - 1];
+  g->bytes_read = g->bytes_written = 0;
+  for (int k = 0; k < o.n; k++) {
+    const kiln_tensor *t = o.t[k];
+    a->ptr[k] = kiln__data_ptr(t);
+    if (o.row[k])
+      align_strides(t, o.row[k]->ndim, o.row[k]->shape, a->st[k]);
+    else
+      align_strides(t, nd, F->shape, a->st[k]);
+    if (o.store[k])
+      g->bytes_written += footprint(t);
+    else
+      g->bytes_read += footprint(t);
+  }
+
+  kiln__sb b = {0};
+  kiln__sb_printf(&b, "  typedef long long ix;\n  __shared__ float sv[32];\n"
+                      "  for (ix o = blockIdx.x; o < a.n; o += gridDim.x) {\n    ix r = o;\n");
+  for (int d = nd - 2; d >= 0; d--)
+    kiln__sb_printf(&b, "    const ix c%d = r %% a.shape[%d]; r /= a.shape[%d];\n", d, d, d);
+  bool row_loaded[KILN__KMAX_PTR] = {0};
+  for (int j = 0; j < p->n; j++) {
+    if (cls[j] == ROW) {
+      bool use[KILN__MAX_GROUP] = {0};
+      use[j] = true;
+      emit_loads(&b, p, use, &o, &w, row_loaded, "    ", nd, true);
+      emit_value(&b, p, &w, j, "    ", nd, false, true);
+      continue;
+    }
+    if (cls[j] != RED) continue;
+    /* a pass over the row: every per-element value before this reduction, recomputed */
+    bool isum = p->nodes[j]->op == KILN__OP_SUM;
+    bool use[KILN__MAX_GROUP] = {0}, loaded[KILN__KMAX_PTR] = {0};
+    for (int m = 0; m < j; m++)
+      use[m] = cls[m] == FULL;
+    use[j] = true; /* its own input may come from memory */
+    kiln__sb_printf(&b,
+                    "    float acc%d = %s;\n"
+                    "    for (ix q = threadIdx.x; q < a.nred; q += blockDim.x) {\n"
+                    "      const ix c%d = q;\n",
+                    j, isum ? "0.f" : "-__int_as_float(0x7f800000)", nd - 1);
+    emit_loads(&b, p, use, &o, &w, loaded, "      ", nd, false);
+    for (int m = 0; m < j; m++)
+      if (cls[m] == FULL) emit_value(&b, p, &w, m, "      ", nd, false, false);
+    if (isum)
+      kiln__sb_printf(&b, "      acc%d += %s;\n    }\n", j, w.in[j][0]);
+    else
+      kiln__sb_printf(&b, "      acc%d = kiln_maximum(acc%d, %s);\n    }\n", j, j, w.in[j][0]);
+    kiln__sb_printf(&b, "    const float v%d = kiln_block_%s(acc%d, sv) * a.f[%d]; // %s\n", j,
+                    isum ? "sum" : "max", j, w.fb[j], kiln__ops[p->nodes[j]->op].name);
+  }
+  if (final_pass) {
+    bool use[KILN__MAX_GROUP] = {0}, loaded[KILN__KMAX_PTR] = {0};
+    for (int m = 0; m < p->n; m++)
+      use[m] = cls[m] == FULL;
+    kiln__sb_printf(&b,
+                    "    for (ix q = threadIdx.x; q < a.nred; q += blockDim.x) {\n"
+                    "      const ix c%d = q;\n",
+                    nd - 1);
+    emit_loads(&b, p, use, &o, &w, loaded, "      ", nd, false);
+    for (int m = 0; m < p->n; m++)
+      if (cls[m] == FULL) emit_value(&b, p, &w, m, "      ", nd, p->store[m], false);
+    kiln__sb_printf(&b, "    }\n");
+  }
+  kiln__sb_printf(&b, "    if (threadIdx.x == 0) {\n");
+  for (int j = 0; j < p->n; j++) {
+    int k = w.store_slot[j];
+    if (cls[j] == FULL || k < 0) continue;
+    const char *ot = ctype(p->nodes[j]->out->dtype);
+    kiln__sb_printf(&b, "      ((%s *)a.ptr[%d])[", ot, k);
+    row_offset(&b, k, nd - 1);
+    kiln__sb_printf(&b, "] = (%s)v%d;\n", ot, j);
+  }
+  kiln__sb_printf(&b, "    }\n  }\n");
+  char stem[80];
+  stem_of(p, "k", "_f32_rows", stem, sizeof stem);
+  bool ok;
+  finish(ctx, &b, stem, g, comment, &ok);
+  kiln__sb_free(&b);
+  int64_t bl = 32;
+  while (bl < a->nred && bl < 256)
+    bl *= 2;
+  g->block = (unsigned)bl;
+  int64_t cap = (int64_t)ctx->num_sms * 16;
+  g->grid = (unsigned)(a->n < 1 ? 1 : (a->n > cap ? cap : a->n));
   return ok;
 }

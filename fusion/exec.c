@@ -65,6 +65,8 @@ static bool alloc_outputs(kiln_ctx *ctx, const kiln__plan *p) {
   return true;
 }
 
+static bool alloc_masks(kiln_ctx *ctx, const kiln__plan *p);
+
 /* How cuBLAS reads the last two dims of t: transposed or not, and the leading dimension. */
 static void mm_layout(const kiln_tensor *t, bool *trans, int *ld, long long *batch_stride) {
   int r = t->ndim - 2;
@@ -83,11 +85,13 @@ static void mm_layout(const kiln_tensor *t, bool *trans, int *ld, long long *bat
 }
 
 /* A cuBLASLt plan for one product shape and epilogue: descriptors and the chosen algorithm,
- * built once and reused (the heuristic query costs more host time than the launch). */
+ * built once and reused (the heuristic query costs more host time than the launch). ok is false
+ * when cuBLASLt has no algorithm for it. */
 struct kiln__lt_plan {
   uint64_t m, k, n;
-  int lda, ldb;
-  bool ta, tb, relu, tf32;
+  int lda, ldb, epi;
+  bool ta, tb, tf32, ok;
+  int64_t aux_ld;
   cublasLtMatmulDesc_t desc;
   cublasLtMatrixLayout_t la, lb, ld;
   cublasLtMatmulAlgo_t algo;
@@ -98,27 +102,76 @@ void kiln__lt_plans_free(kiln_ctx *ctx) {
   kiln__lt_plan *q = ctx->lt_plans;
   while (q) {
     kiln__lt_plan *n = q->next;
-    cublasLtMatrixLayoutDestroy(q->ld);
-    cublasLtMatrixLayoutDestroy(q->la);
-    cublasLtMatrixLayoutDestroy(q->lb);
-    cublasLtMatmulDescDestroy(q->desc);
+    if (q->ld) cublasLtMatrixLayoutDestroy(q->ld);
+    if (q->la) cublasLtMatrixLayoutDestroy(q->la);
+    if (q->lb) cublasLtMatrixLayoutDestroy(q->lb);
+    if (q->desc) cublasLtMatmulDescDestroy(q->desc);
     free(q);
     q = n;
   }
   ctx->lt_plans = NULL;
 }
 
-static kiln__lt_plan *lt_plan(kiln_ctx *ctx, const kiln_tensor *A, const kiln_tensor *B,
-                              bool relu) {
+const char *kiln__epilogue_name(int epi) {
+  switch (epi) {
+  case CUBLASLT_EPILOGUE_BIAS: return "bias";
+  case CUBLASLT_EPILOGUE_RELU: return "relu";
+  case CUBLASLT_EPILOGUE_RELU_AUX: return "relu+mask";
+  case CUBLASLT_EPILOGUE_RELU_BIAS: return "bias+relu";
+  case CUBLASLT_EPILOGUE_RELU_AUX_BIAS: return "bias+relu+mask";
+  case CUBLASLT_EPILOGUE_GELU: return "gelu";
+  case CUBLASLT_EPILOGUE_GELU_AUX: return "gelu+input";
+  case CUBLASLT_EPILOGUE_GELU_BIAS: return "bias+gelu";
+  case CUBLASLT_EPILOGUE_GELU_AUX_BIAS: return "bias+gelu+input";
+  case CUBLASLT_EPILOGUE_DRELU: return "drelu";
+  case CUBLASLT_EPILOGUE_DRELU_BGRAD: return "drelu+bgrad";
+  case CUBLASLT_EPILOGUE_DGELU: return "dgelu";
+  case CUBLASLT_EPILOGUE_DGELU_BGRAD: return "dgelu+bgrad";
+  case CUBLASLT_EPILOGUE_BGRADB: return "bgradb";
+  default: return NULL;
+  }
+}
+
+static bool epi_mask(int epi) {
+  return epi == CUBLASLT_EPILOGUE_RELU_AUX || epi == CUBLASLT_EPILOGUE_RELU_AUX_BIAS ||
+         epi == CUBLASLT_EPILOGUE_DRELU || epi == CUBLASLT_EPILOGUE_DRELU_BGRAD;
+}
+static bool epi_gelu_input(int epi) {
+  return epi == CUBLASLT_EPILOGUE_GELU_AUX || epi == CUBLASLT_EPILOGUE_GELU_AUX_BIAS ||
+         epi == CUBLASLT_EPILOGUE_DGELU || epi == CUBLASLT_EPILOGUE_DGELU_BGRAD;
+}
+/* Whether an epilogue reads a bias or writes a bias gradient through the bias pointer. */
+static bool epi_bias(int epi) {
+  return epi == CUBLASLT_EPILOGUE_BIAS || epi == CUBLASLT_EPILOGUE_RELU_BIAS ||
+         epi == CUBLASLT_EPILOGUE_RELU_AUX_BIAS || epi == CUBLASLT_EPILOGUE_GELU_BIAS ||
+         epi == CUBLASLT_EPILOGUE_GELU_AUX_BIAS || kiln__epilogue_bgrad(epi);
+}
+bool kiln__epilogue_writes_aux(int epi) {
+  return epi == CUBLASLT_EPILOGUE_GELU_AUX || epi == CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+}
+bool kiln__epilogue_bgrad(int epi) {
+  return epi == CUBLASLT_EPILOGUE_DRELU_BGRAD || epi == CUBLASLT_EPILOGUE_DGELU_BGRAD ||
+         epi == CUBLASLT_EPILOGUE_BGRADB;
+}
+
+/* The bit mask's leading dimension (bits; cuBLASLt wants a multiple of 128) or the GELU
+ * input's (elements) for an output with ncol columns (the rows of cuBLASLt's column-major D). */
+static int64_t aux_ld(int epi, int64_t ncol) {
+  if (epi_mask(epi)) return (ncol + 127) / 128 * 128;
+  return epi_gelu_input(epi) ? ncol : 0;
+}
+
+static kiln__lt_plan *lt_plan(kiln_ctx *ctx, const kiln_tensor *A, const kiln_tensor *B, int epi) {
   uint64_t m = (uint64_t)A->shape[0], k = (uint64_t)A->shape[1], nn = (uint64_t)B->shape[1];
   bool ta, tb;
   int lda, ldb;
   long long sa, sb;
   mm_layout(A, &ta, &lda, &sa);
   mm_layout(B, &tb, &ldb, &sb);
+  int64_t ald = aux_ld(epi, (int64_t)nn);
   for (kiln__lt_plan *q = ctx->lt_plans; q; q = q->next)
     if (q->m == m && q->k == k && q->n == nn && q->lda == lda && q->ldb == ldb && q->ta == ta &&
-        q->tb == tb && q->relu == relu && q->tf32 == ctx->tf32)
+        q->tb == tb && q->epi == epi && q->tf32 == ctx->tf32)
       return q;
   kiln__lt_plan *q = calloc(1, sizeof *q);
   if (!q) {
@@ -130,17 +183,20 @@ static kiln__lt_plan *lt_plan(kiln_ctx *ctx, const kiln_tensor *A, const kiln_te
                        .n = nn,
                        .lda = lda,
                        .ldb = ldb,
+                       .epi = epi,
                        .ta = ta,
                        .tb = tb,
-                       .relu = relu,
-                       .tf32 = ctx->tf32};
+                       .tf32 = ctx->tf32,
+                       .aux_ld = ald};
+  q->next = ctx->lt_plans; /* even a failed one, so that free releases what it made */
+  ctx->lt_plans = q;
   cublasLtMatmulPreference_t pref = NULL;
   cublasOperation_t opb = tb ? CUBLAS_OP_T : CUBLAS_OP_N, opa = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
-  cublasLtEpilogue_t epi = relu ? CUBLASLT_EPILOGUE_RELU_BIAS : CUBLASLT_EPILOGUE_BIAS;
+  cublasLtEpilogue_t e = (cublasLtEpilogue_t)epi;
   cublasComputeType_t ct = ctx->tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
   size_t ws = ctx->lt_workspace_bytes;
-  cublasLtMatmulHeuristicResult_t h;
-  int found = 0;
+  /* the heuristic judges alignment from the pointers: stand-ins aligned like real buffers */
+  void *aligned = ctx->lt_workspace;
   /* column-major: D^T (N x M) = B^T-side (N x K) times A^T-side (K x M), the bias per row */
   bool bad =
       KILN_CUBLAS_FAILED(ctx, cublasLtMatmulDescCreate(&q->desc, ct, CUDA_R_32F)) ||
@@ -149,7 +205,7 @@ static kiln__lt_plan *lt_plan(kiln_ctx *ctx, const kiln_tensor *A, const kiln_te
       KILN_CUBLAS_FAILED(ctx, cublasLtMatmulDescSetAttribute(q->desc, CUBLASLT_MATMUL_DESC_TRANSB,
                                                              &opa, sizeof opa)) ||
       KILN_CUBLAS_FAILED(ctx, cublasLtMatmulDescSetAttribute(q->desc, CUBLASLT_MATMUL_DESC_EPILOGUE,
-                                                             &epi, sizeof epi)) ||
+                                                             &e, sizeof e)) ||
       KILN_CUBLAS_FAILED(
           ctx, cublasLtMatrixLayoutCreate(&q->lb, CUDA_R_32F, tb ? k : nn, tb ? nn : k, ldb)) ||
       KILN_CUBLAS_FAILED(
@@ -158,34 +214,82 @@ static kiln__lt_plan *lt_plan(kiln_ctx *ctx, const kiln_tensor *A, const kiln_te
       KILN_CUBLAS_FAILED(ctx, cublasLtMatmulPreferenceCreate(&pref)) ||
       KILN_CUBLAS_FAILED(
           ctx, cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                                    &ws, sizeof ws)) ||
-      KILN_CUBLAS_FAILED(ctx, cublasLtMatmulAlgoGetHeuristic(ctx->cublaslt, q->desc, q->lb, q->la,
-                                                             q->ld, q->ld, pref, 1, &h, &found));
-  if (pref) cublasLtMatmulPreferenceDestroy(pref);
-  if (!bad && found == 0) {
-    char s1[96], s2[96];
-    kiln__error(ctx, KILN_ERR_CUDA,
-                "kiln_flush: cuBLASLt has no algorithm for %s x %s with a %s epilogue",
-                kiln__shape_of(A, s1, sizeof s1), kiln__shape_of(B, s2, sizeof s2),
-                relu ? "bias+relu" : "bias");
-    bad = true;
+                                                    &ws, sizeof ws));
+  if (!bad && epi_bias(epi))
+    bad = KILN_CUBLAS_FAILED(ctx, cublasLtMatmulDescSetAttribute(
+                                      q->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &aligned,
+                                      sizeof aligned));
+  if (!bad && ald)
+    bad = KILN_CUBLAS_FAILED(ctx, cublasLtMatmulDescSetAttribute(
+                                      q->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aligned,
+                                      sizeof aligned)) ||
+          KILN_CUBLAS_FAILED(ctx, cublasLtMatmulDescSetAttribute(
+                                      q->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ald,
+                                      sizeof ald));
+  if (!bad) {
+    /* no algorithm (or "not supported") is an answer, not an error: the planner then leaves
+     * the epilogue to generated kernels */
+    cublasLtMatmulHeuristicResult_t h;
+    int found = 0;
+    cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(ctx->cublaslt, q->desc, q->lb, q->la, q->ld,
+                                                       q->ld, pref, 1, &h, &found);
+    q->ok = st == CUBLAS_STATUS_SUCCESS && found > 0;
+    if (q->ok) q->algo = h.algo;
   }
-  q->next = ctx->lt_plans; /* even a failed one, so that free releases what it made */
-  ctx->lt_plans = q;
-  if (bad) return NULL;
-  q->algo = h.algo;
-  return q;
+  if (pref) cublasLtMatmulPreferenceDestroy(pref);
+  return bad ? NULL : q;
 }
 
-/* D = act(A B + bias) through cuBLASLt, for a 2-D product with an epilogue. */
+/* The bit masks that forward ReLU epilogues write, kept with their outputs' storage. */
+static bool alloc_masks(kiln_ctx *ctx, const kiln__plan *p) {
+  for (int k = 0; k < p->ng; k++) {
+    const kiln__group *g = &p->g[k];
+    if (g->epi != CUBLASLT_EPILOGUE_RELU_AUX && g->epi != CUBLASLT_EPILOGUE_RELU_AUX_BIAS) continue;
+    kiln__storage *st = g->aux->st;
+    if (st->relu_mask) continue;
+    size_t bytes = (size_t)(aux_ld(g->epi, g->aux->shape[1]) / 8 * g->aux->shape[0]);
+    st->relu_mask = kiln__dev_alloc(ctx, bytes ? bytes : 16);
+    if (!st->relu_mask) {
+      kiln__error(ctx, KILN_ERR_OOM,
+                  "kiln_flush: out of device memory for a ReLU mask of %zu bytes; nothing of this "
+                  "flush ran",
+                  bytes);
+      return false;
+    }
+  }
+  return true;
+}
+
+bool kiln__lt_usable(kiln_ctx *ctx, const kiln_tensor *A, const kiln_tensor *B, int epi) {
+  if (!ctx->has_gpu) return true;
+  kiln__lt_plan *q = lt_plan(ctx, A, B, epi);
+  return q && q->ok;
+}
+
+static bool set_ptr(kiln_ctx *ctx, kiln__lt_plan *q, cublasLtMatmulDescAttributes_t attr,
+                    const void *ptr) {
+  return !KILN_CUBLAS_FAILED(ctx, cublasLtMatmulDescSetAttribute(q->desc, attr, &ptr, sizeof ptr));
+}
+
+/* A 2-D product with an epilogue through cuBLASLt. */
 static bool run_matmul_lt(kiln_ctx *ctx, const kiln__node *n, const kiln__group *g) {
   const kiln_tensor *A = n->in[0], *B = n->in[1], *D = g->out;
-  kiln__lt_plan *q = lt_plan(ctx, A, B, g->relu);
+  kiln__lt_plan *q = lt_plan(ctx, A, B, g->epi);
   if (!q) return false;
-  const void *bias = kiln__data_ptr(g->bias);
-  if (KILN_CUBLAS_FAILED(ctx, cublasLtMatmulDescSetAttribute(
-                                  q->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias)))
+  if (!q->ok) {
+    char s1[96], s2[96];
+    return !kiln__error(ctx, KILN_ERR_CUDA,
+                        "kiln_flush: cuBLASLt has no algorithm for %s x %s with the %s epilogue",
+                        kiln__shape_of(A, s1, sizeof s1), kiln__shape_of(B, s2, sizeof s2),
+                        kiln__epilogue_name(g->epi));
+  }
+  if (g->bias && !set_ptr(ctx, q, CUBLASLT_MATMUL_DESC_BIAS_POINTER, kiln__data_ptr(g->bias)))
     return false;
+  if (q->aux_ld) {
+    const void *aux = epi_mask(g->epi) ? g->aux->st->relu_mask : kiln__data_ptr(g->aux);
+    KILN_ASSERT(aux != NULL);
+    if (!set_ptr(ctx, q, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, aux)) return false;
+  }
   const float one = 1.f, zero = 0.f;
   ctx->stats.kernels_launched++;
   return !KILN_CUBLAS_FAILED(
@@ -195,7 +299,7 @@ static bool run_matmul_lt(kiln_ctx *ctx, const kiln__node *n, const kiln__group 
 }
 
 static bool run_matmul(kiln_ctx *ctx, const kiln__node *n, const kiln__group *g) {
-  if (g->bias) return run_matmul_lt(ctx, n, g);
+  if (g->epi) return run_matmul_lt(ctx, n, g);
   const kiln_tensor *A = n->in[0], *B = n->in[1], *C = n->out;
   int m = (int)A->shape[A->ndim - 2], k = (int)A->shape[A->ndim - 1];
   int nn = (int)B->shape[B->ndim - 1];
@@ -233,6 +337,7 @@ static bool launch(kiln_ctx *ctx, kiln__group *g) {
 static void prog_of(const kiln_ctx *ctx, const kiln__plan *p, const kiln__group *g, int from,
                     int to, kiln__ew_prog *prog) {
   prog->n = 0;
+  prog->nalias = 0;
   for (int m = from; m < to; m++) {
     int32_t i = p->members[g->first + m];
     prog->nodes[prog->n] = &ctx->trace.nodes[i];
@@ -272,16 +377,31 @@ static bool prepare(kiln_ctx *ctx, kiln__plan *p) {
       }
       break;
     case KILN__KIND_REDUCE:
+      if (g->rows) {
+        prog_of(ctx, p, g, 0, g->n, &prog);
+        for (int j = 0; j < prog.n; j++) /* views of per-row values the program computes */
+          for (int q = 0; q < prog.nodes[j]->nin && prog.nalias < KILN__MAX_GROUP * 2; q++) {
+            const kiln_tensor *b = kiln__row_alias(ctx, g->full, prog.nodes[j]->in[q]);
+            for (int m = 0; m < j && b; m++)
+              if (prog.nodes[m]->out == b) {
+                prog.alias[prog.nalias][0] = prog.nodes[j]->in[q];
+                prog.alias[prog.nalias++][1] = b;
+              }
+          }
+        ok = kiln__gen_rows(ctx, &prog, g->full, g, comment);
+        break;
+      }
       prog_of(ctx, p, g, 0, g->n - 1, &prog);
       ok = kiln__gen_reduce(ctx, g->n > 1 ? &prog : NULL, n, g, comment);
       break;
     case KILN__KIND_MATMUL:
-      snprintf(g->name, sizeof g->name, "%s_%lldx%lldx%lld%s",
-               g->bias ? (g->relu ? "cublasLt_gemm_bias_relu" : "cublasLt_gemm_bias")
-                       : "cublas_gemm",
+      snprintf(g->name, sizeof g->name, "%s%s_%lldx%lldx%lld%s",
+               g->epi ? "cublasLt_gemm_" : "cublas_gemm", g->epi ? kiln__epilogue_name(g->epi) : "",
                (long long)n->in[0]->shape[n->in[0]->ndim - 2],
                (long long)n->out->shape[n->out->ndim - 1],
                (long long)n->in[0]->shape[n->in[0]->ndim - 1], n->out->ndim == 3 ? "_batched" : "");
+      for (char *c = g->name; *c; c++)
+        if (*c == '+') *c = '_';
       break;
     case KILN__KIND_LIB:
       if (n->op == KILN__OP_INDEX_SELECT) {
@@ -316,7 +436,7 @@ kiln_status kiln__execute(kiln_ctx *ctx, int32_t first, int32_t last) {
   kiln__plan p;
   kiln_exec_stats before = ctx->stats;
   if (!kiln__plan_build(ctx, first, last, ctx->fusion, &p)) return ctx->status;
-  bool ok = alloc_outputs(ctx, &p) && prepare(ctx, &p);
+  bool ok = alloc_outputs(ctx, &p) && alloc_masks(ctx, &p) && prepare(ctx, &p);
   uint64_t rd = 0, wr = 0;
   for (int i = 0; i < p.ng && ok; i++) {
     kiln__group *g = &p.g[i];

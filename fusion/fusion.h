@@ -31,6 +31,10 @@ typedef struct kiln__ew_prog {
   bool store[KILN__MAX_GROUP];
   int ndim;
   const int64_t *shape;
+  /* a row program's views of per-row values read as the values themselves: alias[k][0] is read
+   * as alias[k][1] */
+  int nalias;
+  const kiln_tensor *alias[KILN__MAX_GROUP * 2][2];
 } kiln__ew_prog;
 
 typedef struct kiln__group {
@@ -38,10 +42,17 @@ typedef struct kiln__group {
   int32_t node; /* the group's main node: the reduction, product, update or library call */
   int first, n; /* members: plan->members[first .. first + n), in trace order */
   int sub;      /* concat: which input this copy moves */
-  /* matrix product epilogue (cuBLASLt): D = act(A B + bias) */
+  /* a matrix product's cuBLASLt epilogue (a cublasLtEpilogue_t; 0: plain cuBLAS). Forward:
+   * D = act(A B + bias), the ReLU bit mask kept on aux's storage or the GELU input written to aux.
+   * Backward: D = A B times act'(aux) and bias = the column sums of D; or bias = the row sums of
+   * A (BGRADB, the bias gradient beside a weight gradient). */
+  int epi;
   const kiln_tensor *bias;
-  bool relu;
+  const kiln_tensor *aux;
   const kiln_tensor *out; /* what the product group writes */
+  /* a reduction over the last axis of full (one block per row) that later nodes joined */
+  const kiln_tensor *full;
+  bool rows;
   /* filled by code generation */
   kiln__kernel *k;
   kiln__kargs args;
@@ -58,10 +69,23 @@ typedef struct kiln__plan {
   int nm, capm;
   int32_t *group_of; /* per node (index - first): its group, -1 for views */
   bool *store;       /* per node: its output must be written to memory */
+  int32_t *claim;    /* per node: the product whose epilogue computes it (BGRADB), or -1 */
 } kiln__plan;
 
 /* How many float, int and 64-bit attribute slots an op expression uses ($f0.., $i0.., $u0..). */
 void kiln__attr_use(const char *expr, int *nf, int *ni, int *nu);
+
+/* The per-row value that x, a chain of reshapes between row shapes of F or an expansion of a
+ * kept-dim row value over F, views; NULL when x is no such view. */
+const kiln_tensor *kiln__row_alias(const kiln_ctx *ctx, const kiln_tensor *F, const kiln_tensor *x);
+
+/* What a cuBLASLt epilogue does, like "bias+relu+mask"; NULL for 0. */
+const char *kiln__epilogue_name(int epi);
+/* Whether an epilogue writes a GELU input into aux (forward), or a bias gradient. */
+bool kiln__epilogue_writes_aux(int epi);
+bool kiln__epilogue_bgrad(int epi);
+/* Whether cuBLASLt has an algorithm for A B (2-D) with epilogue epi; true without a GPU. */
+bool kiln__lt_usable(kiln_ctx *ctx, const kiln_tensor *A, const kiln_tensor *B, int epi);
 
 /* Plans trace nodes [first, last); fusion off gives one group per node. */
 bool kiln__plan_build(kiln_ctx *ctx, int32_t first, int32_t last, bool fuse, kiln__plan *p);
@@ -73,6 +97,11 @@ bool kiln__gen_ew(kiln_ctx *ctx, const kiln__ew_prog *p, kiln__group *g, const c
 bool kiln__gen_reduce(kiln_ctx *ctx, const kiln__ew_prog *prologue, const kiln__node *r,
                       kiln__group *g, const char *comment);
 /* One launch of the same update over T tensors (nodes of one op and the same attributes). */
+/* A row program: reductions over the last axis of F, one block per row, with the elementwise
+ * nodes over F that feed them or read their results (recomputed in each pass over the row) and
+ * nodes that compute one value per row. */
+bool kiln__gen_rows(kiln_ctx *ctx, const kiln__ew_prog *p, const kiln_tensor *F, kiln__group *g,
+                    const char *comment);
 bool kiln__gen_update_multi(kiln_ctx *ctx, const kiln__node *const *nodes, int T, kiln__group *g,
                             const char *comment);
 bool kiln__gen_index_select(kiln_ctx *ctx, const kiln__node *n, kiln__group *g,

@@ -5,7 +5,7 @@
 #ifndef KILN_KARGS_H
 #define KILN_KARGS_H
 
-#define KILN__KMAX_PTR 12
+#define KILN__KMAX_PTR 16
 #define KILN__KMAX_F 16
 #define KILN__KMAX_I 8
 #define KILN__KMAX_U 4
@@ -14,11 +14,11 @@
  * (elements) over those dims; rshape/rst: the reduced dims of a reduction and the input's strides
  * over them; nred: elements reduced into each output; f, i, u: node attributes. */
 #define KILN__KARGS_FIELDS                                                                         \
-  void *ptr[12];                                                                                   \
+  void *ptr[16];                                                                                   \
   long long n;                                                                                     \
   long long nred;                                                                                  \
   long long shape[6];                                                                              \
-  long long st[12][6];                                                                             \
+  long long st[16][6];                                                                             \
   long long rshape[6];                                                                             \
   long long rst[6];                                                                                \
   float f[16];                                                                                     \

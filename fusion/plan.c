@@ -65,36 +65,126 @@ static bool same_shape(const kiln_tensor *a, const kiln_tensor *b) {
   return true;
 }
 
-/* Whether elementwise node i can join the open group g (all of g's nodes are elementwise over
- * the shape of g's first node). */
-static bool can_join(const kiln_ctx *ctx, const kiln__plan *p, const kiln__group *g, int32_t i) {
-  const kiln__node *n = &ctx->trace.nodes[i];
-  const kiln__node *first = &ctx->trace.nodes[p->members[g->first]];
-  if (g->n >= KILN__MAX_GROUP || !same_shape(n->out, first->out)) return false;
-  int ops = 1, nf = 0, ni = 0, nu = 0; /* operand and attribute slots the kernel would need */
+/* Whether a kernel of group g plus node i stays within the argument's operand and attribute
+ * slots (a reduction's scale takes a float slot). */
+static bool fits(const kiln_ctx *ctx, const kiln__plan *p, const kiln__group *g, int32_t i) {
+  if (g->n >= KILN__MAX_GROUP) return false;
+  int ops = 0, nf = 1, ni = 0, nu = 0; /* nf: a spare slot for a reduction's scale */
+  const kiln_tensor *seen[KILN__MAX_GROUP * KILN__MAX_IN];
+  int nseen = 0;
   for (int m = 0; m <= g->n; m++) {
-    const kiln__node *x = m < g->n ? &ctx->trace.nodes[p->members[g->first + m]] : n;
+    const kiln__node *x = m < g->n ? &ctx->trace.nodes[p->members[g->first + m]] : &ctx->trace.nodes[i];
     int f, k, u;
     kiln__attr_use(kiln__ops[x->op].expr, &f, &k, &u);
+    if (kiln__ops[x->op].kind == KILN__KIND_REDUCE) f = 1;
     nf += f;
     ni += k;
     nu += u;
     ops++; /* its output, if it is stored */
     for (int j = 0; j < x->nin; j++) {
       int32_t pr = producer(ctx, p, x->in[j]);
-      if (pr < 0 || p->group_of[pr - p->first] != (int32_t)(g - p->g)) ops++;
+      if (pr >= 0 && p->group_of[pr - p->first] == (int32_t)(g - p->g)) continue;
+      int q = 0; /* an operand read twice is loaded through one pointer */
+      while (q < nseen && seen[q] != x->in[j])
+        q++;
+      if (q == nseen) seen[nseen++] = x->in[j], ops++;
     }
   }
-  if (ops > KILN__KMAX_PTR || nf > KILN__KMAX_F || ni > KILN__KMAX_I || nu > KILN__KMAX_U)
+  return ops <= KILN__KMAX_PTR && nf <= KILN__KMAX_F && ni <= KILN__KMAX_I && nu <= KILN__KMAX_U;
+}
+
+/* Whether node i's operand x, read from memory, is a view of a value the group writes (the
+ * read would race with the write). */
+static bool reads_own_write(const kiln_ctx *ctx, const kiln__plan *p, const kiln__group *g,
+                            const kiln_tensor *x) {
+  int32_t pr = producer(ctx, p, x);
+  if (pr >= 0 && p->group_of[pr - p->first] == (int32_t)(g - p->g)) return false; /* registers */
+  for (int m = 0; m < g->n; m++)
+    if (ctx->trace.nodes[p->members[g->first + m]].out->st == x->st) return true;
+  return false;
+}
+
+/* Whether elementwise node i can join the open group g (all of g's nodes are elementwise over
+ * the shape of g's first node). */
+static bool can_join(const kiln_ctx *ctx, const kiln__plan *p, const kiln__group *g, int32_t i) {
+  const kiln__node *n = &ctx->trace.nodes[i];
+  const kiln__node *first = &ctx->trace.nodes[p->members[g->first]];
+  if (!same_shape(n->out, first->out) || !fits(ctx, p, g, i)) return false;
+  for (int j = 0; j < n->nin; j++)
+    if (reads_own_write(ctx, p, g, n->in[j])) return false;
+  return true;
+}
+
+/* A reduction that can start or extend a row program: a sum or max over the last axis alone,
+ * of a row long enough to share among a block's threads and short enough for one block. */
+static bool row_reduction(const kiln__node *r) {
+  if (r->op != KILN__OP_SUM && r->op != KILN__OP_MAX) return false;
+  const kiln_tensor *x = r->in[0];
+  int nd = x->ndim;
+  return nd >= 1 && x->dtype == KILN_DTYPE_F32 && r->i[0] == (int64_t)(1u << (nd - 1)) &&
+         x->shape[nd - 1] > 1 && x->shape[nd - 1] <= 16384;
+}
+
+/* t holds one value per row of F: F's shape without its last axis, or with it as 1. */
+static bool row_shaped(const kiln_tensor *F, const kiln_tensor *t, bool keepdim) {
+  int nd = F->ndim;
+  if (t->ndim != (keepdim ? nd : nd - 1)) return false;
+  for (int d = 0; d + 1 < nd; d++)
+    if (t->shape[d] != F->shape[d]) return false;
+  return !keepdim || t->shape[nd - 1] == 1;
+}
+
+const kiln_tensor *kiln__row_alias(const kiln_ctx *ctx, const kiln_tensor *F, const kiln_tensor *x) {
+  const kiln_tensor *b = x;
+  for (;;) {
+    if (b->node < 0 || b->node >= ctx->trace.n) break;
+    const kiln__node *v = &ctx->trace.nodes[b->node];
+    if (v->out != b || v->nin != 1) break;
+    const kiln_tensor *in = v->in[0];
+    bool step = (v->op == KILN__OP_RESHAPE && (row_shaped(F, b, true) || row_shaped(F, b, false)) &&
+                 (row_shaped(F, in, true) || row_shaped(F, in, false))) ||
+                (v->op == KILN__OP_EXPAND && same_shape(b, F) && row_shaped(F, in, true));
+    if (!step) break;
+    b = in;
+  }
+  return b == x ? NULL : b;
+}
+
+/* Whether node i can join the row program g: a reduction over the last axis of g->full, an
+ * elementwise node over g->full that reads the program's values per element or per row
+ * (kept-dim), or an elementwise node over the rows. */
+static bool can_join_rows(const kiln_ctx *ctx, const kiln__plan *p, const kiln__group *g,
+                          int32_t i) {
+  const kiln__node *n = &ctx->trace.nodes[i];
+  const kiln_tensor *F = g->full;
+  kiln__kind kind = kiln__ops[n->op].kind;
+  bool full;
+  if (kind == KILN__KIND_REDUCE) {
+    if (!row_reduction(n) || !same_shape(n->in[0], F)) return false;
+    full = false;
+  } else if (kind == KILN__KIND_EW) {
+    if (strstr(kiln__ops[n->op].expr, "$idx")) return false;
+    full = same_shape(n->out, F);
+    if (!full && !row_shaped(F, n->out, true) && !row_shaped(F, n->out, false)) return false;
+  } else {
     return false;
+  }
+  if (!fits(ctx, p, g, i)) return false;
   for (int j = 0; j < n->nin; j++) {
     const kiln_tensor *x = n->in[j];
     int32_t pr = producer(ctx, p, x);
-    if (pr >= 0 && p->group_of[pr - p->first] == (int32_t)(g - p->g)) continue; /* in registers */
-    /* a read from memory that the group itself writes (a view of one of its values) would race
-     * with the writes */
-    for (int m = 0; m < g->n; m++)
-      if (ctx->trace.nodes[p->members[g->first + m]].out->st == x->st) return false;
+    if (pr >= 0 && p->group_of[pr - p->first] == (int32_t)(g - p->g)) {
+      /* an element-wise node reads values per element or per row (kept dim) */
+      if (full && !same_shape(x, F) && !row_shaped(F, x, true)) return false;
+      continue;
+    }
+    /* a reshaped or expanded view of a per-row value is that value */
+    const kiln_tensor *b = kind == KILN__KIND_REDUCE ? NULL : kiln__row_alias(ctx, F, x);
+    int32_t pb = b ? producer(ctx, p, b) : -1;
+    if (pb >= 0 && p->group_of[pb - p->first] == (int32_t)(g - p->g) &&
+        (!full || !row_shaped(F, x, false)))
+      continue;
+    if (reads_own_write(ctx, p, g, x)) return false;
   }
   return true;
 }
@@ -140,36 +230,156 @@ static bool can_batch(const kiln_ctx *ctx, const kiln__plan *p, const kiln__grou
   return true;
 }
 
-/* cuBLASLt's epilogue after the product of node i: D = A B + bias (+ ReLU). Returns how many of
- * the following nodes it takes (0, 1 or 2); *next_out is what the group writes. */
-static int matmul_epilogue(const kiln_ctx *ctx, const kiln__plan *p, int32_t i, const int *readers,
-                           kiln__group *g) {
-  const kiln__node *mm = &ctx->trace.nodes[i];
-  if (mm->out->ndim != 2 || readers[i - p->first] != 1 || mm->out->keep) return 0;
-  int32_t j = i + 1;
-  if (j >= p->last) return 0;
-  const kiln__node *add = &ctx->trace.nodes[j];
-  if (add->op != KILN__OP_ADD) return 0;
-  int side = add->in[0] == mm->out ? 1 : (add->in[1] == mm->out ? 0 : -1);
-  if (side < 0 || !same_shape(add->out, mm->out)) return 0;
-  const kiln_tensor *b = add->in[side];
-  int64_t ncol = mm->out->shape[1];
-  bool vec = (b->ndim == 1 || (b->ndim == 2 && b->shape[0] == 1)) &&
-             b->shape[b->ndim - 1] == ncol && (ncol == 1 || b->stride[b->ndim - 1] == 1) &&
-             b->dtype == KILN_DTYPE_F32 && ((uintptr_t)b->offset * 4) % 16 == 0;
-  if (!vec || b->st == mm->out->st) return 0;
-  g->bias = b;
-  g->out = add->out;
-  int32_t k = j + 1;
-  if (k < p->last && readers[j - p->first] == 1 && !add->out->keep) {
-    const kiln__node *r = &ctx->trace.nodes[k];
-    if (r->op == KILN__OP_RELU && r->in[0] == add->out) {
-      g->relu = true;
-      g->out = r->out;
-      return 2;
+/* The unique node of the flush after i that reads t, or -1. */
+static int32_t reader_of(const kiln_ctx *ctx, const kiln__plan *p, int32_t i, const kiln_tensor *t) {
+  for (int32_t j = i + 1; j < p->last; j++) {
+    const kiln__node *n = &ctx->trace.nodes[j];
+    for (int q = 0; q < n->nin; q++)
+      if (n->in[q] == t) return j;
+  }
+  return -1;
+}
+
+static bool bias_vector(const kiln_tensor *b, int64_t ncol) {
+  return (b->ndim == 1 || (b->ndim == 2 && b->shape[0] == 1)) && b->shape[b->ndim - 1] == ncol &&
+         (ncol == 1 || b->stride[b->ndim - 1] == 1) && b->dtype == KILN_DTYPE_F32 &&
+         ((uintptr_t)b->offset * 4) % 16 == 0;
+}
+
+/* A dense row-major f32 matrix whose address keeps cuBLASLt's 16-byte alignment. */
+static bool dense_matrix(const kiln_tensor *t) {
+  return t->ndim == 2 && t->dtype == KILN_DTYPE_F32 && kiln__is_contiguous(t) &&
+         ((uintptr_t)t->offset * 4) % 16 == 0;
+}
+
+/* The forward epilogue after product i: + a bias over the columns, then ReLU or the tanh GELU
+ * (cuBLASLt's GELU is the tanh form). When the backward pass will need it, ReLU also writes its
+ * bit mask and GELU its input. Returns how many of the following nodes it takes. */
+static int forward_epilogue(kiln_ctx *ctx, const kiln__plan *p, int32_t i, const int *readers,
+                            kiln__group *g) {
+  const kiln__node *nodes = ctx->trace.nodes, *mm = &nodes[i];
+  const kiln_tensor *cur = mm->out, *bias = NULL;
+  int64_t ncol = cur->shape[1];
+  int32_t last = i;
+  if (readers[i - p->first] == 1 && !cur->keep && i + 1 < p->last) {
+    const kiln__node *add = &nodes[i + 1];
+    int side = add->op != KILN__OP_ADD ? -1 : add->in[0] == cur ? 1 : (add->in[1] == cur ? 0 : -1);
+    if (side >= 0 && same_shape(add->out, cur) && bias_vector(add->in[side], ncol) &&
+        add->in[side]->st != cur->st) {
+      bias = add->in[side];
+      cur = add->out;
+      last = i + 1;
     }
   }
-  return 1;
+  const kiln__node *act = NULL;
+  if (last + 1 < p->last) {
+    /* the GELU input may have other readers: the epilogue writes it */
+    const kiln__node *r = &nodes[last + 1];
+    bool alone = readers[last - p->first] == 1 && !cur->keep;
+    if (r->in[0] == cur && ((r->op == KILN__OP_RELU && alone) || r->op == KILN__OP_GELU_TANH))
+      act = r;
+  }
+  int epi = bias ? CUBLASLT_EPILOGUE_BIAS : 0;
+  const kiln_tensor *aux = NULL;
+  if (act && act->op == KILN__OP_RELU) {
+    bool mask = act->out->requires_grad; /* the backward pass's DRELU reads the mask */
+    epi = bias ? (mask ? CUBLASLT_EPILOGUE_RELU_AUX_BIAS : CUBLASLT_EPILOGUE_RELU_BIAS)
+               : (mask ? CUBLASLT_EPILOGUE_RELU_AUX : CUBLASLT_EPILOGUE_RELU);
+    aux = mask ? act->out : NULL;
+  } else if (act) {
+    /* GELU's backward reads its input, and so may other nodes */
+    bool input = act->out->requires_grad || readers[last - p->first] > 1 || cur->keep;
+    if (input && ncol % 8 != 0) {
+      act = NULL; /* cuBLASLt writes the GELU input only with a leading dimension of 8k */
+    } else {
+      epi = bias ? (input ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_BIAS)
+                 : (input ? CUBLASLT_EPILOGUE_GELU_AUX : CUBLASLT_EPILOGUE_GELU);
+      aux = input ? cur : NULL;
+    }
+  }
+  if (act && !kiln__lt_usable(ctx, mm->in[0], mm->in[1], epi)) {
+    act = NULL;
+    aux = NULL;
+    epi = bias ? CUBLASLT_EPILOGUE_BIAS : 0;
+  }
+  if (epi == 0 || !kiln__lt_usable(ctx, mm->in[0], mm->in[1], epi)) return 0;
+  g->epi = epi;
+  g->bias = bias;
+  g->aux = aux;
+  g->out = act ? act->out : cur;
+  return (last - i) + (act ? 1 : 0);
+}
+
+/* The backward epilogue of product i, dY = g W: its one reader multiplies it by the derivative
+ * of a ReLU (whose forward product left a bit mask) or of the tanh GELU (at its saved input),
+ * and a sum over the rows of that (the bias gradient) may follow. The group takes both nodes
+ * (they run at i: everything they read exists by then). Returns how many nodes it takes. */
+static int backward_epilogue(kiln_ctx *ctx, kiln__plan *p, int32_t i, const int *readers,
+                             kiln__group *g) {
+  const kiln__node *nodes = ctx->trace.nodes, *mm = &nodes[i];
+  if (readers[i - p->first] != 1 || mm->out->keep) return 0;
+  int32_t r = reader_of(ctx, p, i, mm->out);
+  if (r < 0 || p->group_of[r - p->first] >= 0) return 0;
+  const kiln__node *d = &nodes[r];
+  if ((d->op != KILN__OP_RELU_GRAD && d->op != KILN__OP_GELU_TANH_GRAD) || d->in[0] != mm->out ||
+      !same_shape(d->out, mm->out) || !same_shape(d->in[1], mm->out) || d->in[1] == mm->out)
+    return 0;
+  const kiln_tensor *aux = d->in[1];
+  int32_t pa = producer(ctx, p, aux);
+  if (pa >= i) return 0;
+  bool relu = d->op == KILN__OP_RELU_GRAD;
+  if (relu) {
+    /* the mask exists (an earlier flush) or this flush's forward product writes it */
+    bool mask = aux->st->relu_mask != NULL ||
+                (pa >= 0 && p->group_of[pa - p->first] >= 0 &&
+                 p->g[p->group_of[pa - p->first]].aux == aux &&
+                 p->g[p->group_of[pa - p->first]].kind == KILN__KIND_MATMUL);
+    if (!mask) return 0;
+  } else if (!dense_matrix(aux) || aux->shape[1] % 8 != 0) {
+    return 0;
+  }
+  /* the bias gradient: the sum over the rows of d's output, d's reader */
+  int32_t s = -1;
+  for (int32_t k = r + 1; k < p->last && s < 0; k++) {
+    const kiln__node *n = &nodes[k];
+    if (n->op == KILN__OP_SUM && n->in[0] == d->out && n->i[0] == 1 &&
+        p->group_of[k - p->first] < 0 && p->claim[k - p->first] < 0 &&
+        bias_vector(n->out, d->out->shape[1]))
+      s = k;
+  }
+  int epi = relu ? (s >= 0 ? CUBLASLT_EPILOGUE_DRELU_BGRAD : CUBLASLT_EPILOGUE_DRELU)
+                 : (s >= 0 ? CUBLASLT_EPILOGUE_DGELU_BGRAD : CUBLASLT_EPILOGUE_DGELU);
+  if (!kiln__lt_usable(ctx, mm->in[0], mm->in[1], epi)) return 0;
+  g->epi = epi;
+  g->aux = aux;
+  g->bias = s >= 0 ? nodes[s].out : NULL;
+  g->out = d->out;
+  if (!add_member(ctx, p, g, r) || (s >= 0 && !add_member(ctx, p, g, s))) return -1;
+  return 0;
+}
+
+/* A weight gradient dW = T^T X (product i, its A a transposed view of T) and a sum of T over its
+ * rows (the bias gradient) become one call: cuBLASLt's BGRADB sums the rows of A. Returns the
+ * sum's node, or -1. The sum may be anywhere in the flush if nothing reads it before i. */
+static int32_t bgradb_sum(kiln_ctx *ctx, const kiln__plan *p, int32_t i) {
+  const kiln__node *nodes = ctx->trace.nodes, *mm = &nodes[i];
+  const kiln_tensor *A = mm->in[0];
+  if (mm->out->ndim != 2 || A->ndim != 2 || A->node < 0 || A->node >= ctx->trace.n) return -1;
+  const kiln__node *v = &nodes[A->node];
+  if (v->op != KILN__OP_PERMUTE || v->out != A) return -1;
+  const kiln_tensor *T = v->in[0];
+  if (!dense_matrix(T) || T->shape[0] != A->shape[1] || T->shape[1] != A->shape[0]) return -1;
+  for (int32_t k = p->first; k < p->last; k++) {
+    const kiln__node *n = &nodes[k];
+    if (n->op != KILN__OP_SUM || n->in[0] != T || n->i[0] != 1 || !bias_vector(n->out, T->shape[1]))
+      continue;
+    for (int32_t j = k + 1; j < i; j++) /* read before the product would run: no */
+      for (int q = 0; q < nodes[j].nin && kiln__ops[nodes[j].op].kind != KILN__KIND_VIEW; q++)
+        if (nodes[j].in[q]->st == n->out->st) return -1;
+    if (!kiln__lt_usable(ctx, mm->in[0], mm->in[1], CUBLASLT_EPILOGUE_BGRADB)) return -1;
+    return k;
+  }
+  return -1;
 }
 
 bool kiln__plan_build(kiln_ctx *ctx, int32_t first, int32_t last, bool fuse, kiln__plan *p) {
@@ -179,8 +389,9 @@ bool kiln__plan_build(kiln_ctx *ctx, int32_t first, int32_t last, bool fuse, kil
   int n = last - first;
   p->group_of = malloc((size_t)(n > 0 ? n : 1) * sizeof *p->group_of);
   p->store = calloc((size_t)(n > 0 ? n : 1), sizeof *p->store);
+  p->claim = malloc((size_t)(n > 0 ? n : 1) * sizeof *p->claim);
   int *readers = calloc((size_t)(n > 0 ? n : 1), sizeof *readers);
-  if (!p->group_of || !p->store || !readers) {
+  if (!p->group_of || !p->store || !p->claim || !readers) {
     free(readers);
     kiln__plan_free(p);
     return kiln__error(ctx, KILN_ERR_OOM, "kiln_flush: out of host memory planning"), false;
@@ -188,17 +399,35 @@ bool kiln__plan_build(kiln_ctx *ctx, int32_t first, int32_t last, bool fuse, kil
   const kiln__node *nodes = ctx->trace.nodes;
   for (int32_t i = first; i < last; i++) {
     p->group_of[i - first] = -1;
+    p->claim[i - first] = -1;
     for (int j = 0; j < nodes[i].nin; j++) {
       int32_t pr = producer(ctx, p, nodes[i].in[j]);
       if (pr >= 0) readers[pr - first]++;
     }
   }
 
+  /* bias gradients that a weight gradient's product will compute (BGRADB) */
+  for (int32_t i = first; i < last && fuse; i++) {
+    if (nodes[i].op != KILN__OP_MATMUL) continue;
+    int32_t s = bgradb_sum(ctx, p, i);
+    if (s >= 0 && p->claim[s - first] < 0) p->claim[s - first] = i;
+  }
+  if (!kiln__ok(ctx)) goto oom;
+
   kiln__group *open = NULL; /* the elementwise run being grown */
   for (int32_t i = first; i < last; i++) {
     const kiln__node *nd = &nodes[i];
     kiln__kind kind = kiln__ops[nd->op].kind;
-    if (kind == KILN__KIND_VIEW || p->group_of[i - first] >= 0) continue;
+    if (kind == KILN__KIND_VIEW || p->group_of[i - first] >= 0 || p->claim[i - first] >= 0)
+      continue;
+    if (open && open->full) { /* a row program */
+      if ((kind == KILN__KIND_EW || kind == KILN__KIND_REDUCE) && can_join_rows(ctx, p, open, i)) {
+        if (!add_member(ctx, p, open, i)) goto oom;
+        open->rows = true;
+        continue;
+      }
+      open = NULL;
+    }
     if (kind == KILN__KIND_EW) {
       if (fuse && open && can_join(ctx, p, open, i)) {
         if (!add_member(ctx, p, open, i)) goto oom;
@@ -217,7 +446,8 @@ bool kiln__plan_build(kiln_ctx *ctx, int32_t first, int32_t last, bool fuse, kil
         open->kind = KILN__KIND_REDUCE;
         open->node = i;
         if (!add_member(ctx, p, open, i)) goto oom;
-        open = NULL;
+        open->full = row_reduction(nd) ? nd->in[0] : NULL;
+        if (!open->full) open = NULL;
         continue;
       }
     }
@@ -237,10 +467,22 @@ bool kiln__plan_build(kiln_ctx *ctx, int32_t first, int32_t last, bool fuse, kil
     }
     kiln__group *g = new_group(ctx, p, kind, i);
     if (!g || !add_member(ctx, p, g, i)) goto oom;
-    if (kind == KILN__KIND_MATMUL && fuse) {
-      int take = matmul_epilogue(ctx, p, i, readers, g);
+    if (kind == KILN__KIND_REDUCE && fuse && row_reduction(nd)) {
+      g->full = nd->in[0];
+      open = g;
+    }
+    if (kind == KILN__KIND_MATMUL && fuse && nd->out->ndim == 2) {
+      int32_t s = bgradb_sum(ctx, p, i);
+      if (s >= 0 && p->claim[s - first] == i) {
+        g->epi = CUBLASLT_EPILOGUE_BGRADB;
+        g->bias = nodes[s].out;
+        if (!add_member(ctx, p, g, s)) goto oom;
+        continue;
+      }
+      int take = forward_epilogue(ctx, p, i, readers, g);
       for (int k = 1; k <= take; k++)
         if (!add_member(ctx, p, g, i + k)) goto oom;
+      if (take == 0 && backward_epilogue(ctx, p, i, readers, g) < 0) goto oom;
     }
   }
 
@@ -265,11 +507,14 @@ bool kiln__plan_build(kiln_ctx *ctx, int32_t first, int32_t last, bool fuse, kil
   for (int k = 0; k < p->ng; k++) {
     kiln__group *g = &p->g[k];
     if (g->kind != KILN__KIND_MATMUL) continue;
-    /* the product's own result is written, or only its epilogue's */
+    /* the product's own result is written, or only its epilogue's, and what the epilogue
+     * writes beside it: a GELU's input, a bias gradient */
     const kiln_tensor *out = g->out ? g->out : nodes[g->node].out;
     for (int m = 0; m < g->n; m++) {
       int32_t i = p->members[g->first + m];
-      p->store[i - first] = nodes[i].out == out;
+      const kiln_tensor *t = nodes[i].out;
+      bool written_aux = t == g->aux && kiln__epilogue_writes_aux(g->epi);
+      p->store[i - first] = t == out || written_aux || (t == g->bias && kiln__epilogue_bgrad(g->epi));
     }
     g->out = out;
   }
@@ -286,5 +531,6 @@ void kiln__plan_free(kiln__plan *p) {
   free(p->members);
   free(p->group_of);
   free(p->store);
+  free(p->claim);
   memset(p, 0, sizeof *p);
 }
