@@ -3,8 +3,9 @@
 
     python3 bench/compare.py [--build build] [--steps N] [--blocks N]
 
-The kiln side is build/bench_mlp (build it first); the PyTorch side is bench/torch_ref.py. Ratios
-are kiln's ms/step over PyTorch's (below 1: kiln is faster).
+The kiln side is build/profile_step --json, its three modes (unfused, fused, fused + graph; build
+it first); the PyTorch side is bench/torch_ref.py. Ratios are kiln's ms/step over PyTorch's
+(below 1: kiln is faster).
 """
 import argparse
 import json
@@ -29,8 +30,8 @@ def main():
     args = ap.parse_args()
     common = ["--steps", str(args.steps), "--blocks", str(args.blocks)]
     rows = []
-    for mode in ("unfused", "fused"):
-        rows += run([os.path.join(args.build, "bench_mlp"), "--mode", mode] + common)
+    for mode in ("unfused", "fused", "graph"):
+        rows += run([os.path.join(args.build, "profile_step"), "--json", "--mode", mode] + common)
     torch_rows = []
     if not args.no_torch:
         try:

@@ -82,6 +82,8 @@ kiln_ctx *kiln_ctx_new(const kiln_ctx_options *opts) {
   ctx->tf32 = !(tf32 && strcmp(tf32, "0") == 0);
   const char *fusion = getenv("KILN_FUSION"), *nvtx = getenv("KILN_NVTX");
   ctx->fusion = !(fusion && strcmp(fusion, "0") == 0);
+  const char *graph = getenv("KILN_GRAPH");
+  ctx->graphs = !(graph && strcmp(graph, "0") == 0);
   ctx->nvtx = nvtx && strcmp(nvtx, "1") == 0;
   const char *seed = getenv("KILN_SEED");
   kiln_manual_seed(ctx, seed ? strtoull(seed, NULL, 0) : 0);
@@ -96,8 +98,8 @@ kiln_ctx *kiln_ctx_new(const kiln_ctx_options *opts) {
 
 static void release_step_storages(kiln_ctx *ctx) {
   for (kiln__storage *s = ctx->step_storages; s; s = s->next) {
-    if (s->ptr) kiln__dev_free(ctx, s->ptr);
-    if (s->relu_mask) kiln__dev_free(ctx, s->relu_mask);
+    if (s->ptr && !s->borrowed) kiln__dev_free(ctx, s->ptr);
+    if (s->relu_mask && !s->borrowed) kiln__dev_free(ctx, s->relu_mask);
     s->ptr = s->relu_mask = NULL;
   }
   ctx->step_storages = NULL;
@@ -111,6 +113,7 @@ void kiln_ctx_free(kiln_ctx *ctx) {
     kiln_tensor_free(ctx->persistents[ctx->npersistent - 1]);
   free(ctx->persistents);
   kiln__kernels_free(ctx);
+  if (ctx->has_gpu) kiln__graphs_free(ctx);
   if (ctx->has_gpu) kiln__lt_plans_free(ctx);
   kiln__alloc_release_all(ctx);
   if (ctx->has_gpu) {
@@ -141,6 +144,10 @@ void kiln_set_tf32(kiln_ctx *ctx, int on) {
   if (ctx) ctx->tf32 = on != 0;
 }
 int kiln_tf32(const kiln_ctx *ctx) { return ctx && ctx->tf32; }
+void kiln_set_graphs(kiln_ctx *ctx, int on) {
+  if (ctx) ctx->graphs = on != 0;
+}
+
 void kiln_set_fusion(kiln_ctx *ctx, int on) {
   if (ctx) ctx->fusion = on != 0;
 }
@@ -187,11 +194,17 @@ void kiln_step_begin(kiln_ctx *ctx) {
     ctx->persistents[i]->bw_acc = NULL;
   ctx->trace.n = ctx->trace.done = 0;
   ctx->gen++;
+  ctx->in_step = true;
   kiln__arena_reset(&ctx->arenas[ctx->gen & 1]);
 }
 
 kiln_status kiln_step_end(kiln_ctx *ctx) {
   if (!ctx) return KILN_ERR_INVALID;
+  bool whole = ctx->in_step && ctx->trace.done == 0; /* nothing of the step ran yet */
+  ctx->in_step = false;
+  if (whole && ctx->graphs && ctx->has_gpu && kiln__ok(ctx) && ctx->trace.n > 0)
+    return kiln__graph_step(ctx);
+  if (ctx->graphs && ctx->has_gpu && ctx->trace.done < ctx->trace.n) ctx->stats.eager_steps++;
   return kiln__flush(ctx);
 }
 

@@ -102,6 +102,8 @@ typedef struct kiln__storage {
   bool persistent;            /* owned by a persistent tensor; else freed at step begin */
   bool fused;                 /* it lived in a fused kernel's registers and was never written */
   void *relu_mask;            /* a ReLU output's bit mask from cuBLASLt (1 where positive), or NULL */
+  bool borrowed;              /* ptr and relu_mask point into a step graph's arena: not freed */
+  bool clobbered;             /* in that arena a later value of the step reused its memory */
   struct kiln__storage *next; /* intermediates of a generation, for release */
 } kiln__storage;
 
@@ -164,7 +166,9 @@ typedef struct kiln__kernel {
   struct kiln__kernel *next;
 } kiln__kernel;
 
-typedef struct kiln__lt_plan kiln__lt_plan; /* fusion/exec.c */
+typedef struct kiln__lt_plan kiln__lt_plan;       /* fusion/exec.c */
+typedef struct kiln__step_graph kiln__step_graph; /* fusion/graph.c */
+#define KILN__MAX_GRAPHS 16                        /* step graphs kept, least recently used out */
 
 /* ---------------------------------------------------------------- context */
 
@@ -205,6 +209,14 @@ struct kiln_ctx {
   int nvrtc_version;
   uint64_t key_seed; /* hash of the prelude, arch and NVRTC version */
   kiln_exec_stats stats;
+  void *step_values; /* eager flushes' step values on the device (kiln__stepvals) */
+  int step_values_cap;
+  bool graphs;  /* capture and replay steps (KILN_GRAPH=0: off) */
+  bool in_step; /* between kiln_step_begin and kiln_step_end */
+  kiln__step_graph *step_graphs[KILN__MAX_GRAPHS];
+  int nstep_graphs;
+  uint64_t graph_clock;   /* steps seen, for least-recently-used eviction */
+  bool warned_signatures; /* the warning about ever-new signatures was printed */
 };
 
 /* ---------------------------------------------------------------- internal API */
@@ -244,6 +256,9 @@ kiln_tensor *kiln__reduce(kiln__op op, const char *fn, kiln_tensor *a, unsigned 
                           float scale);
 /* Sums g over the axes that broadcasting added or stretched, so that it has shape s. */
 kiln_tensor *kiln__unbroadcast(kiln_tensor *g, int ndim, const int64_t *shape);
+/* Rows idx[start .. start + count) of a (the index's start is a step value). */
+kiln_tensor *kiln__index_select_at(kiln_tensor *a, kiln_tensor *idx, int64_t start, int64_t count,
+                                   const char *fn);
 /* Records an in-place update of persistent tensors. */
 kiln__node *kiln__update(kiln__op op, const char *fn, int nin, kiln_tensor *const *in);
 bool kiln__broadcast_shape(kiln_ctx *ctx, const char *fn, int n, kiln_tensor *const *ts, int *ndim,
@@ -265,6 +280,10 @@ void kiln__optim_restore(kiln_optim *o, int64_t steps, const int64_t *counts);
 kiln_status kiln__execute(kiln_ctx *ctx, int32_t first, int32_t last);
 /* Plans, generates and compiles the pending nodes without running them (works without a GPU). */
 kiln_status kiln__compile_pending(kiln_ctx *ctx);
+/* Runs the open step's whole trace through its step graph: captured on the first occurrence of
+ * its signature, replayed after. */
+kiln_status kiln__graph_step(kiln_ctx *ctx);
+void kiln__graphs_free(kiln_ctx *ctx);
 /* Compiles source (once per process, cached on disk); NULL on failure with the error set. */
 kiln__kernel *kiln__kernel_get(kiln_ctx *ctx, const char *name, const char *source,
                                const char *comment);

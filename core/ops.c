@@ -619,9 +619,9 @@ kiln_tensor *kiln_concat(int n, kiln_tensor *const *ts, int axis) {
   return out;
 }
 
-kiln_tensor *kiln_index_select(kiln_tensor *a, kiln_tensor *idx) {
+kiln_tensor *kiln__index_select_at(kiln_tensor *a, kiln_tensor *idx, int64_t start, int64_t count,
+                                   const char *fn) {
   kiln_tensor *in[2] = {a, idx};
-  const char *fn = __func__;
   kiln_ctx *ctx = begin(fn, 2, in);
   if (!ctx) return NULL;
   char s1[96], s2[96];
@@ -631,15 +631,26 @@ kiln_tensor *kiln_index_select(kiln_tensor *a, kiln_tensor *idx) {
                        kiln__shape_of(a, s1, sizeof s1), kiln__shape_of(idx, s2, sizeof s2),
                        kiln_dtype_name(idx->dtype)),
            NULL;
+  if (start < 0 || count < 0 || start + count > idx->shape[0])
+    return kiln__error(ctx, KILN_ERR_SHAPE, "%s: rows %lld..%lld of an index of %lld", fn,
+                       (long long)start, (long long)(start + count), (long long)idx->shape[0]),
+           NULL;
   in[0] = kiln_contiguous(a);
   in[1] = kiln_contiguous(idx);
   if (!in[0] || !in[1]) return NULL;
   int64_t shape[KILN_MAX_DIMS];
   memcpy(shape, a->shape, sizeof shape);
-  shape[0] = idx->shape[0];
+  shape[0] = count;
   kiln_tensor *out = kiln__tensor_intermediate(ctx, a->dtype, a->ndim, shape);
-  if (!out || !kiln__record(ctx, KILN__OP_INDEX_SELECT, 2, in, out)) return NULL;
+  kiln__node *n = out ? kiln__record(ctx, KILN__OP_INDEX_SELECT, 2, in, out) : NULL;
+  if (!n) return NULL;
+  n->u[0] = (uint64_t)start; /* a step value: a loader's batches share one graph */
   return out;
+}
+
+kiln_tensor *kiln_index_select(kiln_tensor *a, kiln_tensor *idx) {
+  int64_t n = idx && idx->magic == KILN__TENSOR_MAGIC && idx->ndim == 1 ? idx->shape[0] : 0;
+  return kiln__index_select_at(a, idx, 0, n, __func__);
 }
 
 kiln_tensor *kiln_dropout(kiln_tensor *a, float p, int training) {

@@ -319,6 +319,13 @@ kiln_status kiln_tensor_to_host(kiln_tensor *t, void *dst, size_t bytes) {
   if (!ctx->has_gpu)
     return kiln__error(ctx, KILN_ERR_STATE, "%s: the context has no GPU (no_gpu or no device)",
                        __func__);
+  if (ctx->in_step && ctx->graphs && ctx->trace.done < ctx->trace.n)
+    return kiln__error(ctx, KILN_ERR_STATE,
+                       "%s: a %s value read inside an open step: with step graphs on the step "
+                       "runs whole at kiln_step_end, so read it after kiln_step_end (the loss, "
+                       "say, every N steps), or turn graphs off (KILN_GRAPH=0, "
+                       "kiln_set_graphs(ctx, 0))",
+                       __func__, kiln__shape_of(t, sh, sizeof sh));
   kiln_tensor *src = kiln__is_contiguous(t) ? t : kiln_contiguous(t);
   if (!src) return ctx->status;
   src->keep = true; /* a pending value the host asks for is written, fused or not */
@@ -334,6 +341,13 @@ kiln_status kiln_tensor_to_host(kiln_tensor *t, void *dst, size_t bytes) {
   if (!src->st->ptr)
     return kiln__error(ctx, KILN_ERR_STATE, "%s: the tensor has no data (its step failed)",
                        __func__);
+  if (src->st->clobbered)
+    return kiln__error(ctx, KILN_ERR_STATE,
+                       "%s: this %s intermediate was consumed inside its step graph, whose "
+                       "memory plan gave its memory to a later value: read the step's outputs "
+                       "(values nothing in the step consumes), or turn graphs off "
+                       "(KILN_GRAPH=0)",
+                       __func__, kiln__shape_of(t, sh, sizeof sh));
   const char *p = (const char *)src->st->ptr + src->offset * (int64_t)kiln_dtype_size(t->dtype);
   if (KILN_CUDA_FAILED(ctx, cudaMemcpyAsync(dst, p, need, cudaMemcpyDeviceToHost, ctx->stream)) ||
       KILN_CUDA_FAILED(ctx, cudaStreamSynchronize(ctx->stream)))

@@ -139,9 +139,10 @@ int kiln_loader_next(kiln_loader *l, kiln_tensor **x, kiln_tensor **y) {
   int64_t n = l->ds->n, left = n - l->pos;
   if (left <= 0 || (l->drop_last && left < l->batch)) return 0;
   int64_t b = left < l->batch ? left : l->batch;
-  kiln_tensor *idx = kiln_slice(l->order, 0, l->pos, l->pos + b, 1);
-  *x = kiln_index_select(l->ds->images, idx);
-  *y = kiln_index_select(l->ds->labels, idx);
+  /* the whole order tensor, read from the batch's offset: the offset is a step value, so every
+   * full batch of an epoch has the same signature and replays the same step graph */
+  *x = kiln__index_select_at(l->ds->images, l->order, l->pos, b, __func__);
+  *y = kiln__index_select_at(l->ds->labels, l->order, l->pos, b, __func__);
   l->pos += b;
   return *x && *y;
 }

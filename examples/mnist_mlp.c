@@ -207,13 +207,17 @@ int main(int argc, char **argv) {
   printf("784-512-512-10 ReLU MLP (%lld parameters), batch %lld, SGD Nesterov momentum 0.9, "
          "lr %g with cosine decay, weight decay 5e-4, %d epochs\n",
          (long long)kiln_params_numel(m.params), (long long)batch, lr, epochs);
+  /* cosine decay over the whole run, from the optimizer's step count (so a resumed run goes on
+   * where it stopped); the rate is a step value: the step graph is captured once */
+  kiln_optim_set_schedule(opt, &(kiln_schedule){.kind = KILN_SCHEDULE_COSINE,
+                                                .base_lr = (float)lr,
+                                                .total_steps = total_steps});
   double t_start = now_s();
   for (int epoch = first_epoch; epoch <= epochs; epoch++) {
     kiln_loader_start(loader, epoch);
     double t0 = now_s(), tlast = t0, lsum = 0;
     int64_t seen = 0, seen_last = 0, nread = 0;
     for (;;) {
-      kiln_optim_set_lr(opt, (float)(lr * 0.5 * (1.0 + cos(M_PI * (double)step / total_steps))));
       kiln_step_begin(ctx);
       kiln_tensor *x, *y;
       if (!kiln_loader_next(loader, &x, &y)) break;

@@ -113,10 +113,24 @@ void kiln__attr_use(const char *e, int *nf, int *ni, int *nu) {
   }
 }
 
+/* Float attribute slot s of g's kernel is node n's attribute k (and 64-bit slot s for attr_u):
+ * the executor copies it into the step values before every run or graph replay. */
+static void attr_f(kiln__group *g, int s, const kiln__node *n, int k) {
+  g->args.f[s] = n->f[k];
+  g->fsrc[s] = n;
+  g->fk[s] = (int8_t)k;
+}
+static void attr_u(kiln__group *g, int s, const kiln__node *n, int k) {
+  g->args.u[s] = n->u[k];
+  g->usrc[s] = n;
+  g->uk[s] = (int8_t)k;
+}
+
 /* Assigns operands, value names and attribute slots for prog; fills a's attributes. In a row
  * program (row non-NULL) row[j] says node j computes one value per row; a reduction's output is
  * one value per row too, and its scale takes a float slot. */
-static void wire(const kiln__ew_prog *p, const bool *row, operands *o, wiring *w, kiln__kargs *a) {
+static void wire(const kiln__ew_prog *p, const bool *row, operands *o, wiring *w, kiln__group *g) {
+  kiln__kargs *a = &g->args;
   int nf = 0, ni = 0, nu = 0;
   w->coords = false;
   for (int j = 0; j < p->n; j++) {
@@ -147,11 +161,11 @@ static void wire(const kiln__ew_prog *p, const bool *row, operands *o, wiring *w
     w->ib[j] = ni;
     w->ub[j] = nu;
     for (int k = 0; k < f; k++)
-      a->f[nf + k] = nd->f[k];
+      attr_f(g, nf + k, nd, k);
     for (int k = 0; k < i; k++)
       a->i[ni + k] = (int)nd->i[k];
     for (int k = 0; k < u; k++)
-      a->u[nu + k] = nd->u[k];
+      attr_u(g, nu + k, nd, k);
     nf += f;
     ni += i;
     nu += u;
@@ -173,7 +187,8 @@ static void expand(kiln__sb *b, const char *tpl, const wiring *w, int j, const k
       kiln__sb_printf(b, "%s", w->in[j][*p - '0']);
     } else if ((*p == 'f' || *p == 'i' || *p == 'u') && p[1] >= '0' && p[1] <= '9') {
       int base = *p == 'f' ? w->fb[j] : (*p == 'i' ? w->ib[j] : w->ub[j]);
-      kiln__sb_printf(b, "a.%c[%d]", *p, base + (p[1] - '0'));
+      kiln__sb_printf(b, "a.%s[%d]", *p == 'f' ? "fv" : (*p == 'i' ? "i" : "uv"),
+                      base + (p[1] - '0'));
       p++;
     } else if (strncmp(p, "idx", 3) == 0) {
       kiln__sb_printf(b, "i");
@@ -311,7 +326,7 @@ bool kiln__gen_ew(kiln_ctx *ctx, const kiln__ew_prog *p, kiln__group *g, const c
     a->shape[d] = p->shape[d];
   operands o = {0};
   wiring w;
-  wire(p, NULL, &o, &w, a);
+  wire(p, NULL, &o, &w, g);
   bool coords = w.coords, vec = n % 4 == 0 && n > 0 && !w.coords, f32 = true;
   int64_t span = n; /* the largest offset any operand reaches, for the index type */
   g->bytes_read = g->bytes_written = 0;
@@ -401,11 +416,11 @@ bool kiln__gen_update_multi(kiln_ctx *ctx, const kiln__node *const *nodes, int T
   int nf, ni, nu;
   kiln__attr_use(info->expr, &nf, &ni, &nu);
   for (int k = 0; k < nf; k++)
-    a->f[k] = n0->f[k];
+    attr_f(g, k, n0, k);
   for (int k = 0; k < ni; k++)
     a->i[k] = (int)n0->i[k];
   for (int k = 0; k < nu; k++)
-    a->u[k] = n0->u[k];
+    attr_u(g, k, n0, k);
   int64_t most = 0;
   g->bytes_read = g->bytes_written = 0;
   for (int t = 0; t < T; t++) {
@@ -461,7 +476,7 @@ bool kiln__gen_reduce(kiln_ctx *ctx, const kiln__ew_prog *pro, const kiln__node 
   wiring w;
   int value = -1; /* the prologue node whose value is reduced */
   if (pro && pro->n > 0) {
-    wire(pro, NULL, &o, &w, a);
+    wire(pro, NULL, &o, &w, g);
     for (int j = 0; j < pro->n; j++)
       if (pro->nodes[j]->out == x) value = j;
     KILN_ASSERT(value >= 0);
@@ -493,7 +508,7 @@ bool kiln__gen_reduce(kiln_ctx *ctx, const kiln__ew_prog *pro, const kiln__node 
     else
       g->bytes_read += footprint(o.t[k]);
   }
-  a->f[KILN__KMAX_F - 1] = r->f[0]; /* the mean's scale, after any prologue attributes */
+  attr_f(g, KILN__KMAX_F - 1, r, 0); /* the mean's scale, after any prologue attributes */
   bool argmax = r->op == KILN__OP_ARGMAX, isum = r->op == KILN__OP_SUM;
   bool inner = nr > 0 && red[nr - 1] == nd - 1 && (value >= 0 || x->stride[nd - 1] == 1);
   bool rows = nr > 0 && (inner || a->n < (int64_t)ctx->num_sms * 4);
@@ -540,7 +555,7 @@ bool kiln__gen_reduce(kiln_ctx *ctx, const kiln__ew_prog *pro, const kiln__node 
   if (argmax)
     snprintf(store, sizeof store, "((int *)a.ptr[%d])[o] = (int)ai;", out);
   else
-    snprintf(store, sizeof store, "((float *)a.ptr[%d])[o] = acc * a.f[%d];", out,
+    snprintf(store, sizeof store, "((float *)a.ptr[%d])[o] = acc * a.fv[%d];", out,
              KILN__KMAX_F - 1);
   if (rows) {
     const char *warp = argmax ? NULL : (isum ? "kiln_warp_sum" : "kiln_warp_max");
@@ -608,6 +623,7 @@ bool kiln__gen_index_select(kiln_ctx *ctx, const kiln__node *n, kiln__group *g,
   memset(a, 0, sizeof *a);
   a->ptr[0] = kiln__data_ptr(x);
   a->ptr[1] = kiln__data_ptr(idx);
+  attr_u(g, 0, n, 0);
   a->ptr[2] = kiln__data_ptr(y);
   a->n = kiln_tensor_numel(y);
   a->nred = x->shape[0] ? kiln_tensor_numel(x) / x->shape[0] : 0; /* elements per row */
@@ -622,7 +638,7 @@ bool kiln__gen_index_select(kiln_ctx *ctx, const kiln__node *n, kiln__group *g,
       "  for (long long e = (long long)blockIdx.x * blockDim.x + threadIdx.x; e < a.n;\n"
       "       e += (long long)gridDim.x * blockDim.x) {\n"
       "    const long long k = e / a.nred, j = e - k * a.nred;\n"
-      "    const long long r = idx[k];\n"
+      "    const long long r = idx[a.uv[0] + k]; // u0: where this step's indices start\n"
       "    y[e] = (r >= 0 && r < a.shape[0]) ? x[r * a.nred + j] : (%s)0;\n"
       "  }\n",
       t, t, t, t, t);
@@ -667,8 +683,8 @@ static void emit_loads(kiln__sb *b, const kiln__ew_prog *p, const bool *use, con
 }
 
 /* Node j's value (an op-table expression), and its store when it is written. */
-static void emit_value(kiln__sb *b, const kiln__ew_prog *p, const wiring *w,
-                       int j, const char *ind, int nd, bool store, bool per_row) {
+static void emit_value(kiln__sb *b, const kiln__ew_prog *p, const wiring *w, int j, const char *ind,
+                       int nd, bool store, bool per_row) {
   const kiln__node *n = p->nodes[j];
   kiln__sb_printf(b, "%sconst auto v%d = ", ind, j);
   expand(b, kiln__ops[n->op].expr, w, j, n);
@@ -705,7 +721,7 @@ bool kiln__gen_rows(kiln_ctx *ctx, const kiln__ew_prog *p, const kiln_tensor *F,
   memset(a, 0, sizeof *a);
   operands o = {0};
   wiring w;
-  wire(p, row, &o, &w, a);
+  wire(p, row, &o, &w, g);
   a->n = 1;
   for (int d = 0; d + 1 < nd; d++) {
     a->shape[d] = F->shape[d];
@@ -759,7 +775,7 @@ bool kiln__gen_rows(kiln_ctx *ctx, const kiln__ew_prog *p, const kiln_tensor *F,
       kiln__sb_printf(&b, "      acc%d += %s;\n    }\n", j, w.in[j][0]);
     else
       kiln__sb_printf(&b, "      acc%d = kiln_maximum(acc%d, %s);\n    }\n", j, j, w.in[j][0]);
-    kiln__sb_printf(&b, "    const float v%d = kiln_block_%s(acc%d, sv) * a.f[%d]; // %s\n", j,
+    kiln__sb_printf(&b, "    const float v%d = kiln_block_%s(acc%d, sv) * a.fv[%d]; // %s\n", j,
                     isum ? "sum" : "max", j, w.fb[j], kiln__ops[p->nodes[j]->op].name);
   }
   if (final_pass) {

@@ -212,20 +212,19 @@ static kiln__lt_plan *lt_plan(kiln_ctx *ctx, const kiln_tensor *A, const kiln_te
           ctx, cublasLtMatrixLayoutCreate(&q->la, CUDA_R_32F, ta ? m : k, ta ? k : m, lda)) ||
       KILN_CUBLAS_FAILED(ctx, cublasLtMatrixLayoutCreate(&q->ld, CUDA_R_32F, nn, m, (int64_t)nn)) ||
       KILN_CUBLAS_FAILED(ctx, cublasLtMatmulPreferenceCreate(&pref)) ||
-      KILN_CUBLAS_FAILED(
-          ctx, cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                                    &ws, sizeof ws));
+      KILN_CUBLAS_FAILED(ctx, cublasLtMatmulPreferenceSetAttribute(
+                                  pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
   if (!bad && epi_bias(epi))
-    bad = KILN_CUBLAS_FAILED(ctx, cublasLtMatmulDescSetAttribute(
-                                      q->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &aligned,
-                                      sizeof aligned));
+    bad = KILN_CUBLAS_FAILED(ctx, cublasLtMatmulDescSetAttribute(q->desc,
+                                                                 CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                                                                 &aligned, sizeof aligned));
   if (!bad && ald)
     bad = KILN_CUBLAS_FAILED(ctx, cublasLtMatmulDescSetAttribute(
                                       q->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aligned,
                                       sizeof aligned)) ||
-          KILN_CUBLAS_FAILED(ctx, cublasLtMatmulDescSetAttribute(
-                                      q->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ald,
-                                      sizeof ald));
+          KILN_CUBLAS_FAILED(
+              ctx, cublasLtMatmulDescSetAttribute(q->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD,
+                                                  &ald, sizeof ald));
   if (!bad) {
     /* no algorithm (or "not supported") is an answer, not an error: the planner then leaves
      * the epilogue to generated kernels */
@@ -370,7 +369,7 @@ static bool prepare(kiln_ctx *ctx, kiln__plan *p) {
         prog_of(ctx, p, g, 0, 1, &prog);
         ok = kiln__gen_ew(ctx, &prog, g, comment);
       } else {
-        const kiln__node *ups[KILN__KMAX_PTR];
+        const kiln__node *ups[KILN__KMAX_UPDATE];
         for (int m = 0; m < g->n; m++)
           ups[m] = &ctx->trace.nodes[p->members[g->first + m]];
         ok = kiln__gen_update_multi(ctx, ups, g->n, g, comment);
@@ -428,38 +427,104 @@ static bool prepare(kiln_ctx *ctx, kiln__plan *p) {
     case KILN__KIND_VIEW: break;
     }
     if (!ok) return false;
+    for (int s = 0; s < KILN__KMAX_F; s++)
+      g->fi[s] = g->fsrc[s] ? (int32_t)(g->fsrc[s] - ctx->trace.nodes) : -1;
+    for (int s = 0; s < KILN__KMAX_U; s++)
+      g->ui[s] = g->usrc[s] ? (int32_t)(g->usrc[s] - ctx->trace.nodes) : -1;
   }
   return true;
+}
+
+/* Every group's attribute values as the trace holds them now, into host[0 .. ng). */
+void kiln__fill_values(const kiln_ctx *ctx, const kiln__plan *p, kiln__stepvals *host) {
+  const kiln__node *nodes = ctx->trace.nodes;
+  for (int k = 0; k < p->ng; k++) {
+    const kiln__group *g = &p->g[k];
+    for (int s = 0; s < KILN__KMAX_F; s++)
+      host[k].f[s] = g->fi[s] >= 0 ? nodes[g->fi[s]].f[g->fk[s]] : 0.f;
+    for (int s = 0; s < KILN__KMAX_U; s++)
+      host[k].u[s] = g->ui[s] >= 0 ? nodes[g->ui[s]].u[g->uk[s]] : 0;
+  }
+}
+
+/* Points every group's kernel at its block of dev (device kiln__stepvals, one per group). */
+void kiln__bind_values(kiln__plan *p, void *dev) {
+  kiln__stepvals *v = dev;
+  for (int k = 0; k < p->ng; k++) {
+    p->g[k].args.fv = v[k].f;
+    p->g[k].args.uv = v[k].u;
+  }
+}
+
+/* Copies this flush's step values to the device (eager flushes share one buffer: the copy is
+ * ordered after the kernels that read the previous contents). */
+static bool upload_values(kiln_ctx *ctx, kiln__plan *p) {
+  if (p->ng == 0) return true;
+  if (p->ng > ctx->step_values_cap) {
+    int cap = p->ng < 64 ? 64 : p->ng * 2;
+    void *d = kiln__dev_alloc(ctx, (size_t)cap * sizeof(kiln__stepvals));
+    if (!d)
+      return !kiln__error(ctx, KILN_ERR_OOM,
+                          "kiln_flush: out of device memory for the step values (%d groups)", cap);
+    if (ctx->step_values) kiln__dev_free(ctx, ctx->step_values);
+    ctx->step_values = d;
+    ctx->step_values_cap = cap;
+  }
+  kiln__stepvals *host = malloc((size_t)p->ng * sizeof *host);
+  if (!host) return !kiln__error(ctx, KILN_ERR_OOM, "kiln_flush: out of host memory");
+  kiln__fill_values(ctx, p, host);
+  kiln__bind_values(p, ctx->step_values);
+  bool ok =
+      !KILN_CUDA_FAILED(ctx, cudaMemcpyAsync(ctx->step_values, host, (size_t)p->ng * sizeof *host,
+                                             cudaMemcpyHostToDevice, ctx->stream));
+  free(host);
+  return ok;
+}
+
+/* Launches every group of a prepared plan in order. */
+bool kiln__run_groups(kiln_ctx *ctx, kiln__plan *p) {
+  bool ok = true;
+  for (int i = 0; i < p->ng && ok; i++) {
+    kiln__group *g = &p->g[i];
+    if (ctx->nvtx) nvtxRangePushA(g->name);
+    ok = g->kind == KILN__KIND_MATMUL ? run_matmul(ctx, &ctx->trace.nodes[g->node], g)
+                                      : launch(ctx, g);
+    if (ctx->nvtx) nvtxRangePop();
+  }
+  return ok;
+}
+
+bool kiln__prepare_plan(kiln_ctx *ctx, kiln__plan *p) {
+  return alloc_outputs(ctx, p) && alloc_masks(ctx, p) && prepare(ctx, p);
+}
+
+void kiln__flush_stats(kiln_ctx *ctx, const kiln__plan *p, const kiln_exec_stats *before) {
+  uint64_t rd = 0, wr = 0;
+  for (int i = 0; i < p->ng; i++) {
+    rd += p->g[i].bytes_read;
+    wr += p->g[i].bytes_written;
+  }
+  kiln_flush_stats *f = &ctx->stats.last_flush;
+  f->nodes = (uint64_t)(p->last - p->first);
+  f->groups = (uint64_t)p->ng;
+  f->kernels = ctx->stats.kernels_launched - before->kernels_launched;
+  f->bytes_read = rd;
+  f->bytes_written = wr;
+  f->compiled = ctx->stats.kernels_compiled - before->kernels_compiled;
+  f->cache_hits = ctx->stats.cache_hits - before->cache_hits;
+  f->compile_ms = ctx->stats.compile_ms - before->compile_ms;
+  ctx->stats.groups += (uint64_t)p->ng;
+  ctx->stats.bytes_read += rd;
+  ctx->stats.bytes_written += wr;
+  ctx->stats.nodes_executed += (uint64_t)(p->last - p->first);
 }
 
 kiln_status kiln__execute(kiln_ctx *ctx, int32_t first, int32_t last) {
   kiln__plan p;
   kiln_exec_stats before = ctx->stats;
   if (!kiln__plan_build(ctx, first, last, ctx->fusion, &p)) return ctx->status;
-  bool ok = alloc_outputs(ctx, &p) && alloc_masks(ctx, &p) && prepare(ctx, &p);
-  uint64_t rd = 0, wr = 0;
-  for (int i = 0; i < p.ng && ok; i++) {
-    kiln__group *g = &p.g[i];
-    if (ctx->nvtx) nvtxRangePushA(g->name);
-    ok = g->kind == KILN__KIND_MATMUL ? run_matmul(ctx, &ctx->trace.nodes[g->node], g)
-                                      : launch(ctx, g);
-    if (ctx->nvtx) nvtxRangePop();
-    rd += g->bytes_read;
-    wr += g->bytes_written;
-  }
-  kiln_flush_stats *f = &ctx->stats.last_flush;
-  f->nodes = (uint64_t)(last - first);
-  f->groups = (uint64_t)p.ng;
-  f->kernels = ctx->stats.kernels_launched - before.kernels_launched;
-  f->bytes_read = rd;
-  f->bytes_written = wr;
-  f->compiled = ctx->stats.kernels_compiled - before.kernels_compiled;
-  f->cache_hits = ctx->stats.cache_hits - before.cache_hits;
-  f->compile_ms = ctx->stats.compile_ms - before.compile_ms;
-  ctx->stats.groups += (uint64_t)p.ng;
-  ctx->stats.bytes_read += rd;
-  ctx->stats.bytes_written += wr;
-  ctx->stats.nodes_executed += (uint64_t)(last - first);
+  if (kiln__prepare_plan(ctx, &p) && upload_values(ctx, &p)) kiln__run_groups(ctx, &p);
+  kiln__flush_stats(ctx, &p, &before);
   kiln__plan_free(&p);
   return ctx->status;
 }

@@ -56,6 +56,10 @@ typedef struct kiln__group {
   /* filled by code generation */
   kiln__kernel *k;
   kiln__kargs args;
+  /* where the kernel's float and 64-bit attribute slots come from: node and attribute index */
+  const kiln__node *fsrc[KILN__KMAX_F], *usrc[KILN__KMAX_U];
+  int8_t fk[KILN__KMAX_F], uk[KILN__KMAX_U];
+  int32_t fi[KILN__KMAX_F], ui[KILN__KMAX_U]; /* the same as trace indices (-1: unused) */
   unsigned grid, block, grid_y; /* grid_y: tensors of a multi-tensor update (0: 1) */
   uint64_t bytes_read, bytes_written;
   char name[96];
@@ -71,6 +75,12 @@ typedef struct kiln__plan {
   bool *store;       /* per node: its output must be written to memory */
   int32_t *claim;    /* per node: the product whose epilogue computes it (BGRADB), or -1 */
 } kiln__plan;
+
+/* One group's block of the step values: the float and 64-bit attributes its kernel reads. */
+typedef struct kiln__stepvals {
+  float f[KILN__KMAX_F];
+  unsigned long long u[KILN__KMAX_U];
+} kiln__stepvals;
 
 /* How many float, int and 64-bit attribute slots an op expression uses ($f0.., $i0.., $u0..). */
 void kiln__attr_use(const char *expr, int *nf, int *ni, int *nu);
@@ -107,5 +117,15 @@ bool kiln__gen_update_multi(kiln_ctx *ctx, const kiln__node *const *nodes, int T
 bool kiln__gen_index_select(kiln_ctx *ctx, const kiln__node *n, kiln__group *g,
                             const char *comment);
 void *kiln__data_ptr(const kiln_tensor *t); /* device address of t's first element */
+
+/* Step values: every group's attributes from the trace into host[0 .. ng); the kernels pointed
+ * at their blocks of a device copy; then every group launched in order. */
+void kiln__fill_values(const kiln_ctx *ctx, const kiln__plan *p, kiln__stepvals *host);
+void kiln__bind_values(kiln__plan *p, void *dev);
+bool kiln__run_groups(kiln_ctx *ctx, kiln__plan *p);
+/* Allocates what the plan writes (that has no memory yet), generates and compiles its kernels. */
+bool kiln__prepare_plan(kiln_ctx *ctx, kiln__plan *p);
+/* Fills kiln_stats' last_flush (and the totals) for a plan that ran. */
+void kiln__flush_stats(kiln_ctx *ctx, const kiln__plan *p, const kiln_exec_stats *before);
 
 #endif

@@ -73,7 +73,8 @@ static bool fits(const kiln_ctx *ctx, const kiln__plan *p, const kiln__group *g,
   const kiln_tensor *seen[KILN__MAX_GROUP * KILN__MAX_IN];
   int nseen = 0;
   for (int m = 0; m <= g->n; m++) {
-    const kiln__node *x = m < g->n ? &ctx->trace.nodes[p->members[g->first + m]] : &ctx->trace.nodes[i];
+    const kiln__node *x =
+        m < g->n ? &ctx->trace.nodes[p->members[g->first + m]] : &ctx->trace.nodes[i];
     int f, k, u;
     kiln__attr_use(kiln__ops[x->op].expr, &f, &k, &u);
     if (kiln__ops[x->op].kind == KILN__KIND_REDUCE) f = 1;
@@ -134,7 +135,8 @@ static bool row_shaped(const kiln_tensor *F, const kiln_tensor *t, bool keepdim)
   return !keepdim || t->shape[nd - 1] == 1;
 }
 
-const kiln_tensor *kiln__row_alias(const kiln_ctx *ctx, const kiln_tensor *F, const kiln_tensor *x) {
+const kiln_tensor *kiln__row_alias(const kiln_ctx *ctx, const kiln_tensor *F,
+                                   const kiln_tensor *x) {
   const kiln_tensor *b = x;
   for (;;) {
     if (b->node < 0 || b->node >= ctx->trace.n) break;
@@ -210,7 +212,7 @@ static bool prologue_ok(const kiln_ctx *ctx, const kiln__plan *p, const kiln__gr
 static bool can_batch(const kiln_ctx *ctx, const kiln__plan *p, const kiln__group *g, int32_t i) {
   if (g->kind != KILN__KIND_UPDATE || p->members[g->first + g->n - 1] != i - 1) return false;
   const kiln__node *n = &ctx->trace.nodes[i], *first = &ctx->trace.nodes[p->members[g->first]];
-  if (n->op != first->op || (g->n + 1) * n->nin > KILN__KMAX_PTR ||
+  if (n->op != first->op || (g->n + 1) * n->nin > KILN__KMAX_UPDATE || g->n + 1 > KILN__KMAX_PTR ||
       memcmp(n->f, first->f, sizeof n->f) != 0 || memcmp(n->i, first->i, sizeof n->i) != 0 ||
       memcmp(n->u, first->u, sizeof n->u) != 0)
     return false;
@@ -231,7 +233,8 @@ static bool can_batch(const kiln_ctx *ctx, const kiln__plan *p, const kiln__grou
 }
 
 /* The unique node of the flush after i that reads t, or -1. */
-static int32_t reader_of(const kiln_ctx *ctx, const kiln__plan *p, int32_t i, const kiln_tensor *t) {
+static int32_t reader_of(const kiln_ctx *ctx, const kiln__plan *p, int32_t i,
+                         const kiln_tensor *t) {
   for (int32_t j = i + 1; j < p->last; j++) {
     const kiln__node *n = &ctx->trace.nodes[j];
     for (int q = 0; q < n->nin; q++)
@@ -330,10 +333,10 @@ static int backward_epilogue(kiln_ctx *ctx, kiln__plan *p, int32_t i, const int 
   bool relu = d->op == KILN__OP_RELU_GRAD;
   if (relu) {
     /* the mask exists (an earlier flush) or this flush's forward product writes it */
-    bool mask = aux->st->relu_mask != NULL ||
-                (pa >= 0 && p->group_of[pa - p->first] >= 0 &&
-                 p->g[p->group_of[pa - p->first]].aux == aux &&
-                 p->g[p->group_of[pa - p->first]].kind == KILN__KIND_MATMUL);
+    bool mask =
+        aux->st->relu_mask != NULL || (pa >= 0 && p->group_of[pa - p->first] >= 0 &&
+                                       p->g[p->group_of[pa - p->first]].aux == aux &&
+                                       p->g[p->group_of[pa - p->first]].kind == KILN__KIND_MATMUL);
     if (!mask) return 0;
   } else if (!dense_matrix(aux) || aux->shape[1] % 8 != 0) {
     return 0;
@@ -514,7 +517,8 @@ bool kiln__plan_build(kiln_ctx *ctx, int32_t first, int32_t last, bool fuse, kil
       int32_t i = p->members[g->first + m];
       const kiln_tensor *t = nodes[i].out;
       bool written_aux = t == g->aux && kiln__epilogue_writes_aux(g->epi);
-      p->store[i - first] = t == out || written_aux || (t == g->bias && kiln__epilogue_bgrad(g->epi));
+      p->store[i - first] =
+          t == out || written_aux || (t == g->bias && kiln__epilogue_bgrad(g->epi));
     }
     g->out = out;
   }

@@ -92,6 +92,15 @@ void kiln_set_tf32(kiln_ctx *ctx, int on); /* default on, KILN_TF32=0 in the env
 /* Fusion: on by default; KILN_FUSION=0 (or kiln_set_fusion(ctx, 0)) runs every node as its own
  * kernel, with the same results. Applies from the next flush. */
 void kiln_set_fusion(kiln_ctx *ctx, int on);
+/* Step graphs: on by default; KILN_GRAPH=0 (or kiln_set_graphs(ctx, 0)) runs every step by
+ * flushing its trace. With graphs on, kiln_step_end hashes the step's trace (ops, shapes, dtypes,
+ * integer attributes, which persistent tensors); the first occurrence of a signature is planned,
+ * compiled, run and captured into a CUDA graph, later ones are compared and replayed. Float and
+ * 64-bit attributes (learning rates, step counts, dropout offsets, batch offsets) are step values
+ * written to the device before each replay, never baked into a graph. Reading a pending value
+ * inside an open step is an error in graph mode (it would split the step): read after
+ * kiln_step_end, which synchronises only when a value is read. */
+void kiln_set_graphs(kiln_ctx *ctx, int on);
 int kiln_fusion(const kiln_ctx *ctx);
 int kiln_tf32(const kiln_ctx *ctx);
 /* Seeds parameter init, shuffles drawn from the context, and dropout; dropout's Philox offset
@@ -143,6 +152,13 @@ typedef struct kiln_exec_stats {
   uint64_t bytes_read, bytes_written; /* by generated kernels */
   double compile_ms;
   kiln_flush_stats last_flush;
+  /* step graphs */
+  uint64_t graph_captures;   /* steps captured into a CUDA graph (new signatures) */
+  uint64_t graph_replays;    /* steps run by replaying their graph */
+  uint64_t graph_evictions;  /* graphs dropped from the bounded cache */
+  uint64_t eager_steps;      /* steps in graph mode that ran without a graph */
+  uint64_t arena_bytes;      /* the last captured step's arena of intermediates */
+  uint64_t arena_sum_bytes;  /* the sum of that step's intermediates, had each its own memory */
 } kiln_exec_stats;
 void kiln_stats(const kiln_ctx *ctx, kiln_exec_stats *out);
 
@@ -341,6 +357,33 @@ void kiln_optim_set_lr(kiln_optim *o, float lr);
 float kiln_optim_lr(const kiln_optim *o);
 int64_t kiln_optim_steps(const kiln_optim *o);
 void kiln_optim_free(kiln_optim *o);
+
+/* Learning-rate schedules, as functions of the optimizer's step count t (0 for the first step).
+ * Attached to an optimizer, each kiln_optim_step first sets lr = kiln_schedule_lr(s, t); the
+ * rate is a step value, so a schedule never re-captures a step graph.
+ *   CONSTANT      base_lr
+ *   STEP          base_lr * gamma^floor(t / step_size)                  (torch StepLR)
+ *   COSINE        min_lr + (base_lr - min_lr) (1 + cos(pi t / total)) / 2  (CosineAnnealingLR)
+ *   WARMUP_LINEAR base_lr t / warmup for t < warmup, then linearly to 0 at total
+ *   ONE_CYCLE     from base_lr / div_factor up to base_lr over pct_start of total, then down to
+ *                 base_lr / div_factor / final_div_factor, cosine annealed (torch OneCycleLR) */
+typedef enum kiln_schedule_kind {
+  KILN_SCHEDULE_CONSTANT = 0,
+  KILN_SCHEDULE_STEP,
+  KILN_SCHEDULE_COSINE,
+  KILN_SCHEDULE_WARMUP_LINEAR,
+  KILN_SCHEDULE_ONE_CYCLE,
+} kiln_schedule_kind;
+typedef struct kiln_schedule {
+  kiln_schedule_kind kind;
+  float base_lr;
+  int64_t total_steps, warmup_steps, step_size;
+  float gamma, min_lr;
+  float pct_start, div_factor, final_div_factor; /* one-cycle; 0 means torch's 0.3, 25, 1e4 */
+} kiln_schedule;
+float kiln_schedule_lr(const kiln_schedule *s, int64_t t);
+/* NULL detaches the schedule (the rate stays where it is). */
+void kiln_optim_set_schedule(kiln_optim *o, const kiln_schedule *s);
 
 /* ---------------------------------------------------------------- checkpoints */
 

@@ -22,7 +22,51 @@ struct kiln_optim {
   int n;
   kiln_tensor **s1, **s2; /* momentum buffer; Adam's m and v */
   int64_t *count;         /* updates each parameter has had */
+  bool scheduled;
+  kiln_schedule schedule;
 };
+
+static double cos_anneal(double from, double to, double pct) {
+  return to + (from - to) / 2.0 * (cos(M_PI * pct) + 1.0);
+}
+
+float kiln_schedule_lr(const kiln_schedule *s, int64_t t) {
+  if (!s) return 0.f;
+  double base = s->base_lr, T = (double)(s->total_steps > 0 ? s->total_steps : 1);
+  if (t < 0) t = 0;
+  switch (s->kind) {
+  case KILN_SCHEDULE_STEP:
+    return (float)(base *
+                   pow((double)s->gamma, (double)(t / (s->step_size > 0 ? s->step_size : 1))));
+  case KILN_SCHEDULE_COSINE: {
+    double tt = (double)t < T ? (double)t : T;
+    return (float)(s->min_lr + (base - s->min_lr) * (1.0 + cos(M_PI * tt / T)) / 2.0);
+  }
+  case KILN_SCHEDULE_WARMUP_LINEAR: {
+    double w = (double)s->warmup_steps;
+    if ((double)t < w) return (float)(base * (double)t / w);
+    double left = (T - (double)t) / (T - w > 0 ? T - w : 1.0);
+    return (float)(base * (left > 0 ? left : 0));
+  }
+  case KILN_SCHEDULE_ONE_CYCLE: {
+    double pct = s->pct_start > 0 ? s->pct_start : 0.3,
+           div = s->div_factor > 0 ? s->div_factor : 25;
+    double fdiv = s->final_div_factor > 0 ? s->final_div_factor : 1e4;
+    double lo = base / div, end = lo / fdiv, up = pct * T - 1.0, last = T - 1.0;
+    if ((double)t <= up) return (float)cos_anneal(lo, base, up > 0 ? (double)t / up : 1.0);
+    double q = last - up > 0 ? ((double)t - up) / (last - up) : 1.0;
+    return (float)cos_anneal(base, end, q < 1.0 ? q : 1.0);
+  }
+  case KILN_SCHEDULE_CONSTANT:
+  default: return (float)base;
+  }
+}
+
+void kiln_optim_set_schedule(kiln_optim *o, const kiln_schedule *s) {
+  if (!o) return;
+  o->scheduled = s != NULL;
+  if (s) o->schedule = *s;
+}
 
 kiln_sgd_options kiln_sgd_defaults(float lr) {
   return (kiln_sgd_options){
@@ -138,6 +182,7 @@ kiln_status kiln_optim_step(kiln_optim *o) {
   if (!o) return KILN_ERR_INVALID;
   kiln_ctx *ctx = o->ctx;
   if (!kiln__ok(ctx)) return ctx->status;
+  if (o->scheduled) o->lr = kiln_schedule_lr(&o->schedule, o->steps);
   if (kiln_params_count(o->params) != o->n)
     return kiln__error(ctx, KILN_ERR_STATE,
                        "kiln_optim_step: the parameter list changed (%d parameters, the optimizer "
@@ -155,7 +200,7 @@ kiln_status kiln_optim_step(kiln_optim *o) {
         n = kiln__update(KILN__OP_SGD_MOMENTUM, __func__, 3, in);
         if (!n) return ctx->status;
         n->i[0] = s->nesterov != 0;
-        n->i[1] = o->count[i] == 0;
+        n->f[4] = o->count[i] == 0 ? 1.f : 0.f; /* the first step: a step value, not structure */
       } else {
         kiln_tensor *in[2] = {p, g};
         n = kiln__update(KILN__OP_SGD, __func__, 2, in);

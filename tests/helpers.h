@@ -25,6 +25,12 @@
   }                                                                                                \
   kiln_set_tf32(ctx, 0)
 
+/* The same with step graphs off: for tests that read values inside open steps (eager semantics;
+ * test_gpu_graph.c tests graph mode). */
+#define TH_GPU_CTX_EAGER(ctx)                                                                      \
+  TH_GPU_CTX(ctx);                                                                                 \
+  kiln_set_graphs(ctx, 0)
+
 /* A context that records and plans without a GPU. */
 kiln_ctx *th_cpu_ctx(void);
 

@@ -1328,8 +1328,8 @@ Test(optim, sgd_momentum_nodes) {
       cr_assert_eq(n->f[2], 0.f);
       cr_assert_eq(n->f[3], 1e-4f);
       cr_assert_eq(n->i[0], 1, "nesterov");
-      cr_assert_eq(n->i[1], step == 0, "step %d: the first update flag is %lld", step,
-                   (long long)n->i[1]);
+      cr_assert_eq(n->f[4], step == 0 ? 1.f : 0.f, "step %d: the first update flag is %g", step,
+                   n->f[4]);
     }
   }
   cr_assert_eq(kiln_optim_steps(opt), 3);
@@ -2372,5 +2372,55 @@ Test(regressions, mnist_struct_not_zeroed_on_a_failed_context) {
   memset(&m, 0xab, sizeof m);
   cr_assert_eq(kiln_mnist_read(ctx, NULL, "train", &m), KILN_ERR_INVALID);
   assert_mnist_zeroed(&m);
+  kiln_ctx_free(ctx);
+}
+
+Test(optim, learning_rate_schedules) {
+  kiln_schedule c = {.kind = KILN_SCHEDULE_CONSTANT, .base_lr = 0.1f};
+  cr_assert_float_eq(kiln_schedule_lr(&c, 1000), 0.1f, 0.f);
+  kiln_schedule st = {.kind = KILN_SCHEDULE_STEP, .base_lr = 1.f, .step_size = 10, .gamma = 0.5f};
+  cr_assert_float_eq(kiln_schedule_lr(&st, 9), 1.f, 0.f);
+  cr_assert_float_eq(kiln_schedule_lr(&st, 10), 0.5f, 0.f);
+  cr_assert_float_eq(kiln_schedule_lr(&st, 25), 0.25f, 0.f);
+  kiln_schedule co = {
+      .kind = KILN_SCHEDULE_COSINE, .base_lr = 1.f, .total_steps = 100, .min_lr = 0.1f};
+  cr_assert_float_eq(kiln_schedule_lr(&co, 0), 1.f, 1e-7);
+  cr_assert_float_eq(kiln_schedule_lr(&co, 50), 0.55f, 1e-6);
+  cr_assert_float_eq(kiln_schedule_lr(&co, 100), 0.1f, 1e-7);
+  cr_assert_float_eq(kiln_schedule_lr(&co, 25), 0.1 + 0.9 * (1 + cos(M_PI / 4)) / 2, 1e-6);
+  kiln_schedule wl = {
+      .kind = KILN_SCHEDULE_WARMUP_LINEAR, .base_lr = 2.f, .total_steps = 110, .warmup_steps = 10};
+  cr_assert_float_eq(kiln_schedule_lr(&wl, 0), 0.f, 0.f);
+  cr_assert_float_eq(kiln_schedule_lr(&wl, 5), 1.f, 1e-7);
+  cr_assert_float_eq(kiln_schedule_lr(&wl, 10), 2.f, 1e-7);
+  cr_assert_float_eq(kiln_schedule_lr(&wl, 60), 1.f, 1e-6);
+  cr_assert_float_eq(kiln_schedule_lr(&wl, 200), 0.f, 0.f);
+  /* torch.optim.lr_scheduler.OneCycleLR(max_lr=1, total_steps=100) with its defaults (pct_start
+   * 0.3, cosine, div_factor 25, final_div_factor 1e4): 0.04 at step 0, 1 at step 29, 4e-6 at 99 */
+  kiln_schedule oc = {.kind = KILN_SCHEDULE_ONE_CYCLE, .base_lr = 1.f, .total_steps = 100};
+  cr_assert_float_eq(kiln_schedule_lr(&oc, 0), 0.04f, 1e-7);
+  cr_assert_float_eq(kiln_schedule_lr(&oc, 29), 1.f, 1e-6);
+  cr_assert_float_eq(kiln_schedule_lr(&oc, 99), 4e-6f, 1e-9);
+  cr_assert_float_eq(kiln_schedule_lr(&oc, 14), 0.04 + 0.96 * (1 - cos(M_PI * 14 / 29)) / 2, 1e-6);
+  /* attached to an optimizer, each step takes the rate of its step count */
+  kiln_ctx *ctx = th_cpu_ctx();
+  kiln_params *p = kiln_params_new(ctx);
+  kiln_linear l;
+  cr_assert_eq(kiln_linear_init(&l, p, "fc", 4, 3, 1), KILN_OK);
+  kiln_optim *o = kiln_sgd_new(p, &(kiln_sgd_options){.lr = 9.f});
+  kiln_optim_set_schedule(o, &co);
+  for (int t = 0; t < 3; t++) {
+    kiln_tensor *loss =
+        kiln_sum(kiln_linear_forward(&l, kiln_full(ctx, KILN_SHAPE(2, 4), 1.f)), KILN_ALL_AXES, 0);
+    cr_assert_eq(kiln_backward(loss), KILN_OK, "%s", kiln_ctx_error(ctx));
+    cr_assert_eq(kiln_optim_step(o), KILN_OK, "%s", kiln_ctx_error(ctx));
+    cr_assert_float_eq(kiln_optim_lr(o), kiln_schedule_lr(&co, t), 0.f);
+    const kiln__node *n = &ctx->trace.nodes[ctx->trace.n - 1];
+    cr_assert_eq(n->op, KILN__OP_SGD);
+    cr_assert_float_eq(n->f[0], kiln_schedule_lr(&co, t), 0.f, "the update node carries the rate");
+    kiln_step_begin(ctx);
+  }
+  kiln_optim_free(o);
+  kiln_params_free(p);
   kiln_ctx_free(ctx);
 }

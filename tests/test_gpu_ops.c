@@ -539,14 +539,14 @@ static void check_unary(kiln_ctx *ctx, const unop *op) {
 #define KINK(k0, m) .nkinks = 1, .kinks = {k0}, .margin = (m)
 
 Test(gpu_ops, neg) {
-  TH_GPU_CTX(ctx);
+  TH_GPU_CTX_EAGER(ctx);
   unop op = {.name = "neg", .fn = un_neg, .ref = ur_neg, .fwd = GEN(-2, 2), .grad = GEN(-2, 2)};
   check_unary(ctx, &op);
   kiln_ctx_free(ctx);
 }
 
 Test(gpu_ops, add_scalar) {
-  TH_GPU_CTX(ctx);
+  TH_GPU_CTX_EAGER(ctx);
   float s[] = {1.5f, -0.25f};
   for (int i = 0; i < 2; i++) {
     char name[64];
@@ -563,7 +563,7 @@ Test(gpu_ops, add_scalar) {
 }
 
 Test(gpu_ops, mul_scalar) {
-  TH_GPU_CTX(ctx);
+  TH_GPU_CTX_EAGER(ctx);
   float s[] = {-2.5f, 0.5f};
   for (int i = 0; i < 2; i++) {
     char name[64];
@@ -580,7 +580,7 @@ Test(gpu_ops, mul_scalar) {
 }
 
 Test(gpu_ops, pow_scalar) {
-  TH_GPU_CTX(ctx);
+  TH_GPU_CTX_EAGER(ctx);
   /* integer exponents on signed inputs; 0.5 and -1 on positive ones */
   struct {
     float e;
@@ -606,14 +606,14 @@ Test(gpu_ops, pow_scalar) {
 }
 
 Test(gpu_ops, exp) {
-  TH_GPU_CTX(ctx);
+  TH_GPU_CTX_EAGER(ctx);
   unop op = {.name = "exp", .fn = un_exp, .ref = ur_exp, .fwd = GEN(-3, 3), .grad = GEN(-2, 2)};
   check_unary(ctx, &op);
   kiln_ctx_free(ctx);
 }
 
 Test(gpu_ops, log) {
-  TH_GPU_CTX(ctx);
+  TH_GPU_CTX_EAGER(ctx);
   unop op = {
       .name = "log", .fn = un_log, .ref = ur_log, .fwd = GEN(0.05f, 5), .grad = GEN(0.5f, 2)};
   check_unary(ctx, &op);
@@ -621,7 +621,7 @@ Test(gpu_ops, log) {
 }
 
 Test(gpu_ops, sqrt) {
-  TH_GPU_CTX(ctx);
+  TH_GPU_CTX_EAGER(ctx);
   unop op = {
       .name = "sqrt", .fn = un_sqrt, .ref = ur_sqrt, .fwd = GEN(0.01f, 4), .grad = GEN(0.5f, 2)};
   check_unary(ctx, &op);
@@ -629,7 +629,7 @@ Test(gpu_ops, sqrt) {
 }
 
 Test(gpu_ops, rsqrt) {
-  TH_GPU_CTX(ctx);
+  TH_GPU_CTX_EAGER(ctx);
   unop op = {
       .name = "rsqrt", .fn = un_rsqrt, .ref = ur_rsqrt, .fwd = GEN(0.05f, 4), .grad = GEN(0.5f, 2)};
   check_unary(ctx, &op);
@@ -637,14 +637,14 @@ Test(gpu_ops, rsqrt) {
 }
 
 Test(gpu_ops, tanh) {
-  TH_GPU_CTX(ctx);
+  TH_GPU_CTX_EAGER(ctx);
   unop op = {.name = "tanh", .fn = un_tanh, .ref = ur_tanh, .fwd = GEN(-3, 3), .grad = GEN(-2, 2)};
   check_unary(ctx, &op);
   kiln_ctx_free(ctx);
 }
 
 Test(gpu_ops, sigmoid) {
-  TH_GPU_CTX(ctx);
+  TH_GPU_CTX_EAGER(ctx);
   unop op = {.name = "sigmoid",
              .fn = un_sigmoid,
              .ref = ur_sigmoid,
@@ -655,7 +655,7 @@ Test(gpu_ops, sigmoid) {
 }
 
 Test(gpu_ops, relu) {
-  TH_GPU_CTX(ctx);
+  TH_GPU_CTX_EAGER(ctx);
   unop op = {.name = "relu",
              .fn = un_relu,
              .ref = ur_relu,
@@ -666,7 +666,7 @@ Test(gpu_ops, relu) {
 }
 
 Test(gpu_ops, gelu_erf) {
-  TH_GPU_CTX(ctx);
+  TH_GPU_CTX_EAGER(ctx);
   unop op = {.name = "gelu (erf)",
              .fn = un_gelu_erf,
              .ref = ur_gelu_erf,
@@ -677,7 +677,7 @@ Test(gpu_ops, gelu_erf) {
 }
 
 Test(gpu_ops, gelu_tanh) {
-  TH_GPU_CTX(ctx);
+  TH_GPU_CTX_EAGER(ctx);
   unop op = {.name = "gelu (tanh)",
              .fn = un_gelu_tanh,
              .ref = ur_gelu_tanh,
@@ -688,7 +688,7 @@ Test(gpu_ops, gelu_tanh) {
 }
 
 Test(gpu_ops, clamp) {
-  TH_GPU_CTX(ctx);
+  TH_GPU_CTX_EAGER(ctx);
   unop op = {
       .name = "clamp(-0.5, 0.75)",
       .fn = un_clamp,
@@ -836,7 +836,7 @@ static void check_binary(kiln_ctx *ctx, const binop *op) {
 
 #define BINARY_TEST(id, ...)                                                                       \
   Test(gpu_ops, id) {                                                                              \
-    TH_GPU_CTX(ctx);                                                                               \
+    TH_GPU_CTX_EAGER(ctx);                                                                         \
     binop op = {.name = #id, .fn = kiln_##id, .ref = br_##id, __VA_ARGS__};                        \
     check_binary(ctx, &op);                                                                        \
     kiln_ctx_free(ctx);                                                                            \
@@ -868,7 +868,7 @@ static kiln_tensor *gc_where(kiln_tensor *const *in, void *user) {
 }
 
 Test(gpu_ops, where) {
-  TH_GPU_CTX(ctx);
+  TH_GPU_CTX_EAGER(ctx);
   struct {
     kiln_shape c, a, b;
     layout lc, la, lb;
@@ -1092,26 +1092,26 @@ static void check_reduce(kiln_ctx *ctx, rkind k) {
 }
 
 Test(gpu_ops, sum) {
-  TH_GPU_CTX(ctx);
+  TH_GPU_CTX_EAGER(ctx);
   check_reduce(ctx, R_SUM);
   kiln_ctx_free(ctx);
 }
 
 Test(gpu_ops, mean) {
-  TH_GPU_CTX(ctx);
+  TH_GPU_CTX_EAGER(ctx);
   check_reduce(ctx, R_MEAN);
   kiln_ctx_free(ctx);
 }
 
 Test(gpu_ops, max) {
-  TH_GPU_CTX(ctx);
+  TH_GPU_CTX_EAGER(ctx);
   check_reduce(ctx, R_MAX);
   kiln_ctx_free(ctx);
 }
 
 /* max's gradient splits evenly among equal maxima (as PyTorch's amax) */
 Test(gpu_ops, max_grad_ties) {
-  TH_GPU_CTX(ctx);
+  TH_GPU_CTX_EAGER(ctx);
   float h[] = {1, 3, 3, 2, /* row 0: a tie at 1, 2 */ 5, 0, 1, 5 /* row 1: a tie at 0, 3 */};
   kiln_tensor *x = upload(ctx, KILN_SHAPE(2, 4), h);
   set_grad(ctx, x);
@@ -1161,7 +1161,7 @@ static void check_argmax_case(kiln_ctx *ctx, kiln_shape s, layout l, int axis, i
 }
 
 Test(gpu_ops, argmax) {
-  TH_GPU_CTX(ctx);
+  TH_GPU_CTX_EAGER(ctx);
   gen nine = {.lo = -1, .hi = 1, .quant = 0.25f}; /* nine levels: many ties */
   gen five = {.lo = -1, .hi = 1, .quant = 0.5f};  /* the maximum repeats along long rows */
   layout lays[] = {L_PLAIN, L_TRANS, L_SLICE, L_EXPAND};
@@ -1256,13 +1256,13 @@ static void check_softmax(kiln_ctx *ctx, int logsm) {
 }
 
 Test(gpu_ops, softmax) {
-  TH_GPU_CTX(ctx);
+  TH_GPU_CTX_EAGER(ctx);
   check_softmax(ctx, 0);
   kiln_ctx_free(ctx);
 }
 
 Test(gpu_ops, log_softmax) {
-  TH_GPU_CTX(ctx);
+  TH_GPU_CTX_EAGER(ctx);
   check_softmax(ctx, 1);
   kiln_ctx_free(ctx);
 }
@@ -1303,7 +1303,7 @@ static kiln_tensor *gc_ce(kiln_tensor *const *in, void *user) {
 }
 
 Test(gpu_ops, cross_entropy) {
-  TH_GPU_CTX(ctx);
+  TH_GPU_CTX_EAGER(ctx);
   struct {
     int64_t n, c;
     gen g;
@@ -1401,7 +1401,7 @@ static void check_mm(kiln_ctx *ctx, kiln_shape as, layout la, kiln_shape bs, lay
 }
 
 Test(gpu_ops, matmul_2d) {
-  TH_GPU_CTX(ctx);
+  TH_GPU_CTX_EAGER(ctx);
   cr_assert_eq(kiln_tf32(ctx), 0, "TH_GPU_CTX must turn TF32 off");
   struct {
     kiln_shape a, b;
@@ -1426,7 +1426,7 @@ Test(gpu_ops, matmul_2d) {
 }
 
 Test(gpu_ops, matmul_batched) {
-  TH_GPU_CTX(ctx);
+  TH_GPU_CTX_EAGER(ctx);
   struct {
     kiln_shape a, b;
     layout la, lb;
@@ -1472,7 +1472,7 @@ static kiln_tensor *gc_matmul(kiln_tensor *const *in, void *user) {
 }
 
 Test(gpu_ops, matmul_grad) {
-  TH_GPU_CTX(ctx);
+  TH_GPU_CTX_EAGER(ctx);
   /* stored shapes: a transposed input is stored with its last two dims swapped */
   struct {
     kiln_shape a, b;
@@ -1591,7 +1591,7 @@ static void check_views(kiln_ctx *ctx, const vcase *cases, size_t n, uint64_t se
   }
 
 Test(gpu_ops, reshape) {
-  TH_GPU_CTX(ctx);
+  TH_GPU_CTX_EAGER(ctx);
   vcase cases[] = {
       {.name = "reshape to [6,4]",
        .base = KILN_SHAPE(2, 3, 4),
@@ -1645,7 +1645,7 @@ Test(gpu_ops, reshape) {
 }
 
 Test(gpu_ops, permute) {
-  TH_GPU_CTX(ctx);
+  TH_GPU_CTX_EAGER(ctx);
   vcase cases[] = {
       {.name = "permute (2,0,1)",
        .base = KILN_SHAPE(2, 3, 4),
@@ -1693,7 +1693,7 @@ Test(gpu_ops, permute) {
 }
 
 Test(gpu_ops, contiguous) {
-  TH_GPU_CTX(ctx);
+  TH_GPU_CTX_EAGER(ctx);
   vcase cases[] = {
       {.name = "contiguous of a permuted (2,0,1) view",
        .base = KILN_SHAPE(2, 3, 4),
@@ -1731,7 +1731,7 @@ Test(gpu_ops, contiguous) {
 }
 
 Test(gpu_ops, slice) {
-  TH_GPU_CTX(ctx);
+  TH_GPU_CTX_EAGER(ctx);
   vcase cases[] = {
       {.name = "slice axis 1 [0:7:1]",
        .base = KILN_SHAPE(5, 7),
@@ -1804,7 +1804,7 @@ Test(gpu_ops, slice) {
 }
 
 Test(gpu_ops, expand) {
-  TH_GPU_CTX(ctx);
+  TH_GPU_CTX_EAGER(ctx);
   vcase cases[] = {
       {.name = "expand to [2,3,4]",
        .base = KILN_SHAPE(3, 1),
@@ -1896,7 +1896,7 @@ static kiln_tensor *gc_concat(kiln_tensor *const *in, void *user) {
 }
 
 Test(gpu_ops, concat) {
-  TH_GPU_CTX(ctx);
+  TH_GPU_CTX_EAGER(ctx);
   struct {
     int n, axis;
     kiln_shape s[3];
@@ -1981,7 +1981,7 @@ static void check_index_select(kiln_ctx *ctx, kiln_shape s, layout l, const int3
 }
 
 Test(gpu_ops, index_select) {
-  TH_GPU_CTX(ctx);
+  TH_GPU_CTX_EAGER(ctx);
   int32_t idx1[] = {4, 0, 0, 7, -1, 2};
   check_index_select(ctx, KILN_SHAPE(5, 3), L_PLAIN, idx1, 6, 1900);
   check_index_select(ctx, KILN_SHAPE(5, 3), L_TRANS, idx1, 6, 1901);
@@ -2005,7 +2005,7 @@ Test(gpu_ops, index_select) {
 }
 
 Test(gpu_ops, cast) {
-  TH_GPU_CTX(ctx);
+  TH_GPU_CTX_EAGER(ctx);
   /* f32 -> i32 truncates towards zero */
   float h[15] = {2.f,    -2.f,   2.999f,  -2.999f,    0.5f, -0.5f, 0.f,   7.25f,
                  -7.75f, 100.9f, -100.9f, 1000000.5f, 3.f,  -1.f,  0.999f};
@@ -2042,7 +2042,7 @@ Test(gpu_ops, cast) {
 }
 
 Test(gpu_ops, full) {
-  TH_GPU_CTX(ctx);
+  TH_GPU_CTX_EAGER(ctx);
   kiln_step_begin(ctx);
   double want[12];
   for (int i = 0; i < 12; i++)
@@ -2077,7 +2077,7 @@ static kiln_tensor *gc_detach(kiln_tensor *const *in, void *user) {
 }
 
 Test(gpu_ops, detach) {
-  TH_GPU_CTX(ctx);
+  TH_GPU_CTX_EAGER(ctx);
   float *xh, *yh;
   kiln_tensor *x = rand_tensor(ctx, KILN_SHAPE(3, 4), 2100, &GEN(-2, 2), 1, &xh);
   kiln_tensor *y = rand_tensor(ctx, KILN_SHAPE(3, 4), 2101, &GEN(-2, 2), 1, &yh);
@@ -2114,7 +2114,7 @@ Test(gpu_ops, detach) {
 /* ---------------------------------------------------------------- dropout */
 
 Test(gpu_ops, dropout_values_rate_and_philox_mask) {
-  TH_GPU_CTX(ctx);
+  TH_GPU_CTX_EAGER(ctx);
   const int64_t n = 100000;
   const float p = 0.3f;
   float *h;
@@ -2170,7 +2170,7 @@ Test(gpu_ops, dropout_values_rate_and_philox_mask) {
 }
 
 Test(gpu_ops, dropout_seed_and_offsets) {
-  TH_GPU_CTX(ctx);
+  TH_GPU_CTX_EAGER(ctx);
   const int64_t n = 4096;
   kiln_tensor *x = rand_tensor(ctx, KILN_SHAPE(n), 2300, &GEN(0.5f, 1.5f), 0, NULL);
   float *run[2];
@@ -2233,7 +2233,7 @@ static kiln_tensor *gc_dropout(kiln_tensor *const *in, void *user) {
 }
 
 Test(gpu_ops, dropout_backward) {
-  TH_GPU_CTX(ctx);
+  TH_GPU_CTX_EAGER(ctx);
   const float p = 0.4f;
   float *wh;
   kiln_tensor *x = rand_tensor(ctx, KILN_SHAPE(6, 5), 2400, &GEN(0.5f, 1.5f), 1, NULL);
@@ -2269,7 +2269,7 @@ Test(gpu_ops, dropout_backward) {
 }
 
 Test(gpu_ops, dropout_eval) {
-  TH_GPU_CTX(ctx);
+  TH_GPU_CTX_EAGER(ctx);
   float *h;
   kiln_tensor *x = rand_tensor(ctx, KILN_SHAPE(7, 9), 2500, &GEN(-2, 2), 0, &h);
   double want[63], want_t[63];
@@ -2291,7 +2291,7 @@ Test(gpu_ops, dropout_eval) {
 /* ---------------------------------------------------------------- memory statistics */
 
 Test(gpu_ops, memory_stats) {
-  TH_GPU_CTX(ctx);
+  TH_GPU_CTX_EAGER(ctx);
   const size_t bytes = (size_t)(1 << 20) * sizeof(float);
   kiln_mem_stats s0, s1, s2;
   cr_assert_eq(kiln_sync(ctx), KILN_OK, "kiln_sync: %s", err_of(ctx));

@@ -1,0 +1,424 @@
+/*
+ * graph.c: step graphs. kiln_step_end hands the step's whole trace here. Its signature (every
+ * node's op, integer attributes, shapes, strides and dtypes, where each input comes from: an
+ * earlier node of the step or which persistent tensor at which address) is hashed and looked up
+ * in a small cache. A new signature is planned, given a static memory plan (every intermediate
+ * an offset in one arena, from its lifetime over the step's launches), compiled, run, and
+ * captured into a CUDA graph; a known one binds the step's tensors to the same addresses,
+ * writes the step values (every float and 64-bit attribute: learning rates, step counts, dropout
+ * offsets, batch offsets) to the device, and replays the graph.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fusion.h"
+
+struct kiln__step_graph {
+  uint64_t hash;
+  uint8_t *sig;
+  size_t sig_len;
+  kiln__plan plan; /* groups, kernels, arguments and where their attributes come from */
+  void *arena;
+  size_t arena_bytes, arena_sum;
+  int64_t *off;      /* per node: its output's offset in the arena, -1 for none */
+  int64_t *mask_off; /* per node: its ReLU mask's offset, -1 for none */
+  bool *clobbered;   /* per node: a later value of the step reuses its memory */
+  void *values;      /* the step values on the device, one kiln__stepvals per group */
+  cudaGraphExec_t exec;
+  uint64_t kernels, last_used;
+  kiln_flush_stats flush;
+};
+
+/* ---------------------------------------------------------------- signatures */
+
+typedef struct sig_buf {
+  uint8_t *b;
+  size_t n, cap;
+  bool oom;
+} sig_buf;
+
+static void put(sig_buf *s, const void *p, size_t n) {
+  if (s->oom) return;
+  if (s->n + n > s->cap) {
+    size_t cap = s->cap ? s->cap * 2 : 4096;
+    while (cap < s->n + n)
+      cap *= 2;
+    uint8_t *b = realloc(s->b, cap);
+    if (!b) {
+      s->oom = true;
+      return;
+    }
+    s->b = b;
+    s->cap = cap;
+  }
+  memcpy(s->b + s->n, p, n);
+  s->n += n;
+}
+
+static void put_layout(sig_buf *s, const kiln_tensor *t) {
+  int32_t h[3] = {t->ndim, (int32_t)t->dtype, (t->requires_grad ? 1 : 0) | (t->keep ? 2 : 0)};
+  put(s, h, sizeof h);
+  put(s, t->shape, (size_t)t->ndim * sizeof t->shape[0]);
+  put(s, t->stride, (size_t)t->ndim * sizeof t->stride[0]);
+  put(s, &t->offset, sizeof t->offset);
+}
+
+/* The step's structure: what the plan, the kernels and the graph depend on. Float and 64-bit
+ * attributes are left out (they are step values), except whether consecutive updates share
+ * their float attributes (multi-tensor batching depends on it). */
+static bool signature(const kiln_ctx *ctx, sig_buf *s) {
+  const kiln__node *nodes = ctx->trace.nodes;
+  int32_t mode[2] = {ctx->fusion, ctx->tf32};
+  put(s, mode, sizeof mode);
+  for (int32_t i = 0; i < ctx->trace.n; i++) {
+    const kiln__node *n = &nodes[i];
+    int32_t h[3] = {(int32_t)n->op, n->nin, 0};
+    if (i > 0 && kiln__ops[n->op].kind == KILN__KIND_UPDATE)
+      h[2] = memcmp(n->f, nodes[i - 1].f, sizeof n->f) == 0;
+    put(s, h, sizeof h);
+    put(s, n->i, sizeof n->i);
+    if (n->out) put_layout(s, n->out);
+    for (int q = 0; q < n->nin; q++) {
+      const kiln_tensor *x = n->in[q];
+      int64_t src[3] = {-1, 0, 0};
+      if (x->node >= 0 && x->node < i && nodes[x->node].out == x) {
+        src[0] = x->node;
+      } else {
+        src[1] = (int64_t)(uintptr_t)x;
+        src[2] = (int64_t)(uintptr_t)x->st->ptr;
+        put_layout(s, x);
+      }
+      put(s, src, sizeof src);
+    }
+  }
+  return !s->oom;
+}
+
+/* ---------------------------------------------------------------- static memory plan */
+
+#define ALIGN 512
+
+typedef struct item {
+  int32_t node;
+  bool mask;
+  int def, last; /* first and last launch (group) that touch it */
+  size_t bytes, off;
+} item;
+
+/* The node that owns t's memory (through views), in this step, or -1. */
+static int32_t owner(const kiln_ctx *ctx, const kiln_tensor *t) {
+  for (;;) {
+    int32_t i = t->node;
+    if (i < 0 || i >= ctx->trace.n || ctx->trace.nodes[i].out != t) return -1;
+    const kiln__node *n = &ctx->trace.nodes[i];
+    if (kiln__ops[n->op].kind != KILN__KIND_VIEW) return i;
+    t = n->in[0];
+  }
+}
+
+static size_t round_up(size_t n) { return (n + ALIGN - 1) / ALIGN * ALIGN; }
+
+/* Offsets for every written intermediate and ReLU mask of the step, from their lifetimes in
+ * launch order; values nothing in the step reads (the loss) live to its end. */
+static bool memory_plan(kiln_ctx *ctx, kiln__step_graph *E) {
+  const kiln__plan *p = &E->plan;
+  const kiln__node *nodes = ctx->trace.nodes;
+  int32_t n = ctx->trace.n;
+  item *it = malloc((size_t)(2 * n + 1) * sizeof *it);
+  int32_t *item_of = malloc((size_t)(n + 1) * sizeof *item_of),
+          *mask_of = malloc((size_t)(n + 1) * sizeof *mask_of);
+  if (!it || !item_of || !mask_of) {
+    free(it), free(item_of), free(mask_of);
+    return !kiln__error(ctx, KILN_ERR_OOM, "kiln_step_end: out of host memory");
+  }
+  int ni = 0;
+  for (int32_t i = 0; i < n; i++) {
+    item_of[i] = mask_of[i] = -1;
+    const kiln__node *nd = &nodes[i];
+    if (!nd->out || kiln__ops[nd->op].kind == KILN__KIND_VIEW || nd->out->st->persistent ||
+        !p->store[i] || nd->out->st->bytes == 0 || p->group_of[i] < 0)
+      continue;
+    item_of[i] = ni;
+    /* a concat's output is written by one copy per input, the last of them its group */
+    int def = p->group_of[i] - (nd->op == KILN__OP_CONCAT ? nd->nin - 1 : 0);
+    it[ni++] = (item){.node = i, .def = def, .last = -1, .bytes = nd->out->st->bytes};
+  }
+  for (int k = 0; k < p->ng; k++) {
+    const kiln__group *g = &p->g[k];
+    if (g->epi == CUBLASLT_EPILOGUE_RELU_AUX || g->epi == CUBLASLT_EPILOGUE_RELU_AUX_BIAS) {
+      int32_t r = owner(ctx, g->aux);
+      if (r < 0) continue;
+      mask_of[r] = ni;
+      size_t ld = (size_t)((g->aux->shape[1] + 127) / 128 * 128);
+      it[ni++] = (item){.node = r,
+                        .mask = true,
+                        .def = k,
+                        .last = -1,
+                        .bytes = ld / 8 * (size_t)g->aux->shape[0]};
+    }
+  }
+  /* last uses: every member's inputs, and the masks the backward epilogues read */
+  for (int k = 0; k < p->ng; k++) {
+    const kiln__group *g = &p->g[k];
+    int nm = g->n ? g->n : 1;
+    for (int m = 0; m < nm; m++) {
+      const kiln__node *nd = &nodes[g->n ? p->members[g->first + m] : g->node];
+      for (int q = 0; q < nd->nin; q++) {
+        int32_t o = owner(ctx, nd->in[q]);
+        if (o >= 0 && item_of[o] >= 0 && it[item_of[o]].last < k) it[item_of[o]].last = k;
+      }
+    }
+    if (g->epi == CUBLASLT_EPILOGUE_DRELU || g->epi == CUBLASLT_EPILOGUE_DRELU_BGRAD) {
+      int32_t o = owner(ctx, g->aux);
+      if (o >= 0 && mask_of[o] >= 0 && it[mask_of[o]].last < k) it[mask_of[o]].last = k;
+    }
+  }
+  for (int j = 0; j < ni; j++) {
+    if (it[j].mask) continue;
+    /* read by nothing in the step, or by the host: kept to the end */
+    if (it[j].last < 0 || nodes[it[j].node].out->keep) it[j].last = p->ng;
+    if (it[j].last < it[j].def) it[j].last = it[j].def;
+  }
+  for (int j = 0; j < ni; j++)
+    if (it[j].mask && it[j].last < it[j].def) it[j].last = p->ng; /* a mask no product read */
+  /* first fit, in order of definition, against everything placed whose lifetime overlaps */
+  size_t top = 0, sum = 0;
+  for (int j = 0; j < ni; j++) {
+    size_t need = round_up(it[j].bytes), off = 0;
+    sum += need;
+    for (bool moved = true; moved;) {
+      moved = false;
+      for (int q = 0; q < j; q++) {
+        bool live = it[q].def <= it[j].last && it[j].def <= it[q].last;
+        size_t qe = it[q].off + round_up(it[q].bytes);
+        if (live && off < qe && it[q].off < off + need) {
+          off = qe;
+          moved = true;
+        }
+      }
+    }
+    it[j].off = off;
+    if (off + need > top) top = off + need;
+  }
+  E->arena_bytes = top;
+  E->arena_sum = sum;
+  E->arena = top ? kiln__dev_alloc(ctx, top) : NULL;
+  bool ok = top == 0 || E->arena;
+  if (!ok) {
+    int big = 0;
+    for (int j = 1; j < ni; j++)
+      if (it[j].bytes > it[big].bytes) big = j;
+    const kiln__node *bn = &nodes[it[big].node];
+    char sh[96];
+    kiln__error(ctx, KILN_ERR_OOM,
+                "kiln_step_end: out of device memory for the step's arena of %zu bytes (the "
+                "largest value: node #%d, %s %s, %zu bytes); %zu in use, %zu cached; nothing of "
+                "this step ran",
+                top, it[big].node, kiln__ops[bn->op].name, kiln__shape_of(bn->out, sh, sizeof sh),
+                it[big].bytes, ctx->alloc.in_use, ctx->alloc.cached);
+  }
+  for (int32_t i = 0; i < n && ok; i++) {
+    E->off[i] = item_of[i] >= 0 ? (int64_t)it[item_of[i]].off : -1;
+    E->mask_off[i] = mask_of[i] >= 0 ? (int64_t)it[mask_of[i]].off : -1;
+    E->clobbered[i] = false;
+    int j = item_of[i];
+    for (int q = 0; j >= 0 && q < ni; q++) {
+      size_t qe = it[q].off + round_up(it[q].bytes), je = it[j].off + round_up(it[j].bytes);
+      if (it[q].def > it[j].last && it[q].off < je && it[j].off < qe) E->clobbered[i] = true;
+    }
+  }
+  free(it);
+  free(item_of);
+  free(mask_of);
+  return ok;
+}
+
+/* Points the step's tensors at the graph's arena, as the plan and the capture saw them. */
+static void bind(kiln_ctx *ctx, const kiln__step_graph *E) {
+  const kiln__plan *p = &E->plan;
+  for (int32_t i = 0; i < ctx->trace.n; i++) {
+    kiln__node *nd = &ctx->trace.nodes[i];
+    if (!nd->out || kiln__ops[nd->op].kind == KILN__KIND_VIEW || nd->out->st->persistent) continue;
+    kiln__storage *st = nd->out->st;
+    if (E->off[i] >= 0) {
+      st->ptr = (char *)E->arena + E->off[i];
+      st->borrowed = true;
+      st->fused = false;
+      st->clobbered = E->clobbered[i];
+    } else if (!p->store[i]) {
+      st->fused = true;
+    }
+    if (E->mask_off[i] >= 0) {
+      st->relu_mask = (char *)E->arena + E->mask_off[i];
+      st->borrowed = true;
+    }
+  }
+}
+
+/* Writes the step values of this step's trace to E's device copy (ordered after the previous
+ * replay's reads on the stream). */
+static bool upload(kiln_ctx *ctx, kiln__step_graph *E) {
+  int ng = E->plan.ng;
+  if (ng == 0) return true;
+  kiln__stepvals *host = malloc((size_t)ng * sizeof *host);
+  if (!host) return !kiln__error(ctx, KILN_ERR_OOM, "kiln_step_end: out of host memory");
+  kiln__fill_values(ctx, &E->plan, host);
+  bool ok = !KILN_CUDA_FAILED(ctx, cudaMemcpyAsync(E->values, host, (size_t)ng * sizeof *host,
+                                                   cudaMemcpyHostToDevice, ctx->stream));
+  free(host);
+  return ok;
+}
+
+/* After a failed capture: the step's tensors have no memory (reading them says the step failed). */
+static void unbind(kiln_ctx *ctx, const kiln__step_graph *E) {
+  for (int32_t i = 0; i < ctx->trace.n; i++) {
+    kiln__node *nd = &ctx->trace.nodes[i];
+    if (!nd->out || kiln__ops[nd->op].kind == KILN__KIND_VIEW || !nd->out->st->borrowed) continue;
+    if (E->off[i] >= 0) nd->out->st->ptr = NULL;
+    if (E->mask_off[i] >= 0) nd->out->st->relu_mask = NULL;
+    nd->out->st->borrowed = false;
+  }
+}
+
+/* ---------------------------------------------------------------- the cache */
+
+static void graph_free(kiln_ctx *ctx, kiln__step_graph *E) {
+  if (!E) return;
+  if (E->exec) cudaGraphExecDestroy(E->exec);
+  if (E->arena) kiln__dev_free(ctx, E->arena);
+  if (E->values) kiln__dev_free(ctx, E->values);
+  kiln__plan_free(&E->plan);
+  free(E->sig);
+  free(E->off);
+  free(E->mask_off);
+  free(E->clobbered);
+  free(E);
+}
+
+void kiln__graphs_free(kiln_ctx *ctx) {
+  for (int k = 0; k < ctx->nstep_graphs; k++)
+    graph_free(ctx, ctx->step_graphs[k]);
+  ctx->nstep_graphs = 0;
+}
+
+/* Room for one more graph: the least recently used one goes, with a warning when the cache
+ * turns over (a loop that makes a new signature every step re-plans every step). */
+static void make_room(kiln_ctx *ctx) {
+  if (ctx->nstep_graphs < KILN__MAX_GRAPHS) return;
+  int lru = 0;
+  for (int k = 1; k < ctx->nstep_graphs; k++)
+    if (ctx->step_graphs[k]->last_used < ctx->step_graphs[lru]->last_used) lru = k;
+  (void)cudaStreamSynchronize(ctx->stream); /* its last replay may still be running */
+  graph_free(ctx, ctx->step_graphs[lru]);
+  ctx->step_graphs[lru] = ctx->step_graphs[--ctx->nstep_graphs];
+  ctx->stats.graph_evictions++;
+  if (!ctx->warned_signatures) {
+    ctx->warned_signatures = true;
+    fprintf(stderr,
+            "kiln: warning: %d step signatures seen and the graph cache (%d) is full: each new "
+            "signature is planned, compiled and captured again. Keep shapes, ops and persistent "
+            "tensors the same from step to step (a new batch tensor every step, say, makes a new "
+            "signature), or set KILN_GRAPH=0.\n",
+            KILN__MAX_GRAPHS + 1, KILN__MAX_GRAPHS);
+  }
+}
+
+/* Plans, compiles, runs and captures the step: a new signature. */
+static kiln__step_graph *capture(kiln_ctx *ctx, uint64_t hash, sig_buf *sig) {
+  int32_t n = ctx->trace.n;
+  kiln__step_graph *E = calloc(1, sizeof *E);
+  if (E) {
+    E->off = malloc((size_t)n * sizeof *E->off);
+    E->mask_off = malloc((size_t)n * sizeof *E->mask_off);
+    E->clobbered = malloc((size_t)n * sizeof *E->clobbered);
+  }
+  if (!E || !E->off || !E->mask_off || !E->clobbered) {
+    graph_free(ctx, E);
+    kiln__error(ctx, KILN_ERR_OOM, "kiln_step_end: out of host memory");
+    return NULL;
+  }
+  E->hash = hash;
+  E->sig = sig->b;
+  E->sig_len = sig->n;
+  sig->b = NULL;
+  kiln_exec_stats before = ctx->stats;
+  if (!kiln__plan_build(ctx, 0, n, ctx->fusion, &E->plan) || !memory_plan(ctx, E)) {
+    graph_free(ctx, E);
+    return NULL;
+  }
+  bind(ctx, E);
+  E->values =
+      kiln__dev_alloc(ctx, (size_t)(E->plan.ng > 0 ? E->plan.ng : 1) * sizeof(kiln__stepvals));
+  if (!E->values) kiln__error(ctx, KILN_ERR_OOM, "kiln_step_end: out of device memory");
+  bool ok = E->values && kiln__prepare_plan(ctx, &E->plan);
+  if (ok) kiln__bind_values(&E->plan, E->values);
+  ok = ok && upload(ctx, E) && kiln__run_groups(ctx, &E->plan);
+  kiln__flush_stats(ctx, &E->plan, &before);
+  E->flush = ctx->stats.last_flush;
+  E->kernels = E->flush.kernels;
+  if (!ok) {
+    unbind(ctx, E);
+    graph_free(ctx, E);
+    return NULL;
+  }
+  /* the same launches again, recorded instead of run */
+  cudaGraph_t graph = NULL;
+  uint64_t launched = ctx->stats.kernels_launched;
+  bool cap =
+      !KILN_CUDA_FAILED(ctx, cudaStreamBeginCapture(ctx->stream, cudaStreamCaptureModeThreadLocal));
+  if (cap) {
+    bool rec = kiln__run_groups(ctx, &E->plan);
+    cap = !KILN_CUDA_FAILED(ctx, cudaStreamEndCapture(ctx->stream, &graph)) && rec;
+  }
+  ctx->stats.kernels_launched = launched;
+  cap = cap && !KILN_CUDA_FAILED(ctx, cudaGraphInstantiate(&E->exec, graph, 0));
+  if (graph) cudaGraphDestroy(graph);
+  if (!cap) {
+    unbind(ctx, E);
+    graph_free(ctx, E);
+    return NULL;
+  }
+  ctx->stats.graph_captures++;
+  ctx->stats.arena_bytes = E->arena_bytes;
+  ctx->stats.arena_sum_bytes = E->arena_sum;
+  return E;
+}
+
+kiln_status kiln__graph_step(kiln_ctx *ctx) {
+  kiln__trace *tr = &ctx->trace;
+  sig_buf sig = {0};
+  if (!signature(ctx, &sig)) {
+    free(sig.b);
+    tr->done = tr->n;
+    return kiln__error(ctx, KILN_ERR_OOM, "kiln_step_end: out of host memory for the signature");
+  }
+  uint64_t h = kiln__hash(sig.b, sig.n, 0);
+  ctx->graph_clock++;
+  kiln__step_graph *E = NULL;
+  for (int k = 0; k < ctx->nstep_graphs && !E; k++) {
+    kiln__step_graph *c = ctx->step_graphs[k];
+    if (c->hash == h && c->sig_len == sig.n && memcmp(c->sig, sig.b, sig.n) == 0) E = c;
+  }
+  if (E) {
+    free(sig.b);
+    bind(ctx, E);
+    if (upload(ctx, E) && !KILN_CUDA_FAILED(ctx, cudaGraphLaunch(E->exec, ctx->stream))) {
+      ctx->stats.graph_replays++;
+      ctx->stats.kernels_launched += E->kernels;
+      ctx->stats.last_flush = E->flush;
+      ctx->stats.last_flush.compiled = ctx->stats.last_flush.cache_hits = 0;
+      ctx->stats.last_flush.compile_ms = 0;
+      ctx->stats.nodes_executed += (uint64_t)tr->n;
+    }
+  } else {
+    make_room(ctx);
+    E = capture(ctx, h, &sig);
+    free(sig.b);
+    if (E) ctx->step_graphs[ctx->nstep_graphs++] = E;
+  }
+  if (E) E->last_used = ctx->graph_clock;
+  tr->done = tr->n;
+  ctx->stats.flushes++;
+  return ctx->status;
+}
