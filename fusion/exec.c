@@ -494,7 +494,19 @@ bool kiln__run_groups(kiln_ctx *ctx, kiln__plan *p) {
   return ok;
 }
 
+void kiln__bind_write_through(kiln_ctx *ctx, const kiln__plan *p) {
+  for (int32_t i = p->first; i < p->last; i++) {
+    const kiln_tensor *D = p->write_to[i - p->first];
+    if (!D) continue;
+    kiln__storage *st = ctx->trace.nodes[i].out->st;
+    st->ptr = D->st->ptr;
+    st->borrowed = true;
+    st->fused = false;
+  }
+}
+
 bool kiln__prepare_plan(kiln_ctx *ctx, kiln__plan *p) {
+  kiln__bind_write_through(ctx, p);
   return alloc_outputs(ctx, p) && alloc_masks(ctx, p) && prepare(ctx, p);
 }
 

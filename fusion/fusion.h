@@ -73,7 +73,9 @@ typedef struct kiln__plan {
   int nm, capm;
   int32_t *group_of; /* per node (index - first): its group, -1 for views */
   bool *store;       /* per node: its output must be written to memory */
-  int32_t *claim;    /* per node: the product whose epilogue computes it (BGRADB), or -1 */
+  int32_t *claim; /* per node: the node that does its work (a product's BGRADB epilogue for a
+                    * sum; for a dropped assignment, the producer that writes through), or -1 */
+  const kiln_tensor **write_to; /* per node: the persistent buffer its output is written to */
 } kiln__plan;
 
 /* One group's block of the step values: the float and 64-bit attributes its kernel reads. */
@@ -123,6 +125,8 @@ void *kiln__data_ptr(const kiln_tensor *t); /* device address of t's first eleme
 void kiln__fill_values(const kiln_ctx *ctx, const kiln__plan *p, kiln__stepvals *host);
 void kiln__bind_values(kiln__plan *p, void *dev);
 bool kiln__run_groups(kiln_ctx *ctx, kiln__plan *p);
+/* Points the outputs that write through at their persistent buffers. */
+void kiln__bind_write_through(kiln_ctx *ctx, const kiln__plan *p);
 /* Allocates what the plan writes (that has no memory yet), generates and compiles its kernels. */
 bool kiln__prepare_plan(kiln_ctx *ctx, kiln__plan *p);
 /* Fills kiln_stats' last_flush (and the totals) for a plan that ran. */

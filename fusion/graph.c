@@ -137,7 +137,7 @@ static bool memory_plan(kiln_ctx *ctx, kiln__step_graph *E) {
     item_of[i] = mask_of[i] = -1;
     const kiln__node *nd = &nodes[i];
     if (!nd->out || kiln__ops[nd->op].kind == KILN__KIND_VIEW || nd->out->st->persistent ||
-        !p->store[i] || nd->out->st->bytes == 0 || p->group_of[i] < 0)
+        !p->store[i] || nd->out->st->bytes == 0 || p->group_of[i] < 0 || p->write_to[i])
       continue;
     item_of[i] = ni;
     /* a concat's output is written by one copy per input, the last of them its group */
@@ -237,6 +237,7 @@ static bool memory_plan(kiln_ctx *ctx, kiln__step_graph *E) {
 /* Points the step's tensors at the graph's arena, as the plan and the capture saw them. */
 static void bind(kiln_ctx *ctx, const kiln__step_graph *E) {
   const kiln__plan *p = &E->plan;
+  kiln__bind_write_through(ctx, p);
   for (int32_t i = 0; i < ctx->trace.n; i++) {
     kiln__node *nd = &ctx->trace.nodes[i];
     if (!nd->out || kiln__ops[nd->op].kind == KILN__KIND_VIEW || nd->out->st->persistent) continue;

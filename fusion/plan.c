@@ -385,6 +385,39 @@ static int32_t bgradb_sum(kiln_ctx *ctx, const kiln__plan *p, int32_t i) {
   return -1;
 }
 
+/* Write-through: assignment i of an intermediate S, or of a view of S that is dense from S's
+ * first element (the same bytes in the same order), to a persistent buffer D (a gradient) can be
+ * dropped when S's producer writes D itself: S is dense and as large as D, nothing touches D
+ * between them, and nothing reads S after i. Returns S's producer, or -1. */
+static int32_t write_through(const kiln_ctx *ctx, const kiln__plan *p, int32_t i) {
+  const kiln__node *nodes = ctx->trace.nodes, *a = &nodes[i];
+  if (a->op != KILN__OP_ASSIGN) return -1;
+  const kiln_tensor *D = a->in[0], *x = a->in[1];
+  if (!D->persistent || !kiln__is_contiguous(D) || D->offset != 0 || !kiln__is_contiguous(x) ||
+      x->offset != 0 || kiln_tensor_numel(x) != kiln_tensor_numel(D))
+    return -1;
+  for (;;) { /* through views to the value they show */
+    int32_t v = producer(ctx, p, x);
+    if (v < 0 || kiln__ops[nodes[v].op].kind != KILN__KIND_VIEW) break;
+    x = nodes[v].in[0];
+  }
+  int32_t s = producer(ctx, p, x);
+  if (s < 0) return -1;
+  kiln__kind kind = kiln__ops[nodes[s].op].kind;
+  const kiln_tensor *S = nodes[s].out;
+  if (kind == KILN__KIND_VIEW || kind == KILN__KIND_UPDATE || S->keep || S->offset != 0 ||
+      !kiln__is_contiguous(S) || S->dtype != D->dtype || S->st->bytes != D->st->bytes ||
+      kiln_tensor_numel(S) != kiln_tensor_numel(D))
+    return -1;
+  for (int32_t j = s + 1; j < p->last; j++) {
+    const kiln__node *n = &nodes[j];
+    if (j == i || kiln__ops[n->op].kind == KILN__KIND_VIEW) continue;
+    for (int q = 0; q < n->nin; q++)
+      if ((j < i && n->in[q]->st == D->st) || (j > i && n->in[q]->st == S->st)) return -1;
+  }
+  return s;
+}
+
 bool kiln__plan_build(kiln_ctx *ctx, int32_t first, int32_t last, bool fuse, kiln__plan *p) {
   memset(p, 0, sizeof *p);
   p->first = first;
@@ -393,8 +426,9 @@ bool kiln__plan_build(kiln_ctx *ctx, int32_t first, int32_t last, bool fuse, kil
   p->group_of = malloc((size_t)(n > 0 ? n : 1) * sizeof *p->group_of);
   p->store = calloc((size_t)(n > 0 ? n : 1), sizeof *p->store);
   p->claim = malloc((size_t)(n > 0 ? n : 1) * sizeof *p->claim);
+  p->write_to = calloc((size_t)(n > 0 ? n : 1), sizeof *p->write_to);
   int *readers = calloc((size_t)(n > 0 ? n : 1), sizeof *readers);
-  if (!p->group_of || !p->store || !p->claim || !readers) {
+  if (!p->group_of || !p->store || !p->claim || !p->write_to || !readers) {
     free(readers);
     kiln__plan_free(p);
     return kiln__error(ctx, KILN_ERR_OOM, "kiln_flush: out of host memory planning"), false;
@@ -409,6 +443,13 @@ bool kiln__plan_build(kiln_ctx *ctx, int32_t first, int32_t last, bool fuse, kil
     }
   }
 
+  /* gradients written straight into their buffers: the assignment runs nothing */
+  for (int32_t i = first; i < last && fuse; i++) {
+    int32_t s = write_through(ctx, p, i);
+    if (s < 0 || p->write_to[s - first]) continue;
+    p->write_to[s - first] = nodes[i].in[0];
+    p->claim[i - first] = s;
+  }
   /* bias gradients that a weight gradient's product will compute (BGRADB) */
   for (int32_t i = first; i < last && fuse; i++) {
     if (nodes[i].op != KILN__OP_MATMUL) continue;
@@ -536,5 +577,6 @@ void kiln__plan_free(kiln__plan *p) {
   free(p->group_of);
   free(p->store);
   free(p->claim);
+  free(p->write_to);
   memset(p, 0, sizeof *p);
 }
