@@ -145,7 +145,11 @@ void kiln_set_tf32(kiln_ctx *ctx, int on) {
 }
 int kiln_tf32(const kiln_ctx *ctx) { return ctx && ctx->tf32; }
 void kiln_set_graphs(kiln_ctx *ctx, int on) {
-  if (ctx) ctx->graphs = on != 0;
+  if (!ctx) return;
+  ctx->graphs = on != 0;
+  /* the cached graphs and their arenas go at the next kiln_step_begin, when nothing of the
+   * last step (its loss, say) can be read any more */
+  ctx->drop_graphs = !on && ctx->nstep_graphs > 0;
 }
 
 void kiln_set_fusion(kiln_ctx *ctx, int on) {
@@ -190,6 +194,11 @@ void kiln_step_begin(kiln_ctx *ctx) {
   /* Whatever was recorded before the step (an update outside it, say) runs first. */
   if (ctx->has_gpu && ctx->trace.done < ctx->trace.n) kiln__flush(ctx);
   release_step_storages(ctx);
+  if (ctx->drop_graphs && ctx->has_gpu) {
+    (void)cudaStreamSynchronize(ctx->stream); /* their last replays finish first */
+    kiln__graphs_free(ctx);
+  }
+  ctx->drop_graphs = false;
   for (int i = 0; i < ctx->npersistent; i++)
     ctx->persistents[i]->bw_acc = NULL;
   ctx->trace.n = ctx->trace.done = 0;

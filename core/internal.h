@@ -217,6 +217,7 @@ struct kiln_ctx {
   int nstep_graphs;
   uint64_t graph_clock;   /* steps seen, for least-recently-used eviction */
   bool warned_signatures; /* the warning about ever-new signatures was printed */
+  bool drop_graphs;       /* graphs were turned off: free the cached ones at the next step */
 };
 
 /* ---------------------------------------------------------------- internal API */

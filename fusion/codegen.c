@@ -10,9 +10,32 @@
 
 #include "fusion.h"
 
+/* Room for more bytes after the n held; false (and oom set) when there is no host memory. */
+static bool sb_reserve(kiln__sb *b, size_t more) {
+  if (b->oom) return false;
+  if (b->n + more < b->cap) return true;
+  size_t cap = b->cap ? b->cap * 2 : 4096;
+  while (cap <= b->n + more)
+    cap *= 2;
+  char *s = realloc(b->s, cap);
+  if (!s) {
+    b->oom = true;
+    return false;
+  }
+  b->s = s;
+  b->cap = cap;
+  return true;
+}
+
+void kiln__sb_put(kiln__sb *b, const void *p, size_t n) {
+  if (!sb_reserve(b, n)) return;
+  memcpy(b->s + b->n, p, n);
+  b->n += n;
+}
+
 void kiln__sb_printf(kiln__sb *b, const char *fmt, ...) {
-  if (b->oom) return;
   for (;;) {
+    if (b->oom) return;
     va_list ap;
     va_start(ap, fmt);
     size_t room = b->cap - b->n;
@@ -26,16 +49,7 @@ void kiln__sb_printf(kiln__sb *b, const char *fmt, ...) {
       b->n += (size_t)k;
       return;
     }
-    size_t cap = b->cap ? b->cap * 2 : 4096;
-    while (cap - b->n <= (size_t)k)
-      cap *= 2;
-    char *s = realloc(b->s, cap);
-    if (!s) {
-      b->oom = true;
-      return;
-    }
-    b->s = s;
-    b->cap = cap;
+    sb_reserve(b, (size_t)k + 1);
   }
 }
 
@@ -461,6 +475,15 @@ bool kiln__gen_update_multi(kiln_ctx *ctx, const kiln__node *const *nodes, int T
   return ok;
 }
 
+/* One block a row (a.n rows of a.nred elements): a power of two of 32 to 256 threads. */
+static void row_launch(const kiln_ctx *ctx, kiln__group *g) {
+  int64_t bl = 32, rows = g->args.n, cap = (int64_t)ctx->num_sms * 16;
+  while (bl < g->args.nred && bl < 256)
+    bl *= 2;
+  g->block = (unsigned)bl;
+  g->grid = (unsigned)(rows < 1 ? 1 : (rows > cap ? cap : rows));
+}
+
 /* A reduction, its input computed by an elementwise prologue or read from memory. Strategy
  * "rows": one block per output, threads stride over the reduced elements (for reductions along
  * the innermost dim). Strategy "cols": one thread per output, looping over the reduced elements
@@ -603,12 +626,7 @@ bool kiln__gen_reduce(kiln_ctx *ctx, const kiln__ew_prog *pro, const kiln__node 
   finish(ctx, &b, stem, g, comment, &ok);
   kiln__sb_free(&b);
   if (rows) {
-    int64_t bl = 32;
-    while (bl < a->nred && bl < 256)
-      bl *= 2;
-    g->block = (unsigned)bl;
-    int64_t cap = (int64_t)ctx->num_sms * 16;
-    g->grid = (unsigned)(a->n < 1 ? 1 : (a->n > cap ? cap : a->n));
+    row_launch(ctx, g);
   } else {
     g->block = 256;
     g->grid = grid_for(ctx, a->n);
@@ -806,11 +824,6 @@ bool kiln__gen_rows(kiln_ctx *ctx, const kiln__ew_prog *p, const kiln_tensor *F,
   bool ok;
   finish(ctx, &b, stem, g, comment, &ok);
   kiln__sb_free(&b);
-  int64_t bl = 32;
-  while (bl < a->nred && bl < 256)
-    bl *= 2;
-  g->block = (unsigned)bl;
-  int64_t cap = (int64_t)ctx->num_sms * 16;
-  g->grid = (unsigned)(a->n < 1 ? 1 : (a->n > cap ? cap : a->n));
+  row_launch(ctx, g);
   return ok;
 }

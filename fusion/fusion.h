@@ -18,6 +18,7 @@ typedef struct kiln__sb {
   bool oom;
 } kiln__sb;
 void kiln__sb_printf(kiln__sb *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void kiln__sb_put(kiln__sb *b, const void *p, size_t n); /* raw bytes */
 void kiln__sb_free(kiln__sb *b);
 
 #define KILN__MAX_GROUP 32 /* nodes in one generated kernel */

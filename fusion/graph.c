@@ -32,52 +32,28 @@ struct kiln__step_graph {
 
 /* ---------------------------------------------------------------- signatures */
 
-typedef struct sig_buf {
-  uint8_t *b;
-  size_t n, cap;
-  bool oom;
-} sig_buf;
-
-static void put(sig_buf *s, const void *p, size_t n) {
-  if (s->oom) return;
-  if (s->n + n > s->cap) {
-    size_t cap = s->cap ? s->cap * 2 : 4096;
-    while (cap < s->n + n)
-      cap *= 2;
-    uint8_t *b = realloc(s->b, cap);
-    if (!b) {
-      s->oom = true;
-      return;
-    }
-    s->b = b;
-    s->cap = cap;
-  }
-  memcpy(s->b + s->n, p, n);
-  s->n += n;
-}
-
-static void put_layout(sig_buf *s, const kiln_tensor *t) {
+static void put_layout(kiln__sb *s, const kiln_tensor *t) {
   int32_t h[3] = {t->ndim, (int32_t)t->dtype, (t->requires_grad ? 1 : 0) | (t->keep ? 2 : 0)};
-  put(s, h, sizeof h);
-  put(s, t->shape, (size_t)t->ndim * sizeof t->shape[0]);
-  put(s, t->stride, (size_t)t->ndim * sizeof t->stride[0]);
-  put(s, &t->offset, sizeof t->offset);
+  kiln__sb_put(s, h, sizeof h);
+  kiln__sb_put(s, t->shape, (size_t)t->ndim * sizeof t->shape[0]);
+  kiln__sb_put(s, t->stride, (size_t)t->ndim * sizeof t->stride[0]);
+  kiln__sb_put(s, &t->offset, sizeof t->offset);
 }
 
 /* The step's structure: what the plan, the kernels and the graph depend on. Float and 64-bit
  * attributes are left out (they are step values), except whether consecutive updates share
  * their float attributes (multi-tensor batching depends on it). */
-static bool signature(const kiln_ctx *ctx, sig_buf *s) {
+static bool signature(const kiln_ctx *ctx, kiln__sb *s) {
   const kiln__node *nodes = ctx->trace.nodes;
   int32_t mode[2] = {ctx->fusion, ctx->tf32};
-  put(s, mode, sizeof mode);
+  kiln__sb_put(s, mode, sizeof mode);
   for (int32_t i = 0; i < ctx->trace.n; i++) {
     const kiln__node *n = &nodes[i];
     int32_t h[3] = {(int32_t)n->op, n->nin, 0};
     if (i > 0 && kiln__ops[n->op].kind == KILN__KIND_UPDATE)
       h[2] = memcmp(n->f, nodes[i - 1].f, sizeof n->f) == 0;
-    put(s, h, sizeof h);
-    put(s, n->i, sizeof n->i);
+    kiln__sb_put(s, h, sizeof h);
+    kiln__sb_put(s, n->i, sizeof n->i);
     if (n->out) put_layout(s, n->out);
     for (int q = 0; q < n->nin; q++) {
       const kiln_tensor *x = n->in[q];
@@ -89,7 +65,7 @@ static bool signature(const kiln_ctx *ctx, sig_buf *s) {
         src[2] = (int64_t)(uintptr_t)x->st->ptr;
         put_layout(s, x);
       }
-      put(s, src, sizeof src);
+      kiln__sb_put(s, src, sizeof src);
     }
   }
   return !s->oom;
@@ -326,7 +302,7 @@ static void make_room(kiln_ctx *ctx) {
 }
 
 /* Plans, compiles, runs and captures the step: a new signature. */
-static kiln__step_graph *capture(kiln_ctx *ctx, uint64_t hash, sig_buf *sig) {
+static kiln__step_graph *capture(kiln_ctx *ctx, uint64_t hash, kiln__sb *sig) {
   int32_t n = ctx->trace.n;
   kiln__step_graph *E = calloc(1, sizeof *E);
   if (E) {
@@ -340,9 +316,9 @@ static kiln__step_graph *capture(kiln_ctx *ctx, uint64_t hash, sig_buf *sig) {
     return NULL;
   }
   E->hash = hash;
-  E->sig = sig->b;
+  E->sig = (uint8_t *)sig->s;
   E->sig_len = sig->n;
-  sig->b = NULL;
+  sig->s = NULL;
   kiln_exec_stats before = ctx->stats;
   if (!kiln__plan_build(ctx, 0, n, ctx->fusion, &E->plan) || !memory_plan(ctx, E)) {
     graph_free(ctx, E);
@@ -388,21 +364,21 @@ static kiln__step_graph *capture(kiln_ctx *ctx, uint64_t hash, sig_buf *sig) {
 
 kiln_status kiln__graph_step(kiln_ctx *ctx) {
   kiln__trace *tr = &ctx->trace;
-  sig_buf sig = {0};
+  kiln__sb sig = {0};
   if (!signature(ctx, &sig)) {
-    free(sig.b);
+    free(sig.s);
     tr->done = tr->n;
     return kiln__error(ctx, KILN_ERR_OOM, "kiln_step_end: out of host memory for the signature");
   }
-  uint64_t h = kiln__hash(sig.b, sig.n, 0);
+  uint64_t h = kiln__hash(sig.s, sig.n, 0);
   ctx->graph_clock++;
   kiln__step_graph *E = NULL;
   for (int k = 0; k < ctx->nstep_graphs && !E; k++) {
     kiln__step_graph *c = ctx->step_graphs[k];
-    if (c->hash == h && c->sig_len == sig.n && memcmp(c->sig, sig.b, sig.n) == 0) E = c;
+    if (c->hash == h && c->sig_len == sig.n && memcmp(c->sig, sig.s, sig.n) == 0) E = c;
   }
   if (E) {
-    free(sig.b);
+    free(sig.s);
     bind(ctx, E);
     if (upload(ctx, E) && !KILN_CUDA_FAILED(ctx, cudaGraphLaunch(E->exec, ctx->stream))) {
       ctx->stats.graph_replays++;
@@ -415,7 +391,7 @@ kiln_status kiln__graph_step(kiln_ctx *ctx) {
   } else {
     make_room(ctx);
     E = capture(ctx, h, &sig);
-    free(sig.b);
+    free(sig.s);
     if (E) ctx->step_graphs[ctx->nstep_graphs++] = E;
   }
   if (E) E->last_used = ctx->graph_clock;

@@ -99,7 +99,9 @@ void kiln_set_fusion(kiln_ctx *ctx, int on);
  * 64-bit attributes (learning rates, step counts, dropout offsets, batch offsets) are step values
  * written to the device before each replay, never baked into a graph. Reading a pending value
  * inside an open step is an error in graph mode (it would split the step): read after
- * kiln_step_end, which synchronises only when a value is read. */
+ * kiln_step_end, which synchronises only when a value is read. Up to 16 graphs are kept (least
+ * recently used out); kiln_set_graphs(ctx, 0) also frees them and their memory (at the next
+ * kiln_step_begin). */
 void kiln_set_graphs(kiln_ctx *ctx, int on);
 int kiln_fusion(const kiln_ctx *ctx);
 int kiln_tf32(const kiln_ctx *ctx);

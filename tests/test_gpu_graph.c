@@ -343,3 +343,37 @@ Test(gpu_graph, loader_epochs_in_three_modes) {
                 "epoch %d batch %d: fused %.9g, unfused %.9g", e, b, loss[1][e][b], loss[0][e][b]);
     }
 }
+
+/* A loop that makes a new signature every step: the cache keeps 16 graphs and evicts the least
+ * recently used (with a warning on stderr), and the results stay right. */
+Test(gpu_graph, the_graph_cache_is_bounded) {
+  TH_GPU_CTX(ctx);
+  kiln_tensor *a = th_rand(ctx, KILN_SHAPE(40), 12, -1.f, 1.f, NULL);
+  float *av = th_read(a);
+  for (int round = 0; round < 2; round++)
+    for (int64_t n = 1; n <= 20; n++) {
+      kiln_step_begin(ctx);
+      kiln_tensor *s = kiln_sum(kiln_exp(kiln_slice(a, 0, 0, n, 1)), KILN_ALL_AXES, 0);
+      cr_assert_eq(kiln_step_end(ctx), KILN_OK, "%s", kiln_ctx_error(ctx));
+      double want = 0;
+      for (int64_t i = 0; i < n; i++)
+        want += exp(av[i]);
+      cr_assert_float_eq(kiln_tensor_item(s), want, 1e-5 * want, "round %d, %lld elements", round,
+                         (long long)n);
+    }
+  kiln_exec_stats s = stats_of(ctx);
+  /* cycling through 20 signatures with 16 kept, least recently used out: every step misses */
+  cr_assert_eq(s.graph_captures + s.graph_replays, 40);
+  cr_assert_gt(s.graph_evictions, 0);
+  cr_assert_eq(s.graph_captures - s.graph_evictions, 16, "the cache holds 16 graphs");
+  /* graphs off: the cached graphs and their arenas go at the next step */
+  kiln_mem_stats m0, m1;
+  kiln_memory_stats(ctx, &m0);
+  kiln_set_graphs(ctx, 0);
+  kiln_step_begin(ctx);
+  kiln_memory_stats(ctx, &m1);
+  cr_assert_lt(m1.in_use, m0.in_use, "turning graphs off frees their memory");
+  free(av);
+  kiln_tensor_free(a);
+  kiln_ctx_free(ctx);
+}
