@@ -387,8 +387,8 @@ static int32_t bgradb_sum(kiln_ctx *ctx, const kiln__plan *p, int32_t i) {
 
 /* Write-through: assignment i of an intermediate S, or of a view of S that is dense from S's
  * first element (the same bytes in the same order), to a persistent buffer D (a gradient) can be
- * dropped when S's producer writes D itself: S is dense and as large as D, nothing touches D
- * between them, and nothing reads S after i. Returns S's producer, or -1. */
+ * dropped when S's producer writes D itself: S is dense and as large as D, nothing in the flush
+ * touches D before i, and nothing reads S after i. Returns S's producer, or -1. */
 static int32_t write_through(const kiln_ctx *ctx, const kiln__plan *p, int32_t i) {
   const kiln__node *nodes = ctx->trace.nodes, *a = &nodes[i];
   if (a->op != KILN__OP_ASSIGN) return -1;
@@ -409,7 +409,9 @@ static int32_t write_through(const kiln_ctx *ctx, const kiln__plan *p, int32_t i
       !kiln__is_contiguous(S) || S->dtype != D->dtype || S->st->bytes != D->st->bytes ||
       kiln_tensor_numel(S) != kiln_tensor_numel(D))
     return -1;
-  for (int32_t j = s + 1; j < p->last; j++) {
+  /* nothing of the flush before the assignment touches D (a kernel writing S into D while it
+   * reads D elsewhere would race), nothing after it reads S */
+  for (int32_t j = p->first; j < p->last; j++) {
     const kiln__node *n = &nodes[j];
     if (j == i || kiln__ops[n->op].kind == KILN__KIND_VIEW) continue;
     for (int q = 0; q < n->nin; q++)

@@ -310,3 +310,35 @@ Test(fusion, dense_operands_get_vector_loads_and_32_bit_indexing) {
   cr_assert_eq(system(cmd), 0, "vector loads where dense, scalar where strided (%s)", dir);
   dumping_ctx_free(ctx, dir);
 }
+
+Test(fusion, gradients_write_through_their_buffers) {
+  kiln_ctx *ctx = th_cpu_ctx();
+  kiln_params *ps = kiln_params_new(ctx);
+  kiln_linear l;
+  cr_assert_eq(kiln_linear_init(&l, ps, "fc", 16, 8, 1), KILN_OK);
+  kiln_optim *o = kiln_sgd_new(ps, &(kiln_sgd_options){.lr = 0.1f});
+  kiln_tensor *x = f32(ctx, KILN_SHAPE(4, 16));
+  cr_assert_eq(kiln_backward(kiln_sum(kiln_linear_forward(&l, x), KILN_ALL_AXES, 0)), KILN_OK);
+  char got[1024];
+  kiln__plan p = plan(ctx, true);
+  describe(ctx, &p, got, sizeof got);
+  kiln__plan_free(&p);
+  cr_assert(strstr(got, "assign") == NULL, "the gradients' kernels write the .grad buffers: %s",
+            got);
+  p = plan(ctx, false);
+  describe(ctx, &p, got, sizeof got);
+  kiln__plan_free(&p);
+  cr_assert(strstr(got, "assign") != NULL, "unfused, an assignment is a kernel: %s", got);
+  /* the old weight gradient read in the same flush: its assignment stays, the bias's goes */
+  kiln_step_begin(ctx);
+  cr_assert_not_null(kiln_mul_scalar(kiln_tensor_grad(l.weight), 2.f));
+  kiln_optim_zero_grad(o);
+  cr_assert_eq(kiln_backward(kiln_sum(kiln_linear_forward(&l, x), KILN_ALL_AXES, 0)), KILN_OK);
+  p = plan(ctx, true);
+  describe(ctx, &p, got, sizeof got);
+  kiln__plan_free(&p);
+  cr_assert(strstr(got, "| assign") != NULL && strstr(got, "assign assign") == NULL, "%s", got);
+  kiln_optim_free(o);
+  kiln_params_free(ps);
+  kiln_ctx_free(ctx);
+}
