@@ -760,18 +760,9 @@ bool kiln__gen_rows(kiln_ctx *ctx, const kiln__ew_prog *p, const kiln_tensor *F,
       g->bytes_read += footprint(t);
   }
 
-  /* short rows (up to 32 elements): a warp a row, 8 rows a block, warp shuffles only; longer
-   * rows: a block a row */
-  bool warp = a->nred <= 32;
-  const char *lane = warp ? "lane" : "threadIdx.x", *step = warp ? "32" : "blockDim.x";
   kiln__sb b = {0};
-  if (warp)
-    kiln__sb_printf(&b, "  typedef long long ix;\n  const int lane = threadIdx.x & 31;\n"
-                        "  for (ix o = (ix)blockIdx.x * 8 + (threadIdx.x >> 5); o < a.n;\n"
-                        "       o += (ix)gridDim.x * 8) {\n    ix r = o;\n");
-  else
-    kiln__sb_printf(&b, "  typedef long long ix;\n  __shared__ float sv[32];\n"
-                        "  for (ix o = blockIdx.x; o < a.n; o += gridDim.x) {\n    ix r = o;\n");
+  kiln__sb_printf(&b, "  typedef long long ix;\n  __shared__ float sv[32];\n"
+                      "  for (ix o = blockIdx.x; o < a.n; o += gridDim.x) {\n    ix r = o;\n");
   for (int d = nd - 2; d >= 0; d--)
     kiln__sb_printf(&b, "    const ix c%d = r %% a.shape[%d]; r /= a.shape[%d];\n", d, d, d);
   bool row_loaded[KILN__KMAX_PTR] = {0};
@@ -792,9 +783,9 @@ bool kiln__gen_rows(kiln_ctx *ctx, const kiln__ew_prog *p, const kiln_tensor *F,
     use[j] = true; /* its own input may come from memory */
     kiln__sb_printf(&b,
                     "    float acc%d = %s;\n"
-                    "    for (ix q = %s; q < a.nred; q += %s) {\n"
+                    "    for (ix q = threadIdx.x; q < a.nred; q += blockDim.x) {\n"
                     "      const ix c%d = q;\n",
-                    j, isum ? "0.f" : "-__int_as_float(0x7f800000)", lane, step, nd - 1);
+                    j, isum ? "0.f" : "-__int_as_float(0x7f800000)", nd - 1);
     emit_loads(&b, p, use, &o, &w, loaded, "      ", nd, false);
     for (int m = 0; m < j; m++)
       if (cls[m] == FULL) emit_value(&b, p, &w, m, "      ", nd, false, false);
@@ -802,24 +793,23 @@ bool kiln__gen_rows(kiln_ctx *ctx, const kiln__ew_prog *p, const kiln_tensor *F,
       kiln__sb_printf(&b, "      acc%d += %s;\n    }\n", j, w.in[j][0]);
     else
       kiln__sb_printf(&b, "      acc%d = kiln_maximum(acc%d, %s);\n    }\n", j, j, w.in[j][0]);
-    kiln__sb_printf(&b, "    const float v%d = kiln_%s_%s(acc%d%s) * a.fv[%d]; // %s\n", j,
-                    warp ? "all" : "block", isum ? "sum" : "max", j, warp ? "" : ", sv", w.fb[j],
-                    kiln__ops[p->nodes[j]->op].name);
+    kiln__sb_printf(&b, "    const float v%d = kiln_block_%s(acc%d, sv) * a.fv[%d]; // %s\n", j,
+                    isum ? "sum" : "max", j, w.fb[j], kiln__ops[p->nodes[j]->op].name);
   }
   if (final_pass) {
     bool use[KILN__MAX_GROUP] = {0}, loaded[KILN__KMAX_PTR] = {0};
     for (int m = 0; m < p->n; m++)
       use[m] = cls[m] == FULL;
     kiln__sb_printf(&b,
-                    "    for (ix q = %s; q < a.nred; q += %s) {\n"
+                    "    for (ix q = threadIdx.x; q < a.nred; q += blockDim.x) {\n"
                     "      const ix c%d = q;\n",
-                    lane, step, nd - 1);
+                    nd - 1);
     emit_loads(&b, p, use, &o, &w, loaded, "      ", nd, false);
     for (int m = 0; m < p->n; m++)
       if (cls[m] == FULL) emit_value(&b, p, &w, m, "      ", nd, p->store[m], false);
     kiln__sb_printf(&b, "    }\n");
   }
-  kiln__sb_printf(&b, "    if (%s == 0) {\n", lane);
+  kiln__sb_printf(&b, "    if (threadIdx.x == 0) {\n");
   for (int j = 0; j < p->n; j++) {
     int k = w.store_slot[j];
     if (cls[j] == FULL || k < 0) continue;
@@ -830,16 +820,10 @@ bool kiln__gen_rows(kiln_ctx *ctx, const kiln__ew_prog *p, const kiln_tensor *F,
   }
   kiln__sb_printf(&b, "    }\n  }\n");
   char stem[80];
-  stem_of(p, "k", warp ? "_f32_warprows" : "_f32_rows", stem, sizeof stem);
+  stem_of(p, "k", "_f32_rows", stem, sizeof stem);
   bool ok;
   finish(ctx, &b, stem, g, comment, &ok);
   kiln__sb_free(&b);
-  if (warp) {
-    int64_t blocks = (a->n + 7) / 8, cap = (int64_t)ctx->num_sms * 16;
-    g->block = 256;
-    g->grid = (unsigned)(blocks < 1 ? 1 : (blocks > cap ? cap : blocks));
-  } else {
-    row_launch(ctx, g);
-  }
+  row_launch(ctx, g);
   return ok;
 }
