@@ -133,8 +133,7 @@ const char *kiln__epilogue_name(int epi) {
 }
 
 static bool epi_mask(int epi) {
-  return epi == CUBLASLT_EPILOGUE_RELU_AUX || epi == CUBLASLT_EPILOGUE_RELU_AUX_BIAS ||
-         epi == CUBLASLT_EPILOGUE_DRELU || epi == CUBLASLT_EPILOGUE_DRELU_BGRAD;
+  return kiln__epilogue_writes_mask(epi) || kiln__epilogue_reads_mask(epi);
 }
 static bool epi_gelu_input(int epi) {
   return epi == CUBLASLT_EPILOGUE_GELU_AUX || epi == CUBLASLT_EPILOGUE_GELU_AUX_BIAS ||
@@ -152,6 +151,13 @@ bool kiln__epilogue_writes_aux(int epi) {
 bool kiln__epilogue_bgrad(int epi) {
   return epi == CUBLASLT_EPILOGUE_DRELU_BGRAD || epi == CUBLASLT_EPILOGUE_DGELU_BGRAD ||
          epi == CUBLASLT_EPILOGUE_BGRADB;
+}
+
+bool kiln__epilogue_writes_mask(int epi) {
+  return epi == CUBLASLT_EPILOGUE_RELU_AUX || epi == CUBLASLT_EPILOGUE_RELU_AUX_BIAS;
+}
+bool kiln__epilogue_reads_mask(int epi) {
+  return epi == CUBLASLT_EPILOGUE_DRELU || epi == CUBLASLT_EPILOGUE_DRELU_BGRAD;
 }
 
 /* The bit mask's leading dimension (bits; cuBLASLt wants a multiple of 128) or the GELU
@@ -239,14 +245,18 @@ static kiln__lt_plan *lt_plan(kiln_ctx *ctx, const kiln_tensor *A, const kiln_te
   return bad ? NULL : q;
 }
 
+size_t kiln__relu_mask_bytes(const kiln_tensor *y) {
+  return (size_t)(aux_ld(CUBLASLT_EPILOGUE_RELU_AUX, y->shape[1]) / 8 * y->shape[0]);
+}
+
 /* The bit masks that forward ReLU epilogues write, kept with their outputs' storage. */
 static bool alloc_masks(kiln_ctx *ctx, const kiln__plan *p) {
   for (int k = 0; k < p->ng; k++) {
     const kiln__group *g = &p->g[k];
-    if (g->epi != CUBLASLT_EPILOGUE_RELU_AUX && g->epi != CUBLASLT_EPILOGUE_RELU_AUX_BIAS) continue;
+    if (!kiln__epilogue_writes_mask(g->epi)) continue;
     kiln__storage *st = g->aux->st;
     if (st->relu_mask) continue;
-    size_t bytes = (size_t)(aux_ld(g->epi, g->aux->shape[1]) / 8 * g->aux->shape[0]);
+    size_t bytes = kiln__relu_mask_bytes(g->aux);
     st->relu_mask = kiln__dev_alloc(ctx, bytes ? bytes : 16);
     if (!st->relu_mask) {
       kiln__error(ctx, KILN_ERR_OOM,
@@ -447,13 +457,20 @@ void kiln__fill_values(const kiln_ctx *ctx, const kiln__plan *p, kiln__stepvals 
   }
 }
 
-/* Points every group's kernel at its block of dev (device kiln__stepvals, one per group). */
-void kiln__bind_values(kiln__plan *p, void *dev) {
+bool kiln__upload_values(kiln_ctx *ctx, kiln__plan *p, void *dev) {
+  if (p->ng == 0) return true;
+  kiln__stepvals *host = malloc((size_t)p->ng * sizeof *host);
+  if (!host) return !kiln__error(ctx, KILN_ERR_OOM, "kiln_flush: out of host memory");
+  kiln__fill_values(ctx, p, host);
   kiln__stepvals *v = dev;
   for (int k = 0; k < p->ng; k++) {
     p->g[k].args.fv = v[k].f;
     p->g[k].args.uv = v[k].u;
   }
+  bool ok = !KILN_CUDA_FAILED(ctx, cudaMemcpyAsync(dev, host, (size_t)p->ng * sizeof *host,
+                                                   cudaMemcpyHostToDevice, ctx->stream));
+  free(host);
+  return ok;
 }
 
 /* Copies this flush's step values to the device (eager flushes share one buffer: the copy is
@@ -470,15 +487,7 @@ static bool upload_values(kiln_ctx *ctx, kiln__plan *p) {
     ctx->step_values = d;
     ctx->step_values_cap = cap;
   }
-  kiln__stepvals *host = malloc((size_t)p->ng * sizeof *host);
-  if (!host) return !kiln__error(ctx, KILN_ERR_OOM, "kiln_flush: out of host memory");
-  kiln__fill_values(ctx, p, host);
-  kiln__bind_values(p, ctx->step_values);
-  bool ok =
-      !KILN_CUDA_FAILED(ctx, cudaMemcpyAsync(ctx->step_values, host, (size_t)p->ng * sizeof *host,
-                                             cudaMemcpyHostToDevice, ctx->stream));
-  free(host);
-  return ok;
+  return kiln__upload_values(ctx, p, ctx->step_values);
 }
 
 /* Launches every group of a prepared plan in order. */

@@ -61,7 +61,7 @@ typedef struct kiln__group {
   const kiln__node *fsrc[KILN__KMAX_F], *usrc[KILN__KMAX_U];
   int8_t fk[KILN__KMAX_F], uk[KILN__KMAX_U];
   int32_t fi[KILN__KMAX_F], ui[KILN__KMAX_U]; /* the same as trace indices (-1: unused) */
-  unsigned grid, block, grid_y; /* grid_y: tensors of a multi-tensor update (0: 1) */
+  unsigned grid, block, grid_y;               /* grid_y: tensors of a multi-tensor update (0: 1) */
   uint64_t bytes_read, bytes_written;
   char name[96];
 } kiln__group;
@@ -74,8 +74,8 @@ typedef struct kiln__plan {
   int nm, capm;
   int32_t *group_of; /* per node (index - first): its group, -1 for views */
   bool *store;       /* per node: its output must be written to memory */
-  int32_t *claim; /* per node: the node that does its work (a product's BGRADB epilogue for a
-                    * sum; for a dropped assignment, the producer that writes through), or -1 */
+  int32_t *claim;    /* per node: the node that does its work (a product's BGRADB epilogue for a
+                      * sum; for a dropped assignment, the producer that writes through), or -1 */
   const kiln_tensor **write_to; /* per node: the persistent buffer its output is written to */
 } kiln__plan;
 
@@ -97,6 +97,10 @@ const char *kiln__epilogue_name(int epi);
 /* Whether an epilogue writes a GELU input into aux (forward), or a bias gradient. */
 bool kiln__epilogue_writes_aux(int epi);
 bool kiln__epilogue_bgrad(int epi);
+/* Whether an epilogue writes (RELU_AUX) or reads (DRELU) a ReLU bit mask, and its size for y. */
+bool kiln__epilogue_writes_mask(int epi);
+bool kiln__epilogue_reads_mask(int epi);
+size_t kiln__relu_mask_bytes(const kiln_tensor *y);
 /* Whether cuBLASLt has an algorithm for A B (2-D) with epilogue epi; true without a GPU. */
 bool kiln__lt_usable(kiln_ctx *ctx, const kiln_tensor *A, const kiln_tensor *B, int epi);
 
@@ -121,10 +125,12 @@ bool kiln__gen_index_select(kiln_ctx *ctx, const kiln__node *n, kiln__group *g,
                             const char *comment);
 void *kiln__data_ptr(const kiln_tensor *t); /* device address of t's first element */
 
-/* Step values: every group's attributes from the trace into host[0 .. ng); the kernels pointed
- * at their blocks of a device copy; then every group launched in order. */
+/* Step values: every group's attributes from the trace into host[0 .. ng); then every group
+ * launched in order. */
 void kiln__fill_values(const kiln_ctx *ctx, const kiln__plan *p, kiln__stepvals *host);
-void kiln__bind_values(kiln__plan *p, void *dev);
+/* Fills the step values from the trace into dev (one block a group, copied on the stream) and
+ * points every group's kernel at its block. */
+bool kiln__upload_values(kiln_ctx *ctx, kiln__plan *p, void *dev);
 bool kiln__run_groups(kiln_ctx *ctx, kiln__plan *p);
 /* Points the outputs that write through at their persistent buffers. */
 void kiln__bind_write_through(kiln_ctx *ctx, const kiln__plan *p);

@@ -122,16 +122,12 @@ static bool memory_plan(kiln_ctx *ctx, kiln__step_graph *E) {
   }
   for (int k = 0; k < p->ng; k++) {
     const kiln__group *g = &p->g[k];
-    if (g->epi == CUBLASLT_EPILOGUE_RELU_AUX || g->epi == CUBLASLT_EPILOGUE_RELU_AUX_BIAS) {
+    if (kiln__epilogue_writes_mask(g->epi)) {
       int32_t r = owner(ctx, g->aux);
       if (r < 0) continue;
       mask_of[r] = ni;
-      size_t ld = (size_t)((g->aux->shape[1] + 127) / 128 * 128);
-      it[ni++] = (item){.node = r,
-                        .mask = true,
-                        .def = k,
-                        .last = -1,
-                        .bytes = ld / 8 * (size_t)g->aux->shape[0]};
+      it[ni++] = (item){
+          .node = r, .mask = true, .def = k, .last = -1, .bytes = kiln__relu_mask_bytes(g->aux)};
     }
   }
   /* last uses: every member's inputs, and the masks the backward epilogues read */
@@ -145,7 +141,7 @@ static bool memory_plan(kiln_ctx *ctx, kiln__step_graph *E) {
         if (o >= 0 && item_of[o] >= 0 && it[item_of[o]].last < k) it[item_of[o]].last = k;
       }
     }
-    if (g->epi == CUBLASLT_EPILOGUE_DRELU || g->epi == CUBLASLT_EPILOGUE_DRELU_BGRAD) {
+    if (kiln__epilogue_reads_mask(g->epi)) {
       int32_t o = owner(ctx, g->aux);
       if (o >= 0 && mask_of[o] >= 0 && it[mask_of[o]].last < k) it[mask_of[o]].last = k;
     }
@@ -233,20 +229,6 @@ static void bind(kiln_ctx *ctx, const kiln__step_graph *E) {
   }
 }
 
-/* Writes the step values of this step's trace to E's device copy (ordered after the previous
- * replay's reads on the stream). */
-static bool upload(kiln_ctx *ctx, kiln__step_graph *E) {
-  int ng = E->plan.ng;
-  if (ng == 0) return true;
-  kiln__stepvals *host = malloc((size_t)ng * sizeof *host);
-  if (!host) return !kiln__error(ctx, KILN_ERR_OOM, "kiln_step_end: out of host memory");
-  kiln__fill_values(ctx, &E->plan, host);
-  bool ok = !KILN_CUDA_FAILED(ctx, cudaMemcpyAsync(E->values, host, (size_t)ng * sizeof *host,
-                                                   cudaMemcpyHostToDevice, ctx->stream));
-  free(host);
-  return ok;
-}
-
 /* After a failed capture: the step's tensors have no memory (reading them says the step failed). */
 static void unbind(kiln_ctx *ctx, const kiln__step_graph *E) {
   for (int32_t i = 0; i < ctx->trace.n; i++) {
@@ -329,8 +311,8 @@ static kiln__step_graph *capture(kiln_ctx *ctx, uint64_t hash, kiln__sb *sig) {
       kiln__dev_alloc(ctx, (size_t)(E->plan.ng > 0 ? E->plan.ng : 1) * sizeof(kiln__stepvals));
   if (!E->values) kiln__error(ctx, KILN_ERR_OOM, "kiln_step_end: out of device memory");
   bool ok = E->values && kiln__prepare_plan(ctx, &E->plan);
-  if (ok) kiln__bind_values(&E->plan, E->values);
-  ok = ok && upload(ctx, E) && kiln__run_groups(ctx, &E->plan);
+  /* the step values: ordered after the previous replay's reads on the stream */
+  ok = ok && kiln__upload_values(ctx, &E->plan, E->values) && kiln__run_groups(ctx, &E->plan);
   kiln__flush_stats(ctx, &E->plan, &before);
   E->flush = ctx->stats.last_flush;
   E->kernels = E->flush.kernels;
@@ -380,7 +362,8 @@ kiln_status kiln__graph_step(kiln_ctx *ctx) {
   if (E) {
     free(sig.s);
     bind(ctx, E);
-    if (upload(ctx, E) && !KILN_CUDA_FAILED(ctx, cudaGraphLaunch(E->exec, ctx->stream))) {
+    if (kiln__upload_values(ctx, &E->plan, E->values) &&
+        !KILN_CUDA_FAILED(ctx, cudaGraphLaunch(E->exec, ctx->stream))) {
       ctx->stats.graph_replays++;
       ctx->stats.kernels_launched += E->kernels;
       ctx->stats.last_flush = E->flush;
