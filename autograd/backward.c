@@ -21,15 +21,9 @@ static bool add_grad(kiln__bw *b, kiln_tensor *t, kiln_tensor *g) {
   if (!t->bw_acc) {
     t->bw_acc = g;
     if (t->persistent) {
-      if (b->nleaves == b->cap) {
-        int cap = b->cap ? 2 * b->cap : 32;
-        kiln_tensor **l = realloc(b->leaves, (size_t)cap * sizeof *l);
-        if (!l) {
-          kiln__error(b->ctx, KILN_ERR_OOM, "kiln_backward: out of host memory");
-          return false;
-        }
-        b->leaves = l;
-        b->cap = cap;
+      if (!KILN__GROW(b->leaves, b->cap, b->nleaves + 1)) {
+        kiln__error(b->ctx, KILN_ERR_OOM, "kiln_backward: out of host memory");
+        return false;
       }
       b->leaves[b->nleaves++] = t;
     }

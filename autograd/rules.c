@@ -120,17 +120,17 @@ void kiln__grad_sigmoid(kiln__bw *b, const kiln__node *n, kiln_tensor *g, kiln_t
 void kiln__grad_relu(kiln__bw *b, const kiln__node *n, kiln_tensor *g, kiln_tensor **gin) {
   (void)b;
   kiln_tensor *in[2] = {g, n->out};
-  gin[0] = kiln__ew(KILN__OP_RELU_GRAD, "kiln_backward", 2, in, NULL, 0);
+  gin[0] = kiln__ew(KILN__OP_RELU_GRAD, "kiln_backward", 2, in);
 }
 void kiln__grad_gelu_erf(kiln__bw *b, const kiln__node *n, kiln_tensor *g, kiln_tensor **gin) {
   (void)b;
   kiln_tensor *in[2] = {g, n->in[0]};
-  gin[0] = kiln__ew(KILN__OP_GELU_ERF_GRAD, "kiln_backward", 2, in, NULL, 0);
+  gin[0] = kiln__ew(KILN__OP_GELU_ERF_GRAD, "kiln_backward", 2, in);
 }
 void kiln__grad_gelu_tanh(kiln__bw *b, const kiln__node *n, kiln_tensor *g, kiln_tensor **gin) {
   (void)b;
   kiln_tensor *in[2] = {g, n->in[0]};
-  gin[0] = kiln__ew(KILN__OP_GELU_TANH_GRAD, "kiln_backward", 2, in, NULL, 0);
+  gin[0] = kiln__ew(KILN__OP_GELU_TANH_GRAD, "kiln_backward", 2, in);
 }
 void kiln__grad_add_scalar(kiln__bw *b, const kiln__node *n, kiln_tensor *g, kiln_tensor **gin) {
   (void)b, (void)n;
@@ -138,11 +138,11 @@ void kiln__grad_add_scalar(kiln__bw *b, const kiln__node *n, kiln_tensor *g, kil
 }
 void kiln__grad_mul_scalar(kiln__bw *b, const kiln__node *n, kiln_tensor *g, kiln_tensor **gin) {
   (void)b;
-  gin[0] = kiln_mul_scalar(g, n->f[0]);
+  gin[0] = kiln_mul_scalar(g, KILN__F(n, MUL_SCALAR, s));
 }
 void kiln__grad_pow_scalar(kiln__bw *b, const kiln__node *n, kiln_tensor *g, kiln_tensor **gin) {
   (void)b;
-  float e = n->f[0];
+  float e = KILN__F(n, POW_SCALAR, exponent);
   if (e == 0.f) {
     gin[0] = kiln_mul_scalar(g, 0.f);
     return;
@@ -153,7 +153,13 @@ void kiln__grad_pow_scalar(kiln__bw *b, const kiln__node *n, kiln_tensor *g, kil
 void kiln__grad_clamp(kiln__bw *b, const kiln__node *n, kiln_tensor *g, kiln_tensor **gin) {
   (void)b;
   kiln_tensor *in[2] = {g, n->in[0]};
-  gin[0] = kiln__ew(KILN__OP_CLAMP_GRAD, "kiln_backward", 2, in, n->f, 2);
+  kiln_tensor *out = kiln__ew(KILN__OP_CLAMP_GRAD, "kiln_backward", 2, in);
+  if (out) {
+    kiln__node *m = kiln__producer(out);
+    KILN__F(m, CLAMP_GRAD, lo) = KILN__F(n, CLAMP, lo);
+    KILN__F(m, CLAMP_GRAD, hi) = KILN__F(n, CLAMP, hi);
+  }
+  gin[0] = out;
 }
 void kiln__grad_copy(kiln__bw *b, const kiln__node *n, kiln_tensor *g, kiln_tensor **gin) {
   (void)b, (void)n;
@@ -162,11 +168,13 @@ void kiln__grad_copy(kiln__bw *b, const kiln__node *n, kiln_tensor *g, kiln_tens
 void kiln__grad_dropout(kiln__bw *b, const kiln__node *n, kiln_tensor *g, kiln_tensor **gin) {
   (void)b;
   /* the same Philox draw (seed, offset) recomputes the same mask */
-  kiln_tensor *out = kiln__ew(KILN__OP_DROPOUT, "kiln_backward", 1, &g, n->f, 2);
+  kiln_tensor *out = kiln__ew(KILN__OP_DROPOUT, "kiln_backward", 1, &g);
   if (out) {
-    kiln__node *m = &g->ctx->trace.nodes[out->node];
-    m->u[0] = n->u[0];
-    m->u[1] = n->u[1];
+    kiln__node *m = kiln__producer(out);
+    KILN__F(m, DROPOUT, p) = KILN__F(n, DROPOUT, p);
+    KILN__F(m, DROPOUT, scale) = KILN__F(n, DROPOUT, scale);
+    KILN__U(m, DROPOUT, seed) = KILN__U(n, DROPOUT, seed);
+    KILN__U(m, DROPOUT, offset) = KILN__U(n, DROPOUT, offset);
   }
   gin[0] = out;
 }
@@ -176,7 +184,7 @@ static kiln_tensor *spread(const kiln__node *n, kiln_tensor *g) {
   const kiln_tensor *x = n->in[0];
   kiln_shape keep = {.ndim = x->ndim}, full = {.ndim = x->ndim};
   for (int d = 0; d < x->ndim; d++) {
-    keep.d[d] = (n->i[0] & (1u << d)) ? 1 : x->shape[d];
+    keep.d[d] = (KILN__RI(n, mask) & (1u << d)) ? 1 : x->shape[d];
     full.d[d] = x->shape[d];
   }
   return kiln_expand(kiln_reshape(g, keep), full);
@@ -185,14 +193,16 @@ static kiln_tensor *spread(const kiln__node *n, kiln_tensor *g) {
 void kiln__grad_sum(kiln__bw *b, const kiln__node *n, kiln_tensor *g, kiln_tensor **gin) {
   (void)b;
   kiln_tensor *s = spread(n, g);
-  gin[0] = n->f[0] == 1.f ? s : kiln_mul_scalar(s, n->f[0]);
+  float scale = KILN__RF(n, scale);
+  gin[0] = scale == 1.f ? s : kiln_mul_scalar(s, scale);
 }
 
 void kiln__grad_max(kiln__bw *b, const kiln__node *n, kiln_tensor *g, kiln_tensor **gin) {
   (void)b;
   /* split evenly among the elements equal to the maximum (PyTorch's amax) */
   kiln_tensor *hit = kiln_eq(n->in[0], spread(n, n->out));
-  kiln_tensor *count = kiln__reduce(KILN__OP_SUM, "kiln_backward", hit, (unsigned)n->i[0], 1, 1.f);
+  kiln_tensor *count =
+      kiln__reduce(KILN__OP_SUM, "kiln_backward", hit, (unsigned)KILN__RI(n, mask), 1, 1.f);
   gin[0] = kiln_div(kiln_mul(spread(n, g), hit), count);
 }
 
@@ -228,7 +238,7 @@ void kiln__grad_permute(kiln__bw *b, const kiln__node *n, kiln_tensor *g, kiln_t
   (void)b;
   kiln_axes inv = {.n = n->in[0]->ndim};
   for (int i = 0; i < inv.n; i++)
-    inv.a[n->i[i]] = i;
+    inv.a[KILN__IA(n, PERMUTE, order, i)] = i;
   gin[0] = kiln_permute(g, inv);
 }
 
@@ -241,8 +251,9 @@ void kiln__grad_slice(kiln__bw *b, const kiln__node *n, kiln_tensor *g, kiln_ten
   (void)b;
   kiln_ctx *ctx = g->ctx;
   const kiln_tensor *x = n->in[0];
-  int axis = (int)n->i[0];
-  int64_t start = n->i[1], step = n->i[2], len = g->shape[axis], full = x->shape[axis];
+  int axis = (int)KILN__I(n, SLICE, axis);
+  int64_t start = KILN__I(n, SLICE, start), step = KILN__I(n, SLICE, step);
+  int64_t len = g->shape[axis], full = x->shape[axis];
   /* in three dims (outer, axis, inner), so that any rank works the same way */
   int64_t outer = 1, inner = 1;
   for (int d = 0; d < axis; d++)
@@ -272,7 +283,7 @@ void kiln__grad_slice(kiln__bw *b, const kiln__node *n, kiln_tensor *g, kiln_ten
 
 void kiln__grad_concat(kiln__bw *b, const kiln__node *n, kiln_tensor *g, kiln_tensor **gin) {
   (void)b;
-  int axis = (int)n->i[0];
+  int axis = (int)KILN__I(n, CONCAT, axis);
   int64_t start = 0;
   for (int k = 0; k < n->nin; k++) {
     int64_t len = n->in[k]->shape[axis];

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """torch_ref.py: the PyTorch reference for kiln's benchmarks, on the same GPU.
 
-Times the `mlp` workload of DESIGN.md (784-512-512-10 ReLU MLP, batch 128, fp32, cross-entropy,
+Times the `mlp` workload (docs/design.md) (784-512-512-10 ReLU MLP, batch 128, fp32, cross-entropy,
 SGD with Nesterov momentum, random inputs of the real shapes) in two modes:
   eager  plain PyTorch, one Python step after another;
   best   torch.compile of the model and loss, with the whole step (forward, backward, optimizer)

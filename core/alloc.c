@@ -6,6 +6,7 @@
  */
 #include <stdlib.h>
 
+#include "cuda_check.h"
 #include "internal.h"
 
 struct kiln__block {

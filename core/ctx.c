@@ -1,32 +1,41 @@
 /*
- * ctx.c: the context: device, stream, cuBLAS/cuBLASLt handles and workspace, options from the
- * environment, the host RNG, steps (generations of intermediates) and statistics.
+ * ctx.c: the context: device and stream, options from the environment, the host RNG, steps
+ * (generations of intermediates) and statistics. Execution state (kernels, step graphs, BLAS
+ * handles and plans) belongs to fusion/, reached through fusion/engine.h.
  */
 #include <stdlib.h>
 #include <string.h>
 
+#include "../fusion/engine.h"
+#include "cuda_check.h"
 #include "internal.h"
 
 #ifndef KILN_DEFAULT_ARCH
 #define KILN_DEFAULT_ARCH 90
 #endif
+/* The SM count assumed by contexts without a GPU (an H100/H200 has 132): it only shapes the
+ * launch grids that compile-only plans would use. */
+#define KILN__DEFAULT_SMS 132
 
-#define KILN__WORKSPACE_BYTES ((size_t)32 << 20)
-
-static char *env_dup(const char *name) {
+static bool env_off(const char *name) {
   const char *v = getenv(name);
-  return (v && *v) ? strdup(v) : NULL;
+  return v && strcmp(v, "0") == 0;
 }
 
-static char *default_cache_dir(void) {
-  char *dir = env_dup("KILN_CACHE_DIR");
-  if (dir) return dir;
-  const char *home = getenv("HOME");
-  if (!home || !*home) return NULL;
-  size_t n = strlen(home) + 32;
-  dir = malloc(n);
-  if (dir) snprintf(dir, n, "%s/.cache/kiln", home);
-  return dir;
+/* KILN_DEBUG: "plan", "verify", comma-separated. Debug builds verify every plan. */
+static unsigned debug_flags(void) {
+  unsigned f = 0;
+#ifdef KILN_VERIFY_PLANS
+  f |= KILN__DEBUG_VERIFY;
+#endif
+  const char *v = getenv("KILN_DEBUG");
+  while (v && *v) {
+    size_t n = strcspn(v, ",");
+    if (n == 4 && strncmp(v, "plan", 4) == 0) f |= KILN__DEBUG_PLAN;
+    if (n == 6 && strncmp(v, "verify", 6) == 0) f |= KILN__DEBUG_VERIFY;
+    v += n + (v[n] == ',');
+  }
+  return f;
 }
 
 static void gpu_init(kiln_ctx *ctx, int device) {
@@ -56,16 +65,7 @@ static void gpu_init(kiln_ctx *ctx, int device) {
   }
   ctx->arch = prop.major * 10 + prop.minor;
   ctx->num_sms = prop.multiProcessorCount;
-  if (KILN_CUDA_FAILED(ctx, cudaStreamCreateWithFlags(&ctx->stream, cudaStreamNonBlocking)) ||
-      KILN_CUBLAS_FAILED(ctx, cublasCreate(&ctx->cublas)) ||
-      KILN_CUBLAS_FAILED(ctx, cublasSetStream(ctx->cublas, ctx->stream)) ||
-      KILN_CUBLAS_FAILED(ctx, cublasLtCreate(&ctx->cublaslt)) ||
-      KILN_CUDA_FAILED(ctx, cudaMalloc(&ctx->lt_workspace, KILN__WORKSPACE_BYTES)))
-    return;
-  ctx->lt_workspace_bytes = KILN__WORKSPACE_BYTES;
-  if (KILN_CUBLAS_FAILED(
-          ctx, cublasSetWorkspace(ctx->cublas, ctx->lt_workspace, ctx->lt_workspace_bytes)))
-    return;
+  if (KILN_CUDA_FAILED(ctx, cudaStreamCreateWithFlags(&ctx->stream, cudaStreamNonBlocking))) return;
   ctx->has_gpu = true;
 }
 
@@ -76,23 +76,19 @@ kiln_ctx *kiln_ctx_new(const kiln_ctx_options *opts) {
   if (opts) o = *opts;
   ctx->device = o.device;
   ctx->arch = KILN_DEFAULT_ARCH;
-  ctx->num_sms = 132;
+  ctx->num_sms = KILN__DEFAULT_SMS;
   ctx->gen = 1;
-  const char *tf32 = getenv("KILN_TF32");
-  ctx->tf32 = !(tf32 && strcmp(tf32, "0") == 0);
-  const char *fusion = getenv("KILN_FUSION"), *nvtx = getenv("KILN_NVTX");
-  ctx->fusion = !(fusion && strcmp(fusion, "0") == 0);
-  const char *graph = getenv("KILN_GRAPH");
-  ctx->graphs = !(graph && strcmp(graph, "0") == 0);
+  ctx->tf32 = !env_off("KILN_TF32");
+  ctx->fusion = !env_off("KILN_FUSION");
+  ctx->graphs = !env_off("KILN_GRAPH");
+  const char *nvtx = getenv("KILN_NVTX");
   ctx->nvtx = nvtx && strcmp(nvtx, "1") == 0;
+  ctx->debug = debug_flags();
   const char *seed = getenv("KILN_SEED");
   kiln_manual_seed(ctx, seed ? strtoull(seed, NULL, 0) : 0);
-  ctx->cache_dir = default_cache_dir();
-  ctx->dump_dir = env_dup("KILN_DUMP_KERNELS");
-  int major = 0, minor = 0;
-  nvrtcVersion(&major, &minor);
-  ctx->nvrtc_version = major * 1000 + minor;
   if (!o.no_gpu) gpu_init(ctx, o.device);
+  /* fusion/'s state: with a GPU its BLAS handles too (a failure there leaves has_gpu off) */
+  if (kiln__engine_init(ctx) != KILN_OK) ctx->has_gpu = false;
   return ctx;
 }
 
@@ -112,22 +108,20 @@ void kiln_ctx_free(kiln_ctx *ctx) {
   while (ctx->npersistent > 0)
     kiln_tensor_free(ctx->persistents[ctx->npersistent - 1]);
   free(ctx->persistents);
-  kiln__kernels_free(ctx);
-  if (ctx->has_gpu) kiln__graphs_free(ctx);
-  if (ctx->has_gpu) kiln__lt_plans_free(ctx);
+  kiln__engine_free(ctx);
   kiln__alloc_release_all(ctx);
-  if (ctx->has_gpu) {
-    cublasLtDestroy(ctx->cublaslt);
-    cublasDestroy(ctx->cublas);
-    cudaFree(ctx->lt_workspace);
-    cudaStreamDestroy(ctx->stream);
-  }
+  if (ctx->stream) cudaStreamDestroy(ctx->stream);
   kiln__arena_free(&ctx->arenas[0]);
   kiln__arena_free(&ctx->arenas[1]);
   free(ctx->trace.nodes);
-  free(ctx->cache_dir);
-  free(ctx->dump_dir);
   free(ctx);
+}
+
+void kiln_ctx_clear_error(kiln_ctx *ctx) {
+  if (!ctx) return;
+  ctx->status = KILN_OK;
+  ctx->error[0] = 0;
+  if (ctx->has_gpu) (void)cudaGetLastError(); /* drops a non-sticky CUDA error, such as OOM */
 }
 
 int kiln_ctx_has_gpu(const kiln_ctx *ctx) { return ctx && ctx->has_gpu; }
@@ -149,7 +143,7 @@ void kiln_set_graphs(kiln_ctx *ctx, int on) {
   ctx->graphs = on != 0;
   /* the cached graphs and their arenas go at the next kiln_step_begin, when nothing of the
    * last step (its loss, say) can be read any more */
-  ctx->drop_graphs = !on && ctx->nstep_graphs > 0;
+  kiln__engine_drop_graphs(ctx, !on);
 }
 
 void kiln_set_fusion(kiln_ctx *ctx, int on) {
@@ -161,25 +155,11 @@ void kiln_manual_seed(kiln_ctx *ctx, uint64_t seed) {
   if (!ctx) return;
   ctx->seed = seed;
   ctx->philox_offset = 0;
-  ctx->host_rng = seed ^ 0x5851f42d4c957f2dULL;
+  ctx->host_rng = seed ^ 0x5851f42d4c957f2dULL; /* any fixed odd constant: seed 0 is no state 0 */
 }
 
-uint64_t kiln__rng_next(kiln_ctx *ctx) {
-  uint64_t z = (ctx->host_rng += 0x9e3779b97f4a7c15ULL);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-  return z ^ (z >> 31);
-}
-
-double kiln__rng_uniform(kiln_ctx *ctx) { return (double)(kiln__rng_next(ctx) >> 11) * 0x1.0p-53; }
-
-uint64_t kiln__hash(const void *p, size_t n, uint64_t h) {
-  const unsigned char *b = p;
-  if (h == 0) h = 0xcbf29ce484222325ULL;
-  for (size_t i = 0; i < n; i++)
-    h = (h ^ b[i]) * 0x100000001b3ULL;
-  return h;
-}
+uint64_t kiln__rng_next(kiln_ctx *ctx) { return kiln__splitmix64(&ctx->host_rng); }
+double kiln__rng_uniform(kiln_ctx *ctx) { return kiln__splitmix64_unit(&ctx->host_rng); }
 
 kiln_status kiln_sync(kiln_ctx *ctx) {
   if (!ctx) return KILN_ERR_INVALID;
@@ -194,11 +174,7 @@ void kiln_step_begin(kiln_ctx *ctx) {
   /* Whatever was recorded before the step (an update outside it, say) runs first. */
   if (ctx->has_gpu && ctx->trace.done < ctx->trace.n) kiln__flush(ctx);
   release_step_storages(ctx);
-  if (ctx->drop_graphs && ctx->has_gpu) {
-    (void)cudaStreamSynchronize(ctx->stream); /* their last replays finish first */
-    kiln__graphs_free(ctx);
-  }
-  ctx->drop_graphs = false;
+  kiln__engine_step_begin(ctx);
   for (int i = 0; i < ctx->npersistent; i++)
     ctx->persistents[i]->bw_acc = NULL;
   ctx->trace.n = ctx->trace.done = 0;
@@ -211,8 +187,12 @@ kiln_status kiln_step_end(kiln_ctx *ctx) {
   if (!ctx) return KILN_ERR_INVALID;
   bool whole = ctx->in_step && ctx->trace.done == 0; /* nothing of the step ran yet */
   ctx->in_step = false;
-  if (whole && ctx->graphs && ctx->has_gpu && kiln__ok(ctx) && ctx->trace.n > 0)
-    return kiln__graph_step(ctx);
+  if (whole && ctx->graphs && ctx->has_gpu && kiln__ok(ctx) && ctx->trace.n > 0) {
+    kiln_status s = kiln__engine_step(ctx);
+    ctx->trace.done = ctx->trace.n;
+    ctx->stats.flushes++;
+    return s;
+  }
   if (ctx->graphs && ctx->has_gpu && ctx->trace.done < ctx->trace.n) ctx->stats.eager_steps++;
   return kiln__flush(ctx);
 }

@@ -1,6 +1,7 @@
 /*
- * error.c: the sticky error of a context, the always-on assert, and the one family of checks
- * that turns CUDA, cuBLAS and NVRTC failures into context errors.
+ * error.c: the sticky error of a context and the always-on assert. No CUDA here (the checks of
+ * CUDA, cuBLAS and NVRTC results are in cuda_check.c), so readers and parsers that report
+ * through a context link without the CUDA libraries.
  */
 #include <stdarg.h>
 #include <stdlib.h>
@@ -31,13 +32,6 @@ const char *kiln_ctx_error(const kiln_ctx *ctx) {
   return ctx->status == KILN_OK ? NULL : ctx->error;
 }
 
-void kiln_ctx_clear_error(kiln_ctx *ctx) {
-  if (!ctx) return;
-  ctx->status = KILN_OK;
-  ctx->error[0] = 0;
-  if (ctx->has_gpu) (void)cudaGetLastError(); /* drops a non-sticky CUDA error, such as OOM */
-}
-
 const char *kiln_status_name(kiln_status s) {
   switch (s) {
   case KILN_OK: return "ok";
@@ -51,25 +45,4 @@ const char *kiln_status_name(kiln_status s) {
   case KILN_ERR_STATE: return "invalid state";
   }
   return "unknown status";
-}
-
-bool kiln__cuda_failed(kiln_ctx *ctx, cudaError_t e, const char *fn, const char *call) {
-  if (e == cudaSuccess) return false;
-  kiln_status s = e == cudaErrorMemoryAllocation ? KILN_ERR_OOM : KILN_ERR_CUDA;
-  kiln__error(ctx, s, "%s: %s failed: %s (%s)", fn, call, cudaGetErrorString(e),
-              cudaGetErrorName(e));
-  return true;
-}
-
-bool kiln__cublas_failed(kiln_ctx *ctx, cublasStatus_t e, const char *fn, const char *call) {
-  if (e == CUBLAS_STATUS_SUCCESS) return false;
-  kiln_status s = e == CUBLAS_STATUS_ALLOC_FAILED ? KILN_ERR_OOM : KILN_ERR_CUDA;
-  kiln__error(ctx, s, "%s: %s failed: %s", fn, call, cublasGetStatusString(e));
-  return true;
-}
-
-bool kiln__nvrtc_failed(kiln_ctx *ctx, nvrtcResult e, const char *fn, const char *call) {
-  if (e == NVRTC_SUCCESS) return false;
-  kiln__error(ctx, KILN_ERR_CUDA, "%s: %s failed: %s", fn, call, nvrtcGetErrorString(e));
-  return true;
 }

@@ -1,20 +1,21 @@
 /*
- * internal.h: the structures behind kiln's opaque handles, shared by core, autograd, fusion, nn,
- * optim and data. Nothing here is public; internal non-static symbols start with kiln__.
+ * internal.h: the structures behind kiln's opaque handles and the internal API of core/, shared
+ * by every layer (autograd, fusion, nn, optim, io, data). No CUDA header is included here: CUDA
+ * checks live in cuda_check.h, included only by the files that call CUDA. Nothing here is
+ * public; internal non-static symbols start with kiln__.
  */
 #ifndef KILN_INTERNAL_H
 #define KILN_INTERNAL_H
 
 #include "kiln.h"
 
-#include <cublasLt.h>
-#include <cublas_v2.h>
-#include <cuda_runtime_api.h>
-#include <nvrtc.h>
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdio.h>
 
-/* ---------------------------------------------------------------- asserts and checks */
+#include "util.h"
+
+/* ---------------------------------------------------------------- asserts and errors */
 
 _Noreturn void kiln__assert_fail(const char *cond, const char *file, int line);
 #define KILN_ASSERT(c) ((c) ? (void)0 : kiln__assert_fail(#c, __FILE__, __LINE__))
@@ -22,15 +23,7 @@ _Noreturn void kiln__assert_fail(const char *cond, const char *file, int line);
 /* Sets the sticky error (the first one wins) and returns s. */
 kiln_status kiln__error(kiln_ctx *ctx, kiln_status s, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
-
-/* One family of checks for CUDA, cuBLAS and NVRTC results: on failure, a sticky error naming the
- * function, the call and the library's message; the macro evaluates to true on failure. */
-bool kiln__cuda_failed(kiln_ctx *ctx, cudaError_t e, const char *fn, const char *call);
-bool kiln__cublas_failed(kiln_ctx *ctx, cublasStatus_t e, const char *fn, const char *call);
-bool kiln__nvrtc_failed(kiln_ctx *ctx, nvrtcResult e, const char *fn, const char *call);
-#define KILN_CUDA_FAILED(ctx, call) kiln__cuda_failed((ctx), (call), __func__, #call)
-#define KILN_CUBLAS_FAILED(ctx, call) kiln__cublas_failed((ctx), (call), __func__, #call)
-#define KILN_NVRTC_FAILED(ctx, call) kiln__nvrtc_failed((ctx), (call), __func__, #call)
+bool kiln__ok(kiln_ctx *ctx); /* no sticky error */
 
 /* ---------------------------------------------------------------- op table */
 
@@ -44,18 +37,99 @@ typedef enum kiln__kind {
 } kiln__kind;
 
 typedef enum kiln__op {
-#define X(id, name, nin, kind, expr, stores, grad, saves) KILN__OP_##id,
+#define X(id, name, nin, kind, expr, stores, grad, saves, attrs) KILN__OP_##id,
 #include "ops.def"
 #undef X
   KILN__OP_COUNT
 } kiln__op;
 
 #define KILN__MAX_IN 8
-#define KILN__NF 8 /* float attributes of a node */
-#define KILN__NI 8 /* int attributes (index 7: the axis of $c) */
+#define KILN__NF 8 /* float attributes a node can hold */
+#define KILN__NI 8 /* int attributes */
 #define KILN__NU 2 /* 64-bit attributes */
 
+/*
+ * Named attributes. For every op, three structs of one char per attribute of a kind (floats,
+ * ints, 64-bit values) give each name its index among that kind: offsetof(kiln__fa_ADAM, lr) is
+ * the slot of Adam's lr in a node's f[]. A misspelt name does not compile.
+ */
+#define F(x) char x;
+#define I(x)
+#define IA(x, n)
+#define U(x)
+#define X(id, name, nin, kind, expr, stores, grad, saves, attrs)                                   \
+  typedef struct kiln__fa_##id {                                                                   \
+    attrs char kiln__end_;                                                                         \
+  } kiln__fa_##id;
+#include "ops.def"
+#undef X
+#undef F
+#undef I
+#undef IA
+#undef U
+#define F(x)
+#define I(x) char x;
+#define IA(x, n) char x[n];
+#define U(x)
+#define X(id, name, nin, kind, expr, stores, grad, saves, attrs)                                   \
+  typedef struct kiln__ia_##id {                                                                   \
+    attrs char kiln__end_;                                                                         \
+  } kiln__ia_##id;
+#include "ops.def"
+#undef X
+#undef F
+#undef I
+#undef IA
+#undef U
+#define F(x)
+#define I(x)
+#define IA(x, n)
+#define U(x) char x;
+#define X(id, name, nin, kind, expr, stores, grad, saves, attrs)                                   \
+  typedef struct kiln__ua_##id {                                                                   \
+    attrs char kiln__end_;                                                                         \
+  } kiln__ua_##id;
+#include "ops.def"
+#undef X
+#undef F
+#undef I
+#undef IA
+#undef U
+
 typedef struct kiln__node kiln__node;
+/* n itself, after asserting that it is an op node (the accessors below go through these). */
+kiln__node *kiln__node_of(kiln__node *n, kiln__op op, const char *file, int line);
+const kiln__node *kiln__node_of_c(const kiln__node *n, kiln__op op, const char *file, int line);
+#define KILN__NODE_OF(n, OP)                                                                       \
+  _Generic((n), const kiln__node *: kiln__node_of_c, default: kiln__node_of)((n), KILN__OP_##OP,   \
+                                                                             __FILE__, __LINE__)
+
+/* Node n's attribute name of op OP, as an lvalue (read-only for a const node):
+ * KILN__F(n, ADAM, lr) = 1e-3f. Asserts that n is an OP node. KILN__IA gives element k of an
+ * array attribute. */
+#define KILN__F(n, OP, name) KILN__NODE_OF(n, OP)->f[offsetof(kiln__fa_##OP, name)]
+#define KILN__I(n, OP, name) KILN__NODE_OF(n, OP)->i[offsetof(kiln__ia_##OP, name)]
+#define KILN__IA(n, OP, name, k) KILN__NODE_OF(n, OP)->i[offsetof(kiln__ia_##OP, name) + (k)]
+#define KILN__U(n, OP, name) KILN__NODE_OF(n, OP)->u[offsetof(kiln__ua_##OP, name)]
+
+/* The reductions (SUM, MAX, ARGMAX) share one attribute layout (scale, mask, keepdim; checked in
+ * optable.c): KILN__RF(n, scale) and KILN__RI(n, mask) read it for any of them. */
+kiln__node *kiln__red_of(kiln__node *n, const char *file, int line);
+const kiln__node *kiln__red_of_c(const kiln__node *n, const char *file, int line);
+#define KILN__RED_OF(n)                                                                            \
+  _Generic((n), const kiln__node *: kiln__red_of_c, default: kiln__red_of)((n), __FILE__, __LINE__)
+#define KILN__RF(n, name) KILN__RED_OF(n)->f[offsetof(kiln__fa_SUM, name)]
+#define KILN__RI(n, name) KILN__RED_OF(n)->i[offsetof(kiln__ia_SUM, name)]
+
+typedef enum kiln__attr_kind { KILN__ATTR_F, KILN__ATTR_I, KILN__ATTR_U } kiln__attr_kind;
+/* One named attribute of an op: its kind, name and how many values it holds. */
+typedef struct kiln__attr {
+  kiln__attr_kind kind;
+  const char *name;
+  int count;
+} kiln__attr;
+#define KILN__MAX_ATTRS (KILN__NF + KILN__NI + KILN__NU)
+
 typedef struct kiln__bw kiln__bw;
 /* A backward rule: records the gradients of n's inputs from g, the gradient of its output. */
 typedef void (*kiln__grad_fn)(kiln__bw *b, const kiln__node *n, kiln_tensor *g, kiln_tensor **gin);
@@ -68,15 +142,20 @@ typedef struct kiln__op_info {
   unsigned stores;    /* UPDATE: bit i set when input i is written back */
   kiln__grad_fn grad; /* kiln__grad_NONE: no gradient */
   unsigned saves;     /* what grad reads: bits 0-2 inputs, bit 3 the output */
+  int nattr;
+  kiln__attr attrs[KILN__MAX_ATTRS]; /* in ops.def's order */
 } kiln__op_info;
 
-#define X(id, name, nin, kind, expr, stores, grad, saves) \
+#define X(id, name, nin, kind, expr, stores, grad, saves, attrs)                                   \
   void kiln__grad_##grad(kiln__bw *b, const kiln__node *n, kiln_tensor *g, kiln_tensor **gin);
 #include "ops.def"
 #undef X
 
 extern const kiln__op_info kiln__ops[KILN__OP_COUNT];
 static inline bool kiln__has_grad(kiln__op op) { return kiln__ops[op].grad != kiln__grad_NONE; }
+/* op's attribute called name (the first len characters): its kind and its first slot among the
+ * node's values of that kind; false when op has no such attribute. */
+bool kiln__attr_find(kiln__op op, const char *name, size_t len, kiln__attr_kind *kind, int *slot);
 
 /* ---------------------------------------------------------------- allocator */
 
@@ -88,8 +167,10 @@ typedef struct kiln__alloc {
   uint64_t device_mallocs;
 } kiln__alloc;
 
-/* Returns NULL (and sets no error) when the device is out of memory even after emptying the
- * cache. Sizes are rounded up to 512 bytes; blocks are reused best-fit. */
+/* Device memory, 512-byte aligned. Returns NULL (and sets no error) when the device is out of
+ * memory even after emptying the cache. Sizes are rounded up to 512 bytes; blocks are reused
+ * best-fit. */
+#define KILN__ALLOC_ALIGN 512
 void *kiln__dev_alloc(kiln_ctx *ctx, size_t bytes);
 void kiln__dev_free(kiln_ctx *ctx, void *p);
 void kiln__alloc_release_all(kiln_ctx *ctx);
@@ -101,7 +182,7 @@ typedef struct kiln__storage {
   size_t bytes;
   bool persistent;            /* owned by a persistent tensor; else freed at step begin */
   bool fused;                 /* it lived in a fused kernel's registers and was never written */
-  void *relu_mask;            /* a ReLU output's bit mask from cuBLASLt (1 where positive), or NULL */
+  void *relu_mask;            /* a ReLU output's bit mask from a product's epilogue, or NULL */
   bool borrowed;              /* ptr and relu_mask point into a step graph's arena: not freed */
   bool clobbered;             /* in that arena a later value of the step reused its memory */
   struct kiln__storage *next; /* intermediates of a generation, for release */
@@ -156,44 +237,36 @@ typedef struct kiln__arena {
   size_t used; /* in chunk cur */
 } kiln__arena;
 
-/* ---------------------------------------------------------------- kernels */
-
-typedef struct kiln__kernel {
-  uint64_t key;
-  char name[96];
-  cudaLibrary_t lib;
-  cudaKernel_t fn;
-  struct kiln__kernel *next;
-} kiln__kernel;
-
-typedef struct kiln__lt_plan kiln__lt_plan;       /* fusion/exec.c */
-typedef struct kiln__step_graph kiln__step_graph; /* fusion/graph.c */
-#define KILN__MAX_GRAPHS 16                        /* step graphs kept, least recently used out */
-
 /* ---------------------------------------------------------------- context */
+
+/* KILN_DEBUG, a comma-separated list: "plan" prints every flush's groups to stderr, "verify"
+ * checks every plan's invariants (on in debug builds). */
+enum { KILN__DEBUG_PLAN = 1, KILN__DEBUG_VERIFY = 2 };
+
+struct CUstream_st;  /* a cudaStream_t, without the CUDA headers */
+struct kiln__fusion; /* fusion/'s state: kernels, graphs, BLAS plans (fusion/fusion.h) */
 
 struct kiln_ctx {
   int device;
   bool has_gpu;
   int arch; /* compute capability as 90, 80, ... */
   int num_sms;
-  cudaStream_t stream;
-  cublasHandle_t cublas;
-  cublasLtHandle_t cublaslt;
-  void *lt_workspace;
-  size_t lt_workspace_bytes;
+  struct CUstream_st *stream;
 
   kiln_status status;
   char error[1024];
 
   bool tf32;
-  bool fusion; /* plan fused groups (KILN_FUSION=0: one node per kernel) */
-  bool nvtx;   /* KILN_NVTX=1: an NVTX range around every launch */
+  bool fusion;    /* plan fused groups (KILN_FUSION=0: one node per kernel) */
+  bool graphs;    /* capture and replay steps (KILN_GRAPH=0: off) */
+  bool nvtx;      /* KILN_NVTX=1: an NVTX range around every launch */
+  unsigned debug; /* KILN__DEBUG_* */
   int no_grad_depth;
   uint64_t seed, philox_offset;
   uint64_t host_rng; /* init and shuffles: splitmix64 state */
 
   uint64_t gen; /* the current step generation, from 1 */
+  bool in_step; /* between kiln_step_begin and kiln_step_end */
   kiln__arena arenas[2];
   kiln__storage *step_storages; /* intermediates' storages of this generation */
   kiln_tensor **persistents;    /* for ctx_free */
@@ -201,32 +274,25 @@ struct kiln_ctx {
 
   kiln__trace trace;
   kiln__alloc alloc;
-
-  kiln__kernel *kernels[256]; /* loaded kernels, by key */
-  kiln__lt_plan *lt_plans;    /* cuBLASLt products with epilogues, by shape */
-  char *cache_dir;
-  char *dump_dir;
-  int nvrtc_version;
-  uint64_t key_seed; /* hash of the prelude, arch and NVRTC version */
   kiln_exec_stats stats;
-  void *step_values; /* eager flushes' step values on the device (kiln__stepvals) */
-  int step_values_cap;
-  bool graphs;  /* capture and replay steps (KILN_GRAPH=0: off) */
-  bool in_step; /* between kiln_step_begin and kiln_step_end */
-  kiln__step_graph *step_graphs[KILN__MAX_GRAPHS];
-  int nstep_graphs;
-  uint64_t graph_clock;   /* steps seen, for least-recently-used eviction */
-  bool warned_signatures; /* the warning about ever-new signatures was printed */
-  bool drop_graphs;       /* graphs were turned off: free the cached ones at the next step */
+  struct kiln__fusion *fusion_state; /* owned by fusion/ (fusion/engine.h) */
 };
 
 /* ---------------------------------------------------------------- internal API */
 
-bool kiln__ok(kiln_ctx *ctx); /* no sticky error */
 /* Validates a tensor handle for function fn: NULL, foreign, freed or stale handles set an error. */
 bool kiln__check(kiln_ctx *ctx, const kiln_tensor *t, const char *fn);
 /* The context of the first non-NULL tensor, or NULL. */
 kiln_ctx *kiln__ctx_of(int n, kiln_tensor *const *ts);
+
+/* Shapes (core/shape.c). */
+void kiln__contiguous_strides(int ndim, const int64_t *shape, int64_t *stride);
+int64_t kiln__numel(int ndim, const int64_t *shape);
+bool kiln__is_contiguous(const kiln_tensor *t);
+const char *kiln__shape_of(const kiln_tensor *t, char *buf, size_t n);
+bool kiln__same_shape(const kiln_tensor *a, const kiln_tensor *b);
+bool kiln__broadcast_shape(kiln_ctx *ctx, const char *fn, int n, kiln_tensor *const *ts, int *ndim,
+                           int64_t *shape);
 
 /* A new intermediate with contiguous strides (storage allocated at flush). */
 kiln_tensor *kiln__tensor_intermediate(kiln_ctx *ctx, kiln_dtype dt, int ndim,
@@ -236,10 +302,8 @@ kiln_tensor *kiln__tensor_view(kiln_tensor *a, int ndim, const int64_t *shape,
                                const int64_t *stride, int64_t offset);
 kiln_tensor *kiln__tensor_persistent(kiln_ctx *ctx, kiln_dtype dt, int ndim, const int64_t *shape,
                                      bool zero);
-void kiln__contiguous_strides(int ndim, const int64_t *shape, int64_t *stride);
-int64_t kiln__numel(int ndim, const int64_t *shape);
-bool kiln__is_contiguous(const kiln_tensor *t);
-const char *kiln__shape_of(const kiln_tensor *t, char *buf, size_t n);
+/* The device address of t's first element. */
+void *kiln__data_ptr(const kiln_tensor *t);
 void kiln__arena_reset(kiln__arena *a);
 void kiln__arena_free(kiln__arena *a);
 void *kiln__arena_alloc(kiln__arena *a, size_t bytes);
@@ -251,8 +315,7 @@ kiln__node *kiln__record(kiln_ctx *ctx, kiln__op op, int nin, kiln_tensor *const
 kiln_status kiln__flush(kiln_ctx *ctx);
 
 /* Elementwise op helpers used by the public ops and the backward rules. */
-kiln_tensor *kiln__ew(kiln__op op, const char *fn, int nin, kiln_tensor *const *in, const float *f,
-                      int nf);
+kiln_tensor *kiln__ew(kiln__op op, const char *fn, int nin, kiln_tensor *const *in);
 kiln_tensor *kiln__reduce(kiln__op op, const char *fn, kiln_tensor *a, unsigned mask, int keepdim,
                           float scale);
 /* Sums g over the axes that broadcasting added or stretched, so that it has shape s. */
@@ -262,34 +325,10 @@ kiln_tensor *kiln__index_select_at(kiln_tensor *a, kiln_tensor *idx, int64_t sta
                                    const char *fn);
 /* Records an in-place update of persistent tensors. */
 kiln__node *kiln__update(kiln__op op, const char *fn, int nin, kiln_tensor *const *in);
-bool kiln__broadcast_shape(kiln_ctx *ctx, const char *fn, int n, kiln_tensor *const *ts, int *ndim,
-                           int64_t *shape);
+/* The node that produced t, when t is an op's output of this step's trace; else NULL. */
+kiln__node *kiln__producer(const kiln_tensor *t);
 
-uint64_t kiln__rng_next(kiln_ctx *ctx);                   /* splitmix64 */
-double kiln__rng_uniform(kiln_ctx *ctx);                  /* [0, 1) */
-uint64_t kiln__hash(const void *p, size_t n, uint64_t h); /* FNV-1a, 64-bit */
-
-kiln_ctx *kiln__params_ctx(const kiln_params *p);
-/* optim/: what checkpoints read and restore */
-const char *kiln__optim_kind(const kiln_optim *o);
-/* State tensor which (0, 1) of parameter i, or NULL; *name is its name in a checkpoint. */
-kiln_tensor *kiln__optim_state(const kiln_optim *o, int i, int which, const char **name);
-int64_t kiln__optim_count(const kiln_optim *o, int i);
-void kiln__optim_restore(kiln_optim *o, int64_t steps, const int64_t *counts);
-
-/* fusion/: planning, code generation, compiling and launching. */
-kiln_status kiln__execute(kiln_ctx *ctx, int32_t first, int32_t last);
-/* Plans, generates and compiles the pending nodes without running them (works without a GPU). */
-kiln_status kiln__compile_pending(kiln_ctx *ctx);
-/* Runs the open step's whole trace through its step graph: captured on the first occurrence of
- * its signature, replayed after. */
-kiln_status kiln__graph_step(kiln_ctx *ctx);
-void kiln__graphs_free(kiln_ctx *ctx);
-/* Compiles source (once per process, cached on disk); NULL on failure with the error set. */
-kiln__kernel *kiln__kernel_get(kiln_ctx *ctx, const char *name, const char *source,
-                               const char *comment);
-void kiln__kernels_free(kiln_ctx *ctx);
-void kiln__lt_plans_free(kiln_ctx *ctx);
-const char *kiln__prelude(void);
+uint64_t kiln__rng_next(kiln_ctx *ctx);  /* the context's host RNG (splitmix64) */
+double kiln__rng_uniform(kiln_ctx *ctx); /* [0, 1) */
 
 #endif

@@ -28,43 +28,7 @@ static bool need_f32(kiln_ctx *ctx, const char *fn, int n, kiln_tensor *const *i
   return true;
 }
 
-bool kiln__broadcast_shape(kiln_ctx *ctx, const char *fn, int n, kiln_tensor *const *ts, int *ndim,
-                           int64_t *shape) {
-  int nd = 0;
-  for (int i = 0; i < n; i++)
-    if (ts[i]->ndim > nd) nd = ts[i]->ndim;
-  for (int d = 0; d < nd; d++)
-    shape[d] = 1;
-  for (int i = 0; i < n; i++) {
-    const kiln_tensor *t = ts[i];
-    for (int j = 0; j < t->ndim; j++) {
-      int d = nd - t->ndim + j;
-      int64_t s = t->shape[j];
-      if (s == shape[d] || s == 1) continue;
-      if (shape[d] == 1) {
-        shape[d] = s;
-        continue;
-      }
-      char buf[512];
-      size_t k = 0;
-      for (int m = 0; m < n; m++) {
-        char sh[96];
-        k += (size_t)snprintf(buf + k, sizeof buf - k, "%s%s", m ? " and " : "",
-                              kiln__shape_of(ts[m], sh, sizeof sh));
-        if (k >= sizeof buf) break;
-      }
-      return kiln__error(ctx, KILN_ERR_SHAPE,
-                         "%s: shapes %s do not broadcast (dim %d: %" PRId64 " vs %" PRId64 ")", fn,
-                         buf, d - nd, shape[d], s),
-             false;
-    }
-  }
-  *ndim = nd;
-  return true;
-}
-
-kiln_tensor *kiln__ew(kiln__op op, const char *fn, int nin, kiln_tensor *const *in, const float *f,
-                      int nf) {
+kiln_tensor *kiln__ew(kiln__op op, const char *fn, int nin, kiln_tensor *const *in) {
   kiln_ctx *ctx = begin(fn, nin, in);
   if (!ctx || !need_f32(ctx, fn, nin, in)) return NULL;
   int nd;
@@ -72,17 +36,13 @@ kiln_tensor *kiln__ew(kiln__op op, const char *fn, int nin, kiln_tensor *const *
   if (!kiln__broadcast_shape(ctx, fn, nin, in, &nd, shape)) return NULL;
   kiln_tensor *out = kiln__tensor_intermediate(ctx, KILN_DTYPE_F32, nd, shape);
   if (!out) return NULL;
-  kiln__node *n = kiln__record(ctx, op, nin, in, out);
-  if (!n) return NULL;
-  for (int i = 0; i < nf; i++)
-    n->f[i] = f[i];
-  return out;
+  return kiln__record(ctx, op, nin, in, out) ? out : NULL;
 }
 
 #define BINARY(fname, OP)                                                                          \
   kiln_tensor *fname(kiln_tensor *a, kiln_tensor *b) {                                             \
     kiln_tensor *in[2] = {a, b};                                                                   \
-    return kiln__ew(KILN__OP_##OP, __func__, 2, in, NULL, 0);                                      \
+    return kiln__ew(KILN__OP_##OP, __func__, 2, in);                                               \
   }
 BINARY(kiln_add, ADD)
 BINARY(kiln_sub, SUB)
@@ -99,7 +59,7 @@ BINARY(kiln_ge, GE)
 #undef BINARY
 
 #define UNARY(fname, OP)                                                                           \
-  kiln_tensor *fname(kiln_tensor *a) { return kiln__ew(KILN__OP_##OP, __func__, 1, &a, NULL, 0); }
+  kiln_tensor *fname(kiln_tensor *a) { return kiln__ew(KILN__OP_##OP, __func__, 1, &a); }
 UNARY(kiln_neg, NEG)
 UNARY(kiln_exp, EXP)
 UNARY(kiln_log, LOG)
@@ -112,7 +72,7 @@ UNARY(kiln_relu, RELU)
 
 kiln_tensor *kiln_where(kiln_tensor *cond, kiln_tensor *a, kiln_tensor *b) {
   kiln_tensor *in[3] = {cond, a, b};
-  return kiln__ew(KILN__OP_WHERE, __func__, 3, in, NULL, 0);
+  return kiln__ew(KILN__OP_WHERE, __func__, 3, in);
 }
 
 kiln_tensor *kiln_gelu(kiln_tensor *a, kiln_gelu_approx approx) {
@@ -121,18 +81,24 @@ kiln_tensor *kiln_gelu(kiln_tensor *a, kiln_gelu_approx approx) {
     if (ctx) kiln__error(ctx, KILN_ERR_INVALID, "kiln_gelu: unknown approximation %d", approx);
     return NULL;
   }
-  return kiln__ew(approx == KILN_GELU_ERF ? KILN__OP_GELU_ERF : KILN__OP_GELU_TANH, __func__, 1, &a,
-                  NULL, 0);
+  return kiln__ew(approx == KILN_GELU_ERF ? KILN__OP_GELU_ERF : KILN__OP_GELU_TANH, __func__, 1,
+                  &a);
 }
 
 kiln_tensor *kiln_add_scalar(kiln_tensor *a, float s) {
-  return kiln__ew(KILN__OP_ADD_SCALAR, __func__, 1, &a, &s, 1);
+  kiln_tensor *out = kiln__ew(KILN__OP_ADD_SCALAR, __func__, 1, &a);
+  if (out) KILN__F(kiln__producer(out), ADD_SCALAR, s) = s;
+  return out;
 }
 kiln_tensor *kiln_mul_scalar(kiln_tensor *a, float s) {
-  return kiln__ew(KILN__OP_MUL_SCALAR, __func__, 1, &a, &s, 1);
+  kiln_tensor *out = kiln__ew(KILN__OP_MUL_SCALAR, __func__, 1, &a);
+  if (out) KILN__F(kiln__producer(out), MUL_SCALAR, s) = s;
+  return out;
 }
 kiln_tensor *kiln_pow_scalar(kiln_tensor *a, float e) {
-  return kiln__ew(KILN__OP_POW_SCALAR, __func__, 1, &a, &e, 1);
+  kiln_tensor *out = kiln__ew(KILN__OP_POW_SCALAR, __func__, 1, &a);
+  if (out) KILN__F(kiln__producer(out), POW_SCALAR, exponent) = e;
+  return out;
 }
 kiln_tensor *kiln_clamp(kiln_tensor *a, float lo, float hi) {
   kiln_ctx *ctx = kiln_tensor_ctx(a);
@@ -140,8 +106,13 @@ kiln_tensor *kiln_clamp(kiln_tensor *a, float lo, float hi) {
     kiln__error(ctx, KILN_ERR_INVALID, "kiln_clamp: lo %g is not <= hi %g", lo, hi);
     return NULL;
   }
-  float f[2] = {lo, hi};
-  return kiln__ew(KILN__OP_CLAMP, __func__, 1, &a, f, 2);
+  kiln_tensor *out = kiln__ew(KILN__OP_CLAMP, __func__, 1, &a);
+  if (out) {
+    kiln__node *n = kiln__producer(out);
+    KILN__F(n, CLAMP, lo) = lo;
+    KILN__F(n, CLAMP, hi) = hi;
+  }
+  return out;
 }
 
 kiln_tensor *kiln_full(kiln_ctx *ctx, kiln_shape shape, float value) {
@@ -157,7 +128,7 @@ kiln_tensor *kiln_full(kiln_ctx *ctx, kiln_shape shape, float value) {
   if (!out) return NULL;
   kiln__node *n = kiln__record(ctx, KILN__OP_FILL, 0, NULL, out);
   if (!n) return NULL;
-  n->f[0] = value;
+  KILN__F(n, FILL, value) = value;
   return out;
 }
 
@@ -227,9 +198,9 @@ kiln_tensor *kiln__reduce(kiln__op op, const char *fn, kiln_tensor *a, unsigned 
   if (!out) return NULL;
   kiln__node *n = kiln__record(ctx, op, 1, &a, out);
   if (!n) return NULL;
-  n->i[0] = mask;
-  n->i[1] = keepdim != 0;
-  n->f[0] = scale;
+  KILN__RF(n, scale) = scale;
+  KILN__RI(n, mask) = mask;
+  KILN__RI(n, keepdim) = keepdim != 0;
   return out;
 }
 
@@ -327,7 +298,7 @@ kiln_tensor *kiln_cross_entropy(kiln_tensor *logits, kiln_tensor *labels, kiln_r
   if (!target) return NULL;
   kiln__node *nd = kiln__record(ctx, KILN__OP_ONEHOT, 1, &lab, target);
   if (!nd) return NULL;
-  nd->i[7] = 1;
+  KILN__I(nd, ONEHOT, axis) = 1;
   if (label_smoothing > 0.f)
     target =
         kiln_add_scalar(kiln_mul_scalar(target, 1.f - label_smoothing), label_smoothing / (float)c);
@@ -481,9 +452,9 @@ kiln_tensor *kiln_permute(kiln_tensor *a, kiln_axes order) {
   }
   kiln_tensor *out = view(KILN__OP_PERMUTE, a, a->ndim, shape, stride, a->offset);
   if (out) {
-    kiln__node *n = &ctx->trace.nodes[out->node];
+    kiln__node *n = kiln__producer(out);
     for (int i = 0; i < order.n; i++)
-      n->i[i] = order.a[i] < 0 ? order.a[i] + a->ndim : order.a[i];
+      KILN__IA(n, PERMUTE, order, i) = order.a[i] < 0 ? order.a[i] + a->ndim : order.a[i];
   }
   return out;
 }
@@ -522,10 +493,10 @@ kiln_tensor *kiln_slice(kiln_tensor *a, int axis, int64_t start, int64_t end, in
   kiln_tensor *out =
       view(KILN__OP_SLICE, a, a->ndim, shape, stride, a->offset + start * a->stride[axis]);
   if (out) {
-    kiln__node *n = &ctx->trace.nodes[out->node];
-    n->i[0] = axis;
-    n->i[1] = start;
-    n->i[2] = step;
+    kiln__node *n = kiln__producer(out);
+    KILN__I(n, SLICE, axis) = axis;
+    KILN__I(n, SLICE, start) = start;
+    KILN__I(n, SLICE, step) = step;
   }
   return out;
 }
@@ -615,7 +586,7 @@ kiln_tensor *kiln_concat(int n, kiln_tensor *const *ts, int axis) {
   if (!out) return NULL;
   kiln__node *nd = kiln__record(ctx, KILN__OP_CONCAT, n, ts, out);
   if (!nd) return NULL;
-  nd->i[0] = axis;
+  KILN__I(nd, CONCAT, axis) = axis;
   return out;
 }
 
@@ -644,7 +615,7 @@ kiln_tensor *kiln__index_select_at(kiln_tensor *a, kiln_tensor *idx, int64_t sta
   kiln_tensor *out = kiln__tensor_intermediate(ctx, a->dtype, a->ndim, shape);
   kiln__node *n = out ? kiln__record(ctx, KILN__OP_INDEX_SELECT, 2, in, out) : NULL;
   if (!n) return NULL;
-  n->u[0] = (uint64_t)start; /* a step value: a loader's batches share one graph */
+  KILN__U(n, INDEX_SELECT, start) = (uint64_t)start; /* a step value: batches share one graph */
   return out;
 }
 
@@ -659,12 +630,13 @@ kiln_tensor *kiln_dropout(kiln_tensor *a, float p, int training) {
   if (!(p >= 0.f && p <= 1.f))
     return kiln__error(ctx, KILN_ERR_INVALID, "kiln_dropout: p %g is not in [0, 1]", p), NULL;
   if (!training || p == 0.f) return a;
-  float f[2] = {p, p < 1.f ? 1.f / (1.f - p) : 0.f};
-  kiln_tensor *out = kiln__ew(KILN__OP_DROPOUT, __func__, 1, &a, f, 2);
+  kiln_tensor *out = kiln__ew(KILN__OP_DROPOUT, __func__, 1, &a);
   if (!out) return NULL;
-  kiln__node *n = &ctx->trace.nodes[out->node];
-  n->u[0] = ctx->seed;
-  n->u[1] = ctx->philox_offset++;
+  kiln__node *n = kiln__producer(out);
+  KILN__F(n, DROPOUT, p) = p;
+  KILN__F(n, DROPOUT, scale) = p < 1.f ? 1.f / (1.f - p) : 0.f;
+  KILN__U(n, DROPOUT, seed) = ctx->seed;
+  KILN__U(n, DROPOUT, offset) = ctx->philox_offset++;
   return out;
 }
 

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cuda_check.h"
 #include "internal.h"
 
 #define KILN__CHUNK ((size_t)64 << 10)
@@ -19,13 +20,7 @@ void *kiln__arena_alloc(kiln__arena *a, size_t bytes) {
     if (a->cur + 1 < a->nchunks) {
       a->cur++;
     } else {
-      if (a->nchunks == a->cap) {
-        int cap = a->cap ? 2 * a->cap : 8;
-        char **c = realloc(a->chunks, (size_t)cap * sizeof *c);
-        if (!c) return NULL;
-        a->chunks = c;
-        a->cap = cap;
-      }
+      if (!KILN__GROW(a->chunks, a->cap, a->nchunks + 1)) return NULL;
       char *chunk = malloc(KILN__CHUNK);
       if (!chunk) return NULL;
       a->chunks[a->nchunks++] = chunk;
@@ -51,68 +46,6 @@ void kiln__arena_free(kiln__arena *a) {
     free(a->chunks[i]);
   free(a->chunks);
   memset(a, 0, sizeof *a);
-}
-
-size_t kiln_dtype_size(kiln_dtype dt) {
-  switch (dt) {
-  case KILN_DTYPE_F32: return 4;
-  case KILN_DTYPE_BF16: return 2;
-  case KILN_DTYPE_F16: return 2;
-  case KILN_DTYPE_I32: return 4;
-  }
-  return 0;
-}
-
-const char *kiln_dtype_name(kiln_dtype dt) {
-  switch (dt) {
-  case KILN_DTYPE_F32: return "f32";
-  case KILN_DTYPE_BF16: return "bf16";
-  case KILN_DTYPE_F16: return "f16";
-  case KILN_DTYPE_I32: return "i32";
-  }
-  return "?";
-}
-
-int64_t kiln__numel(int ndim, const int64_t *shape) {
-  int64_t n = 1;
-  for (int i = 0; i < ndim; i++)
-    n *= shape[i];
-  return n;
-}
-
-void kiln__contiguous_strides(int ndim, const int64_t *shape, int64_t *stride) {
-  int64_t s = 1;
-  for (int i = ndim - 1; i >= 0; i--) {
-    stride[i] = s;
-    s *= shape[i] > 0 ? shape[i] : 1;
-  }
-}
-
-bool kiln__is_contiguous(const kiln_tensor *t) {
-  int64_t s = 1;
-  for (int i = t->ndim - 1; i >= 0; i--) {
-    if (t->shape[i] != 1 && t->stride[i] != s) return false;
-    s *= t->shape[i] > 0 ? t->shape[i] : 1;
-  }
-  return true;
-}
-
-char *kiln_shape_str(kiln_shape s, char *buf, size_t n) {
-  size_t k = 0;
-  if (n == 0) return buf;
-  k += (size_t)snprintf(buf + k, n - k, "[");
-  for (int i = 0; i < s.ndim && k < n; i++)
-    k += (size_t)snprintf(buf + k, n - k, i ? ",%" PRId64 : "%" PRId64, s.d[i]);
-  if (k < n) snprintf(buf + k, n - k, "]");
-  return buf;
-}
-
-const char *kiln__shape_of(const kiln_tensor *t, char *buf, size_t n) {
-  if (!t) {
-    snprintf(buf, n, "NULL");
-    return buf;
-  }
-  return kiln_shape_str(kiln_tensor_shape(t), buf, n);
 }
 
 static bool valid_shape(kiln_ctx *ctx, const char *fn, int ndim, const int64_t *shape) {
@@ -174,13 +107,7 @@ kiln_tensor *kiln__tensor_view(kiln_tensor *a, int ndim, const int64_t *shape,
 }
 
 static bool track_persistent(kiln_ctx *ctx, kiln_tensor *t) {
-  if (ctx->npersistent == ctx->cap_persistent) {
-    int cap = ctx->cap_persistent ? 2 * ctx->cap_persistent : 64;
-    kiln_tensor **p = realloc(ctx->persistents, (size_t)cap * sizeof *p);
-    if (!p) return false;
-    ctx->persistents = p;
-    ctx->cap_persistent = cap;
-  }
+  if (!KILN__GROW(ctx->persistents, ctx->cap_persistent, ctx->npersistent + 1)) return false;
   ctx->persistents[ctx->npersistent++] = t;
   return true;
 }
@@ -278,6 +205,17 @@ void kiln_tensor_free(kiln_tensor *t) {
   free(t->st);
   t->magic = KILN__TENSOR_DEAD;
   free(t);
+}
+
+void *kiln__data_ptr(const kiln_tensor *t) {
+  return (char *)t->st->ptr + t->offset * (int64_t)kiln_dtype_size(t->dtype);
+}
+
+kiln__node *kiln__producer(const kiln_tensor *t) {
+  kiln_ctx *ctx = t->ctx;
+  int32_t i = t->node;
+  if (t->persistent || i < 0 || i >= ctx->trace.n || ctx->trace.nodes[i].out != t) return NULL;
+  return &ctx->trace.nodes[i];
 }
 
 kiln_ctx *kiln__ctx_of(int n, kiln_tensor *const *ts) {
@@ -394,38 +332,6 @@ float kiln_tensor_item(kiln_tensor *t) {
   float v = NAN;
   if (kiln_tensor_to_host(t, &v, sizeof v) != KILN_OK) return NAN;
   return v;
-}
-
-/* ---------------------------------------------------------------- accessors */
-
-kiln_ctx *kiln_tensor_ctx(const kiln_tensor *t) {
-  return t && t->magic == KILN__TENSOR_MAGIC ? t->ctx : NULL;
-}
-kiln_dtype kiln_tensor_dtype(const kiln_tensor *t) { return t ? t->dtype : KILN_DTYPE_F32; }
-int kiln_tensor_ndim(const kiln_tensor *t) { return t ? t->ndim : 0; }
-int64_t kiln_tensor_dim(const kiln_tensor *t, int axis) {
-  if (!t) return 0;
-  if (axis < 0) axis += t->ndim;
-  return axis >= 0 && axis < t->ndim ? t->shape[axis] : 0;
-}
-int64_t kiln_tensor_stride(const kiln_tensor *t, int axis) {
-  if (!t) return 0;
-  if (axis < 0) axis += t->ndim;
-  return axis >= 0 && axis < t->ndim ? t->stride[axis] : 0;
-}
-kiln_shape kiln_tensor_shape(const kiln_tensor *t) {
-  kiln_shape s = {0};
-  if (!t) return s;
-  s.ndim = t->ndim;
-  memcpy(s.d, t->shape, (size_t)t->ndim * sizeof *s.d);
-  return s;
-}
-int64_t kiln_tensor_numel(const kiln_tensor *t) { return t ? kiln__numel(t->ndim, t->shape) : 0; }
-int kiln_tensor_is_contiguous(const kiln_tensor *t) { return t && kiln__is_contiguous(t); }
-int kiln_tensor_is_persistent(const kiln_tensor *t) { return t && t->persistent; }
-const char *kiln_tensor_name(const kiln_tensor *t) { return t ? t->name : ""; }
-void kiln_tensor_set_name(kiln_tensor *t, const char *name) {
-  if (t && name) snprintf(t->name, sizeof t->name, "%s", name);
 }
 
 void kiln_tensor_set_requires_grad(kiln_tensor *t, int on) {

@@ -1,25 +1,19 @@
 /*
  * trace.c: recording nodes into the context's trace (which is also the autograd tape) and
- * flushing it: the nodes not yet run are handed to the executor in fusion/.
+ * flushing it: the nodes not yet run are handed to fusion/'s engine.
  */
-#include <stdlib.h>
 #include <string.h>
 
+#include "../fusion/engine.h"
 #include "internal.h"
 
 kiln__node *kiln__record(kiln_ctx *ctx, kiln__op op, int nin, kiln_tensor *const *in,
                          kiln_tensor *out) {
   KILN_ASSERT(nin >= 0 && nin <= KILN__MAX_IN);
   kiln__trace *tr = &ctx->trace;
-  if (tr->n == tr->cap) {
-    int32_t cap = tr->cap ? 2 * tr->cap : 1024;
-    kiln__node *nodes = realloc(tr->nodes, (size_t)cap * sizeof *nodes);
-    if (!nodes) {
-      kiln__error(ctx, KILN_ERR_OOM, "kiln: out of host memory for the trace (%d nodes)", tr->n);
-      return NULL;
-    }
-    tr->nodes = nodes;
-    tr->cap = cap;
+  if (!KILN__GROW(tr->nodes, tr->cap, tr->n + 1)) {
+    kiln__error(ctx, KILN_ERR_OOM, "kiln: out of host memory for the trace (%d nodes)", tr->n);
+    return NULL;
   }
   kiln__node *n = &tr->nodes[tr->n];
   memset(n, 0, sizeof *n);
@@ -57,7 +51,7 @@ kiln_status kiln__flush(kiln_ctx *ctx) {
                        tr->n);
   }
   int32_t first = tr->done, last = tr->n;
-  kiln_status s = kiln__execute(ctx, first, last);
+  kiln_status s = kiln__engine_flush(ctx, first, last);
   tr->done = last;
   ctx->stats.flushes++;
   return s;

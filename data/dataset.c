@@ -120,11 +120,7 @@ void kiln_loader_start(kiln_loader *l, int epoch) {
     /* Fisher-Yates from splitmix64 seeded by (seed, epoch) */
     uint64_t state = l->seed * 0x9e3779b97f4a7c15ULL + (uint64_t)epoch * 0xd1b54a32d192ed03ULL;
     for (int64_t i = n - 1; i > 0; i--) {
-      uint64_t z = (state += 0x9e3779b97f4a7c15ULL);
-      z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-      z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-      z ^= z >> 31;
-      int64_t j = (int64_t)(z % (uint64_t)(i + 1));
+      int64_t j = (int64_t)(kiln__splitmix64(&state) % (uint64_t)(i + 1));
       int32_t t = l->host_order[i];
       l->host_order[i] = l->host_order[j];
       l->host_order[j] = t;

@@ -1,5 +1,5 @@
 /*
- * profile_step: one training step of the `mlp` workload of DESIGN.md (784-512-512-10 ReLU MLP,
+ * profile_step: one training step of the `mlp` workload (docs/design.md) (784-512-512-10 ReLU MLP,
  * batch 128, fp32, cross-entropy, SGD with Nesterov momentum, random inputs of the real shapes)
  * in kiln's three modes, each in a context of its own:
  *   unfused  every trace node its own kernel (KILN_FUSION=0)

@@ -1,27 +1,89 @@
 /*
- * fusion.h: what the planner, code generator and executor share. A flush is planned into groups,
- * each one launch: a chain of elementwise nodes over one iteration space, a reduction with the
- * elementwise nodes that produce its input computed inside it, a matrix product with a bias and
- * activation epilogue, an in-place update, or a library call. With fusion off every node is its
- * own group.
+ * fusion.h: the stages of fusion/ and the data each hands to the next (docs/design.md has the
+ * picture):
+ *
+ *   trace nodes ──plan.c──▶ kiln__plan     groups: which nodes share a launch, what is written
+ *               ──lower.c─▶ kiln__spec     per group: the kernel to render, or the BLAS call
+ *               ──render.c▶ kiln__rendered per kernel: CUDA C source, name, launch shape, and
+ *                                          the argument plan (which tensor goes where)
+ *               ──compile.c▶ kiln__kernel  NVRTC, with a memory and a disk cache
+ *               ──exec.c──▶ launches       memory, argument binding, step values, launch
+ *               ──graph.c─▶ step graphs    the same launches captured once and replayed
+ *
+ * Each stage reads only what the one before it produced: the planner asks the BLAS backend
+ * (blas.h) what it supports, the renderer only renders, compiling happens in one place.
  */
 #ifndef KILN_FUSION_H
 #define KILN_FUSION_H
 
 #include "../core/internal.h"
-#include "kargs.h"
+#include "blas.h"
+#include "device/kargs.cuh"
+#include "engine.h"
 
-/* A growable string for generated source. */
-typedef struct kiln__sb {
-  char *s;
-  size_t n, cap;
-  bool oom;
-} kiln__sb;
-void kiln__sb_printf(kiln__sb *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-void kiln__sb_put(kiln__sb *b, const void *p, size_t n); /* raw bytes */
-void kiln__sb_free(kiln__sb *b);
+_Static_assert(KILN__KMAX_DIMS == KILN_MAX_DIMS, "kiln__kargs holds KILN_MAX_DIMS dims");
 
-#define KILN__MAX_GROUP 32 /* nodes in one generated kernel */
+#define KILN__MAX_GROUP 32  /* nodes in one generated kernel */
+#define KILN__BLOCK 256     /* threads per block of elementwise and column kernels */
+#define KILN__MAX_GRAPHS 16 /* step graphs kept, least recently used out */
+
+/* ---------------------------------------------------------------- planner (plan.c) */
+
+typedef struct kiln__group {
+  kiln__kind kind;
+  int32_t node; /* the group's main node: the reduction, product, update or library call */
+  int first, n; /* members: plan->members[first .. first + n), in trace order */
+  int sub;      /* concat: which input this copy moves */
+  /* a matrix product's epilogue (blas.h): the bias read or the bias gradient written, aux the
+   * ReLU output whose bit mask is written or read, or the GELU input written or read */
+  kiln__epi epi;
+  const kiln_tensor *bias;
+  const kiln_tensor *aux;
+  const kiln_tensor *out; /* what the product group writes */
+  /* a row program: reductions over the last axis of full (one block per row) that later nodes
+   * joined; its views of per-row values, read as the values, are aliases
+   * plan->alias[alias_first .. alias_first + nalias) */
+  const kiln_tensor *full;
+  bool rows;
+  int alias_first, nalias;
+} kiln__group;
+
+/* In a row program, the view `view` of a per-row value is read as `value` itself. */
+typedef struct kiln__alias {
+  const kiln_tensor *view, *value;
+} kiln__alias;
+
+typedef struct kiln__plan {
+  int32_t first, last; /* trace nodes [first, last) */
+  kiln__group *g;
+  int ng, capg;
+  int32_t *members;
+  int nm, capm;
+  kiln__alias *alias;
+  int nalias, capalias;
+  int32_t *group_of; /* per node (index - first): its group, -1 for views */
+  bool *store;       /* per node: its output must be written to memory */
+  int32_t *claim;    /* per node: the node that does its work (a product's BGRADB epilogue for a
+                      * sum; for a dropped assignment, the producer that writes through), or -1 */
+  const kiln_tensor **write_to; /* per node: the persistent buffer its output is written to */
+  int *readers;                 /* per node: how many inputs of the flush's nodes it is */
+} kiln__plan;
+
+/* Plans trace nodes [first, last) as a list of named phases; fusion off gives one group per
+ * node. With KILN_DEBUG=plan the groups are printed, with KILN_DEBUG=verify (and in debug
+ * builds) the plan is verified. */
+bool kiln__plan_build(kiln_ctx *ctx, int32_t first, int32_t last, bool fuse, kiln__plan *p);
+void kiln__plan_free(kiln__plan *p);
+/* The first broken invariant of a plan, written to why (NULL: none). */
+const char *kiln__plan_verify(const kiln_ctx *ctx, const kiln__plan *p, char *why, size_t n);
+/* "add* relu* mul | sum": each group's ops in order, '*' for values kept in registers, a
+ * product's epilogue in brackets. */
+void kiln__plan_describe(const kiln_ctx *ctx, const kiln__plan *p, kiln__sb *out);
+/* The per-row value that x views (a chain of reshapes between row shapes of F or an expansion of
+ * a kept-dim row value over F), or NULL. */
+const kiln_tensor *kiln__row_alias(const kiln_ctx *ctx, const kiln_tensor *F, const kiln_tensor *x);
+
+/* ---------------------------------------------------------------- lowering (lower.c) */
 
 /* The elementwise part of a kernel: nodes over one iteration space, in trace order. A node's
  * inputs are earlier nodes' outputs (kept in registers) or operands read from memory; store[j]
@@ -32,52 +94,105 @@ typedef struct kiln__ew_prog {
   bool store[KILN__MAX_GROUP];
   int ndim;
   const int64_t *shape;
-  /* a row program's views of per-row values read as the values themselves: alias[k][0] is read
-   * as alias[k][1] */
-  int nalias;
-  const kiln_tensor *alias[KILN__MAX_GROUP * 2][2];
+  int nalias; /* a row program's views of per-row values, read as the values */
+  const kiln__alias *alias;
 } kiln__ew_prog;
 
-typedef struct kiln__group {
-  kiln__kind kind;
-  int32_t node; /* the group's main node: the reduction, product, update or library call */
-  int first, n; /* members: plan->members[first .. first + n), in trace order */
-  int sub;      /* concat: which input this copy moves */
-  /* a matrix product's cuBLASLt epilogue (a cublasLtEpilogue_t; 0: plain cuBLAS). Forward:
-   * D = act(A B + bias), the ReLU bit mask kept on aux's storage or the GELU input written to aux.
-   * Backward: D = A B times act'(aux) and bias = the column sums of D; or bias = the row sums of
-   * A (BGRADB, the bias gradient beside a weight gradient). */
-  int epi;
-  const kiln_tensor *bias;
-  const kiln_tensor *aux;
-  const kiln_tensor *out; /* what the product group writes */
-  /* a reduction over the last axis of full (one block per row) that later nodes joined */
-  const kiln_tensor *full;
-  bool rows;
-  /* filled by code generation */
-  kiln__kernel *k;
+typedef enum kiln__spec_kind {
+  KILN__SPEC_EW,      /* an elementwise program (or one in-place update) */
+  KILN__SPEC_REDUCE,  /* a reduction, its input computed by an elementwise prologue */
+  KILN__SPEC_ROWS,    /* a row program */
+  KILN__SPEC_UPDATES, /* one update over several tensors */
+  KILN__SPEC_GATHER,  /* rows picked by index */
+  KILN__SPEC_BLAS,    /* a matrix product */
+} kiln__spec_kind;
+
+/* What one group runs, in the renderer's (or the BLAS backend's) terms. */
+typedef struct kiln__spec {
+  kiln__spec_kind kind;
+  kiln__ew_prog prog;      /* EW, ROWS; REDUCE: the prologue (n may be 0) */
+  const kiln__node *red;   /* REDUCE: the reduction; GATHER: the index_select */
+  const kiln_tensor *full; /* ROWS: the iteration space whose last axis is reduced */
+  int nups;                /* UPDATES */
+  const kiln__node *ups[KILN__KMAX_UPDATE];
+  kiln__gemm gemm; /* BLAS */
+  /* a concat input's copy into its slice of the output: a node and a view that lowering owns */
+  kiln__node copy;
+  kiln_tensor slice;
+  char comment[1024]; /* "// trace nodes: #12 add [128,512] f32, ..." for the source */
+} kiln__spec;
+
+/* One spec per group of p (an array the caller frees); false when host memory runs out. */
+bool kiln__lower(kiln_ctx *ctx, const kiln__plan *p, kiln__spec **specs);
+
+/* ---------------------------------------------------------------- renderer (render.c) */
+
+/* What the renderer needs of the device: launch grids are sized by its SM count. */
+typedef struct kiln__target {
+  int num_sms;
+} kiln__target;
+
+/* How the executor fills a kernel's argument: sizes, strides and int attributes are in args
+ * already; ptr[k] is bound to tensor k's address, and float/64-bit attribute slot s comes from
+ * attribute fk[s] (uk[s]) of node fsrc[s] (usrc[s]) of the trace, through the step values. */
+typedef struct kiln__argplan {
   kiln__kargs args;
-  /* where the kernel's float and 64-bit attribute slots come from: node and attribute index */
+  int nptr;
+  const kiln_tensor *ptr[KILN__KMAX_UPDATE];
   const kiln__node *fsrc[KILN__KMAX_F], *usrc[KILN__KMAX_U];
   int8_t fk[KILN__KMAX_F], uk[KILN__KMAX_U];
-  int32_t fi[KILN__KMAX_F], ui[KILN__KMAX_U]; /* the same as trace indices (-1: unused) */
-  unsigned grid, block, grid_y;               /* grid_y: tensors of a multi-tensor update (0: 1) */
+} kiln__argplan;
+
+typedef struct kiln__rendered {
+  char name[96];
+  kiln__sb src; /* the kernel's CUDA C, after the prelude's #include */
+  kiln__argplan arg;
+  unsigned grid, block, grid_y; /* grid_y: tensors of a multi-tensor update (0: 1) */
+  uint64_t bytes_read, bytes_written;
+} kiln__rendered;
+
+/* Renders spec's kernel; false when host memory runs out (r->src.oom). The caller frees r->src. */
+bool kiln__render(const kiln__target *t, const kiln__spec *spec, kiln__rendered *r);
+/* The float, int and 64-bit attribute slots node n's kernel code reads. */
+void kiln__kernel_attrs(const kiln__node *n, int *nf, int *ni, int *nu);
+
+/* ---------------------------------------------------------------- compiler (compile.c) */
+
+typedef struct kiln__kernel kiln__kernel; /* a loaded kernel: its CUfunction and library */
+/* The embedded device files (fusion/device/ (.cuh files), made into C by the build). */
+typedef struct kiln__device_file {
+  const char *name, *text;
+} kiln__device_file;
+extern const kiln__device_file kiln__device_files[];
+extern const int kiln__device_nfiles;
+
+/* Compiles source (once per process, cached on disk) and loads it when there is a GPU; NULL on
+ * failure with the error set. comment goes into dumped sources. */
+kiln__kernel *kiln__compile(kiln_ctx *ctx, const char *name, const char *source,
+                            const char *comment);
+const void *kiln__kernel_fn(const kiln__kernel *k); /* the cudaKernel_t to launch */
+typedef struct kiln__kcache kiln__kcache;
+kiln__kcache *kiln__kcache_new(void);
+void kiln__kcache_free(kiln__kcache *c, bool has_gpu);
+
+/* ---------------------------------------------------------------- executor (exec.c) */
+
+/* One launch of a planned flush: a compiled kernel and its argument, or a BLAS call. */
+typedef struct kiln__call {
+  kiln__kernel *k; /* NULL: a BLAS call (spec.gemm) or nothing to run */
+  kiln__argplan arg;
+  int32_t fi[KILN__KMAX_F], ui[KILN__KMAX_U]; /* fsrc/usrc as trace indices (-1: unused) */
+  unsigned grid, block, grid_y;
   uint64_t bytes_read, bytes_written;
   char name[96];
-} kiln__group;
+} kiln__call;
 
-typedef struct kiln__plan {
-  int32_t first, last; /* trace nodes [first, last) */
-  kiln__group *g;
-  int ng, capg;
-  int32_t *members;
-  int nm, capm;
-  int32_t *group_of; /* per node (index - first): its group, -1 for views */
-  bool *store;       /* per node: its output must be written to memory */
-  int32_t *claim;    /* per node: the node that does its work (a product's BGRADB epilogue for a
-                      * sum; for a dropped assignment, the producer that writes through), or -1 */
-  const kiln_tensor **write_to; /* per node: the persistent buffer its output is written to */
-} kiln__plan;
+/* A flush made ready to run: plan, specs and calls (one of each per group). */
+typedef struct kiln__program {
+  kiln__plan plan;
+  kiln__spec *spec;
+  kiln__call *call;
+} kiln__program;
 
 /* One group's block of the step values: the float and 64-bit attributes its kernel reads. */
 typedef struct kiln__stepvals {
@@ -85,58 +200,42 @@ typedef struct kiln__stepvals {
   unsigned long long u[KILN__KMAX_U];
 } kiln__stepvals;
 
-/* How many float, int and 64-bit attribute slots an op expression uses ($f0.., $i0.., $u0..). */
-void kiln__attr_use(const char *expr, int *nf, int *ni, int *nu);
-
-/* The per-row value that x, a chain of reshapes between row shapes of F or an expansion of a
- * kept-dim row value over F, views; NULL when x is no such view. */
-const kiln_tensor *kiln__row_alias(const kiln_ctx *ctx, const kiln_tensor *F, const kiln_tensor *x);
-
-/* What a cuBLASLt epilogue does, like "bias+relu+mask"; NULL for 0. */
-const char *kiln__epilogue_name(int epi);
-/* Whether an epilogue writes a GELU input into aux (forward), or a bias gradient. */
-bool kiln__epilogue_writes_aux(int epi);
-bool kiln__epilogue_bgrad(int epi);
-/* Whether an epilogue writes (RELU_AUX) or reads (DRELU) a ReLU bit mask, and its size for y. */
-bool kiln__epilogue_writes_mask(int epi);
-bool kiln__epilogue_reads_mask(int epi);
-size_t kiln__relu_mask_bytes(const kiln_tensor *y);
-/* Whether cuBLASLt has an algorithm for A B (2-D) with epilogue epi; true without a GPU. */
-bool kiln__lt_usable(kiln_ctx *ctx, const kiln_tensor *A, const kiln_tensor *B, int epi);
-
-/* Plans trace nodes [first, last); fusion off gives one group per node. */
-bool kiln__plan_build(kiln_ctx *ctx, int32_t first, int32_t last, bool fuse, kiln__plan *p);
-void kiln__plan_free(kiln__plan *p);
-
-/* Code generation: source and kernel arguments for a group; false with the context's error set. */
-bool kiln__gen_ew(kiln_ctx *ctx, const kiln__ew_prog *p, kiln__group *g, const char *comment);
-/* A reduction node r whose input is computed by prologue (NULL or empty: read from memory). */
-bool kiln__gen_reduce(kiln_ctx *ctx, const kiln__ew_prog *prologue, const kiln__node *r,
-                      kiln__group *g, const char *comment);
-/* One launch of the same update over T tensors (nodes of one op and the same attributes). */
-/* A row program: reductions over the last axis of F, one block per row, with the elementwise
- * nodes over F that feed them or read their results (recomputed in each pass over the row) and
- * nodes that compute one value per row. */
-bool kiln__gen_rows(kiln_ctx *ctx, const kiln__ew_prog *p, const kiln_tensor *F, kiln__group *g,
-                    const char *comment);
-bool kiln__gen_update_multi(kiln_ctx *ctx, const kiln__node *const *nodes, int T, kiln__group *g,
-                            const char *comment);
-bool kiln__gen_index_select(kiln_ctx *ctx, const kiln__node *n, kiln__group *g,
-                            const char *comment);
-void *kiln__data_ptr(const kiln_tensor *t); /* device address of t's first element */
-
-/* Step values: every group's attributes from the trace into host[0 .. ng); then every group
- * launched in order. */
-void kiln__fill_values(const kiln_ctx *ctx, const kiln__plan *p, kiln__stepvals *host);
-/* Fills the step values from the trace into dev (one block a group, copied on the stream) and
- * points every group's kernel at its block. */
-bool kiln__upload_values(kiln_ctx *ctx, kiln__plan *p, void *dev);
-bool kiln__run_groups(kiln_ctx *ctx, kiln__plan *p);
+/* Plans, lowers, renders and compiles trace nodes [first, last) (no memory, no launch). */
+bool kiln__program_build(kiln_ctx *ctx, int32_t first, int32_t last, kiln__program *pg);
+void kiln__program_free(kiln__program *pg);
 /* Points the outputs that write through at their persistent buffers. */
 void kiln__bind_write_through(kiln_ctx *ctx, const kiln__plan *p);
-/* Allocates what the plan writes (that has no memory yet), generates and compiles its kernels. */
-bool kiln__prepare_plan(kiln_ctx *ctx, kiln__plan *p);
-/* Fills kiln_stats' last_flush (and the totals) for a plan that ran. */
-void kiln__flush_stats(kiln_ctx *ctx, const kiln__plan *p, const kiln_exec_stats *before);
+/* Fills every call's pointers from its tensors' (now allocated) memory. */
+void kiln__bind_args(kiln__program *pg);
+/* Every group's attributes from the trace into host[0 .. ng). */
+void kiln__fill_values(const kiln_ctx *ctx, const kiln__program *pg, kiln__stepvals *host);
+/* Fills the step values from the trace into dev (one block a group, copied on the stream) and
+ * points every call's argument at its block. */
+bool kiln__upload_values(kiln_ctx *ctx, kiln__program *pg, void *dev);
+/* Launches every call in order. */
+bool kiln__run_calls(kiln_ctx *ctx, kiln__program *pg);
+/* Fills kiln_stats' last_flush (and the totals) for a program that ran. */
+void kiln__flush_stats(kiln_ctx *ctx, const kiln__program *pg, const kiln_exec_stats *before);
+/* The bytes of the bit mask a ReLU epilogue writes for y (a 2-D product's output). */
+size_t kiln__relu_mask_bytes(const kiln_tensor *y);
+
+/* ---------------------------------------------------------------- step graphs (graph.c) */
+
+typedef struct kiln__step_graph kiln__step_graph;
+void kiln__graphs_free(kiln_ctx *ctx);
+
+/* ---------------------------------------------------------------- fusion's state */
+
+typedef struct kiln__fusion {
+  kiln__kcache *kernels; /* compiled kernels, by source key (compile.c) */
+  kiln__blas *blas;      /* handles, workspace, plans (blas.c); NULL without a GPU */
+  void *step_values;     /* eager flushes' step values on the device (kiln__stepvals) */
+  int step_values_cap;
+  kiln__step_graph *graphs[KILN__MAX_GRAPHS];
+  int ngraphs;
+  uint64_t graph_clock;   /* steps seen, for least-recently-used eviction */
+  bool warned_signatures; /* the warning about ever-new signatures was printed */
+  bool drop_graphs;       /* graphs were turned off: free the cached ones at the next step */
+} kiln__fusion;
 
 #endif

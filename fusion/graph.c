@@ -12,13 +12,14 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../core/cuda_check.h"
 #include "fusion.h"
 
 struct kiln__step_graph {
   uint64_t hash;
   uint8_t *sig;
   size_t sig_len;
-  kiln__plan plan; /* groups, kernels, arguments and where their attributes come from */
+  kiln__program prog; /* groups, kernels, arguments and where their attributes come from */
   void *arena;
   size_t arena_bytes, arena_sum;
   int64_t *off;      /* per node: its output's offset in the arena, -1 for none */
@@ -73,7 +74,7 @@ static bool signature(const kiln_ctx *ctx, kiln__sb *s) {
 
 /* ---------------------------------------------------------------- static memory plan */
 
-#define ALIGN 512
+#define ALIGN KILN__ALLOC_ALIGN /* as the allocator's blocks: kernels rely on it (render.c) */
 
 typedef struct item {
   int32_t node;
@@ -98,7 +99,7 @@ static size_t round_up(size_t n) { return (n + ALIGN - 1) / ALIGN * ALIGN; }
 /* Offsets for every written intermediate and ReLU mask of the step, from their lifetimes in
  * launch order; values nothing in the step reads (the loss) live to its end. */
 static bool memory_plan(kiln_ctx *ctx, kiln__step_graph *E) {
-  const kiln__plan *p = &E->plan;
+  const kiln__plan *p = &E->prog.plan;
   const kiln__node *nodes = ctx->trace.nodes;
   int32_t n = ctx->trace.n;
   item *it = malloc((size_t)(2 * n + 1) * sizeof *it);
@@ -122,7 +123,7 @@ static bool memory_plan(kiln_ctx *ctx, kiln__step_graph *E) {
   }
   for (int k = 0; k < p->ng; k++) {
     const kiln__group *g = &p->g[k];
-    if (kiln__epilogue_writes_mask(g->epi)) {
+    if (kiln__epi_flags(g->epi) & KILN__EPI_WRITES_MASK) {
       int32_t r = owner(ctx, g->aux);
       if (r < 0) continue;
       mask_of[r] = ni;
@@ -141,7 +142,7 @@ static bool memory_plan(kiln_ctx *ctx, kiln__step_graph *E) {
         if (o >= 0 && item_of[o] >= 0 && it[item_of[o]].last < k) it[item_of[o]].last = k;
       }
     }
-    if (kiln__epilogue_reads_mask(g->epi)) {
+    if (kiln__epi_flags(g->epi) & KILN__EPI_READS_MASK) {
       int32_t o = owner(ctx, g->aux);
       if (o >= 0 && mask_of[o] >= 0 && it[mask_of[o]].last < k) it[mask_of[o]].last = k;
     }
@@ -208,7 +209,7 @@ static bool memory_plan(kiln_ctx *ctx, kiln__step_graph *E) {
 
 /* Points the step's tensors at the graph's arena, as the plan and the capture saw them. */
 static void bind(kiln_ctx *ctx, const kiln__step_graph *E) {
-  const kiln__plan *p = &E->plan;
+  const kiln__plan *p = &E->prog.plan;
   kiln__bind_write_through(ctx, p);
   for (int32_t i = 0; i < ctx->trace.n; i++) {
     kiln__node *nd = &ctx->trace.nodes[i];
@@ -247,7 +248,7 @@ static void graph_free(kiln_ctx *ctx, kiln__step_graph *E) {
   if (E->exec) cudaGraphExecDestroy(E->exec);
   if (E->arena) kiln__dev_free(ctx, E->arena);
   if (E->values) kiln__dev_free(ctx, E->values);
-  kiln__plan_free(&E->plan);
+  kiln__program_free(&E->prog);
   free(E->sig);
   free(E->off);
   free(E->mask_off);
@@ -256,24 +257,26 @@ static void graph_free(kiln_ctx *ctx, kiln__step_graph *E) {
 }
 
 void kiln__graphs_free(kiln_ctx *ctx) {
-  for (int k = 0; k < ctx->nstep_graphs; k++)
-    graph_free(ctx, ctx->step_graphs[k]);
-  ctx->nstep_graphs = 0;
+  kiln__fusion *fs = ctx->fusion_state;
+  for (int k = 0; k < fs->ngraphs; k++)
+    graph_free(ctx, fs->graphs[k]);
+  fs->ngraphs = 0;
 }
 
 /* Room for one more graph: the least recently used one goes, with a warning when the cache
  * turns over (a loop that makes a new signature every step re-plans every step). */
 static void make_room(kiln_ctx *ctx) {
-  if (ctx->nstep_graphs < KILN__MAX_GRAPHS) return;
+  kiln__fusion *fs = ctx->fusion_state;
+  if (fs->ngraphs < KILN__MAX_GRAPHS) return;
   int lru = 0;
-  for (int k = 1; k < ctx->nstep_graphs; k++)
-    if (ctx->step_graphs[k]->last_used < ctx->step_graphs[lru]->last_used) lru = k;
+  for (int k = 1; k < fs->ngraphs; k++)
+    if (fs->graphs[k]->last_used < fs->graphs[lru]->last_used) lru = k;
   (void)cudaStreamSynchronize(ctx->stream); /* its last replay may still be running */
-  graph_free(ctx, ctx->step_graphs[lru]);
-  ctx->step_graphs[lru] = ctx->step_graphs[--ctx->nstep_graphs];
+  graph_free(ctx, fs->graphs[lru]);
+  fs->graphs[lru] = fs->graphs[--fs->ngraphs];
   ctx->stats.graph_evictions++;
-  if (!ctx->warned_signatures) {
-    ctx->warned_signatures = true;
+  if (!fs->warned_signatures) {
+    fs->warned_signatures = true;
     fprintf(stderr,
             "kiln: warning: %d step signatures seen and the graph cache (%d) is full: each new "
             "signature is planned, compiled and captured again. Keep shapes, ops and persistent "
@@ -302,18 +305,19 @@ static kiln__step_graph *capture(kiln_ctx *ctx, uint64_t hash, kiln__sb *sig) {
   E->sig_len = sig->n;
   sig->s = NULL;
   kiln_exec_stats before = ctx->stats;
-  if (!kiln__plan_build(ctx, 0, n, ctx->fusion, &E->plan) || !memory_plan(ctx, E)) {
+  if (!kiln__program_build(ctx, 0, n, &E->prog) || !memory_plan(ctx, E)) {
     graph_free(ctx, E);
     return NULL;
   }
+  int ng = E->prog.plan.ng;
   bind(ctx, E);
-  E->values =
-      kiln__dev_alloc(ctx, (size_t)(E->plan.ng > 0 ? E->plan.ng : 1) * sizeof(kiln__stepvals));
+  kiln__bind_args(&E->prog);
+  E->values = kiln__dev_alloc(ctx, (size_t)(ng > 0 ? ng : 1) * sizeof(kiln__stepvals));
   if (!E->values) kiln__error(ctx, KILN_ERR_OOM, "kiln_step_end: out of device memory");
-  bool ok = E->values && kiln__prepare_plan(ctx, &E->plan);
   /* the step values: ordered after the previous replay's reads on the stream */
-  ok = ok && kiln__upload_values(ctx, &E->plan, E->values) && kiln__run_groups(ctx, &E->plan);
-  kiln__flush_stats(ctx, &E->plan, &before);
+  bool ok =
+      E->values && kiln__upload_values(ctx, &E->prog, E->values) && kiln__run_calls(ctx, &E->prog);
+  kiln__flush_stats(ctx, &E->prog, &before);
   E->flush = ctx->stats.last_flush;
   E->kernels = E->flush.kernels;
   if (!ok) {
@@ -327,7 +331,7 @@ static kiln__step_graph *capture(kiln_ctx *ctx, uint64_t hash, kiln__sb *sig) {
   bool cap =
       !KILN_CUDA_FAILED(ctx, cudaStreamBeginCapture(ctx->stream, cudaStreamCaptureModeThreadLocal));
   if (cap) {
-    bool rec = kiln__run_groups(ctx, &E->plan);
+    bool rec = kiln__run_calls(ctx, &E->prog);
     cap = !KILN_CUDA_FAILED(ctx, cudaStreamEndCapture(ctx->stream, &graph)) && rec;
   }
   ctx->stats.kernels_launched = launched;
@@ -344,25 +348,25 @@ static kiln__step_graph *capture(kiln_ctx *ctx, uint64_t hash, kiln__sb *sig) {
   return E;
 }
 
-kiln_status kiln__graph_step(kiln_ctx *ctx) {
+kiln_status kiln__engine_step(kiln_ctx *ctx) {
+  kiln__fusion *fs = ctx->fusion_state;
   kiln__trace *tr = &ctx->trace;
   kiln__sb sig = {0};
   if (!signature(ctx, &sig)) {
     free(sig.s);
-    tr->done = tr->n;
     return kiln__error(ctx, KILN_ERR_OOM, "kiln_step_end: out of host memory for the signature");
   }
   uint64_t h = kiln__hash(sig.s, sig.n, 0);
-  ctx->graph_clock++;
+  fs->graph_clock++;
   kiln__step_graph *E = NULL;
-  for (int k = 0; k < ctx->nstep_graphs && !E; k++) {
-    kiln__step_graph *c = ctx->step_graphs[k];
+  for (int k = 0; k < fs->ngraphs && !E; k++) {
+    kiln__step_graph *c = fs->graphs[k];
     if (c->hash == h && c->sig_len == sig.n && memcmp(c->sig, sig.s, sig.n) == 0) E = c;
   }
   if (E) {
     free(sig.s);
     bind(ctx, E);
-    if (kiln__upload_values(ctx, &E->plan, E->values) &&
+    if (kiln__upload_values(ctx, &E->prog, E->values) &&
         !KILN_CUDA_FAILED(ctx, cudaGraphLaunch(E->exec, ctx->stream))) {
       ctx->stats.graph_replays++;
       ctx->stats.kernels_launched += E->kernels;
@@ -375,10 +379,8 @@ kiln_status kiln__graph_step(kiln_ctx *ctx) {
     make_room(ctx);
     E = capture(ctx, h, &sig);
     free(sig.s);
-    if (E) ctx->step_graphs[ctx->nstep_graphs++] = E;
+    if (E) fs->graphs[fs->ngraphs++] = E;
   }
-  if (E) E->last_used = ctx->graph_clock;
-  tr->done = tr->n;
-  ctx->stats.flushes++;
+  if (E) E->last_used = fs->graph_clock;
   return ctx->status;
 }

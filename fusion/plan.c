@@ -1,39 +1,37 @@
 /*
- * plan.c: the planner. It walks a flush's nodes in trace order and groups them:
- *   - a run of elementwise nodes with the same output shape (views between them do not break the
- *     run) becomes one kernel, its inputs broadcast or strided;
- *   - a reduction directly after such a run, reading one of its values, takes the run in as its
- *     prologue (fuse-on-read);
- *   - a 2-D matrix product followed by the addition of a bias over its columns, and optionally a
- *     ReLU, becomes one cuBLASLt call with the BIAS or RELU_BIAS epilogue;
- *   - consecutive in-place updates of the same kind and settings (an optimizer's parameters,
- *     gradient assignments) become one multi-tensor launch.
- * Then it decides what is written to memory: a value read outside its group (or through a view),
- * one nothing in the flush reads, one the backward pass will read (the op table's saves column),
- * and one the caller asked to keep. The rest stays in registers and gets no memory at all.
+ * plan.c: the planner. It turns a flush's trace nodes into groups, each one launch, in named
+ * phases (the list `phases` below):
+ *   readers         how many of the flush's inputs each value is;
+ *   write-through   an assignment of a fresh gradient to its .grad buffer is dropped and the
+ *                   producer writes the buffer itself;
+ *   bias gradients  a bias gradient (a sum over rows) that a weight gradient's product computes
+ *                   beside it (the BGRADB epilogue);
+ *   groups          in trace order: runs of elementwise nodes over one iteration space (views do
+ *                   not break a run); a reduction reading such a run takes it in as its prologue
+ *                   (fuse-on-read); a reduction over the last axis grows into a row program that
+ *                   later per-element and per-row nodes join; a 2-D product takes a bias and
+ *                   ReLU/GELU epilogue, or in the backward pass the activation's derivative and
+ *                   the bias gradient; consecutive in-place updates of the same kind and
+ *                   settings become one multi-tensor launch;
+ *   stores          what is written to memory: a value read outside its group (or through a
+ *                   view), one nothing in the flush reads, one the backward pass will read (the
+ *                   op table's saves column), one the caller asked to keep; the rest stays in
+ *                   registers and gets no memory at all;
+ *   product outputs a product group writes its result, or only its epilogue's, and what the
+ *                   epilogue writes beside it.
+ * The planner asks the BLAS backend (blas.h) which epilogues it supports, in kiln's terms.
  */
 #include <stdlib.h>
 #include <string.h>
 
 #include "fusion.h"
 
-static bool grow(kiln_ctx *ctx, void **p, int *cap, int need, size_t size) {
-  if (need <= *cap) return true;
-  int c = *cap ? *cap : 64;
-  while (c < need)
-    c *= 2;
-  void *q = realloc(*p, (size_t)c * size);
-  if (!q) {
-    kiln__error(ctx, KILN_ERR_OOM, "kiln_flush: out of host memory planning");
-    return false;
-  }
-  *p = q;
-  *cap = c;
-  return true;
+static bool oom(kiln_ctx *ctx) {
+  return !kiln__error(ctx, KILN_ERR_OOM, "kiln_flush: out of host memory planning");
 }
 
 static kiln__group *new_group(kiln_ctx *ctx, kiln__plan *p, kiln__kind kind, int32_t node) {
-  if (!grow(ctx, (void **)&p->g, &p->capg, p->ng + 1, sizeof *p->g)) return NULL;
+  if (!KILN__GROW(p->g, p->capg, p->ng + 1)) return oom(ctx), NULL;
   kiln__group *g = &p->g[p->ng++];
   memset(g, 0, sizeof *g);
   g->kind = kind;
@@ -43,7 +41,7 @@ static kiln__group *new_group(kiln_ctx *ctx, kiln__plan *p, kiln__kind kind, int
 }
 
 static bool add_member(kiln_ctx *ctx, kiln__plan *p, kiln__group *g, int32_t node) {
-  if (!grow(ctx, (void **)&p->members, &p->capm, p->nm + 1, sizeof *p->members)) return false;
+  if (!KILN__GROW(p->members, p->capm, p->nm + 1)) return oom(ctx);
   KILN_ASSERT(g->first + g->n == p->nm);
   p->members[p->nm++] = node;
   g->n++;
@@ -51,40 +49,48 @@ static bool add_member(kiln_ctx *ctx, kiln__plan *p, kiln__group *g, int32_t nod
   return true;
 }
 
-/* The node in this flush whose output is exactly t, or -1. */
-static int32_t producer(const kiln_ctx *ctx, const kiln__plan *p, const kiln_tensor *t) {
-  int32_t i = t->node;
-  if (i < p->first || i >= p->last) return -1;
-  return ctx->trace.nodes[i].out == t ? i : -1;
-}
-
-static bool same_shape(const kiln_tensor *a, const kiln_tensor *b) {
-  if (a->ndim != b->ndim) return false;
-  for (int d = 0; d < a->ndim; d++)
-    if (a->shape[d] != b->shape[d]) return false;
+/* Records that group g reads view as value (a row program's alias). */
+static bool add_alias(kiln_ctx *ctx, kiln__plan *p, kiln__group *g, const kiln_tensor *view,
+                      const kiln_tensor *value) {
+  for (int k = 0; k < g->nalias; k++)
+    if (p->alias[g->alias_first + k].view == view) return true;
+  if (!KILN__GROW(p->alias, p->capalias, p->nalias + 1)) return oom(ctx);
+  if (g->nalias == 0) g->alias_first = p->nalias;
+  KILN_ASSERT(g->alias_first + g->nalias == p->nalias); /* a group's aliases stay together */
+  p->alias[p->nalias++] = (kiln__alias){.view = view, .value = value};
+  g->nalias++;
   return true;
 }
 
+/* The node in this flush whose output is exactly t, or -1. */
+static int32_t producer(const kiln_ctx *ctx, const kiln__plan *p, const kiln_tensor *t) {
+  int32_t i = t->node;
+  if (t->persistent || i < p->first || i >= p->last) return -1;
+  return ctx->trace.nodes[i].out == t ? i : -1;
+}
+
+static bool in_group(const kiln__plan *p, int32_t node, const kiln__group *g) {
+  return node >= 0 && p->group_of[node - p->first] == (int32_t)(g - p->g);
+}
+
 /* Whether a kernel of group g plus node i stays within the argument's operand and attribute
- * slots (a reduction's scale takes a float slot). */
+ * slots. */
 static bool fits(const kiln_ctx *ctx, const kiln__plan *p, const kiln__group *g, int32_t i) {
   if (g->n >= KILN__MAX_GROUP) return false;
-  int ops = 0, nf = 1, ni = 0, nu = 0; /* nf: a spare slot for a reduction's scale */
+  int ops = 0, nf = 0, ni = 0, nu = 0;
   const kiln_tensor *seen[KILN__MAX_GROUP * KILN__MAX_IN];
   int nseen = 0;
   for (int m = 0; m <= g->n; m++) {
     const kiln__node *x =
         m < g->n ? &ctx->trace.nodes[p->members[g->first + m]] : &ctx->trace.nodes[i];
     int f, k, u;
-    kiln__attr_use(kiln__ops[x->op].expr, &f, &k, &u);
-    if (kiln__ops[x->op].kind == KILN__KIND_REDUCE) f = 1;
+    kiln__kernel_attrs(x, &f, &k, &u);
     nf += f;
     ni += k;
     nu += u;
     ops++; /* its output, if it is stored */
     for (int j = 0; j < x->nin; j++) {
-      int32_t pr = producer(ctx, p, x->in[j]);
-      if (pr >= 0 && p->group_of[pr - p->first] == (int32_t)(g - p->g)) continue;
+      if (in_group(p, producer(ctx, p, x->in[j]), g)) continue;
       int q = 0; /* an operand read twice is loaded through one pointer */
       while (q < nseen && seen[q] != x->in[j])
         q++;
@@ -98,8 +104,7 @@ static bool fits(const kiln_ctx *ctx, const kiln__plan *p, const kiln__group *g,
  * read would race with the write). */
 static bool reads_own_write(const kiln_ctx *ctx, const kiln__plan *p, const kiln__group *g,
                             const kiln_tensor *x) {
-  int32_t pr = producer(ctx, p, x);
-  if (pr >= 0 && p->group_of[pr - p->first] == (int32_t)(g - p->g)) return false; /* registers */
+  if (in_group(p, producer(ctx, p, x), g)) return false; /* in registers */
   for (int m = 0; m < g->n; m++)
     if (ctx->trace.nodes[p->members[g->first + m]].out->st == x->st) return true;
   return false;
@@ -110,11 +115,15 @@ static bool reads_own_write(const kiln_ctx *ctx, const kiln__plan *p, const kiln
 static bool can_join(const kiln_ctx *ctx, const kiln__plan *p, const kiln__group *g, int32_t i) {
   const kiln__node *n = &ctx->trace.nodes[i];
   const kiln__node *first = &ctx->trace.nodes[p->members[g->first]];
-  if (!same_shape(n->out, first->out) || !fits(ctx, p, g, i)) return false;
+  if (!kiln__same_shape(n->out, first->out) || !fits(ctx, p, g, i)) return false;
   for (int j = 0; j < n->nin; j++)
     if (reads_own_write(ctx, p, g, n->in[j])) return false;
   return true;
 }
+
+/* The most elements of a row a row program takes: one block (up to 256 threads) strides over
+ * the row once per pass. */
+#define KILN__MAX_ROW 16384
 
 /* A reduction that can start or extend a row program: a sum or max over the last axis alone,
  * of a row long enough to share among a block's threads and short enough for one block. */
@@ -122,8 +131,8 @@ static bool row_reduction(const kiln__node *r) {
   if (r->op != KILN__OP_SUM && r->op != KILN__OP_MAX) return false;
   const kiln_tensor *x = r->in[0];
   int nd = x->ndim;
-  return nd >= 1 && x->dtype == KILN_DTYPE_F32 && r->i[0] == (int64_t)(1u << (nd - 1)) &&
-         x->shape[nd - 1] > 1 && x->shape[nd - 1] <= 16384;
+  return nd >= 1 && x->dtype == KILN_DTYPE_F32 && KILN__RI(r, mask) == (int64_t)(1u << (nd - 1)) &&
+         x->shape[nd - 1] > 1 && x->shape[nd - 1] <= KILN__MAX_ROW;
 }
 
 /* t holds one value per row of F: F's shape without its last axis, or with it as 1. */
@@ -139,13 +148,13 @@ const kiln_tensor *kiln__row_alias(const kiln_ctx *ctx, const kiln_tensor *F,
                                    const kiln_tensor *x) {
   const kiln_tensor *b = x;
   for (;;) {
-    if (b->node < 0 || b->node >= ctx->trace.n) break;
+    if (b->persistent || b->node < 0 || b->node >= ctx->trace.n) break;
     const kiln__node *v = &ctx->trace.nodes[b->node];
     if (v->out != b || v->nin != 1) break;
     const kiln_tensor *in = v->in[0];
     bool step = (v->op == KILN__OP_RESHAPE && (row_shaped(F, b, true) || row_shaped(F, b, false)) &&
                  (row_shaped(F, in, true) || row_shaped(F, in, false))) ||
-                (v->op == KILN__OP_EXPAND && same_shape(b, F) && row_shaped(F, in, true));
+                (v->op == KILN__OP_EXPAND && kiln__same_shape(b, F) && row_shaped(F, in, true));
     if (!step) break;
     b = in;
   }
@@ -154,19 +163,21 @@ const kiln_tensor *kiln__row_alias(const kiln_ctx *ctx, const kiln_tensor *F,
 
 /* Whether node i can join the row program g: a reduction over the last axis of g->full, an
  * elementwise node over g->full that reads the program's values per element or per row
- * (kept-dim), or an elementwise node over the rows. */
-static bool can_join_rows(const kiln_ctx *ctx, const kiln__plan *p, const kiln__group *g,
-                          int32_t i) {
+ * (kept-dim), or an elementwise node over the rows. A reshaped or expanded view of a per-row
+ * value of the program is read as that value: *nalias of them go to alias[]. */
+static bool can_join_rows(const kiln_ctx *ctx, const kiln__plan *p, const kiln__group *g, int32_t i,
+                          kiln__alias *alias, int *nalias) {
   const kiln__node *n = &ctx->trace.nodes[i];
   const kiln_tensor *F = g->full;
   kiln__kind kind = kiln__ops[n->op].kind;
   bool full;
+  *nalias = 0;
   if (kind == KILN__KIND_REDUCE) {
-    if (!row_reduction(n) || !same_shape(n->in[0], F)) return false;
+    if (!row_reduction(n) || !kiln__same_shape(n->in[0], F)) return false;
     full = false;
   } else if (kind == KILN__KIND_EW) {
     if (strstr(kiln__ops[n->op].expr, "$idx")) return false;
-    full = same_shape(n->out, F);
+    full = kiln__same_shape(n->out, F);
     if (!full && !row_shaped(F, n->out, true) && !row_shaped(F, n->out, false)) return false;
   } else {
     return false;
@@ -174,18 +185,16 @@ static bool can_join_rows(const kiln_ctx *ctx, const kiln__plan *p, const kiln__
   if (!fits(ctx, p, g, i)) return false;
   for (int j = 0; j < n->nin; j++) {
     const kiln_tensor *x = n->in[j];
-    int32_t pr = producer(ctx, p, x);
-    if (pr >= 0 && p->group_of[pr - p->first] == (int32_t)(g - p->g)) {
+    if (in_group(p, producer(ctx, p, x), g)) {
       /* an element-wise node reads values per element or per row (kept dim) */
-      if (full && !same_shape(x, F) && !row_shaped(F, x, true)) return false;
+      if (full && !kiln__same_shape(x, F) && !row_shaped(F, x, true)) return false;
       continue;
     }
-    /* a reshaped or expanded view of a per-row value is that value */
     const kiln_tensor *b = kind == KILN__KIND_REDUCE ? NULL : kiln__row_alias(ctx, F, x);
-    int32_t pb = b ? producer(ctx, p, b) : -1;
-    if (pb >= 0 && p->group_of[pb - p->first] == (int32_t)(g - p->g) &&
-        (!full || !row_shaped(F, x, false)))
+    if (b && in_group(p, producer(ctx, p, b), g) && (!full || !row_shaped(F, x, false))) {
+      alias[(*nalias)++] = (kiln__alias){.view = x, .value = b};
       continue;
+    }
     if (reads_own_write(ctx, p, g, x)) return false;
   }
   return true;
@@ -197,10 +206,10 @@ static bool prologue_ok(const kiln_ctx *ctx, const kiln__plan *p, const kiln__gr
   if (g->n >= KILN__MAX_GROUP) return false;
   int nf = 0;
   for (int m = 0; m < g->n; m++) {
-    const char *e = kiln__ops[ctx->trace.nodes[p->members[g->first + m]].op].expr;
-    if (strstr(e, "$idx")) return false;
+    const kiln__node *x = &ctx->trace.nodes[p->members[g->first + m]];
+    if (strstr(kiln__ops[x->op].expr, "$idx")) return false;
     int f, i, u;
-    kiln__attr_use(e, &f, &i, &u);
+    kiln__kernel_attrs(x, &f, &i, &u);
     nf += f;
   }
   return nf < KILN__KMAX_F;
@@ -232,7 +241,7 @@ static bool can_batch(const kiln_ctx *ctx, const kiln__plan *p, const kiln__grou
   return true;
 }
 
-/* The unique node of the flush after i that reads t, or -1. */
+/* The first node of the flush after i that reads t, or -1. */
 static int32_t reader_of(const kiln_ctx *ctx, const kiln__plan *p, int32_t i,
                          const kiln_tensor *t) {
   for (int32_t j = i + 1; j < p->last; j++) {
@@ -243,31 +252,37 @@ static int32_t reader_of(const kiln_ctx *ctx, const kiln__plan *p, int32_t i,
   return -1;
 }
 
+/* The BLAS library reads vectors and matrices at 16-byte aligned addresses. */
+static bool aligned16(const kiln_tensor *t) {
+  return ((uint64_t)t->offset * kiln_dtype_size(t->dtype)) % 16 == 0;
+}
+
 static bool bias_vector(const kiln_tensor *b, int64_t ncol) {
   return (b->ndim == 1 || (b->ndim == 2 && b->shape[0] == 1)) && b->shape[b->ndim - 1] == ncol &&
-         (ncol == 1 || b->stride[b->ndim - 1] == 1) && b->dtype == KILN_DTYPE_F32 &&
-         ((uintptr_t)b->offset * 4) % 16 == 0;
+         (ncol == 1 || b->stride[b->ndim - 1] == 1) && b->dtype == KILN_DTYPE_F32 && aligned16(b);
 }
 
-/* A dense row-major f32 matrix whose address keeps cuBLASLt's 16-byte alignment. */
+/* A dense row-major f32 matrix. */
 static bool dense_matrix(const kiln_tensor *t) {
-  return t->ndim == 2 && t->dtype == KILN_DTYPE_F32 && kiln__is_contiguous(t) &&
-         ((uintptr_t)t->offset * 4) % 16 == 0;
+  return t->ndim == 2 && t->dtype == KILN_DTYPE_F32 && kiln__is_contiguous(t) && aligned16(t);
 }
+
+/* A GELU input is written or read by the BLAS library only with a leading dimension (columns)
+ * that is a multiple of 8. */
+#define KILN__GELU_INPUT_COLS 8
 
 /* The forward epilogue after product i: + a bias over the columns, then ReLU or the tanh GELU
- * (cuBLASLt's GELU is the tanh form). When the backward pass will need it, ReLU also writes its
- * bit mask and GELU its input. Returns how many of the following nodes it takes. */
-static int forward_epilogue(kiln_ctx *ctx, const kiln__plan *p, int32_t i, const int *readers,
-                            kiln__group *g) {
+ * (the library's GELU is the tanh form). When the backward pass will need it, ReLU also writes
+ * its bit mask and GELU its input. Returns how many of the following nodes it takes. */
+static int forward_epilogue(kiln_ctx *ctx, const kiln__plan *p, int32_t i, kiln__group *g) {
   const kiln__node *nodes = ctx->trace.nodes, *mm = &nodes[i];
   const kiln_tensor *cur = mm->out, *bias = NULL;
   int64_t ncol = cur->shape[1];
   int32_t last = i;
-  if (readers[i - p->first] == 1 && !cur->keep && i + 1 < p->last) {
+  if (p->readers[i - p->first] == 1 && !cur->keep && i + 1 < p->last) {
     const kiln__node *add = &nodes[i + 1];
     int side = add->op != KILN__OP_ADD ? -1 : add->in[0] == cur ? 1 : (add->in[1] == cur ? 0 : -1);
-    if (side >= 0 && same_shape(add->out, cur) && bias_vector(add->in[side], ncol) &&
+    if (side >= 0 && kiln__same_shape(add->out, cur) && bias_vector(add->in[side], ncol) &&
         add->in[side]->st != cur->st) {
       bias = add->in[side];
       cur = add->out;
@@ -278,34 +293,32 @@ static int forward_epilogue(kiln_ctx *ctx, const kiln__plan *p, int32_t i, const
   if (last + 1 < p->last) {
     /* the GELU input may have other readers: the epilogue writes it */
     const kiln__node *r = &nodes[last + 1];
-    bool alone = readers[last - p->first] == 1 && !cur->keep;
+    bool alone = p->readers[last - p->first] == 1 && !cur->keep;
     if (r->in[0] == cur && ((r->op == KILN__OP_RELU && alone) || r->op == KILN__OP_GELU_TANH))
       act = r;
   }
-  int epi = bias ? CUBLASLT_EPILOGUE_BIAS : 0;
+  kiln__epi epi = kiln__epi_forward(bias != NULL, 0, false);
   const kiln_tensor *aux = NULL;
   if (act && act->op == KILN__OP_RELU) {
     bool mask = act->out->requires_grad; /* the backward pass's DRELU reads the mask */
-    epi = bias ? (mask ? CUBLASLT_EPILOGUE_RELU_AUX_BIAS : CUBLASLT_EPILOGUE_RELU_BIAS)
-               : (mask ? CUBLASLT_EPILOGUE_RELU_AUX : CUBLASLT_EPILOGUE_RELU);
+    epi = kiln__epi_forward(bias != NULL, 'r', mask);
     aux = mask ? act->out : NULL;
   } else if (act) {
     /* GELU's backward reads its input, and so may other nodes */
-    bool input = act->out->requires_grad || readers[last - p->first] > 1 || cur->keep;
-    if (input && ncol % 8 != 0) {
-      act = NULL; /* cuBLASLt writes the GELU input only with a leading dimension of 8k */
+    bool input = act->out->requires_grad || p->readers[last - p->first] > 1 || cur->keep;
+    if (input && ncol % KILN__GELU_INPUT_COLS != 0) {
+      act = NULL;
     } else {
-      epi = bias ? (input ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_BIAS)
-                 : (input ? CUBLASLT_EPILOGUE_GELU_AUX : CUBLASLT_EPILOGUE_GELU);
+      epi = kiln__epi_forward(bias != NULL, 'g', input);
       aux = input ? cur : NULL;
     }
   }
-  if (act && !kiln__lt_usable(ctx, mm->in[0], mm->in[1], epi)) {
+  if (act && !kiln__blas_supports(ctx, mm->in[0], mm->in[1], epi)) {
     act = NULL;
     aux = NULL;
-    epi = bias ? CUBLASLT_EPILOGUE_BIAS : 0;
+    epi = kiln__epi_forward(bias != NULL, 0, false);
   }
-  if (epi == 0 || !kiln__lt_usable(ctx, mm->in[0], mm->in[1], epi)) return 0;
+  if (epi == KILN__EPI_NONE || !kiln__blas_supports(ctx, mm->in[0], mm->in[1], epi)) return 0;
   g->epi = epi;
   g->bias = bias;
   g->aux = aux;
@@ -316,70 +329,70 @@ static int forward_epilogue(kiln_ctx *ctx, const kiln__plan *p, int32_t i, const
 /* The backward epilogue of product i, dY = g W: its one reader multiplies it by the derivative
  * of a ReLU (whose forward product left a bit mask) or of the tanh GELU (at its saved input),
  * and a sum over the rows of that (the bias gradient) may follow. The group takes both nodes
- * (they run at i: everything they read exists by then). Returns how many nodes it takes. */
-static int backward_epilogue(kiln_ctx *ctx, kiln__plan *p, int32_t i, const int *readers,
-                             kiln__group *g) {
+ * (they run at i: everything they read exists by then). Returns false out of memory. */
+static bool backward_epilogue(kiln_ctx *ctx, kiln__plan *p, int32_t i, kiln__group *g) {
   const kiln__node *nodes = ctx->trace.nodes, *mm = &nodes[i];
-  if (readers[i - p->first] != 1 || mm->out->keep) return 0;
+  if (p->readers[i - p->first] != 1 || mm->out->keep) return true;
   int32_t r = reader_of(ctx, p, i, mm->out);
-  if (r < 0 || p->group_of[r - p->first] >= 0) return 0;
+  if (r < 0 || p->group_of[r - p->first] >= 0) return true;
   const kiln__node *d = &nodes[r];
   if ((d->op != KILN__OP_RELU_GRAD && d->op != KILN__OP_GELU_TANH_GRAD) || d->in[0] != mm->out ||
-      !same_shape(d->out, mm->out) || !same_shape(d->in[1], mm->out) || d->in[1] == mm->out)
-    return 0;
+      !kiln__same_shape(d->out, mm->out) || !kiln__same_shape(d->in[1], mm->out) ||
+      d->in[1] == mm->out)
+    return true;
   const kiln_tensor *aux = d->in[1];
   int32_t pa = producer(ctx, p, aux);
-  if (pa >= i) return 0;
+  if (pa >= i) return true;
   bool relu = d->op == KILN__OP_RELU_GRAD;
   if (relu) {
     /* the mask exists (an earlier flush) or this flush's forward product writes it */
+    const kiln__group *pg =
+        pa >= 0 && p->group_of[pa - p->first] >= 0 ? &p->g[p->group_of[pa - p->first]] : NULL;
     bool mask =
-        aux->st->relu_mask != NULL || (pa >= 0 && p->group_of[pa - p->first] >= 0 &&
-                                       p->g[p->group_of[pa - p->first]].aux == aux &&
-                                       p->g[p->group_of[pa - p->first]].kind == KILN__KIND_MATMUL);
-    if (!mask) return 0;
-  } else if (!dense_matrix(aux) || aux->shape[1] % 8 != 0) {
-    return 0;
+        aux->st->relu_mask != NULL || (pg && pg->aux == aux && pg->kind == KILN__KIND_MATMUL);
+    if (!mask) return true;
+  } else if (!dense_matrix(aux) || aux->shape[1] % KILN__GELU_INPUT_COLS != 0) {
+    return true;
   }
   /* the bias gradient: the sum over the rows of d's output, d's reader */
   int32_t s = -1;
   for (int32_t k = r + 1; k < p->last && s < 0; k++) {
     const kiln__node *n = &nodes[k];
-    if (n->op == KILN__OP_SUM && n->in[0] == d->out && n->i[0] == 1 &&
+    if (n->op == KILN__OP_SUM && n->in[0] == d->out && KILN__RI(n, mask) == 1 &&
         p->group_of[k - p->first] < 0 && p->claim[k - p->first] < 0 &&
         bias_vector(n->out, d->out->shape[1]))
       s = k;
   }
-  int epi = relu ? (s >= 0 ? CUBLASLT_EPILOGUE_DRELU_BGRAD : CUBLASLT_EPILOGUE_DRELU)
-                 : (s >= 0 ? CUBLASLT_EPILOGUE_DGELU_BGRAD : CUBLASLT_EPILOGUE_DGELU);
-  if (!kiln__lt_usable(ctx, mm->in[0], mm->in[1], epi)) return 0;
+  kiln__epi epi = kiln__epi_backward(relu ? 'r' : 'g', s >= 0);
+  if (!kiln__blas_supports(ctx, mm->in[0], mm->in[1], epi)) return true;
   g->epi = epi;
   g->aux = aux;
   g->bias = s >= 0 ? nodes[s].out : NULL;
   g->out = d->out;
-  if (!add_member(ctx, p, g, r) || (s >= 0 && !add_member(ctx, p, g, s))) return -1;
-  return 0;
+  return add_member(ctx, p, g, r) && (s < 0 || add_member(ctx, p, g, s));
 }
 
 /* A weight gradient dW = T^T X (product i, its A a transposed view of T) and a sum of T over its
- * rows (the bias gradient) become one call: cuBLASLt's BGRADB sums the rows of A. Returns the
+ * rows (the bias gradient) become one call: the BGRADB epilogue sums the rows of A. Returns the
  * sum's node, or -1. The sum may be anywhere in the flush if nothing reads it before i. */
 static int32_t bgradb_sum(kiln_ctx *ctx, const kiln__plan *p, int32_t i) {
   const kiln__node *nodes = ctx->trace.nodes, *mm = &nodes[i];
   const kiln_tensor *A = mm->in[0];
-  if (mm->out->ndim != 2 || A->ndim != 2 || A->node < 0 || A->node >= ctx->trace.n) return -1;
+  if (mm->out->ndim != 2 || A->ndim != 2 || A->persistent || A->node < 0 || A->node >= ctx->trace.n)
+    return -1;
   const kiln__node *v = &nodes[A->node];
   if (v->op != KILN__OP_PERMUTE || v->out != A) return -1;
   const kiln_tensor *T = v->in[0];
   if (!dense_matrix(T) || T->shape[0] != A->shape[1] || T->shape[1] != A->shape[0]) return -1;
   for (int32_t k = p->first; k < p->last; k++) {
     const kiln__node *n = &nodes[k];
-    if (n->op != KILN__OP_SUM || n->in[0] != T || n->i[0] != 1 || !bias_vector(n->out, T->shape[1]))
+    if (n->op != KILN__OP_SUM || n->in[0] != T || KILN__RI(n, mask) != 1 ||
+        !bias_vector(n->out, T->shape[1]))
       continue;
     for (int32_t j = k + 1; j < i; j++) /* read before the product would run: no */
       for (int q = 0; q < nodes[j].nin && kiln__ops[nodes[j].op].kind != KILN__KIND_VIEW; q++)
         if (nodes[j].in[q]->st == n->out->st) return -1;
-    if (!kiln__lt_usable(ctx, mm->in[0], mm->in[1], CUBLASLT_EPILOGUE_BGRADB)) return -1;
+    if (!kiln__blas_supports(ctx, mm->in[0], mm->in[1], KILN__EPI_BGRADB)) return -1;
     return k;
   }
   return -1;
@@ -420,55 +433,60 @@ static int32_t write_through(const kiln_ctx *ctx, const kiln__plan *p, int32_t i
   return s;
 }
 
-bool kiln__plan_build(kiln_ctx *ctx, int32_t first, int32_t last, bool fuse, kiln__plan *p) {
-  memset(p, 0, sizeof *p);
-  p->first = first;
-  p->last = last;
-  int n = last - first;
-  p->group_of = malloc((size_t)(n > 0 ? n : 1) * sizeof *p->group_of);
-  p->store = calloc((size_t)(n > 0 ? n : 1), sizeof *p->store);
-  p->claim = malloc((size_t)(n > 0 ? n : 1) * sizeof *p->claim);
-  p->write_to = calloc((size_t)(n > 0 ? n : 1), sizeof *p->write_to);
-  int *readers = calloc((size_t)(n > 0 ? n : 1), sizeof *readers);
-  if (!p->group_of || !p->store || !p->claim || !p->write_to || !readers) {
-    free(readers);
-    kiln__plan_free(p);
-    return kiln__error(ctx, KILN_ERR_OOM, "kiln_flush: out of host memory planning"), false;
-  }
+/* ---------------------------------------------------------------- phases */
+
+typedef bool (*phase_fn)(kiln_ctx *ctx, kiln__plan *p, bool fuse);
+
+static bool phase_readers(kiln_ctx *ctx, kiln__plan *p, bool fuse) {
+  (void)fuse;
   const kiln__node *nodes = ctx->trace.nodes;
-  for (int32_t i = first; i < last; i++) {
-    p->group_of[i - first] = -1;
-    p->claim[i - first] = -1;
+  for (int32_t i = p->first; i < p->last; i++) {
+    p->group_of[i - p->first] = -1;
+    p->claim[i - p->first] = -1;
     for (int j = 0; j < nodes[i].nin; j++) {
       int32_t pr = producer(ctx, p, nodes[i].in[j]);
-      if (pr >= 0) readers[pr - first]++;
+      if (pr >= 0) p->readers[pr - p->first]++;
     }
   }
+  return true;
+}
 
-  /* gradients written straight into their buffers: the assignment runs nothing */
-  for (int32_t i = first; i < last && fuse; i++) {
+static bool phase_write_through(kiln_ctx *ctx, kiln__plan *p, bool fuse) {
+  for (int32_t i = p->first; i < p->last && fuse; i++) {
     int32_t s = write_through(ctx, p, i);
-    if (s < 0 || p->write_to[s - first]) continue;
-    p->write_to[s - first] = nodes[i].in[0];
-    p->claim[i - first] = s;
+    if (s < 0 || p->write_to[s - p->first]) continue;
+    p->write_to[s - p->first] = ctx->trace.nodes[i].in[0];
+    p->claim[i - p->first] = s;
   }
-  /* bias gradients that a weight gradient's product will compute (BGRADB) */
-  for (int32_t i = first; i < last && fuse; i++) {
-    if (nodes[i].op != KILN__OP_MATMUL) continue;
-    int32_t s = bgradb_sum(ctx, p, i);
-    if (s >= 0 && p->claim[s - first] < 0) p->claim[s - first] = i;
-  }
-  if (!kiln__ok(ctx)) goto oom;
+  return true;
+}
 
-  kiln__group *open = NULL; /* the elementwise run being grown */
-  for (int32_t i = first; i < last; i++) {
+static bool phase_bias_gradients(kiln_ctx *ctx, kiln__plan *p, bool fuse) {
+  for (int32_t i = p->first; i < p->last && fuse; i++) {
+    if (ctx->trace.nodes[i].op != KILN__OP_MATMUL) continue;
+    int32_t s = bgradb_sum(ctx, p, i);
+    if (s >= 0 && p->claim[s - p->first] < 0) p->claim[s - p->first] = i;
+  }
+  return kiln__ok(ctx);
+}
+
+static bool phase_groups(kiln_ctx *ctx, kiln__plan *p, bool fuse) {
+  const kiln__node *nodes = ctx->trace.nodes;
+  int32_t first = p->first;
+  kiln__group *open = NULL; /* the elementwise run or row program being grown */
+  for (int32_t i = first; i < p->last; i++) {
     const kiln__node *nd = &nodes[i];
     kiln__kind kind = kiln__ops[nd->op].kind;
     if (kind == KILN__KIND_VIEW || p->group_of[i - first] >= 0 || p->claim[i - first] >= 0)
       continue;
     if (open && open->full) { /* a row program */
-      if ((kind == KILN__KIND_EW || kind == KILN__KIND_REDUCE) && can_join_rows(ctx, p, open, i)) {
-        if (!add_member(ctx, p, open, i)) goto oom;
+      kiln__alias alias[KILN__MAX_IN];
+      int na = 0;
+      if ((kind == KILN__KIND_EW || kind == KILN__KIND_REDUCE) &&
+          can_join_rows(ctx, p, open, i, alias, &na)) {
+        if (!add_member(ctx, p, open, i)) return false;
+        for (int k = 0; k < na; k++)
+          if (!add_alias(ctx, p, open, alias[k].view, alias[k].value)) return false;
         open->rows = true;
         continue;
       }
@@ -476,22 +494,20 @@ bool kiln__plan_build(kiln_ctx *ctx, int32_t first, int32_t last, bool fuse, kil
     }
     if (kind == KILN__KIND_EW) {
       if (fuse && open && can_join(ctx, p, open, i)) {
-        if (!add_member(ctx, p, open, i)) goto oom;
+        if (!add_member(ctx, p, open, i)) return false;
         continue;
       }
       open = new_group(ctx, p, KILN__KIND_EW, i);
-      if (!open || !add_member(ctx, p, open, i)) goto oom;
+      if (!open || !add_member(ctx, p, open, i)) return false;
       if (!fuse) open = NULL;
       continue;
     }
     if (kind == KILN__KIND_REDUCE && fuse && open) {
       /* fuse-on-read: the run computes the reduction's input */
-      int32_t pr = producer(ctx, p, nd->in[0]);
-      if (pr >= 0 && p->group_of[pr - first] == (int32_t)(open - p->g) &&
-          prologue_ok(ctx, p, open)) {
+      if (in_group(p, producer(ctx, p, nd->in[0]), open) && prologue_ok(ctx, p, open)) {
         open->kind = KILN__KIND_REDUCE;
         open->node = i;
-        if (!add_member(ctx, p, open, i)) goto oom;
+        if (!add_member(ctx, p, open, i)) return false;
         open->full = row_reduction(nd) ? nd->in[0] : NULL;
         if (!open->full) open = NULL;
         continue;
@@ -499,20 +515,20 @@ bool kiln__plan_build(kiln_ctx *ctx, int32_t first, int32_t last, bool fuse, kil
     }
     open = NULL;
     if (kind == KILN__KIND_UPDATE && fuse && p->ng > 0 && can_batch(ctx, p, &p->g[p->ng - 1], i)) {
-      if (!add_member(ctx, p, &p->g[p->ng - 1], i)) goto oom;
+      if (!add_member(ctx, p, &p->g[p->ng - 1], i)) return false;
       continue;
     }
-    if (nd->op == KILN__OP_CONCAT) {
+    if (nd->op == KILN__OP_CONCAT) { /* one copy per input (lower.c) */
       for (int k = 0; k < nd->nin; k++) {
         kiln__group *g = new_group(ctx, p, KILN__KIND_LIB, i);
-        if (!g) goto oom;
+        if (!g) return false;
         g->sub = k;
         p->group_of[i - first] = (int32_t)(g - p->g);
       }
       continue;
     }
     kiln__group *g = new_group(ctx, p, kind, i);
-    if (!g || !add_member(ctx, p, g, i)) goto oom;
+    if (!g || !add_member(ctx, p, g, i)) return false;
     if (kind == KILN__KIND_REDUCE && fuse && row_reduction(nd)) {
       g->full = nd->in[0];
       open = g;
@@ -520,25 +536,29 @@ bool kiln__plan_build(kiln_ctx *ctx, int32_t first, int32_t last, bool fuse, kil
     if (kind == KILN__KIND_MATMUL && fuse && nd->out->ndim == 2) {
       int32_t s = bgradb_sum(ctx, p, i);
       if (s >= 0 && p->claim[s - first] == i) {
-        g->epi = CUBLASLT_EPILOGUE_BGRADB;
+        g->epi = KILN__EPI_BGRADB;
         g->bias = nodes[s].out;
-        if (!add_member(ctx, p, g, s)) goto oom;
+        if (!add_member(ctx, p, g, s)) return false;
         continue;
       }
-      int take = forward_epilogue(ctx, p, i, readers, g);
+      int take = forward_epilogue(ctx, p, i, g);
       for (int k = 1; k <= take; k++)
-        if (!add_member(ctx, p, g, i + k)) goto oom;
-      if (take == 0 && backward_epilogue(ctx, p, i, readers, g) < 0) goto oom;
+        if (!add_member(ctx, p, g, i + k)) return false;
+      if (take == 0 && !backward_epilogue(ctx, p, i, g)) return false;
     }
   }
+  return kiln__ok(ctx);
+}
 
-  /* what must be written to memory */
-  for (int32_t i = first; i < last; i++) {
+static bool phase_stores(kiln_ctx *ctx, kiln__plan *p, bool fuse) {
+  const kiln__node *nodes = ctx->trace.nodes;
+  int32_t first = p->first;
+  for (int32_t i = first; i < p->last; i++) {
     const kiln__node *nd = &nodes[i];
     if (!nd->out || kiln__ops[nd->op].kind == KILN__KIND_VIEW) continue;
-    p->store[i - first] = !fuse || readers[i - first] == 0 || nd->out->keep;
+    p->store[i - first] = !fuse || p->readers[i - first] == 0 || nd->out->keep;
   }
-  for (int32_t i = first; i < last; i++) {
+  for (int32_t i = first; i < p->last; i++) {
     const kiln__node *nd = &nodes[i];
     bool view = kiln__ops[nd->op].kind == KILN__KIND_VIEW;
     unsigned saves = nd->out && nd->out->requires_grad ? kiln__ops[nd->op].saves : 0;
@@ -550,35 +570,87 @@ bool kiln__plan_build(kiln_ctx *ctx, int32_t first, int32_t last, bool fuse, kil
       if (outside || (saves & (1u << j))) p->store[pr - first] = true;
     }
   }
+  return true;
+}
+
+static bool phase_product_outputs(kiln_ctx *ctx, kiln__plan *p, bool fuse) {
+  (void)fuse;
+  const kiln__node *nodes = ctx->trace.nodes;
   for (int k = 0; k < p->ng; k++) {
     kiln__group *g = &p->g[k];
     if (g->kind != KILN__KIND_MATMUL) continue;
     /* the product's own result is written, or only its epilogue's, and what the epilogue
      * writes beside it: a GELU's input, a bias gradient */
     const kiln_tensor *out = g->out ? g->out : nodes[g->node].out;
+    unsigned f = kiln__epi_flags(g->epi);
     for (int m = 0; m < g->n; m++) {
       int32_t i = p->members[g->first + m];
       const kiln_tensor *t = nodes[i].out;
-      bool written_aux = t == g->aux && kiln__epilogue_writes_aux(g->epi);
-      p->store[i - first] =
-          t == out || written_aux || (t == g->bias && kiln__epilogue_bgrad(g->epi));
+      bool written_aux = t == g->aux && (f & KILN__EPI_WRITES_INPUT);
+      p->store[i - p->first] = t == out || written_aux || (t == g->bias && (f & KILN__EPI_BGRAD));
     }
     g->out = out;
   }
-  free(readers);
   return true;
-oom:
-  free(readers);
-  kiln__plan_free(p);
-  return false;
+}
+
+static const struct {
+  const char *name;
+  phase_fn run;
+} phases[] = {
+    {"readers", phase_readers},
+    {"write-through", phase_write_through},
+    {"bias gradients", phase_bias_gradients},
+    {"groups", phase_groups},
+    {"stores", phase_stores},
+    {"product outputs", phase_product_outputs},
+};
+
+/* KILN_DEBUG=plan: the flush's groups on stderr. */
+static void print_plan(const kiln_ctx *ctx, const kiln__plan *p) {
+  kiln__sb sb = {0};
+  kiln__plan_describe(ctx, p, &sb);
+  fprintf(stderr, "kiln: plan of trace nodes [%d, %d): %d groups: %s\n", p->first, p->last, p->ng,
+          sb.s ? sb.s : "");
+  kiln__sb_free(&sb);
+}
+
+bool kiln__plan_build(kiln_ctx *ctx, int32_t first, int32_t last, bool fuse, kiln__plan *p) {
+  memset(p, 0, sizeof *p);
+  p->first = first;
+  p->last = last;
+  size_t n = (size_t)(last - first > 0 ? last - first : 1);
+  p->group_of = malloc(n * sizeof *p->group_of);
+  p->store = calloc(n, sizeof *p->store);
+  p->claim = malloc(n * sizeof *p->claim);
+  p->write_to = calloc(n, sizeof *p->write_to);
+  p->readers = calloc(n, sizeof *p->readers);
+  bool ok = (p->group_of && p->store && p->claim && p->write_to && p->readers) || oom(ctx);
+  for (size_t k = 0; ok && k < sizeof phases / sizeof phases[0]; k++)
+    ok = phases[k].run(ctx, p, fuse);
+  if (!ok) {
+    kiln__plan_free(p);
+    return false;
+  }
+  if (ctx->debug & KILN__DEBUG_PLAN) print_plan(ctx, p);
+  if (ctx->debug & KILN__DEBUG_VERIFY) {
+    char why[512];
+    if (kiln__plan_verify(ctx, p, why, sizeof why)) {
+      print_plan(ctx, p);
+      kiln__assert_fail(why, __FILE__, __LINE__);
+    }
+  }
+  return true;
 }
 
 void kiln__plan_free(kiln__plan *p) {
   free(p->g);
   free(p->members);
+  free(p->alias);
   free(p->group_of);
   free(p->store);
   free(p->claim);
   free(p->write_to);
+  free(p->readers);
   memset(p, 0, sizeof *p);
 }

@@ -155,12 +155,12 @@ typedef struct kiln_exec_stats {
   double compile_ms;
   kiln_flush_stats last_flush;
   /* step graphs */
-  uint64_t graph_captures;   /* steps captured into a CUDA graph (new signatures) */
-  uint64_t graph_replays;    /* steps run by replaying their graph */
-  uint64_t graph_evictions;  /* graphs dropped from the bounded cache */
-  uint64_t eager_steps;      /* steps in graph mode that ran without a graph */
-  uint64_t arena_bytes;      /* the last captured step's arena of intermediates */
-  uint64_t arena_sum_bytes;  /* the sum of that step's intermediates, had each its own memory */
+  uint64_t graph_captures;  /* steps captured into a CUDA graph (new signatures) */
+  uint64_t graph_replays;   /* steps run by replaying their graph */
+  uint64_t graph_evictions; /* graphs dropped from the bounded cache */
+  uint64_t eager_steps;     /* steps in graph mode that ran without a graph */
+  uint64_t arena_bytes;     /* the last captured step's arena of intermediates */
+  uint64_t arena_sum_bytes; /* the sum of that step's intermediates, had each its own memory */
 } kiln_exec_stats;
 void kiln_stats(const kiln_ctx *ctx, kiln_exec_stats *out);
 
@@ -315,6 +315,7 @@ kiln_status kiln_gradcheck(kiln_ctx *ctx, kiln_gradcheck_fn fn, int n, kiln_tens
 
 typedef struct kiln_params kiln_params;
 kiln_params *kiln_params_new(kiln_ctx *ctx);
+kiln_ctx *kiln_params_ctx(const kiln_params *p); /* the context the list belongs to */
 /* Takes ownership of t (freed with the list); names must be unique. */
 kiln_status kiln_params_add(kiln_params *p, const char *name, kiln_tensor *t);
 int kiln_params_count(const kiln_params *p);

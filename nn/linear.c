@@ -26,7 +26,7 @@ static kiln_tensor *uniform_param(kiln_ctx *ctx, kiln_shape shape, double bound)
 kiln_status kiln_linear_init(kiln_linear *l, kiln_params *params, const char *name,
                              int64_t in_features, int64_t out_features, int bias) {
   if (!l || !params) return KILN_ERR_INVALID;
-  kiln_ctx *ctx = kiln__params_ctx(params);
+  kiln_ctx *ctx = kiln_params_ctx(params);
   if (!kiln__ok(ctx)) return ctx->status;
   memset(l, 0, sizeof *l);
   if (in_features <= 0 || out_features <= 0)

@@ -41,13 +41,8 @@ kiln_status kiln_params_add(kiln_params *p, const char *name, kiln_tensor *t) {
                        "kiln_params_add: '%s' is an intermediate; parameters are persistent", name);
   if (kiln_params_find(p, name))
     return kiln__error(ctx, KILN_ERR_INVALID, "kiln_params_add: the name '%s' is taken", name);
-  if (p->n == p->cap) {
-    int cap = p->cap ? 2 * p->cap : 16;
-    param *q = realloc(p->p, (size_t)cap * sizeof *q);
-    if (!q) return kiln__error(ctx, KILN_ERR_OOM, "kiln_params_add: out of host memory");
-    p->p = q;
-    p->cap = cap;
-  }
+  if (!KILN__GROW(p->p, p->cap, p->n + 1))
+    return kiln__error(ctx, KILN_ERR_OOM, "kiln_params_add: out of host memory");
   char *copy = strdup(name);
   if (!copy) return kiln__error(ctx, KILN_ERR_OOM, "kiln_params_add: out of host memory");
   p->p[p->n].name = copy;
@@ -57,7 +52,7 @@ kiln_status kiln_params_add(kiln_params *p, const char *name, kiln_tensor *t) {
   return KILN_OK;
 }
 
-kiln_ctx *kiln__params_ctx(const kiln_params *p) { return p ? p->ctx : NULL; }
+kiln_ctx *kiln_params_ctx(const kiln_params *p) { return p ? p->ctx : NULL; }
 int kiln_params_count(const kiln_params *p) { return p ? p->n : 0; }
 kiln_tensor *kiln_params_get(const kiln_params *p, int i) {
   return p && i >= 0 && i < p->n ? p->p[i].t : NULL;

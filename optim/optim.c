@@ -1,13 +1,14 @@
 /*
  * optim.c: SGD (momentum, dampening, Nesterov, weight decay), Adam and AdamW with PyTorch's
  * semantics. kiln_optim_step records one in-place update node per parameter; the update rules
- * themselves are in the generated code's prelude (fusion/prelude.c).
+ * themselves are device code (fusion/device/optim.cuh), called with the nodes' named attributes.
  */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "../core/internal.h"
+#include "optim.h"
 
 typedef enum kind { SGD, ADAM, ADAMW } kind;
 
@@ -83,7 +84,7 @@ kiln_adam_options kiln_adamw_defaults(void) {
 }
 
 static kiln_optim *make(kind k, kiln_params *params, const char *fn) {
-  kiln_ctx *ctx = kiln__params_ctx(params);
+  kiln_ctx *ctx = kiln_params_ctx(params);
   if (!ctx || !kiln__ok(ctx)) return NULL;
   kiln_optim *o = calloc(1, sizeof *o);
   int n = kiln_params_count(params);
@@ -124,7 +125,7 @@ static bool make_state(kiln_optim *o, kiln_tensor **s, const char *suffix) {
 
 kiln_optim *kiln_sgd_new(kiln_params *params, const kiln_sgd_options *opts) {
   const char *fn = __func__;
-  kiln_ctx *ctx = kiln__params_ctx(params);
+  kiln_ctx *ctx = kiln_params_ctx(params);
   if (!ctx || !kiln__ok(ctx)) return NULL;
   kiln_sgd_options s = opts ? *opts : kiln_sgd_defaults(1e-3f);
   if (!(s.lr >= 0.f) || !(s.momentum >= 0.f) || !(s.weight_decay >= 0.f))
@@ -150,7 +151,7 @@ kiln_optim *kiln_sgd_new(kiln_params *params, const kiln_sgd_options *opts) {
 
 static kiln_optim *adam_new(kind k, kiln_params *params, const kiln_adam_options *opts,
                             const char *fn) {
-  kiln_ctx *ctx = kiln__params_ctx(params);
+  kiln_ctx *ctx = kiln_params_ctx(params);
   if (!ctx || !kiln__ok(ctx)) return NULL;
   kiln_adam_options a = opts ? *opts : (k == ADAMW ? kiln_adamw_defaults() : kiln_adam_defaults());
   if (!(a.lr >= 0.f) || !(a.eps >= 0.f) || !(a.weight_decay >= 0.f) ||
@@ -199,17 +200,20 @@ kiln_status kiln_optim_step(kiln_optim *o) {
         kiln_tensor *in[3] = {p, g, o->s1[i]};
         n = kiln__update(KILN__OP_SGD_MOMENTUM, __func__, 3, in);
         if (!n) return ctx->status;
-        n->i[0] = s->nesterov != 0;
-        n->f[4] = o->count[i] == 0 ? 1.f : 0.f; /* the first step: a step value, not structure */
+        KILN__F(n, SGD_MOMENTUM, lr) = o->lr;
+        KILN__F(n, SGD_MOMENTUM, momentum) = s->momentum;
+        KILN__F(n, SGD_MOMENTUM, dampening) = s->dampening;
+        KILN__F(n, SGD_MOMENTUM, weight_decay) = s->weight_decay;
+        /* the first step copies the gradient into the buffer: a step value, not structure */
+        KILN__F(n, SGD_MOMENTUM, first) = o->count[i] == 0 ? 1.f : 0.f;
+        KILN__I(n, SGD_MOMENTUM, nesterov) = s->nesterov != 0;
       } else {
         kiln_tensor *in[2] = {p, g};
         n = kiln__update(KILN__OP_SGD, __func__, 2, in);
         if (!n) return ctx->status;
+        KILN__F(n, SGD, lr) = o->lr;
+        KILN__F(n, SGD, weight_decay) = s->weight_decay;
       }
-      n->f[0] = o->lr;
-      n->f[1] = s->momentum;
-      n->f[2] = s->dampening;
-      n->f[3] = s->weight_decay;
     } else {
       const kiln_adam_options *a = &o->adam;
       kiln_tensor *in[4] = {p, g, o->s1[i], o->s2[i]};
@@ -217,14 +221,14 @@ kiln_status kiln_optim_step(kiln_optim *o) {
       if (!n) return ctx->status;
       double t = (double)(o->count[i] + 1);
       double bc1 = 1.0 - pow((double)a->beta1, t), bc2 = 1.0 - pow((double)a->beta2, t);
-      n->f[0] = o->lr;
-      n->f[1] = a->beta1;
-      n->f[2] = a->beta2;
-      n->f[3] = a->eps;
-      n->f[4] = a->weight_decay;
-      n->f[5] = (float)(o->lr / bc1);
-      n->f[6] = (float)sqrt(bc2);
-      n->i[0] = o->kind == ADAMW;
+      KILN__F(n, ADAM, lr) = o->lr;
+      KILN__F(n, ADAM, beta1) = a->beta1;
+      KILN__F(n, ADAM, beta2) = a->beta2;
+      KILN__F(n, ADAM, eps) = a->eps;
+      KILN__F(n, ADAM, weight_decay) = a->weight_decay;
+      KILN__F(n, ADAM, step_size) = (float)(o->lr / bc1);
+      KILN__F(n, ADAM, bc2_sqrt) = (float)sqrt(bc2);
+      KILN__I(n, ADAM, decoupled) = o->kind == ADAMW;
     }
     o->count[i]++;
   }
@@ -258,7 +262,7 @@ void kiln_optim_free(kiln_optim *o) {
   free(o);
 }
 
-/* ---------------------------------------------------------------- for checkpoints */
+/* ---------------------------------------------------------------- for checkpoints (optim.h) */
 
 const char *kiln__optim_kind(const kiln_optim *o) {
   return o->kind == SGD ? "sgd" : (o->kind == ADAM ? "adam" : "adamw");

@@ -8,12 +8,17 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../optim/optim.h"
 #include "safetensors.h"
 
 /* ---------------------------------------------------------------- metadata */
 
+typedef struct kv {
+  char *k, *v;
+} kv;
+
 struct kiln_meta {
-  char **k, **v;
+  kv *kv;
   int n, cap;
 };
 
@@ -22,11 +27,10 @@ kiln_meta *kiln_meta_new(void) { return calloc(1, sizeof(kiln_meta)); }
 void kiln_meta_free(kiln_meta *m) {
   if (!m) return;
   for (int i = 0; i < m->n; i++) {
-    free(m->k[i]);
-    free(m->v[i]);
+    free(m->kv[i].k);
+    free(m->kv[i].v);
   }
-  free(m->k);
-  free(m->v);
+  free(m->kv);
   free(m);
 }
 
@@ -35,40 +39,29 @@ int kiln_meta_set(kiln_meta *m, const char *key, const char *value) {
   char *v = strdup(value);
   if (!v) return -1;
   for (int i = 0; i < m->n; i++)
-    if (strcmp(m->k[i], key) == 0) {
-      free(m->v[i]);
-      m->v[i] = v;
+    if (strcmp(m->kv[i].k, key) == 0) {
+      free(m->kv[i].v);
+      m->kv[i].v = v;
       return 0;
     }
-  if (m->n == m->cap) {
-    int cap = m->cap ? 2 * m->cap : 8;
-    char **k = realloc(m->k, (size_t)cap * sizeof *k);
-    if (k) m->k = k;
-    char **vv = realloc(m->v, (size_t)cap * sizeof *vv);
-    if (vv) m->v = vv;
-    if (!k || !vv) {
-      free(v);
-      return -1;
-    }
-    m->cap = cap;
-  }
-  m->k[m->n] = strdup(key);
-  if (!m->k[m->n]) {
+  char *k = strdup(key);
+  if (!k || !KILN__GROW(m->kv, m->cap, m->n + 1)) {
+    free(k);
     free(v);
     return -1;
   }
-  m->v[m->n++] = v;
+  m->kv[m->n++] = (kv){.k = k, .v = v};
   return 0;
 }
 
 const char *kiln_meta_get(const kiln_meta *m, const char *key) {
   for (int i = 0; m && key && i < m->n; i++)
-    if (strcmp(m->k[i], key) == 0) return m->v[i];
+    if (strcmp(m->kv[i].k, key) == 0) return m->kv[i].v;
   return NULL;
 }
 int kiln_meta_count(const kiln_meta *m) { return m ? m->n : 0; }
 const char *kiln_meta_key(const kiln_meta *m, int i) {
-  return m && i >= 0 && i < m->n ? m->k[i] : NULL;
+  return m && i >= 0 && i < m->n ? m->kv[i].k : NULL;
 }
 
 /* ---------------------------------------------------------------- dtype conversion */
@@ -103,13 +96,7 @@ typedef struct slots {
 } slots;
 
 static bool slots_add(slots *ss, const char *name, kiln_tensor *t) {
-  if (ss->n == ss->cap) {
-    int cap = ss->cap ? 2 * ss->cap : 32;
-    slot *s = realloc(ss->s, (size_t)cap * sizeof *s);
-    if (!s) return false;
-    ss->s = s;
-    ss->cap = cap;
-  }
+  if (!KILN__GROW(ss->s, ss->cap, ss->n + 1)) return false;
   slot *s = &ss->s[ss->n++];
   snprintf(s->name, sizeof s->name, "%s", name);
   s->t = t;
@@ -142,7 +129,7 @@ static bool gather(const kiln_params *p, const kiln_optim *o, slots *ss) {
 
 static kiln_status save(const char *fn, const char *path, const kiln_params *p, const kiln_optim *o,
                         kiln_dtype dtype, const cJSON *meta) {
-  kiln_ctx *ctx = kiln__params_ctx(p);
+  kiln_ctx *ctx = kiln_params_ctx(p);
   if (!ctx) return KILN_ERR_INVALID;
   if (!kiln__ok(ctx)) return ctx->status;
   if (!path) return kiln__error(ctx, KILN_ERR_INVALID, "%s: NULL path", fn);
@@ -253,7 +240,7 @@ kiln_status kiln_params_save(const kiln_params *p, const char *path, kiln_dtype 
 /* Reads and checks path for fn; NULL (the error set, when there is a context) on failure. */
 static kiln_ctx *read_parsed(const char *fn, const kiln_params *p, const char *path, uint8_t **buf,
                              kiln__st_file *f) {
-  kiln_ctx *ctx = kiln__params_ctx(p);
+  kiln_ctx *ctx = kiln_params_ctx(p);
   *buf = NULL;
   memset(f, 0, sizeof *f);
   if (!ctx || !kiln__ok(ctx)) return NULL;
@@ -273,7 +260,7 @@ kiln_status kiln_params_load(kiln_params *p, const char *path) {
   uint8_t *buf;
   kiln__st_file f;
   kiln_ctx *ctx = read_parsed(fn, p, path, &buf, &f);
-  if (!ctx) return kiln__params_ctx(p) ? kiln_ctx_status(kiln__params_ctx(p)) : KILN_ERR_INVALID;
+  if (!ctx) return kiln_params_ctx(p) ? kiln_ctx_status(kiln_params_ctx(p)) : KILN_ERR_INVALID;
   slots ss = {0};
   if (!gather(p, NULL, &ss))
     kiln__error(ctx, KILN_ERR_OOM, "%s: out of host memory", fn);
@@ -298,7 +285,7 @@ static void meta_u64(cJSON *m, const char *k, uint64_t v) {
 kiln_status kiln_checkpoint_save(const char *path, const kiln_params *p, const kiln_optim *o,
                                  const kiln_meta *user) {
   const char *fn = __func__;
-  kiln_ctx *ctx = kiln__params_ctx(p);
+  kiln_ctx *ctx = kiln_params_ctx(p);
   if (!ctx) return KILN_ERR_INVALID;
   if (!kiln__ok(ctx)) return ctx->status;
   cJSON *m = cJSON_CreateObject();
@@ -352,7 +339,7 @@ kiln_status kiln_checkpoint_load(const char *path, kiln_params *p, kiln_optim *o
   uint8_t *buf;
   kiln__st_file f;
   kiln_ctx *ctx = read_parsed(fn, p, path, &buf, &f);
-  if (!ctx) return kiln__params_ctx(p) ? kiln_ctx_status(kiln__params_ctx(p)) : KILN_ERR_INVALID;
+  if (!ctx) return kiln_params_ctx(p) ? kiln_ctx_status(kiln_params_ctx(p)) : KILN_ERR_INVALID;
   slots ss = {0};
   int np = kiln_params_count(p);
   int64_t *counts = calloc((size_t)np + 1, sizeof *counts);

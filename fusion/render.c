@@ -1,66 +1,93 @@
 /*
- * codegen.c: CUDA C for elementwise groups, reductions and row gathers. The source depends on
- * the ops, dtypes, ranks and which operands are dense, never on sizes, so one compiled kernel
- * serves every shape of a rank; sizes and strides travel in the kernel's argument.
+ * render.c: the renderer. It turns a spec (lower.c) into CUDA C source, a kernel name, a launch
+ * shape and an argument plan (which tensor each pointer slot binds to, where each attribute slot
+ * comes from). It only renders: it compiles nothing, allocates no device memory and reads no
+ * device address. The source depends on the ops, dtypes, ranks, which operands are dense and
+ * 16-byte aligned, and whether indices need 64 bits; sizes and strides travel in the argument.
  */
 #include <inttypes.h>
-#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "fusion.h"
 
-/* Room for more bytes after the n held; false (and oom set) when there is no host memory. */
-static bool sb_reserve(kiln__sb *b, size_t more) {
-  if (b->oom) return false;
-  if (b->n + more < b->cap) return true;
-  size_t cap = b->cap ? b->cap * 2 : 4096;
-  while (cap <= b->n + more)
-    cap *= 2;
-  char *s = realloc(b->s, cap);
-  if (!s) {
-    b->oom = true;
-    return false;
+/* ---------------------------------------------------------------- op expressions */
+
+/* A $-token of an op expression: an input ($0), the element's linear index ($idx), the
+ * coordinate along the op's `axis` ($c), or one of its attributes ($lr). */
+typedef struct token {
+  enum { TOK_INPUT, TOK_IDX, TOK_COORD, TOK_ATTR } kind;
+  int input, attr; /* attr: index into the op's attribute list */
+  size_t len;      /* characters after the '$' */
+} token;
+
+static bool ident_char(char c) {
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_';
+}
+
+/* The token after a '$' of op's expression. */
+static token scan(kiln__op op, const char *p) {
+  token t = {0};
+  while (ident_char(p[t.len]))
+    t.len++;
+  KILN_ASSERT(t.len > 0);
+  if (p[0] >= '0' && p[0] <= '9') {
+    t.kind = TOK_INPUT;
+    t.input = atoi(p);
+  } else if (t.len == 3 && strncmp(p, "idx", 3) == 0) {
+    t.kind = TOK_IDX;
+  } else if (t.len == 1 && p[0] == 'c') {
+    t.kind = TOK_COORD;
+  } else {
+    t.kind = TOK_ATTR;
+    const kiln__op_info *info = &kiln__ops[op];
+    t.attr = -1;
+    for (int a = 0; a < info->nattr && t.attr < 0; a++)
+      if (strlen(info->attrs[a].name) == t.len && strncmp(info->attrs[a].name, p, t.len) == 0)
+        t.attr = a;
+    KILN_ASSERT(t.attr >= 0 && "an expression names an attribute its op does not have");
   }
-  b->s = s;
-  b->cap = cap;
-  return true;
+  return t;
 }
 
-void kiln__sb_put(kiln__sb *b, const void *p, size_t n) {
-  if (!sb_reserve(b, n)) return;
-  memcpy(b->s + b->n, p, n);
-  b->n += n;
-}
-
-void kiln__sb_printf(kiln__sb *b, const char *fmt, ...) {
-  for (;;) {
-    if (b->oom) return;
-    va_list ap;
-    va_start(ap, fmt);
-    size_t room = b->cap - b->n;
-    int k = vsnprintf(b->s ? b->s + b->n : NULL, room, fmt, ap);
-    va_end(ap);
-    if (k < 0) {
-      b->oom = true;
-      return;
-    }
-    if ((size_t)k < room) {
-      b->n += (size_t)k;
-      return;
-    }
-    sb_reserve(b, (size_t)k + 1);
+/* Which of node n's attributes its kernel code reads: those its expression names, a
+ * reduction's scale, a gather's start. */
+static void used_attrs(const kiln__node *n, bool *used) {
+  const kiln__op_info *info = &kiln__ops[n->op];
+  memset(used, 0, sizeof(bool) * KILN__MAX_ATTRS);
+  for (const char *c = info->expr; *c; c++) {
+    if (*c != '$') continue;
+    token t = scan(n->op, c + 1);
+    if (t.kind == TOK_ATTR) used[t.attr] = true;
+    c += t.len;
   }
+  if (info->kind == KILN__KIND_REDUCE || n->op == KILN__OP_INDEX_SELECT)
+    for (int a = 0; a < info->nattr; a++)
+      used[a] = used[a] || strcmp(info->attrs[a].name, "scale") == 0 ||
+                strcmp(info->attrs[a].name, "start") == 0;
 }
 
-void kiln__sb_free(kiln__sb *b) {
-  free(b->s);
-  memset(b, 0, sizeof *b);
+void kiln__kernel_attrs(const kiln__node *n, int *nf, int *ni, int *nu) {
+  bool used[KILN__MAX_ATTRS];
+  used_attrs(n, used);
+  int count[3] = {0, 0, 0};
+  for (int a = 0; a < kiln__ops[n->op].nattr; a++)
+    if (used[a]) count[kiln__ops[n->op].attrs[a].kind] += kiln__ops[n->op].attrs[a].count;
+  *nf = count[KILN__ATTR_F];
+  *ni = count[KILN__ATTR_I];
+  *nu = count[KILN__ATTR_U];
 }
 
-void *kiln__data_ptr(const kiln_tensor *t) {
-  return (char *)t->st->ptr + t->offset * (int64_t)kiln_dtype_size(t->dtype);
+/* Attribute a of op's first value among the node's values of its kind. */
+static int node_slot(kiln__op op, int a) {
+  kiln__attr_kind kind;
+  int slot;
+  const char *name = kiln__ops[op].attrs[a].name;
+  KILN_ASSERT(kiln__attr_find(op, name, strlen(name), &kind, &slot));
+  return slot;
 }
+
+/* ---------------------------------------------------------------- operands and wiring */
 
 static const char *ctype(kiln_dtype dt) { return dt == KILN_DTYPE_I32 ? "int" : "float"; }
 
@@ -75,6 +102,12 @@ static void align_strides(const kiln_tensor *t, int nd, const int64_t *shape, lo
 
 static bool dense(const kiln_tensor *t, int64_t n) {
   return kiln__is_contiguous(t) && kiln_tensor_numel(t) == n;
+}
+
+/* Whether t's first element sits at a 16-byte boundary. Storage is allocated 512-byte aligned
+ * (KILN__ALLOC_ALIGN, and step-graph arenas keep that), so this depends on the offset alone. */
+static bool aligned16(const kiln_tensor *t) {
+  return ((uint64_t)t->offset * kiln_dtype_size(t->dtype)) % 16 == 0;
 }
 
 /* Bytes of t a kernel touches: each element once, broadcast dims counted once. */
@@ -110,42 +143,58 @@ static int operand(operands *o, const kiln_tensor *t, bool store, const kiln_ten
 
 /* How an elementwise program's nodes read their inputs and where their attributes live. */
 typedef struct wiring {
-  char in[KILN__MAX_GROUP][KILN__MAX_IN][16]; /* the name of node j's input q */
-  int fb[KILN__MAX_GROUP], ib[KILN__MAX_GROUP], ub[KILN__MAX_GROUP];
+  int val[KILN__MAX_GROUP][KILN__MAX_IN];  /* input q of node j: the value of node val (or -1) */
+  int opnd[KILN__MAX_GROUP][KILN__MAX_IN]; /* or operand opnd */
+  int8_t aslot[KILN__MAX_GROUP][KILN__MAX_ATTRS]; /* attribute a: its kernel slot (-1: unused) */
   int store_slot[KILN__MAX_GROUP]; /* operand written with node j's value, -1 for none */
   bool coords;                     /* some read needs the element's coordinates */
 } wiring;
 
-void kiln__attr_use(const char *e, int *nf, int *ni, int *nu) {
-  *nf = *ni = *nu = 0;
-  for (const char *c = e; *c; c++) {
-    if (c[0] != '$' || !c[1] || c[2] < '0' || c[2] > '9') continue;
-    int k = c[2] - '0' + 1;
-    if (c[1] == 'f' && k > *nf) *nf = k;
-    if (c[1] == 'i' && k > *ni) *ni = k;
-    if (c[1] == 'u' && k > *nu) *nu = k;
+/* Float attribute slot s of the kernel is attribute k of node n (and 64-bit slot s for attr_u):
+ * the executor copies it into the step values before every run or graph replay. */
+static void attr_f(kiln__argplan *ap, int s, const kiln__node *n, int k) {
+  ap->fsrc[s] = n;
+  ap->fk[s] = (int8_t)k;
+}
+static void attr_u(kiln__argplan *ap, int s, const kiln__node *n, int k) {
+  ap->usrc[s] = n;
+  ap->uk[s] = (int8_t)k;
+}
+
+/* Gives node n's used attributes the next kernel slots (*nf, *ni, *nu), recording them in aslot. */
+static void wire_attrs(kiln__argplan *ap, const kiln__node *n, int8_t *aslot, int *nf, int *ni,
+                       int *nu) {
+  const kiln__op_info *info = &kiln__ops[n->op];
+  bool used[KILN__MAX_ATTRS];
+  used_attrs(n, used);
+  for (int a = 0; a < info->nattr; a++) {
+    aslot[a] = -1;
+    if (!used[a]) continue;
+    int k = node_slot(n->op, a);
+    switch (info->attrs[a].kind) {
+    case KILN__ATTR_F:
+      KILN_ASSERT(*nf < KILN__KMAX_F);
+      attr_f(ap, *nf, n, k);
+      aslot[a] = (int8_t)(*nf)++;
+      break;
+    case KILN__ATTR_I:
+      KILN_ASSERT(*ni < KILN__KMAX_I);
+      ap->args.i[*ni] = (int)n->i[k];
+      aslot[a] = (int8_t)(*ni)++;
+      break;
+    case KILN__ATTR_U:
+      KILN_ASSERT(*nu < KILN__KMAX_U);
+      attr_u(ap, *nu, n, k);
+      aslot[a] = (int8_t)(*nu)++;
+      break;
+    }
   }
 }
 
-/* Float attribute slot s of g's kernel is node n's attribute k (and 64-bit slot s for attr_u):
- * the executor copies it into the step values before every run or graph replay. */
-static void attr_f(kiln__group *g, int s, const kiln__node *n, int k) {
-  g->args.f[s] = n->f[k];
-  g->fsrc[s] = n;
-  g->fk[s] = (int8_t)k;
-}
-static void attr_u(kiln__group *g, int s, const kiln__node *n, int k) {
-  g->args.u[s] = n->u[k];
-  g->usrc[s] = n;
-  g->uk[s] = (int8_t)k;
-}
-
-/* Assigns operands, value names and attribute slots for prog; fills a's attributes. In a row
- * program (row non-NULL) row[j] says node j computes one value per row; a reduction's output is
- * one value per row too, and its scale takes a float slot. */
-static void wire(const kiln__ew_prog *p, const bool *row, operands *o, wiring *w, kiln__group *g) {
-  kiln__kargs *a = &g->args;
-  int nf = 0, ni = 0, nu = 0;
+/* Assigns operands, value names and attribute slots for prog. In a row program (row non-NULL)
+ * row[j] says node j computes one value per row; a reduction's output is one value per row too. */
+static void wire(const kiln__ew_prog *p, const bool *row, operands *o, wiring *w, kiln__argplan *ap,
+                 int *nf, int *ni, int *nu) {
   w->coords = false;
   for (int j = 0; j < p->n; j++) {
     const kiln__node *nd = p->nodes[j];
@@ -156,62 +205,60 @@ static void wire(const kiln__ew_prog *p, const bool *row, operands *o, wiring *w
     for (int q = 0; q < nd->nin; q++) {
       const kiln_tensor *x = nd->in[q];
       for (int k = 0; k < p->nalias; k++)
-        if (p->alias[k][0] == x) x = p->alias[k][1];
+        if (p->alias[k].view == x) x = p->alias[k].value;
       int m = -1; /* an update reads only operands, input q as operand q */
       for (int k = 0; k < j && !update; k++)
         if (p->nodes[k]->out == x) m = k;
-      if (m >= 0)
-        snprintf(w->in[j][q], sizeof w->in[j][q], "v%d", m);
-      else {
-        int k = operand(o, nd->in[q], false, in_row);
-        KILN_ASSERT(!update || k == q);
-        snprintf(w->in[j][q], sizeof w->in[j][q], "x%d", k);
-      }
+      w->val[j][q] = m;
+      w->opnd[j][q] = m >= 0 ? -1 : operand(o, nd->in[q], false, in_row);
+      KILN_ASSERT(!update || w->opnd[j][q] == q);
     }
-    int f, i, u;
-    kiln__attr_use(info->expr, &f, &i, &u);
-    if (red) f = 1, i = u = 0; /* the scale (a mean's 1/n) */
-    w->fb[j] = nf;
-    w->ib[j] = ni;
-    w->ub[j] = nu;
-    for (int k = 0; k < f; k++)
-      attr_f(g, nf + k, nd, k);
-    for (int k = 0; k < i; k++)
-      a->i[ni + k] = (int)nd->i[k];
-    for (int k = 0; k < u; k++)
-      attr_u(g, nu + k, nd, k);
-    nf += f;
-    ni += i;
-    nu += u;
-    KILN_ASSERT(nf <= KILN__KMAX_F && ni <= KILN__KMAX_I && nu <= KILN__KMAX_U);
+    wire_attrs(ap, nd, w->aslot[j], nf, ni, nu);
     if (strstr(info->expr, "$c")) w->coords = true;
     w->store_slot[j] = !update && p->store[j] ? operand(o, nd->out, true, out_row) : -1;
   }
 }
 
-/* Writes an op-table template with node j's names and attribute slots. */
+/* The name of node j's input q in the kernel: a value (v3) or an operand (x1). */
+static void in_name(const wiring *w, int j, int q, char *buf, size_t n) {
+  if (w->val[j][q] >= 0)
+    snprintf(buf, n, "v%d", w->val[j][q]);
+  else
+    snprintf(buf, n, "x%d", w->opnd[j][q]);
+}
+
+/* Writes an op-table expression with node j's names and attribute slots. */
 static void expand(kiln__sb *b, const char *tpl, const wiring *w, int j, const kiln__node *nd) {
   for (const char *p = tpl; *p; p++) {
     if (*p != '$') {
-      kiln__sb_printf(b, "%c", *p);
+      kiln__sb_put(b, p, 1);
       continue;
     }
-    p++;
-    if (*p >= '0' && *p <= '9') {
-      kiln__sb_printf(b, "%s", w->in[j][*p - '0']);
-    } else if ((*p == 'f' || *p == 'i' || *p == 'u') && p[1] >= '0' && p[1] <= '9') {
-      int base = *p == 'f' ? w->fb[j] : (*p == 'i' ? w->ib[j] : w->ub[j]);
-      kiln__sb_printf(b, "a.%s[%d]", *p == 'f' ? "fv" : (*p == 'i' ? "i" : "uv"),
-                      base + (p[1] - '0'));
-      p++;
-    } else if (strncmp(p, "idx", 3) == 0) {
-      kiln__sb_printf(b, "i");
-      p += 2;
-    } else if (*p == 'c') {
-      kiln__sb_printf(b, "c%d", (int)nd->i[7]);
-    } else {
-      KILN_ASSERT(!"bad op template");
+    token t = scan(nd->op, p + 1);
+    char name[16];
+    switch (t.kind) {
+    case TOK_INPUT:
+      in_name(w, j, t.input, name, sizeof name);
+      kiln__sb_printf(b, "%s", name);
+      break;
+    case TOK_IDX: kiln__sb_printf(b, "i"); break;
+    case TOK_COORD: {
+      kiln__attr_kind kind;
+      int slot;
+      KILN_ASSERT(kiln__attr_find(nd->op, "axis", 4, &kind, &slot) && kind == KILN__ATTR_I);
+      kiln__sb_printf(b, "c%d", (int)nd->i[slot]);
+      break;
     }
+    case TOK_ATTR: {
+      kiln__attr_kind kind = kiln__ops[nd->op].attrs[t.attr].kind;
+      KILN_ASSERT(w->aslot[j][t.attr] >= 0);
+      kiln__sb_printf(b, "a.%s[%d]",
+                      kind == KILN__ATTR_F ? "fv" : (kind == KILN__ATTR_I ? "i" : "uv"),
+                      w->aslot[j][t.attr]);
+      break;
+    }
+    }
+    p += t.len;
   }
 }
 
@@ -251,7 +298,7 @@ static void emit_element(kiln__sb *b, const kiln__ew_prog *p, const operands *o,
       kiln__sb_printf(b, "\n");
       for (int q = 0; q < n->nin; q++) {
         if (!(info->stores & (1u << q))) continue;
-        int k = w->in[j][q][1] - '0'; /* "x<k>": updates read only operands */
+        int k = w->opnd[j][q]; /* updates read only operands */
         if (vec)
           kiln__sb_printf(b, "%s((float *)&L%d)[e] = x%d;\n", ind, k, k);
         else {
@@ -301,71 +348,71 @@ static void stem_of(const kiln__ew_prog *p, const char *prefix, const char *suff
   if (k < n) snprintf(stem + k, n - k, "%s", suffix);
 }
 
-static void finish(kiln_ctx *ctx, kiln__sb *body, const char *stem, kiln__group *g,
-                   const char *comment, bool *ok) {
-  if (body->oom) {
-    kiln__error(ctx, KILN_ERR_OOM, "kiln: out of host memory generating %s", stem);
-    *ok = false;
-    return;
-  }
+/* Names the kernel after its stem and body and wraps the body into the kernel's source. */
+static bool finish(kiln__sb *body, const char *stem, const operands *o, kiln__rendered *r) {
+  if (body->oom) return false;
   uint64_t h = kiln__hash(body->s, body->n, 0);
-  snprintf(g->name, sizeof g->name, "%s_%08" PRIx64, stem, h & 0xffffffffu);
-  kiln__sb src = {0};
-  kiln__sb_printf(&src,
-                  "extern \"C\" __global__ void __launch_bounds__(256) %s(const kiln__kargs a) {\n"
+  snprintf(r->name, sizeof r->name, "%s_%08" PRIx64, stem, h & 0xffffffffu);
+  kiln__sb_printf(&r->src,
+                  "#include \"prelude.cuh\"\n"
+                  "extern \"C\" __global__ void __launch_bounds__(%d) %s(const kiln__kargs a) {\n"
                   "%s}\n",
-                  g->name, body->s);
-  if (src.oom) {
-    kiln__error(ctx, KILN_ERR_OOM, "kiln: out of host memory generating %s", stem);
-    *ok = false;
-    return;
+                  KILN__BLOCK, r->name, body->s);
+  if (o) {
+    r->arg.nptr = o->n;
+    for (int k = 0; k < o->n; k++)
+      r->arg.ptr[k] = o->t[k];
   }
-  g->k = kiln__kernel_get(ctx, g->name, src.s, comment);
-  kiln__sb_free(&src);
-  *ok = g->k != NULL;
+  return !r->src.oom;
 }
 
-static unsigned grid_for(const kiln_ctx *ctx, int64_t threads) {
-  int64_t blocks = (threads + 255) / 256, cap = (int64_t)ctx->num_sms * 8;
+/* Blocks for a grid-stride loop over threads: at most this many per SM (enough resident
+ * blocks to hide latency; the loop covers the rest). */
+#define KILN__BLOCKS_PER_SM 8
+
+static unsigned grid_for(const kiln__target *t, int64_t threads) {
+  int64_t blocks = (threads + KILN__BLOCK - 1) / KILN__BLOCK,
+          cap = (int64_t)t->num_sms * KILN__BLOCKS_PER_SM;
   return (unsigned)(blocks < 1 ? 1 : (blocks > cap ? cap : blocks));
 }
 
-bool kiln__gen_ew(kiln_ctx *ctx, const kiln__ew_prog *p, kiln__group *g, const char *comment) {
+/* ---------------------------------------------------------------- elementwise */
+
+static bool render_ew(const kiln__target *t, const kiln__ew_prog *p, kiln__rendered *r) {
   int nd = p->ndim;
   int64_t n = kiln__numel(nd, p->shape);
-  kiln__kargs *a = &g->args;
-  memset(a, 0, sizeof *a);
+  kiln__kargs *a = &r->arg.args;
   a->n = n;
   for (int d = 0; d < nd; d++)
     a->shape[d] = p->shape[d];
   operands o = {0};
   wiring w;
-  wire(p, NULL, &o, &w, g);
+  int nf = 0, ni = 0, nu = 0;
+  wire(p, NULL, &o, &w, &r->arg, &nf, &ni, &nu);
+  bool update = p->n == 1 && kiln__ops[p->nodes[0]->op].kind == KILN__KIND_UPDATE;
   bool coords = w.coords, vec = n % 4 == 0 && n > 0 && !w.coords, f32 = true;
   int64_t span = n; /* the largest offset any operand reaches, for the index type */
-  g->bytes_read = g->bytes_written = 0;
   for (int k = 0; k < o.n; k++) {
-    const kiln_tensor *t = o.t[k];
-    a->ptr[k] = kiln__data_ptr(t);
-    align_strides(t, nd, p->shape, a->st[k]);
-    o.lin[k] = dense(t, n);
+    const kiln_tensor *x = o.t[k];
+    align_strides(x, nd, p->shape, a->st[k]);
+    o.lin[k] = dense(x, n);
     int64_t reach = 0;
     for (int d = 0; d < nd; d++)
       reach += (p->shape[d] - 1) * llabs(a->st[k][d]);
     if (reach > span) span = reach;
     if (!o.lin[k]) coords = true;
-    vec = vec && o.lin[k] && (((uintptr_t)a->ptr[k] | (uintptr_t)(t->offset * 4)) % 16 == 0);
-    f32 = f32 && t->dtype == KILN_DTYPE_F32;
+    vec = vec && o.lin[k] && aligned16(x);
+    f32 = f32 && x->dtype == KILN_DTYPE_F32;
     if (o.store[k])
-      g->bytes_written += footprint(t);
+      r->bytes_written += footprint(x);
     else
-      g->bytes_read += footprint(t);
+      r->bytes_read += footprint(x);
   }
   for (int j = 0; j < p->n; j++) /* updates write their inputs back */
     if (kiln__ops[p->nodes[j]->op].kind == KILN__KIND_UPDATE)
       for (int q = 0; q < p->nodes[j]->nin; q++)
         if (kiln__ops[p->nodes[j]->op].stores & (1u << q))
-          g->bytes_written += footprint(p->nodes[j]->in[q]);
+          r->bytes_written += footprint(p->nodes[j]->in[q]);
   vec = vec && f32 && !coords;
   bool wide = span >= ((int64_t)1 << 31) - 1024;
 
@@ -381,10 +428,8 @@ bool kiln__gen_ew(kiln_ctx *ctx, const kiln__ew_prog *p, kiln__group *g, const c
       if (o.store[k])
         kiln__sb_printf(&b, "    float4 S%d;\n", k);
       else
-        kiln__sb_printf(
-            &b, "    %sfloat4 L%d = ((const float4 *)a.ptr[%d])[q];\n",
-            p->n == 1 && kiln__ops[p->nodes[0]->op].kind == KILN__KIND_UPDATE ? "" : "const ", k,
-            k);
+        kiln__sb_printf(&b, "    %sfloat4 L%d = ((const float4 *)a.ptr[%d])[q];\n",
+                        update ? "" : "const ", k, k);
     }
     kiln__sb_printf(&b, "#pragma unroll\n    for (int e = 0; e < 4; e++) {\n"
                         "      const ix i = q * 4 + e;\n      (void)i;\n");
@@ -393,7 +438,7 @@ bool kiln__gen_ew(kiln_ctx *ctx, const kiln__ew_prog *p, kiln__group *g, const c
     for (int k = 0; k < o.n; k++) {
       if (o.store[k])
         kiln__sb_printf(&b, "    ((float4 *)a.ptr[%d])[q] = S%d;\n", k, k);
-      else if (p->n == 1 && (kiln__ops[p->nodes[0]->op].stores & (1u << k)))
+      else if (update && (kiln__ops[p->nodes[0]->op].stores & (1u << k)))
         kiln__sb_printf(&b, "    ((float4 *)a.ptr[%d])[q] = L%d;\n", k, k);
     }
     kiln__sb_printf(&b, "  }\n");
@@ -406,51 +451,46 @@ bool kiln__gen_ew(kiln_ctx *ctx, const kiln__ew_prog *p, kiln__group *g, const c
   }
   const kiln__node *last = p->nodes[p->n - 1];
   const kiln_tensor *typed = last->out ? last->out : last->in[0];
-  char stem[80];
-  char suffix[24];
+  char stem[80], suffix[24];
   snprintf(suffix, sizeof suffix, "_%s%s", kiln_dtype_name(typed->dtype), vec ? "_v4" : "");
   stem_of(p, "k", suffix, stem, sizeof stem);
-  bool ok;
-  finish(ctx, &b, stem, g, comment, &ok);
+  bool ok = finish(&b, stem, &o, r);
   kiln__sb_free(&b);
-  g->block = 256;
-  g->grid = grid_for(ctx, vec ? n / 4 : n);
+  r->block = KILN__BLOCK;
+  r->grid = grid_for(t, vec ? n / 4 : n);
   return ok;
 }
 
-/* A multi-tensor update: one launch runs the same update over g's T tensors, tensor t in
- * blockIdx.y, its inputs in a.ptr[t * nin ...] and its length in a.st[t][0]. */
-bool kiln__gen_update_multi(kiln_ctx *ctx, const kiln__node *const *nodes, int T, kiln__group *g,
-                            const char *comment) {
+/* ---------------------------------------------------------------- multi-tensor updates */
+
+/* One launch runs the same update over T tensors, tensor t in blockIdx.y, its inputs in
+ * a.ptr[t * nin ...] and its length in a.st[t][0]. */
+static bool render_updates(const kiln__target *tg, const kiln__node *const *nodes, int T,
+                           kiln__rendered *r) {
   const kiln__node *n0 = nodes[0];
   const kiln__op_info *info = &kiln__ops[n0->op];
   int nin = n0->nin;
-  kiln__kargs *a = &g->args;
-  memset(a, 0, sizeof *a);
-  int nf, ni, nu;
-  kiln__attr_use(info->expr, &nf, &ni, &nu);
-  for (int k = 0; k < nf; k++)
-    attr_f(g, k, n0, k);
-  for (int k = 0; k < ni; k++)
-    a->i[k] = (int)n0->i[k];
-  for (int k = 0; k < nu; k++)
-    attr_u(g, k, n0, k);
+  kiln__kargs *a = &r->arg.args;
+  wiring w;
+  int nf = 0, ni = 0, nu = 0;
+  wire_attrs(&r->arg, n0, w.aslot[0], &nf, &ni, &nu);
   int64_t most = 0;
-  g->bytes_read = g->bytes_written = 0;
   for (int t = 0; t < T; t++) {
     int64_t len = kiln_tensor_numel(nodes[t]->in[0]);
     a->st[t][0] = len;
     a->n += len;
     if (len > most) most = len;
     for (int q = 0; q < nin; q++) {
-      a->ptr[t * nin + q] = kiln__data_ptr(nodes[t]->in[q]);
-      g->bytes_read += footprint(nodes[t]->in[q]);
-      if (info->stores & (1u << q)) g->bytes_written += footprint(nodes[t]->in[q]);
+      r->arg.ptr[t * nin + q] = nodes[t]->in[q];
+      r->bytes_read += footprint(nodes[t]->in[q]);
+      if (info->stores & (1u << q)) r->bytes_written += footprint(nodes[t]->in[q]);
     }
   }
-  wiring w = {0};
-  for (int q = 0; q < nin; q++)
-    snprintf(w.in[0][q], sizeof w.in[0][q], "x%d", q);
+  r->arg.nptr = T * nin;
+  for (int q = 0; q < nin; q++) {
+    w.val[0][q] = -1;
+    w.opnd[0][q] = q;
+  }
   kiln__sb b = {0};
   kiln__sb_printf(&b, "  const int t = blockIdx.y;\n  const long long n = a.st[t][0];\n"
                       "  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; "
@@ -466,47 +506,56 @@ bool kiln__gen_update_multi(kiln_ctx *ctx, const kiln__node *const *nodes, int T
   kiln__sb_printf(&b, "  }\n");
   char stem[64];
   snprintf(stem, sizeof stem, "k_%s_f32_x%d", info->name, T);
-  bool ok;
-  finish(ctx, &b, stem, g, comment, &ok);
+  bool ok = finish(&b, stem, NULL, r);
   kiln__sb_free(&b);
-  g->block = 256;
-  g->grid = grid_for(ctx, most);
-  g->grid_y = (unsigned)T;
+  r->block = KILN__BLOCK;
+  r->grid = grid_for(tg, most);
+  r->grid_y = (unsigned)T;
   return ok;
 }
 
+/* ---------------------------------------------------------------- reductions */
+
+/* Blocks a row-wise kernel launches per SM at most (its loop covers the remaining rows). */
+#define KILN__ROW_BLOCKS_PER_SM 16
+
 /* One block a row (a.n rows of a.nred elements): a power of two of 32 to 256 threads. */
-static void row_launch(const kiln_ctx *ctx, kiln__group *g) {
-  int64_t bl = 32, rows = g->args.n, cap = (int64_t)ctx->num_sms * 16;
-  while (bl < g->args.nred && bl < 256)
+static void row_launch(const kiln__target *t, kiln__rendered *r) {
+  int64_t bl = 32, rows = r->arg.args.n, cap = (int64_t)t->num_sms * KILN__ROW_BLOCKS_PER_SM;
+  while (bl < r->arg.args.nred && bl < KILN__BLOCK)
     bl *= 2;
-  g->block = (unsigned)bl;
-  g->grid = (unsigned)(rows < 1 ? 1 : (rows > cap ? cap : rows));
+  r->block = (unsigned)bl;
+  r->grid = (unsigned)(rows < 1 ? 1 : (rows > cap ? cap : rows));
 }
 
 /* A reduction, its input computed by an elementwise prologue or read from memory. Strategy
  * "rows": one block per output, threads stride over the reduced elements (for reductions along
- * the innermost dim). Strategy "cols": one thread per output, looping over the reduced elements
- * (neighbouring threads read neighbouring columns). */
-bool kiln__gen_reduce(kiln_ctx *ctx, const kiln__ew_prog *pro, const kiln__node *r, kiln__group *g,
-                      const char *comment) {
-  const kiln_tensor *x = r->in[0];
-  unsigned mask = (unsigned)r->i[0];
+ * the innermost dim), combined by reduce.cuh's block reductions. Strategy "cols": one thread per
+ * output, looping over the reduced elements (neighbouring threads read neighbouring columns). */
+static bool render_reduce(const kiln__target *t, const kiln__ew_prog *pro, const kiln__node *rn,
+                          kiln__rendered *r) {
+  const kiln_tensor *x = rn->in[0];
+  unsigned mask = (unsigned)KILN__RI(rn, mask);
   int nd = x->ndim;
-  kiln__kargs *a = &g->args;
-  memset(a, 0, sizeof *a);
+  kiln__kargs *a = &r->arg.args;
   operands o = {0};
   wiring w;
-  int value = -1; /* the prologue node whose value is reduced */
-  if (pro && pro->n > 0) {
-    wire(pro, NULL, &o, &w, g);
+  int nf = 0, ni = 0, nu = 0, value = -1; /* the prologue node whose value is reduced */
+  if (pro->n > 0) {
+    wire(pro, NULL, &o, &w, &r->arg, &nf, &ni, &nu);
     for (int j = 0; j < pro->n; j++)
       if (pro->nodes[j]->out == x) value = j;
     KILN_ASSERT(value >= 0);
   } else {
     operand(&o, x, false, NULL);
   }
-  int out = operand(&o, r->out, true, NULL);
+  int8_t rslot[KILN__MAX_ATTRS];
+  wire_attrs(&r->arg, rn, rslot, &nf, &ni, &nu); /* the scale, after the prologue's */
+  int scale = -1;
+  for (int q = 0; q < kiln__ops[rn->op].nattr; q++)
+    if (strcmp(kiln__ops[rn->op].attrs[q].name, "scale") == 0) scale = rslot[q];
+  KILN_ASSERT(scale >= 0);
+  int out = operand(&o, rn->out, true, NULL);
   int outer[KILN_MAX_DIMS], red[KILN_MAX_DIMS], no = 0, nr = 0;
   a->n = 1;
   a->nred = 1;
@@ -521,20 +570,17 @@ bool kiln__gen_reduce(kiln_ctx *ctx, const kiln__ew_prog *pro, const kiln__node 
       a->n *= x->shape[d];
     }
   }
-  g->bytes_read = g->bytes_written = 0;
   for (int k = 0; k < o.n; k++) {
-    a->ptr[k] = kiln__data_ptr(o.t[k]);
     if (k != out) align_strides(o.t[k], nd, x->shape, a->st[k]);
     o.lin[k] = false;
     if (o.store[k])
-      g->bytes_written += footprint(o.t[k]);
+      r->bytes_written += footprint(o.t[k]);
     else
-      g->bytes_read += footprint(o.t[k]);
+      r->bytes_read += footprint(o.t[k]);
   }
-  attr_f(g, KILN__KMAX_F - 1, r, 0); /* the mean's scale, after any prologue attributes */
-  bool argmax = r->op == KILN__OP_ARGMAX, isum = r->op == KILN__OP_SUM;
+  bool argmax = rn->op == KILN__OP_ARGMAX, isum = rn->op == KILN__OP_SUM;
   bool inner = nr > 0 && red[nr - 1] == nd - 1 && (value >= 0 || x->stride[nd - 1] == 1);
-  bool rows = nr > 0 && (inner || a->n < (int64_t)ctx->num_sms * 4);
+  bool rows = nr > 0 && (inner || a->n < (int64_t)t->num_sms * 4);
   const char *init = isum ? "0.f" : "-__int_as_float(0x7f800000)";
 
   kiln__sb b = {0};
@@ -578,71 +624,48 @@ bool kiln__gen_reduce(kiln_ctx *ctx, const kiln__ew_prog *pro, const kiln__node 
   if (argmax)
     snprintf(store, sizeof store, "((int *)a.ptr[%d])[o] = (int)ai;", out);
   else
-    snprintf(store, sizeof store, "((float *)a.ptr[%d])[o] = acc * a.fv[%d];", out,
-             KILN__KMAX_F - 1);
+    snprintf(store, sizeof store, "((float *)a.ptr[%d])[o] = acc * a.fv[%d];", out, scale);
   if (rows) {
-    const char *warp = argmax ? NULL : (isum ? "kiln_warp_sum" : "kiln_warp_max");
-    kiln__sb_printf(&b, "    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;\n"
-                        "    const int nw = (blockDim.x + 31) >> 5;\n");
-    for (int pass = 0; pass < 2; pass++) {
-      const char *ind = pass ? "      " : "    ";
-      if (pass) {
-        kiln__sb_printf(&b,
-                        "    __syncthreads();\n    if (w == 0) {\n"
-                        "      acc = lane < nw ? sv[lane] : %s;\n",
-                        init);
-        if (argmax)
-          kiln__sb_printf(&b, "      ai = lane < nw ? si[lane] : 0x7fffffffffffffffll;\n");
-      }
-      if (warp) {
-        kiln__sb_printf(&b, "%sacc = %s(acc);\n", ind, warp);
-      } else {
-        kiln__sb_printf(&b,
-                        "%sfor (int s = 16; s > 0; s >>= 1) {\n"
-                        "%s  const float ov = __shfl_down_sync(0xffffffffu, acc, s);\n"
-                        "%s  const long long oi = __shfl_down_sync(0xffffffffu, ai, s);\n"
-                        "%s  kiln_argmax_step(acc, ai, ov, oi);\n%s}\n",
-                        ind, ind, ind, ind, ind);
-      }
-      if (!pass)
-        kiln__sb_printf(&b, "    if (lane == 0) { sv[w] = acc;%s }\n",
-                        argmax ? " si[w] = ai;" : "");
-    }
-    kiln__sb_printf(&b, "      if (lane == 0) %s\n    }\n    __syncthreads();\n", store);
+    if (argmax)
+      kiln__sb_printf(&b, "    kiln_block_argmax(acc, ai, sv, si);\n");
+    else
+      kiln__sb_printf(&b, "    acc = kiln_block_%s(acc, sv);\n", isum ? "sum" : "max");
+    kiln__sb_printf(&b, "    if (threadIdx.x == 0) %s\n", store);
   } else {
     kiln__sb_printf(&b, "    %s\n", store);
   }
   kiln__sb_printf(&b, "  }\n");
 
-  char stem[80], prefix[40], suffix[40];
-  snprintf(prefix, sizeof prefix, "k");
-  snprintf(suffix, sizeof suffix, "_%s_f32_%dd_%dr_%s", kiln__ops[r->op].name, no, nr,
+  char stem[80], suffix[40];
+  snprintf(suffix, sizeof suffix, "_%s_f32_%dd_%dr_%s", kiln__ops[rn->op].name, no, nr,
            rows ? "rows" : "cols");
   if (value >= 0)
-    stem_of(pro, prefix, suffix, stem, sizeof stem);
+    stem_of(pro, "k", suffix, stem, sizeof stem);
   else
     snprintf(stem, sizeof stem, "k%s", suffix);
-  bool ok;
-  finish(ctx, &b, stem, g, comment, &ok);
+  bool ok = finish(&b, stem, &o, r);
   kiln__sb_free(&b);
   if (rows) {
-    row_launch(ctx, g);
+    row_launch(t, r);
   } else {
-    g->block = 256;
-    g->grid = grid_for(ctx, a->n);
+    r->block = KILN__BLOCK;
+    r->grid = grid_for(t, a->n);
   }
   return ok;
 }
 
-bool kiln__gen_index_select(kiln_ctx *ctx, const kiln__node *n, kiln__group *g,
-                            const char *comment) {
+/* ---------------------------------------------------------------- row gathers */
+
+static bool render_gather(const kiln__target *tg, const kiln__node *n, kiln__rendered *r) {
   const kiln_tensor *x = n->in[0], *idx = n->in[1], *y = n->out;
-  kiln__kargs *a = &g->args;
-  memset(a, 0, sizeof *a);
-  a->ptr[0] = kiln__data_ptr(x);
-  a->ptr[1] = kiln__data_ptr(idx);
-  attr_u(g, 0, n, 0);
-  a->ptr[2] = kiln__data_ptr(y);
+  kiln__kargs *a = &r->arg.args;
+  operands o = {0};
+  operand(&o, x, false, NULL);
+  operand(&o, idx, false, NULL);
+  operand(&o, y, true, NULL);
+  int8_t aslot[KILN__MAX_ATTRS];
+  int nf = 0, ni = 0, nu = 0;
+  wire_attrs(&r->arg, n, aslot, &nf, &ni, &nu); /* uv[0]: where this step's indices start */
   a->n = kiln_tensor_numel(y);
   a->nred = x->shape[0] ? kiln_tensor_numel(x) / x->shape[0] : 0; /* elements per row */
   a->shape[0] = x->shape[0];
@@ -656,21 +679,22 @@ bool kiln__gen_index_select(kiln_ctx *ctx, const kiln__node *n, kiln__group *g,
       "  for (long long e = (long long)blockIdx.x * blockDim.x + threadIdx.x; e < a.n;\n"
       "       e += (long long)gridDim.x * blockDim.x) {\n"
       "    const long long k = e / a.nred, j = e - k * a.nred;\n"
-      "    const long long r = idx[a.uv[0] + k]; // u0: where this step's indices start\n"
+      "    const long long r = idx[a.uv[0] + k]; // uv[0]: where this step's indices start\n"
       "    y[e] = (r >= 0 && r < a.shape[0]) ? x[r * a.nred + j] : (%s)0;\n"
       "  }\n",
       t, t, t, t, t);
   char stem[64];
   snprintf(stem, sizeof stem, "k_index_select_%s", kiln_dtype_name(x->dtype));
-  bool ok;
-  finish(ctx, &b, stem, g, comment, &ok);
+  bool ok = finish(&b, stem, &o, r);
   kiln__sb_free(&b);
-  g->block = 256;
-  g->grid = grid_for(ctx, a->n);
-  g->bytes_read = footprint(y) + footprint(idx); /* the rows picked, not the whole table */
-  g->bytes_written = footprint(y);
+  r->block = KILN__BLOCK;
+  r->grid = grid_for(tg, a->n);
+  r->bytes_read = footprint(y) + footprint(idx); /* the rows picked, not the whole table */
+  r->bytes_written = footprint(y);
   return ok;
 }
+
+/* ---------------------------------------------------------------- row programs */
 
 /* The offset of a once-per-row operand k: its strides over the row's outer coordinates. */
 static void row_offset(kiln__sb *b, int k, int nouter) {
@@ -685,9 +709,8 @@ static void emit_loads(kiln__sb *b, const kiln__ew_prog *p, const bool *use, con
   for (int j = 0; j < p->n; j++) {
     if (!use[j]) continue;
     for (int q = 0; q < p->nodes[j]->nin; q++) {
-      if (w->in[j][q][0] != 'x') continue;
-      int k = atoi(w->in[j][q] + 1);
-      if (loaded[k]) continue;
+      int k = w->opnd[j][q];
+      if (k < 0 || loaded[k]) continue;
       loaded[k] = true;
       const char *ct = ctype(o->t[k]->dtype);
       kiln__sb_printf(b, "%sconst %s x%d = ((const %s *)a.ptr[%d])[", ind, ct, k, ct, k);
@@ -718,8 +741,16 @@ static void emit_value(kiln__sb *b, const kiln__ew_prog *p, const wiring *w, int
   kiln__sb_printf(b, "] = (%s)v%d;\n", ot, j);
 }
 
-bool kiln__gen_rows(kiln_ctx *ctx, const kiln__ew_prog *p, const kiln_tensor *F, kiln__group *g,
-                    const char *comment) {
+/* The scale slot of row-program node j, a reduction. */
+static int scale_slot(const wiring *w, int j, const kiln__node *n) {
+  for (int q = 0; q < kiln__ops[n->op].nattr; q++)
+    if (strcmp(kiln__ops[n->op].attrs[q].name, "scale") == 0) return w->aslot[j][q];
+  KILN_ASSERT(!"a reduction without a scale");
+  return -1;
+}
+
+static bool render_rows(const kiln__target *t, const kiln__ew_prog *p, const kiln_tensor *F,
+                        kiln__rendered *r) {
   int nd = F->ndim;
   enum { FULL, ROW, RED } cls[KILN__MAX_GROUP];
   bool row[KILN__MAX_GROUP];
@@ -727,7 +758,7 @@ bool kiln__gen_rows(kiln_ctx *ctx, const kiln__ew_prog *p, const kiln_tensor *F,
   bool final_pass = false; /* some per-element value is written or computed after the last sum */
   for (int j = 0; j < p->n; j++) {
     const kiln__node *n = p->nodes[j];
-    bool full = n->out->ndim == nd && !memcmp(n->out->shape, F->shape, (size_t)nd * 8);
+    bool full = kiln__same_shape(n->out, F);
     cls[j] = kiln__ops[n->op].kind == KILN__KIND_REDUCE ? RED : (full ? FULL : ROW);
     row[j] = cls[j] == ROW;
     if (cls[j] == RED) last_red = j;
@@ -735,29 +766,27 @@ bool kiln__gen_rows(kiln_ctx *ctx, const kiln__ew_prog *p, const kiln_tensor *F,
   KILN_ASSERT(last_red >= 0);
   for (int j = 0; j < p->n; j++)
     if (cls[j] == FULL && (j > last_red || p->store[j])) final_pass = true;
-  kiln__kargs *a = &g->args;
-  memset(a, 0, sizeof *a);
+  kiln__kargs *a = &r->arg.args;
   operands o = {0};
   wiring w;
-  wire(p, row, &o, &w, g);
+  int nf = 0, ni = 0, nu = 0;
+  wire(p, row, &o, &w, &r->arg, &nf, &ni, &nu);
   a->n = 1;
   for (int d = 0; d + 1 < nd; d++) {
     a->shape[d] = F->shape[d];
     a->n *= F->shape[d];
   }
   a->nred = F->shape[nd - 1];
-  g->bytes_read = g->bytes_written = 0;
   for (int k = 0; k < o.n; k++) {
-    const kiln_tensor *t = o.t[k];
-    a->ptr[k] = kiln__data_ptr(t);
+    const kiln_tensor *x = o.t[k];
     if (o.row[k])
-      align_strides(t, o.row[k]->ndim, o.row[k]->shape, a->st[k]);
+      align_strides(x, o.row[k]->ndim, o.row[k]->shape, a->st[k]);
     else
-      align_strides(t, nd, F->shape, a->st[k]);
+      align_strides(x, nd, F->shape, a->st[k]);
     if (o.store[k])
-      g->bytes_written += footprint(t);
+      r->bytes_written += footprint(x);
     else
-      g->bytes_read += footprint(t);
+      r->bytes_read += footprint(x);
   }
 
   kiln__sb b = {0};
@@ -789,12 +818,15 @@ bool kiln__gen_rows(kiln_ctx *ctx, const kiln__ew_prog *p, const kiln_tensor *F,
     emit_loads(&b, p, use, &o, &w, loaded, "      ", nd, false);
     for (int m = 0; m < j; m++)
       if (cls[m] == FULL) emit_value(&b, p, &w, m, "      ", nd, false, false);
+    char in0[16];
+    in_name(&w, j, 0, in0, sizeof in0);
     if (isum)
-      kiln__sb_printf(&b, "      acc%d += %s;\n    }\n", j, w.in[j][0]);
+      kiln__sb_printf(&b, "      acc%d += %s;\n    }\n", j, in0);
     else
-      kiln__sb_printf(&b, "      acc%d = kiln_maximum(acc%d, %s);\n    }\n", j, j, w.in[j][0]);
+      kiln__sb_printf(&b, "      acc%d = kiln_maximum(acc%d, %s);\n    }\n", j, j, in0);
     kiln__sb_printf(&b, "    const float v%d = kiln_block_%s(acc%d, sv) * a.fv[%d]; // %s\n", j,
-                    isum ? "sum" : "max", j, w.fb[j], kiln__ops[p->nodes[j]->op].name);
+                    isum ? "sum" : "max", j, scale_slot(&w, j, p->nodes[j]),
+                    kiln__ops[p->nodes[j]->op].name);
   }
   if (final_pass) {
     bool use[KILN__MAX_GROUP] = {0}, loaded[KILN__KMAX_PTR] = {0};
@@ -821,9 +853,24 @@ bool kiln__gen_rows(kiln_ctx *ctx, const kiln__ew_prog *p, const kiln_tensor *F,
   kiln__sb_printf(&b, "    }\n  }\n");
   char stem[80];
   stem_of(p, "k", "_f32_rows", stem, sizeof stem);
-  bool ok;
-  finish(ctx, &b, stem, g, comment, &ok);
+  bool ok = finish(&b, stem, &o, r);
   kiln__sb_free(&b);
-  row_launch(ctx, g);
+  row_launch(t, r);
   return ok;
+}
+
+/* ---------------------------------------------------------------- entry */
+
+bool kiln__render(const kiln__target *t, const kiln__spec *s, kiln__rendered *r) {
+  memset(r, 0, sizeof *r);
+  switch (s->kind) {
+  case KILN__SPEC_EW: return render_ew(t, &s->prog, r);
+  case KILN__SPEC_REDUCE: return render_reduce(t, &s->prog, s->red, r);
+  case KILN__SPEC_ROWS: return render_rows(t, &s->prog, s->full, r);
+  case KILN__SPEC_UPDATES: return render_updates(t, s->ups, s->nups, r);
+  case KILN__SPEC_GATHER: return render_gather(t, s->red, r);
+  case KILN__SPEC_BLAS: break;
+  }
+  KILN_ASSERT(!"nothing to render for a BLAS call");
+  return false;
 }

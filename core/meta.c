@@ -1,0 +1,144 @@
+/*
+ * meta.c: tensor metadata: dtypes, shapes, strides, broadcasting and the public accessors.
+ * Nothing here touches the device.
+ */
+#include <inttypes.h>
+#include <string.h>
+
+#include "internal.h"
+
+size_t kiln_dtype_size(kiln_dtype dt) {
+  switch (dt) {
+  case KILN_DTYPE_F32: return 4;
+  case KILN_DTYPE_BF16: return 2;
+  case KILN_DTYPE_F16: return 2;
+  case KILN_DTYPE_I32: return 4;
+  }
+  return 0;
+}
+
+const char *kiln_dtype_name(kiln_dtype dt) {
+  switch (dt) {
+  case KILN_DTYPE_F32: return "f32";
+  case KILN_DTYPE_BF16: return "bf16";
+  case KILN_DTYPE_F16: return "f16";
+  case KILN_DTYPE_I32: return "i32";
+  }
+  return "?";
+}
+
+int64_t kiln__numel(int ndim, const int64_t *shape) {
+  int64_t n = 1;
+  for (int i = 0; i < ndim; i++)
+    n *= shape[i];
+  return n;
+}
+
+void kiln__contiguous_strides(int ndim, const int64_t *shape, int64_t *stride) {
+  int64_t s = 1;
+  for (int i = ndim - 1; i >= 0; i--) {
+    stride[i] = s;
+    s *= shape[i] > 0 ? shape[i] : 1;
+  }
+}
+
+bool kiln__is_contiguous(const kiln_tensor *t) {
+  int64_t s = 1;
+  for (int i = t->ndim - 1; i >= 0; i--) {
+    if (t->shape[i] != 1 && t->stride[i] != s) return false;
+    s *= t->shape[i] > 0 ? t->shape[i] : 1;
+  }
+  return true;
+}
+
+bool kiln__same_shape(const kiln_tensor *a, const kiln_tensor *b) {
+  if (a->ndim != b->ndim) return false;
+  for (int d = 0; d < a->ndim; d++)
+    if (a->shape[d] != b->shape[d]) return false;
+  return true;
+}
+
+char *kiln_shape_str(kiln_shape s, char *buf, size_t n) {
+  size_t k = 0;
+  if (n == 0) return buf;
+  k += (size_t)snprintf(buf + k, n - k, "[");
+  for (int i = 0; i < s.ndim && k < n; i++)
+    k += (size_t)snprintf(buf + k, n - k, i ? ",%" PRId64 : "%" PRId64, s.d[i]);
+  if (k < n) snprintf(buf + k, n - k, "]");
+  return buf;
+}
+
+const char *kiln__shape_of(const kiln_tensor *t, char *buf, size_t n) {
+  if (!t) {
+    snprintf(buf, n, "NULL");
+    return buf;
+  }
+  return kiln_shape_str(kiln_tensor_shape(t), buf, n);
+}
+
+bool kiln__broadcast_shape(kiln_ctx *ctx, const char *fn, int n, kiln_tensor *const *ts, int *ndim,
+                           int64_t *shape) {
+  int nd = 0;
+  for (int i = 0; i < n; i++)
+    if (ts[i]->ndim > nd) nd = ts[i]->ndim;
+  for (int d = 0; d < nd; d++)
+    shape[d] = 1;
+  for (int i = 0; i < n; i++) {
+    const kiln_tensor *t = ts[i];
+    for (int j = 0; j < t->ndim; j++) {
+      int d = nd - t->ndim + j;
+      int64_t s = t->shape[j];
+      if (s == shape[d] || s == 1) continue;
+      if (shape[d] == 1) {
+        shape[d] = s;
+        continue;
+      }
+      char buf[512];
+      size_t k = 0;
+      for (int m = 0; m < n; m++) {
+        char sh[96];
+        k += (size_t)snprintf(buf + k, sizeof buf - k, "%s%s", m ? " and " : "",
+                              kiln__shape_of(ts[m], sh, sizeof sh));
+        if (k >= sizeof buf) break;
+      }
+      return kiln__error(ctx, KILN_ERR_SHAPE,
+                         "%s: shapes %s do not broadcast (dim %d: %" PRId64 " vs %" PRId64 ")", fn,
+                         buf, d - nd, shape[d], s),
+             false;
+    }
+  }
+  *ndim = nd;
+  return true;
+}
+
+/* ---------------------------------------------------------------- accessors */
+
+kiln_ctx *kiln_tensor_ctx(const kiln_tensor *t) {
+  return t && t->magic == KILN__TENSOR_MAGIC ? t->ctx : NULL;
+}
+kiln_dtype kiln_tensor_dtype(const kiln_tensor *t) { return t ? t->dtype : KILN_DTYPE_F32; }
+int kiln_tensor_ndim(const kiln_tensor *t) { return t ? t->ndim : 0; }
+int64_t kiln_tensor_dim(const kiln_tensor *t, int axis) {
+  if (!t) return 0;
+  if (axis < 0) axis += t->ndim;
+  return axis >= 0 && axis < t->ndim ? t->shape[axis] : 0;
+}
+int64_t kiln_tensor_stride(const kiln_tensor *t, int axis) {
+  if (!t) return 0;
+  if (axis < 0) axis += t->ndim;
+  return axis >= 0 && axis < t->ndim ? t->stride[axis] : 0;
+}
+kiln_shape kiln_tensor_shape(const kiln_tensor *t) {
+  kiln_shape s = {0};
+  if (!t) return s;
+  s.ndim = t->ndim;
+  memcpy(s.d, t->shape, (size_t)t->ndim * sizeof *s.d);
+  return s;
+}
+int64_t kiln_tensor_numel(const kiln_tensor *t) { return t ? kiln__numel(t->ndim, t->shape) : 0; }
+int kiln_tensor_is_contiguous(const kiln_tensor *t) { return t && kiln__is_contiguous(t); }
+int kiln_tensor_is_persistent(const kiln_tensor *t) { return t && t->persistent; }
+const char *kiln_tensor_name(const kiln_tensor *t) { return t ? t->name : ""; }
+void kiln_tensor_set_name(kiln_tensor *t, const char *name) {
+  if (t && name) snprintf(t->name, sizeof t->name, "%s", name);
+}

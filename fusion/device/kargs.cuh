@@ -1,0 +1,40 @@
+/*
+ * kargs.cuh: the one argument every generated kernel takes. This file is C (the host includes it
+ * through fusion/fusion.h) and CUDA C++ (NVRTC compiles it into every kernel): one definition,
+ * and KILN__KARGS_BYTES pins its size on both sides.
+ */
+#ifndef KILN_KARGS_CUH
+#define KILN_KARGS_CUH
+
+#define KILN__KMAX_PTR 16    /* operands of a generated kernel (each with strides) */
+#define KILN__KMAX_UPDATE 24 /* pointers of a multi-tensor update (tensors x inputs) */
+#define KILN__KMAX_F 16      /* float attributes a kernel reads */
+#define KILN__KMAX_I 8       /* int attributes */
+#define KILN__KMAX_U 4       /* 64-bit attributes */
+#define KILN__KMAX_DIMS 6    /* = KILN_MAX_DIMS */
+
+/* ptr: operands; n: elements in the iteration space; shape: its dims; st: each operand's strides
+ * (elements) over those dims; rshape: the reduced dims of a reduction; nred: elements reduced into
+ * each output; i: int attributes (structure: the same every step); fv, uv: where the kernel reads
+ * its float and 64-bit attributes, the group's block of the step values on the device, written
+ * before every run or replay (per-step values are never baked into a launch or a graph). */
+typedef struct kiln__kargs {
+  void *ptr[KILN__KMAX_UPDATE];
+  long long n;
+  long long nred;
+  long long shape[KILN__KMAX_DIMS];
+  long long st[KILN__KMAX_PTR][KILN__KMAX_DIMS];
+  long long rshape[KILN__KMAX_DIMS];
+  int i[KILN__KMAX_I];
+  const float *fv;
+  const unsigned long long *uv;
+} kiln__kargs;
+
+#define KILN__KARGS_BYTES 1120
+#ifdef __cplusplus
+static_assert(sizeof(kiln__kargs) == KILN__KARGS_BYTES, "kiln__kargs: host and device layouts");
+#else
+_Static_assert(sizeof(kiln__kargs) == KILN__KARGS_BYTES, "kiln__kargs: host and device layouts");
+#endif
+
+#endif

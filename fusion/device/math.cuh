@@ -1,0 +1,35 @@
+/*
+ * math.cuh: the helpers that op-table expressions (core/ops.def) call.
+ */
+#ifndef KILN_MATH_CUH
+#define KILN_MATH_CUH
+
+#include "defs.cuh"
+
+/* NaN wins, as in PyTorch */
+KILN__FN float kiln_maximum(float a, float b) { return (a > b || a != a) ? a : b; }
+KILN__FN float kiln_minimum(float a, float b) { return (a < b || a != a) ? a : b; }
+KILN__FN float kiln_sigmoid(float x) { return 1.f / (1.f + expf(-x)); }
+KILN__FN float kiln_clamp(float x, float lo, float hi) { return x < lo ? lo : (x > hi ? hi : x); }
+
+/* GELU, exact: x * Phi(x) */
+KILN__FN float kiln_gelu_erf(float x) { return 0.5f * x * (1.f + erff(x * 0.70710678118654752f)); }
+KILN__FN float kiln_gelu_erf_grad(float g, float x) {
+  float cdf = 0.5f * (1.f + erff(x * 0.70710678118654752f));
+  float pdf = 0.39894228040143268f * expf(-0.5f * x * x); /* 1 / sqrt(2 pi) */
+  return g * (cdf + x * pdf);
+}
+
+/* GELU, tanh approximation: sqrt(2 / pi) (x + 0.044715 x^3) */
+KILN__FN float kiln_gelu_tanh(float x) {
+  float u = 0.79788456080286536f * (x + 0.044715f * x * x * x);
+  return 0.5f * x * (1.f + tanhf(u));
+}
+KILN__FN float kiln_gelu_tanh_grad(float g, float x) {
+  float u = 0.79788456080286536f * (x + 0.044715f * x * x * x);
+  float t = tanhf(u);
+  float du = 0.79788456080286536f * (1.f + 3.f * 0.044715f * x * x);
+  return g * (0.5f * (1.f + t) + 0.5f * x * (1.f - t * t) * du);
+}
+
+#endif

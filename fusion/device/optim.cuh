@@ -1,0 +1,46 @@
+/*
+ * optim.cuh: the optimizers' update rules, one element at a time. Each takes the parameter and
+ * its state by reference and the op's attributes under the names ops.def gives them.
+ */
+#ifndef KILN_OPTIM_CUH
+#define KILN_OPTIM_CUH
+
+#include "defs.cuh"
+
+/* SGD as torch.optim.SGD without momentum */
+KILN__FN void kiln_sgd(float &p, float g, float lr, float weight_decay) {
+  float d = g;
+  if (weight_decay != 0.f) d = d + weight_decay * p;
+  p = p - lr * d;
+}
+
+/* SGD with momentum as torch.optim.SGD: weight decay, then momentum with dampening (first: the
+ * buffer starts as the gradient), Nesterov */
+KILN__FN void kiln_sgd_momentum(float &p, float g, float &buf, float lr, float momentum,
+                                float dampening, float weight_decay, int nesterov, float first) {
+  float d = g;
+  if (weight_decay != 0.f) d = d + weight_decay * p;
+  buf = first != 0.f ? d : momentum * buf + (1.f - dampening) * d;
+  d = nesterov ? d + momentum * buf : buf;
+  p = p - lr * d;
+}
+
+/* Adam and AdamW as torch.optim.Adam/AdamW (single-tensor): step_size = lr / (1 - beta1^t) and
+ * bc2_sqrt = sqrt(1 - beta2^t) come from the host; decoupled: AdamW's weight decay */
+KILN__FN void kiln_adam(float &p, float g, float &m, float &v, float lr, float beta1, float beta2,
+                        float eps, float weight_decay, float step_size, float bc2_sqrt,
+                        int decoupled) {
+  if (weight_decay != 0.f) {
+    if (decoupled)
+      p = p * (1.f - lr * weight_decay);
+    else
+      g = g + weight_decay * p;
+  }
+  float w = 1.f - beta1;
+  m = w < 0.5f ? m + w * (g - m) : g - (g - m) * (1.f - w); /* torch's lerp */
+  v = v * beta2 + (1.f - beta2) * g * g;
+  float denom = sqrtf(v) / bc2_sqrt + eps;
+  p = p - step_size * (m / denom);
+}
+
+#endif

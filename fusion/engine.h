@@ -1,0 +1,31 @@
+/*
+ * engine.h: all that core/ sees of fusion/. core records nodes into the trace; when a flush or a
+ * step end needs them run, it hands them here. fusion/ keeps its own state (compiled kernels,
+ * step graphs, BLAS handles and plans) behind ctx->fusion_state. This header includes nothing of
+ * core/ or fusion/, so the two layers do not include each other's internals.
+ */
+#ifndef KILN_ENGINE_H
+#define KILN_ENGINE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "kiln.h"
+
+/* Makes fusion's state for a new context (and, with a GPU, its BLAS handles and workspace). */
+kiln_status kiln__engine_init(kiln_ctx *ctx);
+/* Frees it (the stream is idle). */
+void kiln__engine_free(kiln_ctx *ctx);
+/* Plans, compiles and runs trace nodes [first, last); on any failure nothing of them runs. */
+kiln_status kiln__engine_flush(kiln_ctx *ctx, int32_t first, int32_t last);
+/* Runs the open step's whole trace through its step graph: captured on the first occurrence of
+ * its signature, replayed after. */
+kiln_status kiln__engine_step(kiln_ctx *ctx);
+/* Plans and compiles nodes [first, last) without running them (works without a GPU). */
+kiln_status kiln__engine_compile(kiln_ctx *ctx, int32_t first, int32_t last);
+/* Graphs turned off (drop) or on again: cached graphs go at the next step's begin. */
+void kiln__engine_drop_graphs(kiln_ctx *ctx, bool drop);
+/* A new step begins: frees the cached graphs if they were dropped. */
+void kiln__engine_step_begin(kiln_ctx *ctx);
+
+#endif

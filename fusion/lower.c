@@ -1,0 +1,126 @@
+/*
+ * lower.c: lowering, between the planner and the renderer. Each group of a plan becomes a spec:
+ * the elementwise program, reduction, row program, multi-tensor update or row gather the
+ * renderer turns into a kernel, or the product the BLAS backend runs. A concat is lowered here
+ * into one copy per input, each writing the input into its slice of the output: the copy node
+ * and the slice view belong to the spec, and no later stage makes stand-ins of its own.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "fusion.h"
+
+/* "// trace nodes: #12 add [128,512] f32, #13 relu ..." for a group's source. */
+static void describe(const kiln_ctx *ctx, const kiln__plan *p, const kiln__group *g, char *buf,
+                     size_t len) {
+  size_t k = (size_t)snprintf(buf, len, "// trace nodes:");
+  int n = g->n ? g->n : 1;
+  for (int m = 0; m < n && k < len; m++) {
+    int32_t i = g->n ? p->members[g->first + m] : g->node;
+    const kiln__node *nd = &ctx->trace.nodes[i];
+    const kiln_tensor *t = nd->out ? nd->out : nd->in[0];
+    char sh[96];
+    k += (size_t)snprintf(buf + k, len - k, "%s #%d %s %s %s%s", m ? "," : "", i,
+                          kiln__ops[nd->op].name, kiln__shape_of(t, sh, sizeof sh),
+                          kiln_dtype_name(t->dtype),
+                          nd->out && !p->store[i - p->first] ? " (in registers)" : "");
+  }
+  if (k < len) snprintf(buf + k, len - k, "\n");
+}
+
+/* The elementwise program of a group's members [from, to), over the first one's space. */
+static void prog_of(const kiln_ctx *ctx, const kiln__plan *p, const kiln__group *g, int from,
+                    int to, kiln__ew_prog *prog) {
+  memset(prog, 0, sizeof *prog);
+  for (int m = from; m < to; m++) {
+    int32_t i = p->members[g->first + m];
+    prog->nodes[prog->n] = &ctx->trace.nodes[i];
+    prog->store[prog->n] = p->store[i - p->first];
+    prog->n++;
+  }
+  if (prog->n == 0) return;
+  const kiln__node *n0 = prog->nodes[0];
+  const kiln_tensor *space = n0->out ? n0->out : n0->in[0];
+  prog->ndim = space->ndim;
+  prog->shape = space->shape;
+}
+
+/* Input g->sub of a concat copied into its slice of the output. */
+static void lower_concat(const kiln_ctx *ctx, const kiln__group *g, kiln__spec *s) {
+  const kiln__node *n = &ctx->trace.nodes[g->node];
+  int axis = (int)KILN__I(n, CONCAT, axis);
+  int64_t start = 0;
+  for (int q = 0; q < g->sub; q++)
+    start += n->in[q]->shape[axis];
+  s->slice = *n->out;
+  memcpy(s->slice.shape, n->in[g->sub]->shape, sizeof s->slice.shape);
+  s->slice.offset = n->out->offset + start * n->out->stride[axis];
+  memset(&s->copy, 0, sizeof s->copy);
+  s->copy.op = KILN__OP_COPY;
+  s->copy.nin = 1;
+  s->copy.in[0] = n->in[g->sub];
+  s->copy.out = &s->slice;
+  s->kind = KILN__SPEC_EW;
+  s->prog = (kiln__ew_prog){
+      .n = 1, .nodes = {&s->copy}, .store = {true}, .ndim = s->slice.ndim, .shape = s->slice.shape};
+}
+
+static void lower_group(const kiln_ctx *ctx, const kiln__plan *p, const kiln__group *g,
+                        kiln__spec *s) {
+  const kiln__node *n = &ctx->trace.nodes[g->node];
+  describe(ctx, p, g, s->comment, sizeof s->comment);
+  switch (g->kind) {
+  case KILN__KIND_EW:
+    s->kind = KILN__SPEC_EW;
+    prog_of(ctx, p, g, 0, g->n, &s->prog);
+    return;
+  case KILN__KIND_UPDATE:
+    if (g->n == 1) {
+      s->kind = KILN__SPEC_EW;
+      prog_of(ctx, p, g, 0, 1, &s->prog);
+      return;
+    }
+    s->kind = KILN__SPEC_UPDATES;
+    s->nups = g->n;
+    for (int m = 0; m < g->n; m++)
+      s->ups[m] = &ctx->trace.nodes[p->members[g->first + m]];
+    return;
+  case KILN__KIND_REDUCE:
+    if (g->rows) {
+      s->kind = KILN__SPEC_ROWS;
+      prog_of(ctx, p, g, 0, g->n, &s->prog);
+      s->prog.nalias = g->nalias;
+      s->prog.alias = g->nalias ? &p->alias[g->alias_first] : NULL;
+      s->full = g->full;
+      return;
+    }
+    s->kind = KILN__SPEC_REDUCE;
+    prog_of(ctx, p, g, 0, g->n - 1, &s->prog);
+    s->red = n;
+    return;
+  case KILN__KIND_MATMUL:
+    s->kind = KILN__SPEC_BLAS;
+    s->gemm = (kiln__gemm){
+        .a = n->in[0], .b = n->in[1], .d = g->out, .epi = g->epi, .bias = g->bias, .aux = g->aux};
+    return;
+  case KILN__KIND_LIB:
+    if (n->op == KILN__OP_INDEX_SELECT) {
+      s->kind = KILN__SPEC_GATHER;
+      s->red = n;
+      return;
+    }
+    KILN_ASSERT(n->op == KILN__OP_CONCAT);
+    lower_concat(ctx, g, s);
+    return;
+  case KILN__KIND_VIEW: break;
+  }
+  KILN_ASSERT(!"a group of views");
+}
+
+bool kiln__lower(kiln_ctx *ctx, const kiln__plan *p, kiln__spec **specs) {
+  *specs = calloc((size_t)(p->ng > 0 ? p->ng : 1), sizeof **specs);
+  if (!*specs) return !kiln__error(ctx, KILN_ERR_OOM, "kiln_flush: out of host memory lowering");
+  for (int k = 0; k < p->ng; k++)
+    lower_group(ctx, p, &p->g[k], &(*specs)[k]);
+  return true;
+}

@@ -1,0 +1,213 @@
+/*
+ * verify.c: what a plan must satisfy, checked after planning by tests (KILN_DEBUG=verify) and in
+ * debug builds, and the one-line description of a plan that KILN_DEBUG=plan prints and tests
+ * compare.
+ */
+#include <stdarg.h>
+#include <string.h>
+
+#include "fusion.h"
+
+void kiln__plan_describe(const kiln_ctx *ctx, const kiln__plan *p, kiln__sb *out) {
+  for (int i = 0; i < p->ng; i++) {
+    const kiln__group *g = &p->g[i];
+    kiln__sb_printf(out, "%s", i ? " | " : "");
+    if (g->n == 0) /* a concat copy */
+      kiln__sb_printf(out, "%s", kiln__ops[ctx->trace.nodes[g->node].op].name);
+    for (int m = 0; m < g->n; m++) {
+      int32_t j = p->members[g->first + m];
+      const kiln__node *nd = &ctx->trace.nodes[j];
+      kiln__sb_printf(out, "%s%s%s", m ? " " : "", kiln__ops[nd->op].name,
+                      nd->out && !p->store[j - p->first] ? "*" : "");
+    }
+    if (g->epi != KILN__EPI_NONE) kiln__sb_printf(out, " [%s]", kiln__epi_name(g->epi));
+  }
+  if (!out->s) kiln__sb_printf(out, "%s", "");
+}
+
+/* Writes the violation and returns why. */
+static const char *bad(char *why, size_t n, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static const char *bad(char *why, size_t n, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(why, n, fmt, ap);
+  va_end(ap);
+  return why;
+}
+
+/* The node of the flush that owns t's memory (through views), or -1. */
+static int32_t owner(const kiln_ctx *ctx, const kiln__plan *p, const kiln_tensor *t) {
+  for (;;) {
+    int32_t i = t->node;
+    if (t->persistent || i < p->first || i >= p->last || ctx->trace.nodes[i].out != t) return -1;
+    const kiln__node *n = &ctx->trace.nodes[i];
+    if (kiln__ops[n->op].kind != KILN__KIND_VIEW) return i;
+    t = n->in[0];
+  }
+}
+
+static int32_t direct_producer(const kiln_ctx *ctx, const kiln__plan *p, const kiln_tensor *t) {
+  int32_t i = t->node;
+  if (t->persistent || i < p->first || i >= p->last || ctx->trace.nodes[i].out != t) return -1;
+  return i;
+}
+
+/* Operands and attribute slots of a generated kernel for group g, as the renderer will need. */
+static const char *check_resources(const kiln_ctx *ctx, const kiln__plan *p, int k, char *why,
+                                   size_t n) {
+  const kiln__group *g = &p->g[k];
+  const kiln_tensor *seen[KILN__MAX_GROUP * (KILN__MAX_IN + 1)];
+  int ops = 0, nf = 0, ni = 0, nu = 0;
+  for (int m = 0; m < g->n; m++) {
+    const kiln__node *x = &ctx->trace.nodes[p->members[g->first + m]];
+    int f, i, u;
+    kiln__kernel_attrs(x, &f, &i, &u);
+    nf += f, ni += i, nu += u;
+    if (x->out && p->store[p->members[g->first + m] - p->first]) seen[ops++] = x->out;
+    for (int j = 0; j < x->nin; j++) {
+      int32_t pr = direct_producer(ctx, p, x->in[j]);
+      if (pr >= 0 && p->group_of[pr - p->first] == k) continue;
+      bool dup = false;
+      for (int q = 0; q < ops && !dup; q++)
+        dup = seen[q] == x->in[j];
+      if (!dup) seen[ops++] = x->in[j];
+    }
+  }
+  if (ops > KILN__KMAX_PTR || nf > KILN__KMAX_F || ni > KILN__KMAX_I || nu > KILN__KMAX_U)
+    return bad(why, n, "group %d: %d operands, %d/%d/%d attributes exceed the kernel argument", k,
+               ops, nf, ni, nu);
+  if (g->n > KILN__MAX_GROUP) return bad(why, n, "group %d has %d nodes", k, g->n);
+  return NULL;
+}
+
+static const char *check_group(const kiln_ctx *ctx, const kiln__plan *p, int k, char *why,
+                               size_t n) {
+  const kiln__group *g = &p->g[k];
+  const kiln__node *nodes = ctx->trace.nodes;
+  if (g->n == 0) {
+    if (g->kind != KILN__KIND_LIB || nodes[g->node].op != KILN__OP_CONCAT ||
+        g->sub >= nodes[g->node].nin)
+      return bad(why, n, "group %d has no members and is no concat copy", k);
+    return NULL;
+  }
+  for (int m = 0; m < g->n; m++) {
+    int32_t i = p->members[g->first + m];
+    if (i < p->first || i >= p->last)
+      return bad(why, n, "group %d: node #%d outside the flush", k, i);
+    /* in trace order; a product's bias gradient (BGRADB) may have been recorded before it */
+    bool claimed = g->kind == KILN__KIND_MATMUL && p->claim[i - p->first] == g->node;
+    if (m > 0 && i <= p->members[g->first + m - 1] && !claimed)
+      return bad(why, n, "group %d: members out of trace order at #%d", k, i);
+    if (p->group_of[i - p->first] != k)
+      return bad(why, n, "group %d: member #%d is recorded in group %d", k, i,
+                 p->group_of[i - p->first]);
+  }
+  const kiln__node *first = &nodes[p->members[g->first]];
+  switch (g->kind) {
+  case KILN__KIND_EW:
+    for (int m = 0; m < g->n; m++) {
+      const kiln__node *x = &nodes[p->members[g->first + m]];
+      if (kiln__ops[x->op].kind != KILN__KIND_EW || !kiln__same_shape(x->out, first->out))
+        return bad(why, n, "elementwise group %d: #%d (%s) is not elementwise over its space", k,
+                   p->members[g->first + m], kiln__ops[x->op].name);
+    }
+    break;
+  case KILN__KIND_REDUCE:
+    if (kiln__ops[nodes[g->node].op].kind != KILN__KIND_REDUCE)
+      return bad(why, n, "reduction group %d: main node #%d is no reduction", k, g->node);
+    if (!g->rows) {
+      if (p->members[g->first + g->n - 1] != g->node)
+        return bad(why, n, "reduction group %d: the reduction is not its last node", k);
+      for (int m = 0; m + 1 < g->n; m++)
+        if (kiln__ops[nodes[p->members[g->first + m]].op].kind != KILN__KIND_EW)
+          return bad(why, n, "reduction group %d: its prologue holds a non-elementwise node", k);
+    } else if (!g->full) {
+      return bad(why, n, "row program %d has no iteration space", k);
+    }
+    break;
+  case KILN__KIND_UPDATE:
+    for (int m = 0; m < g->n; m++)
+      if (nodes[p->members[g->first + m]].op != first->op)
+        return bad(why, n, "update group %d mixes ops", k);
+    if (g->n * first->nin > KILN__KMAX_UPDATE)
+      return bad(why, n, "update group %d: %d pointers", k, g->n * first->nin);
+    break;
+  case KILN__KIND_MATMUL: {
+    unsigned f = kiln__epi_flags(g->epi);
+    if (first->op != KILN__OP_MATMUL || g->node != p->members[g->first] || !g->out)
+      return bad(why, n, "product group %d does not start with its product", k);
+    if (((f & (KILN__EPI_READS_BIAS | KILN__EPI_BGRAD)) != 0) != (g->bias != NULL))
+      return bad(why, n, "product group %d: epilogue %s and its bias disagree", k,
+                 kiln__epi_name(g->epi));
+    if (((f & (KILN__EPI_WRITES_MASK | KILN__EPI_READS_MASK | KILN__EPI_WRITES_INPUT |
+               KILN__EPI_READS_INPUT)) != 0) != (g->aux != NULL))
+      return bad(why, n, "product group %d: epilogue %s and its aux disagree", k,
+                 kiln__epi_name(g->epi));
+    break;
+  }
+  case KILN__KIND_LIB:
+  case KILN__KIND_VIEW:
+    if (g->n != 1) return bad(why, n, "group %d: a library call of %d nodes", k, g->n);
+    break;
+  }
+  for (int a = 0; a < g->nalias; a++) {
+    const kiln__alias *al = &p->alias[g->alias_first + a];
+    int32_t pv = direct_producer(ctx, p, al->value);
+    if (!g->rows || pv < 0 || p->group_of[pv - p->first] != k)
+      return bad(why, n, "group %d: an alias of a value it does not compute", k);
+  }
+  if (g->kind == KILN__KIND_EW || g->kind == KILN__KIND_REDUCE)
+    return check_resources(ctx, p, k, why, n);
+  return NULL;
+}
+
+const char *kiln__plan_verify(const kiln_ctx *ctx, const kiln__plan *p, char *why, size_t n) {
+  const kiln__node *nodes = ctx->trace.nodes;
+  for (int k = 0; k < p->ng; k++) {
+    const char *e = check_group(ctx, p, k, why, n);
+    if (e) return e;
+  }
+  for (int32_t i = p->first; i < p->last; i++) {
+    const kiln__node *nd = &nodes[i];
+    int32_t gi = p->group_of[i - p->first], c = p->claim[i - p->first];
+    kiln__kind kind = kiln__ops[nd->op].kind;
+    if (kind == KILN__KIND_VIEW) {
+      if (gi >= 0) return bad(why, n, "view #%d is in group %d", i, gi);
+      continue;
+    }
+    if (c >= 0 && gi < 0) { /* an assignment that its value's producer writes through */
+      if (nd->op != KILN__OP_ASSIGN || p->write_to[c - p->first] != nd->in[0])
+        return bad(why, n, "node #%d is claimed by #%d but not written through", i, c);
+      continue;
+    }
+    if (gi < 0 || gi >= p->ng)
+      return bad(why, n, "node #%d (%s) is in no group", i, kiln__ops[nd->op].name);
+    if (c >= 0 && p->group_of[c - p->first] != gi)
+      return bad(why, n, "node #%d is claimed by #%d of another group", i, c);
+    /* everything it reads is computed by its own group or an earlier one */
+    for (int q = 0; q < nd->nin; q++) {
+      int32_t o = owner(ctx, p, nd->in[q]);
+      if (o < 0) continue;
+      int32_t go = p->group_of[o - p->first];
+      if (go < 0 && p->claim[o - p->first] < 0)
+        return bad(why, n, "node #%d reads #%d, which nothing computes", i, o);
+      if (go > gi)
+        return bad(why, n, "node #%d (group %d) reads #%d of the later group %d", i, gi, o, go);
+    }
+    /* a value read outside its group (or through a view), or kept, is written */
+    if (!nd->out) continue;
+    bool stored = p->store[i - p->first];
+    if (nd->out->keep && !stored) return bad(why, n, "node #%d is kept but not written", i);
+    if (p->g[gi].kind == KILN__KIND_MATMUL) continue; /* the epilogue writes what it writes */
+    for (int32_t j = i + 1; j < p->last && !stored; j++) {
+      const kiln__node *r = &nodes[j];
+      bool view = kiln__ops[r->op].kind == KILN__KIND_VIEW;
+      for (int q = 0; q < r->nin; q++)
+        if (r->in[q] == nd->out && (view || p->group_of[j - p->first] != gi))
+          return bad(why, n, "node #%d (%s) is read by #%d (%s) of another group but not written",
+                     i, kiln__ops[nd->op].name, j, kiln__ops[r->op].name);
+    }
+  }
+  return NULL;
+}
