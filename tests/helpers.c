@@ -3,8 +3,15 @@
  */
 #include "helpers.h"
 
+#include <dirent.h>
 #include <math.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "internal.h"
+
+/* ---------------------------------------------------------------- contexts */
 
 kiln_ctx *th_cpu_ctx(void) {
   kiln_ctx *ctx = kiln_ctx_new(&(kiln_ctx_options){.no_gpu = 1});
@@ -13,15 +20,51 @@ kiln_ctx *th_cpu_ctx(void) {
   return ctx;
 }
 
-void th_fill(float *p, int64_t n, uint64_t seed, float lo, float hi) {
-  uint64_t s = seed * 0x9e3779b97f4a7c15ULL + 12345;
-  for (int64_t i = 0; i < n; i++) {
-    uint64_t z = (s += 0x9e3779b97f4a7c15ULL);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    z ^= z >> 31;
-    p[i] = lo + (hi - lo) * (float)((double)(z >> 11) * 0x1.0p-53);
+void th_ctx_free(kiln_ctx *ctx) {
+  cr_assert_not_null(ctx, "th_ctx_free: NULL context");
+  if (ctx->npersistent > 0) {
+    char left[1024] = "";
+    size_t k = 0;
+    for (int i = 0; i < ctx->npersistent && k + 1 < sizeof left; i++) {
+      const kiln_tensor *t = ctx->persistents[i];
+      char sh[96];
+      int w = snprintf(left + k, sizeof left - k, "%s'%s' %s %s", i ? ", " : "",
+                       t->name[0] ? t->name : "(unnamed)", kiln_dtype_name(t->dtype),
+                       kiln_shape_str(kiln_tensor_shape(t), sh, sizeof sh));
+      k = w > 0 && k + (size_t)w < sizeof left ? k + (size_t)w : sizeof left - 1;
+    }
+    cr_assert_fail("th_ctx_free: the test left %d persistent tensor(s) in its context: %s",
+                   ctx->npersistent, left);
   }
+  kiln_ctx_free(ctx);
+}
+
+const char *th_err(kiln_ctx *ctx) {
+  const char *e = kiln_ctx_error(ctx);
+  return e ? e : "no error set";
+}
+
+void th_assert_ok(kiln_ctx *ctx) {
+  cr_assert_null(kiln_ctx_error(ctx), "context error: %s", kiln_ctx_error(ctx));
+}
+
+/* ---------------------------------------------------------------- random numbers */
+
+uint64_t th_rng_next(th_rng *r) {
+  uint64_t z = (r->s += 0x9e3779b97f4a7c15ULL);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+int th_rng_below(th_rng *r, int n) { return (int)(th_rng_next(r) % (uint64_t)n); }
+double th_rng_unit(th_rng *r) { return (double)(th_rng_next(r) >> 11) * 0x1.0p-53; }
+bool th_rng_chance(th_rng *r, double p) { return th_rng_unit(r) < p; }
+float th_rng_range(th_rng *r, float lo, float hi) { return lo + (hi - lo) * (float)th_rng_unit(r); }
+
+void th_fill(float *p, int64_t n, uint64_t seed, float lo, float hi) {
+  th_rng r = {.s = seed * 0x9e3779b97f4a7c15ULL + 12345};
+  for (int64_t i = 0; i < n; i++)
+    p[i] = lo + (hi - lo) * (float)th_rng_unit(&r);
 }
 
 kiln_tensor *th_rand(kiln_ctx *ctx, kiln_shape s, uint64_t seed, float lo, float hi, float **host) {
@@ -39,6 +82,8 @@ kiln_tensor *th_rand(kiln_ctx *ctx, kiln_shape s, uint64_t seed, float lo, float
     free(h);
   return t;
 }
+
+/* ---------------------------------------------------------------- host copies */
 
 /* Reads any 4-byte-element tensor into a malloc'd host buffer. */
 static void *read4(kiln_tensor *t) {
@@ -61,6 +106,20 @@ int32_t *th_read_i32(kiln_tensor *t) {
   return read4(t);
 }
 
+float *th_params_values(kiln_params *p, int64_t *n) {
+  *n = kiln_params_numel(p);
+  float *all = malloc((size_t)(*n > 0 ? *n : 1) * sizeof *all), *at = all;
+  cr_assert_not_null(all);
+  for (int i = 0; i < kiln_params_count(p); i++) {
+    kiln_tensor *t = kiln_params_get(p, i);
+    float *v = th_read(t);
+    memcpy(at, v, (size_t)kiln_tensor_numel(t) * sizeof *v);
+    at += kiln_tensor_numel(t);
+    free(v);
+  }
+  return all;
+}
+
 void th_assert_close(const float *got, const double *want, int64_t n, double atol, double rtol,
                      const char *what) {
   for (int64_t i = 0; i < n; i++) {
@@ -74,9 +133,7 @@ void th_assert_close(const float *got, const double *want, int64_t n, double ato
   }
 }
 
-void th_assert_ok(kiln_ctx *ctx) {
-  cr_assert_null(kiln_ctx_error(ctx), "context error: %s", kiln_ctx_error(ctx));
-}
+/* ---------------------------------------------------------------- the benchmark MLP */
 
 void th_mlp_init(kiln_ctx *ctx, th_mlp *m) {
   m->params = kiln_params_new(ctx);
@@ -107,4 +164,80 @@ kiln_tensor *th_mlp_record_step(th_mlp *m, kiln_tensor *x, kiln_tensor *y) {
 void th_mlp_free(th_mlp *m) {
   kiln_optim_free(m->opt);
   kiln_params_free(m->params);
+}
+
+/* ---------------------------------------------------------------- files */
+
+static char tmpdirs[8][256];
+static int ntmpdirs;
+
+char *th_tmpdir(char *buf, size_t n, const char *what) {
+  snprintf(buf, n, "/tmp/kiln-test-%s-XXXXXX", what);
+  cr_assert_not_null(mkdtemp(buf), "mkdtemp %s failed", buf);
+  if (ntmpdirs < 8) snprintf(tmpdirs[ntmpdirs++], sizeof tmpdirs[0], "%s", buf);
+  return buf;
+}
+
+void th_remove_tmpdirs(void) {
+  for (int i = 0; i < ntmpdirs; i++)
+    th_remove_dir(tmpdirs[i]);
+  ntmpdirs = 0;
+}
+
+void th_remove_dir(const char *dir) {
+  DIR *d = opendir(dir);
+  if (!d) return;
+  struct dirent *e;
+  char path[1200];
+  while ((e = readdir(d))) {
+    if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0) continue;
+    snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+    unlink(path);
+  }
+  closedir(d);
+  rmdir(dir);
+}
+
+int th_list_files(const char *dir, const char *suffix, char paths[][1200], int max) {
+  DIR *d = opendir(dir);
+  cr_assert_not_null(d, "cannot open the directory %s", dir);
+  struct dirent *e;
+  int n = 0;
+  size_t ls = strlen(suffix);
+  while ((e = readdir(d))) {
+    size_t l = strlen(e->d_name);
+    if (l < ls || strcmp(e->d_name + l - ls, suffix) != 0) continue;
+    if (n < max) snprintf(paths[n], sizeof paths[n], "%s/%s", dir, e->d_name);
+    n++;
+  }
+  closedir(d);
+  return n;
+}
+
+char *th_read_whole(const char *path, size_t *len) {
+  FILE *f = fopen(path, "rb");
+  cr_assert_not_null(f, "cannot open %s", path);
+  fseek(f, 0, SEEK_END);
+  long n = ftell(f);
+  fseek(f, 0, SEEK_SET);
+  char *p = malloc((size_t)n + 1);
+  cr_assert_not_null(p);
+  cr_assert_eq(fread(p, 1, (size_t)n, f), (size_t)n);
+  p[n] = 0;
+  fclose(f);
+  if (len) *len = (size_t)n;
+  return p;
+}
+
+void th_write_whole(const char *path, const void *p, size_t n) {
+  FILE *f = fopen(path, "wb");
+  cr_assert_not_null(f, "cannot create %s", path);
+  cr_assert_eq(fwrite(p, 1, n, f), n);
+  cr_assert_eq(fclose(f), 0);
+}
+
+void th_truncate_half(const char *path) {
+  struct stat sb;
+  cr_assert_eq(stat(path, &sb), 0);
+  cr_assert_eq(truncate(path, sb.st_size / 2), 0);
 }

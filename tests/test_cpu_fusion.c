@@ -6,14 +6,7 @@
 #include <string.h>
 
 #include "fusion/fusion.h"
-#include "helpers.h"
-#include "internal.h"
-
-static kiln_tensor *f32(kiln_ctx *ctx, kiln_shape s) {
-  kiln_tensor *t = kiln_tensor_new(ctx, KILN_DTYPE_F32, s);
-  cr_assert_not_null(t, "%s", kiln_ctx_error(ctx));
-  return t;
-}
+#include "inspect.h"
 
 /* The plan of everything recorded so far, with fusion on or off. */
 static kiln__plan plan(kiln_ctx *ctx, bool fuse) {
@@ -53,54 +46,58 @@ static void expect_plan(kiln_ctx *ctx, bool fuse, const char *want) {
 
 Test(fusion, elementwise_chain_is_one_kernel_with_broadcast_inputs) {
   kiln_ctx *ctx = th_cpu_ctx();
-  kiln_tensor *a = f32(ctx, KILN_SHAPE(64, 32)), *b = f32(ctx, KILN_SHAPE(32));
-  kiln_tensor *c = f32(ctx, KILN_SHAPE(64, 1));
+  kiln_tensor *a = th_f32(ctx, KILN_SHAPE(64, 32)), *b = th_f32(ctx, KILN_SHAPE(32));
+  kiln_tensor *c = th_f32(ctx, KILN_SHAPE(64, 1));
   kiln_tensor *y = kiln_mul(kiln_relu(kiln_add(a, b)), c);
   cr_assert_not_null(y);
   expect_plan(ctx, true, "add* relu* mul");
   expect_plan(ctx, false, "add | relu | mul");
-  kiln_ctx_free(ctx);
+  th_free_scratch();
+  th_ctx_free(ctx);
 }
 
 Test(fusion, a_value_used_outside_is_written) {
   kiln_ctx *ctx = th_cpu_ctx();
-  kiln_tensor *a = f32(ctx, KILN_SHAPE(16, 8));
+  kiln_tensor *a = th_f32(ctx, KILN_SHAPE(16, 8));
   kiln_tensor *e = kiln_exp(a);
   kiln_tensor *s = kiln_sum(kiln_relu(e), KILN_AXES(0), 1); /* a reduction reads relu */
   kiln_tensor *d = kiln_div(e, s); /* e is read again after the reduction */
   cr_assert_not_null(d);
   expect_plan(ctx, true, "exp relu* sum | div");
-  kiln_ctx_free(ctx);
+  th_free_scratch();
+  th_ctx_free(ctx);
 }
 
 Test(fusion, shape_changes_and_views_split_runs) {
   kiln_ctx *ctx = th_cpu_ctx();
-  kiln_tensor *a = f32(ctx, KILN_SHAPE(8, 8));
+  kiln_tensor *a = th_f32(ctx, KILN_SHAPE(8, 8));
   kiln_tensor *t = kiln_exp(a);
   /* reading t transposed while the kernel writes t would race: a new kernel */
   kiln_tensor *u = kiln_add(kiln_transpose(t, 0, 1), a);
   kiln_tensor *v = kiln_neg(kiln_reshape(u, KILN_SHAPE(64)));
   cr_assert_not_null(v);
   expect_plan(ctx, true, "exp | add | neg");
-  kiln_ctx_free(ctx);
+  th_free_scratch();
+  th_ctx_free(ctx);
 }
 
 Test(fusion, softmax_is_one_kernel) {
   kiln_ctx *ctx = th_cpu_ctx();
-  kiln_tensor *a = f32(ctx, KILN_SHAPE(128, 10));
+  kiln_tensor *a = th_f32(ctx, KILN_SHAPE(128, 10));
   cr_assert_not_null(kiln_softmax(a, 1));
   /* one block per row: the max, then the sum of exponentials, then the quotient, each a pass
    * over the row that recomputes what it needs */
   expect_plan(ctx, true, "max* sub* exp* sum* div");
   expect_plan(ctx, false, "max | sub | exp | sum | div");
   cr_assert_eq(kiln__compile_pending(ctx), KILN_OK, "%s", kiln_ctx_error(ctx));
-  kiln_ctx_free(ctx);
+  th_free_scratch();
+  th_ctx_free(ctx);
 }
 
 Test(fusion, log_softmax_nll_and_mean_variance_are_row_programs) {
   kiln_ctx *ctx = th_cpu_ctx();
-  kiln_tensor *a = f32(ctx, KILN_SHAPE(64, 33));
-  kiln_tensor *lab = kiln_tensor_new(ctx, KILN_DTYPE_I32, KILN_SHAPE(64));
+  kiln_tensor *a = th_f32(ctx, KILN_SHAPE(64, 33));
+  kiln_tensor *lab = th_i32(ctx, KILN_SHAPE(64));
   /* log_softmax and the NLL of the labels: one kernel per row, then the batch mean */
   cr_assert_not_null(kiln_cross_entropy(a, lab, KILN_REDUCTION_MEAN, 0.f));
   expect_plan(ctx, true, "max* sub* exp* sum* log* sub* onehot* mul* sum* neg | sum");
@@ -115,18 +112,20 @@ Test(fusion, log_softmax_nll_and_mean_variance_are_row_programs) {
   cr_assert_eq(kiln__compile_pending(ctx), KILN_OK, "%s", kiln_ctx_error(ctx));
   kiln_step_begin(ctx);
   /* a per-row value read as a column vector (no kept dim) is another iteration space */
-  kiln_tensor *s = kiln_sum(f32(ctx, KILN_SHAPE(16, 16)), KILN_AXES(1), 0);
-  cr_assert_not_null(kiln_add(f32(ctx, KILN_SHAPE(16, 16)), s));
+  kiln_tensor *s = kiln_sum(th_f32(ctx, KILN_SHAPE(16, 16)), KILN_AXES(1), 0);
+  cr_assert_not_null(kiln_add(th_f32(ctx, KILN_SHAPE(16, 16)), s));
   expect_plan(ctx, true, "sum | add");
-  kiln_ctx_free(ctx);
+  th_free_scratch();
+  th_ctx_free(ctx);
 }
 
 Test(fusion, dropout_stays_out_of_reduction_prologues) {
   kiln_ctx *ctx = th_cpu_ctx();
-  kiln_tensor *a = f32(ctx, KILN_SHAPE(32, 32));
+  kiln_tensor *a = th_f32(ctx, KILN_SHAPE(32, 32));
   cr_assert_not_null(kiln_sum(kiln_dropout(kiln_relu(a), 0.5f, 1), KILN_ALL_AXES, 0));
   expect_plan(ctx, true, "relu* dropout | sum");
-  kiln_ctx_free(ctx);
+  th_free_scratch();
+  th_ctx_free(ctx);
 }
 
 Test(fusion, matmul_bias_relu_epilogue) {
@@ -135,7 +134,7 @@ Test(fusion, matmul_bias_relu_epilogue) {
   kiln_linear l1, l2;
   cr_assert_eq(kiln_linear_init(&l1, p, "l1", 20, 16, 1), KILN_OK);
   cr_assert_eq(kiln_linear_init(&l2, p, "l2", 16, 4, 1), KILN_OK);
-  kiln_tensor *x = f32(ctx, KILN_SHAPE(8, 20));
+  kiln_tensor *x = th_f32(ctx, KILN_SHAPE(8, 20));
   kiln_no_grad_begin(ctx);
   kiln_tensor *h = kiln_relu(kiln_linear_forward(&l1, x));
   cr_assert_not_null(kiln_linear_forward(&l2, h));
@@ -154,7 +153,8 @@ Test(fusion, matmul_bias_relu_epilogue) {
   cr_assert_not_null(z);
   expect_plan(ctx, true, "matmul* add [bias] | matmul | add");
   kiln_params_free(p);
-  kiln_ctx_free(ctx);
+  th_free_scratch();
+  th_ctx_free(ctx);
 }
 
 /* Records a two-layer MLP's forward and backward with a ReLU or tanh-GELU hidden layer; the
@@ -164,7 +164,7 @@ static kiln_params *two_layer_step(kiln_ctx *ctx, int64_t hidden, bool gelu, boo
   kiln_linear l1, l2;
   cr_assert_eq(kiln_linear_init(&l1, p, "l1", 24, hidden, 1), KILN_OK);
   cr_assert_eq(kiln_linear_init(&l2, p, "l2", hidden, 4, 1), KILN_OK);
-  kiln_tensor *x = f32(ctx, KILN_SHAPE(32, 24));
+  kiln_tensor *x = th_f32(ctx, KILN_SHAPE(32, 24));
   kiln_tensor *z = kiln_linear_forward(&l1, x);
   kiln_tensor *h = gelu ? kiln_gelu(z, KILN_GELU_TANH) : kiln_relu(z);
   kiln_tensor *loss = kiln_sum(kiln_linear_forward(&l2, h), KILN_ALL_AXES, 0);
@@ -210,27 +210,29 @@ Test(fusion, backward_epilogues) {
   cr_assert(strstr(got, "drelu") == NULL, "no mask exists: %s", got);
   kiln__plan_free(&pl);
   kiln_params_free(p);
-  kiln_ctx_free(ctx);
+  th_free_scratch();
+  th_ctx_free(ctx);
 }
 
 Test(fusion, values_backward_reads_are_kept) {
   kiln_ctx *ctx = th_cpu_ctx();
-  kiln_tensor *a = f32(ctx, KILN_SHAPE(8, 8));
+  kiln_tensor *a = th_f32(ctx, KILN_SHAPE(8, 8));
   kiln_tensor_set_requires_grad(a, 1);
   /* exp's backward reads its output and mul's its inputs: written even though a kernel could
    * keep them in registers, because kiln_backward may come after this flush */
   kiln_tensor *y = kiln_tanh(kiln_mul(kiln_exp(a), a));
   cr_assert_not_null(y);
   expect_plan(ctx, true, "exp mul* tanh");
-  kiln_ctx_free(ctx);
+  th_free_scratch();
+  th_ctx_free(ctx);
 }
 
 Test(fusion, mlp_training_step_groups) {
   kiln_ctx *ctx = th_cpu_ctx();
   th_mlp m;
   th_mlp_init(ctx, &m);
-  kiln_tensor *x = f32(ctx, KILN_SHAPE(128, 784));
-  kiln_tensor *y = kiln_tensor_new(ctx, KILN_DTYPE_I32, KILN_SHAPE(128));
+  kiln_tensor *x = th_f32(ctx, KILN_SHAPE(128, 784));
+  kiln_tensor *y = th_i32(ctx, KILN_SHAPE(128));
   cr_assert_not_null(th_mlp_record_step(&m, x, y));
   th_assert_ok(ctx);
   kiln__plan fused = plan(ctx, true), unfused = plan(ctx, false);
@@ -256,7 +258,8 @@ Test(fusion, mlp_training_step_groups) {
   /* and every kernel of the fused plan compiles */
   cr_assert_eq(kiln__compile_pending(ctx), KILN_OK, "%s", kiln_ctx_error(ctx));
   th_mlp_free(&m);
-  kiln_ctx_free(ctx);
+  th_free_scratch();
+  th_ctx_free(ctx);
 }
 
 /* A no-GPU context that writes every generated source into a fresh directory dir. */
@@ -272,13 +275,13 @@ static void dumping_ctx_free(kiln_ctx *ctx, const char *dir) {
   char cmd[512];
   snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
   cr_assert_eq(system(cmd), 0);
-  kiln_ctx_free(ctx);
+  th_ctx_free(ctx);
 }
 
 Test(fusion, generated_source_names_its_ops_and_nodes) {
   char dir[] = "/tmp/kiln-fusion-dump-XXXXXX";
   kiln_ctx *ctx = dumping_ctx(dir);
-  kiln_tensor *a = f32(ctx, KILN_SHAPE(256, 64)), *b = f32(ctx, KILN_SHAPE(64));
+  kiln_tensor *a = th_f32(ctx, KILN_SHAPE(256, 64)), *b = th_f32(ctx, KILN_SHAPE(64));
   cr_assert_not_null(kiln_mul(kiln_relu(kiln_add(a, b)), a));
   cr_assert_eq(kiln__compile_pending(ctx), KILN_OK, "%s", kiln_ctx_error(ctx));
   char cmd[512];
@@ -288,13 +291,14 @@ Test(fusion, generated_source_names_its_ops_and_nodes) {
            " >/dev/null",
            dir);
   cr_assert_eq(system(cmd), 0, "no k_add_relu_mul_f32_* source listing its nodes in %s", dir);
+  th_free_scratch();
   dumping_ctx_free(ctx, dir);
 }
 
 Test(fusion, dense_operands_get_vector_loads_and_32_bit_indexing) {
   char dir[] = "/tmp/kiln-fusion-vec-XXXXXX";
   kiln_ctx *ctx = dumping_ctx(dir);
-  kiln_tensor *a = f32(ctx, KILN_SHAPE(1024, 64)), *c = f32(ctx, KILN_SHAPE(1024, 64));
+  kiln_tensor *a = th_f32(ctx, KILN_SHAPE(1024, 64)), *c = th_f32(ctx, KILN_SHAPE(1024, 64));
   cr_assert_not_null(kiln_sigmoid(kiln_sub(a, c))); /* dense */
   cr_assert_eq(kiln__compile_pending(ctx), KILN_OK, "%s", kiln_ctx_error(ctx));
   ctx->trace.done = ctx->trace.n; /* as if flushed: the next chain is a kernel of its own */
@@ -308,6 +312,7 @@ Test(fusion, dense_operands_get_vector_loads_and_32_bit_indexing) {
            "! grep -q 'float4' %s/k_sub_tanh_f32_[0-9a-f]*.cu",
            dir, dir, dir);
   cr_assert_eq(system(cmd), 0, "vector loads where dense, scalar where strided (%s)", dir);
+  th_free_scratch();
   dumping_ctx_free(ctx, dir);
 }
 
@@ -317,7 +322,7 @@ Test(fusion, gradients_write_through_their_buffers) {
   kiln_linear l;
   cr_assert_eq(kiln_linear_init(&l, ps, "fc", 16, 8, 1), KILN_OK);
   kiln_optim *o = kiln_sgd_new(ps, &(kiln_sgd_options){.lr = 0.1f});
-  kiln_tensor *x = f32(ctx, KILN_SHAPE(4, 16));
+  kiln_tensor *x = th_f32(ctx, KILN_SHAPE(4, 16));
   cr_assert_eq(kiln_backward(kiln_sum(kiln_linear_forward(&l, x), KILN_ALL_AXES, 0)), KILN_OK);
   char got[1024];
   kiln__plan p = plan(ctx, true);
@@ -340,5 +345,6 @@ Test(fusion, gradients_write_through_their_buffers) {
   cr_assert(strstr(got, "| assign") != NULL && strstr(got, "assign assign") == NULL, "%s", got);
   kiln_optim_free(o);
   kiln_params_free(ps);
-  kiln_ctx_free(ctx);
+  th_free_scratch();
+  th_ctx_free(ctx);
 }

@@ -38,7 +38,7 @@ static void refused(const uint8_t *buf, size_t len, const char *want) {
   cr_assert(strstr(e, want) != NULL, "message '%s' lacks '%s'", e, want);
   cr_assert_eq(f.n, 0);
   cr_assert_null(f.json);
-  kiln_ctx_free(ctx);
+  th_ctx_free(ctx);
 }
 
 static void refused_header(const char *header, size_t ndata, const char *want) {
@@ -68,7 +68,7 @@ Test(safetensors, good_file_parses) {
   cr_assert_str_eq(cJSON_GetObjectItem(f.metadata, "epoch")->valuestring, "3");
   kiln__st_free(&f);
   free(b);
-  kiln_ctx_free(ctx);
+  th_ctx_free(ctx);
 }
 
 Test(safetensors, truncated_header) {
@@ -173,7 +173,7 @@ Test(safetensors, written_files_read_back) {
   free(buf);
   unlink(path);
   rmdir(dir);
-  kiln_ctx_free(ctx);
+  th_ctx_free(ctx);
 }
 
 /* One version of a 64 MiB file: every data byte is v. */
@@ -243,5 +243,5 @@ Test(safetensors, save_killed_midway_keeps_previous_file, .timeout = 300) {
   free(data);
   unlink(path);
   rmdir(dir);
-  kiln_ctx_free(ctx);
+  th_ctx_free(ctx);
 }

@@ -11,12 +11,6 @@
 
 #include "helpers.h"
 
-/* A temporary directory for the test's files. */
-static void tmpdir(char *dir, size_t n) {
-  snprintf(dir, n, "/tmp/kiln-ckpt-XXXXXX");
-  cr_assert_not_null(mkdtemp(dir));
-}
-
 /* A parameter list with one tensor of each rank 0..6, element i = i * 0.25 - 3. */
 static kiln_params *ranked(kiln_ctx *ctx) {
   kiln_params *p = kiln_params_new(ctx);
@@ -39,20 +33,6 @@ static kiln_params *ranked(kiln_ctx *ctx) {
   return p;
 }
 
-/* Every value of every parameter, concatenated. */
-static float *values(kiln_params *p, int64_t *n) {
-  *n = kiln_params_numel(p);
-  float *all = malloc((size_t)*n * sizeof *all), *at = all;
-  for (int i = 0; i < kiln_params_count(p); i++) {
-    float *v = th_read(kiln_params_get(p, i));
-    int64_t k = kiln_tensor_numel(kiln_params_get(p, i));
-    memcpy(at, v, (size_t)k * sizeof *v);
-    at += k;
-    free(v);
-  }
-  return all;
-}
-
 static void scramble(kiln_params *p) {
   for (int i = 0; i < kiln_params_count(p); i++) {
     kiln_tensor *t = kiln_params_get(p, i);
@@ -67,10 +47,10 @@ static void scramble(kiln_params *p) {
 Test(gpu_checkpoint, params_round_trip_f32_and_bf16_every_rank) {
   TH_GPU_CTX(ctx);
   char dir[64], path[128];
-  tmpdir(dir, sizeof dir);
+  th_tmpdir(dir, sizeof dir, "ckpt");
   kiln_params *p = ranked(ctx);
   int64_t n;
-  float *orig = values(p, &n);
+  float *orig = th_params_values(p, &n);
   for (int bf = 0; bf < 2; bf++) {
     snprintf(path, sizeof path, "%s/p%d.safetensors", dir, bf);
     cr_assert_eq(kiln_params_save(p, path, bf ? KILN_DTYPE_BF16 : KILN_DTYPE_F32), KILN_OK, "%s",
@@ -79,7 +59,7 @@ Test(gpu_checkpoint, params_round_trip_f32_and_bf16_every_rank) {
     scramble(q);
     cr_assert_eq(kiln_params_load(q, path), KILN_OK, "%s", kiln_ctx_error(ctx));
     int64_t m;
-    float *got = values(q, &m);
+    float *got = th_params_values(q, &m);
     cr_assert_eq(m, n);
     /* the values i/4 - 3 are exact in bf16 up to 8 significant bits: small ones round-trip */
     for (int64_t i = 0; i < n; i++) {
@@ -94,19 +74,19 @@ Test(gpu_checkpoint, params_round_trip_f32_and_bf16_every_rank) {
   free(orig);
   kiln_params_free(p);
   rmdir(dir);
-  kiln_ctx_free(ctx);
+  th_ctx_free(ctx);
 }
 
 /* A load that must fail with a message containing want and change nothing. */
 static void load_refused(kiln_ctx *ctx, kiln_params *q, const char *path, const char *want) {
   int64_t n;
-  float *before = values(q, &n);
+  float *before = th_params_values(q, &n);
   kiln_status s = kiln_params_load(q, path);
   cr_assert_neq(s, KILN_OK, "loaded a file that should be refused (%s)", want);
   cr_assert(strstr(kiln_ctx_error(ctx), want) != NULL, "message '%s' lacks '%s'",
             kiln_ctx_error(ctx), want);
   kiln_ctx_clear_error(ctx);
-  float *after = values(q, &n);
+  float *after = th_params_values(q, &n);
   cr_assert_eq(memcmp(before, after, (size_t)n * sizeof *before), 0,
                "a refused load changed values");
   free(before);
@@ -116,7 +96,7 @@ static void load_refused(kiln_ctx *ctx, kiln_params *q, const char *path, const 
 Test(gpu_checkpoint, mismatched_or_damaged_files_load_nothing) {
   TH_GPU_CTX(ctx);
   char dir[64], path[128], bad[160];
-  tmpdir(dir, sizeof dir);
+  th_tmpdir(dir, sizeof dir, "ckpt");
   snprintf(path, sizeof path, "%s/p.safetensors", dir);
   kiln_params *p = ranked(ctx);
   cr_assert_eq(kiln_params_save(p, path, KILN_DTYPE_F32), KILN_OK);
@@ -173,7 +153,7 @@ Test(gpu_checkpoint, mismatched_or_damaged_files_load_nothing) {
   char cmd[200];
   snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
   cr_assert_eq(system(cmd), 0);
-  kiln_ctx_free(ctx);
+  th_ctx_free(ctx);
 }
 
 /* A small classifier with dropout, trained on fixed random data; returns each step's loss. */
@@ -230,7 +210,7 @@ static void run_free(run *r) {
 static void check_resume(int adam) {
   TH_GPU_CTX(ctx);
   char dir[64], path[128];
-  tmpdir(dir, sizeof dir);
+  th_tmpdir(dir, sizeof dir, "ckpt");
   snprintf(path, sizeof path, "%s/ckpt.safetensors", dir);
   run a;
   run_init(ctx, &a, adam);
@@ -244,7 +224,7 @@ static void check_resume(int adam) {
     }
   }
   int64_t n;
-  float *pa = values(a.p, &n);
+  float *pa = th_params_values(a.p, &n);
   run_free(&a);
   /* a fresh model and optimizer, other RNG state, then the checkpoint */
   run b;
@@ -260,7 +240,7 @@ static void check_resume(int adam) {
     cr_assert_eq(memcmp(&l, &la[s], sizeof l), 0, "step %d: resumed loss %.9g, uninterrupted %.9g",
                  s, l, la[s]);
   }
-  float *pb = values(b.p, &n);
+  float *pb = th_params_values(b.p, &n);
   cr_assert_eq(memcmp(pa, pb, (size_t)n * sizeof *pa), 0, "parameters differ after the resume");
   /* the checkpoint refuses another optimizer */
   run c;
@@ -276,7 +256,7 @@ static void check_resume(int adam) {
   run_free(&b);
   unlink(path);
   rmdir(dir);
-  kiln_ctx_free(ctx);
+  th_ctx_free(ctx);
 }
 
 Test(gpu_checkpoint, resume_is_bitwise_sgd) { check_resume(0); }
@@ -285,7 +265,7 @@ Test(gpu_checkpoint, resume_is_bitwise_adamw) { check_resume(1); }
 Test(gpu_checkpoint, pytorch_reads_and_writes_our_files, .timeout = 300) {
   TH_GPU_CTX(ctx);
   char dir[64], a[128], b[128], cmd[600];
-  tmpdir(dir, sizeof dir);
+  th_tmpdir(dir, sizeof dir, "ckpt");
   snprintf(a, sizeof a, "%s/kiln.safetensors", dir);
   snprintf(b, sizeof b, "%s/torch.safetensors", dir);
   kiln_params *p = ranked(ctx);
@@ -299,7 +279,7 @@ Test(gpu_checkpoint, pytorch_reads_and_writes_our_files, .timeout = 300) {
     kiln_params *q = ranked(ctx);
     cr_assert_eq(kiln_params_load(q, b), KILN_OK, "%s", kiln_ctx_error(ctx));
     int64_t n;
-    float *want = values(p, &n), *got = values(q, &n);
+    float *want = th_params_values(p, &n), *got = th_params_values(q, &n);
     for (int64_t i = 0; i < n; i++) {
       double tol = bf ? fabs(want[i]) / 64.0 : 0.0;
       cr_assert(fabs(got[i] - 2.0 * want[i]) <= tol, "element %lld: %g, want %g", (long long)i,
@@ -313,5 +293,5 @@ Test(gpu_checkpoint, pytorch_reads_and_writes_our_files, .timeout = 300) {
   unlink(a);
   unlink(b);
   rmdir(dir);
-  kiln_ctx_free(ctx);
+  th_ctx_free(ctx);
 }

@@ -14,7 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "helpers.h"
+#include "ref.h"
 
 #define MAX_LEAVES 4
 #define MAX_OPS 48
@@ -33,65 +33,6 @@ static const char *const mode_name[2] = {"fused", "unfused"};
 
 /* ---------------------------------------------------------------- small utilities */
 
-static const char *err_of(kiln_ctx *ctx) {
-  const char *e = kiln_ctx_error(ctx);
-  return e ? e : "no error set";
-}
-
-static float *falloc(int64_t n) {
-  float *p = malloc((size_t)(n > 0 ? n : 1) * sizeof *p);
-  cr_assert_not_null(p, "out of host memory (%lld floats)", (long long)n);
-  return p;
-}
-
-static int64_t numel_of(kiln_shape s) {
-  int64_t n = 1;
-  for (int i = 0; i < s.ndim; i++)
-    n *= s.d[i];
-  return n;
-}
-
-static bool shape_eq(kiln_shape a, kiln_shape b) {
-  if (a.ndim != b.ndim) return false;
-  for (int i = 0; i < a.ndim; i++)
-    if (a.d[i] != b.d[i]) return false;
-  return true;
-}
-
-static int norm_ax(int a, int nd) { return a < 0 ? a + nd : a; }
-
-/* NumPy broadcasting of two shapes; false when they do not broadcast. */
-static bool bcast2(kiln_shape a, kiln_shape b, kiln_shape *o) {
-  o->ndim = a.ndim > b.ndim ? a.ndim : b.ndim;
-  for (int d = 0; d < o->ndim; d++) {
-    int ja = d - (o->ndim - a.ndim), jb = d - (o->ndim - b.ndim);
-    int64_t x = ja >= 0 ? a.d[ja] : 1, y = jb >= 0 ? b.d[jb] : 1;
-    if (x != y && x != 1 && y != 1) return false;
-    o->d[d] = x == 1 ? y : x;
-  }
-  return true;
-}
-
-static unsigned axes_mask(kiln_axes ax, int nd) {
-  if (ax.n == 0) return (1u << nd) - 1;
-  unsigned m = 0;
-  for (int i = 0; i < ax.n; i++)
-    m |= 1u << norm_ax(ax.a[i], nd);
-  return m;
-}
-
-static kiln_shape reduced_shape(kiln_shape s, kiln_axes ax, int keepdim) {
-  unsigned m = axes_mask(ax, s.ndim);
-  kiln_shape o = {.ndim = 0};
-  for (int d = 0; d < s.ndim; d++) {
-    if (!(m & (1u << d)))
-      o.d[o.ndim++] = s.d[d];
-    else if (keepdim)
-      o.d[o.ndim++] = 1;
-  }
-  return o;
-}
-
 /* Appends to a fixed buffer, stopping quietly at its end. */
 __attribute__((format(printf, 4, 5))) static void app(char *buf, size_t cap, size_t *len,
                                                       const char *fmt, ...) {
@@ -102,24 +43,6 @@ __attribute__((format(printf, 4, 5))) static void app(char *buf, size_t cap, siz
   va_end(ap);
   if (k > 0) *len = *len + (size_t)k < cap ? *len + (size_t)k : cap - 1;
 }
-
-/* ---------------------------------------------------------------- a small PRNG */
-
-/* splitmix64, one stream per case. */
-typedef struct rng {
-  uint64_t s;
-} rng;
-
-static uint64_t rng_next(rng *r) {
-  uint64_t z = (r->s += 0x9e3779b97f4a7c15ULL);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-  return z ^ (z >> 31);
-}
-static int rng_below(rng *r, int n) { return (int)(rng_next(r) % (uint64_t)n); }
-static double rng_unit(rng *r) { return (double)(rng_next(r) >> 11) * 0x1.0p-53; }
-static bool rng_chance(rng *r, double p) { return rng_unit(r) < p; }
-static float rng_range(rng *r, float lo, float hi) { return lo + (hi - lo) * (float)rng_unit(r); }
 
 /* ---------------------------------------------------------------- the ops a DAG is made of */
 
@@ -274,7 +197,8 @@ static void infer(const plan *p, const op *o, kiln_shape *s, double *bound) {
   case O_MAXIMUM:
   case O_MINIMUM:
   case O_WHERE:
-    cr_assert(bcast2(a->s, b->s, s), "the generator paired shapes that do not broadcast");
+    cr_assert(ref_broadcast(2, (kiln_shape[]){a->s, b->s}, s),
+              "the generator paired shapes that do not broadcast");
     *bound = o->k == O_ADD || o->k == O_SUB ? A + B
              : o->k == O_MUL                ? A * B
              : o->k == O_DIV                ? 2 * A
@@ -284,10 +208,10 @@ static void infer(const plan *p, const op *o, kiln_shape *s, double *bound) {
   case O_SUM:
   case O_MEAN:
   case O_MAX:
-    *s = reduced_shape(a->s, o->axes, o->keepdim);
-    if (o->k == O_SUM) *bound = A * (double)(numel_of(a->s) / numel_of(*s));
+    *s = ref_reduced_shape(a->s, ref_axes_mask(o->axes, nd), o->keepdim);
+    if (o->k == O_SUM) *bound = A * (double)(ref_numel(a->s) / ref_numel(*s));
     break;
-  case O_LOG_SOFTMAX: *bound = 2 * A + log((double)a->s.d[norm_ax(o->axis, nd)]); break;
+  case O_LOG_SOFTMAX: *bound = 2 * A + log((double)a->s.d[ref_norm_axis(o->axis, nd)]); break;
   case O_MATMUL: {
     int64_t k = a->s.d[nd - 1], m = a->s.d[nd - 2], n = b->s.d[b->s.ndim - 1];
     if (nd == 3 || b->s.ndim == 3) {
@@ -300,12 +224,12 @@ static void infer(const plan *p, const op *o, kiln_shape *s, double *bound) {
     break;
   }
   case O_TRANSPOSE: {
-    int x = norm_ax(o->axis, nd), y = norm_ax(o->axis1, nd);
+    int x = ref_norm_axis(o->axis, nd), y = ref_norm_axis(o->axis1, nd);
     s->d[x] = a->s.d[y];
     s->d[y] = a->s.d[x];
     break;
   }
-  case O_SLICE: s->d[norm_ax(o->axis, nd)] = (o->end - o->start + 1) / 2; break;
+  case O_SLICE: s->d[ref_norm_axis(o->axis, nd)] = (o->end - o->start + 1) / 2; break;
   case O_RESHAPE: {
     *s = o->shape;
     int64_t known = 1;
@@ -316,7 +240,7 @@ static void infer(const plan *p, const op *o, kiln_shape *s, double *bound) {
       else
         known *= s->d[d];
     }
-    if (infer_at >= 0) s->d[infer_at] = numel_of(a->s) / known;
+    if (infer_at >= 0) s->d[infer_at] = ref_numel(a->s) / known;
     break;
   }
   case O_EXPAND:
@@ -325,7 +249,7 @@ static void infer(const plan *p, const op *o, kiln_shape *s, double *bound) {
       if (s->d[d] == -1) s->d[d] = a->s.d[d - (s->ndim - nd)];
     break;
   case O_CONCAT:
-    s->d[norm_ax(o->axis, nd)] += b->s.d[norm_ax(o->axis, nd)];
+    s->d[ref_norm_axis(o->axis, nd)] += b->s.d[ref_norm_axis(o->axis, nd)];
     *bound = fmax(A, B);
     break;
   case O_COUNT: break;
@@ -366,12 +290,12 @@ typedef bool (*vpred)(const plan *p, int v, const void *arg);
 
 /* A value satisfying ok: the newest one half the time (deep chains), else any; -1 if none.
  * Values that may exceed BOUND_MAX are left to the op that tames them. */
-static int pick(const plan *p, rng *r, vpred ok, const void *arg) {
+static int pick(const plan *p, th_rng *r, vpred ok, const void *arg) {
   int cand[MAX_VALUES], n = 0;
   for (int v = 0; v < p->nv; v++)
     if (p->v[v].bound <= BOUND_MAX && (!ok || ok(p, v, arg))) cand[n++] = v;
   if (n == 0) return -1;
-  return rng_chance(r, 0.5) ? cand[n - 1] : cand[rng_below(r, n)];
+  return th_rng_chance(r, 0.5) ? cand[n - 1] : cand[th_rng_below(r, n)];
 }
 
 static bool min_dims(const plan *p, int v, const void *arg) {
@@ -381,7 +305,8 @@ static bool min_dims(const plan *p, int v, const void *arg) {
 static bool broadcasts_with(const plan *p, int v, const void *arg) {
   int a = *(const int *)arg;
   kiln_shape o;
-  return v != a && bcast2(p->v[a].s, p->v[v].s, &o) && numel_of(o) <= VALUE_CAP;
+  return v != a && ref_broadcast(2, (kiln_shape[]){p->v[a].s, p->v[v].s}, &o) &&
+         ref_numel(o) <= VALUE_CAP;
 }
 
 static bool sliceable(const plan *p, int v, const void *arg) {
@@ -393,7 +318,7 @@ static bool sliceable(const plan *p, int v, const void *arg) {
 
 static bool expandable(const plan *p, int v, const void *arg) {
   (void)arg;
-  return numel_of(p->v[v].s) * 2 <= VALUE_CAP;
+  return ref_numel(p->v[v].s) * 2 <= VALUE_CAP;
 }
 
 typedef struct cat_arg {
@@ -403,7 +328,7 @@ typedef struct cat_arg {
 static bool concats_with(const plan *p, int v, const void *arg) {
   const cat_arg *c = arg;
   kiln_shape a = p->v[c->a].s, b = p->v[v].s;
-  if (v == c->a || a.ndim != b.ndim || numel_of(a) + numel_of(b) > VALUE_CAP) return false;
+  if (v == c->a || a.ndim != b.ndim || ref_numel(a) + ref_numel(b) > VALUE_CAP) return false;
   for (int d = 0; d < a.ndim; d++)
     if (d != c->axis && a.d[d] != b.d[d]) return false;
   return true;
@@ -424,118 +349,119 @@ static bool is_bias(const plan *p, int v, const void *arg) {
 
 /* ---------------------------------------------------------------- generating ops */
 
-static void gen_unary(plan *p, rng *r, bool safe) {
+static void gen_unary(plan *p, th_rng *r, bool safe) {
   int a = pick(p, r, NULL, NULL);
-  op o = op1(safe ? safe_ops[rng_below(r, COUNT(safe_ops))]
-                  : unary_ops[rng_below(r, COUNT(unary_ops))],
+  op o = op1(safe ? safe_ops[th_rng_below(r, COUNT(safe_ops))]
+                  : unary_ops[th_rng_below(r, COUNT(unary_ops))],
              a);
-  if (o.k == O_ADD_SCALAR) o.f[0] = rng_range(r, -1.5f, 1.5f);
-  if (o.k == O_MUL_SCALAR) o.f[0] = rng_range(r, 0.25f, 2.f) * (rng_chance(r, 0.5) ? -1.f : 1.f);
+  if (o.k == O_ADD_SCALAR) o.f[0] = th_rng_range(r, -1.5f, 1.5f);
+  if (o.k == O_MUL_SCALAR)
+    o.f[0] = th_rng_range(r, 0.25f, 2.f) * (th_rng_chance(r, 0.5) ? -1.f : 1.f);
   if (o.k == O_CLAMP) {
-    o.f[0] = rng_range(r, -1.5f, -0.1f);
-    o.f[1] = rng_range(r, 0.1f, 1.5f);
+    o.f[0] = th_rng_range(r, -1.5f, -0.1f);
+    o.f[1] = th_rng_range(r, 0.1f, 1.5f);
   }
   tame(p, add_op(p, o));
 }
 
-static bool gen_binary(plan *p, rng *r) {
+static bool gen_binary(plan *p, th_rng *r) {
   int a = pick(p, r, NULL, NULL);
-  int b = rng_chance(r, 0.1) ? -1 : pick(p, r, broadcasts_with, &a);
+  int b = th_rng_chance(r, 0.1) ? -1 : pick(p, r, broadcasts_with, &a);
   if (b < 0) b = a; /* an op of a value with itself */
-  if (rng_chance(r, 0.5)) {
+  if (th_rng_chance(r, 0.5)) {
     int t = a;
     a = b;
     b = t;
   }
-  opk k = binary_ops[rng_below(r, COUNT(binary_ops))];
+  opk k = binary_ops[th_rng_below(r, COUNT(binary_ops))];
   if (a == b && k == O_SUB) k = O_ADD; /* x - x is all zeros: nothing to compare downstream */
   tame(p, add_op(p, op2(k, a, b)));
   return true;
 }
 
-static bool gen_dropout(plan *p, rng *r) {
+static bool gen_dropout(plan *p, th_rng *r) {
   tame(p, add_op(p, op1(O_DROPOUT, pick(p, r, NULL, NULL))));
   return true;
 }
 
 /* A random nonempty set of axes (a quarter of the time: all), some given as negative. */
-static kiln_axes random_axes(rng *r, int nd) {
+static kiln_axes random_axes(th_rng *r, int nd) {
   kiln_axes ax = {.n = 0};
-  if (rng_chance(r, 0.25)) return ax;
-  int first = rng_below(r, nd);
+  if (th_rng_chance(r, 0.25)) return ax;
+  int first = th_rng_below(r, nd);
   for (int i = 0; i < nd; i++) {
     int d = (first + i) % nd;
-    if (i == 0 || rng_chance(r, 0.4)) ax.a[ax.n++] = rng_chance(r, 0.3) ? d - nd : d;
+    if (i == 0 || th_rng_chance(r, 0.4)) ax.a[ax.n++] = th_rng_chance(r, 0.3) ? d - nd : d;
   }
   return ax;
 }
 
-static bool gen_reduce(plan *p, rng *r) {
+static bool gen_reduce(plan *p, th_rng *r) {
   static const int one = 1;
   int a = pick(p, r, min_dims, &one);
   if (a < 0) return false;
   static const opk ks[] = {O_SUM, O_MEAN, O_MAX};
-  op o = op1(ks[rng_below(r, 3)], a);
+  op o = op1(ks[th_rng_below(r, 3)], a);
   o.axes = random_axes(r, p->v[a].s.ndim);
-  o.keepdim = rng_below(r, 2);
+  o.keepdim = th_rng_below(r, 2);
   tame(p, add_op(p, o));
   return true;
 }
 
-static bool gen_softmax(plan *p, rng *r) {
+static bool gen_softmax(plan *p, th_rng *r) {
   static const int one = 1;
   int a = pick(p, r, min_dims, &one);
   if (a < 0) return false;
   int nd = p->v[a].s.ndim;
-  op o = op1(rng_chance(r, 0.5) ? O_SOFTMAX : O_LOG_SOFTMAX, a);
-  o.axis = rng_below(r, nd) - (rng_chance(r, 0.3) ? nd : 0);
+  op o = op1(th_rng_chance(r, 0.5) ? O_SOFTMAX : O_LOG_SOFTMAX, a);
+  o.axis = th_rng_below(r, nd) - (th_rng_chance(r, 0.3) ? nd : 0);
   tame(p, add_op(p, o));
   return true;
 }
 
 /* A shape with the same elements: flattened, two dims merged, a dim split or (-1, last). */
-static kiln_shape reshape_target(kiln_shape s, rng *r) {
+static kiln_shape reshape_target(kiln_shape s, th_rng *r) {
   kiln_shape t = s;
   int nd = s.ndim;
-  int c = rng_below(r, 4);
+  int c = th_rng_below(r, 4);
   if (c == 1 && nd >= 2) {
-    int i = rng_below(r, nd - 1);
+    int i = th_rng_below(r, nd - 1);
     t.d[i] = s.d[i] * s.d[i + 1];
     for (int d = i + 1; d < nd - 1; d++)
       t.d[d] = s.d[d + 1];
     t.ndim = nd - 1;
   } else if (c == 2 && nd < 5) {
-    int i = rng_below(r, nd);
+    int i = th_rng_below(r, nd);
     int64_t divs[48], nd_ = 0;
     for (int64_t f = 2; f < s.d[i] && nd_ < 48; f++)
       if (s.d[i] % f == 0) divs[nd_++] = f;
-    int64_t f = nd_ ? divs[rng_below(r, (int)nd_)] : 1; /* no divisor: insert a 1 */
+    int64_t f = nd_ ? divs[th_rng_below(r, (int)nd_)] : 1; /* no divisor: insert a 1 */
     for (int d = nd; d > i; d--)
       t.d[d] = s.d[d - 1];
     t.d[i] = f;
     t.d[i + 1] = s.d[i] / f;
     t.ndim = nd + 1;
   } else if (c == 3 && nd >= 1) {
-    t = KILN_SHAPE(numel_of(s) / s.d[nd - 1], s.d[nd - 1]);
+    t = KILN_SHAPE(ref_numel(s) / s.d[nd - 1], s.d[nd - 1]);
   } else {
-    t = KILN_SHAPE(numel_of(s));
+    t = KILN_SHAPE(ref_numel(s));
   }
-  if (rng_chance(r, 0.5)) t.d[rng_below(r, t.ndim)] = -1;
+  if (th_rng_chance(r, 0.5)) t.d[th_rng_below(r, t.ndim)] = -1;
   return t;
 }
 
 /* A dim of size 1 stretched, or a new leading dim; unchanged dims sometimes given as -1. */
-static bool expand_target(kiln_shape s, rng *r, kiln_shape *t) {
+static bool expand_target(kiln_shape s, th_rng *r, kiln_shape *t) {
   static const int64_t mult[] = {2, 3, 4, 7, 16, 33};
-  int64_t m = mult[rng_below(r, COUNT(mult))];
-  if (numel_of(s) * m > VALUE_CAP) m = 2;
+  int64_t m = mult[th_rng_below(r, COUNT(mult))];
+  if (ref_numel(s) * m > VALUE_CAP) m = 2;
   int ones[KILN_MAX_DIMS], no = 0;
   for (int d = 0; d < s.ndim; d++)
     if (s.d[d] == 1) ones[no++] = d;
   *t = s;
   int lead = 0;
-  if (no > 0 && (s.ndim >= 5 || rng_chance(r, 0.6))) {
-    t->d[ones[rng_below(r, no)]] = m;
+  if (no > 0 && (s.ndim >= 5 || th_rng_chance(r, 0.6))) {
+    t->d[ones[th_rng_below(r, no)]] = m;
   } else if (s.ndim < 5) {
     for (int d = s.ndim; d > 0; d--)
       t->d[d] = s.d[d - 1];
@@ -546,24 +472,24 @@ static bool expand_target(kiln_shape s, rng *r, kiln_shape *t) {
     return false;
   }
   for (int d = lead; d < t->ndim; d++)
-    if (t->d[d] == s.d[d - lead] && rng_chance(r, 0.3)) t->d[d] = -1;
+    if (t->d[d] == s.d[d - lead] && th_rng_chance(r, 0.3)) t->d[d] = -1;
   return true;
 }
 
-static bool gen_view(plan *p, rng *r) {
+static bool gen_view(plan *p, th_rng *r) {
   static const int one = 1, two = 2;
   int a;
   op o;
-  switch (rng_below(r, 4)) {
+  switch (th_rng_below(r, 4)) {
   case 0: {
     a = pick(p, r, min_dims, &two);
     if (a < 0) return false;
     int nd = p->v[a].s.ndim;
-    if (rng_chance(r, 0.5)) {
+    if (th_rng_chance(r, 0.5)) {
       o = transpose_op(a, -1, -2);
     } else {
-      int x = rng_below(r, nd), y = (x + 1 + rng_below(r, nd - 1)) % nd;
-      o = transpose_op(a, x, rng_chance(r, 0.3) ? y - nd : y);
+      int x = th_rng_below(r, nd), y = (x + 1 + th_rng_below(r, nd - 1)) % nd;
+      o = transpose_op(a, x, th_rng_chance(r, 0.3) ? y - nd : y);
     }
     break;
   }
@@ -574,10 +500,10 @@ static bool gen_view(plan *p, rng *r) {
     int axes[KILN_MAX_DIMS], n = 0;
     for (int d = 0; d < s.ndim; d++)
       if (s.d[d] >= 2) axes[n++] = d;
-    int ax = axes[rng_below(r, n)];
+    int ax = axes[th_rng_below(r, n)];
     o = op1(O_SLICE, a);
-    o.axis = rng_chance(r, 0.3) ? ax - s.ndim : ax;
-    o.start = rng_below(r, 2);
+    o.axis = th_rng_chance(r, 0.3) ? ax - s.ndim : ax;
+    o.start = th_rng_below(r, 2);
     o.end = (int)s.d[ax];
     break;
   }
@@ -597,18 +523,18 @@ static bool gen_view(plan *p, rng *r) {
   return true;
 }
 
-static bool gen_concat(plan *p, rng *r) {
+static bool gen_concat(plan *p, th_rng *r) {
   static const int one = 1;
   int a = pick(p, r, min_dims, &one);
   if (a < 0) return false;
-  cat_arg c = {.a = a, .axis = rng_below(r, p->v[a].s.ndim)};
+  cat_arg c = {.a = a, .axis = th_rng_below(r, p->v[a].s.ndim)};
   int b = pick(p, r, concats_with, &c);
   if (b < 0) {
-    if (numel_of(p->v[a].s) * 2 > VALUE_CAP) return false;
+    if (ref_numel(p->v[a].s) * 2 > VALUE_CAP) return false;
     b = a;
   }
-  op o = rng_chance(r, 0.5) ? op2(O_CONCAT, a, b) : op2(O_CONCAT, b, a);
-  o.axis = rng_chance(r, 0.3) ? c.axis - p->v[a].s.ndim : c.axis;
+  op o = th_rng_chance(r, 0.5) ? op2(O_CONCAT, a, b) : op2(O_CONCAT, b, a);
+  o.axis = th_rng_chance(r, 0.3) ? c.axis - p->v[a].s.ndim : c.axis;
   add_op(p, o);
   return true;
 }
@@ -616,7 +542,7 @@ static bool gen_concat(plan *p, rng *r) {
 /* A matrix product: the left operand as (M, K) or (B, M, K), the right one a value that is
  * (K, N) as it is, transposed from (N, K) (a linear layer's weight) or reshaped to (K, N); then
  * sometimes a bias over the columns and an activation, the epilogues the planner fuses. */
-static bool gen_matmul(plan *p, rng *r) {
+static bool gen_matmul(plan *p, th_rng *r) {
   static const int one = 1;
   int a = pick(p, r, min_dims, &one);
   if (a < 0) return false;
@@ -625,8 +551,8 @@ static bool gen_matmul(plan *p, rng *r) {
   if (s.ndim == 1)
     a = add_op(p, reshape_op(a, KILN_SHAPE(1, -1)));
   else if (s.ndim > 3)
-    a = add_op(p, reshape_op(a, rng_chance(r, 0.5) ? KILN_SHAPE(-1, K)
-                                                   : KILN_SHAPE(-1, s.d[s.ndim - 2], K)));
+    a = add_op(p, reshape_op(a, th_rng_chance(r, 0.5) ? KILN_SHAPE(-1, K)
+                                                      : KILN_SHAPE(-1, s.d[s.ndim - 2], K)));
   s = p->v[a].s;
   int nd = s.ndim;
   int64_t M = s.d[nd - 2], batch = nd == 3 ? s.d[0] : 1;
@@ -647,7 +573,7 @@ static bool gen_matmul(plan *p, rng *r) {
       if (t.d[t.ndim - 1] == K && ob * M * t.d[t.ndim - 2] <= VALUE_CAP)
         c[nc].v = v, c[nc++].how = TRANSPOSED;
     }
-    int64_t n = numel_of(t);
+    int64_t n = ref_numel(t);
     if (v != a && t.ndim >= 1 && n % K == 0 && n / K <= 64 && batch * M * (n / K) <= VALUE_CAP)
       c[nc].v = v, c[nc++].how = RESHAPED;
   }
@@ -657,28 +583,28 @@ static bool gen_matmul(plan *p, rng *r) {
     left = add_op(p, transpose_op(a, -1, -2));
     right = a;
   } else {
-    int i = rng_below(r, nc);
+    int i = th_rng_below(r, nc);
     right = c[i].v;
     if (c[i].how == TRANSPOSED) right = add_op(p, transpose_op(right, -1, -2));
     if (c[i].how == RESHAPED) right = add_op(p, reshape_op(right, KILN_SHAPE(K, -1)));
   }
   int y = add_op(p, op2(O_MATMUL, left, right));
   kiln_shape ys = p->v[y].s;
-  if (rng_chance(r, 0.6)) {
+  if (th_rng_chance(r, 0.6)) {
     bias_arg b = {.n = ys.d[ys.ndim - 1], .exclude = y};
     int bias = pick(p, r, is_bias, &b);
     if (bias >= 0) y = add_op(p, op2(O_ADD, y, bias));
   }
-  if (rng_chance(r, 0.5)) {
+  if (th_rng_chance(r, 0.5)) {
     static const opk act[] = {O_RELU, O_GELU_ERF, O_GELU_TANH};
-    y = add_op(p, op1(act[rng_below(r, COUNT(act))], y));
+    y = add_op(p, op1(act[th_rng_below(r, COUNT(act))], y));
   }
   tame(p, y);
   return true;
 }
 
 /* Appends one op (or a few, for a matmul and its operands) from the families in fam. */
-static void gen_one(plan *p, rng *r, unsigned fam) {
+static void gen_one(plan *p, th_rng *r, unsigned fam) {
   static const struct {
     unsigned f;
     int w;
@@ -688,7 +614,7 @@ static void gen_one(plan *p, rng *r, unsigned fam) {
   for (int i = 0; i < COUNT(weights); i++)
     if (fam & weights[i].f) total += weights[i].w;
   for (int attempt = 0; attempt < 20; attempt++) {
-    int x = rng_below(r, total), i = 0;
+    int x = th_rng_below(r, total), i = 0;
     while (!(fam & weights[i].f) || x >= weights[i].w) {
       if (fam & weights[i].f) x -= weights[i].w;
       i++;
@@ -715,47 +641,47 @@ static void gen_one(plan *p, rng *r, unsigned fam) {
 /* Sizes where kernels have edges: one, odd, a warp and either side of it, 48. */
 static const int64_t special_sizes[] = {1, 2, 3, 4, 5, 7, 8, 16, 31, 32, 33, 47, 48};
 
-static int64_t pick_size(rng *r) {
-  if (rng_chance(r, 0.5)) return special_sizes[rng_below(r, COUNT(special_sizes))];
-  return 1 + rng_below(r, 48);
+static int64_t pick_size(th_rng *r) {
+  if (th_rng_chance(r, 0.5)) return special_sizes[th_rng_below(r, COUNT(special_sizes))];
+  return 1 + th_rng_below(r, 48);
 }
 
-static kiln_shape base_shape(rng *r) {
-  kiln_shape s = {.ndim = 1 + rng_below(r, 4)};
+static kiln_shape base_shape(th_rng *r) {
+  kiln_shape s = {.ndim = 1 + th_rng_below(r, 4)};
   for (int d = 0; d < s.ndim; d++)
     s.d[d] = pick_size(r);
-  while (numel_of(s) > BASE_CAP) {
+  while (ref_numel(s) > BASE_CAP) {
     int big = 0;
     for (int d = 1; d < s.ndim; d++)
       if (s.d[d] > s.d[big]) big = d;
-    s.d[big] = 1 + rng_below(r, (int)(s.d[big] / 2));
+    s.d[big] = 1 + th_rng_below(r, (int)(s.d[big] / 2));
   }
   return s;
 }
 
 /* The base shape, or one that broadcasts against it: some dims 1, fewer leading dims, or both. */
-static kiln_shape leaf_variant(kiln_shape b, rng *r) {
+static kiln_shape leaf_variant(kiln_shape b, th_rng *r) {
   kiln_shape s = b;
-  int c = rng_below(r, 10);
+  int c = th_rng_below(r, 10);
   if (c >= 7) {
-    int drop = 1 + rng_below(r, s.ndim);
-    if (drop == s.ndim && rng_chance(r, 0.5)) drop--; /* a scalar now and then */
+    int drop = 1 + th_rng_below(r, s.ndim);
+    if (drop == s.ndim && th_rng_chance(r, 0.5)) drop--; /* a scalar now and then */
     for (int d = 0; d + drop < s.ndim; d++)
       s.d[d] = s.d[d + drop];
     s.ndim -= drop;
   }
   if (c >= 4 && c != 7 && c != 8)
     for (int d = 0; d < s.ndim; d++)
-      if (rng_chance(r, 0.5)) s.d[d] = 1;
+      if (th_rng_chance(r, 0.5)) s.d[d] = 1;
   return s;
 }
 
 /* How the DAG reads a leaf: as stored, or through a transpose, a step-2 slice or an expand. */
-static void choose_access(leaf *l, rng *r) {
+static void choose_access(leaf *l, th_rng *r) {
   kiln_shape s = l->shape;
   l->stored = s;
   l->acc = ACC_PLAIN;
-  int c = rng_below(r, 8);
+  int c = th_rng_below(r, 8);
   if (c == 0 && s.ndim >= 2) {
     l->acc = ACC_TRANS;
     l->stored.d[s.ndim - 1] = s.d[s.ndim - 2];
@@ -763,65 +689,53 @@ static void choose_access(leaf *l, rng *r) {
   } else if (c == 1 && s.ndim >= 1) {
     /* start 0 reads 2n-1 or 2n stored elements, start 1 reads 2n or 2n+1 */
     l->acc = ACC_SLICE;
-    l->axis = rng_below(r, s.ndim);
-    l->start = rng_below(r, 2);
-    l->stored.d[l->axis] = 2 * s.d[l->axis] - 1 + l->start + rng_below(r, 2);
+    l->axis = th_rng_below(r, s.ndim);
+    l->start = th_rng_below(r, 2);
+    l->stored.d[l->axis] = 2 * s.d[l->axis] - 1 + l->start + th_rng_below(r, 2);
   } else if (c == 2) {
     kiln_shape t = s;
     for (int d = 0; d < t.ndim; d++)
-      if (t.d[d] > 1 && rng_chance(r, 0.5)) t.d[d] = 1;
+      if (t.d[d] > 1 && th_rng_chance(r, 0.5)) t.d[d] = 1;
     int drop = 0;
-    while (drop < t.ndim && t.d[drop] == 1 && rng_chance(r, 0.5))
+    while (drop < t.ndim && t.d[drop] == 1 && th_rng_chance(r, 0.5))
       drop++;
     for (int d = 0; d + drop < t.ndim; d++)
       t.d[d] = t.d[d + drop];
     t.ndim -= drop;
-    if (!shape_eq(t, s)) {
+    if (!ref_shape_eq(t, s)) {
       l->acc = ACC_EXPAND;
       l->stored = t;
     }
   }
 }
 
-static void make_leaves(plan *p, rng *r, unsigned fam) {
+static void make_leaves(plan *p, th_rng *r, unsigned fam) {
   kiln_shape base = base_shape(r);
-  int n = 1 + rng_below(r, MAX_LEAVES);
+  int n = 1 + th_rng_below(r, MAX_LEAVES);
   int64_t bias_n = 0;
   for (int i = 0; i < n; i++) {
     leaf *l = &p->leaves[i];
     if (bias_n) {
       l->shape = KILN_SHAPE(bias_n);
       bias_n = 0;
-    } else if (i > 0 && (fam & F_MATMUL) && rng_chance(r, 0.5)) {
+    } else if (i > 0 && (fam & F_MATMUL) && th_rng_chance(r, 0.5)) {
       /* a linear layer: weight (N, K) for the base's last dim K, often a bias (N) after it */
       int64_t N = pick_size(r), K = base.d[base.ndim - 1];
       l->shape = KILN_SHAPE(N, K);
-      if (rng_chance(r, 0.7)) bias_n = N;
+      if (th_rng_chance(r, 0.7)) bias_n = N;
     } else {
       l->shape = i == 0 ? base : leaf_variant(base, r);
     }
     choose_access(l, r);
-    int64_t ne = numel_of(l->stored);
-    l->host = falloc(ne);
-    th_fill(l->host, ne, rng_next(r), -2.f, 2.f);
+    int64_t ne = ref_numel(l->stored);
+    l->host = ref_falloc(ne);
+    th_fill(l->host, ne, th_rng_next(r), -2.f, 2.f);
     p->v[i] = (vinfo){.s = l->shape, .bound = 2, .leafish = true};
   }
   p->nleaf = p->nv = n;
 }
 
 /* ---------------------------------------------------------------- a whole DAG */
-
-static void axes_str(kiln_axes ax, char *buf, size_t n) {
-  size_t k = 0;
-  if (ax.n == 0) {
-    app(buf, n, &k, "all");
-    return;
-  }
-  app(buf, n, &k, "{");
-  for (int i = 0; i < ax.n; i++)
-    app(buf, n, &k, i ? ",%d" : "%d", ax.a[i]);
-  app(buf, n, &k, "}");
-}
 
 static void op_str(const op *o, char *b, size_t n) {
   int x = o->in[0], y = o->in[1];
@@ -849,7 +763,7 @@ static void op_str(const op *o, char *b, size_t n) {
   case O_SUM:
   case O_MEAN:
   case O_MAX:
-    axes_str(o->axes, t, sizeof t);
+    ref_axes_str(o->axes, t, sizeof t);
     snprintf(b, n, "%s(#%d, axes %s, keepdim %d)", name, x, t, o->keepdim);
     break;
   case O_SOFTMAX:
@@ -898,14 +812,14 @@ static plan *plan_make(uint64_t seed, unsigned fam, const char *suite) {
   plan *p = calloc(1, sizeof *p);
   cr_assert_not_null(p);
   p->seed = seed;
-  rng r = {.s = seed * 0x2545f4914f6cdd1dULL + 0x1234567};
+  th_rng r = {.s = seed * 0x2545f4914f6cdd1dULL + 0x1234567};
   make_leaves(p, &r, fam);
-  int target = 4 + rng_below(&r, 21);
+  int target = 4 + th_rng_below(&r, 21);
   while (p->nop < target)
     gen_one(p, &r, fam);
   if (p->v[p->nv - 1].leafish) add_op(p, op1(O_TANH, p->nv - 1));
   p->out[p->nout++] = p->nv - 1;
-  int extra = rng_below(&r, MAX_OUTS);
+  int extra = th_rng_below(&r, MAX_OUTS);
   for (int e = 0; e < extra; e++) {
     int cand[MAX_VALUES], nc = 0;
     for (int v = p->nleaf; v < p->nv - 1; v++) {
@@ -915,7 +829,7 @@ static plan *plan_make(uint64_t seed, unsigned fam, const char *suite) {
       if (!p->v[v].consumed && !p->v[v].leafish && !taken) cand[nc++] = v;
     }
     if (nc == 0) break;
-    p->out[p->nout++] = cand[rng_below(&r, nc)];
+    p->out[p->nout++] = cand[th_rng_below(&r, nc)];
   }
   plan_describe(p, suite);
   return p;
@@ -1006,8 +920,8 @@ static void record(const plan *p, side *sd, int mode) {
       t = run_op(o, sd->val[o->in[0]], sd->val[o->in[1]]);
     }
     cr_assert_not_null(t, "%s%s mode: recording #%d failed: %s", p->text, mode_name[mode], v,
-                       err_of(sd->ctx));
-    cr_assert(shape_eq(kiln_tensor_shape(t), p->v[v].s), "%s%s mode: #%d has shape %s, want %s",
+                       th_err(sd->ctx));
+    cr_assert(ref_shape_eq(kiln_tensor_shape(t), p->v[v].s), "%s%s mode: #%d has shape %s, want %s",
               p->text, mode_name[mode], v, kiln_shape_str(kiln_tensor_shape(t), g, sizeof g),
               kiln_shape_str(p->v[v].s, w, sizeof w));
     sd->val[v] = t;
@@ -1017,10 +931,10 @@ static void record(const plan *p, side *sd, int mode) {
 static float *read_tensor(const plan *p, kiln_ctx *ctx, kiln_tensor *t, const char *what,
                           int mode) {
   int64_t n = kiln_tensor_numel(t);
-  float *h = falloc(n);
+  float *h = ref_falloc(n);
   kiln_status st = kiln_tensor_to_host(t, h, (size_t)n * sizeof *h);
   cr_assert_eq(st, KILN_OK, "%s%s mode: reading %s failed: %s", p->text, mode_name[mode], what,
-               err_of(ctx));
+               th_err(ctx));
   return h;
 }
 
@@ -1044,7 +958,7 @@ static void compare_outputs(const plan *p, float *const *fu, float *const *un) {
   char sh[96];
   for (int k = 0; k < p->nout; k++) {
     int v = p->out[k];
-    int64_t n = numel_of(p->v[v].s);
+    int64_t n = ref_numel(p->v[v].s);
     for (int64_t i = 0; i < n; i++) {
       double a = fu[k][i], b = un[k][i];
       cr_assert(isfinite(b),
@@ -1074,12 +988,12 @@ static bool compare_grads(const plan *p, side *sd, char *msg, size_t cap) {
     if (!g[0]) continue;
     float *h[2];
     for (int i = 0; i < 2; i++) {
-      cr_assert(shape_eq(kiln_tensor_shape(g[i]), p->leaves[l].stored),
+      cr_assert(ref_shape_eq(kiln_tensor_shape(g[i]), p->leaves[l].stored),
                 "%s%s mode: the gradient of leaf #%d has shape %s, want the stored shape", p->text,
                 mode_name[i], l, kiln_shape_str(kiln_tensor_shape(g[i]), sh, sizeof sh));
       h[i] = read_tensor(p, sd[i].ctx, g[i], "a leaf's gradient", i);
     }
-    int64_t n = numel_of(p->leaves[l].stored), bad = 0, first = -1;
+    int64_t n = ref_numel(p->leaves[l].stored), bad = 0, first = -1;
     for (int64_t i = 0; i < n; i++)
       if (!close_enough(h[0][i], h[1][i], 1e-4, 1e-3)) {
         if (first < 0) first = i;
@@ -1181,8 +1095,8 @@ static void run_case(suite *S, uint64_t seed) {
   kiln_exec_stats before[2], after[2];
   float *wh[MAX_OUTS];
   for (int k = 0; k < p->nout; k++) {
-    int64_t n = numel_of(p->v[p->out[k]].s);
-    wh[k] = falloc(n);
+    int64_t n = ref_numel(p->v[p->out[k]].s);
+    wh[k] = ref_falloc(n);
     th_fill(wh[k], n, seed * 31 + (uint64_t)k, -1.f, 1.f);
   }
   /* the same leaves and loss weights in both contexts */
@@ -1191,12 +1105,12 @@ static void run_case(suite *S, uint64_t seed) {
     for (int l = 0; l < p->nleaf; l++) {
       sd[i].leaf[l] =
           kiln_tensor_from_host(sd[i].ctx, KILN_DTYPE_F32, p->leaves[l].stored, p->leaves[l].host);
-      cr_assert_not_null(sd[i].leaf[l], "%supload of leaf #%d: %s", p->text, l, err_of(sd[i].ctx));
+      cr_assert_not_null(sd[i].leaf[l], "%supload of leaf #%d: %s", p->text, l, th_err(sd[i].ctx));
       kiln_tensor_set_requires_grad(sd[i].leaf[l], 1);
     }
     for (int k = 0; k < p->nout; k++) {
       sd[i].w[k] = kiln_tensor_from_host(sd[i].ctx, KILN_DTYPE_F32, p->v[p->out[k]].s, wh[k]);
-      cr_assert_not_null(sd[i].w[k], "%supload of a loss weight: %s", p->text, err_of(sd[i].ctx));
+      cr_assert_not_null(sd[i].w[k], "%supload of a loss weight: %s", p->text, th_err(sd[i].ctx));
     }
     th_assert_ok(sd[i].ctx);
   }
@@ -1209,18 +1123,18 @@ static void run_case(suite *S, uint64_t seed) {
     kiln_step_begin(ctx);
     record(p, &sd[i], i);
     kiln_status st = kiln_sync(ctx);
-    cr_assert_eq(st, KILN_OK, "%s%s mode: kiln_sync: %s", p->text, mode_name[i], err_of(ctx));
+    cr_assert_eq(st, KILN_OK, "%s%s mode: kiln_sync: %s", p->text, mode_name[i], th_err(ctx));
     for (int k = 0; k < p->nout; k++)
       out[i][k] = read_tensor(p, ctx, sd[i].val[p->out[k]], "an output", i);
     st = kiln_step_end(ctx);
-    cr_assert_eq(st, KILN_OK, "%s%s mode: kiln_step_end: %s", p->text, mode_name[i], err_of(ctx));
+    cr_assert_eq(st, KILN_OK, "%s%s mode: kiln_step_end: %s", p->text, mode_name[i], th_err(ctx));
   }
   compare_outputs(p, out[0], out[1]);
 
   /* backward: the same DAG again (same seed, same dropout masks) with the loss, in one step */
   double scale = 0;
   for (int k = 0; k < p->nout; k++)
-    for (int64_t e = 0; e < numel_of(p->v[p->out[k]].s); e++)
+    for (int64_t e = 0; e < ref_numel(p->v[p->out[k]].s); e++)
       scale += fabs((double)out[1][k][e] * wh[k][e]);
   float loss[2];
   for (int i = 0; i < 2; i++) {
@@ -1229,12 +1143,12 @@ static void run_case(suite *S, uint64_t seed) {
     kiln_step_begin(ctx);
     record(p, &sd[i], i);
     kiln_tensor *l = weighted_loss(p, &sd[i]);
-    cr_assert_not_null(l, "%s%s mode: recording the loss: %s", p->text, mode_name[i], err_of(ctx));
+    cr_assert_not_null(l, "%s%s mode: recording the loss: %s", p->text, mode_name[i], th_err(ctx));
     kiln_status st = kiln_backward(l);
-    cr_assert_eq(st, KILN_OK, "%s%s mode: kiln_backward: %s", p->text, mode_name[i], err_of(ctx));
+    cr_assert_eq(st, KILN_OK, "%s%s mode: kiln_backward: %s", p->text, mode_name[i], th_err(ctx));
     st = kiln_step_end(ctx);
     cr_assert_eq(st, KILN_OK, "%s%s mode: kiln_step_end after backward: %s", p->text, mode_name[i],
-                 err_of(ctx));
+                 th_err(ctx));
     loss[i] = kiln_tensor_item(l);
     th_assert_ok(ctx);
   }
@@ -1295,8 +1209,8 @@ static void run_suite(const char *name, unsigned fam, uint64_t seed0, int ncases
             "%s: %d cases had gradient differences put down to near-kinks (at most %d expected "
             "by chance); see the warnings above",
             name, S.excused, MAX_EXCUSED);
-  kiln_ctx_free(fused);
-  kiln_ctx_free(unfused);
+  th_ctx_free(fused);
+  th_ctx_free(unfused);
 }
 
 Test(gpu_fusion, elementwise_dags) {
@@ -1339,19 +1253,19 @@ static void mlp_init(mlp *m, kiln_ctx *ctx, const float *xh, const int32_t *yh) 
   m->ctx = ctx;
   kiln_manual_seed(ctx, 2024);
   m->params = kiln_params_new(ctx);
-  cr_assert_not_null(m->params, "kiln_params_new: %s", err_of(ctx));
+  cr_assert_not_null(m->params, "kiln_params_new: %s", th_err(ctx));
   cr_assert_eq(kiln_linear_init(&m->l1, m->params, "fc1", MLP_IN, MLP_HIDDEN, 1), KILN_OK, "%s",
-               err_of(ctx));
+               th_err(ctx));
   cr_assert_eq(kiln_linear_init(&m->l2, m->params, "fc2", MLP_HIDDEN, MLP_OUT, 1), KILN_OK, "%s",
-               err_of(ctx));
+               th_err(ctx));
   kiln_sgd_options o = kiln_sgd_defaults(0.05f);
   o.momentum = 0.9f;
   o.nesterov = 1;
   m->opt = kiln_sgd_new(m->params, &o);
-  cr_assert_not_null(m->opt, "kiln_sgd_new: %s", err_of(ctx));
+  cr_assert_not_null(m->opt, "kiln_sgd_new: %s", th_err(ctx));
   m->x = kiln_tensor_from_host(ctx, KILN_DTYPE_F32, KILN_SHAPE(MLP_BATCH, MLP_IN), xh);
   m->y = kiln_tensor_from_host(ctx, KILN_DTYPE_I32, KILN_SHAPE(MLP_BATCH), yh);
-  cr_assert(m->x && m->y, "uploading the batch: %s", err_of(ctx));
+  cr_assert(m->x && m->y, "uploading the batch: %s", th_err(ctx));
 }
 
 /* One step: forward, cross-entropy, backward, SGD update; returns the loss. */
@@ -1363,30 +1277,16 @@ static float mlp_step(mlp *m, int step, int mode) {
   kiln_tensor *loss =
       kiln_cross_entropy(kiln_linear_forward(&m->l2, h), m->y, KILN_REDUCTION_MEAN, 0.f);
   cr_assert_not_null(loss, "%s mode, step %d: the forward pass: %s", mode_name[mode], step,
-                     err_of(ctx));
+                     th_err(ctx));
   cr_assert_eq(kiln_backward(loss), KILN_OK, "%s mode, step %d: kiln_backward: %s", mode_name[mode],
-               step, err_of(ctx));
+               step, th_err(ctx));
   cr_assert_eq(kiln_optim_step(m->opt), KILN_OK, "%s mode, step %d: kiln_optim_step: %s",
-               mode_name[mode], step, err_of(ctx));
+               mode_name[mode], step, th_err(ctx));
   cr_assert_eq(kiln_step_end(ctx), KILN_OK, "%s mode, step %d: kiln_step_end: %s", mode_name[mode],
-               step, err_of(ctx));
+               step, th_err(ctx));
   float l = kiln_tensor_item(loss);
   th_assert_ok(ctx);
   return l;
-}
-
-/* Every parameter, concatenated, in the list's order. */
-static float *mlp_params(mlp *m, int64_t *n) {
-  *n = kiln_params_numel(m->params);
-  float *all = falloc(*n), *at = all;
-  for (int i = 0; i < kiln_params_count(m->params); i++) {
-    kiln_tensor *t = kiln_params_get(m->params, i);
-    float *v = th_read(t);
-    memcpy(at, v, (size_t)kiln_tensor_numel(t) * sizeof *v);
-    at += kiln_tensor_numel(t);
-    free(v);
-  }
-  return all;
 }
 
 static void mlp_free(mlp *m) {
@@ -1401,19 +1301,19 @@ Test(gpu_fusion, mlp_training_fused_equals_unfused) {
   TH_GPU_CTX(unfused);
   kiln_set_fusion(fused, 1);
   kiln_set_fusion(unfused, 0);
-  float *xh = falloc(MLP_BATCH * MLP_IN);
+  float *xh = ref_falloc(MLP_BATCH * MLP_IN);
   th_fill(xh, MLP_BATCH * MLP_IN, 4242, -1.f, 1.f);
   int32_t yh[MLP_BATCH];
-  rng r = {.s = 77};
+  th_rng r = {.s = 77};
   for (int i = 0; i < MLP_BATCH; i++)
-    yh[i] = rng_below(&r, MLP_OUT);
+    yh[i] = th_rng_below(&r, MLP_OUT);
   mlp m[2];
   mlp_init(&m[0], fused, xh, yh);
   mlp_init(&m[1], unfused, xh, yh);
 
   /* the same seed gives the same initial parameters */
   int64_t n[2];
-  float *p0[2] = {mlp_params(&m[0], &n[0]), mlp_params(&m[1], &n[1])};
+  float *p0[2] = {th_params_values(m[0].params, &n[0]), th_params_values(m[1].params, &n[1])};
   int64_t want = (int64_t)MLP_IN * MLP_HIDDEN + MLP_HIDDEN + MLP_HIDDEN * MLP_OUT + MLP_OUT;
   cr_assert(n[0] == want && n[1] == want, "parameter counts %lld and %lld, want %lld",
             (long long)n[0], (long long)n[1], (long long)want);
@@ -1436,7 +1336,7 @@ Test(gpu_fusion, mlp_training_fused_equals_unfused) {
   kiln_stats(fused, &s1[0]);
   kiln_stats(unfused, &s1[1]);
 
-  float *p1[2] = {mlp_params(&m[0], &n[0]), mlp_params(&m[1], &n[1])};
+  float *p1[2] = {th_params_values(m[0].params, &n[0]), th_params_values(m[1].params, &n[1])};
   for (int64_t i = 0; i < want; i++)
     cr_assert(close_enough(p1[0][i], p1[1][i], 1e-4, 0),
               "after %d steps parameter %lld differs: fused %.9g, unfused %.9g (want within "
@@ -1459,6 +1359,6 @@ Test(gpu_fusion, mlp_training_fused_equals_unfused) {
     mlp_free(&m[i]);
   }
   free(xh);
-  kiln_ctx_free(fused);
-  kiln_ctx_free(unfused);
+  th_ctx_free(fused);
+  th_ctx_free(unfused);
 }

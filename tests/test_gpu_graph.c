@@ -133,8 +133,8 @@ Test(gpu_graph, replay_is_bitwise_the_same_over_200_steps) {
   cr_assert_lt(sg.arena_bytes, sg.arena_sum_bytes);
   net_free(&g);
   net_free(&e);
-  kiln_ctx_free(cg);
-  kiln_ctx_free(ce);
+  th_ctx_free(cg);
+  th_ctx_free(ce);
 }
 
 /* The dropout output of step s (the step's only value, read after it). */
@@ -172,8 +172,8 @@ Test(gpu_graph, dropout_masks_change_every_step_and_match) {
   cr_assert_eq(stats_of(cg).graph_replays, 5);
   kiln_tensor_free(xg);
   kiln_tensor_free(xe);
-  kiln_ctx_free(cg);
-  kiln_ctx_free(ce);
+  th_ctx_free(cg);
+  th_ctx_free(ce);
 }
 
 Test(gpu_graph, schedules_and_adam_steps_are_step_values) {
@@ -203,8 +203,8 @@ Test(gpu_graph, schedules_and_adam_steps_are_step_values) {
     cr_assert_eq(stats_of(cg).graph_replays, 29);
     net_free(&g);
     net_free(&e);
-    kiln_ctx_free(cg);
-    kiln_ctx_free(ce);
+    th_ctx_free(cg);
+    th_ctx_free(ce);
   }
 }
 
@@ -232,8 +232,8 @@ Test(gpu_graph, new_signatures_are_planned_and_captured_once) {
   cr_assert_eq(s.graph_evictions, 0);
   net_free(&g);
   net_free(&e);
-  kiln_ctx_free(cg);
-  kiln_ctx_free(ce);
+  th_ctx_free(cg);
+  th_ctx_free(ce);
 }
 
 Test(gpu_graph, host_reads_inside_a_step) {
@@ -285,7 +285,7 @@ Test(gpu_graph, host_reads_inside_a_step) {
   kiln_ctx_clear_error(ctx);
   kiln_tensor_free(w);
   kiln_tensor_free(a);
-  kiln_ctx_free(ctx);
+  th_ctx_free(ctx);
 }
 
 /* Loader batches (with a partial last one), training and evaluation, in the three modes. */
@@ -331,7 +331,7 @@ Test(gpu_graph, loader_epochs_in_three_modes) {
     net_free(&n);
     kiln_loader_free(l);
     kiln_dataset_free(ds);
-    kiln_ctx_free(ctx);
+    th_ctx_free(ctx);
   }
   cr_assert_eq(captures[2], 3, "full batch, partial batch, evaluation: %llu",
                (unsigned long long)captures[2]);
@@ -375,5 +375,5 @@ Test(gpu_graph, the_graph_cache_is_bounded) {
   cr_assert_lt(m1.in_use, m0.in_use, "turning graphs off frees their memory");
   free(av);
   kiln_tensor_free(a);
-  kiln_ctx_free(ctx);
+  th_ctx_free(ctx);
 }

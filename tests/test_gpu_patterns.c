@@ -69,7 +69,7 @@ Test(gpu_patterns, elementwise_chain_is_one_kernel) {
   cr_assert_eq(s.last_flush.bytes_written, (uint64_t)1024 * 1024 * 4);
   for (int i = 0; i < 3; i++)
     kiln_tensor_free(in[i]);
-  kiln_ctx_free(ctx);
+  th_ctx_free(ctx);
 }
 
 static kiln_tensor *softmax(kiln_ctx *ctx, kiln_tensor **in) {
@@ -105,7 +105,7 @@ Test(gpu_patterns, row_programs) {
   compare(cross_entropy, in, ctx, 1, 12, 1e-5, "cross entropy per row, smoothed");
   kiln_tensor_free(in[0]);
   kiln_tensor_free(in[1]);
-  kiln_ctx_free(ctx);
+  th_ctx_free(ctx);
 }
 
 /* Gradients of a two-layer MLP (ReLU or tanh-GELU hidden layer), fused against unfused; with
@@ -154,7 +154,7 @@ static void mlp_grads(int64_t hidden, bool gelu, bool split, const char *want) {
   for (int f = 0; f < 2; f++)
     for (int k = 0; k < 4; k++)
       free(grad[f][k]);
-  kiln_ctx_free(ctx);
+  th_ctx_free(ctx);
 }
 
 Test(gpu_patterns, relu_backward_epilogues_match_kernels) { mlp_grads(96, false, false, "relu"); }
@@ -171,7 +171,7 @@ Test(gpu_patterns, softmax_is_one_kernel) {
   in[0] = th_rand(ctx, KILN_SHAPE(3, 5, 3000), 14, -8.f, 8.f, NULL);
   compare(softmax3, in, ctx, 1, 5, 1e-6, "softmax over 3000");
   kiln_tensor_free(in[0]);
-  kiln_ctx_free(ctx);
+  th_ctx_free(ctx);
 }
 
 typedef struct layer {
@@ -193,7 +193,7 @@ Test(gpu_patterns, linear_relu_is_one_cublaslt_call) {
   compare(linear_relu, in, ctx, 1, 3, 1e-5, "linear relu");
   kiln_tensor_free(in[0]);
   kiln_params_free(g_layer.p);
-  kiln_ctx_free(ctx);
+  th_ctx_free(ctx);
 }
 
 Test(gpu_patterns, mlp_training_step_is_12_launches) {
@@ -231,7 +231,7 @@ Test(gpu_patterns, mlp_training_step_is_12_launches) {
     cr_assert(fabsf(loss[1][s] - loss[0][s]) <= 1e-5f * fabsf(loss[0][s]) + 1e-6f,
               "step %d: fused loss %.9g, unfused %.9g", s, loss[1][s], loss[0][s]);
   cr_assert_lt(loss[1][5], loss[1][0], "the loss falls");
-  kiln_ctx_free(ctx);
+  th_ctx_free(ctx);
 }
 
 Test(gpu_patterns, reading_a_value_kept_in_registers) {
@@ -258,5 +258,5 @@ Test(gpu_patterns, reading_a_value_kept_in_registers) {
   kiln_ctx_clear_error(ctx);
   cr_assert_eq(kiln_tensor_to_host(y, v, sizeof v), KILN_OK);
   kiln_tensor_free(a);
-  kiln_ctx_free(ctx);
+  th_ctx_free(ctx);
 }

@@ -80,7 +80,7 @@ static void check_optimizer(const opt_case *c) {
   kiln_params_free(params);
   kiln_tensor_free(w);
   kiln_tensor_free(q);
-  kiln_ctx_free(ctx);
+  th_ctx_free(ctx);
 }
 
 Test(gpu_train, sgd_plain) {
@@ -129,7 +129,7 @@ Test(gpu_train, optimizer_bad_options) {
   cr_assert_null(kiln_adam_new(params, &a));
   cr_assert(strstr(kiln_ctx_error(ctx), "betas") != NULL, "%s", kiln_ctx_error(ctx));
   kiln_params_free(params);
-  kiln_ctx_free(ctx);
+  th_ctx_free(ctx);
 }
 
 /* A small model, its parameters and one training step that may be made to fail. */
@@ -166,19 +166,6 @@ static void small_record_step(small *m) {
   kiln_optim_step(m->opt);
 }
 
-static float *snapshot(small *m, int64_t *n) {
-  *n = kiln_params_numel(m->params);
-  float *all = malloc((size_t)*n * sizeof *all), *at = all;
-  for (int i = 0; i < kiln_params_count(m->params); i++) {
-    float *v = th_read(kiln_params_get(m->params, i));
-    int64_t k = kiln_tensor_numel(kiln_params_get(m->params, i));
-    memcpy(at, v, (size_t)k * sizeof *v);
-    at += k;
-    free(v);
-  }
-  return all;
-}
-
 static void small_free(small *m) {
   kiln_optim_free(m->opt);
   kiln_params_free(m->params);
@@ -198,7 +185,7 @@ Test(gpu_train, out_of_memory_step_changes_nothing) {
   small m;
   small_init(ctx, &m);
   int64_t n;
-  float *before = snapshot(&m, &n);
+  float *before = th_params_values(m.params, &n);
   kiln_exec_stats s0, s1;
   kiln_stats(ctx, &s0);
   kiln_step_begin(ctx);
@@ -213,13 +200,13 @@ Test(gpu_train, out_of_memory_step_changes_nothing) {
   kiln_stats(ctx, &s1);
   cr_assert_eq(s1.kernels_launched, s0.kernels_launched, "a failed step launched kernels");
   kiln_ctx_clear_error(ctx);
-  float *after = snapshot(&m, &n);
+  float *after = th_params_values(m.params, &n);
   cr_assert_eq(count_changed(before, after, n), 0, "parameters changed by a failed step");
   /* the context is usable: a good step changes the parameters */
   kiln_step_begin(ctx);
   small_record_step(&m);
   cr_assert_eq(kiln_step_end(ctx), KILN_OK, "%s", kiln_ctx_error(ctx));
-  float *later = snapshot(&m, &n);
+  float *later = th_params_values(m.params, &n);
   cr_assert_gt(count_changed(before, later, n), n / 2);
   /* a persistent tensor that does not fit is an error, not a crash, and leaves the ctx usable */
   kiln_tensor *big = kiln_tensor_new(ctx, KILN_DTYPE_F32, KILN_SHAPE(1 << 19, 1 << 19));
@@ -233,7 +220,7 @@ Test(gpu_train, out_of_memory_step_changes_nothing) {
   free(after);
   free(later);
   small_free(&m);
-  kiln_ctx_free(ctx);
+  th_ctx_free(ctx);
 }
 
 Test(gpu_train, bad_shape_step_changes_nothing) {
@@ -241,7 +228,7 @@ Test(gpu_train, bad_shape_step_changes_nothing) {
   small m;
   small_init(ctx, &m);
   int64_t n;
-  float *before = snapshot(&m, &n);
+  float *before = th_params_values(m.params, &n);
   kiln_step_begin(ctx);
   small_record_step(&m);
   kiln_tensor *bad = kiln_matmul(m.x, m.x); /* (8,20) x (8,20) */
@@ -250,12 +237,12 @@ Test(gpu_train, bad_shape_step_changes_nothing) {
   cr_assert_null(kiln_relu(bad)); /* the chain fails once */
   cr_assert_eq(kiln_step_end(ctx), KILN_ERR_SHAPE);
   kiln_ctx_clear_error(ctx);
-  float *after = snapshot(&m, &n);
+  float *after = th_params_values(m.params, &n);
   cr_assert_eq(count_changed(before, after, n), 0, "parameters changed by a failed step");
   free(before);
   free(after);
   small_free(&m);
-  kiln_ctx_free(ctx);
+  th_ctx_free(ctx);
 }
 
 Test(gpu_train, linear_init_matches_pytorch_bounds) {
@@ -283,7 +270,7 @@ Test(gpu_train, linear_init_matches_pytorch_bounds) {
   free(w);
   free(b);
   kiln_params_free(p);
-  kiln_ctx_free(ctx);
+  th_ctx_free(ctx);
 }
 
 /* A synthetic MNIST-format set whose first pixel and label encode the record's index. */
@@ -348,7 +335,7 @@ Test(gpu_train, loader_covers_every_record_once_per_epoch) {
   kiln_loader_free(l);
   kiln_dataset_free(ds);
   kiln_mnist_free(&m);
-  kiln_ctx_free(ctx);
+  th_ctx_free(ctx);
 }
 
 Test(gpu_train, step_releases_intermediates_and_stales_handles) {
@@ -379,7 +366,7 @@ Test(gpu_train, step_releases_intermediates_and_stales_handles) {
   cr_assert(strstr(kiln_ctx_error(ctx), "stale") != NULL, "%s", kiln_ctx_error(ctx));
   kiln_ctx_clear_error(ctx);
   kiln_tensor_free(a);
-  kiln_ctx_free(ctx);
+  th_ctx_free(ctx);
 }
 
 Test(gpu_train, mnist_one_epoch_learns, .timeout = 600) {
@@ -433,5 +420,5 @@ Test(gpu_train, mnist_one_epoch_learns, .timeout = 600) {
   th_mlp_free(&m);
   kiln_dataset_free(train);
   kiln_dataset_free(test);
-  kiln_ctx_free(ctx);
+  th_ctx_free(ctx);
 }

@@ -1,0 +1,304 @@
+/*
+ * test_cpu_nvrtc.c: code generation and NVRTC without a GPU: every generated kernel of every op
+ * compiles, unfused and fused; the disk cache is reused by a second context and a truncated or
+ * corrupted entry is rebuilt, never loaded; KILN_DUMP_KERNELS writes the prelude and each
+ * kernel's source, which lists its trace nodes.
+ */
+#include <string.h>
+
+#include "inspect.h"
+
+TestSuite(nvrtc, .fini = th_remove_tmpdirs);
+
+/* Points KILN_CACHE_DIR at a fresh temporary directory (before any context is made). */
+static void fresh_cache_dir(char *buf, size_t n) {
+  th_tmpdir(buf, n, "cache");
+  cr_assert_eq(setenv("KILN_CACHE_DIR", buf, 1), 0);
+  unsetenv("KILN_DUMP_KERNELS");
+}
+
+/* The kernels a compile of the pending nodes looks up: one per node, none for views and
+ * matmuls (cuBLAS), one per input for a concat. */
+static uint64_t pending_kernels(kiln_ctx *ctx) {
+  uint64_t k = 0;
+  for (int32_t i = ctx->trace.done; i < ctx->trace.n; i++) {
+    kiln__node *n = &ctx->trace.nodes[i];
+    kiln__kind kind = kiln__ops[n->op].kind;
+    if (kind == KILN__KIND_VIEW || kind == KILN__KIND_MATMUL) continue;
+    k += n->op == KILN__OP_CONCAT ? (uint64_t)n->nin : 1;
+  }
+  return k;
+}
+
+static void compile_ok(kiln_ctx *ctx) {
+  kiln_status s = kiln__compile_pending(ctx);
+  cr_assert_eq(s, KILN_OK, "kiln__compile_pending: %s", kiln_ctx_error(ctx));
+  th_assert_ok(ctx);
+}
+
+/* A persistent f32 tensor that requires grad, for a parameter list to own. */
+static kiln_tensor *owned_param(kiln_ctx *ctx, kiln_shape s) {
+  kiln_tensor *t = th_new(ctx, KILN_DTYPE_F32, s);
+  kiln_tensor_set_requires_grad(t, 1);
+  cr_assert(kiln_tensor_requires_grad(t));
+  return t;
+}
+
+/* One of each op outside the MLP step, a loss over all of them, two backward passes (assign,
+ * then accumulate) and Adam, AdamW and plain and damped SGD steps. */
+static void record_op_zoo(kiln_ctx *ctx, kiln_params *q, kiln_optim **os) {
+  kiln_tensor *a = owned_param(ctx, KILN_SHAPE(4, 5, 6)), *b = owned_param(ctx, KILN_SHAPE(5, 6));
+  kiln_tensor *c = owned_param(ctx, KILN_SHAPE(8, 600)); /* columns reduce one per thread */
+  cr_assert_eq(kiln_params_add(q, "a", a), KILN_OK);
+  cr_assert_eq(kiln_params_add(q, "b", b), KILN_OK);
+  cr_assert_eq(kiln_params_add(q, "c", c), KILN_OK);
+  kiln_tensor *idx = th_i32(ctx, KILN_SHAPE(3));
+  kiln_tensor *pos = kiln_add_scalar(kiln_mul(a, a), 1.f); /* > 0 for log, sqrt, pow */
+  kiln_tensor *t[96];
+  int n = 0;
+  t[n++] = kiln_softmax(a, -1);
+  t[n++] = kiln_softmax(a, 1);
+  t[n++] = kiln_log_softmax(a, 0);
+  t[n++] = kiln_gelu(a, KILN_GELU_ERF);
+  t[n++] = kiln_gelu(a, KILN_GELU_TANH);
+  t[n++] = kiln_sigmoid(a);
+  t[n++] = kiln_tanh(a);
+  t[n++] = kiln_clamp(a, -0.5f, 0.5f);
+  t[n++] = kiln_where(kiln_gt(a, b), a, b);
+  t[n++] = kiln_maximum(a, b);
+  t[n++] = kiln_minimum(b, a);
+  t[n++] = kiln_pow_scalar(pos, 1.5f);
+  t[n++] = kiln_pow_scalar(a, 2.f);
+  t[n++] = kiln_rsqrt(pos);
+  t[n++] = kiln_sqrt(pos);
+  t[n++] = kiln_exp(a);
+  t[n++] = kiln_log(pos);
+  t[n++] = kiln_neg(a);
+  t[n++] = kiln_div(a, kiln_add_scalar(kiln_mul(b, b), 1.f));
+  t[n++] = kiln_sub(b, a);
+  t[n++] = kiln_mul_scalar(a, -3.f);
+  /* reductions over several axis sets, innermost and not */
+  t[n++] = kiln_max(a, KILN_AXES(0), 0);
+  t[n++] = kiln_max(a, KILN_AXES(1), 1);
+  t[n++] = kiln_max(a, KILN_AXES(0, 2), 0);
+  t[n++] = kiln_max(a, KILN_ALL_AXES, 0);
+  t[n++] = kiln_sum(a, KILN_AXES(1), 1);
+  t[n++] = kiln_sum(a, KILN_AXES(0, 1), 0);
+  t[n++] = kiln_sum(a, KILN_AXES(1, 2), 1);
+  t[n++] = kiln_mean(a, KILN_AXES(0), 0);
+  t[n++] = kiln_mean(a, KILN_AXES(2), 1);
+  t[n++] = kiln_mean(a, KILN_ALL_AXES, 0);
+  t[n++] = kiln_sum(c, KILN_AXES(0), 0);
+  t[n++] = kiln_max(c, KILN_AXES(0), 1);
+  t[n++] = kiln_mean(c, KILN_AXES(1), 0);
+  /* movement */
+  kiln_tensor *cat2[2] = {a, kiln_slice(a, 1, 1, 5, 2)};
+  t[n++] = kiln_concat(2, cat2, 1);
+  t[n++] = kiln_slice(a, 2, 1, 6, 2);
+  t[n++] = kiln_slice(kiln_transpose(a, 0, 2), 0, -4, -1, 2);
+  t[n++] = kiln_contiguous(kiln_transpose(a, 0, 2));
+  t[n++] = kiln_mul(kiln_expand(kiln_reshape(b, KILN_SHAPE(1, 5, 6)), KILN_SHAPE(4, 5, 6)), a);
+  t[n++] = kiln_mul(kiln_detach(a), a);
+  t[n++] = kiln_matmul(a, kiln_transpose(b, 0, 1)); /* (4,5,6) x (6,5) */
+  t[n++] = kiln_dropout(a, 0.25f, 1);
+  /* no gradient through these, but their kernels compile all the same */
+  t[n++] = kiln_eq(a, b);
+  t[n++] = kiln_ne(a, b);
+  t[n++] = kiln_lt(a, b);
+  t[n++] = kiln_le(a, b);
+  t[n++] = kiln_ge(a, b);
+  t[n++] = kiln_cast(kiln_argmax(a, -1, 0), KILN_DTYPE_F32);
+  t[n++] = kiln_cast(kiln_argmax(a, 0, 1), KILN_DTYPE_F32);
+  t[n++] = kiln_cast(kiln_argmax(c, 0, 0), KILN_DTYPE_F32);
+  t[n++] = kiln_cast(kiln_cast(a, KILN_DTYPE_I32), KILN_DTYPE_F32);
+  t[n++] = kiln_index_select(a, idx);
+  t[n++] = kiln_cast(kiln_index_select(kiln_cast(b, KILN_DTYPE_I32), idx), KILN_DTYPE_F32);
+  kiln_tensor *icat[2] = {idx, idx};
+  t[n++] = kiln_cast(kiln_concat(2, icat, 0), KILN_DTYPE_F32);
+  kiln_tensor *loss = kiln_full(ctx, KILN_SCALAR_SHAPE, 0.f);
+  for (int i = 0; i < n; i++) {
+    cr_assert_not_null(t[i], "op zoo term %d: %s", i, kiln_ctx_error(ctx));
+    loss = kiln_add(loss, th_sum_all(t[i]));
+  }
+  cr_assert_not_null(loss, "%s", kiln_ctx_error(ctx));
+  cr_assert_eq(kiln_backward(loss), KILN_OK, "kiln_backward: %s", kiln_ctx_error(ctx));
+  cr_assert_eq(kiln_backward(loss), KILN_OK, "second kiln_backward: %s", kiln_ctx_error(ctx));
+
+  os[0] = kiln_adam_new(q, NULL);
+  os[1] = kiln_adamw_new(q, NULL);
+  os[2] = kiln_sgd_new(q, &(kiln_sgd_options){.lr = 0.1f, .weight_decay = 1e-3f});
+  os[3] = kiln_sgd_new(q, &(kiln_sgd_options){.lr = 0.1f, .momentum = 0.5f, .dampening = 0.1f});
+  for (int i = 0; i < 4; i++) {
+    cr_assert_not_null(os[i], "%s", kiln_ctx_error(ctx));
+    cr_assert_eq(kiln_optim_step(os[i]), KILN_OK, "%s", kiln_ctx_error(ctx));
+  }
+}
+
+Test(nvrtc, every_generated_kernel_compiles, .timeout = 1200) {
+  char cache[256];
+  fresh_cache_dir(cache, sizeof cache);
+  kiln_ctx *ctx = th_cpu_ctx();
+  cr_assert_str_eq(ctx->cache_dir, cache);
+
+  /* the benchmark MLP's step: 784-512-512-10, ReLU, SGD with Nesterov momentum */
+  th_net m;
+  th_net_init(&m, ctx, 128, 3, (int64_t[]){784, 512, 512, 10});
+  th_net_backward(&m);
+  kiln_sgd_options so = kiln_sgd_defaults(0.01f);
+  so.momentum = 0.9f;
+  so.nesterov = 1;
+  kiln_optim *sgd = kiln_sgd_new(m.params, &so);
+  cr_assert_not_null(sgd);
+  cr_assert_eq(kiln_optim_step(sgd), KILN_OK);
+
+  kiln_params *q = kiln_params_new(ctx);
+  kiln_optim *os[4]; /* freed after the compile: their state tensors are in the trace */
+  record_op_zoo(ctx, q, os);
+  th_assert_ok(ctx);
+
+  /* the trace holds every op of the table */
+  bool seen[KILN__OP_COUNT] = {0};
+  for (int32_t i = 0; i < th_tlen(ctx); i++)
+    seen[th_node(ctx, i)->op] = true;
+  for (int i = 0; i < KILN__OP_COUNT; i++)
+    cr_assert(seen[i], "the op %s is missing from the compile test", kiln__ops[i].name);
+
+  /* unfused first: one kernel per node, so every op's own kernel compiles */
+  uint64_t want = pending_kernels(ctx);
+  kiln_set_fusion(ctx, 0);
+  compile_ok(ctx);
+  kiln_exec_stats st;
+  kiln_stats(ctx, &st);
+  cr_assert_gt(st.kernels_compiled, 0u);
+  cr_assert_eq(st.disk_hits, 0u, "a fresh cache directory had hits");
+  cr_assert_eq(st.kernels_compiled + st.cache_hits, want,
+               "%llu compiled + %llu cache hits for %llu kernel lookups",
+               (unsigned long long)st.kernels_compiled, (unsigned long long)st.cache_hits,
+               (unsigned long long)want);
+  cr_assert_gt(st.compile_ms, 0.0);
+  cr_log_info("%d nodes, %llu kernels compiled, %llu memory cache hits, %.0f ms", th_tlen(ctx),
+              (unsigned long long)st.kernels_compiled, (unsigned long long)st.cache_hits,
+              st.compile_ms);
+  cr_assert_eq(st.nodes_executed, 0u, "a no-GPU context ran nodes");
+  char files[1][1200];
+  cr_assert_eq((uint64_t)th_list_files(cache, ".cubin", files, 1), st.kernels_compiled,
+               "one cache file per compiled kernel");
+  /* then fused: the planner's kernels (chains, reductions with prologues) compile too */
+  kiln_set_fusion(ctx, 1);
+  compile_ok(ctx);
+  kiln_exec_stats fused;
+  kiln_stats(ctx, &fused);
+  cr_assert_gt(fused.kernels_compiled, st.kernels_compiled, "fusion made no kernels of its own");
+  cr_log_info("fused: %llu more kernels compiled",
+              (unsigned long long)(fused.kernels_compiled - st.kernels_compiled));
+  for (int i = 0; i < 4; i++)
+    kiln_optim_free(os[i]);
+  kiln_optim_free(sgd);
+  kiln_params_free(q);
+  th_net_free(&m);
+  th_free_scratch();
+  th_ctx_free(ctx);
+  th_remove_dir(cache);
+}
+
+/* A few distinct kernels: elementwise, broadcast, row and column reductions, an update. */
+static void record_small(kiln_ctx *ctx) {
+  kiln_tensor *w = th_param(ctx, KILN_SHAPE(16, 8)), *b = th_f32(ctx, KILN_SHAPE(8));
+  kiln_tensor *h = kiln_relu(kiln_add(w, b));
+  kiln_tensor *loss = kiln_add(th_sum_all(kiln_sum(h, KILN_AXES(0), 0)), th_sum_all(kiln_exp(h)));
+  cr_assert_eq(kiln_backward(loss), KILN_OK, "%s", kiln_ctx_error(ctx));
+}
+
+static kiln_exec_stats compile_small_in_fresh_ctx(void) {
+  kiln_ctx *ctx = th_cpu_ctx();
+  record_small(ctx);
+  compile_ok(ctx);
+  kiln_exec_stats st;
+  kiln_stats(ctx, &st);
+  th_free_scratch();
+  th_ctx_free(ctx);
+  return st;
+}
+
+static void flip_byte(const char *path, long at) {
+  size_t n;
+  char *p = th_read_whole(path, &n);
+  size_t k = at < 0 ? n - (size_t)(-at) : (size_t)at;
+  cr_assert_lt(k, n);
+  p[k] ^= 0xff;
+  th_write_whole(path, p, n);
+  free(p);
+}
+
+Test(nvrtc, disk_cache_is_reused_and_corruption_is_rebuilt, .timeout = 1200) {
+  char cache[256];
+  fresh_cache_dir(cache, sizeof cache);
+  kiln_exec_stats s1 = compile_small_in_fresh_ctx();
+  uint64_t k = s1.kernels_compiled;
+  cr_assert_geq(k, 4u, "only %llu distinct kernels", (unsigned long long)k);
+  cr_assert_eq(s1.disk_hits, 0u);
+  char files[64][1200];
+  int nf = th_list_files(cache, ".cubin", files, 64);
+  cr_assert_eq((uint64_t)nf, k, "%d cache files for %llu kernels", nf, (unsigned long long)k);
+
+  /* a second context in the same process finds every kernel on disk */
+  kiln_exec_stats s2 = compile_small_in_fresh_ctx();
+  cr_assert_eq(s2.kernels_compiled, 0u);
+  cr_assert_eq(s2.disk_hits, k);
+  cr_assert_eq(s2.cache_hits, s1.cache_hits + k);
+
+  /* corrupt three entries: one truncated, one with a flipped data byte, one with a flipped
+   * header byte; exactly those are rebuilt and none of them is loaded */
+  th_truncate_half(files[0]);
+  flip_byte(files[1], -1);
+  flip_byte(files[2], 9); /* inside the key */
+  kiln_exec_stats s3 = compile_small_in_fresh_ctx();
+  cr_assert_eq(s3.kernels_compiled, 3u, "%llu kernels recompiled after corrupting 3",
+               (unsigned long long)s3.kernels_compiled);
+  cr_assert_eq(s3.disk_hits, k - 3);
+
+  /* the rebuilt entries are whole again */
+  kiln_exec_stats s4 = compile_small_in_fresh_ctx();
+  cr_assert_eq(s4.kernels_compiled, 0u);
+  cr_assert_eq(s4.disk_hits, k);
+  th_remove_dir(cache);
+}
+
+Test(nvrtc, dump_kernels_writes_sources, .timeout = 600) {
+  char cache[256], dump[256];
+  fresh_cache_dir(cache, sizeof cache);
+  th_tmpdir(dump, sizeof dump, "dump");
+  cr_assert_eq(setenv("KILN_DUMP_KERNELS", dump, 1), 0);
+  kiln_ctx *ctx = th_cpu_ctx();
+  kiln_tensor *a = th_f32(ctx, KILN_SHAPE(3, 4)), *b = th_f32(ctx, KILN_SHAPE(4));
+  kiln_add(a, b);
+  compile_ok(ctx);
+
+  char pre[1200];
+  snprintf(pre, sizeof pre, "%s/prelude.cu", dump);
+  char *text = th_read_whole(pre, NULL);
+  cr_assert_str_eq(text, kiln__prelude(), "prelude.cu is the prelude");
+  cr_assert_not_null(strstr(text, "kiln_philox"));
+  free(text);
+
+  char files[8][1200];
+  int n = th_list_files(dump, ".cu", files, 8);
+  cr_assert_eq(n, 2, "prelude.cu and one kernel, got %d files", n);
+  int k = strstr(files[0], "prelude.cu") ? 1 : 0;
+  const char *base = strrchr(files[k], '/') + 1;
+  cr_assert_eq(strncmp(base, "k_add_f32_", 10), 0, "the kernel file is %s", base);
+  text = th_read_whole(files[k], NULL);
+  cr_assert_not_null(strstr(text, "k_add_f32_"));
+  cr_assert_not_null(strstr(text, "// trace nodes:"), "the source lists its nodes:\n%s", text);
+  cr_assert_not_null(strstr(text, "// trace nodes: #0 add [3,4] f32"), "source:\n%s", text);
+  char name[128];
+  snprintf(name, sizeof name, "%.*s", (int)(strlen(base) - 3), base);
+  char decl[192];
+  snprintf(decl, sizeof decl, "void __launch_bounds__(256) %s(", name);
+  cr_assert_not_null(strstr(text, decl), "the file names its kernel %s:\n%s", name, text);
+  free(text);
+  th_free_scratch();
+  th_ctx_free(ctx);
+  th_remove_dir(dump);
+  th_remove_dir(cache);
+}
