@@ -16,32 +16,32 @@ static kiln__plan plan(kiln_ctx *ctx, bool fuse) {
   return p;
 }
 
-/* "add relu* | sum" style: each group's ops, '*' for values kept in registers. */
-static void describe(const kiln_ctx *ctx, const kiln__plan *p, char *buf, size_t n) {
-  size_t k = 0;
-  buf[0] = 0;
-  for (int i = 0; i < p->ng && k < n; i++) {
-    const kiln__group *g = &p->g[i];
-    k += (size_t)snprintf(buf + k, n - k, "%s", i ? " | " : "");
-    if (g->n == 0) /* a concat copy */
-      k += (size_t)snprintf(buf + k, n - k, "%s", kiln__ops[ctx->trace.nodes[g->node].op].name);
-    for (int m = 0; m < g->n && k < n; m++) {
-      int32_t j = p->members[g->first + m];
-      const kiln__node *nd = &ctx->trace.nodes[j];
-      k += (size_t)snprintf(buf + k, n - k, "%s%s%s", m ? " " : "", kiln__ops[nd->op].name,
-                            nd->out && !p->store[j - p->first] ? "*" : "");
-    }
-    if (g->epi && k < n)
-      k += (size_t)snprintf(buf + k, n - k, " [%s]", kiln__epilogue_name(g->epi));
-  }
-}
-
+/* The plan's description (kiln__plan_describe: "add relu* | sum", '*' for values kept in
+ * registers), after checking the plan's invariants. */
 static void expect_plan(kiln_ctx *ctx, bool fuse, const char *want) {
   kiln__plan p = plan(ctx, fuse);
-  char got[2048];
-  describe(ctx, &p, got, sizeof got);
-  cr_assert_str_eq(got, want);
+  char why[512];
+  const char *bad = kiln__plan_verify(ctx, &p, why, sizeof why);
+  cr_assert_null(bad, "the plan breaks an invariant: %s", bad);
+  kiln__sb got = {0};
+  kiln__plan_describe(ctx, &p, &got);
+  cr_assert_str_eq(got.s, want);
+  kiln__sb_free(&got);
   kiln__plan_free(&p);
+}
+
+/* The plan's description into buf. */
+static void describe(const kiln_ctx *ctx, const kiln__plan *p, char *buf, size_t n) {
+  kiln__sb sb = {0};
+  kiln__plan_describe(ctx, p, &sb);
+  cr_assert(!sb.oom);
+  snprintf(buf, n, "%s", sb.s);
+  kiln__sb_free(&sb);
+}
+
+/* Plans and compiles everything recorded and not yet run, as kiln_step_end would. */
+static kiln_status compile_pending(kiln_ctx *ctx) {
+  return kiln__engine_compile(ctx, ctx->trace.done, ctx->trace.n);
 }
 
 Test(fusion, elementwise_chain_is_one_kernel_with_broadcast_inputs) {
@@ -89,7 +89,7 @@ Test(fusion, softmax_is_one_kernel) {
    * over the row that recomputes what it needs */
   expect_plan(ctx, true, "max* sub* exp* sum* div");
   expect_plan(ctx, false, "max | sub | exp | sum | div");
-  cr_assert_eq(kiln__compile_pending(ctx), KILN_OK, "%s", kiln_ctx_error(ctx));
+  cr_assert_eq(compile_pending(ctx), KILN_OK, "%s", kiln_ctx_error(ctx));
   th_free_scratch();
   th_ctx_free(ctx);
 }
@@ -101,7 +101,7 @@ Test(fusion, log_softmax_nll_and_mean_variance_are_row_programs) {
   /* log_softmax and the NLL of the labels: one kernel per row, then the batch mean */
   cr_assert_not_null(kiln_cross_entropy(a, lab, KILN_REDUCTION_MEAN, 0.f));
   expect_plan(ctx, true, "max* sub* exp* sum* log* sub* onehot* mul* sum* neg | sum");
-  cr_assert_eq(kiln__compile_pending(ctx), KILN_OK, "%s", kiln_ctx_error(ctx));
+  cr_assert_eq(compile_pending(ctx), KILN_OK, "%s", kiln_ctx_error(ctx));
   kiln_step_begin(ctx);
   /* mean and variance over the last axis, and the normalised values, in one kernel */
   kiln_tensor *m = kiln_mean(a, KILN_AXES(1), 1);
@@ -109,7 +109,7 @@ Test(fusion, log_softmax_nll_and_mean_variance_are_row_programs) {
   kiln_tensor *v = kiln_mean(kiln_mul(d, d), KILN_AXES(1), 1);
   cr_assert_not_null(kiln_mul(d, kiln_rsqrt(kiln_add_scalar(v, 1e-5f))));
   expect_plan(ctx, true, "sum* sub* mul* sum* add_scalar* rsqrt* mul");
-  cr_assert_eq(kiln__compile_pending(ctx), KILN_OK, "%s", kiln_ctx_error(ctx));
+  cr_assert_eq(compile_pending(ctx), KILN_OK, "%s", kiln_ctx_error(ctx));
   kiln_step_begin(ctx);
   /* a per-row value read as a column vector (no kept dim) is another iteration space */
   kiln_tensor *s = kiln_sum(th_f32(ctx, KILN_SHAPE(16, 16)), KILN_AXES(1), 0);
@@ -190,7 +190,7 @@ Test(fusion, backward_epilogues) {
             "%s", got);
   cr_assert(strstr(got, "matmul sum [bgradb]") != NULL, "%s", got);
   kiln__plan_free(&pl);
-  cr_assert_eq(kiln__compile_pending(ctx), KILN_OK, "%s", kiln_ctx_error(ctx));
+  cr_assert_eq(compile_pending(ctx), KILN_OK, "%s", kiln_ctx_error(ctx));
   kiln_params_free(p);
   /* 12 hidden units: cuBLASLt writes a GELU input only with 8k columns, so GELU runs as a kernel */
   kiln_step_begin(ctx);
@@ -256,7 +256,48 @@ Test(fusion, mlp_training_step_groups) {
   kiln__plan_free(&fused);
   kiln__plan_free(&unfused);
   /* and every kernel of the fused plan compiles */
-  cr_assert_eq(kiln__compile_pending(ctx), KILN_OK, "%s", kiln_ctx_error(ctx));
+  cr_assert_eq(compile_pending(ctx), KILN_OK, "%s", kiln_ctx_error(ctx));
+  th_mlp_free(&m);
+  th_free_scratch();
+  th_ctx_free(ctx);
+}
+
+Test(fusion, epilogues_the_blas_backend_refuses_run_as_kernels) {
+  kiln_ctx *ctx = th_cpu_ctx();
+  th_mlp m;
+  th_mlp_init(ctx, &m);
+  kiln_tensor *x = th_f32(ctx, KILN_SHAPE(128, 784));
+  kiln_tensor *y = th_i32(ctx, KILN_SHAPE(128));
+  cr_assert_not_null(th_mlp_record_step(&m, x, y));
+  th_assert_ok(ctx);
+  /* a backend with no epilogues: plain products, the biases, ReLUs, their derivatives and the
+   * bias gradients in generated kernels */
+  kiln__blas_limit(ctx, 1u << KILN__EPI_NONE);
+  /* the bias adds join the ReLUs (the last one the loss's row program), the ReLU derivatives
+   * the bias gradients' sums */
+  const char *plain =
+      "matmul | add* relu | matmul | add* relu | matmul | add* max* sub* exp sum "
+      "log* sub onehot mul* sum* neg | sum fill mul_scalar* neg | mul* neg* sum div "
+      "mul* add | sum | matmul | matmul | relu_grad sum | matmul | matmul | "
+      "relu_grad sum | matmul | sgd_momentum sgd_momentum sgd_momentum "
+      "sgd_momentum sgd_momentum sgd_momentum";
+  expect_plan(ctx, true, plain);
+  cr_assert_eq(compile_pending(ctx), KILN_OK, "%s", kiln_ctx_error(ctx));
+  /* bias epilogues only: the ReLU joins no product, so no mask and no DRELU either */
+  kiln__blas_limit(ctx, (1u << KILN__EPI_NONE) | (1u << KILN__EPI_BIAS));
+  kiln__plan p = plan(ctx, true);
+  char got[4096];
+  describe(ctx, &p, got, sizeof got);
+  cr_assert(strstr(got, "matmul* add [bias] | relu") == got, "%s", got);
+  cr_assert_null(strstr(got, "relu ["), "%s", got);
+  cr_assert_null(strstr(got, "drelu"), "%s", got);
+  cr_assert_null(strstr(got, "bgradb"), "%s", got);
+  kiln__plan_free(&p);
+  /* everything again: the plan of mlp_training_step_groups */
+  kiln__blas_limit(ctx, ~0u);
+  p = plan(ctx, true);
+  cr_assert_eq(p.ng, 12);
+  kiln__plan_free(&p);
   th_mlp_free(&m);
   th_free_scratch();
   th_ctx_free(ctx);
@@ -283,7 +324,7 @@ Test(fusion, generated_source_names_its_ops_and_nodes) {
   kiln_ctx *ctx = dumping_ctx(dir);
   kiln_tensor *a = th_f32(ctx, KILN_SHAPE(256, 64)), *b = th_f32(ctx, KILN_SHAPE(64));
   cr_assert_not_null(kiln_mul(kiln_relu(kiln_add(a, b)), a));
-  cr_assert_eq(kiln__compile_pending(ctx), KILN_OK, "%s", kiln_ctx_error(ctx));
+  cr_assert_eq(compile_pending(ctx), KILN_OK, "%s", kiln_ctx_error(ctx));
   char cmd[512];
   snprintf(cmd, sizeof cmd,
            "grep -l 'trace nodes: #0 add \\[256,64\\] f32 (in registers), #1 relu' "
@@ -300,11 +341,11 @@ Test(fusion, dense_operands_get_vector_loads_and_32_bit_indexing) {
   kiln_ctx *ctx = dumping_ctx(dir);
   kiln_tensor *a = th_f32(ctx, KILN_SHAPE(1024, 64)), *c = th_f32(ctx, KILN_SHAPE(1024, 64));
   cr_assert_not_null(kiln_sigmoid(kiln_sub(a, c))); /* dense */
-  cr_assert_eq(kiln__compile_pending(ctx), KILN_OK, "%s", kiln_ctx_error(ctx));
+  cr_assert_eq(compile_pending(ctx), KILN_OK, "%s", kiln_ctx_error(ctx));
   ctx->trace.done = ctx->trace.n; /* as if flushed: the next chain is a kernel of its own */
   kiln_tensor *ct = kiln_transpose(kiln_reshape(c, KILN_SHAPE(64, 1024)), 0, 1); /* strided */
   cr_assert_not_null(kiln_tanh(kiln_sub(a, ct)));
-  cr_assert_eq(kiln__compile_pending(ctx), KILN_OK, "%s", kiln_ctx_error(ctx));
+  cr_assert_eq(compile_pending(ctx), KILN_OK, "%s", kiln_ctx_error(ctx));
   char cmd[512];
   snprintf(cmd, sizeof cmd,
            "grep -q 'float4' %s/k_sub_sigmoid_f32_v4_*.cu && "

@@ -50,22 +50,28 @@ Test(optable, names_are_unique_identifiers) {
   }
 }
 
-/* Checks an expression's placeholders: $N below nin, $fK/$iK/$uK within the attributes. */
-static void check_placeholders(const kiln__op_info *o) {
+/* Checks an expression's placeholders: $N below nin, $idx, $c (with an int attribute axis) and
+ * $<name> naming one of the op's attributes. */
+static void check_placeholders(kiln__op op) {
+  const kiln__op_info *o = &kiln__ops[op];
   for (const char *p = o->expr; *p; p++) {
     if (*p != '$') continue;
+    size_t len = strspn(p + 1, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_");
+    kiln__attr_kind kind;
+    int slot;
     char c = p[1];
-    if (strncmp(p + 1, "idx", 3) == 0 || c == 'c') {
-      continue; /* the linear index, the coordinate along i[7] */
+    if (len == 3 && strncmp(p + 1, "idx", 3) == 0) {
+      continue; /* the linear index */
+    } else if (len == 1 && c == 'c') {
+      cr_assert(kiln__attr_find(op, "axis", 4, &kind, &slot) && kind == KILN__ATTR_I,
+                "op %s: '%s' reads $c without an int attribute axis", o->name, o->expr);
     } else if (c >= '0' && c <= '9') {
       cr_assert(c - '0' < o->nin, "op %s: '%s' reads $%c but has %d inputs", o->name, o->expr, c,
                 o->nin);
-    } else if (c == 'f' || c == 'i' || c == 'u') {
-      int k = p[2] - '0', lim = c == 'f' ? KILN__NF : c == 'i' ? KILN__NI : KILN__NU;
-      cr_assert(k >= 0 && k < lim, "op %s: '%s' reads $%c%c beyond its attributes", o->name,
-                o->expr, c, p[2]);
     } else {
-      cr_assert_fail("op %s: unknown placeholder in '%s'", o->name, o->expr);
+      cr_assert(len > 0 && kiln__attr_find(op, p + 1, len, &kind, &slot),
+                "op %s: '%s' names $%.*s, which is none of its attributes", o->name, o->expr,
+                (int)len, p + 1);
     }
   }
 }
@@ -81,7 +87,7 @@ Test(optable, kinds_expressions_and_stores) {
     case KILN__KIND_EW:
       cr_assert(o->expr[0], "elementwise op %s has no expression", o->name);
       cr_assert_eq(o->stores, 0u, "elementwise op %s stores into inputs", o->name);
-      check_placeholders(o);
+      check_placeholders((kiln__op)i);
       break;
     case KILN__KIND_UPDATE:
       cr_assert(o->expr[0], "update op %s has no expression", o->name);
@@ -90,7 +96,7 @@ Test(optable, kinds_expressions_and_stores) {
                    "update op %s stores 0x%x beyond its %d inputs", o->name, o->stores, o->nin);
       cr_assert(o->stores & 1u, "update op %s does not write its input 0", o->name);
       cr_assert(!kiln__has_grad((kiln__op)i), "update op %s has a backward rule", o->name);
-      check_placeholders(o);
+      check_placeholders((kiln__op)i);
       break;
     case KILN__KIND_REDUCE:
       cr_assert_eq(o->nin, 1, "reduction %s takes %d inputs", o->name, o->nin);
@@ -110,9 +116,14 @@ Test(optable, kinds_expressions_and_stores) {
       break;
     }
   }
-  /* the reductions combine with expressions, except argmax whose kernel is special */
-  cr_assert_str_eq(kiln__ops[KILN__OP_SUM].expr, "a + b");
-  cr_assert_str_empty(kiln__ops[KILN__OP_ARGMAX].expr);
+  /* the reductions' kernels are the renderer's own; each has a scale, a mask and keepdim */
+  for (int op = KILN__OP_SUM; op <= KILN__OP_ARGMAX; op++) {
+    cr_assert_str_empty(kiln__ops[op].expr);
+    kiln__attr_kind kind;
+    int slot;
+    cr_assert(kiln__attr_find((kiln__op)op, "scale", 5, &kind, &slot) && kind == KILN__ATTR_F);
+    cr_assert(kiln__attr_find((kiln__op)op, "mask", 4, &kind, &slot) && kind == KILN__ATTR_I);
+  }
   cr_assert_eq(kiln__ops[KILN__OP_CONCAT].nin, KILN__MAX_IN);
   cr_assert_eq(kiln__ops[KILN__OP_SGD_MOMENTUM].stores, 5u); /* p and the momentum buffer */
   cr_assert_eq(kiln__ops[KILN__OP_ADAM].stores, 13u);        /* p, m and v */

@@ -55,20 +55,20 @@ Test(optim, sgd_momentum_nodes) {
       cr_assert_str_eq(kiln_tensor_name(n->in[2]), want);
       cr_assert(kiln_tensor_is_persistent(n->in[2]));
       th_assert_shape(n->in[2], kiln_tensor_shape(p));
-      cr_assert_eq(n->f[0], 0.05f);
-      cr_assert_eq(n->f[1], 0.9f);
-      cr_assert_eq(n->f[2], 0.f);
-      cr_assert_eq(n->f[3], 1e-4f);
-      cr_assert_eq(n->i[0], 1, "nesterov");
-      cr_assert_eq(n->f[4], step == 0 ? 1.f : 0.f, "step %d: the first update flag is %g", step,
-                   n->f[4]);
+      cr_assert_eq(KILN__F(n, SGD_MOMENTUM, lr), 0.05f);
+      cr_assert_eq(KILN__F(n, SGD_MOMENTUM, momentum), 0.9f);
+      cr_assert_eq(KILN__F(n, SGD_MOMENTUM, dampening), 0.f);
+      cr_assert_eq(KILN__F(n, SGD_MOMENTUM, weight_decay), 1e-4f);
+      cr_assert_eq(KILN__I(n, SGD_MOMENTUM, nesterov), 1, "nesterov");
+      cr_assert_eq(KILN__F(n, SGD_MOMENTUM, first), step == 0 ? 1.f : 0.f,
+                   "step %d: the first update flag is %g", step, KILN__F(n, SGD_MOMENTUM, first));
     }
   }
   cr_assert_eq(kiln_optim_steps(opt), 3);
   kiln_optim_set_lr(opt, 0.01f);
   n0 = th_tlen(ctx);
   kiln_optim_step(opt);
-  cr_assert_eq(th_node(ctx, n0)->f[0], 0.01f);
+  cr_assert_eq(KILN__F(th_node(ctx, n0), SGD_MOMENTUM, lr), 0.01f);
   kiln_optim_set_lr(opt, -1.f);
   TH_ASSERT_ERROR(ctx, KILN_ERR_INVALID, "kiln_optim_set_lr");
   kiln_ctx_clear_error(ctx);
@@ -81,8 +81,8 @@ Test(optim, sgd_momentum_nodes) {
   kiln__node *ns[8];
   cr_assert_eq(update_nodes(ctx, n0, KILN__OP_SGD, ns, 8), 4);
   cr_assert_eq(ns[0]->nin, 2);
-  cr_assert_eq(ns[0]->f[0], 0.2f);
-  cr_assert_eq(ns[0]->f[3], 0.5f);
+  cr_assert_eq(KILN__F(ns[0], SGD, lr), 0.2f);
+  cr_assert_eq(KILN__F(ns[0], SGD, weight_decay), 0.5f);
 
   /* bad options */
   o = kiln_sgd_defaults(0.1f);
@@ -121,16 +121,17 @@ static void assert_adam_step(kiln_ctx *ctx, int32_t first, th_net *m, kiln_optim
     cr_assert_str_eq(kiln_tensor_name(n->in[2]), want);
     snprintf(want, sizeof want, "%s.exp_avg_sq", kiln_params_name(m->params, i));
     cr_assert_str_eq(kiln_tensor_name(n->in[3]), want);
-    cr_assert_eq(n->f[0], lr);
-    cr_assert_eq(n->f[1], a->beta1);
-    cr_assert_eq(n->f[2], a->beta2);
-    cr_assert_eq(n->f[3], a->eps);
-    cr_assert_eq(n->f[4], a->weight_decay);
-    cr_assert_eq(n->f[5], step_size, "step %d: lr / bias correction 1 is %.9g, want %.9g", t,
-                 n->f[5], step_size);
-    cr_assert_eq(n->f[6], bc2s, "step %d: sqrt(bias correction 2) is %.9g, want %.9g", t, n->f[6],
-                 bc2s);
-    cr_assert_eq(n->i[0], decoupled);
+    cr_assert_eq(KILN__F(n, ADAM, lr), lr);
+    cr_assert_eq(KILN__F(n, ADAM, beta1), a->beta1);
+    cr_assert_eq(KILN__F(n, ADAM, beta2), a->beta2);
+    cr_assert_eq(KILN__F(n, ADAM, eps), a->eps);
+    cr_assert_eq(KILN__F(n, ADAM, weight_decay), a->weight_decay);
+    float got = KILN__F(n, ADAM, step_size);
+    cr_assert_eq(got, step_size, "step %d: lr / bias correction 1 is %.9g, want %.9g", t, got,
+                 step_size);
+    got = KILN__F(n, ADAM, bc2_sqrt);
+    cr_assert_eq(got, bc2s, "step %d: sqrt(bias correction 2) is %.9g, want %.9g", t, got, bc2s);
+    cr_assert_eq(KILN__I(n, ADAM, decoupled), decoupled);
   }
 }
 
@@ -240,7 +241,8 @@ Test(optim, learning_rate_schedules) {
     cr_assert_float_eq(kiln_optim_lr(o), kiln_schedule_lr(&co, t), 0.f);
     const kiln__node *n = &ctx->trace.nodes[ctx->trace.n - 1];
     cr_assert_eq(n->op, KILN__OP_SGD);
-    cr_assert_float_eq(n->f[0], kiln_schedule_lr(&co, t), 0.f, "the update node carries the rate");
+    cr_assert_float_eq(KILN__F(n, SGD, lr), kiln_schedule_lr(&co, t), 0.f,
+                       "the update node carries the rate");
     kiln_step_begin(ctx);
   }
   kiln_optim_free(o);

@@ -1,10 +1,11 @@
 /*
- * test_cpu_philox.c: the Philox 4x32-10 generator that dropout draws from (core/philox.h), on the
- * host: Random123's published known answers, and uniforms in [0, 1) that are balanced and
- * change with the seed, the offset and the index.
+ * test_cpu_philox.c: the Philox 4x32-10 generator that dropout draws from
+ * (fusion/device/philox.cuh, compiled here as C), on the host: Random123's published known
+ * answers, and uniforms in [0, 1) that are balanced and change with the seed, the offset and the
+ * index.
  */
+#include "fusion/device/philox.cuh"
 #include "helpers.h"
-#include "philox.h"
 
 Test(philox, random123_known_answers) {
   /* Random123's kat_vectors for philox4x32-10: counter (c0..c3), key (k0, k1); kiln passes the

@@ -12,7 +12,7 @@
 
 #include "helpers.h"
 #include "internal.h"
-#include "nn/safetensors.h"
+#include "io/safetensors.h"
 
 /* Builds a file: 8-byte length, the header text as given, then ndata bytes (value 0x3c). */
 static uint8_t *build(const char *header, size_t ndata, size_t *len) {

@@ -110,20 +110,21 @@ Test(shapes, reductions) {
   kiln_tensor *a = th_f32(ctx, KILN_SHAPE(2, 3, 4, 5));
   kiln_tensor *s = kiln_sum(a, KILN_AXES(1, 3), 0);
   th_assert_shape(s, KILN_SHAPE(2, 4));
-  cr_assert_eq(th_node(ctx, -1)->i[0], 0xa, "mask 0x%llx", (long long)th_node(ctx, -1)->i[0]);
-  cr_assert_eq(th_node(ctx, -1)->f[0], 1.f);
+  cr_assert_eq(KILN__RI(th_node(ctx, -1), mask), 0xa, "mask 0x%llx",
+               (long long)KILN__RI(th_node(ctx, -1), mask));
+  cr_assert_eq(KILN__RF(th_node(ctx, -1), scale), 1.f);
   th_assert_shape(kiln_sum(a, KILN_AXES(1, 3), 1), KILN_SHAPE(2, 1, 4, 1));
   th_assert_shape(kiln_max(a, KILN_AXES(-1), 0), KILN_SHAPE(2, 3, 4));
   th_assert_shape(kiln_max(a, KILN_AXES(-4, -2), 1), KILN_SHAPE(1, 3, 1, 5));
-  cr_assert_eq(th_node(ctx, -1)->i[0], 0x5);
+  cr_assert_eq(KILN__RI(th_node(ctx, -1), mask), 0x5);
   kiln_tensor *m = kiln_mean(a, KILN_ALL_AXES, 0);
   th_assert_shape(m, KILN_SCALAR_SHAPE);
   cr_assert_eq(th_node(ctx, -1)->op, KILN__OP_SUM);
-  cr_assert_eq(th_node(ctx, -1)->i[0], 0xf);
-  cr_assert_float_eq(th_node(ctx, -1)->f[0], 1.f / 120.f, 1e-9);
+  cr_assert_eq(KILN__RI(th_node(ctx, -1), mask), 0xf);
+  cr_assert_float_eq(KILN__RF(th_node(ctx, -1), scale), 1.f / 120.f, 1e-9);
   th_assert_shape(kiln_mean(a, KILN_ALL_AXES, 1), KILN_SHAPE(1, 1, 1, 1));
   th_assert_shape(kiln_mean(a, KILN_AXES(0), 0), KILN_SHAPE(3, 4, 5));
-  cr_assert_float_eq(th_node(ctx, -1)->f[0], 0.5f, 1e-9);
+  cr_assert_float_eq(KILN__RF(th_node(ctx, -1), scale), 0.5f, 1e-9);
   kiln_tensor *am = kiln_argmax(a, -1, 0);
   th_assert_shape(am, KILN_SHAPE(2, 3, 4));
   cr_assert_eq(kiln_tensor_dtype(am), KILN_DTYPE_I32);
@@ -222,11 +223,13 @@ Test(shapes, permute_and_transpose_are_views) {
   th_assert_shape(p, KILN_SHAPE(3, 4, 2));
   TH_ASSERT_STRIDES(p, 4, 1, 12);
   kiln__node *n = th_node(ctx, -1);
-  cr_assert(n->i[0] == 1 && n->i[1] == 2 && n->i[2] == 0, "permute order %lld %lld %lld",
-            (long long)n->i[0], (long long)n->i[1], (long long)n->i[2]);
+  long long o0 = KILN__IA(n, PERMUTE, order, 0), o1 = KILN__IA(n, PERMUTE, order, 1),
+            o2 = KILN__IA(n, PERMUTE, order, 2);
+  cr_assert(o0 == 1 && o1 == 2 && o2 == 0, "permute order %lld %lld %lld", o0, o1, o2);
   kiln_tensor *q = kiln_permute(a, KILN_AXES(-1, 0, 1));
   th_assert_shape(q, KILN_SHAPE(4, 2, 3));
-  cr_assert_eq(th_node(ctx, -1)->i[0], 2, "negative axes are stored normalised");
+  cr_assert_eq(KILN__IA(th_node(ctx, -1), PERMUTE, order, 0), 2,
+               "negative axes are stored normalised");
   th_assert_shape(kiln_transpose(a, -1, -2), KILN_SHAPE(2, 4, 3));
   /* permuting back gives contiguous strides */
   cr_assert(kiln_tensor_is_contiguous(kiln_transpose(t, 0, 2)));
@@ -255,8 +258,10 @@ Test(shapes, slice) {
   cr_assert_eq(s->st, v->st);
   TH_ASSERT_OPS_FROM(ctx, n0, KILN__OP_SLICE);
   kiln__node *n = th_node(ctx, -1);
-  cr_assert(n->i[0] == 0 && n->i[1] == 2 && n->i[2] == 3, "slice attributes %lld %lld %lld",
-            (long long)n->i[0], (long long)n->i[1], (long long)n->i[2]);
+  long long axis = KILN__I(n, SLICE, axis), start = KILN__I(n, SLICE, start),
+            step = KILN__I(n, SLICE, step);
+  cr_assert(axis == 0 && start == 2 && step == 3, "slice attributes %lld %lld %lld", axis, start,
+            step);
   /* out-of-range bounds clamp */
   th_assert_shape(kiln_slice(v, 0, -100, 100, 1), KILN_SHAPE(10));
   cr_assert_eq(th_node(ctx, -1)->out->offset, 0);
@@ -318,10 +323,10 @@ Test(shapes, concat) {
   kiln_tensor *c = kiln_concat(2, ab, 1);
   th_assert_shape(c, KILN_SHAPE(2, 8));
   TH_ASSERT_OPS_FROM(ctx, n0, KILN__OP_CONCAT);
-  cr_assert_eq(th_node(ctx, -1)->i[0], 1);
+  cr_assert_eq(KILN__I(th_node(ctx, -1), CONCAT, axis), 1);
   cr_assert_eq(th_node(ctx, -1)->nin, 2);
   th_assert_shape(kiln_concat(2, ab, -1), KILN_SHAPE(2, 8));
-  cr_assert_eq(th_node(ctx, -1)->i[0], 1, "the axis is stored normalised");
+  cr_assert_eq(KILN__I(th_node(ctx, -1), CONCAT, axis), 1, "the axis is stored normalised");
   cr_assert_eq(kiln_concat(1, ab, 0), a, "a concat of one tensor is that tensor");
   /* more inputs than one node takes: in pieces of at most KILN__MAX_IN */
   kiln_tensor *many[10];
@@ -374,18 +379,18 @@ Test(shapes, index_select_cast_full_and_dropout) {
   th_assert_shape(f, KILN_SHAPE(2, 2));
   cr_assert_eq(th_node(ctx, -1)->op, KILN__OP_FILL);
   cr_assert_eq(th_node(ctx, -1)->nin, 0);
-  cr_assert_eq(th_node(ctx, -1)->f[0], 3.5f);
+  cr_assert_eq(KILN__F(th_node(ctx, -1), FILL, value), 3.5f);
 
   kiln_manual_seed(ctx, 42);
   kiln_tensor *d1 = kiln_dropout(a, 0.25f, 1), *d2 = kiln_dropout(a, 0.25f, 1);
   th_assert_shape(d1, KILN_SHAPE(7, 3, 2));
   kiln__node *n1 = th_node(ctx, d1->node), *n2 = th_node(ctx, d2->node);
   cr_assert_eq(n1->op, KILN__OP_DROPOUT);
-  cr_assert_eq(n1->f[0], 0.25f);
-  cr_assert_float_eq(n1->f[1], 1.f / 0.75f, 1e-6);
-  cr_assert_eq(n1->u[0], 42u, "the seed");
-  cr_assert_eq(n1->u[1], 0u, "the first offset after seeding");
-  cr_assert_eq(n2->u[1], 1u, "every dropout call draws a fresh offset");
+  cr_assert_eq(KILN__F(n1, DROPOUT, p), 0.25f);
+  cr_assert_float_eq(KILN__F(n1, DROPOUT, scale), 1.f / 0.75f, 1e-6);
+  cr_assert_eq(KILN__U(n1, DROPOUT, seed), 42u, "the seed");
+  cr_assert_eq(KILN__U(n1, DROPOUT, offset), 0u, "the first offset after seeding");
+  cr_assert_eq(KILN__U(n2, DROPOUT, offset), 1u, "every dropout call draws a fresh offset");
   n0 = th_tlen(ctx);
   cr_assert_eq(kiln_dropout(a, 0.5f, 0), a, "dropout in eval mode is the identity");
   cr_assert_eq(kiln_dropout(a, 0.f, 1), a, "dropout with p 0 is the identity");
@@ -415,24 +420,24 @@ Test(shapes, cross_entropy) {
   TH_ASSERT_OPS_FROM(ctx, n0, KILN__OP_MAX, KILN__OP_SUB, KILN__OP_EXP, KILN__OP_SUM, KILN__OP_LOG,
                      KILN__OP_SUB, KILN__OP_RESHAPE, KILN__OP_ONEHOT, KILN__OP_MUL, KILN__OP_SUM,
                      KILN__OP_NEG, KILN__OP_SUM);
-  cr_assert_float_eq(th_node(ctx, -1)->f[0], 1.f / 8.f, 1e-9);
+  cr_assert_float_eq(KILN__RF(th_node(ctx, -1), scale), 1.f / 8.f, 1e-9);
   kiln__node *oh = th_node(ctx, n0 + 7);
-  cr_assert_eq(oh->i[7], 1, "one-hot along the class axis");
+  cr_assert_eq(KILN__I(oh, ONEHOT, axis), 1, "one-hot along the class axis");
   th_assert_shape(oh->out, KILN_SHAPE(8, 10));
   th_assert_shape(oh->in[0], KILN_SHAPE(8, 1));
 
   th_assert_shape(kiln_cross_entropy(logits, labels, KILN_REDUCTION_NONE, 0.f), KILN_SHAPE(8));
   cr_assert_eq(th_node(ctx, -1)->op, KILN__OP_NEG);
   th_assert_shape(kiln_cross_entropy(logits, labels, KILN_REDUCTION_SUM, 0.f), KILN_SCALAR_SHAPE);
-  cr_assert_eq(th_node(ctx, -1)->f[0], 1.f);
+  cr_assert_eq(KILN__RF(th_node(ctx, -1), scale), 1.f);
   /* label smoothing mixes the one-hot target with the uniform one */
   n0 = th_tlen(ctx);
   kiln_cross_entropy(logits, labels, KILN_REDUCTION_MEAN, 0.1f);
   kiln__node *ms = th_node(ctx, n0 + 8), *as = th_node(ctx, n0 + 9);
   cr_assert_eq(ms->op, KILN__OP_MUL_SCALAR);
-  cr_assert_float_eq(ms->f[0], 0.9f, 1e-7);
+  cr_assert_float_eq(KILN__F(ms, MUL_SCALAR, s), 0.9f, 1e-7);
   cr_assert_eq(as->op, KILN__OP_ADD_SCALAR);
-  cr_assert_float_eq(as->f[0], 0.01f, 1e-7);
+  cr_assert_float_eq(KILN__F(as, ADD_SCALAR, s), 0.01f, 1e-7);
   th_assert_ok(ctx);
 
   TH_EXPECT_FAIL(

@@ -151,7 +151,7 @@ Test(trace, backward_appends_gradients_and_assigns_grads) {
     cr_assert_neq(kiln__ops[th_node(ctx, i)->op].kind, KILN__KIND_UPDATE);
   kiln__node *one = th_node(ctx, nf);
   cr_assert_eq(one->op, KILN__OP_FILL);
-  cr_assert_eq(one->f[0], 1.f);
+  cr_assert_eq(KILN__F(one, FILL, value), 1.f);
   th_assert_shape(one->out, KILN_SCALAR_SHAPE);
   for (int32_t i = nf; i < th_tlen(ctx); i++) {
     kiln__node *n = th_node(ctx, i);
@@ -241,17 +241,18 @@ Test(trace, dropout_backward_reuses_the_mask) {
   kiln_dropout(w, 0.5f, 1); /* takes offset 0 */
   kiln_tensor *d = kiln_dropout(w, 0.5f, 1);
   kiln__node fwd = *th_node(ctx, d->node);
-  cr_assert_eq(fwd.u[1], 1u);
+  cr_assert_eq(KILN__U(&fwd, DROPOUT, offset), 1u);
   int32_t n0 = th_tlen(ctx);
   cr_assert_eq(kiln_backward(th_sum_all(d)), KILN_OK, "%s", kiln_ctx_error(ctx));
   cr_assert_eq(th_count_ops(ctx, n0, th_tlen(ctx), KILN__OP_DROPOUT), 1);
   for (int32_t i = n0; i < th_tlen(ctx); i++) {
     kiln__node *n = th_node(ctx, i);
     if (n->op != KILN__OP_DROPOUT) continue;
-    cr_assert_eq(n->u[0], 7u);
-    cr_assert_eq(n->u[1], fwd.u[1], "the backward mask must come from the forward draw");
-    cr_assert_eq(n->f[0], fwd.f[0]);
-    cr_assert_eq(n->f[1], fwd.f[1]);
+    cr_assert_eq(KILN__U(n, DROPOUT, seed), 7u);
+    cr_assert_eq(KILN__U(n, DROPOUT, offset), KILN__U(&fwd, DROPOUT, offset),
+                 "the backward mask must come from the forward draw");
+    cr_assert_eq(KILN__F(n, DROPOUT, p), KILN__F(&fwd, DROPOUT, p));
+    cr_assert_eq(KILN__F(n, DROPOUT, scale), KILN__F(&fwd, DROPOUT, scale));
   }
   cr_assert_eq(ctx->philox_offset, 2u, "backward draws no offset");
   th_free_scratch();

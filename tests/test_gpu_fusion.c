@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "fusion/blas.h"
 #include "ref.h"
 
 #define MAX_LEAVES 4
@@ -1361,4 +1362,50 @@ Test(gpu_fusion, mlp_training_fused_equals_unfused) {
   free(xh);
   th_ctx_free(fused);
   th_ctx_free(unfused);
+}
+
+/* The fallback for products whose epilogues the BLAS library does not take: with every epilogue
+ * withheld (kiln__blas_limit), biases, ReLUs, their derivatives and the bias gradients run in
+ * generated kernels, in graph mode, with the numbers of the epilogue run. */
+Test(gpu_fusion, mlp_training_without_blas_epilogues_equals_with_them) {
+  TH_GPU_CTX(full);
+  TH_GPU_CTX(plain);
+  kiln__blas_limit(plain, 1u << KILN__EPI_NONE);
+  float *xh = ref_falloc(MLP_BATCH * MLP_IN);
+  th_fill(xh, MLP_BATCH * MLP_IN, 4243, -1.f, 1.f);
+  int32_t yh[MLP_BATCH];
+  th_rng r = {.s = 78};
+  for (int i = 0; i < MLP_BATCH; i++)
+    yh[i] = th_rng_below(&r, MLP_OUT);
+  mlp m[2];
+  mlp_init(&m[0], full, xh, yh);
+  mlp_init(&m[1], plain, xh, yh);
+  kiln_exec_stats s[2];
+  for (int step = 0; step < MLP_STEPS; step++) {
+    float lf = mlp_step(&m[0], step, 0), lp = mlp_step(&m[1], step, 0);
+    cr_assert(isfinite(lp) && close_enough(lf, lp, 1e-7, 1e-4),
+              "step %d: loss %.9g with epilogues, %.9g without (want within 1e-4 relative)", step,
+              (double)lf, (double)lp);
+  }
+  kiln_stats(full, &s[0]);
+  kiln_stats(plain, &s[1]);
+  cr_assert_eq(s[1].graph_captures, 1u, "the plain step was captured once");
+  cr_assert_gt(s[1].last_flush.kernels, s[0].last_flush.kernels,
+               "without epilogues the step runs more kernels (%llu vs %llu)",
+               (unsigned long long)s[1].last_flush.kernels,
+               (unsigned long long)s[0].last_flush.kernels);
+  int64_t n[2];
+  float *p[2] = {th_params_values(m[0].params, &n[0]), th_params_values(m[1].params, &n[1])};
+  cr_assert_eq(n[0], n[1]);
+  for (int64_t i = 0; i < n[0]; i++)
+    cr_assert(close_enough(p[0][i], p[1][i], 1e-4, 0),
+              "after %d steps parameter %lld differs: %.9g with epilogues, %.9g without", MLP_STEPS,
+              (long long)i, (double)p[0][i], (double)p[1][i]);
+  for (int i = 0; i < 2; i++) {
+    free(p[i]);
+    mlp_free(&m[i]);
+  }
+  free(xh);
+  th_ctx_free(full);
+  th_ctx_free(plain);
 }

@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "philox.h"
+#include "fusion/device/philox.cuh"
 #include "ref.h"
 
 /* ---------------------------------------------------------------- dropout */
