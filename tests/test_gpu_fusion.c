@@ -4,8 +4,9 @@
  * reductions, softmax, matrix products with bias and activation epilogues, views and concat.
  * Every DAG runs in two contexts, one fused and one unfused, from the same leaves and seeds. The
  * outputs, a weighted-sum loss of them and every leaf's gradient must agree up to fp32 rounding,
- * and fusion must not launch more kernels. A short MLP training run closes the file.
- * Without a GPU every test skips, saying why.
+ * and fusion must not launch more kernels. The same DAGs are also planned, verified and partly
+ * compiled in a context without a GPU (that test runs everywhere, CI included). A short MLP
+ * training run closes the file. Without a GPU every other test skips, saying why.
  */
 #include <math.h>
 #include <stdarg.h>
@@ -15,6 +16,7 @@
 #include <string.h>
 
 #include "fusion/blas.h"
+#include "fusion/fusion.h"
 #include "ref.h"
 
 #define MAX_LEAVES 4
@@ -1232,6 +1234,65 @@ Test(gpu_fusion, mixed_dags) {
             F_UNARY | F_SAFE | F_BINARY | F_DROPOUT | F_REDUCE | F_SOFTMAX | F_MATMUL | F_VIEW |
                 F_CONCAT,
             4000, 100);
+}
+
+/* Every DAG of the four suites, forward and backward, planned fused and unfused in a context
+ * without a GPU, each plan checked by the verifier (fusion/verify.c); one case in eight is also
+ * compiled. Needs no GPU. */
+Test(gpu_fusion, dags_plan_verify_and_compile_without_a_gpu, .timeout = 1200) {
+  static const struct {
+    unsigned fam;
+    uint64_t seed0;
+    int n;
+  } suites[] = {
+      {F_UNARY | F_SAFE | F_BINARY | F_DROPOUT, 1000, 80},
+      {F_UNARY | F_SAFE | F_BINARY | F_DROPOUT | F_REDUCE | F_SOFTMAX, 2000, 80},
+      {F_UNARY | F_BINARY | F_MATMUL | F_VIEW | F_CONCAT, 3000, 80},
+      {F_UNARY | F_SAFE | F_BINARY | F_DROPOUT | F_REDUCE | F_SOFTMAX | F_MATMUL | F_VIEW |
+           F_CONCAT,
+       4000, 100},
+  };
+  kiln_ctx *ctx = th_cpu_ctx();
+  ctx->debug |= KILN__DEBUG_VERIFY;
+  int cases = 0;
+  for (size_t s = 0; s < sizeof suites / sizeof suites[0]; s++) {
+    for (int c = 0; c < suites[s].n; c++) {
+      plan *p = plan_make(suites[s].seed0 + (uint64_t)c, suites[s].fam, "no-GPU plans");
+      side sd = {.ctx = ctx};
+      for (int l = 0; l < p->nleaf; l++) {
+        sd.leaf[l] =
+            kiln_tensor_from_host(ctx, KILN_DTYPE_F32, p->leaves[l].stored, p->leaves[l].host);
+        kiln_tensor_set_requires_grad(sd.leaf[l], 1);
+      }
+      for (int k = 0; k < p->nout; k++)
+        sd.w[k] = kiln_tensor_new(ctx, KILN_DTYPE_F32, p->v[p->out[k]].s);
+      th_assert_ok(ctx);
+      kiln_step_begin(ctx);
+      record(p, &sd, 0);
+      kiln_tensor *loss = weighted_loss(p, &sd);
+      cr_assert_eq(kiln_backward(loss), KILN_OK, "%skiln_backward: %s", p->text, th_err(ctx));
+      for (int fuse = 1; fuse >= 0; fuse--) {
+        kiln__plan pl;
+        cr_assert(kiln__plan_build(ctx, 0, ctx->trace.n, fuse, &pl), "%splanning: %s", p->text,
+                  th_err(ctx));
+        kiln__plan_free(&pl);
+      }
+      if (c % 8 == 0) {
+        kiln_set_fusion(ctx, c % 16 == 0);
+        cr_assert_eq(kiln__engine_compile(ctx, 0, ctx->trace.n), KILN_OK, "%scompiling: %s",
+                     p->text, th_err(ctx));
+      }
+      kiln_step_begin(ctx);
+      for (int l = 0; l < p->nleaf; l++)
+        kiln_tensor_free(sd.leaf[l]);
+      for (int k = 0; k < p->nout; k++)
+        kiln_tensor_free(sd.w[k]);
+      plan_free(p);
+      cases++;
+    }
+  }
+  cr_log_info("%d DAGs planned fused and unfused, forward and backward, and verified", cases);
+  th_ctx_free(ctx);
 }
 
 /* ---------------------------------------------------------------- a training run */
