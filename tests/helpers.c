@@ -50,12 +50,7 @@ void th_assert_ok(kiln_ctx *ctx) {
 
 /* ---------------------------------------------------------------- random numbers */
 
-uint64_t th_rng_next(th_rng *r) {
-  uint64_t z = (r->s += 0x9e3779b97f4a7c15ULL);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-  return z ^ (z >> 31);
-}
+uint64_t th_rng_next(th_rng *r) { return kiln__splitmix64(&r->s); } /* core/util.h */
 int th_rng_below(th_rng *r, int n) { return (int)(th_rng_next(r) % (uint64_t)n); }
 double th_rng_unit(th_rng *r) { return (double)(th_rng_next(r) >> 11) * 0x1.0p-53; }
 bool th_rng_chance(th_rng *r, double p) { return th_rng_unit(r) < p; }

@@ -9,20 +9,6 @@
 #include "fusion/fusion.h"
 #include "helpers.h"
 
-static char *slurp(const char *path) {
-  FILE *f = fopen(path, "rb");
-  cr_assert_not_null(f, "cannot open %s", path);
-  fseek(f, 0, SEEK_END);
-  long n = ftell(f);
-  fseek(f, 0, SEEK_SET);
-  char *s = malloc((size_t)n + 1);
-  cr_assert_not_null(s);
-  cr_assert_eq(fread(s, 1, (size_t)n, f), (size_t)n);
-  s[n] = 0;
-  fclose(f);
-  return s;
-}
-
 Test(device, every_file_is_embedded_as_on_disk) {
   const char *names[] = {"defs.cuh",   "kargs.cuh",   "math.cuh",  "optim.cuh",
                          "philox.cuh", "prelude.cuh", "reduce.cuh"};
@@ -33,7 +19,7 @@ Test(device, every_file_is_embedded_as_on_disk) {
     cr_assert_str_eq(kiln__device_files[i].name, names[i], "embedded in name order");
     char path[1024];
     snprintf(path, sizeof path, "%s/fusion/device/%s", KILN_SOURCE_DIR, names[i]);
-    char *disk = slurp(path);
+    char *disk = th_read_whole(path, NULL);
     cr_assert_str_eq(kiln__device_files[i].text, disk, "%s differs from its embedded copy",
                      names[i]);
     free(disk);

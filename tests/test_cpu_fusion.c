@@ -227,14 +227,19 @@ Test(fusion, values_backward_reads_are_kept) {
   th_ctx_free(ctx);
 }
 
+/* Records one training step of the benchmark MLP on a batch of 128 into m's context. */
+static void record_mlp_step(kiln_ctx *ctx, th_mlp *m) {
+  th_mlp_init(ctx, m);
+  kiln_tensor *x = th_f32(ctx, KILN_SHAPE(128, 784));
+  kiln_tensor *y = th_i32(ctx, KILN_SHAPE(128));
+  cr_assert_not_null(th_mlp_record_step(m, x, y));
+  th_assert_ok(ctx);
+}
+
 Test(fusion, mlp_training_step_groups) {
   kiln_ctx *ctx = th_cpu_ctx();
   th_mlp m;
-  th_mlp_init(ctx, &m);
-  kiln_tensor *x = th_f32(ctx, KILN_SHAPE(128, 784));
-  kiln_tensor *y = th_i32(ctx, KILN_SHAPE(128));
-  cr_assert_not_null(th_mlp_record_step(&m, x, y));
-  th_assert_ok(ctx);
+  record_mlp_step(ctx, &m);
   kiln__plan fused = plan(ctx, true), unfused = plan(ctx, false);
   char got[4096];
   describe(ctx, &fused, got, sizeof got);
@@ -265,11 +270,7 @@ Test(fusion, mlp_training_step_groups) {
 Test(fusion, epilogues_the_blas_backend_refuses_run_as_kernels) {
   kiln_ctx *ctx = th_cpu_ctx();
   th_mlp m;
-  th_mlp_init(ctx, &m);
-  kiln_tensor *x = th_f32(ctx, KILN_SHAPE(128, 784));
-  kiln_tensor *y = th_i32(ctx, KILN_SHAPE(128));
-  cr_assert_not_null(th_mlp_record_step(&m, x, y));
-  th_assert_ok(ctx);
+  record_mlp_step(ctx, &m);
   /* a backend with no epilogues: plain products, the biases, ReLUs, their derivatives and the
    * bias gradients in generated kernels */
   kiln__blas_limit(ctx, 1u << KILN__EPI_NONE);

@@ -1358,20 +1358,27 @@ static void mlp_free(mlp *m) {
   kiln_tensor_free(m->y);
 }
 
+/* Two MLPs with the same initial parameters and the same random batch (seeds for the images
+ * and the labels) in contexts a and b; returns the batch's images for the caller to free. */
+static float *mlp_pair_init(mlp *m, kiln_ctx *a, kiln_ctx *b, uint64_t xseed, uint64_t yseed) {
+  float *xh = ref_falloc(MLP_BATCH * MLP_IN);
+  th_fill(xh, MLP_BATCH * MLP_IN, xseed, -1.f, 1.f);
+  int32_t yh[MLP_BATCH];
+  th_rng r = {.s = yseed};
+  for (int i = 0; i < MLP_BATCH; i++)
+    yh[i] = th_rng_below(&r, MLP_OUT);
+  mlp_init(&m[0], a, xh, yh);
+  mlp_init(&m[1], b, xh, yh);
+  return xh;
+}
+
 Test(gpu_fusion, mlp_training_fused_equals_unfused) {
   TH_GPU_CTX(fused);
   TH_GPU_CTX(unfused);
   kiln_set_fusion(fused, 1);
   kiln_set_fusion(unfused, 0);
-  float *xh = ref_falloc(MLP_BATCH * MLP_IN);
-  th_fill(xh, MLP_BATCH * MLP_IN, 4242, -1.f, 1.f);
-  int32_t yh[MLP_BATCH];
-  th_rng r = {.s = 77};
-  for (int i = 0; i < MLP_BATCH; i++)
-    yh[i] = th_rng_below(&r, MLP_OUT);
   mlp m[2];
-  mlp_init(&m[0], fused, xh, yh);
-  mlp_init(&m[1], unfused, xh, yh);
+  float *xh = mlp_pair_init(m, fused, unfused, 4242, 77);
 
   /* the same seed gives the same initial parameters */
   int64_t n[2];
@@ -1432,15 +1439,8 @@ Test(gpu_fusion, mlp_training_without_blas_epilogues_equals_with_them) {
   TH_GPU_CTX(full);
   TH_GPU_CTX(plain);
   kiln__blas_limit(plain, 1u << KILN__EPI_NONE);
-  float *xh = ref_falloc(MLP_BATCH * MLP_IN);
-  th_fill(xh, MLP_BATCH * MLP_IN, 4243, -1.f, 1.f);
-  int32_t yh[MLP_BATCH];
-  th_rng r = {.s = 78};
-  for (int i = 0; i < MLP_BATCH; i++)
-    yh[i] = th_rng_below(&r, MLP_OUT);
   mlp m[2];
-  mlp_init(&m[0], full, xh, yh);
-  mlp_init(&m[1], plain, xh, yh);
+  float *xh = mlp_pair_init(m, full, plain, 4243, 78);
   kiln_exec_stats s[2];
   for (int step = 0; step < MLP_STEPS; step++) {
     float lf = mlp_step(&m[0], step, 0), lp = mlp_step(&m[1], step, 0);
