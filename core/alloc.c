@@ -23,7 +23,10 @@ typedef struct live_table {
 
 static live_table *live_of(kiln_ctx *ctx) { return (live_table *)ctx->alloc.live; }
 
-static size_t bucket(const void *p) { return ((uintptr_t)p >> 9) % KILN__LIVE_BUCKETS; }
+/* Block addresses are spread by their bits above the allocation granularity. */
+static size_t bucket(const void *p) {
+  return ((uintptr_t)p / KILN__ALLOC_ALIGN) % KILN__LIVE_BUCKETS;
+}
 
 static void live_put(kiln_ctx *ctx, kiln__block *b) {
   live_table *t = live_of(ctx);
@@ -64,7 +67,7 @@ void *kiln__dev_alloc(kiln_ctx *ctx, size_t bytes) {
     ctx->alloc.live = calloc(1, sizeof(live_table));
     if (!ctx->alloc.live) return NULL;
   }
-  size_t size = (bytes + 511) & ~(size_t)511;
+  size_t size = (bytes + KILN__ALLOC_ALIGN - 1) & ~(size_t)(KILN__ALLOC_ALIGN - 1);
   if (size == 0) size = 512;
   /* best fit among cached blocks no more than twice the size asked for */
   kiln__block **pp = &ctx->alloc.free_list;
@@ -91,6 +94,9 @@ void *kiln__dev_alloc(kiln_ctx *ctx, size_t bytes) {
       return NULL;
     }
   }
+  /* cudaMalloc aligns to 256 bytes at least; sizes that are multiples of KILN__ALLOC_ALIGN keep
+   * the blocks it hands out at such boundaries, which generated kernels rely on (render.c) */
+  KILN_ASSERT((uintptr_t)p % 256 == 0);
   kiln__block *b = malloc(sizeof *b);
   if (!b) {
     cudaFree(p);

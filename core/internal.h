@@ -167,9 +167,10 @@ typedef struct kiln__alloc {
   uint64_t device_mallocs;
 } kiln__alloc;
 
-/* Device memory, 512-byte aligned. Returns NULL (and sets no error) when the device is out of
- * memory even after emptying the cache. Sizes are rounded up to 512 bytes; blocks are reused
- * best-fit. */
+/* Device memory, at least 256-byte aligned (cudaMalloc's guarantee; sizes are rounded up to
+ * KILN__ALLOC_ALIGN, and step-graph arenas place values at multiples of it, so every storage
+ * starts at such a boundary). Returns NULL (and sets no error) when the device is out of memory
+ * even after emptying the cache. Blocks are reused best-fit. */
 #define KILN__ALLOC_ALIGN 512
 void *kiln__dev_alloc(kiln_ctx *ctx, size_t bytes);
 void kiln__dev_free(kiln_ctx *ctx, void *p);

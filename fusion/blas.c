@@ -248,7 +248,8 @@ static lt_plan *plan_of(kiln_ctx *ctx, const kiln_tensor *A, const kiln_tensor *
 }
 
 bool kiln__blas_supports(kiln_ctx *ctx, const kiln_tensor *A, const kiln_tensor *B, kiln__epi e) {
-  kiln__blas *bl = blas_of(ctx);
+  kiln__blas *bl = ctx->fusion_state ? blas_of(ctx) : NULL;
+  if (!bl) return e == KILN__EPI_NONE; /* the backend failed to start: plain products only */
   if (!(bl->allowed & (1u << e))) return false;
   if (!ctx->has_gpu || e == KILN__EPI_NONE) return true;
   lt_plan *q = plan_of(ctx, A, B, e);

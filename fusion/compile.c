@@ -1,10 +1,10 @@
 /*
  * compile.c: the one place kernels are compiled. NVRTC compiles a rendered source for the
- * device's architecture, with the device files (fusion/device/ (.cuh files), embedded at build
- * time) given to it as named headers; cubins are cached in memory (per context) and on disk
- * ($KILN_CACHE_DIR, default ~/.cache/kiln), keyed by a hash of the source, the device files,
- * the architecture and the NVRTC version. A cache file carries a header with its key, length
- * and checksum: a truncated or corrupted one is detected, rebuilt and never loaded.
+ * device's architecture, with the device files (the .cuh files of fusion/device, embedded at
+ * build time) given to it as named headers; cubins are cached in memory (per context) and on
+ * disk ($KILN_CACHE_DIR, default ~/.cache/kiln), keyed by a hash of the source, the device files,
+ * the architecture and the NVRTC version. A cache file carries a header with its key, length and
+ * checksum: a truncated or corrupted one is detected, rebuilt and never loaded.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -19,6 +19,8 @@
 
 /* Buckets of the in-memory cache (a power of two: keys are masked into it). */
 #define KCACHE_BUCKETS 256
+/* Device files NVRTC is given as headers (fusion/device holds 7). */
+#define KILN__MAX_DEVICE_FILES 32
 /* The largest cubin read back from the disk cache; anything larger is a corrupt entry. */
 #define KCACHE_MAX_CUBIN ((uint64_t)256 << 20)
 
@@ -200,8 +202,8 @@ static const char *write_source(const kiln_ctx *ctx, kiln__kcache *c, const char
 
 static void *compile(kiln_ctx *ctx, kiln__kcache *c, const char *name, const char *source,
                      const char *comment, size_t *size) {
-  const char *headers[32], *names[32];
-  KILN_ASSERT(kiln__device_nfiles <= 32);
+  const char *headers[KILN__MAX_DEVICE_FILES], *names[KILN__MAX_DEVICE_FILES];
+  KILN_ASSERT(kiln__device_nfiles <= KILN__MAX_DEVICE_FILES);
   for (int i = 0; i < kiln__device_nfiles; i++) {
     headers[i] = kiln__device_files[i].text;
     names[i] = kiln__device_files[i].name;

@@ -15,6 +15,12 @@
 
 /* ---------------------------------------------------------------- building a program */
 
+/* The trace index of n, which must be a node of the trace. */
+static int32_t node_index(const kiln__trace *tr, const kiln__node *n) {
+  KILN_ASSERT(n >= tr->nodes && n < tr->nodes + tr->n);
+  return (int32_t)(n - tr->nodes);
+}
+
 static bool build_calls(kiln_ctx *ctx, kiln__program *pg) {
   const kiln__trace *tr = &ctx->trace;
   kiln__target target = {.num_sms = ctx->num_sms};
@@ -44,10 +50,11 @@ static bool build_calls(kiln_ctx *ctx, kiln__program *pg) {
     c->bytes_read = r.bytes_read;
     c->bytes_written = r.bytes_written;
     snprintf(c->name, sizeof c->name, "%s", r.name);
+    /* attribute sources are trace nodes (lowering's stand-ins carry no attributes) */
     for (int q = 0; q < KILN__KMAX_F; q++)
-      if (r.arg.fsrc[q]) c->fi[q] = (int32_t)(r.arg.fsrc[q] - tr->nodes);
+      if (r.arg.fsrc[q]) c->fi[q] = node_index(tr, r.arg.fsrc[q]);
     for (int q = 0; q < KILN__KMAX_U; q++)
-      if (r.arg.usrc[q]) c->ui[q] = (int32_t)(r.arg.usrc[q] - tr->nodes);
+      if (r.arg.usrc[q]) c->ui[q] = node_index(tr, r.arg.usrc[q]);
   }
   return true;
 }
@@ -191,7 +198,7 @@ static bool upload_eager_values(kiln_ctx *ctx, kiln__program *pg) {
   int ng = pg->plan.ng;
   if (ng == 0) return true;
   if (ng > fs->step_values_cap) {
-    int cap = ng < 64 ? 64 : ng * 2;
+    int cap = ng < 64 ? 64 : ng * 2; /* room to grow: it is reallocated only when outgrown */
     void *d = kiln__dev_alloc(ctx, (size_t)cap * sizeof(kiln__stepvals));
     if (!d)
       return !kiln__error(ctx, KILN_ERR_OOM,
@@ -291,6 +298,8 @@ kiln_status kiln__engine_flush(kiln_ctx *ctx, int32_t first, int32_t last) {
 
 kiln_status kiln__engine_compile(kiln_ctx *ctx, int32_t first, int32_t last) {
   if (!kiln__ok(ctx)) return kiln_ctx_status(ctx);
+  if (!ctx->fusion_state || !ctx->fusion_state->kernels)
+    return kiln__error(ctx, KILN_ERR_STATE, "kiln: the context's kernel compiler failed to start");
   kiln__program pg;
   kiln__program_build(ctx, first, last, &pg);
   kiln__program_free(&pg);

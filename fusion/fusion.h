@@ -24,8 +24,11 @@
 _Static_assert(KILN__KMAX_DIMS == KILN_MAX_DIMS, "kiln__kargs holds KILN_MAX_DIMS dims");
 
 #define KILN__MAX_GROUP 32  /* nodes in one generated kernel */
-#define KILN__BLOCK 256     /* threads per block of elementwise and column kernels */
 #define KILN__MAX_GRAPHS 16 /* step graphs kept, least recently used out */
+/* Threads per block of elementwise, update and column kernels, the most a row kernel takes, and
+ * every kernel's __launch_bounds__: 8 warps, enough to hide memory latency with several blocks
+ * per SM, few enough that a block reduction (reduce.cuh) combines its warps in one warp. */
+#define KILN__BLOCK 256
 
 /* ---------------------------------------------------------------- planner (plan.c) */
 
@@ -159,7 +162,7 @@ void kiln__kernel_attrs(const kiln__node *n, int *nf, int *ni, int *nu);
 /* ---------------------------------------------------------------- compiler (compile.c) */
 
 typedef struct kiln__kernel kiln__kernel; /* a loaded kernel: its CUfunction and library */
-/* The embedded device files (fusion/device/ (.cuh files), made into C by the build). */
+/* The embedded device files (the .cuh files of fusion/device, made into C by the build). */
 typedef struct kiln__device_file {
   const char *name, *text;
 } kiln__device_file;

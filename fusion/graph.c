@@ -2,11 +2,11 @@
  * graph.c: step graphs. kiln_step_end hands the step's whole trace here. Its signature (every
  * node's op, integer attributes, shapes, strides and dtypes, where each input comes from: an
  * earlier node of the step or which persistent tensor at which address) is hashed and looked up
- * in a small cache. A new signature is planned, given a static memory plan (every intermediate
- * an offset in one arena, from its lifetime over the step's launches), compiled, run, and
- * captured into a CUDA graph; a known one binds the step's tensors to the same addresses,
- * writes the step values (every float and 64-bit attribute: learning rates, step counts, dropout
- * offsets, batch offsets) to the device, and replays the graph.
+ * in a small cache. A new signature is planned, lowered, rendered and compiled (exec.c), given a
+ * static memory plan (every intermediate an offset in one arena, from its lifetime over the
+ * step's launches), run, and captured into a CUDA graph; a known one binds the step's tensors to
+ * the same addresses, writes the step values (every float and 64-bit attribute: learning rates,
+ * step counts, dropout offsets, batch offsets) to the device, and replays the graph.
  */
 #include <stdio.h>
 #include <stdlib.h>

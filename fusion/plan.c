@@ -74,10 +74,12 @@ static bool in_group(const kiln__plan *p, int32_t node, const kiln__group *g) {
 }
 
 /* Whether a kernel of group g plus node i stays within the argument's operand and attribute
- * slots. */
-static bool fits(const kiln_ctx *ctx, const kiln__plan *p, const kiln__group *g, int32_t i) {
+ * slots, keeping spare float slots free (an elementwise run keeps one for the scale of a
+ * reduction that may take it in as its prologue). */
+static bool fits(const kiln_ctx *ctx, const kiln__plan *p, const kiln__group *g, int32_t i,
+                 int spare) {
   if (g->n >= KILN__MAX_GROUP) return false;
-  int ops = 0, nf = 0, ni = 0, nu = 0;
+  int ops = 0, nf = spare, ni = 0, nu = 0;
   const kiln_tensor *seen[KILN__MAX_GROUP * KILN__MAX_IN];
   int nseen = 0;
   for (int m = 0; m <= g->n; m++) {
@@ -115,14 +117,15 @@ static bool reads_own_write(const kiln_ctx *ctx, const kiln__plan *p, const kiln
 static bool can_join(const kiln_ctx *ctx, const kiln__plan *p, const kiln__group *g, int32_t i) {
   const kiln__node *n = &ctx->trace.nodes[i];
   const kiln__node *first = &ctx->trace.nodes[p->members[g->first]];
-  if (!kiln__same_shape(n->out, first->out) || !fits(ctx, p, g, i)) return false;
+  if (!kiln__same_shape(n->out, first->out) || !fits(ctx, p, g, i, 1)) return false;
   for (int j = 0; j < n->nin; j++)
     if (reads_own_write(ctx, p, g, n->in[j])) return false;
   return true;
 }
 
-/* The most elements of a row a row program takes: one block (up to 256 threads) strides over
- * the row once per pass. */
+/* The most elements of a row a row program takes: one block of up to KILN__BLOCK threads strides
+ * over the row once per pass (recomputing its prologue each time), so a longer row (more than 64
+ * elements a thread) is better reduced by the column-or-block reduction kernel. */
 #define KILN__MAX_ROW 16384
 
 /* A reduction that can start or extend a row program: a sum or max over the last axis alone,
@@ -182,7 +185,7 @@ static bool can_join_rows(const kiln_ctx *ctx, const kiln__plan *p, const kiln__
   } else {
     return false;
   }
-  if (!fits(ctx, p, g, i)) return false;
+  if (!fits(ctx, p, g, i, 1)) return false;
   for (int j = 0; j < n->nin; j++) {
     const kiln_tensor *x = n->in[j];
     if (in_group(p, producer(ctx, p, x), g)) {
@@ -200,19 +203,15 @@ static bool can_join_rows(const kiln_ctx *ctx, const kiln__plan *p, const kiln__
   return true;
 }
 
-/* Whether the run g can be computed inside a reduction: no op that needs the element's linear
- * index (dropout), and a free attribute slot for the reduction's scale. */
-static bool prologue_ok(const kiln_ctx *ctx, const kiln__plan *p, const kiln__group *g) {
-  if (g->n >= KILN__MAX_GROUP) return false;
-  int nf = 0;
+/* Whether the run g can be computed inside reduction r: no op that needs the element's linear
+ * index (dropout), and room in the kernel's argument for the reduction too (its output, its
+ * scale). */
+static bool prologue_ok(const kiln_ctx *ctx, const kiln__plan *p, const kiln__group *g, int32_t r) {
   for (int m = 0; m < g->n; m++) {
     const kiln__node *x = &ctx->trace.nodes[p->members[g->first + m]];
     if (strstr(kiln__ops[x->op].expr, "$idx")) return false;
-    int f, i, u;
-    kiln__kernel_attrs(x, &f, &i, &u);
-    nf += f;
   }
-  return nf < KILN__KMAX_F;
+  return fits(ctx, p, g, r, 0);
 }
 
 /* Whether update node i can join the update group g in one multi-tensor launch: the same op
@@ -504,7 +503,7 @@ static bool phase_groups(kiln_ctx *ctx, kiln__plan *p, bool fuse) {
     }
     if (kind == KILN__KIND_REDUCE && fuse && open) {
       /* fuse-on-read: the run computes the reduction's input */
-      if (in_group(p, producer(ctx, p, nd->in[0]), open) && prologue_ok(ctx, p, open)) {
+      if (in_group(p, producer(ctx, p, nd->in[0]), open) && prologue_ok(ctx, p, open, i)) {
         open->kind = KILN__KIND_REDUCE;
         open->node = i;
         if (!add_member(ctx, p, open, i)) return false;

@@ -70,12 +70,20 @@ static void used_attrs(const kiln__node *n, bool *used) {
 void kiln__kernel_attrs(const kiln__node *n, int *nf, int *ni, int *nu) {
   bool used[KILN__MAX_ATTRS];
   used_attrs(n, used);
-  int count[3] = {0, 0, 0};
+  int count[3] = {0, 0, 0}; /* a kernel reads an attribute through one slot */
   for (int a = 0; a < kiln__ops[n->op].nattr; a++)
-    if (used[a]) count[kiln__ops[n->op].attrs[a].kind] += kiln__ops[n->op].attrs[a].count;
+    if (used[a]) count[kiln__ops[n->op].attrs[a].kind]++;
   *nf = count[KILN__ATTR_F];
   *ni = count[KILN__ATTR_I];
   *nu = count[KILN__ATTR_U];
+}
+
+/* The position of op's attribute called name in its attribute list. */
+static int attr_index(kiln__op op, const char *name) {
+  for (int a = 0; a < kiln__ops[op].nattr; a++)
+    if (strcmp(kiln__ops[op].attrs[a].name, name) == 0) return a;
+  KILN_ASSERT(!"an op without the attribute its kernel reads");
+  return -1;
 }
 
 /* Attribute a of op's first value among the node's values of its kind. */
@@ -104,8 +112,9 @@ static bool dense(const kiln_tensor *t, int64_t n) {
   return kiln__is_contiguous(t) && kiln_tensor_numel(t) == n;
 }
 
-/* Whether t's first element sits at a 16-byte boundary. Storage is allocated 512-byte aligned
- * (KILN__ALLOC_ALIGN, and step-graph arenas keep that), so this depends on the offset alone. */
+/* Whether t's first element sits at a 16-byte boundary. Every storage starts at least 256-byte
+ * aligned (core/alloc.c; the executor asserts it when it binds pointers), so this depends on the
+ * offset alone. */
 static bool aligned16(const kiln_tensor *t) {
   return ((uint64_t)t->offset * kiln_dtype_size(t->dtype)) % 16 == 0;
 }
@@ -170,6 +179,7 @@ static void wire_attrs(kiln__argplan *ap, const kiln__node *n, int8_t *aslot, in
   for (int a = 0; a < info->nattr; a++) {
     aslot[a] = -1;
     if (!used[a]) continue;
+    KILN_ASSERT(info->attrs[a].count == 1); /* kernels read no array attribute */
     int k = node_slot(n->op, a);
     switch (info->attrs[a].kind) {
     case KILN__ATTR_F:
@@ -334,12 +344,16 @@ static void emit_coords(kiln__sb *b, const char *ind, int nd, const char *idx) {
   kiln__sb_printf(b, "%sconst ix c0 = r;\n", ind);
 }
 
+/* Characters of op names a kernel name lists before it says "_etc<n>": names stay readable in
+ * profiles and fit the 96 bytes kernel names have with their suffix and hash. */
+#define KILN__NAME_OPS 40
+
 /* A kernel name from the ops it runs, like k_add_relu_f32, kept short. */
 static void stem_of(const kiln__ew_prog *p, const char *prefix, const char *suffix, char *stem,
                     size_t n) {
   size_t k = (size_t)snprintf(stem, n, "%s", prefix);
   for (int j = 0; j < p->n && k < n; j++) {
-    if (k > 40) {
+    if (k > KILN__NAME_OPS) {
       k += (size_t)snprintf(stem + k, n - k, "_etc%d", p->n - j);
       break;
     }
@@ -378,6 +392,9 @@ static unsigned grid_for(const kiln__target *t, int64_t threads) {
 
 /* ---------------------------------------------------------------- elementwise */
 
+/* Room below 2^31 for a grid-stride index to step past the last element without overflowing. */
+#define KILN__INDEX_MARGIN 1024
+
 static bool render_ew(const kiln__target *t, const kiln__ew_prog *p, kiln__rendered *r) {
   int nd = p->ndim;
   int64_t n = kiln__numel(nd, p->shape);
@@ -414,7 +431,8 @@ static bool render_ew(const kiln__target *t, const kiln__ew_prog *p, kiln__rende
         if (kiln__ops[p->nodes[j]->op].stores & (1u << q))
           r->bytes_written += footprint(p->nodes[j]->in[q]);
   vec = vec && f32 && !coords;
-  bool wide = span >= ((int64_t)1 << 31) - 1024;
+  /* 32-bit indices while every offset (and a grid-stride step past the end) fits an int */
+  bool wide = span >= ((int64_t)1 << 31) - KILN__INDEX_MARGIN;
 
   kiln__sb b = {0};
   kiln__sb_printf(&b, "  typedef %s ix; // %s indexing\n", wide ? "long long" : "int",
@@ -516,6 +534,8 @@ static bool render_updates(const kiln__target *tg, const kiln__node *const *node
 
 /* ---------------------------------------------------------------- reductions */
 
+/* Outputs per SM below which a reduction takes a block per output rather than a thread. */
+#define KILN__FEW_OUTPUTS_PER_SM 4
 /* Blocks a row-wise kernel launches per SM at most (its loop covers the remaining rows). */
 #define KILN__ROW_BLOCKS_PER_SM 16
 
@@ -551,10 +571,7 @@ static bool render_reduce(const kiln__target *t, const kiln__ew_prog *pro, const
   }
   int8_t rslot[KILN__MAX_ATTRS];
   wire_attrs(&r->arg, rn, rslot, &nf, &ni, &nu); /* the scale, after the prologue's */
-  int scale = -1;
-  for (int q = 0; q < kiln__ops[rn->op].nattr; q++)
-    if (strcmp(kiln__ops[rn->op].attrs[q].name, "scale") == 0) scale = rslot[q];
-  KILN_ASSERT(scale >= 0);
+  int scale = rslot[attr_index(rn->op, "scale")];
   int out = operand(&o, rn->out, true, NULL);
   int outer[KILN_MAX_DIMS], red[KILN_MAX_DIMS], no = 0, nr = 0;
   a->n = 1;
@@ -580,12 +597,15 @@ static bool render_reduce(const kiln__target *t, const kiln__ew_prog *pro, const
   }
   bool argmax = rn->op == KILN__OP_ARGMAX, isum = rn->op == KILN__OP_SUM;
   bool inner = nr > 0 && red[nr - 1] == nd - 1 && (value >= 0 || x->stride[nd - 1] == 1);
-  bool rows = nr > 0 && (inner || a->n < (int64_t)t->num_sms * 4);
+  /* a block per output when the reduced axis is innermost (coalesced), or when there are too few
+   * outputs for a thread per output to fill the device */
+  bool rows = nr > 0 && (inner || a->n < (int64_t)t->num_sms * KILN__FEW_OUTPUTS_PER_SM);
   const char *init = isum ? "0.f" : "-__int_as_float(0x7f800000)";
 
   kiln__sb b = {0};
   kiln__sb_printf(&b, "  typedef long long ix;\n");
   if (rows) {
+    /* a block reduction's partials: one per warp, at most 32 warps (reduce.cuh) */
     kiln__sb_printf(&b, "  __shared__ float sv[32];\n");
     if (argmax) kiln__sb_printf(&b, "  __shared__ long long si[32];\n");
     kiln__sb_printf(&b, "  for (ix o = blockIdx.x; o < a.n; o += gridDim.x) {\n");
@@ -665,7 +685,8 @@ static bool render_gather(const kiln__target *tg, const kiln__node *n, kiln__ren
   operand(&o, y, true, NULL);
   int8_t aslot[KILN__MAX_ATTRS];
   int nf = 0, ni = 0, nu = 0;
-  wire_attrs(&r->arg, n, aslot, &nf, &ni, &nu); /* uv[0]: where this step's indices start */
+  wire_attrs(&r->arg, n, aslot, &nf, &ni, &nu);
+  int start = aslot[attr_index(n->op, "start")]; /* the slot of where this step's indices start */
   a->n = kiln_tensor_numel(y);
   a->nred = x->shape[0] ? kiln_tensor_numel(x) / x->shape[0] : 0; /* elements per row */
   a->shape[0] = x->shape[0];
@@ -679,10 +700,10 @@ static bool render_gather(const kiln__target *tg, const kiln__node *n, kiln__ren
       "  for (long long e = (long long)blockIdx.x * blockDim.x + threadIdx.x; e < a.n;\n"
       "       e += (long long)gridDim.x * blockDim.x) {\n"
       "    const long long k = e / a.nred, j = e - k * a.nred;\n"
-      "    const long long r = idx[a.uv[0] + k]; // uv[0]: where this step's indices start\n"
+      "    const long long r = idx[a.uv[%d] + k]; // where this step's indices start\n"
       "    y[e] = (r >= 0 && r < a.shape[0]) ? x[r * a.nred + j] : (%s)0;\n"
       "  }\n",
-      t, t, t, t, t);
+      t, t, t, t, start, t);
   char stem[64];
   snprintf(stem, sizeof stem, "k_index_select_%s", kiln_dtype_name(x->dtype));
   bool ok = finish(&b, stem, &o, r);
@@ -743,10 +764,7 @@ static void emit_value(kiln__sb *b, const kiln__ew_prog *p, const wiring *w, int
 
 /* The scale slot of row-program node j, a reduction. */
 static int scale_slot(const wiring *w, int j, const kiln__node *n) {
-  for (int q = 0; q < kiln__ops[n->op].nattr; q++)
-    if (strcmp(kiln__ops[n->op].attrs[q].name, "scale") == 0) return w->aslot[j][q];
-  KILN_ASSERT(!"a reduction without a scale");
-  return -1;
+  return w->aslot[j][attr_index(n->op, "scale")];
 }
 
 static bool render_rows(const kiln__target *t, const kiln__ew_prog *p, const kiln_tensor *F,

@@ -57,6 +57,7 @@ static int32_t direct_producer(const kiln_ctx *ctx, const kiln__plan *p, const k
 static const char *check_resources(const kiln_ctx *ctx, const kiln__plan *p, int k, char *why,
                                    size_t n) {
   const kiln__group *g = &p->g[k];
+  if (g->n > KILN__MAX_GROUP) return bad(why, n, "group %d has %d nodes", k, g->n);
   const kiln_tensor *seen[KILN__MAX_GROUP * (KILN__MAX_IN + 1)];
   int ops = 0, nf = 0, ni = 0, nu = 0;
   for (int m = 0; m < g->n; m++) {
@@ -77,7 +78,6 @@ static const char *check_resources(const kiln_ctx *ctx, const kiln__plan *p, int
   if (ops > KILN__KMAX_PTR || nf > KILN__KMAX_F || ni > KILN__KMAX_I || nu > KILN__KMAX_U)
     return bad(why, n, "group %d: %d operands, %d/%d/%d attributes exceed the kernel argument", k,
                ops, nf, ni, nu);
-  if (g->n > KILN__MAX_GROUP) return bad(why, n, "group %d has %d nodes", k, g->n);
   return NULL;
 }
 
@@ -86,9 +86,18 @@ static const char *check_group(const kiln_ctx *ctx, const kiln__plan *p, int k, 
   const kiln__group *g = &p->g[k];
   const kiln__node *nodes = ctx->trace.nodes;
   if (g->n == 0) {
-    if (g->kind != KILN__KIND_LIB || nodes[g->node].op != KILN__OP_CONCAT ||
-        g->sub >= nodes[g->node].nin)
-      return bad(why, n, "group %d has no members and is no concat copy", k);
+    /* a concat's copies: consecutive groups, one per input in order, the node recorded in the
+     * last (the memory plan takes the first as where the output is defined) */
+    const kiln__node *c = &nodes[g->node];
+    if (g->kind != KILN__KIND_LIB || c->op != KILN__OP_CONCAT || g->sub >= c->nin ||
+        k - g->sub < 0 || k - g->sub + c->nin > p->ng ||
+        p->group_of[g->node - p->first] != k - g->sub + c->nin - 1)
+      return bad(why, n, "group %d has no members and is no concat copy in its place", k);
+    for (int q = 0; q < c->nin; q++) {
+      const kiln__group *o = &p->g[k - g->sub + q];
+      if (o->node != g->node || o->sub != q || o->n != 0)
+        return bad(why, n, "concat #%d's copies are not consecutive groups", g->node);
+    }
     return NULL;
   }
   for (int m = 0; m < g->n; m++) {
@@ -179,6 +188,8 @@ const char *kiln__plan_verify(const kiln_ctx *ctx, const kiln__plan *p, char *wh
     if (c >= 0 && gi < 0) { /* an assignment that its value's producer writes through */
       if (nd->op != KILN__OP_ASSIGN || p->write_to[c - p->first] != nd->in[0])
         return bad(why, n, "node #%d is claimed by #%d but not written through", i, c);
+      if (!p->store[c - p->first] || !kiln__is_contiguous(nodes[c].out))
+        return bad(why, n, "#%d writes through to a gradient but is not written densely", c);
       continue;
     }
     if (gi < 0 || gi >= p->ng)
@@ -199,7 +210,6 @@ const char *kiln__plan_verify(const kiln_ctx *ctx, const kiln__plan *p, char *wh
     if (!nd->out) continue;
     bool stored = p->store[i - p->first];
     if (nd->out->keep && !stored) return bad(why, n, "node #%d is kept but not written", i);
-    if (p->g[gi].kind == KILN__KIND_MATMUL) continue; /* the epilogue writes what it writes */
     for (int32_t j = i + 1; j < p->last && !stored; j++) {
       const kiln__node *r = &nodes[j];
       bool view = kiln__ops[r->op].kind == KILN__KIND_VIEW;
