@@ -52,7 +52,7 @@ static bool write_leaf(kiln__bw *b, kiln_tensor *t) {
   kiln_tensor *in[2] = {t->grad, g};
   kiln__node *n =
       kiln__update(t->grad_valid ? KILN__OP_ACCUM : KILN__OP_ASSIGN, "kiln_backward", 2, in);
-  if (!n) return false;
+  if (!n || !kiln__undo_grad_flag(t)) return false;
   t->grad_valid = true;
   return true;
 }
@@ -83,6 +83,13 @@ kiln_status kiln_backward(kiln_tensor *loss) {
     kiln_tensor *g = out->bw_acc;
     out->bw_acc = NULL;
     if (!out->requires_grad) continue;
+    if (n->gone) {
+      kiln__error(ctx, KILN_ERR_STATE,
+                  "kiln_backward: node #%d (%s) reads a persistent tensor that was freed after it "
+                  "was recorded",
+                  i, kiln__ops[n->op].name);
+      break;
+    }
     kiln_tensor *gin[KILN__MAX_IN] = {0};
     kiln__node copy = *n; /* the trace may move when it grows */
     kiln__ops[copy.op].grad(&b, &copy, g, gin);

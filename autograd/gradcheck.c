@@ -23,6 +23,10 @@ kiln_status kiln_gradcheck(kiln_ctx *ctx, kiln_gradcheck_fn fn, int n, kiln_tens
                            void *user, const kiln_gradcheck_options *opts, char *report,
                            size_t report_len) {
   if (!kiln__ok(ctx)) return kiln_ctx_status(ctx);
+  if (!fn || n < 1 || !inputs)
+    return kiln__error(ctx, KILN_ERR_INVALID,
+                       "kiln_gradcheck: needs a function and n >= 1 inputs (fn %s, n %d, inputs %s)",
+                       fn ? "given" : "NULL", n, inputs ? "given" : "NULL");
   kiln_gradcheck_options o = {.eps = 1e-2f, .atol = 1e-2f, .rtol = 1e-2f, .seed = 1};
   if (opts) {
     if (opts->eps > 0) o.eps = opts->eps;
@@ -42,7 +46,11 @@ kiln_status kiln_gradcheck(kiln_ctx *ctx, kiln_gradcheck_fn fn, int n, kiln_tens
   /* the output's shape, for w */
   kiln_step_begin(ctx);
   kiln_tensor *probe = fn(inputs, user);
-  if (!probe) return ctx->status;
+  if (!probe)
+    return kiln__ok(ctx) ? kiln__error(ctx, KILN_ERR_INVALID,
+                                       "kiln_gradcheck: fn returned NULL without an error: nothing "
+                                       "to check")
+                         : ctx->status;
   kiln_shape os = kiln_tensor_shape(probe);
   int64_t on = kiln_tensor_numel(probe);
   float *wh = malloc((size_t)(on > 0 ? on : 1) * sizeof *wh);

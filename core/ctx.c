@@ -74,6 +74,7 @@ kiln_ctx *kiln_ctx_new(const kiln_ctx_options *opts) {
   if (!ctx) return NULL;
   kiln_ctx_options o = {0};
   if (opts) o = *opts;
+  ctx->refs = 1;
   ctx->device = o.device;
   ctx->arch = KILN_DEFAULT_ARCH;
   ctx->num_sms = KILN__DEFAULT_SMS;
@@ -101,8 +102,23 @@ static void release_step_storages(kiln_ctx *ctx) {
   ctx->step_storages = NULL;
 }
 
+void kiln__ctx_retain(kiln_ctx *ctx) { ctx->refs++; }
+
+/* Frees the context and everything it still holds. */
+static void destroy(kiln_ctx *ctx);
+
+void kiln__ctx_release(kiln_ctx *ctx) {
+  KILN_ASSERT(ctx->refs > 0);
+  if (--ctx->refs == 0) destroy(ctx);
+}
+
 void kiln_ctx_free(kiln_ctx *ctx) {
-  if (!ctx) return;
+  if (!ctx || ctx->freed_by_user) return;
+  ctx->freed_by_user = true;
+  kiln__ctx_release(ctx); /* the objects made from it may still need it: the last one frees it */
+}
+
+static void destroy(kiln_ctx *ctx) {
   if (ctx->has_gpu) (void)cudaStreamSynchronize(ctx->stream);
   release_step_storages(ctx);
   while (ctx->npersistent > 0)
@@ -113,6 +129,8 @@ void kiln_ctx_free(kiln_ctx *ctx) {
   if (ctx->stream) cudaStreamDestroy(ctx->stream);
   kiln__arena_free(&ctx->arenas[0]);
   kiln__arena_free(&ctx->arenas[1]);
+  kiln__handles_free(ctx);
+  kiln__undo_free(ctx);
   free(ctx->trace.nodes);
   free(ctx);
 }
@@ -180,13 +198,13 @@ void kiln_step_begin(kiln_ctx *ctx) {
   ctx->trace.n = ctx->trace.done = 0;
   ctx->gen++;
   ctx->in_step = true;
+  kiln__undo_begin(ctx);
   kiln__arena_reset(&ctx->arenas[ctx->gen & 1]);
+  kiln__handles_step(ctx);
 }
 
-kiln_status kiln_step_end(kiln_ctx *ctx) {
-  if (!ctx) return KILN_ERR_INVALID;
-  bool whole = ctx->in_step && ctx->trace.done == 0; /* nothing of the step ran yet */
-  ctx->in_step = false;
+/* Runs the open step: its graph, or a flush of what it has not run yet. */
+static kiln_status run_step(kiln_ctx *ctx, bool whole) {
   if (whole && ctx->graphs && ctx->has_gpu && kiln__ok(ctx) && ctx->trace.n > 0) {
     kiln_status s = kiln__engine_step(ctx);
     ctx->trace.done = ctx->trace.n;
@@ -195,6 +213,21 @@ kiln_status kiln_step_end(kiln_ctx *ctx) {
   }
   if (ctx->graphs && ctx->has_gpu && ctx->trace.done < ctx->trace.n) ctx->stats.eager_steps++;
   return kiln__flush(ctx);
+}
+
+kiln_status kiln_step_end(kiln_ctx *ctx) {
+  if (!ctx) return KILN_ERR_INVALID;
+  bool open = ctx->in_step;
+  bool whole = open && ctx->trace.done == 0; /* nothing of the step ran yet */
+  ctx->in_step = false;
+  kiln_status s = run_step(ctx, whole);
+  /* a failed step (in recording or running) leaves no host state behind: step counts, gradient
+   * flags, RNG offsets and loader positions go back to where the step found them */
+  if (open && s != KILN_OK)
+    kiln__undo_rollback(ctx);
+  else
+    kiln__undo_commit(ctx);
+  return s;
 }
 
 void kiln_memory_stats(const kiln_ctx *ctx, kiln_mem_stats *out) {

@@ -190,7 +190,8 @@ typedef struct kiln__storage {
 } kiln__storage;
 
 #define KILN__TENSOR_MAGIC 0x6b696c6e /* "kiln" */
-#define KILN__TENSOR_DEAD 0x64656164  /* "dead" */
+#define KILN__TENSOR_DEAD 0x64656164  /* "dead": a freed persistent tensor */
+#define KILN__TENSOR_STALE 0x6f6c6473 /* "sdlo": an intermediate of a step long over (handles.c) */
 
 struct kiln_tensor {
   uint32_t magic;
@@ -207,6 +208,7 @@ struct kiln_tensor {
   bool requires_grad;
   bool grad_valid;     /* persistent: grad holds a gradient */
   bool keep;           /* the planner must write it to memory (a host read asked for it) */
+  bool owned;          /* persistent: a parameter list owns it (and frees it) */
   kiln_tensor *grad;   /* persistent: gradient buffer, allocated on first backward */
   kiln_tensor *bw_acc; /* during backward: the gradient gathered so far */
   char name[48];
@@ -217,6 +219,7 @@ struct kiln_tensor {
 struct kiln__node {
   kiln__op op;
   int nin;
+  bool gone; /* a persistent tensor it reads was freed since it was recorded: it cannot run */
   kiln_tensor *in[KILN__MAX_IN];
   kiln_tensor *out; /* NULL for UPDATE nodes */
   float f[KILN__NF];
@@ -245,6 +248,8 @@ typedef struct kiln__arena {
 enum { KILN__DEBUG_PLAN = 1, KILN__DEBUG_VERIFY = 2 };
 
 struct CUstream_st;  /* a cudaStream_t, without the CUDA headers */
+typedef struct kiln__handles kiln__handles; /* core/handles.c */
+typedef struct kiln__undo_entry kiln__undo_entry; /* core/undo.c */
 struct kiln__fusion; /* fusion/'s state: kernels, graphs, BLAS plans (fusion/fusion.h) */
 
 struct kiln_ctx {
@@ -268,7 +273,8 @@ struct kiln_ctx {
 
   uint64_t gen; /* the current step generation, from 1 */
   bool in_step; /* between kiln_step_begin and kiln_step_end */
-  kiln__arena arenas[2];
+  kiln__arena arenas[2];  /* intermediates' storages, alternating by generation */
+  kiln__handles *handles; /* intermediates' handles, each at an address never used before */
   kiln__storage *step_storages; /* intermediates' storages of this generation */
   kiln_tensor **persistents;    /* for ctx_free */
   int npersistent, cap_persistent;
@@ -277,16 +283,54 @@ struct kiln_ctx {
   kiln__alloc alloc;
   kiln_exec_stats stats;
   struct kiln__fusion *fusion_state; /* owned by fusion/ (fusion/engine.h) */
+  /* the user's reference (dropped by kiln_ctx_free) and one per parameter list, optimizer, data
+   * set and loader made from the context: it is destroyed when the last goes */
+  int refs;
+  bool freed_by_user;
+  /* what a failed step must undo (core/undo.c) */
+  kiln__undo_entry *undo;
+  int nundo, cap_undo;
+  uint64_t undo_philox, undo_host_rng;
 };
 
 /* ---------------------------------------------------------------- internal API */
 
+/* The step's undo log (core/undo.c): fn(obj, saved) puts back what saved (malloc'd; the log
+ * frees it) describes. Outside a step nothing is logged. */
+typedef void (*kiln__undo_fn)(void *obj, void *saved);
+bool kiln__undo_push(kiln_ctx *ctx, kiln__undo_fn fn, void *obj, void *saved);
+bool kiln__undo_logged(const kiln_ctx *ctx, kiln__undo_fn fn, const void *obj);
+void kiln__undo_forget(kiln_ctx *ctx, const void *obj); /* obj is being freed */
+void kiln__undo_begin(kiln_ctx *ctx);                   /* a step begins */
+void kiln__undo_commit(kiln_ctx *ctx);                  /* it succeeded */
+void kiln__undo_rollback(kiln_ctx *ctx);                /* it failed */
+void kiln__undo_free(kiln_ctx *ctx);
+/* Logs t's gradient flag before a change to it within a step. */
+bool kiln__undo_grad_flag(kiln_tensor *t);
+
+/* Objects made from a context keep it alive: retain when made, release when freed. */
+void kiln__ctx_retain(kiln_ctx *ctx);
+void kiln__ctx_release(kiln_ctx *ctx);
+
 /* Validates a tensor handle for function fn: NULL, foreign, freed or stale handles set an error. */
 bool kiln__check(kiln_ctx *ctx, const kiln_tensor *t, const char *fn);
-/* The context of the first non-NULL tensor, or NULL. */
+/* The context of the first tensor handle among ts that names one (live or stale), or NULL. */
 kiln_ctx *kiln__ctx_of(int n, kiln_tensor *const *ts);
+/* The context of t, live or stale (NULL for NULL, freed or foreign memory). */
+kiln_ctx *kiln__handle_ctx(const kiln_tensor *t);
+/* A zeroed handle for an intermediate or a view (handles.c); NULL with the error set. */
+kiln_tensor *kiln__handle_new(kiln_ctx *ctx);
+/* A new step began: chunks whose handles are all stale give their memory back. */
+void kiln__handles_step(kiln_ctx *ctx);
+void kiln__handles_free(kiln_ctx *ctx);
 
-/* Shapes (core/shape.c). */
+/* Shapes (core/meta.c). Every shape a tensor takes is checked: at most KILN_MAX_DIMS dims, no
+ * negative size, and at most KILN__MAX_NUMEL elements (so that element counts, byte sizes and
+ * strides never overflow 64 bits, whatever the dtype). */
+#define KILN__MAX_NUMEL ((int64_t)1 << 58)
+bool kiln__numel_ok(int ndim, const int64_t *shape);
+/* kiln__numel_ok with the checks on ndim and negative sizes, and an error naming fn. */
+bool kiln__valid_shape(kiln_ctx *ctx, const char *fn, int ndim, const int64_t *shape);
 void kiln__contiguous_strides(int ndim, const int64_t *shape, int64_t *stride);
 int64_t kiln__numel(int ndim, const int64_t *shape);
 bool kiln__is_contiguous(const kiln_tensor *t);
@@ -295,11 +339,12 @@ bool kiln__same_shape(const kiln_tensor *a, const kiln_tensor *b);
 bool kiln__broadcast_shape(kiln_ctx *ctx, const char *fn, int n, kiln_tensor *const *ts, int *ndim,
                            int64_t *shape);
 
-/* A new intermediate with contiguous strides (storage allocated at flush). */
-kiln_tensor *kiln__tensor_intermediate(kiln_ctx *ctx, kiln_dtype dt, int ndim,
+/* A new intermediate with contiguous strides (storage allocated at flush); NULL with an error
+ * naming fn when the shape is not valid. */
+kiln_tensor *kiln__tensor_intermediate(kiln_ctx *ctx, const char *fn, kiln_dtype dt, int ndim,
                                        const int64_t *shape);
-/* A view handle sharing a's storage. */
-kiln_tensor *kiln__tensor_view(kiln_tensor *a, int ndim, const int64_t *shape,
+/* A view handle sharing a's storage (the shape checked as above). */
+kiln_tensor *kiln__tensor_view(const char *fn, kiln_tensor *a, int ndim, const int64_t *shape,
                                const int64_t *stride, int64_t offset);
 kiln_tensor *kiln__tensor_persistent(kiln_ctx *ctx, kiln_dtype dt, int ndim, const int64_t *shape,
                                      bool zero);

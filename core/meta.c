@@ -27,6 +27,38 @@ const char *kiln_dtype_name(kiln_dtype dt) {
   return "?";
 }
 
+bool kiln__numel_ok(int ndim, const int64_t *shape) {
+  int64_t n = 1; /* the product of the dims above 1: zero dims do not excuse the others */
+  for (int i = 0; i < ndim; i++) {
+    if (shape[i] < 0) return false;
+    if (shape[i] <= 1) continue;
+    if (n > KILN__MAX_NUMEL / shape[i]) return false;
+    n *= shape[i];
+  }
+  return true;
+}
+
+bool kiln__valid_shape(kiln_ctx *ctx, const char *fn, int ndim, const int64_t *shape) {
+  if (ndim < 0 || ndim > KILN_MAX_DIMS)
+    return kiln__error(ctx, KILN_ERR_SHAPE, "%s: %d dims; kiln takes 0 to %d", fn, ndim,
+                       KILN_MAX_DIMS),
+           false;
+  for (int i = 0; i < ndim; i++)
+    if (shape[i] < 0)
+      return kiln__error(ctx, KILN_ERR_SHAPE, "%s: dim %d is %" PRId64 "; sizes must be >= 0", fn,
+                         i, shape[i]),
+             false;
+  if (!kiln__numel_ok(ndim, shape)) {
+    char sh[160];
+    kiln_shape s = {.ndim = ndim};
+    memcpy(s.d, shape, (size_t)ndim * sizeof *shape);
+    return kiln__error(ctx, KILN_ERR_SHAPE, "%s: shape %s has more than 2^58 elements", fn,
+                       kiln_shape_str(s, sh, sizeof sh)),
+           false;
+  }
+  return true;
+}
+
 int64_t kiln__numel(int ndim, const int64_t *shape) {
   int64_t n = 1;
   for (int i = 0; i < ndim; i++)
@@ -61,6 +93,10 @@ bool kiln__same_shape(const kiln_tensor *a, const kiln_tensor *b) {
 char *kiln_shape_str(kiln_shape s, char *buf, size_t n) {
   size_t k = 0;
   if (n == 0) return buf;
+  if (s.ndim < 0 || s.ndim > KILN_MAX_DIMS) {
+    snprintf(buf, n, "[%d dims?]", s.ndim); /* d[] holds at most KILN_MAX_DIMS */
+    return buf;
+  }
   k += (size_t)snprintf(buf + k, n - k, "[");
   for (int i = 0; i < s.ndim && k < n; i++)
     k += (size_t)snprintf(buf + k, n - k, i ? ",%" PRId64 : "%" PRId64, s.d[i]);
@@ -73,7 +109,9 @@ const char *kiln__shape_of(const kiln_tensor *t, char *buf, size_t n) {
     snprintf(buf, n, "NULL");
     return buf;
   }
-  return kiln_shape_str(kiln_tensor_shape(t), buf, n);
+  kiln_shape s = {.ndim = t->ndim}; /* whatever state t is in: this is for messages */
+  if (s.ndim >= 0 && s.ndim <= KILN_MAX_DIMS) memcpy(s.d, t->shape, (size_t)s.ndim * sizeof *s.d);
+  return kiln_shape_str(s, buf, n);
 }
 
 bool kiln__broadcast_shape(kiln_ctx *ctx, const char *fn, int n, kiln_tensor *const *ts, int *ndim,
@@ -111,34 +149,78 @@ bool kiln__broadcast_shape(kiln_ctx *ctx, const char *fn, int n, kiln_tensor *co
   return true;
 }
 
-/* ---------------------------------------------------------------- accessors */
+/* ---------------------------------------------------------------- handles and accessors */
 
-kiln_ctx *kiln_tensor_ctx(const kiln_tensor *t) {
-  return t && t->magic == KILN__TENSOR_MAGIC ? t->ctx : NULL;
+kiln_ctx *kiln__handle_ctx(const kiln_tensor *t) {
+  return t && (t->magic == KILN__TENSOR_MAGIC || t->magic == KILN__TENSOR_STALE) ? t->ctx : NULL;
 }
-kiln_dtype kiln_tensor_dtype(const kiln_tensor *t) { return t ? t->dtype : KILN_DTYPE_F32; }
-int kiln_tensor_ndim(const kiln_tensor *t) { return t ? t->ndim : 0; }
+
+kiln_ctx *kiln__ctx_of(int n, kiln_tensor *const *ts) {
+  for (int i = 0; i < n; i++)
+    if (kiln__handle_ctx(ts[i])) return ts[i]->ctx;
+  return NULL;
+}
+
+bool kiln__check(kiln_ctx *ctx, const kiln_tensor *t, const char *fn) {
+  if (!t) return kiln__error(ctx, KILN_ERR_INVALID, "%s: NULL tensor", fn), false;
+  if (t->magic == KILN__TENSOR_STALE)
+    return kiln__error(ctx ? ctx : t->ctx, KILN_ERR_STATE,
+                       "%s: stale tensor handle: an intermediate of a step that ended long ago "
+                       "(intermediates are released by kiln_step_begin)",
+                       fn),
+           false;
+  if (t->magic != KILN__TENSOR_MAGIC)
+    return kiln__error(ctx, KILN_ERR_STATE, "%s: invalid or freed tensor handle", fn), false;
+  if (ctx && t->ctx != ctx)
+    return kiln__error(ctx, KILN_ERR_INVALID, "%s: tensor belongs to another context", fn), false;
+  if (!t->persistent && t->gen != t->ctx->gen)
+    return kiln__error(t->ctx, KILN_ERR_STATE,
+                       "%s: stale tensor handle%s%s%s: an intermediate of step generation "
+                       "%" PRIu64 " used in generation %" PRIu64
+                       " (intermediates are released by kiln_step_begin)",
+                       fn, t->name[0] ? " '" : "", t->name, t->name[0] ? "'" : "", t->gen,
+                       t->ctx->gen),
+           false;
+  return true;
+}
+
+/* t when it is a live handle; else NULL, and a stale or freed handle is an error on its
+ * context. The accessors answer 0 (or an empty shape) for such handles. */
+static const kiln_tensor *live(const kiln_tensor *t, const char *fn) {
+  kiln_ctx *ctx = kiln__handle_ctx(t);
+  return ctx && kiln__check(ctx, t, fn) ? t : NULL;
+}
+
+kiln_ctx *kiln_tensor_ctx(const kiln_tensor *t) { return kiln__handle_ctx(t); }
+kiln_dtype kiln_tensor_dtype(const kiln_tensor *t) {
+  return live(t, __func__) ? t->dtype : KILN_DTYPE_F32;
+}
+int kiln_tensor_ndim(const kiln_tensor *t) { return live(t, __func__) ? t->ndim : 0; }
 int64_t kiln_tensor_dim(const kiln_tensor *t, int axis) {
-  if (!t) return 0;
+  if (!live(t, __func__)) return 0;
   if (axis < 0) axis += t->ndim;
   return axis >= 0 && axis < t->ndim ? t->shape[axis] : 0;
 }
 int64_t kiln_tensor_stride(const kiln_tensor *t, int axis) {
-  if (!t) return 0;
+  if (!live(t, __func__)) return 0;
   if (axis < 0) axis += t->ndim;
   return axis >= 0 && axis < t->ndim ? t->stride[axis] : 0;
 }
 kiln_shape kiln_tensor_shape(const kiln_tensor *t) {
   kiln_shape s = {0};
-  if (!t) return s;
+  if (!live(t, __func__)) return s;
   s.ndim = t->ndim;
   memcpy(s.d, t->shape, (size_t)t->ndim * sizeof *s.d);
   return s;
 }
-int64_t kiln_tensor_numel(const kiln_tensor *t) { return t ? kiln__numel(t->ndim, t->shape) : 0; }
-int kiln_tensor_is_contiguous(const kiln_tensor *t) { return t && kiln__is_contiguous(t); }
-int kiln_tensor_is_persistent(const kiln_tensor *t) { return t && t->persistent; }
-const char *kiln_tensor_name(const kiln_tensor *t) { return t ? t->name : ""; }
+int64_t kiln_tensor_numel(const kiln_tensor *t) {
+  return live(t, __func__) ? kiln__numel(t->ndim, t->shape) : 0;
+}
+int kiln_tensor_is_contiguous(const kiln_tensor *t) {
+  return live(t, __func__) && kiln__is_contiguous(t);
+}
+int kiln_tensor_is_persistent(const kiln_tensor *t) { return live(t, __func__) && t->persistent; }
+const char *kiln_tensor_name(const kiln_tensor *t) { return live(t, __func__) ? t->name : ""; }
 void kiln_tensor_set_name(kiln_tensor *t, const char *name) {
-  if (t && name) snprintf(t->name, sizeof t->name, "%s", name);
+  if (live(t, __func__) && name) snprintf(t->name, sizeof t->name, "%s", name);
 }

@@ -34,7 +34,7 @@ kiln_tensor *kiln__ew(kiln__op op, const char *fn, int nin, kiln_tensor *const *
   int nd;
   int64_t shape[KILN_MAX_DIMS];
   if (!kiln__broadcast_shape(ctx, fn, nin, in, &nd, shape)) return NULL;
-  kiln_tensor *out = kiln__tensor_intermediate(ctx, KILN_DTYPE_F32, nd, shape);
+  kiln_tensor *out = kiln__tensor_intermediate(ctx, fn, KILN_DTYPE_F32, nd, shape);
   if (!out) return NULL;
   return kiln__record(ctx, op, nin, in, out) ? out : NULL;
 }
@@ -116,15 +116,9 @@ kiln_tensor *kiln_clamp(kiln_tensor *a, float lo, float hi) {
 }
 
 kiln_tensor *kiln_full(kiln_ctx *ctx, kiln_shape shape, float value) {
+  const char *fn = __func__;
   if (!kiln__ok(ctx)) return NULL;
-  if (shape.ndim < 0 || shape.ndim > KILN_MAX_DIMS)
-    return kiln__error(ctx, KILN_ERR_SHAPE, "kiln_full: %d dims; kiln takes 0 to %d", shape.ndim,
-                       KILN_MAX_DIMS),
-           NULL;
-  for (int i = 0; i < shape.ndim; i++)
-    if (shape.d[i] < 0)
-      return kiln__error(ctx, KILN_ERR_SHAPE, "kiln_full: dim %d is %" PRId64, i, shape.d[i]), NULL;
-  kiln_tensor *out = kiln__tensor_intermediate(ctx, KILN_DTYPE_F32, shape.ndim, shape.d);
+  kiln_tensor *out = kiln__tensor_intermediate(ctx, fn, KILN_DTYPE_F32, shape.ndim, shape.d);
   if (!out) return NULL;
   kiln__node *n = kiln__record(ctx, KILN__OP_FILL, 0, NULL, out);
   if (!n) return NULL;
@@ -133,7 +127,8 @@ kiln_tensor *kiln_full(kiln_ctx *ctx, kiln_shape shape, float value) {
 }
 
 kiln_tensor *kiln_cast(kiln_tensor *a, kiln_dtype dtype) {
-  kiln_ctx *ctx = begin(__func__, 1, &a);
+  const char *fn = __func__;
+  kiln_ctx *ctx = begin(fn, 1, &a);
   if (!ctx) return NULL;
   bool ok_in = a->dtype == KILN_DTYPE_F32 || a->dtype == KILN_DTYPE_I32;
   bool ok_out = dtype == KILN_DTYPE_F32 || dtype == KILN_DTYPE_I32;
@@ -142,7 +137,7 @@ kiln_tensor *kiln_cast(kiln_tensor *a, kiln_dtype dtype) {
                        kiln_dtype_name(a->dtype), kiln_dtype_name(dtype)),
            NULL;
   if (dtype == a->dtype) return a; /* as PyTorch's .to: the same tensor, gradient and all */
-  kiln_tensor *out = kiln__tensor_intermediate(ctx, dtype, a->ndim, a->shape);
+  kiln_tensor *out = kiln__tensor_intermediate(ctx, fn, dtype, a->ndim, a->shape);
   if (!out || !kiln__record(ctx, KILN__OP_CAST, 1, &a, out)) return NULL;
   return out;
 }
@@ -194,7 +189,7 @@ kiln_tensor *kiln__reduce(kiln__op op, const char *fn, kiln_tensor *a, unsigned 
     }
   }
   kiln_dtype dt = op == KILN__OP_ARGMAX ? KILN_DTYPE_I32 : KILN_DTYPE_F32;
-  kiln_tensor *out = kiln__tensor_intermediate(ctx, dt, nd, shape);
+  kiln_tensor *out = kiln__tensor_intermediate(ctx, fn, dt, nd, shape);
   if (!out) return NULL;
   kiln__node *n = kiln__record(ctx, op, 1, &a, out);
   if (!n) return NULL;
@@ -294,7 +289,7 @@ kiln_tensor *kiln_cross_entropy(kiln_tensor *logits, kiln_tensor *labels, kiln_r
   kiln_tensor *lab = kiln_reshape(labels, KILN_SHAPE(n, 1));
   if (!lab) return NULL;
   int64_t oshape[2] = {n, c};
-  kiln_tensor *target = kiln__tensor_intermediate(ctx, KILN_DTYPE_F32, 2, oshape);
+  kiln_tensor *target = kiln__tensor_intermediate(ctx, fn, KILN_DTYPE_F32, 2, oshape);
   if (!target) return NULL;
   kiln__node *nd = kiln__record(ctx, KILN__OP_ONEHOT, 1, &lab, target);
   if (!nd) return NULL;
@@ -355,26 +350,27 @@ kiln_tensor *kiln_matmul(kiln_tensor *a, kiln_tensor *b) {
     shape[0] = m;
     shape[1] = nn;
   }
-  kiln_tensor *out = kiln__tensor_intermediate(ctx, KILN_DTYPE_F32, nd, shape);
+  kiln_tensor *out = kiln__tensor_intermediate(ctx, fn, KILN_DTYPE_F32, nd, shape);
   if (!out || !kiln__record(ctx, KILN__OP_MATMUL, 2, in, out)) return NULL;
   return out;
 }
 
 /* ---------------------------------------------------------------- views and movement */
 
-static kiln_tensor *view(kiln__op op, kiln_tensor *a, int nd, const int64_t *shape,
+static kiln_tensor *view(const char *fn, kiln__op op, kiln_tensor *a, int nd, const int64_t *shape,
                          const int64_t *stride, int64_t offset) {
-  kiln_tensor *out = kiln__tensor_view(a, nd, shape, stride, offset);
+  kiln_tensor *out = kiln__tensor_view(fn, a, nd, shape, stride, offset);
   if (!out) return NULL;
   kiln__node *n = kiln__record(a->ctx, op, 1, &a, out);
   return n ? out : NULL;
 }
 
 kiln_tensor *kiln_contiguous(kiln_tensor *a) {
-  kiln_ctx *ctx = begin(__func__, 1, &a);
+  const char *fn = __func__;
+  kiln_ctx *ctx = begin(fn, 1, &a);
   if (!ctx) return NULL;
   if (kiln__is_contiguous(a)) return a;
-  kiln_tensor *out = kiln__tensor_intermediate(ctx, a->dtype, a->ndim, a->shape);
+  kiln_tensor *out = kiln__tensor_intermediate(ctx, fn, a->dtype, a->ndim, a->shape);
   if (!out || !kiln__record(ctx, KILN__OP_COPY, 1, &a, out)) return NULL;
   return out;
 }
@@ -389,7 +385,8 @@ kiln_tensor *kiln_reshape(kiln_tensor *a, kiln_shape shape) {
                        KILN_MAX_DIMS),
            NULL;
   int infer = -1;
-  int64_t known = 1;
+  int64_t known = 1; /* the product of the given sizes, checked */
+  bool zero = false;
   for (int i = 0; i < shape.ndim; i++) {
     if (shape.d[i] == -1) {
       if (infer >= 0)
@@ -401,10 +398,17 @@ kiln_tensor *kiln_reshape(kiln_tensor *a, kiln_shape shape) {
       return kiln__error(ctx, KILN_ERR_SHAPE, "%s: bad size %" PRId64 " in %s", fn, shape.d[i],
                          kiln_shape_str(shape, s1, sizeof s1)),
              NULL;
+    } else if (shape.d[i] == 0) {
+      zero = true;
+    } else if (known > KILN__MAX_NUMEL / shape.d[i]) {
+      return kiln__error(ctx, KILN_ERR_SHAPE, "%s: shape %s has more than 2^58 elements", fn,
+                         kiln_shape_str(shape, s1, sizeof s1)),
+             NULL;
     } else {
       known *= shape.d[i];
     }
   }
+  if (zero) known = 0;
   int64_t numel = kiln_tensor_numel(a);
   if (infer >= 0) {
     if (known == 0 || numel % known != 0)
@@ -424,7 +428,7 @@ kiln_tensor *kiln_reshape(kiln_tensor *a, kiln_shape shape) {
   if (!src) return NULL;
   int64_t stride[KILN_MAX_DIMS];
   kiln__contiguous_strides(shape.ndim, shape.d, stride);
-  return view(KILN__OP_RESHAPE, src, shape.ndim, shape.d, stride, src->offset);
+  return view(fn, KILN__OP_RESHAPE, src, shape.ndim, shape.d, stride, src->offset);
 }
 
 kiln_tensor *kiln_permute(kiln_tensor *a, kiln_axes order) {
@@ -450,7 +454,7 @@ kiln_tensor *kiln_permute(kiln_tensor *a, kiln_axes order) {
     shape[i] = a->shape[ax];
     stride[i] = a->stride[ax];
   }
-  kiln_tensor *out = view(KILN__OP_PERMUTE, a, a->ndim, shape, stride, a->offset);
+  kiln_tensor *out = view(fn, KILN__OP_PERMUTE, a, a->ndim, shape, stride, a->offset);
   if (out) {
     kiln__node *n = kiln__producer(out);
     for (int i = 0; i < order.n; i++)
@@ -491,7 +495,7 @@ kiln_tensor *kiln_slice(kiln_tensor *a, int axis, int64_t start, int64_t end, in
   shape[axis] = end > start ? (end - start - 1) / step + 1 : 0;
   stride[axis] = a->stride[axis] * step;
   kiln_tensor *out =
-      view(KILN__OP_SLICE, a, a->ndim, shape, stride, a->offset + start * a->stride[axis]);
+      view(fn, KILN__OP_SLICE, a, a->ndim, shape, stride, a->offset + start * a->stride[axis]);
   if (out) {
     kiln__node *n = kiln__producer(out);
     KILN__I(n, SLICE, axis) = axis;
@@ -528,7 +532,7 @@ kiln_tensor *kiln_expand(kiln_tensor *a, kiln_shape shape) {
       goto bad;
     }
   }
-  return view(KILN__OP_EXPAND, a, shape.ndim, shape.d, st, a->offset);
+  return view(fn, KILN__OP_EXPAND, a, shape.ndim, shape.d, st, a->offset);
 bad:
   return kiln__error(ctx, KILN_ERR_SHAPE, "%s: cannot expand %s to %s", fn,
                      kiln__shape_of(a, s1, sizeof s1), kiln_shape_str(shape, s2, sizeof s2)),
@@ -536,9 +540,10 @@ bad:
 }
 
 kiln_tensor *kiln_detach(kiln_tensor *a) {
-  kiln_ctx *ctx = begin(__func__, 1, &a);
+  const char *fn = __func__;
+  kiln_ctx *ctx = begin(fn, 1, &a);
   if (!ctx) return NULL;
-  return view(KILN__OP_DETACH, a, a->ndim, a->shape, a->stride, a->offset);
+  return view(fn, KILN__OP_DETACH, a, a->ndim, a->shape, a->stride, a->offset);
 }
 
 kiln_tensor *kiln_concat(int n, kiln_tensor *const *ts, int axis) {
@@ -582,7 +587,7 @@ kiln_tensor *kiln_concat(int n, kiln_tensor *const *ts, int axis) {
     }
     shape[axis] += t->shape[axis];
   }
-  kiln_tensor *out = kiln__tensor_intermediate(ctx, a->dtype, a->ndim, shape);
+  kiln_tensor *out = kiln__tensor_intermediate(ctx, fn, a->dtype, a->ndim, shape);
   if (!out) return NULL;
   kiln__node *nd = kiln__record(ctx, KILN__OP_CONCAT, n, ts, out);
   if (!nd) return NULL;
@@ -612,7 +617,7 @@ kiln_tensor *kiln__index_select_at(kiln_tensor *a, kiln_tensor *idx, int64_t sta
   int64_t shape[KILN_MAX_DIMS];
   memcpy(shape, a->shape, sizeof shape);
   shape[0] = count;
-  kiln_tensor *out = kiln__tensor_intermediate(ctx, a->dtype, a->ndim, shape);
+  kiln_tensor *out = kiln__tensor_intermediate(ctx, fn, a->dtype, a->ndim, shape);
   kiln__node *n = out ? kiln__record(ctx, KILN__OP_INDEX_SELECT, 2, in, out) : NULL;
   if (!n) return NULL;
   KILN__U(n, INDEX_SELECT, start) = (uint64_t)start; /* a step value: batches share one graph */

@@ -48,26 +48,14 @@ void kiln__arena_free(kiln__arena *a) {
   memset(a, 0, sizeof *a);
 }
 
-static bool valid_shape(kiln_ctx *ctx, const char *fn, int ndim, const int64_t *shape) {
-  if (ndim < 0 || ndim > KILN_MAX_DIMS)
-    return kiln__error(ctx, KILN_ERR_SHAPE, "%s: %d dims; kiln takes 0 to %d", fn, ndim,
-                       KILN_MAX_DIMS),
-           false;
-  for (int i = 0; i < ndim; i++)
-    if (shape[i] < 0)
-      return kiln__error(ctx, KILN_ERR_SHAPE, "%s: dim %d is %" PRId64 "; sizes must be >= 0", fn,
-                         i, shape[i]),
-             false;
-  return true;
-}
-
-kiln_tensor *kiln__tensor_intermediate(kiln_ctx *ctx, kiln_dtype dt, int ndim,
+kiln_tensor *kiln__tensor_intermediate(kiln_ctx *ctx, const char *fn, kiln_dtype dt, int ndim,
                                        const int64_t *shape) {
-  kiln__arena *a = &ctx->arenas[ctx->gen & 1];
-  kiln_tensor *t = kiln__arena_alloc(a, sizeof *t);
-  kiln__storage *st = kiln__arena_alloc(a, sizeof *st);
-  if (!t || !st) {
-    kiln__error(ctx, KILN_ERR_OOM, "kiln: out of host memory for tensor handles");
+  if (!kiln__valid_shape(ctx, fn, ndim, shape)) return NULL;
+  kiln_tensor *t = kiln__handle_new(ctx);
+  if (!t) return NULL;
+  kiln__storage *st = kiln__arena_alloc(&ctx->arenas[ctx->gen & 1], sizeof *st);
+  if (!st) {
+    kiln__error(ctx, KILN_ERR_OOM, "kiln: out of host memory for tensor storages");
     return NULL;
   }
   t->magic = KILN__TENSOR_MAGIC;
@@ -85,14 +73,12 @@ kiln_tensor *kiln__tensor_intermediate(kiln_ctx *ctx, kiln_dtype dt, int ndim,
   return t;
 }
 
-kiln_tensor *kiln__tensor_view(kiln_tensor *a, int ndim, const int64_t *shape,
+kiln_tensor *kiln__tensor_view(const char *fn, kiln_tensor *a, int ndim, const int64_t *shape,
                                const int64_t *stride, int64_t offset) {
   kiln_ctx *ctx = a->ctx;
-  kiln_tensor *t = kiln__arena_alloc(&ctx->arenas[ctx->gen & 1], sizeof *t);
-  if (!t) {
-    kiln__error(ctx, KILN_ERR_OOM, "kiln: out of host memory for tensor handles");
-    return NULL;
-  }
+  if (!kiln__valid_shape(ctx, fn, ndim, shape)) return NULL;
+  kiln_tensor *t = kiln__handle_new(ctx);
+  if (!t) return NULL;
   t->magic = KILN__TENSOR_MAGIC;
   t->ctx = ctx;
   t->gen = ctx->gen;
@@ -167,7 +153,7 @@ static bool check_dtype_supported(kiln_ctx *ctx, const char *fn, kiln_dtype dt) 
 kiln_tensor *kiln_tensor_new(kiln_ctx *ctx, kiln_dtype dtype, kiln_shape shape) {
   if (!kiln__ok(ctx)) return NULL;
   if (!check_dtype_supported(ctx, __func__, dtype) ||
-      !valid_shape(ctx, __func__, shape.ndim, shape.d))
+      !kiln__valid_shape(ctx, __func__, shape.ndim, shape.d))
     return NULL;
   return kiln__tensor_persistent(ctx, dtype, shape.ndim, shape.d, true);
 }
@@ -177,7 +163,7 @@ kiln_tensor *kiln_tensor_from_host(kiln_ctx *ctx, kiln_dtype dtype, kiln_shape s
   if (!kiln__ok(ctx)) return NULL;
   if (!data) return kiln__error(ctx, KILN_ERR_INVALID, "%s: NULL data", __func__), NULL;
   if (!check_dtype_supported(ctx, __func__, dtype) ||
-      !valid_shape(ctx, __func__, shape.ndim, shape.d))
+      !kiln__valid_shape(ctx, __func__, shape.ndim, shape.d))
     return NULL;
   kiln_tensor *t = kiln__tensor_persistent(ctx, dtype, shape.ndim, shape.d, false);
   if (!t) return NULL;
@@ -188,12 +174,31 @@ kiln_tensor *kiln_tensor_from_host(kiln_ctx *ctx, kiln_dtype dtype, kiln_shape s
   return t;
 }
 
+/* Marks the trace's nodes that read t (or its storage) as gone: the tape may not use them. */
+static void forget(kiln_ctx *ctx, const kiln_tensor *t) {
+  for (int32_t i = 0; i < ctx->trace.n; i++) {
+    kiln__node *n = &ctx->trace.nodes[i];
+    for (int k = 0; k < n->nin && !n->gone; k++)
+      n->gone = n->in[k] == t || n->in[k]->st == t->st; /* the tensor or a view of it */
+  }
+}
+
 void kiln_tensor_free(kiln_tensor *t) {
   if (!t || t->magic != KILN__TENSOR_MAGIC) return;
   kiln_ctx *ctx = t->ctx;
   if (!t->persistent) return; /* intermediates go at the next step */
-  /* recorded work may still read the tensor: run it before the memory can be reused */
+  if (t->owned) {
+    kiln__error(ctx, KILN_ERR_INVALID,
+                "kiln_tensor_free: '%s' belongs to a parameter list, which frees it "
+                "(kiln_params_free)",
+                t->name);
+    return;
+  }
+  /* recorded work may still read the tensor: run it before the memory can be reused; the
+   * nodes that read it stay in the tape, unusable by kiln_backward */
   if (ctx->has_gpu && ctx->trace.done < ctx->trace.n) kiln__flush(ctx);
+  forget(ctx, t);
+  kiln__undo_forget(ctx, t);
   if (t->grad) kiln_tensor_free(t->grad);
   for (int i = 0; i < ctx->npersistent; i++) {
     if (ctx->persistents[i] == t) {
@@ -218,33 +223,10 @@ kiln__node *kiln__producer(const kiln_tensor *t) {
   return &ctx->trace.nodes[i];
 }
 
-kiln_ctx *kiln__ctx_of(int n, kiln_tensor *const *ts) {
-  for (int i = 0; i < n; i++)
-    if (ts[i] && ts[i]->magic == KILN__TENSOR_MAGIC) return ts[i]->ctx;
-  return NULL;
-}
-
-bool kiln__check(kiln_ctx *ctx, const kiln_tensor *t, const char *fn) {
-  if (!t) return kiln__error(ctx, KILN_ERR_INVALID, "%s: NULL tensor", fn), false;
-  if (t->magic != KILN__TENSOR_MAGIC)
-    return kiln__error(ctx, KILN_ERR_STATE, "%s: invalid or freed tensor handle", fn), false;
-  if (ctx && t->ctx != ctx)
-    return kiln__error(ctx, KILN_ERR_INVALID, "%s: tensor belongs to another context", fn), false;
-  if (!t->persistent && t->gen != t->ctx->gen)
-    return kiln__error(t->ctx, KILN_ERR_STATE,
-                       "%s: stale tensor handle%s%s%s: an intermediate of step generation "
-                       "%" PRIu64 " used in generation %" PRIu64
-                       " (intermediates are released by kiln_step_begin)",
-                       fn, t->name[0] ? " '" : "", t->name, t->name[0] ? "'" : "", t->gen,
-                       t->ctx->gen),
-           false;
-  return true;
-}
-
 /* ---------------------------------------------------------------- host copies */
 
 kiln_status kiln_tensor_to_host(kiln_tensor *t, void *dst, size_t bytes) {
-  kiln_ctx *ctx = t && t->magic == KILN__TENSOR_MAGIC ? t->ctx : NULL;
+  kiln_ctx *ctx = kiln__handle_ctx(t);
   if (!ctx) return KILN_ERR_INVALID;
   if (!kiln__ok(ctx)) return ctx->status;
   if (!kiln__check(ctx, t, __func__)) return ctx->status;
@@ -294,7 +276,7 @@ kiln_status kiln_tensor_to_host(kiln_tensor *t, void *dst, size_t bytes) {
 }
 
 kiln_status kiln_tensor_copy_from_host(kiln_tensor *t, const void *src, size_t bytes) {
-  kiln_ctx *ctx = t && t->magic == KILN__TENSOR_MAGIC ? t->ctx : NULL;
+  kiln_ctx *ctx = kiln__handle_ctx(t);
   if (!ctx) return KILN_ERR_INVALID;
   if (!kiln__ok(ctx)) return ctx->status;
   if (!kiln__check(ctx, t, __func__)) return ctx->status;
@@ -320,7 +302,7 @@ kiln_status kiln_tensor_copy_from_host(kiln_tensor *t, const void *src, size_t b
 }
 
 float kiln_tensor_item(kiln_tensor *t) {
-  kiln_ctx *ctx = t && t->magic == KILN__TENSOR_MAGIC ? t->ctx : NULL;
+  kiln_ctx *ctx = kiln__handle_ctx(t);
   if (!ctx) return NAN;
   if (!kiln__ok(ctx) || !kiln__check(ctx, t, __func__)) return NAN;
   if (kiln_tensor_numel(t) != 1 || t->dtype != KILN_DTYPE_F32) {
@@ -349,6 +331,19 @@ int kiln_tensor_requires_grad(const kiln_tensor *t) { return t && t->requires_gr
 kiln_tensor *kiln_tensor_grad(const kiln_tensor *t) {
   return t && t->persistent && t->grad_valid ? t->grad : NULL;
 }
+static void undo_grad_flag(void *obj, void *saved) {
+  ((kiln_tensor *)obj)->grad_valid = *(bool *)saved;
+}
+
+bool kiln__undo_grad_flag(kiln_tensor *t) {
+  if (!t->ctx->in_step || kiln__undo_logged(t->ctx, undo_grad_flag, t)) return true;
+  bool *saved = malloc(sizeof *saved);
+  if (!saved) return !kiln__error(t->ctx, KILN_ERR_OOM, "kiln: out of host memory");
+  *saved = t->grad_valid;
+  return kiln__undo_push(t->ctx, undo_grad_flag, t, saved);
+}
+
 void kiln_tensor_zero_grad(kiln_tensor *t) {
-  if (t && t->magic == KILN__TENSOR_MAGIC) t->grad_valid = false;
+  if (!t || t->magic != KILN__TENSOR_MAGIC || !t->persistent) return;
+  if (kiln__undo_grad_flag(t)) t->grad_valid = false;
 }

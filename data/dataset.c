@@ -16,6 +16,7 @@ struct kiln_dataset {
 };
 
 struct kiln_loader {
+  kiln_ctx *ctx;
   kiln_dataset *ds;
   int64_t batch, pos;
   bool shuffle, drop_last;
@@ -46,6 +47,7 @@ kiln_dataset *kiln_dataset_from_mnist(kiln_ctx *ctx, const kiln_mnist *m, float 
   for (int64_t i = 0; i < m->n; i++)
     y[i] = m->labels[i];
   ds->ctx = ctx;
+  kiln__ctx_retain(ctx);
   ds->n = m->n;
   ds->images = kiln_tensor_from_host(ctx, KILN_DTYPE_F32, KILN_SHAPE(m->n, feat), x);
   ds->labels = kiln_tensor_from_host(ctx, KILN_DTYPE_I32, KILN_SHAPE(m->n), y);
@@ -77,7 +79,9 @@ void kiln_dataset_free(kiln_dataset *ds) {
   if (!ds) return;
   kiln_tensor_free(ds->images);
   kiln_tensor_free(ds->labels);
+  kiln_ctx *ctx = ds->ctx;
   free(ds);
+  kiln__ctx_release(ctx);
 }
 
 kiln_loader *kiln_loader_new(kiln_dataset *ds, int64_t batch, int shuffle, uint64_t seed,
@@ -97,6 +101,8 @@ kiln_loader *kiln_loader_new(kiln_dataset *ds, int64_t batch, int shuffle, uint6
     return kiln__error(ctx, KILN_ERR_OOM, "kiln_loader_new: out of host memory"), NULL;
   }
   l->ds = ds;
+  l->ctx = ctx;
+  kiln__ctx_retain(ctx);
   l->batch = batch;
   l->shuffle = shuffle != 0;
   l->drop_last = drop_last != 0;
@@ -130,8 +136,17 @@ void kiln_loader_start(kiln_loader *l, int epoch) {
   l->pos = 0;
 }
 
+static void undo_pos(void *obj, void *saved) { ((kiln_loader *)obj)->pos = *(int64_t *)saved; }
+
 int kiln_loader_next(kiln_loader *l, kiln_tensor **x, kiln_tensor **y) {
   if (!l || !x || !y) return 0;
+  if (l->ctx->in_step && !kiln__undo_logged(l->ctx, undo_pos, l)) {
+    /* a failed step gives its batches back */
+    int64_t *saved = malloc(sizeof *saved);
+    if (!saved) return kiln__error(l->ctx, KILN_ERR_OOM, "kiln_loader_next: out of host memory"), 0;
+    *saved = l->pos;
+    if (!kiln__undo_push(l->ctx, undo_pos, l, saved)) return 0;
+  }
   int64_t n = l->ds->n, left = n - l->pos;
   if (left <= 0 || (l->drop_last && left < l->batch)) return 0;
   int64_t b = left < l->batch ? left : l->batch;
@@ -151,7 +166,10 @@ int64_t kiln_loader_batches(const kiln_loader *l) {
 
 void kiln_loader_free(kiln_loader *l) {
   if (!l) return;
+  kiln__undo_forget(l->ctx, l);
   kiln_tensor_free(l->order);
   free(l->host_order);
+  kiln_ctx *ctx = l->ctx;
   free(l);
+  kiln__ctx_release(ctx);
 }

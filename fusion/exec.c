@@ -61,6 +61,12 @@ static bool build_calls(kiln_ctx *ctx, kiln__program *pg) {
 
 bool kiln__program_build(kiln_ctx *ctx, int32_t first, int32_t last, kiln__program *pg) {
   memset(pg, 0, sizeof *pg);
+  for (int32_t i = first; i < last; i++)
+    if (ctx->trace.nodes[i].gone)
+      return !kiln__error(ctx, KILN_ERR_STATE,
+                          "kiln_flush: node #%d (%s) reads a persistent tensor that was freed "
+                          "after it was recorded; nothing of this flush ran",
+                          i, kiln__ops[ctx->trace.nodes[i].op].name);
   if (!kiln__plan_build(ctx, first, last, ctx->fusion, &pg->plan)) return false;
   if (!kiln__lower(ctx, &pg->plan, &pg->spec)) return false;
   pg->call = calloc((size_t)(pg->plan.ng > 0 ? pg->plan.ng : 1), sizeof *pg->call);

@@ -56,11 +56,15 @@ typedef struct kiln_axes {
   int a[KILN_MAX_DIMS];
 } kiln_axes;
 
+/* KILN_SHAPE() is a scalar's shape (no dims) and KILN_AXES() every axis, like KILN_SCALAR_SHAPE
+ * and KILN_ALL_AXES: an empty list is told apart by its spelling ("" has size 1). (Their empty
+ * braces are C23 and GNU C; in strict C11 write KILN_SCALAR_SHAPE and KILN_ALL_AXES.) */
 #define KILN__NARG(...) KILN__NARG_(__VA_ARGS__, 6, 5, 4, 3, 2, 1, 0)
 #define KILN__NARG_(_1, _2, _3, _4, _5, _6, N, ...) N
-#define KILN_SHAPE(...) ((kiln_shape){.ndim = KILN__NARG(__VA_ARGS__), .d = {__VA_ARGS__}})
+#define KILN__COUNT(...) (sizeof(#__VA_ARGS__) == 1 ? 0 : KILN__NARG(__VA_ARGS__))
+#define KILN_SHAPE(...) ((kiln_shape){.ndim = KILN__COUNT(__VA_ARGS__), .d = {__VA_ARGS__}})
 #define KILN_SCALAR_SHAPE ((kiln_shape){.ndim = 0})
-#define KILN_AXES(...) ((kiln_axes){.n = KILN__NARG(__VA_ARGS__), .a = {__VA_ARGS__}})
+#define KILN_AXES(...) ((kiln_axes){.n = KILN__COUNT(__VA_ARGS__), .a = {__VA_ARGS__}})
 #define KILN_ALL_AXES ((kiln_axes){.n = 0})
 
 /* ---------------------------------------------------------------- context */

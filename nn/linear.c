@@ -7,8 +7,10 @@
 #include <string.h>
 
 #include "../core/internal.h"
+#include "params.h"
 
 static kiln_tensor *uniform_param(kiln_ctx *ctx, kiln_shape shape, double bound) {
+  if (!kiln__valid_shape(ctx, "kiln_linear_init", shape.ndim, shape.d)) return NULL;
   int64_t n = kiln__numel(shape.ndim, shape.d);
   float *h = malloc((size_t)(n > 0 ? n : 1) * sizeof *h);
   if (!h) {
@@ -34,31 +36,51 @@ kiln_status kiln_linear_init(kiln_linear *l, kiln_params *params, const char *na
                        "kiln_linear_init: '%s': in_features %lld and out_features %lld must be > 0",
                        name ? name : "", (long long)in_features, (long long)out_features);
   double bound = 1.0 / sqrt((double)in_features);
-  char full[128];
-  l->weight = uniform_param(ctx, KILN_SHAPE(out_features, in_features), bound);
-  snprintf(full, sizeof full, "%s.weight", name ? name : "linear");
-  if (!l->weight || kiln_params_add(params, full, l->weight) != KILN_OK) {
-    kiln_tensor_free(l->weight);
-    l->weight = NULL;
-    return ctx->status;
+  const char *base = name ? name : "linear";
+  size_t len = strlen(base) + 8;
+  char *wname = malloc(len), *bname = malloc(len);
+  if (!wname || !bname) {
+    free(wname);
+    free(bname);
+    return kiln__error(ctx, KILN_ERR_OOM, "kiln_linear_init: out of host memory");
   }
-  if (bias) {
-    l->bias = uniform_param(ctx, KILN_SHAPE(out_features), bound);
-    snprintf(full, sizeof full, "%s.bias", name ? name : "linear");
-    if (!l->bias || kiln_params_add(params, full, l->bias) != KILN_OK) {
-      kiln_tensor_free(l->bias);
-      l->bias = NULL;
-      return ctx->status;
+  snprintf(wname, len, "%s.weight", base);
+  snprintf(bname, len, "%s.bias", base);
+  /* nothing is added to the list unless both parameters are made and their names are free */
+  if (kiln_params_find(params, wname) || (bias && kiln_params_find(params, bname)))
+    kiln__error(ctx, KILN_ERR_INVALID, "kiln_linear_init: the name '%s' is taken",
+                kiln_params_find(params, wname) ? wname : bname);
+  kiln_tensor *w = kiln__ok(ctx) ? uniform_param(ctx, KILN_SHAPE(out_features, in_features), bound)
+                                 : NULL;
+  kiln_tensor *b = w && bias ? uniform_param(ctx, KILN_SHAPE(out_features), bound) : NULL;
+  if (w && (!bias || b) && kiln_params_add(params, wname, w) == KILN_OK) {
+    if (!b || kiln_params_add(params, bname, b) == KILN_OK) {
+      l->weight = w;
+      l->bias = b;
+      l->in_features = in_features;
+      l->out_features = out_features;
+      free(wname);
+      free(bname);
+      return KILN_OK;
     }
+    kiln__params_pop(params); /* the weight, which the list now owns */
   }
-  l->in_features = in_features;
-  l->out_features = out_features;
-  return KILN_OK;
+  kiln_tensor_free(w);
+  kiln_tensor_free(b);
+  free(wname);
+  free(bname);
+  return ctx->status;
 }
 
 kiln_tensor *kiln_linear_forward(const kiln_linear *l, kiln_tensor *x) {
-  if (!l || !l->weight || !x) return NULL;
   kiln_ctx *ctx = kiln_tensor_ctx(x);
+  if (!l || !l->weight || !x) {
+    if (ctx && kiln__ok(ctx))
+      kiln__error(ctx, KILN_ERR_INVALID,
+                  "kiln_linear_forward: %s", !l ? "NULL layer" : "the layer has no weight (was "
+                                                                 "kiln_linear_init called, and did it succeed?)");
+    return NULL;
+  }
   if (ctx && kiln__ok(ctx) && kiln_tensor_dim(x, -1) != l->in_features) {
     char sh[96];
     kiln__error(ctx, KILN_ERR_SHAPE,

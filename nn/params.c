@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "../core/internal.h"
+#include "params.h"
 
 typedef struct param {
   char *name;
@@ -26,6 +27,7 @@ kiln_params *kiln_params_new(kiln_ctx *ctx) {
     return NULL;
   }
   p->ctx = ctx;
+  kiln__ctx_retain(ctx);
   return p;
 }
 
@@ -41,6 +43,10 @@ kiln_status kiln_params_add(kiln_params *p, const char *name, kiln_tensor *t) {
                        "kiln_params_add: '%s' is an intermediate; parameters are persistent", name);
   if (kiln_params_find(p, name))
     return kiln__error(ctx, KILN_ERR_INVALID, "kiln_params_add: the name '%s' is taken", name);
+  if (t->owned)
+    return kiln__error(ctx, KILN_ERR_INVALID,
+                       "kiln_params_add: '%s' is a tensor a parameter list owns already (as '%s')",
+                       name, kiln_tensor_name(t));
   if (!KILN__GROW(p->p, p->cap, p->n + 1))
     return kiln__error(ctx, KILN_ERR_OOM, "kiln_params_add: out of host memory");
   char *copy = strdup(name);
@@ -48,8 +54,17 @@ kiln_status kiln_params_add(kiln_params *p, const char *name, kiln_tensor *t) {
   p->p[p->n].name = copy;
   p->p[p->n].t = t;
   p->n++;
+  t->owned = true;
   kiln_tensor_set_name(t, name);
   return KILN_OK;
+}
+
+void kiln__params_pop(kiln_params *p) {
+  KILN_ASSERT(p && p->n > 0);
+  p->n--;
+  p->p[p->n].t->owned = false;
+  kiln_tensor_free(p->p[p->n].t);
+  free(p->p[p->n].name);
 }
 
 kiln_ctx *kiln_params_ctx(const kiln_params *p) { return p ? p->ctx : NULL; }
@@ -79,9 +94,12 @@ void kiln_params_zero_grad(kiln_params *p) {
 void kiln_params_free(kiln_params *p) {
   if (!p) return;
   for (int i = 0; i < p->n; i++) {
+    p->p[i].t->owned = false; /* the list frees what it owns */
     kiln_tensor_free(p->p[i].t);
     free(p->p[i].name);
   }
   free(p->p);
+  kiln_ctx *ctx = p->ctx;
   free(p);
+  kiln__ctx_release(ctx);
 }

@@ -63,8 +63,52 @@ float kiln_schedule_lr(const kiln_schedule *s, int64_t t) {
   }
 }
 
+/* Whether schedule s is one kiln_schedule_lr can follow; else an error naming the field. */
+static bool schedule_ok(kiln_ctx *ctx, const kiln_schedule *s) {
+  const char *fn = "kiln_optim_set_schedule";
+  bool total = s->kind == KILN_SCHEDULE_COSINE || s->kind == KILN_SCHEDULE_WARMUP_LINEAR ||
+               s->kind == KILN_SCHEDULE_ONE_CYCLE;
+  if (s->kind < KILN_SCHEDULE_CONSTANT || s->kind > KILN_SCHEDULE_ONE_CYCLE)
+    return kiln__error(ctx, KILN_ERR_INVALID, "%s: unknown schedule kind %d", fn, (int)s->kind),
+           false;
+  if (!(s->base_lr >= 0.f && isfinite(s->base_lr)))
+    return kiln__error(ctx, KILN_ERR_INVALID, "%s: base_lr %g must be finite and >= 0", fn,
+                       s->base_lr),
+           false;
+  if (!(s->min_lr >= 0.f && isfinite(s->min_lr)))
+    return kiln__error(ctx, KILN_ERR_INVALID, "%s: min_lr %g must be finite and >= 0", fn,
+                       s->min_lr),
+           false;
+  if (total && s->total_steps <= 0)
+    return kiln__error(ctx, KILN_ERR_INVALID, "%s: total_steps %lld must be > 0 for this schedule",
+                       fn, (long long)s->total_steps),
+           false;
+  if (s->kind == KILN_SCHEDULE_STEP && (s->step_size <= 0 || !(s->gamma >= 0.f) ||
+                                        !isfinite(s->gamma)))
+    return kiln__error(ctx, KILN_ERR_INVALID,
+                       "%s: a step schedule needs step_size > 0 (got %lld) and a finite gamma >= "
+                       "0 (got %g)",
+                       fn, (long long)s->step_size, s->gamma),
+           false;
+  if (s->kind == KILN_SCHEDULE_WARMUP_LINEAR &&
+      (s->warmup_steps < 0 || s->warmup_steps > s->total_steps))
+    return kiln__error(ctx, KILN_ERR_INVALID, "%s: warmup_steps %lld not in [0, total_steps %lld]",
+                       fn, (long long)s->warmup_steps, (long long)s->total_steps),
+           false;
+  if (s->kind == KILN_SCHEDULE_ONE_CYCLE &&
+      (!(s->pct_start >= 0.f && s->pct_start < 1.f) || !(s->div_factor >= 0.f) ||
+       !isfinite(s->div_factor) || !(s->final_div_factor >= 0.f) || !isfinite(s->final_div_factor)))
+    return kiln__error(ctx, KILN_ERR_INVALID,
+                       "%s: one-cycle pct_start %g must be in [0, 1), div_factor %g and "
+                       "final_div_factor %g finite and >= 0 (0: torch's default)",
+                       fn, s->pct_start, s->div_factor, s->final_div_factor),
+           false;
+  return true;
+}
+
 void kiln_optim_set_schedule(kiln_optim *o, const kiln_schedule *s) {
-  if (!o) return;
+  if (!o || !kiln__ok(o->ctx)) return;
+  if (s && !schedule_ok(o->ctx, s)) return; /* the schedule stays as it was */
   o->scheduled = s != NULL;
   if (s) o->schedule = *s;
 }
@@ -105,6 +149,7 @@ static kiln_optim *make(kind k, kiln_params *params, const char *fn) {
   }
   o->kind = k;
   o->ctx = ctx;
+  kiln__ctx_retain(ctx);
   o->params = params;
   o->n = n;
   return o;
@@ -179,11 +224,44 @@ kiln_optim *kiln_adamw_new(kiln_params *params, const kiln_adam_options *o) {
   return adam_new(ADAMW, params, o, __func__);
 }
 
+/* What a failed step undoes of an optimizer: its step count, rate and per-parameter counts. */
+typedef struct saved_state {
+  int64_t steps;
+  float lr;
+  int64_t count[]; /* o->n */
+} saved_state;
+
+static void undo_step(void *obj, void *saved) {
+  kiln_optim *o = obj;
+  const saved_state *s = saved;
+  o->steps = s->steps;
+  o->lr = s->lr;
+  memcpy(o->count, s->count, (size_t)o->n * sizeof *o->count);
+}
+
+/* Logs the optimizer's state once per step, before the step changes it. */
+static bool log_state(kiln_optim *o) {
+  if (!o->ctx->in_step || kiln__undo_logged(o->ctx, undo_step, o)) return true;
+  saved_state *s = malloc(sizeof *s + (size_t)o->n * sizeof s->count[0]);
+  if (!s) return !kiln__error(o->ctx, KILN_ERR_OOM, "kiln_optim_step: out of host memory");
+  s->steps = o->steps;
+  s->lr = o->lr;
+  memcpy(s->count, o->count, (size_t)o->n * sizeof *o->count);
+  return kiln__undo_push(o->ctx, undo_step, o, s);
+}
+
 kiln_status kiln_optim_step(kiln_optim *o) {
   if (!o) return KILN_ERR_INVALID;
   kiln_ctx *ctx = o->ctx;
-  if (!kiln__ok(ctx)) return ctx->status;
-  if (o->scheduled) o->lr = kiln_schedule_lr(&o->schedule, o->steps);
+  if (!kiln__ok(ctx) || !log_state(o)) return ctx->status;
+  if (o->scheduled) {
+    float lr = kiln_schedule_lr(&o->schedule, o->steps);
+    if (!(lr >= 0.f && isfinite(lr)))
+      return kiln__error(ctx, KILN_ERR_INVALID,
+                         "kiln_optim_step: the schedule gives lr %g at step %lld", lr,
+                         (long long)o->steps);
+    o->lr = lr;
+  }
   if (kiln_params_count(o->params) != o->n)
     return kiln__error(ctx, KILN_ERR_STATE,
                        "kiln_optim_step: the parameter list changed (%d parameters, the optimizer "
@@ -241,8 +319,8 @@ void kiln_optim_zero_grad(kiln_optim *o) {
 }
 void kiln_optim_set_lr(kiln_optim *o, float lr) {
   if (!o) return;
-  if (!(lr >= 0.f)) {
-    kiln__error(o->ctx, KILN_ERR_INVALID, "kiln_optim_set_lr: lr %g must be >= 0", lr);
+  if (!(lr >= 0.f && isfinite(lr))) {
+    kiln__error(o->ctx, KILN_ERR_INVALID, "kiln_optim_set_lr: lr %g must be finite and >= 0", lr);
     return;
   }
   o->lr = lr;
@@ -252,6 +330,7 @@ int64_t kiln_optim_steps(const kiln_optim *o) { return o ? o->steps : 0; }
 
 void kiln_optim_free(kiln_optim *o) {
   if (!o) return;
+  kiln__undo_forget(o->ctx, o);
   for (int i = 0; i < o->n; i++) {
     kiln_tensor_free(o->s1[i]);
     kiln_tensor_free(o->s2[i]);
@@ -259,7 +338,9 @@ void kiln_optim_free(kiln_optim *o) {
   free(o->s1);
   free(o->s2);
   free(o->count);
+  kiln_ctx *ctx = o->ctx;
   free(o);
+  kiln__ctx_release(ctx);
 }
 
 /* ---------------------------------------------------------------- for checkpoints (optim.h) */
