@@ -43,9 +43,12 @@ static bool write_leaf(kiln__bw *b, kiln_tensor *t) {
     /* owned by t, not by the context's list */
     KILN_ASSERT(ctx->persistents[ctx->npersistent - 1] == t->grad);
     ctx->npersistent--;
-    char name[sizeof t->name + 8];
-    snprintf(name, sizeof name, "%s.grad", t->name);
+    size_t n = strlen(kiln__name(t)) + 8;
+    char *name = malloc(n);
+    if (!name) return !kiln__error(ctx, KILN_ERR_OOM, "kiln_backward: out of host memory");
+    snprintf(name, n, "%s.grad", kiln__name(t));
     kiln_tensor_set_name(t->grad, name);
+    free(name);
     t->grad_valid = false;
   }
   if (g->ndim != t->ndim) g = kiln_reshape(g, kiln_tensor_shape(t));

@@ -24,9 +24,10 @@ kiln_status kiln_gradcheck(kiln_ctx *ctx, kiln_gradcheck_fn fn, int n, kiln_tens
                            size_t report_len) {
   if (!kiln__ok(ctx)) return kiln_ctx_status(ctx);
   if (!fn || n < 1 || !inputs)
-    return kiln__error(ctx, KILN_ERR_INVALID,
-                       "kiln_gradcheck: needs a function and n >= 1 inputs (fn %s, n %d, inputs %s)",
-                       fn ? "given" : "NULL", n, inputs ? "given" : "NULL");
+    return kiln__error(
+        ctx, KILN_ERR_INVALID,
+        "kiln_gradcheck: needs a function and n >= 1 inputs (fn %s, n %d, inputs %s)",
+        fn ? "given" : "NULL", n, inputs ? "given" : "NULL");
   kiln_gradcheck_options o = {.eps = 1e-2f, .atol = 1e-2f, .rtol = 1e-2f, .seed = 1};
   if (opts) {
     if (opts->eps > 0) o.eps = opts->eps;

@@ -183,8 +183,10 @@ kiln_status kiln_sync(kiln_ctx *ctx) {
   if (!ctx) return KILN_ERR_INVALID;
   kiln_status s = kiln__flush(ctx);
   if (s != KILN_OK) return s;
-  if (ctx->has_gpu && KILN_CUDA_FAILED(ctx, cudaStreamSynchronize(ctx->stream))) return ctx->status;
-  return ctx->status;
+  if (!ctx->has_gpu) return ctx->status;
+  kiln__engine_fetch_errors(ctx);
+  if (KILN_CUDA_FAILED(ctx, cudaStreamSynchronize(ctx->stream))) return ctx->status;
+  return kiln__engine_check_errors(ctx);
 }
 
 void kiln_step_begin(kiln_ctx *ctx) {

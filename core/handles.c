@@ -48,8 +48,8 @@ static bool handles_init(kiln_ctx *ctx) {
   if (!h) return !kiln__error(ctx, KILN_ERR_OOM, "kiln: out of host memory for tensor handles");
   h->stale_fd = -1;
   for (size_t k = 0; k < sizeof reserve_sizes / sizeof reserve_sizes[0] && !h->base; k++) {
-    void *p = mmap(NULL, reserve_sizes[k], PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
-                   -1, 0);
+    void *p =
+        mmap(NULL, reserve_sizes[k], PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (p != MAP_FAILED) {
       h->base = p;
       h->size = reserve_sizes[k];

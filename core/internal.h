@@ -191,7 +191,8 @@ typedef struct kiln__storage {
 
 #define KILN__TENSOR_MAGIC 0x6b696c6e /* "kiln" */
 #define KILN__TENSOR_DEAD 0x64656164  /* "dead": a freed persistent tensor */
-#define KILN__TENSOR_STALE 0x6f6c6473 /* "sdlo": an intermediate of a step long over (handles.c) */
+#define KILN__TENSOR_STALE 0x6f6c6473 /* "sdlo": an intermediate of a step long over (handles.c)   \
+                                       */
 
 struct kiln_tensor {
   uint32_t magic;
@@ -211,8 +212,10 @@ struct kiln_tensor {
   bool owned;          /* persistent: a parameter list owns it (and frees it) */
   kiln_tensor *grad;   /* persistent: gradient buffer, allocated on first backward */
   kiln_tensor *bw_acc; /* during backward: the gradient gathered so far */
-  char name[48];
+  char *name;          /* NULL or: malloc'd (persistent), in the step's arena (intermediate) */
 };
+/* t's name, "" when it has none. */
+const char *kiln__name(const kiln_tensor *t);
 
 /* ---------------------------------------------------------------- trace */
 
@@ -247,8 +250,8 @@ typedef struct kiln__arena {
  * checks every plan's invariants (on in debug builds). */
 enum { KILN__DEBUG_PLAN = 1, KILN__DEBUG_VERIFY = 2 };
 
-struct CUstream_st;  /* a cudaStream_t, without the CUDA headers */
-typedef struct kiln__handles kiln__handles; /* core/handles.c */
+struct CUstream_st;                               /* a cudaStream_t, without the CUDA headers */
+typedef struct kiln__handles kiln__handles;       /* core/handles.c */
 typedef struct kiln__undo_entry kiln__undo_entry; /* core/undo.c */
 struct kiln__fusion; /* fusion/'s state: kernels, graphs, BLAS plans (fusion/fusion.h) */
 
@@ -271,10 +274,10 @@ struct kiln_ctx {
   uint64_t seed, philox_offset;
   uint64_t host_rng; /* init and shuffles: splitmix64 state */
 
-  uint64_t gen; /* the current step generation, from 1 */
-  bool in_step; /* between kiln_step_begin and kiln_step_end */
-  kiln__arena arenas[2];  /* intermediates' storages, alternating by generation */
-  kiln__handles *handles; /* intermediates' handles, each at an address never used before */
+  uint64_t gen;                 /* the current step generation, from 1 */
+  bool in_step;                 /* between kiln_step_begin and kiln_step_end */
+  kiln__arena arenas[2];        /* intermediates' storages, alternating by generation */
+  kiln__handles *handles;       /* intermediates' handles, each at an address never used before */
   kiln__storage *step_storages; /* intermediates' storages of this generation */
   kiln_tensor **persistents;    /* for ctx_free */
   int npersistent, cap_persistent;

@@ -178,7 +178,7 @@ bool kiln__check(kiln_ctx *ctx, const kiln_tensor *t, const char *fn) {
                        "%s: stale tensor handle%s%s%s: an intermediate of step generation "
                        "%" PRIu64 " used in generation %" PRIu64
                        " (intermediates are released by kiln_step_begin)",
-                       fn, t->name[0] ? " '" : "", t->name, t->name[0] ? "'" : "", t->gen,
+                       fn, t->name ? " '" : "", kiln__name(t), t->name ? "'" : "", t->gen,
                        t->ctx->gen),
            false;
   return true;
@@ -220,7 +220,7 @@ int kiln_tensor_is_contiguous(const kiln_tensor *t) {
   return live(t, __func__) && kiln__is_contiguous(t);
 }
 int kiln_tensor_is_persistent(const kiln_tensor *t) { return live(t, __func__) && t->persistent; }
-const char *kiln_tensor_name(const kiln_tensor *t) { return live(t, __func__) ? t->name : ""; }
-void kiln_tensor_set_name(kiln_tensor *t, const char *name) {
-  if (live(t, __func__) && name) snprintf(t->name, sizeof t->name, "%s", name);
+const char *kiln__name(const kiln_tensor *t) { return t->name ? t->name : ""; }
+const char *kiln_tensor_name(const kiln_tensor *t) {
+  return live(t, __func__) ? kiln__name(t) : "";
 }

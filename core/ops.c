@@ -294,6 +294,7 @@ kiln_tensor *kiln_cross_entropy(kiln_tensor *logits, kiln_tensor *labels, kiln_r
   kiln__node *nd = kiln__record(ctx, KILN__OP_ONEHOT, 1, &lab, target);
   if (!nd) return NULL;
   KILN__I(nd, ONEHOT, axis) = 1;
+  KILN__I(nd, ONEHOT, classes) = c; /* labels outside [0, c) are an error, found on the device */
   if (label_smoothing > 0.f)
     target =
         kiln_add_scalar(kiln_mul_scalar(target, 1.f - label_smoothing), label_smoothing / (float)c);

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../fusion/engine.h"
 #include "cuda_check.h"
 #include "internal.h"
 
@@ -191,7 +192,7 @@ void kiln_tensor_free(kiln_tensor *t) {
     kiln__error(ctx, KILN_ERR_INVALID,
                 "kiln_tensor_free: '%s' belongs to a parameter list, which frees it "
                 "(kiln_params_free)",
-                t->name);
+                kiln__name(t));
     return;
   }
   /* recorded work may still read the tensor: run it before the memory can be reused; the
@@ -208,6 +209,7 @@ void kiln_tensor_free(kiln_tensor *t) {
   }
   if (t->st->ptr) kiln__dev_free(ctx, t->st->ptr);
   free(t->st);
+  free(t->name);
   t->magic = KILN__TENSOR_DEAD;
   free(t);
 }
@@ -269,10 +271,11 @@ kiln_status kiln_tensor_to_host(kiln_tensor *t, void *dst, size_t bytes) {
                        "(KILN_GRAPH=0)",
                        __func__, kiln__shape_of(t, sh, sizeof sh));
   const char *p = (const char *)src->st->ptr + src->offset * (int64_t)kiln_dtype_size(t->dtype);
-  if (KILN_CUDA_FAILED(ctx, cudaMemcpyAsync(dst, p, need, cudaMemcpyDeviceToHost, ctx->stream)) ||
-      KILN_CUDA_FAILED(ctx, cudaStreamSynchronize(ctx->stream)))
+  if (KILN_CUDA_FAILED(ctx, cudaMemcpyAsync(dst, p, need, cudaMemcpyDeviceToHost, ctx->stream)))
     return ctx->status;
-  return KILN_OK;
+  kiln__engine_fetch_errors(ctx);
+  if (KILN_CUDA_FAILED(ctx, cudaStreamSynchronize(ctx->stream))) return ctx->status;
+  return kiln__engine_check_errors(ctx);
 }
 
 kiln_status kiln_tensor_copy_from_host(kiln_tensor *t, const void *src, size_t bytes) {
@@ -314,6 +317,28 @@ float kiln_tensor_item(kiln_tensor *t) {
   float v = NAN;
   if (kiln_tensor_to_host(t, &v, sizeof v) != KILN_OK) return NAN;
   return v;
+}
+
+/* Intermediates' names live in the step's arena, whose allocations are small. */
+#define KILN__MAX_STEP_NAME 4096
+
+void kiln_tensor_set_name(kiln_tensor *t, const char *name) {
+  kiln_ctx *ctx = kiln__handle_ctx(t);
+  if (!ctx || !kiln__check(ctx, t, __func__) || !name) return;
+  size_t n = strlen(name) + 1;
+  if (!t->persistent && n > KILN__MAX_STEP_NAME)
+    return (void)kiln__error(ctx, KILN_ERR_INVALID,
+                             "kiln_tensor_set_name: %zu bytes is too long a name for an "
+                             "intermediate (at most %d)",
+                             n - 1, KILN__MAX_STEP_NAME - 1);
+  char *copy = t->persistent ? malloc(n) : kiln__arena_alloc(&ctx->arenas[ctx->gen & 1], n);
+  if (!copy) {
+    kiln__error(ctx, KILN_ERR_OOM, "kiln_tensor_set_name: out of host memory (%zu bytes)", n);
+    return;
+  }
+  memcpy(copy, name, n);
+  if (t->persistent) free(t->name);
+  t->name = copy;
 }
 
 void kiln_tensor_set_requires_grad(kiln_tensor *t, int on) {

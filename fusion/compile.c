@@ -7,6 +7,7 @@
  * checksum: a truncated or corrupted one is detected, rebuilt and never loaded.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
@@ -38,6 +39,7 @@ struct kiln__kcache {
   int nvrtc_version;
   uint64_t key_seed;   /* hash of the device files, architecture and NVRTC version */
   bool headers_dumped; /* the device files were written to dump_dir */
+  bool warned;         /* the cache directory proved unusable, and a warning said so */
 };
 
 static char *env_dup(const char *name) {
@@ -100,31 +102,60 @@ static double now_ms(void) {
   return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
 }
 
+/* "a/b" + suffix or "a" + "/" + b + suffix, malloc'd (NULL out of memory). */
+static char *path_join(const char *dir, const char *name, const char *suffix) {
+  size_t n = strlen(dir) + strlen(name) + strlen(suffix) + 2;
+  char *p = malloc(n);
+  if (p) snprintf(p, n, "%s/%s%s", dir, name, suffix);
+  return p;
+}
+
 static int mkdir_p(const char *dir) {
-  char tmp[1024];
-  snprintf(tmp, sizeof tmp, "%s", dir);
-  for (char *p = tmp + 1; *p; p++) {
+  char *tmp = strdup(dir);
+  if (!tmp) return -1;
+  int r = 0;
+  for (char *p = tmp + 1; *p && r == 0; p++) {
     if (*p == '/') {
       *p = 0;
-      if (mkdir(tmp, 0755) != 0 && errno != EEXIST) return -1;
+      if (mkdir(tmp, 0755) != 0 && errno != EEXIST) r = -1;
       *p = '/';
     }
   }
-  if (mkdir(tmp, 0755) != 0 && errno != EEXIST) return -1;
-  return 0;
+  if (r == 0 && mkdir(tmp, 0755) != 0 && errno != EEXIST) r = -1;
+  free(tmp);
+  return r;
 }
 
-static void cache_path(const kiln__kcache *c, uint64_t key, char *buf, size_t n) {
-  snprintf(buf, n, "%s/%016" PRIx64 ".cubin", c->cache_dir, key);
+/* An unusable cache directory costs every process its compiles: say so, once per context. */
+static void cache_warn(kiln__kcache *c, const char *what) {
+  if (c->warned) return;
+  c->warned = true;
+  fprintf(stderr,
+          "kiln: warning: the kernel cache %s is not usable (%s): kernels are compiled again by "
+          "every process (set KILN_CACHE_DIR to a writable folder)\n",
+          c->cache_dir, what);
 }
 
-/* Reads a cache entry; NULL when it is missing or does not check out. */
+static char *cache_path(const kiln__kcache *c, uint64_t key) {
+  char name[32];
+  snprintf(name, sizeof name, "%016" PRIx64, key);
+  return path_join(c->cache_dir, name, ".cubin");
+}
+
+/* Reads a cache entry; NULL when it is missing or does not check out. Only a regular file is
+ * read, opened without blocking (a FIFO at its path cannot hang the process). */
 static void *cache_read(const kiln_ctx *ctx, const kiln__kcache *c, uint64_t key, size_t *size) {
   if (!c->cache_dir) return NULL;
-  char path[1200];
-  cache_path(c, key, path, sizeof path);
-  FILE *f = fopen(path, "rb");
-  if (!f) return NULL;
+  char *path = cache_path(c, key);
+  int fd = path ? open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC) : -1;
+  free(path);
+  if (fd < 0) return NULL;
+  struct stat st;
+  FILE *f = fstat(fd, &st) == 0 && S_ISREG(st.st_mode) ? fdopen(fd, "rb") : NULL;
+  if (!f) {
+    close(fd);
+    return NULL;
+  }
   cache_header h;
   void *data = NULL;
   if (fread(&h, sizeof h, 1, f) != 1 || memcmp(h.magic, CACHE_MAGIC, 8) != 0 || h.key != key ||
@@ -144,14 +175,27 @@ bad:
   return NULL;
 }
 
-static void cache_write(const kiln_ctx *ctx, const kiln__kcache *c, uint64_t key, const void *data,
+static void cache_remove(const kiln__kcache *c, uint64_t key) {
+  char *path = c->cache_dir ? cache_path(c, key) : NULL;
+  if (path) unlink(path);
+  free(path);
+}
+
+static void cache_write(const kiln_ctx *ctx, kiln__kcache *c, uint64_t key, const void *data,
                         size_t size) {
-  if (!c->cache_dir || mkdir_p(c->cache_dir) != 0) return;
-  char path[1200], tmp[1300];
-  cache_path(c, key, path, sizeof path);
-  snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
-  FILE *f = fopen(tmp, "wb");
-  if (!f) return;
+  if (!c->cache_dir) return;
+  if (mkdir_p(c->cache_dir) != 0) return cache_warn(c, strerror(errno));
+  char *path = cache_path(c, key);
+  char pid[32];
+  snprintf(pid, sizeof pid, ".tmp.%ld", (long)getpid());
+  char *tmp = path ? path_join(c->cache_dir, strrchr(path, '/') + 1, pid) : NULL;
+  FILE *f = tmp ? fopen(tmp, "wb") : NULL;
+  if (!f) {
+    if (tmp) cache_warn(c, strerror(errno));
+    free(path);
+    free(tmp);
+    return;
+  }
   cache_header h;
   memcpy(h.magic, CACHE_MAGIC, 8);
   h.key = key;
@@ -162,16 +206,21 @@ static void cache_write(const kiln_ctx *ctx, const kiln__kcache *c, uint64_t key
   bool ok = fwrite(&h, sizeof h, 1, f) == 1 && fwrite(data, 1, size, f) == size;
   ok = (fflush(f) == 0) && ok;
   ok = (fclose(f) == 0) && ok;
-  if (!ok || rename(tmp, path) != 0) unlink(tmp);
+  if (!ok || rename(tmp, path) != 0) {
+    cache_warn(c, strerror(errno));
+    unlink(tmp);
+  }
+  free(path);
+  free(tmp);
 }
 
 /* Writes the device files into dir (once per cache): a dumped kernel compiles on its own. */
 static void write_headers(kiln__kcache *c, const char *dir) {
   if (dir == c->dump_dir && c->headers_dumped) return;
   for (int i = 0; i < kiln__device_nfiles; i++) {
-    char path[1200];
-    snprintf(path, sizeof path, "%s/%s", dir, kiln__device_files[i].name);
-    FILE *f = fopen(path, "w");
+    char *path = path_join(dir, kiln__device_files[i].name, "");
+    FILE *f = path ? fopen(path, "w") : NULL;
+    free(path);
     if (!f) return;
     fputs(kiln__device_files[i].text, f);
     fclose(f);
@@ -179,18 +228,17 @@ static void write_headers(kiln__kcache *c, const char *dir) {
   if (dir == c->dump_dir) c->headers_dumped = true;
 }
 
-/* Writes the kernel's source where a user can read it; returns the path written or "". */
-static const char *write_source(const kiln_ctx *ctx, kiln__kcache *c, const char *dir,
-                                const char *name, const char *source, const char *comment,
-                                char *path, size_t n) {
-  path[0] = 0;
-  if (!dir || mkdir_p(dir) != 0) return path;
+/* Writes the kernel's source where a user can read it; returns the path written (malloc'd) or
+ * NULL. */
+static char *write_source(const kiln_ctx *ctx, kiln__kcache *c, const char *dir, const char *name,
+                          const char *source, const char *comment) {
+  if (!dir || mkdir_p(dir) != 0) return NULL;
   write_headers(c, dir);
-  snprintf(path, n, "%s/%s.cu", dir, name);
-  FILE *f = fopen(path, "w");
+  char *path = path_join(dir, name, ".cu");
+  FILE *f = path ? fopen(path, "w") : NULL;
   if (!f) {
-    path[0] = 0;
-    return path;
+    free(path);
+    return NULL;
   }
   fprintf(f, "// %s: generated by kiln for sm_%d (nvcc -I%s -arch=sm_%d -c %s.cu)\n", name,
           ctx->arch, dir, ctx->arch, name);
@@ -226,11 +274,11 @@ static void *compile(kiln_ctx *ctx, kiln__kcache *c, const char *name, const cha
       nvrtcGetProgramLog(prog, log);
       log[len] = 0;
     }
-    char path[1200];
     const char *dir = c->dump_dir ? c->dump_dir : "/tmp/kiln-failed-kernels";
-    write_source(ctx, c, dir, name, source, comment, path, sizeof path);
+    char *path = write_source(ctx, c, dir, name, source, comment);
     kiln__error(ctx, KILN_ERR_CUDA, "kiln: NVRTC could not compile %s (source: %s): %s\n%s", name,
-                path[0] ? path : "(not written)", nvrtcGetErrorString(r), log ? log : "");
+                path ? path : "(not written)", nvrtcGetErrorString(r), log ? log : "");
+    free(path);
     free(log);
     nvrtcDestroyProgram(&prog);
     return NULL;
@@ -260,6 +308,22 @@ static uint64_t key_seed(const kiln_ctx *ctx, kiln__kcache *c) {
   return c->key_seed;
 }
 
+/* Loads a cubin into k without touching the context's error: false when it does not load. */
+static bool load(kiln__kernel *k, const void *cubin, const char *name) {
+  if (cudaLibraryLoadData(&k->lib, cubin, NULL, NULL, 0, NULL, NULL, 0) != cudaSuccess) {
+    (void)cudaGetLastError();
+    k->lib = NULL;
+    return false;
+  }
+  if (cudaLibraryGetKernel(&k->fn, k->lib, name) != cudaSuccess) {
+    (void)cudaGetLastError();
+    cudaLibraryUnload(k->lib);
+    k->lib = NULL;
+    return false;
+  }
+  return true;
+}
+
 kiln__kernel *kiln__compile(kiln_ctx *ctx, const char *name, const char *source,
                             const char *comment) {
   kiln__kcache *c = ctx->fusion_state->kernels;
@@ -270,40 +334,47 @@ kiln__kernel *kiln__compile(kiln_ctx *ctx, const char *name, const char *source,
       return k;
     }
   }
-  if (c->dump_dir) {
-    char path[1200];
-    write_source(ctx, c, c->dump_dir, name, source, comment, path, sizeof path);
-  }
-  size_t size = 0;
-  void *cubin = cache_read(ctx, c, key, &size);
-  if (cubin) {
-    ctx->stats.cache_hits++;
-    ctx->stats.disk_hits++;
-  } else {
-    double t0 = now_ms();
-    cubin = compile(ctx, c, name, source, comment, &size);
-    ctx->stats.compile_ms += now_ms() - t0;
-    if (!cubin) return NULL;
-    ctx->stats.kernels_compiled++;
-    cache_write(ctx, c, key, cubin, size);
-  }
+  if (c->dump_dir) free(write_source(ctx, c, c->dump_dir, name, source, comment));
   kiln__kernel *k = calloc(1, sizeof *k);
   if (!k) {
-    free(cubin);
     kiln__error(ctx, KILN_ERR_OOM, "kiln: out of host memory loading %s", name);
     return NULL;
   }
   k->key = key;
   snprintf(k->name, sizeof k->name, "%s", name);
-  if (ctx->has_gpu) {
-    if (KILN_CUDA_FAILED(ctx, cudaLibraryLoadData(&k->lib, cubin, NULL, NULL, 0, NULL, NULL, 0)) ||
-        KILN_CUDA_FAILED(ctx, cudaLibraryGetKernel(&k->fn, k->lib, name))) {
+  size_t size = 0;
+  void *cubin = cache_read(ctx, c, key, &size);
+  if (cubin) {
+    /* a cached cubin whose bytes check out but which does not load (damaged before it was
+     * written, or by a foreign writer) is dropped and compiled again */
+    if (!ctx->has_gpu || load(k, cubin, name)) {
+      ctx->stats.cache_hits++;
+      ctx->stats.disk_hits++;
       free(cubin);
-      free(k);
-      return NULL;
+      goto loaded;
     }
+    free(cubin);
+    cache_remove(c, key);
   }
+  double t0 = now_ms();
+  cubin = compile(ctx, c, name, source, comment, &size);
+  ctx->stats.compile_ms += now_ms() - t0;
+  if (!cubin) {
+    free(k);
+    return NULL;
+  }
+  ctx->stats.kernels_compiled++;
+  if (ctx->has_gpu &&
+      (KILN_CUDA_FAILED(ctx, cudaLibraryLoadData(&k->lib, cubin, NULL, NULL, 0, NULL, NULL, 0)) ||
+       KILN_CUDA_FAILED(ctx, cudaLibraryGetKernel(&k->fn, k->lib, name)))) {
+    if (k->lib) cudaLibraryUnload(k->lib);
+    free(cubin);
+    free(k);
+    return NULL;
+  }
+  cache_write(ctx, c, key, cubin, size);
   free(cubin);
+loaded:
   k->next = c->bucket[key & (KCACHE_BUCKETS - 1)];
   c->bucket[key & (KCACHE_BUCKETS - 1)] = k;
   return k;

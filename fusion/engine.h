@@ -27,5 +27,11 @@ kiln_status kiln__engine_compile(kiln_ctx *ctx, int32_t first, int32_t last);
 void kiln__engine_drop_graphs(kiln_ctx *ctx, bool drop);
 /* A new step begins: frees the cached graphs if they were dropped. */
 void kiln__engine_step_begin(kiln_ctx *ctx);
+/* Kernels record the first bad value they meet (an out-of-range label or row index) on the
+ * device, so that no launch waits for the host. Before a synchronisation, fetch queues the copy
+ * of that record; after it, check turns a recorded value into the context's error (naming the
+ * op and the value) and clears the record. */
+void kiln__engine_fetch_errors(kiln_ctx *ctx);
+kiln_status kiln__engine_check_errors(kiln_ctx *ctx);
 
 #endif

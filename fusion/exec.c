@@ -154,9 +154,10 @@ static bool alloc_masks(kiln_ctx *ctx, const kiln__plan *p) {
   return true;
 }
 
-void kiln__bind_args(kiln__program *pg) {
+void kiln__bind_args(kiln_ctx *ctx, kiln__program *pg) {
   for (int k = 0; k < pg->plan.ng; k++) {
     kiln__call *c = &pg->call[k];
+    c->arg.args.err = ctx->fusion_state->err_dev;
     for (int q = 0; q < c->arg.nptr; q++) {
       const kiln_tensor *t = c->arg.ptr[q];
       /* the renderer chose 16-byte vector access from offsets alone, trusting this */
@@ -271,7 +272,40 @@ kiln_status kiln__engine_init(kiln_ctx *ctx) {
   fs->kernels = kiln__kcache_new();
   if (!fs->kernels) return kiln__error(ctx, KILN_ERR_OOM, "kiln_ctx_new: out of host memory");
   fs->blas = kiln__blas_new(ctx);
-  return fs->blas ? KILN_OK : ctx->status;
+  if (!fs->blas) return ctx->status;
+  if (ctx->has_gpu &&
+      (KILN_CUDA_FAILED(ctx, cudaMalloc((void **)&fs->err_dev, sizeof *fs->err_dev)) ||
+       KILN_CUDA_FAILED(ctx, cudaMemset(fs->err_dev, 0, sizeof *fs->err_dev)) ||
+       KILN_CUDA_FAILED(ctx, cudaMallocHost((void **)&fs->err_host, sizeof *fs->err_host))))
+    return ctx->status;
+  if (fs->err_host) memset(fs->err_host, 0, sizeof *fs->err_host);
+  return KILN_OK;
+}
+
+void kiln__engine_fetch_errors(kiln_ctx *ctx) {
+  kiln__fusion *fs = ctx->fusion_state;
+  if (!ctx->has_gpu || !fs || !fs->err_dev) return;
+  cudaStream_t stream = ctx->stream;
+  KILN_CUDA_FAILED(ctx, cudaMemcpyAsync(fs->err_host, fs->err_dev, sizeof *fs->err_host,
+                                        cudaMemcpyDeviceToHost, stream));
+}
+
+kiln_status kiln__engine_check_errors(kiln_ctx *ctx) {
+  kiln__fusion *fs = ctx->fusion_state;
+  if (!fs || !fs->err_host || fs->err_host->code == 0) return ctx->status;
+  kiln__dev_error e = *fs->err_host;
+  memset(fs->err_host, 0, sizeof *fs->err_host);
+  cudaStream_t stream = ctx->stream;
+  KILN_CUDA_FAILED(ctx, cudaMemsetAsync(fs->err_dev, 0, sizeof *fs->err_dev, stream));
+  if (e.code == KILN__DEV_ERR_LABEL)
+    return kiln__error(ctx, KILN_ERR_INVALID,
+                       "kiln_cross_entropy: a label is %lld; labels must be in [0, %lld) (found "
+                       "on the device by a step that has run)",
+                       e.value, e.limit);
+  return kiln__error(ctx, KILN_ERR_INVALID,
+                     "kiln_index_select: a row index is %lld; indices must be in [0, %lld) (found "
+                     "on the device by a step that has run)",
+                     e.value, e.limit);
 }
 
 void kiln__engine_free(kiln_ctx *ctx) {
@@ -279,6 +313,8 @@ void kiln__engine_free(kiln_ctx *ctx) {
   if (!fs) return;
   if (ctx->has_gpu) kiln__graphs_free(ctx);
   if (fs->step_values) kiln__dev_free(ctx, fs->step_values);
+  if (fs->err_dev) cudaFree(fs->err_dev);
+  if (fs->err_host) cudaFreeHost(fs->err_host);
   kiln__kcache_free(fs->kernels, ctx->has_gpu);
   kiln__blas_free(fs->blas);
   free(fs);
@@ -294,7 +330,7 @@ kiln_status kiln__engine_flush(kiln_ctx *ctx, int32_t first, int32_t last) {
     ok = alloc_outputs(ctx, &pg.plan) && alloc_masks(ctx, &pg.plan);
   }
   if (ok) {
-    kiln__bind_args(&pg);
+    kiln__bind_args(ctx, &pg);
     if (upload_eager_values(ctx, &pg)) kiln__run_calls(ctx, &pg);
   }
   if (pg.plan.group_of) kiln__flush_stats(ctx, &pg, &before); /* it was planned */

@@ -209,7 +209,7 @@ void kiln__program_free(kiln__program *pg);
 /* Points the outputs that write through at their persistent buffers. */
 void kiln__bind_write_through(kiln_ctx *ctx, const kiln__plan *p);
 /* Fills every call's pointers from its tensors' (now allocated) memory. */
-void kiln__bind_args(kiln__program *pg);
+void kiln__bind_args(kiln_ctx *ctx, kiln__program *pg);
 /* Every group's attributes from the trace into host[0 .. ng). */
 void kiln__fill_values(const kiln_ctx *ctx, const kiln__program *pg, kiln__stepvals *host);
 /* Fills the step values from the trace into dev (one block a group, copied on the stream) and
@@ -236,9 +236,11 @@ typedef struct kiln__fusion {
   int step_values_cap;
   kiln__step_graph *graphs[KILN__MAX_GRAPHS];
   int ngraphs;
-  uint64_t graph_clock;   /* steps seen, for least-recently-used eviction */
-  bool warned_signatures; /* the warning about ever-new signatures was printed */
-  bool drop_graphs;       /* graphs were turned off: free the cached ones at the next step */
+  uint64_t graph_clock;      /* steps seen, for least-recently-used eviction */
+  bool warned_signatures;    /* the warning about ever-new signatures was printed */
+  bool drop_graphs;          /* graphs were turned off: free the cached ones at the next step */
+  kiln__dev_error *err_dev;  /* the kernels' error record on the device */
+  kiln__dev_error *err_host; /* its copy, fetched before synchronisations (pinned) */
 } kiln__fusion;
 
 #endif

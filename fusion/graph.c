@@ -311,7 +311,7 @@ static kiln__step_graph *capture(kiln_ctx *ctx, uint64_t hash, kiln__sb *sig) {
   }
   int ng = E->prog.plan.ng;
   bind(ctx, E);
-  kiln__bind_args(&E->prog);
+  kiln__bind_args(ctx, &E->prog);
   E->values = kiln__dev_alloc(ctx, (size_t)(ng > 0 ? ng : 1) * sizeof(kiln__stepvals));
   if (!E->values) kiln__error(ctx, KILN_ERR_OOM, "kiln_step_end: out of device memory");
   /* the step values: ordered after the previous replay's reads on the stream */

@@ -16,7 +16,7 @@
 /* A $-token of an op expression: an input ($0), the element's linear index ($idx), the
  * coordinate along the op's `axis` ($c), or one of its attributes ($lr). */
 typedef struct token {
-  enum { TOK_INPUT, TOK_IDX, TOK_COORD, TOK_ATTR } kind;
+  enum { TOK_INPUT, TOK_IDX, TOK_COORD, TOK_ERR, TOK_ATTR } kind;
   int input, attr; /* attr: index into the op's attribute list */
   size_t len;      /* characters after the '$' */
 } token;
@@ -38,6 +38,8 @@ static token scan(kiln__op op, const char *p) {
     t.kind = TOK_IDX;
   } else if (t.len == 1 && p[0] == 'c') {
     t.kind = TOK_COORD;
+  } else if (t.len == 3 && strncmp(p, "err", 3) == 0) {
+    t.kind = TOK_ERR;
   } else {
     t.kind = TOK_ATTR;
     const kiln__op_info *info = &kiln__ops[op];
@@ -252,6 +254,7 @@ static void expand(kiln__sb *b, const char *tpl, const wiring *w, int j, const k
       kiln__sb_printf(b, "%s", name);
       break;
     case TOK_IDX: kiln__sb_printf(b, "i"); break;
+    case TOK_ERR: kiln__sb_printf(b, "a.err"); break;
     case TOK_COORD: {
       kiln__attr_kind kind;
       int slot;
@@ -701,7 +704,8 @@ static bool render_gather(const kiln__target *tg, const kiln__node *n, kiln__ren
       "       e += (long long)gridDim.x * blockDim.x) {\n"
       "    const long long k = e / a.nred, j = e - k * a.nred;\n"
       "    const long long r = idx[a.uv[%d] + k]; // where this step's indices start\n"
-      "    y[e] = (r >= 0 && r < a.shape[0]) ? x[r * a.nred + j] : (%s)0;\n"
+      "    y[e] = kiln_in_range(r, a.shape[0], KILN__DEV_ERR_INDEX, a.err) ? x[r * a.nred + j]\n"
+      "                                                                     : (%s)0;\n"
       "  }\n",
       t, t, t, t, start, t);
   char stem[64];

@@ -4,7 +4,9 @@
  * one safetensors file. A load checks the whole file against the model first and changes nothing
  * unless everything fits.
  */
+#include <errno.h>
 #include <inttypes.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -85,7 +87,7 @@ static float from_bf16(uint16_t h) {
 
 /* One tensor of the model that a file holds: where it lives and its host copy. */
 typedef struct slot {
-  char name[160];
+  char *name; /* malloc'd */
   kiln_tensor *t;
   void *host; /* in the file's dtype for saving; f32 for loading */
 } slot;
@@ -95,33 +97,57 @@ typedef struct slots {
   int n, cap;
 } slots;
 
-static bool slots_add(slots *ss, const char *name, kiln_tensor *t) {
-  if (!KILN__GROW(ss->s, ss->cap, ss->n + 1)) return false;
-  slot *s = &ss->s[ss->n++];
-  snprintf(s->name, sizeof s->name, "%s", name);
-  s->t = t;
-  s->host = NULL;
+/* Adds tensor t under the name prefix + name + suffix. */
+static bool slots_add(slots *ss, const char *prefix, const char *name, const char *suffix,
+                      kiln_tensor *t) {
+  size_t n = strlen(prefix) + strlen(name) + strlen(suffix) + 1;
+  char *copy = malloc(n);
+  if (!copy || !KILN__GROW(ss->s, ss->cap, ss->n + 1)) {
+    free(copy);
+    return false;
+  }
+  snprintf(copy, n, "%s%s%s", prefix, name, suffix);
+  ss->s[ss->n++] = (slot){.name = copy, .t = t};
   return true;
 }
 
 static void slots_free(slots *ss) {
-  for (int i = 0; i < ss->n; i++)
+  for (int i = 0; i < ss->n; i++) {
     free(ss->s[i].host);
+    free(ss->s[i].name);
+  }
   free(ss->s);
+}
+
+static int by_slot_name(const void *a, const void *b) {
+  return strcmp(((const slot *)a)->name, ((const slot *)b)->name);
+}
+
+/* A name two slots share (a parameter named like another's optimizer state), or NULL. */
+static const char *shared_name(const slots *ss) {
+  slot *sorted = malloc((size_t)(ss->n + 1) * sizeof *sorted);
+  if (!sorted) return NULL;
+  memcpy(sorted, ss->s, (size_t)ss->n * sizeof *sorted);
+  qsort(sorted, (size_t)ss->n, sizeof *sorted, by_slot_name);
+  const char *dup = NULL;
+  for (int i = 1; i < ss->n && !dup; i++)
+    if (strcmp(sorted[i - 1].name, sorted[i].name) == 0) dup = sorted[i].name;
+  free(sorted);
+  return dup;
 }
 
 /* The tensors a checkpoint of (p, o) holds, in a fixed order. */
 static bool gather(const kiln_params *p, const kiln_optim *o, slots *ss) {
   for (int i = 0; i < kiln_params_count(p); i++)
-    if (!slots_add(ss, kiln_params_name(p, i), kiln_params_get(p, i))) return false;
+    if (!slots_add(ss, "", kiln_params_name(p, i), "", kiln_params_get(p, i))) return false;
   for (int i = 0; o && i < kiln_params_count(p); i++) {
     for (int w = 0; w < 2; w++) {
       const char *what;
       kiln_tensor *t = kiln__optim_state(o, i, w, &what);
       if (!t) continue;
-      char name[160];
-      snprintf(name, sizeof name, "optim/%s/%s", kiln_params_name(p, i), what);
-      if (!slots_add(ss, name, t)) return false;
+      char suffix[32];
+      snprintf(suffix, sizeof suffix, "/%s", what);
+      if (!slots_add(ss, "optim/", kiln_params_name(p, i), suffix, t)) return false;
     }
   }
   return true;
@@ -140,6 +166,11 @@ static kiln_status save(const char *fn, const char *path, const kiln_params *p, 
   kiln__st_out *out = NULL;
   if (!gather(p, o, &ss) || !(out = calloc((size_t)ss.n + 1, sizeof *out))) {
     kiln__error(ctx, KILN_ERR_OOM, "%s: out of host memory", fn);
+    goto done;
+  }
+  const char *dup = shared_name(&ss);
+  if (dup) {
+    kiln__error(ctx, KILN_ERR_INVALID, "%s: two tensors would be saved as '%s'", fn, dup);
     goto done;
   }
   for (int i = 0; i < ss.n; i++) {
@@ -168,8 +199,8 @@ done:
   return ctx->status;
 }
 
-/* Checks the file against the model's tensors and reads each into slot.host as f32; touches no
- * tensor. */
+/* Checks the file against the model's tensors, then reads each into slot.host as f32; touches no
+ * tensor. Every name, shape and dtype is checked before any tensor's data is read. */
 static kiln_status match(kiln_ctx *ctx, const char *fn, const char *path, const kiln__st_file *f,
                          slots *ss, int nparams) {
   for (int i = 0; i < ss->n; i++) {
@@ -196,29 +227,32 @@ static kiln_status match(kiln_ctx *ctx, const char *fn, const char *path, const 
                          kiln_dtype_name(e->dtype),
                          i < nparams ? "parameters load from f32 or bf16"
                                      : "optimizer state loads from f32");
-    int64_t n = kiln_tensor_numel(s->t);
-    float *h = malloc((size_t)(n > 0 ? n : 1) * sizeof *h);
-    if (!h) return kiln__error(ctx, KILN_ERR_OOM, "%s: out of host memory for '%s'", fn, s->name);
-    s->host = h;
-    const uint8_t *src = f->data + e->begin;
-    if (e->dtype == KILN_DTYPE_F32) {
-      memcpy(h, src, (size_t)n * sizeof *h);
-    } else {
-      for (int64_t k = 0; k < n; k++) {
-        uint16_t b;
-        memcpy(&b, src + 2 * k, 2);
-        h[k] = from_bf16(b);
-      }
-    }
   }
-  /* a tensor in the file that the model does not have means a different model */
-  for (int k = 0; k < f->n; k++) {
+  /* a tensor in the file that the model does not have means a different model (names in the
+   * file are unique and every slot's was found: any more entries are extra) */
+  for (int k = 0; k < f->n && f->n > ss->n; k++) {
     bool known = false;
     for (int i = 0; i < ss->n && !known; i++)
       known = strcmp(ss->s[i].name, f->e[k].name) == 0;
     if (!known)
-      return kiln__error(ctx, KILN_ERR_FORMAT, "%s: %s has tensor '%s', which the model lacks", fn,
-                         path, f->e[k].name);
+      return kiln__error(ctx, KILN_ERR_FORMAT, "%s: %s has tensor '%.200s', which the model lacks",
+                         fn, path, f->e[k].name);
+  }
+  for (int i = 0; i < ss->n; i++) {
+    slot *s = &ss->s[i];
+    const kiln__st_entry *e = kiln__st_find(f, s->name);
+    int64_t n = kiln_tensor_numel(s->t);
+    float *h = malloc((size_t)(n > 0 ? n : 1) * sizeof *h);
+    if (!h) return kiln__error(ctx, KILN_ERR_OOM, "%s: out of host memory for '%s'", fn, s->name);
+    s->host = h;
+    /* straight into place: bf16 into the buffer's first half, widened from the back */
+    if (kiln__st_read(ctx, fn, path, f, e, h) != KILN_OK) return ctx->status;
+    if (e->dtype == KILN_DTYPE_BF16)
+      for (int64_t k = n - 1; k >= 0; k--) {
+        uint16_t b;
+        memcpy(&b, (const char *)h + 2 * k, 2);
+        h[k] = from_bf16(b);
+      }
   }
   return KILN_OK;
 }
@@ -237,29 +271,21 @@ kiln_status kiln_params_save(const kiln_params *p, const char *path, kiln_dtype 
   return save(__func__, path, p, NULL, dtype, NULL);
 }
 
-/* Reads and checks path for fn; NULL (the error set, when there is a context) on failure. */
-static kiln_ctx *read_parsed(const char *fn, const kiln_params *p, const char *path, uint8_t **buf,
-                             kiln__st_file *f) {
+/* Opens and checks path's header for fn; NULL (the error set, when there is a context) on
+ * failure. */
+static kiln_ctx *open_checked(const char *fn, const kiln_params *p, const char *path,
+                              kiln__st_file *f) {
   kiln_ctx *ctx = kiln_params_ctx(p);
-  *buf = NULL;
   memset(f, 0, sizeof *f);
   if (!ctx || !kiln__ok(ctx)) return NULL;
   if (!path) return kiln__error(ctx, KILN_ERR_INVALID, "%s: NULL path", fn), NULL;
-  size_t len;
-  if (kiln__read_file(ctx, fn, path, buf, &len) != KILN_OK) return NULL;
-  if (kiln__st_parse(ctx, fn, path, *buf, len, f) != KILN_OK) {
-    free(*buf);
-    *buf = NULL;
-    return NULL;
-  }
-  return ctx;
+  return kiln__st_open(ctx, fn, path, f) == KILN_OK ? ctx : NULL;
 }
 
 kiln_status kiln_params_load(kiln_params *p, const char *path) {
   const char *fn = __func__;
-  uint8_t *buf;
   kiln__st_file f;
-  kiln_ctx *ctx = read_parsed(fn, p, path, &buf, &f);
+  kiln_ctx *ctx = open_checked(fn, p, path, &f);
   if (!ctx) return kiln_params_ctx(p) ? kiln_ctx_status(kiln_params_ctx(p)) : KILN_ERR_INVALID;
   slots ss = {0};
   if (!gather(p, NULL, &ss))
@@ -268,13 +294,10 @@ kiln_status kiln_params_load(kiln_params *p, const char *path) {
     upload(&ss);
   kiln__st_free(&f);
   slots_free(&ss);
-  free(buf);
   return ctx->status;
 }
 
 /* ---------------------------------------------------------------- checkpoints */
-
-#define FORMAT "kiln-checkpoint-1"
 
 static void meta_u64(cJSON *m, const char *k, uint64_t v) {
   char buf[32];
@@ -290,7 +313,7 @@ kiln_status kiln_checkpoint_save(const char *path, const kiln_params *p, const k
   if (!kiln__ok(ctx)) return ctx->status;
   cJSON *m = cJSON_CreateObject();
   if (!m) return kiln__error(ctx, KILN_ERR_OOM, "%s: out of host memory", fn);
-  cJSON_AddStringToObject(m, "kiln.format", FORMAT);
+  cJSON_AddStringToObject(m, "kiln.format", KILN__CKPT_FORMAT);
   cJSON_AddStringToObject(m, "kiln.version", kiln_version());
   meta_u64(m, "kiln.rng.seed", ctx->seed);
   meta_u64(m, "kiln.rng.philox_offset", ctx->philox_offset);
@@ -302,9 +325,13 @@ kiln_status kiln_checkpoint_save(const char *path, const kiln_params *p, const k
     snprintf(buf, sizeof buf, "%.9g", kiln_optim_lr(o));
     cJSON_AddStringToObject(m, "kiln.optim.lr", buf);
     for (int i = 0; i < kiln_params_count(p); i++) {
-      char key[200];
-      snprintf(key, sizeof key, "kiln.optim.count/%s", kiln_params_name(p, i));
+      char *key = kiln__ckpt_count_key(kiln_params_name(p, i));
+      if (!key) {
+        cJSON_Delete(m);
+        return kiln__error(ctx, KILN_ERR_OOM, "%s: out of host memory", fn);
+      }
       meta_u64(m, key, (uint64_t)kiln__optim_count(o, i));
+      free(key);
     }
   }
   for (int i = 0; i < kiln_meta_count(user); i++) {
@@ -321,78 +348,58 @@ kiln_status kiln_checkpoint_save(const char *path, const kiln_params *p, const k
   return s;
 }
 
-static const char *meta_str(const cJSON *m, const char *k) {
-  const cJSON *v = m ? cJSON_GetObjectItemCaseSensitive(m, k) : NULL;
-  return cJSON_IsString(v) ? v->valuestring : NULL;
-}
-
-static bool meta_num(const cJSON *m, const char *k, uint64_t *v) {
-  const char *s = meta_str(m, k);
-  if (!s || !*s) return false;
-  char *end;
-  *v = strtoull(s, &end, 10);
-  return *end == 0;
-}
-
 kiln_status kiln_checkpoint_load(const char *path, kiln_params *p, kiln_optim *o, kiln_meta *user) {
   const char *fn = __func__;
-  uint8_t *buf;
   kiln__st_file f;
-  kiln_ctx *ctx = read_parsed(fn, p, path, &buf, &f);
+  kiln_ctx *ctx = open_checked(fn, p, path, &f);
   if (!ctx) return kiln_params_ctx(p) ? kiln_ctx_status(kiln_params_ctx(p)) : KILN_ERR_INVALID;
   slots ss = {0};
   int np = kiln_params_count(p);
-  int64_t *counts = calloc((size_t)np + 1, sizeof *counts);
-  const cJSON *m = f.metadata;
-  const char *format = meta_str(m, "kiln.format");
-  uint64_t seed, off, host, steps = 0;
-  if (!format || strcmp(format, FORMAT) != 0 || !meta_num(m, "kiln.rng.seed", &seed) ||
-      !meta_num(m, "kiln.rng.philox_offset", &off) || !meta_num(m, "kiln.rng.host", &host)) {
-    kiln__error(ctx, KILN_ERR_FORMAT, "%s: %s is not a kiln checkpoint (no %s metadata)", fn, path,
-                FORMAT);
+  kiln__ckpt_meta cm = {0};
+  kiln_meta *got = kiln_meta_new();
+  const char **names = malloc((size_t)(np + 1) * sizeof *names);
+  if (!got || !names) {
+    kiln__error(ctx, KILN_ERR_OOM, "%s: out of host memory", fn);
     goto done;
   }
-  float lr = 0;
-  if (o) {
-    const char *kind = meta_str(m, "kiln.optim"), *lrs = meta_str(m, "kiln.optim.lr");
-    if (!kind || strcmp(kind, kiln__optim_kind(o)) != 0 || !lrs ||
-        !meta_num(m, "kiln.optim.steps", &steps)) {
-      kiln__error(ctx, KILN_ERR_FORMAT, "%s: %s holds %s optimizer state; the optimizer is %s", fn,
-                  path, kind ? kind : "no", kiln__optim_kind(o));
+  /* every piece is parsed and checked before anything changes: metadata, then tensors */
+  for (int i = 0; i < np; i++)
+    names[i] = kiln_params_name(p, i);
+  char why[512];
+  if (kiln__ckpt_meta_parse(f.metadata, o ? kiln__optim_kind(o) : NULL, np, names, &cm, why,
+                            sizeof why)) {
+    kiln__error(ctx, strstr(why, "out of host memory") ? KILN_ERR_OOM : KILN_ERR_FORMAT,
+                "%s: %s: %s", fn, path, why);
+    goto done;
+  }
+  for (const cJSON *it = f.metadata ? f.metadata->child : NULL; it; it = it->next)
+    if (strncmp(it->string, "kiln.", 5) != 0 && kiln_meta_set(got, it->string, it->valuestring)) {
+      kiln__error(ctx, KILN_ERR_OOM, "%s: out of host memory", fn);
       goto done;
     }
-    lr = strtof(lrs, NULL);
-    for (int i = 0; i < np; i++) {
-      char key[200];
-      uint64_t c;
-      snprintf(key, sizeof key, "kiln.optim.count/%s", kiln_params_name(p, i));
-      if (!meta_num(m, key, &c)) {
-        kiln__error(ctx, KILN_ERR_FORMAT, "%s: %s lacks the update count of '%s'", fn, path,
-                    kiln_params_name(p, i));
-        goto done;
-      }
-      counts[i] = (int64_t)c;
-    }
-  }
-  if (!counts || !gather(p, o, &ss)) {
+  if (!gather(p, o, &ss)) {
     kiln__error(ctx, KILN_ERR_OOM, "%s: out of host memory", fn);
     goto done;
   }
   if (match(ctx, fn, path, &f, &ss, np) != KILN_OK || upload(&ss) != KILN_OK) goto done;
   /* all tensors are in: now the scalars */
-  ctx->seed = seed;
-  ctx->philox_offset = off;
-  ctx->host_rng = host;
+  ctx->seed = cm.seed;
+  ctx->philox_offset = cm.philox_offset;
+  ctx->host_rng = cm.host_rng;
   if (o) {
-    kiln_optim_set_lr(o, lr);
-    kiln__optim_restore(o, (int64_t)steps, counts);
+    kiln_optim_set_lr(o, cm.lr);
+    kiln__optim_restore(o, (int64_t)cm.steps, cm.counts);
   }
-  for (const cJSON *it = m ? m->child : NULL; it && user; it = it->next)
-    if (strncmp(it->string, "kiln.", 5) != 0) kiln_meta_set(user, it->string, it->valuestring);
+  for (int i = 0; user && i < kiln_meta_count(got); i++) {
+    const char *k = kiln_meta_key(got, i);
+    if (kiln_meta_set(user, k, kiln_meta_get(got, k)))
+      kiln__error(ctx, KILN_ERR_OOM, "%s: out of host memory for the metadata", fn);
+  }
 done:
   kiln__st_free(&f);
   slots_free(&ss);
-  free(counts);
-  free(buf);
+  kiln_meta_free(got);
+  free(names);
+  free(cm.counts);
   return ctx->status;
 }

@@ -22,16 +22,25 @@ typedef struct kiln__st_file {
   cJSON *json;
   kiln__st_entry *e;
   int n;
-  const cJSON *metadata; /* the "__metadata__" object, or NULL */
-  const uint8_t *data;   /* the data section */
-  uint64_t data_len;
+  kiln__st_entry **by_name; /* e sorted by name */
+  const cJSON *metadata;    /* the "__metadata__" object, or NULL */
+  const uint8_t *data;      /* the data section, when the file is held in memory */
+  FILE *fp;                 /* or the open file, its data section at data_start */
+  uint64_t data_start, data_len;
 } kiln__st_file;
 
-/* Parses and checks a whole file held in buf: every header field, that byte ranges fit, do not
- * overlap and leave no holes. On failure sets ctx's error (prefixed by fn and path). */
+/* Parses and checks a whole file held in buf: every header field (only space padding after the
+ * JSON, no NUL in any name), that byte ranges fit, do not overlap and leave no holes, that names
+ * are unique. On failure sets ctx's error (prefixed by fn and path). */
 kiln_status kiln__st_parse(kiln_ctx *ctx, const char *fn, const char *path, const uint8_t *buf,
                            size_t len, kiln__st_file *out);
+/* The same for a file on disk, of which only the header is read (after its length is checked
+ * against the file's size); kiln__st_read reads a tensor's bytes later. */
+kiln_status kiln__st_open(kiln_ctx *ctx, const char *fn, const char *path, kiln__st_file *out);
+kiln_status kiln__st_read(kiln_ctx *ctx, const char *fn, const char *path, const kiln__st_file *f,
+                          const kiln__st_entry *e, void *dst);
 void kiln__st_free(kiln__st_file *f);
+/* The entry called name (a binary search), or NULL. */
 const kiln__st_entry *kiln__st_find(const kiln__st_file *f, const char *name);
 
 /* A tensor to write: host data of its dtype, contiguous. */
@@ -48,8 +57,24 @@ typedef struct kiln__st_out {
 kiln_status kiln__st_write(kiln_ctx *ctx, const char *fn, const char *path, int n,
                            const kiln__st_out *t, const cJSON *metadata);
 
-/* Reads a whole file into memory (malloc'd). */
-kiln_status kiln__read_file(kiln_ctx *ctx, const char *fn, const char *path, uint8_t **buf,
-                            size_t *len);
+/* ---------------------------------------------------------------- checkpoint metadata */
+
+#define KILN__CKPT_FORMAT "kiln-checkpoint-1"
+
+typedef struct kiln__ckpt_meta {
+  uint64_t seed, philox_offset, host_rng;
+  float lr;
+  uint64_t steps;
+  int64_t *counts; /* per parameter (malloc'd; the caller frees it) */
+} kiln__ckpt_meta;
+
+/* Parses and checks a checkpoint's metadata m: the format, the RNG state and, for an optimizer of
+ * kind optim (NULL: none), its rate, step count and the update count of each of the np
+ * parameters called names. NULL when it all checks out, else why (written there). */
+const char *kiln__ckpt_meta_parse(const cJSON *m, const char *optim, int np,
+                                  const char *const *names, kiln__ckpt_meta *out, char *why,
+                                  size_t n);
+/* "kiln.optim.count/<name>", malloc'd. */
+char *kiln__ckpt_count_key(const char *name);
 
 #endif

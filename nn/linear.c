@@ -50,8 +50,8 @@ kiln_status kiln_linear_init(kiln_linear *l, kiln_params *params, const char *na
   if (kiln_params_find(params, wname) || (bias && kiln_params_find(params, bname)))
     kiln__error(ctx, KILN_ERR_INVALID, "kiln_linear_init: the name '%s' is taken",
                 kiln_params_find(params, wname) ? wname : bname);
-  kiln_tensor *w = kiln__ok(ctx) ? uniform_param(ctx, KILN_SHAPE(out_features, in_features), bound)
-                                 : NULL;
+  kiln_tensor *w =
+      kiln__ok(ctx) ? uniform_param(ctx, KILN_SHAPE(out_features, in_features), bound) : NULL;
   kiln_tensor *b = w && bias ? uniform_param(ctx, KILN_SHAPE(out_features), bound) : NULL;
   if (w && (!bias || b) && kiln_params_add(params, wname, w) == KILN_OK) {
     if (!b || kiln_params_add(params, bname, b) == KILN_OK) {
@@ -76,16 +76,17 @@ kiln_tensor *kiln_linear_forward(const kiln_linear *l, kiln_tensor *x) {
   kiln_ctx *ctx = kiln_tensor_ctx(x);
   if (!l || !l->weight || !x) {
     if (ctx && kiln__ok(ctx))
-      kiln__error(ctx, KILN_ERR_INVALID,
-                  "kiln_linear_forward: %s", !l ? "NULL layer" : "the layer has no weight (was "
-                                                                 "kiln_linear_init called, and did it succeed?)");
+      kiln__error(ctx, KILN_ERR_INVALID, "kiln_linear_forward: %s",
+                  !l ? "NULL layer"
+                     : "the layer has no weight (was "
+                       "kiln_linear_init called, and did it succeed?)");
     return NULL;
   }
   if (ctx && kiln__ok(ctx) && kiln_tensor_dim(x, -1) != l->in_features) {
     char sh[96];
     kiln__error(ctx, KILN_ERR_SHAPE,
                 "kiln_linear_forward: input %s, layer '%s' takes %lld features",
-                kiln__shape_of(x, sh, sizeof sh), l->weight->name, (long long)l->in_features);
+                kiln__shape_of(x, sh, sizeof sh), kiln__name(l->weight), (long long)l->in_features);
     return NULL;
   }
   kiln_tensor *y = kiln_matmul(x, kiln_transpose(l->weight, 0, 1));

@@ -83,8 +83,8 @@ static bool schedule_ok(kiln_ctx *ctx, const kiln_schedule *s) {
     return kiln__error(ctx, KILN_ERR_INVALID, "%s: total_steps %lld must be > 0 for this schedule",
                        fn, (long long)s->total_steps),
            false;
-  if (s->kind == KILN_SCHEDULE_STEP && (s->step_size <= 0 || !(s->gamma >= 0.f) ||
-                                        !isfinite(s->gamma)))
+  if (s->kind == KILN_SCHEDULE_STEP &&
+      (s->step_size <= 0 || !(s->gamma >= 0.f) || !isfinite(s->gamma)))
     return kiln__error(ctx, KILN_ERR_INVALID,
                        "%s: a step schedule needs step_size > 0 (got %lld) and a finite gamma >= "
                        "0 (got %g)",
@@ -161,9 +161,12 @@ static bool make_state(kiln_optim *o, kiln_tensor **s, const char *suffix) {
     kiln_tensor *p = kiln_params_get(o->params, i);
     s[i] = kiln__tensor_persistent(o->ctx, KILN_DTYPE_F32, p->ndim, p->shape, true);
     if (!s[i]) return false;
-    char name[64];
-    snprintf(name, sizeof name, "%s.%s", p->name, suffix);
+    size_t n = strlen(kiln__name(p)) + strlen(suffix) + 2;
+    char *name = malloc(n);
+    if (!name) return !kiln__error(o->ctx, KILN_ERR_OOM, "kiln: out of host memory");
+    snprintf(name, n, "%s.%s", kiln__name(p), suffix);
     kiln_tensor_set_name(s[i], name);
+    free(name);
   }
   return true;
 }

@@ -60,8 +60,8 @@ static void check_placeholders(kiln__op op) {
     kiln__attr_kind kind;
     int slot;
     char c = p[1];
-    if (len == 3 && strncmp(p + 1, "idx", 3) == 0) {
-      continue; /* the linear index */
+    if (len == 3 && (strncmp(p + 1, "idx", 3) == 0 || strncmp(p + 1, "err", 3) == 0)) {
+      continue; /* the linear index, the error record */
     } else if (len == 1 && c == 'c') {
       cr_assert(kiln__attr_find(op, "axis", 4, &kind, &slot) && kind == KILN__ATTR_I,
                 "op %s: '%s' reads $c without an int attribute axis", o->name, o->expr);

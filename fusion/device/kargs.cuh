@@ -18,6 +18,16 @@
  * each output; i: int attributes (structure: the same every step); fv, uv: where the kernel reads
  * its float and 64-bit attributes, the group's block of the step values on the device, written
  * before every run or replay (per-step values are never baked into a launch or a graph). */
+/* The first bad value a kernel met (an out-of-range label or row index), written on the device
+ * and read by the host at its next synchronisation (fusion/exec.c). code 0: none. */
+typedef struct kiln__dev_error {
+  int code; /* KILN__DEV_ERR_* */
+  int pad;
+  long long value, limit; /* the value, and the n of the range [0, n) it should lie in */
+} kiln__dev_error;
+#define KILN__DEV_ERR_LABEL 1 /* a label outside [0, classes) (kiln_cross_entropy) */
+#define KILN__DEV_ERR_INDEX 2 /* a row index outside [0, rows) (kiln_index_select) */
+
 typedef struct kiln__kargs {
   void *ptr[KILN__KMAX_UPDATE];
   long long n;
@@ -28,9 +38,10 @@ typedef struct kiln__kargs {
   int i[KILN__KMAX_I];
   const float *fv;
   const unsigned long long *uv;
+  kiln__dev_error *err; /* the context's error record */
 } kiln__kargs;
 
-#define KILN__KARGS_BYTES 1120
+#define KILN__KARGS_BYTES 1128
 #ifdef __cplusplus
 static_assert(sizeof(kiln__kargs) == KILN__KARGS_BYTES, "kiln__kargs: host and device layouts");
 #else

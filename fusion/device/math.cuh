@@ -5,6 +5,24 @@
 #define KILN_MATH_CUH
 
 #include "defs.cuh"
+#include "kargs.cuh"
+
+/* Whether v lies in [0, n); the first value of a launch that does not is recorded in *err with
+ * its code (a relaxed race between bad values: one of them is kept). */
+KILN__FN bool kiln_in_range(long long v, long long n, int code, kiln__dev_error *err) {
+  if (v >= 0 && v < n) return true;
+  if (err && atomicCAS(&err->code, 0, code) == 0) {
+    err->value = v;
+    err->limit = n;
+  }
+  return false;
+}
+
+/* A one-hot entry: 1 where the label is the class c; a label outside [0, classes) is an error */
+KILN__FN float kiln_onehot(int label, long long c, long long classes, kiln__dev_error *err) {
+  if (!kiln_in_range(label, classes, KILN__DEV_ERR_LABEL, err)) return 0.f;
+  return label == c ? 1.f : 0.f;
+}
 
 /* NaN wins, as in PyTorch */
 KILN__FN float kiln_maximum(float a, float b) { return (a > b || a != a) ? a : b; }

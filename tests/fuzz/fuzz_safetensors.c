@@ -1,7 +1,8 @@
 /*
- * fuzz_safetensors: libFuzzer target for the safetensors header parser. Any input must either
- * parse into entries whose byte ranges lie inside the input, or fail with an error message;
- * never crash, read out of bounds or leak (AddressSanitizer watches).
+ * fuzz_safetensors: libFuzzer target for the safetensors header parser and the checkpoint
+ * metadata parser. Any input must either parse into entries whose byte ranges lie inside the
+ * input, or fail with an error message; never crash, read out of bounds or leak
+ * (AddressSanitizer watches).
  */
 #include <stdlib.h>
 #include <string.h>
@@ -22,6 +23,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
       if (!kiln__st_find(&f, f.e[i].name)) abort();
     }
     (void)sum;
+    /* the checkpoint metadata parser, with and without an optimizer: it answers or says why */
+    static const char *const names[2] = {"w", "b"};
+    for (int k = 0; k < 2; k++) {
+      kiln__ckpt_meta cm;
+      char why[512] = "";
+      const char *e =
+          kiln__ckpt_meta_parse(f.metadata, k ? "adam" : NULL, 2, names, &cm, why, sizeof why);
+      if (e && !e[0]) abort();
+      free(cm.counts);
+    }
     kiln__st_free(&f);
   } else if (ctx->status == KILN_OK || ctx->error[0] == 0) {
     abort(); /* a failure must say why */
