@@ -32,6 +32,13 @@ kiln_dataset *kiln_dataset_from_mnist(kiln_ctx *ctx, const kiln_mnist *m, float 
   if (!(std > 0.f))
     return kiln__error(ctx, KILN_ERR_INVALID, "kiln_dataset_from_mnist: std %g must be > 0", std),
            NULL;
+  int64_t dims[3] = {m->n, m->rows, m->cols};
+  if (m->rows <= 0 || m->cols <= 0 || !kiln__numel_ok(3, dims))
+    return kiln__error(ctx, KILN_ERR_INVALID,
+                       "kiln_dataset_from_mnist: %lld images of %lld x %lld is no data set kiln "
+                       "can hold",
+                       (long long)m->n, (long long)m->rows, (long long)m->cols),
+           NULL;
   int64_t feat = m->rows * m->cols;
   float *x = malloc((size_t)(m->n * feat) * sizeof *x);
   int32_t *y = malloc((size_t)m->n * sizeof *y);

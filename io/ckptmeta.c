@@ -82,7 +82,8 @@ const char *kiln__ckpt_meta_parse(const cJSON *m, const char *optim, int np,
     /* a parameter has had no more updates than the optimizer has made steps */
     bool ok = key && meta_num(m, key, out->steps, &c);
     if (!ok) {
-      snprintf(why, n, "no valid update count of '%.200s' (kiln.optim.count/...)", names[i]);
+      snprintf(why, n, "metadata kiln.optim.count/%.200s is no update count (at most the steps)",
+               names[i]);
       free(key);
       return why;
     }
