@@ -71,10 +71,16 @@ static void gpu_init(kiln_ctx *ctx, int device) {
 
 kiln_ctx *kiln_ctx_new(const kiln_ctx_options *opts) {
   kiln_ctx *ctx = calloc(1, sizeof *ctx);
-  if (!ctx) return NULL;
+  kiln__anchor *anchor = calloc(1, sizeof *anchor);
+  if (!ctx || !anchor) {
+    free(ctx);
+    free(anchor);
+    return NULL;
+  }
+  *anchor = (kiln__anchor){.refs = 1, .alive = true};
+  ctx->anchor = anchor;
   kiln_ctx_options o = {0};
   if (opts) o = *opts;
-  ctx->refs = 1;
   ctx->device = o.device;
   ctx->arch = KILN_DEFAULT_ARCH;
   ctx->num_sms = KILN__DEFAULT_SMS;
@@ -102,25 +108,24 @@ static void release_step_storages(kiln_ctx *ctx) {
   ctx->step_storages = NULL;
 }
 
-void kiln__ctx_retain(kiln_ctx *ctx) { ctx->refs++; }
+kiln__anchor *kiln__ctx_anchor(kiln_ctx *ctx) {
+  ctx->anchor->refs++;
+  return ctx->anchor;
+}
 
-/* Frees the context and everything it still holds. */
-static void destroy(kiln_ctx *ctx);
-
-void kiln__ctx_release(kiln_ctx *ctx) {
-  KILN_ASSERT(ctx->refs > 0);
-  if (--ctx->refs == 0) destroy(ctx);
+void kiln__anchor_release(kiln__anchor *a) {
+  KILN_ASSERT(a->refs > 0);
+  if (--a->refs == 0) free(a);
 }
 
 void kiln_ctx_free(kiln_ctx *ctx) {
-  if (!ctx || ctx->freed_by_user) return;
-  ctx->freed_by_user = true;
-  kiln__ctx_release(ctx); /* the objects made from it may still need it: the last one frees it */
-}
-
-static void destroy(kiln_ctx *ctx) {
+  if (!ctx) return;
+  ctx->anchor->alive = false; /* objects made from it, freed later, free only their host memory */
+  kiln__anchor_release(ctx->anchor);
   if (ctx->has_gpu) (void)cudaStreamSynchronize(ctx->stream);
   release_step_storages(ctx);
+  for (int i = 0; i < ctx->npersistent; i++)
+    ctx->persistents[i]->owned = false; /* their lists (freed later, or never) free nothing */
   while (ctx->npersistent > 0)
     kiln_tensor_free(ctx->persistents[ctx->npersistent - 1]);
   free(ctx->persistents);

@@ -123,6 +123,7 @@ void kiln__handles_step(kiln_ctx *ctx) {
   int k = 0;
   while (k < h->npending && h->pending_gen[k] < ctx->gen)
     retire(h, h->pending_off[k++]);
+  if (k == 0) return;
   memmove(h->pending_off, h->pending_off + k, (size_t)(h->npending - k) * sizeof *h->pending_off);
   memmove(h->pending_gen, h->pending_gen + k, (size_t)(h->npending - k) * sizeof *h->pending_gen);
   h->npending -= k;

@@ -191,8 +191,9 @@ typedef struct kiln__storage {
 
 #define KILN__TENSOR_MAGIC 0x6b696c6e /* "kiln" */
 #define KILN__TENSOR_DEAD 0x64656164  /* "dead": a freed persistent tensor */
-#define KILN__TENSOR_STALE 0x6f6c6473 /* "sdlo": an intermediate of a step long over (handles.c)   \
-                                       */
+#define KILN__TENSOR_STALE                                                                         \
+  0x6f6c6473 /* "sdlo": an intermediate of a step long over (handles.c)                            \
+              */
 
 struct kiln_tensor {
   uint32_t magic;
@@ -286,10 +287,7 @@ struct kiln_ctx {
   kiln__alloc alloc;
   kiln_exec_stats stats;
   struct kiln__fusion *fusion_state; /* owned by fusion/ (fusion/engine.h) */
-  /* the user's reference (dropped by kiln_ctx_free) and one per parameter list, optimizer, data
-   * set and loader made from the context: it is destroyed when the last goes */
-  int refs;
-  bool freed_by_user;
+  struct kiln__anchor *anchor;       /* what objects made from the context hold on to */
   /* what a failed step must undo (core/undo.c) */
   kiln__undo_entry *undo;
   int nundo, cap_undo;
@@ -311,9 +309,15 @@ void kiln__undo_free(kiln_ctx *ctx);
 /* Logs t's gradient flag before a change to it within a step. */
 bool kiln__undo_grad_flag(kiln_tensor *t);
 
-/* Objects made from a context keep it alive: retain when made, release when freed. */
-void kiln__ctx_retain(kiln_ctx *ctx);
-void kiln__ctx_release(kiln_ctx *ctx);
+/* Parameter lists, optimizers, data sets and loaders hold their context's anchor, which outlives
+ * the context: freed after kiln_ctx_free (which freed their tensors with everything else), they
+ * free only their own host memory. */
+typedef struct kiln__anchor {
+  int refs;
+  bool alive; /* the context is not freed yet */
+} kiln__anchor;
+kiln__anchor *kiln__ctx_anchor(kiln_ctx *ctx); /* a new reference to ctx's anchor */
+void kiln__anchor_release(kiln__anchor *a);
 
 /* Validates a tensor handle for function fn: NULL, foreign, freed or stale handles set an error. */
 bool kiln__check(kiln_ctx *ctx, const kiln_tensor *t, const char *fn);

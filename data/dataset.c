@@ -10,6 +10,7 @@
 
 struct kiln_dataset {
   kiln_ctx *ctx;
+  kiln__anchor *anchor;
   int64_t n;
   kiln_tensor *images; /* (n, features) f32 */
   kiln_tensor *labels; /* (n) i32 */
@@ -17,6 +18,7 @@ struct kiln_dataset {
 
 struct kiln_loader {
   kiln_ctx *ctx;
+  kiln__anchor *anchor;
   kiln_dataset *ds;
   int64_t batch, pos;
   bool shuffle, drop_last;
@@ -54,7 +56,7 @@ kiln_dataset *kiln_dataset_from_mnist(kiln_ctx *ctx, const kiln_mnist *m, float 
   for (int64_t i = 0; i < m->n; i++)
     y[i] = m->labels[i];
   ds->ctx = ctx;
-  kiln__ctx_retain(ctx);
+  ds->anchor = kiln__ctx_anchor(ctx);
   ds->n = m->n;
   ds->images = kiln_tensor_from_host(ctx, KILN_DTYPE_F32, KILN_SHAPE(m->n, feat), x);
   ds->labels = kiln_tensor_from_host(ctx, KILN_DTYPE_I32, KILN_SHAPE(m->n), y);
@@ -84,11 +86,12 @@ kiln_tensor *kiln_dataset_labels(const kiln_dataset *ds) { return ds ? ds->label
 
 void kiln_dataset_free(kiln_dataset *ds) {
   if (!ds) return;
-  kiln_tensor_free(ds->images);
-  kiln_tensor_free(ds->labels);
-  kiln_ctx *ctx = ds->ctx;
+  if (ds->anchor->alive) { /* else kiln_ctx_free freed them */
+    kiln_tensor_free(ds->images);
+    kiln_tensor_free(ds->labels);
+  }
+  kiln__anchor_release(ds->anchor);
   free(ds);
-  kiln__ctx_release(ctx);
 }
 
 kiln_loader *kiln_loader_new(kiln_dataset *ds, int64_t batch, int shuffle, uint64_t seed,
@@ -109,7 +112,7 @@ kiln_loader *kiln_loader_new(kiln_dataset *ds, int64_t batch, int shuffle, uint6
   }
   l->ds = ds;
   l->ctx = ctx;
-  kiln__ctx_retain(ctx);
+  l->anchor = kiln__ctx_anchor(ctx);
   l->batch = batch;
   l->shuffle = shuffle != 0;
   l->drop_last = drop_last != 0;
@@ -173,10 +176,11 @@ int64_t kiln_loader_batches(const kiln_loader *l) {
 
 void kiln_loader_free(kiln_loader *l) {
   if (!l) return;
-  kiln__undo_forget(l->ctx, l);
-  kiln_tensor_free(l->order);
+  if (l->anchor->alive) { /* else kiln_ctx_free freed the order */
+    kiln__undo_forget(l->ctx, l);
+    kiln_tensor_free(l->order);
+  }
   free(l->host_order);
-  kiln_ctx *ctx = l->ctx;
+  kiln__anchor_release(l->anchor);
   free(l);
-  kiln__ctx_release(ctx);
 }

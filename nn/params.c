@@ -15,6 +15,7 @@ typedef struct param {
 
 struct kiln_params {
   kiln_ctx *ctx;
+  kiln__anchor *anchor;
   param *p;
   int n, cap;
 };
@@ -27,7 +28,7 @@ kiln_params *kiln_params_new(kiln_ctx *ctx) {
     return NULL;
   }
   p->ctx = ctx;
-  kiln__ctx_retain(ctx);
+  p->anchor = kiln__ctx_anchor(ctx);
   return p;
 }
 
@@ -94,12 +95,13 @@ void kiln_params_zero_grad(kiln_params *p) {
 void kiln_params_free(kiln_params *p) {
   if (!p) return;
   for (int i = 0; i < p->n; i++) {
-    p->p[i].t->owned = false; /* the list frees what it owns */
-    kiln_tensor_free(p->p[i].t);
+    if (p->anchor->alive) {     /* else kiln_ctx_free freed the tensors */
+      p->p[i].t->owned = false; /* the list frees what it owns */
+      kiln_tensor_free(p->p[i].t);
+    }
     free(p->p[i].name);
   }
   free(p->p);
-  kiln_ctx *ctx = p->ctx;
+  kiln__anchor_release(p->anchor);
   free(p);
-  kiln__ctx_release(ctx);
 }

@@ -15,6 +15,7 @@ typedef enum kind { SGD, ADAM, ADAMW } kind;
 struct kiln_optim {
   kind kind;
   kiln_ctx *ctx;
+  kiln__anchor *anchor;
   kiln_params *params;
   kiln_sgd_options sgd;
   kiln_adam_options adam;
@@ -149,7 +150,7 @@ static kiln_optim *make(kind k, kiln_params *params, const char *fn) {
   }
   o->kind = k;
   o->ctx = ctx;
-  kiln__ctx_retain(ctx);
+  o->anchor = kiln__ctx_anchor(ctx);
   o->params = params;
   o->n = n;
   return o;
@@ -333,17 +334,16 @@ int64_t kiln_optim_steps(const kiln_optim *o) { return o ? o->steps : 0; }
 
 void kiln_optim_free(kiln_optim *o) {
   if (!o) return;
-  kiln__undo_forget(o->ctx, o);
-  for (int i = 0; i < o->n; i++) {
+  for (int i = 0; i < o->n && o->anchor->alive; i++) { /* else kiln_ctx_free freed them */
     kiln_tensor_free(o->s1[i]);
     kiln_tensor_free(o->s2[i]);
   }
+  if (o->anchor->alive) kiln__undo_forget(o->ctx, o);
   free(o->s1);
   free(o->s2);
   free(o->count);
-  kiln_ctx *ctx = o->ctx;
+  kiln__anchor_release(o->anchor);
   free(o);
-  kiln__ctx_release(ctx);
 }
 
 /* ---------------------------------------------------------------- for checkpoints (optim.h) */
