@@ -81,6 +81,9 @@ typedef struct kiln_ctx_options {
  * RNG seed, KILN_CACHE_DIR the kernel cache, KILN_DUMP_KERNELS=dir writes generated sources.
  */
 kiln_ctx *kiln_ctx_new(const kiln_ctx_options *opts);
+/* Frees the context and every tensor it still holds. Parameter lists, optimizers, data sets and
+ * loaders made from it may be freed before or after it (after it, they free only their own
+ * memory); a tensor may not be used or freed after it. Every kiln_*_free(NULL) does nothing. */
 void kiln_ctx_free(kiln_ctx *ctx);
 int kiln_ctx_has_gpu(const kiln_ctx *ctx);
 /* The cudaStream_t all of the context's work runs on (for events and interop). */
@@ -118,7 +121,12 @@ kiln_status kiln_sync(kiln_ctx *ctx);
 
 /*
  * A training step. kiln_step_begin releases the intermediates of the previous step: their
- * handles become stale and using one is an error. kiln_step_end runs the step's trace.
+ * handles become stale and using one, however many steps later, is an error (a handle's address
+ * is never given to a later one; after some 500 million handles addresses come round again).
+ * kiln_step_end runs the step's trace. A step that fails, in recording or in running, leaves no
+ * host state behind: optimizer step counts and rates, gradients' presence, the RNG state and
+ * loader positions are as the step found them (device work already run by an earlier flush of
+ * the step, with graphs off, stays).
  */
 void kiln_step_begin(kiln_ctx *ctx);
 kiln_status kiln_step_end(kiln_ctx *ctx);
@@ -170,12 +178,15 @@ void kiln_stats(const kiln_ctx *ctx, kiln_exec_stats *out);
 
 /* ---------------------------------------------------------------- tensors */
 
-/* A persistent tensor (owned by the caller, freed with kiln_tensor_free), filled with zeros. */
+/* A persistent tensor (owned by the caller, freed with kiln_tensor_free), filled with zeros.
+ * Every shape is checked: at most KILN_MAX_DIMS dims, no negative size, at most 2^58 elements. */
 kiln_tensor *kiln_tensor_new(kiln_ctx *ctx, kiln_dtype dtype, kiln_shape shape);
 kiln_tensor *kiln_tensor_from_host(kiln_ctx *ctx, kiln_dtype dtype, kiln_shape shape,
                                    const void *data);
 /* Frees a persistent tensor and its gradient; intermediates are released by kiln_step_begin. */
 void kiln_tensor_free(kiln_tensor *t);
+/* (A tensor a parameter list owns is freed with the list; freeing it by hand is an error. Freeing
+ * a tensor that the open step's recorded nodes read makes their backward pass an error.) */
 
 /* Flushes, then copies the whole tensor (any view) to host memory, contiguous. With fusion on,
  * an intermediate that other ops consumed may have lived only in a fused kernel's registers:
@@ -263,7 +274,9 @@ typedef enum kiln_reduction {
   KILN_REDUCTION_SUM,
   KILN_REDUCTION_NONE,
 } kiln_reduction;
-/* logits (N, C) f32, labels (N) i32 in [0, C). */
+/* logits (N, C) f32, labels (N) i32 in [0, C). A label outside [0, C) is found on the device
+ * (no launch waits for the host): the next read of a value, or kiln_sync, returns the error
+ * naming it. */
 kiln_tensor *kiln_cross_entropy(kiln_tensor *logits, kiln_tensor *labels, kiln_reduction red,
                                 float label_smoothing);
 
@@ -283,7 +296,8 @@ kiln_tensor *kiln_slice(kiln_tensor *a, int axis, int64_t start, int64_t end, in
 kiln_tensor *kiln_expand(kiln_tensor *a, kiln_shape shape);
 kiln_tensor *kiln_contiguous(kiln_tensor *a);
 kiln_tensor *kiln_concat(int n, kiln_tensor *const *ts, int axis);
-/* Rows of a (axis 0) picked by idx (K) i32: (K, ...). No gradient. */
+/* Rows of a (axis 0) picked by idx (K) i32: (K, ...). No gradient. An index outside the rows is
+ * found on the device, as a bad label is (kiln_cross_entropy). */
 kiln_tensor *kiln_index_select(kiln_tensor *a, kiln_tensor *idx);
 /* Inverted dropout with counter-based Philox: each call draws a fresh offset from the context. */
 kiln_tensor *kiln_dropout(kiln_tensor *a, float p, int training);
