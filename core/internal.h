@@ -191,9 +191,8 @@ typedef struct kiln__storage {
 
 #define KILN__TENSOR_MAGIC 0x6b696c6e /* "kiln" */
 #define KILN__TENSOR_DEAD 0x64656164  /* "dead": a freed persistent tensor */
-#define KILN__TENSOR_STALE                                                                         \
-  0x6f6c6473 /* "sdlo": an intermediate of a step long over (handles.c)                            \
-              */
+/* "sdlo": an intermediate of a step long over (handles.c) */
+#define KILN__TENSOR_STALE 0x6f6c6473
 
 struct kiln_tensor {
   uint32_t magic;
@@ -211,6 +210,7 @@ struct kiln_tensor {
   bool grad_valid;     /* persistent: grad holds a gradient */
   bool keep;           /* the planner must write it to memory (a host read asked for it) */
   bool owned;          /* persistent: a parameter list owns it (and frees it) */
+  uint64_t undo_mark;  /* the step's undo log holds its gradient flag (core/undo.c) */
   kiln_tensor *grad;   /* persistent: gradient buffer, allocated on first backward */
   kiln_tensor *bw_acc; /* during backward: the gradient gathered so far */
   char *name;          /* NULL or: malloc'd (persistent), in the step's arena (intermediate) */
@@ -291,16 +291,18 @@ struct kiln_ctx {
   /* what a failed step must undo (core/undo.c) */
   kiln__undo_entry *undo;
   int nundo, cap_undo;
+  uint64_t undo_epoch; /* one per step: an object whose mark equals it is in the log */
   uint64_t undo_philox, undo_host_rng;
 };
 
 /* ---------------------------------------------------------------- internal API */
 
 /* The step's undo log (core/undo.c): fn(obj, saved) puts back what saved (malloc'd; the log
- * frees it) describes. Outside a step nothing is logged. */
+ * frees it) describes. Outside a step nothing is logged. Each object logs once per step: *mark
+ * (a field of the object, zero at first) records that it did. */
 typedef void (*kiln__undo_fn)(void *obj, void *saved);
-bool kiln__undo_push(kiln_ctx *ctx, kiln__undo_fn fn, void *obj, void *saved);
-bool kiln__undo_logged(const kiln_ctx *ctx, kiln__undo_fn fn, const void *obj);
+bool kiln__undo_push(kiln_ctx *ctx, kiln__undo_fn fn, void *obj, void *saved, uint64_t *mark);
+bool kiln__undo_logged(const kiln_ctx *ctx, const uint64_t *mark);
 void kiln__undo_forget(kiln_ctx *ctx, const void *obj); /* obj is being freed */
 void kiln__undo_begin(kiln_ctx *ctx);                   /* a step begins */
 void kiln__undo_commit(kiln_ctx *ctx);                  /* it succeeded */

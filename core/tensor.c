@@ -361,11 +361,11 @@ static void undo_grad_flag(void *obj, void *saved) {
 }
 
 bool kiln__undo_grad_flag(kiln_tensor *t) {
-  if (!t->ctx->in_step || kiln__undo_logged(t->ctx, undo_grad_flag, t)) return true;
+  if (!t->ctx->in_step || kiln__undo_logged(t->ctx, &t->undo_mark)) return true;
   bool *saved = malloc(sizeof *saved);
   if (!saved) return !kiln__error(t->ctx, KILN_ERR_OOM, "kiln: out of host memory");
   *saved = t->grad_valid;
-  return kiln__undo_push(t->ctx, undo_grad_flag, t, saved);
+  return kiln__undo_push(t->ctx, undo_grad_flag, t, saved, &t->undo_mark);
 }
 
 void kiln_tensor_zero_grad(kiln_tensor *t) {

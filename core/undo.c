@@ -16,7 +16,7 @@ struct kiln__undo_entry {
   void *saved; /* malloc'd, owned by the log */
 };
 
-bool kiln__undo_push(kiln_ctx *ctx, kiln__undo_fn fn, void *obj, void *saved) {
+bool kiln__undo_push(kiln_ctx *ctx, kiln__undo_fn fn, void *obj, void *saved, uint64_t *mark) {
   if (!ctx->in_step) { /* outside a step nothing is undone: the change stands */
     free(saved);
     return true;
@@ -26,13 +26,12 @@ bool kiln__undo_push(kiln_ctx *ctx, kiln__undo_fn fn, void *obj, void *saved) {
     return !kiln__error(ctx, KILN_ERR_OOM, "kiln: out of host memory for the step's undo log");
   }
   ctx->undo[ctx->nundo++] = (kiln__undo_entry){.fn = fn, .obj = obj, .saved = saved};
+  *mark = ctx->undo_epoch;
   return true;
 }
 
-bool kiln__undo_logged(const kiln_ctx *ctx, kiln__undo_fn fn, const void *obj) {
-  for (int i = 0; i < ctx->nundo; i++)
-    if (ctx->undo[i].fn == fn && ctx->undo[i].obj == obj) return true;
-  return false;
+bool kiln__undo_logged(const kiln_ctx *ctx, const uint64_t *mark) {
+  return ctx->in_step && *mark == ctx->undo_epoch;
 }
 
 void kiln__undo_forget(kiln_ctx *ctx, const void *obj) {
@@ -48,6 +47,7 @@ void kiln__undo_forget(kiln_ctx *ctx, const void *obj) {
 
 void kiln__undo_begin(kiln_ctx *ctx) {
   kiln__undo_commit(ctx);
+  ctx->undo_epoch++; /* from 1: no object is logged yet */
   ctx->undo_philox = ctx->philox_offset;
   ctx->undo_host_rng = ctx->host_rng;
 }

@@ -25,6 +25,7 @@ struct kiln_loader {
   uint64_t seed;
   kiln_tensor *order; /* (n) i32: this epoch's order */
   int32_t *host_order;
+  uint64_t undo_mark; /* the step's undo log holds pos (core/undo.c) */
 };
 
 kiln_dataset *kiln_dataset_from_mnist(kiln_ctx *ctx, const kiln_mnist *m, float mean, float std) {
@@ -150,12 +151,12 @@ static void undo_pos(void *obj, void *saved) { ((kiln_loader *)obj)->pos = *(int
 
 int kiln_loader_next(kiln_loader *l, kiln_tensor **x, kiln_tensor **y) {
   if (!l || !x || !y) return 0;
-  if (l->ctx->in_step && !kiln__undo_logged(l->ctx, undo_pos, l)) {
+  if (l->ctx->in_step && !kiln__undo_logged(l->ctx, &l->undo_mark)) {
     /* a failed step gives its batches back */
     int64_t *saved = malloc(sizeof *saved);
     if (!saved) return kiln__error(l->ctx, KILN_ERR_OOM, "kiln_loader_next: out of host memory"), 0;
     *saved = l->pos;
-    if (!kiln__undo_push(l->ctx, undo_pos, l, saved)) return 0;
+    if (!kiln__undo_push(l->ctx, undo_pos, l, saved, &l->undo_mark)) return 0;
   }
   int64_t n = l->ds->n, left = n - l->pos;
   if (left <= 0 || (l->drop_last && left < l->batch)) return 0;

@@ -26,6 +26,7 @@ struct kiln_optim {
   int64_t *count;         /* updates each parameter has had */
   bool scheduled;
   kiln_schedule schedule;
+  uint64_t undo_mark; /* the step's undo log holds its state (core/undo.c) */
 };
 
 static double cos_anneal(double from, double to, double pct) {
@@ -245,13 +246,13 @@ static void undo_step(void *obj, void *saved) {
 
 /* Logs the optimizer's state once per step, before the step changes it. */
 static bool log_state(kiln_optim *o) {
-  if (!o->ctx->in_step || kiln__undo_logged(o->ctx, undo_step, o)) return true;
+  if (!o->ctx->in_step || kiln__undo_logged(o->ctx, &o->undo_mark)) return true;
   saved_state *s = malloc(sizeof *s + (size_t)o->n * sizeof s->count[0]);
   if (!s) return !kiln__error(o->ctx, KILN_ERR_OOM, "kiln_optim_step: out of host memory");
   s->steps = o->steps;
   s->lr = o->lr;
   memcpy(s->count, o->count, (size_t)o->n * sizeof *o->count);
-  return kiln__undo_push(o->ctx, undo_step, o, s);
+  return kiln__undo_push(o->ctx, undo_step, o, s, &o->undo_mark);
 }
 
 kiln_status kiln_optim_step(kiln_optim *o) {
