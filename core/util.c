@@ -1,12 +1,16 @@
 /*
- * util.c: hashing, splitmix64, growable arrays and strings (see util.h).
+ * util.c: hashing, splitmix64, growable arrays and strings, regular files (see util.h).
  */
 #include "util.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 uint64_t kiln__hash(const void *p, size_t n, uint64_t h) {
   const unsigned char *b = p;
@@ -88,4 +92,23 @@ void kiln__sb_printf(kiln__sb *b, const char *fmt, ...) {
 void kiln__sb_free(kiln__sb *b) {
   free(b->s);
   memset(b, 0, sizeof *b);
+}
+
+FILE *kiln__fopen_regular(const char *path, bool *irregular, uint64_t *size) {
+  *irregular = false;
+  int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) return NULL;
+  struct stat st;
+  FILE *f = NULL;
+  if (fstat(fd, &st) == 0) {
+    *irregular = !S_ISREG(st.st_mode);
+    if (!*irregular) f = fdopen(fd, "rb"); /* O_NONBLOCK does nothing to a regular file */
+    if (size) *size = (uint64_t)st.st_size;
+  }
+  if (!f) {
+    int e = errno;
+    close(fd);
+    errno = e;
+  }
+  return f;
 }

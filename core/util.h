@@ -1,6 +1,6 @@
 /*
  * util.h: small host utilities every layer uses: hashing, the splitmix64 generator, growable
- * arrays and a growable string. No CUDA, no context.
+ * arrays, a growable string and opening regular files. No CUDA, no context.
  */
 #ifndef KILN_UTIL_H
 #define KILN_UTIL_H
@@ -8,6 +8,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 /* FNV-1a, 64-bit, continuing from h (0 starts a new hash). */
 uint64_t kiln__hash(const void *p, size_t n, uint64_t h);
@@ -32,5 +33,10 @@ typedef struct kiln__sb {
 void kiln__sb_printf(kiln__sb *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void kiln__sb_put(kiln__sb *b, const void *p, size_t n); /* raw bytes */
 void kiln__sb_free(kiln__sb *b);
+
+/* Opens path for reading when it is a regular file, and gives its size (size may be NULL). The
+ * open does not block, so a FIFO or a device at the path cannot hang the process. NULL on
+ * failure: *irregular says the path exists but is not a regular file; otherwise errno says why. */
+FILE *kiln__fopen_regular(const char *path, bool *irregular, uint64_t *size);
 
 #endif

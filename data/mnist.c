@@ -7,7 +7,6 @@
 #include <limits.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <zlib.h>
 
 #include "../core/internal.h"
@@ -130,11 +129,10 @@ static FILE *open_idx(const char *dir, const char *name, char **path, char *why,
       snprintf(why, wlen, "out of host memory");
       return NULL;
     }
-    FILE *f = fopen(*path, "rb");
-    if (f) {
-      struct stat st;
-      if (fstat(fileno(f), &st) == 0 && S_ISREG(st.st_mode)) return f;
-      fclose(f);
+    bool irregular;
+    FILE *f = kiln__fopen_regular(*path, &irregular, NULL);
+    if (f) return f;
+    if (irregular) {
       snprintf(why, wlen, "not a regular file");
       return NULL;
     }

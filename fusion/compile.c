@@ -7,7 +7,6 @@
  * checksum: a truncated or corrupted one is detected, rebuilt and never loaded.
  */
 #include <errno.h>
-#include <fcntl.h>
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
@@ -147,15 +146,10 @@ static char *cache_path(const kiln__kcache *c, uint64_t key) {
 static void *cache_read(const kiln_ctx *ctx, const kiln__kcache *c, uint64_t key, size_t *size) {
   if (!c->cache_dir) return NULL;
   char *path = cache_path(c, key);
-  int fd = path ? open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC) : -1;
+  bool irregular;
+  FILE *f = path ? kiln__fopen_regular(path, &irregular, NULL) : NULL;
   free(path);
-  if (fd < 0) return NULL;
-  struct stat st;
-  FILE *f = fstat(fd, &st) == 0 && S_ISREG(st.st_mode) ? fdopen(fd, "rb") : NULL;
-  if (!f) {
-    close(fd);
-    return NULL;
-  }
+  if (!f) return NULL;
   cache_header h;
   void *data = NULL;
   if (fread(&h, sizeof h, 1, f) != 1 || memcmp(h.magic, CACHE_MAGIC, 8) != 0 || h.key != key ||

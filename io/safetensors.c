@@ -261,14 +261,12 @@ kiln_status kiln__st_parse(kiln_ctx *ctx, const char *fn, const char *path, cons
 
 kiln_status kiln__st_open(kiln_ctx *ctx, const char *fn, const char *path, kiln__st_file *out) {
   memset(out, 0, sizeof *out);
-  FILE *f = fopen(path, "rb");
-  if (!f) return kiln__error(ctx, KILN_ERR_IO, "%s: cannot open %s: %s", fn, path, strerror(errno));
-  struct stat st;
-  if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode)) {
-    fclose(f);
+  bool irregular;
+  uint64_t size = 0;
+  FILE *f = kiln__fopen_regular(path, &irregular, &size);
+  if (!f && irregular)
     return kiln__error(ctx, KILN_ERR_IO, "%s: %s is not a regular file", fn, path);
-  }
-  uint64_t size = (uint64_t)st.st_size;
+  if (!f) return kiln__error(ctx, KILN_ERR_IO, "%s: cannot open %s: %s", fn, path, strerror(errno));
   uint8_t first8[8];
   char why[256] = "";
   if (size < 8 || fread(first8, 1, 8, f) != 8) {

@@ -479,6 +479,30 @@ Test(hardening, a_small_gz_cannot_inflate_past_its_header) {
   th_remove_dir(dir);
 }
 
+/* A FIFO where a file should be: refused at once (a blocking open would wait for a writer
+ * forever; the timeout turns such a hang into a failure). */
+Test(hardening, fifos_are_not_files, .timeout = 60) {
+  char dir[256];
+  th_idx_synthetic(dir, sizeof dir, false);
+  char path[1200];
+  snprintf(path, sizeof path, "%s/" TH_IDX_LABELS, dir);
+  cr_assert_eq(unlink(path), 0);
+  cr_assert_eq(mkfifo(path, 0644), 0);
+  TH_EXPECT_MNIST_ERROR(dir, KILN_ERR_IO, TH_IDX_LABELS, "not a regular file");
+  snprintf(path, sizeof path, "%s/weights.safetensors", dir);
+  cr_assert_eq(mkfifo(path, 0644), 0);
+  kiln_ctx *ctx = th_cpu_ctx();
+  kiln_params *p = kiln_params_new(ctx);
+  kiln_linear l;
+  cr_assert_eq(kiln_linear_init(&l, p, "fc", 2, 2, 1), KILN_OK);
+  cr_assert_eq(kiln_params_load(p, path), KILN_ERR_IO);
+  TH_ASSERT_ERROR(ctx, KILN_ERR_IO, "kiln_params_load", "not a regular file");
+  kiln_ctx_clear_error(ctx);
+  kiln_params_free(p);
+  th_ctx_free(ctx);
+  th_remove_dir(dir);
+}
+
 Test(hardening, mnist_paths_long_or_not_files) {
   char dir[256];
   th_idx_synthetic(dir, sizeof dir, false);
