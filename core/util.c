@@ -94,6 +94,20 @@ void kiln__sb_free(kiln__sb *b) {
   memset(b, 0, sizeof *b);
 }
 
+char *kiln__strf(const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  int n = vsnprintf(NULL, 0, fmt, ap);
+  va_end(ap);
+  char *s = n < 0 ? NULL : malloc((size_t)n + 1);
+  if (s) {
+    va_start(ap, fmt);
+    vsnprintf(s, (size_t)n + 1, fmt, ap);
+    va_end(ap);
+  }
+  return s;
+}
+
 FILE *kiln__fopen_regular(const char *path, bool *irregular, uint64_t *size) {
   *irregular = false;
   int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);

@@ -34,6 +34,9 @@ void kiln__sb_printf(kiln__sb *b, const char *fmt, ...) __attribute__((format(pr
 void kiln__sb_put(kiln__sb *b, const void *p, size_t n); /* raw bytes */
 void kiln__sb_free(kiln__sb *b);
 
+/* A formatted string in malloc'd memory (the caller frees it); NULL out of host memory. */
+char *kiln__strf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
 /* Opens path for reading when it is a regular file, and gives its size (size may be NULL). The
  * open does not block, so a FIFO or a device at the path cannot hang the process. NULL on
  * failure: *irregular says the path exists but is not a regular file; otherwise errno says why. */

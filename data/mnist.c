@@ -109,14 +109,6 @@ fail:
   return NULL;
 }
 
-/* "dir/name<suffix>", malloc'd (NULL out of memory). */
-static char *join(const char *dir, const char *name, const char *suffix) {
-  size_t n = strlen(dir) + strlen(name) + strlen(suffix) + 2;
-  char *p = malloc(n);
-  if (p) snprintf(p, n, "%s/%s%s", dir, name, suffix);
-  return p;
-}
-
 /* Opens dir/name, else dir/name.gz, as a regular file; *path (malloc'd) names the file opened,
  * or what was tried. NULL with why filled, and *missing when neither exists. */
 static FILE *open_idx(const char *dir, const char *name, char **path, char *why, size_t wlen,
@@ -124,7 +116,7 @@ static FILE *open_idx(const char *dir, const char *name, char **path, char *why,
   *missing = false;
   const char *suffix[2] = {"", ".gz"};
   for (int k = 0; k < 2; k++) {
-    *path = join(dir, name, suffix[k]);
+    *path = kiln__strf("%s/%s%s", dir, name, suffix[k]);
     if (!*path) {
       snprintf(why, wlen, "out of host memory");
       return NULL;
@@ -145,7 +137,7 @@ static FILE *open_idx(const char *dir, const char *name, char **path, char *why,
     *missing = e == ENOENT;
     if (*missing) {
       free(*path);
-      *path = join(dir, name, "[.gz]");
+      *path = kiln__strf("%s/%s[.gz]", dir, name);
     }
     return NULL;
   }

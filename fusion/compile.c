@@ -102,13 +102,6 @@ static double now_ms(void) {
 }
 
 /* "a/b" + suffix or "a" + "/" + b + suffix, malloc'd (NULL out of memory). */
-static char *path_join(const char *dir, const char *name, const char *suffix) {
-  size_t n = strlen(dir) + strlen(name) + strlen(suffix) + 2;
-  char *p = malloc(n);
-  if (p) snprintf(p, n, "%s/%s%s", dir, name, suffix);
-  return p;
-}
-
 static int mkdir_p(const char *dir) {
   char *tmp = strdup(dir);
   if (!tmp) return -1;
@@ -138,7 +131,7 @@ static void cache_warn(kiln__kcache *c, const char *what) {
 static char *cache_path(const kiln__kcache *c, uint64_t key) {
   char name[32];
   snprintf(name, sizeof name, "%016" PRIx64, key);
-  return path_join(c->cache_dir, name, ".cubin");
+  return kiln__strf("%s/%s.cubin", c->cache_dir, name);
 }
 
 /* Reads a cache entry; NULL when it is missing or does not check out. Only a regular file is
@@ -180,9 +173,7 @@ static void cache_write(const kiln_ctx *ctx, kiln__kcache *c, uint64_t key, cons
   if (!c->cache_dir) return;
   if (mkdir_p(c->cache_dir) != 0) return cache_warn(c, strerror(errno));
   char *path = cache_path(c, key);
-  char pid[32];
-  snprintf(pid, sizeof pid, ".tmp.%ld", (long)getpid());
-  char *tmp = path ? path_join(c->cache_dir, strrchr(path, '/') + 1, pid) : NULL;
+  char *tmp = path ? kiln__strf("%s.tmp.%ld", path, (long)getpid()) : NULL;
   FILE *f = tmp ? fopen(tmp, "wb") : NULL;
   if (!f) {
     if (tmp) cache_warn(c, strerror(errno));
@@ -212,7 +203,7 @@ static void cache_write(const kiln_ctx *ctx, kiln__kcache *c, uint64_t key, cons
 static void write_headers(kiln__kcache *c, const char *dir) {
   if (dir == c->dump_dir && c->headers_dumped) return;
   for (int i = 0; i < kiln__device_nfiles; i++) {
-    char *path = path_join(dir, kiln__device_files[i].name, "");
+    char *path = kiln__strf("%s/%s", dir, kiln__device_files[i].name);
     FILE *f = path ? fopen(path, "w") : NULL;
     free(path);
     if (!f) return;
@@ -228,7 +219,7 @@ static char *write_source(const kiln_ctx *ctx, kiln__kcache *c, const char *dir,
                           const char *source, const char *comment) {
   if (!dir || mkdir_p(dir) != 0) return NULL;
   write_headers(c, dir);
-  char *path = path_join(dir, name, ".cu");
+  char *path = kiln__strf("%s/%s.cu", dir, name);
   FILE *f = path ? fopen(path, "w") : NULL;
   if (!f) {
     free(path);

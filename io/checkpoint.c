@@ -100,13 +100,11 @@ typedef struct slots {
 /* Adds tensor t under the name prefix + name + suffix. */
 static bool slots_add(slots *ss, const char *prefix, const char *name, const char *suffix,
                       kiln_tensor *t) {
-  size_t n = strlen(prefix) + strlen(name) + strlen(suffix) + 1;
-  char *copy = malloc(n);
+  char *copy = kiln__strf("%s%s%s", prefix, name, suffix);
   if (!copy || !KILN__GROW(ss->s, ss->cap, ss->n + 1)) {
     free(copy);
     return false;
   }
-  snprintf(copy, n, "%s%s%s", prefix, name, suffix);
   ss->s[ss->n++] = (slot){.name = copy, .t = t};
   return true;
 }

@@ -29,12 +29,7 @@ static bool meta_num(const cJSON *m, const char *k, uint64_t max, uint64_t *v) {
   return true;
 }
 
-char *kiln__ckpt_count_key(const char *name) {
-  size_t n = strlen(name) + 20;
-  char *k = malloc(n);
-  if (k) snprintf(k, n, "kiln.optim.count/%s", name);
-  return k;
-}
+char *kiln__ckpt_count_key(const char *name) { return kiln__strf("kiln.optim.count/%s", name); }
 
 /* Fills why and returns it. */
 static const char *bad(char *why, size_t n, const char *what, const char *key, const char *val) {

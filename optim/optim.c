@@ -163,10 +163,8 @@ static bool make_state(kiln_optim *o, kiln_tensor **s, const char *suffix) {
     kiln_tensor *p = kiln_params_get(o->params, i);
     s[i] = kiln__tensor_persistent(o->ctx, KILN_DTYPE_F32, p->ndim, p->shape, true);
     if (!s[i]) return false;
-    size_t n = strlen(kiln__name(p)) + strlen(suffix) + 2;
-    char *name = malloc(n);
+    char *name = kiln__strf("%s.%s", kiln__name(p), suffix);
     if (!name) return !kiln__error(o->ctx, KILN_ERR_OOM, "kiln: out of host memory");
-    snprintf(name, n, "%s.%s", kiln__name(p), suffix);
     kiln_tensor_set_name(s[i], name);
     free(name);
   }
