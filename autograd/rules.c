@@ -291,3 +291,26 @@ void kiln__grad_concat(kiln__bw *b, const kiln__node *n, kiln_tensor *g, kiln_te
     start += len;
   }
 }
+
+/* ---------------------------------------------------------------- windows */
+
+/* Window op `op` of x with n's geometry and flag, giving an output shaped like `like`. */
+static kiln_tensor *window_like(kiln__op op, const kiln__node *n, kiln_tensor *x, kiln_tensor *x2,
+                                const kiln_tensor *like) {
+  kiln__win w = kiln__win_of(n);
+  return kiln__window(op, "kiln_backward", kiln_contiguous(x), x2 ? kiln_contiguous(x2) : NULL,
+                      like->shape, &w, n->i[KILN__WIN_LEN]);
+}
+
+void kiln__grad_im2col(kiln__bw *b, const kiln__node *n, kiln_tensor *g, kiln_tensor **gin) {
+  (void)b;
+  gin[0] = window_like(KILN__OP_COL2IM, n, g, NULL, n->in[0]);
+}
+void kiln__grad_max_pool(kiln__bw *b, const kiln__node *n, kiln_tensor *g, kiln_tensor **gin) {
+  (void)b;
+  gin[0] = window_like(KILN__OP_MAX_POOL_GRAD, n, g, n->in[0], n->in[0]);
+}
+void kiln__grad_avg_pool(kiln__bw *b, const kiln__node *n, kiln_tensor *g, kiln_tensor **gin) {
+  (void)b;
+  gin[0] = window_like(KILN__OP_AVG_POOL_GRAD, n, g, NULL, n->in[0]);
+}

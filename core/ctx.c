@@ -86,6 +86,7 @@ kiln_ctx *kiln_ctx_new(const kiln_ctx_options *opts) {
   ctx->num_sms = KILN__DEFAULT_SMS;
   ctx->gen = 1;
   ctx->tf32 = !env_off("KILN_TF32");
+  ctx->training = true;
   ctx->fusion = !env_off("KILN_FUSION");
   ctx->graphs = !env_off("KILN_GRAPH");
   const char *nvtx = getenv("KILN_NVTX");
@@ -156,6 +157,11 @@ const char *kiln_version(void) {
   return KILN__XS(KILN_VERSION_MAJOR) "." KILN__XS(KILN_VERSION_MINOR) "." KILN__XS(
       KILN_VERSION_PATCH);
 }
+
+void kiln_set_training(kiln_ctx *ctx, int on) {
+  if (ctx) ctx->training = on != 0;
+}
+int kiln_training(const kiln_ctx *ctx) { return ctx && ctx->training; }
 
 void kiln_set_tf32(kiln_ctx *ctx, int on) {
   if (ctx) ctx->tf32 = on != 0;

@@ -44,9 +44,9 @@ typedef enum kiln__op {
 } kiln__op;
 
 #define KILN__MAX_IN 8
-#define KILN__NF 8 /* float attributes a node can hold */
-#define KILN__NI 8 /* int attributes */
-#define KILN__NU 2 /* 64-bit attributes */
+#define KILN__NF 8  /* float attributes a node can hold */
+#define KILN__NI 10 /* int attributes */
+#define KILN__NU 2  /* 64-bit attributes */
 
 /*
  * Named attributes. For every op, three structs of one char per attribute of a kind (floats,
@@ -272,6 +272,7 @@ struct kiln_ctx {
   bool nvtx;      /* KILN_NVTX=1: an NVTX range around every launch */
   unsigned debug; /* KILN__DEBUG_* */
   int no_grad_depth;
+  bool training; /* kiln_set_training: layers' train/eval mode */
   uint64_t seed, philox_offset;
   uint64_t host_rng; /* init and shuffles: splitmix64 state */
 
@@ -378,6 +379,21 @@ kiln_tensor *kiln__unbroadcast(kiln_tensor *g, int ndim, const int64_t *shape);
 /* Rows idx[start .. start + count) of a (the index's start is a step value). */
 kiln_tensor *kiln__index_select_at(kiln_tensor *a, kiln_tensor *idx, int64_t start, int64_t count,
                                    const char *fn);
+/* A sliding window over an image (N, H, W, C), the `win` attribute of the window ops (ops.def):
+ * kernel, stride, padding and dilation, height then width. */
+typedef struct kiln__win {
+  int64_t kh, kw, sh, sw, ph, pw, dh, dw;
+} kiln__win;
+#define KILN__WIN_LEN 8
+_Static_assert(sizeof(kiln__win) == KILN__WIN_LEN * sizeof(int64_t), "kiln__win: eight int64s");
+/* The window geometry node n holds (any window op). */
+kiln__win kiln__win_of(const kiln__node *n);
+/* Records window op `op` of x (contiguous) giving an output of out_shape (4-D); flag is the
+ * op's int attribute after win (groups or exclude_pad; ignored by the max pools). x2 is the
+ * second input of max_pool_grad (else NULL). */
+kiln_tensor *kiln__window(kiln__op op, const char *fn, kiln_tensor *x, kiln_tensor *x2,
+                          const int64_t *out_shape, const kiln__win *w, int64_t flag);
+
 /* Records an in-place update of persistent tensors. */
 kiln__node *kiln__update(kiln__op op, const char *fn, int nin, kiln_tensor *const *in);
 /* The node that produced t, when t is an op's output of this step's trace; else NULL. */

@@ -169,10 +169,45 @@ static bool axes_mask(kiln_ctx *ctx, const char *fn, const kiln_tensor *a, kiln_
   return true;
 }
 
+/* A sum over the leading axes of a tall, narrow tensor (R rows of C columns: a bias gradient
+ * over the pixels of a batch of images, a batch norm's statistics) as two sums, each of which
+ * spreads over the whole device: partial sums of blocks of rows, then their sum. One sum over R
+ * rows has only C outputs to share among threads (measured on the H200: 57-68 us for cuBLASLt's
+ * bias-gradient kernel over 73728 x 64, where reading the 19 MB takes 5). */
+#define KILN__SPLIT_MIN_ROWS 8192 /* fewer rows: one sum */
+#define KILN__SPLIT_MAX_COLS 4096 /* more columns: one sum has outputs enough */
+#define KILN__SPLIT_BLOCK 64      /* rows per partial sum, at least (a divisor of R) */
+#define KILN__SPLIT_MAX_BLOCK 1024
+
+static kiln_tensor *split_sum(const char *fn, kiln_tensor *a, unsigned mask, int keepdim,
+                              float scale) {
+  int lead = 0;
+  while (lead < a->ndim && (mask & (1u << lead)))
+    lead++;
+  if (lead == 0 || mask != (1u << lead) - 1 || !kiln__is_contiguous(a)) return NULL;
+  int64_t R = kiln__numel(lead, a->shape), C = kiln__numel(a->ndim - lead, a->shape + lead);
+  if (R < KILN__SPLIT_MIN_ROWS || C > KILN__SPLIT_MAX_COLS || C == 0) return NULL;
+  int64_t blk = KILN__SPLIT_BLOCK;
+  while (blk <= KILN__SPLIT_MAX_BLOCK && R % blk != 0)
+    blk++;
+  if (blk > KILN__SPLIT_MAX_BLOCK) return NULL;
+  kiln_tensor *parts = kiln__reduce(KILN__OP_SUM, fn, kiln_reshape(a, KILN_SHAPE(R / blk, blk, C)),
+                                    2u, 0, 1.f); /* (R / blk, C) */
+  kiln_tensor *sum = kiln__reduce(KILN__OP_SUM, fn, parts, 1u, 0, scale);
+  kiln_shape out = {.ndim = 0};
+  for (int d = 0; d < a->ndim; d++)
+    if (d >= lead || keepdim) out.d[out.ndim++] = d < lead ? 1 : a->shape[d];
+  return kiln_reshape(sum, out);
+}
+
 kiln_tensor *kiln__reduce(kiln__op op, const char *fn, kiln_tensor *a, unsigned mask, int keepdim,
                           float scale) {
   kiln_ctx *ctx = begin(fn, 1, &a);
   if (!ctx) return NULL;
+  if (op == KILN__OP_SUM) {
+    kiln_tensor *s = split_sum(fn, a, mask, keepdim, scale);
+    if (s || !kiln__ok(ctx)) return s;
+  }
   int nd = 0;
   int64_t shape[KILN_MAX_DIMS];
   for (int d = 0; d < a->ndim; d++) {

@@ -131,7 +131,8 @@ static bool alloc_outputs(kiln_ctx *ctx, const kiln__plan *p) {
 }
 
 size_t kiln__relu_mask_bytes(const kiln_tensor *y) {
-  return kiln__blas_mask_bytes(y->shape[0], y->shape[1]);
+  int64_t cols = y->shape[y->ndim - 1]; /* the product's columns; rows are the rest */
+  return kiln__blas_mask_bytes(cols ? kiln_tensor_numel(y) / cols : 0, cols);
 }
 
 /* The bit masks that forward ReLU epilogues write, kept with their outputs' storage. */

@@ -107,6 +107,7 @@ typedef enum kiln__spec_kind {
   KILN__SPEC_ROWS,    /* a row program */
   KILN__SPEC_UPDATES, /* one update over several tensors */
   KILN__SPEC_GATHER,  /* rows picked by index */
+  KILN__SPEC_WINDOW,  /* a sliding-window op over an image (im2col, col2im, pooling) */
   KILN__SPEC_BLAS,    /* a matrix product */
 } kiln__spec_kind;
 
@@ -114,7 +115,7 @@ typedef enum kiln__spec_kind {
 typedef struct kiln__spec {
   kiln__spec_kind kind;
   kiln__ew_prog prog;      /* EW, ROWS; REDUCE: the prologue (n may be 0) */
-  const kiln__node *red;   /* REDUCE: the reduction; GATHER: the index_select */
+  const kiln__node *red;   /* REDUCE: the reduction; GATHER: the index_select; WINDOW: the op */
   const kiln_tensor *full; /* ROWS: the iteration space whose last axis is reduced */
   int nups;                /* UPDATES */
   const kiln__node *ups[KILN__KMAX_UPDATE];

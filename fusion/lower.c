@@ -109,7 +109,11 @@ static void lower_group(const kiln_ctx *ctx, const kiln__plan *p, const kiln__gr
       s->red = n;
       return;
     }
-    KILN_ASSERT(n->op == KILN__OP_CONCAT);
+    if (n->op != KILN__OP_CONCAT) { /* a window op */
+      s->kind = KILN__SPEC_WINDOW;
+      s->red = n;
+      return;
+    }
     lower_concat(ctx, g, s);
     return;
   case KILN__KIND_VIEW: break;

@@ -271,8 +271,9 @@ static bool dense_matrix(const kiln_tensor *t) {
 #define KILN__GELU_INPUT_COLS 8
 
 /* The forward epilogue after product i: + a bias over the columns, then ReLU or the tanh GELU
- * (the library's GELU is the tanh form). When the backward pass will need it, ReLU also writes
- * its bit mask and GELU its input. Returns how many of the following nodes it takes. */
+ * (the library's GELU is the tanh form), which may read a reshape of the product. When the
+ * backward pass will need it, ReLU also writes its bit mask and GELU its input. Returns how many
+ * of the following nodes it takes (a reshape among them stays a view). */
 static int forward_epilogue(kiln_ctx *ctx, const kiln__plan *p, int32_t i, kiln__group *g) {
   const kiln__node *nodes = ctx->trace.nodes, *mm = &nodes[i];
   const kiln_tensor *cur = mm->out, *bias = NULL;
@@ -289,11 +290,19 @@ static int forward_epilogue(kiln_ctx *ctx, const kiln__plan *p, int32_t i, kiln_
     }
   }
   const kiln__node *act = NULL;
-  if (last + 1 < p->last) {
+  /* the activation may read a reshape of the product (a convolution's rows as an image) */
+  int32_t at = last + 1;
+  const kiln_tensor *act_in = cur;
+  bool alone = p->readers[last - p->first] == 1 && !cur->keep;
+  if (at < p->last && nodes[at].op == KILN__OP_RESHAPE && nodes[at].in[0] == cur && alone) {
+    act_in = nodes[at].out;
+    alone = p->readers[at - p->first] == 1 && !act_in->keep;
+    at++;
+  }
+  if (at < p->last) {
     /* the GELU input may have other readers: the epilogue writes it */
-    const kiln__node *r = &nodes[last + 1];
-    bool alone = p->readers[last - p->first] == 1 && !cur->keep;
-    if (r->in[0] == cur && ((r->op == KILN__OP_RELU && alone) || r->op == KILN__OP_GELU_TANH))
+    const kiln__node *r = &nodes[at];
+    if (r->in[0] == act_in && ((r->op == KILN__OP_RELU && alone) || r->op == KILN__OP_GELU_TANH))
       act = r;
   }
   kiln__epi epi = kiln__epi_forward(bias != NULL, 0, false);
@@ -322,7 +331,7 @@ static int forward_epilogue(kiln_ctx *ctx, const kiln__plan *p, int32_t i, kiln_
   g->bias = bias;
   g->aux = aux;
   g->out = act ? act->out : cur;
-  return (last - i) + (act ? 1 : 0);
+  return act ? at - i : last - i;
 }
 
 /* The backward epilogue of product i, dY = g W: its one reader multiplies it by the derivative
@@ -541,8 +550,9 @@ static bool phase_groups(kiln_ctx *ctx, kiln__plan *p, bool fuse) {
         continue;
       }
       int take = forward_epilogue(ctx, p, i, g);
-      for (int k = 1; k <= take; k++)
-        if (!add_member(ctx, p, g, i + k)) return false;
+      for (int k = 1; k <= take; k++) /* a reshape between the bias and ReLU stays a view */
+        if (kiln__ops[nodes[i + k].op].kind != KILN__KIND_VIEW && !add_member(ctx, p, g, i + k))
+          return false;
       if (take == 0 && !backward_epilogue(ctx, p, i, g)) return false;
     }
   }

@@ -719,6 +719,253 @@ static bool render_gather(const kiln__target *tg, const kiln__node *n, kiln__ren
   return ok;
 }
 
+/* ---------------------------------------------------------------- sliding windows */
+
+/* Loads V lanes of channels from p[off] (16 bytes at once when V is 4) into float name[V]. */
+static void emit_lanes_load(kiln__sb *b, const char *ind, const char *name, const char *p,
+                            const char *off, int V) {
+  if (V == 4)
+    kiln__sb_printf(b,
+                    "%sconst float4 %s_ = *(const float4 *)&%s[%s];\n"
+                    "%sconst float %s[4] = {%s_.x, %s_.y, %s_.z, %s_.w};\n",
+                    ind, name, p, off, ind, name, name, name, name, name);
+  else
+    kiln__sb_printf(b, "%sconst float %s[1] = {%s[%s]};\n", ind, name, p, off);
+}
+
+/* Stores float name[V] to the output, operand `out`, at lane group e. */
+static void emit_lanes_store(kiln__sb *b, const char *name, int out, int V) {
+  if (V == 4)
+    kiln__sb_printf(b, "    ((float4 *)a.ptr[%d])[e] = make_float4(%s[0], %s[1], %s[2], %s[3]);\n",
+                    out, name, name, name, name);
+  else
+    kiln__sb_printf(b, "    ((float *)a.ptr[%d])[e] = %s[0];\n", out, name);
+}
+
+/* The image coordinates (n, h, w, channel lane group c) or the window-side ones (n, oh, ow, c)
+ * of lane group e. */
+static void emit_split(kiln__sb *b, bool image) {
+  kiln__sb_printf(b,
+                  "    ix m = e;\n"
+                  "    const ix c = (m %% (C / V)) * V; m /= C / V;\n"
+                  "    const ix %s = m %% %s; m /= %s;\n"
+                  "    const ix %s = m %% %s, n = m / %s;\n",
+                  image ? "w" : "ow", image ? "W" : "OW", image ? "W" : "OW", image ? "h" : "oh",
+                  image ? "H" : "OH", image ? "H" : "OH");
+}
+
+/* Loops over the windows (oh, ow) that read image pixel (h, w) through tap (i, j), innermost
+ * code at 8 spaces; closed by emit_taps_end. */
+static void emit_taps_of_pixel(kiln__sb *b) {
+  kiln__sb_printf(b, "    for (int i = 0; i < KH; i++) {\n"
+                     "      const ix th = h + PH - i * DH;\n"
+                     "      if (th < 0 || th %% SH != 0 || th / SH >= OH) continue;\n"
+                     "      const ix oh = th / SH;\n"
+                     "      for (int j = 0; j < KW; j++) {\n"
+                     "        const ix tw = w + PW - j * DW;\n"
+                     "        if (tw < 0 || tw %% SW != 0 || tw / SW >= OW) continue;\n"
+                     "        const ix ow = tw / SW;\n");
+}
+static void emit_taps_end(kiln__sb *b) { kiln__sb_printf(b, "      }\n    }\n"); }
+
+/* The CUDA C body of a window op (ops.def). One thread computes V neighbouring channels of one
+ * output element (V = 4, with 16-byte loads and stores, when the channels of a group allow it),
+ * in a grid-stride loop over a.n lane groups. Geometry and sizes (but the batch) are constants,
+ * so that every division is by a constant. Operand 0 is the input, operand 1 max_pool_grad's
+ * image or else the output, operand 2 max_pool_grad's output. */
+static void window_body(kiln__sb *b, const kiln__node *n, const kiln__win *w, int64_t flag,
+                        const int64_t *sz, int V, bool wide) {
+  kiln__sb_printf(
+      b,
+      "  typedef %s ix;\n"
+      "  const int KH = %lld, KW = %lld, SH = %lld, SW = %lld, PH = %lld, PW = %lld,"
+      " DH = %lld, DW = %lld, V = %d;\n"
+      "  const ix H = %lld, W = %lld, C = %lld, OH = %lld, OW = %lld;\n"
+      "  (void)KH; (void)KW; (void)DH; (void)DW; (void)PH; (void)PW; (void)H; (void)W;\n"
+      "  for (ix e = (ix)blockIdx.x * blockDim.x + threadIdx.x; e < (ix)a.n;\n"
+      "       e += (ix)gridDim.x * blockDim.x) {\n",
+      wide ? "long long" : "int", (long long)w->kh, (long long)w->kw, (long long)w->sh,
+      (long long)w->sw, (long long)w->ph, (long long)w->pw, (long long)w->dh, (long long)w->dw, V,
+      (long long)sz[1], (long long)sz[2], (long long)sz[3], (long long)sz[4], (long long)sz[5]);
+  switch (n->op) {
+  case KILN__OP_IM2COL: /* e over (N, OH, OW, K / V), K in (group, i, j, channel of the group) */
+    kiln__sb_printf(b,
+                    "    const ix G = %lld, CG = C / G, K = KH * KW * C;\n"
+                    "    const float *x = (const float *)a.ptr[0];\n"
+                    "    ix k = (e %% (K / V)) * V, m = e / (K / V);\n"
+                    "    const ix cg = k %% CG; k /= CG;\n"
+                    "    const int j = (int)(k %% KW); k /= KW;\n"
+                    "    const int i = (int)(k %% KH);\n"
+                    "    const ix c = (k / KH) * CG + cg;\n"
+                    "    const ix ow = m %% OW; m /= OW;\n"
+                    "    const ix oh = m %% OH, n = m / OH;\n"
+                    "    const ix h = oh * SH - PH + i * DH, w = ow * SW - PW + j * DW;\n"
+                    "    float y[V];\n"
+                    "    if (h >= 0 && h < H && w >= 0 && w < W) {\n",
+                    (long long)flag);
+    emit_lanes_load(b, "      ", "xv", "x", "((n * H + h) * W + w) * C + c", V);
+    kiln__sb_printf(b, "#pragma unroll\n"
+                       "      for (int l = 0; l < V; l++) y[l] = xv[l];\n"
+                       "    } else {\n"
+                       "#pragma unroll\n"
+                       "      for (int l = 0; l < V; l++) y[l] = 0.f;\n"
+                       "    }\n");
+    emit_lanes_store(b, "y", 1, V);
+    break;
+  case KILN__OP_COL2IM: /* e over the image: the sum of the columns that read it */
+    kiln__sb_printf(b,
+                    "    const ix G = %lld, CG = C / G, K = KH * KW * C;\n"
+                    "    const float *col = (const float *)a.ptr[0];\n",
+                    (long long)flag);
+    emit_split(b, true);
+    kiln__sb_printf(b, "    const ix g = c / CG, cg = c %% CG;\n"
+                       "    float acc[V] = {};\n");
+    emit_taps_of_pixel(b);
+    emit_lanes_load(b, "        ", "cv", "col",
+                    "((n * OH + oh) * OW + ow) * K + ((g * KH + i) * KW + j) * CG + cg", V);
+    kiln__sb_printf(b, "#pragma unroll\n"
+                       "        for (int l = 0; l < V; l++) acc[l] += cv[l];\n");
+    emit_taps_end(b);
+    emit_lanes_store(b, "acc", 1, V);
+    break;
+  case KILN__OP_MAX_POOL: /* the window's first maximum, NaN winning (PyTorch's) */
+    kiln__sb_printf(b, "    const float *x = (const float *)a.ptr[0];\n");
+    emit_split(b, false);
+    kiln__sb_printf(b, "    float best[V];\n"
+                       "#pragma unroll\n"
+                       "    for (int l = 0; l < V; l++) best[l] = -__int_as_float(0x7f800000);\n"
+                       "    for (int i = 0; i < KH; i++) {\n"
+                       "      const ix h = oh * SH - PH + i * DH;\n"
+                       "      if (h < 0 || h >= H) continue;\n"
+                       "      for (int j = 0; j < KW; j++) {\n"
+                       "        const ix w = ow * SW - PW + j * DW;\n"
+                       "        if (w < 0 || w >= W) continue;\n");
+    emit_lanes_load(b, "        ", "xv", "x", "((n * H + h) * W + w) * C + c", V);
+    kiln__sb_printf(b, "#pragma unroll\n"
+                       "        for (int l = 0; l < V; l++)\n"
+                       "          if (xv[l] > best[l] || isnan(xv[l])) best[l] = xv[l];\n");
+    emit_taps_end(b);
+    emit_lanes_store(b, "best", 1, V);
+    break;
+  case KILN__OP_MAX_POOL_GRAD: /* e over the image: the windows whose first maximum it is */
+    kiln__sb_printf(b, "    const float *dy = (const float *)a.ptr[0];\n"
+                       "    const float *x = (const float *)a.ptr[1];\n");
+    emit_split(b, true);
+    kiln__sb_printf(b, "    float acc[V] = {};\n");
+    emit_taps_of_pixel(b);
+    kiln__sb_printf(b, "        float best[V];\n"
+                       "        int at[V];\n"
+                       "#pragma unroll\n"
+                       "        for (int l = 0; l < V; l++) at[l] = -1;\n"
+                       "        for (int p = 0; p < KH; p++) {\n"
+                       "          const ix hh = oh * SH - PH + p * DH;\n"
+                       "          if (hh < 0 || hh >= H) continue;\n"
+                       "          for (int q = 0; q < KW; q++) {\n"
+                       "            const ix ww = ow * SW - PW + q * DW;\n"
+                       "            if (ww < 0 || ww >= W) continue;\n");
+    emit_lanes_load(b, "            ", "xv", "x", "((n * H + hh) * W + ww) * C + c", V);
+    kiln__sb_printf(b, "#pragma unroll\n"
+                       "            for (int l = 0; l < V; l++)\n"
+                       "              if (at[l] < 0 || xv[l] > best[l] || isnan(xv[l])) {\n"
+                       "                best[l] = xv[l];\n"
+                       "                at[l] = p * KW + q;\n"
+                       "              }\n"
+                       "          }\n"
+                       "        }\n");
+    emit_lanes_load(b, "        ", "gv", "dy", "((n * OH + oh) * OW + ow) * C + c", V);
+    kiln__sb_printf(b, "#pragma unroll\n"
+                       "        for (int l = 0; l < V; l++)\n"
+                       "          if (at[l] == i * KW + j) acc[l] += gv[l];\n");
+    emit_taps_end(b);
+    emit_lanes_store(b, "acc", 2, V);
+    break;
+  case KILN__OP_AVG_POOL:
+    kiln__sb_printf(b, "    const float *x = (const float *)a.ptr[0];\n");
+    emit_split(b, false);
+    kiln__sb_printf(b, "    float acc[V] = {};\n"
+                       "    int inside = 0;\n"
+                       "    for (int i = 0; i < KH; i++) {\n"
+                       "      const ix h = oh * SH - PH + i;\n"
+                       "      if (h < 0 || h >= H) continue;\n"
+                       "      for (int j = 0; j < KW; j++) {\n"
+                       "        const ix w = ow * SW - PW + j;\n"
+                       "        if (w < 0 || w >= W) continue;\n"
+                       "        inside++;\n");
+    emit_lanes_load(b, "        ", "xv", "x", "((n * H + h) * W + w) * C + c", V);
+    kiln__sb_printf(b, "#pragma unroll\n"
+                       "        for (int l = 0; l < V; l++) acc[l] += xv[l];\n");
+    emit_taps_end(b);
+    kiln__sb_printf(b,
+                    "    (void)inside;\n"
+                    "#pragma unroll\n"
+                    "    for (int l = 0; l < V; l++) acc[l] /= (float)(%s);\n",
+                    flag ? "inside" : "KH * KW");
+    emit_lanes_store(b, "acc", 1, V);
+    break;
+  case KILN__OP_AVG_POOL_GRAD: /* e over the image: each window's gradient over its divisor */
+    kiln__sb_printf(b, "    const float *dy = (const float *)a.ptr[0];\n");
+    emit_split(b, true);
+    kiln__sb_printf(b, "    float acc[V] = {};\n");
+    emit_taps_of_pixel(b);
+    if (flag)
+      kiln__sb_printf(b, "        const ix h0 = oh * SH - PH, w0 = ow * SW - PW;\n"
+                         "        const ix nh = (h0 + KH < H ? h0 + KH : H) - (h0 > 0 ? h0 : 0);\n"
+                         "        const ix nw = (w0 + KW < W ? w0 + KW : W) - (w0 > 0 ? w0 : 0);\n"
+                         "        const float div = (float)(nh * nw);\n");
+    else
+      kiln__sb_printf(b, "        const float div = (float)(KH * KW);\n");
+    emit_lanes_load(b, "        ", "gv", "dy", "((n * OH + oh) * OW + ow) * C + c", V);
+    kiln__sb_printf(b, "#pragma unroll\n"
+                       "        for (int l = 0; l < V; l++) acc[l] += gv[l] / div;\n");
+    emit_taps_end(b);
+    emit_lanes_store(b, "acc", 1, V);
+    break;
+  default: KILN_ASSERT(!"window_body: not a window op");
+  }
+  kiln__sb_printf(b, "  }\n");
+}
+
+static bool render_window(const kiln__target *tg, const kiln__node *n, kiln__rendered *r) {
+  bool image_out = n->op == KILN__OP_COL2IM || n->op == KILN__OP_MAX_POOL_GRAD ||
+                   n->op == KILN__OP_AVG_POOL_GRAD;
+  const kiln_tensor *img = image_out ? n->out : n->in[0], *win = image_out ? n->in[0] : n->out;
+  kiln__kargs *a = &r->arg.args;
+  operands o = {0};
+  for (int q = 0; q < n->nin; q++) {
+    KILN_ASSERT(kiln__is_contiguous(n->in[q]) && n->in[q]->dtype == KILN_DTYPE_F32);
+    operand(&o, n->in[q], false, NULL);
+  }
+  operand(&o, n->out, true, NULL);
+  int64_t sz[6] = {img->shape[0], img->shape[1], img->shape[2],
+                   img->shape[3], win->shape[1], win->shape[2]};
+  bool cols = n->op == KILN__OP_IM2COL || n->op == KILN__OP_COL2IM;
+  int64_t lanes = cols ? sz[3] / n->i[KILN__WIN_LEN] : sz[3]; /* channels a lane group spans */
+  int V = lanes % 4 == 0 ? 4 : 1;
+  bool aligned = true; /* 16-byte loads and stores need 16-byte aligned first elements */
+  for (int k = 0; k < o.n; k++)
+    aligned = aligned && (o.t[k]->offset * 4) % 16 == 0;
+  if (!aligned) V = 1;
+  int64_t most = kiln_tensor_numel(n->out);
+  for (int q = 0; q < n->nin; q++)
+    if (kiln_tensor_numel(n->in[q]) > most) most = kiln_tensor_numel(n->in[q]);
+  bool wide = most >= ((int64_t)1 << 31) - KILN__INDEX_MARGIN;
+  a->n = kiln_tensor_numel(n->out) / V;
+  kiln__win w = kiln__win_of(n);
+  kiln__sb b = {0};
+  window_body(&b, n, &w, n->i[KILN__WIN_LEN], sz, V, wide);
+  char stem[64];
+  snprintf(stem, sizeof stem, "k_%s_%lldx%lld_s%lld_f32%s", kiln__ops[n->op].name, (long long)w.kh,
+           (long long)w.kw, (long long)w.sh, V == 4 ? "_v4" : "");
+  bool ok = finish(&b, stem, &o, r);
+  kiln__sb_free(&b);
+  r->block = KILN__BLOCK;
+  r->grid = grid_for(tg, a->n);
+  for (int q = 0; q < n->nin; q++)
+    r->bytes_read += footprint(n->in[q]);
+  r->bytes_written = footprint(n->out);
+  return ok;
+}
+
 /* ---------------------------------------------------------------- row programs */
 
 /* The offset of a once-per-row operand k: its strides over the row's outer coordinates. */
@@ -891,6 +1138,7 @@ bool kiln__render(const kiln__target *t, const kiln__spec *s, kiln__rendered *r)
   case KILN__SPEC_ROWS: return render_rows(t, &s->prog, s->full, r);
   case KILN__SPEC_UPDATES: return render_updates(t, s->ups, s->nups, r);
   case KILN__SPEC_GATHER: return render_gather(t, s->red, r);
+  case KILN__SPEC_WINDOW: return render_window(t, s->red, r);
   case KILN__SPEC_BLAS: break;
   }
   KILN_ASSERT(!"nothing to render for a BLAS call");

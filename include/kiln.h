@@ -304,6 +304,58 @@ kiln_tensor *kiln_dropout(kiln_tensor *a, float p, int training);
 /* The same values without a gradient path. */
 kiln_tensor *kiln_detach(kiln_tensor *a);
 
+/* ---------------------------------------------------------------- images
+ *
+ * Images are (N, H, W, C): channels last, the layout tensor cores want (PyTorch's memory format
+ * channels_last). Convolution weights keep PyTorch's (Cout, Cin / groups, kh, kw) in memory and in
+ * files. Every options struct here follows one rule: a zero field means PyTorch's default. */
+
+typedef struct kiln_conv2d_options {
+  int stride_h, stride_w;     /* 0: 1 */
+  int pad_h, pad_w;           /* zero padding on each side; 0: none */
+  int dilation_h, dilation_w; /* 0: 1 */
+  int groups;                 /* 0: 1; Cin and Cout must be multiples (Cin groups: depthwise) */
+} kiln_conv2d_options;
+/* x (N, H, W, Cin), weight (Cout, Cin / groups, kh, kw), bias (Cout) or NULL; gives
+ * (N, OH, OW, Cout) with OH = (H + 2 pad_h - dilation_h (kh - 1) - 1) / stride_h + 1 (and OW
+ * alike), as torch.nn.functional.conv2d. NULL options: stride 1, no padding, no dilation, one
+ * group. Runs as a matrix product over the im2col of x (TF32 tensor cores unless
+ * kiln_set_tf32(ctx, 0)). */
+kiln_tensor *kiln_conv2d(kiln_tensor *x, kiln_tensor *weight, kiln_tensor *bias,
+                         const kiln_conv2d_options *o);
+
+typedef struct kiln_pool2d_options {
+  int kernel_h, kernel_w;     /* required, > 0 */
+  int stride_h, stride_w;     /* 0: the kernel size (PyTorch's default) */
+  int pad_h, pad_w;           /* at most half the kernel, as PyTorch; 0: none */
+  int dilation_h, dilation_w; /* max pooling only; 0: 1 */
+  int exclude_pad;            /* avg pooling: 1 divides by the window's elements inside the image
+                               * (PyTorch's count_include_pad=False); 0 by the whole window */
+} kiln_pool2d_options;
+/* x (N, H, W, C) to (N, OH, OW, C), the output size as kiln_conv2d's (floor mode). Max pooling's
+ * padding is -infinity and its gradient goes to the first maximum of each window (PyTorch's). */
+kiln_tensor *kiln_max_pool2d(kiln_tensor *x, const kiln_pool2d_options *o);
+kiln_tensor *kiln_avg_pool2d(kiln_tensor *x, const kiln_pool2d_options *o);
+/* The mean or the maximum over H and W: (N, H, W, C) to (N, C). */
+kiln_tensor *kiln_global_avg_pool2d(kiln_tensor *x);
+kiln_tensor *kiln_global_max_pool2d(kiln_tensor *x);
+
+/* Batch normalization over every axis but the last (the channels): x (N, H, W, C), or (N, C).
+ * weight and bias (C) or NULL (no affine). running_mean and running_var (C) or NULL (no running
+ * statistics: batch statistics always). training != 0: normalises with the batch's mean and
+ * biased variance and, when running statistics are given, updates them in place as PyTorch does
+ * (running = (1 - momentum) running + momentum batch, the variance unbiased); training == 0:
+ * normalises with the running statistics. PyTorch's defaults: momentum 0.1, eps 1e-5. */
+kiln_tensor *kiln_batch_norm(kiln_tensor *x, kiln_tensor *weight, kiln_tensor *bias,
+                             kiln_tensor *running_mean, kiln_tensor *running_var, int training,
+                             float momentum, float eps);
+/* Layer normalization over the last axis: weight and bias (C) or NULL. */
+kiln_tensor *kiln_layer_norm(kiln_tensor *x, kiln_tensor *weight, kiln_tensor *bias, float eps);
+/* (N, ...) to (N, rest). A 4-D image (N, H, W, C) is flattened in PyTorch's order, (C, H, W),
+ * so that a linear layer after it takes a PyTorch model's weights unchanged (one copy); other
+ * ranks are a view. */
+kiln_tensor *kiln_flatten(kiln_tensor *x);
+
 /* ---------------------------------------------------------------- autograd */
 
 /* Records the backward pass of a one-element loss; gradients accumulate into .grad. */
@@ -334,7 +386,8 @@ kiln_status kiln_gradcheck(kiln_ctx *ctx, kiln_gradcheck_fn fn, int n, kiln_tens
 typedef struct kiln_params kiln_params;
 kiln_params *kiln_params_new(kiln_ctx *ctx);
 kiln_ctx *kiln_params_ctx(const kiln_params *p); /* the context the list belongs to */
-/* Takes ownership of t (freed with the list); names must be unique. */
+/* Takes ownership of t (freed with the list); names must be unique. An f32 parameter is made to
+ * require gradients, as torch.nn.Parameter. */
 kiln_status kiln_params_add(kiln_params *p, const char *name, kiln_tensor *t);
 int kiln_params_count(const kiln_params *p);
 kiln_tensor *kiln_params_get(const kiln_params *p, int i);
@@ -353,6 +406,57 @@ typedef struct kiln_linear {
 kiln_status kiln_linear_init(kiln_linear *l, kiln_params *params, const char *name,
                              int64_t in_features, int64_t out_features, int bias);
 kiln_tensor *kiln_linear_forward(const kiln_linear *l, kiln_tensor *x);
+
+/* A buffer: a persistent tensor the list owns, saves and loads like a parameter (checkpoints,
+ * weights files) but that never requires a gradient and that optimizers never see (batch norm's
+ * running statistics). */
+kiln_status kiln_params_add_buffer(kiln_params *p, const char *name, kiln_tensor *t);
+int kiln_params_is_buffer(const kiln_params *p, int i);
+
+/* Training or evaluation mode of the context, as PyTorch's model.train() / model.eval(): the
+ * layers below (batch norm) follow it. On at first. */
+void kiln_set_training(kiln_ctx *ctx, int on);
+int kiln_training(const kiln_ctx *ctx);
+
+/* Convolution layer: weight "name.weight" (Cout, Cin / groups, kh, kw) and bias "name.bias"
+ * (Cout), initialised as torch.nn.Conv2d: U(-1/sqrt(fan_in), 1/sqrt(fan_in)) for both, fan_in =
+ * Cin / groups * kh * kw. */
+typedef struct kiln_conv2d_layer {
+  kiln_tensor *weight, *bias; /* bias NULL when made without */
+  int64_t in_channels, out_channels;
+  int kernel_h, kernel_w;
+  kiln_conv2d_options opt;
+} kiln_conv2d_layer;
+kiln_status kiln_conv2d_layer_init(kiln_conv2d_layer *l, kiln_params *params, const char *name,
+                                   int64_t in_channels, int64_t out_channels, int kernel_h,
+                                   int kernel_w, const kiln_conv2d_options *o, int bias);
+kiln_tensor *kiln_conv2d_layer_forward(const kiln_conv2d_layer *l, kiln_tensor *x);
+
+/* Batch norm layer (torch.nn.BatchNorm2d, or BatchNorm1d on (N, C)): parameters "name.weight"
+ * (ones) and "name.bias" (zeros) when affine, buffers "name.running_mean" (zeros) and
+ * "name.running_var" (ones), PyTorch's names. A PyTorch file's "name.num_batches_tracked" is
+ * accepted and ignored by kiln_params_load (kiln's momentum is fixed). Forward follows
+ * kiln_training(ctx). momentum 0 means 0.1 and eps 0 means 1e-5. */
+typedef struct kiln_batch_norm_layer {
+  kiln_tensor *weight, *bias, *running_mean, *running_var;
+  int64_t channels;
+  float momentum, eps;
+} kiln_batch_norm_layer;
+kiln_status kiln_batch_norm_layer_init(kiln_batch_norm_layer *l, kiln_params *params,
+                                       const char *name, int64_t channels, float momentum,
+                                       float eps, int affine);
+kiln_tensor *kiln_batch_norm_layer_forward(const kiln_batch_norm_layer *l, kiln_tensor *x);
+
+/* Layer norm over the last axis (torch.nn.LayerNorm(channels)): "name.weight" (ones),
+ * "name.bias" (zeros); eps 0 means 1e-5. */
+typedef struct kiln_layer_norm_layer {
+  kiln_tensor *weight, *bias;
+  int64_t channels;
+  float eps;
+} kiln_layer_norm_layer;
+kiln_status kiln_layer_norm_layer_init(kiln_layer_norm_layer *l, kiln_params *params,
+                                       const char *name, int64_t channels, float eps);
+kiln_tensor *kiln_layer_norm_layer_forward(const kiln_layer_norm_layer *l, kiln_tensor *x);
 
 /* ---------------------------------------------------------------- optim */
 

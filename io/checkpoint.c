@@ -219,19 +219,23 @@ static kiln_status match(kiln_ctx *ctx, const char *fn, const char *path, const 
                          "model",
                          fn, path, s->name, kiln_shape_str(es, got, sizeof got),
                          kiln__shape_of(s->t, want, sizeof want));
-    bool ok_dt = e->dtype == KILN_DTYPE_F32 || (e->dtype == KILN_DTYPE_BF16 && i < nparams);
+    bool ok_dt =
+        !e->i64 && (e->dtype == KILN_DTYPE_F32 || (e->dtype == KILN_DTYPE_BF16 && i < nparams));
     if (!ok_dt)
       return kiln__error(ctx, KILN_ERR_FORMAT, "%s: %s: tensor '%s' is %s; %s", fn, path, s->name,
-                         kiln_dtype_name(e->dtype),
+                         e->i64 ? "i64" : kiln_dtype_name(e->dtype),
                          i < nparams ? "parameters load from f32 or bf16"
                                      : "optimizer state loads from f32");
   }
   /* a tensor in the file that the model does not have means a different model (names in the
    * file are unique and every slot's was found: any more entries are extra) */
   for (int k = 0; k < f->n && f->n > ss->n; k++) {
-    bool known = false;
+    /* PyTorch's batch-norm step counter, which kiln does not keep */
+    const char *nm = f->e[k].name, *tail = ".num_batches_tracked";
+    size_t ln = strlen(nm), lt = strlen(tail);
+    bool known = f->e[k].i64 && ln >= lt && strcmp(nm + ln - lt, tail) == 0;
     for (int i = 0; i < ss->n && !known; i++)
-      known = strcmp(ss->s[i].name, f->e[k].name) == 0;
+      known = strcmp(ss->s[i].name, nm) == 0;
     if (!known)
       return kiln__error(ctx, KILN_ERR_FORMAT, "%s: %s has tensor '%.200s', which the model lacks",
                          fn, path, f->e[k].name);

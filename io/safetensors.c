@@ -145,8 +145,12 @@ static kiln_status parse_header(kiln_ctx *ctx, const char *fn, const char *path,
                name);
       goto bad;
     }
-    if (!st_dtype(dt->valuestring, &e->dtype)) {
-      snprintf(why, sizeof why, "tensor '%.200s' has dtype %.32s; kiln reads F32, BF16 and I32",
+    e->i64 = strcmp(dt->valuestring, "I64") == 0;
+    if (e->i64) {
+      e->dtype = KILN_DTYPE_I32;
+    } else if (!st_dtype(dt->valuestring, &e->dtype)) {
+      snprintf(why, sizeof why,
+               "tensor '%.200s' has dtype %.32s; kiln reads F32, BF16 and I32 (and skips I64)",
                name, dt->valuestring);
       goto bad;
     }
@@ -185,11 +189,12 @@ static kiln_status parse_header(kiln_ctx *ctx, const char *fn, const char *path,
                name, b, en, data_len);
       goto bad;
     }
-    if (en - b != numel * kiln_dtype_size(e->dtype)) {
+    uint64_t elem = e->i64 ? 8 : kiln_dtype_size(e->dtype);
+    if (en - b != numel * elem) {
       snprintf(why, sizeof why,
                "tensor '%.200s' (%s, %" PRIu64 " elements) needs %" PRIu64
                " bytes, its data_offsets give %" PRIu64,
-               name, st_dtype_name(e->dtype), numel, numel * kiln_dtype_size(e->dtype), en - b);
+               name, e->i64 ? "I64" : st_dtype_name(e->dtype), numel, numel * elem, en - b);
       goto bad;
     }
     e->begin = b;

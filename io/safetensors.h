@@ -13,6 +13,8 @@
 typedef struct kiln__st_entry {
   const char *name; /* points into the parsed JSON */
   kiln_dtype dtype; /* F32, BF16 or I32 */
+  bool i64;         /* I64 (PyTorch's counters, such as num_batches_tracked): kiln holds no such
+                     * tensor, so its range is checked but it is never read; dtype is I32 */
   int ndim;
   int64_t shape[KILN_MAX_DIMS];
   uint64_t begin, end; /* byte range in the data section */

@@ -9,22 +9,6 @@
 #include "../core/internal.h"
 #include "params.h"
 
-static kiln_tensor *uniform_param(kiln_ctx *ctx, kiln_shape shape, double bound) {
-  if (!kiln__valid_shape(ctx, "kiln_linear_init", shape.ndim, shape.d)) return NULL;
-  int64_t n = kiln__numel(shape.ndim, shape.d);
-  float *h = malloc((size_t)(n > 0 ? n : 1) * sizeof *h);
-  if (!h) {
-    kiln__error(ctx, KILN_ERR_OOM, "kiln_linear_init: out of host memory");
-    return NULL;
-  }
-  for (int64_t i = 0; i < n; i++)
-    h[i] = (float)((kiln__rng_uniform(ctx) * 2.0 - 1.0) * bound);
-  kiln_tensor *t = kiln_tensor_from_host(ctx, KILN_DTYPE_F32, shape, h);
-  free(h);
-  if (t) kiln_tensor_set_requires_grad(t, 1);
-  return t;
-}
-
 kiln_status kiln_linear_init(kiln_linear *l, kiln_params *params, const char *name,
                              int64_t in_features, int64_t out_features, int bias) {
   if (!l || !params) return KILN_ERR_INVALID;
@@ -50,9 +34,12 @@ kiln_status kiln_linear_init(kiln_linear *l, kiln_params *params, const char *na
   if (kiln_params_find(params, wname) || (bias && kiln_params_find(params, bname)))
     kiln__error(ctx, KILN_ERR_INVALID, "kiln_linear_init: the name '%s' is taken",
                 kiln_params_find(params, wname) ? wname : bname);
-  kiln_tensor *w =
-      kiln__ok(ctx) ? uniform_param(ctx, KILN_SHAPE(out_features, in_features), bound) : NULL;
-  kiln_tensor *b = w && bias ? uniform_param(ctx, KILN_SHAPE(out_features), bound) : NULL;
+  kiln_tensor *w = kiln__ok(ctx) ? kiln__uniform_param(ctx, "kiln_linear_init",
+                                                       KILN_SHAPE(out_features, in_features), bound)
+                                 : NULL;
+  kiln_tensor *b =
+      w && bias ? kiln__uniform_param(ctx, "kiln_linear_init", KILN_SHAPE(out_features), bound)
+                : NULL;
   if (w && (!bias || b) && kiln_params_add(params, wname, w) == KILN_OK) {
     if (!b || kiln_params_add(params, bname, b) == KILN_OK) {
       l->weight = w;

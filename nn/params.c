@@ -1,6 +1,7 @@
 /*
  * params.c: a named list of parameters. The list owns its tensors; optimizers and (later)
- * checkpoints walk it by index or name.
+ * checkpoints walk it by index or name. Buffers are members that are saved and loaded but never
+ * trained. The layers' parameter makers are here too.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -11,6 +12,7 @@
 typedef struct param {
   char *name;
   kiln_tensor *t;
+  bool buffer; /* saved and loaded, never trained */
 } param;
 
 struct kiln_params {
@@ -32,32 +34,46 @@ kiln_params *kiln_params_new(kiln_ctx *ctx) {
   return p;
 }
 
-kiln_status kiln_params_add(kiln_params *p, const char *name, kiln_tensor *t) {
+static kiln_status add(kiln_params *p, const char *fn, const char *name, kiln_tensor *t,
+                       bool buffer) {
   if (!p) return KILN_ERR_INVALID;
   kiln_ctx *ctx = p->ctx;
   if (!kiln__ok(ctx)) return ctx->status;
-  if (!name || !*name)
-    return kiln__error(ctx, KILN_ERR_INVALID, "kiln_params_add: a parameter needs a name");
-  if (!kiln__check(ctx, t, __func__)) return ctx->status;
+  if (!name || !*name) return kiln__error(ctx, KILN_ERR_INVALID, "%s: a tensor needs a name", fn);
+  if (!kiln__check(ctx, t, fn)) return ctx->status;
   if (!t->persistent)
     return kiln__error(ctx, KILN_ERR_INVALID,
-                       "kiln_params_add: '%s' is an intermediate; parameters are persistent", name);
+                       "%s: '%s' is an intermediate; parameters and buffers are persistent", fn,
+                       name);
   if (kiln_params_find(p, name))
-    return kiln__error(ctx, KILN_ERR_INVALID, "kiln_params_add: the name '%s' is taken", name);
+    return kiln__error(ctx, KILN_ERR_INVALID, "%s: the name '%s' is taken", fn, name);
   if (t->owned)
     return kiln__error(ctx, KILN_ERR_INVALID,
-                       "kiln_params_add: '%s' is a tensor a parameter list owns already (as '%s')",
-                       name, kiln_tensor_name(t));
+                       "%s: '%s' is a tensor a parameter list owns already (as '%s')", fn, name,
+                       kiln_tensor_name(t));
   if (!KILN__GROW(p->p, p->cap, p->n + 1))
-    return kiln__error(ctx, KILN_ERR_OOM, "kiln_params_add: out of host memory");
+    return kiln__error(ctx, KILN_ERR_OOM, "%s: out of host memory", fn);
   char *copy = strdup(name);
-  if (!copy) return kiln__error(ctx, KILN_ERR_OOM, "kiln_params_add: out of host memory");
+  if (!copy) return kiln__error(ctx, KILN_ERR_OOM, "%s: out of host memory", fn);
   p->p[p->n].name = copy;
   p->p[p->n].t = t;
+  p->p[p->n].buffer = buffer;
   p->n++;
   t->owned = true;
+  /* a parameter requires gradients, as nn.Parameter; a buffer never does */
+  t->requires_grad = !buffer && t->dtype == KILN_DTYPE_F32;
   kiln_tensor_set_name(t, name);
   return KILN_OK;
+}
+
+kiln_status kiln_params_add(kiln_params *p, const char *name, kiln_tensor *t) {
+  return add(p, __func__, name, t, false);
+}
+kiln_status kiln_params_add_buffer(kiln_params *p, const char *name, kiln_tensor *t) {
+  return add(p, __func__, name, t, true);
+}
+int kiln_params_is_buffer(const kiln_params *p, int i) {
+  return p && i >= 0 && i < p->n && p->p[i].buffer;
 }
 
 void kiln__params_pop(kiln_params *p) {
@@ -104,4 +120,31 @@ void kiln_params_free(kiln_params *p) {
   free(p->p);
   kiln__anchor_release(p->anchor);
   free(p);
+}
+
+/* n values of shape from fill(i), uploaded as a persistent f32 tensor. */
+static kiln_tensor *param_of(kiln_ctx *ctx, const char *fn, kiln_shape shape, double bound,
+                             float value, bool random) {
+  if (!kiln__valid_shape(ctx, fn, shape.ndim, shape.d)) return NULL;
+  int64_t n = kiln__numel(shape.ndim, shape.d);
+  float *h = malloc((size_t)(n > 0 ? n : 1) * sizeof *h);
+  if (!h) {
+    kiln__error(ctx, KILN_ERR_OOM, "%s: out of host memory", fn);
+    return NULL;
+  }
+  for (int64_t i = 0; i < n; i++)
+    h[i] = random ? (float)((kiln__rng_uniform(ctx) * 2.0 - 1.0) * bound) : value;
+  kiln_tensor *t = kiln_tensor_from_host(ctx, KILN_DTYPE_F32, shape, h);
+  free(h);
+  return t;
+}
+
+kiln_tensor *kiln__uniform_param(kiln_ctx *ctx, const char *fn, kiln_shape shape, double bound) {
+  kiln_tensor *t = param_of(ctx, fn, shape, bound, 0.f, true);
+  if (t) kiln_tensor_set_requires_grad(t, 1);
+  return t;
+}
+
+kiln_tensor *kiln__full_param(kiln_ctx *ctx, const char *fn, kiln_shape shape, float value) {
+  return param_of(ctx, fn, shape, 0.0, value, false);
 }

@@ -161,6 +161,7 @@ static kiln_optim *make(kind k, kiln_params *params, const char *fn) {
 static bool make_state(kiln_optim *o, kiln_tensor **s, const char *suffix) {
   for (int i = 0; i < o->n; i++) {
     kiln_tensor *p = kiln_params_get(o->params, i);
+    if (kiln_params_is_buffer(o->params, i)) continue; /* never trained: no state */
     s[i] = kiln__tensor_persistent(o->ctx, KILN_DTYPE_F32, p->ndim, p->shape, true);
     if (!s[i]) return false;
     char *name = kiln__strf("%s.%s", kiln__name(p), suffix);
@@ -273,7 +274,7 @@ kiln_status kiln_optim_step(kiln_optim *o) {
   for (int i = 0; i < o->n; i++) {
     kiln_tensor *p = kiln_params_get(o->params, i);
     kiln_tensor *g = kiln_tensor_grad(p);
-    if (!g) continue; /* no gradient this step: left alone, as in PyTorch */
+    if (!g || kiln_params_is_buffer(o->params, i)) continue; /* left alone, as in PyTorch */
     kiln__node *n;
     if (o->kind == SGD) {
       const kiln_sgd_options *s = &o->sgd;

@@ -116,6 +116,28 @@ static void record_op_zoo(kiln_ctx *ctx, kiln_params *q, kiln_optim **os) {
   t[n++] = kiln_cast(kiln_index_select(kiln_cast(b, KILN_DTYPE_I32), idx), KILN_DTYPE_F32);
   kiln_tensor *icat[2] = {idx, idx};
   t[n++] = kiln_cast(kiln_concat(2, icat, 0), KILN_DTYPE_F32);
+  /* images: convolutions (grouped, strided, padded, dilated; pointwise) and pooling */
+  kiln_tensor *img = owned_param(ctx, KILN_SHAPE(2, 7, 6, 4));
+  kiln_tensor *cw = owned_param(ctx, KILN_SHAPE(6, 2, 3, 3)), *cb = owned_param(ctx, KILN_SHAPE(6));
+  kiln_tensor *pw = owned_param(ctx, KILN_SHAPE(3, 4, 1, 1));
+  cr_assert_eq(kiln_params_add(q, "img", img), KILN_OK);
+  cr_assert_eq(kiln_params_add(q, "cw", cw), KILN_OK);
+  cr_assert_eq(kiln_params_add(q, "cb", cb), KILN_OK);
+  cr_assert_eq(kiln_params_add(q, "pw", pw), KILN_OK);
+  t[n++] = kiln_conv2d(
+      img, cw, cb,
+      &(kiln_conv2d_options){.stride_h = 2, .pad_h = 1, .pad_w = 2, .dilation_w = 2, .groups = 2});
+  t[n++] = kiln_conv2d(img, pw, NULL, NULL);
+  t[n++] = kiln_max_pool2d(
+      img, &(kiln_pool2d_options){.kernel_h = 3, .kernel_w = 2, .stride_h = 2, .pad_h = 1});
+  t[n++] = kiln_avg_pool2d(img, &(kiln_pool2d_options){.kernel_h = 2, .kernel_w = 2});
+  t[n++] = kiln_avg_pool2d(img, &(kiln_pool2d_options){.kernel_h = 3,
+                                                       .kernel_w = 3,
+                                                       .stride_h = 1,
+                                                       .stride_w = 1,
+                                                       .pad_h = 1,
+                                                       .pad_w = 1,
+                                                       .exclude_pad = 1});
   kiln_tensor *loss = kiln_full(ctx, KILN_SCALAR_SHAPE, 0.f);
   for (int i = 0; i < n; i++) {
     cr_assert_not_null(t[i], "op zoo term %d: %s", i, kiln_ctx_error(ctx));

@@ -31,7 +31,10 @@ static bool expect_no_grad(kiln__op op) {
   case KILN__OP_ADAM:
   case KILN__OP_ARGMAX:
   case KILN__OP_DETACH:
-  case KILN__OP_INDEX_SELECT: return true;
+  case KILN__OP_INDEX_SELECT:
+  case KILN__OP_COL2IM:
+  case KILN__OP_MAX_POOL_GRAD:
+  case KILN__OP_AVG_POOL_GRAD: return true;
   default: return false;
   }
 }
@@ -41,7 +44,7 @@ Test(optable, names_are_unique_identifiers) {
     const char *n = kiln__ops[i].name;
     cr_assert(n && *n, "op %d has no name", i);
     for (const char *p = n; *p; p++)
-      cr_assert((*p >= 'a' && *p <= 'z') || *p == '_',
+      cr_assert((*p >= 'a' && *p <= 'z') || *p == '_' || (p > n && *p >= '0' && *p <= '9'),
                 "op %d's name '%s' is not a lower-case identifier (it names kernels)", i, n);
     for (int j = 0; j < i; j++)
       cr_assert_str_neq(n, kiln__ops[j].name, "ops %d and %d are both named '%s'", j, i, n);
@@ -207,6 +210,15 @@ static kiln_tensor *record_op(kiln_ctx *ctx, kiln__op op) {
                           th_param(ctx, KILN_SHAPE(2, 4))};
     return kiln_concat(3, in, 0);
   }
+  case KILN__OP_IM2COL: /* a weight without a gradient: the product's rule reads no columns */
+    return kiln_conv2d(th_param(ctx, KILN_SHAPE(2, 5, 4, 3)), th_f32(ctx, KILN_SHAPE(4, 3, 3, 3)),
+                       NULL, &(kiln_conv2d_options){.pad_h = 1, .pad_w = 1});
+  case KILN__OP_MAX_POOL:
+    return kiln_max_pool2d(th_param(ctx, KILN_SHAPE(2, 4, 4, 3)),
+                           &(kiln_pool2d_options){.kernel_h = 2, .kernel_w = 2});
+  case KILN__OP_AVG_POOL:
+    return kiln_avg_pool2d(th_param(ctx, KILN_SHAPE(2, 4, 4, 3)),
+                           &(kiln_pool2d_options){.kernel_h = 2, .kernel_w = 2});
   default:
     cr_assert_fail("op %s has a backward rule but no case in record_op: add one", th_op_name(op));
   }

@@ -1,0 +1,379 @@
+/*
+ * conv.c: the image ops, over (N, H, W, C) tensors. A convolution is a matrix product over the
+ * im2col of its input (each output pixel's window as one row), so it runs on the BLAS backend's
+ * tensor cores and takes the product's epilogues (the bias); its gradients are the product's
+ * and col2im's. Pooling records one window op; batch and layer normalization are made of
+ * reductions and elementwise ops, which the planner fuses. Nothing runs here.
+ */
+#include <inttypes.h>
+#include <math.h>
+#include <string.h>
+
+#include "internal.h"
+
+kiln__win kiln__win_of(const kiln__node *n) {
+  int64_t v[KILN__WIN_LEN];
+  for (int k = 0; k < KILN__WIN_LEN; k++) {
+    switch (n->op) {
+    case KILN__OP_IM2COL: v[k] = KILN__IA(n, IM2COL, win, k); break;
+    case KILN__OP_COL2IM: v[k] = KILN__IA(n, COL2IM, win, k); break;
+    case KILN__OP_MAX_POOL: v[k] = KILN__IA(n, MAX_POOL, win, k); break;
+    case KILN__OP_MAX_POOL_GRAD: v[k] = KILN__IA(n, MAX_POOL_GRAD, win, k); break;
+    case KILN__OP_AVG_POOL: v[k] = KILN__IA(n, AVG_POOL, win, k); break;
+    case KILN__OP_AVG_POOL_GRAD: v[k] = KILN__IA(n, AVG_POOL_GRAD, win, k); break;
+    default: KILN_ASSERT(!"kiln__win_of: not a window op");
+    }
+  }
+  kiln__win w;
+  memcpy(&w, v, sizeof w);
+  return w;
+}
+
+kiln_tensor *kiln__window(kiln__op op, const char *fn, kiln_tensor *x, kiln_tensor *x2,
+                          const int64_t *out_shape, const kiln__win *w, int64_t flag) {
+  kiln_ctx *ctx = x ? x->ctx : NULL;
+  if (!ctx || !kiln__ok(ctx)) return NULL;
+  KILN_ASSERT(kiln__is_contiguous(x) && (!x2 || kiln__is_contiguous(x2)));
+  kiln_tensor *out = kiln__tensor_intermediate(ctx, fn, KILN_DTYPE_F32, 4, out_shape);
+  if (!out) return NULL;
+  kiln_tensor *in[2] = {x, x2};
+  kiln__node *n = kiln__record(ctx, op, x2 ? 2 : 1, in, out);
+  if (!n) return NULL;
+  int64_t v[KILN__WIN_LEN];
+  memcpy(v, w, sizeof v);
+  for (int k = 0; k < KILN__WIN_LEN; k++)
+    n->i[k] = v[k]; /* win is every op's first int attribute (checked below) */
+  n->i[KILN__WIN_LEN] = flag;
+  return out;
+}
+_Static_assert(offsetof(kiln__ia_IM2COL, win) == 0 && offsetof(kiln__ia_IM2COL, groups) == 8 &&
+                   offsetof(kiln__ia_COL2IM, win) == 0 && offsetof(kiln__ia_COL2IM, groups) == 8 &&
+                   offsetof(kiln__ia_MAX_POOL, win) == 0 &&
+                   offsetof(kiln__ia_MAX_POOL_GRAD, win) == 0 &&
+                   offsetof(kiln__ia_AVG_POOL, win) == 0 &&
+                   offsetof(kiln__ia_AVG_POOL, exclude_pad) == 8 &&
+                   offsetof(kiln__ia_AVG_POOL_GRAD, win) == 0 &&
+                   offsetof(kiln__ia_AVG_POOL_GRAD, exclude_pad) == 8,
+               "the window ops hold win first, then their flag");
+
+/* ---------------------------------------------------------------- checks */
+
+static kiln_ctx *begin(const char *fn, int n, kiln_tensor *const *in) {
+  kiln_ctx *ctx = kiln__ctx_of(n, in);
+  if (!ctx || !kiln__ok(ctx)) return NULL;
+  for (int i = 0; i < n; i++)
+    if (in[i] && !kiln__check(ctx, in[i], fn)) return NULL;
+  return ctx;
+}
+
+static bool is_f32(kiln_ctx *ctx, const char *fn, const char *what, const kiln_tensor *t) {
+  if (t->dtype == KILN_DTYPE_F32) return true;
+  return !kiln__error(ctx, KILN_ERR_DTYPE, "%s: %s is %s; this op takes f32", fn, what,
+                      kiln_dtype_name(t->dtype));
+}
+
+/* An image (N, H, W, C), f32. */
+static bool image(kiln_ctx *ctx, const char *fn, const kiln_tensor *x) {
+  char sh[96];
+  if (x->ndim != 4)
+    return !kiln__error(ctx, KILN_ERR_SHAPE, "%s: the input is %s; images are (N, H, W, C)", fn,
+                        kiln__shape_of(x, sh, sizeof sh));
+  return is_f32(ctx, fn, "the input", x);
+}
+
+/* The output size of a window along one axis (floor mode); false with an error when the window
+ * does not fit. */
+static bool out_size(kiln_ctx *ctx, const char *fn, const char *axis, int64_t in, int64_t k,
+                     int64_t s, int64_t p, int64_t d, int64_t *out) {
+  if (k <= 0 || s <= 0 || p < 0 || d <= 0 || k > INT32_MAX || s > INT32_MAX || p > INT32_MAX ||
+      d > INT32_MAX)
+    return !kiln__error(ctx, KILN_ERR_INVALID,
+                        "%s: %s: kernel %" PRId64 ", stride %" PRId64 ", padding %" PRId64
+                        ", dilation %" PRId64 " (kernel, stride and dilation must be > 0, "
+                        "padding >= 0)",
+                        fn, axis, k, s, p, d);
+  int64_t span = d * (k - 1) + 1, room = in + 2 * p;
+  if (room < span)
+    return !kiln__error(ctx, KILN_ERR_SHAPE,
+                        "%s: %s: a window of %" PRId64 " (kernel %" PRId64 ", dilation %" PRId64
+                        ") does not fit %" PRId64 " pixels padded by %" PRId64 " on each side",
+                        fn, axis, span, k, d, in, p);
+  *out = (room - span) / s + 1;
+  return true;
+}
+
+static int64_t or_default(int v, int64_t dflt) { return v == 0 ? dflt : v; }
+
+/* ---------------------------------------------------------------- convolution */
+
+kiln_tensor *kiln_conv2d(kiln_tensor *x, kiln_tensor *weight, kiln_tensor *bias,
+                         const kiln_conv2d_options *o) {
+  const char *fn = __func__;
+  kiln_tensor *in[3] = {x, weight, bias};
+  if (!x || !weight) {
+    kiln_ctx *c = kiln__ctx_of(3, in);
+    if (c && kiln__ok(c))
+      kiln__error(c, KILN_ERR_INVALID, "%s: %s is NULL", fn, !x ? "the input" : "the weight");
+    return NULL;
+  }
+  kiln_ctx *ctx = begin(fn, 3, in);
+  if (!ctx || !image(ctx, fn, x) || !is_f32(ctx, fn, "the weight", weight) ||
+      (bias && !is_f32(ctx, fn, "the bias", bias)))
+    return NULL;
+  kiln_conv2d_options opt = o ? *o : (kiln_conv2d_options){0};
+  char s1[96], s2[96];
+  int64_t N = x->shape[0], H = x->shape[1], W = x->shape[2], C = x->shape[3];
+  int64_t G = or_default(opt.groups, 1);
+  if (weight->ndim != 4)
+    return kiln__error(ctx, KILN_ERR_SHAPE,
+                       "%s: the weight is %s; it must be (Cout, Cin / groups, kh, kw)", fn,
+                       kiln__shape_of(weight, s1, sizeof s1)),
+           NULL;
+  int64_t Cout = weight->shape[0], Cg = weight->shape[1];
+  if (G <= 0 || C % G != 0 || Cout % G != 0 || Cg != C / G)
+    return kiln__error(ctx, KILN_ERR_SHAPE,
+                       "%s: input %s, weight %s, groups %" PRId64
+                       ": Cin and Cout must be multiples of groups and the weight's second dim "
+                       "Cin / groups",
+                       fn, kiln__shape_of(x, s1, sizeof s1), kiln__shape_of(weight, s2, sizeof s2),
+                       G),
+           NULL;
+  if (bias && (bias->ndim != 1 || bias->shape[0] != Cout))
+    return kiln__error(ctx, KILN_ERR_SHAPE, "%s: the bias is %s; the weight %s needs (%" PRId64 ")",
+                       fn, kiln__shape_of(bias, s1, sizeof s1),
+                       kiln__shape_of(weight, s2, sizeof s2), Cout),
+           NULL;
+  kiln__win w = {.kh = weight->shape[2],
+                 .kw = weight->shape[3],
+                 .sh = or_default(opt.stride_h, 1),
+                 .sw = or_default(opt.stride_w, 1),
+                 .ph = opt.pad_h,
+                 .pw = opt.pad_w,
+                 .dh = or_default(opt.dilation_h, 1),
+                 .dw = or_default(opt.dilation_w, 1)};
+  int64_t OH, OW;
+  if (!out_size(ctx, fn, "height", H, w.kh, w.sh, w.ph, w.dh, &OH) ||
+      !out_size(ctx, fn, "width", W, w.kw, w.sw, w.pw, w.dw, &OW))
+    return NULL;
+  int64_t K = w.kh * w.kw * C, Kg = K / G, M = N * OH * OW; /* rows and columns of the product */
+  int64_t cshape[4] = {N, OH, OW, K};
+  if (!kiln__valid_shape(ctx, fn, 4, cshape)) return NULL;
+  kiln_tensor *xc = kiln_contiguous(x);
+  if (!xc) return NULL;
+  bool pointwise = w.kh == 1 && w.kw == 1 && w.sh == 1 && w.sw == 1 && w.ph == 0 && w.pw == 0;
+  kiln_tensor *cols = pointwise ? xc : kiln__window(KILN__OP_IM2COL, fn, xc, NULL, cshape, &w, G);
+  cols = kiln_reshape(cols, KILN_SHAPE(M, K));
+  /* the weight's columns in im2col's order: (Cout, kh, kw, Cin / groups) */
+  kiln_tensor *wk = kiln_reshape(kiln_permute(weight, KILN_AXES(0, 2, 3, 1)), KILN_SHAPE(Cout, Kg));
+  kiln_tensor *y;
+  if (G == 1) {
+    y = kiln_matmul(cols, kiln_transpose(wk, 0, 1)); /* (M, Cout) */
+    if (bias) y = kiln_add(y, bias);
+  } else {
+    kiln_tensor *cg = kiln_permute(kiln_reshape(cols, KILN_SHAPE(M, G, Kg)), KILN_AXES(1, 0, 2));
+    kiln_tensor *wg = kiln_transpose(kiln_reshape(wk, KILN_SHAPE(G, Cout / G, Kg)), 1, 2);
+    y = kiln_matmul(cg, wg); /* (G, M, Cout / G) */
+    y = kiln_reshape(kiln_permute(y, KILN_AXES(1, 0, 2)), KILN_SHAPE(M, Cout));
+    if (bias) y = kiln_add(y, bias);
+  }
+  return kiln_reshape(y, KILN_SHAPE(N, OH, OW, Cout));
+}
+
+/* ---------------------------------------------------------------- pooling */
+
+static kiln_tensor *pool(kiln__op op, const char *fn, kiln_tensor *x,
+                         const kiln_pool2d_options *o) {
+  kiln_ctx *ctx = begin(fn, 1, &x);
+  if (!ctx || !image(ctx, fn, x)) return NULL;
+  if (!o)
+    return kiln__error(ctx, KILN_ERR_INVALID, "%s: NULL options (the kernel size is required)", fn),
+           NULL;
+  bool max = op == KILN__OP_MAX_POOL;
+  if (o->kernel_h <= 0 || o->kernel_w <= 0)
+    return kiln__error(ctx, KILN_ERR_INVALID, "%s: kernel %dx%d; both sizes must be > 0", fn,
+                       o->kernel_h, o->kernel_w),
+           NULL;
+  if (!max && (o->dilation_h > 1 || o->dilation_w > 1))
+    return kiln__error(ctx, KILN_ERR_INVALID, "%s: dilation %dx%d; average pooling has none", fn,
+                       o->dilation_h, o->dilation_w),
+           NULL;
+  kiln__win w = {.kh = o->kernel_h,
+                 .kw = o->kernel_w,
+                 .sh = or_default(o->stride_h, o->kernel_h),
+                 .sw = or_default(o->stride_w, o->kernel_w),
+                 .ph = o->pad_h,
+                 .pw = o->pad_w,
+                 .dh = or_default(o->dilation_h, 1),
+                 .dw = or_default(o->dilation_w, 1)};
+  if (2 * w.ph > w.kh || 2 * w.pw > w.kw || w.ph < 0 || w.pw < 0)
+    return kiln__error(ctx, KILN_ERR_INVALID,
+                       "%s: padding %" PRId64 "x%" PRId64
+                       " must be >= 0 and at most half the kernel %" PRId64 "x%" PRId64,
+                       fn, w.ph, w.pw, w.kh, w.kw),
+           NULL;
+  int64_t shape[4] = {x->shape[0], 0, 0, x->shape[3]};
+  if (!out_size(ctx, fn, "height", x->shape[1], w.kh, w.sh, w.ph, w.dh, &shape[1]) ||
+      !out_size(ctx, fn, "width", x->shape[2], w.kw, w.sw, w.pw, w.dw, &shape[2]))
+    return NULL;
+  kiln_tensor *xc = kiln_contiguous(x);
+  if (!xc) return NULL;
+  return kiln__window(op, fn, xc, NULL, shape, &w, max ? 0 : (o->exclude_pad != 0));
+}
+
+kiln_tensor *kiln_max_pool2d(kiln_tensor *x, const kiln_pool2d_options *o) {
+  return pool(KILN__OP_MAX_POOL, __func__, x, o);
+}
+kiln_tensor *kiln_avg_pool2d(kiln_tensor *x, const kiln_pool2d_options *o) {
+  return pool(KILN__OP_AVG_POOL, __func__, x, o);
+}
+
+static kiln_tensor *global_pool(const char *fn, kiln_tensor *x, bool max) {
+  kiln_ctx *ctx = begin(fn, 1, &x);
+  if (!ctx || !image(ctx, fn, x)) return NULL;
+  return max ? kiln_max(x, KILN_AXES(1, 2), 0) : kiln_mean(x, KILN_AXES(1, 2), 0);
+}
+kiln_tensor *kiln_global_avg_pool2d(kiln_tensor *x) { return global_pool(__func__, x, false); }
+kiln_tensor *kiln_global_max_pool2d(kiln_tensor *x) { return global_pool(__func__, x, true); }
+
+kiln_tensor *kiln_flatten(kiln_tensor *x) {
+  const char *fn = __func__;
+  kiln_ctx *ctx = begin(fn, 1, &x);
+  if (!ctx) return NULL;
+  if (x->ndim < 1) {
+    char sh[96];
+    return kiln__error(ctx, KILN_ERR_SHAPE, "%s: %s has no batch axis", fn,
+                       kiln__shape_of(x, sh, sizeof sh)),
+           NULL;
+  }
+  kiln_tensor *t = x->ndim == 4 ? kiln_permute(x, KILN_AXES(0, 3, 1, 2)) : x; /* PyTorch's order */
+  int64_t rest = 1;
+  for (int d = 1; d < x->ndim; d++)
+    if (__builtin_mul_overflow(rest, x->shape[d], &rest) || rest > KILN__MAX_NUMEL)
+      return kiln__error(ctx, KILN_ERR_SHAPE, "%s: %s flattens to more than 2^58 features", fn,
+                         kiln__shape_of(x, (char[96]){0}, 96)),
+             NULL;
+  return kiln_reshape(t, KILN_SHAPE(x->shape[0], rest));
+}
+
+/* ---------------------------------------------------------------- normalization */
+
+/* A per-channel vector (C) that must match x's last axis. */
+static bool channel_vector(kiln_ctx *ctx, const char *fn, const char *what, const kiln_tensor *v,
+                           int64_t C) {
+  if (!v) return true;
+  char sh[96];
+  if (v->ndim != 1 || v->shape[0] != C)
+    return !kiln__error(ctx, KILN_ERR_SHAPE, "%s: %s is %s; the input has %" PRId64 " channels", fn,
+                        what, kiln__shape_of(v, sh, sizeof sh), C);
+  return is_f32(ctx, fn, what, v);
+}
+
+static kiln_tensor *affine(kiln_tensor *y, kiln_tensor *weight, kiln_tensor *bias) {
+  if (weight) y = kiln_mul(y, weight);
+  if (bias) y = kiln_add(y, bias);
+  return y;
+}
+
+/* running = (1 - m) running + m * scale * batch, recorded in place without a gradient. */
+static bool running_update(const char *fn, kiln_tensor *running, kiln_tensor *batch, float m,
+                           float scale) {
+  kiln_ctx *ctx = running->ctx;
+  kiln_no_grad_begin(ctx);
+  kiln_tensor *b = kiln_reshape(kiln_detach(batch), KILN_SHAPE(running->shape[0]));
+  kiln_tensor *v = kiln_add(kiln_mul_scalar(running, 1.f - m), kiln_mul_scalar(b, m * scale));
+  kiln_tensor *in[2] = {running, v};
+  bool ok = v && kiln__update(KILN__OP_ASSIGN, fn, 2, in);
+  kiln_no_grad_end(ctx);
+  return ok;
+}
+
+kiln_tensor *kiln_batch_norm(kiln_tensor *x, kiln_tensor *weight, kiln_tensor *bias,
+                             kiln_tensor *running_mean, kiln_tensor *running_var, int training,
+                             float momentum, float eps) {
+  const char *fn = __func__;
+  kiln_tensor *in[5] = {x, weight, bias, running_mean, running_var};
+  if (!x) {
+    kiln_ctx *c = kiln__ctx_of(5, in);
+    if (c && kiln__ok(c)) kiln__error(c, KILN_ERR_INVALID, "%s: the input is NULL", fn);
+    return NULL;
+  }
+  kiln_ctx *ctx = begin(fn, 5, in);
+  if (!ctx || !is_f32(ctx, fn, "the input", x)) return NULL;
+  char sh[96];
+  if (x->ndim < 2)
+    return kiln__error(ctx, KILN_ERR_SHAPE, "%s: the input is %s; it needs (N, ..., C)", fn,
+                       kiln__shape_of(x, sh, sizeof sh)),
+           NULL;
+  int64_t C = x->shape[x->ndim - 1], n = kiln_tensor_numel(x) / (C ? C : 1);
+  if (!channel_vector(ctx, fn, "the weight", weight, C) ||
+      !channel_vector(ctx, fn, "the bias", bias, C) ||
+      !channel_vector(ctx, fn, "running_mean", running_mean, C) ||
+      !channel_vector(ctx, fn, "running_var", running_var, C))
+    return NULL;
+  if (!running_mean != !running_var)
+    return kiln__error(ctx, KILN_ERR_INVALID,
+                       "%s: running_mean and running_var are given together or not at all", fn),
+           NULL;
+  if (!(eps >= 0.f) || !(momentum >= 0.f && momentum <= 1.f))
+    return kiln__error(ctx, KILN_ERR_INVALID, "%s: eps %g must be >= 0, momentum %g in [0, 1]", fn,
+                       eps, momentum),
+           NULL;
+  bool batch_stats = training || !running_mean;
+  if (batch_stats && n < 2 && training)
+    return kiln__error(ctx, KILN_ERR_SHAPE,
+                       "%s: training needs more than one value per channel; the input is %s", fn,
+                       kiln__shape_of(x, sh, sizeof sh)),
+           NULL;
+  if (running_mean && training &&
+      (!running_mean->persistent || !running_var->persistent ||
+       !kiln__is_contiguous(running_mean) || !kiln__is_contiguous(running_var)))
+    return kiln__error(ctx, KILN_ERR_INVALID,
+                       "%s: running statistics are updated in place: they must be persistent "
+                       "contiguous tensors",
+                       fn),
+           NULL;
+  kiln_tensor *y;
+  if (batch_stats) {
+    kiln_axes axes = {.n = x->ndim - 1};
+    for (int d = 0; d < axes.n; d++)
+      axes.a[d] = d;
+    kiln_tensor *mean = kiln_mean(x, axes, 1);
+    kiln_tensor *xc = kiln_sub(x, mean);
+    kiln_tensor *var = kiln_mean(kiln_mul(xc, xc), axes, 1); /* biased, as the batch's own */
+    y = kiln_mul(xc, kiln_rsqrt(kiln_add_scalar(var, eps)));
+    if (running_mean && training && y &&
+        (!running_update(fn, running_mean, mean, momentum, 1.f) ||
+         !running_update(fn, running_var, var, momentum, (float)((double)n / (double)(n - 1)))))
+      return NULL;
+  } else {
+    y = kiln_mul(kiln_sub(x, running_mean), kiln_rsqrt(kiln_add_scalar(running_var, eps)));
+  }
+  return affine(y, weight, bias);
+}
+
+kiln_tensor *kiln_layer_norm(kiln_tensor *x, kiln_tensor *weight, kiln_tensor *bias, float eps) {
+  const char *fn = __func__;
+  kiln_tensor *in[3] = {x, weight, bias};
+  if (!x) {
+    kiln_ctx *c = kiln__ctx_of(3, in);
+    if (c && kiln__ok(c)) kiln__error(c, KILN_ERR_INVALID, "%s: the input is NULL", fn);
+    return NULL;
+  }
+  kiln_ctx *ctx = begin(fn, 3, in);
+  if (!ctx || !is_f32(ctx, fn, "the input", x)) return NULL;
+  char sh[96];
+  if (x->ndim < 1 || x->shape[x->ndim - 1] == 0)
+    return kiln__error(ctx, KILN_ERR_SHAPE, "%s: the input %s has no last axis to normalise", fn,
+                       kiln__shape_of(x, sh, sizeof sh)),
+           NULL;
+  int64_t C = x->shape[x->ndim - 1];
+  if (!channel_vector(ctx, fn, "the weight", weight, C) ||
+      !channel_vector(ctx, fn, "the bias", bias, C))
+    return NULL;
+  if (!(eps >= 0.f))
+    return kiln__error(ctx, KILN_ERR_INVALID, "%s: eps %g must be >= 0", fn, eps), NULL;
+  kiln_tensor *mean = kiln_mean(x, KILN_AXES(-1), 1);
+  kiln_tensor *xc = kiln_sub(x, mean);
+  kiln_tensor *var = kiln_mean(kiln_mul(xc, xc), KILN_AXES(-1), 1);
+  return affine(kiln_mul(xc, kiln_rsqrt(kiln_add_scalar(var, eps))), weight, bias);
+}

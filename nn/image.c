@@ -1,0 +1,219 @@
+/*
+ * image.c: the layers of image models: convolution (torch.nn.Conv2d's init), batch norm (its
+ * running statistics are buffers) and layer norm. Each init adds all of its tensors to the list
+ * or none of them.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../core/internal.h"
+#include "params.h"
+
+/* A layer's tensor to add: its name suffix, the tensor, whether it is a buffer. */
+typedef struct member {
+  const char *suffix;
+  kiln_tensor *t;
+  bool buffer;
+} member;
+
+/* Adds "base.suffix" for each of the n members (NULL tensors skipped), or, when any name is
+ * taken or a tensor is missing, nothing: what was made is freed. */
+static kiln_status add_all(kiln_params *params, const char *fn, const char *base, member *m, int n,
+                           bool made) {
+  kiln_ctx *ctx = kiln_params_ctx(params);
+  char *names[4] = {0};
+  KILN_ASSERT(n <= 4);
+  for (int i = 0; i < n && made && kiln__ok(ctx); i++) {
+    names[i] = kiln__strf("%s.%s", base, m[i].suffix);
+    if (!names[i])
+      kiln__error(ctx, KILN_ERR_OOM, "%s: out of host memory", fn);
+    else if (m[i].t && kiln_params_find(params, names[i]))
+      kiln__error(ctx, KILN_ERR_INVALID, "%s: the name '%s' is taken", fn, names[i]);
+  }
+  int added = 0;
+  bool ok = made && kiln__ok(ctx);
+  for (int i = 0; i < n && ok; i++) {
+    if (!m[i].t) continue;
+    kiln_status s = m[i].buffer ? kiln_params_add_buffer(params, names[i], m[i].t)
+                                : kiln_params_add(params, names[i], m[i].t);
+    if (s != KILN_OK)
+      ok = false;
+    else {
+      m[i].t = NULL; /* the list owns it */
+      added++;
+    }
+  }
+  if (!ok)
+    while (added-- > 0)
+      kiln__params_pop(params);
+  for (int i = 0; i < n; i++) {
+    if (!ok) kiln_tensor_free(m[i].t);
+    free(names[i]);
+  }
+  if (!ok && kiln__ok(ctx)) kiln__error(ctx, KILN_ERR_OOM, "%s: out of memory", fn);
+  return ok ? KILN_OK : ctx->status;
+}
+
+static const char *base_of(const char *name, const char *dflt) {
+  return name && *name ? name : dflt;
+}
+
+/* ---------------------------------------------------------------- convolution */
+
+kiln_status kiln_conv2d_layer_init(kiln_conv2d_layer *l, kiln_params *params, const char *name,
+                                   int64_t in_channels, int64_t out_channels, int kernel_h,
+                                   int kernel_w, const kiln_conv2d_options *o, int bias) {
+  const char *fn = __func__;
+  if (!l || !params) return KILN_ERR_INVALID;
+  kiln_ctx *ctx = kiln_params_ctx(params);
+  if (!kiln__ok(ctx)) return ctx->status;
+  memset(l, 0, sizeof *l);
+  kiln_conv2d_options opt = o ? *o : (kiln_conv2d_options){0};
+  int64_t groups = opt.groups ? opt.groups : 1;
+  const char *base = base_of(name, "conv");
+  if (in_channels <= 0 || out_channels <= 0 || kernel_h <= 0 || kernel_w <= 0 || groups <= 0 ||
+      in_channels % groups || out_channels % groups)
+    return kiln__error(ctx, KILN_ERR_INVALID,
+                       "%s: '%s': in_channels %lld, out_channels %lld, kernel %dx%d, groups %lld: "
+                       "sizes must be > 0 and the channels multiples of groups",
+                       fn, base, (long long)in_channels, (long long)out_channels, kernel_h,
+                       kernel_w, (long long)groups);
+  int64_t cg = in_channels / groups;
+  double bound = 1.0 / sqrt((double)cg * kernel_h * kernel_w); /* 1 / sqrt(fan_in) */
+  member m[2] = {{"weight", NULL, false}, {"bias", NULL, false}};
+  m[0].t = kiln__uniform_param(ctx, fn, KILN_SHAPE(out_channels, cg, kernel_h, kernel_w), bound);
+  if (m[0].t && bias) m[1].t = kiln__uniform_param(ctx, fn, KILN_SHAPE(out_channels), bound);
+  kiln_tensor *w = m[0].t, *b = m[1].t;
+  kiln_status s = add_all(params, fn, base, m, 2, w && (!bias || b));
+  if (s != KILN_OK) return s;
+  l->weight = w;
+  l->bias = b;
+  l->in_channels = in_channels;
+  l->out_channels = out_channels;
+  l->kernel_h = kernel_h;
+  l->kernel_w = kernel_w;
+  l->opt = opt;
+  return KILN_OK;
+}
+
+/* Whether layer l (with its weight) may run: an error naming fn otherwise. */
+static bool layer_ok(kiln_ctx *ctx, const char *fn, const void *l, const kiln_tensor *weight,
+                     const char *init) {
+  if (l && weight) return true;
+  if (ctx && kiln__ok(ctx))
+    kiln__error(ctx, KILN_ERR_INVALID, "%s: %s", fn,
+                !l ? "NULL layer" : init); /* a layer that was never (successfully) made */
+  return false;
+}
+
+kiln_tensor *kiln_conv2d_layer_forward(const kiln_conv2d_layer *l, kiln_tensor *x) {
+  const char *fn = __func__;
+  kiln_ctx *ctx = kiln_tensor_ctx(x);
+  if (!x || !layer_ok(ctx, fn, l, l ? l->weight : NULL,
+                      "the layer has no weight (was kiln_conv2d_layer_init called, and did it "
+                      "succeed?)"))
+    return NULL;
+  if (kiln__ok(ctx) && (kiln_tensor_ndim(x) != 4 || kiln_tensor_dim(x, 3) != l->in_channels)) {
+    char sh[96];
+    kiln__error(ctx, KILN_ERR_SHAPE,
+                "%s: input %s; layer '%s' takes (N, H, W, %lld) images (channels last)", fn,
+                kiln__shape_of(x, sh, sizeof sh), kiln__name(l->weight), (long long)l->in_channels);
+    return NULL;
+  }
+  return kiln_conv2d(x, l->weight, l->bias, &l->opt);
+}
+
+/* ---------------------------------------------------------------- batch norm */
+
+#define KILN__BN_MOMENTUM 0.1f /* PyTorch's defaults */
+#define KILN__NORM_EPS 1e-5f
+
+kiln_status kiln_batch_norm_layer_init(kiln_batch_norm_layer *l, kiln_params *params,
+                                       const char *name, int64_t channels, float momentum,
+                                       float eps, int affine) {
+  const char *fn = __func__;
+  if (!l || !params) return KILN_ERR_INVALID;
+  kiln_ctx *ctx = kiln_params_ctx(params);
+  if (!kiln__ok(ctx)) return ctx->status;
+  memset(l, 0, sizeof *l);
+  const char *base = base_of(name, "bn");
+  if (momentum == 0.f) momentum = KILN__BN_MOMENTUM;
+  if (eps == 0.f) eps = KILN__NORM_EPS;
+  if (channels <= 0 || !(momentum > 0.f && momentum <= 1.f) || !(eps > 0.f))
+    return kiln__error(ctx, KILN_ERR_INVALID,
+                       "%s: '%s': channels %lld must be > 0, momentum %g in (0, 1], eps %g > 0", fn,
+                       base, (long long)channels, momentum, eps);
+  kiln_shape c = KILN_SHAPE(channels);
+  member m[4] = {{"weight", NULL, false},
+                 {"bias", NULL, false},
+                 {"running_mean", NULL, true},
+                 {"running_var", NULL, true}};
+  bool made = true;
+  if (affine) {
+    made = (m[0].t = kiln__full_param(ctx, fn, c, 1.f)) &&
+           (m[1].t = kiln__full_param(ctx, fn, c, 0.f));
+  }
+  made = made && (m[2].t = kiln__full_param(ctx, fn, c, 0.f)) &&
+         (m[3].t = kiln__full_param(ctx, fn, c, 1.f));
+  kiln_tensor *t[4] = {m[0].t, m[1].t, m[2].t, m[3].t};
+  kiln_status s = add_all(params, fn, base, m, 4, made);
+  if (s != KILN_OK) return s;
+  l->weight = t[0];
+  l->bias = t[1];
+  l->running_mean = t[2];
+  l->running_var = t[3];
+  l->channels = channels;
+  l->momentum = momentum;
+  l->eps = eps;
+  return KILN_OK;
+}
+
+kiln_tensor *kiln_batch_norm_layer_forward(const kiln_batch_norm_layer *l, kiln_tensor *x) {
+  const char *fn = __func__;
+  kiln_ctx *ctx = kiln_tensor_ctx(x);
+  if (!x || !layer_ok(ctx, fn, l, l ? l->running_mean : NULL,
+                      "the layer has no statistics (was kiln_batch_norm_layer_init called, and "
+                      "did it succeed?)"))
+    return NULL;
+  return kiln_batch_norm(x, l->weight, l->bias, l->running_mean, l->running_var, kiln_training(ctx),
+                         l->momentum, l->eps);
+}
+
+/* ---------------------------------------------------------------- layer norm */
+
+kiln_status kiln_layer_norm_layer_init(kiln_layer_norm_layer *l, kiln_params *params,
+                                       const char *name, int64_t channels, float eps) {
+  const char *fn = __func__;
+  if (!l || !params) return KILN_ERR_INVALID;
+  kiln_ctx *ctx = kiln_params_ctx(params);
+  if (!kiln__ok(ctx)) return ctx->status;
+  memset(l, 0, sizeof *l);
+  const char *base = base_of(name, "ln");
+  if (eps == 0.f) eps = KILN__NORM_EPS;
+  if (channels <= 0 || !(eps > 0.f))
+    return kiln__error(ctx, KILN_ERR_INVALID, "%s: '%s': channels %lld must be > 0, eps %g > 0", fn,
+                       base, (long long)channels, eps);
+  kiln_shape c = KILN_SHAPE(channels);
+  member m[2] = {{"weight", NULL, false}, {"bias", NULL, false}};
+  bool made =
+      (m[0].t = kiln__full_param(ctx, fn, c, 1.f)) && (m[1].t = kiln__full_param(ctx, fn, c, 0.f));
+  kiln_tensor *w = m[0].t, *b = m[1].t;
+  kiln_status s = add_all(params, fn, base, m, 2, made);
+  if (s != KILN_OK) return s;
+  l->weight = w;
+  l->bias = b;
+  l->channels = channels;
+  l->eps = eps;
+  return KILN_OK;
+}
+
+kiln_tensor *kiln_layer_norm_layer_forward(const kiln_layer_norm_layer *l, kiln_tensor *x) {
+  const char *fn = __func__;
+  kiln_ctx *ctx = kiln_tensor_ctx(x);
+  if (!x || !layer_ok(ctx, fn, l, l ? l->weight : NULL,
+                      "the layer has no weight (was kiln_layer_norm_layer_init called, and did it "
+                      "succeed?)"))
+    return NULL;
+  return kiln_layer_norm(x, l->weight, l->bias, l->eps);
+}
