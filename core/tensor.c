@@ -250,7 +250,9 @@ kiln_status kiln_tensor_to_host(kiln_tensor *t, void *dst, size_t bytes) {
                        __func__, kiln__shape_of(t, sh, sizeof sh));
   kiln_tensor *src = kiln__is_contiguous(t) ? t : kiln_contiguous(t);
   if (!src) return ctx->status;
-  src->keep = true; /* a pending value the host asks for is written, fused or not */
+  /* a pending value the host asks for is written, fused or not (a persistent tensor always is:
+   * marking it would change the signature of every later step that reads it) */
+  if (!src->persistent) src->keep = true;
   kiln_status s = kiln__flush(ctx);
   if (s != KILN_OK) return s;
   if (need == 0) return KILN_OK;

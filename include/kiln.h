@@ -336,7 +336,8 @@ typedef struct kiln_pool2d_options {
  * padding is -infinity and its gradient goes to the first maximum of each window (PyTorch's). */
 kiln_tensor *kiln_max_pool2d(kiln_tensor *x, const kiln_pool2d_options *o);
 kiln_tensor *kiln_avg_pool2d(kiln_tensor *x, const kiln_pool2d_options *o);
-/* The mean or the maximum over H and W: (N, H, W, C) to (N, C). */
+/* The mean or the maximum over H and W: (N, H, W, C) to (N, C). The maximum's gradient is split
+ * evenly among tied maxima (as kiln_max and torch.amax). */
 kiln_tensor *kiln_global_avg_pool2d(kiln_tensor *x);
 kiln_tensor *kiln_global_max_pool2d(kiln_tensor *x);
 
@@ -345,7 +346,8 @@ kiln_tensor *kiln_global_max_pool2d(kiln_tensor *x);
  * statistics: batch statistics always). training != 0: normalises with the batch's mean and
  * biased variance and, when running statistics are given, updates them in place as PyTorch does
  * (running = (1 - momentum) running + momentum batch, the variance unbiased); training == 0:
- * normalises with the running statistics. PyTorch's defaults: momentum 0.1, eps 1e-5. */
+ * normalises with the running statistics. momentum 0 means no update here (the layer below takes
+ * 0 as PyTorch's default, 0.1); eps is typically 1e-5. */
 kiln_tensor *kiln_batch_norm(kiln_tensor *x, kiln_tensor *weight, kiln_tensor *bias,
                              kiln_tensor *running_mean, kiln_tensor *running_var, int training,
                              float momentum, float eps);
