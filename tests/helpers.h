@@ -5,7 +5,7 @@
  * temporary directories and whole-file reads and writes.
  *
  * The no-GPU tests' trace inspection is in inspect.h, synthetic MNIST files in idx.h and the GPU
- * op tests' float64 host references in ref.h.
+ * op tests' float64 host references in ref.h (ref_conv.h for the image ops).
  */
 #ifndef KILN_TEST_HELPERS_H
 #define KILN_TEST_HELPERS_H

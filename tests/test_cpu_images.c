@@ -1,0 +1,474 @@
+/*
+ * test_cpu_images.c: the image ops and layers on a no-GPU context: output shapes of convolution,
+ * pooling, normalisation and flatten; misuse (wrong channel counts, groups that do not divide,
+ * a kernel of 0, inputs of the wrong rank) failing with a message that names the function and
+ * leaving the context errored, without a crash; the layers' parameter lists (names, shapes,
+ * gradients, buffers) and the context's training mode; and the planner on a conv-BN-ReLU block,
+ * checked only for what must hold whatever the fusion choices.
+ */
+#include <string.h>
+
+#include "fusion/fusion.h"
+#include "inspect.h"
+
+/* ---------------------------------------------------------------- shapes */
+
+Test(images, conv2d_shapes) {
+  kiln_ctx *ctx = th_cpu_ctx();
+  struct {
+    kiln_shape x, w;
+    kiln_conv2d_options o;
+    int null_opts;
+    kiln_shape want;
+  } cases[] = {
+      {KILN_SHAPE(2, 7, 5, 3), KILN_SHAPE(5, 3, 3, 3), {0}, 1, KILN_SHAPE(2, 5, 3, 5)},
+      {KILN_SHAPE(2, 7, 5, 3), KILN_SHAPE(5, 3, 3, 3), {0}, 0, KILN_SHAPE(2, 5, 3, 5)},
+      {KILN_SHAPE(2, 7, 5, 3),
+       KILN_SHAPE(5, 3, 3, 3),
+       {.stride_h = 2, .stride_w = 2},
+       0,
+       KILN_SHAPE(2, 3, 2, 5)},
+      {KILN_SHAPE(2, 7, 5, 3),
+       KILN_SHAPE(5, 3, 3, 3),
+       {.stride_h = 2, .stride_w = 2, .pad_h = 1, .pad_w = 1},
+       0,
+       KILN_SHAPE(2, 4, 3, 5)},
+      {KILN_SHAPE(2, 7, 5, 5),
+       KILN_SHAPE(6, 5, 3, 3),
+       {.pad_h = 2, .pad_w = 2},
+       0,
+       KILN_SHAPE(2, 9, 7, 6)},
+      {KILN_SHAPE(2, 7, 5, 5),
+       KILN_SHAPE(3, 5, 3, 3),
+       {.pad_h = 2, .pad_w = 2, .dilation_h = 2, .dilation_w = 2},
+       0,
+       KILN_SHAPE(2, 7, 5, 3)},
+      {KILN_SHAPE(2, 7, 5, 6),
+       KILN_SHAPE(4, 3, 3, 3),
+       {.pad_h = 1, .pad_w = 1, .groups = 2},
+       0,
+       KILN_SHAPE(2, 7, 5, 4)},
+      {KILN_SHAPE(1, 7, 5, 6),
+       KILN_SHAPE(12, 1, 3, 3),
+       {.stride_h = 2, .stride_w = 2, .pad_h = 1, .pad_w = 1, .groups = 6},
+       0,
+       KILN_SHAPE(1, 4, 3, 12)},
+      {KILN_SHAPE(2, 7, 5, 5),
+       KILN_SHAPE(3, 5, 3, 1),
+       {.stride_h = 2, .pad_h = 1, .dilation_h = 2},
+       0,
+       KILN_SHAPE(2, 3, 5, 3)},
+      {KILN_SHAPE(1, 3, 3, 3),
+       KILN_SHAPE(5, 3, 5, 5),
+       {.pad_h = 2, .pad_w = 2},
+       0,
+       KILN_SHAPE(1, 3, 3, 5)},
+      {KILN_SHAPE(128, 28, 28, 1), KILN_SHAPE(32, 1, 3, 3), {0}, 0, KILN_SHAPE(128, 26, 26, 32)},
+  };
+  char what[64];
+  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+    snprintf(what, sizeof what, "case %zu", i);
+    kiln_tensor *x = th_f32(ctx, cases[i].x), *w = th_f32(ctx, cases[i].w);
+    kiln_tensor *b = th_f32(ctx, KILN_SHAPE(cases[i].w.d[0]));
+    for (int bias = 0; bias < 2; bias++) {
+      kiln_tensor *y = kiln_conv2d(x, w, bias ? b : NULL, cases[i].null_opts ? NULL : &cases[i].o);
+      cr_assert_not_null(y, "%s: %s", what, th_err(ctx));
+      th_assert_shape(y, cases[i].want);
+      cr_assert_eq(kiln_tensor_dtype(y), KILN_DTYPE_F32);
+    }
+  }
+  th_assert_ok(ctx);
+  th_free_scratch();
+  th_ctx_free(ctx);
+}
+
+Test(images, pool_norm_flatten_shapes) {
+  kiln_ctx *ctx = th_cpu_ctx();
+  kiln_tensor *x = th_f32(ctx, KILN_SHAPE(2, 7, 5, 6));
+  kiln_pool2d_options k2 = {.kernel_h = 2, .kernel_w = 2};
+  kiln_pool2d_options k3 = {
+      .kernel_h = 3, .kernel_w = 3, .stride_h = 2, .stride_w = 2, .pad_h = 1, .pad_w = 1};
+  kiln_pool2d_options d2 = {.kernel_h = 3,
+                            .kernel_w = 3,
+                            .stride_h = 1,
+                            .stride_w = 1,
+                            .pad_h = 1,
+                            .pad_w = 1,
+                            .dilation_h = 2,
+                            .dilation_w = 2};
+  kiln_pool2d_options ex = {.kernel_h = 3,
+                            .kernel_w = 3,
+                            .stride_h = 1,
+                            .stride_w = 1,
+                            .pad_h = 1,
+                            .pad_w = 1,
+                            .exclude_pad = 1};
+  th_assert_shape(kiln_max_pool2d(x, &k2), KILN_SHAPE(2, 3, 2, 6)); /* floor: a row left over */
+  th_assert_shape(kiln_avg_pool2d(x, &k2), KILN_SHAPE(2, 3, 2, 6));
+  th_assert_shape(kiln_max_pool2d(x, &k3), KILN_SHAPE(2, 4, 3, 6));
+  th_assert_shape(kiln_avg_pool2d(x, &k3), KILN_SHAPE(2, 4, 3, 6));
+  th_assert_shape(kiln_max_pool2d(x, &d2), KILN_SHAPE(2, 5, 3, 6));
+  th_assert_shape(kiln_avg_pool2d(x, &ex), KILN_SHAPE(2, 7, 5, 6));
+  th_assert_shape(kiln_global_avg_pool2d(x), KILN_SHAPE(2, 6));
+  th_assert_shape(kiln_global_max_pool2d(x), KILN_SHAPE(2, 6));
+  th_assert_shape(kiln_flatten(x), KILN_SHAPE(2, 210));
+  th_assert_shape(kiln_flatten(th_f32(ctx, KILN_SHAPE(4, 3, 5))), KILN_SHAPE(4, 15));
+  th_assert_shape(kiln_flatten(th_f32(ctx, KILN_SHAPE(4, 3))), KILN_SHAPE(4, 3));
+  kiln_tensor *c = th_f32(ctx, KILN_SHAPE(6));
+  kiln_tensor *rm = th_f32(ctx, KILN_SHAPE(6)), *rv = th_f32(ctx, KILN_SHAPE(6));
+  th_assert_shape(kiln_batch_norm(x, c, c, rm, rv, 1, 0.1f, 1e-5f), KILN_SHAPE(2, 7, 5, 6));
+  th_assert_shape(kiln_batch_norm(x, NULL, NULL, NULL, NULL, 1, 0.1f, 1e-5f),
+                  KILN_SHAPE(2, 7, 5, 6));
+  th_assert_shape(kiln_batch_norm(x, c, c, rm, rv, 0, 0.1f, 1e-5f), KILN_SHAPE(2, 7, 5, 6));
+  th_assert_shape(kiln_batch_norm(th_f32(ctx, KILN_SHAPE(8, 6)), c, c, rm, rv, 1, 0.1f, 1e-5f),
+                  KILN_SHAPE(8, 6));
+  th_assert_shape(kiln_layer_norm(x, c, c, 1e-5f), KILN_SHAPE(2, 7, 5, 6));
+  th_assert_shape(kiln_layer_norm(th_f32(ctx, KILN_SHAPE(3, 6)), NULL, NULL, 1e-5f),
+                  KILN_SHAPE(3, 6));
+  th_assert_ok(ctx);
+  th_free_scratch();
+  th_ctx_free(ctx);
+}
+
+/* ---------------------------------------------------------------- misuse */
+
+/* Asserts that expr (an op) fails: NULL, nothing recorded, a shape, argument or dtype error
+ * whose message names fname; then that the context stays errored (a later op records nothing
+ * and the message stays), and clears it. */
+#define EXPECT_FAIL(ctx, expr, fname)                                                              \
+  do {                                                                                             \
+    int32_t n0_ = th_tlen(ctx);                                                                    \
+    kiln_tensor *r_ = (expr);                                                                      \
+    cr_assert_null(r_, "%s should have failed", #expr);                                            \
+    cr_assert_eq(th_tlen(ctx), n0_, "%s recorded %d nodes while failing", #expr,                   \
+                 th_tlen(ctx) - n0_);                                                              \
+    expect_errored(ctx, #expr, fname);                                                             \
+  } while (0)
+
+static kiln_tensor *probe; /* a good tensor, for "a later op records nothing" */
+
+static void expect_errored(kiln_ctx *ctx, const char *expr, const char *fname) {
+  kiln_status st = kiln_ctx_status(ctx);
+  const char *msg = kiln_ctx_error(ctx);
+  cr_assert(st == KILN_ERR_SHAPE || st == KILN_ERR_INVALID || st == KILN_ERR_DTYPE,
+            "%s: status %s, want a shape, argument or dtype error (message: %s)", expr,
+            kiln_status_name(st), msg ? msg : "none");
+  cr_assert_not_null(msg, "%s: no message", expr);
+  cr_assert_not_null(strstr(msg, fname), "%s: the message '%s' does not name %s", expr, msg, fname);
+  cr_log_info("%s: %s", expr, msg);
+  char keep[1024];
+  snprintf(keep, sizeof keep, "%s", msg);
+  int32_t n0 = th_tlen(ctx);
+  cr_assert_null(kiln_relu(probe), "%s: the context works on after the error", expr);
+  cr_assert_eq(th_tlen(ctx), n0);
+  cr_assert_str_eq(kiln_ctx_error(ctx), keep, "%s: a later call replaced the message", expr);
+  kiln_ctx_clear_error(ctx);
+}
+
+Test(images, conv2d_misuse_names_the_function) {
+  kiln_ctx *ctx = th_cpu_ctx();
+  probe = th_f32(ctx, KILN_SHAPE(3));
+  kiln_tensor *x4 = th_f32(ctx, KILN_SHAPE(2, 7, 5, 4)), *x6 = th_f32(ctx, KILN_SHAPE(2, 7, 5, 6));
+  kiln_tensor *w = th_f32(ctx, KILN_SHAPE(5, 3, 3, 3)), *b = th_f32(ctx, KILN_SHAPE(5));
+  kiln_tensor *x3 = th_f32(ctx, KILN_SHAPE(2, 7, 5, 3));
+  /* the input's channels are not the weight's Cin / groups * groups */
+  EXPECT_FAIL(ctx, kiln_conv2d(x4, w, b, NULL), "kiln_conv2d");
+  /* groups that divide neither Cin nor Cout */
+  kiln_conv2d_options g4 = {.groups = 4};
+  EXPECT_FAIL(ctx, kiln_conv2d(x6, th_f32(ctx, KILN_SHAPE(4, 3, 3, 3)), NULL, &g4), "kiln_conv2d");
+  /* groups that divide Cin (6 / 2 = 3 per group) but not Cout (5) */
+  kiln_conv2d_options g2 = {.groups = 2};
+  EXPECT_FAIL(ctx, kiln_conv2d(x6, w, b, &g2), "kiln_conv2d");
+  /* a 3-D input, a 3-D weight, a 5-D input */
+  EXPECT_FAIL(ctx, kiln_conv2d(th_f32(ctx, KILN_SHAPE(7, 5, 3)), w, b, NULL), "kiln_conv2d");
+  EXPECT_FAIL(ctx, kiln_conv2d(x3, th_f32(ctx, KILN_SHAPE(5, 3, 3)), NULL, NULL), "kiln_conv2d");
+  EXPECT_FAIL(ctx, kiln_conv2d(th_f32(ctx, KILN_SHAPE(1, 2, 7, 5, 3)), w, b, NULL), "kiln_conv2d");
+  /* a bias of the wrong length or rank */
+  EXPECT_FAIL(ctx, kiln_conv2d(x3, w, th_f32(ctx, KILN_SHAPE(4)), NULL), "kiln_conv2d");
+  EXPECT_FAIL(ctx, kiln_conv2d(x3, w, th_f32(ctx, KILN_SHAPE(1, 5)), NULL), "kiln_conv2d");
+  /* no weight */
+  EXPECT_FAIL(ctx, kiln_conv2d(x3, NULL, b, NULL), "kiln_conv2d");
+  /* a kernel larger than the padded image */
+  EXPECT_FAIL(ctx, kiln_conv2d(th_f32(ctx, KILN_SHAPE(1, 2, 2, 3)), w, b, NULL), "kiln_conv2d");
+  /* negative strides, padding, dilation or groups */
+  kiln_conv2d_options bad[] = {{.stride_h = -1}, {.pad_w = -1}, {.dilation_h = -2}, {.groups = -1}};
+  for (size_t i = 0; i < sizeof bad / sizeof *bad; i++)
+    EXPECT_FAIL(ctx, kiln_conv2d(x3, w, b, &bad[i]), "kiln_conv2d");
+  /* an i32 image */
+  EXPECT_FAIL(ctx, kiln_conv2d(th_i32(ctx, KILN_SHAPE(2, 7, 5, 3)), w, b, NULL), "kiln_conv2d");
+  th_free_scratch();
+  th_ctx_free(ctx);
+}
+
+Test(images, pool_norm_misuse_names_the_function) {
+  kiln_ctx *ctx = th_cpu_ctx();
+  probe = th_f32(ctx, KILN_SHAPE(3));
+  kiln_tensor *x = th_f32(ctx, KILN_SHAPE(2, 7, 5, 6)), *x3 = th_f32(ctx, KILN_SHAPE(7, 5, 6));
+  kiln_pool2d_options k0 = {.kernel_h = 0, .kernel_w = 2};
+  kiln_pool2d_options kneg = {.kernel_h = 2, .kernel_w = -1};
+  kiln_pool2d_options bigpad = {.kernel_h = 2, .kernel_w = 2, .pad_h = 2};
+  kiln_pool2d_options k2 = {.kernel_h = 2, .kernel_w = 2};
+  kiln_pool2d_options huge = {.kernel_h = 9, .kernel_w = 2};
+  EXPECT_FAIL(ctx, kiln_max_pool2d(x, &k0), "kiln_max_pool2d");
+  EXPECT_FAIL(ctx, kiln_avg_pool2d(x, &k0), "kiln_avg_pool2d");
+  EXPECT_FAIL(ctx, kiln_max_pool2d(x, &kneg), "kiln_max_pool2d");
+  EXPECT_FAIL(ctx, kiln_max_pool2d(x, NULL), "kiln_max_pool2d"); /* the kernel is required */
+  EXPECT_FAIL(ctx, kiln_max_pool2d(x, &bigpad), "kiln_max_pool2d");
+  EXPECT_FAIL(ctx, kiln_avg_pool2d(x, &bigpad), "kiln_avg_pool2d");
+  EXPECT_FAIL(ctx, kiln_max_pool2d(x3, &k2), "kiln_max_pool2d");
+  EXPECT_FAIL(ctx, kiln_avg_pool2d(x3, &k2), "kiln_avg_pool2d");
+  EXPECT_FAIL(ctx, kiln_max_pool2d(x, &huge), "kiln_max_pool2d");
+  EXPECT_FAIL(ctx, kiln_global_avg_pool2d(x3), "kiln_global_avg_pool2d");
+  EXPECT_FAIL(ctx, kiln_global_max_pool2d(th_f32(ctx, KILN_SHAPE(2, 6))), "kiln_global_max_pool2d");
+  kiln_tensor *c6 = th_f32(ctx, KILN_SHAPE(6)), *c5 = th_f32(ctx, KILN_SHAPE(5));
+  EXPECT_FAIL(ctx, kiln_batch_norm(x, c5, c6, NULL, NULL, 1, 0.1f, 1e-5f), "kiln_batch_norm");
+  EXPECT_FAIL(ctx, kiln_batch_norm(x, c6, c5, NULL, NULL, 1, 0.1f, 1e-5f), "kiln_batch_norm");
+  EXPECT_FAIL(ctx, kiln_batch_norm(x, c6, c6, c5, c6, 1, 0.1f, 1e-5f), "kiln_batch_norm");
+  EXPECT_FAIL(ctx, kiln_batch_norm(x, c6, c6, c6, c5, 0, 0.1f, 1e-5f), "kiln_batch_norm");
+  EXPECT_FAIL(ctx,
+              kiln_batch_norm(x, th_f32(ctx, KILN_SHAPE(1, 6)), c6, NULL, NULL, 1, 0.1f, 1e-5f),
+              "kiln_batch_norm");
+  EXPECT_FAIL(ctx, kiln_layer_norm(x, c5, NULL, 1e-5f), "kiln_layer_norm");
+  EXPECT_FAIL(ctx, kiln_layer_norm(x, c6, c5, 1e-5f), "kiln_layer_norm");
+  th_free_scratch();
+  th_ctx_free(ctx);
+}
+
+/* A layer's init that fails adds nothing to the list; its forward on a wrong input fails naming
+ * the layer's function or the op it calls. */
+Test(images, layer_misuse_names_the_function) {
+  kiln_ctx *ctx = th_cpu_ctx();
+  probe = th_f32(ctx, KILN_SHAPE(3));
+  kiln_params *p = kiln_params_new(ctx);
+  kiln_conv2d_layer cl;
+  kiln_batch_norm_layer bl;
+  kiln_layer_norm_layer ll;
+  kiln_conv2d_options g4 = {.groups = 4};
+  /* groups of 4 divide neither 6 nor 4 channels; a kernel of 0; no channels */
+#define INIT_FAILS(expr, fname)                                                                    \
+  do {                                                                                             \
+    kiln_status st_ = (expr);                                                                      \
+    cr_assert_neq(st_, KILN_OK, "%s should have failed", #expr);                                   \
+    cr_assert_eq(st_, kiln_ctx_status(ctx), "%s: the status returned is the context's", #expr);    \
+    cr_assert_eq(kiln_params_count(p), 0, "%s added to the list while failing", #expr);            \
+    expect_errored(ctx, #expr, fname);                                                             \
+  } while (0)
+  INIT_FAILS(kiln_conv2d_layer_init(&cl, p, "c", 6, 4, 3, 3, &g4, 1), "kiln_conv2d_layer_init");
+  INIT_FAILS(kiln_conv2d_layer_init(&cl, p, "c", 3, 4, 0, 3, NULL, 1), "kiln_conv2d_layer_init");
+  INIT_FAILS(kiln_conv2d_layer_init(&cl, p, "c", 0, 4, 3, 3, NULL, 1), "kiln_conv2d_layer_init");
+  INIT_FAILS(kiln_batch_norm_layer_init(&bl, p, "bn", 0, 0.f, 0.f, 1),
+             "kiln_batch_norm_layer_init");
+  INIT_FAILS(kiln_layer_norm_layer_init(&ll, p, "ln", 0, 0.f), "kiln_layer_norm_layer_init");
+#undef INIT_FAILS
+  /* a name taken: the second layer of that name adds nothing */
+  cr_assert_eq(kiln_conv2d_layer_init(&cl, p, "c", 3, 4, 3, 3, NULL, 1), KILN_OK, "%s",
+               th_err(ctx));
+  kiln_conv2d_layer again;
+  cr_assert_neq(kiln_conv2d_layer_init(&again, p, "c", 3, 4, 3, 3, NULL, 1), KILN_OK);
+  cr_assert_eq(kiln_params_count(p), 2);
+  TH_ASSERT_ERROR(ctx, kiln_ctx_status(ctx), "kiln_conv2d_layer_init");
+  kiln_ctx_clear_error(ctx);
+  cr_assert_eq(kiln_batch_norm_layer_init(&bl, p, "bn", 4, 0.f, 0.f, 1), KILN_OK, "%s",
+               th_err(ctx));
+  cr_assert_eq(kiln_layer_norm_layer_init(&ll, p, "ln", 4, 0.f), KILN_OK, "%s", th_err(ctx));
+  /* forwards on inputs of the wrong channel count or rank */
+  kiln_tensor *x5 = th_f32(ctx, KILN_SHAPE(2, 6, 6, 5)), *x3d = th_f32(ctx, KILN_SHAPE(6, 6, 3));
+  EXPECT_FAIL(ctx, kiln_conv2d_layer_forward(&cl, x5), "kiln_conv2d");
+  EXPECT_FAIL(ctx, kiln_conv2d_layer_forward(&cl, x3d), "kiln_conv2d");
+  EXPECT_FAIL(ctx, kiln_batch_norm_layer_forward(&bl, x5), "kiln_batch_norm");
+  EXPECT_FAIL(ctx, kiln_layer_norm_layer_forward(&ll, x5), "kiln_layer_norm");
+  kiln_params_free(p);
+  th_free_scratch();
+  th_ctx_free(ctx);
+}
+
+/* ---------------------------------------------------------------- layers and buffers */
+
+static void expect_param(kiln_params *p, int i, const char *name, kiln_shape s, int buffer) {
+  cr_assert_lt(i, kiln_params_count(p));
+  cr_assert_str_eq(kiln_params_name(p, i), name);
+  kiln_tensor *t = kiln_params_get(p, i);
+  th_assert_shape(t, s);
+  cr_assert_eq(kiln_params_find(p, name), t);
+  cr_assert_eq(kiln_params_is_buffer(p, i), buffer, "%s: is_buffer %d, want %d", name,
+               kiln_params_is_buffer(p, i), buffer);
+  cr_assert_eq(kiln_tensor_requires_grad(t), !buffer, "%s: requires_grad %d", name,
+               kiln_tensor_requires_grad(t));
+  cr_assert(kiln_tensor_is_persistent(t));
+}
+
+Test(images, layers_parameter_lists) {
+  kiln_ctx *ctx = th_cpu_ctx();
+  kiln_params *p = kiln_params_new(ctx);
+  kiln_conv2d_layer c1, c2;
+  kiln_conv2d_options o = {.stride_h = 2, .stride_w = 2, .pad_h = 1, .pad_w = 2, .groups = 2};
+  cr_assert_eq(kiln_conv2d_layer_init(&c1, p, "conv1", 4, 6, 3, 5, &o, 1), KILN_OK, "%s",
+               th_err(ctx));
+  cr_assert_eq(kiln_conv2d_layer_init(&c2, p, "conv2", 6, 8, 1, 1, NULL, 0), KILN_OK, "%s",
+               th_err(ctx));
+  kiln_batch_norm_layer bn, bn_plain;
+  cr_assert_eq(kiln_batch_norm_layer_init(&bn, p, "bn", 8, 0.f, 0.f, 1), KILN_OK, "%s",
+               th_err(ctx));
+  cr_assert_eq(kiln_batch_norm_layer_init(&bn_plain, p, "bn2", 8, 0.3f, 1e-3f, 0), KILN_OK, "%s",
+               th_err(ctx));
+  kiln_layer_norm_layer ln;
+  cr_assert_eq(kiln_layer_norm_layer_init(&ln, p, "ln", 8, 0.f), KILN_OK, "%s", th_err(ctx));
+
+  /* PyTorch's names and layouts */
+  expect_param(p, 0, "conv1.weight", KILN_SHAPE(6, 2, 3, 5), 0);
+  expect_param(p, 1, "conv1.bias", KILN_SHAPE(6), 0);
+  expect_param(p, 2, "conv2.weight", KILN_SHAPE(8, 6, 1, 1), 0);
+  expect_param(p, 3, "bn.weight", KILN_SHAPE(8), 0);
+  expect_param(p, 4, "bn.bias", KILN_SHAPE(8), 0);
+  expect_param(p, 5, "bn.running_mean", KILN_SHAPE(8), 1);
+  expect_param(p, 6, "bn.running_var", KILN_SHAPE(8), 1);
+  expect_param(p, 7, "bn2.running_mean", KILN_SHAPE(8), 1);
+  expect_param(p, 8, "bn2.running_var", KILN_SHAPE(8), 1);
+  expect_param(p, 9, "ln.weight", KILN_SHAPE(8), 0);
+  expect_param(p, 10, "ln.bias", KILN_SHAPE(8), 0);
+  cr_assert_eq(kiln_params_count(p), 11);
+
+  /* the layers' fields */
+  cr_assert_eq(c1.weight, kiln_params_get(p, 0));
+  cr_assert_eq(c1.bias, kiln_params_get(p, 1));
+  cr_assert(c1.in_channels == 4 && c1.out_channels == 6 && c1.kernel_h == 3 && c1.kernel_w == 5);
+  cr_assert(c1.opt.stride_h == 2 && c1.opt.pad_w == 2 && c1.opt.groups == 2);
+  cr_assert_null(c2.bias);
+  cr_assert(c2.in_channels == 6 && c2.out_channels == 8);
+  cr_assert_eq(bn.weight, kiln_params_get(p, 3));
+  cr_assert_eq(bn.running_mean, kiln_params_get(p, 5));
+  cr_assert_eq(bn.running_var, kiln_params_get(p, 6));
+  cr_assert_eq(bn.channels, 8);
+  cr_assert(bn_plain.weight == NULL && bn_plain.bias == NULL);
+  cr_assert_eq(bn_plain.running_mean, kiln_params_get(p, 7));
+  cr_assert_eq(ln.weight, kiln_params_get(p, 9));
+  cr_assert_eq(ln.channels, 8);
+
+  /* the forwards record, and the block's output has the shape PyTorch gives */
+  kiln_tensor *x = th_f32(ctx, KILN_SHAPE(2, 9, 7, 4));
+  kiln_tensor *h = kiln_conv2d_layer_forward(&c1, x); /* (2, 5, 4, 6) */
+  th_assert_shape(h, KILN_SHAPE(2, 5, 4, 6));
+  h = kiln_conv2d_layer_forward(&c2, h);
+  th_assert_shape(h, KILN_SHAPE(2, 5, 4, 8));
+  th_assert_shape(kiln_batch_norm_layer_forward(&bn, h), KILN_SHAPE(2, 5, 4, 8));
+  th_assert_shape(kiln_batch_norm_layer_forward(&bn_plain, h), KILN_SHAPE(2, 5, 4, 8));
+  th_assert_shape(kiln_layer_norm_layer_forward(&ln, h), KILN_SHAPE(2, 5, 4, 8));
+  th_assert_ok(ctx);
+  kiln_params_free(p);
+  th_free_scratch();
+  th_ctx_free(ctx);
+}
+
+Test(images, buffers_and_training_mode) {
+  kiln_ctx *ctx = th_cpu_ctx();
+  kiln_params *p = kiln_params_new(ctx);
+  kiln_tensor *w = th_new(ctx, KILN_DTYPE_F32, KILN_SHAPE(3));
+  kiln_tensor_set_requires_grad(w, 1);
+  kiln_tensor *buf = th_new(ctx, KILN_DTYPE_F32, KILN_SHAPE(3));
+  kiln_tensor_set_requires_grad(buf, 1); /* a buffer never requires a gradient: cleared */
+  cr_assert_eq(kiln_params_add(p, "w", w), KILN_OK);
+  cr_assert_eq(kiln_params_add_buffer(p, "stat", buf), KILN_OK, "%s", th_err(ctx));
+  cr_assert_eq(kiln_params_count(p), 2);
+  cr_assert_eq(kiln_params_is_buffer(p, 0), 0);
+  cr_assert_eq(kiln_params_is_buffer(p, 1), 1);
+  cr_assert_eq(kiln_params_find(p, "stat"), buf);
+  cr_assert_eq(kiln_tensor_requires_grad(buf), 0);
+  /* names are shared between parameters and buffers */
+  kiln_tensor *dup = th_new(ctx, KILN_DTYPE_F32, KILN_SHAPE(3));
+  cr_assert_neq(kiln_params_add_buffer(p, "w", dup), KILN_OK);
+  kiln_ctx_clear_error(ctx);
+  kiln_tensor_free(dup);
+  cr_assert_eq(kiln_params_count(p), 2);
+
+  /* training mode: on at first, as PyTorch's modules */
+  cr_assert_eq(kiln_training(ctx), 1);
+  kiln_set_training(ctx, 0);
+  cr_assert_eq(kiln_training(ctx), 0);
+  kiln_set_training(ctx, 1);
+  cr_assert_eq(kiln_training(ctx), 1);
+  kiln_params_free(p);
+  th_ctx_free(ctx);
+}
+
+/* ---------------------------------------------------------------- the planner */
+
+/* The plan of the nodes recorded and not yet run, fused, after checking its invariants; the
+ * description goes to the log (KILN_DEBUG=plan prints the same line for every flush). */
+static kiln__plan checked_plan(kiln_ctx *ctx, bool fuse, const char *what) {
+  kiln__plan p;
+  cr_assert(kiln__plan_build(ctx, ctx->trace.done, ctx->trace.n, fuse, &p), "%s: %s", what,
+            th_err(ctx));
+  char why[512];
+  const char *bad = kiln__plan_verify(ctx, &p, why, sizeof why);
+  cr_assert_null(bad, "%s: the plan breaks an invariant: %s", what, bad);
+  kiln__sb sb = {0};
+  kiln__plan_describe(ctx, &p, &sb);
+  cr_assert(!sb.oom);
+  cr_log_info("%s (%s): %d groups for %d nodes: %s", what, fuse ? "fused" : "unfused", p.ng,
+              p.last - p.first, sb.s);
+  kiln__sb_free(&sb);
+  return p;
+}
+
+/* The product groups of a plan, and how many of them read a bias in their epilogue. */
+static int product_groups(const kiln__plan *p, int *with_bias) {
+  int n = 0;
+  *with_bias = 0;
+  for (int i = 0; i < p->ng; i++) {
+    if (p->g[i].kind != KILN__KIND_MATMUL) continue;
+    n++;
+    if ((kiln__epi_flags(p->g[i].epi) & KILN__EPI_READS_BIAS) && p->g[i].bias) (*with_bias)++;
+  }
+  return n;
+}
+
+/* A conv (with bias) -> batch norm (training, running statistics) -> ReLU block, recorded on a
+ * no-GPU context, forward only and then with its backward pass. Whatever the fusion choices,
+ * these must hold:
+ *   - the convolution is a matrix product: the plan has a product group (forward), and the
+ *     backward adds at least one more (the weight's gradient is a product over the image);
+ *   - the conv's bias add is in that product's epilogue (the product group reads a bias);
+ *   - the plan verifies, and every kernel it needs renders and compiles (NVRTC, no GPU);
+ *   - fusion does something: fewer groups than nodes, and fewer than the unfused plan's.
+ * The plan's description is logged, not compared, so that fusion choices may change. */
+Test(images, conv_bn_relu_block_plans_and_compiles) {
+  kiln_ctx *ctx = th_cpu_ctx();
+  kiln_params *p = kiln_params_new(ctx);
+  kiln_conv2d_layer conv;
+  kiln_batch_norm_layer bn;
+  kiln_conv2d_options o = {.pad_h = 1, .pad_w = 1};
+  cr_assert_eq(kiln_conv2d_layer_init(&conv, p, "conv", 3, 16, 3, 3, &o, 1), KILN_OK, "%s",
+               th_err(ctx));
+  cr_assert_eq(kiln_batch_norm_layer_init(&bn, p, "bn", 16, 0.f, 0.f, 1), KILN_OK, "%s",
+               th_err(ctx));
+  kiln_tensor *x = th_f32(ctx, KILN_SHAPE(8, 12, 12, 3));
+
+  for (int backward = 0; backward < 2; backward++) {
+    const char *what = backward ? "conv-BN-ReLU forward and backward" : "conv-BN-ReLU forward";
+    kiln_step_begin(ctx);
+    if (!backward) kiln_no_grad_begin(ctx);
+    kiln_tensor *y =
+        kiln_relu(kiln_batch_norm_layer_forward(&bn, kiln_conv2d_layer_forward(&conv, x)));
+    cr_assert_not_null(y, "%s: %s", what, th_err(ctx));
+    th_assert_shape(y, KILN_SHAPE(8, 12, 12, 16));
+    if (!backward) kiln_no_grad_end(ctx);
+    if (backward)
+      cr_assert_eq(kiln_backward(kiln_sum(y, KILN_ALL_AXES, 0)), KILN_OK, "%s", th_err(ctx));
+    int32_t nodes = ctx->trace.n - ctx->trace.done;
+    kiln__plan fused = checked_plan(ctx, true, what), unfused = checked_plan(ctx, false, what);
+    int with_bias;
+    int products = product_groups(&fused, &with_bias);
+    cr_assert_geq(products, backward ? 2 : 1, "%s: %d product groups", what, products);
+    cr_assert_geq(with_bias, 1, "%s: no product reads the conv's bias in its epilogue", what);
+    cr_assert_lt(fused.ng, nodes, "%s: %d groups for %d nodes", what, fused.ng, nodes);
+    cr_assert_lt(fused.ng, unfused.ng, "%s: %d groups fused, %d unfused", what, fused.ng,
+                 unfused.ng);
+    kiln__plan_free(&fused);
+    kiln__plan_free(&unfused);
+    cr_assert_eq(kiln__engine_compile(ctx, ctx->trace.done, ctx->trace.n), KILN_OK, "%s: %s", what,
+                 th_err(ctx));
+  }
+  kiln_params_free(p);
+  th_free_scratch();
+  th_ctx_free(ctx);
+}

@@ -1,0 +1,566 @@
+/*
+ * test_gpu_ops_conv.c: the image ops on the GPU with TF32 off, against the float64 references of
+ * ref_conv.h (checked against PyTorch's definitions): kiln_conv2d over a grid of geometries
+ * (strides 1 and 2, padding 0 to 2, dilation, groups 1, 2 and depthwise, odd sizes, batch 1,
+ * channel counts that are not multiples of 8, with and without bias, NULL options, a viewed
+ * input), followed by a ReLU as networks use it; max and average pooling (padding, dilation,
+ * count_include_pad and exclude_pad, ties), global pooling and flatten. Every op's gradients are
+ * checked twice: tightly against the analytic float64 gradients of sum(y * g), and against
+ * central finite differences (kiln_gradcheck) on the small cases. Without a GPU every test
+ * skips, saying why.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ref_conv.h"
+
+#define GRAD_ATOL 5e-4 /* gradients sum up to ~1000 products: float32 accumulation */
+#define GRAD_RTOL 1e-4
+
+/* The gradient kiln accumulated in t against want (shape s). */
+static void expect_grad(kiln_ctx *ctx, kiln_tensor *t, kiln_shape s, const double *want,
+                        double atol, double rtol, const char *what, const char *which) {
+  char w[1200];
+  snprintf(w, sizeof w, "%s: gradient of %s", what, which);
+  ref_expect_close(ctx, kiln_tensor_grad(t), s, want, atol, rtol, w);
+}
+
+/* Records loss = sum(y * g) for a g of y's shape with values from seed, and its backward pass;
+ * returns g's values as doubles (malloc'd) and frees g. */
+static double *backward_weighted(kiln_ctx *ctx, kiln_tensor *y, uint64_t seed, const char *what) {
+  kiln_shape s = kiln_tensor_shape(y);
+  float *gh;
+  kiln_tensor *g = ref_rand_tensor(ctx, s, seed, &REF_GEN(-1, 1), 0, &gh);
+  kiln_status st = kiln_backward(kiln_sum(kiln_mul(y, g), KILN_ALL_AXES, 0));
+  cr_assert_eq(st, KILN_OK, "%s: kiln_backward: %s", what, th_err(ctx));
+  cr_assert_eq(kiln_sync(ctx), KILN_OK, "%s: running the backward pass: %s", what, th_err(ctx));
+  double *gd = ref_to_double(gh, ref_numel(s));
+  free(gh);
+  kiln_tensor_free(g);
+  return gd;
+}
+
+/* ---------------------------------------------------------------- convolution */
+
+typedef struct conv_case {
+  const char *desc;
+  int64_t n, h, w, cin, cout;
+  int kh, kw;
+  kiln_conv2d_options o; /* zero fields: kiln's defaults */
+  int bias;
+  int null_opts; /* pass NULL for the options (o all zeros) */
+  int gc;        /* also check against finite differences (small cases) */
+} conv_case;
+
+/* The explicit geometry of a case, the defaults of kiln.h filled in. */
+static ref_win conv_win(const conv_case *c) {
+  const kiln_conv2d_options *o = &c->o;
+  return (ref_win){.kh = c->kh,
+                   .kw = c->kw,
+                   .sh = o->stride_h ? o->stride_h : 1,
+                   .sw = o->stride_w ? o->stride_w : 1,
+                   .ph = o->pad_h,
+                   .pw = o->pad_w,
+                   .dh = o->dilation_h ? o->dilation_h : 1,
+                   .dw = o->dilation_w ? o->dilation_w : 1,
+                   .groups = o->groups ? o->groups : 1};
+}
+
+/* brace lists, so that the tables below are constant initializers */
+#define CO(...)                                                                                    \
+  { __VA_ARGS__ }
+
+static const conv_case conv_cases[] = {
+    {"3->5 3x3", 2, 7, 5, 3, 5, 3, 3, CO(0), 1, 0, 1},
+    {"3->5 3x3 stride 2", 2, 7, 5, 3, 5, 3, 3, CO(.stride_h = 2, .stride_w = 2), 1, 0, 1},
+    {"3->5 3x3 stride 2 pad 1", 2, 7, 5, 3, 5, 3, 3,
+     CO(.stride_h = 2, .stride_w = 2, .pad_h = 1, .pad_w = 1), 1, 0, 1},
+    {"5->6 3x3 pad 2, no bias", 2, 7, 5, 5, 6, 3, 3, CO(.pad_h = 2, .pad_w = 2), 0, 0, 1},
+    {"5->3 3x3 dilation 2 pad 2", 2, 7, 5, 5, 3, 3, 3,
+     CO(.pad_h = 2, .pad_w = 2, .dilation_h = 2, .dilation_w = 2), 1, 0, 1},
+    {"6->4 3x3 groups 2 pad 1", 2, 7, 5, 6, 4, 3, 3, CO(.pad_h = 1, .pad_w = 1, .groups = 2), 1, 0,
+     1},
+    {"6->6 3x3 depthwise stride 2 pad 1, batch 1", 1, 7, 5, 6, 6, 3, 3,
+     CO(.stride_h = 2, .stride_w = 2, .pad_h = 1, .pad_w = 1, .groups = 6), 1, 0, 1},
+    {"6->12 3x3 depthwise (multiplier 2) pad 1, no bias, batch 1", 1, 7, 5, 6, 12, 3, 3,
+     CO(.pad_h = 1, .pad_w = 1, .groups = 6), 0, 0, 1},
+    {"3->5 3x3 NULL options", 2, 7, 5, 3, 5, 3, 3, CO(0), 1, 1, 0},
+    {"5->3 1x1, batch 1", 1, 7, 5, 5, 3, 1, 1, CO(0), 1, 0, 1},
+    {"3->6 2x2 (airbench's whitening)", 2, 7, 5, 3, 6, 2, 2, CO(0), 0, 0, 1},
+    {"5->3 3x1 stride (2,1) pad (1,0) dilation (2,1)", 2, 7, 5, 5, 3, 3, 1,
+     CO(.stride_h = 2, .stride_w = 1, .pad_h = 1, .dilation_h = 2), 1, 0, 1},
+    {"6->5 3x2 stride (1,2) pad (2,1) dilation (2,1)", 2, 6, 7, 6, 5, 3, 2,
+     CO(.stride_w = 2, .pad_h = 2, .pad_w = 1, .dilation_h = 2), 1, 0, 1},
+    {"3->5 5x5 pad 2 on a 3x3 image, batch 1", 1, 3, 3, 3, 5, 5, 5, CO(.pad_h = 2, .pad_w = 2), 1,
+     0, 1},
+    {"3->4 3x3 to a 1x1 output", 2, 3, 3, 3, 4, 3, 3, CO(0), 1, 0, 1},
+    {"9->6 3x3 groups 3 stride 2", 2, 7, 5, 9, 6, 3, 3,
+     CO(.stride_h = 2, .stride_w = 2, .groups = 3), 1, 0, 0},
+    /* the benchmark networks' shapes */
+    {"1->32 3x3 (MNIST's first layer)", 16, 28, 28, 1, 32, 3, 3, CO(0), 1, 0, 0},
+    {"32->64 3x3 pad 1", 8, 12, 12, 32, 64, 3, 3, CO(.pad_h = 1, .pad_w = 1), 1, 0, 0},
+    {"24->24 3x3 pad 1 depthwise", 4, 9, 9, 24, 24, 3, 3, CO(.pad_h = 1, .pad_w = 1, .groups = 24),
+     1, 0, 0},
+};
+
+typedef struct conv_gc {
+  kiln_conv2d_options o;
+  int bias, null_opts, relu;
+} conv_gc;
+
+static kiln_tensor *gc_conv(kiln_tensor *const *in, void *user) {
+  const conv_gc *u = user;
+  kiln_tensor *y = kiln_conv2d(in[0], in[1], u->bias ? in[2] : NULL, u->null_opts ? NULL : &u->o);
+  return u->relu ? kiln_relu(y) : y;
+}
+
+/* One case: the forward pass (followed by a ReLU when relu is set) and the gradients of x, the
+ * weight and the bias against the reference, then against finite differences when the case
+ * asks. */
+static void check_conv(kiln_ctx *ctx, const conv_case *c, int relu, uint64_t seed) {
+  ref_win g = conv_win(c);
+  kiln_shape xs = KILN_SHAPE(c->n, c->h, c->w, c->cin);
+  kiln_shape ws = KILN_SHAPE(c->cout, c->cin / g.groups, c->kh, c->kw);
+  kiln_shape bs = KILN_SHAPE(c->cout);
+  kiln_shape os = ref_win_out(xs, &g, c->cout);
+  char what[1024], wd[96];
+  ref_win_str(&g, wd, sizeof wd);
+  snprintf(what, sizeof what, "conv2d %s (%s)%s, x [%lld,%lld,%lld,%lld]", c->desc, wd,
+           relu ? " + relu" : "", (long long)c->n, (long long)c->h, (long long)c->w,
+           (long long)c->cin);
+
+  kiln_step_begin(ctx);
+  float *xh, *wh, *bh = NULL;
+  kiln_tensor *x = ref_rand_tensor(ctx, xs, seed, &REF_GEN(-1, 1), 1, &xh);
+  kiln_tensor *w = ref_rand_tensor(ctx, ws, seed + 1, &REF_GEN(-1, 1), 1, &wh);
+  kiln_tensor *b = c->bias ? ref_rand_tensor(ctx, bs, seed + 2, &REF_GEN(-1, 1), 1, &bh) : NULL;
+  double *xd = ref_to_double(xh, ref_numel(xs)), *wdd = ref_to_double(wh, ref_numel(ws));
+  double *bd = bh ? ref_to_double(bh, c->cout) : NULL;
+
+  kiln_tensor *y = kiln_conv2d(x, w, b, c->null_opts ? NULL : &c->o);
+  if (relu) y = kiln_relu(y);
+  double *want = ref_dalloc(ref_numel(os));
+  ref_conv2d(xd, xs, wdd, c->cout, bd, &g, want);
+  if (relu)
+    for (int64_t i = 0; i < ref_numel(os); i++)
+      want[i] = want[i] > 0 ? want[i] : 0;
+  ref_expect_close(ctx, y, os, want, 1e-4, 1e-4, what);
+
+  double *gy = backward_weighted(ctx, y, seed + 3, what);
+  if (relu) /* relu's derivative: through where the output is positive */
+    for (int64_t i = 0; i < ref_numel(os); i++)
+      gy[i] = want[i] > 0 ? gy[i] : 0;
+  double *dx = ref_dalloc(ref_numel(xs)), *dw = ref_dalloc(ref_numel(ws)),
+         *db = ref_dalloc(c->cout);
+  ref_conv2d_backward(xd, xs, wdd, c->cout, &g, gy, dx, dw, db);
+  expect_grad(ctx, x, xs, dx, GRAD_ATOL, GRAD_RTOL, what, "x");
+  expect_grad(ctx, w, ws, dw, GRAD_ATOL, GRAD_RTOL, what, "the weight");
+  if (b) expect_grad(ctx, b, bs, db, GRAD_ATOL, GRAD_RTOL, what, "the bias");
+
+  if (c->gc && !relu) {
+    kiln_tensor *in[3] = {x, w, b};
+    conv_gc u = {.o = c->o, .bias = c->bias, .null_opts = c->null_opts};
+    ref_expect_gradcheck(ctx, what, gc_conv, c->bias ? 3 : 2, in, &u);
+  }
+  free(want);
+  free(gy);
+  free(dx);
+  free(dw);
+  free(db);
+  free(xd);
+  free(wdd);
+  free(bd);
+  free(xh);
+  free(wh);
+  free(bh);
+  kiln_tensor_free(x);
+  kiln_tensor_free(w);
+  kiln_tensor_free(b);
+  th_assert_ok(ctx);
+}
+
+Test(gpu_ops, conv2d) {
+  TH_GPU_CTX_EAGER(ctx);
+  for (size_t i = 0; i < sizeof conv_cases / sizeof *conv_cases; i++)
+    check_conv(ctx, &conv_cases[i], 0, 2000 + 10 * i);
+  th_ctx_free(ctx);
+}
+
+/* conv + bias + ReLU, the pattern a product's epilogue takes (and its backward, the ReLU's
+ * derivative and the bias gradient). */
+Test(gpu_ops, conv2d_relu) {
+  TH_GPU_CTX_EAGER(ctx);
+  for (size_t i = 0; i < sizeof conv_cases / sizeof *conv_cases; i++)
+    check_conv(ctx, &conv_cases[i], 1, 2500 + 10 * i);
+  th_ctx_free(ctx);
+}
+
+/* The same convolution with fusion off: every node its own kernel. */
+Test(gpu_ops, conv2d_unfused) {
+  TH_GPU_CTX_EAGER(ctx);
+  kiln_set_fusion(ctx, 0);
+  for (size_t i = 0; i < sizeof conv_cases / sizeof *conv_cases; i++)
+    if (!conv_cases[i].gc) check_conv(ctx, &conv_cases[i], 1, 2700 + 10 * i);
+  th_ctx_free(ctx);
+}
+
+/* The input as a view: every other column of a wider image, and a crop of the channels. */
+Test(gpu_ops, conv2d_of_a_view) {
+  TH_GPU_CTX_EAGER(ctx);
+  float *bh, *wh;
+  kiln_tensor *base = ref_rand_tensor(ctx, KILN_SHAPE(2, 7, 10, 4), 2900, &REF_GEN(-1, 1), 1, &bh);
+  kiln_tensor *w = ref_rand_tensor(ctx, KILN_SHAPE(5, 3, 3, 3), 2901, &REF_GEN(-1, 1), 1, &wh);
+  kiln_shape xs = KILN_SHAPE(2, 7, 5, 3);
+  double *xd = ref_dalloc(ref_numel(xs)), *wdd = ref_to_double(wh, 5 * 3 * 3 * 3);
+  for (int64_t n = 0; n < 2; n++)
+    for (int64_t r = 0; r < 7; r++)
+      for (int64_t c = 0; c < 5; c++)
+        for (int64_t ch = 0; ch < 3; ch++)
+          xd[((n * 7 + r) * 5 + c) * 3 + ch] = bh[((n * 7 + r) * 10 + 2 * c + 1) * 4 + ch];
+  ref_win g = {.kh = 3, .kw = 3, .sh = 1, .sw = 1, .ph = 1, .pw = 1, .dh = 1, .dw = 1, .groups = 1};
+  kiln_shape os = ref_win_out(xs, &g, 5);
+  double *want = ref_dalloc(ref_numel(os));
+  ref_conv2d(xd, xs, wdd, 5, NULL, &g, want);
+  kiln_step_begin(ctx);
+  kiln_tensor *x = kiln_slice(kiln_slice(base, 2, 1, 10, 2), 3, 0, 3, 1);
+  kiln_conv2d_options o = {.pad_h = 1, .pad_w = 1};
+  kiln_tensor *y = kiln_conv2d(x, w, NULL, &o);
+  const char *what = "conv2d 3->5 3x3 pad 1 of a view (columns 1::2, channels 0:3)";
+  ref_expect_close(ctx, y, os, want, 1e-4, 1e-4, what);
+  /* the gradient reaches the viewed elements of the base and only them */
+  double *gy = backward_weighted(ctx, y, 2902, what);
+  double *dx = ref_dalloc(ref_numel(xs)), *dbase = ref_dalloc(2 * 7 * 10 * 4);
+  ref_conv2d_backward(xd, xs, wdd, 5, &g, gy, dx, NULL, NULL);
+  memset(dbase, 0, 2 * 7 * 10 * 4 * sizeof *dbase);
+  for (int64_t n = 0; n < 2; n++)
+    for (int64_t r = 0; r < 7; r++)
+      for (int64_t c = 0; c < 5; c++)
+        for (int64_t ch = 0; ch < 3; ch++)
+          dbase[((n * 7 + r) * 10 + 2 * c + 1) * 4 + ch] = dx[((n * 7 + r) * 5 + c) * 3 + ch];
+  expect_grad(ctx, base, KILN_SHAPE(2, 7, 10, 4), dbase, GRAD_ATOL, GRAD_RTOL, what, "the base");
+  free(bh);
+  free(wh);
+  free(xd);
+  free(wdd);
+  free(want);
+  free(gy);
+  free(dx);
+  free(dbase);
+  kiln_tensor_free(base);
+  kiln_tensor_free(w);
+  th_ctx_free(ctx);
+}
+
+/* ---------------------------------------------------------------- pooling */
+
+typedef enum pkind { P_MAX, P_AVG } pkind;
+
+typedef struct pool_case {
+  const char *desc;
+  pkind k;
+  kiln_shape x;
+  kiln_pool2d_options o; /* zero fields: kiln's defaults */
+  int gc;
+} pool_case;
+
+static ref_win pool_win(const kiln_pool2d_options *o) {
+  return (ref_win){.kh = o->kernel_h,
+                   .kw = o->kernel_w,
+                   .sh = o->stride_h ? o->stride_h : o->kernel_h,
+                   .sw = o->stride_w ? o->stride_w : o->kernel_w,
+                   .ph = o->pad_h,
+                   .pw = o->pad_w,
+                   .dh = o->dilation_h ? o->dilation_h : 1,
+                   .dw = o->dilation_w ? o->dilation_w : 1,
+                   .groups = 1};
+}
+
+#define PO(...)                                                                                    \
+  { __VA_ARGS__ }
+#define S4(d0, d1, d2, d3)                                                                         \
+  {                                                                                                \
+    .ndim = 4, .d = { d0, d1, d2, d3 }                                                             \
+  }
+
+static const pool_case pool_cases[] = {
+    {"max 2x2 stride 2", P_MAX, S4(2, 7, 5, 3),
+     PO(.kernel_h = 2, .kernel_w = 2, .stride_h = 2, .stride_w = 2), 1},
+    {"max 2x2, default stride", P_MAX, S4(2, 7, 5, 6), PO(.kernel_h = 2, .kernel_w = 2), 1},
+    {"max 3x3 stride 2 pad 1", P_MAX, S4(2, 7, 5, 5),
+     PO(.kernel_h = 3, .kernel_w = 3, .stride_h = 2, .stride_w = 2, .pad_h = 1, .pad_w = 1), 1},
+    {"max 3x3 stride 1 pad 1 dilation 2", P_MAX, S4(2, 7, 5, 6),
+     PO(.kernel_h = 3, .kernel_w = 3, .stride_h = 1, .stride_w = 1, .pad_h = 1, .pad_w = 1,
+        .dilation_h = 2, .dilation_w = 2),
+     1},
+    {"max 3x2 stride (2,1) pad (1,0) dilation (1,2)", P_MAX, S4(1, 7, 5, 5),
+     PO(.kernel_h = 3, .kernel_w = 2, .stride_h = 2, .stride_w = 1, .pad_h = 1, .dilation_w = 2),
+     1},
+    {"max 3x3 stride 3 (rows and columns left over)", P_MAX, S4(2, 7, 5, 3),
+     PO(.kernel_h = 3, .kernel_w = 3), 1},
+    {"max 2x2 of 64 channels", P_MAX, S4(4, 12, 12, 64), PO(.kernel_h = 2, .kernel_w = 2), 0},
+    {"avg 2x2 stride 2", P_AVG, S4(2, 7, 5, 3),
+     PO(.kernel_h = 2, .kernel_w = 2, .stride_h = 2, .stride_w = 2), 1},
+    {"avg 3x3 stride 2 pad 1 (padding counted)", P_AVG, S4(2, 7, 5, 5),
+     PO(.kernel_h = 3, .kernel_w = 3, .stride_h = 2, .stride_w = 2, .pad_h = 1, .pad_w = 1), 1},
+    {"avg 3x3 stride 2 pad 1 exclude_pad", P_AVG, S4(2, 7, 5, 5),
+     PO(.kernel_h = 3, .kernel_w = 3, .stride_h = 2, .stride_w = 2, .pad_h = 1, .pad_w = 1,
+        .exclude_pad = 1),
+     1},
+    {"avg 3x3 stride 1 pad 1 exclude_pad", P_AVG, S4(1, 7, 5, 6),
+     PO(.kernel_h = 3, .kernel_w = 3, .stride_h = 1, .stride_w = 1, .pad_h = 1, .pad_w = 1,
+        .exclude_pad = 1),
+     1},
+    {"avg 2x3 stride (1,2) pad 1 exclude_pad", P_AVG, S4(2, 7, 5, 6),
+     PO(.kernel_h = 2, .kernel_w = 3, .stride_h = 1, .stride_w = 2, .pad_h = 1, .pad_w = 1,
+        .exclude_pad = 1),
+     1},
+    {"avg 2x3 stride (1,2) pad 1", P_AVG, S4(2, 7, 5, 6),
+     PO(.kernel_h = 2, .kernel_w = 3, .stride_h = 1, .stride_w = 2, .pad_h = 1, .pad_w = 1), 1},
+    {"avg 2x2 of 64 channels", P_AVG, S4(4, 12, 12, 64), PO(.kernel_h = 2, .kernel_w = 2), 0},
+};
+
+typedef struct pool_gc {
+  pkind k;
+  kiln_pool2d_options o;
+} pool_gc;
+
+static kiln_tensor *gc_pool(kiln_tensor *const *in, void *user) {
+  const pool_gc *u = user;
+  return u->k == P_MAX ? kiln_max_pool2d(in[0], &u->o) : kiln_avg_pool2d(in[0], &u->o);
+}
+
+/* One pooling case; max pooling's inputs are distinct values 0.1 apart (no ties, even after a
+ * finite-difference step), or, with ties, quantised values that repeat in most windows. */
+static void check_pool(kiln_ctx *ctx, const pool_case *c, int ties, uint64_t seed) {
+  ref_win g = pool_win(&c->o);
+  kiln_shape xs = c->x, os = ref_win_out(xs, &g, xs.d[3]);
+  int64_t nx = ref_numel(xs), no = ref_numel(os);
+  char what[1024], wd[96];
+  ref_win_str(&g, wd, sizeof wd);
+  snprintf(what, sizeof what, "%s (%s%s)%s of [%lld,%lld,%lld,%lld]", c->desc, wd,
+           c->o.exclude_pad ? ", exclude_pad" : "", ties ? " with ties" : "", (long long)xs.d[0],
+           (long long)xs.d[1], (long long)xs.d[2], (long long)xs.d[3]);
+  kiln_step_begin(ctx);
+  float *xh = ref_falloc(nx);
+  if (c->k == P_MAX && !ties)
+    ref_distinct_fill(xh, nx, seed);
+  else if (ties)
+    ref_gen_fill(xh, nx, seed, &(ref_gen){.lo = -1, .hi = 1, .quant = 0.5f});
+  else
+    ref_gen_fill(xh, nx, seed, &REF_GEN(-1, 1));
+  kiln_tensor *x = ref_upload(ctx, xs, xh);
+  ref_set_grad(ctx, x);
+  double *xd = ref_to_double(xh, nx), *want = ref_dalloc(no), *dx = ref_dalloc(nx);
+  kiln_tensor *y;
+  if (c->k == P_MAX) {
+    y = kiln_max_pool2d(x, &c->o);
+    ref_max_pool2d(xd, xs, &g, want);
+  } else {
+    y = kiln_avg_pool2d(x, &c->o);
+    ref_avg_pool2d(xd, xs, &g, c->o.exclude_pad, want);
+  }
+  double tol = c->k == P_MAX ? 0 : 1e-5;
+  ref_expect_close(ctx, y, os, want, tol, tol, what);
+  double *gy = backward_weighted(ctx, y, seed + 1, what);
+  if (c->k == P_MAX)
+    ref_max_pool2d_backward(xd, xs, &g, gy, dx);
+  else
+    ref_avg_pool2d_backward(xs, &g, c->o.exclude_pad, gy, dx);
+  expect_grad(ctx, x, xs, dx, 1e-5, 1e-5, what, "x");
+  if (c->gc && !ties) {
+    pool_gc u = {.k = c->k, .o = c->o};
+    ref_expect_gradcheck(ctx, what, gc_pool, 1, &x, &u);
+  }
+  free(xh);
+  free(xd);
+  free(want);
+  free(dx);
+  free(gy);
+  kiln_tensor_free(x);
+  th_assert_ok(ctx);
+}
+
+Test(gpu_ops, max_pool2d) {
+  TH_GPU_CTX_EAGER(ctx);
+  for (size_t i = 0; i < sizeof pool_cases / sizeof *pool_cases; i++)
+    if (pool_cases[i].k == P_MAX) check_pool(ctx, &pool_cases[i], 0, 3000 + 10 * i);
+  th_ctx_free(ctx);
+}
+
+/* Equal values in a window: the gradient goes to the first of them (rows, then columns), as
+ * PyTorch's; overlapping windows add up. */
+Test(gpu_ops, max_pool2d_ties_go_to_the_first_maximum) {
+  TH_GPU_CTX_EAGER(ctx);
+  for (size_t i = 0; i < sizeof pool_cases / sizeof *pool_cases; i++)
+    if (pool_cases[i].k == P_MAX) check_pool(ctx, &pool_cases[i], 1, 3200 + 10 * i);
+  /* all zeros, as after a ReLU: every window ties everywhere */
+  kiln_step_begin(ctx);
+  kiln_tensor *x = kiln_tensor_new(ctx, KILN_DTYPE_F32, KILN_SHAPE(1, 4, 4, 2));
+  cr_assert_not_null(x, "%s", th_err(ctx));
+  ref_set_grad(ctx, x);
+  kiln_pool2d_options o = {
+      .kernel_h = 3, .kernel_w = 3, .stride_h = 2, .stride_w = 2, .pad_h = 1, .pad_w = 1};
+  kiln_tensor *y = kiln_max_pool2d(x, &o);
+  cr_assert_eq(kiln_backward(kiln_sum(y, KILN_ALL_AXES, 0)), KILN_OK, "%s", th_err(ctx));
+  /* windows start at rows and columns -1 and 1: their first in-image elements are (0,0), (0,1),
+   * (1,0) and (1,1) */
+  double want[32] = {0};
+  for (int ch = 0; ch < 2; ch++) {
+    want[(0 * 4 + 0) * 2 + ch] = 1;
+    want[(0 * 4 + 1) * 2 + ch] = 1;
+    want[(1 * 4 + 0) * 2 + ch] = 1;
+    want[(1 * 4 + 1) * 2 + ch] = 1;
+  }
+  expect_grad(ctx, x, KILN_SHAPE(1, 4, 4, 2), want, 0, 0, "max_pool2d 3x3 stride 2 pad 1 of zeros",
+              "x");
+  kiln_tensor_free(x);
+  th_ctx_free(ctx);
+}
+
+Test(gpu_ops, avg_pool2d) {
+  TH_GPU_CTX_EAGER(ctx);
+  for (size_t i = 0; i < sizeof pool_cases / sizeof *pool_cases; i++)
+    if (pool_cases[i].k == P_AVG) check_pool(ctx, &pool_cases[i], 0, 3400 + 10 * i);
+  th_ctx_free(ctx);
+}
+
+/* A pooled view: the image transposed (H and W swapped) before pooling. */
+Test(gpu_ops, max_pool2d_of_a_view) {
+  TH_GPU_CTX_EAGER(ctx);
+  float xh[2 * 5 * 7 * 3];
+  ref_distinct_fill(xh, 2 * 5 * 7 * 3, 3600);
+  kiln_tensor *base = ref_upload(ctx, KILN_SHAPE(2, 5, 7, 3), xh); /* (N, W, H, C) */
+  kiln_shape xs = KILN_SHAPE(2, 7, 5, 3);
+  double xd[2 * 7 * 5 * 3];
+  for (int64_t n = 0; n < 2; n++)
+    for (int64_t r = 0; r < 7; r++)
+      for (int64_t c = 0; c < 5; c++)
+        for (int64_t ch = 0; ch < 3; ch++)
+          xd[((n * 7 + r) * 5 + c) * 3 + ch] = xh[((n * 5 + c) * 7 + r) * 3 + ch];
+  kiln_pool2d_options o = {
+      .kernel_h = 3, .kernel_w = 3, .stride_h = 2, .stride_w = 2, .pad_h = 1, .pad_w = 1};
+  ref_win g = pool_win(&o);
+  kiln_shape os = ref_win_out(xs, &g, 3);
+  double want[2 * 4 * 3 * 3];
+  cr_assert_eq(ref_numel(os), 2 * 4 * 3 * 3);
+  ref_max_pool2d(xd, xs, &g, want);
+  kiln_step_begin(ctx);
+  ref_expect_close(ctx, kiln_max_pool2d(kiln_transpose(base, 1, 2), &o), os, want, 0, 0,
+                   "max_pool2d 3x3 stride 2 pad 1 of a transposed (N, W, H, C) image");
+  kiln_tensor_free(base);
+  th_ctx_free(ctx);
+}
+
+/* ---------------------------------------------------------------- global pooling */
+
+typedef struct gpool_gc {
+  int max;
+} gpool_gc;
+
+static kiln_tensor *gc_gpool(kiln_tensor *const *in, void *user) {
+  const gpool_gc *u = user;
+  return u->max ? kiln_global_max_pool2d(in[0]) : kiln_global_avg_pool2d(in[0]);
+}
+
+static void check_gpool(kiln_ctx *ctx, kiln_shape xs, int max, int gc, uint64_t seed) {
+  int64_t nx = ref_numel(xs);
+  kiln_shape os = KILN_SHAPE(xs.d[0], xs.d[3]);
+  char what[512];
+  snprintf(what, sizeof what, "global_%s_pool2d of [%lld,%lld,%lld,%lld]", max ? "max" : "avg",
+           (long long)xs.d[0], (long long)xs.d[1], (long long)xs.d[2], (long long)xs.d[3]);
+  kiln_step_begin(ctx);
+  float *xh = ref_falloc(nx);
+  if (max)
+    ref_distinct_fill(xh, nx, seed);
+  else
+    ref_gen_fill(xh, nx, seed, &REF_GEN(-1, 1));
+  kiln_tensor *x = ref_upload(ctx, xs, xh);
+  ref_set_grad(ctx, x);
+  double *xd = ref_to_double(xh, nx), *want = ref_dalloc(ref_numel(os)), *dx = ref_dalloc(nx);
+  ref_global_pool(xd, xs, max, want);
+  kiln_tensor *y = max ? kiln_global_max_pool2d(x) : kiln_global_avg_pool2d(x);
+  ref_expect_close(ctx, y, os, want, max ? 0 : 1e-5, max ? 0 : 1e-5, what);
+  double *gy = backward_weighted(ctx, y, seed + 1, what);
+  ref_global_pool_backward(xd, xs, max, gy, dx);
+  expect_grad(ctx, x, xs, dx, 1e-6, 1e-5, what, "x");
+  if (gc) {
+    gpool_gc u = {.max = max};
+    ref_expect_gradcheck(ctx, what, gc_gpool, 1, &x, &u);
+  }
+  free(xh);
+  free(xd);
+  free(want);
+  free(dx);
+  free(gy);
+  kiln_tensor_free(x);
+}
+
+Test(gpu_ops, global_pool2d) {
+  TH_GPU_CTX_EAGER(ctx);
+  for (int max = 0; max < 2; max++) {
+    uint64_t seed = 3700 + 100 * (uint64_t)max;
+    check_gpool(ctx, KILN_SHAPE(2, 7, 5, 6), max, 1, seed);
+    check_gpool(ctx, KILN_SHAPE(1, 1, 1, 3), max, 1, seed + 10);
+    check_gpool(ctx, KILN_SHAPE(3, 2, 3, 5), max, 1, seed + 20);
+    check_gpool(ctx, KILN_SHAPE(4, 16, 16, 64), max, 0, seed + 30);
+    check_gpool(ctx, KILN_SHAPE(2, 9, 9, 130), max, 0, seed + 40);
+    check_gpool(ctx, KILN_SHAPE(2, 33, 31, 3), max, 0, seed + 50);
+  }
+  th_ctx_free(ctx);
+}
+
+/* ---------------------------------------------------------------- flatten */
+
+static kiln_tensor *gc_flatten(kiln_tensor *const *in, void *user) {
+  (void)user;
+  return kiln_flatten(in[0]);
+}
+
+/* A 4-D image flattens in PyTorch's (C, H, W) order, its gradient back to (H, W, C); other ranks
+ * keep their row-major order. */
+Test(gpu_ops, flatten) {
+  TH_GPU_CTX_EAGER(ctx);
+  kiln_shape xs = KILN_SHAPE(2, 3, 4, 5);
+  float *xh;
+  kiln_tensor *x = ref_rand_tensor(ctx, xs, 3900, &REF_GEN(-1, 1), 1, &xh);
+  double *xd = ref_to_double(xh, 120), want[120], dx[120];
+  ref_flatten_nhwc(xd, xs, want);
+  kiln_step_begin(ctx);
+  kiln_tensor *y = kiln_flatten(x);
+  const char *what = "flatten of an (N, H, W, C) [2,3,4,5] image";
+  ref_expect_close(ctx, y, KILN_SHAPE(2, 60), want, 0, 0, what);
+  double *gy = backward_weighted(ctx, y, 3901, what);
+  for (int64_t n = 0; n < 2; n++)
+    for (int64_t r = 0; r < 3; r++)
+      for (int64_t c = 0; c < 4; c++)
+        for (int64_t ch = 0; ch < 5; ch++)
+          dx[((n * 3 + r) * 4 + c) * 5 + ch] = gy[n * 60 + (ch * 3 + r) * 4 + c];
+  expect_grad(ctx, x, xs, dx, 0, 0, what, "x");
+  ref_expect_gradcheck(ctx, what, gc_flatten, 1, &x, NULL);
+  /* a sliced image: the view's elements in (C, H, W) order */
+  kiln_step_begin(ctx);
+  kiln_tensor *v = kiln_slice(x, 2, 1, 4, 2); /* (2, 3, 2, 5): columns 1 and 3 */
+  double wv[60];
+  for (int64_t n = 0; n < 2; n++)
+    for (int64_t ch = 0; ch < 5; ch++)
+      for (int64_t r = 0; r < 3; r++)
+        for (int64_t c = 0; c < 2; c++)
+          wv[n * 30 + (ch * 3 + r) * 2 + c] = xd[((n * 3 + r) * 4 + 2 * c + 1) * 5 + ch];
+  ref_expect_close(ctx, kiln_flatten(v), KILN_SHAPE(2, 30), wv, 0, 0,
+                   "flatten of a [2,3,2,5] slice (columns 1::2)");
+  /* other ranks: row-major */
+  kiln_step_begin(ctx);
+  ref_expect_close(ctx, kiln_flatten(kiln_reshape(x, KILN_SHAPE(2, 60))), KILN_SHAPE(2, 60), xd, 0,
+                   0, "flatten of [2,60]");
+  ref_expect_close(ctx, kiln_flatten(kiln_reshape(x, KILN_SHAPE(2, 12, 5))), KILN_SHAPE(2, 60), xd,
+                   0, 0, "flatten of [2,12,5]");
+  ref_expect_close(ctx, kiln_flatten(kiln_reshape(x, KILN_SHAPE(2, 3, 2, 2, 5))), KILN_SHAPE(2, 60),
+                   xd, 0, 0, "flatten of [2,3,2,2,5]");
+  free(xh);
+  free(xd);
+  free(gy);
+  kiln_tensor_free(x);
+  th_ctx_free(ctx);
+}

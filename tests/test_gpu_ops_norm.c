@@ -1,0 +1,355 @@
+/*
+ * test_gpu_ops_norm.c: batch and layer normalisation on the GPU against the float64 references
+ * of ref_conv.h: batch norm in training (the batch's statistics, and the running statistics
+ * after one and three calls with momenta 0.1 and 0.3) and in evaluation (the running
+ * statistics, which then stay), with and without affine parameters and running statistics, on
+ * (N, H, W, C) and (N, C) inputs, a constant channel; layer norm over the last axis, with and
+ * without affine parameters, narrow and wide rows, a viewed input. Gradients of x, weight and
+ * bias are checked against the analytic float64 gradients and against central finite
+ * differences (kiln_gradcheck). Without a GPU every test skips, saying why.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ref_conv.h"
+
+#define FWD_TOL 1e-4
+#define GRAD_ATOL 5e-4
+#define GRAD_RTOL 1e-4
+
+/* Asserts the gradient of t (shape s) against want. */
+static void expect_grad(kiln_ctx *ctx, kiln_tensor *t, kiln_shape s, const double *want,
+                        const char *what, const char *which) {
+  char w[1200];
+  snprintf(w, sizeof w, "%s: gradient of %s", what, which);
+  ref_expect_close(ctx, kiln_tensor_grad(t), s, want, GRAD_ATOL, GRAD_RTOL, w);
+}
+
+/* Records loss = sum(y * g), g from seed, and its backward pass; returns g as doubles. */
+static double *backward_weighted(kiln_ctx *ctx, kiln_tensor *y, uint64_t seed, const char *what) {
+  kiln_shape s = kiln_tensor_shape(y);
+  float *gh;
+  kiln_tensor *g = ref_rand_tensor(ctx, s, seed, &REF_GEN(-1, 1), 0, &gh);
+  kiln_status st = kiln_backward(kiln_sum(kiln_mul(y, g), KILN_ALL_AXES, 0));
+  cr_assert_eq(st, KILN_OK, "%s: kiln_backward: %s", what, th_err(ctx));
+  cr_assert_eq(kiln_sync(ctx), KILN_OK, "%s: running the backward pass: %s", what, th_err(ctx));
+  double *gd = ref_to_double(gh, ref_numel(s));
+  free(gh);
+  kiln_tensor_free(g);
+  return gd;
+}
+
+/* ---------------------------------------------------------------- batch norm */
+
+/* shapes as brace lists, so that the tables below are constant initializers */
+#define S2(d0, d1)                                                                                 \
+  {                                                                                                \
+    .ndim = 2, .d = { d0, d1 }                                                                     \
+  }
+#define S3(d0, d1, d2)                                                                             \
+  {                                                                                                \
+    .ndim = 3, .d = { d0, d1, d2 }                                                                 \
+  }
+#define S4(d0, d1, d2, d3)                                                                         \
+  {                                                                                                \
+    .ndim = 4, .d = { d0, d1, d2, d3 }                                                             \
+  }
+
+typedef struct bn_case {
+  const char *desc;
+  kiln_shape x;
+  int affine, running, training;
+  float momentum, eps;
+  int calls; /* forward calls, each on a new x: the running statistics accumulate */
+  int gc;    /* also check against finite differences */
+} bn_case;
+
+static const bn_case bn_cases[] = {
+    {"training, affine, running statistics, momentum 0.1", S4(2, 5, 3, 6), 1, 1, 1, 0.1f, 1e-5f, 1,
+     1},
+    {"training, affine, momentum 0.3, three calls", S4(4, 3, 3, 5), 1, 1, 1, 0.3f, 1e-5f, 3, 0},
+    {"evaluation with running statistics", S4(2, 5, 3, 6), 1, 1, 0, 0.1f, 1e-5f, 2, 1},
+    {"training, no affine, running statistics", S4(2, 5, 3, 6), 0, 1, 1, 0.1f, 1e-5f, 1, 1},
+    {"evaluation, no affine", S4(2, 3, 3, 5), 0, 1, 0, 0.1f, 1e-5f, 1, 1},
+    {"(N, C) training, momentum 0.3, three calls", S2(8, 5), 1, 1, 1, 0.3f, 1e-5f, 3, 1},
+    {"(N, C) evaluation", S2(8, 5), 1, 1, 0, 0.1f, 1e-5f, 1, 1},
+    {"training without running statistics", S4(2, 3, 3, 4), 1, 0, 1, 0.1f, 1e-5f, 1, 1},
+    {"evaluation without running statistics (the batch's)", S4(2, 3, 3, 4), 1, 0, 0, 0.1f, 1e-5f, 1,
+     1},
+    {"training, eps 1e-3", S4(4, 3, 3, 5), 1, 1, 1, 0.1f, 1e-3f, 1, 0},
+    {"training, 64 channels of 1024 values", S4(16, 8, 8, 64), 1, 1, 1, 0.1f, 1e-5f, 2, 0},
+    {"(N, C) training, 300 channels", S2(128, 300), 1, 1, 1, 0.1f, 1e-5f, 1, 0},
+};
+
+typedef struct bn_gc {
+  int affine, training;
+  kiln_tensor *rm, *rv;
+  float momentum, eps;
+} bn_gc;
+
+static kiln_tensor *gc_bn(kiln_tensor *const *in, void *user) {
+  const bn_gc *u = user;
+  return kiln_batch_norm(in[0], u->affine ? in[1] : NULL, u->affine ? in[2] : NULL, u->rm, u->rv,
+                         u->training, u->momentum, u->eps);
+}
+
+static void check_bn(kiln_ctx *ctx, const bn_case *c, uint64_t seed) {
+  kiln_shape xs = c->x, cs = KILN_SHAPE(xs.d[xs.ndim - 1]);
+  int64_t nx = ref_numel(xs), C = cs.d[0], M = nx / C;
+  char what[1024], sh[96];
+  snprintf(what, sizeof what, "batch_norm %s of %s", c->desc, kiln_shape_str(xs, sh, sizeof sh));
+  float *wh = NULL, *bh = NULL, *rmh = NULL, *rvh = NULL;
+  kiln_tensor *w = NULL, *b = NULL, *rm = NULL, *rv = NULL;
+  if (c->affine) {
+    w = ref_rand_tensor(ctx, cs, seed, &REF_GEN(0.5f, 1.5f), 1, &wh);
+    b = ref_rand_tensor(ctx, cs, seed + 1, &REF_GEN(-1, 1), 1, &bh);
+  }
+  if (c->running) {
+    rm = ref_rand_tensor(ctx, cs, seed + 2, &REF_GEN(-0.5f, 0.5f), 0, &rmh);
+    rv = ref_rand_tensor(ctx, cs, seed + 3, &REF_GEN(0.5f, 2), 0, &rvh);
+    cr_assert(!kiln_tensor_requires_grad(rm) && !kiln_tensor_requires_grad(rv));
+  }
+  double *wd = wh ? ref_to_double(wh, C) : NULL, *bd = bh ? ref_to_double(bh, C) : NULL;
+  double *rmd = rmh ? ref_to_double(rmh, C) : NULL, *rvd = rvh ? ref_to_double(rvh, C) : NULL;
+  double *rm0 = ref_dalloc(C), *rv0 = ref_dalloc(C);
+  double *want = ref_dalloc(nx), *dx = ref_dalloc(nx), *dw = ref_dalloc(C), *db = ref_dalloc(C);
+  kiln_tensor *x = NULL;
+  for (int call = 0; call < c->calls; call++) {
+    char wc[1100];
+    snprintf(wc, sizeof wc, "%s, call %d", what, call + 1);
+    kiln_step_begin(ctx);
+    float *xh;
+    kiln_tensor_free(x);
+    x = ref_rand_tensor(ctx, xs, seed + 10 + (uint64_t)call, &REF_GEN(-1, 3), 1, &xh);
+    double *xd = ref_to_double(xh, nx);
+    if (rmd) { /* the statistics this call reads, before it updates them */
+      memcpy(rm0, rmd, (size_t)C * sizeof *rm0);
+      memcpy(rv0, rvd, (size_t)C * sizeof *rv0);
+    }
+    ref_batch_norm(xd, M, C, wd, bd, rmd, rvd, c->training, c->momentum, c->eps, want);
+    if (w) {
+      kiln_tensor_zero_grad(w);
+      kiln_tensor_zero_grad(b);
+    }
+    kiln_tensor *y = kiln_batch_norm(x, w, b, rm, rv, c->training, c->momentum, c->eps);
+    ref_expect_close(ctx, y, xs, want, FWD_TOL, FWD_TOL, wc);
+    double *gy = backward_weighted(ctx, y, seed + 20 + (uint64_t)call, wc);
+    ref_batch_norm_backward(xd, M, C, wd, rmd ? rm0 : NULL, rvd ? rv0 : NULL, c->training, c->eps,
+                            gy, dx, dw, db);
+    expect_grad(ctx, x, xs, dx, wc, "x");
+    if (w) {
+      expect_grad(ctx, w, cs, dw, wc, "the weight");
+      expect_grad(ctx, b, cs, db, wc, "the bias");
+    }
+    if (rm) {
+      char wr[1200];
+      snprintf(wr, sizeof wr, "%s: running mean", wc);
+      ref_expect_close(ctx, rm, cs, rmd, 1e-5, 1e-5, wr);
+      snprintf(wr, sizeof wr, "%s: running variance (unbiased)", wc);
+      ref_expect_close(ctx, rv, cs, rvd, 1e-5, 1e-5, wr);
+      cr_assert_null(kiln_tensor_grad(rm), "%s: the running mean got a gradient", wc);
+      cr_assert_null(kiln_tensor_grad(rv), "%s: the running variance got a gradient", wc);
+    }
+    free(xh);
+    free(xd);
+    free(gy);
+  }
+  if (c->gc) {
+    /* finite differences read the function again and again: the running statistics it may
+     * update do not enter the batch's output */
+    bn_gc u = {.affine = c->affine,
+               .training = c->training,
+               .rm = rm,
+               .rv = rv,
+               .momentum = c->momentum,
+               .eps = c->eps};
+    kiln_tensor *in[3] = {x, w, b};
+    ref_expect_gradcheck(ctx, what, gc_bn, c->affine ? 3 : 1, in, &u);
+  }
+  kiln_tensor_free(x);
+  kiln_tensor_free(w);
+  kiln_tensor_free(b);
+  kiln_tensor_free(rm);
+  kiln_tensor_free(rv);
+  free(wh);
+  free(bh);
+  free(rmh);
+  free(rvh);
+  free(wd);
+  free(bd);
+  free(rmd);
+  free(rvd);
+  free(rm0);
+  free(rv0);
+  free(want);
+  free(dx);
+  free(dw);
+  free(db);
+  th_assert_ok(ctx);
+}
+
+Test(gpu_ops, batch_norm_training) {
+  TH_GPU_CTX_EAGER(ctx);
+  for (size_t i = 0; i < sizeof bn_cases / sizeof *bn_cases; i++)
+    if (bn_cases[i].training) check_bn(ctx, &bn_cases[i], 4000 + 100 * i);
+  th_ctx_free(ctx);
+}
+
+Test(gpu_ops, batch_norm_eval) {
+  TH_GPU_CTX_EAGER(ctx);
+  for (size_t i = 0; i < sizeof bn_cases / sizeof *bn_cases; i++)
+    if (!bn_cases[i].training) check_bn(ctx, &bn_cases[i], 5000 + 100 * i);
+  th_ctx_free(ctx);
+}
+
+Test(gpu_ops, batch_norm_unfused) {
+  TH_GPU_CTX_EAGER(ctx);
+  kiln_set_fusion(ctx, 0);
+  for (size_t i = 0; i < sizeof bn_cases / sizeof *bn_cases; i++)
+    if (!bn_cases[i].gc) check_bn(ctx, &bn_cases[i], 5500 + 100 * i);
+  th_ctx_free(ctx);
+}
+
+/* A channel whose values are all equal: variance 0, so eps alone keeps the division finite and
+ * the channel's output is its bias; its running variance decays towards 0. */
+Test(gpu_ops, batch_norm_constant_channel) {
+  TH_GPU_CTX_EAGER(ctx);
+  float xh[6 * 3];
+  ref_gen_fill(xh, 18, 5900, &REF_GEN(-1, 1));
+  for (int i = 0; i < 6; i++)
+    xh[i * 3 + 1] = 2.5f;
+  float wh[3] = {0.5f, 2.f, 1.5f}, bh[3] = {0.25f, -0.75f, 1.f}, ones[3] = {1, 1, 1};
+  kiln_tensor *x = ref_upload(ctx, KILN_SHAPE(6, 3), xh);
+  kiln_tensor *w = ref_upload(ctx, KILN_SHAPE(3), wh), *b = ref_upload(ctx, KILN_SHAPE(3), bh);
+  kiln_tensor *rm = kiln_tensor_new(ctx, KILN_DTYPE_F32, KILN_SHAPE(3));
+  kiln_tensor *rv = ref_upload(ctx, KILN_SHAPE(3), ones);
+  cr_assert_not_null(rm, "%s", th_err(ctx));
+  double xd[18], wd[3] = {0.5, 2, 1.5}, bd[3] = {0.25, -0.75, 1}, rmd[3] = {0}, rvd[3] = {1, 1, 1};
+  double want[18];
+  for (int i = 0; i < 18; i++)
+    xd[i] = xh[i];
+  ref_batch_norm(xd, 6, 3, wd, bd, rmd, rvd, 1, 0.1, 1e-5, want);
+  for (int i = 0; i < 6; i++)
+    cr_assert_float_eq(want[i * 3 + 1], -0.75, 1e-12, "the reference's constant channel");
+  kiln_step_begin(ctx);
+  ref_expect_close(ctx, kiln_batch_norm(x, w, b, rm, rv, 1, 0.1f, 1e-5f), KILN_SHAPE(6, 3), want,
+                   FWD_TOL, FWD_TOL, "batch_norm of (6, 3) with a constant channel");
+  ref_expect_close(ctx, rm, KILN_SHAPE(3), rmd, 1e-6, 1e-5, "its running mean");
+  ref_expect_close(ctx, rv, KILN_SHAPE(3), rvd, 1e-6, 1e-5, "its running variance");
+  kiln_tensor_free(x);
+  kiln_tensor_free(w);
+  kiln_tensor_free(b);
+  kiln_tensor_free(rm);
+  kiln_tensor_free(rv);
+  th_ctx_free(ctx);
+}
+
+/* ---------------------------------------------------------------- layer norm */
+
+typedef struct ln_case {
+  const char *desc;
+  kiln_shape x;
+  int affine;
+  float eps;
+  int gc;
+} ln_case;
+
+static const ln_case ln_cases[] = {
+    {"affine", S4(2, 3, 5, 6), 1, 1e-5f, 1},
+    {"no affine, eps 1e-3", S2(4, 7), 0, 1e-3f, 1},
+    {"affine, (N, C)", S2(5, 9), 1, 1e-5f, 1},
+    {"affine, rows of 300", S2(3, 300), 1, 1e-5f, 0},
+    {"affine, rows of 1024", S2(64, 1024), 1, 1e-5f, 0},
+    {"affine, rows of 1 (the bias)", S2(5, 1), 1, 1e-5f, 0},
+};
+
+typedef struct ln_gc {
+  int affine;
+  float eps;
+} ln_gc;
+
+static kiln_tensor *gc_ln(kiln_tensor *const *in, void *user) {
+  const ln_gc *u = user;
+  return kiln_layer_norm(in[0], u->affine ? in[1] : NULL, u->affine ? in[2] : NULL, u->eps);
+}
+
+static void check_ln(kiln_ctx *ctx, const ln_case *c, uint64_t seed) {
+  kiln_shape xs = c->x, cs = KILN_SHAPE(xs.d[xs.ndim - 1]);
+  int64_t nx = ref_numel(xs), C = cs.d[0], M = nx / C;
+  char what[1024], sh[96];
+  snprintf(what, sizeof what, "layer_norm %s of %s", c->desc, kiln_shape_str(xs, sh, sizeof sh));
+  kiln_step_begin(ctx);
+  float *xh, *wh = NULL, *bh = NULL;
+  kiln_tensor *x = ref_rand_tensor(ctx, xs, seed, &REF_GEN(-1, 3), 1, &xh);
+  kiln_tensor *w =
+      c->affine ? ref_rand_tensor(ctx, cs, seed + 1, &REF_GEN(0.5f, 1.5f), 1, &wh) : NULL;
+  kiln_tensor *b = c->affine ? ref_rand_tensor(ctx, cs, seed + 2, &REF_GEN(-1, 1), 1, &bh) : NULL;
+  double *xd = ref_to_double(xh, nx), *wd = wh ? ref_to_double(wh, C) : NULL;
+  double *bd = bh ? ref_to_double(bh, C) : NULL;
+  double *want = ref_dalloc(nx), *dx = ref_dalloc(nx), *dw = ref_dalloc(C), *db = ref_dalloc(C);
+  ref_layer_norm(xd, M, C, wd, bd, c->eps, want);
+  kiln_tensor *y = kiln_layer_norm(x, w, b, c->eps);
+  ref_expect_close(ctx, y, xs, want, FWD_TOL, FWD_TOL, what);
+  double *gy = backward_weighted(ctx, y, seed + 3, what);
+  ref_layer_norm_backward(xd, M, C, wd, c->eps, gy, dx, dw, db);
+  expect_grad(ctx, x, xs, dx, what, "x");
+  if (w) {
+    expect_grad(ctx, w, cs, dw, what, "the weight");
+    expect_grad(ctx, b, cs, db, what, "the bias");
+  }
+  if (c->gc) {
+    ln_gc u = {.affine = c->affine, .eps = c->eps};
+    kiln_tensor *in[3] = {x, w, b};
+    ref_expect_gradcheck(ctx, what, gc_ln, c->affine ? 3 : 1, in, &u);
+  }
+  kiln_tensor_free(x);
+  kiln_tensor_free(w);
+  kiln_tensor_free(b);
+  free(xh);
+  free(wh);
+  free(bh);
+  free(xd);
+  free(wd);
+  free(bd);
+  free(want);
+  free(dx);
+  free(dw);
+  free(db);
+  free(gy);
+  th_assert_ok(ctx);
+}
+
+Test(gpu_ops, layer_norm) {
+  TH_GPU_CTX_EAGER(ctx);
+  for (size_t i = 0; i < sizeof ln_cases / sizeof *ln_cases; i++)
+    check_ln(ctx, &ln_cases[i], 6000 + 10 * i);
+  th_ctx_free(ctx);
+}
+
+Test(gpu_ops, layer_norm_unfused) {
+  TH_GPU_CTX_EAGER(ctx);
+  kiln_set_fusion(ctx, 0);
+  for (size_t i = 0; i < sizeof ln_cases / sizeof *ln_cases; i++)
+    if (!ln_cases[i].gc) check_ln(ctx, &ln_cases[i], 6500 + 10 * i);
+  th_ctx_free(ctx);
+}
+
+/* Normalising a transposed view: rows whose elements are not adjacent in memory. */
+Test(gpu_ops, layer_norm_of_a_view) {
+  TH_GPU_CTX_EAGER(ctx);
+  float xh[6 * 4];
+  ref_gen_fill(xh, 24, 6900, &REF_GEN(-1, 3));
+  kiln_tensor *base = ref_upload(ctx, KILN_SHAPE(6, 4), xh);
+  double xd[4 * 6], want[4 * 6];
+  for (int r = 0; r < 4; r++)
+    for (int c = 0; c < 6; c++)
+      xd[r * 6 + c] = xh[c * 4 + r];
+  ref_layer_norm(xd, 4, 6, NULL, NULL, 1e-5, want);
+  kiln_step_begin(ctx);
+  ref_expect_close(ctx, kiln_layer_norm(kiln_transpose(base, 0, 1), NULL, NULL, 1e-5f),
+                   KILN_SHAPE(4, 6), want, FWD_TOL, FWD_TOL, "layer_norm of a transposed [6,4]");
+  kiln_tensor_free(base);
+  th_ctx_free(ctx);
+}
