@@ -10,7 +10,8 @@
  *         ReLU, fc 800->256, ReLU, fc 256->10. Adam lr 1e-2, betas 0.7/0.9, a one-cycle schedule
  *         over the run's steps, batch 256 (the last, partial batch dropped), one epoch.
  *
- *   mnist_cnn [DATA_DIR] [--recipe cnn|fast] [--epochs N] [--lr LR] [--batch N] [--seed N]
+ *   mnist_cnn [DATA_DIR] [--recipe cnn|fast] [--epochs N] [--lr LR] [--batch N]
+ *             [--label-smoothing F] [--seed N]
  *             [--seeds N] [--save PATH] [--resume PATH] [--eval-only PATH] [--log PATH]
  *             [--stop-after N] [--save-weights PATH] [--dump-logits PATH]
  *
@@ -53,6 +54,7 @@ typedef struct config {
   int fast, epochs, stop_after, nseeds;
   int64_t batch;
   float lr;
+  float label_smoothing;
   const char *save, *resume, *eval_only, *save_weights, *dump_logits;
   FILE *log;
 } config;
@@ -78,13 +80,15 @@ static void die(kiln_ctx *ctx, const char *what) {
 static void usage(const char *argv0, int status) {
   fprintf(status ? stderr : stdout,
           "usage: %s [DATA_DIR] [--recipe cnn|fast] [--epochs N] [--lr LR] [--batch N]\n"
-          "          [--seed N] [--seeds N] [--save PATH] [--resume PATH] [--eval-only PATH]\n"
+          "          [--label-smoothing F] [--seed N] [--seeds N] [--save PATH] [--resume PATH] "
+          "[--eval-only PATH]\n"
           "          [--log PATH] [--stop-after N] [--save-weights PATH] [--dump-logits PATH]\n"
           "\n"
           "  DATA_DIR            MNIST idx files (default $KILN_MNIST, else data/mnist)\n"
           "  --recipe cnn|fast   cnn: pytorch/examples' net, Adam 1e-3, batch 128, 5 epochs;\n"
           "                      fast: the fast recipe, Adam 1e-2 one-cycle, batch 256, 1 epoch\n"
           "  --epochs, --lr, --batch   override the recipe's\n"
+          "  --label-smoothing F cross-entropy towards uniform targets (default 0)\n"
           "  --seed N            seeds initialisation, shuffling and dropout (default 0)\n"
           "  --seeds N           train N times (seeds seed .. seed+N-1); print the medians\n"
           "  --save PATH         write a training checkpoint after every epoch\n"
@@ -328,7 +332,8 @@ static result run(kiln_ctx *ctx, const config *c, kiln_dataset *train, kiln_data
       kiln_step_begin(ctx);
       kiln_tensor *x, *y;
       if (!kiln_loader_next(loader, &x, &y)) break;
-      kiln_tensor *loss = kiln_cross_entropy(forward(&n, x), y, KILN_REDUCTION_MEAN, 0.f);
+      kiln_tensor *loss =
+          kiln_cross_entropy(forward(&n, x), y, KILN_REDUCTION_MEAN, c->label_smoothing);
       kiln_optim_zero_grad(opt);
       kiln_backward(loss);
       kiln_optim_step(opt);
@@ -433,6 +438,8 @@ int main(int argc, char **argv) {
       c.epochs = atoi(v);
     else if (strcmp(a, "--lr") == 0)
       c.lr = strtof(v, NULL);
+    else if (strcmp(a, "--label-smoothing") == 0)
+      c.label_smoothing = strtof(v, NULL);
     else if (strcmp(a, "--batch") == 0)
       c.batch = atoll(v);
     else if (strcmp(a, "--seed") == 0)
