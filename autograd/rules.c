@@ -314,3 +314,37 @@ void kiln__grad_avg_pool(kiln__bw *b, const kiln__node *n, kiln_tensor *g, kiln_
   (void)b;
   gin[0] = window_like(KILN__OP_AVG_POOL_GRAD, n, g, NULL, n->in[0]);
 }
+
+/* ---------------------------------------------------------------- batch norm */
+
+/* y = xhat w + b, xhat = (x - mean) invstd over the last axis (C), R rows. One pass gives the
+ * sums of g and g xhat (the bias's and the weight's gradients); with the batch's own statistics
+ * dx = (g - sum(g) / R - xhat sum(g xhat) / R) invstd w, else dx = g invstd w. */
+void kiln__grad_bn_apply(kiln__bw *b, const kiln__node *n, kiln_tensor *g, kiln_tensor **gin) {
+  (void)b;
+  kiln_tensor *x = n->in[0], *w = n->in[1], *mean = n->in[2], *invstd = n->in[3];
+  int64_t C = x->shape[x->ndim - 1], R = C ? kiln_tensor_numel(x) / C : 0;
+  bool batch = KILN__I(n, BN_APPLY, batch) != 0;
+  kiln_tensor *s = NULL;
+  if (NEED(1) || NEED(4) || (NEED(0) && batch)) {
+    kiln_tensor *in[4] = {kiln_reshape(g, KILN_SHAPE(R, C)), kiln_reshape(x, KILN_SHAPE(R, C)),
+                          mean, invstd};
+    s = kiln__moments("kiln_backward", 1, in); /* (2, C): sum g, sum g xhat */
+  }
+  kiln_tensor *sg = s ? kiln_reshape(kiln_slice(s, 0, 0, 1, 1), KILN_SHAPE(C)) : NULL;
+  kiln_tensor *sgx = s ? kiln_reshape(kiln_slice(s, 0, 1, 2, 1), KILN_SHAPE(C)) : NULL;
+  if (NEED(4)) gin[4] = ub(sg, n->in[4]);
+  if (NEED(1)) gin[1] = ub(sgx, w);
+  if (NEED(0)) {
+    kiln_tensor *scale = kiln_mul(invstd, w); /* (C) or broadcast */
+    if (batch) {
+      float inv_r = (float)(1.0 / (double)R);
+      kiln_tensor *xhat = kiln_mul(kiln_sub(x, mean), invstd);
+      kiln_tensor *d = kiln_sub(kiln_sub(g, kiln_mul_scalar(sg, inv_r)),
+                                kiln_mul(xhat, kiln_mul_scalar(sgx, inv_r)));
+      gin[0] = kiln_mul(d, scale);
+    } else {
+      gin[0] = kiln_mul(g, scale);
+    }
+  }
+}

@@ -287,6 +287,38 @@ static bool running_update(const char *fn, kiln_tensor *running, kiln_tensor *ba
   return ok;
 }
 
+kiln_tensor *kiln__moments(const char *fn, int mode, kiln_tensor *const *in) {
+  kiln_ctx *ctx = in[0] ? in[0]->ctx : NULL;
+  if (!ctx || !kiln__ok(ctx)) return NULL;
+  int nin = mode ? 4 : 2;
+  kiln_tensor *c[4];
+  for (int q = 0; q < nin; q++)
+    if (!(c[q] = kiln_contiguous(in[q]))) return NULL;
+  int64_t R = c[0]->shape[0], C = c[0]->shape[1], rows = KILN__MOMENTS_ROWS;
+  while ((R + rows - 1) / rows > KILN__MAX_GRID_Y) /* the blocks of rows are a grid's y */
+    rows *= 2;
+  int64_t P = R > 0 ? (R + rows - 1) / rows : 1;
+  int64_t shape[3] = {P, 2, C};
+  kiln_tensor *parts = kiln__tensor_intermediate(ctx, fn, KILN_DTYPE_F32, 3, shape);
+  kiln__node *n = parts ? kiln__record(ctx, KILN__OP_MOMENTS, nin, c, parts) : NULL;
+  if (!n) return NULL;
+  KILN__I(n, MOMENTS, mode) = mode;
+  KILN__I(n, MOMENTS, rows) = rows;
+  return kiln__reduce(KILN__OP_SUM, fn, parts, 1u, 0, 1.f); /* (2, C) */
+}
+
+/* y = (x - mean) invstd weight + bias, over the last axis (the bn_apply op); NULL weight and bias
+ * are 1 and 0. */
+static kiln_tensor *bn_apply(const char *fn, kiln_tensor *x, kiln_tensor *weight, kiln_tensor *bias,
+                             kiln_tensor *mean, kiln_tensor *invstd, bool batch) {
+  kiln_ctx *ctx = x->ctx;
+  kiln_tensor *in[5] = {x, weight ? weight : kiln_full(ctx, KILN_SHAPE(1), 1.f), mean, invstd,
+                        bias ? bias : kiln_full(ctx, KILN_SHAPE(1), 0.f)};
+  kiln_tensor *y = kiln__ew(KILN__OP_BN_APPLY, fn, 5, in);
+  if (y) KILN__I(kiln__producer(y), BN_APPLY, batch) = batch;
+  return y;
+}
+
 kiln_tensor *kiln_batch_norm(kiln_tensor *x, kiln_tensor *weight, kiln_tensor *bias,
                              kiln_tensor *running_mean, kiln_tensor *running_var, int training,
                              float momentum, float eps) {
@@ -324,6 +356,10 @@ kiln_tensor *kiln_batch_norm(kiln_tensor *x, kiln_tensor *weight, kiln_tensor *b
                        "%s: training needs more than one value per channel; the input is %s", fn,
                        kiln__shape_of(x, sh, sizeof sh)),
            NULL;
+  if (batch_stats && n < 1)
+    return kiln__error(ctx, KILN_ERR_SHAPE, "%s: no values to take statistics of in %s", fn,
+                       kiln__shape_of(x, sh, sizeof sh)),
+           NULL;
   if (running_mean && training &&
       (!running_mean->persistent || !running_var->persistent ||
        !kiln__is_contiguous(running_mean) || !kiln__is_contiguous(running_var)))
@@ -332,23 +368,33 @@ kiln_tensor *kiln_batch_norm(kiln_tensor *x, kiln_tensor *weight, kiln_tensor *b
                        "contiguous tensors",
                        fn),
            NULL;
-  kiln_tensor *y;
-  if (batch_stats) {
-    kiln_axes axes = {.n = x->ndim - 1};
-    for (int d = 0; d < axes.n; d++)
-      axes.a[d] = d;
-    kiln_tensor *mean = kiln_mean(x, axes, 1);
-    kiln_tensor *xc = kiln_sub(x, mean);
-    kiln_tensor *var = kiln_mean(kiln_mul(xc, xc), axes, 1); /* biased, as the batch's own */
-    y = kiln_mul(xc, kiln_rsqrt(kiln_add_scalar(var, eps)));
-    if (running_mean && training && y &&
-        (!running_update(fn, running_mean, mean, momentum, 1.f) ||
-         !running_update(fn, running_var, var, momentum, (float)((double)n / (double)(n - 1)))))
-      return NULL;
-  } else {
-    y = kiln_mul(kiln_sub(x, running_mean), kiln_rsqrt(kiln_add_scalar(running_var, eps)));
+  if (!batch_stats) {
+    kiln_no_grad_begin(ctx);
+    kiln_tensor *invstd = kiln_rsqrt(kiln_add_scalar(running_var, eps));
+    kiln_no_grad_end(ctx);
+    return invstd ? bn_apply(fn, x, weight, bias, running_mean, invstd, false) : NULL;
   }
-  return affine(y, weight, bias);
+  /* the batch's statistics in one pass over x: sums of x - k and of its square, k x's first row
+   * (near the mean, so that the variance does not cancel); bn_apply's rule differentiates
+   * through them */
+  kiln_no_grad_begin(ctx);
+  kiln_tensor *xr = kiln_reshape(x, KILN_SHAPE(n, C));
+  kiln_tensor *k = kiln_slice(xr, 0, 0, 1, 1); /* (1, C) */
+  kiln_tensor *mi[2] = {xr, k};
+  kiln_tensor *s = kiln__moments(fn, 0, mi); /* (2, C) */
+  float inv_n = (float)(1.0 / (double)n);
+  kiln_tensor *d = kiln_mul_scalar(kiln_slice(s, 0, 0, 1, 1), inv_n); /* mean - k */
+  kiln_tensor *mean = kiln_reshape(kiln_add(k, d), KILN_SHAPE(C));
+  kiln_tensor *var = kiln_sub(kiln_mul_scalar(kiln_slice(s, 0, 1, 2, 1), inv_n), kiln_mul(d, d));
+  var = kiln_reshape(kiln_clamp(var, 0.f, INFINITY), KILN_SHAPE(C)); /* biased */
+  kiln_tensor *invstd = kiln_rsqrt(kiln_add_scalar(var, eps));
+  kiln_no_grad_end(ctx);
+  if (!invstd) return NULL;
+  if (running_mean && training &&
+      (!running_update(fn, running_mean, mean, momentum, 1.f) ||
+       !running_update(fn, running_var, var, momentum, (float)((double)n / (double)(n - 1)))))
+    return NULL;
+  return bn_apply(fn, x, weight, bias, mean, invstd, true);
 }
 
 kiln_tensor *kiln_layer_norm(kiln_tensor *x, kiln_tensor *weight, kiln_tensor *bias, float eps) {

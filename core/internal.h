@@ -394,6 +394,13 @@ kiln__win kiln__win_of(const kiln__node *n);
 kiln_tensor *kiln__window(kiln__op op, const char *fn, kiln_tensor *x, kiln_tensor *x2,
                           const int64_t *out_shape, const kiln__win *w, int64_t flag);
 
+/* Column sums of an (R, C) matrix in one pass (the moments op): mode 0, in = {x, k}: the sums of
+ * x - k and (x - k)^2; mode 1, in = {g, x, mean, invstd}: the sums of g and g (x - mean) invstd.
+ * x and g are (R, C), k (1, C), mean and invstd (C). Gives (2, C). */
+kiln_tensor *kiln__moments(const char *fn, int mode, kiln_tensor *const *in);
+#define KILN__MOMENTS_ROWS 256 /* rows each block of the moments kernel sums, at least */
+#define KILN__MAX_GRID_Y 65535 /* CUDA's limit on a grid's second dimension */
+
 /* Records an in-place update of persistent tensors. */
 kiln__node *kiln__update(kiln__op op, const char *fn, int nin, kiln_tensor *const *in);
 /* The node that produced t, when t is an op's output of this step's trace; else NULL. */

@@ -109,8 +109,8 @@ static void lower_group(const kiln_ctx *ctx, const kiln__plan *p, const kiln__gr
       s->red = n;
       return;
     }
-    if (n->op != KILN__OP_CONCAT) { /* a window op */
-      s->kind = KILN__SPEC_WINDOW;
+    if (n->op != KILN__OP_CONCAT) { /* a window op or batch norm's sums */
+      s->kind = n->op == KILN__OP_MOMENTS ? KILN__SPEC_MOMENTS : KILN__SPEC_WINDOW;
       s->red = n;
       return;
     }

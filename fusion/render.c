@@ -774,7 +774,7 @@ static void emit_taps_end(kiln__sb *b) { kiln__sb_printf(b, "      }\n    }\n");
  * so that every division is by a constant. Operand 0 is the input, operand 1 max_pool_grad's
  * image or else the output, operand 2 max_pool_grad's output. */
 static void window_body(kiln__sb *b, const kiln__node *n, const kiln__win *w, int64_t flag,
-                        const int64_t *sz, int V, bool wide) {
+                        const int64_t *sz, int V, bool wide, bool tiled) {
   kiln__sb_printf(
       b,
       "  typedef %s ix;\n"
@@ -847,7 +847,43 @@ static void window_body(kiln__sb *b, const kiln__node *n, const kiln__win *w, in
     emit_taps_end(b);
     emit_lanes_store(b, "best", 1, V);
     break;
-  case KILN__OP_MAX_POOL_GRAD: /* e over the image: the windows whose first maximum it is */
+  case KILN__OP_MAX_POOL_GRAD:
+    if (tiled) { /* e over the windows, which tile the image: each writes its own pixels */
+      kiln__sb_printf(b, "    const float *dy = (const float *)a.ptr[0];\n"
+                         "    const float *x = (const float *)a.ptr[1];\n"
+                         "    float *dx = (float *)a.ptr[2];\n");
+      emit_split(b, false);
+      kiln__sb_printf(b, "    float best[V];\n"
+                         "    int at[V];\n"
+                         "#pragma unroll\n"
+                         "    for (int l = 0; l < V; l++) at[l] = -1;\n"
+                         "    for (int p = 0; p < KH; p++)\n"
+                         "      for (int q = 0; q < KW; q++) {\n");
+      emit_lanes_load(b, "        ", "xv", "x", "((n * H + oh * KH + p) * W + ow * KW + q) * C + c",
+                      V);
+      kiln__sb_printf(b, "#pragma unroll\n"
+                         "        for (int l = 0; l < V; l++)\n"
+                         "          if (at[l] < 0 || xv[l] > best[l] || isnan(xv[l])) {\n"
+                         "            best[l] = xv[l];\n"
+                         "            at[l] = p * KW + q;\n"
+                         "          }\n"
+                         "      }\n");
+      emit_lanes_load(b, "    ", "gv", "dy", "((n * OH + oh) * OW + ow) * C + c", V);
+      kiln__sb_printf(
+          b, "    for (int p = 0; p < KH; p++)\n"
+             "      for (int q = 0; q < KW; q++) {\n"
+             "        float d[V];\n"
+             "#pragma unroll\n"
+             "        for (int l = 0; l < V; l++) d[l] = at[l] == p * KW + q ? gv[l] : 0.f;\n"
+             "        const ix o = ((n * H + oh * KH + p) * W + ow * KW + q) * C + c;\n");
+      if (V == 4)
+        kiln__sb_printf(b, "        *(float4 *)&dx[o] = make_float4(d[0], d[1], d[2], d[3]);\n");
+      else
+        kiln__sb_printf(b, "        dx[o] = d[0];\n");
+      kiln__sb_printf(b, "      }\n");
+      break;
+    }
+    /* e over the image: the windows whose first maximum it is */
     kiln__sb_printf(b, "    const float *dy = (const float *)a.ptr[0];\n"
                        "    const float *x = (const float *)a.ptr[1];\n");
     emit_split(b, true);
@@ -949,10 +985,15 @@ static bool render_window(const kiln__target *tg, const kiln__node *n, kiln__ren
   for (int q = 0; q < n->nin; q++)
     if (kiln_tensor_numel(n->in[q]) > most) most = kiln_tensor_numel(n->in[q]);
   bool wide = most >= ((int64_t)1 << 31) - KILN__INDEX_MARGIN;
-  a->n = kiln_tensor_numel(n->out) / V;
   kiln__win w = kiln__win_of(n);
+  /* max pooling's gradient over windows that tile the image exactly (no overlap, padding or
+   * dilation, sizes that divide): a thread per window finds its maximum once */
+  bool tiled = n->op == KILN__OP_MAX_POOL_GRAD && w.sh == w.kh && w.sw == w.kw && w.ph == 0 &&
+               w.pw == 0 && w.dh == 1 && w.dw == 1 && sz[1] == sz[4] * w.kh &&
+               sz[2] == sz[5] * w.kw;
+  a->n = kiln_tensor_numel(tiled ? win : n->out) / V;
   kiln__sb b = {0};
-  window_body(&b, n, &w, n->i[KILN__WIN_LEN], sz, V, wide);
+  window_body(&b, n, &w, n->i[KILN__WIN_LEN], sz, V, wide, tiled);
   char stem[64];
   snprintf(stem, sizeof stem, "k_%s_%lldx%lld_s%lld_f32%s", kiln__ops[n->op].name, (long long)w.kh,
            (long long)w.kw, (long long)w.sh, V == 4 ? "_v4" : "");
@@ -960,6 +1001,84 @@ static bool render_window(const kiln__target *tg, const kiln__node *n, kiln__ren
   kiln__sb_free(&b);
   r->block = KILN__BLOCK;
   r->grid = grid_for(tg, a->n);
+  for (int q = 0; q < n->nin; q++)
+    r->bytes_read += footprint(n->in[q]);
+  r->bytes_written = footprint(n->out);
+  return ok;
+}
+
+/* ---------------------------------------------------------------- batch norm's sums */
+
+/* Blocks of 32 columns x KILN__MOMENTS_ROWS rows: a warp reads 32 neighbouring columns of a row
+ * (128 bytes), the block's 8 warps stride over the rows, and the 8 partial sums of a column are
+ * added in a fixed order (the result is the same on every run). blockIdx.y is the block of rows:
+ * partial sums (P, 2, C) that a plain sum over P finishes. */
+static bool render_moments(const kiln__target *tg, const kiln__node *n, kiln__rendered *r) {
+  (void)tg;
+  kiln__kargs *a = &r->arg.args;
+  operands o = {0};
+  for (int q = 0; q < n->nin; q++) {
+    KILN_ASSERT(kiln__is_contiguous(n->in[q]) && n->in[q]->dtype == KILN_DTYPE_F32);
+    operand(&o, n->in[q], false, NULL);
+  }
+  int out = operand(&o, n->out, true, NULL);
+  int64_t R = n->in[0]->shape[0], C = n->in[0]->shape[1], P = n->out->shape[0];
+  int64_t rows = KILN__I(n, MOMENTS, rows);
+  bool centered = KILN__I(n, MOMENTS, mode) != 0;
+  bool wide = R * C >= ((int64_t)1 << 31) - KILN__INDEX_MARGIN;
+  a->n = R;
+  a->shape[0] = C;
+  kiln__sb b = {0};
+  kiln__sb_printf(&b,
+                  "  typedef %s ix;\n"
+                  "  const ix R = a.n, C = a.shape[0], ROWS = %lld;\n"
+                  "  const int tx = threadIdx.x & 31, ty = threadIdx.x >> 5;\n"
+                  "  const ix c = (ix)blockIdx.x * 32 + tx, r0 = (ix)blockIdx.y * ROWS;\n"
+                  "  const ix r1 = r0 + ROWS < R ? r0 + ROWS : R;\n"
+                  "  __shared__ float part[2][%d][32];\n"
+                  "  float s0 = 0.f, s1 = 0.f;\n"
+                  "  if (c < C) {\n",
+                  wide ? "long long" : "int", (long long)rows, KILN__BLOCK / 32);
+  if (centered)
+    kiln__sb_printf(&b,
+                    "    const float *g = (const float *)a.ptr[0], *x = (const float *)a.ptr[1];\n"
+                    "    const float m = ((const float *)a.ptr[2])[c];\n"
+                    "    const float is = ((const float *)a.ptr[3])[c];\n"
+                    "    for (ix r = r0 + ty; r < r1; r += %d) {\n"
+                    "      const float gv = g[r * C + c];\n"
+                    "      s0 += gv;\n"
+                    "      s1 += gv * ((x[r * C + c] - m) * is);\n"
+                    "    }\n",
+                    KILN__BLOCK / 32);
+  else
+    kiln__sb_printf(&b,
+                    "    const float *x = (const float *)a.ptr[0];\n"
+                    "    const float k = ((const float *)a.ptr[1])[c];\n"
+                    "    for (ix r = r0 + ty; r < r1; r += %d) {\n"
+                    "      const float v = x[r * C + c] - k;\n"
+                    "      s0 += v;\n"
+                    "      s1 += v * v;\n"
+                    "    }\n",
+                    KILN__BLOCK / 32);
+  kiln__sb_printf(&b,
+                  "  }\n"
+                  "  part[0][ty][tx] = s0;\n"
+                  "  part[1][ty][tx] = s1;\n"
+                  "  __syncthreads();\n"
+                  "  if (ty < 2 && c < C) {\n"
+                  "    float t = 0.f;\n"
+                  "#pragma unroll\n"
+                  "    for (int w = 0; w < %d; w++) t += part[ty][w][tx];\n"
+                  "    ((float *)a.ptr[%d])[((ix)blockIdx.y * 2 + ty) * C + c] = t;\n"
+                  "  }\n",
+                  KILN__BLOCK / 32, out);
+  char stem[48];
+  snprintf(stem, sizeof stem, "k_moments_%s_f32", centered ? "grad" : "shifted");
+  bool ok = finish(&b, stem, &o, r);
+  kiln__sb_free(&b);
+  r->block = KILN__BLOCK;
+  r->grid = (unsigned)((C + 31) / 32);
+  r->grid_y = (unsigned)P;
   for (int q = 0; q < n->nin; q++)
     r->bytes_read += footprint(n->in[q]);
   r->bytes_written = footprint(n->out);
@@ -1139,6 +1258,7 @@ bool kiln__render(const kiln__target *t, const kiln__spec *s, kiln__rendered *r)
   case KILN__SPEC_UPDATES: return render_updates(t, s->ups, s->nups, r);
   case KILN__SPEC_GATHER: return render_gather(t, s->red, r);
   case KILN__SPEC_WINDOW: return render_window(t, s->red, r);
+  case KILN__SPEC_MOMENTS: return render_moments(t, s->red, r);
   case KILN__SPEC_BLAS: break;
   }
   KILN_ASSERT(!"nothing to render for a BLAS call");

@@ -131,6 +131,8 @@ static void record_op_zoo(kiln_ctx *ctx, kiln_params *q, kiln_optim **os) {
   t[n++] = kiln_max_pool2d(
       img, &(kiln_pool2d_options){.kernel_h = 3, .kernel_w = 2, .stride_h = 2, .pad_h = 1});
   t[n++] = kiln_avg_pool2d(img, &(kiln_pool2d_options){.kernel_h = 2, .kernel_w = 2});
+  t[n++] = kiln_max_pool2d(kiln_slice(img, 1, 0, 6, 1), /* windows that tile the image */
+                           &(kiln_pool2d_options){.kernel_h = 2, .kernel_w = 3});
   t[n++] = kiln_avg_pool2d(img, &(kiln_pool2d_options){.kernel_h = 3,
                                                        .kernel_w = 3,
                                                        .stride_h = 1,
@@ -138,6 +140,15 @@ static void record_op_zoo(kiln_ctx *ctx, kiln_params *q, kiln_optim **os) {
                                                        .pad_h = 1,
                                                        .pad_w = 1,
                                                        .exclude_pad = 1});
+  /* batch norm: the batch's statistics (and their running estimates), and given ones */
+  kiln_tensor *rm = th_new(ctx, KILN_DTYPE_F32, KILN_SHAPE(4)),
+              *rv = th_new(ctx, KILN_DTYPE_F32, KILN_SHAPE(4));
+  kiln_tensor *bw = owned_param(ctx, KILN_SHAPE(4));
+  cr_assert_eq(kiln_params_add(q, "bw", bw), KILN_OK);
+  cr_assert_eq(kiln_params_add_buffer(q, "rm", rm), KILN_OK);
+  cr_assert_eq(kiln_params_add_buffer(q, "rv", rv), KILN_OK);
+  t[n++] = kiln_batch_norm(img, bw, NULL, rm, rv, 1, 0.1f, 1e-5f);
+  t[n++] = kiln_batch_norm(img, NULL, bw, rm, rv, 0, 0.1f, 1e-5f);
   kiln_tensor *loss = kiln_full(ctx, KILN_SCALAR_SHAPE, 0.f);
   for (int i = 0; i < n; i++) {
     cr_assert_not_null(t[i], "op zoo term %d: %s", i, kiln_ctx_error(ctx));

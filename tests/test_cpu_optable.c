@@ -34,7 +34,8 @@ static bool expect_no_grad(kiln__op op) {
   case KILN__OP_INDEX_SELECT:
   case KILN__OP_COL2IM:
   case KILN__OP_MAX_POOL_GRAD:
-  case KILN__OP_AVG_POOL_GRAD: return true;
+  case KILN__OP_AVG_POOL_GRAD:
+  case KILN__OP_MOMENTS: return true;
   default: return false;
   }
 }
@@ -213,6 +214,9 @@ static kiln_tensor *record_op(kiln_ctx *ctx, kiln__op op) {
   case KILN__OP_IM2COL: /* a weight without a gradient: the product's rule reads no columns */
     return kiln_conv2d(th_param(ctx, KILN_SHAPE(2, 5, 4, 3)), th_f32(ctx, KILN_SHAPE(4, 3, 3, 3)),
                        NULL, &(kiln_conv2d_options){.pad_h = 1, .pad_w = 1});
+  case KILN__OP_BN_APPLY:
+    return kiln_batch_norm(th_param(ctx, KILN_SHAPE(4, 3)), th_param(ctx, KILN_SHAPE(3)),
+                           th_param(ctx, KILN_SHAPE(3)), NULL, NULL, 1, 0.1f, 1e-5f);
   case KILN__OP_MAX_POOL:
     return kiln_max_pool2d(th_param(ctx, KILN_SHAPE(2, 4, 4, 3)),
                            &(kiln_pool2d_options){.kernel_h = 2, .kernel_w = 2});
