@@ -15,7 +15,8 @@
  *             [--seeds N] [--save PATH] [--resume PATH] [--eval-only PATH] [--log PATH]
  *             [--stop-after N] [--save-weights PATH] [--dump-logits PATH]
  *
- * DATA_DIR defaults to $KILN_MNIST, else data/mnist. The whole data set lives on the GPU; a batch
+ * DATA_DIR defaults to $KILN_MNIST, else data/mnist, else the source tree's data/mnist (the copy
+ * shipped with kiln; examples/mnist_data.h). The whole data set lives on the GPU; a batch
  * is the data set's (B, 784) rows seen as (B, 28, 28, 1) images, channels last. Pixels are
  * normalised with pytorch/examples' mean and standard deviation (0.1307, 0.3081) and the layers
  * carry its names (conv1, conv2, fc1, fc2), so a state_dict of the same PyTorch net saved with
@@ -38,6 +39,7 @@
 #include <time.h>
 
 #include "kiln.h"
+#include "mnist_data.h"
 
 #define PIXEL_MEAN 0.1307f /* pytorch/examples' normalisation */
 #define PIXEL_STD 0.3081f
@@ -84,7 +86,8 @@ static void usage(const char *argv0, int status) {
           "[--eval-only PATH]\n"
           "          [--log PATH] [--stop-after N] [--save-weights PATH] [--dump-logits PATH]\n"
           "\n"
-          "  DATA_DIR            MNIST idx files (default $KILN_MNIST, else data/mnist)\n"
+          "  DATA_DIR            MNIST idx files (default $KILN_MNIST, else data/mnist, else\n"
+          "                      the copy in kiln's source tree)\n"
           "  --recipe cnn|fast   cnn: pytorch/examples' net, Adam 1e-3, batch 128, 5 epochs;\n"
           "                      fast: the fast recipe, Adam 1e-2 one-cycle, batch 256, 1 epoch\n"
           "  --epochs, --lr, --batch   override the recipe's\n"
@@ -418,8 +421,7 @@ static double median(double *v, int n) {
 }
 
 int main(int argc, char **argv) {
-  const char *dir = getenv("KILN_MNIST");
-  if (!dir || !*dir) dir = "data/mnist";
+  const char *dir = NULL;
   config c = {.epochs = -1, .batch = -1, .lr = -1.f, .nseeds = 1};
   uint64_t seed = 0;
   const char *log_path = NULL, *recipe = "cnn";
@@ -490,18 +492,18 @@ int main(int argc, char **argv) {
     return 1;
   }
 
-  kiln_ctx *ctx = kiln_ctx_new(NULL);
-  if (!ctx || kiln_ctx_error(ctx)) die(ctx, "no usable GPU");
-
+  /* the data first: a missing data set is reported as such, with or without a GPU */
+  dir = mnist_data_dir(dir);
   kiln_mnist train_h, test_h;
-  if (kiln_mnist_read(ctx, dir, "train", &train_h) != KILN_OK ||
-      kiln_mnist_read(ctx, dir, "t10k", &test_h) != KILN_OK)
-    die(ctx, "reading the data set (pass its directory, or set KILN_MNIST)");
+  mnist_data_read("mnist_cnn", dir, &train_h, &test_h);
   if (train_h.rows != 28 || train_h.cols != 28 || test_h.rows != 28 || test_h.cols != 28) {
     fprintf(stderr, "mnist_cnn: %s has %lldx%lld images; the nets take 28x28\n", dir,
             (long long)train_h.rows, (long long)train_h.cols);
     return 1;
   }
+
+  kiln_ctx *ctx = kiln_ctx_new(NULL);
+  if (!ctx || kiln_ctx_error(ctx)) die(ctx, "no usable GPU");
   kiln_dataset *train = kiln_dataset_from_mnist(ctx, &train_h, PIXEL_MEAN, PIXEL_STD);
   kiln_dataset *test = kiln_dataset_from_mnist(ctx, &test_h, PIXEL_MEAN, PIXEL_STD);
   kiln_mnist_free(&train_h);
@@ -525,6 +527,14 @@ int main(int argc, char **argv) {
     uint64_t s = seed + (uint64_t)k;
     r = run(ctx, &c, train, test, test_loader, s, c.nseeds == 1 ? 2 : k == 0);
     if (c.eval_only) break;
+    if (k + 1 < c.nseeds && kiln_graphs(ctx)) {
+      /* the next seed's model is new tensors, so new step signatures: let this seed's graphs go
+       * (graphs off frees them at the next step's beginning) rather than fill the cache */
+      kiln_set_graphs(ctx, 0);
+      kiln_step_begin(ctx);
+      if (kiln_step_end(ctx) != KILN_OK) die(ctx, "dropping the step graphs");
+      kiln_set_graphs(ctx, 1);
+    }
     acc[k] = r.test_acc;
     total[k] = r.total_s;
     warm[k] = r.total_s - r.first_s;
