@@ -339,3 +339,65 @@ Test(gpu_layers, layer_norm_init_and_forward) {
   kiln_params_free(p);
   th_ctx_free(ctx);
 }
+
+/* A conv + batch-norm model's weights file goes to PyTorch (tests/torch_bn_roundtrip.py loads it
+ * into torch.nn.Conv2d and BatchNorm2d with strict=True and compares their evaluation output
+ * with kiln's) and PyTorch's state_dict, num_batches_tracked and all, comes back. */
+Test(gpu_layers, conv_batch_norm_weights_round_trip_with_pytorch, .timeout = 300,
+     .fini = th_remove_tmpdirs) {
+  TH_GPU_CTX(ctx);
+  char dir[64], path[128], cmd[400];
+  th_tmpdir(dir, sizeof dir, "bn");
+  kiln_params *p = kiln_params_new(ctx);
+  kiln_conv2d_layer conv;
+  kiln_batch_norm_layer bn;
+  const kiln_conv2d_options pad1 = {.pad_h = 1, .pad_w = 1};
+  cr_assert_eq(kiln_conv2d_layer_init(&conv, p, "conv", 3, 4, 3, 3, &pad1, 1), KILN_OK);
+  cr_assert_eq(kiln_batch_norm_layer_init(&bn, p, "bn", 4, 0.f, 0.f, 1), KILN_OK);
+  float hx[2 * 5 * 5 * 3], y[2 * 5 * 5 * 4], yt[2 * 5 * 5 * 4];
+  th_rng r = {.s = 77};
+  for (int i = 0; i < 150; i++)
+    hx[i] = th_rng_range(&r, -1.f, 1.f);
+  kiln_tensor *x = kiln_tensor_from_host(ctx, KILN_DTYPE_F32, KILN_SHAPE(2, 5, 5, 3), hx);
+  /* a training step moves the running statistics away from 0 and 1 */
+  kiln_step_begin(ctx);
+  cr_assert_not_null(kiln_batch_norm_layer_forward(&bn, kiln_conv2d_layer_forward(&conv, x)));
+  cr_assert_eq(kiln_step_end(ctx), KILN_OK, "%s", th_err(ctx));
+  kiln_set_training(ctx, 0);
+  for (int round = 0; round < 2; round++) {
+    kiln_step_begin(ctx);
+    kiln_tensor *out = kiln_batch_norm_layer_forward(&bn, kiln_conv2d_layer_forward(&conv, x));
+    cr_assert_eq(kiln_step_end(ctx), KILN_OK, "%s", th_err(ctx));
+    cr_assert_eq(kiln_tensor_to_host(out, y, sizeof y), KILN_OK, "%s", th_err(ctx));
+    if (round == 1) break;
+    snprintf(path, sizeof path, "%s/kiln.safetensors", dir);
+    cr_assert_eq(kiln_params_save(p, path, KILN_DTYPE_F32), KILN_OK, "%s", th_err(ctx));
+    snprintf(path, sizeof path, "%s/x.f32", dir);
+    th_write_whole(path, hx, sizeof hx);
+    snprintf(path, sizeof path, "%s/y.f32", dir);
+    th_write_whole(path, y, sizeof y);
+    snprintf(cmd, sizeof cmd, "python3 '%s/tests/torch_bn_roundtrip.py' '%s'", KILN_SOURCE_DIR,
+             dir);
+    int rc = system(cmd);
+    if (WEXITSTATUS(rc) == 2) cr_skip_test("PyTorch, numpy or safetensors is not installed");
+    cr_assert_eq(rc, 0, "the PyTorch side failed (%s)", cmd);
+    snprintf(path, sizeof path, "%s/torch.safetensors", dir);
+    cr_assert_eq(kiln_params_load(p, path), KILN_OK, "%s", th_err(ctx));
+    snprintf(path, sizeof path, "%s/y_torch.f32", dir);
+    size_t len;
+    char *want = th_read_whole(path, &len);
+    cr_assert_eq(len, sizeof yt);
+    memcpy(yt, want, sizeof yt);
+    free(want);
+  }
+  double scale = 0, worst = 0;
+  for (int i = 0; i < 100; i++)
+    scale = fabs(yt[i]) > scale ? fabs(yt[i]) : scale;
+  for (int i = 0; i < 100; i++)
+    worst = fabs(y[i] - yt[i]) > worst ? fabs(y[i] - yt[i]) : worst;
+  cr_assert(scale > 0 && worst <= 1e-5 * scale,
+            "PyTorch's weights in kiln: outputs differ by %g (largest %g)", worst, scale);
+  kiln_tensor_free(x);
+  kiln_params_free(p);
+  th_ctx_free(ctx);
+}
