@@ -174,6 +174,7 @@ void kiln_set_graphs(kiln_ctx *ctx, int on) {
    * last step (its loss, say) can be read any more */
   kiln__engine_drop_graphs(ctx, !on);
 }
+int kiln_graphs(const kiln_ctx *ctx) { return ctx && ctx->graphs; }
 
 void kiln_set_fusion(kiln_ctx *ctx, int on) {
   if (ctx) ctx->fusion = on != 0;

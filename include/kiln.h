@@ -110,7 +110,9 @@ void kiln_set_fusion(kiln_ctx *ctx, int on);
  * recently used out); kiln_set_graphs(ctx, 0) also frees them and their memory (at the next
  * kiln_step_begin). */
 void kiln_set_graphs(kiln_ctx *ctx, int on);
+/* Whether fusion and step graphs are on (1) or off (0); 0 for a NULL context. */
 int kiln_fusion(const kiln_ctx *ctx);
+int kiln_graphs(const kiln_ctx *ctx);
 int kiln_tf32(const kiln_ctx *ctx);
 /* Seeds parameter init, shuffles drawn from the context, and dropout; dropout's Philox offset
  * restarts at 0, so the same seed gives the same masks. */
