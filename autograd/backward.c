@@ -75,14 +75,24 @@ kiln_status kiln_backward(kiln_tensor *loss) {
     return kiln__error(ctx, KILN_ERR_STATE,
                        "kiln_backward: the loss does not require grad (no tensor with "
                        "requires_grad reaches it, or it was computed under no-grad)");
+  /* PyTorch frees the graph after backward and raises on a second one (unless retain_graph):
+   * here the tape stays, and a second walk from the same value would add its gradients twice */
+  if (ctx->trace.nodes[loss->node].bw == 2)
+    return kiln__error(ctx, KILN_ERR_STATE,
+                       "kiln_backward: node #%d (%s), the loss, was already backpropagated "
+                       "through by an earlier kiln_backward of this step: its gradients would be "
+                       "added twice (backpropagate the sum of the losses once, or each loss once)",
+                       loss->node, kiln__ops[ctx->trace.nodes[loss->node].op].name);
   kiln__bw b = {.ctx = ctx};
+  int32_t top = loss->node;
   kiln_no_grad_begin(ctx);
   loss->bw_acc = kiln_full(ctx, kiln_tensor_shape(loss), 1.f);
-  for (int32_t i = loss->node; i >= 0 && kiln__ok(ctx); i--) {
+  for (int32_t i = top; i >= 0 && kiln__ok(ctx); i--) {
     /* nodes recorded by this walk land after loss->node, so indices below it stay put */
     kiln__node *n = &ctx->trace.nodes[i];
     kiln_tensor *out = n->out;
     if (!out || !out->bw_acc) continue;
+    if (n->bw == 0) n->bw = 1;
     kiln_tensor *g = out->bw_acc;
     out->bw_acc = NULL;
     if (!out->requires_grad) continue;
@@ -103,6 +113,14 @@ kiln_status kiln_backward(kiln_tensor *loss) {
     write_leaf(&b, b.leaves[k]);
   for (int k = 0; k < b.nleaves; k++)
     b.leaves[k]->bw_acc = NULL;
+  /* the nodes this walk reached are marked only when it succeeded: a failed call changes
+   * nothing (it may have stopped early: stale accumulators of intermediates are dropped too) */
+  bool ok = kiln__ok(ctx);
+  for (int32_t i = 0; i <= top; i++) {
+    kiln__node *n = &ctx->trace.nodes[i];
+    if (n->bw == 1) n->bw = ok ? 2 : 0;
+    if (n->out) n->out->bw_acc = NULL;
+  }
   kiln_no_grad_end(ctx);
   free(b.leaves);
   return ctx->status;

@@ -29,12 +29,18 @@ kiln_status kiln_gradcheck(kiln_ctx *ctx, kiln_gradcheck_fn fn, int n, kiln_tens
         "kiln_gradcheck: needs a function and n >= 1 inputs (fn %s, n %d, inputs %s)",
         fn ? "given" : "NULL", n, inputs ? "given" : "NULL");
   kiln_gradcheck_options o = {.eps = 1e-2f, .atol = 1e-2f, .rtol = 1e-2f, .seed = 1};
-  if (opts) {
-    if (opts->eps > 0) o.eps = opts->eps;
-    if (opts->atol > 0) o.atol = opts->atol;
-    if (opts->rtol > 0) o.rtol = opts->rtol;
+  if (opts) { /* zero fields are the defaults; KILN_ZERO is an exact 0 */
+    o.eps = kiln__opt_or(opts->eps, o.eps);
+    o.atol = kiln__opt_or(opts->atol, o.atol);
+    o.rtol = kiln__opt_or(opts->rtol, o.rtol);
     o.seed = opts->seed;
   }
+  if (!(o.eps > 0.f && isfinite(o.eps)) || !(o.atol >= 0.f && isfinite(o.atol)) ||
+      !(o.rtol >= 0.f && isfinite(o.rtol)))
+    return kiln__error(ctx, KILN_ERR_INVALID,
+                       "kiln_gradcheck: eps %g must be finite and > 0, atol %g and rtol %g finite "
+                       "and >= 0",
+                       o.eps, o.atol, o.rtol);
   if (report && report_len) report[0] = 0;
   for (int i = 0; i < n; i++) {
     if (!kiln__check(ctx, inputs[i], __func__)) return ctx->status;

@@ -131,6 +131,7 @@ void kiln_ctx_free(kiln_ctx *ctx) {
     kiln_tensor_free(ctx->persistents[ctx->npersistent - 1]);
   free(ctx->persistents);
   kiln__engine_free(ctx);
+  kiln__staging_free(ctx);
   kiln__alloc_release_all(ctx);
   if (ctx->stream) cudaStreamDestroy(ctx->stream);
   kiln__arena_free(&ctx->arenas[0]);
@@ -272,6 +273,12 @@ void kiln_no_grad_begin(kiln_ctx *ctx) {
   if (ctx) ctx->no_grad_depth++;
 }
 void kiln_no_grad_end(kiln_ctx *ctx) {
-  if (ctx && ctx->no_grad_depth > 0) ctx->no_grad_depth--;
+  if (!ctx) return;
+  if (ctx->no_grad_depth > 0)
+    ctx->no_grad_depth--;
+  else
+    kiln__error(ctx, KILN_ERR_STATE,
+                "kiln_no_grad_end: no no-grad region is open (more kiln_no_grad_end calls than "
+                "kiln_no_grad_begin)");
 }
 int kiln_grad_enabled(const kiln_ctx *ctx) { return ctx && ctx->no_grad_depth == 0; }

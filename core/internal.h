@@ -9,6 +9,7 @@
 
 #include "kiln.h"
 
+#include <math.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -24,6 +25,12 @@ _Noreturn void kiln__assert_fail(const char *cond, const char *file, int line);
 kiln_status kiln__error(kiln_ctx *ctx, kiln_status s, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 bool kiln__ok(kiln_ctx *ctx); /* no sticky error */
+
+/* A float field of an options struct, by kiln.h's rule: 0 means PyTorch's default dflt,
+ * KILN_ZERO (a negative zero) an exact 0, anything else itself. */
+static inline float kiln__opt_or(float v, float dflt) {
+  return v != 0.f ? v : (signbit(v) ? 0.f : dflt);
+}
 
 /* ---------------------------------------------------------------- op table */
 
@@ -224,6 +231,9 @@ struct kiln__node {
   kiln__op op;
   int nin;
   bool gone; /* a persistent tensor it reads was freed since it was recorded: it cannot run */
+  /* kiln_backward: 1 while the walk under way has reached it, 2 once a finished walk has (a
+   * second backward from it would add its gradients twice: autograd/backward.c) */
+  uint8_t bw;
   kiln_tensor *in[KILN__MAX_IN];
   kiln_tensor *out; /* NULL for UPDATE nodes */
   float f[KILN__NF];
@@ -294,6 +304,7 @@ struct kiln_ctx {
   int nundo, cap_undo;
   uint64_t undo_epoch; /* one per step: an object whose mark equals it is in the log */
   uint64_t undo_philox, undo_host_rng;
+  struct kiln__staging *staging; /* pinned buffers for host-to-device copies (core/tensor.c) */
 };
 
 /* ---------------------------------------------------------------- internal API */
@@ -360,6 +371,8 @@ kiln_tensor *kiln__tensor_persistent(kiln_ctx *ctx, kiln_dtype dt, int ndim, con
                                      bool zero);
 /* The device address of t's first element. */
 void *kiln__data_ptr(const kiln_tensor *t);
+/* Frees the pinned staging buffers of host-to-device copies (the stream is idle). */
+void kiln__staging_free(kiln_ctx *ctx);
 void kiln__arena_reset(kiln__arena *a);
 void kiln__arena_free(kiln__arena *a);
 void *kiln__arena_alloc(kiln__arena *a, size_t bytes);

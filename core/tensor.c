@@ -227,6 +227,97 @@ kiln__node *kiln__producer(const kiln_tensor *t) {
 
 /* ---------------------------------------------------------------- host copies */
 
+/*
+ * Host data reaches the device through pinned staging buffers, so that a copy is queued on the
+ * stream without waiting for it (a copy from pageable memory may synchronise the stream) and the
+ * caller's memory is free again when the call returns. The buffers form a ring; an event recorded
+ * after each copy says when its buffer may be written again, and only a ring that has come round
+ * to a copy still in flight waits, for that copy alone. Large copies go in chunks, so the pinned
+ * memory stays bounded.
+ */
+#define KILN__STAGE_SLOTS 8
+#define KILN__STAGE_CHUNK ((size_t)4 << 20)
+#define KILN__STAGE_MIN ((size_t)64 << 10)
+
+typedef struct kiln__stage_slot {
+  void *host; /* pinned, cap bytes */
+  size_t cap;
+  cudaEvent_t done; /* recorded after the slot's last copy */
+} kiln__stage_slot;
+
+typedef struct kiln__staging {
+  kiln__stage_slot slot[KILN__STAGE_SLOTS];
+  int next; /* the slot the next copy takes */
+} kiln__staging;
+
+void kiln__staging_free(kiln_ctx *ctx) {
+  kiln__staging *sg = ctx->staging;
+  if (!sg) return;
+  for (int i = 0; i < KILN__STAGE_SLOTS; i++) {
+    if (sg->slot[i].host) cudaFreeHost(sg->slot[i].host);
+    if (sg->slot[i].done) cudaEventDestroy(sg->slot[i].done);
+  }
+  free(sg);
+  ctx->staging = NULL;
+}
+
+/* A slot of at least len bytes whose last copy has finished; NULL when pinned memory cannot be
+ * had (the caller copies from pageable memory instead) or with an error set. */
+static kiln__stage_slot *stage_slot(kiln_ctx *ctx, size_t len, const char *fn) {
+  kiln__staging *sg = ctx->staging;
+  kiln__stage_slot *s = &sg->slot[sg->next];
+  if (!s->done && kiln__cuda_failed(ctx, cudaEventCreateWithFlags(&s->done, cudaEventDisableTiming),
+                                    fn, "cudaEventCreateWithFlags"))
+    return NULL;
+  /* the copy this slot staged last, a ring ago, must be done before its buffer is written */
+  if (kiln__cuda_failed(ctx, cudaEventSynchronize(s->done), fn, "cudaEventSynchronize"))
+    return NULL;
+  if (s->cap < len) {
+    size_t cap = s->cap > KILN__STAGE_MIN ? s->cap : KILN__STAGE_MIN;
+    while (cap < len)
+      cap *= 2;
+    void *p = NULL;
+    if (cudaMallocHost(&p, cap) != cudaSuccess) {
+      (void)cudaGetLastError(); /* no pinned memory: not an error, only slower */
+      return NULL;
+    }
+    if (s->host) cudaFreeHost(s->host);
+    s->host = p;
+    s->cap = cap;
+  }
+  sg->next = (sg->next + 1) % KILN__STAGE_SLOTS;
+  return s;
+}
+
+/* Queues the copy of n host bytes at src to dst on the context's stream. */
+static bool stage_copy(kiln_ctx *ctx, void *dst, const void *src, size_t n, const char *fn) {
+  if (!ctx->staging && !(ctx->staging = calloc(1, sizeof *ctx->staging)))
+    return !kiln__error(ctx, KILN_ERR_OOM, "%s: out of host memory", fn);
+  for (size_t off = 0; off < n;) {
+    size_t len = n - off < KILN__STAGE_CHUNK ? n - off : KILN__STAGE_CHUNK;
+    char *d = (char *)dst + off;
+    const char *h = (const char *)src + off;
+    kiln__stage_slot *s = stage_slot(ctx, len, fn);
+    if (!s && !kiln__ok(ctx)) return false;
+    if (s) {
+      memcpy(s->host, h, len);
+      if (kiln__cuda_failed(ctx,
+                            cudaMemcpyAsync(d, s->host, len, cudaMemcpyHostToDevice, ctx->stream),
+                            fn, "cudaMemcpyAsync") ||
+          kiln__cuda_failed(ctx, cudaEventRecord(s->done, ctx->stream), fn, "cudaEventRecord"))
+        return false;
+    } else if (kiln__cuda_failed(ctx,
+                                 cudaMemcpyAsync(d, h, len, cudaMemcpyHostToDevice, ctx->stream),
+                                 fn, "cudaMemcpyAsync") ||
+               kiln__cuda_failed(ctx, cudaStreamSynchronize(ctx->stream), fn,
+                                 "cudaStreamSynchronize")) {
+      return false; /* from pageable memory, h must stay until the copy is done */
+    }
+    off += len;
+  }
+  return true;
+}
+
 kiln_status kiln_tensor_to_host(kiln_tensor *t, void *dst, size_t bytes) {
   kiln_ctx *ctx = kiln__handle_ctx(t);
   if (!ctx) return KILN_ERR_INVALID;
@@ -296,14 +387,12 @@ kiln_status kiln_tensor_copy_from_host(kiln_tensor *t, const void *src, size_t b
                        __func__, bytes, kiln__shape_of(t, sh, sizeof sh), kiln_dtype_name(t->dtype),
                        need);
   if (!ctx->has_gpu) return KILN_OK; /* a no-GPU context records and plans; it keeps no data */
+  /* what was recorded before runs first (nothing, when the copy opens a step: its graph stays
+   * whole); the copy is queued after it on the stream, and nothing waits for the device */
   kiln_status s = kiln__flush(ctx);
   if (s != KILN_OK) return s;
   if (need == 0) return KILN_OK;
-  if (KILN_CUDA_FAILED(
-          ctx, cudaMemcpyAsync(t->st->ptr, src, need, cudaMemcpyHostToDevice, ctx->stream)) ||
-      KILN_CUDA_FAILED(ctx, cudaStreamSynchronize(ctx->stream)))
-    return ctx->status;
-  return KILN_OK;
+  return stage_copy(ctx, t->st->ptr, src, need, __func__) ? KILN_OK : ctx->status;
 }
 
 float kiln_tensor_item(kiln_tensor *t) {

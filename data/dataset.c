@@ -3,6 +3,7 @@
  * shuffles each epoch on the host from its seed, uploads the epoch's order once, and each batch
  * is a slice of that order and a row gather: nothing per batch crosses the bus.
  */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -12,7 +13,7 @@ struct kiln_dataset {
   kiln_ctx *ctx;
   kiln__anchor *anchor;
   int64_t n;
-  kiln_tensor *images; /* (n, features) f32 */
+  kiln_tensor *images; /* (n, ...) f32 */
   kiln_tensor *labels; /* (n) i32 */
 };
 
@@ -28,41 +29,86 @@ struct kiln_loader {
   uint64_t undo_mark; /* the step's undo log holds pos (core/undo.c) */
 };
 
-kiln_dataset *kiln_dataset_from_mnist(kiln_ctx *ctx, const kiln_mnist *m, float mean, float std) {
-  if (!kiln__ok(ctx)) return NULL;
-  if (!m || !m->images || m->n <= 0)
-    return kiln__error(ctx, KILN_ERR_INVALID, "kiln_dataset_from_mnist: empty data set"), NULL;
-  if (!(std > 0.f))
-    return kiln__error(ctx, KILN_ERR_INVALID, "kiln_dataset_from_mnist: std %g must be > 0", std),
+/* ---------------------------------------------------------------- data sets from host memory */
+
+/* Checks host images of shape (n, ...) for fn: a known type, data, at least one sample of at
+ * least one value, and channels (the entries of a per-channel mean and std) 1 or the last axis's
+ * size (0 too when zero_ok: no normalisation). *n gets the samples, *total the values. */
+static bool host_images_ok(kiln_ctx *ctx, const char *fn, kiln_host_type type, kiln_shape shape,
+                           const void *images, int channels, bool zero_ok, int64_t *n,
+                           int64_t *total) {
+  char sh[96];
+  if (type != KILN_HOST_F32 && type != KILN_HOST_U8)
+    return !kiln__error(ctx, KILN_ERR_INVALID, "%s: unknown host type %d", fn, (int)type);
+  if (!images) return !kiln__error(ctx, KILN_ERR_INVALID, "%s: NULL images", fn);
+  if (shape.ndim < 1 || shape.ndim > KILN_MAX_DIMS)
+    return !kiln__error(ctx, KILN_ERR_SHAPE,
+                        "%s: images of %d dims; they need 1 to %d, the first the sample", fn,
+                        shape.ndim, KILN_MAX_DIMS);
+  if (!kiln__valid_shape(ctx, fn, shape.ndim, shape.d)) return false;
+  *n = shape.d[0];
+  *total = kiln__numel(shape.ndim, shape.d);
+  if (*n <= 0 || *total <= 0)
+    return !kiln__error(ctx, KILN_ERR_SHAPE, "%s: images %s hold no values: an empty data set", fn,
+                        kiln_shape_str(shape, sh, sizeof sh));
+  int64_t last = shape.ndim > 1 ? shape.d[shape.ndim - 1] : 1;
+  if (!((channels == 0 && zero_ok) || channels == 1 || (channels > 0 && channels == last)))
+    return !kiln__error(ctx, KILN_ERR_SHAPE,
+                        "%s: %d channels for images %s: channels are the last axis (%lld), or 1 "
+                        "for every value together%s",
+                        fn, channels, kiln_shape_str(shape, sh, sizeof sh), (long long)last,
+                        zero_ok ? " (0: no normalisation)" : "");
+  return true;
+}
+
+/* Value i of host images, u8 pixels scaled to [0, 1]. */
+static inline float host_value(kiln_host_type type, const void *images, int64_t i) {
+  return type == KILN_HOST_U8 ? (float)((const uint8_t *)images)[i] / 255.f
+                              : ((const float *)images)[i];
+}
+
+/* The data set of images (shape, type) and labels (n) i32, normalised by norm (NULL: none). */
+static kiln_dataset *host_dataset(kiln_ctx *ctx, const char *fn, kiln_host_type type,
+                                  kiln_shape shape, const void *images, const int32_t *labels,
+                                  const kiln_normalize *norm) {
+  int channels = norm ? norm->channels : 0;
+  int64_t n, total;
+  if (!host_images_ok(ctx, fn, type, shape, images, channels, true, &n, &total)) return NULL;
+  if (!labels) return kiln__error(ctx, KILN_ERR_INVALID, "%s: NULL labels", fn), NULL;
+  if (channels > 0 && (!norm->mean || !norm->std))
+    return kiln__error(ctx, KILN_ERR_INVALID, "%s: a normalisation of %d channels without %s", fn,
+                       channels, !norm->mean ? "its mean" : "its std"),
            NULL;
-  int64_t dims[3] = {m->n, m->rows, m->cols};
-  if (m->rows <= 0 || m->cols <= 0 || !kiln__numel_ok(3, dims))
-    return kiln__error(ctx, KILN_ERR_INVALID,
-                       "kiln_dataset_from_mnist: %lld images of %lld x %lld is no data set kiln "
-                       "can hold",
-                       (long long)m->n, (long long)m->rows, (long long)m->cols),
-           NULL;
-  int64_t feat = m->rows * m->cols;
-  float *x = malloc((size_t)(m->n * feat) * sizeof *x);
-  int32_t *y = malloc((size_t)m->n * sizeof *y);
+  for (int c = 0; c < channels; c++)
+    if (!isfinite(norm->mean[c]) || !(norm->std[c] > 0.f) || !isfinite(norm->std[c]))
+      return kiln__error(ctx, KILN_ERR_INVALID,
+                         "%s: channel %d's mean %g must be finite and its std %g finite and > 0",
+                         fn, c, norm->mean[c], norm->std[c]),
+             NULL;
+  float *x = malloc((size_t)total * sizeof *x);
   kiln_dataset *ds = calloc(1, sizeof *ds);
-  if (!x || !y || !ds) {
+  if (!x || !ds) {
     free(x);
-    free(y);
     free(ds);
-    return kiln__error(ctx, KILN_ERR_OOM, "kiln_dataset_from_mnist: out of host memory"), NULL;
+    return kiln__error(ctx, KILN_ERR_OOM, "%s: out of host memory for %lld values", fn,
+                       (long long)total),
+           NULL;
   }
-  for (int64_t i = 0; i < m->n * feat; i++)
-    x[i] = ((float)m->images[i] / 255.f - mean) / std;
-  for (int64_t i = 0; i < m->n; i++)
-    y[i] = m->labels[i];
+  /* channels last: the channel of value i is i modulo their count */
+  for (int64_t i = 0; i < total; i++) {
+    float v = host_value(type, images, i);
+    if (channels > 0) {
+      int c = channels == 1 ? 0 : (int)(i % channels);
+      v = (v - norm->mean[c]) / norm->std[c];
+    }
+    x[i] = v;
+  }
   ds->ctx = ctx;
   ds->anchor = kiln__ctx_anchor(ctx);
-  ds->n = m->n;
-  ds->images = kiln_tensor_from_host(ctx, KILN_DTYPE_F32, KILN_SHAPE(m->n, feat), x);
-  ds->labels = kiln_tensor_from_host(ctx, KILN_DTYPE_I32, KILN_SHAPE(m->n), y);
+  ds->n = n;
+  ds->images = kiln_tensor_from_host(ctx, KILN_DTYPE_F32, shape, x);
+  ds->labels = kiln_tensor_from_host(ctx, KILN_DTYPE_I32, KILN_SHAPE(n), labels);
   free(x);
-  free(y);
   if (!ds->images || !ds->labels) {
     kiln_dataset_free(ds);
     return NULL;
@@ -70,6 +116,95 @@ kiln_dataset *kiln_dataset_from_mnist(kiln_ctx *ctx, const kiln_mnist *m, float 
   kiln_tensor_set_name(ds->images, "images");
   kiln_tensor_set_name(ds->labels, "labels");
   return ds;
+}
+
+kiln_dataset *kiln_dataset_from_host(kiln_ctx *ctx, kiln_host_type type, kiln_shape shape,
+                                     const void *images, const int32_t *labels,
+                                     const kiln_normalize *norm) {
+  if (!ctx) return NULL;
+  if (!kiln__ok(ctx)) return NULL;
+  return host_dataset(ctx, __func__, type, shape, images, labels, norm);
+}
+
+kiln_dataset *kiln_dataset_from_mnist(kiln_ctx *ctx, const kiln_mnist *m, float mean, float std) {
+  const char *fn = __func__;
+  if (!kiln__ok(ctx)) return NULL;
+  if (!m || !m->images || !m->labels || m->n <= 0)
+    return kiln__error(ctx, KILN_ERR_INVALID, "%s: empty data set", fn), NULL;
+  if (!(std > 0.f))
+    return kiln__error(ctx, KILN_ERR_INVALID, "%s: std %g must be > 0", fn, std), NULL;
+  int64_t dims[3] = {m->n, m->rows, m->cols};
+  if (m->rows <= 0 || m->cols <= 0 || !kiln__numel_ok(3, dims))
+    return kiln__error(ctx, KILN_ERR_INVALID,
+                       "%s: %lld images of %lld x %lld is no data set kiln can hold", fn,
+                       (long long)m->n, (long long)m->rows, (long long)m->cols),
+           NULL;
+  int32_t *y = malloc((size_t)m->n * sizeof *y);
+  if (!y) return kiln__error(ctx, KILN_ERR_OOM, "%s: out of host memory", fn), NULL;
+  for (int64_t i = 0; i < m->n; i++)
+    y[i] = m->labels[i];
+  kiln_normalize norm = {.channels = 1, .mean = &mean, .std = &std};
+  kiln_dataset *ds =
+      host_dataset(ctx, fn, KILN_HOST_U8, KILN_SHAPE(m->n, m->rows * m->cols), m->images, y, &norm);
+  free(y);
+  return ds;
+}
+
+kiln_status kiln_image_stats(kiln_ctx *ctx, kiln_host_type type, kiln_shape shape,
+                             const void *images, int channels, float *mean, float *std) {
+  const char *fn = __func__;
+  if (!ctx) return KILN_ERR_INVALID;
+  if (!kiln__ok(ctx)) return ctx->status;
+  int64_t n, total;
+  if (!host_images_ok(ctx, fn, type, shape, images, channels, false, &n, &total))
+    return ctx->status;
+  if (!mean || !std)
+    return kiln__error(ctx, KILN_ERR_INVALID, "%s: NULL %s", fn, !mean ? "mean" : "std");
+  double *acc = calloc((size_t)channels * 2, sizeof *acc);
+  uint64_t *hist = type == KILN_HOST_U8 ? calloc((size_t)channels * 256, sizeof *hist) : NULL;
+  if (!acc || (type == KILN_HOST_U8 && !hist)) {
+    free(acc);
+    free(hist);
+    return kiln__error(ctx, KILN_ERR_OOM, "%s: out of host memory", fn);
+  }
+  double *sum = acc, *dev = acc + channels;
+  int64_t per = total / channels; /* values of each channel */
+  if (type == KILN_HOST_U8) {
+    /* a histogram per channel: the sums are exact, whatever the count */
+    const uint8_t *p = images;
+    for (int64_t i = 0; i < total; i++)
+      hist[(channels == 1 ? 0 : i % channels) * 256 + p[i]]++;
+    for (int c = 0; c < channels; c++) {
+      for (int v = 0; v < 256; v++)
+        sum[c] += (double)hist[c * 256 + v] * (v / 255.0);
+      double mu = sum[c] / (double)per;
+      for (int v = 0; v < 256; v++)
+        dev[c] += (double)hist[c * 256 + v] * (v / 255.0 - mu) * (v / 255.0 - mu);
+    }
+  } else {
+    /* two passes in double: the mean, then the squared deviations from it */
+    const float *p = images;
+    for (int64_t i = 0; i < total; i++) {
+      if (!isfinite(p[i])) {
+        free(acc);
+        return kiln__error(ctx, KILN_ERR_INVALID, "%s: value %lld is %g: no statistics", fn,
+                           (long long)i, p[i]);
+      }
+      sum[channels == 1 ? 0 : i % channels] += p[i];
+    }
+    for (int64_t i = 0; i < total; i++) {
+      int64_t c = channels == 1 ? 0 : i % channels;
+      double d = p[i] - sum[c] / (double)per;
+      dev[c] += d * d;
+    }
+  }
+  for (int c = 0; c < channels; c++) {
+    mean[c] = (float)(sum[c] / (double)per);
+    std[c] = (float)sqrt(dev[c] / (double)per);
+  }
+  free(acc);
+  free(hist);
+  return KILN_OK;
 }
 
 kiln_dataset *kiln_mnist_load(kiln_ctx *ctx, const char *dir, const char *split, float mean,
@@ -100,9 +235,10 @@ kiln_loader *kiln_loader_new(kiln_dataset *ds, int64_t batch, int shuffle, uint6
   if (!ds) return NULL;
   kiln_ctx *ctx = ds->ctx;
   if (!kiln__ok(ctx)) return NULL;
-  if (batch <= 0 || batch > ds->n)
-    return kiln__error(ctx, KILN_ERR_INVALID, "kiln_loader_new: batch %lld not in [1, %lld]",
-                       (long long)batch, (long long)ds->n),
+  /* a batch larger than the data set is one partial batch (none with drop_last), as PyTorch's */
+  if (batch <= 0)
+    return kiln__error(ctx, KILN_ERR_INVALID, "kiln_loader_new: batch %lld must be positive",
+                       (long long)batch),
            NULL;
   kiln_loader *l = calloc(1, sizeof *l);
   int32_t *h = malloc((size_t)ds->n * sizeof *h);
@@ -172,7 +308,7 @@ int kiln_loader_next(kiln_loader *l, kiln_tensor **x, kiln_tensor **y) {
 int64_t kiln_loader_batches(const kiln_loader *l) {
   if (!l) return 0;
   int64_t n = l->ds->n;
-  return l->drop_last ? n / l->batch : (n + l->batch - 1) / l->batch;
+  return n / l->batch + (!l->drop_last && n % l->batch != 0);
 }
 
 void kiln_loader_free(kiln_loader *l) {

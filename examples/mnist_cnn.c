@@ -318,7 +318,9 @@ static result run(kiln_ctx *ctx, const config *c, kiln_dataset *train, kiln_data
    * stopped; the rate is a step value, so the step graph is captured once */
   kiln_schedule sched = {.kind = c->fast ? KILN_SCHEDULE_ONE_CYCLE : KILN_SCHEDULE_COSINE,
                          .base_lr = c->lr,
-                         .total_steps = total_steps};
+                         .total_steps = total_steps,
+                         /* the recipe keeps beta1 at 0.7 (torch's cycle_momentum=False) */
+                         .no_cycle_momentum = 1};
   kiln_optim_set_schedule(opt, &sched);
   if (kiln_ctx_error(ctx)) die(ctx, "setting the schedule");
 

@@ -6,7 +6,8 @@
  *   mnist_mlp [DATA_DIR] [--epochs N] [--lr LR] [--batch N] [--seed N]
  *             [--save PATH] [--resume PATH] [--eval-only PATH] [--log PATH] [--stop-after N]
  *
- * DATA_DIR defaults to $KILN_MNIST, else data/mnist. The whole data set lives on the GPU.
+ * DATA_DIR defaults to $KILN_MNIST, else data/mnist, else the source tree's data/mnist (the copy
+ * shipped with kiln; examples/mnist_data.h). The whole data set lives on the GPU.
  * --save writes a training checkpoint after every epoch; --resume continues one (bitwise as the
  * uninterrupted run); --eval-only evaluates a checkpoint or a weights file; --log appends metrics
  * as JSON lines (tools/plot_log.py draws them); --stop-after N ends the run after epoch N, as an
@@ -19,6 +20,7 @@
 #include <time.h>
 
 #include "kiln.h"
+#include "mnist_data.h"
 
 typedef struct mlp {
   kiln_params *params;
@@ -50,19 +52,6 @@ static kiln_tensor *forward(const mlp *m, kiln_tensor *x) {
   return kiln_linear_forward(&m->fc3, h); /* (B, 10) logits */
 }
 
-/* Mean and standard deviation of the training pixels, scaled to [0, 1]. */
-static void pixel_stats(const kiln_mnist *m, float *mean, float *std) {
-  double s = 0, s2 = 0;
-  int64_t n = m->n * m->rows * m->cols;
-  for (int64_t i = 0; i < n; i++) {
-    double v = m->images[i] / 255.0;
-    s += v;
-    s2 += v * v;
-  }
-  *mean = (float)(s / n);
-  *std = (float)sqrt(s2 / n - (s / n) * (s / n));
-}
-
 /* Test loss and accuracy, in batches of 1000, without gradients. */
 static void evaluate(kiln_ctx *ctx, const mlp *m, kiln_loader *test, int64_t n, double *loss,
                      double *acc) {
@@ -89,8 +78,7 @@ static void evaluate(kiln_ctx *ctx, const mlp *m, kiln_loader *test, int64_t n, 
 }
 
 int main(int argc, char **argv) {
-  const char *dir = getenv("KILN_MNIST");
-  if (!dir || !*dir) dir = "data/mnist";
+  const char *dir = NULL;
   int epochs = 10;
   int64_t batch = 128;
   float lr = 0.05f;
@@ -137,16 +125,19 @@ int main(int argc, char **argv) {
     return 1;
   }
 
+  /* the data first: a missing data set is reported as such, with or without a GPU */
+  dir = mnist_data_dir(dir);
+  kiln_mnist train_h, test_h;
+  mnist_data_read("mnist_mlp", dir, &train_h, &test_h);
+
   kiln_ctx *ctx = kiln_ctx_new(NULL);
   if (!ctx || kiln_ctx_error(ctx)) die(ctx, "no usable GPU");
   kiln_manual_seed(ctx, seed);
-
-  kiln_mnist train_h, test_h;
-  if (kiln_mnist_read(ctx, dir, "train", &train_h) != KILN_OK ||
-      kiln_mnist_read(ctx, dir, "t10k", &test_h) != KILN_OK)
-    die(ctx, "reading the data set (pass its directory, or set KILN_MNIST)");
+  /* the training pixels' mean and standard deviation, scaled to [0, 1], normalise both sets */
   float mean, std;
-  pixel_stats(&train_h, &mean, &std);
+  if (kiln_image_stats(ctx, KILN_HOST_U8, KILN_SHAPE(train_h.n, train_h.rows, train_h.cols),
+                       train_h.images, 1, &mean, &std) != KILN_OK)
+    die(ctx, "the data set's statistics");
   kiln_dataset *train = kiln_dataset_from_mnist(ctx, &train_h, mean, std);
   kiln_dataset *test = kiln_dataset_from_mnist(ctx, &test_h, mean, std);
   kiln_mnist_free(&train_h);

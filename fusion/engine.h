@@ -16,7 +16,8 @@
 kiln_status kiln__engine_init(kiln_ctx *ctx);
 /* Frees it (the stream is idle). */
 void kiln__engine_free(kiln_ctx *ctx);
-/* Plans, compiles and runs trace nodes [first, last); on any failure nothing of them runs. */
+/* Plans, compiles and runs trace nodes [first, last); on any failure nothing of them runs. On a
+ * context without a GPU it plans and compiles them (and counts that in the statistics) only. */
 kiln_status kiln__engine_flush(kiln_ctx *ctx, int32_t first, int32_t last);
 /* Runs the open step's whole trace through its step graph: captured on the first occurrence of
  * its signature, replayed after. */

@@ -326,6 +326,15 @@ kiln_status kiln__engine_flush(kiln_ctx *ctx, int32_t first, int32_t last) {
   kiln__program pg;
   kiln_exec_stats before = ctx->stats;
   bool ok = kiln__program_build(ctx, first, last, &pg);
+  if (!ctx->has_gpu) {
+    /* planned and compiled, as with a GPU; nothing is allocated, launched or executed */
+    if (pg.plan.group_of) {
+      kiln__flush_stats(ctx, &pg, &before);
+      ctx->stats.nodes_executed = before.nodes_executed;
+    }
+    kiln__program_free(&pg);
+    return ctx->status;
+  }
   if (ok) {
     kiln__bind_write_through(ctx, &pg.plan);
     ok = alloc_outputs(ctx, &pg.plan) && alloc_masks(ctx, &pg.plan);

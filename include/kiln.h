@@ -5,6 +5,7 @@
  * flushed (a host read, kiln_sync, kiln_step_end). The trace doubles as the autograd tape.
  * Errors are sticky: a failing call returns NULL or a status and sets a message on the context
  * that names the function and the values; later ops on a failed context record nothing.
+ * Every kiln_*_free function takes NULL and then does nothing, as free() does.
  */
 #ifndef KILN_H
 #define KILN_H
@@ -67,11 +68,31 @@ typedef struct kiln_axes {
 #define KILN_AXES(...) ((kiln_axes){.n = KILN__COUNT(__VA_ARGS__), .a = {__VA_ARGS__}})
 #define KILN_ALL_AXES ((kiln_axes){.n = 0})
 
+/*
+ * Options structs. Every options struct in this header follows one rule: a zero field means
+ * PyTorch's default, so (kiln_adam_options){.lr = 1e-3f} is torch.optim.Adam(lr=1e-3) (betas
+ * 0.9 and 0.999, eps 1e-8), and a NULL options pointer is every field zero (a NULL schedule
+ * detaches one instead: kiln_optim_set_schedule). A field that has no default (a cosine
+ * schedule's total_steps, pooling's kernel size) and is left zero is an error naming it. Where
+ * the default is not 0 and exactly 0 is wanted, write KILN_ZERO, a negative zero that kiln reads
+ * as 0: AdamW with .weight_decay = KILN_ZERO decays nothing, where .weight_decay = 0 is torch's
+ * 1e-2.
+ */
+#define KILN_ZERO (-0.0f)
+
 /* ---------------------------------------------------------------- context */
 
 typedef struct kiln_ctx_options {
   int device; /* CUDA device ordinal */
-  int no_gpu; /* 1: a context that records and plans but never executes (CI, tests) */
+  /* 1: a context that records, plans and compiles but never executes (CI, tests, machines
+   * without a GPU). kiln_step_end and kiln_sync plan every group and compile its kernel with
+   * NVRTC, as with a GPU, and return KILN_OK; kiln_stats counts it (groups, kernels_compiled,
+   * cache_hits; nothing launched or executed). Only reading values is an error there
+   * (kiln_tensor_to_host, kiln_tensor_item: KILN_ERR_STATE); host copies in are accepted and
+   * dropped. Where a GPU context flushes on its own, it does not: kiln_step_begin drops what was
+   * recorded before the step unplanned, and a tensor freed under pending nodes that read it makes
+   * the next flush an error (with a GPU those nodes would have run before the free). */
+  int no_gpu;
 } kiln_ctx_options;
 
 /*
@@ -118,7 +139,8 @@ int kiln_tf32(const kiln_ctx *ctx);
  * restarts at 0, so the same seed gives the same masks. */
 void kiln_manual_seed(kiln_ctx *ctx, uint64_t seed);
 
-/* Runs everything recorded so far and waits for the device. */
+/* Runs everything recorded so far and waits for the device (without a GPU: plans and compiles
+ * it, kiln_ctx_options). */
 kiln_status kiln_sync(kiln_ctx *ctx);
 
 /*
@@ -144,7 +166,8 @@ void kiln_memory_stats(const kiln_ctx *ctx, kiln_mem_stats *out);
 void kiln_memory_reset_peak(kiln_ctx *ctx);
 void kiln_memory_empty_cache(kiln_ctx *ctx);
 
-/* What one flush did. */
+/* What one flush did. A context without a GPU plans and compiles each flush and runs nothing:
+ * its kernels and nodes_executed stay 0, and nodes counts the nodes planned. */
 typedef struct kiln_flush_stats {
   uint64_t nodes;         /* trace nodes run */
   uint64_t groups;        /* launches planned: fused groups and library calls */
@@ -195,7 +218,11 @@ void kiln_tensor_free(kiln_tensor *t);
  * reading it after the flush that ran it is an error (KILN_ERR_STATE) that says so; reading it
  * before (while it is pending) makes that flush write it. */
 kiln_status kiln_tensor_to_host(kiln_tensor *t, void *dst, size_t bytes);
-/* Copies host data into a persistent contiguous tensor, after what was recorded before. */
+/* Copies host data into a persistent contiguous tensor, after what was recorded before. The copy
+ * is queued on the context's stream through a pinned staging buffer and the call returns without
+ * waiting for the device (src may be reused at once). In a graph-mode step, copy before recording
+ * the step's ops (the next batch into an input tensor, say): the step then still runs whole as
+ * its graph; a copy after recorded ops runs them first, and the step runs without its graph. */
 kiln_status kiln_tensor_copy_from_host(kiln_tensor *t, const void *src, size_t bytes);
 /* The value of a one-element f32 tensor; NAN (and an error on the context) on failure. */
 float kiln_tensor_item(kiln_tensor *t);
@@ -362,8 +389,14 @@ kiln_tensor *kiln_flatten(kiln_tensor *x);
 
 /* ---------------------------------------------------------------- autograd */
 
-/* Records the backward pass of a one-element loss; gradients accumulate into .grad. */
+/* Records the backward pass of a one-element loss; gradients accumulate into .grad. Backward of
+ * a loss that an earlier kiln_backward of the same step already went through (the same loss
+ * twice, or a part of a loss already backpropagated as the whole) is an error (KILN_ERR_STATE):
+ * its gradients would be added twice. PyTorch raises there too (without retain_graph). Backward
+ * of different losses of one step accumulates, even where they share nodes (where PyTorch needs
+ * retain_graph=True): two micro-batches, or two heads of one trunk. */
 kiln_status kiln_backward(kiln_tensor *loss);
+/* No-grad regions nest (torch.no_grad()); an end without its begin is an error (KILN_ERR_STATE). */
 void kiln_no_grad_begin(kiln_ctx *ctx);
 void kiln_no_grad_end(kiln_ctx *ctx);
 int kiln_grad_enabled(const kiln_ctx *ctx);
@@ -375,9 +408,9 @@ int kiln_grad_enabled(const kiln_ctx *ctx);
  */
 typedef kiln_tensor *(*kiln_gradcheck_fn)(kiln_tensor *const *inputs, void *user);
 typedef struct kiln_gradcheck_options {
-  float eps;     /* finite-difference step, default 1e-2 */
-  float atol;    /* default 1e-2 */
-  float rtol;    /* default 1e-2 */
+  float eps;     /* finite-difference step, > 0; 0: 1e-2 */
+  float atol;    /* >= 0; 0: 1e-2 (KILN_ZERO: none) */
+  float rtol;    /* >= 0; 0: 1e-2 (KILN_ZERO: none) */
   uint64_t seed; /* for w */
 } kiln_gradcheck_options;
 /* Returns KILN_OK when every element agrees; otherwise writes the worst element to report. */
@@ -401,7 +434,12 @@ int64_t kiln_params_numel(const kiln_params *p);
 void kiln_params_zero_grad(kiln_params *p);
 void kiln_params_free(kiln_params *p);
 
-/* y = x W^T + b, with PyTorch's default init: W, b ~ U(-1/sqrt(in), 1/sqrt(in)). */
+/* y = x W^T + b, with PyTorch's default init: W, b ~ U(-1/sqrt(in), 1/sqrt(in)).
+ * Parameter names. Each layer adds its tensors to the list as "name.<member>", PyTorch's names,
+ * so that a state dict's keys match (kiln_params_load): kiln_linear_init(&l, p, "fc1", 784, 512,
+ * 1) adds "fc1.weight" (512, 784), that is (out, in) as torch.nn.Linear, then "fc1.bias" (512).
+ * A NULL or empty name is "linear" ("conv", "bn", "ln" for the layers below, whose members are
+ * listed with them); a name already in the list is an error and adds nothing. */
 typedef struct kiln_linear {
   kiln_tensor *weight; /* (out, in) */
   kiln_tensor *bias;   /* (out) or NULL */
@@ -464,15 +502,26 @@ kiln_tensor *kiln_layer_norm_layer_forward(const kiln_layer_norm_layer *l, kiln_
 
 /* ---------------------------------------------------------------- optim */
 
+/* The optimizers of torch.optim, with its defaults for zero fields (the options rule above). */
 typedef struct kiln_optim kiln_optim;
 typedef struct kiln_sgd_options {
-  float lr, momentum, dampening, weight_decay;
-  int nesterov;
+  float lr;           /* 0: 1e-3 */
+  float momentum;     /* 0: none (no momentum buffers) */
+  float dampening;    /* 0: none */
+  float weight_decay; /* L2: weight_decay * p added to the gradient, as torch.optim.SGD; 0: none */
+  int nesterov;       /* needs momentum > 0 and dampening 0 */
 } kiln_sgd_options;
 typedef struct kiln_adam_options {
-  float lr, beta1, beta2, eps, weight_decay;
+  float lr;           /* 0: 1e-3 */
+  float beta1, beta2; /* in [0, 1); 0: 0.9 and 0.999 (KILN_ZERO for a beta of 0) */
+  float eps;          /* 0: 1e-8 */
+  /* Adam: L2, weight_decay * p added to the gradient (torch.optim.Adam's weight_decay); 0: none.
+   * AdamW: decoupled, p *= 1 - lr * weight_decay before the update (torch.optim.AdamW); 0: 1e-2,
+   * torch's default, and KILN_ZERO for none (or kiln_adam_new: the same update, undecayed). */
+  float weight_decay;
 } kiln_adam_options;
-/* Default options: PyTorch's (Adam lr 1e-3, betas 0.9/0.999, eps 1e-8; AdamW wd 1e-2). */
+/* Default options, every field spelt out: PyTorch's (Adam lr 1e-3, betas 0.9/0.999, eps 1e-8;
+ * AdamW wd 1e-2). */
 kiln_sgd_options kiln_sgd_defaults(float lr);
 kiln_adam_options kiln_adam_defaults(void);
 kiln_adam_options kiln_adamw_defaults(void);
@@ -494,8 +543,18 @@ void kiln_optim_free(kiln_optim *o);
  *   STEP          base_lr * gamma^floor(t / step_size)                  (torch StepLR)
  *   COSINE        min_lr + (base_lr - min_lr) (1 + cos(pi t / total)) / 2  (CosineAnnealingLR)
  *   WARMUP_LINEAR base_lr t / warmup for t < warmup, then linearly to 0 at total
- *   ONE_CYCLE     from base_lr / div_factor up to base_lr over pct_start of total, then down to
- *                 base_lr / div_factor / final_div_factor, cosine annealed (torch OneCycleLR) */
+ *   ONE_CYCLE     torch's OneCycleLR with its defaults (two phases, cosine annealing), base_lr
+ *                 being its max_lr: the rate rises from base_lr / div_factor to base_lr over the
+ *                 first pct_start of total_steps, then falls to base_lr / div_factor /
+ *                 final_div_factor at total_steps - 1, and stays there after (torch raises).
+ *                 Like torch's cycle_momentum (on by default), it also moves SGD's momentum or
+ *                 Adam's beta1 the other way, from max_momentum down to base_momentum and back;
+ *                 no_cycle_momentum = 1 leaves them alone (cycle_momentum=False). torch's
+ *                 three_phase and anneal_strategy='linear' are not offered.
+ * Fields by the options rule: base_lr 0 is the optimizer's rate when the schedule is attached
+ * (torch's schedulers start from it), except for ONE_CYCLE, whose base_lr (max_lr) must be set;
+ * total_steps (COSINE, WARMUP_LINEAR, ONE_CYCLE) and step_size (STEP) have no default and must
+ * be set; gamma 0 is 0.1, min_lr and warmup_steps 0 are none. */
 typedef enum kiln_schedule_kind {
   KILN_SCHEDULE_CONSTANT = 0,
   KILN_SCHEDULE_STEP,
@@ -509,9 +568,19 @@ typedef struct kiln_schedule {
   int64_t total_steps, warmup_steps, step_size;
   float gamma, min_lr;
   float pct_start, div_factor, final_div_factor; /* one-cycle; 0 means torch's 0.3, 25, 1e4 */
+  float base_momentum, max_momentum;             /* one-cycle; 0 means torch's 0.85, 0.95 */
+  int no_cycle_momentum; /* one-cycle: 1 leaves momentum and beta1 as the optimizer has them */
 } kiln_schedule;
+/* The rate at step t; a base_lr of 0 is 0 here (there is no optimizer to take it from). NAN for
+ * a schedule that kiln_optim_set_schedule refuses. */
 float kiln_schedule_lr(const kiln_schedule *s, int64_t t);
-/* NULL detaches the schedule (the rate stays where it is). */
+/* The momentum (SGD) or beta1 (Adam, AdamW) a one-cycle schedule gives step t; NAN for a
+ * schedule that leaves them alone (other kinds, or no_cycle_momentum). */
+float kiln_schedule_momentum(const kiln_schedule *s, int64_t t);
+/* Attaches s (copied, its zero fields resolved); NULL detaches the schedule (the rate stays where
+ * it is). A schedule with a field out of range or one that must be set and is not is an error
+ * naming it, and the optimizer keeps its schedule; so is a one-cycle schedule that cycles the
+ * momentum of an SGD optimizer made without momentum (it keeps no momentum buffers). */
 void kiln_optim_set_schedule(kiln_optim *o, const kiln_schedule *s);
 
 /* ---------------------------------------------------------------- checkpoints */
@@ -553,10 +622,35 @@ typedef struct kiln_mnist {
 kiln_status kiln_mnist_read(kiln_ctx *ctx, const char *dir, const char *split, kiln_mnist *out);
 void kiln_mnist_free(kiln_mnist *m);
 
-/* A data set on the device: images (n, features) f32, labels (n) i32. */
+/* A data set on the device: images (n, ...) f32, labels (n) i32. */
 typedef struct kiln_dataset kiln_dataset;
-/* Uploads once, as (pixel / 255 - mean) / std. */
+/* Uploads once, as (pixel / 255 - mean) / std, images (n, rows * cols). */
 kiln_dataset *kiln_dataset_from_mnist(kiln_ctx *ctx, const kiln_mnist *m, float mean, float std);
+
+/* Host images: bytes, read as pixel / 255 (torchvision's ToTensor), or floats, read as they are. */
+typedef enum kiln_host_type { KILN_HOST_F32 = 0, KILN_HOST_U8 } kiln_host_type;
+/* Per-channel normalisation, (x - mean[c]) / std[c] (torchvision's Normalize), with c the index
+ * along the images' last axis (channels last), or one mean and std for every value. */
+typedef struct kiln_normalize {
+  int channels;      /* entries of mean and std: the last axis's size, or 1; 0: no normalisation */
+  const float *mean; /* (channels) */
+  const float *std;  /* (channels), each > 0 */
+} kiln_normalize;
+/* Your own data: images of any shape (n, ...), the first axis the sample ((n, 28, 28), or
+ * (n, H, W, C) for a convolutional net), C order, and labels (n) i32; norm NULL: no
+ * normalisation. Uploaded once as f32 of the same shape, so the loader's batches are (B, ...).
+ * Both arrays are copied: they may be freed on return. */
+kiln_dataset *kiln_dataset_from_host(kiln_ctx *ctx, kiln_host_type type, kiln_shape shape,
+                                     const void *images, const int32_t *labels,
+                                     const kiln_normalize *norm);
+/* The per-channel mean and standard deviation of host images (as kiln_dataset_from_host reads
+ * them: bytes scaled to [0, 1]), for its normalisation: channels is the last axis's size, or 1
+ * for every value together; mean and std receive channels values each. The standard deviation
+ * is the population one (over the count; over millions of values the unbiased one agrees to
+ * many digits). A float that is NAN or infinite is an error naming it. The training set's
+ * statistics are the ones to normalise both the training and the test set with. */
+kiln_status kiln_image_stats(kiln_ctx *ctx, kiln_host_type type, kiln_shape shape,
+                             const void *images, int channels, float *mean, float *std);
 kiln_dataset *kiln_mnist_load(kiln_ctx *ctx, const char *dir, const char *split, float mean,
                               float std);
 int64_t kiln_dataset_size(const kiln_dataset *ds);
@@ -564,7 +658,10 @@ kiln_tensor *kiln_dataset_images(const kiln_dataset *ds);
 kiln_tensor *kiln_dataset_labels(const kiln_dataset *ds);
 void kiln_dataset_free(kiln_dataset *ds);
 
-/* Batches gathered on the device; shuffled per epoch from a seed when shuffle is set. */
+/* Batches gathered on the device; shuffled per epoch from a seed when shuffle is set. The last
+ * batch of an epoch is partial when batch does not divide the data set's size, and dropped with
+ * drop_last, as PyTorch's DataLoader: a batch larger than the data set gives one batch of the
+ * whole set (none with drop_last). */
 typedef struct kiln_loader kiln_loader;
 kiln_loader *kiln_loader_new(kiln_dataset *ds, int64_t batch, int shuffle, uint64_t seed,
                              int drop_last);

@@ -20,7 +20,7 @@ kiln_status kiln_linear_init(kiln_linear *l, kiln_params *params, const char *na
                        "kiln_linear_init: '%s': in_features %lld and out_features %lld must be > 0",
                        name ? name : "", (long long)in_features, (long long)out_features);
   double bound = 1.0 / sqrt((double)in_features);
-  const char *base = name ? name : "linear";
+  const char *base = name && *name ? name : "linear"; /* as the layers of image.c */
   size_t len = strlen(base) + 8;
   char *wname = malloc(len), *bname = malloc(len);
   if (!wname || !bname) {

@@ -1,7 +1,9 @@
 /*
  * optim.c: SGD (momentum, dampening, Nesterov, weight decay), Adam and AdamW with PyTorch's
- * semantics. kiln_optim_step records one in-place update node per parameter; the update rules
- * themselves are device code (fusion/device/optim.cuh), called with the nodes' named attributes.
+ * semantics and defaults (zero options fields), and learning-rate schedules (the one-cycle one
+ * cycling the momentum or beta1 too, as torch's OneCycleLR). kiln_optim_step records one
+ * in-place update node per parameter; the update rules themselves are device code
+ * (fusion/device/optim.cuh), called with the nodes' named attributes.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -33,86 +35,155 @@ static double cos_anneal(double from, double to, double pct) {
   return to + (from - to) / 2.0 * (cos(M_PI * pct) + 1.0);
 }
 
-float kiln_schedule_lr(const kiln_schedule *s, int64_t t) {
-  if (!s) return 0.f;
-  double base = s->base_lr, T = (double)(s->total_steps > 0 ? s->total_steps : 1);
-  if (t < 0) t = 0;
-  switch (s->kind) {
-  case KILN_SCHEDULE_STEP:
-    return (float)(base *
-                   pow((double)s->gamma, (double)(t / (s->step_size > 0 ? s->step_size : 1))));
-  case KILN_SCHEDULE_COSINE: {
-    double tt = (double)t < T ? (double)t : T;
-    return (float)(s->min_lr + (base - s->min_lr) * (1.0 + cos(M_PI * tt / T)) / 2.0);
-  }
-  case KILN_SCHEDULE_WARMUP_LINEAR: {
-    double w = (double)s->warmup_steps;
-    if ((double)t < w) return (float)(base * (double)t / w);
-    double left = (T - (double)t) / (T - w > 0 ? T - w : 1.0);
-    return (float)(base * (left > 0 ? left : 0));
-  }
-  case KILN_SCHEDULE_ONE_CYCLE: {
-    double pct = s->pct_start > 0 ? s->pct_start : 0.3,
-           div = s->div_factor > 0 ? s->div_factor : 25;
-    double fdiv = s->final_div_factor > 0 ? s->final_div_factor : 1e4;
-    double lo = base / div, end = lo / fdiv, up = pct * T - 1.0, last = T - 1.0;
-    if ((double)t <= up) return (float)cos_anneal(lo, base, up > 0 ? (double)t / up : 1.0);
-    double q = last - up > 0 ? ((double)t - up) / (last - up) : 1.0;
-    return (float)cos_anneal(base, end, q < 1.0 ? q : 1.0);
-  }
-  case KILN_SCHEDULE_CONSTANT:
-  default: return (float)base;
-  }
+static bool needs_total(kiln_schedule_kind k) {
+  return k == KILN_SCHEDULE_COSINE || k == KILN_SCHEDULE_WARMUP_LINEAR ||
+         k == KILN_SCHEDULE_ONE_CYCLE;
 }
 
-/* Whether schedule s is one kiln_schedule_lr can follow; else an error naming the field. */
-static bool schedule_ok(kiln_ctx *ctx, const kiln_schedule *s) {
-  const char *fn = "kiln_optim_set_schedule";
-  bool total = s->kind == KILN_SCHEDULE_COSINE || s->kind == KILN_SCHEDULE_WARMUP_LINEAR ||
-               s->kind == KILN_SCHEDULE_ONE_CYCLE;
+static bool cycles_momentum(const kiln_schedule *s) {
+  return s->kind == KILN_SCHEDULE_ONE_CYCLE && !s->no_cycle_momentum;
+}
+
+/* s with its zero fields given PyTorch's defaults (kiln.h's rule) into r; base_lr 0 becomes lr,
+ * the optimizer's rate (torch's schedulers start from it). False, with why filled, for a field
+ * that has no default and is not set, or a value out of range. */
+static bool schedule_resolve(const kiln_schedule *s, float lr, kiln_schedule *r, char *why,
+                             size_t wn) {
+  *r = *s;
   if (s->kind < KILN_SCHEDULE_CONSTANT || s->kind > KILN_SCHEDULE_ONE_CYCLE)
-    return kiln__error(ctx, KILN_ERR_INVALID, "%s: unknown schedule kind %d", fn, (int)s->kind),
+    return snprintf(why, wn, "unknown schedule kind %d", (int)s->kind), false;
+  bool one_cycle = s->kind == KILN_SCHEDULE_ONE_CYCLE;
+  if (one_cycle && s->base_lr == 0.f && !signbit(s->base_lr))
+    return snprintf(why, wn,
+                    "a one-cycle schedule needs base_lr (torch's max_lr), which has no default"),
            false;
-  if (!(s->base_lr >= 0.f && isfinite(s->base_lr)))
-    return kiln__error(ctx, KILN_ERR_INVALID, "%s: base_lr %g must be finite and >= 0", fn,
-                       s->base_lr),
+  r->base_lr = kiln__opt_or(s->base_lr, lr);
+  r->gamma = kiln__opt_or(s->gamma, 0.1f);
+  r->pct_start = kiln__opt_or(s->pct_start, 0.3f);
+  r->div_factor = kiln__opt_or(s->div_factor, 25.f);
+  r->final_div_factor = kiln__opt_or(s->final_div_factor, 1e4f);
+  r->base_momentum = kiln__opt_or(s->base_momentum, 0.85f);
+  r->max_momentum = kiln__opt_or(s->max_momentum, 0.95f);
+  if (!(r->base_lr >= 0.f && isfinite(r->base_lr)))
+    return snprintf(why, wn, "base_lr %g must be finite and >= 0", r->base_lr), false;
+  if (!(r->min_lr >= 0.f && isfinite(r->min_lr)))
+    return snprintf(why, wn, "min_lr %g must be finite and >= 0", r->min_lr), false;
+  if (needs_total(s->kind) && s->total_steps <= 0)
+    return snprintf(why, wn, "total_steps %lld must be > 0 for this schedule (it has no default)",
+                    (long long)s->total_steps),
            false;
-  if (!(s->min_lr >= 0.f && isfinite(s->min_lr)))
-    return kiln__error(ctx, KILN_ERR_INVALID, "%s: min_lr %g must be finite and >= 0", fn,
-                       s->min_lr),
+  if (s->kind == KILN_SCHEDULE_STEP && s->step_size <= 0)
+    return snprintf(why, wn, "a step schedule needs step_size > 0 (got %lld; it has no default)",
+                    (long long)s->step_size),
            false;
-  if (total && s->total_steps <= 0)
-    return kiln__error(ctx, KILN_ERR_INVALID, "%s: total_steps %lld must be > 0 for this schedule",
-                       fn, (long long)s->total_steps),
-           false;
-  if (s->kind == KILN_SCHEDULE_STEP &&
-      (s->step_size <= 0 || !(s->gamma >= 0.f) || !isfinite(s->gamma)))
-    return kiln__error(ctx, KILN_ERR_INVALID,
-                       "%s: a step schedule needs step_size > 0 (got %lld) and a finite gamma >= "
-                       "0 (got %g)",
-                       fn, (long long)s->step_size, s->gamma),
-           false;
+  if (s->kind == KILN_SCHEDULE_STEP && !(r->gamma >= 0.f && isfinite(r->gamma)))
+    return snprintf(why, wn, "a step schedule needs a finite gamma >= 0 (got %g)", r->gamma), false;
   if (s->kind == KILN_SCHEDULE_WARMUP_LINEAR &&
       (s->warmup_steps < 0 || s->warmup_steps > s->total_steps))
-    return kiln__error(ctx, KILN_ERR_INVALID, "%s: warmup_steps %lld not in [0, total_steps %lld]",
-                       fn, (long long)s->warmup_steps, (long long)s->total_steps),
+    return snprintf(why, wn, "warmup_steps %lld not in [0, total_steps %lld]",
+                    (long long)s->warmup_steps, (long long)s->total_steps),
            false;
-  if (s->kind == KILN_SCHEDULE_ONE_CYCLE &&
-      (!(s->pct_start >= 0.f && s->pct_start < 1.f) || !(s->div_factor >= 0.f) ||
-       !isfinite(s->div_factor) || !(s->final_div_factor >= 0.f) || !isfinite(s->final_div_factor)))
-    return kiln__error(ctx, KILN_ERR_INVALID,
-                       "%s: one-cycle pct_start %g must be in [0, 1), div_factor %g and "
-                       "final_div_factor %g finite and >= 0 (0: torch's default)",
-                       fn, s->pct_start, s->div_factor, s->final_div_factor),
+  if (one_cycle && !(r->pct_start >= 0.f && r->pct_start < 1.f))
+    return snprintf(why, wn, "one-cycle pct_start %g must be in [0, 1) (0: torch's 0.3)",
+                    r->pct_start),
+           false;
+  if (one_cycle && (!(r->div_factor > 0.f) || !isfinite(r->div_factor) ||
+                    !(r->final_div_factor > 0.f) || !isfinite(r->final_div_factor)))
+    return snprintf(why, wn,
+                    "one-cycle div_factor %g and final_div_factor %g must be finite and > 0 (0: "
+                    "torch's 25 and 1e4)",
+                    r->div_factor, r->final_div_factor),
+           false;
+  if (cycles_momentum(r) && (!(r->base_momentum >= 0.f && r->base_momentum < 1.f) ||
+                             !(r->max_momentum >= 0.f && r->max_momentum < 1.f)))
+    return snprintf(why, wn,
+                    "one-cycle base_momentum %g and max_momentum %g must be in [0, 1) (0: torch's "
+                    "0.85 and 0.95)",
+                    r->base_momentum, r->max_momentum),
            false;
   return true;
 }
 
+/* The position of step t in a one-cycle schedule r: the phase (0 rising, 1 falling) and how far
+ * into it, as torch's OneCycleLR (two phases, cosine annealing). */
+static double one_cycle_pct(const kiln_schedule *r, int64_t t, int *phase) {
+  double T = (double)r->total_steps, up = (double)r->pct_start * T - 1.0, last = T - 1.0;
+  if ((double)t <= up) {
+    *phase = 0;
+    return up > 0 ? (double)t / up : 1.0;
+  }
+  *phase = 1;
+  double q = last - up > 0 ? ((double)t - up) / (last - up) : 1.0;
+  return q < 1.0 ? q : 1.0; /* past total_steps it stays at the end (torch raises) */
+}
+
+/* The rate at step t of a resolved schedule r. */
+static double resolved_lr(const kiln_schedule *r, int64_t t) {
+  double base = r->base_lr, T = (double)r->total_steps;
+  if (t < 0) t = 0;
+  switch (r->kind) {
+  case KILN_SCHEDULE_STEP: return base * pow((double)r->gamma, (double)(t / r->step_size));
+  case KILN_SCHEDULE_COSINE: {
+    double tt = (double)t < T ? (double)t : T;
+    return r->min_lr + (base - r->min_lr) * (1.0 + cos(M_PI * tt / T)) / 2.0;
+  }
+  case KILN_SCHEDULE_WARMUP_LINEAR: {
+    double w = (double)r->warmup_steps;
+    if ((double)t < w) return base * (double)t / w;
+    double left = (T - (double)t) / (T - w > 0 ? T - w : 1.0);
+    return base * (left > 0 ? left : 0);
+  }
+  case KILN_SCHEDULE_ONE_CYCLE: {
+    double lo = base / r->div_factor, end = lo / r->final_div_factor;
+    int phase;
+    double pct = one_cycle_pct(r, t, &phase);
+    return phase == 0 ? cos_anneal(lo, base, pct) : cos_anneal(base, end, pct);
+  }
+  case KILN_SCHEDULE_CONSTANT:
+  default: return base;
+  }
+}
+
+/* The momentum (SGD) or beta1 (Adam) at step t of a resolved one-cycle schedule r that cycles
+ * it: from max_momentum down to base_momentum while the rate rises, and back. */
+static double resolved_momentum(const kiln_schedule *r, int64_t t) {
+  int phase;
+  double pct = one_cycle_pct(r, t < 0 ? 0 : t, &phase);
+  return phase == 0 ? cos_anneal(r->max_momentum, r->base_momentum, pct)
+                    : cos_anneal(r->base_momentum, r->max_momentum, pct);
+}
+
+float kiln_schedule_lr(const kiln_schedule *s, int64_t t) {
+  kiln_schedule r;
+  char why[160];
+  if (!s || !schedule_resolve(s, 0.f, &r, why, sizeof why)) return NAN;
+  return (float)resolved_lr(&r, t);
+}
+
+float kiln_schedule_momentum(const kiln_schedule *s, int64_t t) {
+  kiln_schedule r;
+  char why[160];
+  if (!s || !schedule_resolve(s, 0.f, &r, why, sizeof why) || !cycles_momentum(&r)) return NAN;
+  return (float)resolved_momentum(&r, t);
+}
+
 void kiln_optim_set_schedule(kiln_optim *o, const kiln_schedule *s) {
   if (!o || !kiln__ok(o->ctx)) return;
-  if (s && !schedule_ok(o->ctx, s)) return; /* the schedule stays as it was */
+  kiln_schedule r;
+  char why[200];
+  if (s && !schedule_resolve(s, o->lr, &r, why, sizeof why)) {
+    kiln__error(o->ctx, KILN_ERR_INVALID, "kiln_optim_set_schedule: %s", why);
+    return; /* the schedule stays as it was */
+  }
+  if (s && cycles_momentum(&r) && o->kind == SGD && !(o->sgd.momentum > 0.f)) {
+    kiln__error(o->ctx, KILN_ERR_INVALID,
+                "kiln_optim_set_schedule: a one-cycle schedule cycles the momentum (torch's "
+                "cycle_momentum), but this SGD optimizer was made with momentum 0 and keeps no "
+                "momentum buffers: make it with momentum > 0, or set no_cycle_momentum");
+    return;
+  }
   o->scheduled = s != NULL;
-  if (s) o->schedule = *s;
+  if (s) o->schedule = r;
 }
 
 kiln_sgd_options kiln_sgd_defaults(float lr) {
@@ -177,6 +248,10 @@ kiln_optim *kiln_sgd_new(kiln_params *params, const kiln_sgd_options *opts) {
   kiln_ctx *ctx = kiln_params_ctx(params);
   if (!ctx || !kiln__ok(ctx)) return NULL;
   kiln_sgd_options s = opts ? *opts : kiln_sgd_defaults(1e-3f);
+  s.lr = kiln__opt_or(s.lr, 1e-3f); /* torch's default rate; the other fields' defaults are 0 */
+  s.momentum = kiln__opt_or(s.momentum, 0.f);
+  s.dampening = kiln__opt_or(s.dampening, 0.f);
+  s.weight_decay = kiln__opt_or(s.weight_decay, 0.f);
   if (!(s.lr >= 0.f) || !(s.momentum >= 0.f) || !(s.weight_decay >= 0.f))
     return kiln__error(ctx, KILN_ERR_INVALID,
                        "%s: lr %g, momentum %g and weight_decay %g must be >= 0", fn, s.lr,
@@ -203,6 +278,12 @@ static kiln_optim *adam_new(kind k, kiln_params *params, const kiln_adam_options
   kiln_ctx *ctx = kiln_params_ctx(params);
   if (!ctx || !kiln__ok(ctx)) return NULL;
   kiln_adam_options a = opts ? *opts : (k == ADAMW ? kiln_adamw_defaults() : kiln_adam_defaults());
+  /* zero fields take torch's defaults; KILN_ZERO asks for an exact 0 */
+  a.lr = kiln__opt_or(a.lr, 1e-3f);
+  a.beta1 = kiln__opt_or(a.beta1, 0.9f);
+  a.beta2 = kiln__opt_or(a.beta2, 0.999f);
+  a.eps = kiln__opt_or(a.eps, 1e-8f);
+  a.weight_decay = kiln__opt_or(a.weight_decay, k == ADAMW ? 1e-2f : 0.f);
   if (!(a.lr >= 0.f) || !(a.eps >= 0.f) || !(a.weight_decay >= 0.f) ||
       !(a.beta1 >= 0.f && a.beta1 < 1.f) || !(a.beta2 >= 0.f && a.beta2 < 1.f))
     return kiln__error(ctx, KILN_ERR_INVALID,
@@ -259,7 +340,7 @@ kiln_status kiln_optim_step(kiln_optim *o) {
   kiln_ctx *ctx = o->ctx;
   if (!kiln__ok(ctx) || !log_state(o)) return ctx->status;
   if (o->scheduled) {
-    float lr = kiln_schedule_lr(&o->schedule, o->steps);
+    float lr = (float)resolved_lr(&o->schedule, o->steps);
     if (!(lr >= 0.f && isfinite(lr)))
       return kiln__error(ctx, KILN_ERR_INVALID,
                          "kiln_optim_step: the schedule gives lr %g at step %lld", lr,
@@ -271,6 +352,9 @@ kiln_status kiln_optim_step(kiln_optim *o) {
                        "kiln_optim_step: the parameter list changed (%d parameters, the optimizer "
                        "was made for %d)",
                        kiln_params_count(o->params), o->n);
+  /* a one-cycle schedule cycles SGD's momentum or Adam's beta1 too (a step value, as the rate) */
+  bool cyc = o->scheduled && cycles_momentum(&o->schedule);
+  float mom = cyc ? (float)resolved_momentum(&o->schedule, o->steps) : 0.f;
   for (int i = 0; i < o->n; i++) {
     kiln_tensor *p = kiln_params_get(o->params, i);
     kiln_tensor *g = kiln_tensor_grad(p);
@@ -283,7 +367,7 @@ kiln_status kiln_optim_step(kiln_optim *o) {
         n = kiln__update(KILN__OP_SGD_MOMENTUM, __func__, 3, in);
         if (!n) return ctx->status;
         KILN__F(n, SGD_MOMENTUM, lr) = o->lr;
-        KILN__F(n, SGD_MOMENTUM, momentum) = s->momentum;
+        KILN__F(n, SGD_MOMENTUM, momentum) = cyc ? mom : s->momentum;
         KILN__F(n, SGD_MOMENTUM, dampening) = s->dampening;
         KILN__F(n, SGD_MOMENTUM, weight_decay) = s->weight_decay;
         /* the first step copies the gradient into the buffer: a step value, not structure */
@@ -301,10 +385,11 @@ kiln_status kiln_optim_step(kiln_optim *o) {
       kiln_tensor *in[4] = {p, g, o->s1[i], o->s2[i]};
       n = kiln__update(KILN__OP_ADAM, __func__, 4, in);
       if (!n) return ctx->status;
+      float beta1 = cyc ? mom : a->beta1; /* torch corrects the bias with the current beta1 */
       double t = (double)(o->count[i] + 1);
-      double bc1 = 1.0 - pow((double)a->beta1, t), bc2 = 1.0 - pow((double)a->beta2, t);
+      double bc1 = 1.0 - pow((double)beta1, t), bc2 = 1.0 - pow((double)a->beta2, t);
       KILN__F(n, ADAM, lr) = o->lr;
-      KILN__F(n, ADAM, beta1) = a->beta1;
+      KILN__F(n, ADAM, beta1) = beta1;
       KILN__F(n, ADAM, beta2) = a->beta2;
       KILN__F(n, ADAM, eps) = a->eps;
       KILN__F(n, ADAM, weight_decay) = a->weight_decay;

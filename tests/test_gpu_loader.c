@@ -1,0 +1,114 @@
+/*
+ * test_gpu_loader.c: a loader whose batch is larger than its data set, on the GPU, as PyTorch's
+ * DataLoader: with drop_last 0 one batch holding every record once (in order, or shuffled) with
+ * its label, which trains as any batch does in graph mode; with drop_last 1 no batch.
+ */
+#include <math.h>
+#include <string.h>
+
+#include "helpers.h"
+
+#define N 5 /* records */
+
+/* N images of 2x2 pixels: pixel 0 is the record's index, pixel 3 is 255; label index + 3. */
+static kiln_dataset *small_dataset(kiln_ctx *ctx) {
+  uint8_t images[N * 4] = {0}, labels[N];
+  for (int i = 0; i < N; i++) {
+    images[i * 4] = (uint8_t)i;
+    images[i * 4 + 3] = 255;
+    labels[i] = (uint8_t)(i + 3);
+  }
+  kiln_mnist m = {.n = N, .rows = 2, .cols = 2, .images = images, .labels = labels};
+  kiln_dataset *ds = kiln_dataset_from_mnist(ctx, &m, 0.f, 1.f);
+  cr_assert_not_null(ds, "%s", kiln_ctx_error(ctx));
+  return ds;
+}
+
+Test(gpu_loader, a_batch_larger_than_the_data_set_holds_it_all) {
+  TH_GPU_CTX(ctx);
+  kiln_dataset *ds = small_dataset(ctx);
+  for (int shuffle = 0; shuffle < 2; shuffle++) {
+    kiln_loader *l = kiln_loader_new(ds, 64, shuffle, 11, 0);
+    cr_assert_not_null(l, "%s", kiln_ctx_error(ctx));
+    cr_assert_eq(kiln_loader_batches(l), 1);
+    for (int epoch = 0; epoch < 2; epoch++) {
+      kiln_loader_start(l, epoch);
+      kiln_step_begin(ctx);
+      kiln_tensor *x, *y;
+      cr_assert(kiln_loader_next(l, &x, &y), "%s", kiln_ctx_error(ctx));
+      cr_assert_eq(kiln_tensor_dim(x, 0), N);
+      cr_assert_eq(kiln_tensor_dim(y, 0), N);
+      cr_assert_eq(kiln_step_end(ctx), KILN_OK, "%s", kiln_ctx_error(ctx));
+      float *xv = th_read(x);
+      int32_t *yv = th_read_i32(y);
+      int seen[N] = {0};
+      for (int i = 0; i < N; i++) {
+        int idx = (int)lroundf(xv[i * 4] * 255.f);
+        cr_assert(idx >= 0 && idx < N, "row %d holds record %d", i, idx);
+        cr_assert(shuffle || idx == i, "without shuffling, row %d holds record %d", i, idx);
+        cr_assert_float_eq(xv[i * 4 + 3], 1.f, 1e-6);
+        cr_assert_eq(yv[i], idx + 3, "labels follow their images");
+        seen[idx]++;
+      }
+      for (int i = 0; i < N; i++)
+        cr_assert_eq(seen[i], 1, "record %d seen %d times", i, seen[i]);
+      free(xv);
+      free(yv);
+      kiln_step_begin(ctx);
+      cr_assert_not(kiln_loader_next(l, &x, &y), "one batch an epoch");
+      cr_assert_eq(kiln_step_end(ctx), KILN_OK, "%s", kiln_ctx_error(ctx));
+    }
+    kiln_loader_free(l);
+  }
+  /* drop_last: the only batch is partial, so there is none */
+  kiln_loader *l = kiln_loader_new(ds, 64, 1, 11, 1);
+  cr_assert_not_null(l, "%s", kiln_ctx_error(ctx));
+  cr_assert_eq(kiln_loader_batches(l), 0);
+  kiln_step_begin(ctx);
+  kiln_tensor *x, *y;
+  cr_assert_not(kiln_loader_next(l, &x, &y));
+  cr_assert_eq(kiln_step_end(ctx), KILN_OK, "%s", kiln_ctx_error(ctx));
+  kiln_loader_free(l);
+  kiln_dataset_free(ds);
+  th_ctx_free(ctx);
+}
+
+Test(gpu_loader, the_whole_set_batch_trains_in_graph_mode) {
+  TH_GPU_CTX(ctx);
+  kiln_dataset *ds = small_dataset(ctx);
+  kiln_loader *l = kiln_loader_new(ds, 1000, 1, 3, 0);
+  kiln_params *p = kiln_params_new(ctx);
+  kiln_linear fc;
+  cr_assert_eq(kiln_linear_init(&fc, p, "fc", 4, 10, 1), KILN_OK, "%s", kiln_ctx_error(ctx));
+  kiln_sgd_options so = kiln_sgd_defaults(0.5f);
+  kiln_optim *opt = kiln_sgd_new(p, &so);
+  cr_assert(l && opt, "%s", kiln_ctx_error(ctx));
+  float first = 0.f, last = 0.f;
+  for (int epoch = 0; epoch < 20; epoch++) {
+    kiln_loader_start(l, epoch);
+    kiln_step_begin(ctx);
+    kiln_tensor *x, *y;
+    cr_assert(kiln_loader_next(l, &x, &y));
+    kiln_tensor *loss =
+        kiln_cross_entropy(kiln_linear_forward(&fc, x), y, KILN_REDUCTION_MEAN, 0.f);
+    kiln_optim_zero_grad(opt);
+    kiln_backward(loss);
+    kiln_optim_step(opt);
+    cr_assert_eq(kiln_step_end(ctx), KILN_OK, "%s", kiln_ctx_error(ctx));
+    last = kiln_tensor_item(loss);
+    cr_assert(isfinite(last), "epoch %d: loss %g", epoch, last);
+    if (epoch == 0) first = last;
+  }
+  /* the classes are nearly alike to a linear layer: the loss falls towards ln 5 (the labels'
+   * prior), from about ln 10 */
+  cr_assert_lt(last, 0.85f * first, "the loss falls from %g (to %g)", first, last);
+  kiln_exec_stats s;
+  kiln_stats(ctx, &s);
+  cr_assert_eq(s.graph_captures, 1, "every epoch's one batch is the same step");
+  cr_assert_eq(s.graph_replays, 19);
+  kiln_optim_free(opt);
+  kiln_params_free(p);
+  kiln_loader_free(l);
+  kiln_dataset_free(ds);
+  th_ctx_free(ctx);
+}
