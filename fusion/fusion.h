@@ -72,6 +72,13 @@ typedef struct kiln__plan {
   int *readers;                 /* per node: how many inputs of the flush's nodes it is */
 } kiln__plan;
 
+/* Whether window op `op` takes an elementwise epilogue (a pool or an image gradient: an output
+ * indexed (n, h, w, c) or (n, oh, ow, c) per lane). */
+static inline bool kiln__window_epilogue(kiln__op op) {
+  return op == KILN__OP_MAX_POOL || op == KILN__OP_AVG_POOL || op == KILN__OP_COL2IM ||
+         op == KILN__OP_MAX_POOL_GRAD || op == KILN__OP_AVG_POOL_GRAD;
+}
+
 /* Plans trace nodes [first, last) as a list of named phases; fusion off gives one group per
  * node. With KILN_DEBUG=plan the groups are printed, with KILN_DEBUG=verify (and in debug
  * builds) the plan is verified. */

@@ -109,9 +109,15 @@ static void lower_group(const kiln_ctx *ctx, const kiln__plan *p, const kiln__gr
       s->red = n;
       return;
     }
-    if (n->op != KILN__OP_CONCAT) { /* a window op or batch norm's sums */
-      s->kind = n->op == KILN__OP_MOMENTS ? KILN__SPEC_MOMENTS : KILN__SPEC_WINDOW;
+    if (n->op == KILN__OP_MOMENTS) { /* batch norm's sums */
+      s->kind = KILN__SPEC_MOMENTS;
       s->red = n;
+      return;
+    }
+    if (n->op != KILN__OP_CONCAT) { /* a window op and its elementwise epilogue */
+      s->kind = KILN__SPEC_WINDOW;
+      s->red = n;
+      prog_of(ctx, p, g, 0, g->n, &s->prog);
       return;
     }
     lower_concat(ctx, g, s);

@@ -11,8 +11,11 @@
  *                   (fuse-on-read); a reduction over the last axis grows into a row program that
  *                   later per-element and per-row nodes join; a 2-D product takes a bias and
  *                   ReLU/GELU epilogue, or in the backward pass the activation's derivative and
- *                   the bias gradient; consecutive in-place updates of the same kind and
- *                   settings become one multi-tensor launch;
+ *                   the bias gradient; a pooling op or an image gradient (col2im, the pools'
+ *                   gradients) takes the elementwise nodes after it over its output (an
+ *                   epilogue: dropout after pooling, a ReLU's derivative after col2im);
+ *                   consecutive in-place updates of the same kind and settings become one
+ *                   multi-tensor launch;
  *   stores          what is written to memory: a value read outside its group (or through a
  *                   view), one nothing in the flush reads, one the backward pass will read (the
  *                   op table's saves column), one the caller asked to keep; the rest stays in
@@ -510,7 +513,7 @@ static bool phase_groups(kiln_ctx *ctx, kiln__plan *p, bool fuse) {
       if (!fuse) open = NULL;
       continue;
     }
-    if (kind == KILN__KIND_REDUCE && fuse && open) {
+    if (kind == KILN__KIND_REDUCE && fuse && open && open->kind == KILN__KIND_EW) {
       /* fuse-on-read: the run computes the reduction's input */
       if (in_group(p, producer(ctx, p, nd->in[0]), open) && prologue_ok(ctx, p, open, i)) {
         open->kind = KILN__KIND_REDUCE;
@@ -537,6 +540,7 @@ static bool phase_groups(kiln_ctx *ctx, kiln__plan *p, bool fuse) {
     }
     kiln__group *g = new_group(ctx, p, kind, i);
     if (!g || !add_member(ctx, p, g, i)) return false;
+    if (fuse && kiln__window_epilogue(nd->op)) open = g; /* elementwise nodes after it join */
     if (kind == KILN__KIND_REDUCE && fuse && row_reduction(nd)) {
       g->full = nd->in[0];
       open = g;

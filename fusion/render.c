@@ -742,6 +742,62 @@ static void emit_lanes_store(kiln__sb *b, const char *name, int out, int V) {
     kiln__sb_printf(b, "    ((float *)a.ptr[%d])[e] = %s[0];\n", out, name);
 }
 
+/* A window kernel's elementwise epilogue: the nodes after the window op in its group (node 0 of
+ * p), computed for each lane of the op's result, lane l at output coordinates (n, h, w, c + l)
+ * (image-side outputs) or (n, oh, ow, c + l). */
+typedef struct win_epi {
+  const kiln__ew_prog *p;
+  const operands *o;
+  const wiring *w;
+  const int64_t *shape; /* the output's */
+  bool image;
+} win_epi;
+
+/* Writes float name[V], the window op's lanes: to operand out, or through the epilogue e. */
+static void store_lanes(kiln__sb *b, const char *name, int out, int V, const win_epi *e) {
+  if (!e) {
+    emit_lanes_store(b, name, out, V);
+    return;
+  }
+  const operands *o = e->o;
+  const wiring *w = e->w;
+  kiln__sb_printf(b,
+                  "#pragma unroll\n"
+                  "    for (int l = 0; l < V; l++) {\n"
+                  "      const ix c0 = n, c1 = %s, c2 = %s, c3 = c + l;\n"
+                  "      const ix i = ((c0 * %lld + c1) * %lld + c2) * %lld + c3;\n"
+                  "      (void)i;\n"
+                  "      const float v0 = %s[l];\n",
+                  e->image ? "h" : "oh", e->image ? "w" : "ow", (long long)e->shape[1],
+                  (long long)e->shape[2], (long long)e->shape[3], name);
+  bool used[KILN__KMAX_PTR] = {0};
+  for (int j = 1; j < e->p->n; j++)
+    for (int q = 0; q < e->p->nodes[j]->nin; q++)
+      if (w->opnd[j][q] >= 0) used[w->opnd[j][q]] = true;
+  for (int k = 0; k < o->n; k++) {
+    if (!used[k] || o->store[k]) continue;
+    const char *ct = ctype(o->t[k]->dtype);
+    kiln__sb_printf(b, "      const %s x%d = ((const %s *)a.ptr[%d])[", ct, k, ct, k);
+    offset_expr(b, k, 4, false);
+    kiln__sb_printf(b, "];\n");
+  }
+  for (int j = 0; j < e->p->n; j++) {
+    const kiln__node *nd = e->p->nodes[j];
+    if (j > 0) {
+      kiln__sb_printf(b, "      const auto v%d = ", j);
+      expand(b, kiln__ops[nd->op].expr, w, j, nd);
+      kiln__sb_printf(b, "; // %s\n", kiln__ops[nd->op].name);
+    }
+    int k = w->store_slot[j];
+    if (k < 0) continue;
+    const char *ot = ctype(nd->out->dtype);
+    kiln__sb_printf(b, "      ((%s *)a.ptr[%d])[", ot, k);
+    offset_expr(b, k, 4, false);
+    kiln__sb_printf(b, "] = (%s)v%d;\n", ot, j);
+  }
+  kiln__sb_printf(b, "    }\n");
+}
+
 /* The image coordinates (n, h, w, channel lane group c) or the window-side ones (n, oh, ow, c)
  * of lane group e. */
 static void emit_split(kiln__sb *b, bool image) {
@@ -774,7 +830,8 @@ static void emit_taps_end(kiln__sb *b) { kiln__sb_printf(b, "      }\n    }\n");
  * so that every division is by a constant. Operand 0 is the input, operand 1 max_pool_grad's
  * image or else the output, operand 2 max_pool_grad's output. */
 static void window_body(kiln__sb *b, const kiln__node *n, const kiln__win *w, int64_t flag,
-                        const int64_t *sz, int V, bool wide, bool tiled) {
+                        const int64_t *sz, int V, bool wide, bool tiled, int out,
+                        const win_epi *epi) {
   kiln__sb_printf(
       b,
       "  typedef %s ix;\n"
@@ -810,7 +867,7 @@ static void window_body(kiln__sb *b, const kiln__node *n, const kiln__win *w, in
                        "#pragma unroll\n"
                        "      for (int l = 0; l < V; l++) y[l] = 0.f;\n"
                        "    }\n");
-    emit_lanes_store(b, "y", 1, V);
+    store_lanes(b, "y", out, V, epi);
     break;
   case KILN__OP_COL2IM: /* e over the image: the sum of the columns that read it */
     kiln__sb_printf(b,
@@ -826,7 +883,7 @@ static void window_body(kiln__sb *b, const kiln__node *n, const kiln__win *w, in
     kiln__sb_printf(b, "#pragma unroll\n"
                        "        for (int l = 0; l < V; l++) acc[l] += cv[l];\n");
     emit_taps_end(b);
-    emit_lanes_store(b, "acc", 1, V);
+    store_lanes(b, "acc", out, V, epi);
     break;
   case KILN__OP_MAX_POOL: /* the window's first maximum, NaN winning (PyTorch's) */
     kiln__sb_printf(b, "    const float *x = (const float *)a.ptr[0];\n");
@@ -845,13 +902,15 @@ static void window_body(kiln__sb *b, const kiln__node *n, const kiln__win *w, in
                        "        for (int l = 0; l < V; l++)\n"
                        "          if (xv[l] > best[l] || isnan(xv[l])) best[l] = xv[l];\n");
     emit_taps_end(b);
-    emit_lanes_store(b, "best", 1, V);
+    store_lanes(b, "best", out, V, epi);
     break;
   case KILN__OP_MAX_POOL_GRAD:
     if (tiled) { /* e over the windows, which tile the image: each writes its own pixels */
-      kiln__sb_printf(b, "    const float *dy = (const float *)a.ptr[0];\n"
-                         "    const float *x = (const float *)a.ptr[1];\n"
-                         "    float *dx = (float *)a.ptr[2];\n");
+      kiln__sb_printf(b,
+                      "    const float *dy = (const float *)a.ptr[0];\n"
+                      "    const float *x = (const float *)a.ptr[1];\n"
+                      "    float *dx = (float *)a.ptr[%d];\n",
+                      out);
       emit_split(b, false);
       kiln__sb_printf(b, "    float best[V];\n"
                          "    int at[V];\n"
@@ -913,7 +972,7 @@ static void window_body(kiln__sb *b, const kiln__node *n, const kiln__win *w, in
                        "        for (int l = 0; l < V; l++)\n"
                        "          if (at[l] == i * KW + j) acc[l] += gv[l];\n");
     emit_taps_end(b);
-    emit_lanes_store(b, "acc", 2, V);
+    store_lanes(b, "acc", out, V, epi);
     break;
   case KILN__OP_AVG_POOL:
     kiln__sb_printf(b, "    const float *x = (const float *)a.ptr[0];\n");
@@ -936,7 +995,7 @@ static void window_body(kiln__sb *b, const kiln__node *n, const kiln__win *w, in
                     "#pragma unroll\n"
                     "    for (int l = 0; l < V; l++) acc[l] /= (float)(%s);\n",
                     flag ? "inside" : "KH * KW");
-    emit_lanes_store(b, "acc", 1, V);
+    store_lanes(b, "acc", out, V, epi);
     break;
   case KILN__OP_AVG_POOL_GRAD: /* e over the image: each window's gradient over its divisor */
     kiln__sb_printf(b, "    const float *dy = (const float *)a.ptr[0];\n");
@@ -954,56 +1013,76 @@ static void window_body(kiln__sb *b, const kiln__node *n, const kiln__win *w, in
     kiln__sb_printf(b, "#pragma unroll\n"
                        "        for (int l = 0; l < V; l++) acc[l] += gv[l] / div;\n");
     emit_taps_end(b);
-    emit_lanes_store(b, "acc", 1, V);
+    store_lanes(b, "acc", out, V, epi);
     break;
   default: KILN_ASSERT(!"window_body: not a window op");
   }
   kiln__sb_printf(b, "  }\n");
 }
 
-static bool render_window(const kiln__target *tg, const kiln__node *n, kiln__rendered *r) {
+/* A window op, alone (p->n == 1) or with the elementwise nodes that follow it in its group as an
+ * epilogue computed per lane (p->nodes[0] is the op). */
+static bool render_window(const kiln__target *tg, const kiln__ew_prog *p, kiln__rendered *r) {
+  const kiln__node *n = p->nodes[0];
   bool image_out = n->op == KILN__OP_COL2IM || n->op == KILN__OP_MAX_POOL_GRAD ||
                    n->op == KILN__OP_AVG_POOL_GRAD;
   const kiln_tensor *img = image_out ? n->out : n->in[0], *win = image_out ? n->in[0] : n->out;
   kiln__kargs *a = &r->arg.args;
   operands o = {0};
-  for (int q = 0; q < n->nin; q++) {
+  wiring wr;
+  int out = -1;
+  for (int q = 0; q < n->nin; q++)
     KILN_ASSERT(kiln__is_contiguous(n->in[q]) && n->in[q]->dtype == KILN_DTYPE_F32);
-    operand(&o, n->in[q], false, NULL);
+  if (p->n == 1) {
+    for (int q = 0; q < n->nin; q++)
+      operand(&o, n->in[q], false, NULL);
+    out = operand(&o, n->out, true, NULL);
+  } else {
+    int nf = 0, ni = 0, nu = 0;
+    wire(p, NULL, &o, &wr, &r->arg, &nf, &ni, &nu); /* the op's inputs are operands 0.. */
+    for (int q = 0; q < n->nin; q++)
+      KILN_ASSERT(wr.opnd[0][q] == q);
+    for (int k = 0; k < o.n; k++)
+      align_strides(o.t[k], 4, n->out->shape, a->st[k]);
   }
-  operand(&o, n->out, true, NULL);
   int64_t sz[6] = {img->shape[0], img->shape[1], img->shape[2],
                    img->shape[3], win->shape[1], win->shape[2]};
   bool cols = n->op == KILN__OP_IM2COL || n->op == KILN__OP_COL2IM;
   int64_t lanes = cols ? sz[3] / n->i[KILN__WIN_LEN] : sz[3]; /* channels a lane group spans */
   int V = lanes % 4 == 0 ? 4 : 1;
   bool aligned = true; /* 16-byte loads and stores need 16-byte aligned first elements */
-  for (int k = 0; k < o.n; k++)
-    aligned = aligned && (o.t[k]->offset * 4) % 16 == 0;
+  for (int q = 0; q < n->nin; q++)
+    aligned = aligned && (n->in[q]->offset * 4) % 16 == 0;
+  aligned = aligned && (n->out->offset * 4) % 16 == 0;
   if (!aligned) V = 1;
   int64_t most = kiln_tensor_numel(n->out);
-  for (int q = 0; q < n->nin; q++)
-    if (kiln_tensor_numel(n->in[q]) > most) most = kiln_tensor_numel(n->in[q]);
+  for (int k = 0; k < o.n; k++)
+    if (footprint(o.t[k]) / 4 > (uint64_t)most) most = (int64_t)(footprint(o.t[k]) / 4);
   bool wide = most >= ((int64_t)1 << 31) - KILN__INDEX_MARGIN;
   kiln__win w = kiln__win_of(n);
   /* max pooling's gradient over windows that tile the image exactly (no overlap, padding or
    * dilation, sizes that divide): a thread per window finds its maximum once */
-  bool tiled = n->op == KILN__OP_MAX_POOL_GRAD && w.sh == w.kh && w.sw == w.kw && w.ph == 0 &&
-               w.pw == 0 && w.dh == 1 && w.dw == 1 && sz[1] == sz[4] * w.kh &&
+  bool tiled = n->op == KILN__OP_MAX_POOL_GRAD && p->n == 1 && w.sh == w.kh && w.sw == w.kw &&
+               w.ph == 0 && w.pw == 0 && w.dh == 1 && w.dw == 1 && sz[1] == sz[4] * w.kh &&
                sz[2] == sz[5] * w.kw;
   a->n = kiln_tensor_numel(tiled ? win : n->out) / V;
+  win_epi epi = {.p = p, .o = &o, .w = &wr, .shape = n->out->shape, .image = image_out};
   kiln__sb b = {0};
-  window_body(&b, n, &w, n->i[KILN__WIN_LEN], sz, V, wide, tiled);
-  char stem[64];
-  snprintf(stem, sizeof stem, "k_%s_%lldx%lld_s%lld_f32%s", kiln__ops[n->op].name, (long long)w.kh,
-           (long long)w.kw, (long long)w.sh, V == 4 ? "_v4" : "");
+  window_body(&b, n, &w, n->i[KILN__WIN_LEN], sz, V, wide, tiled, out, p->n > 1 ? &epi : NULL);
+  char stem[80], suffix[48];
+  snprintf(suffix, sizeof suffix, "_%lldx%lld_s%lld_f32%s%s", (long long)w.kh, (long long)w.kw,
+           (long long)w.sh, V == 4 ? "_v4" : "", tiled ? "_tiled" : "");
+  stem_of(p, "k", suffix, stem, sizeof stem);
   bool ok = finish(&b, stem, &o, r);
   kiln__sb_free(&b);
   r->block = KILN__BLOCK;
   r->grid = grid_for(tg, a->n);
-  for (int q = 0; q < n->nin; q++)
-    r->bytes_read += footprint(n->in[q]);
-  r->bytes_written = footprint(n->out);
+  for (int k = 0; k < o.n; k++) {
+    if (o.store[k])
+      r->bytes_written += footprint(o.t[k]);
+    else
+      r->bytes_read += footprint(o.t[k]);
+  }
   return ok;
 }
 
@@ -1257,7 +1336,7 @@ bool kiln__render(const kiln__target *t, const kiln__spec *s, kiln__rendered *r)
   case KILN__SPEC_ROWS: return render_rows(t, &s->prog, s->full, r);
   case KILN__SPEC_UPDATES: return render_updates(t, s->ups, s->nups, r);
   case KILN__SPEC_GATHER: return render_gather(t, s->red, r);
-  case KILN__SPEC_WINDOW: return render_window(t, s->red, r);
+  case KILN__SPEC_WINDOW: return render_window(t, &s->prog, r);
   case KILN__SPEC_MOMENTS: return render_moments(t, s->red, r);
   case KILN__SPEC_BLAS: break;
   }

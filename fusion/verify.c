@@ -156,6 +156,14 @@ static const char *check_group(const kiln_ctx *ctx, const kiln__plan *p, int k, 
     break;
   }
   case KILN__KIND_LIB:
+    for (int m = 1; m < g->n; m++) { /* a window op's elementwise epilogue */
+      const kiln__node *x = &nodes[p->members[g->first + m]];
+      if (!kiln__window_epilogue(first->op) || kiln__ops[x->op].kind != KILN__KIND_EW ||
+          !kiln__same_shape(x->out, first->out))
+        return bad(why, n, "group %d: a library call of %d nodes (#%d %s)", k, g->n,
+                   p->members[g->first + m], kiln__ops[x->op].name);
+    }
+    break;
   case KILN__KIND_VIEW:
     if (g->n != 1) return bad(why, n, "group %d: a library call of %d nodes", k, g->n);
     break;
@@ -166,7 +174,8 @@ static const char *check_group(const kiln_ctx *ctx, const kiln__plan *p, int k, 
     if (!g->rows || pv < 0 || p->group_of[pv - p->first] != k)
       return bad(why, n, "group %d: an alias of a value it does not compute", k);
   }
-  if (g->kind == KILN__KIND_EW || g->kind == KILN__KIND_REDUCE)
+  if (g->kind == KILN__KIND_EW || g->kind == KILN__KIND_REDUCE ||
+      (g->kind == KILN__KIND_LIB && g->n > 1))
     return check_resources(ctx, p, k, why, n);
   return NULL;
 }
