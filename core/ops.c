@@ -670,6 +670,12 @@ kiln_tensor *kiln_dropout(kiln_tensor *a, float p, int training) {
   if (!ctx || !need_f32(ctx, __func__, 1, &a)) return NULL;
   if (!(p >= 0.f && p <= 1.f))
     return kiln__error(ctx, KILN_ERR_INVALID, "kiln_dropout: p %g is not in [0, 1]", p), NULL;
+  if (training != 0 && training != 1 && training != KILN_TRAINING_MODE)
+    return kiln__error(ctx, KILN_ERR_INVALID,
+                       "kiln_dropout: training %d is not 0, 1 or KILN_TRAINING_MODE (-1)",
+                       training),
+           NULL;
+  if (training == KILN_TRAINING_MODE) training = ctx->training;
   if (!training || p == 0.f) return a;
   kiln_tensor *out = kiln__ew(KILN__OP_DROPOUT, __func__, 1, &a);
   if (!out) return NULL;

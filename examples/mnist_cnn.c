@@ -131,17 +131,16 @@ static kiln_status net_init(net *n, kiln_ctx *ctx, int fast) {
 /* x (B, 784), the data set's rows, to (B, 10) logits. Dropout follows kiln_training(ctx). */
 static kiln_tensor *forward(const net *n, kiln_tensor *x) {
   if (!x) return NULL;
-  int training = kiln_training(kiln_tensor_ctx(x));
   const kiln_pool2d_options pool2 = {.kernel_h = 2, .kernel_w = 2};
   kiln_tensor *h = kiln_reshape(x, KILN_SHAPE(-1, 28, 28, 1)); /* (B, 28, 28, 1) */
   if (!n->fast) {
     h = kiln_relu(kiln_conv2d_layer_forward(&n->conv1, h)); /* (B, 26, 26, 32) */
     h = kiln_relu(kiln_conv2d_layer_forward(&n->conv2, h)); /* (B, 24, 24, 64) */
     h = kiln_max_pool2d(h, &pool2);                         /* (B, 12, 12, 64) */
-    h = kiln_dropout(h, 0.25f, training);
+    h = kiln_dropout(h, 0.25f, KILN_TRAINING_MODE);
     h = kiln_flatten(h);                            /* (B, 9216), in (C, H, W) order */
     h = kiln_relu(kiln_linear_forward(&n->fc1, h)); /* (B, 128) */
-    h = kiln_dropout(h, 0.5f, training);
+    h = kiln_dropout(h, 0.5f, KILN_TRAINING_MODE);
     return kiln_linear_forward(&n->fc2, h); /* (B, 10) */
   }
   h = kiln_conv2d_layer_forward(&n->conv1, h);                  /* (B, 24, 24, 24) */

@@ -328,7 +328,10 @@ kiln_tensor *kiln_concat(int n, kiln_tensor *const *ts, int axis);
 /* Rows of a (axis 0) picked by idx (K) i32: (K, ...). No gradient. An index outside the rows is
  * found on the device, as a bad label is (kiln_cross_entropy). */
 kiln_tensor *kiln_index_select(kiln_tensor *a, kiln_tensor *idx);
-/* Inverted dropout with counter-based Philox: each call draws a fresh offset from the context. */
+/* Inverted dropout with counter-based Philox: each call draws a fresh offset from the context.
+ * training: 1 drops, 0 passes a through, KILN_TRAINING_MODE follows the context's training mode
+ * (kiln_set_training, as torch.nn.Dropout follows model.train() / model.eval()). */
+#define KILN_TRAINING_MODE (-1)
 kiln_tensor *kiln_dropout(kiln_tensor *a, float p, int training);
 /* The same values without a gradient path. */
 kiln_tensor *kiln_detach(kiln_tensor *a);
@@ -456,7 +459,7 @@ kiln_status kiln_params_add_buffer(kiln_params *p, const char *name, kiln_tensor
 int kiln_params_is_buffer(const kiln_params *p, int i);
 
 /* Training or evaluation mode of the context, as PyTorch's model.train() / model.eval(): the
- * layers below (batch norm) follow it. On at first. */
+ * layers below (batch norm) and kiln_dropout(..., KILN_TRAINING_MODE) follow it. On at first. */
 void kiln_set_training(kiln_ctx *ctx, int on);
 int kiln_training(const kiln_ctx *ctx);
 

@@ -29,7 +29,7 @@ void th_ctx_free(kiln_ctx *ctx) {
       const kiln_tensor *t = ctx->persistents[i];
       char sh[96];
       int w = snprintf(left + k, sizeof left - k, "%s'%s' %s %s", i ? ", " : "",
-                       t->name[0] ? t->name : "(unnamed)", kiln_dtype_name(t->dtype),
+                       t->name && t->name[0] ? t->name : "(unnamed)", kiln_dtype_name(t->dtype),
                        kiln_shape_str(kiln_tensor_shape(t), sh, sizeof sh));
       k = w > 0 && k + (size_t)w < sizeof left ? k + (size_t)w : sizeof left - 1;
     }

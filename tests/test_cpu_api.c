@@ -312,6 +312,36 @@ Test(api, unbalanced_no_grad_end_is_an_error) {
   th_ctx_free(ctx);
 }
 
+/* ---------------------------------------------------------------- point 6: training mode */
+
+/* kiln_dropout(..., KILN_TRAINING_MODE) follows kiln_set_training, as torch.nn.Dropout follows
+ * model.train() and model.eval(); an explicit 0 or 1 overrides it. */
+Test(api, dropout_follows_the_training_mode) {
+  kiln_ctx *ctx = th_cpu_ctx();
+  kiln_tensor *x = th_new(ctx, KILN_DTYPE_F32, KILN_SHAPE(4, 8));
+  cr_assert(kiln_training(ctx), "contexts start in training mode");
+  for (int mode = 1; mode >= 0; mode--) {
+    kiln_set_training(ctx, mode);
+    cr_assert_eq(kiln_training(ctx), mode);
+    int32_t n0 = th_tlen(ctx);
+    kiln_tensor *y = kiln_dropout(x, 0.5f, KILN_TRAINING_MODE);
+    cr_assert_not_null(y, "%s", th_err(ctx));
+    cr_assert_eq(th_count_ops(ctx, n0, th_tlen(ctx), KILN__OP_DROPOUT), mode,
+                 "training mode %d: %d dropout nodes", mode,
+                 th_count_ops(ctx, n0, th_tlen(ctx), KILN__OP_DROPOUT));
+    cr_assert(mode ? y != x : y == x, "evaluation mode passes the input through");
+    /* an explicit argument wins over the mode */
+    n0 = th_tlen(ctx);
+    cr_assert_not_null(kiln_dropout(x, 0.5f, !mode));
+    cr_assert_eq(th_count_ops(ctx, n0, th_tlen(ctx), KILN__OP_DROPOUT), !mode);
+  }
+  TH_EXPECT_FAIL(ctx, kiln_dropout(x, 0.5f, 2), KILN_ERR_INVALID, "kiln_dropout", "training 2");
+  kiln_set_training(ctx, 1);
+  th_assert_ok(ctx);
+  kiln_tensor_free(x);
+  th_ctx_free(ctx);
+}
+
 /* ---------------------------------------------------------------- point 4: one-cycle */
 
 /* torch's OneCycleLR(max_lr=1, total_steps=100) with its defaults: the momentum (or beta1) goes
