@@ -132,6 +132,43 @@ void kiln__grad_gelu_tanh(kiln__bw *b, const kiln__node *n, kiln_tensor *g, kiln
   kiln_tensor *in[2] = {g, n->in[0]};
   gin[0] = kiln__ew(KILN__OP_GELU_TANH_GRAD, "kiln_backward", 2, in);
 }
+void kiln__grad_abs(kiln__bw *b, const kiln__node *n, kiln_tensor *g, kiln_tensor **gin) {
+  (void)b;
+  kiln_tensor *in[2] = {g, n->in[0]};
+  gin[0] = kiln__ew(KILN__OP_ABS_GRAD, "kiln_backward", 2, in);
+}
+void kiln__grad_silu(kiln__bw *b, const kiln__node *n, kiln_tensor *g, kiln_tensor **gin) {
+  (void)b;
+  kiln_tensor *in[2] = {g, n->in[0]};
+  gin[0] = kiln__ew(KILN__OP_SILU_GRAD, "kiln_backward", 2, in);
+}
+void kiln__grad_erf(kiln__bw *b, const kiln__node *n, kiln_tensor *g, kiln_tensor **gin) {
+  (void)b;
+  /* d erf(x) / dx = 2 / sqrt(pi) exp(-x^2), recorded with ordinary ops (they fuse into one) */
+  kiln_tensor *x = n->in[0];
+  kiln_tensor *d = kiln_mul_scalar(kiln_exp(kiln_neg(kiln_mul(x, x))), 1.12837916709551257f);
+  gin[0] = kiln_mul(g, d);
+}
+void kiln__grad_leaky_relu(kiln__bw *b, const kiln__node *n, kiln_tensor *g, kiln_tensor **gin) {
+  (void)b;
+  kiln_tensor *in[2] = {g, n->in[0]};
+  kiln_tensor *out = kiln__ew(KILN__OP_LEAKY_RELU_GRAD, "kiln_backward", 2, in);
+  if (out)
+    KILN__F(kiln__producer(out), LEAKY_RELU_GRAD, negative_slope) =
+        KILN__F(n, LEAKY_RELU, negative_slope);
+  gin[0] = out;
+}
+void kiln__grad_softplus(kiln__bw *b, const kiln__node *n, kiln_tensor *g, kiln_tensor **gin) {
+  (void)b;
+  kiln_tensor *in[2] = {g, n->in[0]};
+  kiln_tensor *out = kiln__ew(KILN__OP_SOFTPLUS_GRAD, "kiln_backward", 2, in);
+  if (out) {
+    kiln__node *m = kiln__producer(out);
+    KILN__F(m, SOFTPLUS_GRAD, beta) = KILN__F(n, SOFTPLUS, beta);
+    KILN__F(m, SOFTPLUS_GRAD, threshold) = KILN__F(n, SOFTPLUS, threshold);
+  }
+  gin[0] = out;
+}
 void kiln__grad_add_scalar(kiln__bw *b, const kiln__node *n, kiln_tensor *g, kiln_tensor **gin) {
   (void)b, (void)n;
   gin[0] = g;

@@ -68,6 +68,9 @@ UNARY(kiln_rsqrt, RSQRT)
 UNARY(kiln_tanh, TANH)
 UNARY(kiln_sigmoid, SIGMOID)
 UNARY(kiln_relu, RELU)
+UNARY(kiln_abs, ABS)
+UNARY(kiln_silu, SILU)
+UNARY(kiln_erf, ERF)
 #undef UNARY
 
 kiln_tensor *kiln_where(kiln_tensor *cond, kiln_tensor *a, kiln_tensor *b) {
@@ -111,6 +114,36 @@ kiln_tensor *kiln_clamp(kiln_tensor *a, float lo, float hi) {
     kiln__node *n = kiln__producer(out);
     KILN__F(n, CLAMP, lo) = lo;
     KILN__F(n, CLAMP, hi) = hi;
+  }
+  return out;
+}
+
+kiln_tensor *kiln_leaky_relu(kiln_tensor *a, float negative_slope) {
+  kiln_ctx *ctx = kiln_tensor_ctx(a);
+  if (ctx && kiln__ok(ctx) && !isfinite(negative_slope)) {
+    kiln__error(ctx, KILN_ERR_INVALID, "kiln_leaky_relu: negative_slope %g is not finite",
+                negative_slope);
+    return NULL;
+  }
+  kiln_tensor *out = kiln__ew(KILN__OP_LEAKY_RELU, __func__, 1, &a);
+  if (out) KILN__F(kiln__producer(out), LEAKY_RELU, negative_slope) = negative_slope;
+  return out;
+}
+
+kiln_tensor *kiln_softplus(kiln_tensor *a, float beta, float threshold) {
+  kiln_ctx *ctx = kiln_tensor_ctx(a);
+  if (beta == 0.f) beta = 1.f; /* zero means PyTorch's default */
+  if (threshold == 0.f) threshold = 20.f;
+  if (ctx && kiln__ok(ctx) && (!isfinite(beta) || !isfinite(threshold))) {
+    kiln__error(ctx, KILN_ERR_INVALID, "kiln_softplus: beta %g and threshold %g must be finite",
+                beta, threshold);
+    return NULL;
+  }
+  kiln_tensor *out = kiln__ew(KILN__OP_SOFTPLUS, __func__, 1, &a);
+  if (out) {
+    kiln__node *n = kiln__producer(out);
+    KILN__F(n, SOFTPLUS, beta) = beta;
+    KILN__F(n, SOFTPLUS, threshold) = threshold;
   }
   return out;
 }
@@ -257,6 +290,37 @@ kiln_tensor *kiln_max(kiln_tensor *a, kiln_axes axes, int keepdim) {
   return reduction(KILN__OP_MAX, __func__, a, axes, keepdim, false);
 }
 
+/* The variance about the mean over axes: sum((a - mean)^2) / max(0, count - correction). The
+ * mean only centres the values: the gradient through it is zero (the deviations sum to zero),
+ * so it is recorded without one. A count not above the correction divides by zero, as PyTorch
+ * does: inf, or NaN where every deviation is zero. */
+static kiln_tensor *variance(const char *fn, kiln_tensor *a, kiln_axes axes, int correction,
+                             int keepdim) {
+  kiln_ctx *ctx = begin(fn, 1, &a);
+  if (!ctx || !need_f32(ctx, fn, 1, &a)) return NULL;
+  unsigned mask;
+  if (!axes_mask(ctx, fn, a, axes, &mask)) return NULL;
+  int64_t r = 1;
+  for (int d = 0; d < a->ndim; d++)
+    if (mask & (1u << d)) r *= a->shape[d];
+  double dof = (double)r - (double)correction;
+  float scale = dof > 0 ? (float)(1.0 / dof) : INFINITY;
+  kiln_no_grad_begin(ctx);
+  kiln_tensor *m =
+      kiln__reduce(KILN__OP_SUM, fn, a, mask, 1, r > 0 ? (float)(1.0 / (double)r) : NAN);
+  kiln_no_grad_end(ctx);
+  kiln_tensor *d = kiln_sub(a, m);
+  if (!d) return NULL;
+  return kiln__reduce(KILN__OP_SUM, fn, kiln_mul(d, d), mask, keepdim, scale);
+}
+
+kiln_tensor *kiln_var(kiln_tensor *a, kiln_axes axes, int correction, int keepdim) {
+  return variance(__func__, a, axes, correction, keepdim);
+}
+kiln_tensor *kiln_std(kiln_tensor *a, kiln_axes axes, int correction, int keepdim) {
+  return kiln_sqrt(variance(__func__, a, axes, correction, keepdim));
+}
+
 static bool norm_axis(kiln_ctx *ctx, const char *fn, const kiln_tensor *a, int *axis) {
   int ax = *axis < 0 ? *axis + a->ndim : *axis;
   if (ax < 0 || ax >= a->ndim) {
@@ -337,6 +401,77 @@ kiln_tensor *kiln_cross_entropy(kiln_tensor *logits, kiln_tensor *labels, kiln_r
   if (red == KILN_REDUCTION_MEAN) return kiln_mean(loss, KILN_ALL_AXES, 0);
   if (red == KILN_REDUCTION_SUM) return kiln_sum(loss, KILN_ALL_AXES, 0);
   return loss;
+}
+
+/* ---------------------------------------------------------------- more losses */
+
+static bool check_reduction(kiln_ctx *ctx, const char *fn, kiln_reduction red) {
+  if (red == KILN_REDUCTION_MEAN || red == KILN_REDUCTION_SUM || red == KILN_REDUCTION_NONE)
+    return true;
+  return kiln__error(ctx, KILN_ERR_INVALID, "%s: unknown reduction %d", fn, red), false;
+}
+
+static kiln_tensor *reduce_loss(kiln_tensor *loss, kiln_reduction red) {
+  if (red == KILN_REDUCTION_MEAN) return kiln_mean(loss, KILN_ALL_AXES, 0);
+  if (red == KILN_REDUCTION_SUM) return kiln_sum(loss, KILN_ALL_AXES, 0);
+  return loss;
+}
+
+/* Checks a loss's two f32 operands of one shape and its reduction; the context or NULL. */
+static kiln_ctx *loss_pair(const char *fn, kiln_tensor *x, kiln_tensor *t, const char *xname,
+                           kiln_reduction red) {
+  kiln_tensor *in[2] = {x, t};
+  kiln_ctx *ctx = begin(fn, 2, in);
+  if (!ctx || !need_f32(ctx, fn, 2, in)) return NULL;
+  bool same = x->ndim == t->ndim;
+  for (int d = 0; same && d < x->ndim; d++)
+    same = x->shape[d] == t->shape[d];
+  if (!same) {
+    char s1[96], s2[96];
+    return kiln__error(ctx, KILN_ERR_SHAPE, "%s: %s %s and target %s must have one shape", fn,
+                       xname, kiln__shape_of(x, s1, sizeof s1), kiln__shape_of(t, s2, sizeof s2)),
+           NULL;
+  }
+  return check_reduction(ctx, fn, red) ? ctx : NULL;
+}
+
+kiln_tensor *kiln_mse_loss(kiln_tensor *input, kiln_tensor *target, kiln_reduction red) {
+  if (!loss_pair(__func__, input, target, "input", red)) return NULL;
+  kiln_tensor *d = kiln_sub(input, target);
+  return reduce_loss(kiln_mul(d, d), red);
+}
+
+kiln_tensor *kiln_bce_with_logits(kiln_tensor *logits, kiln_tensor *target, kiln_reduction red) {
+  if (!loss_pair(__func__, logits, target, "logits", red)) return NULL;
+  /* softplus(x) - x t is max(x, 0) - x t + log(1 + exp(-|x|)): softplus is log1p(exp(x)) up to
+   * its threshold of 20 and x above it, where log(1 + exp(-x)) is below float's precision of x.
+   * Its gradient is sigmoid(x) - t, with no kink at 0. */
+  kiln_tensor *sp = kiln_softplus(logits, 1.f, 20.f);
+  return reduce_loss(kiln_sub(sp, kiln_mul(logits, target)), red);
+}
+
+kiln_tensor *kiln_cross_entropy_soft(kiln_tensor *logits, kiln_tensor *target, kiln_reduction red,
+                                     float label_smoothing) {
+  const char *fn = __func__;
+  kiln_ctx *ctx = loss_pair(fn, logits, target, "logits", red);
+  if (!ctx) return NULL;
+  if (logits->ndim != 2) {
+    char s1[96];
+    return kiln__error(ctx, KILN_ERR_SHAPE, "%s: logits and target must be (N, C); got %s", fn,
+                       kiln__shape_of(logits, s1, sizeof s1)),
+           NULL;
+  }
+  if (!(label_smoothing >= 0.f && label_smoothing <= 1.f))
+    return kiln__error(ctx, KILN_ERR_INVALID, "%s: label_smoothing %g is not in [0, 1]", fn,
+                       label_smoothing),
+           NULL;
+  int64_t c = logits->shape[1];
+  kiln_tensor *logp = kiln_log_softmax(logits, 1);
+  if (label_smoothing > 0.f)
+    target =
+        kiln_add_scalar(kiln_mul_scalar(target, 1.f - label_smoothing), label_smoothing / (float)c);
+  kiln_tensor *loss = kiln_neg(kiln_sum(kiln_mul(target, logp), KILN_AXES(1), 0)); /* (N) */
+  return reduce_loss(loss, red);
 }
 
 /* ---------------------------------------------------------------- matmul */

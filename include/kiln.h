@@ -284,6 +284,18 @@ kiln_tensor *kiln_add_scalar(kiln_tensor *a, float s);
 kiln_tensor *kiln_mul_scalar(kiln_tensor *a, float s);
 kiln_tensor *kiln_pow_scalar(kiln_tensor *a, float exponent);
 kiln_tensor *kiln_clamp(kiln_tensor *a, float lo, float hi);
+/* |a|; its gradient is sign(a), 0 at 0 (as PyTorch). */
+kiln_tensor *kiln_abs(kiln_tensor *a);
+/* a where a > 0, else a * negative_slope (PyTorch's default is 0.01; a plain argument, so 0 gives
+ * ReLU); the gradient at 0 is negative_slope. */
+kiln_tensor *kiln_leaky_relu(kiln_tensor *a, float negative_slope);
+/* a * sigmoid(a) (SiLU, swish). */
+kiln_tensor *kiln_silu(kiln_tensor *a);
+/* PyTorch's softplus: log(1 + exp(beta a)) / beta, and a itself where beta a > threshold.
+ * Zero means PyTorch's default: beta 0 is 1, threshold 0 is 20. */
+kiln_tensor *kiln_softplus(kiln_tensor *a, float beta, float threshold);
+/* The error function. */
+kiln_tensor *kiln_erf(kiln_tensor *a);
 /* An intermediate filled with value. */
 kiln_tensor *kiln_full(kiln_ctx *ctx, kiln_shape shape, float value);
 /* Converts between f32 and i32 (truncating towards zero); no gradient through i32. */
@@ -293,6 +305,12 @@ kiln_tensor *kiln_cast(kiln_tensor *a, kiln_dtype dtype);
 kiln_tensor *kiln_sum(kiln_tensor *a, kiln_axes axes, int keepdim);
 kiln_tensor *kiln_mean(kiln_tensor *a, kiln_axes axes, int keepdim);
 kiln_tensor *kiln_max(kiln_tensor *a, kiln_axes axes, int keepdim);
+/* Variance and standard deviation over axes, as torch.var / torch.std: the sum of squared
+ * deviations from the mean divided by count - correction (1: unbiased, Bessel's correction; 0:
+ * the population's). Where count - correction <= 0 it divides by zero as PyTorch does (inf, or
+ * NaN where the values are all equal); that is not an error. */
+kiln_tensor *kiln_var(kiln_tensor *a, kiln_axes axes, int correction, int keepdim);
+kiln_tensor *kiln_std(kiln_tensor *a, kiln_axes axes, int correction, int keepdim);
 /* Index of the largest value along one axis, as i32 (the first on ties); no gradient. */
 kiln_tensor *kiln_argmax(kiln_tensor *a, int axis, int keepdim);
 kiln_tensor *kiln_softmax(kiln_tensor *a, int axis);
@@ -308,6 +326,19 @@ typedef enum kiln_reduction {
  * naming it. */
 kiln_tensor *kiln_cross_entropy(kiln_tensor *logits, kiln_tensor *labels, kiln_reduction red,
                                 float label_smoothing);
+/* Cross-entropy against class probabilities (PyTorch's cross_entropy with a floating target):
+ * logits and target both (N, C) f32, loss_n = -sum_c t_nc log_softmax(logits)_nc with
+ * t = target (1 - label_smoothing) + label_smoothing / C; the mean divides by N. Rows of target
+ * are not checked to sum to 1. The target gets a gradient when it requires one. */
+kiln_tensor *kiln_cross_entropy_soft(kiln_tensor *logits, kiln_tensor *target, kiln_reduction red,
+                                     float label_smoothing);
+/* Mean squared error (input - target)^2 (torch's mse_loss); input and target have one shape (no
+ * broadcasting, where PyTorch only warns), f32. */
+kiln_tensor *kiln_mse_loss(kiln_tensor *input, kiln_tensor *target, kiln_reduction red);
+/* Binary cross-entropy on logits (torch's binary_cross_entropy_with_logits, without weight or
+ * pos_weight): max(x, 0) - x t + log(1 + exp(-|x|)), stable for any x; target in [0, 1] (not
+ * checked), of the logits' shape, f32. */
+kiln_tensor *kiln_bce_with_logits(kiln_tensor *logits, kiln_tensor *target, kiln_reduction red);
 
 /*
  * Matrix product: (M,K) x (K,N), (B,M,K) x (B,K,N), (B,M,K) x (K,N), (M,K) x (B,K,N); a batch

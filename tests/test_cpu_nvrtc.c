@@ -78,6 +78,13 @@ static void record_op_zoo(kiln_ctx *ctx, kiln_params *q, kiln_optim **os) {
   t[n++] = kiln_div(a, kiln_add_scalar(kiln_mul(b, b), 1.f));
   t[n++] = kiln_sub(b, a);
   t[n++] = kiln_mul_scalar(a, -3.f);
+  t[n++] = kiln_abs(a);
+  t[n++] = kiln_leaky_relu(a, 0.2f);
+  t[n++] = kiln_silu(a);
+  t[n++] = kiln_softplus(a, 2.f, 15.f);
+  t[n++] = kiln_erf(a);
+  t[n++] = kiln_std(a, KILN_AXES(1), 1, 0);
+  t[n++] = kiln_bce_with_logits(a, kiln_sigmoid(kiln_mul_scalar(a, 0.5f)), KILN_REDUCTION_MEAN);
   /* reductions over several axis sets, innermost and not */
   t[n++] = kiln_max(a, KILN_AXES(0), 0);
   t[n++] = kiln_max(a, KILN_AXES(1), 1);

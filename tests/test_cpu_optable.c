@@ -21,6 +21,10 @@ static bool expect_no_grad(kiln__op op) {
   case KILN__OP_GELU_ERF_GRAD:
   case KILN__OP_GELU_TANH_GRAD:
   case KILN__OP_CLAMP_GRAD:
+  case KILN__OP_ABS_GRAD:
+  case KILN__OP_SILU_GRAD:
+  case KILN__OP_LEAKY_RELU_GRAD:
+  case KILN__OP_SOFTPLUS_GRAD:
   case KILN__OP_FILL:
   case KILN__OP_CAST:
   case KILN__OP_ONEHOT:
@@ -195,6 +199,11 @@ static kiln_tensor *record_op(kiln_ctx *ctx, kiln__op op) {
   case KILN__OP_MUL_SCALAR: return kiln_mul_scalar(a, -2.f);
   case KILN__OP_POW_SCALAR: return kiln_pow_scalar(a, 3.f);
   case KILN__OP_CLAMP: return kiln_clamp(a, -0.5f, 0.5f);
+  case KILN__OP_ABS: return kiln_abs(a);
+  case KILN__OP_SILU: return kiln_silu(a);
+  case KILN__OP_ERF: return kiln_erf(a);
+  case KILN__OP_LEAKY_RELU: return kiln_leaky_relu(a, 0.01f);
+  case KILN__OP_SOFTPLUS: return kiln_softplus(a, 2.f, 10.f);
   case KILN__OP_COPY: return kiln_contiguous(kiln_transpose(a, 0, 1)); /* the copy of a view */
   case KILN__OP_DROPOUT: return kiln_dropout(a, 0.5f, 1);
   case KILN__OP_SUM: return kiln_sum(a, KILN_AXES(1), 0);
