@@ -449,3 +449,29 @@ void ref_opnd_desc(const ref_opnd *o, ref_layout l, char *buf, size_t n) {
   kiln_shape_str(o->s, b, sizeof b);
   snprintf(buf, n, "%s %s", b, ref_layout_name(l));
 }
+
+void ref_check_unary_forward(kiln_ctx *ctx, const char *name, ref_unary_fn fn, ref_scalar_fn ref,
+                             const float *p, const ref_gen *fwd, uint64_t seed, double atol,
+                             double rtol) {
+  kiln_shape shapes[] = {KILN_SHAPE(5), KILN_SHAPE(4, 3), KILN_SHAPE(2, 3, 4), KILN_SHAPE(37, 65)};
+  ref_layout lays[] = {REF_PLAIN, REF_TRANS, REF_SLICE, REF_ROWS, REF_EXPAND};
+  if (!(atol > 0)) atol = 1e-5;
+  if (!(rtol > 0)) rtol = 1e-5;
+  char what[1024], d[160];
+  for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++) {
+    for (size_t li = 0; li < sizeof lays / sizeof *lays; li++) {
+      if (!ref_layout_fits(shapes[si], lays[li])) continue;
+      kiln_step_begin(ctx);
+      ref_opnd x = ref_opnd_new(ctx, shapes[si], lays[li], seed++, fwd);
+      int64_t n = ref_numel(x.s);
+      double *want = ref_dalloc(n);
+      for (int64_t i = 0; i < n; i++)
+        want[i] = ref(x.v[i], p);
+      ref_opnd_desc(&x, lays[li], d, sizeof d);
+      snprintf(what, sizeof what, "%s of a %s input", name, d);
+      ref_expect_close(ctx, fn(x.t, p), x.s, want, atol, rtol, what);
+      free(want);
+      ref_opnd_free(&x);
+    }
+  }
+}

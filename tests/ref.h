@@ -146,4 +146,13 @@ void ref_opnd_free(ref_opnd *o);
 /* "[4,3] transposed", for messages. */
 void ref_opnd_desc(const ref_opnd *o, ref_layout l, char *buf, size_t n);
 
+/* The forward check every elementwise unary op's test takes: fn(a, p) against ref(x, p) in float64
+ * over inputs of several shapes and layouts (plain, transposed, sliced, row views, expanded),
+ * values from fwd, seeds from seed on; atol and rtol 0 mean 1e-5. Each input in its own step. */
+typedef kiln_tensor *(*ref_unary_fn)(kiln_tensor *a, const float *p);
+typedef double (*ref_scalar_fn)(double x, const float *p);
+void ref_check_unary_forward(kiln_ctx *ctx, const char *name, ref_unary_fn fn, ref_scalar_fn ref,
+                             const float *p, const ref_gen *fwd, uint64_t seed, double atol,
+                             double rtol);
+
 #endif

@@ -71,27 +71,8 @@ static kiln_tensor *gc_act(kiln_tensor *const *in, void *user) {
 
 /* Forward over several shapes and layouts; gradcheck on a [3,4] and a [37,5] input. */
 static void check_act(kiln_ctx *ctx, act *op) {
-  kiln_shape shapes[] = {KILN_SHAPE(5), KILN_SHAPE(4, 3), KILN_SHAPE(2, 3, 4), KILN_SHAPE(37, 65)};
-  ref_layout lays[] = {REF_PLAIN, REF_TRANS, REF_SLICE, REF_ROWS, REF_EXPAND};
-  double atol = op->atol > 0 ? op->atol : 1e-5, rtol = op->rtol > 0 ? op->rtol : 1e-5;
-  uint64_t seed = 300;
-  char what[1024], d[160];
-  for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++) {
-    for (size_t li = 0; li < sizeof lays / sizeof *lays; li++) {
-      if (!ref_layout_fits(shapes[si], lays[li])) continue;
-      kiln_step_begin(ctx);
-      ref_opnd x = ref_opnd_new(ctx, shapes[si], lays[li], seed++, &op->fwd);
-      int64_t n = ref_numel(x.s);
-      double *want = ref_dalloc(n);
-      for (int64_t i = 0; i < n; i++)
-        want[i] = op->ref(x.v[i], op->p);
-      ref_opnd_desc(&x, lays[li], d, sizeof d);
-      snprintf(what, sizeof what, "%s of a %s input", op->name, d);
-      ref_expect_close(ctx, op->fn(x.t, op->p), x.s, want, atol, rtol, what);
-      free(want);
-      ref_opnd_free(&x);
-    }
-  }
+  ref_check_unary_forward(ctx, op->name, op->fn, op->ref, op->p, &op->fwd, 300, op->atol, op->rtol);
+  char what[1024];
   kiln_shape gs[] = {KILN_SHAPE(3, 4), KILN_SHAPE(37, 5)};
   for (int t = 0; t < 2; t++) {
     kiln_tensor *x = ref_rand_tensor(ctx, gs[t], 17 + (uint64_t)t, &op->grad, 1, NULL);
