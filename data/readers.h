@@ -23,4 +23,25 @@ uint8_t *kiln__idx_gunzip(const uint8_t *raw, size_t rlen, int ndim, size_t *len
 uint8_t *kiln__idx_parse(const uint8_t *buf, size_t len, int ndim, uint32_t *dims, char *why,
                          size_t wlen);
 
+/* Decompresses xz data (one stream, or several back to back, with or without stream padding) into
+ * a malloc'd buffer of *len bytes, at most max_out: more is an error, as is decoding that needs
+ * more than KILN__XZ_MEMLIMIT bytes of memory. NULL with why filled on truncation, corruption, a
+ * failed integrity check, trailing garbage or out of memory. */
+#define KILN__XZ_MEMLIMIT ((uint64_t)1 << 28)
+uint8_t *kiln__unxz(const uint8_t *raw, size_t rlen, size_t max_out, size_t *len, char *why,
+                    size_t wlen);
+
+/* A CIFAR-10 binary record: a label byte 0..9, then the 32x32 image as 1024 red, 1024 green and
+ * 1024 blue bytes, each plane row-major (channels first, CHW). */
+#define KILN__CIFAR10_SIDE 32
+#define KILN__CIFAR10_PIXELS (3 * KILN__CIFAR10_SIDE * KILN__CIFAR10_SIDE) /* 3072 */
+#define KILN__CIFAR10_RECORD (1 + KILN__CIFAR10_PIXELS)                    /* 3073 */
+/* Checks a decompressed CIFAR-10 batch of len bytes: at least one record, a whole number of
+ * records, every label 0..9. *n gets the records; false with why filled (the size and the
+ * remainder, or the first bad record's index and label) when anything does not check out. */
+bool kiln__cifar10_check(const uint8_t *buf, size_t len, int64_t *n, char *why, size_t wlen);
+/* Copies n checked records out of buf: images (n, 32, 32, 3), channels last (HWC), and labels
+ * (n). */
+void kiln__cifar10_unpack(const uint8_t *buf, int64_t n, uint8_t *images, uint8_t *labels);
+
 #endif

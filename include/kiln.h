@@ -706,6 +706,38 @@ int kiln_loader_next(kiln_loader *l, kiln_tensor **x, kiln_tensor **y);
 int64_t kiln_loader_batches(const kiln_loader *l);
 void kiln_loader_free(kiln_loader *l);
 
+/* CIFAR-10 read into host memory from the official binary batches: each record a label byte 0..9
+ * and a 32x32 image stored channels first (1024 red, 1024 green, 1024 blue bytes, each plane
+ * row-major), converted here to channels last. */
+typedef struct kiln_cifar10 {
+  int64_t n;
+  uint8_t *images; /* (n, 32, 32, 3) channels last (HWC), converted from the files' (3, 32, 32) */
+  uint8_t *labels; /* (n), each 0..9 */
+} kiln_cifar10;
+/* Reads a split of the CIFAR-10 binary batches in dir: "train" (data_batch_1 to data_batch_5,
+ * all five required, concatenated in that order), "test" (test_batch), or one batch by its name
+ * ("data_batch_1" ... "data_batch_5", "test_batch"; a sample holding only some batches reads
+ * this way). For each batch NAME the first of NAME.bin, NAME.bin.gz and NAME.bin.xz that exists
+ * in dir is read: raw, gzip or xz. Every file must hold a whole number of 3073-byte records, at
+ * least one and at most four batches' worth (40000 records), and every label must be 0..9. On
+ * success *out owns its arrays (free them with kiln_cifar10_free). On failure (NULL ctx, dir or
+ * out, an unknown split, a missing, unreadable, truncated, corrupted or oversized file, a bad
+ * label) the status is returned, the sticky error on ctx names the function, the file and the
+ * record or the size ("kiln_cifar10_read: DIR/test_batch.bin: record 17: label 12 (expected
+ * 0..9)"), *out is left untouched and nothing is kept. Runs on the host: a context made without a
+ * GPU (kiln_ctx_options.no_gpu) reads too. */
+kiln_status kiln_cifar10_read(kiln_ctx *ctx, const char *dir, const char *split, kiln_cifar10 *out);
+/* Frees the arrays and zeroes *c; NULL, and a zeroed struct, are fine. */
+void kiln_cifar10_free(kiln_cifar10 *c);
+/* Uploads c once as a data set of images (n, 32, 32, 3) f32, channels last, each value
+ * (pixel / 255 - mean[ch]) / std[ch] for its channel ch (0 red, 1 green, 2 blue), and labels (n)
+ * i32. mean and std NULL: no normalisation (pixel / 255); one without the other is an error, as
+ * is a std that is not finite and > 0, an empty c or a label outside 0..9. c may be freed on
+ * return. The per-channel statistics of the training set, the usual normalisation, come from
+ * kiln_image_stats(ctx, KILN_HOST_U8, KILN_SHAPE(c->n, 32, 32, 3), c->images, 3, mean, std). */
+kiln_dataset *kiln_dataset_from_cifar10(kiln_ctx *ctx, const kiln_cifar10 *c, const float mean[3],
+                                        const float std[3]);
+
 #ifdef __cplusplus
 }
 #endif
