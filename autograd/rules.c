@@ -385,3 +385,12 @@ void kiln__grad_bn_apply(kiln__bw *b, const kiln__node *n, kiln_tensor *g, kiln_
     }
   }
 }
+
+/* index_select's gradient: the output's gradient rows added into the rows they were taken from
+ * (a row picked twice gets both). */
+void kiln__grad_index_select(kiln__bw *b, const kiln__node *n, kiln_tensor *g, kiln_tensor **gin) {
+  (void)b;
+  if (NEED(0))
+    gin[0] = kiln__index_add(g, n->in[1], KILN__U(n, INDEX_SELECT, start), n->in[0]->shape[0],
+                             "kiln_backward");
+}

@@ -392,6 +392,9 @@ kiln_tensor *kiln__unbroadcast(kiln_tensor *g, int ndim, const int64_t *shape);
 /* Rows idx[start .. start + count) of a (the index's start is a step value). */
 kiln_tensor *kiln__index_select_at(kiln_tensor *a, kiln_tensor *idx, int64_t start, int64_t count,
                                    const char *fn);
+/* index_select's gradient: g's rows (K, ...) added into `rows` zeroed rows by idx[start + k]. */
+kiln_tensor *kiln__index_add(kiln_tensor *g, kiln_tensor *idx, uint64_t start, int64_t rows,
+                             const char *fn);
 /* A sliding window over an image (N, H, W, C), the `win` attribute of the window ops (ops.def):
  * kernel, stride, padding and dilation, height then width. */
 typedef struct kiln__win {

@@ -28,9 +28,26 @@ static bool need_f32(kiln_ctx *ctx, const char *fn, int n, kiln_tensor *const *i
   return true;
 }
 
+/* Comparisons also take i32 operands (an argmax against labels): two i32 values compare as
+ * integers, an i32 against an f32 as floats. */
+static bool comparison(kiln__op op) {
+  return op == KILN__OP_EQ || op == KILN__OP_NE || op == KILN__OP_LT || op == KILN__OP_LE ||
+         op == KILN__OP_GT || op == KILN__OP_GE;
+}
+
+static bool ew_dtypes(kiln_ctx *ctx, kiln__op op, const char *fn, int n, kiln_tensor *const *in) {
+  if (!comparison(op)) return need_f32(ctx, fn, n, in);
+  for (int i = 0; i < n; i++)
+    if (in[i]->dtype != KILN_DTYPE_F32 && in[i]->dtype != KILN_DTYPE_I32)
+      return kiln__error(ctx, KILN_ERR_DTYPE, "%s: input %d is %s; comparisons take f32 or i32", fn,
+                         i, kiln_dtype_name(in[i]->dtype)),
+             false;
+  return true;
+}
+
 kiln_tensor *kiln__ew(kiln__op op, const char *fn, int nin, kiln_tensor *const *in) {
   kiln_ctx *ctx = begin(fn, nin, in);
-  if (!ctx || !need_f32(ctx, fn, nin, in)) return NULL;
+  if (!ctx || !ew_dtypes(ctx, op, fn, nin, in)) return NULL;
   int nd;
   int64_t shape[KILN_MAX_DIMS];
   if (!kiln__broadcast_shape(ctx, fn, nin, in, &nd, shape)) return NULL;
@@ -159,6 +176,29 @@ kiln_tensor *kiln_full(kiln_ctx *ctx, kiln_shape shape, float value) {
   return out;
 }
 
+static kiln_tensor *random_tensor(kiln_ctx *ctx, kiln__op op, const char *fn, kiln_shape shape) {
+  if (!kiln__ok(ctx)) return NULL;
+  kiln_tensor *out = kiln__tensor_intermediate(ctx, fn, KILN_DTYPE_F32, shape.ndim, shape.d);
+  kiln__node *n = out ? kiln__record(ctx, op, 0, NULL, out) : NULL;
+  if (!n) return NULL;
+  /* the offset is a step value, as dropout's: a replayed step draws new numbers */
+  if (op == KILN__OP_RAND) {
+    KILN__U(n, RAND, seed) = ctx->seed;
+    KILN__U(n, RAND, offset) = ctx->philox_offset++;
+  } else {
+    KILN__U(n, RANDN, seed) = ctx->seed;
+    KILN__U(n, RANDN, offset) = ctx->philox_offset++;
+  }
+  return out;
+}
+
+kiln_tensor *kiln_rand(kiln_ctx *ctx, kiln_shape shape) {
+  return random_tensor(ctx, KILN__OP_RAND, __func__, shape);
+}
+kiln_tensor *kiln_randn(kiln_ctx *ctx, kiln_shape shape) {
+  return random_tensor(ctx, KILN__OP_RANDN, __func__, shape);
+}
+
 kiln_tensor *kiln_cast(kiln_tensor *a, kiln_dtype dtype) {
   const char *fn = __func__;
   kiln_ctx *ctx = begin(fn, 1, &a);
@@ -217,7 +257,9 @@ static kiln_tensor *split_sum(const char *fn, kiln_tensor *a, unsigned mask, int
   int lead = 0;
   while (lead < a->ndim && (mask & (1u << lead)))
     lead++;
-  if (lead == 0 || mask != (1u << lead) - 1 || !kiln__is_contiguous(a)) return NULL;
+  if (lead == 0 || mask != (1u << lead) - 1 || !kiln__is_contiguous(a) ||
+      a->dtype != KILN_DTYPE_F32)
+    return NULL;
   int64_t R = kiln__numel(lead, a->shape), C = kiln__numel(a->ndim - lead, a->shape + lead);
   if (R < KILN__SPLIT_MIN_ROWS || C > KILN__SPLIT_MAX_COLS || C == 0) return NULL;
   int64_t blk = KILN__SPLIT_BLOCK;
@@ -256,7 +298,10 @@ kiln_tensor *kiln__reduce(kiln__op op, const char *fn, kiln_tensor *a, unsigned 
       shape[nd++] = a->shape[d];
     }
   }
-  kiln_dtype dt = op == KILN__OP_ARGMAX ? KILN_DTYPE_I32 : KILN_DTYPE_F32;
+  /* argmax gives indices; a sum of i32 values is an exact i32 (accumulated in 64 bits) */
+  kiln_dtype dt = op == KILN__OP_ARGMAX || (op == KILN__OP_SUM && a->dtype == KILN_DTYPE_I32)
+                      ? KILN_DTYPE_I32
+                      : KILN_DTYPE_F32;
   kiln_tensor *out = kiln__tensor_intermediate(ctx, fn, dt, nd, shape);
   if (!out) return NULL;
   kiln__node *n = kiln__record(ctx, op, 1, &a, out);
@@ -270,7 +315,9 @@ kiln_tensor *kiln__reduce(kiln__op op, const char *fn, kiln_tensor *a, unsigned 
 static kiln_tensor *reduction(kiln__op op, const char *fn, kiln_tensor *a, kiln_axes axes,
                               int keepdim, bool mean) {
   kiln_ctx *ctx = begin(fn, 1, &a);
-  if (!ctx || !need_f32(ctx, fn, 1, &a)) return NULL;
+  if (!ctx) return NULL;
+  bool isum = op == KILN__OP_SUM && !mean && a->dtype == KILN_DTYPE_I32; /* an exact count */
+  if (!isum && !need_f32(ctx, fn, 1, &a)) return NULL;
   unsigned mask;
   if (!axes_mask(ctx, fn, a, axes, &mask)) return NULL;
   int64_t r = 1;
@@ -792,6 +839,24 @@ kiln_tensor *kiln__index_select_at(kiln_tensor *a, kiln_tensor *idx, int64_t sta
   kiln__node *n = out ? kiln__record(ctx, KILN__OP_INDEX_SELECT, 2, in, out) : NULL;
   if (!n) return NULL;
   KILN__U(n, INDEX_SELECT, start) = (uint64_t)start; /* a step value: batches share one graph */
+  return out;
+}
+
+kiln_tensor *kiln__index_add(kiln_tensor *g, kiln_tensor *idx, uint64_t start, int64_t rows,
+                             const char *fn) {
+  kiln_tensor *in[2] = {g, idx};
+  kiln_ctx *ctx = begin(fn, 2, in);
+  if (!ctx || !need_f32(ctx, fn, 1, in)) return NULL;
+  KILN_ASSERT(idx->dtype == KILN_DTYPE_I32 && kiln__is_contiguous(idx) && g->ndim >= 1);
+  in[0] = kiln_contiguous(g);
+  if (!in[0]) return NULL;
+  int64_t shape[KILN_MAX_DIMS];
+  memcpy(shape, g->shape, sizeof shape);
+  shape[0] = rows;
+  kiln_tensor *out = kiln__tensor_intermediate(ctx, fn, KILN_DTYPE_F32, g->ndim, shape);
+  kiln__node *n = out ? kiln__record(ctx, KILN__OP_INDEX_ADD, 2, in, out) : NULL;
+  if (!n) return NULL;
+  KILN__U(n, INDEX_ADD, start) = start;
   return out;
 }
 

@@ -399,11 +399,15 @@ float kiln_tensor_item(kiln_tensor *t) {
   kiln_ctx *ctx = kiln__handle_ctx(t);
   if (!ctx) return NAN;
   if (!kiln__ok(ctx) || !kiln__check(ctx, t, __func__)) return NAN;
-  if (kiln_tensor_numel(t) != 1 || t->dtype != KILN_DTYPE_F32) {
+  if (kiln_tensor_numel(t) != 1 || (t->dtype != KILN_DTYPE_F32 && t->dtype != KILN_DTYPE_I32)) {
     char sh[96];
-    kiln__error(ctx, KILN_ERR_SHAPE, "%s: needs a one-element f32 tensor, got %s %s", __func__,
-                kiln__shape_of(t, sh, sizeof sh), kiln_dtype_name(t->dtype));
+    kiln__error(ctx, KILN_ERR_SHAPE, "%s: needs a one-element f32 or i32 tensor, got %s %s",
+                __func__, kiln__shape_of(t, sh, sizeof sh), kiln_dtype_name(t->dtype));
     return NAN;
+  }
+  if (t->dtype == KILN_DTYPE_I32) {
+    int32_t i = 0;
+    return kiln_tensor_to_host(t, &i, sizeof i) == KILN_OK ? (float)i : NAN;
   }
   float v = NAN;
   if (kiln_tensor_to_host(t, &v, sizeof v) != KILN_OK) return NAN;

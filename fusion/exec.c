@@ -49,6 +49,8 @@ static bool build_calls(kiln_ctx *ctx, kiln__program *pg) {
     c->grid_y = r.grid_y;
     c->bytes_read = r.bytes_read;
     c->bytes_written = r.bytes_written;
+    c->zero_slot = r.zero_slot;
+    c->zero_bytes = r.zero_bytes;
     snprintf(c->name, sizeof c->name, "%s", r.name);
     /* attribute sources are trace nodes (lowering's stand-ins carry no attributes) */
     for (int q = 0; q < KILN__KMAX_F; q++)
@@ -226,6 +228,9 @@ static bool launch(kiln_ctx *ctx, kiln__call *c) {
   ctx->stats.kernels_launched++;
   dim3 grid = {c->grid, c->grid_y ? c->grid_y : 1, 1}, block = {c->block, 1, 1};
   cudaStream_t stream = ctx->stream;
+  if (c->zero_bytes > 0 && KILN_CUDA_FAILED(ctx, cudaMemsetAsync(c->arg.args.ptr[c->zero_slot], 0,
+                                                                 c->zero_bytes, stream)))
+    return false;
   return !KILN_CUDA_FAILED(ctx,
                            cudaLaunchKernel(kiln__kernel_fn(c->k), grid, block, params, 0, stream));
 }
@@ -303,6 +308,11 @@ kiln_status kiln__engine_check_errors(kiln_ctx *ctx) {
                        "kiln_cross_entropy: a label is %lld; labels must be in [0, %lld) (found "
                        "on the device by a step that has run)",
                        e.value, e.limit);
+  if (e.code == KILN__DEV_ERR_OVERFLOW)
+    return kiln__error(ctx, KILN_ERR_INVALID,
+                       "kiln_sum: a sum of i32 values is %lld, outside the i32 range [-%lld, "
+                       "%lld) (found on the device by a step that has run)",
+                       e.value, e.limit, e.limit);
   return kiln__error(ctx, KILN_ERR_INVALID,
                      "kiln_index_select: a row index is %lld; indices must be in [0, %lld) (found "
                      "on the device by a step that has run)",

@@ -162,6 +162,8 @@ typedef struct kiln__rendered {
   kiln__argplan arg;
   unsigned grid, block, grid_y; /* grid_y: tensors of a multi-tensor update (0: 1) */
   uint64_t bytes_read, bytes_written;
+  int zero_slot;       /* with zero_bytes > 0: the operand the executor zeroes before the launch */
+  uint64_t zero_bytes; /* (a scatter's output, which the kernel only adds to) */
 } kiln__rendered;
 
 /* Renders spec's kernel; false when host memory runs out (r->src.oom). The caller frees r->src. */
@@ -197,6 +199,8 @@ typedef struct kiln__call {
   int32_t fi[KILN__KMAX_F], ui[KILN__KMAX_U]; /* fsrc/usrc as trace indices (-1: unused) */
   unsigned grid, block, grid_y;
   uint64_t bytes_read, bytes_written;
+  int zero_slot; /* as kiln__rendered's */
+  uint64_t zero_bytes;
   char name[96];
 } kiln__call;
 

@@ -104,7 +104,7 @@ static void lower_group(const kiln_ctx *ctx, const kiln__plan *p, const kiln__gr
         .a = n->in[0], .b = n->in[1], .d = g->out, .epi = g->epi, .bias = g->bias, .aux = g->aux};
     return;
   case KILN__KIND_LIB:
-    if (n->op == KILN__OP_INDEX_SELECT) {
+    if (n->op == KILN__OP_INDEX_SELECT || n->op == KILN__OP_INDEX_ADD) {
       s->kind = KILN__SPEC_GATHER;
       s->red = n;
       return;

@@ -63,7 +63,8 @@ static void used_attrs(const kiln__node *n, bool *used) {
     if (t.kind == TOK_ATTR) used[t.attr] = true;
     c += t.len;
   }
-  if (info->kind == KILN__KIND_REDUCE || n->op == KILN__OP_INDEX_SELECT)
+  if (info->kind == KILN__KIND_REDUCE || n->op == KILN__OP_INDEX_SELECT ||
+      n->op == KILN__OP_INDEX_ADD)
     for (int a = 0; a < info->nattr; a++)
       used[a] = used[a] || strcmp(info->attrs[a].name, "scale") == 0 ||
                 strcmp(info->attrs[a].name, "start") == 0;
@@ -599,17 +600,19 @@ static bool render_reduce(const kiln__target *t, const kiln__ew_prog *pro, const
       r->bytes_read += footprint(o.t[k]);
   }
   bool argmax = rn->op == KILN__OP_ARGMAX, isum = rn->op == KILN__OP_SUM;
+  bool exact = isum && rn->out->dtype == KILN_DTYPE_I32; /* i32 values, summed in 64 bits */
+  const char *acct = exact ? "long long" : "float";
   bool inner = nr > 0 && red[nr - 1] == nd - 1 && (value >= 0 || x->stride[nd - 1] == 1);
   /* a block per output when the reduced axis is innermost (coalesced), or when there are too few
    * outputs for a thread per output to fill the device */
   bool rows = nr > 0 && (inner || a->n < (int64_t)t->num_sms * KILN__FEW_OUTPUTS_PER_SM);
-  const char *init = isum ? "0.f" : "-__int_as_float(0x7f800000)";
+  const char *init = exact ? "0" : (isum ? "0.f" : "-__int_as_float(0x7f800000)");
 
   kiln__sb b = {0};
   kiln__sb_printf(&b, "  typedef long long ix;\n");
   if (rows) {
     /* a block reduction's partials: one per warp, at most 32 warps (reduce.cuh) */
-    kiln__sb_printf(&b, "  __shared__ float sv[32];\n");
+    kiln__sb_printf(&b, "  __shared__ %s sv[32];\n", acct);
     if (argmax) kiln__sb_printf(&b, "  __shared__ long long si[32];\n");
     kiln__sb_printf(&b, "  for (ix o = blockIdx.x; o < a.n; o += gridDim.x) {\n");
   } else {
@@ -619,7 +622,8 @@ static bool render_reduce(const kiln__target *t, const kiln__ew_prog *pro, const
   kiln__sb_printf(&b, "    ix r = o;\n");
   for (int k = no - 1; k >= 0; k--)
     kiln__sb_printf(&b, "    const ix c%d = r %% a.shape[%d]; r /= a.shape[%d];\n", outer[k], k, k);
-  kiln__sb_printf(&b, "    float acc = %s;\n    long long ai = 0x7fffffffffffffffll;\n", init);
+  kiln__sb_printf(&b, "    %s acc = %s;\n", acct, init);
+  if (argmax) kiln__sb_printf(&b, "    long long ai = 0x7fffffffffffffffll;\n");
   if (rows)
     kiln__sb_printf(&b, "    for (ix j = threadIdx.x; j < a.nred; j += blockDim.x) {\n");
   else
@@ -630,9 +634,9 @@ static bool render_reduce(const kiln__target *t, const kiln__ew_prog *pro, const
                     k);
   if (value >= 0) {
     emit_element(&b, pro, &o, &w, "      ", nd, false);
-    kiln__sb_printf(&b, "      const float v = v%d;\n", value);
+    kiln__sb_printf(&b, "      const %s v = v%d;\n", acct, value);
   } else {
-    kiln__sb_printf(&b, "      const float v = ((const float *)a.ptr[0])[");
+    kiln__sb_printf(&b, "      const %s v = ((const %s *)a.ptr[0])[", acct, ctype(x->dtype));
     offset_expr(&b, 0, nd, false);
     kiln__sb_printf(&b, "];\n");
   }
@@ -646,6 +650,8 @@ static bool render_reduce(const kiln__target *t, const kiln__ew_prog *pro, const
   char store[96];
   if (argmax)
     snprintf(store, sizeof store, "((int *)a.ptr[%d])[o] = (int)ai;", out);
+  else if (exact)
+    snprintf(store, sizeof store, "((int *)a.ptr[%d])[o] = kiln_i32_total(acc, a.err);", out);
   else
     snprintf(store, sizeof store, "((float *)a.ptr[%d])[o] = acc * a.fv[%d];", out, scale);
   if (rows) {
@@ -660,8 +666,8 @@ static bool render_reduce(const kiln__target *t, const kiln__ew_prog *pro, const
   kiln__sb_printf(&b, "  }\n");
 
   char stem[80], suffix[40];
-  snprintf(suffix, sizeof suffix, "_%s_f32_%dd_%dr_%s", kiln__ops[rn->op].name, no, nr,
-           rows ? "rows" : "cols");
+  snprintf(suffix, sizeof suffix, "_%s_%s_%dd_%dr_%s", kiln__ops[rn->op].name,
+           exact ? "i32" : "f32", no, nr, rows ? "rows" : "cols");
   if (value >= 0)
     stem_of(pro, "k", suffix, stem, sizeof stem);
   else
@@ -679,6 +685,41 @@ static bool render_reduce(const kiln__target *t, const kiln__ew_prog *pro, const
 
 /* ---------------------------------------------------------------- row gathers */
 
+/* index_add, index_select's gradient: the rows of g (K, ...) added into the rows of y (V, ...)
+ * that the indices name. The executor zeroes y first (zero_slot); rows named twice are summed by
+ * atomic adds, so their order, and the last bits of such sums, may vary from run to run. */
+static bool render_scatter(const kiln__target *tg, const kiln__node *n, const operands *o,
+                           int start, kiln__rendered *r) {
+  const kiln_tensor *g = n->in[0], *idx = n->in[1], *y = n->out;
+  kiln__kargs *a = &r->arg.args;
+  a->n = kiln_tensor_numel(g);
+  a->nred = g->shape[0] ? a->n / g->shape[0] : 0; /* elements per row */
+  a->shape[0] = y->shape[0];
+  kiln__sb b = {0};
+  kiln__sb_printf(
+      &b,
+      "  const float *g = (const float *)a.ptr[0];\n"
+      "  const int *idx = (const int *)a.ptr[1];\n"
+      "  float *y = (float *)a.ptr[2];\n"
+      "  for (long long e = (long long)blockIdx.x * blockDim.x + threadIdx.x; e < a.n;\n"
+      "       e += (long long)gridDim.x * blockDim.x) {\n"
+      "    const long long k = e / a.nred, j = e - k * a.nred;\n"
+      "    const long long r = idx[a.uv[%d] + k]; // where this step's indices start\n"
+      "    if (kiln_in_range(r, a.shape[0], KILN__DEV_ERR_INDEX, a.err))\n"
+      "      atomicAdd(&y[r * a.nred + j], g[e]);\n"
+      "  }\n",
+      start);
+  bool ok = finish(&b, "k_index_add_f32", o, r);
+  kiln__sb_free(&b);
+  r->block = KILN__BLOCK;
+  r->grid = grid_for(tg, a->n);
+  r->zero_slot = 2;
+  r->zero_bytes = footprint(y);
+  r->bytes_read = footprint(g) + footprint(idx);
+  r->bytes_written = footprint(y);
+  return ok;
+}
+
 static bool render_gather(const kiln__target *tg, const kiln__node *n, kiln__rendered *r) {
   const kiln_tensor *x = n->in[0], *idx = n->in[1], *y = n->out;
   kiln__kargs *a = &r->arg.args;
@@ -690,6 +731,7 @@ static bool render_gather(const kiln__target *tg, const kiln__node *n, kiln__ren
   int nf = 0, ni = 0, nu = 0;
   wire_attrs(&r->arg, n, aslot, &nf, &ni, &nu);
   int start = aslot[attr_index(n->op, "start")]; /* the slot of where this step's indices start */
+  if (n->op == KILN__OP_INDEX_ADD) return render_scatter(tg, n, &o, start, r);
   a->n = kiln_tensor_numel(y);
   a->nred = x->shape[0] ? kiln_tensor_numel(x) / x->shape[0] : 0; /* elements per row */
   a->shape[0] = x->shape[0];

@@ -224,7 +224,8 @@ kiln_status kiln_tensor_to_host(kiln_tensor *t, void *dst, size_t bytes);
  * the step's ops (the next batch into an input tensor, say): the step then still runs whole as
  * its graph; a copy after recorded ops runs them first, and the step runs without its graph. */
 kiln_status kiln_tensor_copy_from_host(kiln_tensor *t, const void *src, size_t bytes);
-/* The value of a one-element f32 tensor; NAN (and an error on the context) on failure. */
+/* The value of a one-element f32 or i32 tensor (an i32 converted to float: exact up to 2^24);
+ * NAN (and an error on the context) on failure. */
 float kiln_tensor_item(kiln_tensor *t);
 
 kiln_ctx *kiln_tensor_ctx(const kiln_tensor *t);
@@ -260,7 +261,9 @@ kiln_tensor *kiln_mul(kiln_tensor *a, kiln_tensor *b);
 kiln_tensor *kiln_div(kiln_tensor *a, kiln_tensor *b);
 kiln_tensor *kiln_maximum(kiln_tensor *a, kiln_tensor *b);
 kiln_tensor *kiln_minimum(kiln_tensor *a, kiln_tensor *b);
-/* Comparisons give 1.0f or 0.0f and carry no gradient. */
+/* Comparisons give 1.0f or 0.0f (f32) and carry no gradient. They also take i32 operands: two
+ * i32 values compare exactly, an i32 against an f32 as floats. So the number of correct
+ * predictions is kiln_sum(kiln_eq(kiln_argmax(logits, 1, 0), labels), KILN_ALL_AXES, 0). */
 kiln_tensor *kiln_eq(kiln_tensor *a, kiln_tensor *b);
 kiln_tensor *kiln_ne(kiln_tensor *a, kiln_tensor *b);
 kiln_tensor *kiln_lt(kiln_tensor *a, kiln_tensor *b);
@@ -298,10 +301,18 @@ kiln_tensor *kiln_softplus(kiln_tensor *a, float beta, float threshold);
 kiln_tensor *kiln_erf(kiln_tensor *a);
 /* An intermediate filled with value. */
 kiln_tensor *kiln_full(kiln_ctx *ctx, kiln_shape shape, float value);
+/* Intermediates of random numbers from the context's counter-based Philox stream (the context's
+ * seed, kiln_manual_seed; each call draws a fresh offset, as kiln_dropout does, so a replayed step
+ * gets new numbers without re-capture): uniform in [0, 1), and standard normal (Box-Muller).
+ * To fill a parameter, see the initialisers (kiln_init_*). */
+kiln_tensor *kiln_rand(kiln_ctx *ctx, kiln_shape shape);
+kiln_tensor *kiln_randn(kiln_ctx *ctx, kiln_shape shape);
 /* Converts between f32 and i32 (truncating towards zero); no gradient through i32. */
 kiln_tensor *kiln_cast(kiln_tensor *a, kiln_dtype dtype);
 
-/* Reductions over a set of axes (KILN_ALL_AXES: all of them). */
+/* Reductions over a set of axes (KILN_ALL_AXES: all of them). kiln_sum also sums i32 values,
+ * exactly (in 64 bits), to an i32; a total outside the i32 range is an error found on the device,
+ * reported as a bad label is (kiln_cross_entropy). mean and max take f32 only. */
 kiln_tensor *kiln_sum(kiln_tensor *a, kiln_axes axes, int keepdim);
 kiln_tensor *kiln_mean(kiln_tensor *a, kiln_axes axes, int keepdim);
 kiln_tensor *kiln_max(kiln_tensor *a, kiln_axes axes, int keepdim);
@@ -356,8 +367,9 @@ kiln_tensor *kiln_slice(kiln_tensor *a, int axis, int64_t start, int64_t end, in
 kiln_tensor *kiln_expand(kiln_tensor *a, kiln_shape shape);
 kiln_tensor *kiln_contiguous(kiln_tensor *a);
 kiln_tensor *kiln_concat(int n, kiln_tensor *const *ts, int axis);
-/* Rows of a (axis 0) picked by idx (K) i32: (K, ...). No gradient. An index outside the rows is
- * found on the device, as a bad label is (kiln_cross_entropy). */
+/* Rows of a (axis 0) picked by idx (K) i32: (K, ...). An index outside the rows is found on the
+ * device, as a bad label is (kiln_cross_entropy). The gradient adds each picked row's gradient
+ * into a's row (atomic adds: see kiln_embedding for what that means where indices repeat). */
 kiln_tensor *kiln_index_select(kiln_tensor *a, kiln_tensor *idx);
 /* Inverted dropout with counter-based Philox: each call draws a fresh offset from the context.
  * training: 1 drops, 0 passes a through, KILN_TRAINING_MODE follows the context's training mode
@@ -534,6 +546,81 @@ kiln_status kiln_layer_norm_layer_init(kiln_layer_norm_layer *l, kiln_params *pa
                                        const char *name, int64_t channels, float eps);
 kiln_tensor *kiln_layer_norm_layer_forward(const kiln_layer_norm_layer *l, kiln_tensor *x);
 
+/* Initialisers, as torch.nn.init: each fills an existing persistent contiguous f32 tensor in
+ * place (a parameter, say, to replace a layer's default init) with values drawn on the host from
+ * the context's RNG (kiln_manual_seed: the same seed gives the same values), uploaded with
+ * kiln_tensor_copy_from_host. A bad argument (a NULL, intermediate, view or non-f32 tensor, a
+ * non-finite value, lo > hi, std < 0, fewer than 2 dims where fans are needed) is an error
+ * naming the function and the value, and changes nothing, the RNG included. A tensor with no
+ * elements is left alone. Fans are torch's: fan_in = size(1) * receptive field, fan_out =
+ * size(0) * receptive field, the receptive field being the product of dims 2 on, so a linear
+ * weight (out, in) has fan_in = in and a convolution weight (Cout, Cin / groups, kh, kw) has
+ * fan_in = Cin / groups * kh * kw. */
+typedef enum kiln_fan_mode { KILN_FAN_IN = 0, KILN_FAN_OUT } kiln_fan_mode;
+/* torch.nn.init.calculate_gain's nonlinearities; LINEAR is also torch's conv and conv_transpose
+ * (gain 1). LEAKY_RELU is 0, being kaiming_*_'s default. */
+typedef enum kiln_nonlinearity {
+  KILN_NONLINEARITY_LEAKY_RELU = 0, /* sqrt(2 / (1 + slope^2)) */
+  KILN_NONLINEARITY_LINEAR,         /* 1 */
+  KILN_NONLINEARITY_SIGMOID,        /* 1 */
+  KILN_NONLINEARITY_TANH,           /* 5/3 */
+  KILN_NONLINEARITY_RELU,           /* sqrt(2) */
+  KILN_NONLINEARITY_SELU,           /* 3/4 */
+} kiln_nonlinearity;
+/* torch.nn.init.calculate_gain(nonlinearity, param): param is LEAKY_RELU's negative slope, 0
+ * meaning torch's default 0.01 (KILN_ZERO: a slope of 0, which is ReLU's gain); the others
+ * ignore it. NAN for a value outside the enum. */
+float kiln_init_gain(kiln_nonlinearity nonlinearity, float param);
+/* t's fans (either pointer may be NULL); t needs at least 2 dims. */
+kiln_status kiln_init_fans(const kiln_tensor *t, int64_t *fan_in, int64_t *fan_out);
+/* U(lo, hi), [lo, hi) as torch's uniform_ (plain values: lo = hi = 0 fills zeros). */
+kiln_status kiln_init_uniform(kiln_tensor *t, float lo, float hi);
+/* N(mean, std), by Box-Muller in double (plain values: std 0 fills mean). */
+kiln_status kiln_init_normal(kiln_tensor *t, float mean, float std);
+kiln_status kiln_init_constant(kiln_tensor *t, float value);
+/* torch's kaiming_uniform_ and kaiming_normal_: std = gain / sqrt(fan), gain =
+ * kiln_init_gain(nonlinearity, a), fan = fan_in or fan_out as mode says; uniform U(-b, b) with
+ * b = sqrt(3) std, normal N(0, std). a is the negative slope of a leaky ReLU (0: 0, torch's
+ * default here), so (t, 0, 0, 0) is torch's kaiming_uniform_(t) (gain sqrt(2), fan_in), and
+ * nn.Linear's own init is (t, sqrt(5), KILN_FAN_IN, KILN_NONLINEARITY_LEAKY_RELU). */
+kiln_status kiln_init_kaiming_uniform(kiln_tensor *t, float a, kiln_fan_mode mode,
+                                      kiln_nonlinearity nonlinearity);
+kiln_status kiln_init_kaiming_normal(kiln_tensor *t, float a, kiln_fan_mode mode,
+                                     kiln_nonlinearity nonlinearity);
+/* torch's xavier_uniform_ and xavier_normal_: std = gain sqrt(2 / (fan_in + fan_out)), uniform
+ * U(-b, b) with b = sqrt(3) std, normal N(0, std). gain 0 means torch's 1 (KILN_ZERO: 0, which
+ * fills zeros); it must be finite and >= 0. */
+kiln_status kiln_init_xavier_uniform(kiln_tensor *t, float gain);
+kiln_status kiln_init_xavier_normal(kiln_tensor *t, float gain);
+
+/* Gradient clipping by global norm, torch.nn.utils.clip_grad_norm_(parameters, max_norm) with
+ * norm_type 2: total = sqrt(sum of g^2 over the gradients (kiln_tensor_grad) of the list's
+ * parameters, buffers left out), and each such gradient is multiplied in place by
+ * min(max_norm / (total + 1e-6), 1) (a factor of 1 leaves it bitwise as it was). Returns total,
+ * a one-element intermediate of the step, read with kiln_tensor_item after kiln_step_end. It is
+ * recorded like an op (call it between kiln_backward and kiln_optim_step): nothing is read on the
+ * host, so a graph-mode step that clips replays as its graph however the norm changes, and
+ * max_norm is a step value. max_norm must be finite and > 0 (else an error, NULL, and nothing
+ * recorded). No gradient at all: total is 0 and nothing is scaled. Unlike torch, a non-finite
+ * total is not checked (error_if_nonfinite=False, torch's default): it scales every gradient to
+ * NaN. */
+kiln_tensor *kiln_clip_grad_norm(kiln_params *p, float max_norm);
+
+/* Embedding (torch.nn.Embedding): "name.weight" (num_embeddings, dim) ~ N(0, 1), as torch's
+ * init (drawn from the context's host RNG). Forward takes i32 indices of any shape and gives
+ * their rows, shape (..., dim); an index outside [0, num_embeddings) is found on the device, as a
+ * bad label is (kiln_cross_entropy). The weight's gradient adds each index's output gradient into
+ * its row (kiln_index_select's gradient) with atomic adds: where an index repeats in a batch the
+ * order of those additions, and the last bits of the sum, may differ from run to run (as
+ * PyTorch's index_add_ on CUDA). torch's padding_idx, max_norm and sparse are not offered. */
+typedef struct kiln_embedding {
+  kiln_tensor *weight; /* (num_embeddings, dim) */
+  int64_t num_embeddings, dim;
+} kiln_embedding;
+kiln_status kiln_embedding_init(kiln_embedding *e, kiln_params *params, const char *name,
+                                int64_t num_embeddings, int64_t dim);
+kiln_tensor *kiln_embedding_forward(const kiln_embedding *e, kiln_tensor *idx);
+
 /* ---------------------------------------------------------------- optim */
 
 /* The optimizers of torch.optim, with its defaults for zero fields (the options rule above). */
@@ -569,6 +656,37 @@ void kiln_optim_set_lr(kiln_optim *o, float lr);
 float kiln_optim_lr(const kiln_optim *o);
 int64_t kiln_optim_steps(const kiln_optim *o);
 void kiln_optim_free(kiln_optim *o);
+
+/* Parameter groups, as torch.optim's param_groups: some parameters get a rate and a weight decay
+ * of their own (no weight decay on biases and norm gains, a smaller rate for a pretrained trunk),
+ * or are left to another optimizer. kiln_optim_add_group calls select(name, tensor, user) for
+ * every parameter of the optimizer's list (buffers are in no group) and puts those it returns
+ * nonzero for in group g; a NULL g is every field zero (the optimizer's own settings). A later
+ * group overrides an earlier one for a parameter it selects again. Returns how many parameters
+ * it selected, or -1 with an error: a NULL select, a value out of range, a call inside an open
+ * step (groups are set up outside steps), or a parameter list that changed.
+ * Groups are configuration, not state: a checkpoint holds none of it. kiln_checkpoint_save
+ * writes the state of the parameters this optimizer trains, so load a checkpoint into an
+ * optimizer with the same exclusions (a state tensor for an excluded parameter, or none for one
+ * that is trained, is an error naming it, and nothing is loaded). */
+typedef struct kiln_param_group {
+  /* The group's rate is lr_scale times the optimizer's current rate (kiln_optim_set_lr and
+   * schedules move every group together). 0: 1; KILN_ZERO: 0 (frozen, state still updated). */
+  float lr_scale;
+  /* Replaces the optimizer's weight decay (the same kind: L2 for SGD and Adam, decoupled for
+   * AdamW). 0: the optimizer's; KILN_ZERO: none. */
+  float weight_decay;
+  /* 1: this optimizer leaves these parameters alone (no update, and their state tensors are
+   * freed: a group that takes them back later starts them afresh, as a new torch group). */
+  int exclude;
+} kiln_param_group;
+typedef int (*kiln_param_select)(const char *name, const kiln_tensor *t, void *user);
+int kiln_optim_add_group(kiln_optim *o, kiln_param_select select, void *user,
+                         const kiln_param_group *g);
+/* Ready selectors: tensors of fewer than 2 dims (biases, norm weights and biases), the usual
+ * no-weight-decay group; names starting with the string user points to ("fc1.", "backbone."). */
+int kiln_select_no_decay(const char *name, const kiln_tensor *t, void *user);
+int kiln_select_prefix(const char *name, const kiln_tensor *t, void *user);
 
 /* Learning-rate schedules, as functions of the optimizer's step count t (0 for the first step).
  * Attached to an optimizer, each kiln_optim_step first sets lr = kiln_schedule_lr(s, t); the

@@ -1,7 +1,7 @@
 /*
- * image.c: the layers of image models: convolution (torch.nn.Conv2d's init), batch norm (its
- * running statistics are buffers) and layer norm. Each init adds all of its tensors to the list
- * or none of them.
+ * image.c: the layers beyond linear: convolution (torch.nn.Conv2d's init), batch norm (its
+ * running statistics are buffers), layer norm, and embedding (torch.nn.Embedding). Each init adds
+ * all of its tensors to the list or none of them.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -216,4 +216,52 @@ kiln_tensor *kiln_layer_norm_layer_forward(const kiln_layer_norm_layer *l, kiln_
                       "succeed?)"))
     return NULL;
   return kiln_layer_norm(x, l->weight, l->bias, l->eps);
+}
+
+/* ---------------------------------------------------------------- embedding */
+
+kiln_status kiln_embedding_init(kiln_embedding *e, kiln_params *params, const char *name,
+                                int64_t num_embeddings, int64_t dim) {
+  const char *fn = __func__;
+  if (!e || !params) return KILN_ERR_INVALID;
+  kiln_ctx *ctx = kiln_params_ctx(params);
+  if (!kiln__ok(ctx)) return ctx->status;
+  memset(e, 0, sizeof *e);
+  const char *base = base_of(name, "embedding");
+  if (num_embeddings <= 0 || dim <= 0)
+    return kiln__error(ctx, KILN_ERR_INVALID,
+                       "%s: '%s': num_embeddings %lld and dim %lld must be > 0", fn, base,
+                       (long long)num_embeddings, (long long)dim);
+  member m[1] = {{"weight", NULL, false}};
+  m[0].t = kiln__full_param(ctx, fn, KILN_SHAPE(num_embeddings, dim), 0.f);
+  if (m[0].t && kiln_init_normal(m[0].t, 0.f, 1.f) != KILN_OK) { /* torch's N(0, 1) */
+    kiln_tensor_free(m[0].t);
+    return ctx->status;
+  }
+  kiln_tensor *w = m[0].t;
+  kiln_status s = add_all(params, fn, base, m, 1, w != NULL);
+  if (s != KILN_OK) return s;
+  e->weight = w;
+  e->num_embeddings = num_embeddings;
+  e->dim = dim;
+  return KILN_OK;
+}
+
+kiln_tensor *kiln_embedding_forward(const kiln_embedding *e, kiln_tensor *idx) {
+  const char *fn = __func__;
+  kiln_ctx *ctx = kiln_tensor_ctx(idx);
+  if (!idx || !layer_ok(ctx, fn, e, e ? e->weight : NULL,
+                        "the layer has no weight (was kiln_embedding_init called, and did it "
+                        "succeed?)"))
+    return NULL;
+  kiln_shape out = kiln_tensor_shape(idx);
+  if (out.ndim >= KILN_MAX_DIMS) {
+    char sh[96];
+    kiln_shape_str(out, sh, sizeof sh);
+    kiln__error(ctx, KILN_ERR_SHAPE, "%s: indices %s have too many dims to add one", fn, sh);
+    return NULL;
+  }
+  out.d[out.ndim++] = e->dim;
+  kiln_tensor *flat = kiln_reshape(idx, KILN_SHAPE(kiln_tensor_numel(idx)));
+  return kiln_reshape(kiln_index_select(e->weight, flat), out);
 }

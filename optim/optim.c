@@ -1,9 +1,10 @@
 /*
  * optim.c: SGD (momentum, dampening, Nesterov, weight decay), Adam and AdamW with PyTorch's
- * semantics and defaults (zero options fields), and learning-rate schedules (the one-cycle one
- * cycling the momentum or beta1 too, as torch's OneCycleLR). kiln_optim_step records one
- * in-place update node per parameter; the update rules themselves are device code
- * (fusion/device/optim.cuh), called with the nodes' named attributes.
+ * semantics and defaults (zero options fields), parameter groups (a rate scale and a weight
+ * decay of their own per parameter, or none of this optimizer's updates), and learning-rate
+ * schedules (the one-cycle one cycling the momentum or beta1 too, as torch's OneCycleLR).
+ * kiln_optim_step records one in-place update node per parameter; the update rules themselves
+ * are device code (fusion/device/optim.cuh), called with the nodes' named attributes.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -26,6 +27,11 @@ struct kiln_optim {
   int n;
   kiln_tensor **s1, **s2; /* momentum buffer; Adam's m and v */
   int64_t *count;         /* updates each parameter has had */
+  /* parameter groups (kiln_optim_add_group), per parameter: the rate's scale, the weight decay
+   * when wd_set (else the optimizer's), and whether this optimizer leaves it alone */
+  float *lr_scale, *wd;
+  bool *wd_set, *excluded;
+  bool *mark; /* kiln_optim_step's scratch: parameters recorded */
   bool scheduled;
   kiln_schedule schedule;
   uint64_t undo_mark; /* the step's undo log holds its state (core/undo.c) */
@@ -200,26 +206,42 @@ kiln_adam_options kiln_adamw_defaults(void) {
   return o;
 }
 
+static void free_arrays(kiln_optim *o) {
+  free(o->s1);
+  free(o->s2);
+  free(o->count);
+  free(o->lr_scale);
+  free(o->wd);
+  free(o->wd_set);
+  free(o->excluded);
+  free(o->mark);
+}
+
 static kiln_optim *make(kind k, kiln_params *params, const char *fn) {
   kiln_ctx *ctx = kiln_params_ctx(params);
   if (!ctx || !kiln__ok(ctx)) return NULL;
   kiln_optim *o = calloc(1, sizeof *o);
   int n = kiln_params_count(params);
+  size_t m = (size_t)n + 1;
   if (o) {
-    o->s1 = calloc((size_t)n + 1, sizeof *o->s1);
-    o->s2 = calloc((size_t)n + 1, sizeof *o->s2);
-    o->count = calloc((size_t)n + 1, sizeof *o->count);
+    o->s1 = calloc(m, sizeof *o->s1);
+    o->s2 = calloc(m, sizeof *o->s2);
+    o->count = calloc(m, sizeof *o->count);
+    o->lr_scale = malloc(m * sizeof *o->lr_scale);
+    o->wd = calloc(m, sizeof *o->wd);
+    o->wd_set = calloc(m, sizeof *o->wd_set);
+    o->excluded = calloc(m, sizeof *o->excluded);
+    o->mark = calloc(m, sizeof *o->mark);
   }
-  if (!o || !o->s1 || !o->s2 || !o->count) {
-    if (o) {
-      free(o->s1);
-      free(o->s2);
-      free(o->count);
-    }
+  if (!o || !o->s1 || !o->s2 || !o->count || !o->lr_scale || !o->wd || !o->wd_set || !o->excluded ||
+      !o->mark) {
+    if (o) free_arrays(o);
     free(o);
     kiln__error(ctx, KILN_ERR_OOM, "%s: out of host memory", fn);
     return NULL;
   }
+  for (int i = 0; i < n; i++)
+    o->lr_scale[i] = 1.f; /* every parameter in the optimizer's own group */
   o->kind = k;
   o->ctx = ctx;
   o->anchor = kiln__ctx_anchor(ctx);
@@ -228,17 +250,33 @@ static kiln_optim *make(kind k, kiln_params *params, const char *fn) {
   return o;
 }
 
+/* Parameter i's zero-filled state tensor named "<param>.<suffix>", or NULL with the error set. */
+static kiln_tensor *state_of(kiln_optim *o, int i, const char *suffix) {
+  kiln_tensor *p = kiln_params_get(o->params, i);
+  kiln_tensor *s = kiln__tensor_persistent(o->ctx, KILN_DTYPE_F32, p->ndim, p->shape, true);
+  if (!s) return NULL;
+  char *name = kiln__strf("%s.%s", kiln__name(p), suffix);
+  if (!name) {
+    kiln_tensor_free(s);
+    kiln__error(o->ctx, KILN_ERR_OOM, "kiln: out of host memory");
+    return NULL;
+  }
+  kiln_tensor_set_name(s, name);
+  free(name);
+  return s;
+}
+
+/* The names of the optimizer's state tensors (NULL: it keeps none or only one). */
+static const char *state_suffix(const kiln_optim *o, int which) {
+  if (o->kind == SGD) return which == 0 && o->sgd.momentum > 0.f ? "momentum_buffer" : NULL;
+  return which == 0 ? "exp_avg" : "exp_avg_sq";
+}
+
 /* State tensors, zero-filled, one per parameter. */
 static bool make_state(kiln_optim *o, kiln_tensor **s, const char *suffix) {
   for (int i = 0; i < o->n; i++) {
-    kiln_tensor *p = kiln_params_get(o->params, i);
     if (kiln_params_is_buffer(o->params, i)) continue; /* never trained: no state */
-    s[i] = kiln__tensor_persistent(o->ctx, KILN_DTYPE_F32, p->ndim, p->shape, true);
-    if (!s[i]) return false;
-    char *name = kiln__strf("%s.%s", kiln__name(p), suffix);
-    if (!name) return !kiln__error(o->ctx, KILN_ERR_OOM, "kiln: out of host memory");
-    kiln_tensor_set_name(s[i], name);
-    free(name);
+    if (!(s[i] = state_of(o, i, suffix))) return false;
   }
   return true;
 }
@@ -309,6 +347,91 @@ kiln_optim *kiln_adamw_new(kiln_params *params, const kiln_adam_options *o) {
   return adam_new(ADAMW, params, o, __func__);
 }
 
+/* ---------------------------------------------------------------- parameter groups */
+
+int kiln_select_no_decay(const char *name, const kiln_tensor *t, void *user) {
+  (void)name;
+  (void)user;
+  return kiln_tensor_ndim(t) < 2;
+}
+
+int kiln_select_prefix(const char *name, const kiln_tensor *t, void *user) {
+  (void)t;
+  const char *prefix = user;
+  return name && prefix && strncmp(name, prefix, strlen(prefix)) == 0;
+}
+
+int kiln_optim_add_group(kiln_optim *o, kiln_param_select select, void *user,
+                         const kiln_param_group *group) {
+  const char *fn = __func__;
+  if (!o) return -1;
+  kiln_ctx *ctx = o->ctx;
+  if (!kiln__ok(ctx)) return -1;
+  if (ctx->in_step)
+    return kiln__error(ctx, KILN_ERR_STATE,
+                       "%s: groups are set up outside a step (before kiln_step_begin or after "
+                       "kiln_step_end)",
+                       fn),
+           -1;
+  if (kiln_params_count(o->params) != o->n)
+    return kiln__error(ctx, KILN_ERR_STATE,
+                       "%s: the parameter list changed (%d parameters, the optimizer was made for "
+                       "%d)",
+                       fn, kiln_params_count(o->params), o->n),
+           -1;
+  if (!select) return kiln__error(ctx, KILN_ERR_INVALID, "%s: NULL select function", fn), -1;
+  kiln_param_group g = group ? *group : (kiln_param_group){0};
+  float scale = kiln__opt_or(g.lr_scale, 1.f);
+  bool wd_set = g.weight_decay != 0.f || signbit(g.weight_decay);
+  float wd = kiln__opt_or(g.weight_decay, 0.f);
+  if (!(scale >= 0.f) || !isfinite(scale) || !(wd >= 0.f) || !isfinite(wd))
+    return kiln__error(ctx, KILN_ERR_INVALID,
+                       "%s: lr_scale %g and weight_decay %g must be finite and >= 0", fn,
+                       g.lr_scale, g.weight_decay),
+           -1;
+  /* which parameters the group takes, and the state tensors that parameters coming back from
+   * an exclusion need, all before anything changes */
+  size_t m = (size_t)o->n + 1;
+  bool *sel = calloc(m, sizeof *sel);
+  kiln_tensor **n1 = calloc(m, sizeof *n1), **n2 = calloc(m, sizeof *n2);
+  int count = 0;
+  bool ok = sel && n1 && n2;
+  if (!ok) kiln__error(ctx, KILN_ERR_OOM, "%s: out of host memory", fn);
+  for (int i = 0; ok && i < o->n; i++) {
+    if (kiln_params_is_buffer(o->params, i)) continue; /* never trained, in no group */
+    sel[i] = select(kiln_params_name(o->params, i), kiln_params_get(o->params, i), user) != 0;
+    count += sel[i];
+    if (!sel[i] || g.exclude || !o->excluded[i]) continue;
+    const char *s0 = state_suffix(o, 0), *s1 = state_suffix(o, 1);
+    ok = (!s0 || (n1[i] = state_of(o, i, s0))) && (!s1 || (n2[i] = state_of(o, i, s1)));
+  }
+  for (int i = 0; i < o->n && ok; i++) {
+    if (!sel[i]) continue;
+    if (g.exclude && !o->excluded[i]) { /* its state goes, and a later return starts afresh */
+      kiln_tensor_free(o->s1[i]);
+      kiln_tensor_free(o->s2[i]);
+      o->s1[i] = o->s2[i] = NULL;
+      o->count[i] = 0;
+    } else if (!g.exclude && o->excluded[i]) {
+      o->s1[i] = n1[i];
+      o->s2[i] = n2[i];
+      n1[i] = n2[i] = NULL;
+    }
+    o->excluded[i] = g.exclude != 0;
+    o->lr_scale[i] = scale;
+    o->wd_set[i] = wd_set;
+    o->wd[i] = wd;
+  }
+  for (int i = 0; n1 && n2 && i < o->n; i++) { /* what a failure left unused */
+    kiln_tensor_free(n1[i]);
+    kiln_tensor_free(n2[i]);
+  }
+  free(sel);
+  free(n1);
+  free(n2);
+  return ok ? count : -1;
+}
+
 /* What a failed step undoes of an optimizer: its step count, rate and per-parameter counts. */
 typedef struct saved_state {
   int64_t steps;
@@ -335,6 +458,66 @@ static bool log_state(kiln_optim *o) {
   return kiln__undo_push(o->ctx, undo_step, o, s, &o->undo_mark);
 }
 
+/* Parameter i's weight decay: its group's, else the optimizer's. */
+static float decay_of(const kiln_optim *o, int i) {
+  return o->wd_set[i] ? o->wd[i] : (o->kind == SGD ? o->sgd.weight_decay : o->adam.weight_decay);
+}
+
+/* Whether parameter i gets an update this step: it has a gradient, is no buffer and is not
+ * excluded by a group. */
+static bool updates(const kiln_optim *o, int i) {
+  return kiln_tensor_grad(kiln_params_get(o->params, i)) && !kiln_params_is_buffer(o->params, i) &&
+         !o->excluded[i];
+}
+
+/* Records parameter i's update with the rate lr (its group's) and momentum or beta1 mom (the
+ * schedule's when cyc). */
+static bool record_update(kiln_optim *o, int i, float lr, bool cyc, float mom) {
+  kiln_tensor *p = kiln_params_get(o->params, i);
+  kiln_tensor *g = kiln_tensor_grad(p);
+  float wd = decay_of(o, i);
+  kiln__node *n;
+  if (o->kind == SGD) {
+    const kiln_sgd_options *s = &o->sgd;
+    if (s->momentum > 0.f) {
+      kiln_tensor *in[3] = {p, g, o->s1[i]};
+      n = kiln__update(KILN__OP_SGD_MOMENTUM, "kiln_optim_step", 3, in);
+      if (!n) return false;
+      KILN__F(n, SGD_MOMENTUM, lr) = lr;
+      KILN__F(n, SGD_MOMENTUM, momentum) = cyc ? mom : s->momentum;
+      KILN__F(n, SGD_MOMENTUM, dampening) = s->dampening;
+      KILN__F(n, SGD_MOMENTUM, weight_decay) = wd;
+      /* the first step copies the gradient into the buffer: a step value, not structure */
+      KILN__F(n, SGD_MOMENTUM, first) = o->count[i] == 0 ? 1.f : 0.f;
+      KILN__I(n, SGD_MOMENTUM, nesterov) = s->nesterov != 0;
+    } else {
+      kiln_tensor *in[2] = {p, g};
+      n = kiln__update(KILN__OP_SGD, "kiln_optim_step", 2, in);
+      if (!n) return false;
+      KILN__F(n, SGD, lr) = lr;
+      KILN__F(n, SGD, weight_decay) = wd;
+    }
+  } else {
+    const kiln_adam_options *a = &o->adam;
+    kiln_tensor *in[4] = {p, g, o->s1[i], o->s2[i]};
+    n = kiln__update(KILN__OP_ADAM, "kiln_optim_step", 4, in);
+    if (!n) return false;
+    float beta1 = cyc ? mom : a->beta1; /* torch corrects the bias with the current beta1 */
+    double t = (double)(o->count[i] + 1);
+    double bc1 = 1.0 - pow((double)beta1, t), bc2 = 1.0 - pow((double)a->beta2, t);
+    KILN__F(n, ADAM, lr) = lr;
+    KILN__F(n, ADAM, beta1) = beta1;
+    KILN__F(n, ADAM, beta2) = a->beta2;
+    KILN__F(n, ADAM, eps) = a->eps;
+    KILN__F(n, ADAM, weight_decay) = wd;
+    KILN__F(n, ADAM, step_size) = (float)(lr / bc1);
+    KILN__F(n, ADAM, bc2_sqrt) = (float)sqrt(bc2);
+    KILN__I(n, ADAM, decoupled) = o->kind == ADAMW;
+  }
+  o->count[i]++;
+  return true;
+}
+
 kiln_status kiln_optim_step(kiln_optim *o) {
   if (!o) return KILN_ERR_INVALID;
   kiln_ctx *ctx = o->ctx;
@@ -355,49 +538,21 @@ kiln_status kiln_optim_step(kiln_optim *o) {
   /* a one-cycle schedule cycles SGD's momentum or Adam's beta1 too (a step value, as the rate) */
   bool cyc = o->scheduled && cycles_momentum(&o->schedule);
   float mom = cyc ? (float)resolved_momentum(&o->schedule, o->steps) : 0.f;
+  /* Parameters of one group are recorded one after another, so that the planner can batch
+   * their updates (equal attributes) into one multi-tensor launch; without groups this is the
+   * list's order. Parameters without a gradient are left alone, as in PyTorch. */
+  memset(o->mark, 0, (size_t)o->n * sizeof *o->mark);
   for (int i = 0; i < o->n; i++) {
-    kiln_tensor *p = kiln_params_get(o->params, i);
-    kiln_tensor *g = kiln_tensor_grad(p);
-    if (!g || kiln_params_is_buffer(o->params, i)) continue; /* left alone, as in PyTorch */
-    kiln__node *n;
-    if (o->kind == SGD) {
-      const kiln_sgd_options *s = &o->sgd;
-      if (s->momentum > 0.f) {
-        kiln_tensor *in[3] = {p, g, o->s1[i]};
-        n = kiln__update(KILN__OP_SGD_MOMENTUM, __func__, 3, in);
-        if (!n) return ctx->status;
-        KILN__F(n, SGD_MOMENTUM, lr) = o->lr;
-        KILN__F(n, SGD_MOMENTUM, momentum) = cyc ? mom : s->momentum;
-        KILN__F(n, SGD_MOMENTUM, dampening) = s->dampening;
-        KILN__F(n, SGD_MOMENTUM, weight_decay) = s->weight_decay;
-        /* the first step copies the gradient into the buffer: a step value, not structure */
-        KILN__F(n, SGD_MOMENTUM, first) = o->count[i] == 0 ? 1.f : 0.f;
-        KILN__I(n, SGD_MOMENTUM, nesterov) = s->nesterov != 0;
-      } else {
-        kiln_tensor *in[2] = {p, g};
-        n = kiln__update(KILN__OP_SGD, __func__, 2, in);
-        if (!n) return ctx->status;
-        KILN__F(n, SGD, lr) = o->lr;
-        KILN__F(n, SGD, weight_decay) = s->weight_decay;
-      }
-    } else {
-      const kiln_adam_options *a = &o->adam;
-      kiln_tensor *in[4] = {p, g, o->s1[i], o->s2[i]};
-      n = kiln__update(KILN__OP_ADAM, __func__, 4, in);
-      if (!n) return ctx->status;
-      float beta1 = cyc ? mom : a->beta1; /* torch corrects the bias with the current beta1 */
-      double t = (double)(o->count[i] + 1);
-      double bc1 = 1.0 - pow((double)beta1, t), bc2 = 1.0 - pow((double)a->beta2, t);
-      KILN__F(n, ADAM, lr) = o->lr;
-      KILN__F(n, ADAM, beta1) = beta1;
-      KILN__F(n, ADAM, beta2) = a->beta2;
-      KILN__F(n, ADAM, eps) = a->eps;
-      KILN__F(n, ADAM, weight_decay) = a->weight_decay;
-      KILN__F(n, ADAM, step_size) = (float)(o->lr / bc1);
-      KILN__F(n, ADAM, bc2_sqrt) = (float)sqrt(bc2);
-      KILN__I(n, ADAM, decoupled) = o->kind == ADAMW;
+    if (o->mark[i] || !updates(o, i)) continue;
+    for (int j = i; j < o->n; j++) {
+      if (o->mark[j] || !updates(o, j) || o->lr_scale[j] != o->lr_scale[i] ||
+          decay_of(o, j) != decay_of(o, i))
+        continue;
+      o->mark[j] = true;
+      /* the group's rate follows the optimizer's (and its schedule's) */
+      float lr = o->lr_scale[j] == 1.f ? o->lr : (float)((double)o->lr * o->lr_scale[j]);
+      if (!record_update(o, j, lr, cyc, mom)) return ctx->status;
     }
-    o->count[i]++;
   }
   o->steps++;
   return ctx->status;
@@ -424,9 +579,7 @@ void kiln_optim_free(kiln_optim *o) {
     kiln_tensor_free(o->s2[i]);
   }
   if (o->anchor->alive) kiln__undo_forget(o->ctx, o);
-  free(o->s1);
-  free(o->s2);
-  free(o->count);
+  free_arrays(o);
   kiln__anchor_release(o->anchor);
   free(o);
 }

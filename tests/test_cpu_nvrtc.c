@@ -121,6 +121,16 @@ static void record_op_zoo(kiln_ctx *ctx, kiln_params *q, kiln_optim **os) {
   t[n++] = kiln_cast(kiln_cast(a, KILN_DTYPE_I32), KILN_DTYPE_F32);
   t[n++] = kiln_index_select(a, idx);
   t[n++] = kiln_cast(kiln_index_select(kiln_cast(b, KILN_DTYPE_I32), idx), KILN_DTYPE_F32);
+  /* i32 comparisons (f32 results) and exact i32 sums, by rows, columns and whole */
+  kiln_tensor *am = kiln_argmax(a, -1, 0); /* (4, 5) i32 */
+  t[n++] = kiln_eq(am, kiln_argmax(kiln_neg(a), -1, 0));
+  t[n++] = kiln_lt(am, kiln_sum(a, KILN_AXES(2), 0));
+  t[n++] = kiln_cast(kiln_sum(am, KILN_AXES(1), 0), KILN_DTYPE_F32);
+  t[n++] = kiln_cast(kiln_sum(am, KILN_AXES(0), 1), KILN_DTYPE_F32);
+  t[n++] = kiln_cast(kiln_sum(kiln_cast(c, KILN_DTYPE_I32), KILN_ALL_AXES, 0), KILN_DTYPE_F32);
+  /* random tensors */
+  t[n++] = kiln_mul(kiln_rand(ctx, KILN_SHAPE(4, 5, 6)), a);
+  t[n++] = kiln_mul(kiln_randn(ctx, KILN_SHAPE(5, 6)), b);
   kiln_tensor *icat[2] = {idx, idx};
   t[n++] = kiln_cast(kiln_concat(2, icat, 0), KILN_DTYPE_F32);
   /* images: convolutions (grouped, strided, padded, dilated; pointwise) and pooling */

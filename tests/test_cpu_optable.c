@@ -35,7 +35,9 @@ static bool expect_no_grad(kiln__op op) {
   case KILN__OP_ADAM:
   case KILN__OP_ARGMAX:
   case KILN__OP_DETACH:
-  case KILN__OP_INDEX_SELECT:
+  case KILN__OP_INDEX_ADD:
+  case KILN__OP_RAND:
+  case KILN__OP_RANDN:
   case KILN__OP_COL2IM:
   case KILN__OP_MAX_POOL_GRAD:
   case KILN__OP_AVG_POOL_GRAD:
@@ -206,6 +208,8 @@ static kiln_tensor *record_op(kiln_ctx *ctx, kiln__op op) {
   case KILN__OP_SOFTPLUS: return kiln_softplus(a, 2.f, 10.f);
   case KILN__OP_COPY: return kiln_contiguous(kiln_transpose(a, 0, 1)); /* the copy of a view */
   case KILN__OP_DROPOUT: return kiln_dropout(a, 0.5f, 1);
+  case KILN__OP_INDEX_SELECT:
+    return kiln_index_select(th_param(ctx, KILN_SHAPE(4, 3)), th_i32(ctx, KILN_SHAPE(5)));
   case KILN__OP_SUM: return kiln_sum(a, KILN_AXES(1), 0);
   case KILN__OP_MAX: return kiln_max(a, KILN_AXES(1), 0);
   case KILN__OP_MATMUL:

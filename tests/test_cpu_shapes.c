@@ -144,8 +144,19 @@ Test(shapes, reductions) {
   TH_EXPECT_FAIL(ctx, kiln_argmax(a, 4, 0), KILN_ERR_SHAPE, "kiln_argmax", "axis 4");
   kiln_axes too_many = {.n = 7};
   TH_EXPECT_FAIL(ctx, kiln_sum(a, too_many, 0), KILN_ERR_INVALID, "kiln_sum", "7 axes");
-  TH_EXPECT_FAIL(ctx, kiln_sum(th_i32(ctx, KILN_SHAPE(3)), KILN_ALL_AXES, 0), KILN_ERR_DTYPE,
-                 "kiln_sum", "i32");
+  TH_EXPECT_FAIL(ctx, kiln_mean(th_i32(ctx, KILN_SHAPE(3)), KILN_ALL_AXES, 0), KILN_ERR_DTYPE,
+                 "kiln_mean", "i32");
+  TH_EXPECT_FAIL(ctx, kiln_max(th_i32(ctx, KILN_SHAPE(3)), KILN_ALL_AXES, 0), KILN_ERR_DTYPE,
+                 "kiln_max", "i32");
+  /* an i32 sum is an exact i32; comparisons take i32 and give f32 */
+  kiln_tensor *is = kiln_sum(th_i32(ctx, KILN_SHAPE(3, 4)), KILN_AXES(1), 0);
+  cr_assert_not_null(is, "%s", th_err(ctx));
+  cr_assert_eq(kiln_tensor_dtype(is), KILN_DTYPE_I32);
+  cr_assert_eq(kiln_tensor_dim(is, 0), 3);
+  kiln_tensor *ce = kiln_eq(th_i32(ctx, KILN_SHAPE(3)), th_i32(ctx, KILN_SHAPE(3)));
+  cr_assert_not_null(ce, "%s", th_err(ctx));
+  cr_assert_eq(kiln_tensor_dtype(ce), KILN_DTYPE_F32);
+  TH_EXPECT_FAIL(ctx, kiln_add(th_i32(ctx, KILN_SHAPE(3)), a), KILN_ERR_DTYPE, "kiln_add", "i32");
   th_free_scratch();
   th_ctx_free(ctx);
 }

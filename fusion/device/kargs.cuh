@@ -25,8 +25,9 @@ typedef struct kiln__dev_error {
   int pad;
   long long value, limit; /* the value, and the n of the range [0, n) it should lie in */
 } kiln__dev_error;
-#define KILN__DEV_ERR_LABEL 1 /* a label outside [0, classes) (kiln_cross_entropy) */
-#define KILN__DEV_ERR_INDEX 2 /* a row index outside [0, rows) (kiln_index_select) */
+#define KILN__DEV_ERR_LABEL 1    /* a label outside [0, classes) (kiln_cross_entropy) */
+#define KILN__DEV_ERR_INDEX 2    /* a row index outside [0, rows) (kiln_index_select) */
+#define KILN__DEV_ERR_OVERFLOW 3 /* an i32 sum outside the i32 range (kiln_sum) */
 
 typedef struct kiln__kargs {
   void *ptr[KILN__KMAX_UPDATE];

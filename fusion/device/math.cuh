@@ -24,6 +24,16 @@ KILN__FN float kiln_onehot(int label, long long c, long long classes, kiln__dev_
   return label == c ? 1.f : 0.f;
 }
 
+/* An i32 sum, accumulated in 64 bits: a total outside the i32 range is an error */
+KILN__FN int kiln_i32_total(long long v, kiln__dev_error *err) {
+  if (v >= -2147483648ll && v <= 2147483647ll) return (int)v;
+  if (err && atomicCAS(&err->code, 0, KILN__DEV_ERR_OVERFLOW) == 0) {
+    err->value = v;
+    err->limit = 2147483648ll;
+  }
+  return v < 0 ? (int)-2147483647 - 1 : 2147483647;
+}
+
 /* NaN wins, as in PyTorch */
 KILN__FN float kiln_maximum(float a, float b) { return (a > b || a != a) ? a : b; }
 KILN__FN float kiln_minimum(float a, float b) { return (a < b || a != a) ? a : b; }

@@ -7,6 +7,9 @@
 #define KILN_PHILOX_CUH
 
 #include "defs.cuh"
+#ifndef __CUDACC__
+#include <math.h>
+#endif
 
 KILN__FN unsigned int kiln_philox(unsigned long long seed, unsigned long long offset,
                                   unsigned long long idx) {
@@ -32,6 +35,15 @@ KILN__FN unsigned int kiln_philox(unsigned long long seed, unsigned long long of
 KILN__FN float kiln_philox_uniform(unsigned long long seed, unsigned long long offset,
                                    unsigned long long idx) {
   return (float)(kiln_philox(seed, offset, idx) >> 8) * (1.0f / 16777216.0f);
+}
+
+/* A standard normal value by Box-Muller from the uniforms of counters 2 idx and 2 idx + 1, the
+ * first in (0, 1] so that its logarithm is finite. */
+KILN__FN float kiln_philox_normal(unsigned long long seed, unsigned long long offset,
+                                  unsigned long long idx) {
+  float u1 = (float)((kiln_philox(seed, offset, 2 * idx) >> 8) + 1) * (1.0f / 16777216.0f);
+  float u2 = (float)(kiln_philox(seed, offset, 2 * idx + 1) >> 8) * (1.0f / 16777216.0f);
+  return sqrtf(-2.0f * logf(u1)) * cosf(6.28318530717958648f * u2);
 }
 
 #endif

@@ -31,6 +31,20 @@ KILN__FN float kiln_block_sum(float v, float *sv) {
   __syncthreads();
   return kiln_all_sum(lane < nw ? sv[lane] : 0.f);
 }
+/* The same for exact sums of i32 values, in 64 bits. */
+KILN__FN long long kiln_all_sum(long long v) {
+  for (int o = 16; o > 0; o >>= 1)
+    v += __shfl_xor_sync(KILN__FULL_MASK, v, o);
+  return v;
+}
+KILN__FN long long kiln_block_sum(long long v, long long *sv) {
+  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+  v = kiln_all_sum(v);
+  __syncthreads();
+  if (lane == 0) sv[w] = v;
+  __syncthreads();
+  return kiln_all_sum(lane < nw ? sv[lane] : 0ll);
+}
 KILN__FN float kiln_block_max(float v, float *sv) {
   const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
   v = kiln_all_max(v);
