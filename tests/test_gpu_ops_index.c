@@ -15,6 +15,18 @@
 #include "fusion/device/philox.cuh"
 #include "ref.h"
 
+/* Ends the open step, in which t was recorded, expecting the error a kernel found on the device,
+ * whose message holds both words. */
+static void expect_device_error(kiln_ctx *ctx, kiln_tensor *t, const char *what, const char *w1,
+                                const char *w2) {
+  cr_assert_not_null(t, "%s: %s", what, th_err(ctx));
+  kiln_status st = kiln_step_end(ctx);
+  if (st == KILN_OK) st = kiln_sync(ctx);
+  cr_assert_neq(st, KILN_OK, "%s ran clean", what);
+  cr_assert(strstr(th_err(ctx), w1) && strstr(th_err(ctx), w2),
+            "%s: the error names '%s' and '%s': %s", what, w1, w2, th_err(ctx));
+}
+
 /* ---------------------------------------------------------------- index_select's gradient */
 
 static kiln_tensor *gc_index_select(kiln_tensor *const *in, void *user) {
@@ -112,13 +124,8 @@ Test(gpu_index, embedding_init_forward_and_a_step_that_moves_only_used_rows) {
   int32_t bad[2] = {3, 1000};
   kiln_tensor *bidx = ref_upload_i32(ctx, KILN_SHAPE(2), bad);
   kiln_step_begin(ctx);
-  kiln_tensor *bo = kiln_embedding_forward(&e, bidx);
-  cr_assert_not_null(bo, "%s", th_err(ctx));
-  kiln_status st = kiln_step_end(ctx);
-  if (st == KILN_OK) st = kiln_sync(ctx);
-  cr_assert_neq(st, KILN_OK, "an embedding index of 1000 in a table of 1000 rows ran clean");
-  cr_assert(strstr(th_err(ctx), "1000") && strstr(th_err(ctx), "[0, 1000)"),
-            "the error names the index and the range: %s", th_err(ctx));
+  expect_device_error(ctx, kiln_embedding_forward(&e, bidx), "an embedding index of 1000", "1000",
+                      "[0, 1000)");
   free(w0);
   free(w1);
   free(hc);
@@ -220,13 +227,8 @@ Test(gpu_index, i32_sums_are_exact) {
   int32_t big[4] = {1 << 30, 1 << 30, 1 << 30, 1 << 30};
   kiln_tensor *b = ref_upload_i32(ctx, KILN_SHAPE(4), big);
   kiln_step_begin(ctx);
-  kiln_tensor *bs = kiln_sum(b, KILN_ALL_AXES, 0);
-  cr_assert_not_null(bs, "%s", th_err(ctx));
-  kiln_status st = kiln_step_end(ctx);
-  if (st == KILN_OK) st = kiln_sync(ctx);
-  cr_assert_neq(st, KILN_OK, "an i32 sum of 2^32 ran clean");
-  cr_assert(strstr(th_err(ctx), "kiln_sum") && strstr(th_err(ctx), "4294967296"),
-            "the overflow error names kiln_sum and the total: %s", th_err(ctx));
+  expect_device_error(ctx, kiln_sum(b, KILN_ALL_AXES, 0), "an i32 sum of 2^32", "kiln_sum",
+                      "4294967296");
   free(hf);
   free(rows);
   free(h);
