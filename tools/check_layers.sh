@@ -11,8 +11,9 @@
 #   io        io, core, include, optim/optim.h
 #   data      data, core, include
 # fusion/engine.h includes nothing of kiln's but kiln.h; core/internal.h, core/util.h and the
-# host-only files (errors, utilities, metadata, the MNIST reader, safetensors) include no CUDA
-# header and not core/cuda_check.h. Prints each breach and fails if there is one.
+# host-only files (errors, utilities, metadata, the MNIST and CIFAR-10 byte-level readers,
+# safetensors) include no CUDA header and not core/cuda_check.h. Prints each breach and fails if
+# there is one.
 set -u
 src=${1:-.}
 cd "$src" || exit 2
@@ -59,7 +60,7 @@ for inc in $(sed -n 's/^[[:space:]]*#[[:space:]]*include[[:space:]]*"\([^"]*\)".
   [ "$inc" = kiln.h ] || breach "fusion/engine.h includes $inc (it may include only kiln.h)"
 done
 for f in core/internal.h core/util.h core/error.c core/util.c core/meta.c data/mnist.c \
-  data/readers.h io/safetensors.c io/safetensors.h; do
+  data/cifar10_bytes.c data/readers.h io/safetensors.c io/safetensors.h; do
   if grep -nE '^[[:space:]]*#[[:space:]]*include[[:space:]]*[<"](cuda|cublas|nvrtc|nvtx)' "$f" >/dev/null ||
     grep -nE '^[[:space:]]*#[[:space:]]*include[[:space:]]*".*cuda_check.h"' "$f" >/dev/null; then
     breach "$f (host-only) includes a CUDA header"
