@@ -517,8 +517,9 @@ static bool render_updates(const kiln__target *tg, const kiln__node *const *node
   kiln__sb_printf(&b, "  const int t = blockIdx.y;\n  const long long n = a.st[t][0];\n"
                       "  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; "
                       "i < n;\n       i += (long long)gridDim.x * blockDim.x) {\n");
-  for (int q = 0; q < nin; q++)
-    kiln__sb_printf(&b, "    float x%d = ((const float *)a.ptr[t * %d + %d])[i];\n", q, nin, q);
+  for (int q = 0; q < nin; q++) /* scale's factor is one value for every element */
+    kiln__sb_printf(&b, "    float x%d = ((const float *)a.ptr[t * %d + %d])[%s];\n", q, nin, q,
+                    n0->op == KILN__OP_SCALE && q == 1 ? "0" : "i");
   kiln__sb_printf(&b, "    ");
   expand(&b, info->expr, &w, 0, n0);
   kiln__sb_printf(&b, "\n");

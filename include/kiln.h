@@ -600,10 +600,11 @@ kiln_status kiln_init_xavier_normal(kiln_tensor *t, float gain);
  * a one-element intermediate of the step, read with kiln_tensor_item after kiln_step_end. It is
  * recorded like an op (call it between kiln_backward and kiln_optim_step): nothing is read on the
  * host, so a graph-mode step that clips replays as its graph however the norm changes, and
- * max_norm is a step value. max_norm must be finite and > 0 (else an error, NULL, and nothing
- * recorded). No gradient at all: total is 0 and nothing is scaled. Unlike torch, a non-finite
- * total is not checked (error_if_nonfinite=False, torch's default): it scales every gradient to
- * NaN. */
+ * max_norm is a step value. Launches: one fused sum of squares per gradient, one or two small
+ * kernels for the coefficient, and one multi-tensor kernel that scales every gradient. max_norm
+ * must be finite and > 0 (else an error, NULL, and nothing recorded). No gradient at all: total is
+ * 0 and nothing is scaled. Unlike torch, a non-finite total is not checked
+ * (error_if_nonfinite=False, torch's default): it scales every gradient to NaN. */
 kiln_tensor *kiln_clip_grad_norm(kiln_params *p, float max_norm);
 
 /* Embedding (torch.nn.Embedding): "name.weight" (num_embeddings, dim) ~ N(0, 1), as torch's

@@ -1,8 +1,8 @@
 /*
  * clip.c: gradient clipping by global norm, as torch.nn.utils.clip_grad_norm_ with norm_type 2.
- * It is recorded like every op: the norm and the clipping coefficient are device values, and each
- * gradient is scaled in place by an assignment node, so no value is read on the host and a step
- * that clips replays as its CUDA graph whatever the norm comes to.
+ * It is recorded like every op: the norm and the clipping coefficient are device values, and the
+ * gradients are scaled in place by consecutive scale nodes (one multi-tensor launch), so no value
+ * is read on the host and a step that clips replays as its CUDA graph whatever the norm comes to.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -18,7 +18,7 @@ kiln_tensor *kiln_clip_grad_norm(kiln_params *p, float max_norm) {
     return NULL;
   }
   int n = kiln_params_count(p), ng = 0;
-  kiln_tensor **grads = malloc((size_t)(n > 0 ? n : 1) * sizeof *grads);
+  kiln_tensor **grads = malloc((size_t)(n > 0 ? 2 * n : 1) * sizeof *grads); /* and the sums */
   if (!grads) {
     kiln__error(ctx, KILN_ERR_OOM, "%s: out of host memory", fn);
     return NULL;
@@ -28,11 +28,14 @@ kiln_tensor *kiln_clip_grad_norm(kiln_params *p, float max_norm) {
     if (g && !kiln_params_is_buffer(p, i)) grads[ng++] = g;
   }
   kiln_no_grad_begin(ctx);
-  kiln_tensor *sq = NULL; /* () the sum of every gradient's squares */
-  for (int k = 0; k < ng; k++) {
-    kiln_tensor *s = kiln_sum(kiln_mul(grads[k], grads[k]), KILN_ALL_AXES, 0);
-    sq = k == 0 ? s : kiln_add(sq, s);
-  }
+  /* () the sum of every gradient's squares: the sums first, then their total, so that the
+   * scalar arithmetic below is one elementwise kernel */
+  kiln_tensor **sums = grads + n;
+  for (int k = 0; k < ng; k++)
+    sums[k] = kiln_sum(kiln_mul(grads[k], grads[k]), KILN_ALL_AXES, 0);
+  kiln_tensor *sq = ng ? sums[0] : NULL;
+  for (int k = 1; k < ng; k++)
+    sq = kiln_add(sq, sums[k]);
   kiln_tensor *total = ng ? kiln_sqrt(sq) : kiln_full(ctx, KILN_SCALAR_SHAPE, 0.f); /* () */
   if (total) total->keep = true; /* read after the step, though the coefficient consumes it */
   /* coef = min(max_norm / (total + 1e-6), 1), as torch; a coefficient of 1 leaves g bitwise */
@@ -40,9 +43,10 @@ kiln_tensor *kiln_clip_grad_norm(kiln_params *p, float max_norm) {
                                                  kiln_add_scalar(total, 1e-6f)),
                                         kiln_full(ctx, KILN_SCALAR_SHAPE, 1.f))
                          : NULL;
+  /* consecutive in-place scales: one multi-tensor launch for all the gradients */
   for (int k = 0; k < ng && coef; k++) {
-    kiln_tensor *in[2] = {grads[k], kiln_mul(grads[k], coef)};
-    if (!in[1] || !kiln__update(KILN__OP_ASSIGN, fn, 2, in)) break;
+    kiln_tensor *in[2] = {grads[k], coef};
+    if (!kiln__update(KILN__OP_SCALE, fn, 2, in)) break;
   }
   kiln_no_grad_end(ctx);
   free(grads);

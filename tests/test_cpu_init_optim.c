@@ -368,7 +368,7 @@ Test(clip, records_the_norm_and_scales_every_gradient) {
   cr_assert_not_null(z, "%s", th_err(ctx));
   cr_assert_eq(kiln_tensor_numel(z), 1);
   cr_assert_eq(th_count_ops(ctx, n0, th_tlen(ctx), KILN__OP_FILL), 1);
-  cr_assert_eq(th_count_ops(ctx, n0, th_tlen(ctx), KILN__OP_ASSIGN), 0);
+  cr_assert_eq(th_count_ops(ctx, n0, th_tlen(ctx), KILN__OP_SCALE), 0);
   cr_assert_eq(KILN__F(kiln__producer(z), FILL, value), 0.f);
 
   th_net_backward(&m);
@@ -380,20 +380,23 @@ Test(clip, records_the_norm_and_scales_every_gradient) {
   int32_t n1 = th_tlen(ctx);
   cr_assert_eq(th_count_ops(ctx, n0, n1, KILN__OP_SUM), 4, "one sum of squares per gradient");
   cr_assert_eq(th_count_ops(ctx, n0, n1, KILN__OP_SQRT), 1);
-  cr_assert_eq(th_count_ops(ctx, n0, n1, KILN__OP_ASSIGN), 4, "each gradient written in place");
+  cr_assert_eq(th_count_ops(ctx, n0, n1, KILN__OP_SCALE), 4, "each gradient scaled in place");
+  cr_assert_eq(th_node(ctx, n1 - 4)->op, KILN__OP_SCALE,
+               "the four scales are the last nodes, one after another (one multi-tensor launch)");
   /* the coefficient: max_norm (a fill, a step value) over total + 1e-6, at most 1 */
   bool has_max = false;
   for (int32_t i = n0; i < n1; i++) {
     kiln__node *n = th_node(ctx, i);
     if (n->op == KILN__OP_FILL && KILN__F(n, FILL, value) == 0.25f) has_max = true;
     if (n->op == KILN__OP_ADD_SCALAR) cr_assert_eq(KILN__F(n, ADD_SCALAR, s), 1e-6f);
-    if (n->op != KILN__OP_ASSIGN) continue;
+    if (n->op != KILN__OP_SCALE) continue;
     kiln_tensor *g = n->in[0];
     bool is_grad = false;
     for (int p = 0; p < 4; p++)
       is_grad |= g == kiln_tensor_grad(kiln_params_get(m.params, p));
-    cr_assert(is_grad, "an assignment writes '%s', not a gradient", kiln_tensor_name(g));
-    cr_assert_eq(kiln__producer(n->in[1])->op, KILN__OP_MUL);
+    cr_assert(is_grad, "a scale writes '%s', not a gradient", kiln_tensor_name(g));
+    cr_assert_eq(kiln_tensor_numel(n->in[1]), 1, "the factor is one value");
+    cr_assert_eq(kiln__producer(n->in[1])->op, KILN__OP_MINIMUM, "the factor is min(..., 1)");
   }
   cr_assert(has_max, "max_norm is a fill node's value");
   th_assert_ok(ctx);

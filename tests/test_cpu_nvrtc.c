@@ -177,6 +177,8 @@ static void record_op_zoo(kiln_ctx *ctx, kiln_params *q, kiln_optim **os) {
   cr_assert_eq(kiln_backward(loss), KILN_OK, "kiln_backward: %s", kiln_ctx_error(ctx));
   cr_assert_eq(kiln_backward(kiln_mul_scalar(loss, 0.5f)), KILN_OK, "second kiln_backward: %s",
                kiln_ctx_error(ctx));
+  /* clipping: the norm's sums and one multi-tensor scale of every gradient */
+  cr_assert_not_null(kiln_clip_grad_norm(q, 1.f), "kiln_clip_grad_norm: %s", kiln_ctx_error(ctx));
 
   os[0] = kiln_adam_new(q, NULL);
   os[1] = kiln_adamw_new(q, NULL);

@@ -30,6 +30,7 @@ static bool expect_no_grad(kiln__op op) {
   case KILN__OP_ONEHOT:
   case KILN__OP_ACCUM:
   case KILN__OP_ASSIGN:
+  case KILN__OP_SCALE:
   case KILN__OP_SGD:
   case KILN__OP_SGD_MOMENTUM:
   case KILN__OP_ADAM:
