@@ -231,6 +231,15 @@ void th_write_whole(const char *path, const void *p, size_t n) {
   cr_assert_eq(fclose(f), 0);
 }
 
+void th_corrupt_third(const char *path) {
+  size_t n;
+  char *p = th_read_whole(path, &n);
+  for (size_t i = n / 3; i < n / 3 + 16 && i < n; i++)
+    p[i] ^= 0x5a;
+  th_write_whole(path, p, n);
+  free(p);
+}
+
 void th_truncate_half(const char *path) {
   struct stat sb;
   cr_assert_eq(stat(path, &sb), 0);

@@ -111,5 +111,7 @@ char *th_read_whole(const char *path, size_t *len);
 void th_write_whole(const char *path, const void *p, size_t n);
 /* Truncates a file to half its length. */
 void th_truncate_half(const char *path);
+/* Flips 16 bytes a third of the way into a file (a compressed stream's data, past its header). */
+void th_corrupt_third(const char *path);
 
 #endif

@@ -377,16 +377,6 @@ static void put_changed(const char *dir, const uint8_t *p, size_t n, packing k,
   f(path);
 }
 
-/* Flips 16 bytes a third of the way into a file. */
-static void corrupt(const char *path) {
-  size_t n;
-  char *p = th_read_whole(path, &n);
-  for (size_t i = n / 3; i < n / 3 + 16; i++)
-    p[i] ^= 0x5a;
-  th_write_whole(path, p, n);
-  free(p);
-}
-
 static void add_garbage(const char *path) {
   size_t n;
   char *p = th_read_whole(path, &n);
@@ -401,13 +391,13 @@ Test(cifar10, corrupted_and_truncated_compressed_files) {
   char dir[256];
   th_tmpdir(dir, sizeof dir, "cifar10");
   uint8_t *b = synth_batch(5, 40);
-  put_changed(dir, b, 40 * REC, GZ, corrupt);
+  put_changed(dir, b, 40 * REC, GZ, th_corrupt_third);
   EXPECT_ERROR(dir, "test", KILN_ERR_FORMAT, "test_batch.bin.gz: ", "corrupt");
   remove_file(dir, "test_batch", GZ);
   put_changed(dir, b, 40 * REC, GZ, th_truncate_half);
   EXPECT_ERROR(dir, "test", KILN_ERR_FORMAT, "test_batch.bin.gz: ", "truncated");
   remove_file(dir, "test_batch", GZ);
-  put_changed(dir, b, 40 * REC, XZ, corrupt);
+  put_changed(dir, b, 40 * REC, XZ, th_corrupt_third);
   EXPECT_ERROR(dir, "test", KILN_ERR_FORMAT, "test_batch.bin.xz: ", "corrupt xz data");
   remove_file(dir, "test_batch", XZ);
   put_changed(dir, b, 40 * REC, XZ, th_truncate_half);

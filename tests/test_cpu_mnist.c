@@ -77,12 +77,7 @@ Test(mnist, gzip_with_corrupted_deflate_data) {
   char dir[256], path[1200];
   th_idx_synthetic(dir, sizeof dir, true);
   snprintf(path, sizeof path, "%s/" TH_IDX_IMAGES ".gz", dir);
-  size_t n;
-  char *p = th_read_whole(path, &n);
-  for (size_t i = n / 3; i < n / 3 + 16; i++)
-    p[i] ^= 0x5a;
-  th_write_whole(path, p, n);
-  free(p);
+  th_corrupt_third(path);
   TH_EXPECT_MNIST_ERROR(dir, KILN_ERR_FORMAT, TH_IDX_IMAGES, "corrupt");
   th_remove_dir(dir);
 }
