@@ -7,14 +7,18 @@
 #include "defs.cuh"
 #include "kargs.cuh"
 
-/* Whether v lies in [0, n); the first value of a launch that does not is recorded in *err with
- * its code (a relaxed race between bad values: one of them is kept). */
-KILN__FN bool kiln_in_range(long long v, long long n, int code, kiln__dev_error *err) {
-  if (v >= 0 && v < n) return true;
+/* Records a bad value v (n: the limit it broke) in *err with its code, if no other is there
+ * (a relaxed race between bad values: one of them is kept). */
+KILN__FN void kiln_dev_fail(long long v, long long n, int code, kiln__dev_error *err) {
   if (err && atomicCAS(&err->code, 0, code) == 0) {
     err->value = v;
     err->limit = n;
   }
+}
+/* Whether v lies in [0, n); the first value of a launch that does not is recorded. */
+KILN__FN bool kiln_in_range(long long v, long long n, int code, kiln__dev_error *err) {
+  if (v >= 0 && v < n) return true;
+  kiln_dev_fail(v, n, code, err);
   return false;
 }
 
@@ -27,10 +31,7 @@ KILN__FN float kiln_onehot(int label, long long c, long long classes, kiln__dev_
 /* An i32 sum, accumulated in 64 bits: a total outside the i32 range is an error */
 KILN__FN int kiln_i32_total(long long v, kiln__dev_error *err) {
   if (v >= -2147483648ll && v <= 2147483647ll) return (int)v;
-  if (err && atomicCAS(&err->code, 0, KILN__DEV_ERR_OVERFLOW) == 0) {
-    err->value = v;
-    err->limit = 2147483648ll;
-  }
+  kiln_dev_fail(v, 2147483648ll, KILN__DEV_ERR_OVERFLOW, err);
   return v < 0 ? (int)-2147483647 - 1 : 2147483647;
 }
 

@@ -10,8 +10,9 @@
 
 #define KILN__FULL_MASK 0xffffffffu
 
-/* The warp's sum or max, returned to every lane. */
-KILN__FN float kiln_all_sum(float v) {
+/* The warp's sum or max, returned to every lane. Sums are of floats, or of 64-bit integers
+ * (exact sums of i32 values). */
+template <typename T> KILN__FN T kiln_all_sum(T v) {
   for (int o = 16; o > 0; o >>= 1)
     v += __shfl_xor_sync(KILN__FULL_MASK, v, o);
   return v;
@@ -23,27 +24,13 @@ KILN__FN float kiln_all_max(float v) {
 }
 
 /* The whole block's sum or max, returned to every thread. */
-KILN__FN float kiln_block_sum(float v, float *sv) {
+template <typename T> KILN__FN T kiln_block_sum(T v, T *sv) {
   const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
   v = kiln_all_sum(v);
   __syncthreads(); /* the previous reduction's partials have been read */
   if (lane == 0) sv[w] = v;
   __syncthreads();
-  return kiln_all_sum(lane < nw ? sv[lane] : 0.f);
-}
-/* The same for exact sums of i32 values, in 64 bits. */
-KILN__FN long long kiln_all_sum(long long v) {
-  for (int o = 16; o > 0; o >>= 1)
-    v += __shfl_xor_sync(KILN__FULL_MASK, v, o);
-  return v;
-}
-KILN__FN long long kiln_block_sum(long long v, long long *sv) {
-  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
-  v = kiln_all_sum(v);
-  __syncthreads();
-  if (lane == 0) sv[w] = v;
-  __syncthreads();
-  return kiln_all_sum(lane < nw ? sv[lane] : 0ll);
+  return kiln_all_sum(lane < nw ? sv[lane] : (T)0);
 }
 KILN__FN float kiln_block_max(float v, float *sv) {
   const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
