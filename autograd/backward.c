@@ -106,8 +106,14 @@ kiln_status kiln_backward(kiln_tensor *loss) {
     kiln_tensor *gin[KILN__MAX_IN] = {0};
     kiln__node copy = *n; /* the trace may move when it grows */
     kiln__ops[copy.op].grad(&b, &copy, g, gin);
-    for (int k = 0; k < copy.nin; k++)
-      if (gin[k] && copy.in[k]->requires_grad) add_grad(&b, copy.in[k], gin[k]);
+    for (int k = 0; k < copy.nin; k++) {
+      if (!gin[k] || !copy.in[k]->requires_grad) continue;
+      /* a gradient has its value's dtype: an op that promoted a bf16 input to f32 hands back an
+       * f32 gradient, cast here (the cast fuses into the kernel that computes it) */
+      kiln_tensor *gk =
+          gin[k]->dtype == copy.in[k]->dtype ? gin[k] : kiln_cast(gin[k], copy.in[k]->dtype);
+      add_grad(&b, copy.in[k], gk);
+    }
   }
   for (int k = 0; k < b.nleaves && kiln__ok(ctx); k++)
     write_leaf(&b, b.leaves[k]);

@@ -198,6 +198,13 @@ void kiln__grad_clamp(kiln__bw *b, const kiln__node *n, kiln_tensor *g, kiln_ten
   }
   gin[0] = out;
 }
+/* A cast's gradient is the output's, cast back to the input's dtype (f32 and bf16 only: an i32
+ * value never requires a gradient). */
+void kiln__grad_cast(kiln__bw *b, const kiln__node *n, kiln_tensor *g, kiln_tensor **gin) {
+  (void)b;
+  if (NEED(0)) gin[0] = kiln_cast(g, n->in[0]->dtype);
+}
+
 void kiln__grad_copy(kiln__bw *b, const kiln__node *n, kiln_tensor *g, kiln_tensor **gin) {
   (void)b, (void)n;
   gin[0] = g;

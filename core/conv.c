@@ -34,7 +34,7 @@ kiln_tensor *kiln__window(kiln__op op, const char *fn, kiln_tensor *x, kiln_tens
   kiln_ctx *ctx = x ? x->ctx : NULL;
   if (!ctx || !kiln__ok(ctx)) return NULL;
   KILN_ASSERT(kiln__is_contiguous(x) && (!x2 || kiln__is_contiguous(x2)));
-  kiln_tensor *out = kiln__tensor_intermediate(ctx, fn, KILN_DTYPE_F32, 4, out_shape);
+  kiln_tensor *out = kiln__tensor_intermediate(ctx, fn, x->dtype, 4, out_shape);
   if (!out) return NULL;
   kiln_tensor *in[2] = {x, x2};
   kiln__node *n = kiln__record(ctx, op, x2 ? 2 : 1, in, out);
@@ -72,13 +72,19 @@ static bool is_f32(kiln_ctx *ctx, const char *fn, const char *what, const kiln_t
                       kiln_dtype_name(t->dtype));
 }
 
-/* An image (N, H, W, C), f32. */
+static bool is_float(kiln_ctx *ctx, const char *fn, const char *what, const kiln_tensor *t) {
+  if (kiln__is_float(t->dtype)) return true;
+  return !kiln__error(ctx, KILN_ERR_DTYPE, "%s: %s is %s; this op takes f32 or bf16", fn, what,
+                      kiln_dtype_name(t->dtype));
+}
+
+/* An image (N, H, W, C), f32 or bf16. */
 static bool image(kiln_ctx *ctx, const char *fn, const kiln_tensor *x) {
   char sh[96];
   if (x->ndim != 4)
     return !kiln__error(ctx, KILN_ERR_SHAPE, "%s: the input is %s; images are (N, H, W, C)", fn,
                         kiln__shape_of(x, sh, sizeof sh));
-  return is_f32(ctx, fn, "the input", x);
+  return is_float(ctx, fn, "the input", x);
 }
 
 /* The output size of a window along one axis (floor mode); false with an error when the window
@@ -117,11 +123,19 @@ kiln_tensor *kiln_conv2d(kiln_tensor *x, kiln_tensor *weight, kiln_tensor *bias,
     return NULL;
   }
   kiln_ctx *ctx = begin(fn, 3, in);
-  if (!ctx || !image(ctx, fn, x) || !is_f32(ctx, fn, "the weight", weight) ||
-      (bias && !is_f32(ctx, fn, "the bias", bias)))
+  if (!ctx || !image(ctx, fn, x) || !is_float(ctx, fn, "the weight", weight) ||
+      (bias && !is_float(ctx, fn, "the bias", bias)))
     return NULL;
   kiln_conv2d_options opt = o ? *o : (kiln_conv2d_options){0};
   char s1[96], s2[96];
+  /* in an autocast region the input and the weight are cast (the casts fuse into their
+   * producers); outside one they must agree */
+  kiln_dtype ac = kiln__autocast_dtype(ctx);
+  if (ac == KILN_DTYPE_F32 && weight->dtype != x->dtype)
+    return kiln__error(ctx, KILN_ERR_DTYPE,
+                       "%s: the input is %s and the weight %s (one dtype, or an autocast region)",
+                       fn, kiln_dtype_name(x->dtype), kiln_dtype_name(weight->dtype)),
+           NULL;
   int64_t N = x->shape[0], H = x->shape[1], W = x->shape[2], C = x->shape[3];
   int64_t G = or_default(opt.groups, 1);
   if (weight->ndim != 4)
@@ -158,23 +172,24 @@ kiln_tensor *kiln_conv2d(kiln_tensor *x, kiln_tensor *weight, kiln_tensor *bias,
   int64_t K = w.kh * w.kw * C, Kg = K / G, M = N * OH * OW; /* rows and columns of the product */
   int64_t cshape[4] = {N, OH, OW, K};
   if (!kiln__valid_shape(ctx, fn, 4, cshape)) return NULL;
-  kiln_tensor *xc = kiln_contiguous(x);
+  kiln_tensor *xc = kiln_contiguous(ac == KILN_DTYPE_F32 ? x : kiln_cast(x, ac));
   if (!xc) return NULL;
   bool pointwise = w.kh == 1 && w.kw == 1 && w.sh == 1 && w.sw == 1 && w.ph == 0 && w.pw == 0;
   kiln_tensor *cols = pointwise ? xc : kiln__window(KILN__OP_IM2COL, fn, xc, NULL, cshape, &w, G);
   cols = kiln_reshape(cols, KILN_SHAPE(M, K));
   /* the weight's columns in im2col's order: (Cout, kh, kw, Cin / groups) */
   kiln_tensor *wk = kiln_reshape(kiln_permute(weight, KILN_AXES(0, 2, 3, 1)), KILN_SHAPE(Cout, Kg));
+  if (ac != KILN_DTYPE_F32) wk = kiln_cast(wk, ac);
   kiln_tensor *y;
   if (G == 1) {
     y = kiln_matmul(cols, kiln_transpose(wk, 0, 1)); /* (M, Cout) */
-    if (bias) y = kiln_add(y, bias);
+    if (bias && y) y = kiln_add(y, kiln_cast(bias, y->dtype));
   } else {
     kiln_tensor *cg = kiln_permute(kiln_reshape(cols, KILN_SHAPE(M, G, Kg)), KILN_AXES(1, 0, 2));
     kiln_tensor *wg = kiln_transpose(kiln_reshape(wk, KILN_SHAPE(G, Cout / G, Kg)), 1, 2);
     y = kiln_matmul(cg, wg); /* (G, M, Cout / G) */
     y = kiln_reshape(kiln_permute(y, KILN_AXES(1, 0, 2)), KILN_SHAPE(M, Cout));
-    if (bias) y = kiln_add(y, bias);
+    if (bias && y) y = kiln_add(y, kiln_cast(bias, y->dtype));
   }
   return kiln_reshape(y, KILN_SHAPE(N, OH, OW, Cout));
 }
@@ -330,7 +345,7 @@ kiln_tensor *kiln_batch_norm(kiln_tensor *x, kiln_tensor *weight, kiln_tensor *b
     return NULL;
   }
   kiln_ctx *ctx = begin(fn, 5, in);
-  if (!ctx || !is_f32(ctx, fn, "the input", x)) return NULL;
+  if (!ctx || !is_float(ctx, fn, "the input", x)) return NULL;
   char sh[96];
   if (x->ndim < 2)
     return kiln__error(ctx, KILN_ERR_SHAPE, "%s: the input is %s; it needs (N, ..., C)", fn,
@@ -406,7 +421,7 @@ kiln_tensor *kiln_layer_norm(kiln_tensor *x, kiln_tensor *weight, kiln_tensor *b
     return NULL;
   }
   kiln_ctx *ctx = begin(fn, 3, in);
-  if (!ctx || !is_f32(ctx, fn, "the input", x)) return NULL;
+  if (!ctx || !is_float(ctx, fn, "the input", x)) return NULL;
   char sh[96];
   if (x->ndim < 1 || x->shape[x->ndim - 1] == 0)
     return kiln__error(ctx, KILN_ERR_SHAPE, "%s: the input %s has no last axis to normalise", fn,
@@ -418,6 +433,7 @@ kiln_tensor *kiln_layer_norm(kiln_tensor *x, kiln_tensor *weight, kiln_tensor *b
     return NULL;
   if (!(eps >= 0.f))
     return kiln__error(ctx, KILN_ERR_INVALID, "%s: eps %g must be >= 0", fn, eps), NULL;
+  x = kiln_cast(x, KILN_DTYPE_F32); /* computed in f32, as under torch.autocast */
   kiln_tensor *mean = kiln_mean(x, KILN_AXES(-1), 1);
   kiln_tensor *xc = kiln_sub(x, mean);
   kiln_tensor *var = kiln_mean(kiln_mul(xc, xc), KILN_AXES(-1), 1);

@@ -282,3 +282,32 @@ void kiln_no_grad_end(kiln_ctx *ctx) {
                 "kiln_no_grad_begin)");
 }
 int kiln_grad_enabled(const kiln_ctx *ctx) { return ctx && ctx->no_grad_depth == 0; }
+
+void kiln_autocast_begin(kiln_ctx *ctx, kiln_dtype dtype) {
+  if (!ctx || !kiln__ok(ctx)) return;
+  if (dtype != KILN_DTYPE_BF16 && dtype != KILN_DTYPE_F32)
+    return (void)kiln__error(ctx, KILN_ERR_DTYPE,
+                             "kiln_autocast_begin: dtype %s; regions compute in bf16, or in f32 "
+                             "(a region without autocast inside one with it)",
+                             kiln_dtype_name(dtype));
+  if (ctx->autocast_depth == KILN__MAX_AUTOCAST)
+    return (void)kiln__error(ctx, KILN_ERR_STATE,
+                             "kiln_autocast_begin: %d autocast regions are open already (the most "
+                             "that nest)",
+                             KILN__MAX_AUTOCAST);
+  ctx->autocast[ctx->autocast_depth++] = dtype;
+}
+
+void kiln_autocast_end(kiln_ctx *ctx) {
+  if (!ctx) return;
+  if (ctx->autocast_depth > 0)
+    ctx->autocast_depth--;
+  else
+    kiln__error(ctx, KILN_ERR_STATE,
+                "kiln_autocast_end: no autocast region is open (more kiln_autocast_end calls "
+                "than kiln_autocast_begin)");
+}
+
+kiln_dtype kiln__autocast_dtype(const kiln_ctx *ctx) {
+  return ctx->autocast_depth > 0 ? ctx->autocast[ctx->autocast_depth - 1] : KILN_DTYPE_F32;
+}

@@ -51,9 +51,10 @@ typedef enum kiln__op {
 } kiln__op;
 
 #define KILN__MAX_IN 8
-#define KILN__NF 8  /* float attributes a node can hold */
-#define KILN__NI 10 /* int attributes */
-#define KILN__NU 2  /* 64-bit attributes */
+#define KILN__MAX_AUTOCAST 8 /* nested autocast regions */
+#define KILN__NF 8           /* float attributes a node can hold */
+#define KILN__NI 10          /* int attributes */
+#define KILN__NU 2           /* 64-bit attributes */
 
 /*
  * Named attributes. For every op, three structs of one char per attribute of a kind (floats,
@@ -282,7 +283,9 @@ struct kiln_ctx {
   bool nvtx;      /* KILN_NVTX=1: an NVTX range around every launch */
   unsigned debug; /* KILN__DEBUG_* */
   int no_grad_depth;
-  bool training; /* kiln_set_training: layers' train/eval mode */
+  int autocast_depth;                      /* open kiln_autocast_begin regions */
+  kiln_dtype autocast[KILN__MAX_AUTOCAST]; /* their dtypes, innermost last */
+  bool training;                           /* kiln_set_training: layers' train/eval mode */
   uint64_t seed, philox_offset;
   uint64_t host_rng; /* init and shuffles: splitmix64 state */
 
@@ -355,6 +358,18 @@ bool kiln__valid_shape(kiln_ctx *ctx, const char *fn, int ndim, const int64_t *s
 void kiln__contiguous_strides(int ndim, const int64_t *shape, int64_t *stride);
 int64_t kiln__numel(int ndim, const int64_t *shape);
 bool kiln__is_contiguous(const kiln_tensor *t);
+/* The dtype products and convolutions compute in: the innermost open autocast region's, or
+ * KILN_DTYPE_F32 outside every region (core/ctx.c). */
+kiln_dtype kiln__autocast_dtype(const kiln_ctx *ctx);
+/* The floating dtypes ops compute with (in f32 registers): f32 and bf16. */
+static inline bool kiln__is_float(kiln_dtype dt) {
+  return dt == KILN_DTYPE_F32 || dt == KILN_DTYPE_BF16;
+}
+/* The dtype of an op on values of dtypes a and b, as PyTorch promotes them: bf16 only when both
+ * are, i32 only when both are, f32 otherwise. */
+static inline kiln_dtype kiln__promote(kiln_dtype a, kiln_dtype b) {
+  return a == b ? a : KILN_DTYPE_F32;
+}
 const char *kiln__shape_of(const kiln_tensor *t, char *buf, size_t n);
 bool kiln__same_shape(const kiln_tensor *a, const kiln_tensor *b);
 bool kiln__broadcast_shape(kiln_ctx *ctx, const char *fn, int n, kiln_tensor *const *ts, int *ndim,

@@ -17,6 +17,21 @@ size_t kiln_dtype_size(kiln_dtype dt) {
   return 0;
 }
 
+uint16_t kiln_bf16_from_f32(float f) {
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40); /* quiet NaN */
+  u += 0x7fffu + ((u >> 16) & 1u); /* round to nearest, ties to even */
+  return (uint16_t)(u >> 16);
+}
+
+float kiln_bf16_to_f32(uint16_t h) {
+  uint32_t u = (uint32_t)h << 16;
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+
 const char *kiln_dtype_name(kiln_dtype dt) {
   switch (dt) {
   case KILN_DTYPE_F32: return "f32";

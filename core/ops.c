@@ -19,12 +19,20 @@ static kiln_ctx *begin(const char *fn, int n, kiln_tensor *const *in) {
   return ctx;
 }
 
-static bool need_f32(kiln_ctx *ctx, const char *fn, int n, kiln_tensor *const *in) {
+static bool need_float(kiln_ctx *ctx, const char *fn, int n, kiln_tensor *const *in) {
   for (int i = 0; i < n; i++)
-    if (in[i]->dtype != KILN_DTYPE_F32)
-      return kiln__error(ctx, KILN_ERR_DTYPE, "%s: input %d is %s; this op takes f32", fn, i,
-                         kiln_dtype_name(in[i]->dtype)),
+    if (!kiln__is_float(in[i]->dtype))
+      return kiln__error(ctx, KILN_ERR_DTYPE, "%s: input %d is %s; this op takes f32 or bf16", fn,
+                         i, kiln_dtype_name(in[i]->dtype)),
              false;
+  return true;
+}
+
+/* in[0..n) as f32: ops that compute in f32 whatever their inputs (softmax, the losses, the
+ * normalisations) cast bf16 inputs first, a cast that fuses into their kernels. */
+static bool as_f32(int n, kiln_tensor **in) {
+  for (int i = 0; i < n; i++)
+    if (!(in[i] = kiln_cast(in[i], KILN_DTYPE_F32))) return false;
   return true;
 }
 
@@ -36,13 +44,27 @@ static bool comparison(kiln__op op) {
 }
 
 static bool ew_dtypes(kiln_ctx *ctx, kiln__op op, const char *fn, int n, kiln_tensor *const *in) {
-  if (!comparison(op)) return need_f32(ctx, fn, n, in);
+  if (!comparison(op)) return need_float(ctx, fn, n, in);
   for (int i = 0; i < n; i++)
-    if (in[i]->dtype != KILN_DTYPE_F32 && in[i]->dtype != KILN_DTYPE_I32)
-      return kiln__error(ctx, KILN_ERR_DTYPE, "%s: input %d is %s; comparisons take f32 or i32", fn,
-                         i, kiln_dtype_name(in[i]->dtype)),
+    if (!kiln__is_float(in[i]->dtype) && in[i]->dtype != KILN_DTYPE_I32)
+      return kiln__error(ctx, KILN_ERR_DTYPE,
+                         "%s: input %d is %s; comparisons take f32, bf16 or i32", fn, i,
+                         kiln_dtype_name(in[i]->dtype)),
              false;
   return true;
+}
+
+/* An elementwise op's result dtype: comparisons give f32 1/0; batch norm's apply keeps its
+ * input's (its statistics and affine parameters are f32); where's condition only selects; the
+ * rest promote their inputs (kiln__promote). */
+static kiln_dtype ew_out_dtype(kiln__op op, int n, kiln_tensor *const *in) {
+  if (comparison(op) || n == 0) return KILN_DTYPE_F32;
+  if (op == KILN__OP_BN_APPLY) return in[0]->dtype;
+  int first = op == KILN__OP_WHERE ? 1 : 0;
+  kiln_dtype dt = in[first]->dtype;
+  for (int i = first + 1; i < n; i++)
+    dt = kiln__promote(dt, in[i]->dtype);
+  return dt;
 }
 
 kiln_tensor *kiln__ew(kiln__op op, const char *fn, int nin, kiln_tensor *const *in) {
@@ -51,7 +73,7 @@ kiln_tensor *kiln__ew(kiln__op op, const char *fn, int nin, kiln_tensor *const *
   int nd;
   int64_t shape[KILN_MAX_DIMS];
   if (!kiln__broadcast_shape(ctx, fn, nin, in, &nd, shape)) return NULL;
-  kiln_tensor *out = kiln__tensor_intermediate(ctx, fn, KILN_DTYPE_F32, nd, shape);
+  kiln_tensor *out = kiln__tensor_intermediate(ctx, fn, ew_out_dtype(op, nin, in), nd, shape);
   if (!out) return NULL;
   return kiln__record(ctx, op, nin, in, out) ? out : NULL;
 }
@@ -203,15 +225,17 @@ kiln_tensor *kiln_cast(kiln_tensor *a, kiln_dtype dtype) {
   const char *fn = __func__;
   kiln_ctx *ctx = begin(fn, 1, &a);
   if (!ctx) return NULL;
-  bool ok_in = a->dtype == KILN_DTYPE_F32 || a->dtype == KILN_DTYPE_I32;
-  bool ok_out = dtype == KILN_DTYPE_F32 || dtype == KILN_DTYPE_I32;
+  bool ok_in = kiln__is_float(a->dtype) || a->dtype == KILN_DTYPE_I32;
+  bool ok_out = kiln__is_float(dtype) || dtype == KILN_DTYPE_I32;
   if (!ok_in || !ok_out)
-    return kiln__error(ctx, KILN_ERR_DTYPE, "kiln_cast: %s to %s is not supported (f32 and i32)",
+    return kiln__error(ctx, KILN_ERR_DTYPE,
+                       "kiln_cast: %s to %s is not supported (f32, bf16 and i32 are)",
                        kiln_dtype_name(a->dtype), kiln_dtype_name(dtype)),
            NULL;
   if (dtype == a->dtype) return a; /* as PyTorch's .to: the same tensor, gradient and all */
   kiln_tensor *out = kiln__tensor_intermediate(ctx, fn, dtype, a->ndim, a->shape);
   if (!out || !kiln__record(ctx, KILN__OP_CAST, 1, &a, out)) return NULL;
+  if (dtype == KILN_DTYPE_I32) out->requires_grad = false; /* no gradient through integers */
   return out;
 }
 
@@ -298,10 +322,9 @@ kiln_tensor *kiln__reduce(kiln__op op, const char *fn, kiln_tensor *a, unsigned 
       shape[nd++] = a->shape[d];
     }
   }
-  /* argmax gives indices; a sum of i32 values is an exact i32 (accumulated in 64 bits) */
-  kiln_dtype dt = op == KILN__OP_ARGMAX || (op == KILN__OP_SUM && a->dtype == KILN_DTYPE_I32)
-                      ? KILN_DTYPE_I32
-                      : KILN_DTYPE_F32;
+  /* argmax gives indices; a sum of i32 values is an exact i32 (accumulated in 64 bits); bf16
+   * values are reduced in f32 and the result rounded to bf16 */
+  kiln_dtype dt = op == KILN__OP_ARGMAX ? KILN_DTYPE_I32 : a->dtype;
   kiln_tensor *out = kiln__tensor_intermediate(ctx, fn, dt, nd, shape);
   if (!out) return NULL;
   kiln__node *n = kiln__record(ctx, op, 1, &a, out);
@@ -317,7 +340,7 @@ static kiln_tensor *reduction(kiln__op op, const char *fn, kiln_tensor *a, kiln_
   kiln_ctx *ctx = begin(fn, 1, &a);
   if (!ctx) return NULL;
   bool isum = op == KILN__OP_SUM && !mean && a->dtype == KILN_DTYPE_I32; /* an exact count */
-  if (!isum && !need_f32(ctx, fn, 1, &a)) return NULL;
+  if (!isum && !need_float(ctx, fn, 1, &a)) return NULL;
   unsigned mask;
   if (!axes_mask(ctx, fn, a, axes, &mask)) return NULL;
   int64_t r = 1;
@@ -344,7 +367,7 @@ kiln_tensor *kiln_max(kiln_tensor *a, kiln_axes axes, int keepdim) {
 static kiln_tensor *variance(const char *fn, kiln_tensor *a, kiln_axes axes, int correction,
                              int keepdim) {
   kiln_ctx *ctx = begin(fn, 1, &a);
-  if (!ctx || !need_f32(ctx, fn, 1, &a)) return NULL;
+  if (!ctx || !need_float(ctx, fn, 1, &a) || !as_f32(1, &a)) return NULL;
   unsigned mask;
   if (!axes_mask(ctx, fn, a, axes, &mask)) return NULL;
   int64_t r = 1;
@@ -382,13 +405,15 @@ static bool norm_axis(kiln_ctx *ctx, const char *fn, const kiln_tensor *a, int *
 
 kiln_tensor *kiln_argmax(kiln_tensor *a, int axis, int keepdim) {
   kiln_ctx *ctx = begin(__func__, 1, &a);
-  if (!ctx || !need_f32(ctx, __func__, 1, &a) || !norm_axis(ctx, __func__, a, &axis)) return NULL;
+  if (!ctx || !need_float(ctx, __func__, 1, &a) || !norm_axis(ctx, __func__, a, &axis)) return NULL;
   return kiln__reduce(KILN__OP_ARGMAX, __func__, a, 1u << axis, keepdim, 1.f);
 }
 
 kiln_tensor *kiln_softmax(kiln_tensor *a, int axis) {
   kiln_ctx *ctx = begin(__func__, 1, &a);
-  if (!ctx || !need_f32(ctx, __func__, 1, &a) || !norm_axis(ctx, __func__, a, &axis)) return NULL;
+  if (!ctx || !need_float(ctx, __func__, 1, &a) || !norm_axis(ctx, __func__, a, &axis) ||
+      !as_f32(1, &a))
+    return NULL;
   /* the max only steadies the exponent: it carries no gradient */
   kiln_no_grad_begin(ctx);
   kiln_tensor *m = kiln__reduce(KILN__OP_MAX, __func__, a, 1u << axis, 1, 1.f);
@@ -399,7 +424,9 @@ kiln_tensor *kiln_softmax(kiln_tensor *a, int axis) {
 
 kiln_tensor *kiln_log_softmax(kiln_tensor *a, int axis) {
   kiln_ctx *ctx = begin(__func__, 1, &a);
-  if (!ctx || !need_f32(ctx, __func__, 1, &a) || !norm_axis(ctx, __func__, a, &axis)) return NULL;
+  if (!ctx || !need_float(ctx, __func__, 1, &a) || !norm_axis(ctx, __func__, a, &axis) ||
+      !as_f32(1, &a))
+    return NULL;
   kiln_no_grad_begin(ctx);
   kiln_tensor *m = kiln__reduce(KILN__OP_MAX, __func__, a, 1u << axis, 1, 1.f);
   kiln_no_grad_end(ctx);
@@ -412,7 +439,7 @@ kiln_tensor *kiln_cross_entropy(kiln_tensor *logits, kiln_tensor *labels, kiln_r
   kiln_tensor *in[2] = {logits, labels};
   const char *fn = __func__;
   kiln_ctx *ctx = begin(fn, 2, in);
-  if (!ctx || !need_f32(ctx, fn, 1, &logits)) return NULL;
+  if (!ctx || !need_float(ctx, fn, 1, &logits)) return NULL;
   char s1[96], s2[96];
   if (logits->ndim != 2 || labels->ndim != 1 || labels->shape[0] != logits->shape[0])
     return kiln__error(
@@ -430,7 +457,7 @@ kiln_tensor *kiln_cross_entropy(kiln_tensor *logits, kiln_tensor *labels, kiln_r
   if (red != KILN_REDUCTION_MEAN && red != KILN_REDUCTION_SUM && red != KILN_REDUCTION_NONE)
     return kiln__error(ctx, KILN_ERR_INVALID, "%s: unknown reduction %d", fn, red), NULL;
   int64_t n = logits->shape[0], c = logits->shape[1];
-  kiln_tensor *logp = kiln_log_softmax(logits, 1);
+  kiln_tensor *logp = kiln_log_softmax(logits, 1); /* f32, whatever the logits' dtype */
   /* the target distribution: one-hot labels, smoothed towards uniform */
   kiln_tensor *lab = kiln_reshape(labels, KILN_SHAPE(n, 1));
   if (!lab) return NULL;
@@ -464,12 +491,13 @@ static kiln_tensor *reduce_loss(kiln_tensor *loss, kiln_reduction red) {
   return loss;
 }
 
-/* Checks a loss's two f32 operands of one shape and its reduction; the context or NULL. */
-static kiln_ctx *loss_pair(const char *fn, kiln_tensor *x, kiln_tensor *t, const char *xname,
+/* Checks a loss's two float operands of one shape and its reduction, and makes them f32 (*x,
+ * *t: losses compute in f32); the context or NULL. */
+static kiln_ctx *loss_pair(const char *fn, kiln_tensor **xp, kiln_tensor **tp, const char *xname,
                            kiln_reduction red) {
-  kiln_tensor *in[2] = {x, t};
+  kiln_tensor *x = *xp, *t = *tp, *in[2] = {x, t};
   kiln_ctx *ctx = begin(fn, 2, in);
-  if (!ctx || !need_f32(ctx, fn, 2, in)) return NULL;
+  if (!ctx || !need_float(ctx, fn, 2, in)) return NULL;
   bool same = x->ndim == t->ndim;
   for (int d = 0; same && d < x->ndim; d++)
     same = x->shape[d] == t->shape[d];
@@ -479,17 +507,20 @@ static kiln_ctx *loss_pair(const char *fn, kiln_tensor *x, kiln_tensor *t, const
                        xname, kiln__shape_of(x, s1, sizeof s1), kiln__shape_of(t, s2, sizeof s2)),
            NULL;
   }
-  return check_reduction(ctx, fn, red) ? ctx : NULL;
+  if (!check_reduction(ctx, fn, red) || !as_f32(2, in)) return NULL;
+  *xp = in[0];
+  *tp = in[1];
+  return ctx;
 }
 
 kiln_tensor *kiln_mse_loss(kiln_tensor *input, kiln_tensor *target, kiln_reduction red) {
-  if (!loss_pair(__func__, input, target, "input", red)) return NULL;
+  if (!loss_pair(__func__, &input, &target, "input", red)) return NULL;
   kiln_tensor *d = kiln_sub(input, target);
   return reduce_loss(kiln_mul(d, d), red);
 }
 
 kiln_tensor *kiln_bce_with_logits(kiln_tensor *logits, kiln_tensor *target, kiln_reduction red) {
-  if (!loss_pair(__func__, logits, target, "logits", red)) return NULL;
+  if (!loss_pair(__func__, &logits, &target, "logits", red)) return NULL;
   /* softplus(x) - x t is max(x, 0) - x t + log(1 + exp(-|x|)): softplus is log1p(exp(x)) up to
    * its threshold of 20 and x above it, where log(1 + exp(-x)) is below float's precision of x.
    * Its gradient is sigmoid(x) - t, with no kink at 0. */
@@ -500,7 +531,7 @@ kiln_tensor *kiln_bce_with_logits(kiln_tensor *logits, kiln_tensor *target, kiln
 kiln_tensor *kiln_cross_entropy_soft(kiln_tensor *logits, kiln_tensor *target, kiln_reduction red,
                                      float label_smoothing) {
   const char *fn = __func__;
-  kiln_ctx *ctx = loss_pair(fn, logits, target, "logits", red);
+  kiln_ctx *ctx = loss_pair(fn, &logits, &target, "logits", red);
   if (!ctx) return NULL;
   if (logits->ndim != 2) {
     char s1[96];
@@ -527,8 +558,16 @@ kiln_tensor *kiln_matmul(kiln_tensor *a, kiln_tensor *b) {
   kiln_tensor *in[2] = {a, b};
   const char *fn = __func__;
   kiln_ctx *ctx = begin(fn, 2, in);
-  if (!ctx || !need_f32(ctx, fn, 2, in)) return NULL;
+  if (!ctx || !need_float(ctx, fn, 2, in)) return NULL;
   char s1[96], s2[96];
+  kiln_dtype ac = kiln__autocast_dtype(ctx);
+  if (a->dtype != b->dtype && ac == KILN_DTYPE_F32)
+    return kiln__error(ctx, KILN_ERR_DTYPE,
+                       "%s: operands of different dtypes: %s %s x %s %s (cast one, or compute in "
+                       "an autocast region)",
+                       fn, kiln__shape_of(a, s1, sizeof s1), kiln_dtype_name(a->dtype),
+                       kiln__shape_of(b, s2, sizeof s2), kiln_dtype_name(b->dtype)),
+           NULL;
   if (a->ndim < 2 || a->ndim > 3 || b->ndim < 2 || b->ndim > 3)
     return kiln__error(ctx, KILN_ERR_SHAPE, "%s: operands must be 2-D or 3-D; got %s x %s", fn,
                        kiln__shape_of(a, s1, sizeof s1), kiln__shape_of(b, s2, sizeof s2)),
@@ -548,8 +587,10 @@ kiln_tensor *kiln_matmul(kiln_tensor *a, kiln_tensor *b) {
     return kiln__error(ctx, KILN_ERR_SHAPE, "%s: dims beyond cuBLAS's int range: %s x %s", fn,
                        kiln__shape_of(a, s1, sizeof s1), kiln__shape_of(b, s2, sizeof s2)),
            NULL;
-  /* operands cuBLAS cannot read as they are (neither rows nor columns dense) are copied */
+  /* in an autocast region f32 operands are cast first (a cast that fuses into their producers);
+   * operands cuBLAS cannot read as they are (neither rows nor columns dense) are copied */
   for (int i = 0; i < 2; i++) {
+    if (ac != KILN_DTYPE_F32 && !(in[i] = kiln_cast(in[i], ac))) return NULL;
     kiln_tensor *t = in[i];
     int r = t->ndim - 2;
     int64_t sr = t->stride[r], sc = t->stride[r + 1], R = t->shape[r], C = t->shape[r + 1];
@@ -568,7 +609,7 @@ kiln_tensor *kiln_matmul(kiln_tensor *a, kiln_tensor *b) {
     shape[0] = m;
     shape[1] = nn;
   }
-  kiln_tensor *out = kiln__tensor_intermediate(ctx, fn, KILN_DTYPE_F32, nd, shape);
+  kiln_tensor *out = kiln__tensor_intermediate(ctx, fn, in[0]->dtype, nd, shape);
   if (!out || !kiln__record(ctx, KILN__OP_MATMUL, 2, in, out)) return NULL;
   return out;
 }
@@ -846,9 +887,9 @@ kiln_tensor *kiln__index_add(kiln_tensor *g, kiln_tensor *idx, uint64_t start, i
                              const char *fn) {
   kiln_tensor *in[2] = {g, idx};
   kiln_ctx *ctx = begin(fn, 2, in);
-  if (!ctx || !need_f32(ctx, fn, 1, in)) return NULL;
+  if (!ctx || !need_float(ctx, fn, 1, in)) return NULL;
   KILN_ASSERT(idx->dtype == KILN_DTYPE_I32 && kiln__is_contiguous(idx) && g->ndim >= 1);
-  in[0] = kiln_contiguous(g);
+  in[0] = kiln_contiguous(kiln_cast(g, KILN_DTYPE_F32)); /* f32 atomic adds */
   if (!in[0]) return NULL;
   int64_t shape[KILN_MAX_DIMS];
   memcpy(shape, g->shape, sizeof shape);
@@ -867,7 +908,7 @@ kiln_tensor *kiln_index_select(kiln_tensor *a, kiln_tensor *idx) {
 
 kiln_tensor *kiln_dropout(kiln_tensor *a, float p, int training) {
   kiln_ctx *ctx = begin(__func__, 1, &a);
-  if (!ctx || !need_f32(ctx, __func__, 1, &a)) return NULL;
+  if (!ctx || !need_float(ctx, __func__, 1, &a)) return NULL;
   if (!(p >= 0.f && p <= 1.f))
     return kiln__error(ctx, KILN_ERR_INVALID, "kiln_dropout: p %g is not in [0, 1]", p), NULL;
   if (training != 0 && training != 1 && training != KILN_TRAINING_MODE)

@@ -143,10 +143,11 @@ kiln_tensor *kiln__tensor_persistent(kiln_ctx *ctx, kiln_dtype dt, int ndim, con
 }
 
 static bool check_dtype_supported(kiln_ctx *ctx, const char *fn, kiln_dtype dt) {
-  if (dt == KILN_DTYPE_F32 || dt == KILN_DTYPE_I32) return true;
-  if (dt == KILN_DTYPE_BF16 || dt == KILN_DTYPE_F16)
-    return kiln__error(ctx, KILN_ERR_DTYPE, "%s: dtype %s is not supported yet (f32 and i32 are)",
-                       fn, kiln_dtype_name(dt)),
+  if (dt == KILN_DTYPE_F32 || dt == KILN_DTYPE_BF16 || dt == KILN_DTYPE_I32) return true;
+  if (dt == KILN_DTYPE_F16)
+    return kiln__error(ctx, KILN_ERR_DTYPE,
+                       "%s: dtype %s is not supported yet (f32, bf16 and i32 are)", fn,
+                       kiln_dtype_name(dt)),
            false;
   return kiln__error(ctx, KILN_ERR_DTYPE, "%s: unknown dtype %d", fn, (int)dt), false;
 }
@@ -399,15 +400,19 @@ float kiln_tensor_item(kiln_tensor *t) {
   kiln_ctx *ctx = kiln__handle_ctx(t);
   if (!ctx) return NAN;
   if (!kiln__ok(ctx) || !kiln__check(ctx, t, __func__)) return NAN;
-  if (kiln_tensor_numel(t) != 1 || (t->dtype != KILN_DTYPE_F32 && t->dtype != KILN_DTYPE_I32)) {
+  if (kiln_tensor_numel(t) != 1 || t->dtype == KILN_DTYPE_F16) {
     char sh[96];
-    kiln__error(ctx, KILN_ERR_SHAPE, "%s: needs a one-element f32 or i32 tensor, got %s %s",
+    kiln__error(ctx, KILN_ERR_SHAPE, "%s: needs a one-element f32, bf16 or i32 tensor, got %s %s",
                 __func__, kiln__shape_of(t, sh, sizeof sh), kiln_dtype_name(t->dtype));
     return NAN;
   }
   if (t->dtype == KILN_DTYPE_I32) {
     int32_t i = 0;
     return kiln_tensor_to_host(t, &i, sizeof i) == KILN_OK ? (float)i : NAN;
+  }
+  if (t->dtype == KILN_DTYPE_BF16) {
+    uint16_t h = 0;
+    return kiln_tensor_to_host(t, &h, sizeof h) == KILN_OK ? kiln_bf16_to_f32(h) : NAN;
   }
   float v = NAN;
   if (kiln_tensor_to_host(t, &v, sizeof v) != KILN_OK) return NAN;

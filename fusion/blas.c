@@ -250,6 +250,8 @@ static lt_plan *plan_of(kiln_ctx *ctx, const kiln_tensor *A, const kiln_tensor *
 bool kiln__blas_supports(kiln_ctx *ctx, const kiln_tensor *A, const kiln_tensor *B, kiln__epi e) {
   kiln__blas *bl = ctx->fusion_state ? blas_of(ctx) : NULL;
   if (!bl) return e == KILN__EPI_NONE; /* the backend failed to start: plain products only */
+  /* bf16 products run through cuBLAS without epilogues: generated kernels do that work */
+  if (A->dtype != KILN_DTYPE_F32 || B->dtype != KILN_DTYPE_F32) return e == KILN__EPI_NONE;
   if (!(bl->allowed & (1u << e))) return false;
   if (!ctx->has_gpu || e == KILN__EPI_NONE) return true;
   lt_plan *q = plan_of(ctx, A, B, e);
@@ -292,6 +294,12 @@ static bool run_lt(kiln_ctx *ctx, const kiln__gemm *m) {
                                                  bl->workspace, bl->workspace_bytes, stream));
 }
 
+/* cuBLAS's name for a dtype of kiln's products. */
+static cudaDataType_t cuda_type(kiln_dtype dt) {
+  KILN_ASSERT(dt == KILN_DTYPE_F32 || dt == KILN_DTYPE_BF16);
+  return dt == KILN_DTYPE_BF16 ? CUDA_R_16BF : CUDA_R_32F;
+}
+
 bool kiln__blas_run(kiln_ctx *ctx, const kiln__gemm *g) {
   if (g->epi != KILN__EPI_NONE) return run_lt(ctx, g);
   const kiln_tensor *A = g->a, *B = g->b, *C = g->d;
@@ -308,22 +316,24 @@ bool kiln__blas_run(kiln_ctx *ctx, const kiln__gemm *g) {
   if (k == 0)
     return !KILN_CUDA_FAILED(ctx, cudaMemsetAsync(kiln__data_ptr(C), 0, C->st->bytes, stream));
   const float one = 1.f, zero = 0.f;
-  cublasComputeType_t ct = ctx->tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+  /* bf16 operands: tensor cores with f32 accumulation; f32: TF32 when the context allows it */
+  bool f32 = A->dtype == KILN_DTYPE_F32;
+  cublasComputeType_t ct = f32 && ctx->tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
   ctx->stats.kernels_launched++;
   return !KILN_CUBLAS_FAILED(
-      ctx, cublasGemmStridedBatchedEx(blas_of(ctx)->cublas, tb ? CUBLAS_OP_T : CUBLAS_OP_N,
-                                      ta ? CUBLAS_OP_T : CUBLAS_OP_N, nn, m, k, &one,
-                                      kiln__data_ptr(B), CUDA_R_32F, ldb, sb, kiln__data_ptr(A),
-                                      CUDA_R_32F, lda, sa, &zero, kiln__data_ptr(C), CUDA_R_32F, nn,
-                                      (long long)m * nn, batch, ct, CUBLAS_GEMM_DEFAULT));
+      ctx, cublasGemmStridedBatchedEx(
+               blas_of(ctx)->cublas, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N,
+               nn, m, k, &one, kiln__data_ptr(B), cuda_type(B->dtype), ldb, sb, kiln__data_ptr(A),
+               cuda_type(A->dtype), lda, sa, &zero, kiln__data_ptr(C), cuda_type(C->dtype), nn,
+               (long long)m * nn, batch, ct, CUBLAS_GEMM_DEFAULT));
 }
 
 void kiln__blas_name(const kiln__gemm *m, char *buf, size_t n) {
   const kiln_tensor *A = m->a, *D = m->d;
-  snprintf(buf, n, "%s%s_%lldx%lldx%lld%s", m->epi ? "cublasLt_gemm_" : "cublas_gemm",
+  snprintf(buf, n, "%s%s_%lldx%lldx%lld%s%s", m->epi ? "cublasLt_gemm_" : "cublas_gemm",
            kiln__epi_name(m->epi), (long long)A->shape[A->ndim - 2],
            (long long)D->shape[D->ndim - 1], (long long)A->shape[A->ndim - 1],
-           D->ndim == 3 ? "_batched" : "");
+           D->ndim == 3 ? "_batched" : "", A->dtype == KILN_DTYPE_BF16 ? "_bf16" : "");
   for (char *c = buf; *c; c++)
     if (*c == '+') *c = '_';
 }

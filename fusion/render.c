@@ -100,7 +100,11 @@ static int node_slot(kiln__op op, int a) {
 
 /* ---------------------------------------------------------------- operands and wiring */
 
-static const char *ctype(kiln_dtype dt) { return dt == KILN_DTYPE_I32 ? "int" : "float"; }
+/* A dtype's type in memory (kiln_bf16: bf16.cuh) and in registers, where bf16 values are floats. */
+static const char *ctype(kiln_dtype dt) {
+  return dt == KILN_DTYPE_I32 ? "int" : (dt == KILN_DTYPE_BF16 ? "kiln_bf16" : "float");
+}
+static const char *rtype(kiln_dtype dt) { return dt == KILN_DTYPE_I32 ? "int" : "float"; }
 
 /* Strides of t over an iteration space of nd dims, broadcasting from the right (0 where t is
  * stretched). */
@@ -113,13 +117,6 @@ static void align_strides(const kiln_tensor *t, int nd, const int64_t *shape, lo
 
 static bool dense(const kiln_tensor *t, int64_t n) {
   return kiln__is_contiguous(t) && kiln_tensor_numel(t) == n;
-}
-
-/* Whether t's first element sits at a 16-byte boundary. Every storage starts at least 256-byte
- * aligned (core/alloc.c; the executor asserts it when it binds pointers), so this depends on the
- * offset alone. */
-static bool aligned16(const kiln_tensor *t) {
-  return ((uint64_t)t->offset * kiln_dtype_size(t->dtype)) % 16 == 0;
 }
 
 /* Bytes of t a kernel touches: each element once, broadcast dims counted once. */
@@ -276,6 +273,17 @@ static void expand(kiln__sb *b, const char *tpl, const wiring *w, int j, const k
   }
 }
 
+/* Node j's value v<j>, an op-table expression. A bf16 value is rounded as its store would round
+ * it, so that a fused kernel computes what the unfused ones, each storing its result, compute. */
+static void emit_node_value(kiln__sb *b, const char *ind, const wiring *w, int j,
+                            const kiln__node *nd) {
+  bool bf16 = nd->out && nd->out->dtype == KILN_DTYPE_BF16;
+  kiln__sb_printf(b, "%sconst %s v%d = %s", ind, bf16 ? "float" : "auto", j,
+                  bf16 ? "(float)(kiln_bf16)(" : "");
+  expand(b, kiln__ops[nd->op].expr, w, j, nd);
+  kiln__sb_printf(b, "%s; // %s\n", bf16 ? ")" : "", kiln__ops[nd->op].name);
+}
+
 static void offset_expr(kiln__sb *b, int k, int nd, bool lin) {
   if (lin) {
     kiln__sb_printf(b, "i");
@@ -294,9 +302,9 @@ static void emit_element(kiln__sb *b, const kiln__ew_prog *p, const operands *o,
   for (int k = 0; k < o->n; k++) {
     if (o->store[k]) continue;
     const char *ct = ctype(o->t[k]->dtype);
-    kiln__sb_printf(b, "%s%s%s x%d = ", ind, update ? "" : "const ", ct, k);
+    kiln__sb_printf(b, "%s%s%s x%d = ", ind, update ? "" : "const ", rtype(o->t[k]->dtype), k);
     if (vec) {
-      kiln__sb_printf(b, "((const float *)&L%d)[e];\n", k);
+      kiln__sb_printf(b, "L%d[e];\n", k);
     } else {
       kiln__sb_printf(b, "((const %s *)a.ptr[%d])[", ct, k);
       offset_expr(b, k, nd, o->lin[k]);
@@ -314,23 +322,22 @@ static void emit_element(kiln__sb *b, const kiln__ew_prog *p, const operands *o,
         if (!(info->stores & (1u << q))) continue;
         int k = w->opnd[j][q]; /* updates read only operands */
         if (vec)
-          kiln__sb_printf(b, "%s((float *)&L%d)[e] = x%d;\n", ind, k, k);
+          kiln__sb_printf(b, "%sL%d[e] = x%d;\n", ind, k, k);
         else {
-          kiln__sb_printf(b, "%s((float *)a.ptr[%d])[", ind, k);
+          const char *ct = ctype(o->t[k]->dtype);
+          kiln__sb_printf(b, "%s((%s *)a.ptr[%d])[", ind, ct, k);
           offset_expr(b, k, nd, o->lin[k]);
-          kiln__sb_printf(b, "] = x%d;\n", k);
+          kiln__sb_printf(b, "] = (%s)x%d;\n", ct, k);
         }
       }
       continue;
     }
-    kiln__sb_printf(b, "%sconst auto v%d = ", ind, j);
-    expand(b, info->expr, w, j, n);
-    kiln__sb_printf(b, "; // %s\n", info->name);
+    emit_node_value(b, ind, w, j, n);
     int k = w->store_slot[j];
     if (k < 0) continue;
     const char *ot = ctype(n->out->dtype);
     if (vec) {
-      kiln__sb_printf(b, "%s((float *)&S%d)[e] = (float)v%d;\n", ind, k, j);
+      kiln__sb_printf(b, "%sS%d[e] = (float)v%d;\n", ind, k, j);
     } else {
       kiln__sb_printf(b, "%s((%s *)a.ptr[%d])[", ind, ot, k);
       offset_expr(b, k, nd, o->lin[k]);
@@ -411,7 +418,7 @@ static bool render_ew(const kiln__target *t, const kiln__ew_prog *p, kiln__rende
   int nf = 0, ni = 0, nu = 0;
   wire(p, NULL, &o, &w, &r->arg, &nf, &ni, &nu);
   bool update = p->n == 1 && kiln__ops[p->nodes[0]->op].kind == KILN__KIND_UPDATE;
-  bool coords = w.coords, vec = n % 4 == 0 && n > 0 && !w.coords, f32 = true;
+  bool coords = w.coords, vec = n % 4 == 0 && n > 0 && !w.coords, floats = true;
   int64_t span = n; /* the largest offset any operand reaches, for the index type */
   for (int k = 0; k < o.n; k++) {
     const kiln_tensor *x = o.t[k];
@@ -422,8 +429,10 @@ static bool render_ew(const kiln__target *t, const kiln__ew_prog *p, kiln__rende
       reach += (p->shape[d] - 1) * llabs(a->st[k][d]);
     if (reach > span) span = reach;
     if (!o.lin[k]) coords = true;
-    vec = vec && o.lin[k] && aligned16(x);
-    f32 = f32 && x->dtype == KILN_DTYPE_F32;
+    /* four-element accesses: 16-byte (f32) or 8-byte (bf16) aligned, as every storage starts
+     * 256-byte aligned (core/alloc.c; the executor asserts it when it binds pointers) */
+    vec = vec && o.lin[k] && x->offset % 4 == 0;
+    floats = floats && kiln__is_float(x->dtype);
     if (o.store[k])
       r->bytes_written += footprint(x);
     else
@@ -434,7 +443,7 @@ static bool render_ew(const kiln__target *t, const kiln__ew_prog *p, kiln__rende
       for (int q = 0; q < p->nodes[j]->nin; q++)
         if (kiln__ops[p->nodes[j]->op].stores & (1u << q))
           r->bytes_written += footprint(p->nodes[j]->in[q]);
-  vec = vec && f32 && !coords;
+  vec = vec && floats && !coords;
   /* 32-bit indices while every offset (and a grid-stride step past the end) fits an int */
   bool wide = span >= ((int64_t)1 << 31) - KILN__INDEX_MARGIN;
 
@@ -442,26 +451,26 @@ static bool render_ew(const kiln__target *t, const kiln__ew_prog *p, kiln__rende
   kiln__sb_printf(&b, "  typedef %s ix; // %s indexing\n", wide ? "long long" : "int",
                   wide ? "64-bit" : "32-bit");
   if (vec) {
-    /* 16-byte loads and stores: four elements a thread per iteration */
+    /* four elements a thread per iteration, each operand in one access (bf16.cuh) */
     kiln__sb_printf(&b, "  const ix n4 = (ix)(a.n >> 2);\n"
                         "  for (ix q = (ix)blockIdx.x * blockDim.x + threadIdx.x; q < n4;\n"
                         "       q += (ix)gridDim.x * blockDim.x) {\n");
     for (int k = 0; k < o.n; k++) {
       if (o.store[k])
-        kiln__sb_printf(&b, "    float4 S%d;\n", k);
+        kiln__sb_printf(&b, "    float S%d[4];\n", k);
       else
-        kiln__sb_printf(&b, "    %sfloat4 L%d = ((const float4 *)a.ptr[%d])[q];\n",
-                        update ? "" : "const ", k, k);
+        kiln__sb_printf(&b,
+                        "    float L%d[4];\n    kiln_load4((const %s *)a.ptr[%d] + q * 4, L%d);\n",
+                        k, ctype(o.t[k]->dtype), k, k);
     }
     kiln__sb_printf(&b, "#pragma unroll\n    for (int e = 0; e < 4; e++) {\n"
                         "      const ix i = q * 4 + e;\n      (void)i;\n");
     emit_element(&b, p, &o, &w, "      ", nd, true);
     kiln__sb_printf(&b, "    }\n");
     for (int k = 0; k < o.n; k++) {
-      if (o.store[k])
-        kiln__sb_printf(&b, "    ((float4 *)a.ptr[%d])[q] = S%d;\n", k, k);
-      else if (update && (kiln__ops[p->nodes[0]->op].stores & (1u << k)))
-        kiln__sb_printf(&b, "    ((float4 *)a.ptr[%d])[q] = L%d;\n", k, k);
+      if (o.store[k] || (update && (kiln__ops[p->nodes[0]->op].stores & (1u << k))))
+        kiln__sb_printf(&b, "    kiln_store4((%s *)a.ptr[%d] + q * 4, %s%d);\n",
+                        ctype(o.t[k]->dtype), k, o.store[k] ? "S" : "L", k);
     }
     kiln__sb_printf(&b, "  }\n");
   } else {
@@ -498,6 +507,8 @@ static bool render_updates(const kiln__target *tg, const kiln__node *const *node
   wire_attrs(&r->arg, n0, w.aslot[0], &nf, &ni, &nu);
   int64_t most = 0;
   for (int t = 0; t < T; t++) {
+    for (int q = 0; q < nin; q++) /* the planner batches f32 updates only */
+      KILN_ASSERT(nodes[t]->in[q]->dtype == KILN_DTYPE_F32);
     int64_t len = kiln_tensor_numel(nodes[t]->in[0]);
     a->st[t][0] = len;
     a->n += len;
@@ -648,13 +659,14 @@ static bool render_reduce(const kiln__target *t, const kiln__ew_prog *pro, const
   else
     kiln__sb_printf(&b, "      acc = kiln_maximum(acc, v);\n");
   kiln__sb_printf(&b, "    }\n");
-  char store[96];
+  char store[128];
   if (argmax)
     snprintf(store, sizeof store, "((int *)a.ptr[%d])[o] = (int)ai;", out);
   else if (exact)
     snprintf(store, sizeof store, "((int *)a.ptr[%d])[o] = kiln_i32_total(acc, a.err);", out);
   else
-    snprintf(store, sizeof store, "((float *)a.ptr[%d])[o] = acc * a.fv[%d];", out, scale);
+    snprintf(store, sizeof store, "((%s *)a.ptr[%d])[o] = (%s)(acc * a.fv[%d]);",
+             ctype(rn->out->dtype), out, ctype(rn->out->dtype), scale);
   if (rows) {
     if (argmax)
       kiln__sb_printf(&b, "    kiln_block_argmax(acc, ai, sv, si);\n");
@@ -668,7 +680,7 @@ static bool render_reduce(const kiln__target *t, const kiln__ew_prog *pro, const
 
   char stem[80], suffix[40];
   snprintf(suffix, sizeof suffix, "_%s_%s_%dd_%dr_%s", kiln__ops[rn->op].name,
-           exact ? "i32" : "f32", no, nr, rows ? "rows" : "cols");
+           kiln_dtype_name(argmax ? x->dtype : rn->out->dtype), no, nr, rows ? "rows" : "cols");
   if (value >= 0)
     stem_of(pro, "k", suffix, stem, sizeof stem);
   else
@@ -764,25 +776,24 @@ static bool render_gather(const kiln__target *tg, const kiln__node *n, kiln__ren
 
 /* ---------------------------------------------------------------- sliding windows */
 
-/* Loads V lanes of channels from p[off] (16 bytes at once when V is 4) into float name[V]. */
+/* Loads V lanes of channels from p[off] (in one access when V is 4: bf16.cuh's kiln_load4)
+ * into float name[V]. */
 static void emit_lanes_load(kiln__sb *b, const char *ind, const char *name, const char *p,
                             const char *off, int V) {
   if (V == 4)
-    kiln__sb_printf(b,
-                    "%sconst float4 %s_ = *(const float4 *)&%s[%s];\n"
-                    "%sconst float %s[4] = {%s_.x, %s_.y, %s_.z, %s_.w};\n",
-                    ind, name, p, off, ind, name, name, name, name, name);
+    kiln__sb_printf(b, "%sfloat %s[4];\n%skiln_load4(&%s[%s], %s);\n", ind, name, ind, p, off,
+                    name);
   else
-    kiln__sb_printf(b, "%sconst float %s[1] = {%s[%s]};\n", ind, name, p, off);
+    kiln__sb_printf(b, "%sconst float %s[1] = {(float)%s[%s]};\n", ind, name, p, off);
 }
 
-/* Stores float name[V] to the output, operand `out`, at lane group e. */
-static void emit_lanes_store(kiln__sb *b, const char *name, int out, int V) {
+/* Stores float name[V] to the output, operand `out` of dtype dt, at lane group e. */
+static void emit_lanes_store(kiln__sb *b, const char *name, int out, kiln_dtype dt, int V) {
+  const char *t = ctype(dt);
   if (V == 4)
-    kiln__sb_printf(b, "    ((float4 *)a.ptr[%d])[e] = make_float4(%s[0], %s[1], %s[2], %s[3]);\n",
-                    out, name, name, name, name);
+    kiln__sb_printf(b, "    kiln_store4(&((%s *)a.ptr[%d])[e * 4], %s);\n", t, out, name);
   else
-    kiln__sb_printf(b, "    ((float *)a.ptr[%d])[e] = %s[0];\n", out, name);
+    kiln__sb_printf(b, "    ((%s *)a.ptr[%d])[e] = (%s)%s[0];\n", t, out, t, name);
 }
 
 /* A window kernel's elementwise epilogue: the nodes after the window op in its group (node 0 of
@@ -796,41 +807,46 @@ typedef struct win_epi {
   bool image;
 } win_epi;
 
+/* The memory types of a window op's operands: its inputs' and its output's. */
+typedef struct win_types {
+  const char *in0, *in1, *out;
+  kiln_dtype out_dt;
+} win_types;
+
 /* Writes float name[V], the window op's lanes: to operand out, or through the epilogue e. */
-static void store_lanes(kiln__sb *b, const char *name, int out, int V, const win_epi *e) {
+static void store_lanes(kiln__sb *b, const char *name, int out, kiln_dtype dt, int V,
+                        const win_epi *e) {
   if (!e) {
-    emit_lanes_store(b, name, out, V);
+    emit_lanes_store(b, name, out, dt, V);
     return;
   }
   const operands *o = e->o;
   const wiring *w = e->w;
+  bool bf16 = dt == KILN_DTYPE_BF16; /* the op's value, rounded as its store would round it */
   kiln__sb_printf(b,
                   "#pragma unroll\n"
                   "    for (int l = 0; l < V; l++) {\n"
                   "      const ix c0 = n, c1 = %s, c2 = %s, c3 = c + l;\n"
                   "      const ix i = ((c0 * %lld + c1) * %lld + c2) * %lld + c3;\n"
                   "      (void)i;\n"
-                  "      const float v0 = %s[l];\n",
+                  "      const float v0 = %s%s[l];\n",
                   e->image ? "h" : "oh", e->image ? "w" : "ow", (long long)e->shape[1],
-                  (long long)e->shape[2], (long long)e->shape[3], name);
+                  (long long)e->shape[2], (long long)e->shape[3], bf16 ? "(float)(kiln_bf16)" : "",
+                  name);
   bool used[KILN__KMAX_PTR] = {0};
   for (int j = 1; j < e->p->n; j++)
     for (int q = 0; q < e->p->nodes[j]->nin; q++)
       if (w->opnd[j][q] >= 0) used[w->opnd[j][q]] = true;
   for (int k = 0; k < o->n; k++) {
     if (!used[k] || o->store[k]) continue;
-    const char *ct = ctype(o->t[k]->dtype);
-    kiln__sb_printf(b, "      const %s x%d = ((const %s *)a.ptr[%d])[", ct, k, ct, k);
+    kiln__sb_printf(b, "      const %s x%d = ((const %s *)a.ptr[%d])[", rtype(o->t[k]->dtype), k,
+                    ctype(o->t[k]->dtype), k);
     offset_expr(b, k, 4, false);
     kiln__sb_printf(b, "];\n");
   }
   for (int j = 0; j < e->p->n; j++) {
     const kiln__node *nd = e->p->nodes[j];
-    if (j > 0) {
-      kiln__sb_printf(b, "      const auto v%d = ", j);
-      expand(b, kiln__ops[nd->op].expr, w, j, nd);
-      kiln__sb_printf(b, "; // %s\n", kiln__ops[nd->op].name);
-    }
+    if (j > 0) emit_node_value(b, "      ", w, j, nd);
     int k = w->store_slot[j];
     if (k < 0) continue;
     const char *ot = ctype(nd->out->dtype);
@@ -874,7 +890,8 @@ static void emit_taps_end(kiln__sb *b) { kiln__sb_printf(b, "      }\n    }\n");
  * image or else the output, operand 2 max_pool_grad's output. */
 static void window_body(kiln__sb *b, const kiln__node *n, const kiln__win *w, int64_t flag,
                         const int64_t *sz, int V, bool wide, bool tiled, int out,
-                        const win_epi *epi) {
+                        const win_types *ty, const win_epi *epi) {
+  kiln_dtype odt = ty->out_dt;
   kiln__sb_printf(
       b,
       "  typedef %s ix;\n"
@@ -891,7 +908,7 @@ static void window_body(kiln__sb *b, const kiln__node *n, const kiln__win *w, in
   case KILN__OP_IM2COL: /* e over (N, OH, OW, K / V), K in (group, i, j, channel of the group) */
     kiln__sb_printf(b,
                     "    const ix G = %lld, CG = C / G, K = KH * KW * C;\n"
-                    "    const float *x = (const float *)a.ptr[0];\n"
+                    "    const %s *x = (const %s *)a.ptr[0];\n"
                     "    ix k = (e %% (K / V)) * V, m = e / (K / V);\n"
                     "    const ix cg = k %% CG; k /= CG;\n"
                     "    const int j = (int)(k %% KW); k /= KW;\n"
@@ -902,7 +919,7 @@ static void window_body(kiln__sb *b, const kiln__node *n, const kiln__win *w, in
                     "    const ix h = oh * SH - PH + i * DH, w = ow * SW - PW + j * DW;\n"
                     "    float y[V];\n"
                     "    if (h >= 0 && h < H && w >= 0 && w < W) {\n",
-                    (long long)flag);
+                    (long long)flag, ty->in0, ty->in0);
     emit_lanes_load(b, "      ", "xv", "x", "((n * H + h) * W + w) * C + c", V);
     kiln__sb_printf(b, "#pragma unroll\n"
                        "      for (int l = 0; l < V; l++) y[l] = xv[l];\n"
@@ -910,13 +927,13 @@ static void window_body(kiln__sb *b, const kiln__node *n, const kiln__win *w, in
                        "#pragma unroll\n"
                        "      for (int l = 0; l < V; l++) y[l] = 0.f;\n"
                        "    }\n");
-    store_lanes(b, "y", out, V, epi);
+    store_lanes(b, "y", out, odt, V, epi);
     break;
   case KILN__OP_COL2IM: /* e over the image: the sum of the columns that read it */
     kiln__sb_printf(b,
                     "    const ix G = %lld, CG = C / G, K = KH * KW * C;\n"
-                    "    const float *col = (const float *)a.ptr[0];\n",
-                    (long long)flag);
+                    "    const %s *col = (const %s *)a.ptr[0];\n",
+                    (long long)flag, ty->in0, ty->in0);
     emit_split(b, true);
     kiln__sb_printf(b, "    const ix g = c / CG, cg = c %% CG;\n"
                        "    float acc[V] = {};\n");
@@ -926,10 +943,10 @@ static void window_body(kiln__sb *b, const kiln__node *n, const kiln__win *w, in
     kiln__sb_printf(b, "#pragma unroll\n"
                        "        for (int l = 0; l < V; l++) acc[l] += cv[l];\n");
     emit_taps_end(b);
-    store_lanes(b, "acc", out, V, epi);
+    store_lanes(b, "acc", out, odt, V, epi);
     break;
   case KILN__OP_MAX_POOL: /* the window's first maximum, NaN winning (PyTorch's) */
-    kiln__sb_printf(b, "    const float *x = (const float *)a.ptr[0];\n");
+    kiln__sb_printf(b, "    const %s *x = (const %s *)a.ptr[0];\n", ty->in0, ty->in0);
     emit_split(b, false);
     kiln__sb_printf(b, "    float best[V];\n"
                        "#pragma unroll\n"
@@ -945,15 +962,15 @@ static void window_body(kiln__sb *b, const kiln__node *n, const kiln__win *w, in
                        "        for (int l = 0; l < V; l++)\n"
                        "          if (xv[l] > best[l] || isnan(xv[l])) best[l] = xv[l];\n");
     emit_taps_end(b);
-    store_lanes(b, "best", out, V, epi);
+    store_lanes(b, "best", out, odt, V, epi);
     break;
   case KILN__OP_MAX_POOL_GRAD:
     if (tiled) { /* e over the windows, which tile the image: each writes its own pixels */
       kiln__sb_printf(b,
-                      "    const float *dy = (const float *)a.ptr[0];\n"
-                      "    const float *x = (const float *)a.ptr[1];\n"
-                      "    float *dx = (float *)a.ptr[%d];\n",
-                      out);
+                      "    const %s *dy = (const %s *)a.ptr[0];\n"
+                      "    const %s *x = (const %s *)a.ptr[1];\n"
+                      "    %s *dx = (%s *)a.ptr[%d];\n",
+                      ty->in0, ty->in0, ty->in1, ty->in1, ty->out, ty->out, out);
       emit_split(b, false);
       kiln__sb_printf(b, "    float best[V];\n"
                          "    int at[V];\n"
@@ -979,15 +996,17 @@ static void window_body(kiln__sb *b, const kiln__node *n, const kiln__win *w, in
              "        for (int l = 0; l < V; l++) d[l] = at[l] == p * KW + q ? gv[l] : 0.f;\n"
              "        const ix o = ((n * H + oh * KH + p) * W + ow * KW + q) * C + c;\n");
       if (V == 4)
-        kiln__sb_printf(b, "        *(float4 *)&dx[o] = make_float4(d[0], d[1], d[2], d[3]);\n");
+        kiln__sb_printf(b, "        kiln_store4(&dx[o], d);\n");
       else
-        kiln__sb_printf(b, "        dx[o] = d[0];\n");
+        kiln__sb_printf(b, "        dx[o] = (%s)d[0];\n", ty->out);
       kiln__sb_printf(b, "      }\n");
       break;
     }
     /* e over the image: the windows whose first maximum it is */
-    kiln__sb_printf(b, "    const float *dy = (const float *)a.ptr[0];\n"
-                       "    const float *x = (const float *)a.ptr[1];\n");
+    kiln__sb_printf(b,
+                    "    const %s *dy = (const %s *)a.ptr[0];\n"
+                    "    const %s *x = (const %s *)a.ptr[1];\n",
+                    ty->in0, ty->in0, ty->in1, ty->in1);
     emit_split(b, true);
     kiln__sb_printf(b, "    float acc[V] = {};\n");
     emit_taps_of_pixel(b);
@@ -1015,10 +1034,10 @@ static void window_body(kiln__sb *b, const kiln__node *n, const kiln__win *w, in
                        "        for (int l = 0; l < V; l++)\n"
                        "          if (at[l] == i * KW + j) acc[l] += gv[l];\n");
     emit_taps_end(b);
-    store_lanes(b, "acc", out, V, epi);
+    store_lanes(b, "acc", out, odt, V, epi);
     break;
   case KILN__OP_AVG_POOL:
-    kiln__sb_printf(b, "    const float *x = (const float *)a.ptr[0];\n");
+    kiln__sb_printf(b, "    const %s *x = (const %s *)a.ptr[0];\n", ty->in0, ty->in0);
     emit_split(b, false);
     kiln__sb_printf(b, "    float acc[V] = {};\n"
                        "    int inside = 0;\n"
@@ -1038,10 +1057,10 @@ static void window_body(kiln__sb *b, const kiln__node *n, const kiln__win *w, in
                     "#pragma unroll\n"
                     "    for (int l = 0; l < V; l++) acc[l] /= (float)(%s);\n",
                     flag ? "inside" : "KH * KW");
-    store_lanes(b, "acc", out, V, epi);
+    store_lanes(b, "acc", out, odt, V, epi);
     break;
   case KILN__OP_AVG_POOL_GRAD: /* e over the image: each window's gradient over its divisor */
-    kiln__sb_printf(b, "    const float *dy = (const float *)a.ptr[0];\n");
+    kiln__sb_printf(b, "    const %s *dy = (const %s *)a.ptr[0];\n", ty->in0, ty->in0);
     emit_split(b, true);
     kiln__sb_printf(b, "    float acc[V] = {};\n");
     emit_taps_of_pixel(b);
@@ -1056,7 +1075,7 @@ static void window_body(kiln__sb *b, const kiln__node *n, const kiln__win *w, in
     kiln__sb_printf(b, "#pragma unroll\n"
                        "        for (int l = 0; l < V; l++) acc[l] += gv[l] / div;\n");
     emit_taps_end(b);
-    store_lanes(b, "acc", out, V, epi);
+    store_lanes(b, "acc", out, odt, V, epi);
     break;
   default: KILN_ASSERT(!"window_body: not a window op");
   }
@@ -1075,7 +1094,11 @@ static bool render_window(const kiln__target *tg, const kiln__ew_prog *p, kiln__
   wiring wr;
   int out = -1;
   for (int q = 0; q < n->nin; q++)
-    KILN_ASSERT(kiln__is_contiguous(n->in[q]) && n->in[q]->dtype == KILN_DTYPE_F32);
+    KILN_ASSERT(kiln__is_contiguous(n->in[q]) && kiln__is_float(n->in[q]->dtype));
+  win_types ty = {.in0 = ctype(n->in[0]->dtype),
+                  .in1 = ctype(n->in[n->nin > 1]->dtype),
+                  .out = ctype(n->out->dtype),
+                  .out_dt = n->out->dtype};
   if (p->n == 1) {
     for (int q = 0; q < n->nin; q++)
       operand(&o, n->in[q], false, NULL);
@@ -1093,14 +1116,16 @@ static bool render_window(const kiln__target *tg, const kiln__ew_prog *p, kiln__
   bool cols = n->op == KILN__OP_IM2COL || n->op == KILN__OP_COL2IM;
   int64_t lanes = cols ? sz[3] / n->i[KILN__WIN_LEN] : sz[3]; /* channels a lane group spans */
   int V = lanes % 4 == 0 ? 4 : 1;
-  bool aligned = true; /* 16-byte loads and stores need 16-byte aligned first elements */
+  bool aligned = true; /* four-lane accesses need first elements aligned to four elements */
   for (int q = 0; q < n->nin; q++)
-    aligned = aligned && (n->in[q]->offset * 4) % 16 == 0;
-  aligned = aligned && (n->out->offset * 4) % 16 == 0;
+    aligned = aligned && n->in[q]->offset % 4 == 0;
+  aligned = aligned && n->out->offset % 4 == 0;
   if (!aligned) V = 1;
-  int64_t most = kiln_tensor_numel(n->out);
-  for (int k = 0; k < o.n; k++)
-    if (footprint(o.t[k]) / 4 > (uint64_t)most) most = (int64_t)(footprint(o.t[k]) / 4);
+  int64_t most = kiln_tensor_numel(n->out); /* the largest offset, in elements */
+  for (int k = 0; k < o.n; k++) {
+    uint64_t elems = footprint(o.t[k]) / kiln_dtype_size(o.t[k]->dtype);
+    if (elems > (uint64_t)most) most = (int64_t)elems;
+  }
   bool wide = most >= ((int64_t)1 << 31) - KILN__INDEX_MARGIN;
   kiln__win w = kiln__win_of(n);
   /* max pooling's gradient over windows that tile the image exactly (no overlap, padding or
@@ -1111,10 +1136,11 @@ static bool render_window(const kiln__target *tg, const kiln__ew_prog *p, kiln__
   a->n = kiln_tensor_numel(tiled ? win : n->out) / V;
   win_epi epi = {.p = p, .o = &o, .w = &wr, .shape = n->out->shape, .image = image_out};
   kiln__sb b = {0};
-  window_body(&b, n, &w, n->i[KILN__WIN_LEN], sz, V, wide, tiled, out, p->n > 1 ? &epi : NULL);
+  window_body(&b, n, &w, n->i[KILN__WIN_LEN], sz, V, wide, tiled, out, &ty, p->n > 1 ? &epi : NULL);
   char stem[80], suffix[48];
-  snprintf(suffix, sizeof suffix, "_%lldx%lld_s%lld_f32%s%s", (long long)w.kh, (long long)w.kw,
-           (long long)w.sh, V == 4 ? "_v4" : "", tiled ? "_tiled" : "");
+  snprintf(suffix, sizeof suffix, "_%lldx%lld_s%lld_%s%s%s", (long long)w.kh, (long long)w.kw,
+           (long long)w.sh, kiln_dtype_name(n->in[0]->dtype), V == 4 ? "_v4" : "",
+           tiled ? "_tiled" : "");
   stem_of(p, "k", suffix, stem, sizeof stem);
   bool ok = finish(&b, stem, &o, r);
   kiln__sb_free(&b);
@@ -1140,9 +1166,10 @@ static bool render_moments(const kiln__target *tg, const kiln__node *n, kiln__re
   kiln__kargs *a = &r->arg.args;
   operands o = {0};
   for (int q = 0; q < n->nin; q++) {
-    KILN_ASSERT(kiln__is_contiguous(n->in[q]) && n->in[q]->dtype == KILN_DTYPE_F32);
+    KILN_ASSERT(kiln__is_contiguous(n->in[q]) && kiln__is_float(n->in[q]->dtype));
     operand(&o, n->in[q], false, NULL);
   }
+  const char *t0 = ctype(n->in[0]->dtype), *t1 = ctype(n->in[1]->dtype);
   int out = operand(&o, n->out, true, NULL);
   int64_t R = n->in[0]->shape[0], C = n->in[0]->shape[1], P = n->out->shape[0];
   int64_t rows = KILN__I(n, MOMENTS, rows);
@@ -1163,25 +1190,26 @@ static bool render_moments(const kiln__target *tg, const kiln__node *n, kiln__re
                   wide ? "long long" : "int", (long long)rows, KILN__BLOCK / 32);
   if (centered)
     kiln__sb_printf(&b,
-                    "    const float *g = (const float *)a.ptr[0], *x = (const float *)a.ptr[1];\n"
+                    "    const %s *g = (const %s *)a.ptr[0];\n"
+                    "    const %s *x = (const %s *)a.ptr[1];\n"
                     "    const float m = ((const float *)a.ptr[2])[c];\n"
                     "    const float is = ((const float *)a.ptr[3])[c];\n"
                     "    for (ix r = r0 + ty; r < r1; r += %d) {\n"
                     "      const float gv = g[r * C + c];\n"
                     "      s0 += gv;\n"
-                    "      s1 += gv * ((x[r * C + c] - m) * is);\n"
+                    "      s1 += gv * (((float)x[r * C + c] - m) * is);\n"
                     "    }\n",
-                    KILN__BLOCK / 32);
+                    t0, t0, t1, t1, KILN__BLOCK / 32);
   else
     kiln__sb_printf(&b,
-                    "    const float *x = (const float *)a.ptr[0];\n"
-                    "    const float k = ((const float *)a.ptr[1])[c];\n"
+                    "    const %s *x = (const %s *)a.ptr[0];\n"
+                    "    const float k = ((const %s *)a.ptr[1])[c];\n"
                     "    for (ix r = r0 + ty; r < r1; r += %d) {\n"
-                    "      const float v = x[r * C + c] - k;\n"
+                    "      const float v = (float)x[r * C + c] - k;\n"
                     "      s0 += v;\n"
                     "      s1 += v * v;\n"
                     "    }\n",
-                    KILN__BLOCK / 32);
+                    t0, t0, t1, KILN__BLOCK / 32);
   kiln__sb_printf(&b,
                   "  }\n"
                   "  part[0][ty][tx] = s0;\n"
@@ -1195,7 +1223,8 @@ static bool render_moments(const kiln__target *tg, const kiln__node *n, kiln__re
                   "  }\n",
                   KILN__BLOCK / 32, out);
   char stem[48];
-  snprintf(stem, sizeof stem, "k_moments_%s_f32", centered ? "grad" : "shifted");
+  snprintf(stem, sizeof stem, "k_moments_%s_%s", centered ? "grad" : "shifted",
+           kiln_dtype_name(n->in[centered ? 1 : 0]->dtype));
   bool ok = finish(&b, stem, &o, r);
   kiln__sb_free(&b);
   r->block = KILN__BLOCK;
@@ -1225,8 +1254,8 @@ static void emit_loads(kiln__sb *b, const kiln__ew_prog *p, const bool *use, con
       int k = w->opnd[j][q];
       if (k < 0 || loaded[k]) continue;
       loaded[k] = true;
-      const char *ct = ctype(o->t[k]->dtype);
-      kiln__sb_printf(b, "%sconst %s x%d = ((const %s *)a.ptr[%d])[", ind, ct, k, ct, k);
+      kiln__sb_printf(b, "%sconst %s x%d = ((const %s *)a.ptr[%d])[", ind, rtype(o->t[k]->dtype), k,
+                      ctype(o->t[k]->dtype), k);
       if (per_row)
         row_offset(b, k, nd - 1);
       else
@@ -1240,9 +1269,7 @@ static void emit_loads(kiln__sb *b, const kiln__ew_prog *p, const bool *use, con
 static void emit_value(kiln__sb *b, const kiln__ew_prog *p, const wiring *w, int j, const char *ind,
                        int nd, bool store, bool per_row) {
   const kiln__node *n = p->nodes[j];
-  kiln__sb_printf(b, "%sconst auto v%d = ", ind, j);
-  expand(b, kiln__ops[n->op].expr, w, j, n);
-  kiln__sb_printf(b, "; // %s\n", kiln__ops[n->op].name);
+  emit_node_value(b, ind, w, j, n);
   int k = w->store_slot[j];
   if (!store || k < 0) return;
   const char *ot = ctype(n->out->dtype);
@@ -1334,9 +1361,10 @@ static bool render_rows(const kiln__target *t, const kiln__ew_prog *p, const kil
       kiln__sb_printf(&b, "      acc%d += %s;\n    }\n", j, in0);
     else
       kiln__sb_printf(&b, "      acc%d = kiln_maximum(acc%d, %s);\n    }\n", j, j, in0);
-    kiln__sb_printf(&b, "    const float v%d = kiln_block_%s(acc%d, sv) * a.fv[%d]; // %s\n", j,
-                    isum ? "sum" : "max", j, scale_slot(&w, j, p->nodes[j]),
-                    kiln__ops[p->nodes[j]->op].name);
+    bool bf16 = p->nodes[j]->out->dtype == KILN_DTYPE_BF16;
+    kiln__sb_printf(&b, "    const float v%d = %s(kiln_block_%s(acc%d, sv) * a.fv[%d]); // %s\n", j,
+                    bf16 ? "(float)(kiln_bf16)" : "", isum ? "sum" : "max", j,
+                    scale_slot(&w, j, p->nodes[j]), kiln__ops[p->nodes[j]->op].name);
   }
   if (final_pass) {
     bool use[KILN__MAX_GROUP] = {0}, loaded[KILN__KMAX_PTR] = {0};
@@ -1362,7 +1390,9 @@ static bool render_rows(const kiln__target *t, const kiln__ew_prog *p, const kil
   }
   kiln__sb_printf(&b, "    }\n  }\n");
   char stem[80];
-  stem_of(p, "k", "_f32_rows", stem, sizeof stem);
+  char suffix[24];
+  snprintf(suffix, sizeof suffix, "_%s_rows", kiln_dtype_name(F->dtype));
+  stem_of(p, "k", suffix, stem, sizeof stem);
   bool ok = finish(&b, stem, &o, r);
   kiln__sb_free(&b);
   row_launch(t, r);

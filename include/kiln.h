@@ -35,6 +35,13 @@ typedef enum kiln_status {
   KILN_ERR_STATE,   /* wrong order of calls, stale handle, no GPU */
 } kiln_status;
 
+/* Element types. Ops compute f32 and bf16 values in f32 (bf16 is rounded to nearest even where it
+ * is stored); i32 holds labels and indices; f16 is not supported yet. Elementwise ops give bf16
+ * when every float input is bf16 and f32 otherwise (PyTorch's promotion); reductions of bf16
+ * accumulate in f32 and round the result; products and convolutions take one dtype (bf16:
+ * tensor cores, f32 accumulation), unless an autocast region casts them (kiln_autocast_begin).
+ * softmax, log_softmax, layer_norm, var/std and the losses compute in f32 whatever their input
+ * and give f32. On the host a bf16 element is a uint16_t (kiln_bf16_from_f32). */
 typedef enum kiln_dtype {
   KILN_DTYPE_F32 = 0,
   KILN_DTYPE_BF16,
@@ -224,7 +231,7 @@ kiln_status kiln_tensor_to_host(kiln_tensor *t, void *dst, size_t bytes);
  * the step's ops (the next batch into an input tensor, say): the step then still runs whole as
  * its graph; a copy after recorded ops runs them first, and the step runs without its graph. */
 kiln_status kiln_tensor_copy_from_host(kiln_tensor *t, const void *src, size_t bytes);
-/* The value of a one-element f32 or i32 tensor (an i32 converted to float: exact up to 2^24);
+/* The value of a one-element f32, bf16 or i32 tensor (an i32 converted to float: exact up to 2^24);
  * NAN (and an error on the context) on failure. */
 float kiln_tensor_item(kiln_tensor *t);
 
@@ -251,6 +258,9 @@ void kiln_tensor_zero_grad(kiln_tensor *t);
 char *kiln_shape_str(kiln_shape s, char *buf, size_t n);
 size_t kiln_dtype_size(kiln_dtype dt);
 const char *kiln_dtype_name(kiln_dtype dt);
+/* bf16 on the host: an f32 rounded to nearest (ties to even; NaN stays NaN), and back (exact). */
+uint16_t kiln_bf16_from_f32(float f);
+float kiln_bf16_to_f32(uint16_t h);
 
 /* ---------------------------------------------------------------- ops */
 
@@ -307,12 +317,15 @@ kiln_tensor *kiln_full(kiln_ctx *ctx, kiln_shape shape, float value);
  * To fill a parameter, see the initialisers (kiln_init_*). */
 kiln_tensor *kiln_rand(kiln_ctx *ctx, kiln_shape shape);
 kiln_tensor *kiln_randn(kiln_ctx *ctx, kiln_shape shape);
-/* Converts between f32 and i32 (truncating towards zero); no gradient through i32. */
+/* Converts between f32, bf16 (rounding to nearest even) and i32 (truncating towards zero); the
+ * same dtype gives a back (PyTorch's .to). The gradient of a float cast is cast back; none flows
+ * through i32. In a fused step a cast costs no kernel of its own: it joins its producer or its
+ * consumers. */
 kiln_tensor *kiln_cast(kiln_tensor *a, kiln_dtype dtype);
 
 /* Reductions over a set of axes (KILN_ALL_AXES: all of them). kiln_sum also sums i32 values,
  * exactly (in 64 bits), to an i32; a total outside the i32 range is an error found on the device,
- * reported as a bad label is (kiln_cross_entropy). mean and max take f32 only. */
+ * reported as a bad label is (kiln_cross_entropy). mean and max take f32 and bf16. */
 kiln_tensor *kiln_sum(kiln_tensor *a, kiln_axes axes, int keepdim);
 kiln_tensor *kiln_mean(kiln_tensor *a, kiln_axes axes, int keepdim);
 kiln_tensor *kiln_max(kiln_tensor *a, kiln_axes axes, int keepdim);
@@ -446,6 +459,18 @@ kiln_status kiln_backward(kiln_tensor *loss);
 void kiln_no_grad_begin(kiln_ctx *ctx);
 void kiln_no_grad_end(kiln_ctx *ctx);
 int kiln_grad_enabled(const kiln_ctx *ctx);
+/* Mixed precision, as torch.autocast(dtype=torch.bfloat16): inside a region opened with
+ * KILN_DTYPE_BF16, kiln_matmul, kiln_conv2d and the layers built on them (kiln_linear_forward,
+ * kiln_conv2d_layer_forward) cast f32 operands (and biases) to bf16 and compute on bf16 tensor
+ * cores with f32 accumulation, giving bf16; the ops that follow keep bf16 where their inputs are
+ * (activations, pooling, batch norm, whose statistics stay f32); softmax, the losses and layer_norm
+ * compute in f32. Parameters stay f32 (master weights): the casts' gradients bring their
+ * gradients back to f32, so optimizers, their state and checkpoints never see bf16. A region
+ * opened with KILN_DTYPE_F32 turns autocast off inside an outer one. Regions nest (at most 8);
+ * an end without its begin is an error (KILN_ERR_STATE). The region is read when ops are
+ * recorded: put the forward pass in it, and call kiln_backward and kiln_optim_step after it. */
+void kiln_autocast_begin(kiln_ctx *ctx, kiln_dtype dtype);
+void kiln_autocast_end(kiln_ctx *ctx);
 
 /*
  * Gradient check: fn maps inputs to an output; the check compares the analytic gradient of

@@ -66,23 +66,6 @@ const char *kiln_meta_key(const kiln_meta *m, int i) {
   return m && i >= 0 && i < m->n ? m->kv[i].k : NULL;
 }
 
-/* ---------------------------------------------------------------- dtype conversion */
-
-static uint16_t to_bf16(float f) {
-  uint32_t u;
-  memcpy(&u, &f, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40); /* quiet NaN */
-  u += 0x7fffu + ((u >> 16) & 1u); /* round to nearest, ties to even */
-  return (uint16_t)(u >> 16);
-}
-
-static float from_bf16(uint16_t h) {
-  uint32_t u = (uint32_t)h << 16;
-  float f;
-  memcpy(&f, &u, 4);
-  return f;
-}
-
 /* ---------------------------------------------------------------- the tensors of a file */
 
 /* One tensor of the model that a file holds: where it lives and its host copy. */
@@ -185,7 +168,7 @@ static kiln_status save(const char *fn, const char *path, const kiln_params *p, 
     if (dt == KILN_DTYPE_BF16) {
       uint16_t *h = (uint16_t *)f; /* in place: each bf16 fits where its float was */
       for (int64_t k = 0; k < n; k++)
-        h[k] = to_bf16(f[k]);
+        h[k] = kiln_bf16_from_f32(f[k]);
     }
     out[i] = (kiln__st_out){
         .name = s->name, .dtype = dt, .ndim = s->t->ndim, .shape = s->t->shape, .data = s->host};
@@ -253,7 +236,7 @@ static kiln_status match(kiln_ctx *ctx, const char *fn, const char *path, const 
       for (int64_t k = n - 1; k >= 0; k--) {
         uint16_t b;
         memcpy(&b, (const char *)h + 2 * k, 2);
-        h[k] = from_bf16(b);
+        h[k] = kiln_bf16_to_f32(b);
       }
   }
   return KILN_OK;

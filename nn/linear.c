@@ -77,5 +77,6 @@ kiln_tensor *kiln_linear_forward(const kiln_linear *l, kiln_tensor *x) {
     return NULL;
   }
   kiln_tensor *y = kiln_matmul(x, kiln_transpose(l->weight, 0, 1));
-  return l->bias ? kiln_add(y, l->bias) : y;
+  /* a bf16 product (an autocast region) adds the bias in bf16, as torch.autocast's linear */
+  return l->bias && y ? kiln_add(y, kiln_cast(l->bias, y->dtype)) : y;
 }

@@ -374,9 +374,9 @@ Test(fusion, dense_operands_get_vector_loads_and_32_bit_indexing) {
   cr_assert_eq(compile_pending(ctx), KILN_OK, "%s", kiln_ctx_error(ctx));
   char cmd[512];
   snprintf(cmd, sizeof cmd,
-           "grep -q 'float4' %s/k_sub_sigmoid_f32_v4_*.cu && "
+           "grep -q 'kiln_load4' %s/k_sub_sigmoid_f32_v4_*.cu && "
            "grep -q '32-bit indexing' %s/k_sub_sigmoid_f32_v4_*.cu && "
-           "! grep -q 'float4' %s/k_sub_tanh_f32_[0-9a-f]*.cu",
+           "! grep -q 'kiln_load4' %s/k_sub_tanh_f32_[0-9a-f]*.cu",
            dir, dir, dir);
   cr_assert_eq(system(cmd), 0, "vector loads where dense, scalar where strided (%s)", dir);
   th_free_scratch();

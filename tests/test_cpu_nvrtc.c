@@ -263,6 +263,84 @@ Test(nvrtc, every_generated_kernel_compiles, .timeout = 1200) {
   th_remove_dir(cache);
 }
 
+/* bf16 values through every kind of generated kernel: a mixed-precision conv net's step (an
+ * autocast region: casts, bf16 products, im2col, pooling, batch norm, GELU and their gradients,
+ * col2im), and bf16 elementwise chains, reductions, rows, gathers and concats. */
+static void record_bf16_zoo(kiln_ctx *ctx, kiln_params *q) {
+  kiln_tensor *img = th_f32(ctx, KILN_SHAPE(2, 6, 6, 4)), *lab = th_i32(ctx, KILN_SHAPE(2));
+  kiln_tensor *w1 = owned_param(ctx, KILN_SHAPE(8, 4, 3, 3)),
+              *w2 = owned_param(ctx, KILN_SHAPE(10, 8));
+  kiln_tensor *bn = owned_param(ctx, KILN_SHAPE(8)), *bias = owned_param(ctx, KILN_SHAPE(10));
+  kiln_tensor *rm = th_new(ctx, KILN_DTYPE_F32, KILN_SHAPE(8)),
+              *rv = th_new(ctx, KILN_DTYPE_F32, KILN_SHAPE(8));
+  cr_assert_eq(kiln_params_add(q, "w1", w1), KILN_OK);
+  cr_assert_eq(kiln_params_add(q, "w2", w2), KILN_OK);
+  cr_assert_eq(kiln_params_add(q, "bn", bn), KILN_OK);
+  cr_assert_eq(kiln_params_add(q, "bias", bias), KILN_OK);
+  cr_assert_eq(kiln_params_add_buffer(q, "rm", rm), KILN_OK);
+  cr_assert_eq(kiln_params_add_buffer(q, "rv", rv), KILN_OK);
+  kiln_autocast_begin(ctx, KILN_DTYPE_BF16);
+  kiln_tensor *h = kiln_conv2d(img, w1, NULL, &(kiln_conv2d_options){.pad_h = 1, .pad_w = 1});
+  h = kiln_max_pool2d(h, &(kiln_pool2d_options){.kernel_h = 2, .kernel_w = 2});
+  h = kiln_gelu(kiln_batch_norm(h, bn, NULL, rm, rv, 1, 0.1f, 1e-5f), KILN_GELU_ERF);
+  h = kiln_avg_pool2d(
+      h, &(kiln_pool2d_options){
+             .kernel_h = 3, .kernel_w = 3, .stride_h = 1, .stride_w = 1, .pad_h = 1, .pad_w = 1});
+  kiln_tensor *g = kiln_global_max_pool2d(h); /* (2, 8) bf16 */
+  kiln_tensor *logits =
+      kiln_add(kiln_matmul(g, kiln_transpose(w2, 0, 1)), kiln_cast(bias, KILN_DTYPE_BF16));
+  kiln_autocast_end(ctx);
+  cr_assert_not_null(logits, "%s", kiln_ctx_error(ctx));
+  cr_assert_eq(kiln_tensor_dtype(logits), KILN_DTYPE_BF16);
+  kiln_tensor *loss = kiln_cross_entropy(logits, lab, KILN_REDUCTION_MEAN, 0.2f);
+  /* plain bf16 values: chains, broadcasts, reductions along and across rows, a gather */
+  kiln_tensor *x = kiln_cast(th_f32(ctx, KILN_SHAPE(5, 7)), KILN_DTYPE_BF16);
+  kiln_tensor *y = kiln_mul(kiln_relu(kiln_add(x, x)),
+                            kiln_cast(kiln_full(ctx, KILN_SHAPE(7), 2.f), KILN_DTYPE_BF16));
+  kiln_tensor *t[] = {kiln_sum(y, KILN_AXES(0), 0),
+                      kiln_max(y, KILN_AXES(1), 1),
+                      kiln_softmax(y, 1),
+                      kiln_layer_norm(y, NULL, NULL, 1e-5f),
+                      kiln_cast(kiln_index_select(y, th_i32(ctx, KILN_SHAPE(3))), KILN_DTYPE_F32),
+                      kiln_concat(2, (kiln_tensor *[]){y, y}, 0),
+                      kiln_dropout(y, 0.3f, 1),
+                      kiln_cast(kiln_argmax(y, 1, 0), KILN_DTYPE_BF16)};
+  for (size_t i = 0; i < sizeof t / sizeof t[0]; i++) {
+    cr_assert_not_null(t[i], "bf16 term %zu: %s", i, kiln_ctx_error(ctx));
+    loss = kiln_add(loss, kiln_cast(th_sum_all(t[i]), KILN_DTYPE_F32));
+  }
+  cr_assert_eq(kiln_tensor_dtype(loss), KILN_DTYPE_F32);
+  cr_assert_eq(kiln_backward(loss), KILN_OK, "kiln_backward: %s", kiln_ctx_error(ctx));
+  for (int i = 0; i < 4; i++) { /* master weights: f32 gradients */
+    kiln_tensor *p = kiln_params_get(q, i);
+    cr_assert_eq(kiln_tensor_dtype(kiln_tensor_grad(p)), KILN_DTYPE_F32, "%s's gradient",
+                 kiln_tensor_name(p));
+  }
+}
+
+Test(nvrtc, bf16_kernels_compile, .timeout = 1200) {
+  char cache[256];
+  fresh_cache_dir(cache, sizeof cache);
+  kiln_ctx *ctx = th_cpu_ctx();
+  kiln_params *q = kiln_params_new(ctx);
+  record_bf16_zoo(ctx, q);
+  th_assert_ok(ctx);
+  kiln_set_fusion(ctx, 0);
+  compile_ok(ctx);
+  kiln_exec_stats st;
+  kiln_stats(ctx, &st);
+  cr_assert_gt(st.kernels_compiled, 20u);
+  kiln_set_fusion(ctx, 1);
+  compile_ok(ctx);
+  kiln_exec_stats fused;
+  kiln_stats(ctx, &fused);
+  cr_assert_gt(fused.kernels_compiled, st.kernels_compiled, "fusion made no kernels of its own");
+  kiln_params_free(q);
+  th_free_scratch();
+  th_ctx_free(ctx);
+  th_remove_dir(cache);
+}
+
 /* A few distinct kernels: elementwise, broadcast, row and column reductions, an update. */
 static void record_small(kiln_ctx *ctx) {
   kiln_tensor *w = th_param(ctx, KILN_SHAPE(16, 8)), *b = th_f32(ctx, KILN_SHAPE(8));

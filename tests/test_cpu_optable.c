@@ -26,7 +26,6 @@ static bool expect_no_grad(kiln__op op) {
   case KILN__OP_LEAKY_RELU_GRAD:
   case KILN__OP_SOFTPLUS_GRAD:
   case KILN__OP_FILL:
-  case KILN__OP_CAST:
   case KILN__OP_ONEHOT:
   case KILN__OP_ACCUM:
   case KILN__OP_ASSIGN:
@@ -208,6 +207,7 @@ static kiln_tensor *record_op(kiln_ctx *ctx, kiln__op op) {
   case KILN__OP_LEAKY_RELU: return kiln_leaky_relu(a, 0.01f);
   case KILN__OP_SOFTPLUS: return kiln_softplus(a, 2.f, 10.f);
   case KILN__OP_COPY: return kiln_contiguous(kiln_transpose(a, 0, 1)); /* the copy of a view */
+  case KILN__OP_CAST: return kiln_cast(a, KILN_DTYPE_BF16);
   case KILN__OP_DROPOUT: return kiln_dropout(a, 0.5f, 1);
   case KILN__OP_INDEX_SELECT:
     return kiln_index_select(th_param(ctx, KILN_SHAPE(4, 3)), th_i32(ctx, KILN_SHAPE(5)));

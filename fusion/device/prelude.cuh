@@ -6,6 +6,7 @@
 #ifndef KILN_PRELUDE_CUH
 #define KILN_PRELUDE_CUH
 
+#include "bf16.cuh"
 #include "defs.cuh"
 #include "kargs.cuh"
 #include "math.cuh"

@@ -1,0 +1,349 @@
+/*
+ * test_gpu_bf16.c: bf16 on the GPU. Casts round as the host's kiln_bf16_from_f32 does, bitwise;
+ * elementwise chains, reductions, products, convolutions, pooling and batch norm on bf16 values
+ * against float64 references computed from the same bf16 inputs (each op's result rounded to
+ * bf16 as kiln stores it: a fused kernel rounds its in-register bf16 values the same way), within
+ * one or two bf16 rounding steps; autocast regions (master weights get f32 gradients close to
+ * the f32 ones); a mixed-precision conv net's training tracks the f32 one; graph replay equals no
+ * graph bitwise and fused equals unfused. Without a GPU every test skips, saying why.
+ */
+#include <math.h>
+#include <string.h>
+
+#include "ref_conv.h"
+
+#define BF16_ULP (1.0 / 256.0) /* a bf16 rounding step, relative: 8 significant bits */
+
+static double round_bf16(double v) { return kiln_bf16_to_f32(kiln_bf16_from_f32((float)v)); }
+
+/* n random floats in [lo, hi), rounded to bf16 values (so that f32 and bf16 hold the same). */
+static float *bf16_values(int64_t n, uint64_t seed, float lo, float hi) {
+  float *h = ref_falloc(n);
+  th_fill(h, n, seed, lo, hi);
+  for (int64_t i = 0; i < n; i++)
+    h[i] = (float)round_bf16(h[i]);
+  return h;
+}
+
+/* A persistent bf16 tensor holding the f32 values h (already bf16 values). */
+static kiln_tensor *upload_bf16(kiln_ctx *ctx, kiln_shape s, const float *h) {
+  int64_t n = ref_numel(s);
+  uint16_t *b = ref_malloc((size_t)n * sizeof *b);
+  for (int64_t i = 0; i < n; i++)
+    b[i] = kiln_bf16_from_f32(h[i]);
+  kiln_tensor *t = kiln_tensor_from_host(ctx, KILN_DTYPE_BF16, s, b);
+  cr_assert_not_null(t, "%s", th_err(ctx));
+  free(b);
+  return t;
+}
+
+/* A bf16 tensor's values as floats (malloc'd). */
+static float *read_bf16(kiln_ctx *ctx, kiln_tensor *t) {
+  cr_assert_not_null(t, "%s", th_err(ctx));
+  cr_assert_eq(kiln_tensor_dtype(t), KILN_DTYPE_BF16, "a %s tensor",
+               kiln_dtype_name(kiln_tensor_dtype(t)));
+  int64_t n = kiln_tensor_numel(t);
+  uint16_t *b = ref_malloc((size_t)n * sizeof *b);
+  cr_assert_eq(kiln_tensor_to_host(t, b, (size_t)n * sizeof *b), KILN_OK, "%s", th_err(ctx));
+  float *f = ref_falloc(n);
+  for (int64_t i = 0; i < n; i++)
+    f[i] = kiln_bf16_to_f32(b[i]);
+  free(b);
+  return f;
+}
+
+static void expect_bf16_close(kiln_ctx *ctx, kiln_tensor *t, const double *want, int64_t n,
+                              double atol, double rtol, const char *what) {
+  float *got = read_bf16(ctx, t);
+  cr_assert_eq(kiln_tensor_numel(t), n, "%s: %lld values", what, (long long)kiln_tensor_numel(t));
+  th_assert_close(got, want, n, atol, rtol, what);
+  free(got);
+}
+
+/* ---------------------------------------------------------------- casts */
+
+Test(bf16, casts_round_as_the_host_does) {
+  TH_GPU_CTX(ctx);
+  enum { N = 4096 };
+  float h[N];
+  th_fill(h, N, 11, -3.f, 3.f);
+  uint32_t special[] = {0x7f800000u, 0xff800000u, 0x7fc00000u, 0x00000001u, 0x807fffffu,
+                        0x80000000u, 0x3f808000u, 0x3f818000u, 0x3f80c000u, 0x7f7fffffu,
+                        0xc0008000u, 0x00800000u, 0x3f7fffffu, 0xff7f8000u};
+  int ns = (int)(sizeof special / sizeof special[0]);
+  for (int i = 0; i < ns; i++)
+    memcpy(&h[i], &special[i], 4);
+  for (int i = ns; i < N; i += 7) /* exact ties between two bf16 values, odd and even */
+    h[i] = kiln_bf16_to_f32(kiln_bf16_from_f32(h[i])) * (1.f + 1.f / 512.f);
+  for (int i = ns + 3; i < N; i += 11) /* magnitudes far from 1 */
+    h[i] *= (i % 2) ? 1e-30f : 1e30f;
+  kiln_tensor *x = ref_upload(ctx, KILN_SHAPE(N), h);
+  kiln_tensor *b = kiln_cast(x, KILN_DTYPE_BF16);
+  kiln_tensor *back = kiln_cast(b, KILN_DTYPE_F32);
+  uint16_t got[N];
+  cr_assert_eq(kiln_tensor_to_host(b, got, sizeof got), KILN_OK, "%s", th_err(ctx));
+  float *f = th_read(back);
+  for (int i = 0; i < N; i++) {
+    uint16_t want = kiln_bf16_from_f32(h[i]);
+    if (isnan(h[i])) {
+      cr_assert(isnan(kiln_bf16_to_f32(got[i])), "element %d: NaN became 0x%04x", i, got[i]);
+      cr_assert(isnan(f[i]));
+      continue;
+    }
+    cr_assert_eq(got[i], want, "element %d: %a rounded to 0x%04x on the device, 0x%04x on the host",
+                 i, (double)h[i], got[i], want);
+    cr_assert_eq(f[i], kiln_bf16_to_f32(want), "element %d: bf16 back to f32", i);
+  }
+  cr_assert_eq(
+      kiln_tensor_item(kiln_cast(kiln_full(ctx, KILN_SCALAR_SHAPE, 1.5f), KILN_DTYPE_BF16)), 1.5f,
+      "kiln_tensor_item reads a bf16 value: %s", th_err(ctx));
+  free(f);
+  kiln_tensor_free(x);
+  th_ctx_free(ctx);
+}
+
+/* ---------------------------------------------------------------- elementwise and reductions */
+
+Test(bf16, elementwise_chains_and_reductions_against_float64) {
+  TH_GPU_CTX(ctx);
+  enum { R = 64, C = 300 };
+  float *xh = bf16_values(R * C, 21, -2.f, 2.f), *yh = bf16_values(C, 22, -1.f, 1.f);
+  kiln_tensor *x = upload_bf16(ctx, KILN_SHAPE(R, C), xh), *y = upload_bf16(ctx, KILN_SHAPE(C), yh);
+  /* z = gelu(x * y + x), every step rounded to bf16; its sums over rows and columns, its row
+   * maxima, and a mixed bf16 * f32 product, which is f32 */
+  kiln_tensor *z = kiln_gelu(kiln_add(kiln_mul(x, y), x), KILN_GELU_ERF);
+  kiln_tensor *s0 = kiln_sum(z, KILN_AXES(0), 0), *s1 = kiln_mean(z, KILN_AXES(1), 0);
+  kiln_tensor *mx = kiln_max(z, KILN_AXES(1), 0);
+  kiln_tensor *two = ref_upload(ctx, KILN_SHAPE(1), (float[]){0.3f});
+  kiln_tensor *mixed = kiln_mul(z, two);
+  cr_assert_eq(kiln_tensor_dtype(mixed), KILN_DTYPE_F32);
+  double *zw = ref_dalloc(R * C), *s0w = ref_dalloc(C), *s1w = ref_dalloc(R), *mw = ref_dalloc(R),
+         *mixw = ref_dalloc(R * C);
+  for (int64_t c = 0; c < C; c++)
+    s0w[c] = 0;
+  for (int64_t r = 0; r < R; r++) {
+    double acc = 0, m = -INFINITY;
+    for (int64_t c = 0; c < C; c++) {
+      double v = round_bf16(round_bf16((double)xh[r * C + c] * yh[c]) + xh[r * C + c]);
+      v = round_bf16(0.5 * v * (1.0 + erf(v / sqrt(2.0))));
+      zw[r * C + c] = v;
+      mixw[r * C + c] = v * (double)0.3f;
+      s0w[c] += v;
+      acc += v;
+      m = v > m ? v : m;
+    }
+    s1w[r] = round_bf16(acc / C);
+    mw[r] = m;
+  }
+  for (int64_t c = 0; c < C; c++)
+    s0w[c] = round_bf16(s0w[c]);
+  /* a value within one rounding step of the reference: the f32 arithmetic before a rounding
+   * may land on the other side of a tie */
+  expect_bf16_close(ctx, z, zw, R * C, 1e-6, 1.01 * BF16_ULP, "gelu(x * y + x)");
+  expect_bf16_close(ctx, s0, s0w, C, 1e-3, 1.01 * BF16_ULP, "sum over axis 0");
+  expect_bf16_close(ctx, s1, s1w, R, 1e-4, 1.01 * BF16_ULP, "mean over axis 1");
+  expect_bf16_close(ctx, mx, mw, R, 0, 1.01 * BF16_ULP, "max over axis 1");
+  float *mixg = th_read(mixed);
+  th_assert_close(mixg, mixw, R * C, 1e-6, 1.01 * BF16_ULP, "bf16 * f32");
+  free(mixg);
+  free(xh), free(yh), free(zw), free(s0w), free(s1w), free(mw), free(mixw);
+  kiln_tensor_free(x), kiln_tensor_free(y), kiln_tensor_free(two);
+  th_ctx_free(ctx);
+}
+
+/* ---------------------------------------------------------------- products and images */
+
+Test(bf16, matmul_conv_pooling_and_batch_norm_against_float64) {
+  TH_GPU_CTX(ctx);
+  /* a bf16 product: f32 accumulation, one rounding at the end */
+  enum { M = 96, K = 200, N = 72 };
+  float *ah = bf16_values(M * K, 31, -1.f, 1.f), *bh = bf16_values(K * N, 32, -1.f, 1.f);
+  kiln_tensor *a = upload_bf16(ctx, KILN_SHAPE(M, K), ah),
+              *b = upload_bf16(ctx, KILN_SHAPE(K, N), bh);
+  kiln_tensor *p = kiln_matmul(a, b);
+  double *pw = ref_dalloc(M * N);
+  for (int i = 0; i < M; i++)
+    for (int j = 0; j < N; j++) {
+      double acc = 0;
+      for (int k = 0; k < K; k++)
+        acc += (double)ah[i * K + k] * bh[k * N + j];
+      pw[i * N + j] = acc;
+    }
+  expect_bf16_close(ctx, p, pw, M * N, 1e-4, 1.01 * BF16_ULP, "bf16 matmul");
+
+  /* a convolution in an autocast region: f32 input and weight, cast to bf16 */
+  kiln_shape xs = KILN_SHAPE(2, 9, 7, 5);
+  int64_t nx = ref_numel(xs), cout = 6, nw = cout * 5 * 3 * 3;
+  float *xh = bf16_values(nx, 33, -1.f, 1.f), *wh = bf16_values(nw, 34, -0.5f, 0.5f);
+  kiln_tensor *x = ref_upload(ctx, xs, xh), *w = ref_upload(ctx, KILN_SHAPE(cout, 5, 3, 3), wh);
+  ref_win g = {.kh = 3, .kw = 3, .sh = 2, .sw = 1, .ph = 1, .pw = 1, .dh = 1, .dw = 1, .groups = 1};
+  kiln_autocast_begin(ctx, KILN_DTYPE_BF16);
+  kiln_tensor *y =
+      kiln_conv2d(x, w, NULL, &(kiln_conv2d_options){.stride_h = 2, .pad_h = 1, .pad_w = 1});
+  kiln_autocast_end(ctx);
+  kiln_shape ys = ref_win_out(xs, &g, cout);
+  double *xd = ref_to_double(xh, nx), *wd = ref_to_double(wh, nw), *yw = ref_dalloc(ref_numel(ys));
+  ref_conv2d(xd, xs, wd, cout, NULL, &g, yw);
+  expect_bf16_close(ctx, y, yw, ref_numel(ys), 1e-4, 1.01 * BF16_ULP, "autocast conv2d");
+
+  /* pooling and batch norm keep bf16 values (statistics in f32) */
+  float *yh = read_bf16(ctx, y);
+  double *yd = ref_to_double(yh, ref_numel(ys));
+  ref_win pw2 = {.kh = 2, .kw = 2, .sh = 2, .sw = 2, .dh = 1, .dw = 1, .groups = 1};
+  kiln_shape ms = ref_win_out(ys, &pw2, cout);
+  double *mw = ref_dalloc(ref_numel(ms));
+  ref_max_pool2d(yd, ys, &pw2, mw);
+  expect_bf16_close(ctx, kiln_max_pool2d(y, &(kiln_pool2d_options){.kernel_h = 2, .kernel_w = 2}),
+                    mw, ref_numel(ms), 0, 0, "max pool of bf16 values: exact");
+  int64_t rows = ref_numel(ys) / cout;
+  double *bw = ref_dalloc(ref_numel(ys));
+  ref_batch_norm(yd, rows, cout, NULL, NULL, NULL, NULL, 1, 0.1, 1e-5, bw);
+  for (int64_t i = 0; i < ref_numel(ys); i++)
+    bw[i] = round_bf16(bw[i]);
+  expect_bf16_close(ctx, kiln_batch_norm(y, NULL, NULL, NULL, NULL, 1, 0.1f, 1e-5f), bw,
+                    ref_numel(ys), 1e-3, 1.01 * BF16_ULP, "batch norm of bf16 values");
+  free(ah), free(bh), free(pw), free(xh), free(wh), free(xd), free(wd), free(yw), free(yh);
+  free(yd), free(mw), free(bw);
+  kiln_tensor_free(a), kiln_tensor_free(b), kiln_tensor_free(x), kiln_tensor_free(w);
+  th_ctx_free(ctx);
+}
+
+/* ---------------------------------------------------------------- training */
+
+/* A small conv net: conv 3->8 3x3, batch norm, GELU, max pool 2, conv 8->16 3x3, batch norm,
+ * GELU, global max pool, linear 16->10; SGD with Nesterov momentum. */
+typedef struct net {
+  kiln_params *params;
+  kiln_conv2d_layer c1, c2;
+  kiln_batch_norm_layer b1, b2;
+  kiln_linear fc;
+  kiln_optim *opt;
+} net;
+
+static void net_init(kiln_ctx *ctx, net *m) {
+  kiln_manual_seed(ctx, 5);
+  m->params = kiln_params_new(ctx);
+  kiln_conv2d_options pad = {.pad_h = 1, .pad_w = 1};
+  cr_assert_eq(kiln_conv2d_layer_init(&m->c1, m->params, "c1", 3, 8, 3, 3, &pad, 0), KILN_OK);
+  cr_assert_eq(kiln_batch_norm_layer_init(&m->b1, m->params, "b1", 8, 0.1f, 1e-5f, 1), KILN_OK);
+  cr_assert_eq(kiln_conv2d_layer_init(&m->c2, m->params, "c2", 8, 16, 3, 3, &pad, 0), KILN_OK);
+  cr_assert_eq(kiln_batch_norm_layer_init(&m->b2, m->params, "b2", 16, 0.1f, 1e-5f, 1), KILN_OK);
+  cr_assert_eq(kiln_linear_init(&m->fc, m->params, "fc", 16, 10, 1), KILN_OK);
+  kiln_sgd_options o = kiln_sgd_defaults(0.05f);
+  o.momentum = 0.9f;
+  o.nesterov = 1;
+  m->opt = kiln_sgd_new(m->params, &o);
+  cr_assert_not_null(m->opt, "%s", kiln_ctx_error(ctx));
+}
+
+static void net_free(net *m) {
+  kiln_optim_free(m->opt);
+  kiln_params_free(m->params);
+}
+
+/* One training step on (x, y), the forward pass in a bf16 autocast region or not; the loss. */
+static float net_step(kiln_ctx *ctx, net *m, kiln_tensor *x, kiln_tensor *y, bool bf16) {
+  kiln_step_begin(ctx);
+  if (bf16) kiln_autocast_begin(ctx, KILN_DTYPE_BF16);
+  kiln_tensor *h = kiln_gelu(
+      kiln_batch_norm_layer_forward(&m->b1, kiln_conv2d_layer_forward(&m->c1, x)), KILN_GELU_ERF);
+  h = kiln_max_pool2d(h, &(kiln_pool2d_options){.kernel_h = 2, .kernel_w = 2});
+  h = kiln_gelu(kiln_batch_norm_layer_forward(&m->b2, kiln_conv2d_layer_forward(&m->c2, h)),
+                KILN_GELU_ERF);
+  kiln_tensor *logits = kiln_linear_forward(&m->fc, kiln_global_max_pool2d(h));
+  if (bf16) kiln_autocast_end(ctx);
+  if (bf16) cr_assert_eq(kiln_tensor_dtype(logits), KILN_DTYPE_BF16, "%s", th_err(ctx));
+  kiln_tensor *loss = kiln_cross_entropy(logits, y, KILN_REDUCTION_MEAN, 0.f);
+  kiln_optim_zero_grad(m->opt);
+  cr_assert_eq(kiln_backward(loss), KILN_OK, "%s", th_err(ctx));
+  cr_assert_eq(kiln_optim_step(m->opt), KILN_OK, "%s", th_err(ctx));
+  kiln_tensor *keep = kiln_detach(loss);
+  cr_assert_eq(kiln_step_end(ctx), KILN_OK, "%s", th_err(ctx));
+  return kiln_tensor_item(keep);
+}
+
+/* A batch of 32 random 12x12 images and random labels to learn by heart. */
+static void batch(kiln_ctx *ctx, kiln_tensor **x, kiln_tensor **y) {
+  *x = th_rand(ctx, KILN_SHAPE(32, 12, 12, 3), 41, -1.f, 1.f, NULL);
+  int32_t lab[32];
+  th_rng r = {42};
+  for (int i = 0; i < 32; i++)
+    lab[i] = th_rng_below(&r, 10);
+  *y = ref_upload_i32(ctx, KILN_SHAPE(32), lab);
+}
+
+/* Trains `steps` steps; losses[] gets each step's loss and *params the parameters at the end
+ * (malloc'd; *np their count). */
+static void train(bool graphs, bool fusion, bool bf16, int steps, float *losses, float **params,
+                  int64_t *np) {
+  kiln_ctx *ctx = kiln_ctx_new(NULL);
+  cr_assert(kiln_ctx_has_gpu(ctx));
+  kiln_set_tf32(ctx, 0);
+  kiln_set_graphs(ctx, graphs);
+  kiln_set_fusion(ctx, fusion);
+  net m;
+  net_init(ctx, &m);
+  kiln_tensor *x, *y;
+  batch(ctx, &x, &y);
+  for (int s = 0; s < steps; s++)
+    losses[s] = net_step(ctx, &m, x, y, bf16);
+  *params = th_params_values(m.params, np);
+  kiln_tensor_free(x), kiln_tensor_free(y);
+  net_free(&m);
+  th_ctx_free(ctx);
+}
+
+Test(bf16, autocast_training_tracks_f32) {
+  TH_GPU_CTX(probe);
+  th_ctx_free(probe);
+  enum { S = 40 };
+  float l32[S], l16[S], *p32, *p16;
+  int64_t n32, n16;
+  train(true, true, false, S, l32, &p32, &n32);
+  train(true, true, true, S, l16, &p16, &n16);
+  cr_assert_eq(n32, n16);
+  for (int s = 0; s < S; s++) {
+    cr_assert(isfinite(l16[s]), "step %d: bf16 loss %g", s, (double)l16[s]);
+    cr_assert_lt(fabsf(l16[s] - l32[s]), 0.05f + 0.05f * l32[s], "step %d: bf16 loss %g, f32 %g", s,
+                 (double)l16[s], (double)l32[s]);
+  }
+  cr_assert_lt(l16[S - 1], 0.5f * l16[0], "bf16 training did not learn: %g to %g", (double)l16[0],
+               (double)l16[S - 1]);
+  cr_assert_lt(l32[S - 1], 0.5f * l32[0], "f32 training did not learn: %g to %g", (double)l32[0],
+               (double)l32[S - 1]);
+  double diff = 0, norm = 0; /* the master weights end near the f32 run's */
+  for (int64_t i = 0; i < n32; i++) {
+    diff += ((double)p16[i] - p32[i]) * ((double)p16[i] - p32[i]);
+    norm += (double)p32[i] * p32[i];
+  }
+  cr_assert_lt(sqrt(diff), 0.1 * sqrt(norm), "parameters differ by %g of their norm %g",
+               sqrt(diff) / sqrt(norm), sqrt(norm));
+  cr_log_info("40 steps: f32 loss %.4f -> %.4f, bf16 %.4f -> %.4f", (double)l32[0],
+              (double)l32[S - 1], (double)l16[0], (double)l16[S - 1]);
+  free(p32), free(p16);
+}
+
+Test(bf16, graph_replay_equals_no_graph_and_fused_equals_unfused) {
+  TH_GPU_CTX(probe);
+  th_ctx_free(probe);
+  enum { S = 6 };
+  float lg[S], le[S], lu[S], *pg, *pe, *pu;
+  int64_t ng, ne, nu;
+  train(true, true, true, S, lg, &pg, &ng);
+  train(false, true, true, S, le, &pe, &ne);
+  train(false, false, true, S, lu, &pu, &nu);
+  cr_assert_eq(ng, ne);
+  cr_assert_eq(ng, nu);
+  for (int s = 0; s < S; s++)
+    cr_assert_eq(lg[s], le[s], "step %d: loss %a with graphs, %a without", s, (double)lg[s],
+                 (double)le[s]);
+  cr_assert_eq(memcmp(pg, pe, (size_t)ng * sizeof *pg), 0, "graph and no-graph parameters differ");
+  /* unfused kernels store every bf16 value that fused ones round in registers: the same values
+   * but for the order of some sums */
+  for (int s = 0; s < S; s++)
+    cr_assert_lt(fabsf(lu[s] - le[s]), 1e-2f * (1.f + fabsf(le[s])),
+                 "step %d: unfused %g, fused %g", s, (double)lu[s], (double)le[s]);
+  double *want = ref_to_double(pe, ne);
+  th_assert_close(pu, want, ne, 1e-3, 2e-2, "unfused against fused parameters");
+  free(want), free(pg), free(pe), free(pu);
+}
