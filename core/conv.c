@@ -270,6 +270,77 @@ kiln_tensor *kiln_flatten(kiln_tensor *x) {
   return kiln_reshape(t, KILN_SHAPE(x->shape[0], rest));
 }
 
+/* ---------------------------------------------------------------- augmentation */
+
+kiln_tensor *kiln_augment(kiln_tensor *x, const kiln_augment_options *o) {
+  const char *fn = __func__;
+  static const kiln_augment_options none = {0};
+  if (!o) o = &none;
+  kiln_ctx *ctx = begin(fn, 1, &x);
+  if (!ctx || (o->idx && !kiln__check(ctx, o->idx, fn)) || !image(ctx, fn, x)) return NULL;
+  char sh[96], si[96];
+  if (x->requires_grad)
+    return kiln__error(ctx, KILN_ERR_INVALID,
+                       "%s: the images %s require a gradient; augmentation carries none (its "
+                       "input is data): pass kiln_detach(x)",
+                       fn, kiln__shape_of(x, sh, sizeof sh)),
+           NULL;
+  int64_t N = x->shape[0], H = x->shape[1], W = x->shape[2], C = x->shape[3];
+  if (H < 1 || W < 1 || C < 1)
+    return kiln__error(ctx, KILN_ERR_SHAPE, "%s: images %s have no pixels or no channels", fn,
+                       kiln__shape_of(x, sh, sizeof sh)),
+           NULL;
+  if (o->pad < 0 || o->pad >= H || o->pad >= W)
+    return kiln__error(ctx, KILN_ERR_INVALID,
+                       "%s: pad %d must be >= 0 and smaller than the images' height %" PRId64
+                       " and width %" PRId64,
+                       fn, o->pad, H, W),
+           NULL;
+  if (o->border != KILN_AUGMENT_BORDER_ZERO && o->border != KILN_AUGMENT_BORDER_REFLECT)
+    return kiln__error(ctx, KILN_ERR_INVALID,
+                       "%s: unknown border %d (KILN_AUGMENT_BORDER_ZERO or _REFLECT)", fn,
+                       (int)o->border),
+           NULL;
+  bool alternate = o->flip == KILN_AUGMENT_FLIP_ALTERNATE;
+  if (o->flip != KILN_AUGMENT_FLIP_NONE && o->flip != KILN_AUGMENT_FLIP_RANDOM &&
+      o->flip != KILN_AUGMENT_FLIP_ALL && !alternate)
+    return kiln__error(ctx, KILN_ERR_INVALID,
+                       "%s: unknown flip mode %d (KILN_AUGMENT_FLIP_NONE, _RANDOM, _ALL or "
+                       "_ALTERNATE)",
+                       fn, (int)o->flip),
+           NULL;
+  if (alternate != (o->idx != NULL))
+    return kiln__error(ctx, KILN_ERR_INVALID,
+                       alternate ? "%s: KILN_AUGMENT_FLIP_ALTERNATE needs the images' data-set "
+                                   "indices (options idx, e.g. kiln_loader_indices)"
+                                 : "%s: options idx is given, but only "
+                                   "KILN_AUGMENT_FLIP_ALTERNATE reads it",
+                       fn),
+           NULL;
+  kiln_tensor *in[2] = {x, o->idx};
+  if (alternate && (o->idx->dtype != KILN_DTYPE_I32 || o->idx->ndim != 1 || o->idx->shape[0] != N))
+    return kiln__error(ctx, o->idx->dtype != KILN_DTYPE_I32 ? KILN_ERR_DTYPE : KILN_ERR_SHAPE,
+                       "%s: idx is %s %s; it must be (%" PRId64 ") i32, an index per image of %s",
+                       fn, kiln__shape_of(o->idx, si, sizeof si), kiln_dtype_name(o->idx->dtype), N,
+                       kiln__shape_of(x, sh, sizeof sh)),
+           NULL;
+  in[0] = kiln_contiguous(x);
+  if (alternate) in[1] = kiln_contiguous(o->idx);
+  if (!in[0] || (alternate && !in[1])) return NULL;
+  kiln_tensor *out = kiln__tensor_intermediate(ctx, fn, x->dtype, 4, x->shape);
+  kiln__node *n = out ? kiln__record(ctx, KILN__OP_AUGMENT, alternate ? 2 : 1, in, out) : NULL;
+  if (!n) return NULL;
+  KILN__I(n, AUGMENT, pad) = o->pad;
+  KILN__I(n, AUGMENT, flip) = o->flip;
+  KILN__I(n, AUGMENT, border) = o->border;
+  /* step values, as dropout's: a replayed step draws new numbers, and the epoch's parity
+   * changes without a new capture */
+  KILN__U(n, AUGMENT, seed) = ctx->seed;
+  KILN__U(n, AUGMENT, offset) = ctx->philox_offset++;
+  KILN__U(n, AUGMENT, epoch) = (uint64_t)o->epoch;
+  return out;
+}
+
 /* ---------------------------------------------------------------- normalization */
 
 /* A per-channel vector (C) that must match x's last axis. */

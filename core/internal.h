@@ -54,7 +54,7 @@ typedef enum kiln__op {
 #define KILN__MAX_AUTOCAST 8 /* nested autocast regions */
 #define KILN__NF 8           /* float attributes a node can hold */
 #define KILN__NI 10          /* int attributes */
-#define KILN__NU 2           /* 64-bit attributes */
+#define KILN__NU 3           /* 64-bit attributes */
 
 /*
  * Named attributes. For every op, three structs of one char per attribute of a kind (floats,

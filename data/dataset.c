@@ -1,7 +1,8 @@
 /*
  * dataset.c: data sets held on the device (uploaded once) and batches gathered there. A loader
  * shuffles each epoch on the host from its seed, uploads the epoch's order once, and each batch
- * is a slice of that order and a row gather: nothing per batch crosses the bus.
+ * is a slice of that order and a row gather: nothing per batch crosses the bus. A batch's
+ * data-set indices (for augmentation that depends on the sample) are a gather of that slice too.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -25,8 +26,10 @@ struct kiln_loader {
   bool shuffle, drop_last;
   uint64_t seed;
   kiln_tensor *order; /* (n) i32: this epoch's order */
+  kiln_tensor *iota;  /* (n) i32: 0, 1, ..., n - 1, the table kiln_loader_indices gathers from */
   int32_t *host_order;
-  uint64_t undo_mark; /* the step's undo log holds pos (core/undo.c) */
+  int64_t last_start, last_count; /* the slice of the order the last batch took (count 0: none) */
+  uint64_t undo_mark;             /* the step's undo log holds pos (core/undo.c) */
 };
 
 /* ---------------------------------------------------------------- data sets from host memory */
@@ -256,7 +259,14 @@ kiln_loader *kiln_loader_new(kiln_dataset *ds, int64_t batch, int shuffle, uint6
   l->seed = seed;
   l->host_order = h;
   l->order = kiln__tensor_persistent(ctx, KILN_DTYPE_I32, 1, &ds->n, false);
-  if (!l->order) {
+  l->iota = kiln__tensor_persistent(ctx, KILN_DTYPE_I32, 1, &ds->n, false);
+  if (!l->order || !l->iota) {
+    kiln_loader_free(l);
+    return NULL;
+  }
+  for (int64_t i = 0; i < ds->n; i++)
+    h[i] = (int32_t)i;
+  if (kiln_tensor_copy_from_host(l->iota, h, (size_t)ds->n * sizeof *h) != KILN_OK) {
     kiln_loader_free(l);
     return NULL;
   }
@@ -281,6 +291,7 @@ void kiln_loader_start(kiln_loader *l, int epoch) {
   }
   kiln_tensor_copy_from_host(l->order, l->host_order, (size_t)n * sizeof(int32_t));
   l->pos = 0;
+  l->last_count = 0;
 }
 
 static void undo_pos(void *obj, void *saved) { ((kiln_loader *)obj)->pos = *(int64_t *)saved; }
@@ -301,8 +312,22 @@ int kiln_loader_next(kiln_loader *l, kiln_tensor **x, kiln_tensor **y) {
    * full batch of an epoch has the same signature and replays the same step graph */
   *x = kiln__index_select_at(l->ds->images, l->order, l->pos, b, __func__);
   *y = kiln__index_select_at(l->ds->labels, l->order, l->pos, b, __func__);
+  l->last_start = l->pos;
+  l->last_count = b;
   l->pos += b;
   return *x && *y;
+}
+
+kiln_tensor *kiln_loader_indices(kiln_loader *l) {
+  if (!l || !l->anchor->alive || !kiln__ok(l->ctx)) return NULL;
+  if (l->last_count == 0)
+    return kiln__error(l->ctx, KILN_ERR_STATE,
+                       "kiln_loader_indices: no batch of this epoch yet (call kiln_loader_next "
+                       "first)"),
+           NULL;
+  /* iota[order[start + k]] = order[start + k]: the slice as a gather whose start is a step value,
+   * as the batch's own (a view at the slice's offset would make every batch a new signature) */
+  return kiln__index_select_at(l->iota, l->order, l->last_start, l->last_count, __func__);
 }
 
 int64_t kiln_loader_batches(const kiln_loader *l) {
@@ -316,6 +341,7 @@ void kiln_loader_free(kiln_loader *l) {
   if (l->anchor->alive) { /* else kiln_ctx_free freed the order */
     kiln__undo_forget(l->ctx, l);
     kiln_tensor_free(l->order);
+    kiln_tensor_free(l->iota);
   }
   free(l->host_order);
   kiln__anchor_release(l->anchor);

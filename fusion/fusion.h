@@ -116,6 +116,7 @@ typedef enum kiln__spec_kind {
   KILN__SPEC_GATHER,  /* rows picked by index */
   KILN__SPEC_WINDOW,  /* a sliding-window op over an image (im2col, col2im, pooling) */
   KILN__SPEC_MOMENTS, /* batch norm's column sums, by blocks of rows */
+  KILN__SPEC_AUGMENT, /* image augmentation: a translation and a flip per image */
   KILN__SPEC_BLAS,    /* a matrix product */
 } kiln__spec_kind;
 
@@ -124,7 +125,7 @@ typedef struct kiln__spec {
   kiln__spec_kind kind;
   kiln__ew_prog prog; /* EW, ROWS; REDUCE: the prologue (n may be 0) */
   const kiln__node
-      *red; /* REDUCE: the reduction; GATHER: the index_select; WINDOW, MOMENTS: the op */
+      *red; /* REDUCE: the reduction; GATHER: the index_select; WINDOW, MOMENTS, AUGMENT: the op */
   const kiln_tensor *full; /* ROWS: the iteration space whose last axis is reduced */
   int nups;                /* UPDATES */
   const kiln__node *ups[KILN__KMAX_UPDATE];

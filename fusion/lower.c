@@ -114,6 +114,11 @@ static void lower_group(const kiln_ctx *ctx, const kiln__plan *p, const kiln__gr
       s->red = n;
       return;
     }
+    if (n->op == KILN__OP_AUGMENT) {
+      s->kind = KILN__SPEC_AUGMENT;
+      s->red = n;
+      return;
+    }
     if (n->op != KILN__OP_CONCAT) { /* a window op and its elementwise epilogue */
       s->kind = KILN__SPEC_WINDOW;
       s->red = n;

@@ -53,7 +53,8 @@ static token scan(kiln__op op, const char *p) {
 }
 
 /* Which of node n's attributes its kernel code reads: those its expression names, a
- * reduction's scale, a gather's start. */
+ * reduction's scale, a gather's start, augmentation's seed, offset and epoch (its int
+ * attributes are constants of its source). */
 static void used_attrs(const kiln__node *n, bool *used) {
   const kiln__op_info *info = &kiln__ops[n->op];
   memset(used, 0, sizeof(bool) * KILN__MAX_ATTRS);
@@ -68,6 +69,9 @@ static void used_attrs(const kiln__node *n, bool *used) {
     for (int a = 0; a < info->nattr; a++)
       used[a] = used[a] || strcmp(info->attrs[a].name, "scale") == 0 ||
                 strcmp(info->attrs[a].name, "start") == 0;
+  if (n->op == KILN__OP_AUGMENT)
+    for (int a = 0; a < info->nattr; a++)
+      used[a] = info->attrs[a].kind == KILN__ATTR_U;
 }
 
 void kiln__kernel_attrs(const kiln__node *n, int *nf, int *ni, int *nu) {
@@ -1236,6 +1240,131 @@ static bool render_moments(const kiln__target *tg, const kiln__node *n, kiln__re
   return ok;
 }
 
+/* ---------------------------------------------------------------- image augmentation */
+
+/* kiln_augment: x (N, H, W, C) to y of its shape, one thread per V neighbouring channels of an
+ * output pixel (V = 4 with 16-byte loads and stores when the channels allow it, else the whole
+ * pixel up to 4 channels, else 1). Each thread of image n draws the image's Philox block
+ * (seed, offset, n) itself: the same numbers for all of them, so no thread waits for another.
+ * The sizes but the batch, the padding and the modes are constants; the seed, the offset and the
+ * epoch are step values. Operand 0 is x, then the data-set indices (alternating flip), then y. */
+static bool render_augment(const kiln__target *tg, const kiln__node *n, kiln__rendered *r) {
+  const kiln_tensor *x = n->in[0], *y = n->out;
+  KILN_ASSERT(kiln__is_contiguous(x) && kiln__is_float(x->dtype) && x->ndim == 4 &&
+              y->dtype == x->dtype);
+  const char *T = ctype(x->dtype);
+  kiln__kargs *a = &r->arg.args;
+  operands o = {0};
+  for (int q = 0; q < n->nin; q++)
+    operand(&o, n->in[q], false, NULL);
+  int out = operand(&o, y, true, NULL);
+  int8_t aslot[KILN__MAX_ATTRS];
+  int nf = 0, ni = 0, nu = 0;
+  wire_attrs(&r->arg, n, aslot, &nf, &ni, &nu);
+  int seed = aslot[attr_index(n->op, "seed")], offset = aslot[attr_index(n->op, "offset")],
+      epoch = aslot[attr_index(n->op, "epoch")];
+  int64_t H = x->shape[1], W = x->shape[2], C = x->shape[3], total = kiln_tensor_numel(y);
+  int64_t pad = KILN__I(n, AUGMENT, pad), flip = KILN__I(n, AUGMENT, flip);
+  bool reflect = KILN__I(n, AUGMENT, border) == KILN_AUGMENT_BORDER_REFLECT;
+  bool alternate = flip == KILN_AUGMENT_FLIP_ALTERNATE, rnd = flip == KILN_AUGMENT_FLIP_RANDOM;
+  KILN_ASSERT(n->nin == (alternate ? 2 : 1) && C >= 1);
+  bool vec = C % 4 == 0 && x->offset % 4 == 0 && y->offset % 4 == 0;
+  int V = vec ? 4 : (C <= 4 ? (int)C : 1);
+  bool wide = total >= ((int64_t)1 << 31) - KILN__INDEX_MARGIN;
+  a->n = total / V;
+
+  kiln__sb b = {0};
+  kiln__sb_printf(&b,
+                  "  typedef %s ix; // %s indexing\n"
+                  "  const ix H = %lld, W = %lld, C = %lld;\n"
+                  "  const int V = %d; // channels a thread moves\n"
+                  "  const %s *x = (const %s *)a.ptr[0];\n",
+                  wide ? "long long" : "int", wide ? "64-bit" : "32-bit", (long long)H,
+                  (long long)W, (long long)C, V, T, T);
+  if (alternate) kiln__sb_printf(&b, "  const int *idx = (const int *)a.ptr[1];\n");
+  kiln__sb_printf(&b, "  %s *y = (%s *)a.ptr[%d];\n", T, T, out);
+  if (pad > 0 || rnd)
+    kiln__sb_printf(&b, "  const unsigned long long seed = a.uv[%d], offset = a.uv[%d];\n", seed,
+                    offset);
+  else if (alternate)
+    kiln__sb_printf(&b, "  const unsigned long long seed = a.uv[%d];\n", seed);
+  if (pad > 0) kiln__sb_printf(&b, "  const int PAD = %lld;\n", (long long)pad);
+  kiln__sb_printf(&b, "  for (ix e = (ix)blockIdx.x * blockDim.x + threadIdx.x; e < (ix)a.n;\n"
+                      "       e += (ix)gridDim.x * blockDim.x) {\n"
+                      "    ix m = e;\n"
+                      "    const ix c = (m %% (C / V)) * V; m /= C / V;\n"
+                      "    const ix w = m %% W; m /= W;\n"
+                      "    const ix h = m %% H, n = m / H;\n");
+  if (pad > 0 || rnd)
+    kiln__sb_printf(&b, "    // image n's draws, the same in each of its threads\n"
+                        "    unsigned int r[4];\n"
+                        "    kiln_philox4(seed, offset, (unsigned long long)n, r);\n");
+  if (pad > 0)
+    kiln__sb_printf(&b, "    const int dy = (int)kiln_philox_below(r[0], 2 * PAD + 1) - PAD;\n"
+                        "    const int dx = (int)kiln_philox_below(r[1], 2 * PAD + 1) - PAD;\n");
+  if (rnd)
+    kiln__sb_printf(&b, "    const bool flip = (r[2] >> 31) != 0u; // half the images\n");
+  else if (flip == KILN_AUGMENT_FLIP_ALL)
+    kiln__sb_printf(&b, "    const bool flip = true; // every image\n");
+  else if (alternate)
+    kiln__sb_printf(&b,
+                    "    // a fixed bit of the image's data-set index, complemented on odd epochs\n"
+                    "    const unsigned int bit =\n"
+                    "        kiln_philox(seed, KILN_PHILOX_FLIP_OFFSET, (unsigned int)idx[n]) "
+                    ">> 31;\n"
+                    "    const bool flip = (bit ^ (unsigned int)(a.uv[%d] & 1ull)) != 0u;\n",
+                    epoch);
+  bool zero_fill = pad > 0 && !reflect;
+  if (pad > 0) {
+    kiln__sb_printf(&b,
+                    "    // the source: pixel (h + dy, w + dx) of the image, flipped or not, "
+                    "%s outside it\n"
+                    "    ix sh = h + dy, sw = w + dx;\n",
+                    reflect ? "reflected" : "0");
+    if (reflect)
+      kiln__sb_printf(&b, "    sh = sh < 0 ? -sh : (sh >= H ? 2 * (H - 1) - sh : sh);\n"
+                          "    sw = sw < 0 ? -sw : (sw >= W ? 2 * (W - 1) - sw : sw);\n");
+    else
+      kiln__sb_printf(&b, "    const bool inside = sh >= 0 && sh < H && sw >= 0 && sw < W;\n");
+  } else {
+    kiln__sb_printf(&b, "    const ix sh = h;\n    %six sw = w;\n",
+                    flip != KILN_AUGMENT_FLIP_NONE ? "" : "const ");
+  }
+  if (flip != KILN_AUGMENT_FLIP_NONE) kiln__sb_printf(&b, "    if (flip) sw = W - 1 - sw;\n");
+  kiln__sb_printf(&b, "    const ix src = ((n * H + sh) * W + sw) * C + c;\n");
+  char zero[32];
+  snprintf(zero, sizeof zero, " : (%s)0.f", T);
+  if (vec)
+    kiln__sb_printf(&b,
+                    "    float v[4] = {0.f, 0.f, 0.f, 0.f};\n"
+                    "    %skiln_load4(&x[src], v);\n"
+                    "    kiln_store4(&y[e * 4], v);\n",
+                    zero_fill ? "if (inside) " : "");
+  else
+    kiln__sb_printf(&b,
+                    "#pragma unroll\n"
+                    "    for (int l = 0; l < V; l++) y[e * V + l] = %sx[src + l]%s;\n",
+                    zero_fill ? "inside ? " : "", zero_fill ? zero : "");
+  kiln__sb_printf(&b, "  }\n");
+  static const char *const flips[] = {"", "_flip", "_flip_all", "_flip_alt"};
+  KILN_ASSERT(flip >= 0 && flip < 4);
+  char stem[64];
+  snprintf(stem, sizeof stem, "k_augment_p%lld%s%s_%s%s", (long long)pad,
+           pad > 0 ? (reflect ? "_reflect" : "_zero") : "", flips[flip], kiln_dtype_name(x->dtype),
+           vec ? "_v4" : "");
+  bool ok = finish(&b, stem, &o, r);
+  kiln__sb_free(&b);
+  r->block = KILN__BLOCK;
+  r->grid = grid_for(tg, a->n);
+  for (int k = 0; k < o.n; k++) {
+    if (o.store[k])
+      r->bytes_written += footprint(o.t[k]);
+    else
+      r->bytes_read += footprint(o.t[k]);
+  }
+  return ok;
+}
+
 /* ---------------------------------------------------------------- row programs */
 
 /* The offset of a once-per-row operand k: its strides over the row's outer coordinates. */
@@ -1411,6 +1540,7 @@ bool kiln__render(const kiln__target *t, const kiln__spec *s, kiln__rendered *r)
   case KILN__SPEC_GATHER: return render_gather(t, s->red, r);
   case KILN__SPEC_WINDOW: return render_window(t, &s->prog, r);
   case KILN__SPEC_MOMENTS: return render_moments(t, s->red, r);
+  case KILN__SPEC_AUGMENT: return render_augment(t, s->red, r);
   case KILN__SPEC_BLAS: break;
   }
   KILN_ASSERT(!"nothing to render for a BLAS call");

@@ -446,6 +446,52 @@ kiln_tensor *kiln_layer_norm(kiln_tensor *x, kiln_tensor *weight, kiln_tensor *b
  * ranks are a view. */
 kiln_tensor *kiln_flatten(kiln_tensor *x);
 
+/* Data augmentation on the device, per image of a batch: a random translation and a left-right
+ * flip, in one recorded op (one kernel), for training (and the flip alone for test-time
+ * augmentation). */
+typedef enum kiln_augment_flip {
+  KILN_AUGMENT_FLIP_NONE = 0,  /* no flip */
+  KILN_AUGMENT_FLIP_RANDOM,    /* each image with probability 1/2 */
+  KILN_AUGMENT_FLIP_ALL,       /* every image: flip test-time augmentation (no randomness) */
+  KILN_AUGMENT_FLIP_ALTERNATE, /* airbench's alternating flip: see kiln_augment */
+} kiln_augment_flip;
+typedef enum kiln_augment_border {
+  KILN_AUGMENT_BORDER_ZERO = 0, /* pixels from outside the image are 0 */
+  KILN_AUGMENT_BORDER_REFLECT,  /* reflected at the border, the edge not repeated (PyTorch's
+                                 * F.pad mode "reflect": -1 reads 1, H reads H - 2) */
+} kiln_augment_border;
+typedef struct kiln_augment_options {
+  int pad;                    /* translation: dy and dx uniform in [-pad, pad]; 0: none */
+  kiln_augment_border border; /* what a translation brings in */
+  kiln_augment_flip flip;
+  /* KILN_AUGMENT_FLIP_ALTERNATE only (NULL otherwise): the images' data-set indices, (N) i32
+   * (kiln_loader_indices), and the epoch, whose parity picks the set of images flipped */
+  kiln_tensor *idx;
+  int64_t epoch;
+} kiln_augment_options;
+/* x (N, H, W, C) f32 to an augmented copy of the same shape, in one kernel. For each image n:
+ * - flip (o->flip): the image is first flipped left-right (column w reads column W - 1 - w);
+ * - translate (o->pad): output pixel (h, w) is the (flipped) image's pixel (h + dy, w + dx), the
+ *   content moving by (-dy, -dx), with dy and dx integers uniform in [-pad, pad]; a pixel from
+ *   outside the image is 0 (KILN_AUGMENT_BORDER_ZERO) or reflected at the border
+ *   (KILN_AUGMENT_BORDER_REFLECT: airbench's reflection padding by pad, then a random crop of the
+ *   original size).
+ * The random numbers come from the context's counter-based Philox stream, as kiln_dropout's: each
+ * call takes a fresh offset, so the same kiln_manual_seed reproduces the same batches, two calls
+ * give different ones, and a replayed step graph draws new ones every step (seed, offset and
+ * epoch are step values: nothing is re-captured). Image n's numbers are the block
+ * Philox(seed, offset, counter n): dy from its word 0, dx from word 1 (each the high 32 bits of
+ * word * (2 pad + 1), less pad), the random flip from the top bit of word 2.
+ * KILN_AUGMENT_FLIP_ALTERNATE flips image n on even epochs when the top bit of
+ * Philox(seed, 2^64 - 1, counter idx[n]) (word 0; idx[n] read as an unsigned 32-bit value) is
+ * set, and on odd epochs when it is clear: every sample is flipped every other epoch, about half
+ * them in each epoch. KILN_AUGMENT_FLIP_ALL with pad 0 is test-time augmentation's flip.
+ * Checks: x 4-D f32 with H, W, C >= 1; 0 <= pad < H and pad < W; known modes; idx (N) i32 given
+ * with KILN_AUGMENT_FLIP_ALTERNATE and only then. NULL options: no augmentation (a copy).
+ * The op carries no gradient (its input is data): an x that requires one is an error
+ * (kiln_detach it). */
+kiln_tensor *kiln_augment(kiln_tensor *x, const kiln_augment_options *o);
+
 /* ---------------------------------------------------------------- autograd */
 
 /* Records the backward pass of a one-element loss; gradients accumulate into .grad. Backward of
@@ -847,6 +893,11 @@ kiln_loader *kiln_loader_new(kiln_dataset *ds, int64_t batch, int shuffle, uint6
 void kiln_loader_start(kiln_loader *l, int epoch);
 /* The next batch of the epoch as intermediates, or 0 at its end. */
 int kiln_loader_next(kiln_loader *l, kiln_tensor **x, kiln_tensor **y);
+/* The data-set indices of the batch the last kiln_loader_next gave, (B) i32 (its rows of the
+ * epoch's order), for kiln_augment's alternating flip; NULL with an error before the epoch's
+ * first batch. Recorded as a gather of the order, its start a step value (one step graph serves
+ * every batch); each call records one. */
+kiln_tensor *kiln_loader_indices(kiln_loader *l);
 int64_t kiln_loader_batches(const kiln_loader *l);
 void kiln_loader_free(kiln_loader *l);
 

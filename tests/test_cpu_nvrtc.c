@@ -150,6 +150,12 @@ static void record_op_zoo(kiln_ctx *ctx, kiln_params *q, kiln_optim **os) {
   t[n++] = kiln_avg_pool2d(img, &(kiln_pool2d_options){.kernel_h = 2, .kernel_w = 2});
   t[n++] = kiln_max_pool2d(kiln_slice(img, 1, 0, 6, 1), /* windows that tile the image */
                            &(kiln_pool2d_options){.kernel_h = 2, .kernel_w = 3});
+  /* augmentation of data (detached: it carries no gradient) */
+  t[n++] = kiln_augment(kiln_detach(img), &(kiln_augment_options){
+                                              .pad = 1,
+                                              .border = KILN_AUGMENT_BORDER_REFLECT,
+                                              .flip = KILN_AUGMENT_FLIP_RANDOM,
+                                          });
   t[n++] = kiln_avg_pool2d(img, &(kiln_pool2d_options){.kernel_h = 3,
                                                        .kernel_w = 3,
                                                        .stride_h = 1,

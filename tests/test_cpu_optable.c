@@ -41,7 +41,8 @@ static bool expect_no_grad(kiln__op op) {
   case KILN__OP_COL2IM:
   case KILN__OP_MAX_POOL_GRAD:
   case KILN__OP_AVG_POOL_GRAD:
-  case KILN__OP_MOMENTS: return true;
+  case KILN__OP_MOMENTS:
+  case KILN__OP_AUGMENT: return true;
   default: return false;
   }
 }

@@ -19,6 +19,44 @@ Test(philox, random123_known_answers) {
   cr_assert_eq(v, 0xd16cfe09u, "pi vector: 0x%08x", v);
 }
 
+Test(philox, all_four_words_match_random123) {
+  /* kiln_philox4 gives the whole block (augmentation draws from words 0 to 2) */
+  const struct {
+    unsigned long long seed, offset, idx;
+    unsigned want[4];
+  } kat[3] = {
+      {0, 0, 0, {0x6627e8d5u, 0xe169c58du, 0xbc57ac4cu, 0x9b00dbd8u}},
+      {~0ull, ~0ull, ~0ull, {0x408f276du, 0x41c83b0eu, 0xa20bc7c6u, 0x6d5451fdu}},
+      {0x299f31d0a4093822ull,
+       0x0370734413198a2eull,
+       0x85a308d3243f6a88ull,
+       {0xd16cfe09u, 0x94fdccebu, 0x5001e420u, 0x24126ea1u}},
+  };
+  for (int k = 0; k < 3; k++) {
+    unsigned w[4];
+    kiln_philox4(kat[k].seed, kat[k].offset, kat[k].idx, w);
+    for (int j = 0; j < 4; j++)
+      cr_assert_eq(w[j], kat[k].want[j], "vector %d, word %d: 0x%08x, want 0x%08x", k, j, w[j],
+                   kat[k].want[j]);
+    cr_assert_eq(kiln_philox(kat[k].seed, kat[k].offset, kat[k].idx), w[0]);
+  }
+}
+
+Test(philox, integers_below_n_are_in_range_and_even) {
+  cr_assert_eq(kiln_philox_below(0u, 5), 0u);
+  cr_assert_eq(kiln_philox_below(0xffffffffu, 5), 4u);
+  cr_assert_eq(kiln_philox_below(0x80000000u, 2), 1u);
+  cr_assert_eq(kiln_philox_below(0x7fffffffu, 2), 0u);
+  int count[5] = {0};
+  for (unsigned long long i = 0; i < 50000; i++) {
+    unsigned v = kiln_philox_below(kiln_philox(4, 1, i), 5);
+    cr_assert_lt(v, 5u);
+    count[v]++;
+  }
+  for (int v = 0; v < 5; v++)
+    cr_assert(count[v] > 9600 && count[v] < 10400, "%d of 50000 draws are %d", count[v], v);
+}
+
 Test(philox, uniform_is_in_range_and_balanced) {
   double sum = 0;
   int below_quarter = 0;

@@ -1,7 +1,8 @@
 /*
- * philox.cuh: Philox4x32-10, the counter-based generator behind dropout. Compiled into every
- * kernel and, as C, into host code (tests and references), so both compute the same numbers.
- * Counter: the element index (64 bits) and the call's offset (64 bits); key: the seed.
+ * philox.cuh: Philox4x32-10, the counter-based generator behind dropout, the random tensors and
+ * image augmentation. Compiled into every kernel and, as C, into host code (tests and references),
+ * so both compute the same numbers. Counter: the element index (64 bits) and the call's offset
+ * (64 bits); key: the seed.
  */
 #ifndef KILN_PHILOX_CUH
 #define KILN_PHILOX_CUH
@@ -11,8 +12,9 @@
 #include <math.h>
 #endif
 
-KILN__FN unsigned int kiln_philox(unsigned long long seed, unsigned long long offset,
-                                  unsigned long long idx) {
+/* The four 32-bit words of the block for counter (idx, offset) and key seed, into w. */
+KILN__FN void kiln_philox4(unsigned long long seed, unsigned long long offset,
+                           unsigned long long idx, unsigned int w[4]) {
   unsigned int c0 = (unsigned int)idx, c1 = (unsigned int)(idx >> 32);
   unsigned int c2 = (unsigned int)offset, c3 = (unsigned int)(offset >> 32);
   unsigned int k0 = (unsigned int)seed, k1 = (unsigned int)(seed >> 32);
@@ -28,8 +30,30 @@ KILN__FN unsigned int kiln_philox(unsigned long long seed, unsigned long long of
     k0 += 0x9E3779B9u; /* the Weyl sequence of the key */
     k1 += 0xBB67AE85u;
   }
-  return c0;
+  w[0] = c0;
+  w[1] = c1;
+  w[2] = c2;
+  w[3] = c3;
 }
+
+/* The block's first word: what dropout and the random tensors draw from. */
+KILN__FN unsigned int kiln_philox(unsigned long long seed, unsigned long long offset,
+                                  unsigned long long idx) {
+  unsigned int w[4];
+  kiln_philox4(seed, offset, idx, w);
+  return w[0];
+}
+
+/* An integer in [0, n) from 32 random bits: the high word of bits * n (each value has
+ * probability within 2^-32 of 1/n). */
+KILN__FN unsigned int kiln_philox_below(unsigned int bits, unsigned int n) {
+  return (unsigned int)(((unsigned long long)bits * n) >> 32);
+}
+
+/* The Philox offset of the alternating flip's per-sample bits (kiln_augment): a fixed one, so
+ * that a sample's bit is the same every epoch, and one no call's offset (counted up from 0)
+ * reaches. */
+#define KILN_PHILOX_FLIP_OFFSET 0xFFFFFFFFFFFFFFFFull
 
 /* A float in [0, 1) from the top 24 bits. */
 KILN__FN float kiln_philox_uniform(unsigned long long seed, unsigned long long offset,
