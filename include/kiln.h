@@ -721,6 +721,58 @@ kiln_adam_options kiln_adamw_defaults(void);
 kiln_optim *kiln_sgd_new(kiln_params *params, const kiln_sgd_options *o);
 kiln_optim *kiln_adam_new(kiln_params *params, const kiln_adam_options *o);
 kiln_optim *kiln_adamw_new(kiln_params *params, const kiln_adam_options *o);
+
+/* Muon (torch.optim.Muon, after Keller Jordan's) for the matrices of a net: linear weights
+ * (out, in) and convolution filters (Cout, Cin / groups, kh, kw), each read as the matrix
+ * (rows, cols) = (its first dim, the product of the others). Per parameter p, gradient g:
+ *   buf = momentum buf + g                       (the momentum buffer starts at zero)
+ *   u   = g + momentum buf (Nesterov), or buf
+ *   p   = p sqrt(rows) / ||p||_F                 (normalize_weight only, as airbench94_muon)
+ *   X   = u / (||u||_F + eps), then ns_steps times (on X^T when rows > cols):
+ *         A = X X^T, B = b A + c A A, X = a X + B X   ((a, b, c): ns_a, ns_b, ns_c)
+ *   p   = p (1 - lr weight_decay) - lr scale X   (decoupled decay; scale: adjust_lr)
+ * All of it is recorded: the iteration as matrix products (TF32 unless kiln_set_tf32(ctx, 0))
+ * and elementwise ops, the writes of the buffers and of the parameters as in-place updates
+ * (multi-tensor launches: one for the buffers, one per distinct rate, decay and scale for the
+ * parameters), so a step replays as its graph and the rate (scheduled, a group's) and a
+ * one-cycle schedule's momentum are step values. Against torch: its buffer is (1 -
+ * momentum) times this one (a lerp; the same X), it divides by max(||u||_F, eps) and iterates in
+ * bf16, and it takes 2-D parameters only.
+ * Muon trains matrices only. A parameter of fewer than 2 dims (a bias, a norm's gain) is left to
+ * another optimizer over the same list, and excluded here with a group
+ * (kiln_optim_add_group(o, kiln_select_no_decay, NULL, &(kiln_param_group){.exclude = 1}));
+ * kiln_optim_step while one is not excluded, or a group that takes one back, is an error naming
+ * it. The other optimizer excludes the matrices; both may step in the same step (a parameter
+ * that both train is updated twice). Checkpoints hold "momentum_buffer" per parameter, as SGD's.
+ * A parameter whose norm is 0 gets NaN from normalize_weight (as airbench's). */
+typedef enum kiln_muon_adjust_lr {
+  KILN_MUON_ADJUST_ORIGINAL = 0,    /* sqrt(max(1, rows / cols)): torch's and Keller Jordan's */
+  KILN_MUON_ADJUST_NONE,            /* 1: Muon's first form, as airbench94_muon has it */
+  KILN_MUON_ADJUST_MATCH_RMS_ADAMW, /* 0.2 sqrt(max(rows, cols)): Moonshot's, for AdamW's rates */
+} kiln_muon_adjust_lr;
+typedef struct kiln_muon_options {
+  float lr;               /* 0: 1e-3 */
+  float momentum;         /* in [0, 1); 0: 0.95 (KILN_ZERO: none) */
+  int no_nesterov;        /* 1: u = buf (torch's nesterov=False); 0: Nesterov's, torch's default */
+  float weight_decay;     /* decoupled, as AdamW's; 0: 0.1, torch's (KILN_ZERO: none) */
+  float eps;              /* 0: 1e-7 (KILN_ZERO: none) */
+  int ns_steps;           /* Newton-Schulz iterations, 1 to 99; 0: 5 (airbench94_muon takes 3) */
+  float ns_a, ns_b, ns_c; /* 0: 3.4445, -4.775, 2.0315 each (KILN_ZERO: 0) */
+  /* The rate's scale by the matrix's shape; 0: ORIGINAL, torch's default. */
+  kiln_muon_adjust_lr adjust_lr;
+  /* 1: each step first scales p to Frobenius norm sqrt(rows), at any rate (a frozen group's 0
+   * too); 0: not. */
+  int normalize_weight;
+  /* The dtype the iteration runs in: KILN_DTYPE_F32 (0), or KILN_DTYPE_BF16 (torch's and
+   * airbench's: bf16 tensor-core products, f32 accumulation, each result rounded to bf16). */
+  kiln_dtype ns_dtype;
+} kiln_muon_options;
+/* torch.optim.Muon's defaults, every field spelt out: lr 1e-3, momentum 0.95, Nesterov, weight
+ * decay 0.1, eps 1e-7, 5 steps of (3.4445, -4.775, 2.0315), ORIGINAL, no normalize_weight, F32. */
+kiln_muon_options kiln_muon_defaults(void);
+/* A field out of range (lr or weight_decay negative or not finite, momentum outside [0, 1),
+ * ns_steps outside 1..99, ...) is an error naming it and its value, and NULL. */
+kiln_optim *kiln_muon_new(kiln_params *params, const kiln_muon_options *o);
 /* Records one update of every parameter that has a gradient. */
 kiln_status kiln_optim_step(kiln_optim *o);
 void kiln_optim_zero_grad(kiln_optim *o);
@@ -746,7 +798,7 @@ typedef struct kiln_param_group {
    * schedules move every group together). 0: 1; KILN_ZERO: 0 (frozen, state still updated). */
   float lr_scale;
   /* Replaces the optimizer's weight decay (the same kind: L2 for SGD and Adam, decoupled for
-   * AdamW). 0: the optimizer's; KILN_ZERO: none. */
+   * AdamW and Muon). 0: the optimizer's; KILN_ZERO: none. */
   float weight_decay;
   /* 1: this optimizer leaves these parameters alone (no update, and their state tensors are
    * freed: a group that takes them back later starts them afresh, as a new torch group). */
@@ -771,8 +823,9 @@ int kiln_select_prefix(const char *name, const kiln_tensor *t, void *user);
  *                 being its max_lr: the rate rises from base_lr / div_factor to base_lr over the
  *                 first pct_start of total_steps, then falls to base_lr / div_factor /
  *                 final_div_factor at total_steps - 1, and stays there after (torch raises).
- *                 Like torch's cycle_momentum (on by default), it also moves SGD's momentum or
- *                 Adam's beta1 the other way, from max_momentum down to base_momentum and back;
+ *                 Like torch's cycle_momentum (on by default), it also moves SGD's or Muon's
+ *                 momentum or Adam's beta1 the other way, from max_momentum down to
+ *                 base_momentum and back;
  *                 no_cycle_momentum = 1 leaves them alone (cycle_momentum=False). torch's
  *                 three_phase and anneal_strategy='linear' are not offered.
  * Fields by the options rule: base_lr 0 is the optimizer's rate when the schedule is attached
@@ -798,7 +851,7 @@ typedef struct kiln_schedule {
 /* The rate at step t; a base_lr of 0 is 0 here (there is no optimizer to take it from). NAN for
  * a schedule that kiln_optim_set_schedule refuses. */
 float kiln_schedule_lr(const kiln_schedule *s, int64_t t);
-/* The momentum (SGD) or beta1 (Adam, AdamW) a one-cycle schedule gives step t; NAN for a
+/* The momentum (SGD, Muon) or beta1 (Adam, AdamW) a one-cycle schedule gives step t; NAN for a
  * schedule that leaves them alone (other kinds, or no_cycle_momentum). */
 float kiln_schedule_momentum(const kiln_schedule *s, int64_t t);
 /* Attaches s (copied, its zero fields resolved); NULL detaches the schedule (the rate stays where

@@ -1,10 +1,12 @@
 /*
- * optim.c: SGD (momentum, dampening, Nesterov, weight decay), Adam and AdamW with PyTorch's
+ * optim.c: SGD (momentum, dampening, Nesterov, weight decay), Adam, AdamW and Muon with PyTorch's
  * semantics and defaults (zero options fields), parameter groups (a rate scale and a weight
  * decay of their own per parameter, or none of this optimizer's updates), and learning-rate
  * schedules (the one-cycle one cycling the momentum or beta1 too, as torch's OneCycleLR).
  * kiln_optim_step records one in-place update node per parameter; the update rules themselves
- * are device code (fusion/device/optim.cuh), called with the nodes' named attributes.
+ * are device code (fusion/device/optim.cuh), called with the nodes' named attributes. Muon
+ * records, between its buffers' and its parameters' updates, the Newton-Schulz iteration as
+ * matrix products and elementwise ops.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -13,7 +15,7 @@
 #include "../core/internal.h"
 #include "optim.h"
 
-typedef enum kind { SGD, ADAM, ADAMW } kind;
+typedef enum kind { SGD, ADAM, ADAMW, MUON } kind;
 
 struct kiln_optim {
   kind kind;
@@ -22,16 +24,18 @@ struct kiln_optim {
   kiln_params *params;
   kiln_sgd_options sgd;
   kiln_adam_options adam;
+  kiln_muon_options muon;
   float lr;
   int64_t steps;
   int n;
-  kiln_tensor **s1, **s2; /* momentum buffer; Adam's m and v */
+  kiln_tensor **s1, **s2; /* momentum buffer (SGD, Muon); Adam's m and v */
   int64_t *count;         /* updates each parameter has had */
   /* parameter groups (kiln_optim_add_group), per parameter: the rate's scale, the weight decay
    * when wd_set (else the optimizer's), and whether this optimizer leaves it alone */
   float *lr_scale, *wd;
   bool *wd_set, *excluded;
-  bool *mark; /* kiln_optim_step's scratch: parameters recorded */
+  bool *mark;       /* kiln_optim_step's scratch: parameters recorded */
+  kiln_tensor **up; /* Muon's step's scratch: each parameter's update X, then weight factor */
   bool scheduled;
   kiln_schedule schedule;
   uint64_t undo_mark; /* the step's undo log holds its state (core/undo.c) */
@@ -215,6 +219,7 @@ static void free_arrays(kiln_optim *o) {
   free(o->wd_set);
   free(o->excluded);
   free(o->mark);
+  free(o->up);
 }
 
 static kiln_optim *make(kind k, kiln_params *params, const char *fn) {
@@ -232,9 +237,10 @@ static kiln_optim *make(kind k, kiln_params *params, const char *fn) {
     o->wd_set = calloc(m, sizeof *o->wd_set);
     o->excluded = calloc(m, sizeof *o->excluded);
     o->mark = calloc(m, sizeof *o->mark);
+    o->up = calloc(2 * m, sizeof *o->up);
   }
   if (!o || !o->s1 || !o->s2 || !o->count || !o->lr_scale || !o->wd || !o->wd_set || !o->excluded ||
-      !o->mark) {
+      !o->mark || !o->up) {
     if (o) free_arrays(o);
     free(o);
     kiln__error(ctx, KILN_ERR_OOM, "%s: out of host memory", fn);
@@ -269,6 +275,7 @@ static kiln_tensor *state_of(kiln_optim *o, int i, const char *suffix) {
 /* The names of the optimizer's state tensors (NULL: it keeps none or only one). */
 static const char *state_suffix(const kiln_optim *o, int which) {
   if (o->kind == SGD) return which == 0 && o->sgd.momentum > 0.f ? "momentum_buffer" : NULL;
+  if (o->kind == MUON) return which == 0 ? "momentum_buffer" : NULL;
   return which == 0 ? "exp_avg" : "exp_avg_sq";
 }
 
@@ -347,6 +354,80 @@ kiln_optim *kiln_adamw_new(kiln_params *params, const kiln_adam_options *o) {
   return adam_new(ADAMW, params, o, __func__);
 }
 
+/* The Newton-Schulz iteration's steps: torch refuses 100 or more. */
+#define MUON_MAX_NS_STEPS 99
+
+/* An option out of range: the error naming it and its value, and NULL. */
+static kiln_optim *refuse(kiln_ctx *ctx, const char *fn, const char *field, double v,
+                          const char *want) {
+  kiln__error(ctx, KILN_ERR_INVALID, "%s: %s %g must be %s", fn, field, v, want);
+  return NULL;
+}
+
+kiln_muon_options kiln_muon_defaults(void) {
+  return (kiln_muon_options){.lr = 1e-3f,
+                             .momentum = 0.95f,
+                             .no_nesterov = 0,
+                             .weight_decay = 0.1f,
+                             .eps = 1e-7f,
+                             .ns_steps = 5,
+                             .ns_a = 3.4445f,
+                             .ns_b = -4.775f,
+                             .ns_c = 2.0315f,
+                             .adjust_lr = KILN_MUON_ADJUST_ORIGINAL,
+                             .normalize_weight = 0,
+                             .ns_dtype = KILN_DTYPE_F32};
+}
+
+kiln_optim *kiln_muon_new(kiln_params *params, const kiln_muon_options *opts) {
+  const char *fn = __func__;
+  kiln_ctx *ctx = kiln_params_ctx(params);
+  if (!ctx || !kiln__ok(ctx)) return NULL;
+  kiln_muon_options m = opts ? *opts : kiln_muon_defaults();
+  /* zero fields take torch's defaults; KILN_ZERO asks for an exact 0 */
+  m.lr = kiln__opt_or(m.lr, 1e-3f);
+  m.momentum = kiln__opt_or(m.momentum, 0.95f);
+  m.weight_decay = kiln__opt_or(m.weight_decay, 0.1f);
+  m.eps = kiln__opt_or(m.eps, 1e-7f);
+  m.ns_a = kiln__opt_or(m.ns_a, 3.4445f);
+  m.ns_b = kiln__opt_or(m.ns_b, -4.775f);
+  m.ns_c = kiln__opt_or(m.ns_c, 2.0315f);
+  if (m.ns_steps == 0) m.ns_steps = 5;
+  if (!(m.lr >= 0.f) || !isfinite(m.lr)) return refuse(ctx, fn, "lr", m.lr, "finite and >= 0");
+  if (!(m.momentum >= 0.f && m.momentum < 1.f))
+    return refuse(ctx, fn, "momentum", m.momentum, "in [0, 1)");
+  if (!(m.weight_decay >= 0.f) || !isfinite(m.weight_decay))
+    return refuse(ctx, fn, "weight_decay", m.weight_decay, "finite and >= 0");
+  if (!(m.eps >= 0.f) || !isfinite(m.eps)) return refuse(ctx, fn, "eps", m.eps, "finite and >= 0");
+  if (!isfinite(m.ns_a)) return refuse(ctx, fn, "ns_a", m.ns_a, "finite");
+  if (!isfinite(m.ns_b)) return refuse(ctx, fn, "ns_b", m.ns_b, "finite");
+  if (!isfinite(m.ns_c)) return refuse(ctx, fn, "ns_c", m.ns_c, "finite");
+  if (m.ns_steps < 1 || m.ns_steps > MUON_MAX_NS_STEPS)
+    return kiln__error(ctx, KILN_ERR_INVALID, "%s: ns_steps %d must be in 1..%d (0: 5)", fn,
+                       m.ns_steps, MUON_MAX_NS_STEPS),
+           NULL;
+  if (m.adjust_lr < KILN_MUON_ADJUST_ORIGINAL || m.adjust_lr > KILN_MUON_ADJUST_MATCH_RMS_ADAMW)
+    return kiln__error(ctx, KILN_ERR_INVALID,
+                       "%s: adjust_lr %d is none of KILN_MUON_ADJUST_ORIGINAL, _NONE and "
+                       "_MATCH_RMS_ADAMW",
+                       fn, (int)m.adjust_lr),
+           NULL;
+  if (m.ns_dtype != KILN_DTYPE_F32 && m.ns_dtype != KILN_DTYPE_BF16)
+    return kiln__error(ctx, KILN_ERR_DTYPE,
+                       "%s: ns_dtype %s: the Newton-Schulz iteration runs in f32 or bf16", fn,
+                       kiln_dtype_name(m.ns_dtype)),
+           NULL;
+  kiln_optim *o = make(MUON, params, fn);
+  if (!o) return NULL;
+  o->muon = m;
+  o->lr = m.lr;
+  if (!make_state(o, o->s1, "momentum_buffer")) {
+    kiln_optim_free(o);
+    return NULL;
+  }
+  return o;
+}
+
 /* ---------------------------------------------------------------- parameter groups */
 
 int kiln_select_no_decay(const char *name, const kiln_tensor *t, void *user) {
@@ -359,6 +440,21 @@ int kiln_select_prefix(const char *name, const kiln_tensor *t, void *user) {
   (void)t;
   const char *prefix = user;
   return name && prefix && strncmp(name, prefix, strlen(prefix)) == 0;
+}
+
+/* Whether this optimizer can train parameter i: Muon only matrices, 2 dims or more. */
+static bool muon_takes(const kiln_optim *o, int i) {
+  return o->kind != MUON || kiln_tensor_ndim(kiln_params_get(o->params, i)) >= 2;
+}
+
+/* The error for a parameter Muon cannot train; returns true. */
+static bool muon_refuses(kiln_optim *o, int i, const char *fn) {
+  kiln__error(o->ctx, KILN_ERR_SHAPE,
+              "%s: Muon trains matrices (2 dims or more), and %s has %d: exclude it from the Muon "
+              "optimizer with a group (exclude = 1, e.g. by kiln_select_no_decay) and train it "
+              "with another",
+              fn, kiln_params_name(o->params, i), kiln_tensor_ndim(kiln_params_get(o->params, i)));
+  return true;
 }
 
 int kiln_optim_add_group(kiln_optim *o, kiln_param_select select, void *user,
@@ -401,6 +497,10 @@ int kiln_optim_add_group(kiln_optim *o, kiln_param_select select, void *user,
     if (kiln_params_is_buffer(o->params, i)) continue; /* never trained, in no group */
     sel[i] = select(kiln_params_name(o->params, i), kiln_params_get(o->params, i), user) != 0;
     count += sel[i];
+    if (sel[i] && !g.exclude && !muon_takes(o, i)) {
+      ok = !muon_refuses(o, i, fn);
+      continue;
+    }
     if (!sel[i] || g.exclude || !o->excluded[i]) continue;
     const char *s0 = state_suffix(o, 0), *s1 = state_suffix(o, 1);
     ok = (!s0 || (n1[i] = state_of(o, i, s0))) && (!s1 || (n2[i] = state_of(o, i, s1)));
@@ -460,7 +560,9 @@ static bool log_state(kiln_optim *o) {
 
 /* Parameter i's weight decay: its group's, else the optimizer's. */
 static float decay_of(const kiln_optim *o, int i) {
-  return o->wd_set[i] ? o->wd[i] : (o->kind == SGD ? o->sgd.weight_decay : o->adam.weight_decay);
+  if (o->wd_set[i]) return o->wd[i];
+  return o->kind == SGD ? o->sgd.weight_decay
+                        : (o->kind == MUON ? o->muon.weight_decay : o->adam.weight_decay);
 }
 
 /* Whether parameter i gets an update this step: it has a gradient, is no buffer and is not
@@ -468,6 +570,11 @@ static float decay_of(const kiln_optim *o, int i) {
 static bool updates(const kiln_optim *o, int i) {
   return kiln_tensor_grad(kiln_params_get(o->params, i)) && !kiln_params_is_buffer(o->params, i) &&
          !o->excluded[i];
+}
+
+/* Parameter i's rate: its group's scale of the optimizer's (and its schedule's) rate. */
+static float rate_of(const kiln_optim *o, int i) {
+  return o->lr_scale[i] == 1.f ? o->lr : (float)((double)o->lr * o->lr_scale[i]);
 }
 
 /* Records parameter i's update with the rate lr (its group's) and momentum or beta1 mom (the
@@ -518,6 +625,129 @@ static bool record_update(kiln_optim *o, int i, float lr, bool cyc, float mom) {
   return true;
 }
 
+/* ---------------------------------------------------------------- Muon */
+
+/* Whether Muon updates parameter i this step (a matrix with no elements has nothing to do). */
+static bool muon_updates(const kiln_optim *o, int i) {
+  return updates(o, i) && kiln_tensor_numel(kiln_params_get(o->params, i)) > 0;
+}
+
+/* Parameter i as a matrix: rows its first dim, cols the product of the others. */
+static void muon_matrix(const kiln_optim *o, int i, int64_t *rows, int64_t *cols) {
+  const kiln_tensor *p = kiln_params_get(o->params, i);
+  *rows = kiln_tensor_dim(p, 0);
+  *cols = kiln_tensor_numel(p) / *rows;
+}
+
+/* The scale of parameter i's rate for its shape (kiln_muon_adjust_lr). */
+static float muon_scale(const kiln_optim *o, int i) {
+  int64_t rows, cols;
+  muon_matrix(o, i, &rows, &cols);
+  double r = (double)rows, c = (double)cols;
+  switch (o->muon.adjust_lr) {
+  case KILN_MUON_ADJUST_NONE: return 1.f;
+  case KILN_MUON_ADJUST_MATCH_RMS_ADAMW: return (float)(0.2 * sqrt(r > c ? r : c));
+  case KILN_MUON_ADJUST_ORIGINAL:
+  default: return (float)sqrt(r > c ? r / c : 1.0);
+  }
+}
+
+/* Parameter i's orthogonalised update X, in its shape (a view of the (rows, cols) result), from
+ * its gradient and its momentum buffer, already updated: u (the Nesterov look-ahead, or the
+ * buffer) over its Frobenius norm, then ns_steps Newton-Schulz iterations on the Gram matrix of
+ * the short side. Every step is an op: products (cuBLAS), sums and elementwise kernels. */
+static kiln_tensor *muon_orthogonalise(const kiln_optim *o, int i, float mom) {
+  const kiln_muon_options *m = &o->muon;
+  kiln_tensor *p = kiln_params_get(o->params, i);
+  int64_t rows, cols;
+  muon_matrix(o, i, &rows, &cols);
+  kiln_shape mat = KILN_SHAPE(rows, cols);
+  kiln_tensor *u = kiln_reshape(o->s1[i], mat); /* (rows, cols) */
+  if (!m->no_nesterov)
+    u = kiln_add(kiln_reshape(kiln_tensor_grad(p), mat), kiln_mul_scalar(u, mom));
+  kiln_tensor *norm = kiln_sqrt(kiln_sum(kiln_mul(u, u), KILN_ALL_AXES, 0)); /* () */
+  kiln_tensor *x = kiln_div(u, kiln_add_scalar(norm, m->eps));               /* (rows, cols) */
+  /* the iteration in m->ns_dtype (bf16: tensor-core products, each result rounded to bf16),
+   * X back in f32 for the parameter's update */
+  x = kiln_cast(x, m->ns_dtype);
+  bool tall = rows > cols; /* then X^T's iteration, transposed: A = X^T X and X = a X + X B */
+  for (int k = 0; k < m->ns_steps; k++) {
+    kiln_tensor *xt = kiln_transpose(x, 0, 1);
+    kiln_tensor *a = tall ? kiln_matmul(xt, x) : kiln_matmul(x, xt); /* (short, short) */
+    kiln_tensor *aa = kiln_matmul(a, a);
+    kiln_tensor *b = kiln_add(kiln_mul_scalar(a, m->ns_b), kiln_mul_scalar(aa, m->ns_c));
+    /* the product first, so that a X and the sum after it are one kernel; B is symmetric, so
+     * that X B is the transpose of B X^T */
+    kiln_tensor *bx = tall ? kiln_matmul(x, b) : kiln_matmul(b, x);
+    x = kiln_add(kiln_mul_scalar(x, m->ns_a), bx);
+  }
+  return kiln_reshape(kiln_cast(x, KILN_DTYPE_F32), kiln_tensor_shape(p));
+}
+
+/* The factor that scales parameter i to Frobenius norm sqrt(rows) (normalize_weight), () */
+static kiln_tensor *muon_weight_factor(const kiln_optim *o, int i) {
+  kiln_tensor *p = kiln_params_get(o->params, i);
+  int64_t rows, cols;
+  muon_matrix(o, i, &rows, &cols);
+  kiln_tensor *sq = kiln_sum(kiln_mul(p, p), KILN_ALL_AXES, 0);
+  return kiln_mul_scalar(kiln_rsqrt(sq), (float)sqrt((double)rows));
+}
+
+/* Muon's step with momentum mom, in phases: every momentum buffer, every update X, every weight
+ * normalisation, every parameter's step. Each buffer and parameter is read before it is written,
+ * and each phase's in-place updates are consecutive nodes, which the planner batches into one
+ * multi-tensor launch (the parameters' steps one per distinct rate, decay and shape scale,
+ * recorded together). False, with the error set, when something fails. */
+static bool muon_step(kiln_optim *o, float mom) {
+  const char *fn = "kiln_optim_step";
+  for (int i = 0; i < o->n; i++) /* before anything is recorded */
+    if (!kiln_params_is_buffer(o->params, i) && !o->excluded[i] && !muon_takes(o, i))
+      return !muon_refuses(o, i, fn);
+  const kiln_muon_options *m = &o->muon;
+  kiln_tensor **x = o->up, **f = o->up + o->n; /* each parameter's X and weight factor */
+  memset(o->up, 0, 2 * (size_t)o->n * sizeof *o->up);
+  kiln_no_grad_begin(o->ctx);
+  bool ok = true;
+  for (int i = 0; i < o->n && ok; i++) {
+    if (!muon_updates(o, i)) continue;
+    kiln_tensor *in[2] = {o->s1[i], kiln_tensor_grad(kiln_params_get(o->params, i))};
+    kiln__node *n = kiln__update(KILN__OP_MUON_MOMENTUM, fn, 2, in);
+    if ((ok = n != NULL)) KILN__F(n, MUON_MOMENTUM, momentum) = mom;
+  }
+  for (int i = 0; i < o->n && ok; i++) {
+    if (!muon_updates(o, i)) continue;
+    x[i] = muon_orthogonalise(o, i, mom);
+    f[i] = m->normalize_weight ? muon_weight_factor(o, i) : NULL;
+    ok = x[i] && (f[i] || !m->normalize_weight);
+  }
+  for (int i = 0; i < o->n && ok && m->normalize_weight; i++) {
+    if (!muon_updates(o, i)) continue;
+    kiln_tensor *in[2] = {kiln_params_get(o->params, i), f[i]};
+    ok = kiln__update(KILN__OP_SCALE, fn, 2, in) != NULL;
+  }
+  memset(o->mark, 0, (size_t)o->n * sizeof *o->mark);
+  for (int i = 0; i < o->n && ok; i++) {
+    if (o->mark[i] || !muon_updates(o, i)) continue;
+    float lr = rate_of(o, i), wd = decay_of(o, i), scale = muon_scale(o, i);
+    for (int j = i; j < o->n && ok; j++) {
+      if (o->mark[j] || !muon_updates(o, j) || rate_of(o, j) != lr || decay_of(o, j) != wd ||
+          muon_scale(o, j) != scale)
+        continue;
+      o->mark[j] = true;
+      kiln_tensor *in[2] = {kiln_params_get(o->params, j), x[j]};
+      kiln__node *n = kiln__update(KILN__OP_MUON, fn, 2, in);
+      if (!(ok = n != NULL)) break;
+      KILN__F(n, MUON, lr) = lr;
+      KILN__F(n, MUON, scale) = scale;
+      KILN__F(n, MUON, weight_decay) = wd;
+    }
+  }
+  kiln_no_grad_end(o->ctx);
+  for (int i = 0; i < o->n && ok; i++)
+    o->count[i] += muon_updates(o, i);
+  return ok;
+}
+
 kiln_status kiln_optim_step(kiln_optim *o) {
   if (!o) return KILN_ERR_INVALID;
   kiln_ctx *ctx = o->ctx;
@@ -535,9 +765,14 @@ kiln_status kiln_optim_step(kiln_optim *o) {
                        "kiln_optim_step: the parameter list changed (%d parameters, the optimizer "
                        "was made for %d)",
                        kiln_params_count(o->params), o->n);
-  /* a one-cycle schedule cycles SGD's momentum or Adam's beta1 too (a step value, as the rate) */
+  /* a one-cycle schedule cycles SGD's or Muon's momentum or Adam's beta1 too (a step value, as
+   * the rate) */
   bool cyc = o->scheduled && cycles_momentum(&o->schedule);
   float mom = cyc ? (float)resolved_momentum(&o->schedule, o->steps) : 0.f;
+  if (o->kind == MUON) {
+    if (muon_step(o, cyc ? mom : o->muon.momentum)) o->steps++;
+    return ctx->status;
+  }
   /* Parameters of one group are recorded one after another, so that the planner can batch
    * their updates (equal attributes) into one multi-tensor launch; without groups this is the
    * list's order. Parameters without a gradient are left alone, as in PyTorch. */
@@ -549,9 +784,7 @@ kiln_status kiln_optim_step(kiln_optim *o) {
           decay_of(o, j) != decay_of(o, i))
         continue;
       o->mark[j] = true;
-      /* the group's rate follows the optimizer's (and its schedule's) */
-      float lr = o->lr_scale[j] == 1.f ? o->lr : (float)((double)o->lr * o->lr_scale[j]);
-      if (!record_update(o, j, lr, cyc, mom)) return ctx->status;
+      if (!record_update(o, j, rate_of(o, j), cyc, mom)) return ctx->status;
     }
   }
   o->steps++;
@@ -587,12 +820,14 @@ void kiln_optim_free(kiln_optim *o) {
 /* ---------------------------------------------------------------- for checkpoints (optim.h) */
 
 const char *kiln__optim_kind(const kiln_optim *o) {
-  return o->kind == SGD ? "sgd" : (o->kind == ADAM ? "adam" : "adamw");
+  static const char *const names[] = {
+      [SGD] = "sgd", [ADAM] = "adam", [ADAMW] = "adamw", [MUON] = "muon"};
+  return names[o->kind];
 }
 
 kiln_tensor *kiln__optim_state(const kiln_optim *o, int i, int which, const char **name) {
   if (i < 0 || i >= o->n) return NULL;
-  if (o->kind == SGD) {
+  if (o->kind == SGD || o->kind == MUON) {
     *name = "momentum_buffer";
     return which == 0 ? o->s1[i] : NULL;
   }

@@ -6,7 +6,7 @@
 
 #include "../core/internal.h"
 
-/* "sgd", "adam" or "adamw". */
+/* "sgd", "adam", "adamw" or "muon". */
 const char *kiln__optim_kind(const kiln_optim *o);
 /* State tensor which (0, 1) of parameter i, or NULL; *name is its name in a checkpoint. */
 kiln_tensor *kiln__optim_state(const kiln_optim *o, int i, int which, const char **name);

@@ -46,7 +46,7 @@ static kiln_tensor *owned_param(kiln_ctx *ctx, kiln_shape s) {
 }
 
 /* One of each op outside the MLP step, a loss over all of them, two backward passes (assign,
- * then accumulate) and Adam, AdamW and plain and damped SGD steps. */
+ * then accumulate) and Adam, AdamW, plain and damped SGD and Muon steps. */
 static void record_op_zoo(kiln_ctx *ctx, kiln_params *q, kiln_optim **os) {
   kiln_tensor *a = owned_param(ctx, KILN_SHAPE(4, 5, 6)), *b = owned_param(ctx, KILN_SHAPE(5, 6));
   kiln_tensor *c = owned_param(ctx, KILN_SHAPE(8, 600)); /* columns reduce one per thread */
@@ -190,7 +190,12 @@ static void record_op_zoo(kiln_ctx *ctx, kiln_params *q, kiln_optim **os) {
   os[1] = kiln_adamw_new(q, NULL);
   os[2] = kiln_sgd_new(q, &(kiln_sgd_options){.lr = 0.1f, .weight_decay = 1e-3f});
   os[3] = kiln_sgd_new(q, &(kiln_sgd_options){.lr = 0.1f, .momentum = 0.5f, .dampening = 0.1f});
-  for (int i = 0; i < 4; i++) {
+  /* Muon on the matrices (its 1-dim parameters excluded), normalising the weights first */
+  os[4] = kiln_muon_new(q, &(kiln_muon_options){.ns_steps = 2, .normalize_weight = 1});
+  cr_assert_eq(
+      kiln_optim_add_group(os[4], kiln_select_no_decay, NULL, &(kiln_param_group){.exclude = 1}), 2,
+      "%s", kiln_ctx_error(ctx));
+  for (int i = 0; i < 5; i++) {
     cr_assert_not_null(os[i], "%s", kiln_ctx_error(ctx));
     cr_assert_eq(kiln_optim_step(os[i]), KILN_OK, "%s", kiln_ctx_error(ctx));
   }
@@ -213,7 +218,7 @@ Test(nvrtc, every_generated_kernel_compiles, .timeout = 1200) {
   cr_assert_eq(kiln_optim_step(sgd), KILN_OK);
 
   kiln_params *q = kiln_params_new(ctx);
-  kiln_optim *os[4]; /* freed after the compile: their state tensors are in the trace */
+  kiln_optim *os[5]; /* freed after the compile: their state tensors are in the trace */
   record_op_zoo(ctx, q, os);
   th_assert_ok(ctx);
 
@@ -259,7 +264,7 @@ Test(nvrtc, every_generated_kernel_compiles, .timeout = 1200) {
   kiln_stats(ctx, &plain);
   cr_assert_gt(plain.kernels_compiled, fused.kernels_compiled,
                "the fallback for epilogues made no kernels of its own");
-  for (int i = 0; i < 4; i++)
+  for (int i = 0; i < 5; i++)
     kiln_optim_free(os[i]);
   kiln_optim_free(sgd);
   kiln_params_free(q);

@@ -33,6 +33,8 @@ static bool expect_no_grad(kiln__op op) {
   case KILN__OP_SGD:
   case KILN__OP_SGD_MOMENTUM:
   case KILN__OP_ADAM:
+  case KILN__OP_MUON_MOMENTUM:
+  case KILN__OP_MUON:
   case KILN__OP_ARGMAX:
   case KILN__OP_DETACH:
   case KILN__OP_INDEX_ADD:
@@ -143,8 +145,9 @@ Test(optable, kinds_expressions_and_stores) {
   const kiln__op reduce[] = {KILN__OP_SUM, KILN__OP_MAX, KILN__OP_ARGMAX};
   const kiln__op views[] = {KILN__OP_RESHAPE, KILN__OP_PERMUTE, KILN__OP_SLICE, KILN__OP_EXPAND,
                             KILN__OP_DETACH};
-  const kiln__op updates[] = {KILN__OP_ACCUM, KILN__OP_ASSIGN, KILN__OP_SGD, KILN__OP_SGD_MOMENTUM,
-                              KILN__OP_ADAM};
+  const kiln__op updates[] = {KILN__OP_ACCUM,        KILN__OP_ASSIGN, KILN__OP_SGD,
+                              KILN__OP_SGD_MOMENTUM, KILN__OP_ADAM,   KILN__OP_MUON_MOMENTUM,
+                              KILN__OP_MUON};
   for (size_t i = 0; i < sizeof reduce / sizeof *reduce; i++)
     cr_assert_eq(kiln__ops[reduce[i]].kind, KILN__KIND_REDUCE, "%s", kiln__ops[reduce[i]].name);
   for (size_t i = 0; i < sizeof views / sizeof *views; i++)

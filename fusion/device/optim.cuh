@@ -1,6 +1,7 @@
 /*
  * optim.cuh: the optimizers' update rules, one element at a time. Each takes the parameter and
- * its state by reference and the op's attributes under the names ops.def gives them.
+ * its state by reference and the op's attributes under the names ops.def gives them. (Muon's
+ * orthogonalisation is matrix products, recorded as ops; only its in-place writes are here.)
  */
 #ifndef KILN_OPTIM_CUH
 #define KILN_OPTIM_CUH
@@ -41,6 +42,16 @@ KILN__FN void kiln_adam(float &p, float g, float &m, float &v, float lr, float b
   v = v * beta2 + (1.f - beta2) * g * g;
   float denom = sqrtf(v) / bc2_sqrt + eps;
   p = p - step_size * (m / denom);
+}
+
+/* Muon's momentum buffer, buf = momentum buf + g (it starts at zero) */
+KILN__FN void kiln_muon_momentum(float &buf, float g, float momentum) { buf = momentum * buf + g; }
+
+/* Muon's parameter step as torch.optim.Muon: the decoupled weight decay with the rate, then the
+ * orthogonalised update x with the rate adjusted to the matrix's shape (lr scale) */
+KILN__FN void kiln_muon(float &p, float x, float lr, float scale, float weight_decay) {
+  if (weight_decay != 0.f) p = p * (1.f - lr * weight_decay);
+  p = p - (lr * scale) * x;
 }
 
 #endif
