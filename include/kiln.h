@@ -663,6 +663,8 @@ kiln_status kiln_init_kaiming_normal(kiln_tensor *t, float a, kiln_fan_mode mode
  * fills zeros); it must be finite and >= 0. */
 kiln_status kiln_init_xavier_uniform(kiln_tensor *t, float gain);
 kiln_status kiln_init_xavier_normal(kiln_tensor *t, float gain);
+/* kiln_init_whitening, which sets a convolution weight from images (airbench's whitening layer),
+ * is declared under "data", after the host image types it takes. */
 
 /* Gradient clipping by global norm, torch.nn.utils.clip_grad_norm_(parameters, max_norm) with
  * norm_type 2: total = sqrt(sum of g^2 over the gradients (kiln_tensor_grad) of the list's
@@ -928,6 +930,26 @@ kiln_dataset *kiln_dataset_from_host(kiln_ctx *ctx, kiln_host_type type, kiln_sh
  * statistics are the ones to normalise both the training and the test set with. */
 kiln_status kiln_image_stats(kiln_ctx *ctx, kiln_host_type type, kiln_shape shape,
                              const void *images, int channels, float *mean, float *std);
+/* An initialiser (as kiln_init_* above) for airbench's whitening layer: sets a convolution weight
+ * (Cout, Cin, kh, kw) from images, not from the RNG (which it leaves alone). Every kh x kw patch
+ * (stride 1, no padding) of the images (n, H, W, Cin), channels last, read as
+ * kiln_dataset_from_host reads them (bytes / 255, then (x - mean[c]) / std[c] under norm; NULL:
+ * no normalisation), is a vector p of Cin kh kw values in the order of a filter's (c, dh, dw).
+ * Their uncentred covariance S = mean(p p^T) is decomposed in float64 (cyclic Jacobi) as
+ * S = sum_i l_i v_i v_i^T with l_0 >= l_1 >= ..., and filter i < Cout / 2 is set to
+ * v_i / sqrt(l_i + eps), filter Cout / 2 + i to its negative: over these images the first half's
+ * outputs are uncorrelated, of mean square l_i / (l_i + eps) (about 1 where l_i >> eps).
+ * Cout = 2 Cin kh kw uses every eigenvector (airbench's 3 -> 24, 2x2); a smaller even Cout keeps
+ * the Cout / 2 of largest eigenvalue. An eigenvector's sign is fixed by making its largest
+ * component positive (its negative is there too). eps 0 means airbench's 5e-4; else it must be
+ * finite and > 0. The work, O(n H W (Cin kh kw)^2), is on the host; patches of more than 1024
+ * values are refused. An error, as the other initialisers' (the tensor unchanged): a weight that
+ * is not (Cout, Cin, kh, kw) with Cout even and at most 2 Cin kh kw, images that are not
+ * (n >= 1, H >= kh, W >= kw, Cin), an unknown type, a normalisation of other than 0, 1 or Cin
+ * channels or with a std not finite and > 0, a float image value that is NAN or infinite.
+ * airbench keeps these filters frozen: kiln_tensor_set_requires_grad(weight, 0) after this. */
+kiln_status kiln_init_whitening(kiln_tensor *weight, kiln_host_type type, kiln_shape shape,
+                                const void *images, const kiln_normalize *norm, float eps);
 kiln_dataset *kiln_mnist_load(kiln_ctx *ctx, const char *dir, const char *split, float mean,
                               float std);
 int64_t kiln_dataset_size(const kiln_dataset *ds);

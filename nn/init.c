@@ -4,12 +4,15 @@
  * calculate_gain's gains and the fans of torch's _calculate_fan_in_and_fan_out. The values are
  * drawn on the host from the context's RNG, as the layers' own parameters are (nn/params.c), and
  * uploaded with one copy; a call that fails leaves the tensor and the RNG as they were.
+ * Whitening (airbench's first layer) sets a convolution's filters from images instead: the
+ * eigenvectors of their patches' covariance, by a cyclic Jacobi eigensolver in float64.
  */
+#include <float.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "../core/internal.h"
+#include "init.h"
 
 /* How the host buffer is filled: uniform in [lo, hi), normal (a, b) = (mean, std), or a. */
 typedef enum fill_kind { FILL_UNIFORM, FILL_NORMAL, FILL_CONSTANT } fill_kind;
@@ -205,4 +208,299 @@ kiln_status kiln_init_xavier_uniform(kiln_tensor *t, float gain) {
 }
 kiln_status kiln_init_xavier_normal(kiln_tensor *t, float gain) {
   return xavier(t, gain, false, __func__);
+}
+
+/* ---------------------------------------------------------------- whitening */
+
+/* Whether |x| is small enough beside the diagonal entries app and aqq (and the matrix's norm
+ * fro) for a Jacobi rotation to be skipped: below rounding relative to sqrt(|app aqq|), which
+ * keeps small eigenvalues accurate, or negligible against the whole matrix. */
+static bool negligible(double x, double app, double aqq, double fro) {
+  double ax = fabs(x);
+  return ax <= DBL_EPSILON * sqrt(fabs(app) * fabs(aqq)) || ax <= 1e-30 * fro || ax < DBL_MIN;
+}
+
+/* One Jacobi rotation of m (n x n, symmetric) in the plane (p, q), chosen to zero m[p][q], and
+ * its accumulation into the columns of qv (the eigenvectors so far). */
+static void rotate(int n, double *m, double *qv, int p, int q) {
+  double apq = m[p * n + q], app = m[p * n + p], aqq = m[q * n + q];
+  /* cot(2 phi) = (aqq - app) / (2 apq); t = tan(phi), the smaller root */
+  double theta = (aqq - app) / (2.0 * apq);
+  double t = fabs(theta) > 1e150 ? 1.0 / (2.0 * theta)
+                                 : copysign(1.0, theta) / (fabs(theta) + sqrt(theta * theta + 1.0));
+  double c = 1.0 / sqrt(t * t + 1.0), s = t * c;
+  for (int k = 0; k < n; k++) { /* m J: columns p and q */
+    double kp = m[k * n + p], kq = m[k * n + q];
+    m[k * n + p] = c * kp - s * kq;
+    m[k * n + q] = s * kp + c * kq;
+  }
+  for (int k = 0; k < n; k++) { /* J^T (m J): rows p and q */
+    double pk = m[p * n + k], qk = m[q * n + k];
+    m[p * n + k] = c * pk - s * qk;
+    m[q * n + k] = s * pk + c * qk;
+  }
+  m[p * n + q] = m[q * n + p] = 0.0; /* zero in exact arithmetic */
+  for (int k = 0; k < n; k++) {
+    double kp = qv[k * n + p], kq = qv[k * n + q];
+    qv[k * n + p] = c * kp - s * kq;
+    qv[k * n + q] = s * kp + c * kq;
+  }
+}
+
+int kiln__eigh_jacobi(int n, const double *a, double *w, double *v) {
+  if (n < 1 || !a || !w || !v) return KILN__EIGH_BAD;
+  size_t nn = (size_t)n * (size_t)n;
+  double *m = malloc(2 * nn * sizeof *m);
+  int *order = malloc((size_t)n * sizeof *order);
+  if (!m || !order) {
+    free(m);
+    free(order);
+    return KILN__EIGH_OOM;
+  }
+  double *qv = m + nn; /* column j: the j-th eigenvector so far */
+  double fro = 0.0;
+  for (int i = 0; i < n; i++)
+    for (int j = i; j < n; j++) {
+      double x = a[i * n + j];
+      if (!isfinite(x)) {
+        free(m);
+        free(order);
+        return KILN__EIGH_BAD;
+      }
+      m[i * n + j] = m[j * n + i] = x;
+      fro += (i == j ? 1.0 : 2.0) * x * x;
+    }
+  fro = sqrt(fro);
+  if (!isfinite(fro)) { /* values beyond 1e154: their squares overflow */
+    free(m);
+    free(order);
+    return KILN__EIGH_BAD;
+  }
+  for (size_t k = 0; k < nn; k++)
+    qv[k] = k % ((size_t)n + 1) == 0 ? 1.0 : 0.0;
+  /* cyclic sweeps over the pairs (p, q), p < q, until a sweep finds nothing to rotate */
+  int sweeps = 0;
+  for (;; sweeps++) {
+    bool rotated = false;
+    for (int p = 0; p < n; p++)
+      for (int q = p + 1; q < n; q++) {
+        if (negligible(m[p * n + q], m[p * n + p], m[q * n + q], fro)) continue;
+        if (!rotated && sweeps == KILN__EIGH_SWEEPS) {
+          free(m);
+          free(order);
+          return KILN__EIGH_NOCONV;
+        }
+        rotate(n, m, qv, p, q);
+        rotated = true;
+      }
+    if (!rotated) break;
+  }
+  /* eigenvalues descending (a stable insertion sort of the diagonal's indices) */
+  for (int i = 0; i < n; i++) {
+    int j = i;
+    for (; j > 0 && m[order[j - 1] * (n + 1)] < m[i * (n + 1)]; j--)
+      order[j] = order[j - 1];
+    order[j] = i;
+  }
+  for (int r = 0; r < n; r++) {
+    int col = order[r];
+    w[r] = m[col * (n + 1)];
+    int big = 0; /* the component of largest magnitude is made positive */
+    for (int k = 1; k < n; k++)
+      if (fabs(qv[k * n + col]) > fabs(qv[big * n + col])) big = k;
+    double sign = qv[big * n + col] < 0.0 ? -1.0 : 1.0;
+    for (int k = 0; k < n; k++)
+      v[r * n + k] = sign * qv[k * n + col];
+  }
+  free(m);
+  free(order);
+  return sweeps;
+}
+
+bool kiln__patch_covariance(kiln_host_type type, const int64_t shape[4], const void *images,
+                            const kiln_normalize *norm, int kh, int kw, double *cov) {
+  int64_t n = shape[0], H = shape[1], W = shape[2], C = shape[3];
+  int64_t K = C * kh * kw, oh = H - kh + 1, ow = W - kw + 1, per = H * W * C;
+  int channels = norm ? norm->channels : 0;
+  double *img = malloc((size_t)per * sizeof *img), *p = malloc((size_t)K * sizeof *p);
+  double *acc = calloc((size_t)(K * K), sizeof *acc);
+  if (!img || !p || !acc) {
+    free(img);
+    free(p);
+    free(acc);
+    return false;
+  }
+  for (int64_t b = 0; b < n; b++) {
+    /* image b as a data set holds it (float arithmetic), then in double */
+    for (int64_t i = 0; i < per; i++) {
+      int64_t at = b * per + i;
+      float x = type == KILN_HOST_U8 ? (float)((const uint8_t *)images)[at] / 255.f
+                                     : ((const float *)images)[at];
+      if (channels > 0) {
+        int c = channels == 1 ? 0 : (int)(i % C);
+        x = (x - norm->mean[c]) / norm->std[c];
+      }
+      img[i] = x;
+    }
+    for (int64_t y = 0; y < oh; y++)
+      for (int64_t x = 0; x < ow; x++) {
+        for (int64_t c = 0; c < C; c++) /* the patch, in (c, dh, dw) order */
+          for (int dh = 0; dh < kh; dh++)
+            for (int dw = 0; dw < kw; dw++)
+              p[(c * kh + dh) * kw + dw] = img[((y + dh) * W + (x + dw)) * C + c];
+        for (int64_t i = 0; i < K; i++) { /* p p^T, the upper triangle */
+          double pi = p[i], *row = acc + i * K;
+          for (int64_t j = i; j < K; j++)
+            row[j] += pi * p[j];
+        }
+      }
+  }
+  double count = (double)n * (double)oh * (double)ow;
+  for (int64_t i = 0; i < K; i++)
+    for (int64_t j = i; j < K; j++)
+      cov[j * K + i] = cov[i * K + j] = acc[i * K + j] / count;
+  free(img);
+  free(p);
+  free(acc);
+  return true;
+}
+
+#define WHITENING_EPS 5e-4f /* airbench's */
+/* Patches of at most this many elements: the eigensolver's sweeps are O(K^3). */
+#define WHITENING_MAX_K 1024
+
+/* Checks the images (n, H, W, C) and their normalisation for kh x kw patches, all but the values
+ * themselves. */
+static bool whitening_images_ok(kiln_ctx *ctx, const char *fn, kiln_host_type type,
+                                kiln_shape shape, const void *images, const kiln_normalize *norm,
+                                int kh, int kw) {
+  char sh[96];
+  if (type != KILN_HOST_F32 && type != KILN_HOST_U8)
+    return !kiln__error(ctx, KILN_ERR_INVALID, "%s: unknown host type %d", fn, (int)type);
+  if (!images) return !kiln__error(ctx, KILN_ERR_INVALID, "%s: NULL images", fn);
+  if (shape.ndim != 4)
+    return !kiln__error(ctx, KILN_ERR_SHAPE,
+                        "%s: images %s have %d dims; they must be (n, H, W, C), channels last", fn,
+                        kiln_shape_str(shape, sh, sizeof sh), shape.ndim);
+  if (!kiln__valid_shape(ctx, fn, 4, shape.d)) return false;
+  if (shape.d[0] < 1 || shape.d[1] < kh || shape.d[2] < kw || shape.d[3] < 1)
+    return !kiln__error(ctx, KILN_ERR_SHAPE,
+                        "%s: images %s for %dx%d patches: they must be (n >= 1, H >= %d, W >= %d, "
+                        "C >= 1)",
+                        fn, kiln_shape_str(shape, sh, sizeof sh), kh, kw, kh, kw);
+  if (norm && norm->channels != 0) {
+    if (norm->channels != 1 && norm->channels != shape.d[3])
+      return !kiln__error(ctx, KILN_ERR_SHAPE,
+                          "%s: a normalisation of %d channels for images %s: it needs 1 or the "
+                          "images' channels, %lld (0: none)",
+                          fn, norm->channels, kiln_shape_str(shape, sh, sizeof sh),
+                          (long long)shape.d[3]);
+    if (!norm->mean || !norm->std)
+      return !kiln__error(ctx, KILN_ERR_INVALID, "%s: a normalisation of %d channels without %s",
+                          fn, norm->channels, !norm->mean ? "its mean" : "its std");
+    for (int c = 0; c < norm->channels; c++)
+      if (!isfinite(norm->mean[c]) || !(norm->std[c] > 0.f) || !isfinite(norm->std[c]))
+        return !kiln__error(ctx, KILN_ERR_INVALID,
+                            "%s: channel %d's mean %g must be finite and its std %g finite and > 0",
+                            fn, c, norm->mean[c], norm->std[c]);
+  }
+  return true;
+}
+
+kiln_status kiln__whitening_filters(kiln_ctx *ctx, const char *fn, kiln_host_type type,
+                                    kiln_shape shape, const void *images,
+                                    const kiln_normalize *norm, int64_t cout, int kh, int kw,
+                                    float eps, float *filters, double *eigenvalues) {
+  if (!ctx) return KILN_ERR_INVALID;
+  if (!kiln__ok(ctx)) return ctx->status;
+  double e = kiln__opt_or(eps, WHITENING_EPS);
+  if (!(e > 0.0) || !isfinite(e))
+    return kiln__error(ctx, KILN_ERR_INVALID, "%s: eps %g must be finite and > 0 (0: %g)", fn,
+                       (double)eps, (double)WHITENING_EPS);
+  if (kh < 1 || kw < 1)
+    return kiln__error(ctx, KILN_ERR_SHAPE, "%s: %dx%d filters: kh and kw must be >= 1", fn, kh,
+                       kw);
+  if (!whitening_images_ok(ctx, fn, type, shape, images, norm, kh, kw)) return ctx->status;
+  int64_t C = shape.d[3];
+  if (C > WHITENING_MAX_K / kh / kw)
+    return kiln__error(ctx, KILN_ERR_SHAPE,
+                       "%s: %lld channels of %dx%d make patches of more than %d elements", fn,
+                       (long long)C, kh, kw, WHITENING_MAX_K);
+  int64_t K = C * kh * kw;
+  if (cout < 2 || cout % 2 || cout / 2 > K)
+    return kiln__error(ctx, KILN_ERR_SHAPE,
+                       "%s: %lld filters: whitening makes an even number, 2 to 2 C kh kw = %lld "
+                       "(eigenvectors and their negatives)",
+                       fn, (long long)cout, (long long)(2 * K));
+  if (!filters) return kiln__error(ctx, KILN_ERR_INVALID, "%s: NULL filters", fn);
+  if (type == KILN_HOST_F32) {
+    const float *f = images;
+    int64_t total = kiln__numel(4, shape.d);
+    for (int64_t i = 0; i < total; i++)
+      if (!isfinite(f[i]))
+        return kiln__error(ctx, KILN_ERR_INVALID, "%s: image value %lld is %g", fn, (long long)i,
+                           f[i]);
+  }
+  double *buf = malloc((size_t)(2 * K * K + K) * sizeof *buf);
+  if (!buf) return kiln__error(ctx, KILN_ERR_OOM, "%s: out of host memory", fn);
+  double *cov = buf, *vec = buf + K * K, *val = buf + 2 * K * K;
+  int sweeps = kiln__patch_covariance(type, shape.d, images, norm, kh, kw, cov)
+                   ? kiln__eigh_jacobi((int)K, cov, val, vec)
+                   : KILN__EIGH_OOM;
+  if (sweeps < 0) {
+    free(buf);
+    if (sweeps == KILN__EIGH_OOM)
+      return kiln__error(ctx, KILN_ERR_OOM, "%s: out of host memory", fn);
+    return kiln__error(
+        ctx, KILN_ERR_INVALID, "%s: the %lldx%lld patch covariance has no eigen-decomposition (%s)",
+        fn, (long long)K, (long long)K,
+        sweeps == KILN__EIGH_BAD ? "a value is not finite" : "the Jacobi sweeps did not converge");
+  }
+  int64_t half = cout / 2;
+  if (!(val[half - 1] + e > 0.0)) { /* a covariance's eigenvalues are >= 0, up to rounding */
+    double bad = val[half - 1];
+    free(buf);
+    return kiln__error(ctx, KILN_ERR_INVALID,
+                       "%s: eigenvalue %lld of the patch covariance is %g: with eps %g, no square "
+                       "root",
+                       fn, (long long)(half - 1), bad, e);
+  }
+  for (int64_t i = 0; i < half; i++) {
+    double scale = 1.0 / sqrt(val[i] + e);
+    for (int64_t k = 0; k < K; k++) {
+      float f = (float)(vec[i * K + k] * scale);
+      filters[i * K + k] = f;
+      filters[(half + i) * K + k] = -f;
+    }
+  }
+  if (eigenvalues) memcpy(eigenvalues, val, (size_t)K * sizeof *val);
+  free(buf);
+  return KILN_OK;
+}
+
+kiln_status kiln_init_whitening(kiln_tensor *weight, kiln_host_type type, kiln_shape shape,
+                                const void *images, const kiln_normalize *norm, float eps) {
+  const char *fn = __func__;
+  kiln_ctx *ctx = target(weight, fn);
+  if (!ctx) return kiln__handle_ctx(weight) ? kiln__handle_ctx(weight)->status : KILN_ERR_INVALID;
+  char sw[96], si[96];
+  if (weight->ndim != 4 || weight->shape[2] > INT32_MAX || weight->shape[3] > INT32_MAX)
+    return kiln__error(ctx, KILN_ERR_SHAPE,
+                       "%s: '%s' %s: a convolution weight is (Cout, Cin, kh, kw)", fn,
+                       kiln__name(weight), kiln__shape_of(weight, sw, sizeof sw));
+  int64_t cout = weight->shape[0], cin = weight->shape[1];
+  if (shape.ndim == 4 && shape.d[3] != cin) /* name the weight, which the filters cannot */
+    return kiln__error(ctx, KILN_ERR_SHAPE,
+                       "%s: images %s have %lld channels; the weight '%s' %s takes %lld", fn,
+                       kiln_shape_str(shape, si, sizeof si), (long long)shape.d[3],
+                       kiln__name(weight), kiln__shape_of(weight, sw, sizeof sw), (long long)cin);
+  int64_t n = kiln_tensor_numel(weight);
+  float *h = n > 0 ? malloc((size_t)n * sizeof *h) : NULL;
+  if (n > 0 && !h) return kiln__error(ctx, KILN_ERR_OOM, "%s: out of host memory", fn);
+  kiln_status s =
+      kiln__whitening_filters(ctx, fn, type, shape, images, norm, cout, (int)weight->shape[2],
+                              (int)weight->shape[3], eps, h, NULL);
+  if (s == KILN_OK) s = kiln_tensor_copy_from_host(weight, h, (size_t)n * sizeof *h);
+  free(h);
+  return s;
 }

@@ -1,0 +1,700 @@
+/*
+ * cifar10: trains airbench94's network (the `air` workload of docs/design.md) on CIFAR-10, in
+ * f32, and reports test accuracy, plain and with flip test-time augmentation, and training time.
+ *
+ *   cifar10 [DATA_DIR] [--epochs F] [--batch N] [--seed N] [--seeds N] [--save PATH]
+ *           [--resume PATH] [--eval-only PATH] [--log PATH] [--cache DIR] [--no-cache]
+ *
+ * DATA_DIR defaults to $KILN_CIFAR10: the official binary batches, raw, .gz or .xz (a folder
+ * with fewer than five training batches, such as the sample, trains on those it holds). The
+ * decoded images are cached (examples/cifar10_data.h). The whole data set lives on the GPU.
+ *
+ * The network, airbench94's (Keller Jordan's airbench, airbench94.py), on images (N, 32, 32, 3)
+ * normalised with airbench's channel means and standard deviations:
+ *   conv 2x2 3->24, no padding (31x31), set by whitening (kiln_init_whitening on the first 5000
+ *     training images) and frozen; GELU
+ *   three groups of widths 64, 256, 256, each: conv 3x3 pad 1 -> max pool 2 -> batch norm ->
+ *     GELU -> conv 3x3 pad 1 -> batch norm -> GELU (31 -> 15 -> 7 -> 3); the convolutions have no
+ *     bias and start as airbench's (torch's default init, then the first Cin filters set to the
+ *     identity, torch.nn.init.dirac_); batch norm's weight is fixed at 1, only its bias is trained
+ *   global max pool (airbench's MaxPool2d(3) of the 3x3 map), linear 256->10 without bias, times
+ *     1/9
+ * trained with cross-entropy (label smoothing 0.2) summed over the batch, SGD with Nesterov
+ * momentum and airbench94's rates and weight decays, on its triangular schedule (the constants
+ * below say where each comes from).
+ *
+ * Not yet here, to be wired in at the marked places: airbench's data augmentation (random 2-pixel
+ * translation and flips; augment_batch), its translated test-time views (eval_logits has the
+ * flipped one), bf16, the Muon optimizer of airbench94_muon (make_optimizers), airbench94's
+ * lookahead (an EMA of the weights) and its whitening bias (trained for 3 epochs). So the
+ * accuracy to expect is below airbench's; whatever this prints was measured.
+ *
+ * The training time printed is the wall time of the training steps, synchronised with the GPU,
+ * without data loading, model set-up and evaluation: "cold" counts every step, "warm" all but the
+ * first (which compiles the step's kernels and captures its graph). The whitening init runs on
+ * the host (its time is printed apart; airbench counts its own, on the GPU, in its time).
+ * --seeds N trains N times with seeds seed .. seed + N - 1 and prints the medians. --save writes a
+ * training checkpoint after every epoch, --resume continues one, --eval-only evaluates a
+ * checkpoint or a weights file, --log appends metrics as JSON lines.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "cifar10_data.h"
+#include "kiln.h"
+
+/* ---------------------------------------------------------------- the recipe
+ * airbench94.py's hyperparameters (hyp['opt'], hyp['net']) unless marked otherwise. */
+#define BATCH 1024             /* batch_size */
+#define EPOCHS 9.9             /* train_epochs: a fraction of an epoch is that share of its steps */
+#define LR 11.5                /* lr, "per 1024 examples": see sgd_rates */
+#define MOMENTUM 0.85f         /* momentum (Nesterov) */
+#define WEIGHT_DECAY 0.0153    /* weight_decay, per 1024 examples */
+#define BIAS_SCALER 64.f       /* bias_scaler: batch norm biases learn 64x faster, decay 64x less */
+#define LABEL_SMOOTHING 0.2f   /* label_smoothing */
+#define LR_START 0.2           /* the schedule: from 0.2 of the rate ... */
+#define LR_PEAK 0.23           /* ... linearly up to all of it at 23% of the steps ... */
+#define LR_END 0.07            /* ... and linearly down to 0.07 of it at the end */
+#define BN_MOMENTUM 0.4f       /* batchnorm_momentum 0.6 in airbench's sense is torch's 1 - 0.6 */
+#define BN_EPS 1e-12f          /* airbench's BatchNorm eps */
+#define OUTPUT_SCALE (1.f / 9) /* scaling_factor */
+#define WHITEN_EPS 5e-4f       /* the whitening's eps */
+#define WHITEN_IMAGES 5000     /* the training images the whitening is computed from */
+#define GELU KILN_GELU_ERF     /* nn.GELU()'s exact form */
+#define EVAL_BATCH 2000        /* airbench's test batch */
+static const int64_t widths[3] = {64, 256, 256}; /* widths block1..3 */
+/* airbench's CIFAR_MEAN and CIFAR_STD, per channel (red, green, blue) */
+static const float cifar_mean[3] = {0.4914f, 0.4822f, 0.4465f};
+static const float cifar_std[3] = {0.2470f, 0.2435f, 0.2616f};
+
+#define WHITEN_WIDTH 24 /* 2 * 3 * 2 * 2: every eigenvector of the 2x2 patches and its negative */
+
+typedef struct group {
+  kiln_conv2d_layer conv1, conv2;
+  kiln_batch_norm_layer norm1, norm2;
+} group;
+
+typedef struct model {
+  kiln_params *params;
+  kiln_conv2d_layer whiten;
+  group g[3];
+  kiln_linear head;
+  kiln_tensor *flip_index; /* (32) i32: 31 .. 0, the column order of a mirrored image */
+} model;
+
+/* The optimizers and the rate each starts from; one SGD for everything today. */
+typedef struct optimizers {
+  kiln_optim *sgd;
+  float sgd_lr;
+} optimizers;
+
+typedef struct config {
+  double epochs;
+  int nseeds;
+  int64_t batch, ntest;
+  const char *save, *resume, *eval_only;
+  FILE *log;
+} config;
+
+typedef struct result {
+  double acc, acc_tta;         /* test accuracy, plain and with the flipped view */
+  double total_s, first_s;     /* the training steps: all, and the first alone */
+  double compile_ms, whiten_s; /* NVRTC during training; the whitening init */
+  int64_t steps;
+} result;
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static void die(kiln_ctx *ctx, const char *what) {
+  fprintf(stderr, "cifar10: %s: %s\n", what,
+          ctx && kiln_ctx_error(ctx) ? kiln_ctx_error(ctx) : "?");
+  exit(1);
+}
+
+static void usage(const char *argv0, int status) {
+  fprintf(status ? stderr : stdout,
+          "usage: %s [DATA_DIR] [--epochs F] [--batch N] [--seed N] [--seeds N] [--save PATH]\n"
+          "          [--resume PATH] [--eval-only PATH] [--log PATH] [--cache DIR] [--no-cache]\n"
+          "\n"
+          "  DATA_DIR          the CIFAR-10 binary batches, raw, .gz or .xz (default "
+          "$KILN_CIFAR10)\n"
+          "  --epochs F        epochs, a fraction allowed (default %g, airbench94's)\n"
+          "  --batch N         training batch (default %d)\n"
+          "  --seed N          seeds initialisation and shuffling (default 0)\n"
+          "  --seeds N         train N times (seeds seed .. seed+N-1); print the medians\n"
+          "  --save PATH       write a training checkpoint after every epoch\n"
+          "  --resume PATH     continue from such a checkpoint\n"
+          "  --eval-only PATH  evaluate a checkpoint or a weights file (safetensors)\n"
+          "  --log PATH        append metrics as JSON lines\n"
+          "  --cache DIR       where the decoded images are cached (default $KILN_CACHE_DIR,\n"
+          "                    else ~/.cache/kiln)\n"
+          "  --no-cache        decode the files every time\n",
+          argv0, EPOCHS, BATCH);
+  exit(status);
+}
+
+/* ---------------------------------------------------------------- the model */
+
+/* torch.nn.init.dirac_ on the first Cin filters of a 3x3 weight (Cout, Cin, 3, 3), as airbench's
+ * Conv.reset_parameters: each passes its own input channel through; the others keep their init. */
+static kiln_status dirac_first_filters(kiln_tensor *w) {
+  int64_t cout = kiln_tensor_dim(w, 0), cin = kiln_tensor_dim(w, 1), n = kiln_tensor_numel(w);
+  float *h = malloc((size_t)n * sizeof *h);
+  if (!h) return KILN_ERR_OOM;
+  kiln_status st = kiln_tensor_to_host(w, h, (size_t)n * sizeof *h);
+  if (st == KILN_OK) {
+    for (int64_t o = 0; o < cout && o < cin; o++) {
+      memset(h + o * cin * 9, 0, (size_t)cin * 9 * sizeof *h);
+      h[(o * cin + o) * 9 + 4] = 1.f; /* the centre of the 3x3 window */
+    }
+    st = kiln_tensor_copy_from_host(w, h, (size_t)n * sizeof *h);
+  }
+  free(h);
+  return st;
+}
+
+/* The model, its parameters named "whiten.weight", "block1.conv1.weight", "block1.norm1.bias",
+ * ..., "head.weight". The whitening filters are computed from whiten_images (n, 32, 32, 3)
+ * bytes; *whiten_s gets the time that took. */
+static kiln_status model_init(model *m, kiln_ctx *ctx, const kiln_cifar10 *whiten_images,
+                              double *whiten_s) {
+  memset(m, 0, sizeof *m);
+  m->params = kiln_params_new(ctx);
+  if (!m->params) return kiln_ctx_status(ctx);
+  const kiln_conv2d_options pad1 = {.pad_h = 1, .pad_w = 1};
+  kiln_status st;
+  if ((st =
+           kiln_conv2d_layer_init(&m->whiten, m->params, "whiten", 3, WHITEN_WIDTH, 2, 2, NULL, 0)))
+    return st;
+  int64_t cin = WHITEN_WIDTH;
+  for (int k = 0; k < 3; k++) {
+    group *g = &m->g[k];
+    char name[32];
+    int64_t w = widths[k];
+    snprintf(name, sizeof name, "block%d.conv1", k + 1);
+    if ((st = kiln_conv2d_layer_init(&g->conv1, m->params, name, cin, w, 3, 3, &pad1, 0)))
+      return st;
+    snprintf(name, sizeof name, "block%d.norm1", k + 1);
+    if ((st = kiln_batch_norm_layer_init(&g->norm1, m->params, name, w, BN_MOMENTUM, BN_EPS, 1)))
+      return st;
+    snprintf(name, sizeof name, "block%d.conv2", k + 1);
+    if ((st = kiln_conv2d_layer_init(&g->conv2, m->params, name, w, w, 3, 3, &pad1, 0))) return st;
+    snprintf(name, sizeof name, "block%d.norm2", k + 1);
+    if ((st = kiln_batch_norm_layer_init(&g->norm2, m->params, name, w, BN_MOMENTUM, BN_EPS, 1)))
+      return st;
+    if ((st = dirac_first_filters(g->conv1.weight)) || (st = dirac_first_filters(g->conv2.weight)))
+      return st;
+    /* airbench trains batch norm's bias only: its weight stays 1 */
+    kiln_tensor_set_requires_grad(g->norm1.weight, 0);
+    kiln_tensor_set_requires_grad(g->norm2.weight, 0);
+    cin = w;
+  }
+  if ((st = kiln_linear_init(&m->head, m->params, "head", widths[2], 10, 0))) return st;
+
+  /* the whitening layer: set from the first training images, normalised as the data set, and
+   * frozen */
+  int64_t nw = whiten_images->n < WHITEN_IMAGES ? whiten_images->n : WHITEN_IMAGES;
+  kiln_normalize norm = {.channels = 3, .mean = cifar_mean, .std = cifar_std};
+  double t0 = now_s();
+  if ((st = kiln_init_whitening(m->whiten.weight, KILN_HOST_U8, KILN_SHAPE(nw, 32, 32, 3),
+                                whiten_images->images, &norm, WHITEN_EPS)))
+    return st;
+  *whiten_s = now_s() - t0;
+  kiln_tensor_set_requires_grad(m->whiten.weight, 0);
+
+  int32_t rev[32];
+  for (int i = 0; i < 32; i++)
+    rev[i] = 31 - i;
+  m->flip_index = kiln_tensor_from_host(ctx, KILN_DTYPE_I32, KILN_SHAPE(32), rev);
+  return m->flip_index ? KILN_OK : kiln_ctx_status(ctx);
+}
+
+/* The elements of the parameters that are trained. */
+static int64_t trained_numel(const model *m) {
+  int64_t n = 0;
+  for (int i = 0; i < kiln_params_count(m->params); i++) {
+    kiln_tensor *t = kiln_params_get(m->params, i);
+    if (kiln_tensor_requires_grad(t)) n += kiln_tensor_numel(t);
+  }
+  return n;
+}
+
+static void model_free(model *m) {
+  kiln_tensor_free(m->flip_index);
+  kiln_params_free(m->params);
+}
+
+/* x (B, 32, 32, 3) to (B, 10) logits; batch norm follows kiln_training(ctx). */
+static kiln_tensor *forward(const model *m, kiln_tensor *x) {
+  const kiln_pool2d_options pool2 = {.kernel_h = 2, .kernel_w = 2};
+  kiln_tensor *h = kiln_gelu(kiln_conv2d_layer_forward(&m->whiten, x), GELU); /* (B, 31, 31, 24) */
+  for (int k = 0; k < 3; k++) { /* (B, 15, 15, 64), (B, 7, 7, 256), (B, 3, 3, 256) */
+    const group *g = &m->g[k];
+    h = kiln_max_pool2d(kiln_conv2d_layer_forward(&g->conv1, h), &pool2);
+    h = kiln_gelu(kiln_batch_norm_layer_forward(&g->norm1, h), GELU);
+    h = kiln_conv2d_layer_forward(&g->conv2, h);
+    h = kiln_gelu(kiln_batch_norm_layer_forward(&g->norm2, h), GELU);
+  }
+  h = kiln_global_max_pool2d(h);                                          /* (B, 256) */
+  return kiln_mul_scalar(kiln_linear_forward(&m->head, h), OUTPUT_SCALE); /* (B, 10) */
+}
+
+/* ---------------------------------------------------------------- the insertion points */
+
+/* The training batch x (B, 32, 32, 3) as the step sees it. airbench augments here, on the GPU:
+ * a random translation of up to 2 pixels (reflection padding, then a 32x32 crop) and a flip of
+ * half the images. Until kiln has that op, the batch goes through unchanged. */
+static kiln_tensor *augment_batch(kiln_tensor *x) { return x; }
+
+/* x (B, 32, 32, 3) mirrored left to right: the columns gathered in reverse order (three copies
+ * today; one call to swap for a flip op). */
+static kiln_tensor *flip_all(const model *m, kiln_tensor *x) {
+  kiln_tensor *cols = kiln_permute(x, KILN_AXES(2, 0, 1, 3));       /* (32, B, 32, 3) */
+  kiln_tensor *rev = kiln_index_select(cols, m->flip_index);        /* columns 31 .. 0 */
+  return kiln_contiguous(kiln_permute(rev, KILN_AXES(1, 2, 0, 3))); /* (B, 32, 32, 3) */
+}
+
+/* Test logits of x (B, 32, 32, 3): plain, or (tta) airbench's level 1, the mean of the logits of
+ * the image and of its mirror image. (airbench94's level 2 adds the views translated by a pixel.)
+ */
+static kiln_tensor *eval_logits(const model *m, kiln_tensor *x, int tta) {
+  kiln_tensor *logits = forward(m, x);
+  if (!tta) return logits;
+  return kiln_mul_scalar(kiln_add(logits, forward(m, flip_all(m, x))), 0.5f);
+}
+
+/* SGD's rates as airbench94 turns its "per 1024 examples" hyperparameters into torch's: with
+ * kilostep = 1024 (1 + 1 / (1 - momentum)), lr = LR / kilostep and weight decay (L2, as
+ * torch.optim.SGD) = WEIGHT_DECAY batch / kilostep; the loss is summed over the batch, so the
+ * gradient grows with it. */
+static void sgd_rates(int64_t batch, float *lr, float *wd) {
+  double kilostep = 1024.0 * (1.0 + 1.0 / (1.0 - (double)MOMENTUM));
+  *lr = (float)(LR / kilostep);
+  *wd = (float)(WEIGHT_DECAY * (double)batch / kilostep);
+}
+
+/* Selects batch norm's biases ("blockN.normK.bias"). */
+static int select_norm_bias(const char *name, const kiln_tensor *t, void *user) {
+  (void)t;
+  (void)user;
+  size_t n = strlen(name);
+  return strstr(name, ".norm") && n > 5 && strcmp(name + n - 5, ".bias") == 0;
+}
+
+/* Selects the frozen parameters (the whitening filters, batch norm's weights). */
+static int select_frozen(const char *name, const kiln_tensor *t, void *user) {
+  (void)name;
+  (void)user;
+  return !kiln_tensor_requires_grad(t);
+}
+
+/* The optimizers: airbench94's SGD with Nesterov momentum for every trained parameter, batch
+ * norm's biases in a group of their own (rate x BIAS_SCALER, weight decay / BIAS_SCALER), the
+ * frozen ones left out. airbench94_muon gives the convolution filters to Muon instead: a second
+ * optimizer, made here, stepped in optimizers_step. */
+static optimizers make_optimizers(kiln_ctx *ctx, const model *m, int64_t batch) {
+  optimizers o = {0};
+  float wd;
+  sgd_rates(batch, &o.sgd_lr, &wd);
+  kiln_sgd_options so = {.lr = o.sgd_lr, .momentum = MOMENTUM, .weight_decay = wd, .nesterov = 1};
+  o.sgd = kiln_sgd_new(m->params, &so);
+  if (!o.sgd) die(ctx, "making the optimizer");
+  kiln_param_group biases = {.lr_scale = BIAS_SCALER, .weight_decay = wd / BIAS_SCALER};
+  int nb = kiln_optim_add_group(o.sgd, select_norm_bias, NULL, &biases);
+  int nf = kiln_optim_add_group(o.sgd, select_frozen, NULL, &(kiln_param_group){.exclude = 1});
+  if (nb < 0 || nf < 0) die(ctx, "making the optimizer's groups");
+  if (nb != 6 || nf != 7) { /* the six norms' biases; the whitening and the norms' weights */
+    fprintf(stderr,
+            "cifar10: the groups hold %d norm biases and %d frozen parameters, not 6 and 7\n", nb,
+            nf);
+    exit(1);
+  }
+  return o;
+}
+
+/* airbench94's schedule, a fraction of the rate at step t of total: LR_START rising linearly to
+ * 1 at step floor(LR_PEAK total), then falling linearly to LR_END at step total. */
+static double lr_factor(int64_t t, int64_t total) {
+  int64_t peak = (int64_t)(LR_PEAK * (double)total);
+  if (t < peak) return LR_START + (1.0 - LR_START) * (double)t / (double)peak;
+  if (total <= peak) return LR_END;
+  return 1.0 + (LR_END - 1.0) * (double)(t - peak) / (double)(total - peak);
+}
+
+/* Records the update of step t of total (the rates are step values: no new graph). */
+static void optimizers_step(optimizers *o, int64_t t, int64_t total) {
+  kiln_optim_set_lr(o->sgd, (float)(o->sgd_lr * lr_factor(t, total)));
+  kiln_optim_step(o->sgd);
+}
+
+static void optimizers_zero_grad(optimizers *o) { kiln_optim_zero_grad(o->sgd); }
+static void optimizers_free(optimizers *o) { kiln_optim_free(o->sgd); }
+
+/* ---------------------------------------------------------------- evaluation */
+
+/* Test accuracy in evaluation mode, without gradients: plain, or with the flipped view (tta). */
+static double evaluate(kiln_ctx *ctx, const model *m, kiln_loader *test, int64_t n, int tta) {
+  double correct = 0;
+  int was_training = kiln_training(ctx);
+  kiln_set_training(ctx, 0);
+  kiln_loader_start(test, 0);
+  kiln_no_grad_begin(ctx);
+  for (int64_t b = 0; b < kiln_loader_batches(test); b++) {
+    kiln_step_begin(ctx);
+    kiln_tensor *x, *y;
+    if (!kiln_loader_next(test, &x, &y)) die(ctx, "evaluation");
+    kiln_tensor *pred = kiln_argmax(eval_logits(m, x, tta), 1, 0); /* (B) i32 */
+    kiln_tensor *c = kiln_sum(kiln_eq(pred, y), KILN_ALL_AXES, 0);
+    if (kiln_step_end(ctx) != KILN_OK) die(ctx, "evaluation");
+    correct += kiln_tensor_item(c);
+  }
+  kiln_no_grad_end(ctx);
+  kiln_set_training(ctx, was_training);
+  if (kiln_ctx_error(ctx)) die(ctx, "evaluation");
+  return correct / (double)n;
+}
+
+/* ---------------------------------------------------------------- training */
+
+static void save_checkpoint(kiln_ctx *ctx, const config *c, const model *m, const optimizers *o,
+                            int epoch, int64_t step) {
+  kiln_meta *meta = kiln_meta_new();
+  char buf[48];
+  snprintf(buf, sizeof buf, "%d", epoch);
+  kiln_meta_set(meta, "epoch", buf);
+  snprintf(buf, sizeof buf, "%lld", (long long)step);
+  kiln_meta_set(meta, "step", buf);
+  snprintf(buf, sizeof buf, "%lld", (long long)c->batch);
+  kiln_meta_set(meta, "batch", buf);
+  snprintf(buf, sizeof buf, "%.17g", c->epochs);
+  kiln_meta_set(meta, "epochs", buf);
+  kiln_meta_set(meta, "recipe", "airbench94-f32");
+  if (kiln_checkpoint_save(c->save, m->params, o->sgd, meta) != KILN_OK) die(ctx, "saving");
+  kiln_meta_free(meta);
+  printf("saved %s\n", c->save);
+}
+
+/* Loads --resume or --eval-only into the model (and the optimizer); returns the epoch to start
+ * from and sets *step. */
+static int load(kiln_ctx *ctx, const config *c, model *m, optimizers *o, int64_t *step) {
+  const char *path = c->resume ? c->resume : c->eval_only;
+  int first_epoch = 1;
+  kiln_meta *meta = kiln_meta_new();
+  if (kiln_checkpoint_load(path, m->params, o->sgd, meta) != KILN_OK) {
+    if (!c->eval_only) die(ctx, "resuming");
+    kiln_ctx_clear_error(ctx); /* not a checkpoint: a weights file */
+    if (kiln_params_load(m->params, path) != KILN_OK) die(ctx, "loading the weights");
+  } else if (c->resume) {
+    const char *e = kiln_meta_get(meta, "epoch"), *st = kiln_meta_get(meta, "step");
+    const char *b = kiln_meta_get(meta, "batch"), *ep = kiln_meta_get(meta, "epochs");
+    const char *rc = kiln_meta_get(meta, "recipe");
+    if (!e || !st || !b || atoll(b) != c->batch || !ep || strtod(ep, NULL) != c->epochs || !rc ||
+        strcmp(rc, "airbench94-f32") != 0) {
+      fprintf(stderr, "cifar10: %s was not written by this recipe with batch %lld and %g epochs\n",
+              path, (long long)c->batch, c->epochs);
+      exit(1);
+    }
+    first_epoch = atoi(e) + 1;
+    *step = atoll(st);
+    printf("resumed %s: epoch %d done, step %lld\n", path, first_epoch - 1, (long long)*step);
+  }
+  kiln_meta_free(meta);
+  return first_epoch;
+}
+
+/* One training run (or, with --eval-only, one evaluation) from seed. verbose: 2 prints the model
+ * and every epoch, 1 the model only, 0 nothing. */
+static result run(kiln_ctx *ctx, const config *c, kiln_dataset *train,
+                  const kiln_cifar10 *whiten_images, kiln_loader *test, uint64_t seed,
+                  int verbose) {
+  result r = {.acc = NAN, .acc_tta = NAN};
+  kiln_manual_seed(ctx, seed);
+  kiln_set_training(ctx, 1);
+  model m;
+  if (model_init(&m, ctx, whiten_images, &r.whiten_s) != KILN_OK) die(ctx, "making the model");
+  optimizers opt = make_optimizers(ctx, &m, c->batch);
+  /* airbench drops the last, partial batch: every step has one signature, one graph */
+  kiln_loader *loader = kiln_loader_new(train, c->batch, 1, seed, 1);
+  if (!loader) die(ctx, "making the loader");
+  int64_t steps_per_epoch = kiln_loader_batches(loader);
+  int64_t total_steps = (int64_t)ceil((double)steps_per_epoch * c->epochs - 1e-9);
+  int nepochs = (int)ceil(c->epochs - 1e-9);
+  int64_t step = 0;
+  int first_epoch = 1;
+  if (c->resume || c->eval_only) first_epoch = load(ctx, c, &m, &opt, &step);
+  if (c->eval_only) {
+    r.acc = evaluate(ctx, &m, test, c->ntest, 0);
+    r.acc_tta = evaluate(ctx, &m, test, c->ntest, 1);
+    printf("%s: test accuracy %.2f%%, with flip TTA %.2f%%\n", c->eval_only, 100 * r.acc,
+           100 * r.acc_tta);
+    if (c->log)
+      fprintf(c->log, "{\"eval\": \"%s\", \"test_accuracy\": %.6f, \"test_accuracy_tta\": %.6f}\n",
+              c->eval_only, r.acc, r.acc_tta);
+    goto done;
+  }
+  if (verbose > 0) {
+    float lr, wd;
+    sgd_rates(c->batch, &lr, &wd);
+    printf("airbench94 net, f32 (%lld parameters, %lld trained), batch %lld, %g epochs (%lld "
+           "steps), SGD Nesterov momentum %g lr %.4g (norm biases x%g) weight decay %.4g, "
+           "label smoothing %g, seed %llu%s\n",
+           (long long)kiln_params_numel(m.params), (long long)trained_numel(&m),
+           (long long)c->batch, c->epochs, (long long)total_steps, MOMENTUM, lr, BIAS_SCALER, wd,
+           LABEL_SMOOTHING, (unsigned long long)seed, c->nseeds > 1 ? " (and on)" : "");
+  }
+
+  double t_start = now_s();
+  int timed_first = 0;
+  for (int epoch = first_epoch; epoch <= nepochs && step < total_steps; epoch++) {
+    kiln_exec_stats s0, s1;
+    kiln_stats(ctx, &s0);
+    double t0 = now_s();
+    kiln_tensor *loss = NULL, *correct = NULL;
+    int64_t last_batch = 0, epoch_steps = 0;
+    kiln_loader_start(loader, epoch);
+    for (int64_t b = 0; b < steps_per_epoch && step < total_steps; b++) {
+      kiln_step_begin(ctx);
+      kiln_tensor *x, *y;
+      if (!kiln_loader_next(loader, &x, &y)) die(ctx, "the training batch");
+      kiln_tensor *logits = forward(&m, augment_batch(x));
+      loss = kiln_cross_entropy(logits, y, KILN_REDUCTION_SUM, LABEL_SMOOTHING);
+      correct = kiln_sum(kiln_eq(kiln_argmax(logits, 1, 0), y), KILN_ALL_AXES, 0);
+      optimizers_zero_grad(&opt);
+      kiln_backward(loss);
+      optimizers_step(&opt, step, total_steps);
+      if (kiln_step_end(ctx) != KILN_OK) die(ctx, "training step");
+      last_batch = kiln_tensor_dim(x, 0);
+      step++;
+      epoch_steps++;
+      if (!timed_first) { /* the first step compiles and captures: time it apart */
+        if (kiln_sync(ctx) != KILN_OK) die(ctx, "training step");
+        r.first_s = now_s() - t0;
+        timed_first = 1;
+      }
+    }
+    if (kiln_sync(ctx) != KILN_OK) die(ctx, "training");
+    double train_s = now_s() - t0;
+    kiln_stats(ctx, &s1);
+    r.total_s += train_s;
+    r.compile_ms += s1.compile_ms - s0.compile_ms;
+    r.steps += epoch_steps;
+    /* the epoch's last batch, as airbench reports it */
+    double tl = kiln_tensor_item(loss) / (double)last_batch;
+    double ta = kiln_tensor_item(correct) / (double)last_batch;
+    r.acc = evaluate(ctx, &m, test, c->ntest, 0);
+    if (verbose > 1) {
+      printf("epoch %2d/%d | train loss %.4f | train accuracy %6.2f%% | test accuracy %6.2f%% | "
+             "%.3f s\n",
+             epoch, nepochs, tl, 100 * ta, 100 * r.acc, train_s);
+      fflush(stdout);
+    }
+    if (c->log) {
+      fprintf(c->log,
+              "{\"seed\": %llu, \"epoch\": %d, \"step\": %lld, \"train_loss\": %.6f, "
+              "\"train_accuracy\": %.6f, \"test_accuracy\": %.6f, \"lr\": %.6g, \"train_s\": "
+              "%.4f, \"time\": %.3f}\n",
+              (unsigned long long)seed, epoch, (long long)step, tl, ta, r.acc,
+              kiln_optim_lr(opt.sgd), train_s, now_s() - t_start);
+      fflush(c->log);
+    }
+    if (c->save) save_checkpoint(ctx, c, &m, &opt, epoch, step);
+  }
+  if (isnan(r.acc)) r.acc = evaluate(ctx, &m, test, c->ntest, 0); /* no epoch was left to run */
+  r.acc_tta = evaluate(ctx, &m, test, c->ntest, 1);
+done:
+  kiln_loader_free(loader);
+  optimizers_free(&opt);
+  model_free(&m);
+  return r;
+}
+
+static int cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return (x > y) - (x < y);
+}
+
+/* The median of v (n values; sorts v). */
+static double median(double *v, int n) {
+  qsort(v, (size_t)n, sizeof *v, cmp_double);
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+int main(int argc, char **argv) {
+  const char *dir = NULL, *cache = NULL, *log_path = NULL;
+  int no_cache = 0;
+  config c = {.epochs = EPOCHS, .batch = BATCH, .nseeds = 1};
+  uint64_t seed = 0;
+  for (int i = 1; i < argc; i++) {
+    const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+    if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) usage(argv[0], 0);
+    if (strcmp(a, "--no-cache") == 0) {
+      no_cache = 1;
+      continue;
+    }
+    if (a[0] != '-') {
+      dir = a;
+      continue;
+    }
+    if (!v) usage(argv[0], 2);
+    i++;
+    if (strcmp(a, "--epochs") == 0)
+      c.epochs = strtod(v, NULL);
+    else if (strcmp(a, "--batch") == 0)
+      c.batch = atoll(v);
+    else if (strcmp(a, "--seed") == 0)
+      seed = strtoull(v, NULL, 0);
+    else if (strcmp(a, "--seeds") == 0)
+      c.nseeds = atoi(v);
+    else if (strcmp(a, "--save") == 0)
+      c.save = v;
+    else if (strcmp(a, "--resume") == 0)
+      c.resume = v;
+    else if (strcmp(a, "--eval-only") == 0)
+      c.eval_only = v;
+    else if (strcmp(a, "--log") == 0)
+      log_path = v;
+    else if (strcmp(a, "--cache") == 0)
+      cache = v;
+    else
+      usage(argv[0], 2);
+  }
+  if (!(c.epochs > 0 && c.epochs <= 1000) || c.batch < 1 || c.nseeds < 1 || c.nseeds > 1000) {
+    fprintf(stderr,
+            "cifar10: epochs %g (at most 1000), batch %lld and seeds %d (at most 1000) must be "
+            "positive\n",
+            c.epochs, (long long)c.batch, c.nseeds);
+    return 2;
+  }
+  if (c.nseeds > 1 && (c.save || c.resume || c.eval_only)) {
+    fprintf(stderr, "cifar10: --save, --resume and --eval-only take one seed, not --seeds %d\n",
+            c.nseeds);
+    return 2;
+  }
+  dir = cifar10_data_dir(dir);
+  if (!dir) {
+    fprintf(stderr, "cifar10: no data set: name the folder of the CIFAR-10 binary batches, or set "
+                    "KILN_CIFAR10\n");
+    return 1;
+  }
+  if (log_path && !(c.log = fopen(log_path, "a"))) {
+    perror(log_path);
+    return 1;
+  }
+
+  /* the data first: a missing data set is reported as such, with or without a GPU */
+  char cache_buf[4096];
+  const char *cache_dir = no_cache ? NULL : cifar10_cache_dir(cache, cache_buf, sizeof cache_buf);
+  kiln_cifar10 train_h, test_h, whiten_h;
+  cifar10_data_read("cifar10", dir, cache_dir, &train_h, &test_h);
+  if (!c.eval_only && c.batch > train_h.n) { /* the last, partial batch is dropped */
+    fprintf(stderr, "cifar10: batch %lld is more than the %lld training images (--batch)\n",
+            (long long)c.batch, (long long)train_h.n);
+    return 1;
+  }
+  /* the whitening's images, kept on the host for every seed */
+  whiten_h.n = train_h.n < WHITEN_IMAGES ? train_h.n : WHITEN_IMAGES;
+  whiten_h.images = malloc((size_t)whiten_h.n * CIFAR10_PIXELS);
+  whiten_h.labels = malloc((size_t)whiten_h.n);
+  if (!whiten_h.images || !whiten_h.labels) {
+    fprintf(stderr, "cifar10: out of host memory\n");
+    return 1;
+  }
+  memcpy(whiten_h.images, train_h.images, (size_t)whiten_h.n * CIFAR10_PIXELS);
+  memcpy(whiten_h.labels, train_h.labels, (size_t)whiten_h.n);
+
+  kiln_ctx *ctx = kiln_ctx_new(NULL);
+  if (!ctx || kiln_ctx_error(ctx)) die(ctx, "no usable GPU");
+  kiln_dataset *train = kiln_dataset_from_cifar10(ctx, &train_h, cifar_mean, cifar_std);
+  kiln_dataset *test = kiln_dataset_from_cifar10(ctx, &test_h, cifar_mean, cifar_std);
+  kiln_cifar10_free(&train_h);
+  kiln_cifar10_free(&test_h);
+  if (!train || !test) die(ctx, "uploading the data set");
+  kiln_loader *test_loader = kiln_loader_new(test, EVAL_BATCH, 0, 0, 0);
+  if (!test_loader) die(ctx, "making the test loader");
+  c.ntest = kiln_dataset_size(test);
+  printf("kiln %s cifar10: %s (%lld train, %lld test images)\n", kiln_version(), dir,
+         (long long)kiln_dataset_size(train), (long long)c.ntest);
+
+  double *acc = malloc((size_t)c.nseeds * sizeof *acc);
+  double *tta = malloc((size_t)c.nseeds * sizeof *tta);
+  double *cold = malloc((size_t)c.nseeds * sizeof *cold);
+  double *warm = malloc((size_t)c.nseeds * sizeof *warm);
+  double *whiten = malloc((size_t)c.nseeds * sizeof *whiten);
+  if (!acc || !tta || !cold || !warm || !whiten) {
+    fprintf(stderr, "cifar10: out of host memory\n");
+    return 1;
+  }
+  result r = {0};
+  for (int k = 0; k < c.nseeds; k++) {
+    uint64_t s = seed + (uint64_t)k;
+    r = run(ctx, &c, train, &whiten_h, test_loader, s, c.nseeds == 1 ? 2 : k == 0);
+    if (c.eval_only) break;
+    if (k + 1 < c.nseeds && kiln_graphs(ctx)) {
+      /* the next seed's model is new tensors, so new step signatures: let this seed's graphs go
+       * (graphs off frees them at the next step's beginning) rather than fill the cache */
+      kiln_set_graphs(ctx, 0);
+      kiln_step_begin(ctx);
+      if (kiln_step_end(ctx) != KILN_OK) die(ctx, "dropping the step graphs");
+      kiln_set_graphs(ctx, 1);
+    }
+    acc[k] = r.acc;
+    tta[k] = r.acc_tta;
+    cold[k] = r.total_s;
+    warm[k] = r.total_s - r.first_s;
+    whiten[k] = r.whiten_s;
+    if (c.nseeds > 1) {
+      printf("seed %llu: test accuracy %.2f%%, with flip TTA %.2f%% | training %.3f s cold, %.3f "
+             "s warm\n",
+             (unsigned long long)s, 100 * r.acc, 100 * r.acc_tta, r.total_s, warm[k]);
+      fflush(stdout);
+    }
+    if (c.log)
+      fprintf(c.log,
+              "{\"seed\": %llu, \"test_accuracy\": %.6f, \"test_accuracy_tta\": %.6f, "
+              "\"train_s\": %.4f, \"warm_s\": %.4f, \"first_step_s\": %.4f, \"compile_ms\": "
+              "%.1f, \"whiten_s\": %.4f, \"steps\": %lld}\n",
+              (unsigned long long)s, r.acc, r.acc_tta, r.total_s, warm[k], r.first_s, r.compile_ms,
+              r.whiten_s, (long long)r.steps);
+  }
+  if (!c.eval_only) {
+    if (c.nseeds == 1)
+      printf("final: test accuracy %.2f%%, with flip TTA %.2f%%; training %.3f s cold, %.3f s "
+             "warm (%lld steps; the first, with compile and capture, %.3f s; NVRTC %.0f ms); "
+             "whitening init %.3f s on the host\n",
+             100 * r.acc, 100 * r.acc_tta, r.total_s, r.total_s - r.first_s, (long long)r.steps,
+             r.first_s, r.compile_ms, r.whiten_s);
+    else {
+      double lo = tta[0], hi = tta[0];
+      for (int k = 1; k < c.nseeds; k++) {
+        lo = tta[k] < lo ? tta[k] : lo;
+        hi = tta[k] > hi ? tta[k] : hi;
+      }
+      printf("final: median of %d seeds: test accuracy %.2f%%, with flip TTA %.2f%% (min %.2f%%, "
+             "max %.2f%%); training %.3f s cold, %.3f s warm; whitening init %.3f s on the host\n",
+             c.nseeds, 100 * median(acc, c.nseeds), 100 * median(tta, c.nseeds), 100 * lo, 100 * hi,
+             median(cold, c.nseeds), median(warm, c.nseeds), median(whiten, c.nseeds));
+    }
+  }
+  if (c.log) fclose(c.log);
+  kiln_mem_stats ms;
+  kiln_memory_stats(ctx, &ms);
+  printf("peak device memory %.1f MiB\n", ms.peak / 1048576.0);
+  free(acc);
+  free(tta);
+  free(cold);
+  free(warm);
+  free(whiten);
+  kiln_cifar10_free(&whiten_h);
+  kiln_loader_free(test_loader);
+  kiln_dataset_free(train);
+  kiln_dataset_free(test);
+  kiln_ctx_free(ctx);
+  return 0;
+}

@@ -1,0 +1,115 @@
+/*
+ * test_gpu_whitening.c: kiln_init_whitening on a GPU: the weight it uploads is bitwise the host's
+ * filters (nn/init.c), and the convolution of the same images with it, run by kiln, has the
+ * channel covariance the eigenvalues predict (the first half uncorrelated, of mean square
+ * l_i / (l_i + eps); the second half their negatives), on synthetic images and on the CIFAR-10
+ * sample ($KILN_CIFAR10_SAMPLE); a failed call leaves the weight as it was. Without a GPU every
+ * test skips, saying why.
+ */
+#include <math.h>
+#include <string.h>
+
+#include "helpers.h"
+#include "nn/init.h"
+
+/* airbench's normalisation (CIFAR-10's channel means and standard deviations) */
+static const float cifar_mean[3] = {0.4914f, 0.4822f, 0.4465f};
+static const float cifar_std[3] = {0.2470f, 0.2435f, 0.2616f};
+
+/* Images (n, H, W, 3) of bytes, smooth along rows and correlated across channels. */
+static uint8_t *synth_images(int64_t n, int64_t h, int64_t w, uint64_t seed) {
+  uint8_t *p = malloc((size_t)(n * h * w * 3));
+  cr_assert_not_null(p);
+  th_rng r = {seed};
+  for (int64_t b = 0; b < n; b++)
+    for (int64_t y = 0; y < h; y++) {
+      double walk = 60 + 120 * th_rng_unit(&r);
+      for (int64_t x = 0; x < w; x++) {
+        walk = fmin(fmax(walk + 24 * (th_rng_unit(&r) - 0.5), 0), 255);
+        for (int c = 0; c < 3; c++)
+          p[((b * h + y) * w + x) * 3 + c] =
+              (uint8_t)fmin(walk * (0.7 + 0.1 * c) + 40 * th_rng_unit(&r), 255);
+      }
+    }
+  return p;
+}
+
+/* Whitens images (n, H, W, 3) with a (24, 3, 2, 2) weight on the GPU and checks the weight and
+ * the covariance of the convolution's output channels. */
+static void check_whitening(kiln_ctx *ctx, const uint8_t *images, int64_t n, int64_t h, int64_t w,
+                            float eps) {
+  kiln_shape shape = KILN_SHAPE(n, h, w, 3);
+  kiln_normalize norm = {.channels = 3, .mean = cifar_mean, .std = cifar_std};
+  kiln_tensor *weight = kiln_tensor_new(ctx, KILN_DTYPE_F32, KILN_SHAPE(24, 3, 2, 2));
+  cr_assert_not_null(weight, "%s", th_err(ctx));
+  cr_assert_eq(kiln_init_whitening(weight, KILN_HOST_U8, shape, images, &norm, eps), KILN_OK, "%s",
+               th_err(ctx));
+  float want[24 * 12];
+  double l[12];
+  cr_assert_eq(kiln__whitening_filters(ctx, "test", KILN_HOST_U8, shape, images, &norm, 24, 2, 2,
+                                       eps, want, l),
+               KILN_OK, "%s", th_err(ctx));
+  float *got = th_read(weight);
+  cr_assert_eq(memcmp(got, want, sizeof want), 0, "the uploaded weight is not the host's filters");
+  free(got);
+
+  /* the images as a data set holds them, convolved by kiln: (n, H - 1, W - 1, 24) */
+  int32_t *labels = calloc((size_t)n, sizeof *labels);
+  cr_assert_not_null(labels);
+  kiln_dataset *ds = kiln_dataset_from_host(ctx, KILN_HOST_U8, shape, images, labels, &norm);
+  free(labels);
+  cr_assert_not_null(ds, "%s", th_err(ctx));
+  kiln_tensor *y = kiln_conv2d(kiln_dataset_images(ds), weight, NULL, NULL);
+  float *out = th_read(y);
+  int64_t pixels = n * (h - 1) * (w - 1);
+  double cov[24 * 24] = {0};
+  for (int64_t p = 0; p < pixels; p++) {
+    const float *v = out + p * 24;
+    for (int i = 0; i < 24; i++)
+      for (int j = 0; j < 24; j++)
+        cov[i * 24 + j] += (double)v[i] * v[j];
+  }
+  double e = eps == 0.f ? 5e-4 : eps;
+  for (int i = 0; i < 24; i++)
+    for (int j = 0; j < 24; j++) {
+      /* channel 12 + k is -(channel k) */
+      double sign = (i < 12) == (j < 12) ? 1.0 : -1.0;
+      double want_ij = i % 12 == j % 12 ? sign * l[i % 12] / (l[i % 12] + e) : 0.0;
+      double got_ij = cov[i * 24 + j] / (double)pixels;
+      cr_assert_lt(fabs(got_ij - want_ij), 1e-4, "channels %d, %d: mean product %.7f, want %.7f", i,
+                   j, got_ij, want_ij);
+    }
+  free(out);
+
+  /* a failed call leaves the weight as it was */
+  cr_assert_eq(kiln_init_whitening(weight, KILN_HOST_U8, shape, images, &norm, -1.f),
+               KILN_ERR_INVALID);
+  kiln_ctx_clear_error(ctx);
+  got = th_read(weight);
+  cr_assert_eq(memcmp(got, want, sizeof want), 0, "a failed call changed the weight");
+  free(got);
+  kiln_dataset_free(ds);
+  kiln_tensor_free(weight);
+}
+
+Test(gpu_whitening, conv_output_of_synthetic_images_is_white) {
+  TH_GPU_CTX_EAGER(ctx);
+  uint8_t *images = synth_images(64, 16, 16, 21);
+  check_whitening(ctx, images, 64, 16, 16, 0.f);
+  check_whitening(ctx, images, 64, 16, 16, 1e-2f);
+  free(images);
+  th_ctx_free(ctx);
+}
+
+Test(gpu_whitening, conv_output_of_the_cifar10_sample_is_white) {
+  const char *dir = getenv("KILN_CIFAR10_SAMPLE");
+  if (!dir || !*dir)
+    cr_skip_test("KILN_CIFAR10_SAMPLE is not set (it names the directory of the CIFAR-10 "
+                 "sample, e.g. /work/shared/data/cifar10-sample)");
+  TH_GPU_CTX_EAGER(ctx);
+  kiln_cifar10 c;
+  cr_assert_eq(kiln_cifar10_read(ctx, dir, "data_batch_1", &c), KILN_OK, "%s", th_err(ctx));
+  check_whitening(ctx, c.images, c.n, 32, 32, 5e-4f);
+  kiln_cifar10_free(&c);
+  th_ctx_free(ctx);
+}
