@@ -1,9 +1,10 @@
 /*
  * cifar10: trains airbench94's network (the `air` workload of docs/design.md) on CIFAR-10, in
- * f32, and reports test accuracy, plain and with flip test-time augmentation, and training time.
+ * bf16 mixed precision (or f32), and reports test accuracy, plain and with flip test-time
+ * augmentation, and training time.
  *
  *   cifar10 [DATA_DIR] [--epochs F] [--batch N] [--seed N] [--seeds N] [--save PATH]
- *           [--resume PATH] [--eval-only PATH] [--log PATH] [--cache DIR] [--no-cache]
+ *           [--resume PATH] [--eval-only PATH] [--log PATH] [--cache DIR] [--no-cache] [--f32]
  *
  * DATA_DIR defaults to $KILN_CIFAR10: the official binary batches, raw, .gz or .xz (a folder
  * with fewer than five training batches, such as the sample, trains on those it holds). The
@@ -21,13 +22,15 @@
  *     1/9
  * trained with cross-entropy (label smoothing 0.2) summed over the batch, SGD with Nesterov
  * momentum and airbench94's rates and weight decays, on its triangular schedule (the constants
- * below say where each comes from).
+ * below say where each comes from), the batches augmented on the GPU (a random translation of
+ * up to 2 pixels, reflected at the borders, and airbench's alternating flip). The forward pass
+ * runs in a bf16 autocast region: convolutions and the head on bf16 tensor cores, parameters,
+ * gradients, optimizer state and batch-norm statistics in f32.
  *
- * Not yet here, to be wired in at the marked places: airbench's data augmentation (random 2-pixel
- * translation and flips; augment_batch), its translated test-time views (eval_logits has the
- * flipped one), bf16, the Muon optimizer of airbench94_muon (make_optimizers), airbench94's
- * lookahead (an EMA of the weights) and its whitening bias (trained for 3 epochs). So the
- * accuracy to expect is below airbench's; whatever this prints was measured.
+ * Not here: airbench94's translated test-time views (eval_logits has the flipped one), its
+ * lookahead (an EMA of the weights), its whitening bias (trained for 3 epochs), and the Muon
+ * optimizer of airbench94_muon (make_optimizers is where it would go). Whatever this prints was
+ * measured.
  *
  * The training time printed is the wall time of the training steps, synchronised with the GPU,
  * without data loading, model set-up and evaluation: "cold" counts every step, "warm" all but the
@@ -65,6 +68,7 @@
 #define WHITEN_IMAGES 5000     /* the training images the whitening is computed from */
 #define GELU KILN_GELU_ERF     /* nn.GELU()'s exact form */
 #define EVAL_BATCH 2000        /* airbench's test batch */
+#define TRANSLATE 2            /* aug: translate */
 static const int64_t widths[3] = {64, 256, 256}; /* widths block1..3 */
 /* airbench's CIFAR_MEAN and CIFAR_STD, per channel (red, green, blue) */
 static const float cifar_mean[3] = {0.4914f, 0.4822f, 0.4465f};
@@ -82,7 +86,7 @@ typedef struct model {
   kiln_conv2d_layer whiten;
   group g[3];
   kiln_linear head;
-  kiln_tensor *flip_index; /* (32) i32: 31 .. 0, the column order of a mirrored image */
+  int bf16; /* the forward pass in a bf16 autocast region (--f32: not) */
 } model;
 
 /* The optimizers and the rate each starts from; one SGD for everything today. */
@@ -94,6 +98,7 @@ typedef struct optimizers {
 typedef struct config {
   double epochs;
   int nseeds;
+  int f32; /* --f32: no bf16 autocast */
   int64_t batch, ntest;
   const char *save, *resume, *eval_only;
   FILE *log;
@@ -122,6 +127,7 @@ static void usage(const char *argv0, int status) {
   fprintf(status ? stderr : stdout,
           "usage: %s [DATA_DIR] [--epochs F] [--batch N] [--seed N] [--seeds N] [--save PATH]\n"
           "          [--resume PATH] [--eval-only PATH] [--log PATH] [--cache DIR] [--no-cache]\n"
+          "          [--f32]\n"
           "\n"
           "  DATA_DIR          the CIFAR-10 binary batches, raw, .gz or .xz (default "
           "$KILN_CIFAR10)\n"
@@ -135,7 +141,8 @@ static void usage(const char *argv0, int status) {
           "  --log PATH        append metrics as JSON lines\n"
           "  --cache DIR       where the decoded images are cached (default $KILN_CACHE_DIR,\n"
           "                    else ~/.cache/kiln)\n"
-          "  --no-cache        decode the files every time\n",
+          "  --no-cache        decode the files every time\n"
+          "  --f32             train in f32 (default: the forward pass in bf16 autocast)\n",
           argv0, EPOCHS, BATCH);
   exit(status);
 }
@@ -208,12 +215,7 @@ static kiln_status model_init(model *m, kiln_ctx *ctx, const kiln_cifar10 *white
     return st;
   *whiten_s = now_s() - t0;
   kiln_tensor_set_requires_grad(m->whiten.weight, 0);
-
-  int32_t rev[32];
-  for (int i = 0; i < 32; i++)
-    rev[i] = 31 - i;
-  m->flip_index = kiln_tensor_from_host(ctx, KILN_DTYPE_I32, KILN_SHAPE(32), rev);
-  return m->flip_index ? KILN_OK : kiln_ctx_status(ctx);
+  return KILN_OK;
 }
 
 /* The elements of the parameters that are trained. */
@@ -226,14 +228,14 @@ static int64_t trained_numel(const model *m) {
   return n;
 }
 
-static void model_free(model *m) {
-  kiln_tensor_free(m->flip_index);
-  kiln_params_free(m->params);
-}
+static void model_free(model *m) { kiln_params_free(m->params); }
 
-/* x (B, 32, 32, 3) to (B, 10) logits; batch norm follows kiln_training(ctx). */
+/* x (B, 32, 32, 3) to (B, 10) logits, bf16 in an autocast region (products and convolutions on
+ * bf16 tensor cores; the parameters stay f32) or f32; batch norm follows kiln_training(ctx). */
 static kiln_tensor *forward(const model *m, kiln_tensor *x) {
   const kiln_pool2d_options pool2 = {.kernel_h = 2, .kernel_w = 2};
+  kiln_ctx *ctx = kiln_tensor_ctx(x);
+  if (m->bf16) kiln_autocast_begin(ctx, KILN_DTYPE_BF16);
   kiln_tensor *h = kiln_gelu(kiln_conv2d_layer_forward(&m->whiten, x), GELU); /* (B, 31, 31, 24) */
   for (int k = 0; k < 3; k++) { /* (B, 15, 15, 64), (B, 7, 7, 256), (B, 3, 3, 256) */
     const group *g = &m->g[k];
@@ -242,23 +244,26 @@ static kiln_tensor *forward(const model *m, kiln_tensor *x) {
     h = kiln_conv2d_layer_forward(&g->conv2, h);
     h = kiln_gelu(kiln_batch_norm_layer_forward(&g->norm2, h), GELU);
   }
-  h = kiln_global_max_pool2d(h);                                          /* (B, 256) */
-  return kiln_mul_scalar(kiln_linear_forward(&m->head, h), OUTPUT_SCALE); /* (B, 10) */
+  h = kiln_global_max_pool2d(h); /* (B, 256) */
+  kiln_tensor *logits =
+      kiln_mul_scalar(kiln_linear_forward(&m->head, h), OUTPUT_SCALE); /* (B, 10) */
+  if (m->bf16) kiln_autocast_end(ctx);
+  return logits;
 }
 
-/* ---------------------------------------------------------------- the insertion points */
+/* ---------------------------------------------------------------- augmentation */
 
-/* The training batch x (B, 32, 32, 3) as the step sees it. airbench augments here, on the GPU:
- * a random translation of up to 2 pixels (reflection padding, then a 32x32 crop) and a flip of
- * half the images. Until kiln has that op, the batch goes through unchanged. */
-static kiln_tensor *augment_batch(kiln_tensor *x) { return x; }
-
-/* x (B, 32, 32, 3) mirrored left to right: the columns gathered in reverse order (three copies
- * today; one call to swap for a flip op). */
-static kiln_tensor *flip_all(const model *m, kiln_tensor *x) {
-  kiln_tensor *cols = kiln_permute(x, KILN_AXES(2, 0, 1, 3));       /* (32, B, 32, 3) */
-  kiln_tensor *rev = kiln_index_select(cols, m->flip_index);        /* columns 31 .. 0 */
-  return kiln_contiguous(kiln_permute(rev, KILN_AXES(1, 2, 0, 3))); /* (B, 32, 32, 3) */
+/* The training batch x (B, 32, 32, 3) as the step sees it, augmented on the GPU as airbench94
+ * does: a random translation of up to 2 pixels (reflection at the borders, airbench's padded
+ * crop) and its alternating flip (a fixed half of the images mirrored on even epochs, the other
+ * half on odd ones), one kernel whose random numbers and epoch are step values. */
+static kiln_tensor *augment_batch(kiln_loader *l, kiln_tensor *x, int epoch) {
+  kiln_augment_options a = {.pad = TRANSLATE,
+                            .border = KILN_AUGMENT_BORDER_REFLECT,
+                            .flip = KILN_AUGMENT_FLIP_ALTERNATE,
+                            .idx = kiln_loader_indices(l),
+                            .epoch = epoch};
+  return kiln_augment(x, &a);
 }
 
 /* Test logits of x (B, 32, 32, 3): plain, or (tta) airbench's level 1, the mean of the logits of
@@ -267,7 +272,8 @@ static kiln_tensor *flip_all(const model *m, kiln_tensor *x) {
 static kiln_tensor *eval_logits(const model *m, kiln_tensor *x, int tta) {
   kiln_tensor *logits = forward(m, x);
   if (!tta) return logits;
-  return kiln_mul_scalar(kiln_add(logits, forward(m, flip_all(m, x))), 0.5f);
+  kiln_tensor *mirror = kiln_augment(x, &(kiln_augment_options){.flip = KILN_AUGMENT_FLIP_ALL});
+  return kiln_mul_scalar(kiln_add(logits, forward(m, mirror)), 0.5f);
 }
 
 /* SGD's rates as airbench94 turns its "per 1024 examples" hyperparameters into torch's: with
@@ -375,7 +381,7 @@ static void save_checkpoint(kiln_ctx *ctx, const config *c, const model *m, cons
   kiln_meta_set(meta, "batch", buf);
   snprintf(buf, sizeof buf, "%.17g", c->epochs);
   kiln_meta_set(meta, "epochs", buf);
-  kiln_meta_set(meta, "recipe", "airbench94-f32");
+  kiln_meta_set(meta, "recipe", "airbench94");
   if (kiln_checkpoint_save(c->save, m->params, o->sgd, meta) != KILN_OK) die(ctx, "saving");
   kiln_meta_free(meta);
   printf("saved %s\n", c->save);
@@ -396,7 +402,7 @@ static int load(kiln_ctx *ctx, const config *c, model *m, optimizers *o, int64_t
     const char *b = kiln_meta_get(meta, "batch"), *ep = kiln_meta_get(meta, "epochs");
     const char *rc = kiln_meta_get(meta, "recipe");
     if (!e || !st || !b || atoll(b) != c->batch || !ep || strtod(ep, NULL) != c->epochs || !rc ||
-        strcmp(rc, "airbench94-f32") != 0) {
+        strcmp(rc, "airbench94") != 0) {
       fprintf(stderr, "cifar10: %s was not written by this recipe with batch %lld and %g epochs\n",
               path, (long long)c->batch, c->epochs);
       exit(1);
@@ -419,6 +425,7 @@ static result run(kiln_ctx *ctx, const config *c, kiln_dataset *train,
   kiln_set_training(ctx, 1);
   model m;
   if (model_init(&m, ctx, whiten_images, &r.whiten_s) != KILN_OK) die(ctx, "making the model");
+  m.bf16 = !c->f32;
   optimizers opt = make_optimizers(ctx, &m, c->batch);
   /* airbench drops the last, partial batch: every step has one signature, one graph */
   kiln_loader *loader = kiln_loader_new(train, c->batch, 1, seed, 1);
@@ -442,12 +449,13 @@ static result run(kiln_ctx *ctx, const config *c, kiln_dataset *train,
   if (verbose > 0) {
     float lr, wd;
     sgd_rates(c->batch, &lr, &wd);
-    printf("airbench94 net, f32 (%lld parameters, %lld trained), batch %lld, %g epochs (%lld "
+    printf("airbench94 net, %s (%lld parameters, %lld trained), batch %lld, %g epochs (%lld "
            "steps), SGD Nesterov momentum %g lr %.4g (norm biases x%g) weight decay %.4g, "
            "label smoothing %g, seed %llu%s\n",
-           (long long)kiln_params_numel(m.params), (long long)trained_numel(&m),
-           (long long)c->batch, c->epochs, (long long)total_steps, MOMENTUM, lr, BIAS_SCALER, wd,
-           LABEL_SMOOTHING, (unsigned long long)seed, c->nseeds > 1 ? " (and on)" : "");
+           c->f32 ? "f32" : "bf16 autocast", (long long)kiln_params_numel(m.params),
+           (long long)trained_numel(&m), (long long)c->batch, c->epochs, (long long)total_steps,
+           MOMENTUM, lr, BIAS_SCALER, wd, LABEL_SMOOTHING, (unsigned long long)seed,
+           c->nseeds > 1 ? " (and on)" : "");
   }
 
   double t_start = now_s();
@@ -463,7 +471,7 @@ static result run(kiln_ctx *ctx, const config *c, kiln_dataset *train,
       kiln_step_begin(ctx);
       kiln_tensor *x, *y;
       if (!kiln_loader_next(loader, &x, &y)) die(ctx, "the training batch");
-      kiln_tensor *logits = forward(&m, augment_batch(x));
+      kiln_tensor *logits = forward(&m, augment_batch(loader, x, epoch));
       loss = kiln_cross_entropy(logits, y, KILN_REDUCTION_SUM, LABEL_SMOOTHING);
       correct = kiln_sum(kiln_eq(kiln_argmax(logits, 1, 0), y), KILN_ALL_AXES, 0);
       optimizers_zero_grad(&opt);
@@ -534,8 +542,8 @@ int main(int argc, char **argv) {
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
     if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) usage(argv[0], 0);
-    if (strcmp(a, "--no-cache") == 0) {
-      no_cache = 1;
+    if (strcmp(a, "--no-cache") == 0 || strcmp(a, "--f32") == 0) {
+      *(a[2] == 'n' ? &no_cache : &c.f32) = 1;
       continue;
     }
     if (a[0] != '-') {
