@@ -1,11 +1,12 @@
 #!/usr/bin/env python3
 """compare.py: runs kiln's benchmark and the PyTorch reference on this GPU and prints one table.
 
-    python3 bench/compare.py [--build build] [--steps N] [--blocks N] [--workloads mlp,cnn]
+    python3 bench/compare.py [--build build] [--steps N] [--blocks N] [--workloads mlp,cnn,air]
 
 The kiln side is build/profile_step --json, its three modes (unfused, fused, fused + graph; build
 it first); the PyTorch side is bench/torch_ref.py. Both time each workload of docs/design.md
-("Workloads") named by --workloads (mlp and cnn by default). Ratios are kiln's ms/step over
+("Workloads") named by --workloads (mlp, cnn and air by default), each side with its own default
+steps per block (100; 20 for air) unless --steps is given. Ratios are kiln's ms/step over
 PyTorch's for the same workload (below 1: kiln is faster).
 """
 import argparse
@@ -25,13 +26,16 @@ def run(cmd, env=None):
 def main():
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--build", default="build")
-    ap.add_argument("--steps", type=int, default=100)
+    ap.add_argument("--steps", type=int, default=None,
+                    help="steps per block (default: each workload's, 100; 20 for air)")
     ap.add_argument("--blocks", type=int, default=21)
     ap.add_argument("--no-torch", action="store_true")
-    ap.add_argument("--workloads", default="mlp,cnn")
+    ap.add_argument("--workloads", default="mlp,cnn,air")
     args = ap.parse_args()
     workloads = args.workloads.split(",")
-    common = ["--steps", str(args.steps), "--blocks", str(args.blocks)]
+    common = ["--blocks", str(args.blocks)]
+    if args.steps is not None:
+        common += ["--steps", str(args.steps)]
     rows = []
     for workload in workloads:
         for mode in ("unfused", "fused", "graph"):

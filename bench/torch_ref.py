@@ -6,12 +6,20 @@ Times the workloads of docs/design.md ("Workloads") with random inputs of the re
   cnn  pytorch/examples' MNIST net (conv 1->32 3x3, ReLU, conv 32->64 3x3, ReLU, max pool 2,
        dropout 0.25, flatten, fc 9216->128, ReLU, dropout 0.5, fc 128->10), batch 128,
        channels_last, fp32, cross-entropy, Adam lr 1e-3 (as build/profile_step's cnn);
+  air  airbench94's net (as build/profile_step's air and examples/cifar10): conv 2x2 3->24
+       without bias, frozen (random here, no whitening), GELU; three groups of widths 64/256/256,
+       each conv 3x3 -> max pool 2 -> batch norm -> GELU -> conv 3x3 -> batch norm -> GELU (no
+       conv biases; batch norm momentum 0.4, eps 1e-12, weight frozen); max pool 3 (global on the
+       3x3 map), linear 256->10 without bias, x 1/9; batch 1024, channels_last, forward and loss
+       under bf16 autocast, cross-entropy with label smoothing 0.2 summed over the batch, SGD
+       with Nesterov momentum 0.85 at airbench94's rates for batch 1024 (batch norm's biases at
+       64x the rate and 1/64 the weight decay), the frozen parameters left out;
 each in two modes:
   eager  plain PyTorch, one Python step after another;
   best   torch.compile of the model and loss, with the whole step (forward, backward, optimizer)
          captured by hand in one CUDA graph and replayed.
-Median ms per step over blocks of steps timed with CUDA events after a warm-up. One JSON line per
-workload and mode on stdout.
+Median ms per step over blocks of steps (--steps, 100 by default, 20 for air; --blocks, 21) timed
+with CUDA events after a warm-up. One JSON line per workload and mode on stdout.
 """
 import argparse
 import json
@@ -40,6 +48,71 @@ class MnistNet(nn.Module):
         return self.fc2(self.dropout2(x))
 
 
+# air: airbench94's hyperparameters, as examples/cifar10.c has them
+AIR_BATCH = 1024
+AIR_LR = 11.5  # per 1024 examples
+AIR_MOMENTUM = 0.85  # Nesterov
+AIR_WEIGHT_DECAY = 0.0153  # per 1024 examples
+AIR_BIAS_SCALER = 64  # batch norm's biases: rate x64, weight decay / 64
+AIR_LABEL_SMOOTHING = 0.2
+
+
+def air_norm(width):
+    """airbench94's batch norm: torch momentum 0.4, eps 1e-12, only the bias trained."""
+    norm = nn.BatchNorm2d(width, momentum=0.4, eps=1e-12)
+    norm.weight.requires_grad_(False)
+    return norm
+
+
+class AirNet(nn.Module):
+    """airbench94's net (the air workload), with a random frozen first conv in place of the
+    whitening filters."""
+
+    def __init__(self, widths=(64, 256, 256)):
+        super().__init__()
+        self.whiten = nn.Conv2d(3, 24, 2, bias=False)
+        self.whiten.weight.requires_grad_(False)
+        layers, cin = [nn.GELU()], 24
+        for w in widths:
+            layers += [nn.Conv2d(cin, w, 3, padding=1, bias=False), nn.MaxPool2d(2), air_norm(w),
+                       nn.GELU(), nn.Conv2d(w, w, 3, padding=1, bias=False), air_norm(w),
+                       nn.GELU()]
+            cin = w
+        self.body = nn.Sequential(*layers)
+        self.pool = nn.MaxPool2d(3)  # the 3x3 map to 1x1: the global max
+        self.head = nn.Linear(widths[-1], 10, bias=False)
+
+    def forward(self, x):
+        x = self.pool(self.body(self.whiten(x)))
+        return self.head(torch.flatten(x, 1)) * (1 / 9)
+
+
+def air_optimizer(model, batch=AIR_BATCH):
+    """SGD at airbench94's rates: kilostep = 1024 (1 + 1 / (1 - momentum)), lr = LR / kilostep,
+    weight decay = WEIGHT_DECAY batch / kilostep; batch norm's biases in a group of their own, the
+    frozen parameters in none."""
+    kilostep = 1024 * (1 + 1 / (1 - AIR_MOMENTUM))
+    lr, wd = AIR_LR / kilostep, AIR_WEIGHT_DECAY * batch / kilostep
+    biases = [m.bias for m in model.modules() if isinstance(m, nn.BatchNorm2d)]
+    rest = [p for p in model.parameters()
+            if p.requires_grad and all(p is not b for b in biases)]
+    groups = [dict(params=biases, lr=lr * AIR_BIAS_SCALER, weight_decay=wd / AIR_BIAS_SCALER),
+              dict(params=rest, lr=lr, weight_decay=wd)]
+    return torch.optim.SGD(groups, lr=lr, momentum=AIR_MOMENTUM, nesterov=True)
+
+
+def loss_fn(workload, model):
+    """The step's loss of (x, y): air's forward and loss in a bf16 autocast region."""
+    if workload != "air":
+        return lambda a, b: F.cross_entropy(model(a), b)
+
+    def air_loss(a, b):
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            return F.cross_entropy(model(a), b, label_smoothing=AIR_LABEL_SMOOTHING,
+                                   reduction="sum")
+    return air_loss
+
+
 def make(workload="mlp", best=False, seed=0):
     torch.manual_seed(seed)
     if workload == "mlp":
@@ -47,7 +120,7 @@ def make(workload="mlp", best=False, seed=0):
                               nn.Linear(512, 10)).cuda()
         opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, nesterov=True)
         x = torch.rand(128, 784, device="cuda") * 2 - 1
-    else:
+    elif workload == "cnn":
         # eager: PyTorch's defaults; best: cuDNN may pick its fastest algorithms
         torch.backends.cudnn.benchmark = best
         model = MnistNet().cuda().to(memory_format=torch.channels_last).train()
@@ -55,7 +128,14 @@ def make(workload="mlp", best=False, seed=0):
         opt = torch.optim.Adam(model.parameters(), lr=1e-3, capturable=best)
         x = (torch.rand(128, 1, 28, 28, device="cuda") * 2 - 1).to(
             memory_format=torch.channels_last)
-    y = torch.randint(0, 10, (128,), device="cuda")
+    else:
+        # as the cnn: PyTorch's defaults in eager, cuDNN's fastest algorithms in best
+        torch.backends.cudnn.benchmark = best
+        model = AirNet().cuda().to(memory_format=torch.channels_last).train()
+        opt = air_optimizer(model)  # SGD keeps no step count: nothing to make capturable
+        x = (torch.rand(AIR_BATCH, 3, 32, 32, device="cuda") * 2 - 1).to(
+            memory_format=torch.channels_last)
+    y = torch.randint(0, 10, (AIR_BATCH if workload == "air" else 128,), device="cuda")
     return model, opt, x, y
 
 
@@ -74,11 +154,12 @@ def time_blocks(run_block, steps, blocks):
 
 def eager(workload, steps, blocks):
     model, opt, x, y = make(workload)
+    step_loss = loss_fn(workload, model)
 
     def block(n):
         for _ in range(n):
             opt.zero_grad(set_to_none=True)
-            loss = F.cross_entropy(model(x), y)
+            loss = step_loss(x, y)
             loss.backward()
             opt.step()
 
@@ -88,7 +169,7 @@ def eager(workload, steps, blocks):
 
 def best(workload, steps, blocks):
     model, opt, x, y = make(workload, best=True)
-    fwd = torch.compile(lambda a, b: F.cross_entropy(model(a), b), mode="default")
+    fwd = torch.compile(loss_fn(workload, model), mode="default")
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
@@ -115,23 +196,25 @@ def best(workload, steps, blocks):
 def main():
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--steps", type=int, default=100)
+    ap.add_argument("--steps", type=int, default=None,
+                    help="steps per block (default 100; 20 for air)")
     ap.add_argument("--blocks", type=int, default=21)
     ap.add_argument("--modes", default="eager,best")
-    ap.add_argument("--workloads", default="mlp,cnn")
+    ap.add_argument("--workloads", default="mlp,cnn,air")
     args = ap.parse_args()
     for workload in args.workloads.split(","):
-        if workload not in ("mlp", "cnn"):
-            ap.error(f"unknown workload {workload!r}: mlp or cnn")
+        if workload not in ("mlp", "cnn", "air"):
+            ap.error(f"unknown workload {workload!r}: mlp, cnn or air")
+        steps = args.steps if args.steps is not None else 20 if workload == "air" else 100
         for mode in args.modes.split(","):
             torch.cuda.reset_peak_memory_stats()
-            t = {"eager": eager, "best": best}[mode](workload, args.steps, args.blocks)
+            t = {"eager": eager, "best": best}[mode](workload, steps, args.blocks)
             print(json.dumps({
                 "workload": workload, "framework": "pytorch " + torch.__version__, "mode": mode,
                 "ms_per_step": round(t[len(t) // 2], 4), "ms_min": round(t[0], 4),
                 "ms_max": round(t[-1], 4),
                 "peak_mib": round(torch.cuda.max_memory_allocated() / 2**20, 2),
-                "steps": args.steps * args.blocks}), flush=True)
+                "steps": steps * args.blocks}), flush=True)
 
 
 if __name__ == "__main__":

@@ -5,6 +5,12 @@
  *   cnn  pytorch/examples' MNIST net (conv 1->32 3x3, ReLU, conv 32->64 3x3, ReLU, max pool 2,
  *        dropout 0.25, flatten, fc 9216->128, ReLU, dropout 0.5, fc 128->10), images (128, 28,
  *        28, 1) channels last, fp32, cross-entropy, Adam lr 1e-3 (examples/mnist_cnn's default)
+ *   air  airbench94's net as examples/cifar10 trains it (whitening conv 2x2 3->24, random and
+ *        frozen here, GELU; three groups of widths 64/256/256, each conv 3x3 -> max pool 2 ->
+ *        batch norm -> GELU -> conv 3x3 -> batch norm -> GELU; global max pool, linear 256->10
+ *        without bias, x 1/9), images (1024, 32, 32, 3), the forward in a bf16 autocast region,
+ *        cross-entropy (label smoothing 0.2) summed, SGD with Nesterov momentum at airbench94's
+ *        rates for batch 1024 (batch norm's biases x64), the frozen parameters left out
  * The modes:
  *   unfused  every trace node its own kernel (KILN_FUSION=0)
  *   fused    the planner's fused kernels, launched one by one every step (KILN_GRAPH=0)
@@ -12,12 +18,13 @@
  * For each it prints the median ms per step (CUDA events around blocks of steps, after a
  * warm-up), the kernels launched per step and the peak device memory.
  *
- *   profile_step [--workload mlp|cnn|all] [--steps N] [--blocks N] [--mode unfused|fused|graph]
- *                [--json]
+ *   profile_step [--workload mlp|cnn|air|all] [--steps N] [--blocks N]
+ *                [--mode unfused|fused|graph] [--json]
  *
- * --workload defaults to all (mlp, then cnn). --json prints one JSON line per workload and mode
- * (bench/compare.py reads them). To see the steps in Nsight Systems, run it under
- * `nsys profile --trace=cuda,nvtx` with KILN_NVTX=1 (see the README).
+ * --workload defaults to all (mlp, cnn, then air). --steps is the steps per block, 100 by default
+ * (20 for air, whose step takes milliseconds), --blocks the blocks, 21 by default. --json prints
+ * one JSON line per workload and mode (bench/compare.py reads them). To see the steps in Nsight
+ * Systems, run it under `nsys profile --trace=cuda,nvtx` with KILN_NVTX=1 (see the README).
  */
 #include <cuda_runtime_api.h>
 #include <stdio.h>
@@ -27,8 +34,22 @@
 #include "kiln.h"
 
 static const char *const modes[3] = {"unfused", "fused", "graph"};
-static const char *const workloads[2] = {"mlp", "cnn"};
-enum { WORKLOAD_MLP, WORKLOAD_CNN };
+#define NWORKLOADS 3
+static const char *const workloads[NWORKLOADS] = {"mlp", "cnn", "air"};
+enum { WORKLOAD_MLP, WORKLOAD_CNN, WORKLOAD_AIR };
+
+/* air: airbench94's recipe as examples/cifar10.c has it */
+#define AIR_BATCH 1024
+#define AIR_LR 11.5              /* per 1024 examples: see air_sgd_rates */
+#define AIR_MOMENTUM 0.85f       /* Nesterov */
+#define AIR_WEIGHT_DECAY 0.0153  /* per 1024 examples */
+#define AIR_BIAS_SCALER 64.f     /* batch norm's biases: rate x64, weight decay / 64 */
+#define AIR_LABEL_SMOOTHING 0.2f /* cross-entropy, summed over the batch */
+#define AIR_BN_MOMENTUM 0.4f     /* torch's sense */
+#define AIR_BN_EPS 1e-12f        /* airbench's */
+#define AIR_OUTPUT_SCALE (1.f / 9)
+#define AIR_WHITEN_WIDTH 24
+static const int64_t air_widths[3] = {64, 256, 256};
 
 /* A workload's model, optimizer and batch (persistent, made once per context). */
 typedef struct model {
@@ -36,8 +57,13 @@ typedef struct model {
   kiln_params *p;
   kiln_linear l1, l2, l3;   /* mlp: fc1, fc2, fc3; cnn: fc1, fc2 */
   kiln_conv2d_layer c1, c2; /* cnn: conv1, conv2 */
+  /* air: the whitening conv, each group's two convolutions and two batch norms, the head */
+  kiln_conv2d_layer whiten, gconv[3][2];
+  kiln_batch_norm_layer gnorm[3][2];
+  kiln_linear head;
   kiln_optim *opt;
-  kiln_tensor *x, *y; /* mlp: x (B, 784); cnn: x (B, 28, 28, 1); y (B) i32 */
+  /* mlp: x (B, 784); cnn: x (B, 28, 28, 1); air: x (B, 32, 32, 3); y (B) i32 */
+  kiln_tensor *x, *y;
 } model;
 
 typedef struct result {
@@ -69,9 +95,108 @@ static float *random_inputs(int64_t n) {
   return h;
 }
 
+/* air: SGD's rate and weight decay as examples/cifar10.c's sgd_rates turns airbench94's "per
+ * 1024 examples" values into torch's: kilostep = 1024 (1 + 1 / (1 - momentum)), lr = LR /
+ * kilostep, weight decay = WEIGHT_DECAY batch / kilostep. */
+static void air_sgd_rates(int64_t batch, float *lr, float *wd) {
+  double kilostep = 1024.0 * (1.0 + 1.0 / (1.0 - (double)AIR_MOMENTUM));
+  *lr = (float)(AIR_LR / kilostep);
+  *wd = (float)(AIR_WEIGHT_DECAY * (double)batch / kilostep);
+}
+
+/* air: batch norm's biases ("blockN.normK.bias"). */
+static int air_select_norm_bias(const char *name, const kiln_tensor *t, void *user) {
+  (void)t;
+  (void)user;
+  size_t n = strlen(name);
+  return strstr(name, ".norm") != NULL && n > 5 && strcmp(name + n - 5, ".bias") == 0;
+}
+
+/* air: the frozen parameters (the whitening filters, batch norm's weights). */
+static int air_select_frozen(const char *name, const kiln_tensor *t, void *user) {
+  (void)name;
+  (void)user;
+  return !kiln_tensor_requires_grad(t);
+}
+
+/* air: the model (random filters, the whitening's too, frozen), the batch and the optimizer. */
+static void air_init(model *m, kiln_ctx *ctx) {
+  const int64_t B = AIR_BATCH, C = 10;
+  int32_t *yh = malloc((size_t)B * sizeof *yh);
+  float *xh = random_inputs(B * 32 * 32 * 3);
+  if (!yh || !xh) die(ctx, "out of host memory");
+  for (int64_t i = 0; i < B; i++)
+    yh[i] = (int32_t)((i * 7 + 3) % C);
+  m->x = kiln_tensor_from_host(ctx, KILN_DTYPE_F32, KILN_SHAPE(B, 32, 32, 3), xh);
+  m->y = kiln_tensor_from_host(ctx, KILN_DTYPE_I32, KILN_SHAPE(B), yh);
+  free(xh);
+  free(yh);
+  m->p = kiln_params_new(ctx);
+  if (!m->p) die(ctx, "setting up");
+  const kiln_conv2d_options pad1 = {.pad_h = 1, .pad_w = 1};
+  kiln_status st =
+      kiln_conv2d_layer_init(&m->whiten, m->p, "whiten", 3, AIR_WHITEN_WIDTH, 2, 2, NULL, 0);
+  if (st == KILN_OK) kiln_tensor_set_requires_grad(m->whiten.weight, 0);
+  int64_t cin = AIR_WHITEN_WIDTH;
+  for (int k = 0; k < 3 && st == KILN_OK; k++) {
+    int64_t w = air_widths[k];
+    for (int j = 0; j < 2 && st == KILN_OK; j++) {
+      char name[32];
+      snprintf(name, sizeof name, "block%d.conv%d", k + 1, j + 1);
+      st = kiln_conv2d_layer_init(&m->gconv[k][j], m->p, name, j ? w : cin, w, 3, 3, &pad1, 0);
+      snprintf(name, sizeof name, "block%d.norm%d", k + 1, j + 1);
+      if (st == KILN_OK)
+        st = kiln_batch_norm_layer_init(&m->gnorm[k][j], m->p, name, w, AIR_BN_MOMENTUM, AIR_BN_EPS,
+                                        1);
+      if (st == KILN_OK) kiln_tensor_set_requires_grad(m->gnorm[k][j].weight, 0);
+    }
+    cin = w;
+  }
+  if (st == KILN_OK) st = kiln_linear_init(&m->head, m->p, "head", air_widths[2], C, 0);
+  if (st != KILN_OK) die(ctx, "making the air model");
+  float lr, wd;
+  air_sgd_rates(B, &lr, &wd);
+  kiln_sgd_options so = {.lr = lr, .momentum = AIR_MOMENTUM, .weight_decay = wd, .nesterov = 1};
+  m->opt = kiln_sgd_new(m->p, &so);
+  if (!m->opt) die(ctx, "making the optimizer");
+  kiln_param_group biases = {.lr_scale = AIR_BIAS_SCALER, .weight_decay = wd / AIR_BIAS_SCALER};
+  int nb = kiln_optim_add_group(m->opt, air_select_norm_bias, NULL, &biases);
+  int nf = kiln_optim_add_group(m->opt, air_select_frozen, NULL, &(kiln_param_group){.exclude = 1});
+  if (nb < 0 || nf < 0) die(ctx, "making the optimizer's groups");
+  if (nb != 6 || nf != 7) { /* the six norms' biases; the whitening and the norms' weights */
+    fprintf(stderr,
+            "profile_step: the groups hold %d norm biases and %d frozen parameters, not 6 "
+            "and 7\n",
+            nb, nf);
+    exit(1);
+  }
+}
+
+/* air: x (B, 32, 32, 3) to (B, 10) logits, in a bf16 autocast region. */
+static kiln_tensor *air_forward(const model *m) {
+  const kiln_pool2d_options pool2 = {.kernel_h = 2, .kernel_w = 2};
+  kiln_ctx *ctx = kiln_tensor_ctx(m->x);
+  kiln_autocast_begin(ctx, KILN_DTYPE_BF16);
+  kiln_tensor *h = kiln_gelu(kiln_conv2d_layer_forward(&m->whiten, m->x), KILN_GELU_ERF);
+  for (int k = 0; k < 3; k++) { /* (B, 15, 15, 64), (B, 7, 7, 256), (B, 3, 3, 256) */
+    h = kiln_max_pool2d(kiln_conv2d_layer_forward(&m->gconv[k][0], h), &pool2);
+    h = kiln_gelu(kiln_batch_norm_layer_forward(&m->gnorm[k][0], h), KILN_GELU_ERF);
+    h = kiln_conv2d_layer_forward(&m->gconv[k][1], h);
+    h = kiln_gelu(kiln_batch_norm_layer_forward(&m->gnorm[k][1], h), KILN_GELU_ERF);
+  }
+  h = kiln_global_max_pool2d(h); /* (B, 256) */
+  kiln_tensor *logits = kiln_mul_scalar(kiln_linear_forward(&m->head, h), AIR_OUTPUT_SCALE);
+  kiln_autocast_end(ctx);
+  return logits;
+}
+
 static void model_init(model *m, kiln_ctx *ctx, int workload) {
   memset(m, 0, sizeof *m);
   m->workload = workload;
+  if (workload == WORKLOAD_AIR) {
+    air_init(m, ctx);
+    return;
+  }
   const int64_t B = 128, C = 10;
   int32_t yh[128];
   for (int64_t i = 0; i < B; i++)
@@ -109,6 +234,8 @@ static void model_step(model *m) {
     kiln_tensor *h = kiln_relu(kiln_linear_forward(&m->l1, m->x));
     h = kiln_relu(kiln_linear_forward(&m->l2, h));
     logits = kiln_linear_forward(&m->l3, h);
+  } else if (m->workload == WORKLOAD_AIR) {
+    logits = air_forward(m);
   } else {
     const kiln_pool2d_options pool2 = {.kernel_h = 2, .kernel_w = 2};
     int training = kiln_training(kiln_tensor_ctx(m->x));
@@ -118,7 +245,10 @@ static void model_step(model *m) {
     h = kiln_relu(kiln_linear_forward(&m->l1, kiln_flatten(h)));           /* (B, 128) */
     logits = kiln_linear_forward(&m->l2, kiln_dropout(h, 0.5f, training)); /* (B, 10) */
   }
-  kiln_tensor *loss = kiln_cross_entropy(logits, m->y, KILN_REDUCTION_MEAN, 0.f);
+  kiln_tensor *loss =
+      m->workload == WORKLOAD_AIR
+          ? kiln_cross_entropy(logits, m->y, KILN_REDUCTION_SUM, AIR_LABEL_SMOOTHING)
+          : kiln_cross_entropy(logits, m->y, KILN_REDUCTION_MEAN, 0.f);
   kiln_optim_zero_grad(m->opt);
   kiln_backward(loss);
   kiln_optim_step(m->opt);
@@ -183,10 +313,12 @@ static result profile(int workload, int mode, int steps, int blocks) {
 }
 
 int main(int argc, char **argv) {
-  int steps = 100, blocks = 21, only = -1, json = 0, workload = -1; /* -1: all */
+  /* steps 0: each workload's default (100 steps per block, 20 for air) */
+  int steps = 0, steps_given = 0, blocks = 21, only = -1, json = 0, workload = -1; /* -1: all */
   for (int i = 1; i < argc; i++) {
     if (strcmp(argv[i], "--steps") == 0 && i + 1 < argc) {
       steps = atoi(argv[++i]);
+      steps_given = 1;
     } else if (strcmp(argv[i], "--blocks") == 0 && i + 1 < argc) {
       blocks = atoi(argv[++i]);
     } else if (strcmp(argv[i], "--json") == 0) {
@@ -202,45 +334,47 @@ int main(int argc, char **argv) {
     } else if (strcmp(argv[i], "--workload") == 0 && i + 1 < argc) {
       const char *w = argv[++i];
       workload = -2;
-      for (int k = 0; k < 2; k++)
+      for (int k = 0; k < NWORKLOADS; k++)
         if (strcmp(w, workloads[k]) == 0) workload = k;
       if (strcmp(w, "all") == 0) workload = -1;
       if (workload == -2) {
-        fprintf(stderr, "profile_step: --workload is mlp, cnn or all, not %s\n", w);
+        fprintf(stderr, "profile_step: --workload is mlp, cnn, air or all, not %s\n", w);
         return 2;
       }
     } else {
       fprintf(stderr,
-              "usage: %s [--workload mlp|cnn|all] [--steps N] [--blocks N] "
+              "usage: %s [--workload mlp|cnn|air|all] [--steps N] [--blocks N] "
               "[--mode unfused|fused|graph] [--json]\n",
               argv[0]);
       return 2;
     }
   }
-  if (steps < 1 || blocks < 1 || blocks > 1000) {
+  if ((steps_given && steps < 1) || blocks < 1 || blocks > 1000) {
     fprintf(stderr, "profile_step: --steps and --blocks must be positive (blocks <= 1000)\n");
     return 2;
   }
-  static const char *const titles[2] = {
+  static const char *const titles[NWORKLOADS] = {
       "mlp step (784-512-512-10, batch 128, SGD Nesterov)",
       "cnn step (pytorch/examples MNIST net, batch 128, NHWC, Adam)",
+      "air step (airbench94 net, batch 1024, NHWC, bf16 autocast, SGD Nesterov)",
   };
-  for (int w = 0; w < 2; w++) {
+  for (int w = 0; w < NWORKLOADS; w++) {
     if (workload >= 0 && w != workload) continue;
+    int wsteps = steps_given ? steps : w == WORKLOAD_AIR ? 20 : 100;
     if (!json)
       printf("%s%s, median of %d blocks of %d steps\n\n| mode | ms/step | kernels/step | peak MiB "
              "| graph captures / replays |\n| --- | --- | --- | --- | --- |\n",
-             w > 0 && workload < 0 ? "\n" : "", titles[w], blocks, steps);
+             w > 0 && workload < 0 ? "\n" : "", titles[w], blocks, wsteps);
     for (int k = 0; k < 3; k++) {
       if (only >= 0 && k != only) continue;
-      result r = profile(w, k, steps, blocks);
+      result r = profile(w, k, wsteps, blocks);
       if (json) {
         printf("{\"workload\": \"%s\", \"framework\": \"kiln\", \"mode\": \"%s\", "
                "\"ms_per_step\": %.4f, \"ms_min\": %.4f, \"ms_max\": %.4f, "
                "\"kernels_per_step\": %.1f, \"peak_mib\": %.2f, \"arena_mib\": %.2f, "
                "\"intermediates_mib\": %.2f, \"steps\": %d}\n",
                workloads[w], modes[k], r.ms_median, r.ms_min, r.ms_max, r.kernels_per_step,
-               r.peak_mib, r.arena_mib, r.intermediates_mib, blocks * steps);
+               r.peak_mib, r.arena_mib, r.intermediates_mib, blocks * wsteps);
       } else {
         printf("| %s | %.3f | %.1f | %.1f | %llu / %llu |\n", modes[k], r.ms_median,
                r.kernels_per_step, r.peak_mib, (unsigned long long)r.captures,
