@@ -89,10 +89,11 @@ class AirNet(nn.Module):
 
 def air_optimizer(model, batch=AIR_BATCH):
     """SGD at airbench94's rates: kilostep = 1024 (1 + 1 / (1 - momentum)), lr = LR / kilostep,
-    weight decay = WEIGHT_DECAY batch / kilostep; batch norm's biases in a group of their own, the
+    weight decay = (WEIGHT_DECAY batch / kilostep) / lr; batch norm's biases in a group of their own, the
     frozen parameters in none."""
     kilostep = 1024 * (1 + 1 / (1 - AIR_MOMENTUM))
-    lr, wd = AIR_LR / kilostep, AIR_WEIGHT_DECAY * batch / kilostep
+    lr = AIR_LR / kilostep
+    wd = AIR_WEIGHT_DECAY * batch / kilostep / lr  # torch's L2 decay: the step's decay over lr
     biases = [m.bias for m in model.modules() if isinstance(m, nn.BatchNorm2d)]
     rest = [p for p in model.parameters()
             if p.requires_grad and all(p is not b for b in biases)]

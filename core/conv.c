@@ -296,6 +296,13 @@ kiln_tensor *kiln_augment(kiln_tensor *x, const kiln_augment_options *o) {
                        " and width %" PRId64,
                        fn, o->pad, H, W),
            NULL;
+  if ((o->shift_h || o->shift_w) &&
+      (o->pad != 0 || o->shift_h <= -H || o->shift_h >= H || o->shift_w <= -W || o->shift_w >= W))
+    return kiln__error(ctx, KILN_ERR_INVALID,
+                       "%s: shift (%d, %d) with pad %d: a fixed shift needs pad 0 and each "
+                       "below the images' size (%" PRId64 ", %" PRId64 ") in magnitude",
+                       fn, o->shift_h, o->shift_w, o->pad, H, W),
+           NULL;
   if (o->border != KILN_AUGMENT_BORDER_ZERO && o->border != KILN_AUGMENT_BORDER_REFLECT)
     return kiln__error(ctx, KILN_ERR_INVALID,
                        "%s: unknown border %d (KILN_AUGMENT_BORDER_ZERO or _REFLECT)", fn,
@@ -333,6 +340,8 @@ kiln_tensor *kiln_augment(kiln_tensor *x, const kiln_augment_options *o) {
   KILN__I(n, AUGMENT, pad) = o->pad;
   KILN__I(n, AUGMENT, flip) = o->flip;
   KILN__I(n, AUGMENT, border) = o->border;
+  KILN__I(n, AUGMENT, shift_h) = o->shift_h;
+  KILN__I(n, AUGMENT, shift_w) = o->shift_w;
   /* step values, as dropout's: a replayed step draws new numbers, and the epoch's parity
    * changes without a new capture */
   KILN__U(n, AUGMENT, seed) = ctx->seed;

@@ -928,6 +928,26 @@ kiln_tensor *kiln_dropout(kiln_tensor *a, float p, int training) {
   return out;
 }
 
+kiln_status kiln_assign(kiln_tensor *dst, kiln_tensor *src) {
+  const char *fn = __func__;
+  kiln_tensor *in[2] = {dst, src};
+  kiln_ctx *ctx = kiln__ctx_of(2, in);
+  if (!ctx) return KILN_ERR_INVALID;
+  if (!kiln__ok(ctx)) return ctx->status;
+  if (!dst || !src)
+    return kiln__error(ctx, KILN_ERR_INVALID, "%s: %s is NULL", fn, !dst ? "dst" : "src");
+  if (!begin(fn, 2, in)) return ctx->status;
+  char s1[96], s2[96];
+  if (!kiln__same_shape(dst, src) || dst->dtype != KILN_DTYPE_F32 || !kiln__is_float(src->dtype))
+    return kiln__error(ctx, KILN_ERR_SHAPE,
+                       "%s: dst %s %s and src %s %s: dst is f32 and src a float of its shape", fn,
+                       kiln__shape_of(dst, s1, sizeof s1), kiln_dtype_name(dst->dtype),
+                       kiln__shape_of(src, s2, sizeof s2), kiln_dtype_name(src->dtype));
+  in[1] = kiln_cast(src, KILN_DTYPE_F32);
+  if (!in[1]) return ctx->status;
+  return kiln__update(KILN__OP_ASSIGN, fn, 2, in) ? KILN_OK : ctx->status;
+}
+
 kiln__node *kiln__update(kiln__op op, const char *fn, int nin, kiln_tensor *const *in) {
   kiln_ctx *ctx = begin(fn, nin, in);
   if (!ctx) return NULL;

@@ -1,7 +1,7 @@
 /*
  * cifar10: trains airbench94's network (the `air` workload of docs/design.md) on CIFAR-10, in
- * bf16 mixed precision (or f32), and reports test accuracy, plain and with flip test-time
- * augmentation, and training time.
+ * bf16 mixed precision (or f32), and reports test accuracy, plain and with airbench94's test-time
+ * augmentation (the mirror image and two views translated by a pixel), and training time.
  *
  *   cifar10 [DATA_DIR] [--epochs F] [--batch N] [--seed N] [--seeds N] [--save PATH]
  *           [--resume PATH] [--eval-only PATH] [--log PATH] [--cache DIR] [--no-cache] [--f32]
@@ -12,8 +12,8 @@
  *
  * The network, airbench94's (Keller Jordan's airbench, airbench94.py), on images (N, 32, 32, 3)
  * normalised with airbench's channel means and standard deviations:
- *   conv 2x2 3->24, no padding (31x31), set by whitening (kiln_init_whitening on the first 5000
- *     training images) and frozen; GELU
+ *   conv 2x2 3->24, no padding (31x31), its weights set by whitening (kiln_init_whitening on the
+ *     first 5000 training images) and frozen, its bias trained for 3 epochs; GELU
  *   three groups of widths 64, 256, 256, each: conv 3x3 pad 1 -> max pool 2 -> batch norm ->
  *     GELU -> conv 3x3 pad 1 -> batch norm -> GELU (31 -> 15 -> 7 -> 3); the convolutions have no
  *     bias and start as airbench's (torch's default init, then the first Cin filters set to the
@@ -27,10 +27,10 @@
  * runs in a bf16 autocast region: convolutions and the head on bf16 tensor cores, parameters,
  * gradients, optimizer state and batch-norm statistics in f32.
  *
- * Not here: airbench94's translated test-time views (eval_logits has the flipped one), its
- * lookahead (an EMA of the weights), its whitening bias (trained for 3 epochs), and the Muon
- * optimizer of airbench94_muon (make_optimizers is where it would go). Whatever this prints was
- * measured.
+ * As airbench94, the whitening layer's bias trains for the first 3 epochs only, and every 5 steps
+ * a lookahead pulls the weights towards their running average (the model ends on the averages).
+ * Not here: the Muon optimizer of airbench94_muon (make_optimizers is where it would go).
+ * Whatever this prints was measured.
  *
  * The training time printed is the wall time of the training steps, synchronised with the GPU,
  * without data loading, model set-up and evaluation: "cold" counts every step, "warm" all but the
@@ -69,6 +69,10 @@
 #define GELU KILN_GELU_ERF     /* nn.GELU()'s exact form */
 #define EVAL_BATCH 2000        /* airbench's test batch */
 #define TRANSLATE 2            /* aug: translate */
+#define TTA_LEVEL 2            /* tta_level: the mirror image and two views translated by a pixel */
+#define WHITEN_BIAS_EPOCHS 3   /* whiten_bias_epochs: the whitening's bias trains this long */
+#define LOOKAHEAD_EVERY 5      /* the lookahead's period in steps ... */
+#define LOOKAHEAD_DECAY 0.95   /* ... and its decay, 0.95^5 (t / total)^3 at step t */
 static const int64_t widths[3] = {64, 256, 256}; /* widths block1..3 */
 /* airbench's CIFAR_MEAN and CIFAR_STD, per channel (red, green, blue) */
 static const float cifar_mean[3] = {0.4914f, 0.4822f, 0.4465f};
@@ -178,7 +182,7 @@ static kiln_status model_init(model *m, kiln_ctx *ctx, const kiln_cifar10 *white
   const kiln_conv2d_options pad1 = {.pad_h = 1, .pad_w = 1};
   kiln_status st;
   if ((st =
-           kiln_conv2d_layer_init(&m->whiten, m->params, "whiten", 3, WHITEN_WIDTH, 2, 2, NULL, 0)))
+           kiln_conv2d_layer_init(&m->whiten, m->params, "whiten", 3, WHITEN_WIDTH, 2, 2, NULL, 1)))
     return st;
   int64_t cin = WHITEN_WIDTH;
   for (int k = 0; k < 3; k++) {
@@ -266,24 +270,92 @@ static kiln_tensor *augment_batch(kiln_loader *l, kiln_tensor *x, int epoch) {
   return kiln_augment(x, &a);
 }
 
-/* Test logits of x (B, 32, 32, 3): plain, or (tta) airbench's level 1, the mean of the logits of
- * the image and of its mirror image. (airbench94's level 2 adds the views translated by a pixel.)
- */
-static kiln_tensor *eval_logits(const model *m, kiln_tensor *x, int tta) {
-  kiln_tensor *logits = forward(m, x);
-  if (!tta) return logits;
+/* The mean of the logits of x and of its mirror image (airbench's TTA level 1). */
+static kiln_tensor *mirror_logits(const model *m, kiln_tensor *x) {
   kiln_tensor *mirror = kiln_augment(x, &(kiln_augment_options){.flip = KILN_AUGMENT_FLIP_ALL});
-  return kiln_mul_scalar(kiln_add(logits, forward(m, mirror)), 0.5f);
+  return kiln_mul_scalar(kiln_add(forward(m, x), forward(m, mirror)), 0.5f);
+}
+
+/* x shifted by (d, d) pixels, reflected at the borders (airbench's crop of the image padded by
+ * one pixel). */
+static kiln_tensor *shifted(kiln_tensor *x, int d) {
+  kiln_augment_options a = {.border = KILN_AUGMENT_BORDER_REFLECT, .shift_h = d, .shift_w = d};
+  return kiln_augment(x, &a);
+}
+
+/* Test logits of x (B, 32, 32, 3) at test-time augmentation level tta: 0 plain, 1 with the
+ * mirror image, 2 (airbench94's) also the mirrored pair of the views shifted by a pixel up-left
+ * and down-right, weighted as airbench weighs them (half the untranslated pair's mean, a quarter
+ * each shifted pair's). */
+static kiln_tensor *eval_logits(const model *m, kiln_tensor *x, int tta) {
+  if (tta == 0) return forward(m, x);
+  kiln_tensor *logits = mirror_logits(m, x);
+  if (tta == 1) return logits;
+  kiln_tensor *moved = kiln_add(mirror_logits(m, shifted(x, -1)), mirror_logits(m, shifted(x, 1)));
+  return kiln_add(kiln_mul_scalar(logits, 0.5f), kiln_mul_scalar(moved, 0.25f));
+}
+
+/* ---------------------------------------------------------------- lookahead */
+
+/* airbench's lookahead: every LOOKAHEAD_EVERY steps each trained parameter and each batch-norm
+ * statistic moves its average towards its value, ema += (1 - decay) (p - ema), and takes the
+ * average as its value; at the end of training the model takes the averages. Recorded ops, the
+ * decay a step value. */
+typedef struct lookahead {
+  int n;
+  kiln_tensor **p, **ema;
+} lookahead;
+
+static void lookahead_init(lookahead *la, kiln_ctx *ctx, const model *m) {
+  int total = kiln_params_count(m->params);
+  la->n = 0;
+  la->p = malloc((size_t)total * sizeof *la->p);
+  la->ema = malloc((size_t)total * sizeof *la->ema);
+  if (!la->p || !la->ema) die(ctx, "out of host memory");
+  kiln_step_begin(ctx);
+  for (int i = 0; i < total; i++) {
+    kiln_tensor *t = kiln_params_get(m->params, i);
+    if (!kiln_params_is_buffer(m->params, i) && !kiln_tensor_requires_grad(t)) continue;
+    kiln_tensor *e = kiln_tensor_new(ctx, KILN_DTYPE_F32, kiln_tensor_shape(t));
+    if (!e || kiln_assign(e, t) != KILN_OK) die(ctx, "making the lookahead state");
+    la->p[la->n] = t;
+    la->ema[la->n++] = e;
+  }
+  if (kiln_step_end(ctx) != KILN_OK) die(ctx, "making the lookahead state");
+}
+
+/* Records the lookahead's update with this decay (1: the parameters take their averages). */
+static void lookahead_update(lookahead *la, float decay) {
+  for (int i = 0; i < la->n; i++) {
+    kiln_tensor *v =
+        kiln_add(la->ema[i], kiln_mul_scalar(kiln_sub(la->p[i], la->ema[i]), 1.f - decay));
+    kiln_assign(la->ema[i], v);
+    kiln_assign(la->p[i], v);
+  }
+}
+
+/* The decay at step t of total: LOOKAHEAD_DECAY^LOOKAHEAD_EVERY (t / total)^3. */
+static float lookahead_decay(int64_t t, int64_t total) {
+  double f = (double)t / (double)total;
+  return (float)(pow(LOOKAHEAD_DECAY, LOOKAHEAD_EVERY) * f * f * f);
+}
+
+static void lookahead_free(lookahead *la) {
+  for (int i = 0; i < la->n; i++)
+    kiln_tensor_free(la->ema[i]);
+  free(la->p);
+  free(la->ema);
 }
 
 /* SGD's rates as airbench94 turns its "per 1024 examples" hyperparameters into torch's: with
- * kilostep = 1024 (1 + 1 / (1 - momentum)), lr = LR / kilostep and weight decay (L2, as
- * torch.optim.SGD) = WEIGHT_DECAY batch / kilostep; the loss is summed over the batch, so the
- * gradient grows with it. */
+ * kilostep = 1024 (1 + 1 / (1 - momentum)), lr = LR / kilostep, and a decay of
+ * WEIGHT_DECAY batch / kilostep per step, which torch.optim.SGD's L2 weight decay gives as that
+ * over the rate (airbench's weight_decay = wd / lr; the norm biases' wd / lr_biases); the loss is
+ * summed over the batch, so the gradient grows with it. */
 static void sgd_rates(int64_t batch, float *lr, float *wd) {
   double kilostep = 1024.0 * (1.0 + 1.0 / (1.0 - (double)MOMENTUM));
   *lr = (float)(LR / kilostep);
-  *wd = (float)(WEIGHT_DECAY * (double)batch / kilostep);
+  *wd = (float)(WEIGHT_DECAY * (double)batch / kilostep / (LR / kilostep));
 }
 
 /* Selects batch norm's biases ("blockN.normK.bias"). */
@@ -438,8 +510,8 @@ static result run(kiln_ctx *ctx, const config *c, kiln_dataset *train,
   if (c->resume || c->eval_only) first_epoch = load(ctx, c, &m, &opt, &step);
   if (c->eval_only) {
     r.acc = evaluate(ctx, &m, test, c->ntest, 0);
-    r.acc_tta = evaluate(ctx, &m, test, c->ntest, 1);
-    printf("%s: test accuracy %.2f%%, with flip TTA %.2f%%\n", c->eval_only, 100 * r.acc,
+    r.acc_tta = evaluate(ctx, &m, test, c->ntest, TTA_LEVEL);
+    printf("%s: test accuracy %.2f%%, with TTA %.2f%%\n", c->eval_only, 100 * r.acc,
            100 * r.acc_tta);
     if (c->log)
       fprintf(c->log, "{\"eval\": \"%s\", \"test_accuracy\": %.6f, \"test_accuracy_tta\": %.6f}\n",
@@ -458,6 +530,8 @@ static result run(kiln_ctx *ctx, const config *c, kiln_dataset *train,
            c->nseeds > 1 ? " (and on)" : "");
   }
 
+  lookahead la;
+  lookahead_init(&la, ctx, &m);
   double t_start = now_s();
   int timed_first = 0;
   for (int epoch = first_epoch; epoch <= nepochs && step < total_steps; epoch++) {
@@ -467,6 +541,12 @@ static result run(kiln_ctx *ctx, const config *c, kiln_dataset *train,
     kiln_tensor *loss = NULL, *correct = NULL;
     int64_t last_batch = 0, epoch_steps = 0;
     kiln_loader_start(loader, epoch);
+    if (epoch == WHITEN_BIAS_EPOCHS + 1) { /* the whitening's bias stops training */
+      kiln_tensor_set_requires_grad(m.whiten.bias, 0);
+      if (kiln_optim_add_group(opt.sgd, kiln_select_prefix, "whiten.bias",
+                               &(kiln_param_group){.exclude = 1}) != 1)
+        die(ctx, "freezing the whitening's bias");
+    }
     for (int64_t b = 0; b < steps_per_epoch && step < total_steps; b++) {
       kiln_step_begin(ctx);
       kiln_tensor *x, *y;
@@ -477,6 +557,7 @@ static result run(kiln_ctx *ctx, const config *c, kiln_dataset *train,
       optimizers_zero_grad(&opt);
       kiln_backward(loss);
       optimizers_step(&opt, step, total_steps);
+      if (step % LOOKAHEAD_EVERY == 0) lookahead_update(&la, lookahead_decay(step, total_steps));
       if (kiln_step_end(ctx) != KILN_OK) die(ctx, "training step");
       last_batch = kiln_tensor_dim(x, 0);
       step++;
@@ -514,8 +595,16 @@ static result run(kiln_ctx *ctx, const config *c, kiln_dataset *train,
     }
     if (c->save) save_checkpoint(ctx, c, &m, &opt, epoch, step);
   }
-  if (isnan(r.acc)) r.acc = evaluate(ctx, &m, test, c->ntest, 0); /* no epoch was left to run */
-  r.acc_tta = evaluate(ctx, &m, test, c->ntest, 1);
+  if (step > 0) { /* the model takes the lookahead's averages (part of the training time) */
+    double t0 = now_s();
+    kiln_step_begin(ctx);
+    lookahead_update(&la, 1.f);
+    if (kiln_step_end(ctx) != KILN_OK || kiln_sync(ctx) != KILN_OK) die(ctx, "the lookahead");
+    r.total_s += now_s() - t0;
+  }
+  r.acc = evaluate(ctx, &m, test, c->ntest, 0);
+  r.acc_tta = evaluate(ctx, &m, test, c->ntest, TTA_LEVEL);
+  lookahead_free(&la);
 done:
   kiln_loader_free(loader);
   optimizers_free(&opt);
@@ -658,7 +747,7 @@ int main(int argc, char **argv) {
     warm[k] = r.total_s - r.first_s;
     whiten[k] = r.whiten_s;
     if (c.nseeds > 1) {
-      printf("seed %llu: test accuracy %.2f%%, with flip TTA %.2f%% | training %.3f s cold, %.3f "
+      printf("seed %llu: test accuracy %.2f%%, with TTA %.2f%% | training %.3f s cold, %.3f "
              "s warm\n",
              (unsigned long long)s, 100 * r.acc, 100 * r.acc_tta, r.total_s, warm[k]);
       fflush(stdout);
@@ -673,7 +762,7 @@ int main(int argc, char **argv) {
   }
   if (!c.eval_only) {
     if (c.nseeds == 1)
-      printf("final: test accuracy %.2f%%, with flip TTA %.2f%%; training %.3f s cold, %.3f s "
+      printf("final: test accuracy %.2f%%, with TTA %.2f%%; training %.3f s cold, %.3f s "
              "warm (%lld steps; the first, with compile and capture, %.3f s; NVRTC %.0f ms); "
              "whitening init %.3f s on the host\n",
              100 * r.acc, 100 * r.acc_tta, r.total_s, r.total_s - r.first_s, (long long)r.steps,
@@ -684,7 +773,7 @@ int main(int argc, char **argv) {
         lo = tta[k] < lo ? tta[k] : lo;
         hi = tta[k] > hi ? tta[k] : hi;
       }
-      printf("final: median of %d seeds: test accuracy %.2f%%, with flip TTA %.2f%% (min %.2f%%, "
+      printf("final: median of %d seeds: test accuracy %.2f%%, with TTA %.2f%% (min %.2f%%, "
              "max %.2f%%); training %.3f s cold, %.3f s warm; whitening init %.3f s on the host\n",
              c.nseeds, 100 * median(acc, c.nseeds), 100 * median(tta, c.nseeds), 100 * lo, 100 * hi,
              median(cold, c.nseeds), median(warm, c.nseeds), median(whiten, c.nseeds));

@@ -97,11 +97,11 @@ static float *random_inputs(int64_t n) {
 
 /* air: SGD's rate and weight decay as examples/cifar10.c's sgd_rates turns airbench94's "per
  * 1024 examples" values into torch's: kilostep = 1024 (1 + 1 / (1 - momentum)), lr = LR /
- * kilostep, weight decay = WEIGHT_DECAY batch / kilostep. */
+ * kilostep, L2 weight decay = (WEIGHT_DECAY batch / kilostep) / lr. */
 static void air_sgd_rates(int64_t batch, float *lr, float *wd) {
   double kilostep = 1024.0 * (1.0 + 1.0 / (1.0 - (double)AIR_MOMENTUM));
   *lr = (float)(AIR_LR / kilostep);
-  *wd = (float)(AIR_WEIGHT_DECAY * (double)batch / kilostep);
+  *wd = (float)(AIR_WEIGHT_DECAY * (double)batch / kilostep / (AIR_LR / kilostep));
 }
 
 /* air: batch norm's biases ("blockN.normK.bias"). */

@@ -1265,6 +1265,8 @@ static bool render_augment(const kiln__target *tg, const kiln__node *n, kiln__re
       epoch = aslot[attr_index(n->op, "epoch")];
   int64_t H = x->shape[1], W = x->shape[2], C = x->shape[3], total = kiln_tensor_numel(y);
   int64_t pad = KILN__I(n, AUGMENT, pad), flip = KILN__I(n, AUGMENT, flip);
+  int64_t shift_h = KILN__I(n, AUGMENT, shift_h), shift_w = KILN__I(n, AUGMENT, shift_w);
+  bool moves = pad > 0 || shift_h != 0 || shift_w != 0; /* a translation, random or fixed */
   bool reflect = KILN__I(n, AUGMENT, border) == KILN_AUGMENT_BORDER_REFLECT;
   bool alternate = flip == KILN_AUGMENT_FLIP_ALTERNATE, rnd = flip == KILN_AUGMENT_FLIP_RANDOM;
   KILN_ASSERT(n->nin == (alternate ? 2 : 1) && C >= 1);
@@ -1302,6 +1304,9 @@ static bool render_augment(const kiln__target *tg, const kiln__node *n, kiln__re
   if (pad > 0)
     kiln__sb_printf(&b, "    const int dy = (int)kiln_philox_below(r[0], 2 * PAD + 1) - PAD;\n"
                         "    const int dx = (int)kiln_philox_below(r[1], 2 * PAD + 1) - PAD;\n");
+  else if (moves)
+    kiln__sb_printf(&b, "    const int dy = %lld, dx = %lld; // a fixed translation\n",
+                    (long long)shift_h, (long long)shift_w);
   if (rnd)
     kiln__sb_printf(&b, "    const bool flip = (r[2] >> 31) != 0u; // half the images\n");
   else if (flip == KILN_AUGMENT_FLIP_ALL)
@@ -1314,8 +1319,8 @@ static bool render_augment(const kiln__target *tg, const kiln__node *n, kiln__re
                     ">> 31;\n"
                     "    const bool flip = (bit ^ (unsigned int)(a.uv[%d] & 1ull)) != 0u;\n",
                     epoch);
-  bool zero_fill = pad > 0 && !reflect;
-  if (pad > 0) {
+  bool zero_fill = moves && !reflect;
+  if (moves) {
     kiln__sb_printf(&b,
                     "    // the source: pixel (h + dy, w + dx) of the image, flipped or not, "
                     "%s outside it\n"
@@ -1349,8 +1354,11 @@ static bool render_augment(const kiln__target *tg, const kiln__node *n, kiln__re
   static const char *const flips[] = {"", "_flip", "_flip_all", "_flip_alt"};
   KILN_ASSERT(flip >= 0 && flip < 4);
   char stem[64];
-  snprintf(stem, sizeof stem, "k_augment_p%lld%s%s_%s%s", (long long)pad,
-           pad > 0 ? (reflect ? "_reflect" : "_zero") : "", flips[flip], kiln_dtype_name(x->dtype),
+  char shift[40] = "";
+  if (pad == 0 && moves)
+    snprintf(shift, sizeof shift, "_shift%lld_%lld", (long long)shift_h, (long long)shift_w);
+  snprintf(stem, sizeof stem, "k_augment_p%lld%s%s%s_%s%s", (long long)pad, shift,
+           moves ? (reflect ? "_reflect" : "_zero") : "", flips[flip], kiln_dtype_name(x->dtype),
            vec ? "_v4" : "");
   bool ok = finish(&b, stem, &o, r);
   kiln__sb_free(&b);

@@ -468,6 +468,9 @@ typedef struct kiln_augment_options {
    * (kiln_loader_indices), and the epoch, whose parity picks the set of images flipped */
   kiln_tensor *idx;
   int64_t epoch;
+  /* with pad 0: a fixed translation (dy, dx) = (shift_h, shift_w) of every image (test-time
+   * augmentation's translated views), each below the image's size in magnitude */
+  int shift_h, shift_w;
 } kiln_augment_options;
 /* x (N, H, W, C) f32 to an augmented copy of the same shape, in one kernel. For each image n:
  * - flip (o->flip): the image is first flipped left-right (column w reads column W - 1 - w);
@@ -486,7 +489,8 @@ typedef struct kiln_augment_options {
  * Philox(seed, 2^64 - 1, counter idx[n]) (word 0; idx[n] read as an unsigned 32-bit value) is
  * set, and on odd epochs when it is clear: every sample is flipped every other epoch, about half
  * them in each epoch. KILN_AUGMENT_FLIP_ALL with pad 0 is test-time augmentation's flip.
- * Checks: x 4-D f32 with H, W, C >= 1; 0 <= pad < H and pad < W; known modes; idx (N) i32 given
+ * Checks: x 4-D f32 or bf16 (the output has its dtype) with H, W, C >= 1; 0 <= pad < H and
+ * pad < W; a shift only with pad 0, |shift_h| < H, |shift_w| < W; known modes; idx (N) i32 given
  * with KILN_AUGMENT_FLIP_ALTERNATE and only then. NULL options: no augmentation (a copy).
  * The op carries no gradient (its input is data): an x that requires one is an error
  * (kiln_detach it). */
@@ -505,6 +509,12 @@ kiln_status kiln_backward(kiln_tensor *loss);
 void kiln_no_grad_begin(kiln_ctx *ctx);
 void kiln_no_grad_end(kiln_ctx *ctx);
 int kiln_grad_enabled(const kiln_ctx *ctx);
+/* dst = src in place, recorded like an op (so it fuses with src's producer and replays in a step
+ * graph; no gradient flows through it): dst a persistent contiguous f32 tensor, src a float
+ * tensor of its shape (bf16 is widened). An exponential moving average of a parameter p is
+ * kiln_assign(ema, kiln_add(ema, kiln_mul_scalar(kiln_sub(p, ema), 1 - decay))), with decay a
+ * step value. Errors name the function and the shapes, and record nothing. */
+kiln_status kiln_assign(kiln_tensor *dst, kiln_tensor *src);
 /* Mixed precision, as torch.autocast(dtype=torch.bfloat16): inside a region opened with
  * KILN_DTYPE_BF16, kiln_matmul, kiln_conv2d and the layers built on them (kiln_linear_forward,
  * kiln_conv2d_layer_forward) cast f32 operands (and biases) to bf16 and compute on bf16 tensor

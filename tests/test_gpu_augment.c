@@ -237,6 +237,64 @@ Test(gpu_augment, identities) {
   th_ctx_free(ctx);
 }
 
+/* Fixed shifts (test-time augmentation's translated views), zero or reflected borders, with and
+ * without the flip, on f32 images and on bf16 ones (the same values, in bf16), against the
+ * definition: output (h, w) is pixel (h + dy, w + dx) of the image flipped or not. */
+Test(gpu_augment, fixed_shifts_on_f32_and_bf16_images) {
+  TH_GPU_CTX_EAGER(ctx);
+  kiln_shape s = KILN_SHAPE(3, 7, 9, 4);
+  int64_t H = 7, W = 9, C = 4, total = ref_numel(s);
+  float *hx;
+  kiln_tensor *x = ref_rand_tensor(ctx, s, 4400, &REF_GEN(-2.f, 2.f), 0, &hx);
+  int shifts[][2] = {{-1, -1}, {1, 1}, {2, -3}, {0, 4}};
+  for (int b = 0; b < 2; b++)
+    for (int k = 0; k < 4; k++)
+      for (int f = 0; f < 2; f++)
+        for (int bf = 0; bf < 2; bf++) {
+          kiln_augment_options o = {.border = b ? KILN_AUGMENT_BORDER_REFLECT : 0,
+                                    .flip = f ? KILN_AUGMENT_FLIP_ALL : KILN_AUGMENT_FLIP_NONE,
+                                    .shift_h = shifts[k][0],
+                                    .shift_w = shifts[k][1]};
+          kiln_step_begin(ctx);
+          kiln_tensor *in = bf ? kiln_cast(x, KILN_DTYPE_BF16) : x;
+          kiln_tensor *y = kiln_cast(kiln_augment(in, &o), KILN_DTYPE_F32);
+          cr_assert_not_null(y, "%s", th_err(ctx));
+          float *got = ref_read_f32(ctx, y, "a shifted batch");
+          cr_assert_eq(kiln_step_end(ctx), KILN_OK, "%s", th_err(ctx));
+          for (int64_t i = 0; i < total; i++) {
+            int64_t c = i % C, w = (i / C) % W, h = (i / (C * W)) % H, n = i / (C * W * H);
+            int64_t sh = h + o.shift_h, sw = w + o.shift_w;
+            bool inside = sh >= 0 && sh < H && sw >= 0 && sw < W;
+            if (b) {
+              sh = reflect(sh, H);
+              sw = reflect(sw, W);
+              inside = true;
+            }
+            if (f) sw = W - 1 - sw;
+            float v = inside ? hx[((n * H + sh) * W + sw) * C + c] : 0.f;
+            if (bf) v = kiln_bf16_to_f32(kiln_bf16_from_f32(v));
+            cr_assert_eq(got[i], v,
+                         "shift (%d, %d) border %d flip %d %s: image %lld pixel (%lld, %lld) "
+                         "channel %lld is %g, not %g",
+                         o.shift_h, o.shift_w, b, f, bf ? "bf16" : "f32", (long long)n,
+                         (long long)h, (long long)w, (long long)c, (double)got[i], (double)v);
+          }
+          free(got);
+        }
+  const kiln_augment_options bad[2] = {{.pad = 1, .shift_h = 1}, {.shift_w = -9}};
+  const char *why[2] = {"shift (1, 0) with pad 1", "shift (0, -9)"};
+  for (int k = 0; k < 2; k++) {
+    cr_assert_null(kiln_augment(x, &bad[k]));
+    cr_assert_eq(kiln_ctx_status(ctx), KILN_ERR_INVALID);
+    cr_assert(strstr(kiln_ctx_error(ctx), "kiln_augment") && strstr(kiln_ctx_error(ctx), why[k]),
+              "%s", th_err(ctx));
+    kiln_ctx_clear_error(ctx);
+  }
+  free(hx);
+  kiln_tensor_free(x);
+  th_ctx_free(ctx);
+}
+
 /* Where value v lies in image n of x (N, H, W, C): *h, *w, *c; false when it is nowhere. */
 static bool find(const float *x, kiln_shape s, int64_t n, float v, int64_t *h, int64_t *w,
                  int64_t *c) {

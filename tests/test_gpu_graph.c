@@ -377,3 +377,48 @@ Test(gpu_graph, the_graph_cache_is_bounded) {
   kiln_tensor_free(a);
   th_ctx_free(ctx);
 }
+
+/* kiln_assign: an exponential moving average of a parameter, its decay changing every step, in a
+ * replayed step graph (one capture) against the same arithmetic on the host; a bf16 source is
+ * widened; bad arguments record nothing. */
+Test(gpu_graph, an_average_by_kiln_assign_replays_with_its_decay_as_a_step_value) {
+  TH_GPU_CTX(ctx);
+  enum { N = 1000, STEPS = 8 };
+  float *hp;
+  kiln_tensor *p = th_rand(ctx, KILN_SHAPE(N), 91, -1.f, 1.f, &hp);
+  kiln_tensor *ema = kiln_tensor_new(ctx, KILN_DTYPE_F32, KILN_SHAPE(N));
+  kiln_tensor *half = kiln_tensor_new(ctx, KILN_DTYPE_F32, KILN_SHAPE(N));
+  cr_assert_not_null(ema);
+  float want[N] = {0};
+  for (int t = 0; t < STEPS; t++) {
+    float keep = 1.f - 0.1f * (float)(t + 1); /* 1 - decay */
+    kiln_step_begin(ctx);
+    kiln_tensor *v = kiln_add(ema, kiln_mul_scalar(kiln_sub(p, ema), keep));
+    cr_assert_eq(kiln_assign(ema, v), KILN_OK, "%s", th_err(ctx));
+    cr_assert_eq(kiln_assign(half, kiln_cast(kiln_mul_scalar(p, 0.5f), KILN_DTYPE_BF16)), KILN_OK,
+                 "%s", th_err(ctx));
+    cr_assert_eq(kiln_step_end(ctx), KILN_OK, "%s", th_err(ctx));
+    for (int i = 0; i < N; i++)
+      want[i] = want[i] + (hp[i] - want[i]) * keep;
+  }
+  kiln_exec_stats st = stats_of(ctx);
+  cr_assert_eq(st.graph_captures, 1, "%llu captures: the decay is a step value",
+               (unsigned long long)st.graph_captures);
+  float *got = th_read(ema), *h = th_read(half);
+  for (int i = 0; i < N; i++) {
+    cr_assert_float_eq(got[i], want[i], 1e-6f, "element %d: %g, not %g", i, (double)got[i],
+                       (double)want[i]);
+    cr_assert_eq(h[i], kiln_bf16_to_f32(kiln_bf16_from_f32(0.5f * hp[i])), "element %d", i);
+  }
+  kiln_tensor *small = kiln_tensor_new(ctx, KILN_DTYPE_F32, KILN_SHAPE(N - 1));
+  cr_assert_eq(kiln_assign(small, p), KILN_ERR_SHAPE);
+  cr_assert(strstr(kiln_ctx_error(ctx), "kiln_assign") && strstr(kiln_ctx_error(ctx), "[999]"),
+            "%s", th_err(ctx));
+  kiln_ctx_clear_error(ctx);
+  cr_assert_eq(kiln_assign(kiln_mul_scalar(p, 2.f), p), KILN_ERR_INVALID, "an intermediate dst");
+  cr_assert(strstr(kiln_ctx_error(ctx), "persistent"), "%s", th_err(ctx));
+  kiln_ctx_clear_error(ctx);
+  free(got), free(h), free(hp);
+  kiln_tensor_free(p), kiln_tensor_free(ema), kiln_tensor_free(half), kiln_tensor_free(small);
+  th_ctx_free(ctx);
+}
