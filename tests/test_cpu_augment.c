@@ -308,7 +308,8 @@ Test(augment, every_variant_compiles_under_nvrtc, .timeout = 1200) {
   free(src);
   src = source_of(dump, "k_augment_p1_zero_flip_f32_", "C = 4;");
   cr_assert_not_null(strstr(src, "const int V = 4;"), "%s", src);
-  cr_assert_null(strstr(src, "kiln_load4"), "4 channels not 16-byte aligned: scalar loads\n%s", src);
+  cr_assert_null(strstr(src, "kiln_load4"), "4 channels not 16-byte aligned: scalar loads\n%s",
+                 src);
   free(src);
   src = source_of(dump, "k_augment_p0_f32_v4_", "C = 4;");
   cr_assert_null(strstr(src, "kiln_philox"), "%s", src);
