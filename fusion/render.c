@@ -1353,10 +1353,11 @@ static bool render_augment(const kiln__target *tg, const kiln__node *n, kiln__re
   kiln__sb_printf(&b, "  }\n");
   static const char *const flips[] = {"", "_flip", "_flip_all", "_flip_alt"};
   KILN_ASSERT(flip >= 0 && flip < 4);
-  char stem[64];
-  char shift[40] = "";
+  char stem[128];
+  char shift[64] = "";
   if (pad == 0 && moves)
-    snprintf(shift, sizeof shift, "_shift%lld_%lld", (long long)shift_h, (long long)shift_w);
+    snprintf(shift, sizeof shift, "_shift%s%lld_%s%lld", shift_h < 0 ? "m" : "",
+             (long long)llabs(shift_h), shift_w < 0 ? "m" : "", (long long)llabs(shift_w));
   snprintf(stem, sizeof stem, "k_augment_p%lld%s%s%s_%s%s", (long long)pad, shift,
            moves ? (reflect ? "_reflect" : "_zero") : "", flips[flip], kiln_dtype_name(x->dtype),
            vec ? "_v4" : "");

@@ -156,6 +156,9 @@ static void record_op_zoo(kiln_ctx *ctx, kiln_params *q, kiln_optim **os) {
                                               .border = KILN_AUGMENT_BORDER_REFLECT,
                                               .flip = KILN_AUGMENT_FLIP_RANDOM,
                                           });
+  t[n++] = kiln_augment(
+      kiln_detach(img),
+      &(kiln_augment_options){.flip = KILN_AUGMENT_FLIP_ALL, .shift_h = -1, .shift_w = 2});
   t[n++] = kiln_avg_pool2d(img, &(kiln_pool2d_options){.kernel_h = 3,
                                                        .kernel_w = 3,
                                                        .stride_h = 1,
