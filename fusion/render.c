@@ -142,6 +142,16 @@ typedef struct operands {
   const kiln_tensor *row[KILN__KMAX_PTR];
 } operands;
 
+/* Adds the bytes each operand is read or written with to r's traffic. */
+static void tally_bytes(const operands *o, kiln__rendered *r) {
+  for (int k = 0; k < o->n; k++) {
+    if (o->store[k])
+      r->bytes_written += footprint(o->t[k]);
+    else
+      r->bytes_read += footprint(o->t[k]);
+  }
+}
+
 static int operand(operands *o, const kiln_tensor *t, bool store, const kiln_tensor *row) {
   for (int k = 0; k < o->n && !store; k++)
     if (o->t[k] == t && !o->store[k] && !o->row[k] == !row &&
@@ -1150,12 +1160,7 @@ static bool render_window(const kiln__target *tg, const kiln__ew_prog *p, kiln__
   kiln__sb_free(&b);
   r->block = KILN__BLOCK;
   r->grid = grid_for(tg, a->n);
-  for (int k = 0; k < o.n; k++) {
-    if (o.store[k])
-      r->bytes_written += footprint(o.t[k]);
-    else
-      r->bytes_read += footprint(o.t[k]);
-  }
+  tally_bytes(&o, r);
   return ok;
 }
 
@@ -1365,12 +1370,7 @@ static bool render_augment(const kiln__target *tg, const kiln__node *n, kiln__re
   kiln__sb_free(&b);
   r->block = KILN__BLOCK;
   r->grid = grid_for(tg, a->n);
-  for (int k = 0; k < o.n; k++) {
-    if (o.store[k])
-      r->bytes_written += footprint(o.t[k]);
-    else
-      r->bytes_read += footprint(o.t[k]);
-  }
+  tally_bytes(&o, r);
   return ok;
 }
 
