@@ -136,6 +136,10 @@ typedef struct operands {
   int n;
   const kiln_tensor *t[KILN__KMAX_PTR];
   bool lin[KILN__KMAX_PTR];
+  /* an elementwise operand indexed by the space's last dims alone ('m': offset i % P<k>) or by
+   * its first dims alone ('d': i / P<k>), P<k> the product of the last dims' sizes; 0 when its
+   * offset is i (lin) or needs the coordinates */
+  char tail[KILN__KMAX_PTR];
   bool store[KILN__KMAX_PTR];
   /* a row program's operand read or written once per row: the row-shaped space it is indexed
    * over (NULL: the program's whole iteration space) */
@@ -298,9 +302,13 @@ static void emit_node_value(kiln__sb *b, const char *ind, const wiring *w, int j
   kiln__sb_printf(b, "%s; // %s\n", bf16 ? ")" : "", kiln__ops[nd->op].name);
 }
 
-static void offset_expr(kiln__sb *b, int k, int nd, bool lin) {
+static void offset_expr(kiln__sb *b, int k, int nd, bool lin, char tail) {
   if (lin) {
     kiln__sb_printf(b, "i");
+    return;
+  }
+  if (tail) {
+    kiln__sb_printf(b, "i %s P%d", tail == 'm' ? "%" : "/", k);
     return;
   }
   if (nd == 0) kiln__sb_printf(b, "0");
@@ -321,7 +329,7 @@ static void emit_element(kiln__sb *b, const kiln__ew_prog *p, const operands *o,
       kiln__sb_printf(b, "L%d[e];\n", k);
     } else {
       kiln__sb_printf(b, "((const %s *)a.ptr[%d])[", ct, k);
-      offset_expr(b, k, nd, o->lin[k]);
+      offset_expr(b, k, nd, o->lin[k], o->tail[k]);
       kiln__sb_printf(b, "];\n");
     }
   }
@@ -340,7 +348,7 @@ static void emit_element(kiln__sb *b, const kiln__ew_prog *p, const operands *o,
         else {
           const char *ct = ctype(o->t[k]->dtype);
           kiln__sb_printf(b, "%s((%s *)a.ptr[%d])[", ind, ct, k);
-          offset_expr(b, k, nd, o->lin[k]);
+          offset_expr(b, k, nd, o->lin[k], o->tail[k]);
           kiln__sb_printf(b, "] = (%s)x%d;\n", ct, k);
         }
       }
@@ -354,7 +362,7 @@ static void emit_element(kiln__sb *b, const kiln__ew_prog *p, const operands *o,
       kiln__sb_printf(b, "%sS%d[e] = (float)v%d;\n", ind, k, j);
     } else {
       kiln__sb_printf(b, "%s((%s *)a.ptr[%d])[", ind, ot, k);
-      offset_expr(b, k, nd, o->lin[k]);
+      offset_expr(b, k, nd, o->lin[k], o->tail[k]);
       kiln__sb_printf(b, "] = (%s)v%d;\n", ot, j);
     }
   }
@@ -420,6 +428,43 @@ static unsigned grid_for(const kiln__target *t, int64_t threads) {
 /* Room below 2^31 for a grid-stride index to step past the last element without overflowing. */
 #define KILN__INDEX_MARGIN 1024
 
+/* Whether strides st over a space of nd dims make an operand that one division of the element
+ * index i finds: 'm' when it is dense over the last dims from *dim on and constant over the others
+ * (a bias or batch norm's per-channel vector: offset i % P), 'd' when it is dense over the dims
+ * before *dim and constant over the rest (a per-row value: offset i / P), P the product of the
+ * sizes from *dim on; 0 otherwise. Dims of size 1 match either way. */
+static char tail_form(const long long *st, int nd, const int64_t *shape, int *dim) {
+  /* 'm': walk in from the last dim while the strides are dense, then all the rest must be 0 */
+  int64_t dense_st = 1;
+  int d = nd;
+  while (d > 0 && (shape[d - 1] == 1 || st[d - 1] == dense_st)) {
+    dense_st *= shape[d - 1];
+    d--;
+  }
+  int first = d; /* dims [first, nd) are dense */
+  while (d > 0 && (shape[d - 1] == 1 || st[d - 1] == 0))
+    d--;
+  if (d == 0 && first > 0 && first < nd) {
+    *dim = first;
+    return 'm';
+  }
+  /* 'd': 0 strides over the last dims, then dense over the first */
+  d = nd;
+  while (d > 0 && (shape[d - 1] == 1 || st[d - 1] == 0))
+    d--;
+  int last = d;
+  dense_st = 1;
+  while (d > 0 && (shape[d - 1] == 1 || st[d - 1] == dense_st)) {
+    dense_st *= shape[d - 1];
+    d--;
+  }
+  if (d == 0 && last < nd) {
+    *dim = last;
+    return 'd';
+  }
+  return 0;
+}
+
 static bool render_ew(const kiln__target *t, const kiln__ew_prog *p, kiln__rendered *r) {
   int nd = p->ndim;
   int64_t n = kiln__numel(nd, p->shape);
@@ -434,18 +479,27 @@ static bool render_ew(const kiln__target *t, const kiln__ew_prog *p, kiln__rende
   bool update = p->n == 1 && kiln__ops[p->nodes[0]->op].kind == KILN__KIND_UPDATE;
   bool coords = w.coords, vec = n % 4 == 0 && n > 0 && !w.coords, floats = true;
   int64_t span = n; /* the largest offset any operand reaches, for the index type */
+  int64_t tail_len[KILN__KMAX_PTR];
+  int tail_dim[KILN__KMAX_PTR];
   for (int k = 0; k < o.n; k++) {
     const kiln_tensor *x = o.t[k];
     align_strides(x, nd, p->shape, a->st[k]);
     o.lin[k] = dense(x, n);
+    tail_dim[k] = nd;
+    o.tail[k] =
+        o.lin[k] || o.store[k] || update ? 0 : tail_form(a->st[k], nd, p->shape, &tail_dim[k]);
+    tail_len[k] = o.tail[k] ? kiln__numel(nd - tail_dim[k], p->shape + tail_dim[k]) : 1;
     int64_t reach = 0;
     for (int d = 0; d < nd; d++)
       reach += (p->shape[d] - 1) * llabs(a->st[k][d]);
     if (reach > span) span = reach;
-    if (!o.lin[k]) coords = true;
+    if (!o.lin[k] && !o.tail[k]) coords = true;
     /* four-element accesses: 16-byte (f32) or 8-byte (bf16) aligned, as every storage starts
-     * 256-byte aligned (core/alloc.c; the executor asserts it when it binds pointers) */
-    vec = vec && o.lin[k] && x->offset % 4 == 0;
+     * 256-byte aligned (core/alloc.c; the executor asserts it when it binds pointers); a tail
+     * operand's four lanes are four neighbours (i % P) or one value (i / P) when 4 divides P */
+    vec = vec && (o.tail[k] == 'd'
+                      ? tail_len[k] % 4 == 0
+                      : (o.lin[k] || (o.tail[k] && tail_len[k] % 4 == 0)) && x->offset % 4 == 0);
     floats = floats && kiln__is_float(x->dtype);
     if (o.store[k])
       r->bytes_written += footprint(x);
@@ -464,18 +518,37 @@ static bool render_ew(const kiln__target *t, const kiln__ew_prog *p, kiln__rende
   kiln__sb b = {0};
   kiln__sb_printf(&b, "  typedef %s ix; // %s indexing\n", wide ? "long long" : "int",
                   wide ? "64-bit" : "32-bit");
+  for (int k = 0; k < o.n; k++) {
+    if (!o.tail[k]) continue;
+    kiln__sb_printf(&b, "  const ix P%d = (ix)(1", k);
+    for (int d = tail_dim[k]; d < nd; d++)
+      kiln__sb_printf(&b, " * a.shape[%d]", d);
+    kiln__sb_printf(&b, "); // operand %d: %s\n", k,
+                    o.tail[k] == 'm' ? "its last dims" : "its first dims");
+  }
   if (vec) {
     /* four elements a thread per iteration, each operand in one access (bf16.cuh) */
     kiln__sb_printf(&b, "  const ix n4 = (ix)(a.n >> 2);\n"
                         "  for (ix q = (ix)blockIdx.x * blockDim.x + threadIdx.x; q < n4;\n"
                         "       q += (ix)gridDim.x * blockDim.x) {\n");
     for (int k = 0; k < o.n; k++) {
+      const char *ct = ctype(o.t[k]->dtype);
       if (o.store[k])
         kiln__sb_printf(&b, "    float S%d[4];\n", k);
+      else if (o.tail[k] == 'd')
+        kiln__sb_printf(&b,
+                        "    float L%d[4];\n    L%d[0] = L%d[1] = L%d[2] = L%d[3] = "
+                        "(float)((const %s *)a.ptr[%d])[q * 4 / P%d];\n",
+                        k, k, k, k, k, ct, k, k);
+      else if (o.tail[k] == 'm')
+        kiln__sb_printf(&b,
+                        "    float L%d[4];\n    kiln_load4((const %s *)a.ptr[%d] + q * 4 %% P%d, "
+                        "L%d);\n",
+                        k, ct, k, k, k);
       else
         kiln__sb_printf(&b,
                         "    float L%d[4];\n    kiln_load4((const %s *)a.ptr[%d] + q * 4, L%d);\n",
-                        k, ctype(o.t[k]->dtype), k, k);
+                        k, ct, k, k);
     }
     kiln__sb_printf(&b, "#pragma unroll\n    for (int e = 0; e < 4; e++) {\n"
                         "      const ix i = q * 4 + e;\n      (void)i;\n");
@@ -617,14 +690,20 @@ static bool render_reduce(const kiln__target *t, const kiln__ew_prog *pro, const
       a->n *= x->shape[d];
     }
   }
+  int64_t span = a->n * a->nred; /* the largest offset or index, for the index type */
   for (int k = 0; k < o.n; k++) {
     if (k != out) align_strides(o.t[k], nd, x->shape, a->st[k]);
     o.lin[k] = false;
+    int64_t reach = 0;
+    for (int d = 0; d < nd && k != out; d++)
+      reach += (x->shape[d] - 1) * llabs(a->st[k][d]);
+    if (reach > span) span = reach;
     if (o.store[k])
       r->bytes_written += footprint(o.t[k]);
     else
       r->bytes_read += footprint(o.t[k]);
   }
+  bool wide = span >= ((int64_t)1 << 31) - KILN__INDEX_MARGIN;
   bool argmax = rn->op == KILN__OP_ARGMAX, isum = rn->op == KILN__OP_SUM;
   bool exact = isum && rn->out->dtype == KILN_DTYPE_I32; /* i32 values, summed in 64 bits */
   const char *acct = exact ? "long long" : "float";
@@ -635,7 +714,8 @@ static bool render_reduce(const kiln__target *t, const kiln__ew_prog *pro, const
   const char *init = exact ? "0" : (isum ? "0.f" : "-__int_as_float(0x7f800000)");
 
   kiln__sb b = {0};
-  kiln__sb_printf(&b, "  typedef long long ix;\n");
+  kiln__sb_printf(&b, "  typedef %s ix; // %s indexing\n", wide ? "long long" : "int",
+                  wide ? "64-bit" : "32-bit");
   if (rows) {
     /* a block reduction's partials: one per warp, at most 32 warps (reduce.cuh) */
     kiln__sb_printf(&b, "  __shared__ %s sv[32];\n", acct);
@@ -645,9 +725,12 @@ static bool render_reduce(const kiln__target *t, const kiln__ew_prog *pro, const
     kiln__sb_printf(&b, "  for (ix o = (ix)blockIdx.x * blockDim.x + threadIdx.x; o < a.n;\n"
                         "       o += (ix)gridDim.x * blockDim.x) {\n");
   }
+  /* the coordinates: the first of each kind needs no division (o < a.n, j < a.nred) */
   kiln__sb_printf(&b, "    ix r = o;\n");
-  for (int k = no - 1; k >= 0; k--)
-    kiln__sb_printf(&b, "    const ix c%d = r %% a.shape[%d]; r /= a.shape[%d];\n", outer[k], k, k);
+  for (int k = no - 1; k > 0; k--)
+    kiln__sb_printf(&b, "    const ix c%d = r %% (ix)a.shape[%d]; r /= (ix)a.shape[%d];\n",
+                    outer[k], k, k);
+  if (no > 0) kiln__sb_printf(&b, "    const ix c%d = r;\n", outer[0]);
   kiln__sb_printf(&b, "    %s acc = %s;\n", acct, init);
   if (argmax) kiln__sb_printf(&b, "    long long ai = 0x7fffffffffffffffll;\n");
   if (rows)
@@ -655,15 +738,16 @@ static bool render_reduce(const kiln__target *t, const kiln__ew_prog *pro, const
   else
     kiln__sb_printf(&b, "    for (ix j = 0; j < a.nred; j++) {\n");
   kiln__sb_printf(&b, "      ix q = j;\n");
-  for (int k = nr - 1; k >= 0; k--)
-    kiln__sb_printf(&b, "      const ix c%d = q %% a.rshape[%d]; q /= a.rshape[%d];\n", red[k], k,
-                    k);
+  for (int k = nr - 1; k > 0; k--)
+    kiln__sb_printf(&b, "      const ix c%d = q %% (ix)a.rshape[%d]; q /= (ix)a.rshape[%d];\n",
+                    red[k], k, k);
+  if (nr > 0) kiln__sb_printf(&b, "      const ix c%d = q;\n", red[0]);
   if (value >= 0) {
     emit_element(&b, pro, &o, &w, "      ", nd, false);
     kiln__sb_printf(&b, "      const %s v = v%d;\n", acct, value);
   } else {
     kiln__sb_printf(&b, "      const %s v = ((const %s *)a.ptr[0])[", acct, ctype(x->dtype));
-    offset_expr(&b, 0, nd, false);
+    offset_expr(&b, 0, nd, false, 0);
     kiln__sb_printf(&b, "];\n");
   }
   if (argmax)
@@ -819,6 +903,8 @@ typedef struct win_epi {
   const wiring *w;
   const int64_t *shape; /* the output's */
   bool image;
+  bool vec; /* four lanes, and every operand of the epilogue dense like the output: each read
+             * and written four values at a time */
 } win_epi;
 
 /* The memory types of a window op's operands: its inputs' and its output's. */
@@ -837,6 +923,44 @@ static void store_lanes(kiln__sb *b, const char *name, int out, kiln_dtype dt, i
   const operands *o = e->o;
   const wiring *w = e->w;
   bool bf16 = dt == KILN_DTYPE_BF16; /* the op's value, rounded as its store would round it */
+  bool used[KILN__KMAX_PTR] = {0};
+  for (int j = 1; j < e->p->n; j++)
+    for (int q = 0; q < e->p->nodes[j]->nin; q++)
+      if (w->opnd[j][q] >= 0) used[w->opnd[j][q]] = true;
+  if (e->vec) {
+    kiln__sb_printf(b, "    {\n      const ix i0 = ((n * %lld + %s) * %lld + %s) * %lld + c;\n",
+                    (long long)e->shape[1], e->image ? "h" : "oh", (long long)e->shape[2],
+                    e->image ? "w" : "ow", (long long)e->shape[3]);
+    for (int k = 0; k < o->n; k++) {
+      if (o->store[k])
+        kiln__sb_printf(b, "      float S%d[4];\n", k);
+      else if (used[k])
+        kiln__sb_printf(b,
+                        "      float X%d[4];\n      kiln_load4((const %s *)a.ptr[%d] + i0, X%d);\n",
+                        k, ctype(o->t[k]->dtype), k, k);
+    }
+    kiln__sb_printf(b,
+                    "#pragma unroll\n"
+                    "      for (int l = 0; l < 4; l++) {\n"
+                    "        const ix i = i0 + l;\n"
+                    "        (void)i;\n"
+                    "        const float v0 = %s%s[l];\n",
+                    bf16 ? "(float)(kiln_bf16)" : "", name);
+    for (int k = 0; k < o->n; k++)
+      if (used[k] && !o->store[k]) kiln__sb_printf(b, "        const float x%d = X%d[l];\n", k, k);
+    for (int j = 0; j < e->p->n; j++) {
+      if (j > 0) emit_node_value(b, "        ", w, j, e->p->nodes[j]);
+      if (w->store_slot[j] >= 0)
+        kiln__sb_printf(b, "        S%d[l] = (float)v%d;\n", w->store_slot[j], j);
+    }
+    kiln__sb_printf(b, "      }\n");
+    for (int k = 0; k < o->n; k++)
+      if (o->store[k])
+        kiln__sb_printf(b, "      kiln_store4((%s *)a.ptr[%d] + i0, S%d);\n", ctype(o->t[k]->dtype),
+                        k, k);
+    kiln__sb_printf(b, "    }\n");
+    return;
+  }
   kiln__sb_printf(b,
                   "#pragma unroll\n"
                   "    for (int l = 0; l < V; l++) {\n"
@@ -847,15 +971,11 @@ static void store_lanes(kiln__sb *b, const char *name, int out, kiln_dtype dt, i
                   e->image ? "h" : "oh", e->image ? "w" : "ow", (long long)e->shape[1],
                   (long long)e->shape[2], (long long)e->shape[3], bf16 ? "(float)(kiln_bf16)" : "",
                   name);
-  bool used[KILN__KMAX_PTR] = {0};
-  for (int j = 1; j < e->p->n; j++)
-    for (int q = 0; q < e->p->nodes[j]->nin; q++)
-      if (w->opnd[j][q] >= 0) used[w->opnd[j][q]] = true;
   for (int k = 0; k < o->n; k++) {
     if (!used[k] || o->store[k]) continue;
     kiln__sb_printf(b, "      const %s x%d = ((const %s *)a.ptr[%d])[", rtype(o->t[k]->dtype), k,
                     ctype(o->t[k]->dtype), k);
-    offset_expr(b, k, 4, false);
+    offset_expr(b, k, 4, o->lin[k], 0);
     kiln__sb_printf(b, "];\n");
   }
   for (int j = 0; j < e->p->n; j++) {
@@ -865,7 +985,7 @@ static void store_lanes(kiln__sb *b, const char *name, int out, kiln_dtype dt, i
     if (k < 0) continue;
     const char *ot = ctype(nd->out->dtype);
     kiln__sb_printf(b, "      ((%s *)a.ptr[%d])[", ot, k);
-    offset_expr(b, k, 4, false);
+    offset_expr(b, k, 4, o->lin[k], 0);
     kiln__sb_printf(b, "] = (%s)v%d;\n", ot, j);
   }
   kiln__sb_printf(b, "    }\n");
@@ -982,9 +1102,9 @@ static void window_body(kiln__sb *b, const kiln__node *n, const kiln__win *w, in
     if (tiled) { /* e over the windows, which tile the image: each writes its own pixels */
       kiln__sb_printf(b,
                       "    const %s *dy = (const %s *)a.ptr[0];\n"
-                      "    const %s *x = (const %s *)a.ptr[1];\n"
-                      "    %s *dx = (%s *)a.ptr[%d];\n",
-                      ty->in0, ty->in0, ty->in1, ty->in1, ty->out, ty->out, out);
+                      "    const %s *x = (const %s *)a.ptr[1];\n",
+                      ty->in0, ty->in0, ty->in1, ty->in1);
+      if (!epi) kiln__sb_printf(b, "    %s *dx = (%s *)a.ptr[%d];\n", ty->out, ty->out, out);
       emit_split(b, false);
       kiln__sb_printf(b, "    float best[V];\n"
                          "    int at[V];\n"
@@ -1002,17 +1122,29 @@ static void window_body(kiln__sb *b, const kiln__node *n, const kiln__win *w, in
                          "          }\n"
                          "      }\n");
       emit_lanes_load(b, "    ", "gv", "dy", "((n * OH + oh) * OW + ow) * C + c", V);
-      kiln__sb_printf(
-          b, "    for (int p = 0; p < KH; p++)\n"
-             "      for (int q = 0; q < KW; q++) {\n"
-             "        float d[V];\n"
-             "#pragma unroll\n"
-             "        for (int l = 0; l < V; l++) d[l] = at[l] == p * KW + q ? gv[l] : 0.f;\n"
-             "        const ix o = ((n * H + oh * KH + p) * W + ow * KW + q) * C + c;\n");
-      if (V == 4)
-        kiln__sb_printf(b, "        kiln_store4(&dx[o], d);\n");
-      else
-        kiln__sb_printf(b, "        dx[o] = (%s)d[0];\n", ty->out);
+      /* the window's pixels, and the last window of a row or column also writes the zeros of
+       * the pixels no window covers (the image's last rows or columns when KH or KW does not
+       * divide it) */
+      kiln__sb_printf(b,
+                      "    const ix hend = %s, wend = %s;\n"
+                      "    for (ix h = oh * KH; h < hend; h++)\n"
+                      "      for (ix w = ow * KW; w < wend; w++) {\n"
+                      "        const int p = (int)(h - oh * KH), q = (int)(w - ow * KW);\n"
+                      "        float d[V];\n"
+                      "#pragma unroll\n"
+                      "        for (int l = 0; l < V; l++)\n"
+                      "          d[l] = p < KH && q < KW && at[l] == p * KW + q ? gv[l] : 0.f;\n",
+                      sz[1] == sz[4] * w->kh ? "oh * KH + KH" : "oh == OH - 1 ? H : oh * KH + KH",
+                      sz[2] == sz[5] * w->kw ? "ow * KW + KW" : "ow == OW - 1 ? W : ow * KW + KW");
+      if (epi) {
+        store_lanes(b, "d", out, odt, V, epi);
+      } else {
+        kiln__sb_printf(b, "        const ix o = ((n * H + h) * W + w) * C + c;\n");
+        if (V == 4)
+          kiln__sb_printf(b, "        kiln_store4(&dx[o], d);\n");
+        else
+          kiln__sb_printf(b, "        dx[o] = (%s)d[0];\n", ty->out);
+      }
       kiln__sb_printf(b, "      }\n");
       break;
     }
@@ -1122,8 +1254,10 @@ static bool render_window(const kiln__target *tg, const kiln__ew_prog *p, kiln__
     wire(p, NULL, &o, &wr, &r->arg, &nf, &ni, &nu); /* the op's inputs are operands 0.. */
     for (int q = 0; q < n->nin; q++)
       KILN_ASSERT(wr.opnd[0][q] == q);
-    for (int k = 0; k < o.n; k++)
+    for (int k = 0; k < o.n; k++) {
       align_strides(o.t[k], 4, n->out->shape, a->st[k]);
+      o.lin[k] = dense(o.t[k], kiln_tensor_numel(n->out)); /* the epilogue indexes it by i */
+    }
   }
   int64_t sz[6] = {img->shape[0], img->shape[1], img->shape[2],
                    img->shape[3], win->shape[1], win->shape[2]};
@@ -1142,13 +1276,18 @@ static bool render_window(const kiln__target *tg, const kiln__ew_prog *p, kiln__
   }
   bool wide = most >= ((int64_t)1 << 31) - KILN__INDEX_MARGIN;
   kiln__win w = kiln__win_of(n);
-  /* max pooling's gradient over windows that tile the image exactly (no overlap, padding or
-   * dilation, sizes that divide): a thread per window finds its maximum once */
-  bool tiled = n->op == KILN__OP_MAX_POOL_GRAD && p->n == 1 && w.sh == w.kh && w.sw == w.kw &&
-               w.ph == 0 && w.pw == 0 && w.dh == 1 && w.dw == 1 && sz[1] == sz[4] * w.kh &&
-               sz[2] == sz[5] * w.kw;
+  /* max pooling's gradient over windows that tile the image (no overlap, padding or dilation;
+   * the pixels past the last window are zeros): a thread per window finds its maximum once */
+  bool tiled = n->op == KILN__OP_MAX_POOL_GRAD && w.sh == w.kh && w.sw == w.kw && w.ph == 0 &&
+               w.pw == 0 && w.dh == 1 && w.dw == 1;
   a->n = kiln_tensor_numel(tiled ? win : n->out) / V;
   win_epi epi = {.p = p, .o = &o, .w = &wr, .shape = n->out->shape, .image = image_out};
+  epi.vec = p->n > 1 && V == 4 && !wr.coords;
+  for (int j = 0; j < p->n && epi.vec; j++) /* what the epilogue reads, and every store */
+    for (int q = -1; q < (j ? p->nodes[j]->nin : 0) && epi.vec; q++) {
+      int k = q < 0 ? wr.store_slot[j] : wr.opnd[j][q];
+      epi.vec = k < 0 || (o.lin[k] && o.t[k]->offset % 4 == 0 && kiln__is_float(o.t[k]->dtype));
+    }
   kiln__sb b = {0};
   window_body(&b, n, &w, n->i[KILN__WIN_LEN], sz, V, wide, tiled, out, &ty, p->n > 1 ? &epi : NULL);
   char stem[80], suffix[48];
@@ -1397,7 +1536,7 @@ static void emit_loads(kiln__sb *b, const kiln__ew_prog *p, const bool *use, con
       if (per_row)
         row_offset(b, k, nd - 1);
       else
-        offset_expr(b, k, nd, false);
+        offset_expr(b, k, nd, false, 0);
       kiln__sb_printf(b, "];\n");
     }
   }
@@ -1415,7 +1554,7 @@ static void emit_value(kiln__sb *b, const kiln__ew_prog *p, const wiring *w, int
   if (per_row)
     row_offset(b, k, nd - 1);
   else
-    offset_expr(b, k, nd, false);
+    offset_expr(b, k, nd, false, 0);
   kiln__sb_printf(b, "] = (%s)v%d;\n", ot, j);
 }
 

@@ -1,9 +1,11 @@
 /*
  * test_gpu_ops_binary.c: the elementwise ops of two inputs on the GPU (add, sub, mul, div,
  * maximum, minimum and the comparisons) and where, against float64 references: every pair of
- * broadcasting shapes, with each input contiguous or a transposed, sliced or expanded view, an
- * input against itself and its transpose (ties), and gradients through both inputs against
- * central finite differences (kiln_gradcheck). Without a GPU every test skips, saying why.
+ * broadcasting shapes (among them inputs that one division of the element's index finds: a
+ * vector over the last dims, a value per leading index), with each input contiguous or a
+ * transposed, sliced or expanded view, an input against itself and its transpose (ties), and
+ * gradients through both inputs against central finite differences (kiln_gradcheck). Without a
+ * GPU every test skips, saying why.
  */
 #include <math.h>
 #include <stdio.h>
@@ -61,6 +63,13 @@ static void check_binary(kiln_ctx *ctx, const binop *op) {
       {.a = KILN_SCALAR_SHAPE, .b = KILN_SHAPE(2, 3)},
       {.a = KILN_SHAPE(2, 3), .b = KILN_SCALAR_SHAPE},
       {.a = KILN_SHAPE(33, 70), .b = KILN_SHAPE(70)},
+      /* inputs indexed by the output's last dims (i % P) or first dims (i / P), with four
+       * elements a thread where 4 divides P, and one where it does not */
+      {.a = KILN_SHAPE(2, 3, 5, 8), .b = KILN_SHAPE(5, 8)},
+      {.a = KILN_SHAPE(2, 3, 5, 8), .b = KILN_SHAPE(2, 3, 1, 1)},
+      {.a = KILN_SHAPE(2, 3, 1, 1), .b = KILN_SHAPE(2, 3, 5, 7)},
+      {.a = KILN_SHAPE(6, 1), .b = KILN_SHAPE(6, 4)},
+      {.a = KILN_SHAPE(4, 12), .b = KILN_SHAPE(1, 12)},
   };
   ref_layout pairs[][2] = {{REF_PLAIN, REF_PLAIN}, {REF_TRANS, REF_PLAIN},  {REF_PLAIN, REF_TRANS},
                            {REF_SLICE, REF_SLICE}, {REF_EXPAND, REF_PLAIN}, {REF_PLAIN, REF_EXPAND},

@@ -419,6 +419,52 @@ Test(gpu_ops, max_pool2d_ties_go_to_the_first_maximum) {
   th_ctx_free(ctx);
 }
 
+/* ReLU then max pooling whose windows tile the image (stride = kernel, with rows and columns
+ * left over or not): the backward pass runs the pooling gradient with the ReLU's derivative as
+ * its epilogue, one thread a window; forward and gradient against float64. The ReLU's zeros tie
+ * in every window that has no positive value. */
+Test(gpu_ops, relu_then_tiling_max_pool2d_fused) {
+  TH_GPU_CTX_EAGER(ctx);
+  struct {
+    kiln_shape x;
+    int k;
+  } cases[] = {{S4(2, 8, 6, 8), 2}, {S4(2, 7, 5, 8), 2}, {S4(3, 9, 11, 4), 3}, {S4(2, 7, 5, 3), 2}};
+  for (size_t ci = 0; ci < sizeof cases / sizeof *cases; ci++) {
+    kiln_pool2d_options o = {.kernel_h = cases[ci].k, .kernel_w = cases[ci].k};
+    ref_win g = pool_win(&o);
+    kiln_shape xs = cases[ci].x, os = ref_win_out(xs, &g, xs.d[3]);
+    int64_t nx = ref_numel(xs), no = ref_numel(os);
+    char what[160];
+    snprintf(what, sizeof what, "relu then max_pool2d %dx%d of [%lld,%lld,%lld,%lld]", cases[ci].k,
+             cases[ci].k, (long long)xs.d[0], (long long)xs.d[1], (long long)xs.d[2],
+             (long long)xs.d[3]);
+    kiln_step_begin(ctx);
+    float *xh = ref_falloc(nx);
+    ref_distinct_fill(xh, nx, 4000 + ci); /* half of them negative */
+    kiln_tensor *x = ref_upload(ctx, xs, xh);
+    ref_set_grad(ctx, x);
+    double *r = ref_dalloc(nx), *want = ref_dalloc(no), *dr = ref_dalloc(nx);
+    for (int64_t i = 0; i < nx; i++)
+      r[i] = xh[i] > 0 ? xh[i] : 0;
+    kiln_tensor *y = kiln_max_pool2d(kiln_relu(x), &o);
+    ref_max_pool2d(r, xs, &g, want);
+    ref_expect_close(ctx, y, os, want, 0, 0, what);
+    double *gy = backward_weighted(ctx, y, 4100 + ci, what);
+    ref_max_pool2d_backward(r, xs, &g, gy, dr);
+    for (int64_t i = 0; i < nx; i++)
+      dr[i] = xh[i] > 0 ? dr[i] : 0;
+    expect_grad(ctx, x, xs, dr, 1e-6, 1e-6, what, "x");
+    free(xh);
+    free(r);
+    free(want);
+    free(dr);
+    free(gy);
+    kiln_tensor_free(x);
+    th_assert_ok(ctx);
+  }
+  th_ctx_free(ctx);
+}
+
 Test(gpu_ops, avg_pool2d) {
   TH_GPU_CTX_EAGER(ctx);
   for (size_t i = 0; i < sizeof pool_cases / sizeof *pool_cases; i++)
