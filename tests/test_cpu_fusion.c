@@ -146,6 +146,13 @@ Test(fusion, matmul_bias_relu_epilogue) {
   h = kiln_relu(kiln_linear_forward(&l1, x));
   cr_assert_not_null(kiln_linear_forward(&l2, h));
   expect_plan(ctx, true, "matmul* add* relu [bias+relu+mask] | matmul* add [bias]");
+  /* but not for a product of more than 2^20 elements (cuBLASLt would write the mask in a
+   * kernel of its own): the ReLU's derivative reads the ReLU's output instead */
+  kiln_step_begin(ctx);
+  kiln_tensor *tall = th_f32(ctx, KILN_SHAPE(65537, 20));
+  h = kiln_relu(kiln_linear_forward(&l1, tall));
+  cr_assert_not_null(kiln_linear_forward(&l2, h));
+  expect_plan(ctx, true, "matmul* add* relu [bias+relu] | matmul* add [bias]");
   /* a product whose result is read elsewhere too keeps it, and gets no epilogue */
   kiln_step_begin(ctx);
   kiln_tensor *y = kiln_linear_forward(&l1, x);
