@@ -49,6 +49,9 @@ typedef struct kiln__group {
   const kiln_tensor *full;
   bool rows;
   int alias_first, nalias;
+  /* a col2im group whose first member is the product it sums, computed in the same kernel as an
+   * implicit GEMM (fusion/device/igemm.cuh); the column matrix is never written */
+  bool implicit;
 } kiln__group;
 
 /* In a row program, the view `view` of a per-row value is read as `value` itself. */
@@ -129,7 +132,7 @@ typedef struct kiln__spec {
   const kiln_tensor *full; /* ROWS: the iteration space whose last axis is reduced */
   int nups;                /* UPDATES */
   const kiln__node *ups[KILN__KMAX_UPDATE];
-  kiln__gemm gemm; /* BLAS */
+  kiln__gemm gemm; /* BLAS; WINDOW: a col2im's implicit product (a and b set) */
   /* a concat input's copy into its slice of the output: a node and a view that lowering owns */
   kiln__node copy;
   kiln_tensor slice;

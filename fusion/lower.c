@@ -122,7 +122,11 @@ static void lower_group(const kiln_ctx *ctx, const kiln__plan *p, const kiln__gr
     if (n->op != KILN__OP_CONCAT) { /* a window op and its elementwise epilogue */
       s->kind = KILN__SPEC_WINDOW;
       s->red = n;
-      prog_of(ctx, p, g, 0, g->n, &s->prog);
+      prog_of(ctx, p, g, g->implicit, g->n, &s->prog);
+      if (g->implicit) { /* col2im of dY Wk, the product in the same kernel */
+        const kiln__node *mm = &ctx->trace.nodes[p->members[g->first]];
+        s->gemm = (kiln__gemm){.a = mm->in[0], .b = mm->in[1], .d = mm->out};
+      }
       return;
     }
     lower_concat(ctx, g, s);

@@ -119,7 +119,8 @@ static bool reads_own_write(const kiln_ctx *ctx, const kiln__plan *p, const kiln
  * the shape of g's first node). */
 static bool can_join(const kiln_ctx *ctx, const kiln__plan *p, const kiln__group *g, int32_t i) {
   const kiln__node *n = &ctx->trace.nodes[i];
-  const kiln__node *first = &ctx->trace.nodes[p->members[g->first]];
+  /* the group's space: its first node's, or an implicit product's col2im's */
+  const kiln__node *first = &ctx->trace.nodes[g->implicit ? g->node : p->members[g->first]];
   if (!kiln__same_shape(n->out, first->out) || !fits(ctx, p, g, i, 1)) return false;
   for (int j = 0; j < n->nin; j++)
     if (reads_own_write(ctx, p, g, n->in[j])) return false;
@@ -417,6 +418,46 @@ static int32_t bgradb_sum(kiln_ctx *ctx, const kiln__plan *p, int32_t i) {
   return -1;
 }
 
+/* The implicit data gradient (fusion/device/igemm.cuh) runs where a convolution's data gradient
+ * is short: cuBLAS then mostly writes the column matrix (H200: the cnn workload's 73728 x 288
+ * product with 64 output channels moved 75 MB in 55 us, and col2im read it back in 34 us). With
+ * more output channels cuBLAS's product wins (dev/README.md). */
+#define KILN__IMPLICIT_MAX_CO 64
+
+/* Whether col2im node c and the product dcols = dY Wk whose rows it sums (read through a reshape
+ * to (N, OH, OW, K)) can run as one implicit GEMM: the product has no other reader, dY (M, CO)
+ * and Wk (CO, KH*KW*CI) are dense in f32 (with TF32 allowed) or bf16, one group, channel counts
+ * the tiles take, an sm_80 device or newer, and nothing between the two nodes writes memory in
+ * place. Returns the product's node, or -1. */
+static int32_t implicit_dgrad(const kiln_ctx *ctx, const kiln__plan *p, int32_t c) {
+  const kiln__node *nodes = ctx->trace.nodes, *cn = &nodes[c];
+  if (cn->op != KILN__OP_COL2IM || KILN__I(cn, COL2IM, groups) != 1 || ctx->arch < 80) return -1;
+  int32_t r = producer(ctx, p, cn->in[0]);
+  if (r < 0 || nodes[r].op != KILN__OP_RESHAPE || p->readers[r - p->first] != 1 ||
+      nodes[r].out->keep)
+    return -1;
+  int32_t mm = producer(ctx, p, nodes[r].in[0]);
+  if (mm < 0 || nodes[mm].op != KILN__OP_MATMUL || p->readers[mm - p->first] != 1 ||
+      nodes[mm].out->keep || p->group_of[mm - p->first] >= 0 || p->claim[mm - p->first] >= 0)
+    return -1;
+  const kiln_tensor *A = nodes[mm].in[0], *B = nodes[mm].in[1], *D = nodes[mm].out, *X = cn->out;
+  kiln_dtype dt = D->dtype;
+  bool f32 = dt == KILN_DTYPE_F32 && ctx->tf32;
+  int64_t vec = f32 ? 4 : 8, bk = f32 ? 16 : 32;
+  if ((!f32 && dt != KILN_DTYPE_BF16) || A->dtype != dt || B->dtype != dt || X->dtype != dt ||
+      A->ndim != 2 || B->ndim != 2 || !kiln__is_contiguous(A) || !kiln__is_contiguous(B) ||
+      !kiln__is_contiguous(X) || A->offset % vec || B->offset % vec || X->offset % vec)
+    return -1;
+  int64_t co = A->shape[1], ci = X->shape[3];
+  if (co % bk || co > KILN__IMPLICIT_MAX_CO || ci % vec || kiln_tensor_numel(A) >= INT32_MAX ||
+      kiln_tensor_numel(X) >= INT32_MAX || kiln_tensor_numel(B) >= INT32_MAX)
+    return -1;
+  for (int32_t j = mm + 1; j < c; j++) /* dY and Wk keep their values until c runs */
+    if (kiln__ops[nodes[j].op].kind == KILN__KIND_UPDATE || nodes[j].op == KILN__OP_ASSIGN)
+      return -1;
+  return mm;
+}
+
 /* Write-through: assignment i of an intermediate S, or of a view of S that is dense from S's
  * first element (the same bytes in the same order), to a persistent buffer D (a gradient) can be
  * dropped when S's producer writes D itself: S is dense and as large as D, nothing in the flush
@@ -489,6 +530,14 @@ static bool phase_bias_gradients(kiln_ctx *ctx, kiln__plan *p, bool fuse) {
   return kiln__ok(ctx);
 }
 
+static bool phase_implicit(kiln_ctx *ctx, kiln__plan *p, bool fuse) {
+  for (int32_t i = p->first; i < p->last && fuse; i++) {
+    int32_t mm = implicit_dgrad(ctx, p, i);
+    if (mm >= 0) p->claim[mm - p->first] = i; /* col2im's group computes the product */
+  }
+  return true;
+}
+
 static bool phase_groups(kiln_ctx *ctx, kiln__plan *p, bool fuse) {
   const kiln__node *nodes = ctx->trace.nodes;
   int32_t first = p->first;
@@ -547,7 +596,15 @@ static bool phase_groups(kiln_ctx *ctx, kiln__plan *p, bool fuse) {
       continue;
     }
     kiln__group *g = new_group(ctx, p, kind, i);
-    if (!g || !add_member(ctx, p, g, i)) return false;
+    if (!g) return false;
+    if (nd->op == KILN__OP_COL2IM && fuse) { /* the product it sums, as an implicit GEMM */
+      int32_t r = producer(ctx, p, nd->in[0]), mm = r >= 0 ? producer(ctx, p, nodes[r].in[0]) : -1;
+      if (mm >= 0 && p->claim[mm - first] == i) {
+        g->implicit = true;
+        if (!add_member(ctx, p, g, mm)) return false;
+      }
+    }
+    if (!add_member(ctx, p, g, i)) return false;
     if (fuse && kiln__window_epilogue(nd->op)) open = g; /* elementwise nodes after it join */
     if (kind == KILN__KIND_REDUCE && fuse && row_reduction(nd)) {
       g->full = nd->in[0];
@@ -599,6 +656,8 @@ static bool phase_product_outputs(kiln_ctx *ctx, kiln__plan *p, bool fuse) {
   const kiln__node *nodes = ctx->trace.nodes;
   for (int k = 0; k < p->ng; k++) {
     kiln__group *g = &p->g[k];
+    if (g->implicit) /* the column matrix exists only in the kernel's tiles */
+      p->store[p->members[g->first] - p->first] = false;
     if (g->kind != KILN__KIND_MATMUL) continue;
     /* the product's own result is written, or only its epilogue's, and what the epilogue
      * writes beside it: a GELU's input, a bias gradient */
@@ -622,6 +681,7 @@ static const struct {
     {"readers", phase_readers},
     {"write-through", phase_write_through},
     {"bias gradients", phase_bias_gradients},
+    {"implicit products", phase_implicit},
     {"groups", phase_groups},
     {"stores", phase_stores},
     {"product outputs", phase_product_outputs},

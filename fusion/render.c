@@ -395,22 +395,28 @@ static void stem_of(const kiln__ew_prog *p, const char *prefix, const char *suff
   if (k < n) snprintf(stem + k, n - k, "%s", suffix);
 }
 
-/* Names the kernel after its stem and body and wraps the body into the kernel's source. */
-static bool finish(kiln__sb *body, const char *stem, const operands *o, kiln__rendered *r) {
+/* Names the kernel after its stem, the text pre and its body, and wraps the body into the kernel's
+ * source, after the prelude and pre (declarations at file scope; NULL: none). */
+static bool finish_with(kiln__sb *body, const char *stem, const operands *o, kiln__rendered *r,
+                        const char *pre) {
   if (body->oom) return false;
-  uint64_t h = kiln__hash(body->s, body->n, 0);
+  uint64_t h = kiln__hash(body->s, body->n, pre ? kiln__hash(pre, strlen(pre), 0) : 0);
   snprintf(r->name, sizeof r->name, "%s_%08" PRIx64, stem, h & 0xffffffffu);
   kiln__sb_printf(&r->src,
-                  "#include \"prelude.cuh\"\n"
+                  "#include \"prelude.cuh\"\n%s"
                   "extern \"C\" __global__ void __launch_bounds__(%d) %s(const kiln__kargs a) {\n"
                   "%s}\n",
-                  KILN__BLOCK, r->name, body->s);
+                  pre ? pre : "", KILN__BLOCK, r->name, body->s);
   if (o) {
     r->arg.nptr = o->n;
     for (int k = 0; k < o->n; k++)
       r->arg.ptr[k] = o->t[k];
   }
   return !r->src.oom;
+}
+
+static bool finish(kiln__sb *body, const char *stem, const operands *o, kiln__rendered *r) {
+  return finish_with(body, stem, o, r, NULL);
 }
 
 /* Blocks for a grid-stride loop over threads: at most this many per SM (enough resident
@@ -1230,6 +1236,107 @@ static void window_body(kiln__sb *b, const kiln__node *n, const kiln__win *w, in
 
 /* A window op, alone (p->n == 1) or with the elementwise nodes that follow it in its group as an
  * epilogue computed per lane (p->nodes[0] is the op). */
+/* col2im of the product dY Wk as one implicit GEMM (igemm.cuh): operand 0 is col2im's input
+ * (the column matrix, never read), then the epilogue's operands, then dY and Wk. A block of 128
+ * image pixels and BN channels, its accumulators stored through col2im's epilogue, two channels
+ * at a time. */
+static bool render_dgrad(const kiln__ew_prog *p, const kiln__gemm *mm, kiln__rendered *r) {
+  const kiln__node *n = p->nodes[0];
+  const kiln_tensor *X = n->out, *A = mm->a, *B = mm->b;
+  kiln__kargs *a = &r->arg.args;
+  operands o = {0};
+  wiring wr;
+  int out = -1;
+  if (p->n == 1) {
+    operand(&o, n->in[0], false, NULL);
+    out = operand(&o, X, true, NULL);
+  } else {
+    int nf = 0, ni = 0, nu = 0;
+    wire(p, NULL, &o, &wr, &r->arg, &nf, &ni, &nu);
+    KILN_ASSERT(wr.opnd[0][0] == 0);
+  }
+  for (int k = 0; k < o.n; k++) {
+    align_strides(o.t[k], 4, X->shape, a->st[k]);
+    o.lin[k] = dense(o.t[k], kiln_tensor_numel(X));
+  }
+  int ka = operand(&o, A, false, NULL), kb = operand(&o, B, false, NULL);
+  kiln__win w = kiln__win_of(n);
+  int64_t N = X->shape[0], H = X->shape[1], W = X->shape[2], CI = X->shape[3];
+  int64_t OH = n->in[0]->shape[1], OW = n->in[0]->shape[2], CO = A->shape[1];
+  int BN = CI <= 32 ? 32 : 64;
+  bool bf16 = X->dtype == KILN_DTYPE_BF16;
+  const char *T = ctype(X->dtype);
+  a->n = N * H * W; /* image pixels: the rows of dX */
+  win_epi epi = {.p = p, .o = &o, .w = &wr, .shape = X->shape, .image = true, .vec = false};
+  char pre[512];
+  snprintf(
+      pre, sizeof pre,
+      "#include \"igemm.cuh\"\n"
+      "struct G { /* the convolution's geometry */\n"
+      "  static constexpr int KH = %lld, KW = %lld, SH = %lld, SW = %lld, PH = %lld, PW = %lld, "
+      "DH = %lld, DW = %lld;\n"
+      "  static constexpr int H = %lld, W = %lld, OH = %lld, OW = %lld, CO = %lld, CI = %lld, "
+      "BN = %d;\n"
+      "};\n",
+      (long long)w.kh, (long long)w.kw, (long long)w.sh, (long long)w.sw, (long long)w.ph,
+      (long long)w.pw, (long long)w.dh, (long long)w.dw, (long long)H, (long long)W, (long long)OH,
+      (long long)OW, (long long)CO, (long long)CI, BN);
+  kiln__sb b = {0};
+  kiln__sb_printf(
+      &b,
+      "  typedef int ix;\n"
+      "  const int V = 2;\n"
+      "  (void)V;\n"
+      "  const int M = (int)a.n, m0 = (int)blockIdx.x * KILN_IG_BM, n0 = (int)blockIdx.y "
+      "* G::BN;\n"
+      "  float acc[2][G::BN / 16][4];\n"
+      "  kiln_dgrad<%s, G>((const %s *)a.ptr[%d], (const %s *)a.ptr[%d], M, m0, n0, "
+      "acc);\n"
+      "  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;\n"
+      "#pragma unroll\n"
+      "  for (int mi = 0; mi < 2; mi++)\n"
+      "#pragma unroll\n"
+      "  for (int ni = 0; ni < G::BN / 16; ni++)\n"
+      "#pragma unroll\n"
+      "  for (int hh = 0; hh < 2; hh++) {\n"
+      "    const ix m = m0 + (warp >> 1) * 32 + mi * 16 + (lane >> 2) + 8 * hh;\n"
+      "    const ix c = n0 + (warp & 1) * (G::BN / 2) + ni * 8 + 2 * (lane & 3);\n"
+      "    if (m >= M || c >= G::CI) continue;\n"
+      "    const ix n = m / (G::H * G::W), h = m / G::W %% G::H, w = m %% G::W;\n"
+      "    (void)n; (void)h; (void)w;\n"
+      "    const float d[2] = {acc[mi][ni][2 * hh], acc[mi][ni][2 * hh + 1]};\n",
+      T, T, ka, T, kb);
+  if (p->n > 1) {
+    store_lanes(&b, "d", out, X->dtype, 2, &epi);
+  } else if (bf16) {
+    kiln__sb_printf(&b,
+                    "    ((unsigned *)a.ptr[%d])[(m * G::CI + c) / 2] = kiln_bf16x2_bits(d[0], "
+                    "d[1]);\n",
+                    out);
+  } else {
+    kiln__sb_printf(&b,
+                    "    *(float2 *)&((float *)a.ptr[%d])[m * G::CI + c] = make_float2(d[0], "
+                    "d[1]);\n",
+                    out);
+  }
+  kiln__sb_printf(&b, "  }\n");
+  char stem[80], suffix[48];
+  snprintf(suffix, sizeof suffix, "_%lldx%lld_s%lld_%s_igemm", (long long)w.kh, (long long)w.kw,
+           (long long)w.sh, kiln_dtype_name(X->dtype));
+  stem_of(p, "k_matmul", suffix, stem, sizeof stem);
+  bool ok = finish_with(&b, stem, &o, r, pre);
+  kiln__sb_free(&b);
+  r->block = KILN__BLOCK;
+  r->grid = (unsigned)((a->n + 127) / 128);
+  r->grid_y = (unsigned)((CI + BN - 1) / BN);
+  for (int k = 1; k < o.n; k++) /* operand 0, the column matrix, is never read */
+    if (o.store[k])
+      r->bytes_written += footprint(o.t[k]);
+    else
+      r->bytes_read += footprint(o.t[k]);
+  return ok;
+}
+
 static bool render_window(const kiln__target *tg, const kiln__ew_prog *p, kiln__rendered *r) {
   const kiln__node *n = p->nodes[0];
   bool image_out = n->op == KILN__OP_COL2IM || n->op == KILN__OP_MAX_POOL_GRAD ||
@@ -1686,7 +1793,8 @@ bool kiln__render(const kiln__target *t, const kiln__spec *s, kiln__rendered *r)
   case KILN__SPEC_ROWS: return render_rows(t, &s->prog, s->full, r);
   case KILN__SPEC_UPDATES: return render_updates(t, s->ups, s->nups, r);
   case KILN__SPEC_GATHER: return render_gather(t, s->red, r);
-  case KILN__SPEC_WINDOW: return render_window(t, &s->prog, r);
+  case KILN__SPEC_WINDOW:
+    return s->gemm.a ? render_dgrad(&s->prog, &s->gemm, r) : render_window(t, &s->prog, r);
   case KILN__SPEC_MOMENTS: return render_moments(t, s->red, r);
   case KILN__SPEC_AUGMENT: return render_augment(t, s->red, r);
   case KILN__SPEC_BLAS: break;

@@ -155,15 +155,24 @@ static const char *check_group(const kiln_ctx *ctx, const kiln__plan *p, int k, 
                  kiln__epi_name(g->epi));
     break;
   }
-  case KILN__KIND_LIB:
-    for (int m = 1; m < g->n; m++) { /* a window op's elementwise epilogue */
+  case KILN__KIND_LIB: {
+    /* an implicit product first: col2im's, which it claims */
+    int h = g->implicit ? 1 : 0;
+    const kiln__node *head = &nodes[g->node];
+    if (g->implicit && (g->n < 2 || first->op != KILN__OP_MATMUL || head->op != KILN__OP_COL2IM ||
+                        p->members[g->first + 1] != g->node ||
+                        p->claim[p->members[g->first] - p->first] != g->node ||
+                        p->store[p->members[g->first] - p->first]))
+      return bad(why, n, "group %d: an implicit product that is not col2im's, or is written", k);
+    for (int m = h + 1; m < g->n; m++) { /* a window op's elementwise epilogue */
       const kiln__node *x = &nodes[p->members[g->first + m]];
-      if (!kiln__window_epilogue(first->op) || kiln__ops[x->op].kind != KILN__KIND_EW ||
-          !kiln__same_shape(x->out, first->out))
+      if (!kiln__window_epilogue(head->op) || kiln__ops[x->op].kind != KILN__KIND_EW ||
+          !kiln__same_shape(x->out, head->out))
         return bad(why, n, "group %d: a library call of %d nodes (#%d %s)", k, g->n,
                    p->members[g->first + m], kiln__ops[x->op].name);
     }
     break;
+  }
   case KILN__KIND_VIEW:
     if (g->n != 1) return bad(why, n, "group %d: a library call of %d nodes", k, g->n);
     break;
@@ -181,9 +190,10 @@ static const char *check_group(const kiln_ctx *ctx, const kiln__plan *p, int k, 
 }
 
 /* Whether view node v is how product group gi's epilogue reads its own value (a bias add's
- * output reshaped into the image its ReLU or GELU reads): only that group's nodes read it. */
+ * output reshaped into the image its ReLU or GELU reads, an implicit product's columns as
+ * col2im's input): only that group's nodes read it. */
 static bool epilogue_view(const kiln_ctx *ctx, const kiln__plan *p, int32_t v, int32_t gi) {
-  if (p->g[gi].kind != KILN__KIND_MATMUL) return false;
+  if (p->g[gi].kind != KILN__KIND_MATMUL && !p->g[gi].implicit) return false;
   const kiln_tensor *t = ctx->trace.nodes[v].out;
   bool read = false;
   for (int32_t j = v + 1; j < p->last; j++) {

@@ -10,7 +10,7 @@
 #include "helpers.h"
 
 Test(device, every_file_is_embedded_as_on_disk) {
-  const char *names[] = {"bf16.cuh",  "defs.cuh",   "kargs.cuh",   "math.cuh",
+  const char *names[] = {"bf16.cuh",  "defs.cuh",   "igemm.cuh",   "kargs.cuh", "math.cuh",
                          "optim.cuh", "philox.cuh", "prelude.cuh", "reduce.cuh"};
   int n = (int)(sizeof names / sizeof names[0]);
   cr_assert_eq(kiln__device_nfiles, n, "%d embedded device files, %d expected", kiln__device_nfiles,

@@ -206,6 +206,89 @@ Test(gpu_ops, conv2d_unfused) {
   th_ctx_free(ctx);
 }
 
+/* ---------------------------------------------------------------- implicit data gradients */
+
+/* Convolutions with few output channels, whose data gradient runs as one implicit GEMM on tensor
+ * cores (fusion/device/igemm.cuh): TF32 for f32 (TF32 on), bf16 in an autocast region; output
+ * pixels not a multiple of the 128-pixel tile, input channels not a multiple of the channel
+ * tile. */
+static const conv_case igemm_cases[] = {
+    {"32->64 3x3 (the cnn workload's second conv)", 4, 26, 26, 32, 64, 3, 3, CO(0), 1, 0, 0},
+    {"24->64 3x3 pad 1 (air's first group)", 3, 11, 9, 24, 64, 3, 3, CO(.pad_h = 1, .pad_w = 1), 0,
+     0, 0},
+    {"8->32 3x3 stride 2 pad 1", 2, 9, 7, 8, 32, 3, 3,
+     CO(.stride_h = 2, .stride_w = 2, .pad_h = 1, .pad_w = 1), 1, 0, 0},
+    {"40->32 3x2 dilation (2,1) pad (2,1)", 2, 8, 9, 40, 32, 3, 2,
+     CO(.dilation_h = 2, .pad_h = 2, .pad_w = 1), 1, 0, 0},
+    {"64->64 2x2 stride 2", 3, 10, 10, 64, 64, 2, 2, CO(.stride_h = 2, .stride_w = 2), 1, 0, 0},
+};
+
+static double bf16_round(double v) { return kiln_bf16_to_f32(kiln_bf16_from_f32((float)v)); }
+
+/* The gradient of x0 through relu (when relu is set) and the convolution, against float64 of the
+ * operands the tensor cores multiply: TF32 rounds them by 2^-11 (a sum of K products of about
+ * 0.25 is off by about sqrt(K) of that), bf16 operands are exact and the bf16 result is rounded
+ * (to one of two neighbours). */
+static void check_igemm(kiln_ctx *ctx, const conv_case *c, int bf16, int relu, uint64_t seed) {
+  ref_win g = conv_win(c);
+  kiln_shape xs = KILN_SHAPE(c->n, c->h, c->w, c->cin);
+  kiln_shape ws = KILN_SHAPE(c->cout, c->cin, c->kh, c->kw);
+  kiln_shape os = ref_win_out(xs, &g, c->cout);
+  char what[512], wd[96];
+  ref_win_str(&g, wd, sizeof wd);
+  snprintf(what, sizeof what, "the data gradient of conv2d %s (%s)%s, %s", c->desc, wd,
+           relu ? " after a relu" : "", bf16 ? "bf16" : "TF32");
+  kiln_step_begin(ctx);
+  float *xh, *wh;
+  kiln_tensor *x = ref_rand_tensor(ctx, xs, seed, &REF_GEN(-1, 1), 1, &xh);
+  kiln_tensor *w = ref_rand_tensor(ctx, ws, seed + 1, &REF_GEN(-1, 1), 1, &wh);
+  kiln_tensor *b =
+      c->bias ? ref_rand_tensor(ctx, KILN_SHAPE(c->cout), seed + 2, &REF_GEN(-1, 1), 1, NULL)
+              : NULL;
+  if (bf16) kiln_autocast_begin(ctx, KILN_DTYPE_BF16);
+  kiln_tensor *y = kiln_conv2d(relu ? kiln_relu(x) : x, w, b, &c->o);
+  if (bf16) kiln_autocast_end(ctx);
+  double *gy = backward_weighted(ctx, y, seed + 3, what);
+  int64_t nx = ref_numel(xs), nw = ref_numel(ws), no = ref_numel(os);
+  double *xd = ref_to_double(xh, nx), *wdd = ref_to_double(wh, nw), *dx = ref_dalloc(nx);
+  if (bf16) { /* y's gradient and the weight as bf16 */
+    for (int64_t i = 0; i < no; i++)
+      gy[i] = bf16_round(gy[i]);
+    for (int64_t i = 0; i < nw; i++)
+      wdd[i] = bf16_round(wdd[i]);
+  }
+  ref_conv2d_backward(xd, xs, wdd, c->cout, &g, gy, dx, NULL, NULL);
+  double k = (double)(c->kh * c->kw * c->cout);
+  for (int64_t i = 0; i < nx; i++) {
+    if (bf16) dx[i] = bf16_round(dx[i]);
+    if (relu && xh[i] <= 0) dx[i] = 0;
+  }
+  if (bf16) /* f32 sums and float64 ones may round to neighbouring bf16 values */
+    expect_grad(ctx, x, xs, dx, 1e-5, 8e-3, what, "x");
+  else
+    expect_grad(ctx, x, xs, dx, 4 * sqrt(k) * 0.25 * 1e-3, 1e-3, what, "x");
+  free(gy);
+  free(xd);
+  free(wdd);
+  free(dx);
+  free(xh);
+  free(wh);
+  kiln_tensor_free(x);
+  kiln_tensor_free(w);
+  kiln_tensor_free(b);
+  th_assert_ok(ctx);
+}
+
+Test(gpu_ops, conv2d_data_gradient_as_an_implicit_gemm) {
+  TH_GPU_CTX_EAGER(ctx);
+  kiln_set_tf32(ctx, 1);
+  for (int bf16 = 0; bf16 < 2; bf16++)
+    for (size_t i = 0; i < sizeof igemm_cases / sizeof *igemm_cases; i++)
+      for (int relu = 0; relu < 2; relu++)
+        check_igemm(ctx, &igemm_cases[i], bf16, relu, 3300 + 100 * bf16 + 10 * i + relu);
+  th_ctx_free(ctx);
+}
+
 /* The input as a view: every other column of a wider image, and a crop of the channels. */
 Test(gpu_ops, conv2d_of_a_view) {
   TH_GPU_CTX_EAGER(ctx);
