@@ -422,7 +422,9 @@ static int32_t bgradb_sum(kiln_ctx *ctx, const kiln__plan *p, int32_t i) {
  * is short: cuBLAS then mostly writes the column matrix (H200: the cnn workload's 73728 x 288
  * product with 64 output channels moved 75 MB in 55 us, and col2im read it back in 34 us). With
  * more output channels cuBLAS's product wins (dev/README.md). */
+#ifndef KILN__IMPLICIT_MAX_CO /* a build may set it, to measure */
 #define KILN__IMPLICIT_MAX_CO 64
+#endif
 
 /* Whether col2im node c and the product dcols = dY Wk whose rows it sums (read through a reshape
  * to (N, OH, OW, K)) can run as one implicit GEMM: the product has no other reader, dY (M, CO)
