@@ -434,6 +434,14 @@ static unsigned grid_for(const kiln__target *t, int64_t threads) {
 /* Room below 2^31 for a grid-stride index to step past the last element without overflowing. */
 #define KILN__INDEX_MARGIN 1024
 
+/* Whether a kernel whose offsets and indices reach span needs 64-bit indices. */
+static bool wide_index(int64_t span) { return span >= ((int64_t)1 << 31) - KILN__INDEX_MARGIN; }
+
+static void emit_index_type(kiln__sb *b, bool wide) {
+  kiln__sb_printf(b, "  typedef %s ix; // %s indexing\n", wide ? "long long" : "int",
+                  wide ? "64-bit" : "32-bit");
+}
+
 /* Whether strides st over a space of nd dims make an operand that one division of the element
  * index i finds: 'm' when it is dense over the last dims from *dim on and constant over the others
  * (a bias or batch norm's per-channel vector: offset i % P), 'd' when it is dense over the dims
@@ -519,11 +527,10 @@ static bool render_ew(const kiln__target *t, const kiln__ew_prog *p, kiln__rende
           r->bytes_written += footprint(p->nodes[j]->in[q]);
   vec = vec && floats && !coords;
   /* 32-bit indices while every offset (and a grid-stride step past the end) fits an int */
-  bool wide = span >= ((int64_t)1 << 31) - KILN__INDEX_MARGIN;
+  bool wide = wide_index(span);
 
   kiln__sb b = {0};
-  kiln__sb_printf(&b, "  typedef %s ix; // %s indexing\n", wide ? "long long" : "int",
-                  wide ? "64-bit" : "32-bit");
+  emit_index_type(&b, wide);
   for (int k = 0; k < o.n; k++) {
     if (!o.tail[k]) continue;
     kiln__sb_printf(&b, "  const ix P%d = (ix)(1", k);
@@ -704,12 +711,9 @@ static bool render_reduce(const kiln__target *t, const kiln__ew_prog *pro, const
     for (int d = 0; d < nd && k != out; d++)
       reach += (x->shape[d] - 1) * llabs(a->st[k][d]);
     if (reach > span) span = reach;
-    if (o.store[k])
-      r->bytes_written += footprint(o.t[k]);
-    else
-      r->bytes_read += footprint(o.t[k]);
   }
-  bool wide = span >= ((int64_t)1 << 31) - KILN__INDEX_MARGIN;
+  tally_bytes(&o, r);
+  bool wide = wide_index(span);
   bool argmax = rn->op == KILN__OP_ARGMAX, isum = rn->op == KILN__OP_SUM;
   bool exact = isum && rn->out->dtype == KILN_DTYPE_I32; /* i32 values, summed in 64 bits */
   const char *acct = exact ? "long long" : "float";
@@ -720,8 +724,7 @@ static bool render_reduce(const kiln__target *t, const kiln__ew_prog *pro, const
   const char *init = exact ? "0" : (isum ? "0.f" : "-__int_as_float(0x7f800000)");
 
   kiln__sb b = {0};
-  kiln__sb_printf(&b, "  typedef %s ix; // %s indexing\n", wide ? "long long" : "int",
-                  wide ? "64-bit" : "32-bit");
+  emit_index_type(&b, wide);
   if (rows) {
     /* a block reduction's partials: one per warp, at most 32 warps (reduce.cuh) */
     kiln__sb_printf(&b, "  __shared__ %s sv[32];\n", acct);
@@ -1236,6 +1239,27 @@ static void window_body(kiln__sb *b, const kiln__node *n, const kiln__win *w, in
 
 /* A window op, alone (p->n == 1) or with the elementwise nodes that follow it in its group as an
  * epilogue computed per lane (p->nodes[0] is the op). */
+/* The operands of a window op's kernel: its inputs (operands 0..) and output, or with an
+ * epilogue the program's wiring (whose strides and dense flags the epilogue reads). Returns the
+ * output's operand, -1 when the epilogue stores. */
+static int window_operands(const kiln__ew_prog *p, operands *o, wiring *wr, kiln__rendered *r) {
+  const kiln__node *n = p->nodes[0];
+  if (p->n == 1) {
+    for (int q = 0; q < n->nin; q++)
+      operand(o, n->in[q], false, NULL);
+    return operand(o, n->out, true, NULL);
+  }
+  int nf = 0, ni = 0, nu = 0;
+  wire(p, NULL, o, wr, &r->arg, &nf, &ni, &nu); /* the op's inputs are operands 0.. */
+  for (int q = 0; q < n->nin; q++)
+    KILN_ASSERT(wr->opnd[0][q] == q);
+  for (int k = 0; k < o->n; k++) {
+    align_strides(o->t[k], 4, n->out->shape, r->arg.args.st[k]);
+    o->lin[k] = dense(o->t[k], kiln_tensor_numel(n->out)); /* the epilogue indexes it by i */
+  }
+  return -1;
+}
+
 /* col2im of the product dY Wk as one implicit GEMM (igemm.cuh): operand 0 is col2im's input
  * (the column matrix, never read), then the epilogue's operands, then dY and Wk. A block of 128
  * image pixels and BN channels, its accumulators stored through col2im's epilogue, two channels
@@ -1246,19 +1270,7 @@ static bool render_dgrad(const kiln__ew_prog *p, const kiln__gemm *mm, kiln__ren
   kiln__kargs *a = &r->arg.args;
   operands o = {0};
   wiring wr;
-  int out = -1;
-  if (p->n == 1) {
-    operand(&o, n->in[0], false, NULL);
-    out = operand(&o, X, true, NULL);
-  } else {
-    int nf = 0, ni = 0, nu = 0;
-    wire(p, NULL, &o, &wr, &r->arg, &nf, &ni, &nu);
-    KILN_ASSERT(wr.opnd[0][0] == 0);
-  }
-  for (int k = 0; k < o.n; k++) {
-    align_strides(o.t[k], 4, X->shape, a->st[k]);
-    o.lin[k] = dense(o.t[k], kiln_tensor_numel(X));
-  }
+  int out = window_operands(p, &o, &wr, r);
   int ka = operand(&o, A, false, NULL), kb = operand(&o, B, false, NULL);
   kiln__win w = kiln__win_of(n);
   int64_t N = X->shape[0], H = X->shape[1], W = X->shape[2], CI = X->shape[3];
@@ -1329,11 +1341,8 @@ static bool render_dgrad(const kiln__ew_prog *p, const kiln__gemm *mm, kiln__ren
   r->block = KILN__BLOCK;
   r->grid = (unsigned)((a->n + 127) / 128);
   r->grid_y = (unsigned)((CI + BN - 1) / BN);
-  for (int k = 1; k < o.n; k++) /* operand 0, the column matrix, is never read */
-    if (o.store[k])
-      r->bytes_written += footprint(o.t[k]);
-    else
-      r->bytes_read += footprint(o.t[k]);
+  tally_bytes(&o, r);
+  r->bytes_read -= footprint(o.t[0]); /* operand 0, the column matrix, is never read */
   return ok;
 }
 
@@ -1345,27 +1354,13 @@ static bool render_window(const kiln__target *tg, const kiln__ew_prog *p, kiln__
   kiln__kargs *a = &r->arg.args;
   operands o = {0};
   wiring wr;
-  int out = -1;
   for (int q = 0; q < n->nin; q++)
     KILN_ASSERT(kiln__is_contiguous(n->in[q]) && kiln__is_float(n->in[q]->dtype));
   win_types ty = {.in0 = ctype(n->in[0]->dtype),
                   .in1 = ctype(n->in[n->nin > 1]->dtype),
                   .out = ctype(n->out->dtype),
                   .out_dt = n->out->dtype};
-  if (p->n == 1) {
-    for (int q = 0; q < n->nin; q++)
-      operand(&o, n->in[q], false, NULL);
-    out = operand(&o, n->out, true, NULL);
-  } else {
-    int nf = 0, ni = 0, nu = 0;
-    wire(p, NULL, &o, &wr, &r->arg, &nf, &ni, &nu); /* the op's inputs are operands 0.. */
-    for (int q = 0; q < n->nin; q++)
-      KILN_ASSERT(wr.opnd[0][q] == q);
-    for (int k = 0; k < o.n; k++) {
-      align_strides(o.t[k], 4, n->out->shape, a->st[k]);
-      o.lin[k] = dense(o.t[k], kiln_tensor_numel(n->out)); /* the epilogue indexes it by i */
-    }
-  }
+  int out = window_operands(p, &o, &wr, r);
   int64_t sz[6] = {img->shape[0], img->shape[1], img->shape[2],
                    img->shape[3], win->shape[1], win->shape[2]};
   bool cols = n->op == KILN__OP_IM2COL || n->op == KILN__OP_COL2IM;
@@ -1381,7 +1376,7 @@ static bool render_window(const kiln__target *tg, const kiln__ew_prog *p, kiln__
     uint64_t elems = footprint(o.t[k]) / kiln_dtype_size(o.t[k]->dtype);
     if (elems > (uint64_t)most) most = (int64_t)elems;
   }
-  bool wide = most >= ((int64_t)1 << 31) - KILN__INDEX_MARGIN;
+  bool wide = wide_index(most);
   kiln__win w = kiln__win_of(n);
   /* max pooling's gradient over windows that tile the image (no overlap, padding or dilation;
    * the pixels past the last window are zeros): a thread per window finds its maximum once */
@@ -1429,7 +1424,7 @@ static bool render_moments(const kiln__target *tg, const kiln__node *n, kiln__re
   int64_t R = n->in[0]->shape[0], C = n->in[0]->shape[1], P = n->out->shape[0];
   int64_t rows = KILN__I(n, MOMENTS, rows);
   bool centered = KILN__I(n, MOMENTS, mode) != 0;
-  bool wide = R * C >= ((int64_t)1 << 31) - KILN__INDEX_MARGIN;
+  bool wide = wide_index(R * C);
   a->n = R;
   a->shape[0] = C;
   kiln__sb b = {0};
@@ -1523,7 +1518,7 @@ static bool render_augment(const kiln__target *tg, const kiln__node *n, kiln__re
   KILN_ASSERT(n->nin == (alternate ? 2 : 1) && C >= 1);
   bool vec = C % 4 == 0 && x->offset % 4 == 0 && y->offset % 4 == 0;
   int V = vec ? 4 : (C <= 4 ? (int)C : 1);
-  bool wide = total >= ((int64_t)1 << 31) - KILN__INDEX_MARGIN;
+  bool wide = wide_index(total);
   a->n = total / V;
 
   kiln__sb b = {0};
