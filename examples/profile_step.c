@@ -19,12 +19,15 @@
  * warm-up), the kernels launched per step and the peak device memory.
  *
  *   profile_step [--workload mlp|cnn|air|all] [--steps N] [--blocks N]
- *                [--mode unfused|fused|graph] [--json]
+ *                [--mode unfused|fused|graph] [--json] [--compile-only]
  *
  * --workload defaults to all (mlp, cnn, then air). --steps is the steps per block, 100 by default
  * (20 for air, whose step takes milliseconds), --blocks the blocks, 21 by default. --json prints
  * one JSON line per workload and mode (bench/compare.py reads them). To see the steps in Nsight
  * Systems, run it under `nsys profile --trace=cuda,nvtx` with KILN_NVTX=1 (see the README).
+ * --compile-only needs no GPU: it records one step per mode in a context without one, which
+ * plans and compiles it (nothing runs), and prints the groups and kernels; with
+ * KILN_DUMP_KERNELS=dir the kernels' sources are written there.
  */
 #include <cuda_runtime_api.h>
 #include <stdio.h>
@@ -312,9 +315,40 @@ static result profile(int workload, int mode, int steps, int blocks) {
   return r;
 }
 
+/* One step of the workload planned and compiled in a context without a GPU (nothing runs). */
+static void compile_only(int workload, int mode) {
+  kiln_ctx_options o = {.no_gpu = 1};
+  kiln_ctx *ctx = kiln_ctx_new(&o);
+  if (!ctx) die(ctx, "out of host memory");
+  kiln_set_fusion(ctx, mode > 0);
+  kiln_set_graphs(ctx, mode == 2);
+  model m;
+  model_init(&m, ctx, workload);
+  if (!m.opt || kiln_ctx_error(ctx)) die(ctx, "setting up");
+  kiln_exec_stats s0, s1;
+  kiln_stats(ctx, &s0);
+  kiln_step_begin(ctx);
+  model_step(&m);
+  if (kiln_step_end(ctx) != KILN_OK) die(ctx, "planning and compiling the step");
+  kiln_stats(ctx, &s1);
+  printf("| %s | %llu | %llu | %llu | %.0f |\n", modes[mode],
+         (unsigned long long)(s1.nodes_recorded - s0.nodes_recorded),
+         (unsigned long long)(s1.groups - s0.groups),
+         (unsigned long long)(s1.kernels_compiled - s0.kernels_compiled + s1.cache_hits -
+                              s0.cache_hits),
+         s1.compile_ms - s0.compile_ms);
+  fflush(stdout);
+  kiln_optim_free(m.opt);
+  kiln_params_free(m.p);
+  kiln_tensor_free(m.x);
+  kiln_tensor_free(m.y);
+  kiln_ctx_free(ctx);
+}
+
 int main(int argc, char **argv) {
   /* steps 0: each workload's default (100 steps per block, 20 for air) */
   int steps = 0, steps_given = 0, blocks = 21, only = -1, json = 0, workload = -1; /* -1: all */
+  int compile = 0;
   for (int i = 1; i < argc; i++) {
     if (strcmp(argv[i], "--steps") == 0 && i + 1 < argc) {
       steps = atoi(argv[++i]);
@@ -323,6 +357,8 @@ int main(int argc, char **argv) {
       blocks = atoi(argv[++i]);
     } else if (strcmp(argv[i], "--json") == 0) {
       json = 1;
+    } else if (strcmp(argv[i], "--compile-only") == 0) {
+      compile = 1;
     } else if (strcmp(argv[i], "--mode") == 0 && i + 1 < argc) {
       const char *m = argv[++i];
       for (int k = 0; k < 3; k++)
@@ -344,7 +380,7 @@ int main(int argc, char **argv) {
     } else {
       fprintf(stderr,
               "usage: %s [--workload mlp|cnn|air|all] [--steps N] [--blocks N] "
-              "[--mode unfused|fused|graph] [--json]\n",
+              "[--mode unfused|fused|graph] [--json] [--compile-only]\n",
               argv[0]);
       return 2;
     }
@@ -358,7 +394,15 @@ int main(int argc, char **argv) {
       "cnn step (pytorch/examples MNIST net, batch 128, NHWC, Adam)",
       "air step (airbench94 net, batch 1024, NHWC, bf16 autocast, SGD Nesterov)",
   };
-  for (int w = 0; w < NWORKLOADS; w++) {
+  for (int w = 0; w < NWORKLOADS && compile; w++) {
+    if (workload >= 0 && w != workload) continue;
+    printf("%s%s, one step planned and compiled without a GPU\n\n| mode | nodes | groups | "
+           "kernels | NVRTC ms |\n| --- | --- | --- | --- | --- |\n",
+           w > 0 && workload < 0 ? "\n" : "", titles[w]);
+    for (int k = 0; k < 3; k++)
+      if (only < 0 || k == only) compile_only(w, k);
+  }
+  for (int w = 0; w < NWORKLOADS && !compile; w++) {
     if (workload >= 0 && w != workload) continue;
     int wsteps = steps_given ? steps : w == WORKLOAD_AIR ? 20 : 100;
     if (!json)
