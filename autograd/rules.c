@@ -338,17 +338,18 @@ void kiln__grad_concat(kiln__bw *b, const kiln__node *n, kiln_tensor *g, kiln_te
 
 /* ---------------------------------------------------------------- windows */
 
-/* Window op `op` of x with n's geometry and flag, giving an output shaped like `like`. */
+/* Window op `op` of x with n's geometry, giving an output shaped like `like`. */
 static kiln_tensor *window_like(kiln__op op, const kiln__node *n, kiln_tensor *x, kiln_tensor *x2,
                                 const kiln_tensor *like) {
   kiln__win w = kiln__win_of(n);
   return kiln__window(op, "kiln_backward", kiln_contiguous(x), x2 ? kiln_contiguous(x2) : NULL,
-                      like->shape, &w, n->i[KILN__WIN_LEN]);
+                      like->shape, &w);
 }
 
 void kiln__grad_im2col(kiln__bw *b, const kiln__node *n, kiln_tensor *g, kiln_tensor **gin) {
   (void)b;
   gin[0] = window_like(KILN__OP_COL2IM, n, g, NULL, n->in[0]);
+  if (gin[0]) KILN__I(kiln__producer(gin[0]), COL2IM, groups) = KILN__I(n, IM2COL, groups);
 }
 void kiln__grad_max_pool(kiln__bw *b, const kiln__node *n, kiln_tensor *g, kiln_tensor **gin) {
   (void)b;
@@ -357,6 +358,8 @@ void kiln__grad_max_pool(kiln__bw *b, const kiln__node *n, kiln_tensor *g, kiln_
 void kiln__grad_avg_pool(kiln__bw *b, const kiln__node *n, kiln_tensor *g, kiln_tensor **gin) {
   (void)b;
   gin[0] = window_like(KILN__OP_AVG_POOL_GRAD, n, g, NULL, n->in[0]);
+  if (gin[0])
+    KILN__I(kiln__producer(gin[0]), AVG_POOL_GRAD, exclude_pad) = KILN__I(n, AVG_POOL, exclude_pad);
 }
 
 /* ---------------------------------------------------------------- batch norm */

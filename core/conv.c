@@ -11,26 +11,24 @@
 
 #include "internal.h"
 
+/* The slot of window op n's geometry, its int attribute `win` (found by name). */
+static int win_slot(kiln__op op) {
+  kiln__attr_kind kind;
+  int slot;
+  KILN_ASSERT(kiln__ops[op].renderer == KILN__RENDER_WINDOW);
+  KILN_ASSERT(kiln__attr_find(op, "win", 3, &kind, &slot) && kind == KILN__ATTR_I &&
+              kiln__ops[op].attrs[kiln__attr_index(op, "win")].count == KILN__WIN_LEN);
+  return slot;
+}
+
 kiln__win kiln__win_of(const kiln__node *n) {
-  int64_t v[KILN__WIN_LEN];
-  for (int k = 0; k < KILN__WIN_LEN; k++) {
-    switch (n->op) {
-    case KILN__OP_IM2COL: v[k] = KILN__IA(n, IM2COL, win, k); break;
-    case KILN__OP_COL2IM: v[k] = KILN__IA(n, COL2IM, win, k); break;
-    case KILN__OP_MAX_POOL: v[k] = KILN__IA(n, MAX_POOL, win, k); break;
-    case KILN__OP_MAX_POOL_GRAD: v[k] = KILN__IA(n, MAX_POOL_GRAD, win, k); break;
-    case KILN__OP_AVG_POOL: v[k] = KILN__IA(n, AVG_POOL, win, k); break;
-    case KILN__OP_AVG_POOL_GRAD: v[k] = KILN__IA(n, AVG_POOL_GRAD, win, k); break;
-    default: KILN_ASSERT(!"kiln__win_of: not a window op");
-    }
-  }
   kiln__win w;
-  memcpy(&w, v, sizeof w);
+  memcpy(&w, &n->i[win_slot(n->op)], sizeof w);
   return w;
 }
 
 kiln_tensor *kiln__window(kiln__op op, const char *fn, kiln_tensor *x, kiln_tensor *x2,
-                          const int64_t *out_shape, const kiln__win *w, int64_t flag) {
+                          const int64_t *out_shape, const kiln__win *w) {
   kiln_ctx *ctx = x ? x->ctx : NULL;
   if (!ctx || !kiln__ok(ctx)) return NULL;
   KILN_ASSERT(kiln__is_contiguous(x) && (!x2 || kiln__is_contiguous(x2)));
@@ -39,22 +37,9 @@ kiln_tensor *kiln__window(kiln__op op, const char *fn, kiln_tensor *x, kiln_tens
   kiln_tensor *in[2] = {x, x2};
   kiln__node *n = kiln__record(ctx, op, x2 ? 2 : 1, in, out);
   if (!n) return NULL;
-  int64_t v[KILN__WIN_LEN];
-  memcpy(v, w, sizeof v);
-  for (int k = 0; k < KILN__WIN_LEN; k++)
-    n->i[k] = v[k]; /* win is every op's first int attribute (checked below) */
-  n->i[KILN__WIN_LEN] = flag;
+  memcpy(&n->i[win_slot(op)], w, sizeof *w);
   return out;
 }
-_Static_assert(offsetof(kiln__ia_IM2COL, win) == 0 && offsetof(kiln__ia_IM2COL, groups) == 8 &&
-                   offsetof(kiln__ia_COL2IM, win) == 0 && offsetof(kiln__ia_COL2IM, groups) == 8 &&
-                   offsetof(kiln__ia_MAX_POOL, win) == 0 &&
-                   offsetof(kiln__ia_MAX_POOL_GRAD, win) == 0 &&
-                   offsetof(kiln__ia_AVG_POOL, win) == 0 &&
-                   offsetof(kiln__ia_AVG_POOL, exclude_pad) == 8 &&
-                   offsetof(kiln__ia_AVG_POOL_GRAD, win) == 0 &&
-                   offsetof(kiln__ia_AVG_POOL_GRAD, exclude_pad) == 8,
-               "the window ops hold win first, then their flag");
 
 /* ---------------------------------------------------------------- checks */
 
@@ -175,7 +160,12 @@ kiln_tensor *kiln_conv2d(kiln_tensor *x, kiln_tensor *weight, kiln_tensor *bias,
   kiln_tensor *xc = kiln_contiguous(ac == KILN_DTYPE_F32 ? x : kiln_cast(x, ac));
   if (!xc) return NULL;
   bool pointwise = w.kh == 1 && w.kw == 1 && w.sh == 1 && w.sw == 1 && w.ph == 0 && w.pw == 0;
-  kiln_tensor *cols = pointwise ? xc : kiln__window(KILN__OP_IM2COL, fn, xc, NULL, cshape, &w, G);
+  kiln_tensor *cols = xc;
+  if (!pointwise) {
+    cols = kiln__window(KILN__OP_IM2COL, fn, xc, NULL, cshape, &w);
+    if (!cols) return NULL;
+    KILN__I(kiln__producer(cols), IM2COL, groups) = G;
+  }
   cols = kiln_reshape(cols, KILN_SHAPE(M, K));
   /* the weight's columns in im2col's order: (Cout, kh, kw, Cin / groups) */
   kiln_tensor *wk = kiln_reshape(kiln_permute(weight, KILN_AXES(0, 2, 3, 1)), KILN_SHAPE(Cout, Kg));
@@ -231,8 +221,9 @@ static kiln_tensor *pool(kiln__op op, const char *fn, kiln_tensor *x,
       !out_size(ctx, fn, "width", x->shape[2], w.kw, w.sw, w.pw, w.dw, &shape[2]))
     return NULL;
   kiln_tensor *xc = kiln_contiguous(x);
-  if (!xc) return NULL;
-  return kiln__window(op, fn, xc, NULL, shape, &w, max ? 0 : (o->exclude_pad != 0));
+  kiln_tensor *y = xc ? kiln__window(op, fn, xc, NULL, shape, &w) : NULL;
+  if (y && !max) KILN__I(kiln__producer(y), AVG_POOL, exclude_pad) = o->exclude_pad != 0;
+  return y;
 }
 
 kiln_tensor *kiln_max_pool2d(kiln_tensor *x, const kiln_pool2d_options *o) {

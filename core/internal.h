@@ -43,8 +43,35 @@ typedef enum kiln__kind {
   KILN__KIND_LIB,
 } kiln__kind;
 
+/* The kernel family that renders a group led by an op (ops.def, "renderer"). */
+typedef enum kiln__renderer {
+  KILN__RENDER_NONE,
+  KILN__RENDER_EW,
+  KILN__RENDER_REDUCE,
+  KILN__RENDER_BLAS,
+  KILN__RENDER_COPY,
+  KILN__RENDER_GATHER,
+  KILN__RENDER_WINDOW,
+  KILN__RENDER_MOMENTS,
+  KILN__RENDER_AUGMENT,
+} kiln__renderer;
+
+/* What an op's kernel iterates over (ops.def, "space"). */
+typedef enum kiln__space {
+  KILN__SPACE_NONE,
+  KILN__SPACE_OUT,
+  KILN__SPACE_IN,
+  KILN__SPACE_RED,
+  KILN__SPACE_MAT,
+  KILN__SPACE_SLICES,
+  KILN__SPACE_COLS,
+  KILN__SPACE_WINDOWS,
+  KILN__SPACE_IMAGE,
+  KILN__SPACE_ROWS,
+} kiln__space;
+
 typedef enum kiln__op {
-#define X(id, name, nin, kind, expr, stores, grad, saves, attrs) KILN__OP_##id,
+#define X(id, name, nin, kind, renderer, space, expr, stores, grad, saves, attrs) KILN__OP_##id,
 #include "ops.def"
 #undef X
   KILN__OP_COUNT
@@ -62,47 +89,59 @@ typedef enum kiln__op {
  * the slot of Adam's lr in a node's f[]. A misspelt name does not compile.
  */
 #define F(x) char x;
+#define FK(x) char x;
 #define I(x)
 #define IA(x, n)
 #define U(x)
-#define X(id, name, nin, kind, expr, stores, grad, saves, attrs)                                   \
+#define UK(x)
+#define X(id, name, nin, kind, renderer, space, expr, stores, grad, saves, attrs)                  \
   typedef struct kiln__fa_##id {                                                                   \
     attrs char kiln__end_;                                                                         \
   } kiln__fa_##id;
 #include "ops.def"
 #undef X
 #undef F
+#undef FK
 #undef I
 #undef IA
 #undef U
+#undef UK
 #define F(x)
+#define FK(x)
 #define I(x) char x;
 #define IA(x, n) char x[n];
 #define U(x)
-#define X(id, name, nin, kind, expr, stores, grad, saves, attrs)                                   \
+#define UK(x)
+#define X(id, name, nin, kind, renderer, space, expr, stores, grad, saves, attrs)                  \
   typedef struct kiln__ia_##id {                                                                   \
     attrs char kiln__end_;                                                                         \
   } kiln__ia_##id;
 #include "ops.def"
 #undef X
 #undef F
+#undef FK
 #undef I
 #undef IA
 #undef U
+#undef UK
 #define F(x)
+#define FK(x)
 #define I(x)
 #define IA(x, n)
 #define U(x) char x;
-#define X(id, name, nin, kind, expr, stores, grad, saves, attrs)                                   \
+#define UK(x) char x;
+#define X(id, name, nin, kind, renderer, space, expr, stores, grad, saves, attrs)                  \
   typedef struct kiln__ua_##id {                                                                   \
     attrs char kiln__end_;                                                                         \
   } kiln__ua_##id;
 #include "ops.def"
 #undef X
 #undef F
+#undef FK
 #undef I
 #undef IA
 #undef U
+#undef UK
 
 typedef struct kiln__node kiln__node;
 /* n itself, after asserting that it is an op node (the accessors below go through these). */
@@ -130,11 +169,13 @@ const kiln__node *kiln__red_of_c(const kiln__node *n, const char *file, int line
 #define KILN__RI(n, name) KILN__RED_OF(n)->i[offsetof(kiln__ia_SUM, name)]
 
 typedef enum kiln__attr_kind { KILN__ATTR_F, KILN__ATTR_I, KILN__ATTR_U } kiln__attr_kind;
-/* One named attribute of an op: its kind, name and how many values it holds. */
+/* One named attribute of an op: its kind, name, how many values it holds, and whether the op's
+ * own kernel reads it (FK, UK). */
 typedef struct kiln__attr {
   kiln__attr_kind kind;
   const char *name;
   int count;
+  bool kernel;
 } kiln__attr;
 #define KILN__MAX_ATTRS (KILN__NF + KILN__NI + KILN__NU)
 
@@ -146,6 +187,8 @@ typedef struct kiln__op_info {
   const char *name;
   int nin; /* the most inputs (concat takes 1..8) */
   kiln__kind kind;
+  kiln__renderer renderer;
+  kiln__space space;
   const char *expr;
   unsigned stores;    /* UPDATE: bit i set when input i is written back */
   kiln__grad_fn grad; /* kiln__grad_NONE: no gradient */
@@ -154,7 +197,7 @@ typedef struct kiln__op_info {
   kiln__attr attrs[KILN__MAX_ATTRS]; /* in ops.def's order */
 } kiln__op_info;
 
-#define X(id, name, nin, kind, expr, stores, grad, saves, attrs)                                   \
+#define X(id, name, nin, kind, renderer, space, expr, stores, grad, saves, attrs)                  \
   void kiln__grad_##grad(kiln__bw *b, const kiln__node *n, kiln_tensor *g, kiln_tensor **gin);
 #include "ops.def"
 #undef X
@@ -164,6 +207,40 @@ static inline bool kiln__has_grad(kiln__op op) { return kiln__ops[op].grad != ki
 /* op's attribute called name (the first len characters): its kind and its first slot among the
  * node's values of that kind; false when op has no such attribute. */
 bool kiln__attr_find(kiln__op op, const char *name, size_t len, kiln__attr_kind *kind, int *slot);
+/* Whether op has an attribute called name. */
+bool kiln__has_attr(kiln__op op, const char *name);
+/* Node n's integer attribute called name (asserting that n's op has one), found through the op
+ * table, as an lvalue (read-only for a const node): for code that serves several ops, as the
+ * window kernels do. KILN__I(n, OP, name) is the accessor when the op is known. */
+int64_t *kiln__attr_i(kiln__node *n, const char *name, const char *file, int line);
+const int64_t *kiln__attr_i_c(const kiln__node *n, const char *name, const char *file, int line);
+#define KILN__I_NAMED(n, name)                                                                     \
+  (*_Generic((n), const kiln__node *: kiln__attr_i_c, default: kiln__attr_i)((n), (name),          \
+                                                                             __FILE__, __LINE__))
+/* Whether op is a window op whose kernel takes the elementwise nodes after it as an epilogue: one
+ * over WINDOWS or IMAGE (pooling, col2im, the pools' gradients), whose lanes are the output's. */
+static inline bool kiln__takes_epilogue(kiln__op op) {
+  return kiln__ops[op].renderer == KILN__RENDER_WINDOW &&
+         (kiln__ops[op].space == KILN__SPACE_WINDOWS || kiln__ops[op].space == KILN__SPACE_IMAGE);
+}
+
+/* A $-token of an op expression: an input ($0), the element's linear index ($idx), the
+ * coordinate along the op's `axis` ($c), where a kernel records a bad value ($err), or one of its
+ * attributes ($lr). */
+typedef struct kiln__token {
+  enum { KILN__TOK_INPUT, KILN__TOK_IDX, KILN__TOK_COORD, KILN__TOK_ERR, KILN__TOK_ATTR } kind;
+  int input, attr; /* attr: index into the op's attribute list */
+  size_t len;      /* characters after the '$' */
+} kiln__token;
+/* The token after a '$' of op's expression (p points past the '$'). */
+kiln__token kiln__expr_token(kiln__op op, const char *p);
+/* Which of op's attributes its kernel code reads (used[a] for attribute a of its list): those its
+ * expression names and those marked FK or UK. */
+void kiln__kernel_attrs(kiln__op op, bool *used);
+/* How many float, int and 64-bit attribute slots op's kernel code takes. */
+void kiln__kernel_slots(kiln__op op, int *nf, int *ni, int *nu);
+/* The position of op's attribute called name in its list (asserting that it has one). */
+int kiln__attr_index(kiln__op op, const char *name);
 
 /* ---------------------------------------------------------------- allocator */
 
@@ -417,13 +494,13 @@ typedef struct kiln__win {
 } kiln__win;
 #define KILN__WIN_LEN 8
 _Static_assert(sizeof(kiln__win) == KILN__WIN_LEN * sizeof(int64_t), "kiln__win: eight int64s");
-/* The window geometry node n holds (any window op). */
+/* The window geometry node n holds (any window op: its attribute `win`). */
 kiln__win kiln__win_of(const kiln__node *n);
-/* Records window op `op` of x (contiguous) giving an output of out_shape (4-D); flag is the
- * op's int attribute after win (groups or exclude_pad; ignored by the max pools). x2 is the
- * second input of max_pool_grad (else NULL). */
+/* Records window op `op` of x (contiguous) with geometry w, giving an output of out_shape (4-D);
+ * the caller sets the op's other attributes (groups, exclude_pad) by name. x2 is the second
+ * input of max_pool_grad (else NULL). */
 kiln_tensor *kiln__window(kiln__op op, const char *fn, kiln_tensor *x, kiln_tensor *x2,
-                          const int64_t *out_shape, const kiln__win *w, int64_t flag);
+                          const int64_t *out_shape, const kiln__win *w);
 
 /* Column sums of an (R, C) matrix in one pass (the moments op): mode 0, in = {x, k}: the sums of
  * x - k and (x - k)^2; mode 1, in = {g, x, mean, invstd}: the sums of g and g (x - mean) invstd.

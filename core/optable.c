@@ -1,20 +1,26 @@
 /*
- * optable.c: the op table of ops.def as data the planner, renderer and autograd read, and the
- * lookup of attributes by name.
+ * optable.c: the op table of ops.def as data the planner, renderer and autograd read, the lookup
+ * of attributes by name, and the facts the table gives about an op's kernel: the tokens of its
+ * expression and which attributes its kernel code reads.
  */
+#include <stdlib.h>
 #include <string.h>
 
 #include "internal.h"
 
-#define F(x) {KILN__ATTR_F, #x, 1},
-#define I(x) {KILN__ATTR_I, #x, 1},
-#define IA(x, n) {KILN__ATTR_I, #x, n},
-#define U(x) {KILN__ATTR_U, #x, 1},
+#define F(x) {KILN__ATTR_F, #x, 1, false},
+#define FK(x) {KILN__ATTR_F, #x, 1, true},
+#define I(x) {KILN__ATTR_I, #x, 1, false},
+#define IA(x, n) {KILN__ATTR_I, #x, n, false},
+#define U(x) {KILN__ATTR_U, #x, 1, false},
+#define UK(x) {KILN__ATTR_U, #x, 1, true},
 const kiln__op_info kiln__ops[KILN__OP_COUNT] = {
-#define X(id, nm, n, k, e, s, g, sv, at)                                                           \
+#define X(id, nm, n, k, r, sp, e, s, g, sv, at)                                                    \
   [KILN__OP_##id] = {.name = nm,                                                                   \
                      .nin = n,                                                                     \
                      .kind = KILN__KIND_##k,                                                       \
+                     .renderer = KILN__RENDER_##r,                                                 \
+                     .space = KILN__SPACE_##sp,                                                    \
                      .expr = e,                                                                    \
                      .stores = s,                                                                  \
                      .grad = kiln__grad_##g,                                                       \
@@ -25,12 +31,14 @@ const kiln__op_info kiln__ops[KILN__OP_COUNT] = {
 #undef X
 };
 #undef F
+#undef FK
 #undef I
 #undef IA
 #undef U
+#undef UK
 
 /* Every op's attributes fit the node's arrays. */
-#define X(id, nm, n, k, e, s, g, sv, at)                                                           \
+#define X(id, nm, n, k, r, sp, e, s, g, sv, at)                                                    \
   _Static_assert(offsetof(kiln__fa_##id, kiln__end_) <= KILN__NF &&                                \
                      offsetof(kiln__ia_##id, kiln__end_) <= KILN__NI &&                            \
                      offsetof(kiln__ua_##id, kiln__end_) <= KILN__NU,                              \
@@ -61,6 +69,90 @@ bool kiln__attr_find(kiln__op op, const char *name, size_t len, kiln__attr_kind 
     next[at->kind] += at->count;
   }
   return false;
+}
+
+bool kiln__has_attr(kiln__op op, const char *name) {
+  kiln__attr_kind kind;
+  int slot;
+  return kiln__attr_find(op, name, strlen(name), &kind, &slot);
+}
+
+/* The slot of n's int attribute called name. */
+static int int_slot(const kiln__node *n, const char *name, const char *file, int line) {
+  kiln__attr_kind kind;
+  int slot;
+  if (!n || !kiln__attr_find(n->op, name, strlen(name), &kind, &slot) || kind != KILN__ATTR_I)
+    kiln__assert_fail("an int attribute of the node's op", file, line);
+  return slot;
+}
+
+int64_t *kiln__attr_i(kiln__node *n, const char *name, const char *file, int line) {
+  return &n->i[int_slot(n, name, file, line)];
+}
+
+const int64_t *kiln__attr_i_c(const kiln__node *n, const char *name, const char *file, int line) {
+  return &n->i[int_slot(n, name, file, line)];
+}
+
+int kiln__attr_index(kiln__op op, const char *name) {
+  for (int a = 0; a < kiln__ops[op].nattr; a++)
+    if (strcmp(kiln__ops[op].attrs[a].name, name) == 0) return a;
+  KILN_ASSERT(!"an op without the attribute its kernel reads");
+  return -1;
+}
+
+static bool ident_char(char c) {
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_';
+}
+
+kiln__token kiln__expr_token(kiln__op op, const char *p) {
+  kiln__token t = {0};
+  while (ident_char(p[t.len]))
+    t.len++;
+  KILN_ASSERT(t.len > 0);
+  if (p[0] >= '0' && p[0] <= '9') {
+    t.kind = KILN__TOK_INPUT;
+    t.input = atoi(p);
+  } else if (t.len == 3 && strncmp(p, "idx", 3) == 0) {
+    t.kind = KILN__TOK_IDX;
+  } else if (t.len == 1 && p[0] == 'c') {
+    t.kind = KILN__TOK_COORD;
+  } else if (t.len == 3 && strncmp(p, "err", 3) == 0) {
+    t.kind = KILN__TOK_ERR;
+  } else {
+    t.kind = KILN__TOK_ATTR;
+    const kiln__op_info *info = &kiln__ops[op];
+    t.attr = -1;
+    for (int a = 0; a < info->nattr && t.attr < 0; a++)
+      if (strlen(info->attrs[a].name) == t.len && strncmp(info->attrs[a].name, p, t.len) == 0)
+        t.attr = a;
+    KILN_ASSERT(t.attr >= 0 && "an expression names an attribute its op does not have");
+  }
+  return t;
+}
+
+void kiln__kernel_attrs(kiln__op op, bool *used) {
+  const kiln__op_info *info = &kiln__ops[op];
+  memset(used, 0, sizeof(bool) * KILN__MAX_ATTRS);
+  for (const char *c = info->expr; *c; c++) {
+    if (*c != '$') continue;
+    kiln__token t = kiln__expr_token(op, c + 1);
+    if (t.kind == KILN__TOK_ATTR) used[t.attr] = true;
+    c += t.len;
+  }
+  for (int a = 0; a < info->nattr; a++)
+    used[a] = used[a] || info->attrs[a].kernel;
+}
+
+void kiln__kernel_slots(kiln__op op, int *nf, int *ni, int *nu) {
+  bool used[KILN__MAX_ATTRS];
+  kiln__kernel_attrs(op, used);
+  int count[3] = {0, 0, 0}; /* a kernel reads an attribute through one slot */
+  for (int a = 0; a < kiln__ops[op].nattr; a++)
+    if (used[a]) count[kiln__ops[op].attrs[a].kind]++;
+  *nf = count[KILN__ATTR_F];
+  *ni = count[KILN__ATTR_I];
+  *nu = count[KILN__ATTR_U];
 }
 
 kiln__node *kiln__node_of(kiln__node *n, kiln__op op, const char *file, int line) {

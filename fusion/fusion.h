@@ -75,13 +75,6 @@ typedef struct kiln__plan {
   int *readers;                 /* per node: how many inputs of the flush's nodes it is */
 } kiln__plan;
 
-/* Whether window op `op` takes an elementwise epilogue (a pool or an image gradient: an output
- * indexed (n, h, w, c) or (n, oh, ow, c) per lane). */
-static inline bool kiln__window_epilogue(kiln__op op) {
-  return op == KILN__OP_MAX_POOL || op == KILN__OP_AVG_POOL || op == KILN__OP_COL2IM ||
-         op == KILN__OP_MAX_POOL_GRAD || op == KILN__OP_AVG_POOL_GRAD;
-}
-
 /* Plans trace nodes [first, last) as a list of named phases; fusion off gives one group per
  * node. With KILN_DEBUG=plan the groups are printed, with KILN_DEBUG=verify (and in debug
  * builds) the plan is verified. */
@@ -118,6 +111,7 @@ typedef enum kiln__spec_kind {
   KILN__SPEC_UPDATES, /* one update over several tensors */
   KILN__SPEC_GATHER,  /* rows picked by index */
   KILN__SPEC_WINDOW,  /* a sliding-window op over an image (im2col, col2im, pooling) */
+  KILN__SPEC_CONV,    /* a convolution as an implicit GEMM (today: col2im of dY Wk) */
   KILN__SPEC_MOMENTS, /* batch norm's column sums, by blocks of rows */
   KILN__SPEC_AUGMENT, /* image augmentation: a translation and a flip per image */
   KILN__SPEC_BLAS,    /* a matrix product */
@@ -126,13 +120,13 @@ typedef enum kiln__spec_kind {
 /* What one group runs, in the renderer's (or the BLAS backend's) terms. */
 typedef struct kiln__spec {
   kiln__spec_kind kind;
-  kiln__ew_prog prog; /* EW, ROWS; REDUCE: the prologue (n may be 0) */
-  const kiln__node
-      *red; /* REDUCE: the reduction; GATHER: the index_select; WINDOW, MOMENTS, AUGMENT: the op */
+  kiln__ew_prog prog;    /* EW, ROWS; REDUCE: the prologue (n may be 0) */
+  const kiln__node *red; /* REDUCE: the reduction; GATHER: the index_select; WINDOW, CONV, MOMENTS,
+                          * AUGMENT: the op (CONV: the col2im) */
   const kiln_tensor *full; /* ROWS: the iteration space whose last axis is reduced */
   int nups;                /* UPDATES */
   const kiln__node *ups[KILN__KMAX_UPDATE];
-  kiln__gemm gemm; /* BLAS; WINDOW: a col2im's implicit product (a and b set) */
+  kiln__gemm gemm; /* BLAS; CONV: the product (a and b set) */
   /* a concat input's copy into its slice of the output: a node and a view that lowering owns */
   kiln__node copy;
   kiln_tensor slice;
@@ -172,8 +166,6 @@ typedef struct kiln__rendered {
 
 /* Renders spec's kernel; false when host memory runs out (r->src.oom). The caller frees r->src. */
 bool kiln__render(const kiln__target *t, const kiln__spec *spec, kiln__rendered *r);
-/* The float, int and 64-bit attribute slots node n's kernel code reads. */
-void kiln__kernel_attrs(const kiln__node *n, int *nf, int *ni, int *nu);
 
 /* ---------------------------------------------------------------- compiler (compile.c) */
 

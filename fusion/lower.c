@@ -69,23 +69,19 @@ static void lower_group(const kiln_ctx *ctx, const kiln__plan *p, const kiln__gr
                         kiln__spec *s) {
   const kiln__node *n = &ctx->trace.nodes[g->node];
   describe(ctx, p, g, s->comment, sizeof s->comment);
-  switch (g->kind) {
-  case KILN__KIND_EW:
+  switch (kiln__ops[n->op].renderer) { /* the op table's kernel family of the group's main node */
+  case KILN__RENDER_EW:
+    if (g->kind == KILN__KIND_UPDATE && g->n > 1) {
+      s->kind = KILN__SPEC_UPDATES;
+      s->nups = g->n;
+      for (int m = 0; m < g->n; m++)
+        s->ups[m] = &ctx->trace.nodes[p->members[g->first + m]];
+      return;
+    }
     s->kind = KILN__SPEC_EW;
     prog_of(ctx, p, g, 0, g->n, &s->prog);
     return;
-  case KILN__KIND_UPDATE:
-    if (g->n == 1) {
-      s->kind = KILN__SPEC_EW;
-      prog_of(ctx, p, g, 0, 1, &s->prog);
-      return;
-    }
-    s->kind = KILN__SPEC_UPDATES;
-    s->nups = g->n;
-    for (int m = 0; m < g->n; m++)
-      s->ups[m] = &ctx->trace.nodes[p->members[g->first + m]];
-    return;
-  case KILN__KIND_REDUCE:
+  case KILN__RENDER_REDUCE:
     if (g->rows) {
       s->kind = KILN__SPEC_ROWS;
       prog_of(ctx, p, g, 0, g->n, &s->prog);
@@ -98,42 +94,37 @@ static void lower_group(const kiln_ctx *ctx, const kiln__plan *p, const kiln__gr
     prog_of(ctx, p, g, 0, g->n - 1, &s->prog);
     s->red = n;
     return;
-  case KILN__KIND_MATMUL:
+  case KILN__RENDER_BLAS:
     s->kind = KILN__SPEC_BLAS;
     s->gemm = (kiln__gemm){
         .a = n->in[0], .b = n->in[1], .d = g->out, .epi = g->epi, .bias = g->bias, .aux = g->aux};
     return;
-  case KILN__KIND_LIB:
-    if (n->op == KILN__OP_INDEX_SELECT || n->op == KILN__OP_INDEX_ADD) {
-      s->kind = KILN__SPEC_GATHER;
-      s->red = n;
-      return;
-    }
-    if (n->op == KILN__OP_MOMENTS) { /* batch norm's sums */
-      s->kind = KILN__SPEC_MOMENTS;
-      s->red = n;
-      return;
-    }
-    if (n->op == KILN__OP_AUGMENT) {
-      s->kind = KILN__SPEC_AUGMENT;
-      s->red = n;
-      return;
-    }
-    if (n->op != KILN__OP_CONCAT) { /* a window op and its elementwise epilogue */
-      s->kind = KILN__SPEC_WINDOW;
-      s->red = n;
-      prog_of(ctx, p, g, g->implicit, g->n, &s->prog);
-      if (g->implicit) { /* col2im of dY Wk, the product in the same kernel */
-        const kiln__node *mm = &ctx->trace.nodes[p->members[g->first]];
-        s->gemm = (kiln__gemm){.a = mm->in[0], .b = mm->in[1], .d = mm->out};
-      }
-      return;
-    }
-    lower_concat(ctx, g, s);
+  case KILN__RENDER_GATHER:
+    s->kind = KILN__SPEC_GATHER;
+    s->red = n;
     return;
-  case KILN__KIND_VIEW: break;
+  case KILN__RENDER_MOMENTS: /* batch norm's sums */
+    s->kind = KILN__SPEC_MOMENTS;
+    s->red = n;
+    return;
+  case KILN__RENDER_AUGMENT:
+    s->kind = KILN__SPEC_AUGMENT;
+    s->red = n;
+    return;
+  case KILN__RENDER_WINDOW: /* a window op and its elementwise epilogue */
+    s->kind = KILN__SPEC_WINDOW;
+    s->red = n;
+    prog_of(ctx, p, g, g->implicit, g->n, &s->prog);
+    if (g->implicit) { /* col2im of dY Wk, the product in the same kernel */
+      const kiln__node *mm = &ctx->trace.nodes[p->members[g->first]];
+      s->kind = KILN__SPEC_CONV;
+      s->gemm = (kiln__gemm){.a = mm->in[0], .b = mm->in[1], .d = mm->out};
+    }
+    return;
+  case KILN__RENDER_COPY: lower_concat(ctx, g, s); return;
+  case KILN__RENDER_NONE: break;
   }
-  KILN_ASSERT(!"a group of views");
+  KILN_ASSERT(!"a group of views, or an op the op table gives no kernel family");
 }
 
 bool kiln__lower(kiln_ctx *ctx, const kiln__plan *p, kiln__spec **specs) {

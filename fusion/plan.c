@@ -89,7 +89,7 @@ static bool fits(const kiln_ctx *ctx, const kiln__plan *p, const kiln__group *g,
     const kiln__node *x =
         m < g->n ? &ctx->trace.nodes[p->members[g->first + m]] : &ctx->trace.nodes[i];
     int f, k, u;
-    kiln__kernel_attrs(x, &f, &k, &u);
+    kiln__kernel_slots(x->op, &f, &k, &u);
     nf += f;
     ni += k;
     nu += u;
@@ -607,7 +607,7 @@ static bool phase_groups(kiln_ctx *ctx, kiln__plan *p, bool fuse) {
       }
     }
     if (!add_member(ctx, p, g, i)) return false;
-    if (fuse && kiln__window_epilogue(nd->op)) open = g; /* elementwise nodes after it join */
+    if (fuse && kiln__takes_epilogue(nd->op)) open = g; /* elementwise nodes after it join */
     if (kind == KILN__KIND_REDUCE && fuse && row_reduction(nd)) {
       g->full = nd->in[0];
       open = g;

@@ -11,87 +11,7 @@
 
 #include "fusion.h"
 
-/* ---------------------------------------------------------------- op expressions */
-
-/* A $-token of an op expression: an input ($0), the element's linear index ($idx), the
- * coordinate along the op's `axis` ($c), or one of its attributes ($lr). */
-typedef struct token {
-  enum { TOK_INPUT, TOK_IDX, TOK_COORD, TOK_ERR, TOK_ATTR } kind;
-  int input, attr; /* attr: index into the op's attribute list */
-  size_t len;      /* characters after the '$' */
-} token;
-
-static bool ident_char(char c) {
-  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_';
-}
-
-/* The token after a '$' of op's expression. */
-static token scan(kiln__op op, const char *p) {
-  token t = {0};
-  while (ident_char(p[t.len]))
-    t.len++;
-  KILN_ASSERT(t.len > 0);
-  if (p[0] >= '0' && p[0] <= '9') {
-    t.kind = TOK_INPUT;
-    t.input = atoi(p);
-  } else if (t.len == 3 && strncmp(p, "idx", 3) == 0) {
-    t.kind = TOK_IDX;
-  } else if (t.len == 1 && p[0] == 'c') {
-    t.kind = TOK_COORD;
-  } else if (t.len == 3 && strncmp(p, "err", 3) == 0) {
-    t.kind = TOK_ERR;
-  } else {
-    t.kind = TOK_ATTR;
-    const kiln__op_info *info = &kiln__ops[op];
-    t.attr = -1;
-    for (int a = 0; a < info->nattr && t.attr < 0; a++)
-      if (strlen(info->attrs[a].name) == t.len && strncmp(info->attrs[a].name, p, t.len) == 0)
-        t.attr = a;
-    KILN_ASSERT(t.attr >= 0 && "an expression names an attribute its op does not have");
-  }
-  return t;
-}
-
-/* Which of node n's attributes its kernel code reads: those its expression names, a
- * reduction's scale, a gather's start, augmentation's seed, offset and epoch (its int
- * attributes are constants of its source). */
-static void used_attrs(const kiln__node *n, bool *used) {
-  const kiln__op_info *info = &kiln__ops[n->op];
-  memset(used, 0, sizeof(bool) * KILN__MAX_ATTRS);
-  for (const char *c = info->expr; *c; c++) {
-    if (*c != '$') continue;
-    token t = scan(n->op, c + 1);
-    if (t.kind == TOK_ATTR) used[t.attr] = true;
-    c += t.len;
-  }
-  if (info->kind == KILN__KIND_REDUCE || n->op == KILN__OP_INDEX_SELECT ||
-      n->op == KILN__OP_INDEX_ADD)
-    for (int a = 0; a < info->nattr; a++)
-      used[a] = used[a] || strcmp(info->attrs[a].name, "scale") == 0 ||
-                strcmp(info->attrs[a].name, "start") == 0;
-  if (n->op == KILN__OP_AUGMENT)
-    for (int a = 0; a < info->nattr; a++)
-      used[a] = info->attrs[a].kind == KILN__ATTR_U;
-}
-
-void kiln__kernel_attrs(const kiln__node *n, int *nf, int *ni, int *nu) {
-  bool used[KILN__MAX_ATTRS];
-  used_attrs(n, used);
-  int count[3] = {0, 0, 0}; /* a kernel reads an attribute through one slot */
-  for (int a = 0; a < kiln__ops[n->op].nattr; a++)
-    if (used[a]) count[kiln__ops[n->op].attrs[a].kind]++;
-  *nf = count[KILN__ATTR_F];
-  *ni = count[KILN__ATTR_I];
-  *nu = count[KILN__ATTR_U];
-}
-
-/* The position of op's attribute called name in its attribute list. */
-static int attr_index(kiln__op op, const char *name) {
-  for (int a = 0; a < kiln__ops[op].nattr; a++)
-    if (strcmp(kiln__ops[op].attrs[a].name, name) == 0) return a;
-  KILN_ASSERT(!"an op without the attribute its kernel reads");
-  return -1;
-}
+/* ---------------------------------------------------------------- op attributes */
 
 /* Attribute a of op's first value among the node's values of its kind. */
 static int node_slot(kiln__op op, int a) {
@@ -193,7 +113,7 @@ static void wire_attrs(kiln__argplan *ap, const kiln__node *n, int8_t *aslot, in
                        int *nu) {
   const kiln__op_info *info = &kiln__ops[n->op];
   bool used[KILN__MAX_ATTRS];
-  used_attrs(n, used);
+  kiln__kernel_attrs(n->op, used);
   for (int a = 0; a < info->nattr; a++) {
     aslot[a] = -1;
     if (!used[a]) continue;
@@ -262,23 +182,23 @@ static void expand(kiln__sb *b, const char *tpl, const wiring *w, int j, const k
       kiln__sb_put(b, p, 1);
       continue;
     }
-    token t = scan(nd->op, p + 1);
+    kiln__token t = kiln__expr_token(nd->op, p + 1);
     char name[16];
     switch (t.kind) {
-    case TOK_INPUT:
+    case KILN__TOK_INPUT:
       in_name(w, j, t.input, name, sizeof name);
       kiln__sb_printf(b, "%s", name);
       break;
-    case TOK_IDX: kiln__sb_printf(b, "i"); break;
-    case TOK_ERR: kiln__sb_printf(b, "a.err"); break;
-    case TOK_COORD: {
+    case KILN__TOK_IDX: kiln__sb_printf(b, "i"); break;
+    case KILN__TOK_ERR: kiln__sb_printf(b, "a.err"); break;
+    case KILN__TOK_COORD: {
       kiln__attr_kind kind;
       int slot;
       KILN_ASSERT(kiln__attr_find(nd->op, "axis", 4, &kind, &slot) && kind == KILN__ATTR_I);
       kiln__sb_printf(b, "c%d", (int)nd->i[slot]);
       break;
     }
-    case TOK_ATTR: {
+    case KILN__TOK_ATTR: {
       kiln__attr_kind kind = kiln__ops[nd->op].attrs[t.attr].kind;
       KILN_ASSERT(w->aslot[j][t.attr] >= 0);
       kiln__sb_printf(b, "a.%s[%d]",
@@ -687,7 +607,7 @@ static bool render_reduce(const kiln__target *t, const kiln__ew_prog *pro, const
   }
   int8_t rslot[KILN__MAX_ATTRS];
   wire_attrs(&r->arg, rn, rslot, &nf, &ni, &nu); /* the scale, after the prologue's */
-  int scale = rslot[attr_index(rn->op, "scale")];
+  int scale = rslot[kiln__attr_index(rn->op, "scale")];
   int out = operand(&o, rn->out, true, NULL);
   int outer[KILN_MAX_DIMS], red[KILN_MAX_DIMS], no = 0, nr = 0;
   a->n = 1;
@@ -850,7 +770,8 @@ static bool render_gather(const kiln__target *tg, const kiln__node *n, kiln__ren
   int8_t aslot[KILN__MAX_ATTRS];
   int nf = 0, ni = 0, nu = 0;
   wire_attrs(&r->arg, n, aslot, &nf, &ni, &nu);
-  int start = aslot[attr_index(n->op, "start")]; /* the slot of where this step's indices start */
+  int start =
+      aslot[kiln__attr_index(n->op, "start")]; /* the slot of where this step's indices start */
   if (n->op == KILN__OP_INDEX_ADD) return render_scatter(tg, n, &o, start, r);
   a->n = kiln_tensor_numel(y);
   a->nred = x->shape[0] ? kiln_tensor_numel(x) / x->shape[0] : 0; /* elements per row */
@@ -1363,8 +1284,12 @@ static bool render_window(const kiln__target *tg, const kiln__ew_prog *p, kiln__
   int out = window_operands(p, &o, &wr, r);
   int64_t sz[6] = {img->shape[0], img->shape[1], img->shape[2],
                    img->shape[3], win->shape[1], win->shape[2]};
-  bool cols = n->op == KILN__OP_IM2COL || n->op == KILN__OP_COL2IM;
-  int64_t lanes = cols ? sz[3] / n->i[KILN__WIN_LEN] : sz[3]; /* channels a lane group spans */
+  /* im2col's and col2im's channel groups, average pooling's divisor: named attributes */
+  bool cols = kiln__has_attr(n->op, "groups");
+  int64_t flag = cols
+                     ? KILN__I_NAMED(n, "groups")
+                     : (kiln__has_attr(n->op, "exclude_pad") ? KILN__I_NAMED(n, "exclude_pad") : 0);
+  int64_t lanes = cols ? sz[3] / flag : sz[3]; /* channels a lane group spans */
   int V = lanes % 4 == 0 ? 4 : 1;
   bool aligned = true; /* four-lane accesses need first elements aligned to four elements */
   for (int q = 0; q < n->nin; q++)
@@ -1391,7 +1316,7 @@ static bool render_window(const kiln__target *tg, const kiln__ew_prog *p, kiln__
       epi.vec = k < 0 || (o.lin[k] && o.t[k]->offset % 4 == 0 && kiln__is_float(o.t[k]->dtype));
     }
   kiln__sb b = {0};
-  window_body(&b, n, &w, n->i[KILN__WIN_LEN], sz, V, wide, tiled, out, &ty, p->n > 1 ? &epi : NULL);
+  window_body(&b, n, &w, flag, sz, V, wide, tiled, out, &ty, p->n > 1 ? &epi : NULL);
   char stem[80], suffix[48];
   snprintf(suffix, sizeof suffix, "_%lldx%lld_s%lld_%s%s%s", (long long)w.kh, (long long)w.kw,
            (long long)w.sh, kiln_dtype_name(n->in[0]->dtype), V == 4 ? "_v4" : "",
@@ -1507,8 +1432,9 @@ static bool render_augment(const kiln__target *tg, const kiln__node *n, kiln__re
   int8_t aslot[KILN__MAX_ATTRS];
   int nf = 0, ni = 0, nu = 0;
   wire_attrs(&r->arg, n, aslot, &nf, &ni, &nu);
-  int seed = aslot[attr_index(n->op, "seed")], offset = aslot[attr_index(n->op, "offset")],
-      epoch = aslot[attr_index(n->op, "epoch")];
+  int seed = aslot[kiln__attr_index(n->op, "seed")],
+      offset = aslot[kiln__attr_index(n->op, "offset")],
+      epoch = aslot[kiln__attr_index(n->op, "epoch")];
   int64_t H = x->shape[1], W = x->shape[2], C = x->shape[3], total = kiln_tensor_numel(y);
   int64_t pad = KILN__I(n, AUGMENT, pad), flip = KILN__I(n, AUGMENT, flip);
   int64_t shift_h = KILN__I(n, AUGMENT, shift_h), shift_w = KILN__I(n, AUGMENT, shift_w);
@@ -1662,7 +1588,7 @@ static void emit_value(kiln__sb *b, const kiln__ew_prog *p, const wiring *w, int
 
 /* The scale slot of row-program node j, a reduction. */
 static int scale_slot(const wiring *w, int j, const kiln__node *n) {
-  return w->aslot[j][attr_index(n->op, "scale")];
+  return w->aslot[j][kiln__attr_index(n->op, "scale")];
 }
 
 static bool render_rows(const kiln__target *t, const kiln__ew_prog *p, const kiln_tensor *F,
@@ -1788,8 +1714,8 @@ bool kiln__render(const kiln__target *t, const kiln__spec *s, kiln__rendered *r)
   case KILN__SPEC_ROWS: return render_rows(t, &s->prog, s->full, r);
   case KILN__SPEC_UPDATES: return render_updates(t, s->ups, s->nups, r);
   case KILN__SPEC_GATHER: return render_gather(t, s->red, r);
-  case KILN__SPEC_WINDOW:
-    return s->gemm.a ? render_dgrad(&s->prog, &s->gemm, r) : render_window(t, &s->prog, r);
+  case KILN__SPEC_WINDOW: return render_window(t, &s->prog, r);
+  case KILN__SPEC_CONV: return render_dgrad(&s->prog, &s->gemm, r);
   case KILN__SPEC_MOMENTS: return render_moments(t, s->red, r);
   case KILN__SPEC_AUGMENT: return render_augment(t, s->red, r);
   case KILN__SPEC_BLAS: break;

@@ -63,7 +63,7 @@ static const char *check_resources(const kiln_ctx *ctx, const kiln__plan *p, int
   for (int m = 0; m < g->n; m++) {
     const kiln__node *x = &ctx->trace.nodes[p->members[g->first + m]];
     int f, i, u;
-    kiln__kernel_attrs(x, &f, &i, &u);
+    kiln__kernel_slots(x->op, &f, &i, &u);
     nf += f, ni += i, nu += u;
     if (x->out && p->store[p->members[g->first + m] - p->first]) seen[ops++] = x->out;
     for (int j = 0; j < x->nin; j++) {
@@ -166,7 +166,7 @@ static const char *check_group(const kiln_ctx *ctx, const kiln__plan *p, int k, 
       return bad(why, n, "group %d: an implicit product that is not col2im's, or is written", k);
     for (int m = h + 1; m < g->n; m++) { /* a window op's elementwise epilogue */
       const kiln__node *x = &nodes[p->members[g->first + m]];
-      if (!kiln__window_epilogue(head->op) || kiln__ops[x->op].kind != KILN__KIND_EW ||
+      if (!kiln__takes_epilogue(head->op) || kiln__ops[x->op].kind != KILN__KIND_EW ||
           !kiln__same_shape(x->out, head->out))
         return bad(why, n, "group %d: a library call of %d nodes (#%d %s)", k, g->n,
                    p->members[g->first + m], kiln__ops[x->op].name);
