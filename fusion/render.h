@@ -1,0 +1,145 @@
+/*
+ * render.h: what the renderer's files share. The renderer turns a spec (lower.c) into CUDA C
+ * source, a kernel name, a launch shape and an argument plan (which tensor each pointer slot
+ * binds to, where each attribute slot comes from); it only renders: it compiles nothing,
+ * allocates no device memory and reads no device address. One file per kernel family, each
+ * taking its part of a spec and filling a kiln__rendered:
+ *   render.c          the shared parts below, and kiln__render, which picks the family
+ *   render_ew.c       elementwise programs, multi-tensor updates, row gathers
+ *   render_reduce.c   reductions, row programs, batch norm's column sums
+ *   render_window.c   sliding windows: im2col, col2im, pooling and its gradients
+ *   render_conv.c     convolutions as implicit GEMMs (fusion/device/igemm.cuh)
+ *   render_augment.c  image augmentation (fusion/device/augment.cuh)
+ * The kernel bodies that are the same for every shape live in the device files (fusion/device); a
+ * renderer writes the constants of a shape and the code that fusion makes per group (an elementwise
+ * program, an epilogue).
+ */
+#ifndef KILN_RENDER_H
+#define KILN_RENDER_H
+
+#include "fusion.h"
+
+/* The tensors a kernel reads and writes, each through a.ptr[k]. */
+typedef struct kiln__operands {
+  int n;
+  const kiln_tensor *t[KILN__KMAX_PTR];
+  bool lin[KILN__KMAX_PTR];
+  /* an elementwise operand indexed by the space's last dims alone ('m': offset i % P<k>) or by
+   * its first dims alone ('d': i / P<k>), P<k> the product of the last dims' sizes; 0 when its
+   * offset is i (lin) or needs the coordinates */
+  char tail[KILN__KMAX_PTR];
+  bool store[KILN__KMAX_PTR];
+  /* a row program's operand read or written once per row: the row-shaped space it is indexed
+   * over (NULL: the program's whole iteration space) */
+  const kiln_tensor *row[KILN__KMAX_PTR];
+} kiln__operands;
+
+/* How an elementwise program's nodes read their inputs and where their attributes live. */
+typedef struct kiln__wiring {
+  int val[KILN__MAX_GROUP][KILN__MAX_IN];  /* input q of node j: the value of node val (or -1) */
+  int opnd[KILN__MAX_GROUP][KILN__MAX_IN]; /* or operand opnd */
+  int8_t aslot[KILN__MAX_GROUP][KILN__MAX_ATTRS]; /* attribute a: its kernel slot (-1: unused) */
+  int store_slot[KILN__MAX_GROUP]; /* operand written with node j's value, -1 for none */
+  bool coords;                     /* some read needs the element's coordinates */
+} kiln__wiring;
+
+/* A window kernel's elementwise epilogue: the nodes after the window op in its group (node 0 of
+ * p), computed for each lane of the op's result, lane l at output coordinates (n, h, w, c + l)
+ * (image-side outputs) or (n, oh, ow, c + l). */
+typedef struct kiln__win_epi {
+  const kiln__ew_prog *p;
+  const kiln__operands *o;
+  const kiln__wiring *w;
+  const int64_t *shape; /* the output's */
+  bool image;
+  bool vec; /* four lanes, and every operand of the epilogue dense like the output: each read
+             * and written four values at a time */
+} kiln__win_epi;
+
+/* ---------------------------------------------------------------- operands and wiring */
+
+/* A dtype's type in memory (kiln_bf16: bf16.cuh) and in registers, where bf16 values are floats. */
+const char *kiln__ctype(kiln_dtype dt);
+const char *kiln__rtype(kiln_dtype dt);
+/* Strides of t over an iteration space of nd dims, broadcasting from the right (0 where t is
+ * stretched). */
+void kiln__align_strides(const kiln_tensor *t, int nd, const int64_t *shape, long long *st);
+/* Whether t is contiguous with n elements. */
+bool kiln__dense(const kiln_tensor *t, int64_t n);
+/* Bytes of t a kernel touches: each element once, broadcast dims counted once. */
+uint64_t kiln__footprint(const kiln_tensor *t);
+/* Adds the bytes each operand is read or written with to r's traffic. */
+void kiln__tally_bytes(const kiln__operands *o, kiln__rendered *r);
+/* The operand slot of t (read, or written when store; row: a row program's per-row space). */
+int kiln__operand(kiln__operands *o, const kiln_tensor *t, bool store, const kiln_tensor *row);
+/* Gives node n's used attributes the next kernel slots (*nf, *ni, *nu), recording them in aslot. */
+void kiln__wire_attrs(kiln__argplan *ap, const kiln__node *n, int8_t *aslot, int *nf, int *ni,
+                      int *nu);
+/* Assigns operands, value names and attribute slots for prog. In a row program (row non-NULL)
+ * row[j] says node j computes one value per row; a reduction's output is one value per row too. */
+void kiln__wire(const kiln__ew_prog *p, const bool *row, kiln__operands *o, kiln__wiring *w,
+                kiln__argplan *ap, int *nf, int *ni, int *nu);
+
+/* ---------------------------------------------------------------- emitting code */
+
+/* The name of node j's input q in the kernel: a value (v3) or an operand (x1). */
+void kiln__in_name(const kiln__wiring *w, int j, int q, char *buf, size_t n);
+/* Writes an op-table expression with node j's names and attribute slots. */
+void kiln__expand(kiln__sb *b, const char *tpl, const kiln__wiring *w, int j, const kiln__node *nd);
+/* Node j's value v<j>, an op-table expression (a bf16 value rounded as its store would). */
+void kiln__emit_node_value(kiln__sb *b, const char *ind, const kiln__wiring *w, int j,
+                           const kiln__node *nd);
+/* Operand k's offset: i (lin), i % P<k> or i / P<k> (tail), or from the coordinates c0.. */
+void kiln__offset_expr(kiln__sb *b, int k, int nd, bool lin, char tail);
+/* The loads, values and stores of prog for one element, indented by ind (vec: from and to the
+ * four-lane arrays L<k>[e] and S<k>[e]). */
+void kiln__emit_element(kiln__sb *b, const kiln__ew_prog *p, const kiln__operands *o,
+                        const kiln__wiring *w, const char *ind, int nd, bool vec);
+/* The coordinates c0..c<nd-1> of the linear index idx over a.shape. */
+void kiln__emit_coords(kiln__sb *b, const char *ind, int nd, const char *idx);
+/* Whether a kernel whose offsets and indices reach span needs 64-bit indices. */
+bool kiln__wide_index(int64_t span);
+/* "typedef int ix;" or "typedef long long ix;" */
+void kiln__emit_index_type(kiln__sb *b, bool wide);
+
+/* ---------------------------------------------------------------- naming and launching */
+
+/* A kernel name from the ops it runs, like k_add_relu_f32, kept short. */
+void kiln__stem_of(const kiln__ew_prog *p, const char *prefix, const char *suffix, char *stem,
+                   size_t n);
+/* Names the kernel after its stem, the text pre and its body, and wraps the body into the
+ * kernel's source, after the prelude and pre (declarations at file scope; NULL: none); binds the
+ * operands o to the pointer slots. */
+bool kiln__finish_with(kiln__sb *body, const char *stem, const kiln__operands *o, kiln__rendered *r,
+                       const char *pre);
+bool kiln__finish(kiln__sb *body, const char *stem, const kiln__operands *o, kiln__rendered *r);
+/* Blocks for a grid-stride loop over threads. */
+unsigned kiln__grid_for(const kiln__target *t, int64_t threads);
+
+/* ---------------------------------------------------------------- windows */
+
+/* The operands of a window op's kernel: its inputs (operands 0..) and output, or with an
+ * epilogue the program's wiring (whose strides and dense flags the epilogue reads). Returns the
+ * output's operand, -1 when the epilogue stores. */
+int kiln__window_operands(const kiln__ew_prog *p, kiln__operands *o, kiln__wiring *wr,
+                          kiln__rendered *r);
+/* Writes float name[V], a window op's lanes: to operand out, or through the epilogue e. */
+void kiln__store_lanes(kiln__sb *b, const char *name, int out, kiln_dtype dt, int V,
+                       const kiln__win_epi *e);
+
+/* ---------------------------------------------------------------- the families */
+
+bool kiln__render_ew(const kiln__target *t, const kiln__ew_prog *p, kiln__rendered *r);
+bool kiln__render_updates(const kiln__target *t, const kiln__node *const *nodes, int T,
+                          kiln__rendered *r);
+bool kiln__render_gather(const kiln__target *t, const kiln__node *n, kiln__rendered *r);
+bool kiln__render_reduce(const kiln__target *t, const kiln__ew_prog *pro, const kiln__node *rn,
+                         kiln__rendered *r);
+bool kiln__render_rows(const kiln__target *t, const kiln__ew_prog *p, const kiln_tensor *F,
+                       kiln__rendered *r);
+bool kiln__render_moments(const kiln__target *t, const kiln__node *n, kiln__rendered *r);
+bool kiln__render_window(const kiln__target *t, const kiln__ew_prog *p, kiln__rendered *r);
+bool kiln__render_conv(const kiln__ew_prog *p, const kiln__gemm *mm, kiln__rendered *r);
+bool kiln__render_augment(const kiln__target *t, const kiln__node *n, kiln__rendered *r);
+
+#endif
