@@ -123,9 +123,9 @@ unsigned kiln__grid_for(const kiln__target *t, int64_t threads);
  * output's operand, -1 when the epilogue stores. */
 int kiln__window_operands(const kiln__ew_prog *p, kiln__operands *o, kiln__wiring *wr,
                           kiln__rendered *r);
-/* Writes float name[V], a window op's lanes: to operand out, or through the epilogue e. */
-void kiln__store_lanes(kiln__sb *b, const char *name, int out, kiln_dtype dt, int V,
-                       const kiln__win_epi *e);
+/* Writes float name[V], a window op's lanes (of dtype dt), through the epilogue e. The code
+ * reads the element's coordinates n, h and w (or oh and ow), c, and V and ix. */
+void kiln__store_lanes(kiln__sb *b, const char *name, kiln_dtype dt, const kiln__win_epi *e);
 
 /* ---------------------------------------------------------------- the families */
 

@@ -68,7 +68,7 @@ bool kiln__render_conv(const kiln__ew_prog *p, const kiln__gemm *mm, kiln__rende
       "    const float d[2] = {acc[mi][ni][2 * hh], acc[mi][ni][2 * hh + 1]};\n",
       T, T, ka, T, kb);
   if (p->n > 1) {
-    kiln__store_lanes(&b, "d", out, X->dtype, 2, &epi);
+    kiln__store_lanes(&b, "d", X->dtype, &epi);
   } else if (bf16) {
     kiln__sb_printf(&b,
                     "    ((unsigned *)a.ptr[%d])[(m * G::CI + c) / 2] = kiln_bf16x2_bits(d[0], "

@@ -47,6 +47,94 @@ static char tail_form(const long long *st, int nd, const int64_t *shape, int *di
   return 0;
 }
 
+/* How an elementwise program reads its operands: four lanes a thread (vec) or one; the
+ * coordinates of each element (coords) or not; 64-bit indices (wide); operand k's tail dims from
+ * tail_dim[k] (its offset i % P or i / P). */
+typedef struct ew_form {
+  bool vec, coords, wide;
+  int tail_dim[KILN__KMAX_PTR];
+} ew_form;
+
+/* Each operand's strides, dense and tail forms and traffic, and the kernel's form from them. */
+static ew_form ew_layout(const kiln__ew_prog *p, int64_t n, bool update, bool coords,
+                         kiln__operands *o, kiln__rendered *r) {
+  int nd = p->ndim;
+  kiln__kargs *a = &r->arg.args;
+  ew_form f = {.vec = n % 4 == 0 && n > 0 && !coords, .coords = coords};
+  bool floats = true;
+  int64_t span = n; /* the largest offset any operand reaches, for the index type */
+  for (int k = 0; k < o->n; k++) {
+    const kiln_tensor *x = o->t[k];
+    kiln__align_strides(x, nd, p->shape, a->st[k]);
+    o->lin[k] = kiln__dense(x, n);
+    f.tail_dim[k] = nd;
+    o->tail[k] =
+        o->lin[k] || o->store[k] || update ? 0 : tail_form(a->st[k], nd, p->shape, &f.tail_dim[k]);
+    int64_t tail_len = o->tail[k] ? kiln__numel(nd - f.tail_dim[k], p->shape + f.tail_dim[k]) : 1;
+    int64_t reach = 0;
+    for (int d = 0; d < nd; d++)
+      reach += (p->shape[d] - 1) * llabs(a->st[k][d]);
+    if (reach > span) span = reach;
+    if (!o->lin[k] && !o->tail[k]) f.coords = true;
+    /* four-element accesses: 16-byte (f32) or 8-byte (bf16) aligned, as every storage starts
+     * 256-byte aligned (core/alloc.c; the executor asserts it when it binds pointers); a tail
+     * operand's four lanes are four neighbours (i % P) or one value (i / P) when 4 divides P */
+    f.vec = f.vec && (o->tail[k] == 'd'
+                          ? tail_len % 4 == 0
+                          : (o->lin[k] || (o->tail[k] && tail_len % 4 == 0)) && x->offset % 4 == 0);
+    floats = floats && kiln__is_float(x->dtype);
+    if (o->store[k])
+      r->bytes_written += kiln__footprint(x);
+    else
+      r->bytes_read += kiln__footprint(x);
+  }
+  for (int j = 0; j < p->n; j++) /* updates write their inputs back */
+    if (kiln__ops[p->nodes[j]->op].kind == KILN__KIND_UPDATE)
+      for (int q = 0; q < p->nodes[j]->nin; q++)
+        if (kiln__ops[p->nodes[j]->op].stores & (1u << q))
+          r->bytes_written += kiln__footprint(p->nodes[j]->in[q]);
+  f.vec = f.vec && floats && !f.coords;
+  /* 32-bit indices while every offset (and a grid-stride step past the end) fits an int */
+  f.wide = kiln__wide_index(span);
+  return f;
+}
+
+/* Four elements a thread per iteration, each operand in one access (bf16.cuh). */
+static void emit_fours(kiln__sb *b, const kiln__ew_prog *p, const kiln__operands *o,
+                       const kiln__wiring *w, bool update) {
+  kiln__sb_printf(b, "  const ix n4 = (ix)(a.n >> 2);\n"
+                     "  for (ix q = (ix)blockIdx.x * blockDim.x + threadIdx.x; q < n4;\n"
+                     "       q += (ix)gridDim.x * blockDim.x) {\n");
+  for (int k = 0; k < o->n; k++) {
+    const char *ct = kiln__ctype(o->t[k]->dtype);
+    if (o->store[k])
+      kiln__sb_printf(b, "    float S%d[4];\n", k);
+    else if (o->tail[k] == 'd')
+      kiln__sb_printf(b,
+                      "    float L%d[4];\n    L%d[0] = L%d[1] = L%d[2] = L%d[3] = "
+                      "(float)((const %s *)a.ptr[%d])[q * 4 / P%d];\n",
+                      k, k, k, k, k, ct, k, k);
+    else if (o->tail[k] == 'm')
+      kiln__sb_printf(b,
+                      "    float L%d[4];\n    kiln_load4((const %s *)a.ptr[%d] + q * 4 %% P%d, "
+                      "L%d);\n",
+                      k, ct, k, k, k);
+    else
+      kiln__sb_printf(b, "    float L%d[4];\n    kiln_load4((const %s *)a.ptr[%d] + q * 4, L%d);\n",
+                      k, ct, k, k);
+  }
+  kiln__sb_printf(b, "#pragma unroll\n    for (int e = 0; e < 4; e++) {\n"
+                     "      const ix i = q * 4 + e;\n      (void)i;\n");
+  kiln__emit_element(b, p, o, w, "      ", p->ndim, true);
+  kiln__sb_printf(b, "    }\n");
+  for (int k = 0; k < o->n; k++) {
+    if (o->store[k] || (update && (kiln__ops[p->nodes[0]->op].stores & (1u << k))))
+      kiln__sb_printf(b, "    kiln_store4((%s *)a.ptr[%d] + q * 4, %s%d);\n",
+                      kiln__ctype(o->t[k]->dtype), k, o->store[k] ? "S" : "L", k);
+  }
+  kiln__sb_printf(b, "  }\n");
+}
+
 bool kiln__render_ew(const kiln__target *t, const kiln__ew_prog *p, kiln__rendered *r) {
   int nd = p->ndim;
   int64_t n = kiln__numel(nd, p->shape);
@@ -59,104 +147,35 @@ bool kiln__render_ew(const kiln__target *t, const kiln__ew_prog *p, kiln__render
   int nf = 0, ni = 0, nu = 0;
   kiln__wire(p, NULL, &o, &w, &r->arg, &nf, &ni, &nu);
   bool update = p->n == 1 && kiln__ops[p->nodes[0]->op].kind == KILN__KIND_UPDATE;
-  bool coords = w.coords, vec = n % 4 == 0 && n > 0 && !w.coords, floats = true;
-  int64_t span = n; /* the largest offset any operand reaches, for the index type */
-  int64_t tail_len[KILN__KMAX_PTR];
-  int tail_dim[KILN__KMAX_PTR];
-  for (int k = 0; k < o.n; k++) {
-    const kiln_tensor *x = o.t[k];
-    kiln__align_strides(x, nd, p->shape, a->st[k]);
-    o.lin[k] = kiln__dense(x, n);
-    tail_dim[k] = nd;
-    o.tail[k] =
-        o.lin[k] || o.store[k] || update ? 0 : tail_form(a->st[k], nd, p->shape, &tail_dim[k]);
-    tail_len[k] = o.tail[k] ? kiln__numel(nd - tail_dim[k], p->shape + tail_dim[k]) : 1;
-    int64_t reach = 0;
-    for (int d = 0; d < nd; d++)
-      reach += (p->shape[d] - 1) * llabs(a->st[k][d]);
-    if (reach > span) span = reach;
-    if (!o.lin[k] && !o.tail[k]) coords = true;
-    /* four-element accesses: 16-byte (f32) or 8-byte (bf16) aligned, as every storage starts
-     * 256-byte aligned (core/alloc.c; the executor asserts it when it binds pointers); a tail
-     * operand's four lanes are four neighbours (i % P) or one value (i / P) when 4 divides P */
-    vec = vec && (o.tail[k] == 'd'
-                      ? tail_len[k] % 4 == 0
-                      : (o.lin[k] || (o.tail[k] && tail_len[k] % 4 == 0)) && x->offset % 4 == 0);
-    floats = floats && kiln__is_float(x->dtype);
-    if (o.store[k])
-      r->bytes_written += kiln__footprint(x);
-    else
-      r->bytes_read += kiln__footprint(x);
-  }
-  for (int j = 0; j < p->n; j++) /* updates write their inputs back */
-    if (kiln__ops[p->nodes[j]->op].kind == KILN__KIND_UPDATE)
-      for (int q = 0; q < p->nodes[j]->nin; q++)
-        if (kiln__ops[p->nodes[j]->op].stores & (1u << q))
-          r->bytes_written += kiln__footprint(p->nodes[j]->in[q]);
-  vec = vec && floats && !coords;
-  /* 32-bit indices while every offset (and a grid-stride step past the end) fits an int */
-  bool wide = kiln__wide_index(span);
-
+  ew_form f = ew_layout(p, n, update, w.coords, &o, r);
   kiln__sb b = {0};
-  kiln__emit_index_type(&b, wide);
+  kiln__emit_index_type(&b, f.wide);
   for (int k = 0; k < o.n; k++) {
     if (!o.tail[k]) continue;
     kiln__sb_printf(&b, "  const ix P%d = (ix)(1", k);
-    for (int d = tail_dim[k]; d < nd; d++)
+    for (int d = f.tail_dim[k]; d < nd; d++)
       kiln__sb_printf(&b, " * a.shape[%d]", d);
     kiln__sb_printf(&b, "); // operand %d: %s\n", k,
                     o.tail[k] == 'm' ? "its last dims" : "its first dims");
   }
-  if (vec) {
-    /* four elements a thread per iteration, each operand in one access (bf16.cuh) */
-    kiln__sb_printf(&b, "  const ix n4 = (ix)(a.n >> 2);\n"
-                        "  for (ix q = (ix)blockIdx.x * blockDim.x + threadIdx.x; q < n4;\n"
-                        "       q += (ix)gridDim.x * blockDim.x) {\n");
-    for (int k = 0; k < o.n; k++) {
-      const char *ct = kiln__ctype(o.t[k]->dtype);
-      if (o.store[k])
-        kiln__sb_printf(&b, "    float S%d[4];\n", k);
-      else if (o.tail[k] == 'd')
-        kiln__sb_printf(&b,
-                        "    float L%d[4];\n    L%d[0] = L%d[1] = L%d[2] = L%d[3] = "
-                        "(float)((const %s *)a.ptr[%d])[q * 4 / P%d];\n",
-                        k, k, k, k, k, ct, k, k);
-      else if (o.tail[k] == 'm')
-        kiln__sb_printf(&b,
-                        "    float L%d[4];\n    kiln_load4((const %s *)a.ptr[%d] + q * 4 %% P%d, "
-                        "L%d);\n",
-                        k, ct, k, k, k);
-      else
-        kiln__sb_printf(&b,
-                        "    float L%d[4];\n    kiln_load4((const %s *)a.ptr[%d] + q * 4, L%d);\n",
-                        k, ct, k, k);
-    }
-    kiln__sb_printf(&b, "#pragma unroll\n    for (int e = 0; e < 4; e++) {\n"
-                        "      const ix i = q * 4 + e;\n      (void)i;\n");
-    kiln__emit_element(&b, p, &o, &w, "      ", nd, true);
-    kiln__sb_printf(&b, "    }\n");
-    for (int k = 0; k < o.n; k++) {
-      if (o.store[k] || (update && (kiln__ops[p->nodes[0]->op].stores & (1u << k))))
-        kiln__sb_printf(&b, "    kiln_store4((%s *)a.ptr[%d] + q * 4, %s%d);\n",
-                        kiln__ctype(o.t[k]->dtype), k, o.store[k] ? "S" : "L", k);
-    }
-    kiln__sb_printf(&b, "  }\n");
+  if (f.vec) {
+    emit_fours(&b, p, &o, &w, update);
   } else {
     kiln__sb_printf(&b, "  for (ix i = (ix)blockIdx.x * blockDim.x + threadIdx.x; i < (ix)a.n;\n"
                         "       i += (ix)gridDim.x * blockDim.x) {\n");
-    if (coords) kiln__emit_coords(&b, "    ", nd, "i");
+    if (f.coords) kiln__emit_coords(&b, "    ", nd, "i");
     kiln__emit_element(&b, p, &o, &w, "    ", nd, false);
     kiln__sb_printf(&b, "  }\n");
   }
   const kiln__node *last = p->nodes[p->n - 1];
   const kiln_tensor *typed = last->out ? last->out : last->in[0];
   char stem[80], suffix[24];
-  snprintf(suffix, sizeof suffix, "_%s%s", kiln_dtype_name(typed->dtype), vec ? "_v4" : "");
+  snprintf(suffix, sizeof suffix, "_%s%s", kiln_dtype_name(typed->dtype), f.vec ? "_v4" : "");
   kiln__stem_of(p, "k", suffix, stem, sizeof stem);
   bool ok = kiln__finish(&b, stem, &o, r);
   kiln__sb_free(&b);
   r->block = KILN__BLOCK;
-  r->grid = kiln__grid_for(t, vec ? n / 4 : n);
+  r->grid = kiln__grid_for(t, f.vec ? n / 4 : n);
   return ok;
 }
 

@@ -25,6 +25,109 @@ static void row_launch(const kiln__target *t, kiln__rendered *r) {
   r->grid = (unsigned)(rows < 1 ? 1 : (rows > cap ? cap : rows));
 }
 
+/* A reduction's iteration: the outer (kept) and reduced axes of its input, in order; the
+ * accumulator's type; one block per output (rows) or one thread (cols); 64-bit indices. */
+typedef struct red_form {
+  int outer[KILN_MAX_DIMS], red[KILN_MAX_DIMS], no, nr;
+  bool rows, wide, argmax, isum, exact;
+  const char *acct;
+} red_form;
+
+/* Splits the input's axes into kept and reduced ones (the argument's shape and rshape), sets
+ * every operand's strides, and picks the strategy. */
+static red_form red_layout(const kiln__target *t, const kiln__node *rn, bool prologue, int out,
+                           kiln__operands *o, kiln__kargs *a) {
+  const kiln_tensor *x = rn->in[0];
+  unsigned mask = (unsigned)KILN__RI(rn, mask);
+  int nd = x->ndim;
+  red_form f = {.argmax = rn->op == KILN__OP_ARGMAX, .isum = rn->op == KILN__OP_SUM};
+  a->n = 1;
+  a->nred = 1;
+  for (int d = 0; d < nd; d++) {
+    if (mask & (1u << d)) {
+      a->rshape[f.nr] = x->shape[d];
+      f.red[f.nr++] = d;
+      a->nred *= x->shape[d];
+    } else {
+      a->shape[f.no] = x->shape[d];
+      f.outer[f.no++] = d;
+      a->n *= x->shape[d];
+    }
+  }
+  int64_t span = a->n * a->nred; /* the largest offset or index, for the index type */
+  for (int k = 0; k < o->n; k++) {
+    if (k != out) kiln__align_strides(o->t[k], nd, x->shape, a->st[k]);
+    o->lin[k] = false;
+    int64_t reach = 0;
+    for (int d = 0; d < nd && k != out; d++)
+      reach += (x->shape[d] - 1) * llabs(a->st[k][d]);
+    if (reach > span) span = reach;
+  }
+  f.wide = kiln__wide_index(span);
+  f.exact = f.isum && rn->out->dtype == KILN_DTYPE_I32; /* i32 values, summed in 64 bits */
+  f.acct = f.exact ? "long long" : "float";
+  bool inner = f.nr > 0 && f.red[f.nr - 1] == nd - 1 && (prologue || x->stride[nd - 1] == 1);
+  /* a block per output when the reduced axis is innermost (coalesced), or when there are too few
+   * outputs for a thread per output to fill the device */
+  f.rows = f.nr > 0 && (inner || a->n < (int64_t)t->num_sms * KILN__FEW_OUTPUTS_PER_SM);
+  return f;
+}
+
+/* The loops over the outputs and their reduced elements, down to each element's coordinates. */
+static void emit_red_loops(kiln__sb *b, const red_form *f) {
+  const char *init = f->exact ? "0" : (f->isum ? "0.f" : "-__int_as_float(0x7f800000)");
+  kiln__emit_index_type(b, f->wide);
+  if (f->rows) {
+    /* a block reduction's partials: one per warp, at most 32 warps (reduce.cuh) */
+    kiln__sb_printf(b, "  __shared__ %s sv[32];\n", f->acct);
+    if (f->argmax) kiln__sb_printf(b, "  __shared__ long long si[32];\n");
+    kiln__sb_printf(b, "  for (ix o = blockIdx.x; o < a.n; o += gridDim.x) {\n");
+  } else {
+    kiln__sb_printf(b, "  for (ix o = (ix)blockIdx.x * blockDim.x + threadIdx.x; o < a.n;\n"
+                       "       o += (ix)gridDim.x * blockDim.x) {\n");
+  }
+  /* the coordinates: the first of each kind needs no division (o < a.n, j < a.nred) */
+  kiln__sb_printf(b, "    ix r = o;\n");
+  for (int k = f->no - 1; k > 0; k--)
+    kiln__sb_printf(b, "    const ix c%d = r %% (ix)a.shape[%d]; r /= (ix)a.shape[%d];\n",
+                    f->outer[k], k, k);
+  if (f->no > 0) kiln__sb_printf(b, "    const ix c%d = r;\n", f->outer[0]);
+  kiln__sb_printf(b, "    %s acc = %s;\n", f->acct, init);
+  if (f->argmax) kiln__sb_printf(b, "    long long ai = 0x7fffffffffffffffll;\n");
+  if (f->rows)
+    kiln__sb_printf(b, "    for (ix j = threadIdx.x; j < a.nred; j += blockDim.x) {\n");
+  else
+    kiln__sb_printf(b, "    for (ix j = 0; j < a.nred; j++) {\n");
+  kiln__sb_printf(b, "      ix q = j;\n");
+  for (int k = f->nr - 1; k > 0; k--)
+    kiln__sb_printf(b, "      const ix c%d = q %% (ix)a.rshape[%d]; q /= (ix)a.rshape[%d];\n",
+                    f->red[k], k, k);
+  if (f->nr > 0) kiln__sb_printf(b, "      const ix c%d = q;\n", f->red[0]);
+}
+
+/* The output's store after the loops (a block's threads combined first). */
+static void emit_red_store(kiln__sb *b, const red_form *f, const kiln__node *rn, int out,
+                           int scale) {
+  char store[128];
+  if (f->argmax)
+    snprintf(store, sizeof store, "((int *)a.ptr[%d])[o] = (int)ai;", out);
+  else if (f->exact)
+    snprintf(store, sizeof store, "((int *)a.ptr[%d])[o] = kiln_i32_total(acc, a.err);", out);
+  else
+    snprintf(store, sizeof store, "((%s *)a.ptr[%d])[o] = (%s)(acc * a.fv[%d]);",
+             kiln__ctype(rn->out->dtype), out, kiln__ctype(rn->out->dtype), scale);
+  if (f->rows) {
+    if (f->argmax)
+      kiln__sb_printf(b, "    kiln_block_argmax(acc, ai, sv, si);\n");
+    else
+      kiln__sb_printf(b, "    acc = kiln_block_%s(acc, sv);\n", f->isum ? "sum" : "max");
+    kiln__sb_printf(b, "    if (threadIdx.x == 0) %s\n", store);
+  } else {
+    kiln__sb_printf(b, "    %s\n", store);
+  }
+  kiln__sb_printf(b, "  }\n");
+}
+
 /* A reduction, its input computed by an elementwise prologue or read from memory. Strategy
  * "rows": one block per output, threads stride over the reduced elements (for reductions along
  * the innermost dim), combined by reduce.cuh's block reductions. Strategy "cols": one thread per
@@ -32,9 +135,7 @@ static void row_launch(const kiln__target *t, kiln__rendered *r) {
 bool kiln__render_reduce(const kiln__target *t, const kiln__ew_prog *pro, const kiln__node *rn,
                          kiln__rendered *r) {
   const kiln_tensor *x = rn->in[0];
-  unsigned mask = (unsigned)KILN__RI(rn, mask);
   int nd = x->ndim;
-  kiln__kargs *a = &r->arg.args;
   kiln__operands o = {0};
   kiln__wiring w;
   int nf = 0, ni = 0, nu = 0, value = -1; /* the prologue node whose value is reduced */
@@ -50,116 +151,42 @@ bool kiln__render_reduce(const kiln__target *t, const kiln__ew_prog *pro, const 
   kiln__wire_attrs(&r->arg, rn, rslot, &nf, &ni, &nu); /* the scale, after the prologue's */
   int scale = rslot[kiln__attr_index(rn->op, "scale")];
   int out = kiln__operand(&o, rn->out, true, NULL);
-  int outer[KILN_MAX_DIMS], red[KILN_MAX_DIMS], no = 0, nr = 0;
-  a->n = 1;
-  a->nred = 1;
-  for (int d = 0; d < nd; d++) {
-    if (mask & (1u << d)) {
-      a->rshape[nr] = x->shape[d];
-      red[nr++] = d;
-      a->nred *= x->shape[d];
-    } else {
-      a->shape[no] = x->shape[d];
-      outer[no++] = d;
-      a->n *= x->shape[d];
-    }
-  }
-  int64_t span = a->n * a->nred; /* the largest offset or index, for the index type */
-  for (int k = 0; k < o.n; k++) {
-    if (k != out) kiln__align_strides(o.t[k], nd, x->shape, a->st[k]);
-    o.lin[k] = false;
-    int64_t reach = 0;
-    for (int d = 0; d < nd && k != out; d++)
-      reach += (x->shape[d] - 1) * llabs(a->st[k][d]);
-    if (reach > span) span = reach;
-  }
+  red_form f = red_layout(t, rn, value >= 0, out, &o, &r->arg.args);
   kiln__tally_bytes(&o, r);
-  bool wide = kiln__wide_index(span);
-  bool argmax = rn->op == KILN__OP_ARGMAX, isum = rn->op == KILN__OP_SUM;
-  bool exact = isum && rn->out->dtype == KILN_DTYPE_I32; /* i32 values, summed in 64 bits */
-  const char *acct = exact ? "long long" : "float";
-  bool inner = nr > 0 && red[nr - 1] == nd - 1 && (value >= 0 || x->stride[nd - 1] == 1);
-  /* a block per output when the reduced axis is innermost (coalesced), or when there are too few
-   * outputs for a thread per output to fill the device */
-  bool rows = nr > 0 && (inner || a->n < (int64_t)t->num_sms * KILN__FEW_OUTPUTS_PER_SM);
-  const char *init = exact ? "0" : (isum ? "0.f" : "-__int_as_float(0x7f800000)");
-
   kiln__sb b = {0};
-  kiln__emit_index_type(&b, wide);
-  if (rows) {
-    /* a block reduction's partials: one per warp, at most 32 warps (reduce.cuh) */
-    kiln__sb_printf(&b, "  __shared__ %s sv[32];\n", acct);
-    if (argmax) kiln__sb_printf(&b, "  __shared__ long long si[32];\n");
-    kiln__sb_printf(&b, "  for (ix o = blockIdx.x; o < a.n; o += gridDim.x) {\n");
-  } else {
-    kiln__sb_printf(&b, "  for (ix o = (ix)blockIdx.x * blockDim.x + threadIdx.x; o < a.n;\n"
-                        "       o += (ix)gridDim.x * blockDim.x) {\n");
-  }
-  /* the coordinates: the first of each kind needs no division (o < a.n, j < a.nred) */
-  kiln__sb_printf(&b, "    ix r = o;\n");
-  for (int k = no - 1; k > 0; k--)
-    kiln__sb_printf(&b, "    const ix c%d = r %% (ix)a.shape[%d]; r /= (ix)a.shape[%d];\n",
-                    outer[k], k, k);
-  if (no > 0) kiln__sb_printf(&b, "    const ix c%d = r;\n", outer[0]);
-  kiln__sb_printf(&b, "    %s acc = %s;\n", acct, init);
-  if (argmax) kiln__sb_printf(&b, "    long long ai = 0x7fffffffffffffffll;\n");
-  if (rows)
-    kiln__sb_printf(&b, "    for (ix j = threadIdx.x; j < a.nred; j += blockDim.x) {\n");
-  else
-    kiln__sb_printf(&b, "    for (ix j = 0; j < a.nred; j++) {\n");
-  kiln__sb_printf(&b, "      ix q = j;\n");
-  for (int k = nr - 1; k > 0; k--)
-    kiln__sb_printf(&b, "      const ix c%d = q %% (ix)a.rshape[%d]; q /= (ix)a.rshape[%d];\n",
-                    red[k], k, k);
-  if (nr > 0) kiln__sb_printf(&b, "      const ix c%d = q;\n", red[0]);
+  emit_red_loops(&b, &f);
   if (value >= 0) {
     kiln__emit_element(&b, pro, &o, &w, "      ", nd, false);
-    kiln__sb_printf(&b, "      const %s v = v%d;\n", acct, value);
+    kiln__sb_printf(&b, "      const %s v = v%d;\n", f.acct, value);
   } else {
-    kiln__sb_printf(&b, "      const %s v = ((const %s *)a.ptr[0])[", acct, kiln__ctype(x->dtype));
+    kiln__sb_printf(&b, "      const %s v = ((const %s *)a.ptr[0])[", f.acct,
+                    kiln__ctype(x->dtype));
     kiln__offset_expr(&b, 0, nd, false, 0);
     kiln__sb_printf(&b, "];\n");
   }
-  if (argmax)
+  if (f.argmax)
     kiln__sb_printf(&b, "      kiln_argmax_step(acc, ai, v, j);\n");
-  else if (isum)
+  else if (f.isum)
     kiln__sb_printf(&b, "      acc += v;\n");
   else
     kiln__sb_printf(&b, "      acc = kiln_maximum(acc, v);\n");
   kiln__sb_printf(&b, "    }\n");
-  char store[128];
-  if (argmax)
-    snprintf(store, sizeof store, "((int *)a.ptr[%d])[o] = (int)ai;", out);
-  else if (exact)
-    snprintf(store, sizeof store, "((int *)a.ptr[%d])[o] = kiln_i32_total(acc, a.err);", out);
-  else
-    snprintf(store, sizeof store, "((%s *)a.ptr[%d])[o] = (%s)(acc * a.fv[%d]);",
-             kiln__ctype(rn->out->dtype), out, kiln__ctype(rn->out->dtype), scale);
-  if (rows) {
-    if (argmax)
-      kiln__sb_printf(&b, "    kiln_block_argmax(acc, ai, sv, si);\n");
-    else
-      kiln__sb_printf(&b, "    acc = kiln_block_%s(acc, sv);\n", isum ? "sum" : "max");
-    kiln__sb_printf(&b, "    if (threadIdx.x == 0) %s\n", store);
-  } else {
-    kiln__sb_printf(&b, "    %s\n", store);
-  }
-  kiln__sb_printf(&b, "  }\n");
-
+  emit_red_store(&b, &f, rn, out, scale);
   char stem[80], suffix[40];
   snprintf(suffix, sizeof suffix, "_%s_%s_%dd_%dr_%s", kiln__ops[rn->op].name,
-           kiln_dtype_name(argmax ? x->dtype : rn->out->dtype), no, nr, rows ? "rows" : "cols");
+           kiln_dtype_name(f.argmax ? x->dtype : rn->out->dtype), f.no, f.nr,
+           f.rows ? "rows" : "cols");
   if (value >= 0)
     kiln__stem_of(pro, "k", suffix, stem, sizeof stem);
   else
     snprintf(stem, sizeof stem, "k%s", suffix);
   bool ok = kiln__finish(&b, stem, &o, r);
   kiln__sb_free(&b);
-  if (rows) {
+  if (f.rows) {
     row_launch(t, r);
   } else {
     r->block = KILN__BLOCK;
-    r->grid = kiln__grid_for(t, a->n);
+    r->grid = kiln__grid_for(t, r->arg.args.n);
   }
   return ok;
 }
@@ -215,13 +242,14 @@ static int scale_slot(const kiln__wiring *w, int j, const kiln__node *n) {
   return w->aslot[j][kiln__attr_index(n->op, "scale")];
 }
 
-bool kiln__render_rows(const kiln__target *t, const kiln__ew_prog *p, const kiln_tensor *F,
-                       kiln__rendered *r) {
-  int nd = F->ndim;
-  enum { FULL, ROW, RED } cls[KILN__MAX_GROUP];
-  bool row[KILN__MAX_GROUP];
+/* What each node of a row program computes: a value per element of the row (FULL), one per row
+ * (ROW), or a reduction over the row (RED). */
+typedef enum row_class { FULL, ROW, RED } row_class;
+
+/* Classifies p's nodes over F (row[j]: node j is per row); returns whether a last pass over the
+ * row is needed: some per-element value is written, or computed after the last reduction. */
+static bool classify(const kiln__ew_prog *p, const kiln_tensor *F, row_class *cls, bool *row) {
   int last_red = -1;
-  bool final_pass = false; /* some per-element value is written or computed after the last sum */
   for (int j = 0; j < p->n; j++) {
     const kiln__node *n = p->nodes[j];
     bool full = kiln__same_shape(n->out, F);
@@ -230,8 +258,63 @@ bool kiln__render_rows(const kiln__target *t, const kiln__ew_prog *p, const kiln
     if (cls[j] == RED) last_red = j;
   }
   KILN_ASSERT(last_red >= 0);
+  bool final_pass = false;
   for (int j = 0; j < p->n; j++)
     if (cls[j] == FULL && (j > last_red || p->store[j])) final_pass = true;
+  return final_pass;
+}
+
+/* Reduction j of a row program: a pass over the row, every per-element value before it
+ * recomputed, then the block's combination (v<j>, scaled). */
+static void emit_row_reduction(kiln__sb *b, const kiln__ew_prog *p, const kiln__operands *o,
+                               const kiln__wiring *w, const row_class *cls, int j, int nd) {
+  bool isum = p->nodes[j]->op == KILN__OP_SUM;
+  bool use[KILN__MAX_GROUP] = {0}, loaded[KILN__KMAX_PTR] = {0};
+  for (int m = 0; m < j; m++)
+    use[m] = cls[m] == FULL;
+  use[j] = true; /* its own input may come from memory */
+  kiln__sb_printf(b,
+                  "    float acc%d = %s;\n"
+                  "    for (ix q = threadIdx.x; q < a.nred; q += blockDim.x) {\n"
+                  "      const ix c%d = q;\n",
+                  j, isum ? "0.f" : "-__int_as_float(0x7f800000)", nd - 1);
+  emit_loads(b, p, use, o, w, loaded, "      ", nd, false);
+  for (int m = 0; m < j; m++)
+    if (cls[m] == FULL) emit_value(b, p, w, m, "      ", nd, false, false);
+  char in0[16];
+  kiln__in_name(w, j, 0, in0, sizeof in0);
+  if (isum)
+    kiln__sb_printf(b, "      acc%d += %s;\n    }\n", j, in0);
+  else
+    kiln__sb_printf(b, "      acc%d = kiln_maximum(acc%d, %s);\n    }\n", j, j, in0);
+  bool bf16 = p->nodes[j]->out->dtype == KILN_DTYPE_BF16;
+  kiln__sb_printf(b, "    const float v%d = %s(kiln_block_%s(acc%d, sv) * a.fv[%d]); // %s\n", j,
+                  bf16 ? "(float)(kiln_bf16)" : "", isum ? "sum" : "max", j,
+                  scale_slot(w, j, p->nodes[j]), kiln__ops[p->nodes[j]->op].name);
+}
+
+/* The last pass: every per-element value, and the stores of those that are written. */
+static void emit_final_pass(kiln__sb *b, const kiln__ew_prog *p, const kiln__operands *o,
+                            const kiln__wiring *w, const row_class *cls, int nd) {
+  bool use[KILN__MAX_GROUP] = {0}, loaded[KILN__KMAX_PTR] = {0};
+  for (int m = 0; m < p->n; m++)
+    use[m] = cls[m] == FULL;
+  kiln__sb_printf(b,
+                  "    for (ix q = threadIdx.x; q < a.nred; q += blockDim.x) {\n"
+                  "      const ix c%d = q;\n",
+                  nd - 1);
+  emit_loads(b, p, use, o, w, loaded, "      ", nd, false);
+  for (int m = 0; m < p->n; m++)
+    if (cls[m] == FULL) emit_value(b, p, w, m, "      ", nd, p->store[m], false);
+  kiln__sb_printf(b, "    }\n");
+}
+
+bool kiln__render_rows(const kiln__target *t, const kiln__ew_prog *p, const kiln_tensor *F,
+                       kiln__rendered *r) {
+  int nd = F->ndim;
+  row_class cls[KILN__MAX_GROUP];
+  bool row[KILN__MAX_GROUP];
+  bool final_pass = classify(p, F, cls, row);
   kiln__kargs *a = &r->arg.args;
   kiln__operands o = {0};
   kiln__wiring w;
@@ -244,17 +327,12 @@ bool kiln__render_rows(const kiln__target *t, const kiln__ew_prog *p, const kiln
   }
   a->nred = F->shape[nd - 1];
   for (int k = 0; k < o.n; k++) {
-    const kiln_tensor *x = o.t[k];
     if (o.row[k])
-      kiln__align_strides(x, o.row[k]->ndim, o.row[k]->shape, a->st[k]);
+      kiln__align_strides(o.t[k], o.row[k]->ndim, o.row[k]->shape, a->st[k]);
     else
-      kiln__align_strides(x, nd, F->shape, a->st[k]);
-    if (o.store[k])
-      r->bytes_written += kiln__footprint(x);
-    else
-      r->bytes_read += kiln__footprint(x);
+      kiln__align_strides(o.t[k], nd, F->shape, a->st[k]);
   }
-
+  kiln__tally_bytes(&o, r);
   kiln__sb b = {0};
   kiln__sb_printf(&b, "  typedef long long ix;\n  __shared__ float sv[32];\n"
                       "  for (ix o = blockIdx.x; o < a.n; o += gridDim.x) {\n    ix r = o;\n");
@@ -267,49 +345,13 @@ bool kiln__render_rows(const kiln__target *t, const kiln__ew_prog *p, const kiln
       use[j] = true;
       emit_loads(&b, p, use, &o, &w, row_loaded, "    ", nd, true);
       emit_value(&b, p, &w, j, "    ", nd, false, true);
-      continue;
+    } else if (cls[j] == RED) {
+      emit_row_reduction(&b, p, &o, &w, cls, j, nd);
     }
-    if (cls[j] != RED) continue;
-    /* a pass over the row: every per-element value before this reduction, recomputed */
-    bool isum = p->nodes[j]->op == KILN__OP_SUM;
-    bool use[KILN__MAX_GROUP] = {0}, loaded[KILN__KMAX_PTR] = {0};
-    for (int m = 0; m < j; m++)
-      use[m] = cls[m] == FULL;
-    use[j] = true; /* its own input may come from memory */
-    kiln__sb_printf(&b,
-                    "    float acc%d = %s;\n"
-                    "    for (ix q = threadIdx.x; q < a.nred; q += blockDim.x) {\n"
-                    "      const ix c%d = q;\n",
-                    j, isum ? "0.f" : "-__int_as_float(0x7f800000)", nd - 1);
-    emit_loads(&b, p, use, &o, &w, loaded, "      ", nd, false);
-    for (int m = 0; m < j; m++)
-      if (cls[m] == FULL) emit_value(&b, p, &w, m, "      ", nd, false, false);
-    char in0[16];
-    kiln__in_name(&w, j, 0, in0, sizeof in0);
-    if (isum)
-      kiln__sb_printf(&b, "      acc%d += %s;\n    }\n", j, in0);
-    else
-      kiln__sb_printf(&b, "      acc%d = kiln_maximum(acc%d, %s);\n    }\n", j, j, in0);
-    bool bf16 = p->nodes[j]->out->dtype == KILN_DTYPE_BF16;
-    kiln__sb_printf(&b, "    const float v%d = %s(kiln_block_%s(acc%d, sv) * a.fv[%d]); // %s\n", j,
-                    bf16 ? "(float)(kiln_bf16)" : "", isum ? "sum" : "max", j,
-                    scale_slot(&w, j, p->nodes[j]), kiln__ops[p->nodes[j]->op].name);
   }
-  if (final_pass) {
-    bool use[KILN__MAX_GROUP] = {0}, loaded[KILN__KMAX_PTR] = {0};
-    for (int m = 0; m < p->n; m++)
-      use[m] = cls[m] == FULL;
-    kiln__sb_printf(&b,
-                    "    for (ix q = threadIdx.x; q < a.nred; q += blockDim.x) {\n"
-                    "      const ix c%d = q;\n",
-                    nd - 1);
-    emit_loads(&b, p, use, &o, &w, loaded, "      ", nd, false);
-    for (int m = 0; m < p->n; m++)
-      if (cls[m] == FULL) emit_value(&b, p, &w, m, "      ", nd, p->store[m], false);
-    kiln__sb_printf(&b, "    }\n");
-  }
+  if (final_pass) emit_final_pass(&b, p, &o, &w, cls, nd);
   kiln__sb_printf(&b, "    if (threadIdx.x == 0) {\n");
-  for (int j = 0; j < p->n; j++) {
+  for (int j = 0; j < p->n; j++) { /* the per-row values that are written */
     int k = w.store_slot[j];
     if (cls[j] == FULL || k < 0) continue;
     const char *ot = kiln__ctype(p->nodes[j]->out->dtype);
@@ -318,8 +360,7 @@ bool kiln__render_rows(const kiln__target *t, const kiln__ew_prog *p, const kiln
     kiln__sb_printf(&b, "] = (%s)v%d;\n", ot, j);
   }
   kiln__sb_printf(&b, "    }\n  }\n");
-  char stem[80];
-  char suffix[24];
+  char stem[80], suffix[24];
   snprintf(suffix, sizeof suffix, "_%s_rows", kiln_dtype_name(F->dtype));
   kiln__stem_of(p, "k", suffix, stem, sizeof stem);
   bool ok = kiln__finish(&b, stem, &o, r);
@@ -330,10 +371,8 @@ bool kiln__render_rows(const kiln__target *t, const kiln__ew_prog *p, const kiln
 
 /* ---------------------------------------------------------------- batch norm's sums */
 
-/* Blocks of 32 columns x KILN__MOMENTS_ROWS rows: a warp reads 32 neighbouring columns of a row
- * (128 bytes), the block's 8 warps stride over the rows, and the 8 partial sums of a column are
- * added in a fixed order (the result is the same on every run). blockIdx.y is the block of rows:
- * partial sums (P, 2, C) that a plain sum over P finishes. */
+/* moments.cuh's sums over blocks of 32 columns x `rows` rows, each block's partial sums (P, 2, C)
+ * finished by a plain sum over P. */
 bool kiln__render_moments(const kiln__target *tg, const kiln__node *n, kiln__rendered *r) {
   (void)tg;
   kiln__kargs *a = &r->arg.args;
@@ -342,63 +381,25 @@ bool kiln__render_moments(const kiln__target *tg, const kiln__node *n, kiln__ren
     KILN_ASSERT(kiln__is_contiguous(n->in[q]) && kiln__is_float(n->in[q]->dtype));
     kiln__operand(&o, n->in[q], false, NULL);
   }
-  const char *t0 = kiln__ctype(n->in[0]->dtype), *t1 = kiln__ctype(n->in[1]->dtype);
   int out = kiln__operand(&o, n->out, true, NULL);
   int64_t R = n->in[0]->shape[0], C = n->in[0]->shape[1], P = n->out->shape[0];
-  int64_t rows = KILN__I(n, MOMENTS, rows);
   bool centered = KILN__I(n, MOMENTS, mode) != 0;
-  bool wide = kiln__wide_index(R * C);
   a->n = R;
   a->shape[0] = C;
   kiln__sb b = {0};
   kiln__sb_printf(&b,
                   "  typedef %s ix;\n"
-                  "  const ix R = a.n, C = a.shape[0], ROWS = %lld;\n"
-                  "  const int tx = threadIdx.x & 31, ty = threadIdx.x >> 5;\n"
-                  "  const ix c = (ix)blockIdx.x * 32 + tx, r0 = (ix)blockIdx.y * ROWS;\n"
-                  "  const ix r1 = r0 + ROWS < R ? r0 + ROWS : R;\n"
-                  "  __shared__ float part[2][%d][32];\n"
-                  "  float s0 = 0.f, s1 = 0.f;\n"
-                  "  if (c < C) {\n",
-                  wide ? "long long" : "int", (long long)rows, KILN__BLOCK / 32);
-  if (centered)
-    kiln__sb_printf(&b,
-                    "    const %s *g = (const %s *)a.ptr[0];\n"
-                    "    const %s *x = (const %s *)a.ptr[1];\n"
-                    "    const float m = ((const float *)a.ptr[2])[c];\n"
-                    "    const float is = ((const float *)a.ptr[3])[c];\n"
-                    "    for (ix r = r0 + ty; r < r1; r += %d) {\n"
-                    "      const float gv = g[r * C + c];\n"
-                    "      s0 += gv;\n"
-                    "      s1 += gv * (((float)x[r * C + c] - m) * is);\n"
-                    "    }\n",
-                    t0, t0, t1, t1, KILN__BLOCK / 32);
-  else
-    kiln__sb_printf(&b,
-                    "    const %s *x = (const %s *)a.ptr[0];\n"
-                    "    const float k = ((const %s *)a.ptr[1])[c];\n"
-                    "    for (ix r = r0 + ty; r < r1; r += %d) {\n"
-                    "      const float v = (float)x[r * C + c] - k;\n"
-                    "      s0 += v;\n"
-                    "      s1 += v * v;\n"
-                    "    }\n",
-                    t0, t0, t1, KILN__BLOCK / 32);
-  kiln__sb_printf(&b,
-                  "  }\n"
-                  "  part[0][ty][tx] = s0;\n"
-                  "  part[1][ty][tx] = s1;\n"
-                  "  __syncthreads();\n"
-                  "  if (ty < 2 && c < C) {\n"
-                  "    float t = 0.f;\n"
-                  "#pragma unroll\n"
-                  "    for (int w = 0; w < %d; w++) t += part[ty][w][tx];\n"
-                  "    ((float *)a.ptr[%d])[((ix)blockIdx.y * 2 + ty) * C + c] = t;\n"
-                  "  }\n",
-                  KILN__BLOCK / 32, out);
+                  "  kiln_moments_%s<%lld, %d, ix>(",
+                  kiln__wide_index(R * C) ? "long long" : "int", centered ? "grad" : "shifted",
+                  (long long)KILN__I(n, MOMENTS, rows), KILN__BLOCK / 32);
+  for (int q = 0; q < n->nin; q++) /* x and k, or g, x, mean and invstd */
+    kiln__sb_printf(&b, "(const %s *)a.ptr[%d], ", q < 2 ? kiln__ctype(n->in[q]->dtype) : "float",
+                    q);
+  kiln__sb_printf(&b, "(float *)a.ptr[%d], (ix)a.n, (ix)a.shape[0]);\n", out);
   char stem[48];
   snprintf(stem, sizeof stem, "k_moments_%s_%s", centered ? "grad" : "shifted",
            kiln_dtype_name(n->in[centered ? 1 : 0]->dtype));
-  bool ok = kiln__finish(&b, stem, &o, r);
+  bool ok = kiln__finish_with(&b, stem, &o, r, "#include \"moments.cuh\"\n");
   kiln__sb_free(&b);
   r->block = KILN__BLOCK;
   r->grid = (unsigned)((C + 31) / 32);

@@ -287,33 +287,36 @@ Test(augment, every_variant_compiles_under_nvrtc, .timeout = 1200) {
   }
   th_assert_ok(ctx);
 
-  /* the sources say what they do */
+  /* the sources say what they do: augment.cuh's function with the node's constants */
   char *src = source_of(dump, "k_augment_p2_reflect_flip_alt_f32_v4_", "C = 4;");
-  cr_assert_not_null(strstr(src, "kiln_philox4(seed, offset, (unsigned long long)n, r)"), "%s",
-                     src);
-  cr_assert_not_null(strstr(src, "KILN_PHILOX_FLIP_OFFSET"), "%s", src);
-  cr_assert_not_null(strstr(src, "2 * (H - 1) - sh"), "%s", src);
-  cr_assert_not_null(strstr(src, "const ix H = 7, W = 9, C = 4;"), "%s", src);
-  cr_assert_not_null(strstr(src, "kiln_load4"), "%s", src);
+  cr_assert_not_null(strstr(src, "#include \"augment.cuh\""), "%s", src);
+  cr_assert_not_null(strstr(src, "static constexpr ix H = 7, W = 9, C = 4;"), "%s", src);
+  cr_assert_not_null(strstr(src, "PAD = 2, SHIFT_H = 0, SHIFT_W = 0;"), "%s", src);
+  cr_assert_not_null(strstr(src, "REFLECT = true;"), "%s", src);
+  cr_assert_not_null(strstr(src, "FLIP = 3;"), "%s", src);
+  cr_assert_not_null(strstr(src, "VEC = true;"), "%s", src);
+  cr_assert_not_null(strstr(src, "kiln_augment<G>((const float *)a.ptr[0], (const int *)a.ptr[1]"),
+                     "alternating flips read the data-set indices:\n%s", src);
   cr_assert_not_null(strstr(src, "// trace nodes: #"), "%s", src);
   free(src);
   src = source_of(dump, "k_augment_p2_zero_flip_f32_", "C = 3;");
-  cr_assert_not_null(strstr(src, "const bool inside"), "%s", src);
-  cr_assert_not_null(strstr(src, "const int V = 3;"), "%s", src);
-  cr_assert_null(strstr(src, "kiln_load4"), "%s", src);
+  cr_assert_not_null(strstr(src, "REFLECT = false;"), "%s", src);
+  cr_assert_not_null(strstr(src, "V = 3;"), "%s", src);
+  cr_assert_not_null(strstr(src, "VEC = false;"), "%s", src);
+  cr_assert_not_null(strstr(src, "nullptr"), "no data-set indices:\n%s", src);
   free(src);
   src = source_of(dump, "k_augment_p0_flip_all_f32_", "C = 6;");
-  cr_assert_null(strstr(src, "kiln_philox"), "flipping every image draws nothing:\n%s", src);
-  cr_assert_not_null(strstr(src, "if (flip) sw = W - 1 - sw;"), "%s", src);
+  cr_assert_not_null(strstr(src, "PAD = 0, SHIFT_H = 0, SHIFT_W = 0;"), "%s", src);
+  cr_assert_not_null(strstr(src, "FLIP = 2;"), "%s", src);
   free(src);
   src = source_of(dump, "k_augment_p1_zero_flip_f32_", "C = 4;");
-  cr_assert_not_null(strstr(src, "const int V = 4;"), "%s", src);
-  cr_assert_null(strstr(src, "kiln_load4"), "4 channels not 16-byte aligned: scalar loads\n%s",
-                 src);
+  cr_assert_not_null(strstr(src, "V = 4;"), "%s", src);
+  cr_assert_not_null(strstr(src, "VEC = false;"),
+                     "4 channels not 16-byte aligned: scalar loads\n%s", src);
   free(src);
   src = source_of(dump, "k_augment_p0_f32_v4_", "C = 4;");
-  cr_assert_null(strstr(src, "kiln_philox"), "%s", src);
-  cr_assert_null(strstr(src, "flip"), "no flip, no translation: a copy\n%s", src);
+  cr_assert_not_null(strstr(src, "PAD = 0, SHIFT_H = 0, SHIFT_W = 0;"), "%s", src);
+  cr_assert_not_null(strstr(src, "FLIP = 0;"), "no flip, no translation: a copy\n%s", src);
   free(src);
   th_free_scratch();
   th_ctx_free(ctx);

@@ -1,17 +1,20 @@
 /*
  * test_cpu_device.c: the device files (fusion/device) and the op table agree: every file is
- * embedded as it is on disk, every attribute an op expression names exists, and the device
+ * embedded as it is on disk and compiles on its own with NVRTC, every attribute an op expression
+ * names exists, and the device
  * functions an expression calls take each attribute under its own name, at its position.
  */
 #include <ctype.h>
+#include <nvrtc.h>
 #include <string.h>
 
 #include "fusion/fusion.h"
 #include "helpers.h"
 
 Test(device, every_file_is_embedded_as_on_disk) {
-  const char *names[] = {"bf16.cuh",  "defs.cuh",   "igemm.cuh",   "kargs.cuh", "math.cuh",
-                         "optim.cuh", "philox.cuh", "prelude.cuh", "reduce.cuh"};
+  const char *names[] = {"augment.cuh", "bf16.cuh",    "defs.cuh",    "igemm.cuh",
+                         "kargs.cuh",   "math.cuh",    "moments.cuh", "optim.cuh",
+                         "philox.cuh",  "prelude.cuh", "reduce.cuh",  "window.cuh"};
   int n = (int)(sizeof names / sizeof names[0]);
   cr_assert_eq(kiln__device_nfiles, n, "%d embedded device files, %d expected", kiln__device_nfiles,
                n);
@@ -24,6 +27,39 @@ Test(device, every_file_is_embedded_as_on_disk) {
                      names[i]);
     free(disk);
   }
+}
+
+/* Every device file compiles on its own with NVRTC, as kiln compiles kernels (the other device
+ * files as named headers, C++17), for sm_80 and sm_90: no file leans on what another includer
+ * happened to include first. */
+Test(device, every_file_compiles_on_its_own_with_nvrtc) {
+  const char *hdr[64], *inc[64];
+  cr_assert_leq(kiln__device_nfiles, 64);
+  for (int i = 0; i < kiln__device_nfiles; i++) {
+    hdr[i] = kiln__device_files[i].text;
+    inc[i] = kiln__device_files[i].name;
+  }
+  for (int i = 0; i < kiln__device_nfiles; i++)
+    for (int arch = 80; arch <= 90; arch += 10) {
+      char src[128], opt[64];
+      snprintf(src, sizeof src, "#include \"%s\"\n", kiln__device_files[i].name);
+      snprintf(opt, sizeof opt, "--gpu-architecture=sm_%d", arch);
+      const char *opts[] = {opt, "--std=c++17"};
+      nvrtcProgram prog;
+      cr_assert_eq(nvrtcCreateProgram(&prog, src, "alone.cu", kiln__device_nfiles, hdr, inc),
+                   NVRTC_SUCCESS);
+      nvrtcResult r = nvrtcCompileProgram(prog, 2, opts);
+      size_t n = 0;
+      nvrtcGetProgramLogSize(prog, &n);
+      char *log = malloc(n + 1);
+      cr_assert_not_null(log);
+      log[0] = 0;
+      nvrtcGetProgramLog(prog, log);
+      cr_expect_eq(r, NVRTC_SUCCESS, "%s for sm_%d: %s\n%s", kiln__device_files[i].name, arch,
+                   nvrtcGetErrorString(r), log);
+      free(log);
+      nvrtcDestroyProgram(&prog);
+    }
 }
 
 /* The text of all device files, one after another. */

@@ -1,0 +1,270 @@
+/*
+ * window.cuh: the sliding-window ops over images (N, H, W, C) (fusion/render_window.c): im2col,
+ * col2im, max and average pooling and their gradients. Each computes the V neighbouring channels
+ * (lanes) of one output element, lane group e of the kernel's grid-stride loop, and hands them
+ * to store(n, a, b, c, lanes): the element's coordinates in the output, (n, h, w, c) for an image
+ * (col2im, the gradients), (n, oh, ow, c) for windows, (n, oh, ow, k) for im2col's columns. The
+ * store is the generated kernel's lambda: a plain store, or the elementwise epilogue fused after
+ * the op. Lanes are read four at a time (kiln_load4) when V is 4.
+ *
+ * G is a struct of constants the generated kernel defines: the index type ix, the window (KH,
+ * KW, stride SH, SW, padding PH, PW, dilation DH, DW), V, the image's H, W, C, the windows' OH,
+ * OW, im2col's and col2im's GROUPS and average pooling's EXCLUDE_PAD, so that every division is
+ * by a constant. Out-of-image taps read nothing; max pooling keeps the window's first maximum,
+ * NaN winning (PyTorch's rule).
+ */
+#ifndef KILN_WINDOW_CUH
+#define KILN_WINDOW_CUH
+
+#include "bf16.cuh"
+#include "defs.cuh"
+
+/* V lanes from p[off]: one 16-byte (f32) or 8-byte (bf16) access when V is 4. */
+template <int V, typename T, typename ix>
+KILN__FN void kiln_win_load(const T *p, ix off, float (&v)[V]) {
+  if constexpr (V == 4)
+    kiln_load4(&p[off], v);
+  else
+    v[0] = (float)p[off];
+}
+
+/* V lanes to p[off]. */
+template <int V, typename T, typename ix> KILN__FN void kiln_win_put(T *p, ix off, const float *v) {
+  if constexpr (V == 4)
+    kiln_store4(&p[off], v);
+  else
+    p[off] = (T)v[0];
+}
+
+/* Lane group e over (N, A, B, C / V): its n, a, b and first channel c. */
+template <class G>
+KILN__FN void kiln_win_split(typename G::ix e, typename G::ix A, typename G::ix B,
+                             typename G::ix &n, typename G::ix &a, typename G::ix &b,
+                             typename G::ix &c) {
+  typedef typename G::ix ix;
+  ix m = e;
+  c = (m % (G::C / G::V)) * G::V;
+  m /= G::C / G::V;
+  b = m % B;
+  m /= B;
+  a = m % A;
+  n = m / A;
+}
+
+/* Calls tap(i, j, oh, ow) for every window (oh, ow) that reads image pixel (h, w) through its tap
+ * (i, j). */
+template <class G, class F>
+KILN__FN void kiln_win_taps_of_pixel(typename G::ix h, typename G::ix w, F tap) {
+  typedef typename G::ix ix;
+  for (int i = 0; i < G::KH; i++) {
+    const ix th = h + G::PH - i * G::DH;
+    if (th < 0 || th % G::SH != 0 || th / G::SH >= G::OH) continue;
+    for (int j = 0; j < G::KW; j++) {
+      const ix tw = w + G::PW - j * G::DW;
+      if (tw < 0 || tw % G::SW != 0 || tw / G::SW >= G::OW) continue;
+      tap(i, j, th / G::SH, tw / G::SW);
+    }
+  }
+}
+
+/* The position p * KW + q of window (oh, ow)'s first maximum in each lane (-1: no tap inside the
+ * image), NaN winning; best gets the maxima. */
+template <class G, typename T>
+KILN__FN void kiln_win_argmax(const T *x, typename G::ix n, typename G::ix oh, typename G::ix ow,
+                              typename G::ix c, float (&best)[G::V], int (&at)[G::V]) {
+  typedef typename G::ix ix;
+#pragma unroll
+  for (int l = 0; l < G::V; l++)
+    at[l] = -1;
+  for (int p = 0; p < G::KH; p++) {
+    const ix h = oh * G::SH - G::PH + p * G::DH;
+    if (h < 0 || h >= G::H) continue;
+    for (int q = 0; q < G::KW; q++) {
+      const ix w = ow * G::SW - G::PW + q * G::DW;
+      if (w < 0 || w >= G::W) continue;
+      float xv[G::V];
+      kiln_win_load<G::V>(x, ((n * G::H + h) * G::W + w) * G::C + c, xv);
+#pragma unroll
+      for (int l = 0; l < G::V; l++)
+        if (at[l] < 0 || xv[l] > best[l] || isnan(xv[l])) {
+          best[l] = xv[l];
+          at[l] = p * G::KW + q;
+        }
+    }
+  }
+}
+
+/* im2col: e over (N, OH, OW, K / V), K in the order (group, i, j, channel of the group). */
+template <class G, typename T, class S>
+KILN__FN void kiln_im2col(const T *x, typename G::ix e, S store) {
+  typedef typename G::ix ix;
+  const ix CG = G::C / G::GROUPS, K = G::KH * G::KW * G::C;
+  const ix k0 = (e % (K / G::V)) * G::V;
+  ix k = k0, m = e / (K / G::V);
+  const ix cg = k % CG;
+  k /= CG;
+  const int j = (int)(k % G::KW);
+  k /= G::KW;
+  const int i = (int)(k % G::KH);
+  const ix c = (k / G::KH) * CG + cg;
+  const ix ow = m % G::OW;
+  m /= G::OW;
+  const ix oh = m % G::OH, n = m / G::OH;
+  const ix h = oh * G::SH - G::PH + i * G::DH, w = ow * G::SW - G::PW + j * G::DW;
+  float y[G::V];
+  if (h >= 0 && h < G::H && w >= 0 && w < G::W) {
+    kiln_win_load<G::V>(x, ((n * G::H + h) * G::W + w) * G::C + c, y);
+  } else {
+#pragma unroll
+    for (int l = 0; l < G::V; l++)
+      y[l] = 0.f;
+  }
+  store(n, oh, ow, k0, y);
+}
+
+/* col2im: e over the image; each pixel sums the columns that read it. */
+template <class G, typename T, class S>
+KILN__FN void kiln_col2im(const T *col, typename G::ix e, S store) {
+  typedef typename G::ix ix;
+  const ix CG = G::C / G::GROUPS, K = G::KH * G::KW * G::C;
+  ix n, h, w, c;
+  kiln_win_split<G>(e, G::H, G::W, n, h, w, c);
+  const ix g = c / CG, cg = c % CG;
+  float acc[G::V] = {};
+  kiln_win_taps_of_pixel<G>(h, w, [&](int i, int j, ix oh, ix ow) {
+    float cv[G::V];
+    kiln_win_load<G::V>(
+        col, ((n * G::OH + oh) * G::OW + ow) * K + ((g * G::KH + i) * G::KW + j) * CG + cg, cv);
+#pragma unroll
+    for (int l = 0; l < G::V; l++)
+      acc[l] += cv[l];
+  });
+  store(n, h, w, c, acc);
+}
+
+/* max pooling: e over the windows. */
+template <class G, typename T, class S>
+KILN__FN void kiln_max_pool(const T *x, typename G::ix e, S store) {
+  typedef typename G::ix ix;
+  ix n, oh, ow, c;
+  kiln_win_split<G>(e, G::OH, G::OW, n, oh, ow, c);
+  float best[G::V];
+#pragma unroll
+  for (int l = 0; l < G::V; l++)
+    best[l] = -__int_as_float(0x7f800000);
+  for (int i = 0; i < G::KH; i++) {
+    const ix h = oh * G::SH - G::PH + i * G::DH;
+    if (h < 0 || h >= G::H) continue;
+    for (int j = 0; j < G::KW; j++) {
+      const ix w = ow * G::SW - G::PW + j * G::DW;
+      if (w < 0 || w >= G::W) continue;
+      float xv[G::V];
+      kiln_win_load<G::V>(x, ((n * G::H + h) * G::W + w) * G::C + c, xv);
+#pragma unroll
+      for (int l = 0; l < G::V; l++)
+        if (xv[l] > best[l] || isnan(xv[l])) best[l] = xv[l];
+    }
+  }
+  store(n, oh, ow, c, best);
+}
+
+/* max pooling's gradient: e over the image; each pixel sums the gradients of the windows whose
+ * first maximum it is. dy is the output's gradient, x the pooled image. */
+template <class G, typename T, typename TX, class S>
+KILN__FN void kiln_max_pool_grad(const T *dy, const TX *x, typename G::ix e, S store) {
+  typedef typename G::ix ix;
+  ix n, h, w, c;
+  kiln_win_split<G>(e, G::H, G::W, n, h, w, c);
+  float acc[G::V] = {};
+  kiln_win_taps_of_pixel<G>(h, w, [&](int i, int j, ix oh, ix ow) {
+    float best[G::V], gv[G::V];
+    int at[G::V];
+    kiln_win_argmax<G>(x, n, oh, ow, c, best, at);
+    kiln_win_load<G::V>(dy, ((n * G::OH + oh) * G::OW + ow) * G::C + c, gv);
+#pragma unroll
+    for (int l = 0; l < G::V; l++)
+      if (at[l] == i * G::KW + j) acc[l] += gv[l];
+  });
+  store(n, h, w, c, acc);
+}
+
+/* max pooling's gradient over windows that tile the image (stride = kernel, no padding or
+ * dilation): e over the windows; each finds its maximum once and writes its own pixels, the last
+ * window of a row or column also the zeros of the pixels no window covers. */
+template <class G, typename T, typename TX, class S>
+KILN__FN void kiln_max_pool_grad_tiled(const T *dy, const TX *x, typename G::ix e, S store) {
+  typedef typename G::ix ix;
+  ix n, oh, ow, c;
+  kiln_win_split<G>(e, G::OH, G::OW, n, oh, ow, c);
+  float best[G::V], gv[G::V];
+  int at[G::V];
+  kiln_win_argmax<G>(x, n, oh, ow, c, best, at);
+  kiln_win_load<G::V>(dy, ((n * G::OH + oh) * G::OW + ow) * G::C + c, gv);
+  const ix hend = G::H == G::OH * G::KH || oh < G::OH - 1 ? oh * G::KH + G::KH : G::H;
+  const ix wend = G::W == G::OW * G::KW || ow < G::OW - 1 ? ow * G::KW + G::KW : G::W;
+  for (ix h = oh * G::KH; h < hend; h++)
+    for (ix w = ow * G::KW; w < wend; w++) {
+      const int p = (int)(h - oh * G::KH), q = (int)(w - ow * G::KW);
+      float d[G::V];
+#pragma unroll
+      for (int l = 0; l < G::V; l++)
+        d[l] = p < G::KH && q < G::KW && at[l] == p * G::KW + q ? gv[l] : 0.f;
+      store(n, h, w, c, d);
+    }
+}
+
+/* average pooling: e over the windows, divided by the window's size, or with EXCLUDE_PAD by its
+ * taps inside the image. */
+template <class G, typename T, class S>
+KILN__FN void kiln_avg_pool(const T *x, typename G::ix e, S store) {
+  typedef typename G::ix ix;
+  ix n, oh, ow, c;
+  kiln_win_split<G>(e, G::OH, G::OW, n, oh, ow, c);
+  float acc[G::V] = {};
+  int inside = 0;
+  for (int i = 0; i < G::KH; i++) {
+    const ix h = oh * G::SH - G::PH + i;
+    if (h < 0 || h >= G::H) continue;
+    for (int j = 0; j < G::KW; j++) {
+      const ix w = ow * G::SW - G::PW + j;
+      if (w < 0 || w >= G::W) continue;
+      inside++;
+      float xv[G::V];
+      kiln_win_load<G::V>(x, ((n * G::H + h) * G::W + w) * G::C + c, xv);
+#pragma unroll
+      for (int l = 0; l < G::V; l++)
+        acc[l] += xv[l];
+    }
+  }
+#pragma unroll
+  for (int l = 0; l < G::V; l++)
+    acc[l] /= (float)(G::EXCLUDE_PAD ? inside : G::KH * G::KW);
+  store(n, oh, ow, c, acc);
+}
+
+/* average pooling's gradient: e over the image; each pixel sums its windows' gradients, each
+ * over that window's divisor. */
+template <class G, typename T, class S>
+KILN__FN void kiln_avg_pool_grad(const T *dy, typename G::ix e, S store) {
+  typedef typename G::ix ix;
+  ix n, h, w, c;
+  kiln_win_split<G>(e, G::H, G::W, n, h, w, c);
+  float acc[G::V] = {};
+  kiln_win_taps_of_pixel<G>(h, w, [&](int, int, ix oh, ix ow) {
+    float div = (float)(G::KH * G::KW);
+    if (G::EXCLUDE_PAD) {
+      const ix h0 = oh * G::SH - G::PH, w0 = ow * G::SW - G::PW;
+      const ix nh = (h0 + G::KH < G::H ? h0 + G::KH : G::H) - (h0 > 0 ? h0 : 0);
+      const ix nw = (w0 + G::KW < G::W ? w0 + G::KW : G::W) - (w0 > 0 ? w0 : 0);
+      div = (float)(nh * nw);
+    }
+    float gv[G::V];
+    kiln_win_load<G::V>(dy, ((n * G::OH + oh) * G::OW + ow) * G::C + c, gv);
+#pragma unroll
+    for (int l = 0; l < G::V; l++)
+      acc[l] += gv[l] / div;
+  });
+  store(n, h, w, c, acc);
+}
+
+#endif
