@@ -1,9 +1,11 @@
 /*
  * test_cpu_optable.c: the op table (core/ops.def) against itself and against the backward rules:
  * names, kinds, expressions and their placeholders, the in-place stores of update ops, which ops
- * have a backward rule, and that each row's saves mask is exactly what its rule reads.
+ * have a backward rule, that each row's saves mask is exactly what its rule reads, each row's
+ * kernel family and iteration space, and attributes found by name.
  * No GPU needed.
  */
+#include <signal.h>
 #include <string.h>
 
 #include "inspect.h"
@@ -338,4 +340,110 @@ Test(optable, saves_is_what_the_backward_rule_reads) {
   cr_log_info("saves checked against the backward rules of %d ops", checked);
   cr_assert_gt(checked, 0);
   cr_assert_str_empty(bad, "ops whose saves differ from what their backward rule reads:%s", bad);
+}
+
+/* Each row's kernel family and iteration space agree with its kind; a window op holds its
+ * geometry in an int attribute win of KILN__WIN_LEN values, and takes an epilogue exactly when it
+ * iterates over windows or the image; the attributes a hand-written kernel reads (FK, UK) are
+ * step values of ops without an expression. */
+Test(optable, renderers_spaces_and_kernel_attributes) {
+  int windows = 0;
+  for (int i = 0; i < KILN__OP_COUNT; i++) {
+    kiln__op op = (kiln__op)i;
+    const kiln__op_info *o = &kiln__ops[op];
+    switch (o->kind) {
+    case KILN__KIND_EW:
+      cr_assert(o->renderer == KILN__RENDER_EW && o->space == KILN__SPACE_OUT, "%s", o->name);
+      break;
+    case KILN__KIND_UPDATE:
+      cr_assert(o->renderer == KILN__RENDER_EW && o->space == KILN__SPACE_IN, "%s", o->name);
+      break;
+    case KILN__KIND_REDUCE:
+      cr_assert(o->renderer == KILN__RENDER_REDUCE && o->space == KILN__SPACE_RED, "%s", o->name);
+      break;
+    case KILN__KIND_MATMUL:
+      cr_assert(o->renderer == KILN__RENDER_BLAS && o->space == KILN__SPACE_MAT, "%s", o->name);
+      break;
+    case KILN__KIND_VIEW:
+      cr_assert(o->renderer == KILN__RENDER_NONE && o->space == KILN__SPACE_NONE, "%s", o->name);
+      break;
+    case KILN__KIND_LIB:
+      cr_assert(o->renderer != KILN__RENDER_NONE && o->renderer != KILN__RENDER_EW &&
+                    o->renderer != KILN__RENDER_REDUCE && o->renderer != KILN__RENDER_BLAS,
+                "library op %s names a family of its own", o->name);
+      break;
+    }
+    bool window = o->renderer == KILN__RENDER_WINDOW;
+    windows += window;
+    kiln__attr_kind kind;
+    int slot;
+    bool has_win = kiln__attr_find(op, "win", 3, &kind, &slot);
+    cr_assert_eq(window, has_win, "%s: a window op holds its geometry in win", o->name);
+    if (window) {
+      cr_assert(kind == KILN__ATTR_I &&
+                    o->attrs[kiln__attr_index(op, "win")].count == KILN__WIN_LEN,
+                "%s", o->name);
+      cr_assert(o->space == KILN__SPACE_COLS || o->space == KILN__SPACE_WINDOWS ||
+                    o->space == KILN__SPACE_IMAGE,
+                "%s", o->name);
+    }
+    cr_assert_eq(kiln__takes_epilogue(op),
+                 window && (o->space == KILN__SPACE_WINDOWS || o->space == KILN__SPACE_IMAGE), "%s",
+                 o->name);
+    for (int a = 0; a < o->nattr; a++)
+      if (o->attrs[a].kernel)
+        cr_assert(!o->expr[0] && o->attrs[a].kind != KILN__ATTR_I,
+                  "%s: %s is marked as read by a hand-written kernel", o->name, o->attrs[a].name);
+  }
+  cr_assert_eq(windows, 6, "im2col, col2im, the pools and their gradients");
+  cr_assert_eq(kiln__ops[KILN__OP_COL2IM].space, KILN__SPACE_IMAGE);
+  cr_assert_eq(kiln__ops[KILN__OP_MAX_POOL].space, KILN__SPACE_WINDOWS);
+  cr_assert_eq(kiln__ops[KILN__OP_IM2COL].space, KILN__SPACE_COLS);
+  cr_assert_eq(kiln__ops[KILN__OP_MOMENTS].renderer, KILN__RENDER_MOMENTS);
+  cr_assert_eq(kiln__ops[KILN__OP_AUGMENT].renderer, KILN__RENDER_AUGMENT);
+  cr_assert_eq(kiln__ops[KILN__OP_CONCAT].renderer, KILN__RENDER_COPY);
+  cr_assert_eq(kiln__ops[KILN__OP_INDEX_ADD].renderer, KILN__RENDER_GATHER);
+}
+
+/* The attribute slots a kernel takes, from its expression and its FK/UK marks. */
+Test(optable, kernel_slots) {
+  const struct {
+    kiln__op op;
+    int nf, ni, nu;
+  } want[] = {
+      {KILN__OP_ADD, 0, 0, 0},          {KILN__OP_CLAMP, 2, 0, 0},
+      {KILN__OP_DROPOUT, 2, 0, 2},      {KILN__OP_ONEHOT, 0, 1, 0},
+      {KILN__OP_SGD_MOMENTUM, 5, 1, 0}, {KILN__OP_ADAM, 7, 1, 0},
+      {KILN__OP_SUM, 1, 0, 0},          {KILN__OP_ARGMAX, 1, 0, 0},
+      {KILN__OP_INDEX_SELECT, 0, 0, 1}, {KILN__OP_AUGMENT, 0, 0, 3},
+      {KILN__OP_MAX_POOL, 0, 0, 0},     {KILN__OP_BN_APPLY, 0, 0, 0},
+  };
+  for (size_t k = 0; k < sizeof want / sizeof want[0]; k++) {
+    int nf, ni, nu;
+    kiln__kernel_slots(want[k].op, &nf, &ni, &nu);
+    cr_assert(nf == want[k].nf && ni == want[k].ni && nu == want[k].nu,
+              "%s: %d float, %d int, %d 64-bit slots; expected %d, %d, %d",
+              kiln__ops[want[k].op].name, nf, ni, nu, want[k].nf, want[k].ni, want[k].nu);
+  }
+}
+
+/* Attributes by name: a window op's groups or exclude_pad, found through the table. */
+Test(optable, attributes_by_name) {
+  kiln__node n = {.op = KILN__OP_COL2IM};
+  KILN__I(&n, COL2IM, groups) = 3;
+  cr_assert_eq(KILN__I_NAMED(&n, "groups"), 3);
+  const kiln__node *cn = &n;
+  cr_assert_eq(KILN__I_NAMED(cn, "groups"), 3);
+  kiln__win w = {.kh = 3, .kw = 2, .sh = 1, .sw = 2, .ph = 1, .pw = 0, .dh = 2, .dw = 1};
+  memcpy(&KILN__IA(&n, COL2IM, win, 0), &w, sizeof w);
+  kiln__win back = kiln__win_of(&n);
+  cr_assert_eq(memcmp(&back, &w, sizeof w), 0);
+  cr_assert(kiln__has_attr(KILN__OP_AVG_POOL, "exclude_pad"));
+  cr_assert(!kiln__has_attr(KILN__OP_MAX_POOL, "exclude_pad"));
+}
+
+/* An attribute the op does not have is an assertion, never a silent default. */
+Test(optable, a_missing_attribute_by_name_aborts, .signal = SIGABRT) {
+  kiln__node n = {.op = KILN__OP_MAX_POOL};
+  (void)KILN__I_NAMED(&n, "groups");
 }
