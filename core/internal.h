@@ -138,29 +138,29 @@ typedef struct kiln__attr {
 } kiln__attr;
 #define KILN__MAX_ATTRS (KILN__NF + KILN__NI + KILN__NU)
 
-typedef struct kiln__bw kiln__bw;
-/* A backward rule: records the gradients of n's inputs from g, the gradient of its output. */
-typedef void (*kiln__grad_fn)(kiln__bw *b, const kiln__node *n, kiln_tensor *g, kiln_tensor **gin);
-
 typedef struct kiln__op_info {
   const char *name;
   int nin; /* the most inputs (concat takes 1..8) */
   kiln__kind kind;
   const char *expr;
-  unsigned stores;    /* UPDATE: bit i set when input i is written back */
-  kiln__grad_fn grad; /* kiln__grad_NONE: no gradient */
-  unsigned saves;     /* what grad reads: bits 0-2 inputs, bit 3 the output */
+  unsigned stores; /* UPDATE: bit i set when input i is written back */
+  bool has_grad;   /* its backward rule (autograd/) is not NONE */
+  unsigned saves;  /* what the rule reads: bits 0-2 inputs, bit 3 the output */
   int nattr;
   kiln__attr attrs[KILN__MAX_ATTRS]; /* in ops.def's order */
 } kiln__op_info;
 
+/* The backward rules, defined in autograd/rules.c (which includes only this header) and called
+ * through autograd/backward.c's table; core/ references none of them. A rule records the
+ * gradients of n's inputs from g, the gradient of its output. */
+typedef struct kiln__bw kiln__bw;
 #define X(id, name, nin, kind, expr, stores, grad, saves, attrs)                                   \
   void kiln__grad_##grad(kiln__bw *b, const kiln__node *n, kiln_tensor *g, kiln_tensor **gin);
 #include "ops.def"
 #undef X
 
 extern const kiln__op_info kiln__ops[KILN__OP_COUNT];
-static inline bool kiln__has_grad(kiln__op op) { return kiln__ops[op].grad != kiln__grad_NONE; }
+static inline bool kiln__has_grad(kiln__op op) { return kiln__ops[op].has_grad; }
 /* op's attribute called name (the first len characters): its kind and its first slot among the
  * node's values of that kind; false when op has no such attribute. */
 bool kiln__attr_find(kiln__op op, const char *name, size_t len, kiln__attr_kind *kind, int *slot);
