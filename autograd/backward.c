@@ -2,13 +2,23 @@
  * backward.c: kiln_backward reads the trace backwards from the loss and records the gradient of
  * every node that needs one, with the same op functions as the forward pass. Leaf gradients
  * (persistent tensors with requires_grad) are written into their .grad buffers at the end, by
- * one recorded assign or accumulate per leaf.
+ * one recorded assign or accumulate per leaf. Each node's rule comes from the table of rules by
+ * op below.
  */
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "../core/internal.h"
+#include "rules.h"
+
+/* Every op's rule, by op, from its ops.def row (kiln__grad_NONE where the op has no gradient:
+ * kiln__has_grad). The columns after the rule are not read. */
+static const kiln__grad_fn grad_rules[KILN__OP_COUNT] = {
+#define X(id, name, nin, kind, renderer, space, expr, stores, grad, ...)                           \
+  [KILN__OP_##id] = kiln__grad_##grad,
+#include "../core/ops.def"
+#undef X
+};
 
 struct kiln__bw {
   kiln_ctx *ctx;
@@ -105,7 +115,7 @@ kiln_status kiln_backward(kiln_tensor *loss) {
     }
     kiln_tensor *gin[KILN__MAX_IN] = {0};
     kiln__node copy = *n; /* the trace may move when it grows */
-    kiln__ops[copy.op].grad(&b, &copy, g, gin);
+    grad_rules[copy.op](&b, &copy, g, gin);
     for (int k = 0; k < copy.nin; k++) {
       if (!gin[k] || !copy.in[k]->requires_grad) continue;
       /* a gradient has its value's dtype: an op that promoted a bf16 input to f32 hands back an

@@ -5,7 +5,7 @@
  */
 #include <string.h>
 
-#include "../core/internal.h"
+#include "rules.h"
 
 #define NEED(i) (n->in[i]->requires_grad)
 

@@ -1,12 +1,13 @@
 /*
  * ctx.c: the context: device and stream, options from the environment, the host RNG, steps
- * (generations of intermediates) and statistics. Execution state (kernels, step graphs, BLAS
- * handles and plans) belongs to fusion/, reached through fusion/engine.h.
+ * (generations of intermediates) and statistics. Creating and freeing a context, opening a step
+ * and releasing its intermediates are here as internal functions; runtime/context.c puts them
+ * together with fusion/'s execution state (kernels, step graphs, BLAS handles and plans) into
+ * kiln_ctx_new, kiln_ctx_free and the step calls.
  */
 #include <stdlib.h>
 #include <string.h>
 
-#include "../fusion/engine.h"
 #include "cuda_check.h"
 #include "internal.h"
 
@@ -69,7 +70,7 @@ static void gpu_init(kiln_ctx *ctx, int device) {
   ctx->has_gpu = true;
 }
 
-kiln_ctx *kiln_ctx_new(const kiln_ctx_options *opts) {
+kiln_ctx *kiln__ctx_create(const kiln_ctx_options *opts) {
   kiln_ctx *ctx = calloc(1, sizeof *ctx);
   kiln__anchor *anchor = calloc(1, sizeof *anchor);
   if (!ctx || !anchor) {
@@ -95,12 +96,10 @@ kiln_ctx *kiln_ctx_new(const kiln_ctx_options *opts) {
   const char *seed = getenv("KILN_SEED");
   kiln_manual_seed(ctx, seed ? strtoull(seed, NULL, 0) : 0);
   if (!o.no_gpu) gpu_init(ctx, o.device);
-  /* fusion/'s state: with a GPU its BLAS handles too (a failure there leaves has_gpu off) */
-  if (kiln__engine_init(ctx) != KILN_OK) ctx->has_gpu = false;
   return ctx;
 }
 
-static void release_step_storages(kiln_ctx *ctx) {
+void kiln__storages_release(kiln_ctx *ctx) {
   for (kiln__storage *s = ctx->step_storages; s; s = s->next) {
     if (s->ptr && !s->borrowed) kiln__dev_free(ctx, s->ptr);
     if (s->relu_mask && !s->borrowed) kiln__dev_free(ctx, s->relu_mask);
@@ -119,19 +118,20 @@ void kiln__anchor_release(kiln__anchor *a) {
   if (--a->refs == 0) free(a);
 }
 
-void kiln_ctx_free(kiln_ctx *ctx) {
-  if (!ctx) return;
+void kiln__ctx_close(kiln_ctx *ctx) {
   ctx->anchor->alive = false; /* objects made from it, freed later, free only their host memory */
   kiln__anchor_release(ctx->anchor);
   if (ctx->has_gpu) (void)cudaStreamSynchronize(ctx->stream);
-  release_step_storages(ctx);
+  kiln__storages_release(ctx);
   for (int i = 0; i < ctx->npersistent; i++)
     ctx->persistents[i]->owned = false; /* their lists (freed later, or never) free nothing */
   while (ctx->npersistent > 0)
-    kiln_tensor_free(ctx->persistents[ctx->npersistent - 1]);
+    kiln__tensor_release(ctx->persistents[ctx->npersistent - 1]);
   free(ctx->persistents);
-  kiln__engine_free(ctx);
-  kiln__staging_free(ctx);
+  ctx->persistents = NULL;
+}
+
+void kiln__ctx_destroy(kiln_ctx *ctx) {
   kiln__alloc_release_all(ctx);
   if (ctx->stream) cudaStreamDestroy(ctx->stream);
   kiln__arena_free(&ctx->arenas[0]);
@@ -168,15 +168,6 @@ void kiln_set_tf32(kiln_ctx *ctx, int on) {
   if (ctx) ctx->tf32 = on != 0;
 }
 int kiln_tf32(const kiln_ctx *ctx) { return ctx && ctx->tf32; }
-void kiln_set_graphs(kiln_ctx *ctx, int on) {
-  if (!ctx) return;
-  ctx->graphs = on != 0;
-  /* the cached graphs and their arenas go at the next kiln_step_begin, when nothing of the
-   * last step (its loss, say) can be read any more */
-  kiln__engine_drop_graphs(ctx, !on);
-}
-int kiln_graphs(const kiln_ctx *ctx) { return ctx && ctx->graphs; }
-
 void kiln_set_fusion(kiln_ctx *ctx, int on) {
   if (ctx) ctx->fusion = on != 0;
 }
@@ -192,22 +183,7 @@ void kiln_manual_seed(kiln_ctx *ctx, uint64_t seed) {
 uint64_t kiln__rng_next(kiln_ctx *ctx) { return kiln__splitmix64(&ctx->host_rng); }
 double kiln__rng_uniform(kiln_ctx *ctx) { return kiln__splitmix64_unit(&ctx->host_rng); }
 
-kiln_status kiln_sync(kiln_ctx *ctx) {
-  if (!ctx) return KILN_ERR_INVALID;
-  kiln_status s = kiln__flush(ctx);
-  if (s != KILN_OK) return s;
-  if (!ctx->has_gpu) return ctx->status;
-  kiln__engine_fetch_errors(ctx);
-  if (KILN_CUDA_FAILED(ctx, cudaStreamSynchronize(ctx->stream))) return ctx->status;
-  return kiln__engine_check_errors(ctx);
-}
-
-void kiln_step_begin(kiln_ctx *ctx) {
-  if (!ctx) return;
-  /* Whatever was recorded before the step (an update outside it, say) runs first. */
-  if (ctx->has_gpu && ctx->trace.done < ctx->trace.n) kiln__flush(ctx);
-  release_step_storages(ctx);
-  kiln__engine_step_begin(ctx);
+void kiln__step_open(kiln_ctx *ctx) {
   for (int i = 0; i < ctx->npersistent; i++)
     ctx->persistents[i]->bw_acc = NULL;
   ctx->trace.n = ctx->trace.done = 0;
@@ -216,33 +192,6 @@ void kiln_step_begin(kiln_ctx *ctx) {
   kiln__undo_begin(ctx);
   kiln__arena_reset(&ctx->arenas[ctx->gen & 1]);
   kiln__handles_step(ctx);
-}
-
-/* Runs the open step: its graph, or a flush of what it has not run yet. */
-static kiln_status run_step(kiln_ctx *ctx, bool whole) {
-  if (whole && ctx->graphs && ctx->has_gpu && kiln__ok(ctx) && ctx->trace.n > 0) {
-    kiln_status s = kiln__engine_step(ctx);
-    ctx->trace.done = ctx->trace.n;
-    ctx->stats.flushes++;
-    return s;
-  }
-  if (ctx->graphs && ctx->has_gpu && ctx->trace.done < ctx->trace.n) ctx->stats.eager_steps++;
-  return kiln__flush(ctx);
-}
-
-kiln_status kiln_step_end(kiln_ctx *ctx) {
-  if (!ctx) return KILN_ERR_INVALID;
-  bool open = ctx->in_step;
-  bool whole = open && ctx->trace.done == 0; /* nothing of the step ran yet */
-  ctx->in_step = false;
-  kiln_status s = run_step(ctx, whole);
-  /* a failed step (in recording or running) leaves no host state behind: step counts, gradient
-   * flags, RNG offsets and loader positions go back to where the step found them */
-  if (open && s != KILN_OK)
-    kiln__undo_rollback(ctx);
-  else
-    kiln__undo_commit(ctx);
-  return s;
 }
 
 void kiln_memory_stats(const kiln_ctx *ctx, kiln_mem_stats *out) {

@@ -1,7 +1,7 @@
 /*
  * internal.h: the structures behind kiln's opaque handles and the internal API of core/, shared
- * by every layer (autograd, fusion, nn, optim, io, data). No CUDA header is included here: CUDA
- * checks live in cuda_check.h, included only by the files that call CUDA. Nothing here is
+ * by every layer (fusion, runtime, autograd, nn, optim, io, data). No CUDA header is included here:
+ * CUDA checks live in cuda_check.h, included only by the files that call CUDA. Nothing here is
  * public; internal non-static symbols start with kiln__.
  */
 #ifndef KILN_INTERNAL_H
@@ -179,10 +179,6 @@ typedef struct kiln__attr {
 } kiln__attr;
 #define KILN__MAX_ATTRS (KILN__NF + KILN__NI + KILN__NU)
 
-typedef struct kiln__bw kiln__bw;
-/* A backward rule: records the gradients of n's inputs from g, the gradient of its output. */
-typedef void (*kiln__grad_fn)(kiln__bw *b, const kiln__node *n, kiln_tensor *g, kiln_tensor **gin);
-
 typedef struct kiln__op_info {
   const char *name;
   int nin; /* the most inputs (concat takes 1..8) */
@@ -190,20 +186,15 @@ typedef struct kiln__op_info {
   kiln__renderer renderer;
   kiln__space space;
   const char *expr;
-  unsigned stores;    /* UPDATE: bit i set when input i is written back */
-  kiln__grad_fn grad; /* kiln__grad_NONE: no gradient */
-  unsigned saves;     /* what grad reads: bits 0-2 inputs, bit 3 the output */
+  unsigned stores; /* UPDATE: bit i set when input i is written back */
+  bool has_grad;   /* its backward rule (autograd/) is not NONE */
+  unsigned saves;  /* what the rule reads: bits 0-2 inputs, bit 3 the output */
   int nattr;
   kiln__attr attrs[KILN__MAX_ATTRS]; /* in ops.def's order */
 } kiln__op_info;
 
-#define X(id, name, nin, kind, renderer, space, expr, stores, grad, saves, attrs)                  \
-  void kiln__grad_##grad(kiln__bw *b, const kiln__node *n, kiln_tensor *g, kiln_tensor **gin);
-#include "ops.def"
-#undef X
-
 extern const kiln__op_info kiln__ops[KILN__OP_COUNT];
-static inline bool kiln__has_grad(kiln__op op) { return kiln__ops[op].grad != kiln__grad_NONE; }
+static inline bool kiln__has_grad(kiln__op op) { return kiln__ops[op].has_grad; }
 /* op's attribute called name (the first len characters): its kind and its first slot among the
  * node's values of that kind; false when op has no such attribute. */
 bool kiln__attr_find(kiln__op op, const char *name, size_t len, kiln__attr_kind *kind, int *slot);
@@ -384,10 +375,27 @@ struct kiln_ctx {
   int nundo, cap_undo;
   uint64_t undo_epoch; /* one per step: an object whose mark equals it is in the log */
   uint64_t undo_philox, undo_host_rng;
-  struct kiln__staging *staging; /* pinned buffers for host-to-device copies (core/tensor.c) */
+  struct kiln__staging *staging; /* pinned buffers for host-to-device copies (runtime/) */
 };
 
 /* ---------------------------------------------------------------- internal API */
+
+/* The parts of the context's lifetime and steps that are core's; runtime/context.c adds fusion's
+ * engine and the flushes around them (kiln_ctx_new, kiln_ctx_free, kiln_step_begin). */
+
+/* A new context without the engine: options from the environment, the device and its stream
+ * (errors naming kiln_ctx_new); NULL when host memory runs out. */
+kiln_ctx *kiln__ctx_create(const kiln_ctx_options *opts);
+/* Freeing ctx, first part: objects made from it see it gone, the stream idles, the step's
+ * intermediates and every persistent tensor are freed (recorded work is not run). */
+void kiln__ctx_close(kiln_ctx *ctx);
+/* Freeing ctx, last part (after the engine's state and the staging buffers): the allocator's
+ * cache, the stream, arenas, handles, undo log, trace and ctx itself. */
+void kiln__ctx_destroy(kiln_ctx *ctx);
+/* Frees the device memory of the current generation's intermediates (not that of a graph). */
+void kiln__storages_release(kiln_ctx *ctx);
+/* Opens a step: a new generation of intermediates, an empty trace and undo log. */
+void kiln__step_open(kiln_ctx *ctx);
 
 /* The step's undo log (core/undo.c): fn(obj, saved) puts back what saved (malloc'd; the log
  * frees it) describes. Outside a step nothing is logged. Each object logs once per step: *mark
@@ -461,10 +469,16 @@ kiln_tensor *kiln__tensor_view(const char *fn, kiln_tensor *a, int ndim, const i
                                const int64_t *stride, int64_t offset);
 kiln_tensor *kiln__tensor_persistent(kiln_ctx *ctx, kiln_dtype dt, int ndim, const int64_t *shape,
                                      bool zero);
+/* Whether tensors of dtype dt can be made (f32, bf16, i32); else an error naming fn. */
+bool kiln__dtype_check(kiln_ctx *ctx, const char *fn, kiln_dtype dt);
+/* Whether kiln_tensor_free has anything to free in t: false for NULL, freed handles and
+ * intermediates, and (with an error) for a tensor a parameter list owns. */
+bool kiln__tensor_freeable(kiln_tensor *t);
+/* kiln_tensor_free without its flush: frees a freeable t and its gradient, and marks the trace's
+ * nodes that read it as gone. */
+void kiln__tensor_release(kiln_tensor *t);
 /* The device address of t's first element. */
 void *kiln__data_ptr(const kiln_tensor *t);
-/* Frees the pinned staging buffers of host-to-device copies (the stream is idle). */
-void kiln__staging_free(kiln_ctx *ctx);
 void kiln__arena_reset(kiln__arena *a);
 void kiln__arena_free(kiln__arena *a);
 void *kiln__arena_alloc(kiln__arena *a, size_t bytes);
@@ -472,15 +486,11 @@ void *kiln__arena_alloc(kiln__arena *a, size_t bytes);
 /* Appends a node; out may be NULL (UPDATE). Returns the node or NULL when the trace cannot grow. */
 kiln__node *kiln__record(kiln_ctx *ctx, kiln__op op, int nin, kiln_tensor *const *in,
                          kiln_tensor *out);
-/* Runs the nodes not yet run; on any failure nothing of this flush runs. */
-kiln_status kiln__flush(kiln_ctx *ctx);
 
 /* Elementwise op helpers used by the public ops and the backward rules. */
 kiln_tensor *kiln__ew(kiln__op op, const char *fn, int nin, kiln_tensor *const *in);
 kiln_tensor *kiln__reduce(kiln__op op, const char *fn, kiln_tensor *a, unsigned mask, int keepdim,
                           float scale);
-/* Sums g over the axes that broadcasting added or stretched, so that it has shape s. */
-kiln_tensor *kiln__unbroadcast(kiln_tensor *g, int ndim, const int64_t *shape);
 /* Rows idx[start .. start + count) of a (the index's start is a step value). */
 kiln_tensor *kiln__index_select_at(kiln_tensor *a, kiln_tensor *idx, int64_t start, int64_t count,
                                    const char *fn);

@@ -1,12 +1,21 @@
 /*
  * optable.c: the op table of ops.def as data the planner, renderer and autograd read, the lookup
  * of attributes by name, and the facts the table gives about an op's kernel: the tokens of its
- * expression and which attributes its kernel code reads.
+ * expression and which attributes its kernel code reads. The backward rules themselves are
+ * autograd's (autograd/backward.c holds them by op); the table only says whether an op has one.
  */
 #include <stdlib.h>
 #include <string.h>
 
 #include "internal.h"
+
+/* Whether a row's backward rule is NONE, decided on the token itself: KILN__NOGRAD_##g is a
+ * macro ("~, 1") only for g = NONE, which puts 1 second in KILN__SECOND's arguments; any other
+ * rule name pastes to an undefined name, one argument, and 0 comes second. */
+#define KILN__NOGRAD_NONE ~, 1
+#define KILN__SECOND(a, b, ...) b
+#define KILN__SECOND_OF(...) KILN__SECOND(__VA_ARGS__)
+#define KILN__RULE_IS_NONE(g) KILN__SECOND_OF(KILN__NOGRAD_##g, 0, ~)
 
 #define F(x) {KILN__ATTR_F, #x, 1, false},
 #define FK(x) {KILN__ATTR_F, #x, 1, true},
@@ -23,7 +32,7 @@ const kiln__op_info kiln__ops[KILN__OP_COUNT] = {
                      .space = KILN__SPACE_##sp,                                                    \
                      .expr = e,                                                                    \
                      .stores = s,                                                                  \
-                     .grad = kiln__grad_##g,                                                       \
+                     .has_grad = !KILN__RULE_IS_NONE(g),                                           \
                      .saves = sv,                                                                  \
                      .nattr = sizeof((kiln__attr[]){at{0}}) / sizeof(kiln__attr) - 1,              \
                      .attrs = {at}},

@@ -1,11 +1,9 @@
 /*
- * trace.c: recording nodes into the context's trace (which is also the autograd tape) and
- * flushing it: the nodes not yet run are handed to fusion/'s engine (which, on a context without
- * a GPU, plans and compiles them without running anything).
+ * trace.c: recording nodes into the context's trace (which is also the autograd tape). Running
+ * them is the runtime's (runtime/context.c, kiln__flush).
  */
 #include <string.h>
 
-#include "../fusion/engine.h"
 #include "internal.h"
 
 kiln__node *kiln__record(kiln_ctx *ctx, kiln__op op, int nin, kiln_tensor *const *in,
@@ -33,21 +31,4 @@ kiln__node *kiln__record(kiln_ctx *ctx, kiln__op op, int nin, kiln_tensor *const
   tr->n++;
   ctx->stats.nodes_recorded++;
   return n;
-}
-
-kiln_status kiln__flush(kiln_ctx *ctx) {
-  if (!ctx) return KILN_ERR_INVALID;
-  kiln__trace *tr = &ctx->trace;
-  if (tr->done == tr->n) return ctx->status;
-  if (!kiln__ok(ctx)) {
-    /* a failed step runs nothing */
-    tr->done = tr->n;
-    return ctx->status;
-  }
-  /* without a GPU the engine plans and compiles the nodes and runs nothing */
-  int32_t first = tr->done, last = tr->n;
-  kiln_status s = kiln__engine_flush(ctx, first, last);
-  tr->done = last;
-  ctx->stats.flushes++;
-  return s;
 }

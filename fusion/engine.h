@@ -1,8 +1,9 @@
 /*
- * engine.h: all that core/ sees of fusion/. core records nodes into the trace; when a flush or a
- * step end needs them run, it hands them here. fusion/ keeps its own state (compiled kernels,
- * step graphs, BLAS handles and plans) behind ctx->fusion_state. This header includes nothing of
- * core/ or fusion/, so the two layers do not include each other's internals.
+ * engine.h: all that runtime/ sees of fusion/ (engine.c defines it). core records nodes into the
+ * trace; when a flush or a step end needs them run, the runtime hands them here. fusion/ keeps
+ * its own state (compiled kernels, step graphs, BLAS handles and plans) behind
+ * ctx->fusion_state, opaque to core/. This header includes nothing of core/ or fusion/, so
+ * runtime/ sees none of fusion's internals.
  */
 #ifndef KILN_ENGINE_H
 #define KILN_ENGINE_H

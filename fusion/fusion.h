@@ -12,6 +12,9 @@
  *
  * Each stage reads only what the one before it produced: the planner asks the BLAS backend
  * (blas.h) what it supports, the renderer only renders, compiling happens in one place.
+ * engine.c holds the entry points of engine.h (what the runtime calls) and fusion's state: it
+ * hands an eager flush to exec.c and a whole step to graph.c. graph.c runs its programs through
+ * exec.c; exec.c calls neither.
  */
 #ifndef KILN_FUSION_H
 #define KILN_FUSION_H
@@ -227,6 +230,10 @@ void kiln__fill_values(const kiln_ctx *ctx, const kiln__program *pg, kiln__stepv
 bool kiln__upload_values(kiln_ctx *ctx, kiln__program *pg, void *dev);
 /* Launches every call in order. */
 bool kiln__run_calls(kiln_ctx *ctx, kiln__program *pg);
+/* Runs a built program as an eager flush: device memory for what it writes, arguments bound,
+ * step values uploaded (one buffer that eager flushes share), calls launched. False, with the
+ * error set, on any failure; nothing is launched unless all the memory was had. */
+bool kiln__program_run(kiln_ctx *ctx, kiln__program *pg);
 /* Fills kiln_stats' last_flush (and the totals) for a program that ran. */
 void kiln__flush_stats(kiln_ctx *ctx, const kiln__program *pg, const kiln_exec_stats *before);
 /* The bytes of the bit mask a ReLU epilogue writes for y (a 2-D product's output). */
@@ -235,6 +242,10 @@ size_t kiln__relu_mask_bytes(const kiln_tensor *y);
 /* ---------------------------------------------------------------- step graphs (graph.c) */
 
 typedef struct kiln__step_graph kiln__step_graph;
+/* Runs the open step's whole trace through its step graph: captured on the first occurrence of
+ * its signature, replayed after (kiln__engine_step). */
+kiln_status kiln__graph_run(kiln_ctx *ctx);
+/* Frees every cached step graph and its arena (their replays are over). */
 void kiln__graphs_free(kiln_ctx *ctx);
 
 /* ---------------------------------------------------------------- fusion's state */

@@ -1,5 +1,6 @@
 /*
- * graph.c: step graphs. kiln_step_end hands the step's whole trace here. Its signature (every
+ * graph.c: step graphs. At kiln_step_end the engine (engine.c) hands the step's whole trace here
+ * (kiln__graph_run). Its signature (every
  * node's op, integer attributes, shapes, strides and dtypes, where each input comes from: an
  * earlier node of the step or which persistent tensor at which address) is hashed and looked up
  * in a small cache. A new signature is planned, lowered, rendered and compiled (exec.c), given a
@@ -348,7 +349,7 @@ static kiln__step_graph *capture(kiln_ctx *ctx, uint64_t hash, kiln__sb *sig) {
   return E;
 }
 
-kiln_status kiln__engine_step(kiln_ctx *ctx) {
+kiln_status kiln__graph_run(kiln_ctx *ctx) {
   kiln__fusion *fs = ctx->fusion_state;
   kiln__trace *tr = &ctx->trace;
   kiln__sb sig = {0};

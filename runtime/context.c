@@ -1,0 +1,98 @@
+/*
+ * context.c: the context's lifetime and its steps, where recording meets execution.
+ * kiln_ctx_new and kiln_ctx_free put core's context and fusion's engine state together and take
+ * them apart; kiln__flush hands the nodes not yet run to the engine, which kiln_sync, the step
+ * calls and host transfers (transfer.c) call; kiln_step_end runs a whole step through its step
+ * graph.
+ */
+#include "../core/cuda_check.h"
+#include "../fusion/engine.h"
+#include "runtime.h"
+
+kiln_ctx *kiln_ctx_new(const kiln_ctx_options *opts) {
+  kiln_ctx *ctx = kiln__ctx_create(opts);
+  if (!ctx) return NULL;
+  /* fusion/'s state: with a GPU its BLAS handles too (a failure there leaves has_gpu off) */
+  if (kiln__engine_init(ctx) != KILN_OK) ctx->has_gpu = false;
+  return ctx;
+}
+
+void kiln_ctx_free(kiln_ctx *ctx) {
+  if (!ctx) return;
+  kiln__ctx_close(ctx); /* tensors freed; recorded work that never ran is dropped */
+  kiln__engine_free(ctx);
+  kiln__staging_free(ctx);
+  kiln__ctx_destroy(ctx);
+}
+
+void kiln_set_graphs(kiln_ctx *ctx, int on) {
+  if (!ctx) return;
+  ctx->graphs = on != 0;
+  /* the cached graphs and their arenas go at the next kiln_step_begin, when nothing of the
+   * last step (its loss, say) can be read any more */
+  kiln__engine_drop_graphs(ctx, !on);
+}
+int kiln_graphs(const kiln_ctx *ctx) { return ctx && ctx->graphs; }
+
+kiln_status kiln__flush(kiln_ctx *ctx) {
+  if (!ctx) return KILN_ERR_INVALID;
+  kiln__trace *tr = &ctx->trace;
+  if (tr->done == tr->n) return ctx->status;
+  if (!kiln__ok(ctx)) {
+    /* a failed step runs nothing */
+    tr->done = tr->n;
+    return ctx->status;
+  }
+  /* without a GPU the engine plans and compiles the nodes and runs nothing */
+  int32_t first = tr->done, last = tr->n;
+  kiln_status s = kiln__engine_flush(ctx, first, last);
+  tr->done = last;
+  ctx->stats.flushes++;
+  return s;
+}
+
+kiln_status kiln_sync(kiln_ctx *ctx) {
+  if (!ctx) return KILN_ERR_INVALID;
+  kiln_status s = kiln__flush(ctx);
+  if (s != KILN_OK) return s;
+  if (!ctx->has_gpu) return ctx->status;
+  kiln__engine_fetch_errors(ctx);
+  if (KILN_CUDA_FAILED(ctx, cudaStreamSynchronize(ctx->stream))) return ctx->status;
+  return kiln__engine_check_errors(ctx);
+}
+
+void kiln_step_begin(kiln_ctx *ctx) {
+  if (!ctx) return;
+  /* Whatever was recorded before the step (an update outside it, say) runs first. */
+  if (ctx->has_gpu && ctx->trace.done < ctx->trace.n) kiln__flush(ctx);
+  kiln__storages_release(ctx);
+  kiln__engine_step_begin(ctx);
+  kiln__step_open(ctx);
+}
+
+/* Runs the open step: its graph, or a flush of what it has not run yet. */
+static kiln_status run_step(kiln_ctx *ctx, bool whole) {
+  if (whole && ctx->graphs && ctx->has_gpu && kiln__ok(ctx) && ctx->trace.n > 0) {
+    kiln_status s = kiln__engine_step(ctx);
+    ctx->trace.done = ctx->trace.n;
+    ctx->stats.flushes++;
+    return s;
+  }
+  if (ctx->graphs && ctx->has_gpu && ctx->trace.done < ctx->trace.n) ctx->stats.eager_steps++;
+  return kiln__flush(ctx);
+}
+
+kiln_status kiln_step_end(kiln_ctx *ctx) {
+  if (!ctx) return KILN_ERR_INVALID;
+  bool open = ctx->in_step;
+  bool whole = open && ctx->trace.done == 0; /* nothing of the step ran yet */
+  ctx->in_step = false;
+  kiln_status s = run_step(ctx, whole);
+  /* a failed step (in recording or running) leaves no host state behind: step counts, gradient
+   * flags, RNG offsets and loader positions go back to where the step found them */
+  if (open && s != KILN_OK)
+    kiln__undo_rollback(ctx);
+  else
+    kiln__undo_commit(ctx);
+  return s;
+}
