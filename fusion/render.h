@@ -4,7 +4,8 @@
  * binds to, where each attribute slot comes from); it only renders: it compiles nothing,
  * allocates no device memory and reads no device address. One file per kernel family, each
  * taking its part of a spec and filling a kiln__rendered:
- *   render.c          the shared parts below, and kiln__render, which picks the family
+ *   render.c          kiln__render, which picks the family
+ *   emit.c            the shared parts below
  *   render_ew.c       elementwise programs, multi-tensor updates, row gathers
  *   render_reduce.c   reductions, row programs, batch norm's column sums
  *   render_window.c   sliding windows: im2col, col2im, pooling and its gradients

@@ -1,11 +1,9 @@
 /*
  * context.c: the context's lifetime and its steps, where recording meets execution.
  * kiln_ctx_new and kiln_ctx_free put core's context and fusion's engine state together and take
- * them apart; kiln__flush hands the nodes not yet run to the engine, which kiln_sync, the step
- * calls and host transfers (transfer.c) call; kiln_step_end runs a whole step through its step
- * graph.
+ * them apart; kiln_sync and the step calls run the nodes not yet run (flush.c); kiln_step_end
+ * runs a whole step through its step graph.
  */
-#include "../core/cuda_check.h"
 #include "../fusion/engine.h"
 #include "runtime.h"
 
@@ -34,31 +32,12 @@ void kiln_set_graphs(kiln_ctx *ctx, int on) {
 }
 int kiln_graphs(const kiln_ctx *ctx) { return ctx && ctx->graphs; }
 
-kiln_status kiln__flush(kiln_ctx *ctx) {
-  if (!ctx) return KILN_ERR_INVALID;
-  kiln__trace *tr = &ctx->trace;
-  if (tr->done == tr->n) return ctx->status;
-  if (!kiln__ok(ctx)) {
-    /* a failed step runs nothing */
-    tr->done = tr->n;
-    return ctx->status;
-  }
-  /* without a GPU the engine plans and compiles the nodes and runs nothing */
-  int32_t first = tr->done, last = tr->n;
-  kiln_status s = kiln__engine_flush(ctx, first, last);
-  tr->done = last;
-  ctx->stats.flushes++;
-  return s;
-}
-
 kiln_status kiln_sync(kiln_ctx *ctx) {
   if (!ctx) return KILN_ERR_INVALID;
   kiln_status s = kiln__flush(ctx);
   if (s != KILN_OK) return s;
   if (!ctx->has_gpu) return ctx->status;
-  kiln__engine_fetch_errors(ctx);
-  if (KILN_CUDA_FAILED(ctx, cudaStreamSynchronize(ctx->stream))) return ctx->status;
-  return kiln__engine_check_errors(ctx);
+  return kiln__wait(ctx);
 }
 
 void kiln_step_begin(kiln_ctx *ctx) {

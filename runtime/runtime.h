@@ -8,9 +8,12 @@
 
 #include "../core/internal.h"
 
-/* Hands the trace's nodes not yet run to the engine (context.c); on any failure nothing of this
+/* Hands the trace's nodes not yet run to the engine (flush.c); on any failure nothing of this
  * flush runs. On a context without a GPU the engine plans and compiles them and runs nothing. */
 kiln_status kiln__flush(kiln_ctx *ctx);
+/* Waits for the context's stream (with a GPU), then reports what its kernels found on the device
+ * (a label or index out of range) as the context's error. */
+kiln_status kiln__wait(kiln_ctx *ctx);
 /* Frees the pinned staging buffers of host-to-device copies (transfer.c; the stream is idle). */
 void kiln__staging_free(kiln_ctx *ctx);
 

@@ -7,7 +7,6 @@
 #include <string.h>
 
 #include "../core/cuda_check.h"
-#include "../fusion/engine.h"
 #include "runtime.h"
 
 /*
@@ -149,9 +148,7 @@ kiln_status kiln_tensor_to_host(kiln_tensor *t, void *dst, size_t bytes) {
   const char *p = (const char *)src->st->ptr + src->offset * (int64_t)kiln_dtype_size(t->dtype);
   if (KILN_CUDA_FAILED(ctx, cudaMemcpyAsync(dst, p, need, cudaMemcpyDeviceToHost, ctx->stream)))
     return ctx->status;
-  kiln__engine_fetch_errors(ctx);
-  if (KILN_CUDA_FAILED(ctx, cudaStreamSynchronize(ctx->stream))) return ctx->status;
-  return kiln__engine_check_errors(ctx);
+  return kiln__wait(ctx);
 }
 
 kiln_status kiln_tensor_copy_from_host(kiln_tensor *t, const void *src, size_t bytes) {
