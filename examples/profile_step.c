@@ -33,6 +33,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "kiln.h"
 
@@ -331,6 +332,18 @@ static void compile_only(int workload, int mode) {
   model_step(&m);
   if (kiln_step_end(ctx) != KILN_OK) die(ctx, "planning and compiling the step");
   kiln_stats(ctx, &s1);
+  {
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (int it = 0; it < 200; it++) {
+      kiln_step_begin(ctx);
+      model_step(&m);
+      kiln_step_end(ctx);
+    }
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    fprintf(stderr, "HOST %s %s: %.3f ms/step\n", workloads[workload], modes[mode],
+            ((t1.tv_sec - t0.tv_sec) * 1e3 + (t1.tv_nsec - t0.tv_nsec) / 1e6) / 200);
+  }
   printf("| %s | %llu | %llu | %llu | %.0f |\n", modes[mode],
          (unsigned long long)(s1.nodes_recorded - s0.nodes_recorded),
          (unsigned long long)(s1.groups - s0.groups),

@@ -18,6 +18,7 @@
 
 #include "bf16.cuh"
 #include "defs.cuh"
+#include "mma.cuh"
 
 template <typename T> struct kiln_ig;
 template <> struct kiln_ig<float> {
@@ -35,27 +36,6 @@ template <> struct kiln_ig<kiln_bf16> {
 
 #define KILN_IG_BM 128 /* image pixels a block */
 #define KILN_IG_THREADS 256
-
-KILN__FN void kiln_cp16(void *smem, const void *gmem, bool valid) {
-  unsigned s = (unsigned)__cvta_generic_to_shared(smem);
-  int bytes = valid ? 16 : 0; /* 0: sixteen zero bytes */
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(bytes));
-}
-KILN__FN void kiln_cp_commit() { asm volatile("cp.async.commit_group;\n"); }
-template <int N> KILN__FN void kiln_cp_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
-
-KILN__FN unsigned kiln_tf32(float f) {
-  unsigned r;
-  asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(f));
-  return r;
-}
-
-/* Two bf16 values as one 32-bit register, a in the low half. */
-KILN__FN unsigned kiln_pack2(kiln_bf16 a, kiln_bf16 b) {
-  return (unsigned)a.bits | ((unsigned)b.bits << 16);
-}
 
 /* One k-step (KSTEP) of a warp's 32 x (8 NI) tile: As is [BM][LDA] (k contiguous), Bs [BK][LDB]
  * (n contiguous); the warp's rows start at row0, its columns at col0, k at kk. */
@@ -82,12 +62,7 @@ KILN__FN void kiln_ig_mma(const float *As, const float *Bs, int row0, int col0, 
   for (int mi = 0; mi < 2; mi++)
 #pragma unroll
     for (int ni = 0; ni < NI; ni++)
-      asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, "
-                   "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                   : "+f"(acc[mi][ni][0]), "+f"(acc[mi][ni][1]), "+f"(acc[mi][ni][2]),
-                     "+f"(acc[mi][ni][3])
-                   : "r"(a[mi][0]), "r"(a[mi][1]), "r"(a[mi][2]), "r"(a[mi][3]), "r"(b[ni][0]),
-                     "r"(b[ni][1]));
+      kiln_mma_tf32(acc[mi][ni], a[mi], b[ni][0], b[ni][1]);
 }
 
 template <int NI, int LDA, int LDB>
@@ -113,12 +88,7 @@ KILN__FN void kiln_ig_mma(const kiln_bf16 *As, const kiln_bf16 *Bs, int row0, in
   for (int mi = 0; mi < 2; mi++)
 #pragma unroll
     for (int ni = 0; ni < NI; ni++)
-      asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
-                   "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                   : "+f"(acc[mi][ni][0]), "+f"(acc[mi][ni][1]), "+f"(acc[mi][ni][2]),
-                     "+f"(acc[mi][ni][3])
-                   : "r"(a[mi][0]), "r"(a[mi][1]), "r"(a[mi][2]), "r"(a[mi][3]), "r"(b[ni][0]),
-                     "r"(b[ni][1]));
+      kiln_mma_bf16(acc[mi][ni], a[mi], b[ni][0], b[ni][1]);
 }
 
 /* The accumulators of this thread for the block's pixels [m0, m0 + 128) and channels
