@@ -1,8 +1,9 @@
 /*
- * conv.cuh (an experiment of dev/conv_engine, not part of the library): a convolution's forward product and its weight gradient as implicit GEMMs on tensor
- * cores (bf16 operands, f32 accumulators, mma.sync m16n8k16 with ldmatrix, multi-stage cp.async
- * pipelines, sm_80 and newer). No column matrix exists: the tiles of im2col(X) are gathered from
- * the image as they are needed, cp.async's zero fill giving the padding.
+ * conv.cuh (an experiment of dev/conv_engine, not part of the library): a convolution's forward
+ * product and its weight gradient as implicit GEMMs on tensor cores (bf16 operands, f32
+ * accumulators, mma.sync m16n8k16 with ldmatrix, multi-stage cp.async pipelines, sm_80 and newer).
+ * No column matrix exists: the tiles of im2col(X) are gathered from the image as they are needed,
+ * cp.async's zero fill giving the padding.
  *
  * The image X is (N, H, W, CI), the output Y (N, OH, OW, CO), the filters Wk (CO, K) with
  * column k = (i KW + j) CI + c of tap (i, j) (the order im2col writes, kiln's permuted weight),
@@ -219,8 +220,7 @@ KILN__FN void kiln_conv_wgrad(const kiln_bf16 *__restrict__ x, const kiln_bf16 *
 #pragma unroll
       for (int ni = 0; ni < T::NI; ni += 2) {
         unsigned r[4];
-        kiln_ldsm4_trans(&b[kiln_swz<BCH>(kk + l8 + (q & 1) * 8, (wc + ni * 8) / 8 + (q >> 1))],
-                         r);
+        kiln_ldsm4_trans(&b[kiln_swz<BCH>(kk + l8 + (q & 1) * 8, (wc + ni * 8) / 8 + (q >> 1))], r);
         bf[ni][0] = r[0], bf[ni][1] = r[1], bf[ni + 1][0] = r[2], bf[ni + 1][1] = r[3];
       }
 #pragma unroll

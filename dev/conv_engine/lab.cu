@@ -1,10 +1,12 @@
-// lab.cu: the implicit-GEMM forward product and weight gradient of conv.cuh (beside it) on the
+// lab.cu: the implicit-GEMM forward product and weight gradient of conv.cuh (mma.sync) and the
+// forward product of wgmma.cuh (Hopper's wgmma) on the
 // air workload's convolutions (bf16, batch 1024), each tile config timed, and each checked
 // against a float64-accumulating reference on a batch of 8 (the same kernels, the same
 // geometry). The weight gradient splits the pixels over blockIdx.z; a second kernel sums the
 // splits in order (deterministic).
 //
-//   nvcc -O3 -std=c++17 -arch=sm_90 -o lab dev/conv_engine/lab.cu && ./lab
+//   nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -o lab dev/conv_engine/lab.cu
+//   ./lab [wgmma]
 //
 // Prints one line per shape, product and config: us (median of 15 timings of 10 launches each),
 // TFLOP/s (2 M N K), and the largest error against the reference relative to the largest |ref|.
@@ -12,9 +14,10 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <vector>
 
-#include "conv.cuh"
+#include "wgmma.cuh"
 
 #define CK(x)                                                                                      \
   do {                                                                                             \
@@ -56,6 +59,27 @@ __global__ void __launch_bounds__(T::THREADS)
       }
 }
 
+template <class G, int BN, int S>
+__global__ void __launch_bounds__(256)
+    fprop_wg(const kiln_bf16 *x, const kiln_bf16 *wk, kiln_bf16 *y) {
+  extern __shared__ unsigned char smem[];
+  float d[BN / 2];
+  const long long m0 = (long long)blockIdx.x * 128;
+  const int n0 = blockIdx.y * BN;
+  kiln_conv_fprop_wg<G, BN, S>(x, wk, m0, n0, smem, d);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const long long r = m0 + 64 * (warp >> 2) + 16 * (warp & 3) + (lane >> 2);
+#pragma unroll
+  for (int j = 0; j < BN / 8; j++)
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+      const long long m = r + 8 * h;
+      const int c = n0 + 8 * j + 2 * (lane & 3);
+      if (m < G::M && c < G::CO)
+        *(unsigned *)&y[m * G::CO + c] = kiln_bf16x2_bits(d[4 * j + 2 * h], d[4 * j + 2 * h + 1]);
+    }
+}
+
 template <class G, class T>
 __global__ void __launch_bounds__(T::THREADS)
     wgrad(const kiln_bf16 *x, const kiln_bf16 *dy, float *part, long long chunk) {
@@ -89,8 +113,7 @@ __global__ void sum_splits(const float *part, int splits, int n, kiln_bf16 *out)
   }
 }
 
-template <class G>
-__global__ void ref_fprop(const kiln_bf16 *x, const kiln_bf16 *wk, float *y) {
+template <class G> __global__ void ref_fprop(const kiln_bf16 *x, const kiln_bf16 *wk, float *y) {
   long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= G::M * G::CO) return;
   const int co = (int)(i % G::CO);
@@ -109,8 +132,7 @@ __global__ void ref_fprop(const kiln_bf16 *x, const kiln_bf16 *wk, float *y) {
   y[i] = (float)s;
 }
 
-template <class G>
-__global__ void ref_wgrad(const kiln_bf16 *x, const kiln_bf16 *dy, float *dwt) {
+template <class G> __global__ void ref_wgrad(const kiln_bf16 *x, const kiln_bf16 *dy, float *dwt) {
   int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= G::K * G::CO) return;
   const int co = i % G::CO, k = i / G::CO;
@@ -187,8 +209,7 @@ template <class F> static float time_us(F launch) {
 }
 
 /* One forward config on shape G (timed at G's batch) and GC (checked at batch 8). */
-template <class G, class GC, class T>
-static void run_fprop(const char *name, const char *cfg) {
+template <class G, class GC, class T> static void run_fprop(const char *name, const char *cfg) {
   dim3 block(T::THREADS);
   double err;
   {
@@ -211,6 +232,35 @@ static void run_fprop(const char *name, const char *cfg) {
   float us = time_us([&] { fprop<G, T><<<grid, block>>>(x, wk, y); });
   double tf = 2.0 * G::M * G::CO * G::K / (us * 1e-6) / 1e12;
   printf("| %s | fwd | %s | %.1f | %.1f | %.1e |\n", name, cfg, us, tf, err);
+  cudaFree(x), cudaFree(wk), cudaFree(y);
+}
+
+/* The wgmma forward, checked at batch 8 and timed at G's batch. */
+template <class G, class GC, int BN, int S> static void run_fprop_wg(const char *name) {
+  constexpr int smem = kiln_wg_smem<BN, S>();
+  CK(cudaFuncSetAttribute(fprop_wg<G, BN, S>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  CK(cudaFuncSetAttribute(fprop_wg<GC, BN, S>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  double err;
+  {
+    kiln_bf16 *x = random_bf16((size_t)GC::N * GC::H * GC::W * GC::CI, 1.f, 1);
+    kiln_bf16 *wk = random_bf16((size_t)GC::CO * GC::K, 0.2f, 2), *y;
+    float *ref;
+    CK(cudaMalloc(&y, GC::M * GC::CO * 2));
+    CK(cudaMalloc(&ref, GC::M * GC::CO * 4));
+    dim3 grid((unsigned)((GC::M + 127) / 128), (GC::CO + BN - 1) / BN);
+    fprop_wg<GC, BN, S><<<grid, 256, smem>>>(x, wk, y);
+    ref_fprop<GC><<<(unsigned)((GC::M * GC::CO + 255) / 256), 256>>>(x, wk, ref);
+    CK(cudaDeviceSynchronize());
+    err = rel_err(y, ref, (size_t)GC::M * GC::CO);
+    cudaFree(x), cudaFree(wk), cudaFree(y), cudaFree(ref);
+  }
+  kiln_bf16 *x = random_bf16((size_t)G::N * G::H * G::W * G::CI, 1.f, 3);
+  kiln_bf16 *wk = random_bf16((size_t)G::CO * G::K, 0.2f, 4), *y;
+  CK(cudaMalloc(&y, G::M * G::CO * 2));
+  dim3 grid((unsigned)((G::M + 127) / 128), (G::CO + BN - 1) / BN);
+  float us = time_us([&] { fprop_wg<G, BN, S><<<grid, 256, smem>>>(x, wk, y); });
+  double tf = 2.0 * G::M * G::CO * G::K / (us * 1e-6) / 1e12;
+  printf("| %s | fwd | wgmma 128x%d, %d stages | %.1f | %.1f | %.1e |\n", name, BN, S, us, tf, err);
   cudaFree(x), cudaFree(wk), cudaFree(y);
 }
 
@@ -269,9 +319,23 @@ template <int N> using B2 = Shape<N, 15, 64, 256, 3, 1>;
 template <int N> using C1 = Shape<N, 7, 256, 256, 3, 1>;
 template <int N> using D1 = Shape<N, 3, 256, 256, 3, 1>;
 
+static bool only_wgmma; /* ./lab wgmma: the wgmma forward configs alone */
+
 template <template <int> class S> static void shape(const char *name, bool wide) {
   typedef S<1024> G;
   typedef S<8> GC;
+  if (wide) {
+    run_fprop_wg<G, GC, 128, 3>(name);
+    run_fprop_wg<G, GC, 128, 4>(name);
+    run_fprop_wg<G, GC, 128, 5>(name);
+    run_fprop_wg<G, GC, 256, 3>(name);
+    run_fprop_wg<G, GC, 256, 4>(name);
+  } else {
+    run_fprop_wg<G, GC, 64, 4>(name);
+    run_fprop_wg<G, GC, 64, 5>(name);
+    run_fprop_wg<G, GC, 64, 8>(name);
+  }
+  if (only_wgmma) return;
   if (wide) {
     run_fprop<G, GC, T128x128>(name, "128x128 2x4 s3");
     run_fprop<G, GC, T64x128>(name, "64x128 2x4 s4");
@@ -284,7 +348,8 @@ template <template <int> class S> static void shape(const char *name, bool wide)
   }
 }
 
-int main() {
+int main(int argc, char **argv) {
+  only_wgmma = argc > 1 && strcmp(argv[1], "wgmma") == 0;
   cudaDeviceProp p;
   CK(cudaGetDeviceProperties(&p, 0));
   printf("%s, %d SMs; bf16 dense peak 989.4 TFLOP/s\n\n", p.name, p.multiProcessorCount);
