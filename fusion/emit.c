@@ -315,6 +315,17 @@ bool kiln__finish(kiln__sb *body, const char *stem, const kiln__operands *o, kil
   return kiln__finish_with(body, stem, o, r, NULL);
 }
 
+bool kiln__finish_loop(kiln__sb *body, kiln__sb *pre, const char *stem, const kiln__operands *o,
+                       const kiln__target *t, kiln__rendered *r) {
+  bool ok = !pre->oom && kiln__finish_with(body, stem, o, r, pre->s);
+  kiln__sb_free(pre);
+  kiln__sb_free(body);
+  r->block = KILN__BLOCK;
+  r->grid = kiln__grid_for(t, r->arg.args.n);
+  kiln__tally_bytes(o, r);
+  return ok;
+}
+
 /* Blocks for a grid-stride loop over threads: at most this many per SM (enough resident
  * blocks to hide latency; the loop covers the rest). */
 #define KILN__BLOCKS_PER_SM 8

@@ -114,6 +114,10 @@ void kiln__stem_of(const kiln__ew_prog *p, const char *prefix, const char *suffi
 bool kiln__finish_with(kiln__sb *body, const char *stem, const kiln__operands *o, kiln__rendered *r,
                        const char *pre);
 bool kiln__finish(kiln__sb *body, const char *stem, const kiln__operands *o, kiln__rendered *r);
+/* kiln__finish_with for a kernel whose grid-stride loop covers a.n: frees body and pre, sets the
+ * launch (KILN__BLOCK threads) and the traffic of operands o. */
+bool kiln__finish_loop(kiln__sb *body, kiln__sb *pre, const char *stem, const kiln__operands *o,
+                       const kiln__target *t, kiln__rendered *r);
 /* Blocks for a grid-stride loop over threads. */
 unsigned kiln__grid_for(const kiln__target *t, int64_t threads);
 

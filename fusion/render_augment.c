@@ -92,11 +92,5 @@ bool kiln__render_augment(const kiln__target *tg, const kiln__node *n, kiln__ren
                   aslot[kiln__attr_index(n->op, "epoch")]);
   char stem[128];
   name_of(&g, x->dtype, stem, sizeof stem);
-  bool ok = !pre.oom && kiln__finish_with(&b, stem, &o, r, pre.s);
-  kiln__sb_free(&pre);
-  kiln__sb_free(&b);
-  r->block = KILN__BLOCK;
-  r->grid = kiln__grid_for(tg, r->arg.args.n);
-  kiln__tally_bytes(&o, r);
-  return ok;
+  return kiln__finish_loop(&b, &pre, stem, &o, tg, r);
 }

@@ -231,11 +231,5 @@ bool kiln__render_window(const kiln__target *tg, const kiln__ew_prog *p, kiln__r
            (long long)w.sh, kiln_dtype_name(n->in[0]->dtype), V == 4 ? "_v4" : "",
            tiled ? "_tiled" : "");
   kiln__stem_of(p, "k", suffix, stem, sizeof stem);
-  bool ok = !pre.oom && kiln__finish_with(&b, stem, &o, r, pre.s);
-  kiln__sb_free(&pre);
-  kiln__sb_free(&b);
-  r->block = KILN__BLOCK;
-  r->grid = kiln__grid_for(tg, r->arg.args.n);
-  kiln__tally_bytes(&o, r);
-  return ok;
+  return kiln__finish_loop(&b, &pre, stem, &o, tg, r);
 }

@@ -67,6 +67,22 @@ KILN__FN void kiln_win_taps_of_pixel(typename G::ix h, typename G::ix w, F tap) 
   }
 }
 
+/* Calls tap(i, j, h, w) for every tap (i, j) of window (oh, ow) that lies inside the image, at
+ * pixel (h, w). */
+template <class G, class F>
+KILN__FN void kiln_win_taps_of_window(typename G::ix oh, typename G::ix ow, F tap) {
+  typedef typename G::ix ix;
+  for (int i = 0; i < G::KH; i++) {
+    const ix h = oh * G::SH - G::PH + i * G::DH;
+    if (h < 0 || h >= G::H) continue;
+    for (int j = 0; j < G::KW; j++) {
+      const ix w = ow * G::SW - G::PW + j * G::DW;
+      if (w < 0 || w >= G::W) continue;
+      tap(i, j, h, w);
+    }
+  }
+}
+
 /* The position p * KW + q of window (oh, ow)'s first maximum in each lane (-1: no tap inside the
  * image), NaN winning; best gets the maxima. */
 template <class G, typename T>
@@ -76,22 +92,16 @@ KILN__FN void kiln_win_argmax(const T *x, typename G::ix n, typename G::ix oh, t
 #pragma unroll
   for (int l = 0; l < G::V; l++)
     at[l] = -1;
-  for (int p = 0; p < G::KH; p++) {
-    const ix h = oh * G::SH - G::PH + p * G::DH;
-    if (h < 0 || h >= G::H) continue;
-    for (int q = 0; q < G::KW; q++) {
-      const ix w = ow * G::SW - G::PW + q * G::DW;
-      if (w < 0 || w >= G::W) continue;
-      float xv[G::V];
-      kiln_win_load<G::V>(x, ((n * G::H + h) * G::W + w) * G::C + c, xv);
+  kiln_win_taps_of_window<G>(oh, ow, [&](int p, int q, ix h, ix w) {
+    float xv[G::V];
+    kiln_win_load<G::V>(x, ((n * G::H + h) * G::W + w) * G::C + c, xv);
 #pragma unroll
-      for (int l = 0; l < G::V; l++)
-        if (at[l] < 0 || xv[l] > best[l] || isnan(xv[l])) {
-          best[l] = xv[l];
-          at[l] = p * G::KW + q;
-        }
-    }
-  }
+    for (int l = 0; l < G::V; l++)
+      if (at[l] < 0 || xv[l] > best[l] || isnan(xv[l])) {
+        best[l] = xv[l];
+        at[l] = p * G::KW + q;
+      }
+  });
 }
 
 /* im2col: e over (N, OH, OW, K / V), K in the order (group, i, j, channel of the group). */
@@ -152,19 +162,13 @@ KILN__FN void kiln_max_pool(const T *x, typename G::ix e, S store) {
 #pragma unroll
   for (int l = 0; l < G::V; l++)
     best[l] = -__int_as_float(0x7f800000);
-  for (int i = 0; i < G::KH; i++) {
-    const ix h = oh * G::SH - G::PH + i * G::DH;
-    if (h < 0 || h >= G::H) continue;
-    for (int j = 0; j < G::KW; j++) {
-      const ix w = ow * G::SW - G::PW + j * G::DW;
-      if (w < 0 || w >= G::W) continue;
-      float xv[G::V];
-      kiln_win_load<G::V>(x, ((n * G::H + h) * G::W + w) * G::C + c, xv);
+  kiln_win_taps_of_window<G>(oh, ow, [&](int, int, ix h, ix w) {
+    float xv[G::V];
+    kiln_win_load<G::V>(x, ((n * G::H + h) * G::W + w) * G::C + c, xv);
 #pragma unroll
-      for (int l = 0; l < G::V; l++)
-        if (xv[l] > best[l] || isnan(xv[l])) best[l] = xv[l];
-    }
-  }
+    for (int l = 0; l < G::V; l++)
+      if (xv[l] > best[l] || isnan(xv[l])) best[l] = xv[l];
+  });
   store(n, oh, ow, c, best);
 }
 
@@ -222,20 +226,15 @@ KILN__FN void kiln_avg_pool(const T *x, typename G::ix e, S store) {
   kiln_win_split<G>(e, G::OH, G::OW, n, oh, ow, c);
   float acc[G::V] = {};
   int inside = 0;
-  for (int i = 0; i < G::KH; i++) {
-    const ix h = oh * G::SH - G::PH + i;
-    if (h < 0 || h >= G::H) continue;
-    for (int j = 0; j < G::KW; j++) {
-      const ix w = ow * G::SW - G::PW + j;
-      if (w < 0 || w >= G::W) continue;
-      inside++;
-      float xv[G::V];
-      kiln_win_load<G::V>(x, ((n * G::H + h) * G::W + w) * G::C + c, xv);
+  /* the window's taps inside the image (average pooling has no dilation: DH = DW = 1) */
+  kiln_win_taps_of_window<G>(oh, ow, [&](int, int, ix h, ix w) {
+    inside++;
+    float xv[G::V];
+    kiln_win_load<G::V>(x, ((n * G::H + h) * G::W + w) * G::C + c, xv);
 #pragma unroll
-      for (int l = 0; l < G::V; l++)
-        acc[l] += xv[l];
-    }
-  }
+    for (int l = 0; l < G::V; l++)
+      acc[l] += xv[l];
+  });
 #pragma unroll
   for (int l = 0; l < G::V; l++)
     acc[l] /= (float)(G::EXCLUDE_PAD ? inside : G::KH * G::KW);
