@@ -10,8 +10,8 @@
 TestSuite(regressions, .fini = th_remove_tmpdirs);
 
 /*
- * Regression (core/tensor.c, kiln_tensor_free, fixed): freeing a persistent tensor flushes the
- * pending trace even on a no-GPU context, where a flush is an error, so the context fails with
+ * Regression (kiln_tensor_free, now runtime/transfer.c, fixed): freeing a persistent tensor flushes
+ * the pending trace even on a no-GPU context, where a flush is an error, so the context fails with
  * "kiln_flush: the context has no GPU ..." and every later op records nothing. kiln_step_begin
  * guards its flush with ctx->has_gpu; kiln_tensor_free should do the same.
  */
