@@ -74,6 +74,30 @@ KILN__FN const kiln_bf16 *kiln_conv_gather(const kiln_bf16 *x, const kiln_conv_p
   return valid ? x + p.base + ((long long)ih * G::W + iw) * G::CI + c : x;
 }
 
+/* Copies stage kt of the forward product's operands into As and Bs (tiles whose rows hold CH
+ * 16-byte chunks, BK = 8 CH of the reduction): the rows of im2col(X) of the block's pixels px and
+ * the rows of Wk from channel n0; this thread copies chunk tid % CH of rows tid / CH + s NT / CH.
+ */
+template <class G, int CH, int NT, int AP, int BP>
+KILN__FN void kiln_conv_fprop_stage(const kiln_bf16 *x, const kiln_bf16 *wk,
+                                    const kiln_conv_px (&px)[AP], int n0, int kt, kiln_bf16 *As,
+                                    kiln_bf16 *Bs) {
+  constexpr int K = G::KH * G::KW * G::CI, ROWS = NT / CH;
+  const int chunk = threadIdx.x % CH, row = threadIdx.x / CH, k = kt * CH * 8 + chunk * 8;
+#pragma unroll
+  for (int s = 0; s < AP; s++) {
+    bool ok;
+    const kiln_bf16 *src = kiln_conv_gather<G>(x, px[s], k, ok);
+    kiln_cp16(&As[kiln_swz<CH>(row + s * ROWS, chunk)], src, ok);
+  }
+#pragma unroll
+  for (int s = 0; s < BP; s++) {
+    const int co = n0 + row + s * ROWS;
+    const bool ok = co < G::CO && k < K;
+    kiln_cp16(&Bs[kiln_swz<CH>(row + s * ROWS, chunk)], ok ? wk + (long long)co * K + k : wk, ok);
+  }
+}
+
 /* The forward product of the block's pixels [m0, m0 + BM) and output channels [n0, n0 + BN):
  * acc[mi][ni][e] is pixel m0 + (warp / WN) (BM / WM) + 16 mi + lane / 4 + 8 (e / 2), channel
  * n0 + (warp % WN) (BN / WN) + 8 ni + 2 (lane % 4) + e % 2. */
@@ -88,26 +112,12 @@ KILN__FN void kiln_conv_fprop(const kiln_bf16 *__restrict__ x, const kiln_bf16 *
   __shared__ __align__(128) kiln_bf16 As[S][BM * BK];
   __shared__ __align__(128) kiln_bf16 Bs[S][BN * BK];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int chunk = tid & 3; /* the chunk of a row this thread copies, in every tile */
   kiln_conv_px px[AP];
 #pragma unroll
   for (int s = 0; s < AP; s++)
     px[s] = kiln_conv_pixel<G>(m0 + (tid >> 2) + s * (NT / 4), M);
   auto load = [&](int kt, int st) {
-    const int k = kt * BK + chunk * 8;
-#pragma unroll
-    for (int s = 0; s < AP; s++) {
-      bool ok;
-      const kiln_bf16 *src = kiln_conv_gather<G>(x, px[s], k, ok);
-      kiln_cp16(&As[st][kiln_swz<4>((tid >> 2) + s * (NT / 4), chunk)], src, ok);
-    }
-#pragma unroll
-    for (int s = 0; s < BP; s++) {
-      const int co = n0 + (tid >> 2) + s * (NT / 4);
-      const bool ok = co < G::CO && k < K;
-      kiln_cp16(&Bs[st][kiln_swz<4>((tid >> 2) + s * (NT / 4), chunk)],
-                ok ? wk + (long long)co * K + k : wk, ok);
-    }
+    kiln_conv_fprop_stage<G, 4, NT, AP, BP>(x, wk, px, n0, kt, As[st], Bs[st]);
   };
 #pragma unroll
   for (int mi = 0; mi < T::MI; mi++)

@@ -135,26 +135,14 @@ KILN__FN void kiln_conv_fprop_wg(const kiln_bf16 *__restrict__ x, const kiln_bf1
   static_assert(G::CI % 8 == 0 && BP * NT == BN * 8 && S >= 3, "kiln_conv_fprop_wg");
   kiln_bf16 *base = (kiln_bf16 *)(((unsigned long long)smem + 1023) & ~1023ull);
   kiln_bf16 *As = base, *Bs = base + S * BM * BK; /* stage s: As + s BM BK, Bs + s BN BK */
-  const int tid = threadIdx.x, wg = tid >> 7, chunk = tid & 7;
+  const int tid = threadIdx.x, wg = tid >> 7;
   kiln_conv_px px[AP];
 #pragma unroll
   for (int s = 0; s < AP; s++)
     px[s] = kiln_conv_pixel<G>(m0 + (tid >> 3) + s * (NT / 8), M);
   auto load = [&](int kt, int st) {
-    const int k = kt * BK + chunk * 8;
-#pragma unroll
-    for (int s = 0; s < AP; s++) {
-      bool ok;
-      const kiln_bf16 *src = kiln_conv_gather<G>(x, px[s], k, ok);
-      kiln_cp16(&As[st * BM * BK + kiln_swz<8>((tid >> 3) + s * (NT / 8), chunk)], src, ok);
-    }
-#pragma unroll
-    for (int s = 0; s < BP; s++) {
-      const int co = n0 + (tid >> 3) + s * (NT / 8);
-      const bool ok = co < G::CO && k < K;
-      kiln_cp16(&Bs[st * BN * BK + kiln_swz<8>((tid >> 3) + s * (NT / 8), chunk)],
-                ok ? wk + (long long)co * K + k : wk, ok);
-    }
+    kiln_conv_fprop_stage<G, 8, NT, AP, BP>(x, wk, px, n0, kt, As + st * BM * BK,
+                                            Bs + st * BN * BK);
   };
 #pragma unroll
   for (int i = 0; i < BN / 2; i++)
