@@ -5,7 +5,8 @@
  *   trace nodes ──plan.c──▶ kiln__plan     groups: which nodes share a launch, what is written
  *               ──lower.c─▶ kiln__spec     per group: the kernel to render, or the BLAS call
  *               ──render.c▶ kiln__rendered per kernel: CUDA C source, name, launch shape, and
- *                                          the argument plan (which tensor goes where)
+ *                                          the argument plan (which tensor goes where); render.c
+ *                                          hands each spec to its kernel family's file (render.h)
  *               ──compile.c▶ kiln__kernel  NVRTC, with a memory and a disk cache
  *               ──exec.c──▶ launches       memory, argument binding, step values, launch
  *               ──graph.c─▶ step graphs    the same launches captured once and replayed
