@@ -33,6 +33,8 @@ void kiln__engine_free(kiln_ctx *ctx) {
   if (ctx->has_gpu) kiln__graphs_free(ctx);
   if (fs->step_values) kiln__dev_free(ctx, fs->step_values);
   if (fs->err_dev) cudaFree(fs->err_dev);
+  if (fs->conv_ws) cudaFree(fs->conv_ws);
+  if (fs->conv_cnt) cudaFree(fs->conv_cnt);
   if (fs->err_host) cudaFreeHost(fs->err_host);
   kiln__kcache_free(fs->kernels, ctx->has_gpu);
   kiln__blas_free(fs->blas);

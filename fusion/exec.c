@@ -41,13 +41,16 @@ static bool build_calls(kiln_ctx *ctx, kiln__program *pg) {
       kiln__sb_free(&r.src);
       return !kiln__error(ctx, KILN_ERR_OOM, "kiln_flush: out of host memory rendering a kernel");
     }
-    c->k = kiln__compile(ctx, r.name, r.src.s, s->comment);
+    c->k = kiln__compile(ctx, r.name, r.src.s, s->comment, r.sm90a, r.smem);
     kiln__sb_free(&r.src);
     if (!c->k) return false;
     c->arg = r.arg;
     c->grid = r.grid;
     c->block = r.block;
     c->grid_y = r.grid_y;
+    c->grid_z = r.grid_z;
+    c->smem = r.smem;
+    c->ws_slot = r.ws_slot;
     c->bytes_read = r.bytes_read;
     c->bytes_written = r.bytes_written;
     c->zero_slot = r.zero_slot;
@@ -158,7 +161,33 @@ static bool alloc_masks(kiln_ctx *ctx, const kiln__plan *p) {
   return true;
 }
 
-void kiln__bind_args(kiln_ctx *ctx, kiln__program *pg) {
+/* The implicit weight gradients' split-K workspace and tile counters, allocated once a context
+ * (their addresses stay the same for every step graph) and the counters zeroed. */
+static bool conv_workspace(kiln_ctx *ctx) {
+  kiln__fusion *fs = ctx->fusion_state;
+  if (fs->conv_ws) return true;
+  size_t cnt = KILN__CONV_COUNTERS * sizeof *fs->conv_cnt;
+  if (cudaMalloc((void **)&fs->conv_ws, KILN__CONV_WS_BYTES) != cudaSuccess ||
+      cudaMalloc((void **)&fs->conv_cnt, cnt) != cudaSuccess) {
+    (void)cudaGetLastError();
+    if (fs->conv_ws) cudaFree(fs->conv_ws);
+    fs->conv_ws = NULL;
+    return !kiln__error(ctx, KILN_ERR_OOM,
+                        "kiln_flush: out of device memory for the convolutions' split-K "
+                        "workspace of %zu bytes; nothing of this flush ran",
+                        KILN__CONV_WS_BYTES + cnt);
+  }
+  if (KILN_CUDA_FAILED(ctx, cudaMemset(fs->conv_cnt, 0, cnt))) {
+    cudaFree(fs->conv_ws);
+    cudaFree(fs->conv_cnt);
+    fs->conv_ws = NULL;
+    fs->conv_cnt = NULL;
+    return false;
+  }
+  return true;
+}
+
+bool kiln__bind_args(kiln_ctx *ctx, kiln__program *pg) {
   for (int k = 0; k < pg->plan.ng; k++) {
     kiln__call *c = &pg->call[k];
     c->arg.args.err = ctx->fusion_state->err_dev;
@@ -168,7 +197,13 @@ void kiln__bind_args(kiln_ctx *ctx, kiln__program *pg) {
       KILN_ASSERT(!t->st->ptr || (uintptr_t)t->st->ptr % 16 == 0);
       c->arg.args.ptr[q] = kiln__data_ptr(t);
     }
+    if (c->k && c->ws_slot > 0) {
+      if (!conv_workspace(ctx)) return false;
+      c->arg.args.ptr[c->ws_slot] = ctx->fusion_state->conv_ws;
+      c->arg.args.ptr[c->ws_slot + 1] = ctx->fusion_state->conv_cnt;
+    }
   }
+  return true;
 }
 
 /* ---------------------------------------------------------------- step values */
@@ -227,13 +262,15 @@ static bool launch(kiln_ctx *ctx, kiln__call *c) {
   if (c->arg.args.n == 0) return true;
   void *params[1] = {&c->arg.args};
   ctx->stats.kernels_launched++;
-  dim3 grid = {c->grid, c->grid_y ? c->grid_y : 1, 1}, block = {c->block, 1, 1};
+  dim3 grid = {c->grid, c->grid_y ? c->grid_y : 1, c->grid_z ? c->grid_z : 1},
+       block = {c->block, 1, 1};
   cudaStream_t stream = ctx->stream;
   if (c->zero_bytes > 0 && KILN_CUDA_FAILED(ctx, cudaMemsetAsync(c->arg.args.ptr[c->zero_slot], 0,
                                                                  c->zero_bytes, stream)))
     return false;
   return !KILN_CUDA_FAILED(ctx,
-                           cudaLaunchKernel(kiln__kernel_fn(c->k), grid, block, params, 0, stream));
+                           cudaLaunchKernel(kiln__kernel_fn(c->k), grid, block, params, c->smem,
+                                            stream));
 }
 
 bool kiln__run_calls(kiln_ctx *ctx, kiln__program *pg) {
@@ -273,6 +310,5 @@ void kiln__flush_stats(kiln_ctx *ctx, const kiln__program *pg, const kiln_exec_s
 bool kiln__program_run(kiln_ctx *ctx, kiln__program *pg) {
   kiln__bind_write_through(ctx, &pg->plan);
   if (!alloc_outputs(ctx, &pg->plan) || !alloc_masks(ctx, &pg->plan)) return false;
-  kiln__bind_args(ctx, pg);
-  return upload_eager_values(ctx, pg) && kiln__run_calls(ctx, pg);
+  return kiln__bind_args(ctx, pg) && upload_eager_values(ctx, pg) && kiln__run_calls(ctx, pg);
 }

@@ -33,8 +33,18 @@ _Static_assert(KILN__KMAX_DIMS == KILN_MAX_DIMS, "kiln__kargs holds KILN_MAX_DIM
  * every kernel's __launch_bounds__: 8 warps, enough to hide memory latency with several blocks
  * per SM, few enough that a block reduction (reduce.cuh) combines its warps in one warp. */
 #define KILN__BLOCK 256
+/* The implicit weight gradient's split-K workspace: partial tiles, and one counter a tile. */
+#define KILN__CONV_WS_BYTES ((size_t)32 << 20)
+#define KILN__CONV_COUNTERS 4096
 
 /* ---------------------------------------------------------------- planner (plan.c) */
+
+typedef enum kiln__implicit {
+  KILN__IMPLICIT_NONE,
+  KILN__IMPLICIT_DGRAD,
+  KILN__IMPLICIT_FPROP,
+  KILN__IMPLICIT_WGRAD,
+} kiln__implicit;
 
 typedef struct kiln__group {
   kiln__kind kind;
@@ -53,9 +63,13 @@ typedef struct kiln__group {
   const kiln_tensor *full;
   bool rows;
   int alias_first, nalias;
-  /* a col2im group whose first member is the product it sums, computed in the same kernel as an
-   * implicit GEMM (fusion/device/igemm.cuh); the column matrix is never written */
-  bool implicit;
+  /* a convolution's product as an implicit GEMM, the column matrix never written:
+   *   DGRAD: a col2im group whose first member is the product dY Wk it sums (device/igemm.cuh);
+   *   FPROP: im2col then the product cols Wk^T, members in that order (device/conv.cuh);
+   *   WGRAD: the product cols^T dY alone, its columns gathered from the image (device/conv.cuh).
+   * window: FPROP and WGRAD's im2col node, whose input (the image) the kernel reads */
+  kiln__implicit implicit;
+  int32_t window;
 } kiln__group;
 
 /* In a row program, the view `view` of a per-row value is read as `value` itself. */
@@ -77,6 +91,7 @@ typedef struct kiln__plan {
                       * sum; for a dropped assignment, the producer that writes through), or -1 */
   const kiln_tensor **write_to; /* per node: the persistent buffer its output is written to */
   int *readers;                 /* per node: how many inputs of the flush's nodes it is */
+  int32_t *window; /* per node: the im2col whose columns an implicit product gathers, or -1 */
 } kiln__plan;
 
 /* Plans trace nodes [first, last) as a list of named phases; fusion off gives one group per
@@ -115,7 +130,7 @@ typedef enum kiln__spec_kind {
   KILN__SPEC_UPDATES, /* one update over several tensors */
   KILN__SPEC_GATHER,  /* rows picked by index */
   KILN__SPEC_WINDOW,  /* a sliding-window op over an image (im2col, col2im, pooling) */
-  KILN__SPEC_CONV,    /* a convolution as an implicit GEMM (today: col2im of dY Wk) */
+  KILN__SPEC_CONV,    /* a convolution's product as an implicit GEMM (spec.conv says which) */
   KILN__SPEC_MOMENTS, /* batch norm's column sums, by blocks of rows */
   KILN__SPEC_AUGMENT, /* image augmentation: a translation and a flip per image */
   KILN__SPEC_BLAS,    /* a matrix product */
@@ -130,7 +145,8 @@ typedef struct kiln__spec {
   const kiln_tensor *full; /* ROWS: the iteration space whose last axis is reduced */
   int nups;                /* UPDATES */
   const kiln__node *ups[KILN__KMAX_UPDATE];
-  kiln__gemm gemm; /* BLAS; CONV: the product (a and b set) */
+  kiln__gemm gemm; /* BLAS; CONV: the product (a, b and d set) */
+  kiln__implicit conv; /* CONV: which product; red is col2im (DGRAD) or im2col (FPROP, WGRAD) */
   /* a concat input's copy into its slice of the output: a node and a view that lowering owns */
   kiln__node copy;
   kiln_tensor slice;
@@ -163,6 +179,13 @@ typedef struct kiln__rendered {
   kiln__sb src; /* the kernel's CUDA C, after the prelude's #include */
   kiln__argplan arg;
   unsigned grid, block, grid_y; /* grid_y: tensors of a multi-tensor update (0: 1) */
+  unsigned grid_z;              /* 0: 1 */
+  unsigned smem;                /* bytes of dynamic shared memory */
+  bool sm90a;                   /* compiled for sm_90a (wgmma): Hopper only */
+  /* with ws_slot > 0: the executor binds the split-K workspace (KILN__CONV_WS_BYTES of floats)
+   * to a.ptr[ws_slot] and its tile counters (KILN__CONV_COUNTERS, zero between launches) to
+   * a.ptr[ws_slot + 1] */
+  int ws_slot;
   uint64_t bytes_read, bytes_written;
   int zero_slot;       /* with zero_bytes > 0: the operand the executor zeroes before the launch */
   uint64_t zero_bytes; /* (a scatter's output, which the kernel only adds to) */
@@ -182,9 +205,10 @@ extern const kiln__device_file kiln__device_files[];
 extern const int kiln__device_nfiles;
 
 /* Compiles source (once per process, cached on disk) and loads it when there is a GPU; NULL on
- * failure with the error set. comment goes into dumped sources. */
+ * failure with the error set. comment goes into dumped sources; sm90a: for the arch-specific
+ * target (ctx's architecture must be 90); smem: the dynamic shared memory its launches ask for. */
 kiln__kernel *kiln__compile(kiln_ctx *ctx, const char *name, const char *source,
-                            const char *comment);
+                            const char *comment, bool sm90a, unsigned smem);
 const void *kiln__kernel_fn(const kiln__kernel *k); /* the cudaKernel_t to launch */
 typedef struct kiln__kcache kiln__kcache;
 kiln__kcache *kiln__kcache_new(void);
@@ -197,7 +221,8 @@ typedef struct kiln__call {
   kiln__kernel *k; /* NULL: a BLAS call (spec.gemm) or nothing to run */
   kiln__argplan arg;
   int32_t fi[KILN__KMAX_F], ui[KILN__KMAX_U]; /* fsrc/usrc as trace indices (-1: unused) */
-  unsigned grid, block, grid_y;
+  unsigned grid, block, grid_y, grid_z, smem;
+  int ws_slot;
   uint64_t bytes_read, bytes_written;
   int zero_slot; /* as kiln__rendered's */
   uint64_t zero_bytes;
@@ -222,8 +247,9 @@ bool kiln__program_build(kiln_ctx *ctx, int32_t first, int32_t last, kiln__progr
 void kiln__program_free(kiln__program *pg);
 /* Points the outputs that write through at their persistent buffers. */
 void kiln__bind_write_through(kiln_ctx *ctx, const kiln__plan *p);
-/* Fills every call's pointers from its tensors' (now allocated) memory. */
-void kiln__bind_args(kiln_ctx *ctx, kiln__program *pg);
+/* Fills every call's pointers from its tensors' (now allocated) memory, and the split-K
+ * workspace's (allocated at its first use); false, with the error set, when that runs out. */
+bool kiln__bind_args(kiln_ctx *ctx, kiln__program *pg);
 /* Every group's attributes from the trace into host[0 .. ng). */
 void kiln__fill_values(const kiln_ctx *ctx, const kiln__program *pg, kiln__stepvals *host);
 /* Fills the step values from the trace into dev (one block a group, copied on the stream) and
@@ -262,6 +288,8 @@ typedef struct kiln__fusion {
   bool warned_signatures;    /* the warning about ever-new signatures was printed */
   bool drop_graphs;          /* graphs were turned off: free the cached ones at the next step */
   kiln__dev_error *err_dev;  /* the kernels' error record on the device */
+  float *conv_ws;            /* split-K partial tiles of the implicit weight gradients */
+  unsigned *conv_cnt;        /* their tile counters (zeroed once; every launch leaves them 0) */
   kiln__dev_error *err_host; /* its copy, fetched before synchronisations (pinned) */
 } kiln__fusion;
 

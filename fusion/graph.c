@@ -143,6 +143,10 @@ static bool memory_plan(kiln_ctx *ctx, kiln__step_graph *E) {
         if (o >= 0 && item_of[o] >= 0 && it[item_of[o]].last < k) it[item_of[o]].last = k;
       }
     }
+    if (g->implicit == KILN__IMPLICIT_WGRAD) { /* it gathers its columns from the image */
+      int32_t o = owner(ctx, nodes[g->window].in[0]);
+      if (o >= 0 && item_of[o] >= 0 && it[item_of[o]].last < k) it[item_of[o]].last = k;
+    }
     if (kiln__epi_flags(g->epi) & KILN__EPI_READS_MASK) {
       int32_t o = owner(ctx, g->aux);
       if (o >= 0 && mask_of[o] >= 0 && it[mask_of[o]].last < k) it[mask_of[o]].last = k;
@@ -312,7 +316,11 @@ static kiln__step_graph *capture(kiln_ctx *ctx, uint64_t hash, kiln__sb *sig) {
   }
   int ng = E->prog.plan.ng;
   bind(ctx, E);
-  kiln__bind_args(ctx, &E->prog);
+  if (!kiln__bind_args(ctx, &E->prog)) {
+    unbind(ctx, E);
+    graph_free(ctx, E);
+    return NULL;
+  }
   E->values = kiln__dev_alloc(ctx, (size_t)(ng > 0 ? ng : 1) * sizeof(kiln__stepvals));
   if (!E->values) kiln__error(ctx, KILN_ERR_OOM, "kiln_step_end: out of device memory");
   /* the step values: ordered after the previous replay's reads on the stream */

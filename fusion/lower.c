@@ -95,6 +95,13 @@ static void lower_group(const kiln_ctx *ctx, const kiln__plan *p, const kiln__gr
     s->red = n;
     return;
   case KILN__RENDER_BLAS:
+    if (g->implicit) { /* a forward product or weight gradient gathering from the image */
+      s->kind = KILN__SPEC_CONV;
+      s->conv = g->implicit;
+      s->red = &ctx->trace.nodes[g->window];
+      s->gemm = (kiln__gemm){.a = n->in[0], .b = n->in[1], .d = n->out};
+      return;
+    }
     s->kind = KILN__SPEC_BLAS;
     s->gemm = (kiln__gemm){
         .a = n->in[0], .b = n->in[1], .d = g->out, .epi = g->epi, .bias = g->bias, .aux = g->aux};
@@ -114,10 +121,11 @@ static void lower_group(const kiln_ctx *ctx, const kiln__plan *p, const kiln__gr
   case KILN__RENDER_WINDOW: /* a window op and its elementwise epilogue */
     s->kind = KILN__SPEC_WINDOW;
     s->red = n;
-    prog_of(ctx, p, g, g->implicit, g->n, &s->prog);
-    if (g->implicit) { /* col2im of dY Wk, the product in the same kernel */
+    prog_of(ctx, p, g, g->implicit == KILN__IMPLICIT_DGRAD, g->n, &s->prog);
+    if (g->implicit == KILN__IMPLICIT_DGRAD) { /* col2im of dY Wk, the product in the same kernel */
       const kiln__node *mm = &ctx->trace.nodes[p->members[g->first]];
       s->kind = KILN__SPEC_CONV;
+      s->conv = KILN__IMPLICIT_DGRAD;
       s->gemm = (kiln__gemm){.a = mm->in[0], .b = mm->in[1], .d = mm->out};
     }
     return;

@@ -460,6 +460,99 @@ static int32_t implicit_dgrad(const kiln_ctx *ctx, const kiln__plan *p, int32_t 
   return mm;
 }
 
+/* The implicit forward product and weight gradient (fusion/device/conv.cuh, wgmma: bf16 on
+ * sm_90) replace im2col and the two products that read its columns where the columns are large
+ * against the products: few output channels. H200, batch 1024 (dev/README.md): air's 31x31x24->64
+ * conv took 140 us for im2col, 155 for cuBLAS's forward product and 134 for its weight gradient,
+ * against 235 + 211 us implicit, and its 425 MB of columns were kept from the forward pass to the
+ * backward; with 256 output channels cuBLAS's products ran at 620-700 TFLOP/s, the implicit ones
+ * at 300-450, and im2col stays. */
+#ifndef KILN__IMPLICIT_CONV_MAX_CO /* a build may set it, to measure */
+#define KILN__IMPLICIT_CONV_MAX_CO 64
+#endif
+
+/* Whether t is dense bf16, its first element 16-byte aligned, with fewer than 2^31 elements. */
+static bool dense_bf16(const kiln_tensor *t) {
+  return t->dtype == KILN_DTYPE_BF16 && kiln__is_contiguous(t) && t->offset % 8 == 0 &&
+         kiln_tensor_numel(t) < INT32_MAX;
+}
+
+/* The im2col node of the flush whose columns x shows through views, or -1. */
+static int32_t columns_of(const kiln_ctx *ctx, const kiln__plan *p, const kiln_tensor *x) {
+  for (;;) {
+    int32_t v = producer(ctx, p, x);
+    if (v < 0) return -1;
+    const kiln__node *n = &ctx->trace.nodes[v];
+    if (n->op == KILN__OP_IM2COL) return v;
+    if (kiln__ops[n->op].kind != KILN__KIND_VIEW || n->out->keep) return -1;
+    x = n->in[0];
+  }
+}
+
+/* Whether the weight gradient w = dY^T cols of im2col node c (image X) can gather its columns
+ * from X: dY^T (CO, M) the transpose of a dense bf16 dY, the result (CO, K) dense bf16 and not
+ * written through, and no update or assignment between c and w writes X's memory. */
+static bool implicit_wgrad(const kiln_ctx *ctx, const kiln__plan *p, int32_t c, int32_t w,
+                           int64_t co) {
+  const kiln__node *nodes = ctx->trace.nodes, *wn = &nodes[w];
+  const kiln_tensor *X = nodes[c].in[0], *dyt = wn->in[0], *d = wn->out;
+  if (dyt->dtype != KILN_DTYPE_BF16 || dyt->ndim != 2 || dyt->shape[0] != co ||
+      dyt->stride[0] != 1 || dyt->stride[1] != co || dyt->offset % 8 != 0 ||
+      kiln_tensor_numel(dyt) >= INT32_MAX || !dense_bf16(d) || p->claim[w - p->first] >= 0 ||
+      p->write_to[w - p->first])
+    return false;
+  for (int32_t j = c + 1; j < w; j++) {
+    kiln__kind kind = kiln__ops[nodes[j].op].kind;
+    if (kind != KILN__KIND_UPDATE && nodes[j].op != KILN__OP_ASSIGN) continue;
+    for (int q = 0; q < nodes[j].nin; q++)
+      if (nodes[j].in[q]->st == X->st) return false;
+  }
+  return true;
+}
+
+/* Whether im2col node c and the products that read its columns can run as implicit GEMMs: one
+ * group, X dense bf16 with channels in 16-byte chunks, an sm_90 device, and the columns (as the
+ * rows (M, K) of a reshape) read by exactly one forward product cols Wk^T (Wk (CO, K) dense: the
+ * product's operand its transpose) without a forward epilogue, as its first operand, and at most
+ * one weight gradient dY^T cols, as its second, which must be in the flush when the forward
+ * product's result takes a gradient (the columns exist nowhere after it). Sets *f and *w (-1:
+ * none). */
+static bool implicit_conv(kiln_ctx *ctx, const kiln__plan *p, int32_t c, int32_t *f, int32_t *w) {
+  const kiln__node *nodes = ctx->trace.nodes, *cn = &nodes[c];
+  *f = *w = -1;
+  if (cn->op != KILN__OP_IM2COL || ctx->arch != 90 || KILN__I(cn, IM2COL, groups) != 1 ||
+      cn->out->keep || !dense_bf16(cn->in[0]) || cn->in[0]->shape[3] % 8 != 0 ||
+      p->claim[c - p->first] >= 0)
+    return false;
+  int64_t K = cn->out->shape[3], M = kiln_tensor_numel(cn->out) / K;
+  for (int32_t j = c + 1; j < p->last; j++) {
+    const kiln__node *r = &nodes[j];
+    if (kiln__ops[r->op].kind == KILN__KIND_VIEW) continue;
+    for (int q = 0; q < r->nin; q++) {
+      if (columns_of(ctx, p, r->in[q]) != c) continue;
+      const kiln_tensor *a = r->in[q];
+      if (r->op != KILN__OP_MATMUL || a->ndim != 2 || a->shape[0] != M || a->shape[1] != K ||
+          a->stride[0] != K || a->stride[1] != 1)
+        return false;
+      int32_t *slot = q == 0 ? f : w;
+      if (*slot >= 0) return false;
+      *slot = j;
+    }
+  }
+  if (*f < 0) return false;
+  const kiln__node *fn = &nodes[*f];
+  const kiln_tensor *B = fn->in[1], *Y = fn->out;
+  int64_t co = Y->shape[1];
+  kiln__group scratch = {0};
+  if (!dense_bf16(Y) || B->dtype != KILN_DTYPE_BF16 || B->stride[0] != 1 || B->stride[1] != K ||
+      B->offset % 8 != 0 || co % 8 != 0 || co > KILN__IMPLICIT_CONV_MAX_CO ||
+      K * co >= INT32_MAX || p->claim[*f - p->first] >= 0 ||
+      forward_epilogue(ctx, p, *f, &scratch) != 0)
+    return false;
+  if (*w >= 0 && !implicit_wgrad(ctx, p, c, *w, co)) return false;
+  return *w >= 0 || !Y->requires_grad;
+}
+
 /* Write-through: assignment i of an intermediate S, or of a view of S that is dense from S's
  * first element (the same bytes in the same order), to a persistent buffer D (a gradient) can be
  * dropped when S's producer writes D itself: S is dense and as large as D, nothing in the flush
@@ -505,6 +598,7 @@ static bool phase_readers(kiln_ctx *ctx, kiln__plan *p, bool fuse) {
   for (int32_t i = p->first; i < p->last; i++) {
     p->group_of[i - p->first] = -1;
     p->claim[i - p->first] = -1;
+    p->window[i - p->first] = -1;
     for (int j = 0; j < nodes[i].nin; j++) {
       int32_t pr = producer(ctx, p, nodes[i].in[j]);
       if (pr >= 0) p->readers[pr - p->first]++;
@@ -534,8 +628,13 @@ static bool phase_bias_gradients(kiln_ctx *ctx, kiln__plan *p, bool fuse) {
 
 static bool phase_implicit(kiln_ctx *ctx, kiln__plan *p, bool fuse) {
   for (int32_t i = p->first; i < p->last && fuse; i++) {
-    int32_t mm = implicit_dgrad(ctx, p, i);
+    int32_t mm = implicit_dgrad(ctx, p, i), f, w;
     if (mm >= 0) p->claim[mm - p->first] = i; /* col2im's group computes the product */
+    if (implicit_conv(ctx, p, i, &f, &w)) { /* the forward product's group computes im2col */
+      p->claim[i - p->first] = f;
+      p->window[f - p->first] = i;
+      if (w >= 0) p->window[w - p->first] = i;
+    }
   }
   return true;
 }
@@ -597,12 +696,23 @@ static bool phase_groups(kiln_ctx *ctx, kiln__plan *p, bool fuse) {
       }
       continue;
     }
+    if (p->window[i - first] >= 0) { /* an implicit forward product or weight gradient */
+      int32_t c = p->window[i - first];
+      kiln__group *g = new_group(ctx, p, KILN__KIND_LIB, i);
+      if (!g) return false;
+      g->window = c;
+      g->implicit = p->claim[c - first] == i ? KILN__IMPLICIT_FPROP : KILN__IMPLICIT_WGRAD;
+      if ((g->implicit == KILN__IMPLICIT_FPROP && !add_member(ctx, p, g, c)) ||
+          !add_member(ctx, p, g, i))
+        return false;
+      continue;
+    }
     kiln__group *g = new_group(ctx, p, kind, i);
     if (!g) return false;
     if (nd->op == KILN__OP_COL2IM && fuse) { /* the product it sums, as an implicit GEMM */
       int32_t r = producer(ctx, p, nd->in[0]), mm = r >= 0 ? producer(ctx, p, nodes[r].in[0]) : -1;
       if (mm >= 0 && p->claim[mm - first] == i) {
-        g->implicit = true;
+        g->implicit = KILN__IMPLICIT_DGRAD;
         if (!add_member(ctx, p, g, mm)) return false;
       }
     }
@@ -658,8 +768,12 @@ static bool phase_product_outputs(kiln_ctx *ctx, kiln__plan *p, bool fuse) {
   const kiln__node *nodes = ctx->trace.nodes;
   for (int k = 0; k < p->ng; k++) {
     kiln__group *g = &p->g[k];
-    if (g->implicit) /* the column matrix exists only in the kernel's tiles */
+    if (g->implicit == KILN__IMPLICIT_DGRAD || g->implicit == KILN__IMPLICIT_FPROP) {
+      /* the column matrix exists only in the kernel's tiles; the product is written */
       p->store[p->members[g->first] - p->first] = false;
+      p->store[p->members[g->first + g->n - 1] - p->first] |= g->implicit != KILN__IMPLICIT_DGRAD;
+    }
+    if (g->implicit == KILN__IMPLICIT_WGRAD) p->store[g->node - p->first] = true;
     if (g->kind != KILN__KIND_MATMUL) continue;
     /* the product's own result is written, or only its epilogue's, and what the epilogue
      * writes beside it: a GELU's input, a bias gradient */
@@ -708,7 +822,9 @@ bool kiln__plan_build(kiln_ctx *ctx, int32_t first, int32_t last, bool fuse, kil
   p->claim = malloc(n * sizeof *p->claim);
   p->write_to = calloc(n, sizeof *p->write_to);
   p->readers = calloc(n, sizeof *p->readers);
-  bool ok = (p->group_of && p->store && p->claim && p->write_to && p->readers) || oom(ctx);
+  p->window = malloc(n * sizeof *p->window);
+  bool ok = (p->group_of && p->store && p->claim && p->write_to && p->readers && p->window) ||
+            oom(ctx);
   for (size_t k = 0; ok && k < sizeof phases / sizeof phases[0]; k++)
     ok = phases[k].run(ctx, p, fuse);
   if (!ok) {
@@ -735,5 +851,6 @@ void kiln__plan_free(kiln__plan *p) {
   free(p->claim);
   free(p->write_to);
   free(p->readers);
+  free(p->window);
   memset(p, 0, sizeof *p);
 }

@@ -9,7 +9,7 @@
  *   render_ew.c       elementwise programs, multi-tensor updates, row gathers
  *   render_reduce.c   reductions, row programs, batch norm's column sums
  *   render_window.c   sliding windows: im2col, col2im, pooling and its gradients
- *   render_conv.c     convolutions as implicit GEMMs (fusion/device/igemm.cuh)
+ *   render_conv.c     convolutions' products as implicit GEMMs (device/igemm.cuh, conv.cuh)
  *   render_augment.c  image augmentation (fusion/device/augment.cuh)
  * The kernel bodies that are the same for every shape live in the device files (fusion/device); a
  * renderer writes the constants of a shape and the code that fusion makes per group (an elementwise
@@ -144,7 +144,7 @@ bool kiln__render_rows(const kiln__target *t, const kiln__ew_prog *p, const kiln
                        kiln__rendered *r);
 bool kiln__render_moments(const kiln__target *t, const kiln__node *n, kiln__rendered *r);
 bool kiln__render_window(const kiln__target *t, const kiln__ew_prog *p, kiln__rendered *r);
-bool kiln__render_conv(const kiln__ew_prog *p, const kiln__gemm *mm, kiln__rendered *r);
+bool kiln__render_conv(const kiln__target *t, const kiln__spec *s, kiln__rendered *r);
 bool kiln__render_augment(const kiln__target *t, const kiln__node *n, kiln__rendered *r);
 
 #endif

@@ -1,7 +1,12 @@
 /*
- * render_conv.c: convolutions as implicit GEMMs on tensor cores (fusion/device/igemm.cuh): today
- * a convolution's data gradient, the product dY Wk and the col2im that sums it into the image
- * gradient in one kernel, its elementwise epilogue applied to the accumulators.
+ * render_conv.c: a convolution's products as implicit GEMMs on tensor cores, the column matrix
+ * never written:
+ *   - the data gradient (fusion/device/igemm.cuh, mma.sync, sm_80 and newer, TF32 or bf16): the
+ *     product dY Wk and the col2im that sums it into the image gradient in one kernel, its
+ *     elementwise epilogue applied to the accumulators;
+ *   - the forward product and the weight gradient (fusion/device/conv.cuh, wgmma, bf16 on
+ *     sm_90a): the columns gathered from the image as each stage needs them, the weight
+ *     gradient's reduction over the pixels split across blocks and summed inside the kernel.
  */
 #include <inttypes.h>
 #include <stdlib.h>
@@ -13,7 +18,7 @@
  * (the column matrix, never read), then the epilogue's operands, then dY and Wk. A block of 128
  * image pixels and BN channels, its accumulators stored through col2im's epilogue, two channels
  * at a time. */
-bool kiln__render_conv(const kiln__ew_prog *p, const kiln__gemm *mm, kiln__rendered *r) {
+static bool render_dgrad(const kiln__ew_prog *p, const kiln__gemm *mm, kiln__rendered *r) {
   const kiln__node *n = p->nodes[0];
   const kiln_tensor *X = n->out, *A = mm->a, *B = mm->b;
   kiln__kargs *a = &r->arg.args;
@@ -93,4 +98,159 @@ bool kiln__render_conv(const kiln__ew_prog *p, const kiln__gemm *mm, kiln__rende
   kiln__tally_bytes(&o, r);
   r->bytes_read -= kiln__footprint(o.t[0]); /* operand 0, the column matrix, is never read */
   return ok;
+}
+
+/* The operands of a conv.cuh kernel, slot[0..2]: im2col node n's image X, the product's other
+ * operand t and its result out; and into pre the geometry struct G for CO output channels. */
+static void conv_operands(const kiln__node *n, const kiln_tensor *t, const kiln_tensor *out,
+                          int64_t co, kiln__operands *o, int slot[3], char *pre, size_t len) {
+  const kiln_tensor *X = n->in[0], *C = n->out;
+  slot[0] = kiln__operand(o, X, false, NULL);
+  slot[1] = kiln__operand(o, t, false, NULL);
+  slot[2] = kiln__operand(o, out, true, NULL);
+  kiln__win w = kiln__win_of(n);
+  snprintf(pre, len,
+           "#include \"conv.cuh\"\n"
+           "struct G { /* the convolution's geometry */\n"
+           "  static constexpr int N = %lld, H = %lld, W = %lld, CI = %lld, OH = %lld, OW = %lld, "
+           "CO = %lld;\n"
+           "  static constexpr int KH = %lld, KW = %lld, SH = %lld, SW = %lld, PH = %lld, PW = %lld, "
+           "DH = %lld, DW = %lld;\n"
+           "};\n",
+           (long long)X->shape[0], (long long)X->shape[1], (long long)X->shape[2],
+           (long long)X->shape[3], (long long)C->shape[1], (long long)C->shape[2], (long long)co,
+           (long long)w.kh, (long long)w.kw, (long long)w.sh, (long long)w.sw, (long long)w.ph,
+           (long long)w.pw, (long long)w.dh, (long long)w.dw);
+}
+
+/* Stores the block's accumulators d (its rows from row0, its columns from col0) into the bf16
+ * matrix at a.ptr[out] of rows x cols, bounds checked, or into its transpose (cols x rows). */
+static void store_tile(kiln__sb *b, int out, const char *row0, const char *col0, const char *rows,
+                       const char *cols, bool transposed) {
+  kiln__sb_printf(b,
+                  "  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;\n"
+                  "  const int r0 = 64 * (warp >> 2) + 16 * (warp & 3) + (lane >> 2);\n"
+                  "  kiln_bf16 *out = (kiln_bf16 *)a.ptr[%d];\n"
+                  "#pragma unroll\n"
+                  "  for (int j = 0; j < BN / 8; j++)\n"
+                  "#pragma unroll\n"
+                  "    for (int h = 0; h < 2; h++) {\n"
+                  "      const int r = %s + r0 + 8 * h, c = %s + 8 * j + 2 * (lane & 3);\n"
+                  "      if (r < %s && c < %s) {\n",
+                  out, row0, col0, rows, cols);
+  if (transposed)
+    kiln__sb_printf(b,
+                    "        out[c * %s + r] = kiln_bf16(d[4 * j + 2 * h]);\n"
+                    "        out[(c + 1) * %s + r] = kiln_bf16(d[4 * j + 2 * h + 1]);\n",
+                    rows, rows);
+  else
+    kiln__sb_printf(b,
+                    "        *(unsigned *)&out[r * %s + c] = kiln_bf16x2_bits(d[4 * j + 2 * h], "
+                    "d[4 * j + 2 * h + 1]);\n",
+                    cols);
+  kiln__sb_printf(b, "      }\n"
+                     "    }\n");
+}
+
+/* Names, wraps and launches a conv.cuh kernel: 256 threads, BN-wide tiles, S stages of dynamic
+ * shared memory, sm_90a. */
+static bool finish_wgmma(kiln__sb *b, const char *what, const kiln__node *n, const char *pre,
+                         const kiln__operands *o, int BN, int S, kiln__rendered *r) {
+  kiln__win w = kiln__win_of(n);
+  char stem[80];
+  snprintf(stem, sizeof stem, "k_conv_%s_%lldx%lld_s%lld_%dx%d_bf16", what, (long long)w.kh,
+           (long long)w.kw, (long long)w.sh, 128, BN);
+  bool ok = kiln__finish_with(b, stem, o, r, pre);
+  kiln__sb_free(b);
+  r->block = KILN__BLOCK;
+  r->sm90a = true;
+  r->smem = (unsigned)(S * (128 + BN) * 128 + 1024); /* KILN_CONV_SMEM */
+  kiln__tally_bytes(o, r);
+  return ok;
+}
+
+/* The forward product Y (M, CO) = im2col(X) Wk^T: a block of 128 pixels by BN channels. */
+static bool render_fprop(const kiln__node *n, const kiln__gemm *mm, kiln__rendered *r) {
+  const kiln_tensor *Y = mm->d;
+  int64_t M = Y->shape[0], CO = Y->shape[1];
+  int BN = CO <= 64 ? 64 : (CO <= 128 ? 128 : 256), S = BN == 128 ? 3 : 4;
+  kiln__operands o = {0};
+  int slot[3];
+  char pre[640];
+  conv_operands(n, mm->b, Y, CO, &o, slot, pre, sizeof pre);
+  kiln__sb b = {0};
+  kiln__sb_printf(&b,
+                  "  constexpr int BN = %d, S = %d, M = %lld;\n"
+                  "  extern __shared__ __align__(1024) unsigned char kiln_smem[];\n"
+                  "  float d[BN / 2];\n"
+                  "  const int m0 = (int)blockIdx.x * 128, n0 = (int)blockIdx.y * BN;\n"
+                  "  kiln_conv_fprop<G, BN, S>((const kiln_bf16 *)a.ptr[%d], (const kiln_bf16 "
+                  "*)a.ptr[%d], m0, n0, kiln_smem, d);\n",
+                  BN, S, (long long)M, slot[0], slot[1]);
+  store_tile(&b, slot[2], "m0", "n0", "M", "G::CO", false);
+  r->arg.args.n = M;
+  r->grid = (unsigned)((M + 127) / 128);
+  r->grid_y = (unsigned)((CO + BN - 1) / BN);
+  return finish_wgmma(&b, "fprop", n, pre, &o, BN, S, r);
+}
+
+/* The weight gradient dW (CO, K) = dY^T im2col(X), computed as its transpose (K rows, CO
+ * columns) and stored transposed: a block of 128 rows by BN columns over a split of the pixels,
+ * about one block an SM in all, each split at least 32 stages of 64 pixels and the partial tiles
+ * within the workspace. One block an SM: the last block of a tile sums every split's partial
+ * tile alone, so more splits lengthen that tail (H200, air's 31x31x24->64 conv, 2 tiles: 64
+ * splits took 211 us in dev/conv_engine's lab; 132 splits, two blocks an SM, 309 us in the air
+ * step under Nsight Compute, whose locked clocks add 20-30%). mm->a is dY^T, a transpose of the
+ * dense dY (M, CO). */
+static bool render_wgrad(const kiln__target *t, const kiln__node *n, const kiln__gemm *mm,
+                         kiln__rendered *r) {
+  const kiln_tensor *dY = mm->a, *D = mm->d;
+  int64_t CO = D->shape[0], K = D->shape[1], M = dY->shape[1];
+  int BN = CO <= 64 ? 64 : 128, S = 4;
+  int64_t tiles = ((K + 127) / 128) * ((CO + BN - 1) / BN), sms = t->num_sms > 0 ? t->num_sms : 132;
+  int64_t splits = (sms + tiles - 1) / tiles, most = M / (64 * 32);
+  if (splits > most) splits = most;
+  while (splits > 1 && tiles * splits * 128 * BN * (int64_t)sizeof(float) >
+                           (int64_t)KILN__CONV_WS_BYTES)
+    splits--;
+  if (splits < 1 || tiles > KILN__CONV_COUNTERS) splits = 1;
+  int64_t chunk = ((M + splits - 1) / splits + 63) / 64 * 64;
+  splits = (M + chunk - 1) / chunk;
+  kiln__operands o = {0};
+  int slot[3];
+  char pre[640];
+  conv_operands(n, dY, D, CO, &o, slot, pre, sizeof pre);
+  kiln__sb b = {0};
+  kiln__sb_printf(&b,
+                  "  constexpr int BN = %d, S = %d, M = %lld, K = %lld, CHUNK = %lld;\n"
+                  "  extern __shared__ __align__(1024) unsigned char kiln_smem[];\n"
+                  "  float d[BN / 2];\n"
+                  "  const int k0 = (int)blockIdx.x * 128, n0 = (int)blockIdx.y * BN;\n"
+                  "  const int p0 = (int)blockIdx.z * CHUNK, p1 = p0 + CHUNK < M ? p0 + CHUNK : M;\n"
+                  "  kiln_conv_wgrad<G, BN, S>((const kiln_bf16 *)a.ptr[%d], (const kiln_bf16 "
+                  "*)a.ptr[%d], k0, n0, p0, p1, kiln_smem, d);\n",
+                  BN, S, (long long)M, (long long)K, (long long)chunk, slot[0], slot[1]);
+  if (splits > 1)
+    kiln__sb_printf(&b,
+                    "  if (!kiln_conv_split_sum<BN>(d, (float *)a.ptr[%d], (unsigned *)a.ptr[%d]))\n"
+                    "    return;\n",
+                    o.n, o.n + 1);
+  store_tile(&b, slot[2], "k0", "n0", "K", "G::CO", true);
+  r->arg.args.n = M;
+  r->grid = (unsigned)((K + 127) / 128);
+  r->grid_y = (unsigned)((CO + BN - 1) / BN);
+  r->grid_z = (unsigned)splits;
+  r->ws_slot = splits > 1 ? o.n : 0;
+  return finish_wgmma(&b, "wgrad", n, pre, &o, BN, S, r);
+}
+
+bool kiln__render_conv(const kiln__target *t, const kiln__spec *s, kiln__rendered *r) {
+  switch (s->conv) {
+  case KILN__IMPLICIT_DGRAD: return render_dgrad(&s->prog, &s->gemm, r);
+  case KILN__IMPLICIT_FPROP: return render_fprop(s->red, &s->gemm, r);
+  case KILN__IMPLICIT_WGRAD: return render_wgrad(t, s->red, &s->gemm, r);
+  case KILN__IMPLICIT_NONE: break;
+  }
+  KILN_ASSERT(!"a convolution spec without its product");
+  return false;
 }

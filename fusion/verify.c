@@ -21,6 +21,8 @@ void kiln__plan_describe(const kiln_ctx *ctx, const kiln__plan *p, kiln__sb *out
                       nd->out && !p->store[j - p->first] ? "*" : "");
     }
     if (g->epi != KILN__EPI_NONE) kiln__sb_printf(out, " [%s]", kiln__epi_name(g->epi));
+    if (g->implicit == KILN__IMPLICIT_FPROP || g->implicit == KILN__IMPLICIT_WGRAD)
+      kiln__sb_printf(out, " [implicit %s]", g->implicit == KILN__IMPLICIT_FPROP ? "fprop" : "wgrad");
   }
   if (!out->s) kiln__sb_printf(out, "%s", "");
 }
@@ -156,10 +158,22 @@ static const char *check_group(const kiln_ctx *ctx, const kiln__plan *p, int k, 
     break;
   }
   case KILN__KIND_LIB: {
+    if (g->implicit == KILN__IMPLICIT_FPROP || g->implicit == KILN__IMPLICIT_WGRAD) {
+      /* im2col (not written) and the forward product it feeds, or a weight gradient alone */
+      bool fprop = g->implicit == KILN__IMPLICIT_FPROP;
+      int32_t c = g->window, mm = p->members[g->first + g->n - 1];
+      if (g->n != (fprop ? 2 : 1) || mm != g->node || nodes[mm].op != KILN__OP_MATMUL ||
+          c < p->first || c >= mm || nodes[c].op != KILN__OP_IM2COL ||
+          (fprop && (p->members[g->first] != c || p->claim[c - p->first] != mm)) ||
+          p->store[c - p->first] || !p->store[mm - p->first] ||
+          owner(ctx, p, nodes[mm].in[fprop ? 0 : 1]) != c)
+        return bad(why, n, "group %d: an implicit convolution product that is not im2col's", k);
+      break;
+    }
     /* an implicit product first: col2im's, which it claims */
-    int h = g->implicit ? 1 : 0;
+    int h = g->implicit == KILN__IMPLICIT_DGRAD ? 1 : 0;
     const kiln__node *head = &nodes[g->node];
-    if (g->implicit && (g->n < 2 || first->op != KILN__OP_MATMUL || head->op != KILN__OP_COL2IM ||
+    if (h && (g->n < 2 || first->op != KILN__OP_MATMUL || head->op != KILN__OP_COL2IM ||
                         p->members[g->first + 1] != g->node ||
                         p->claim[p->members[g->first] - p->first] != g->node ||
                         p->store[p->members[g->first] - p->first]))
@@ -242,8 +256,24 @@ const char *kiln__plan_verify(const kiln_ctx *ctx, const kiln__plan *p, char *wh
       if (go > gi)
         return bad(why, n, "node #%d (group %d) reads #%d of the later group %d", i, gi, o, go);
     }
-    /* a value read outside its group (or through a view), or kept, is written */
+    /* a value read outside its group (or through a view), or kept, is written; a claimed
+     * im2col's columns exist nowhere, and only implicit products of its image read them */
     if (!nd->out) continue;
+    if (nd->op == KILN__OP_IM2COL && c >= 0) {
+      for (int32_t j = i + 1; j < p->last; j++) {
+        const kiln__node *r = &nodes[j];
+        if (kiln__ops[r->op].kind == KILN__KIND_VIEW) continue;
+        int32_t gr = p->group_of[j - p->first];
+        for (int q = 0; q < r->nin; q++)
+          if (owner(ctx, p, r->in[q]) == i &&
+              (gr < 0 || (p->g[gr].implicit != KILN__IMPLICIT_FPROP &&
+                          p->g[gr].implicit != KILN__IMPLICIT_WGRAD) ||
+               p->g[gr].window != i))
+            return bad(why, n, "the columns of im2col #%d are read by #%d (%s), which does not "
+                       "gather them from the image", i, j, kiln__ops[r->op].name);
+      }
+      continue;
+    }
     bool stored = p->store[i - p->first];
     if (nd->out->keep && !stored) return bad(why, n, "node #%d is kept but not written", i);
     for (int32_t j = i + 1; j < p->last && !stored; j++) {

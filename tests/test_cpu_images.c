@@ -483,7 +483,7 @@ static bool plans_implicit(kiln_ctx *ctx, const char *what) {
   bool found = strstr(sb.s, "matmul* col2im") != NULL;
   int implicit = 0;
   for (int k = 0; k < p.ng; k++)
-    implicit += p.g[k].implicit;
+    implicit += p.g[k].implicit == KILN__IMPLICIT_DGRAD;
   cr_assert_eq(implicit, found, "%s: %d implicit groups in %s", what, implicit, sb.s);
   kiln__sb_free(&sb);
   kiln__plan_free(&p);
@@ -528,11 +528,112 @@ Test(images, conv_data_gradient_is_an_implicit_gemm_where_it_pays) {
     cr_assert_eq(plans_implicit(ctx, cases[i].what), cases[i].implicit, "%s", cases[i].what);
     kiln__plan unfused = checked_plan(ctx, false, cases[i].what);
     for (int k = 0; k < unfused.ng; k++)
-      cr_assert(!unfused.g[k].implicit, "%s: an implicit group with fusion off", cases[i].what);
+      cr_assert(unfused.g[k].implicit == KILN__IMPLICIT_NONE,
+                "%s: an implicit group with fusion off", cases[i].what);
     kiln__plan_free(&unfused);
     cr_assert_eq(kiln__engine_compile(ctx, ctx->trace.done, ctx->trace.n), KILN_OK, "%s: %s",
                  cases[i].what, th_err(ctx));
   }
+  th_free_scratch();
+  th_ctx_free(ctx);
+}
+
+/* How many groups of the fused plan of the pending nodes compute a convolution's product of the
+ * given kind as an implicit GEMM; the plan verifies. */
+static int implicit_groups(kiln_ctx *ctx, kiln__implicit kind, const char *what) {
+  kiln__plan p = checked_plan(ctx, true, what);
+  int found = 0;
+  for (int k = 0; k < p.ng; k++)
+    found += p.g[k].implicit == kind;
+  kiln__plan_free(&p);
+  return found;
+}
+
+/* A bf16 convolution with few output channels (at most 64, a multiple of 8; input channels a
+ * multiple of 8; one group) computes its forward product and its weight gradient as implicit
+ * GEMMs (fusion/device/conv.cuh) on sm_90: im2col joins the forward product's group and is never
+ * written, the weight gradient gathers its columns from the image. Both render and compile for
+ * sm_90a (NVRTC, no GPU). The columns stay where the products cannot gather them: f32, more
+ * output channels, channel counts off the 16-byte chunks, groups, fusion off, a forward pass
+ * whose weight gradient is not in the flush, a device other than sm_90. */
+Test(images, conv_forward_and_weight_gradient_are_implicit_gemms_where_they_pay) {
+  kiln_ctx *ctx = th_cpu_ctx();
+  struct {
+    const char *what;
+    int64_t cin, cout, groups;
+    int bf16, backward, arch;
+    int fprop, wgrad;
+  } cases[] = {
+      {"24->64 bf16, forward and backward", 24, 64, 1, 1, 1, 90, 1, 1},
+      {"8->40 bf16, forward and backward", 8, 40, 1, 1, 1, 90, 1, 1},
+      {"24->64 bf16, forward alone (no gradient)", 24, 64, 1, 1, 0, 90, 1, 0},
+      {"24->64 f32", 24, 64, 1, 0, 1, 90, 0, 0},
+      {"24->128 bf16", 24, 128, 1, 1, 1, 90, 0, 0},
+      {"12->64 bf16 (12 input channels)", 12, 64, 1, 1, 1, 90, 0, 0},
+      {"24->36 bf16 (36 output channels)", 24, 36, 1, 1, 1, 90, 0, 0},
+      {"32->64 bf16 groups 2", 32, 64, 2, 1, 1, 90, 0, 0},
+      {"24->64 bf16 on sm_80", 24, 64, 1, 1, 1, 80, 0, 0},
+  };
+  int arch = ctx->arch;
+  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+    ctx->arch = cases[i].arch;
+    kiln_step_begin(ctx);
+    kiln_tensor *x = th_param(ctx, KILN_SHAPE(2, 9, 7, cases[i].cin));
+    kiln_tensor *w = th_param(ctx, KILN_SHAPE(cases[i].cout, cases[i].cin / cases[i].groups, 3, 3));
+    kiln_conv2d_options o = {.pad_h = 1, .pad_w = 1, .groups = (int)cases[i].groups};
+    if (!cases[i].backward) kiln_no_grad_begin(ctx);
+    if (cases[i].bf16) kiln_autocast_begin(ctx, KILN_DTYPE_BF16);
+    kiln_tensor *y = kiln_conv2d(kiln_relu(x), w, NULL, &o);
+    if (cases[i].bf16) kiln_autocast_end(ctx);
+    cr_assert_not_null(y, "%s: %s", cases[i].what, th_err(ctx));
+    kiln_tensor *loss = kiln_cast(kiln_sum(y, KILN_ALL_AXES, 0), KILN_DTYPE_F32);
+    if (!cases[i].backward) kiln_no_grad_end(ctx);
+    if (cases[i].backward)
+      cr_assert_eq(kiln_backward(loss), KILN_OK, "%s: %s", cases[i].what, th_err(ctx));
+    int f = implicit_groups(ctx, KILN__IMPLICIT_FPROP, cases[i].what),
+        wg = implicit_groups(ctx, KILN__IMPLICIT_WGRAD, cases[i].what);
+    cr_assert_eq(f, cases[i].fprop, "%s: %d implicit forward products", cases[i].what, f);
+    cr_assert_eq(wg, cases[i].wgrad, "%s: %d implicit weight gradients", cases[i].what, wg);
+    kiln__plan unfused = checked_plan(ctx, false, cases[i].what);
+    for (int k = 0; k < unfused.ng; k++)
+      cr_assert(unfused.g[k].implicit == KILN__IMPLICIT_NONE,
+                "%s: an implicit group with fusion off", cases[i].what);
+    kiln__plan_free(&unfused);
+    if (cases[i].arch == arch)
+      cr_assert_eq(kiln__engine_compile(ctx, ctx->trace.done, ctx->trace.n), KILN_OK, "%s: %s",
+                   cases[i].what, th_err(ctx));
+  }
+  ctx->arch = arch;
+  th_free_scratch();
+  th_ctx_free(ctx);
+}
+
+/* Only the implicit products read the columns of the im2col they claim: a plan in which another
+ * node reads them is refused by the verifier. */
+Test(images, an_implicit_forward_product_keeps_its_columns_to_itself) {
+  kiln_ctx *ctx = th_cpu_ctx();
+  kiln_step_begin(ctx);
+  kiln_tensor *x = th_param(ctx, KILN_SHAPE(2, 9, 7, 24));
+  kiln_tensor *w = th_param(ctx, KILN_SHAPE(64, 24, 3, 3));
+  kiln_conv2d_options o = {.pad_h = 1, .pad_w = 1};
+  kiln_autocast_begin(ctx, KILN_DTYPE_BF16);
+  kiln_tensor *y = kiln_conv2d(x, w, NULL, &o);
+  kiln_autocast_end(ctx);
+  cr_assert_eq(kiln_backward(kiln_cast(kiln_sum(y, KILN_ALL_AXES, 0), KILN_DTYPE_F32)), KILN_OK,
+               "%s", th_err(ctx));
+  kiln__plan p = checked_plan(ctx, true, "24->64 bf16");
+  int32_t c = -1;
+  for (int k = 0; k < p.ng; k++)
+    if (p.g[k].implicit == KILN__IMPLICIT_WGRAD) c = p.g[k].window;
+  cr_assert_geq(c, 0, "no implicit weight gradient");
+  /* pretend the weight gradient is an ordinary product: it then reads columns nobody wrote */
+  for (int k = 0; k < p.ng; k++)
+    if (p.g[k].implicit == KILN__IMPLICIT_WGRAD) p.g[k].implicit = KILN__IMPLICIT_NONE;
+  char why[512];
+  const char *bad = kiln__plan_verify(ctx, &p, why, sizeof why);
+  cr_assert_not_null(bad, "the verifier accepted columns read outside the implicit products");
+  cr_assert(strstr(bad, "columns of im2col") != NULL, "%s", bad);
+  kiln__plan_free(&p);
   th_free_scratch();
   th_ctx_free(ctx);
 }

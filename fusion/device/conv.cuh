@@ -1,0 +1,249 @@
+/*
+ * conv.cuh: a convolution's forward product and weight gradient as implicit GEMMs on Hopper's
+ * warpgroup MMA (wgmma.cuh; bf16 operands, f32 accumulators, sm_90a). No column matrix exists:
+ * each stage gathers its tile of im2col(X) from the image with 16-byte cp.async copies, whose
+ * zero fill is the padding.
+ *
+ * X is (N, H, W, CI), Y and dY (N, OH, OW, CO), the filters Wk (CO, K) with column
+ * k = (i KW + j) CI + c of tap (i, j) (im2col's order), K = KH KW CI, M = N OH OW pixels:
+ *   forward:         Y (M, CO)  = im2col(X) (M, K)  Wk^T (K, CO)
+ *   weight gradient: dWt (K, CO) = im2col(X)^T (K, M) dY (M, CO)
+ * CI and CO are multiples of 8, so a 16-byte chunk of a column lies in one tap. G is a struct
+ * of constants the generated kernel defines (N, H, W, CI, OH, OW, CO, KH, KW, SH, SW, PH, PW, DH,
+ * DW), so every division is by a constant; every index fits in an int (the planner checks).
+ *
+ * A block is two warpgroups (256 threads) over 128 rows of the result (warpgroup w: rows 64 w
+ * to 64 w + 63) and BN columns, each stage 64 deep in the reduction, S stages in dynamic shared
+ * memory (kiln_conv_smem), the loads running S - 2 stages ahead: the stage a load fills was last
+ * read by the products two stages back, which every warpgroup has waited for before the barrier
+ * that precedes the load. Accumulator d[4 j + e] of a thread is row 64 (warp / 4) + 16 (warp % 4)
+ * + lane / 4 + 8 (e / 2), column 8 j + 2 (lane % 4) + e % 2 of the block's tile.
+ */
+#ifndef KILN_CONV_CUH
+#define KILN_CONV_CUH
+
+#include "bf16.cuh"
+#include "defs.cuh"
+#include "mma.cuh"
+#include "wgmma.cuh"
+
+/* Dynamic shared memory of a block with S stages of 128 + BN rows of 128 bytes, and 1024 bytes
+ * to align it. */
+#define KILN_CONV_SMEM(BN, S) ((S) * (128 + (BN)) * 128 + 1024)
+
+/* Byte offset of 16-byte chunk c of row r in a 128-byte-swizzled tile. */
+KILN__FN int kiln_sw128(int r, int c) { return r * 128 + ((c ^ (r & 7)) << 4); }
+
+/* An output pixel's image offset (n H W CI) and window origin; ih below any row past the end. */
+struct kiln_conv_px {
+  int base, ih, iw;
+};
+
+template <class G> KILN__FN kiln_conv_px kiln_conv_pixel(int m) {
+  constexpr int M = G::N * G::OH * G::OW;
+  kiln_conv_px p;
+  if (m >= M) {
+    p.base = 0, p.ih = -(1 << 29), p.iw = 0;
+    return p;
+  }
+  const int ow = m % G::OW, r = m / G::OW, oh = r % G::OH, n = r / G::OH;
+  p.base = n * G::H * G::W * G::CI;
+  p.ih = oh * G::SH - G::PH;
+  p.iw = ow * G::SW - G::PW;
+  return p;
+}
+
+/* The forward product of pixels [m0, m0 + 128) and channels [n0, n0 + BN). */
+template <class G, int BN, int S>
+KILN__FN void kiln_conv_fprop(const kiln_bf16 *__restrict__ x, const kiln_bf16 *__restrict__ wk,
+                              int m0, int n0, unsigned char *smem, float (&d)[BN / 2]) {
+  constexpr int BM = 128, NT = 256, K = G::KH * G::KW * G::CI, KT = (K + 63) / 64;
+  constexpr int AP = BM * 8 / NT, BP = BN * 8 / NT, ROWS = NT / 8; /* chunks a thread copies */
+  constexpr int STAGE = (BM + BN) * 128;
+  static_assert(G::CI % 8 == 0 && G::CO % 8 == 0 && S >= 3 && BN % 64 == 0 && BN <= 256,
+                "kiln_conv_fprop");
+  unsigned char *base = (unsigned char *)(((unsigned long long)smem + 1023) & ~1023ull);
+  const int tid = threadIdx.x, wg = tid >> 7, chunk = tid & 7, row = tid >> 3;
+  kiln_conv_px px[AP];
+#pragma unroll
+  for (int s = 0; s < AP; s++)
+    px[s] = kiln_conv_pixel<G>(m0 + row + s * ROWS);
+  auto load = [&](int kt, int st) {
+    unsigned char *As = base + st * STAGE, *Bs = As + BM * 128;
+    const int k = kt * 64 + chunk * 8, tap = k / G::CI, c = k - tap * G::CI;
+    const int di = (tap / G::KW) * G::DH, dj = (tap % G::KW) * G::DW;
+#pragma unroll
+    for (int s = 0; s < AP; s++) {
+      const int ih = px[s].ih + di, iw = px[s].iw + dj;
+      const bool ok = k < K && ih >= 0 && ih < G::H && iw >= 0 && iw < G::W;
+      kiln_cp16(As + kiln_sw128(row + s * ROWS, chunk),
+                ok ? x + px[s].base + (ih * G::W + iw) * G::CI + c : x, ok);
+    }
+#pragma unroll
+    for (int s = 0; s < BP; s++) {
+      const int co = n0 + row + s * ROWS;
+      const bool ok = co < G::CO && k < K;
+      kiln_cp16(Bs + kiln_sw128(row + s * ROWS, chunk), ok ? wk + co * K + k : wk, ok);
+    }
+  };
+#pragma unroll
+  for (int i = 0; i < BN / 2; i++)
+    d[i] = 0.f;
+#pragma unroll
+  for (int s = 0; s < S - 2; s++) {
+    if (s < KT) load(s, s);
+    kiln_cp_commit();
+  }
+  for (int kt = 0; kt < KT; kt++) {
+    kiln_cp_wait<S - 3>();
+    kiln_fence_async_smem();
+    __syncthreads();
+    if (kt + S - 2 < KT) load(kt + S - 2, (kt + S - 2) % S);
+    kiln_cp_commit();
+    const unsigned char *a = base + (kt % S) * STAGE + wg * 64 * 128, *b = base + (kt % S) * STAGE +
+                                                                          BM * 128;
+    kiln_wg_pin(d);
+    kiln_wg_fence();
+#pragma unroll
+    for (int ks = 0; ks < 4; ks++) /* 16 of the reduction: 32 bytes along the rows */
+      kiln_wgmma<BN, 0, 0>(d, kiln_wg_desc<16, 1024>(a + ks * 32),
+                           kiln_wg_desc<16, 1024>(b + ks * 32));
+    kiln_wg_commit();
+    kiln_wg_wait<1>(); /* this stage's products may run on; the previous stage's are done */
+    kiln_wg_pin(d);
+  }
+  kiln_wg_wait<0>();
+  kiln_wg_pin(d);
+  kiln_cp_wait<0>();
+}
+
+/* The weight gradient's partial sum over pixels [p0, p1) for rows [k0, k0 + 128) of dWt and
+ * columns [n0, n0 + BN). Both operands are MN-major: a stage is 64 pixel rows of 128 bytes in
+ * panels of 64 columns (two panels of im2col(X)'s columns, BN / 64 of dY's), chunk c of pixel
+ * row p at c ^ (p % 8). */
+template <class G, int BN, int S>
+KILN__FN void kiln_conv_wgrad(const kiln_bf16 *__restrict__ x, const kiln_bf16 *__restrict__ dy,
+                              int k0, int n0, int p0, int p1, unsigned char *smem,
+                              float (&d)[BN / 2]) {
+  constexpr int K = G::KH * G::KW * G::CI, NT = 256, BK = 64, PA = 2, PB = BN / 64;
+  constexpr int STAGE = (PA + PB) * 8192, CB = BN / 8, RB = NT / CB; /* dY: chunks a row, rows */
+  static_assert(G::CI % 8 == 0 && G::CO % 8 == 0 && S >= 3 && BN % 64 == 0 && BN <= 256,
+                "kiln_conv_wgrad");
+  unsigned char *base = (unsigned char *)(((unsigned long long)smem + 1023) & ~1023ull);
+  const int tid = threadIdx.x, wg = tid >> 7;
+  /* this thread's chunk q of im2col(X)'s 16 a row: one tap and 8 channels, every stage */
+  const int q = tid & 15, ka = k0 + q * 8, tap = ka / G::CI, ch = ka - tap * G::CI;
+  const int ta = (tap / G::KW) * G::DH - G::PH, tb = (tap % G::KW) * G::DW - G::PW;
+  const bool kok = ka < K;
+  const int qb = tid % CB, cb = n0 + qb * 8;
+  const bool cok = cb < G::CO;
+  const int KT = (p1 - p0 + BK - 1) / BK;
+  /* the output pixel of each of this thread's 4 rows of im2col(X), advanced by a stage's 64
+   * pixels after each load: a carry, not a division */
+  constexpr int PIX = G::OH * G::OW, DN = BK / PIX, DOH = BK % PIX / G::OW, DOW = BK % G::OW;
+  int pn[4], poh[4], pw[4], pp[4];
+#pragma unroll
+  for (int s = 0; s < 4; s++) {
+    pp[s] = p0 + (tid >> 4) + 16 * s;
+    pn[s] = pp[s] / PIX;
+    poh[s] = pp[s] % PIX / G::OW;
+    pw[s] = pp[s] % G::OW;
+  }
+  int pb = p0; /* the stage's first pixel (dY's rows) */
+  auto load = [&](int st) {
+    unsigned char *As = base + st * STAGE, *Bs = As + PA * 8192;
+#pragma unroll
+    for (int s = 0; s < 4; s++) {
+      const int ih = poh[s] * G::SH + ta, iw = pw[s] * G::SW + tb;
+      const bool ok = kok && pp[s] < p1 && ih >= 0 && ih < G::H && iw >= 0 && iw < G::W;
+      kiln_cp16(As + (q >> 3) * 8192 + kiln_sw128((tid >> 4) + 16 * s, q & 7),
+                ok ? x + ((pn[s] * G::H + ih) * G::W + iw) * G::CI + ch : x, ok);
+      pp[s] += BK;
+      pw[s] += DOW;
+      const bool c1 = pw[s] >= G::OW;
+      pw[s] -= c1 ? G::OW : 0;
+      poh[s] += DOH + c1;
+      const bool c2 = poh[s] >= G::OH;
+      poh[s] -= c2 ? G::OH : 0;
+      pn[s] += DN + c2;
+    }
+#pragma unroll
+    for (int s = 0; s < BK / RB; s++) {
+      const int r = tid / CB + RB * s, p = pb + r;
+      const bool ok = cok && p < p1;
+      kiln_cp16(Bs + (qb >> 3) * 8192 + kiln_sw128(r, qb & 7), ok ? dy + p * G::CO + cb : dy, ok);
+    }
+    pb += BK;
+  };
+#pragma unroll
+  for (int i = 0; i < BN / 2; i++)
+    d[i] = 0.f;
+#pragma unroll
+  for (int s = 0; s < S - 2; s++) {
+    if (s < KT) load(s);
+    kiln_cp_commit();
+  }
+  for (int kt = 0; kt < KT; kt++) {
+    kiln_cp_wait<S - 3>();
+    kiln_fence_async_smem();
+    __syncthreads();
+    if (kt + S - 2 < KT) load((kt + S - 2) % S);
+    kiln_cp_commit();
+    const unsigned char *a = base + (kt % S) * STAGE + wg * 8192, *b = base + (kt % S) * STAGE +
+                                                                        PA * 8192;
+    kiln_wg_pin(d);
+    kiln_wg_fence();
+#pragma unroll
+    for (int ks = 0; ks < BK / 16; ks++) /* 16 pixels: 16 rows of 128 bytes */
+      kiln_wgmma<BN, 1, 1>(d, kiln_wg_desc<8192, 1024>(a + ks * 2048),
+                           kiln_wg_desc<8192, 1024>(b + ks * 2048));
+    kiln_wg_commit();
+    kiln_wg_wait<1>();
+    kiln_wg_pin(d);
+  }
+  kiln_wg_wait<0>();
+  kiln_wg_pin(d);
+  kiln_cp_wait<0>();
+}
+
+/* Split-K inside the kernel: with gridDim.z > 1 splits, each block writes its partial tile to
+ * part (gridDim.x gridDim.y gridDim.z tiles of 128 x BN floats) and counts itself in on its
+ * tile's counter in cnt; the last block of a tile gets true back with d the sum of the partials
+ * in split order (the same sum whichever block comes last) and resets the counter, so that every
+ * launch finds the counters zero. The others get false. */
+template <int BN> KILN__FN bool kiln_conv_split_sum(float (&d)[BN / 2], float *part, unsigned *cnt) {
+  const int splits = gridDim.z, tile = blockIdx.x + gridDim.x * blockIdx.y;
+  if (splits == 1) return true;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int r0 = 64 * (warp >> 2) + 16 * (warp & 3) + (lane >> 2), c0 = 2 * (lane & 3);
+  float *all = part + (long long)tile * splits * 128 * BN, *mine = all + blockIdx.z * 128 * BN;
+#pragma unroll
+  for (int j = 0; j < BN / 8; j++)
+#pragma unroll
+    for (int h = 0; h < 2; h++)
+      *(float2 *)&mine[(r0 + 8 * h) * BN + 8 * j + c0] =
+          make_float2(d[4 * j + 2 * h], d[4 * j + 2 * h + 1]);
+  __threadfence();
+  __syncthreads();
+  __shared__ unsigned last;
+  if (threadIdx.x == 0) last = atomicAdd(&cnt[tile], 1u) == (unsigned)splits - 1;
+  __syncthreads();
+  if (!last) return false;
+  __threadfence();
+#pragma unroll
+  for (int j = 0; j < BN / 8; j++)
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+      float2 s = make_float2(0.f, 0.f);
+      for (int z = 0; z < splits; z++) {
+        const float2 v =
+            __ldcg((const float2 *)&all[z * 128 * BN + (r0 + 8 * h) * BN + 8 * j + c0]);
+        s.x += v.x, s.y += v.y;
+      }
+      d[4 * j + 2 * h] = s.x, d[4 * j + 2 * h + 1] = s.y;
+    }
+  if (threadIdx.x == 0) cnt[tile] = 0;
+  return true;
+}
+
+#endif
