@@ -1,7 +1,8 @@
 /*
- * conv.cuh (an experiment of dev/conv_engine, not part of the library): a convolution's forward
- * product and its weight gradient as implicit GEMMs on tensor cores (bf16 operands, f32
- * accumulators, mma.sync m16n8k16 with ldmatrix, multi-stage cp.async pipelines, sm_80 and newer).
+ * conv.cuh (an experiment of dev/conv_engine, not part of the library, in namespace lab): a
+ * convolution's forward product and its weight gradient as implicit GEMMs on tensor cores (bf16
+ * operands, f32 accumulators, mma.sync m16n8k16 with ldmatrix, multi-stage cp.async pipelines,
+ * sm_80 and newer): the sm_80 path the library does not have yet.
  * No column matrix exists: the tiles of im2col(X) are gathered from the image as they are needed,
  * cp.async's zero fill giving the padding.
  *
@@ -18,10 +19,12 @@
  * Shared tiles are rows of 16-byte chunks whose index is XORed with the row (a swizzle), so that
  * the eight rows an ldmatrix reads fall in distinct banks.
  */
-#ifndef KILN_CONV_CUH
-#define KILN_CONV_CUH
+#ifndef KILN_LAB_CONV_CUH
+#define KILN_LAB_CONV_CUH
 
 #include "../../fusion/device/mma.cuh"
+
+namespace lab { /* apart from the library's conv.cuh, which the lab includes too */
 
 /* A tile config and the fragment counts it implies. */
 template <int BM_, int BN_, int WM_, int WN_, int STAGES_> struct kiln_conv_tile {
@@ -242,5 +245,7 @@ KILN__FN void kiln_conv_wgrad(const kiln_bf16 *__restrict__ x, const kiln_bf16 *
   }
   kiln_cp_wait<0>();
 }
+
+} // namespace lab
 
 #endif

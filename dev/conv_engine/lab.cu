@@ -1,40 +1,27 @@
-// lab.cu: the implicit-GEMM forward product and weight gradient of conv.cuh (mma.sync) and the
-// forward product of wgmma.cuh (Hopper's wgmma) on the
-// air workload's convolutions (bf16, batch 1024), each tile config timed, and each checked
-// against a float64-accumulating reference on a batch of 8 (the same kernels, the same
-// geometry). The weight gradient splits the pixels over blockIdx.z; a second kernel sums the
-// splits in order (deterministic).
+// lab.cu: on the air workload's convolutions (bf16, batch 1024), each tile config timed and
+// checked against a float64-accumulating reference on a batch of 8 (the same kernels, the same
+// geometry):
+//   - the mma.sync forward product and weight gradient of this folder's conv.cuh (sm_80 and
+//     newer; the weight gradient's splits summed by a second kernel, in order);
+//   - the library's wgmma forward product and weight gradient (fusion/device/conv.cuh, sm_90a;
+//     the weight gradient's splits summed inside the kernel);
+//   - kiln's path before them: an im2col kernel and cuBLAS (cublasGemmEx) on the columns.
 //
-//   nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -o lab dev/conv_engine/lab.cu
-//   ./lab [wgmma]
+//   nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -o lab dev/conv_engine/lab.cu -lcublas
+//   ./lab            the mma.sync and wgmma configs
+//   ./lab wgmma      the wgmma forward configs alone
+//   ./lab wgrad      im2col + cuBLAS, the best wgmma forward configs, every wgmma weight gradient
+//   ./lab dw         the wgmma weight gradients alone
 //
 // Prints one line per shape, product and config: us (median of 15 timings of 10 launches each),
 // TFLOP/s (2 M N K), and the largest error against the reference relative to the largest |ref|.
-#include <algorithm>
-#include <cmath>
-#include <cstdio>
-#include <cstdlib>
-#include <cstring>
-#include <vector>
 
-#include "wgmma.cuh"
+#include <cublas_v2.h>
 
-#define CK(x)                                                                                      \
-  do {                                                                                             \
-    cudaError_t e = (x);                                                                           \
-    if (e != cudaSuccess) {                                                                        \
-      fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__, cudaGetErrorString(e));                   \
-      exit(1);                                                                                     \
-    }                                                                                              \
-  } while (0)
+#include "lab_util.h"
 
-template <int N_, int H_, int CI_, int CO_, int K_, int P_> struct Shape {
-  static constexpr int N = N_, H = H_, W = H_, CI = CI_, CO = CO_, KH = K_, KW = K_;
-  static constexpr int SH = 1, SW = 1, PH = P_, PW = P_, DH = 1, DW = 1;
-  static constexpr int OH = H + 2 * P_ - K_ + 1, OW = OH;
-  static constexpr long long M = (long long)N * OH * OW;
-  static constexpr int K = KH * KW * CI;
-};
+#include "../../fusion/device/conv.cuh" /* the library's wgmma products */
+#include "conv.cuh"                     /* the mma.sync experiments (namespace lab) */
 
 template <class G, class T>
 __global__ void __launch_bounds__(T::THREADS)
@@ -42,7 +29,7 @@ __global__ void __launch_bounds__(T::THREADS)
   float acc[T::MI][T::NI][4];
   const long long m0 = (long long)blockIdx.x * T::BM;
   const int n0 = blockIdx.y * T::BN;
-  kiln_conv_fprop<G, T>(x, wk, m0, n0, acc);
+  lab::kiln_conv_fprop<G, T>(x, wk, m0, n0, acc);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int wr = (warp / T::WN) * (T::BM / T::WM), wc = (warp % T::WN) * (T::BN / T::WN);
 #pragma unroll
@@ -66,7 +53,7 @@ __global__ void __launch_bounds__(256)
   float d[BN / 2];
   const long long m0 = (long long)blockIdx.x * 128;
   const int n0 = blockIdx.y * BN;
-  kiln_conv_fprop_wg<G, BN, S>(x, wk, m0, n0, smem, d);
+  kiln_conv_fprop<G, BN, S>(x, wk, (int)m0, n0, smem, d);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const long long r = m0 + 64 * (warp >> 2) + 16 * (warp & 3) + (lane >> 2);
 #pragma unroll
@@ -86,7 +73,7 @@ __global__ void __launch_bounds__(T::THREADS)
   float acc[T::MI][T::NI][4];
   const int k0 = blockIdx.x * T::BM, n0 = blockIdx.y * T::BN;
   const long long p0 = (long long)blockIdx.z * chunk;
-  kiln_conv_wgrad<G, T>(x, dy, k0, n0, p0, p0 + chunk, acc);
+  lab::kiln_conv_wgrad<G, T>(x, dy, k0, n0, p0, p0 + chunk, acc);
   float *out = part + (long long)blockIdx.z * G::K * G::CO;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int wr = (warp / T::WN) * (T::BM / T::WM), wc = (warp % T::WN) * (T::BN / T::WN);
@@ -111,101 +98,6 @@ __global__ void sum_splits(const float *part, int splits, int n, kiln_bf16 *out)
       s += part[(long long)z * n + i];
     out[i] = (kiln_bf16)s;
   }
-}
-
-template <class G> __global__ void ref_fprop(const kiln_bf16 *x, const kiln_bf16 *wk, float *y) {
-  long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-  if (i >= G::M * G::CO) return;
-  const int co = (int)(i % G::CO);
-  const long long m = i / G::CO;
-  const int ow = (int)(m % G::OW), oh = (int)(m / G::OW % G::OH);
-  const long long n = m / G::OW / G::OH;
-  double s = 0;
-  for (int a = 0; a < G::KH; a++)
-    for (int b = 0; b < G::KW; b++) {
-      const int ih = oh - G::PH + a, iw = ow - G::PW + b;
-      if (ih < 0 || ih >= G::H || iw < 0 || iw >= G::W) continue;
-      for (int c = 0; c < G::CI; c++)
-        s += (double)(float)x[((n * G::H + ih) * G::W + iw) * G::CI + c] *
-             (double)(float)wk[(long long)co * G::K + (a * G::KW + b) * G::CI + c];
-    }
-  y[i] = (float)s;
-}
-
-template <class G> __global__ void ref_wgrad(const kiln_bf16 *x, const kiln_bf16 *dy, float *dwt) {
-  int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i >= G::K * G::CO) return;
-  const int co = i % G::CO, k = i / G::CO;
-  const int tap = k / G::CI, c = k % G::CI, a = tap / G::KW, b = tap % G::KW;
-  double s = 0;
-  for (long long m = 0; m < G::M; m++) {
-    const int ow = (int)(m % G::OW), oh = (int)(m / G::OW % G::OH);
-    const long long n = m / G::OW / G::OH;
-    const int ih = oh - G::PH + a, iw = ow - G::PW + b;
-    if (ih < 0 || ih >= G::H || iw < 0 || iw >= G::W) continue;
-    s += (double)(float)x[((n * G::H + ih) * G::W + iw) * G::CI + c] *
-         (double)(float)dy[m * G::CO + co];
-  }
-  dwt[i] = (float)s;
-}
-
-static kiln_bf16 *random_bf16(size_t n, float scale, unsigned seed) {
-  std::vector<unsigned short> h(n);
-  unsigned s = seed;
-  for (size_t i = 0; i < n; i++) {
-    s = s * 1664525u + 1013904223u;
-    float f = ((s >> 8) * (1.f / 16777216.f) * 2.f - 1.f) * scale;
-    unsigned u;
-    memcpy(&u, &f, 4);
-    h[i] = (unsigned short)((u + 0x7fff + ((u >> 16) & 1)) >> 16);
-  }
-  kiln_bf16 *d;
-  CK(cudaMalloc(&d, n * 2));
-  CK(cudaMemcpy(d, h.data(), n * 2, cudaMemcpyHostToDevice));
-  return d;
-}
-
-static float bf16_to_f(unsigned short b) {
-  unsigned u = (unsigned)b << 16;
-  float f;
-  memcpy(&f, &u, 4);
-  return f;
-}
-
-/* max |a - ref| / max |ref|: a bf16 on the device, ref f32 on the device */
-static double rel_err(const kiln_bf16 *a, const float *ref, size_t n) {
-  std::vector<unsigned short> ha(n);
-  std::vector<float> hr(n);
-  CK(cudaMemcpy(ha.data(), a, n * 2, cudaMemcpyDeviceToHost));
-  CK(cudaMemcpy(hr.data(), ref, n * 4, cudaMemcpyDeviceToHost));
-  double md = 0, mr = 0;
-  for (size_t i = 0; i < n; i++) {
-    md = std::max(md, (double)std::fabs(bf16_to_f(ha[i]) - hr[i]));
-    mr = std::max(mr, (double)std::fabs(hr[i]));
-  }
-  return mr > 0 ? md / mr : md;
-}
-
-template <class F> static float time_us(F launch) {
-  cudaEvent_t e0, e1;
-  CK(cudaEventCreate(&e0));
-  CK(cudaEventCreate(&e1));
-  for (int i = 0; i < 3; i++)
-    launch();
-  std::vector<float> t;
-  for (int r = 0; r < 15; r++) {
-    CK(cudaEventRecord(e0));
-    for (int i = 0; i < 10; i++)
-      launch();
-    CK(cudaEventRecord(e1));
-    CK(cudaEventSynchronize(e1));
-    float ms;
-    CK(cudaEventElapsedTime(&ms, e0, e1));
-    t.push_back(ms * 100.f);
-  }
-  CK(cudaGetLastError());
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
 }
 
 /* One forward config on shape G (timed at G's batch) and GC (checked at batch 8). */
@@ -237,7 +129,7 @@ template <class G, class GC, class T> static void run_fprop(const char *name, co
 
 /* The wgmma forward, checked at batch 8 and timed at G's batch. */
 template <class G, class GC, int BN, int S> static void run_fprop_wg(const char *name) {
-  constexpr int smem = kiln_wg_smem<BN, S>();
+  constexpr int smem = KILN_CONV_SMEM(BN, S);
   CK(cudaFuncSetAttribute(fprop_wg<G, BN, S>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   CK(cudaFuncSetAttribute(fprop_wg<GC, BN, S>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   double err;
@@ -262,6 +154,47 @@ template <class G, class GC, int BN, int S> static void run_fprop_wg(const char 
   double tf = 2.0 * G::M * G::CO * G::K / (us * 1e-6) / 1e12;
   printf("| %s | fwd | wgmma 128x%d, %d stages | %.1f | %.1f | %.1e |\n", name, BN, S, us, tf, err);
   cudaFree(x), cudaFree(wk), cudaFree(y);
+}
+
+
+template <class G, int BN, int S>
+__global__ void __launch_bounds__(256)
+    wgrad_wg(const kiln_bf16 *x, const kiln_bf16 *dy, kiln_bf16 *dwt, float *part, unsigned *cnt,
+             int chunk) {
+  extern __shared__ unsigned char smem[];
+  float d[BN / 2];
+  const int k0 = blockIdx.x * 128, n0 = blockIdx.y * BN;
+  const int p0 = blockIdx.z * chunk, p1 = p0 + chunk < G::M ? p0 + chunk : (int)G::M;
+  kiln_conv_wgrad<G, BN, S>(x, dy, k0, n0, p0, p1, smem, d);
+  if (!kiln_conv_split_sum<BN>(d, part, cnt)) return;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int r0 = 64 * (warp >> 2) + 16 * (warp & 3) + (lane >> 2);
+#pragma unroll
+  for (int j = 0; j < BN / 8; j++)
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+      const int k = k0 + r0 + 8 * h, c = n0 + 8 * j + 2 * (lane & 3);
+      if (k < G::K && c < G::CO)
+        *(unsigned *)&dwt[(long long)k * G::CO + c] =
+            kiln_bf16x2_bits(d[4 * j + 2 * h], d[4 * j + 2 * h + 1]);
+    }
+}
+
+/* kiln's path today, for comparison: im2col into a column matrix (16 bytes a thread), then
+ * cuBLAS. */
+template <class G> __global__ void im2col(const kiln_bf16 *x, kiln_bf16 *cols) {
+  const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; /* chunk of 8 */
+  if (i >= G::M * (G::K / 8)) return;
+  const int k = (int)(i % (G::K / 8)) * 8;
+  const long long m = i / (G::K / 8);
+  const int tap = k / G::CI, c = k % G::CI;
+  const int ow = (int)(m % G::OW), oh = (int)(m / G::OW % G::OH);
+  const long long n = m / G::OW / G::OH;
+  const int ih = oh - G::PH + tap / G::KW, iw = ow - G::PW + tap % G::KW;
+  uint4 v = make_uint4(0, 0, 0, 0);
+  if (ih >= 0 && ih < G::H && iw >= 0 && iw < G::W)
+    v = *(const uint4 *)&x[((n * G::H + ih) * G::W + iw) * G::CI + c];
+  *(uint4 *)&cols[m * G::K + k] = v;
 }
 
 template <class G, class T> static long long wgrad_chunk(int splits) {
@@ -308,16 +241,105 @@ static void run_wgrad(const char *name, const char *cfg, int splits) {
   cudaFree(x), cudaFree(dy), cudaFree(out), cudaFree(part);
 }
 
-typedef kiln_conv_tile<128, 128, 2, 4, 3> T128x128;
-typedef kiln_conv_tile<128, 64, 4, 2, 4> T128x64;
-typedef kiln_conv_tile<64, 128, 2, 4, 4> T64x128;
-typedef kiln_conv_tile<64, 64, 2, 2, 4> T64x64;
+typedef lab::kiln_conv_tile<128, 128, 2, 4, 3> T128x128;
+typedef lab::kiln_conv_tile<128, 64, 4, 2, 4> T128x64;
+typedef lab::kiln_conv_tile<64, 128, 2, 4, 4> T64x128;
+typedef lab::kiln_conv_tile<64, 64, 2, 2, 4> T64x64;
 
-template <int N> using A1 = Shape<N, 31, 24, 64, 3, 1>;
-template <int N> using B1 = Shape<N, 15, 64, 64, 3, 1>;
-template <int N> using B2 = Shape<N, 15, 64, 256, 3, 1>;
-template <int N> using C1 = Shape<N, 7, 256, 256, 3, 1>;
-template <int N> using D1 = Shape<N, 3, 256, 256, 3, 1>;
+
+/* The library's wgmma weight gradient (fusion/device/conv.cuh) with its in-kernel split-K:
+ * checked at batch 8, timed at G's batch. */
+template <class G, class GC, int BN, int S> static void run_wgrad_wg(const char *name, int splits) {
+  constexpr int smem = KILN_CONV_SMEM(BN, S);
+  CK(cudaFuncSetAttribute(wgrad_wg<G, BN, S>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  CK(cudaFuncSetAttribute(wgrad_wg<GC, BN, S>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  float *part;
+  unsigned *cnt;
+  CK(cudaMalloc(&part, (size_t)64 << 20));
+  CK(cudaMalloc(&cnt, 65536));
+  CK(cudaMemset(cnt, 0, 65536));
+  double err;
+  {
+    kiln_bf16 *x = random_bf16((size_t)GC::N * GC::H * GC::W * GC::CI, 1.f, 5);
+    kiln_bf16 *dy = random_bf16((size_t)GC::M * GC::CO, 1.f, 6), *out;
+    float *ref;
+    CK(cudaMalloc(&out, (size_t)GC::K * GC::CO * 2));
+    CK(cudaMalloc(&ref, (size_t)GC::K * GC::CO * 4));
+    ref_wgrad<GC><<<(GC::K * GC::CO + 255) / 256, 256>>>(x, dy, ref);
+    const int s = 3, chunk = (int)((GC::M + s * 64 - 1) / (s * 64) * 64);
+    dim3 grid((GC::K + 127) / 128, (GC::CO + BN - 1) / BN, s);
+    wgrad_wg<GC, BN, S><<<grid, 256, smem>>>(x, dy, out, part, cnt, chunk);
+    CK(cudaDeviceSynchronize());
+    err = rel_err(out, ref, (size_t)GC::K * GC::CO);
+    cudaFree(x), cudaFree(dy), cudaFree(out), cudaFree(ref);
+  }
+  kiln_bf16 *x = random_bf16((size_t)G::N * G::H * G::W * G::CI, 1.f, 7);
+  kiln_bf16 *dy = random_bf16((size_t)G::M * G::CO, 1.f, 8), *out;
+  CK(cudaMalloc(&out, (size_t)G::K * G::CO * 2));
+  const int chunk = (int)((G::M + splits * 64 - 1) / (splits * 64) * 64);
+  dim3 grid((G::K + 127) / 128, (G::CO + BN - 1) / BN, splits);
+  float us = time_us([&] { wgrad_wg<G, BN, S><<<grid, 256, smem>>>(x, dy, out, part, cnt, chunk); });
+  double tf = 2.0 * G::M * G::CO * G::K / (us * 1e-6) / 1e12;
+  printf("| %s | dw | wgmma 128x%d, %d stages, %d splits (%u blocks) | %.1f | %.1f | %.1e |\n",
+         name, BN, S, splits, grid.x * grid.y * grid.z, us, tf, err);
+  cudaFree(x), cudaFree(dy), cudaFree(out), cudaFree(part), cudaFree(cnt);
+}
+
+/* kiln's path today: im2col, then cuBLAS for the forward product and the weight gradient (bf16,
+ * f32 accumulation), each timed alone. */
+template <class G> static void run_cublas(const char *name) {
+  static cublasHandle_t h;
+  if (!h) cublasCreate(&h);
+  kiln_bf16 *x = random_bf16((size_t)G::N * G::H * G::W * G::CI, 1.f, 9);
+  kiln_bf16 *wk = random_bf16((size_t)G::CO * G::K, 0.2f, 10);
+  kiln_bf16 *dy = random_bf16((size_t)G::M * G::CO, 1.f, 11), *cols, *y, *dwt;
+  CK(cudaMalloc(&cols, (size_t)G::M * G::K * 2));
+  CK(cudaMalloc(&y, (size_t)G::M * G::CO * 2));
+  CK(cudaMalloc(&dwt, (size_t)G::K * G::CO * 2));
+  const unsigned blocks = (unsigned)((G::M * (G::K / 8) + 255) / 256);
+  const float one = 1.f, zero = 0.f;
+  float us_i = time_us([&] { im2col<G><<<blocks, 256>>>(x, cols); });
+  float us_f = time_us([&] {
+    cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, G::CO, (int)G::M, G::K, &one, wk, CUDA_R_16BF, G::K,
+                 cols, CUDA_R_16BF, G::K, &zero, y, CUDA_R_16BF, G::CO, CUBLAS_COMPUTE_32F,
+                 CUBLAS_GEMM_DEFAULT);
+  });
+  float us_w = time_us([&] {
+    cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_T, G::CO, G::K, (int)G::M, &one, dy, CUDA_R_16BF, G::CO,
+                 cols, CUDA_R_16BF, G::K, &zero, dwt, CUDA_R_16BF, G::CO, CUBLAS_COMPUTE_32F,
+                 CUBLAS_GEMM_DEFAULT);
+  });
+  const double f = 2.0 * G::M * G::CO * G::K;
+  printf("| %s | im2col | %.0f MB | %.1f | %.0f GB/s | |\n", name, G::M * G::K * 2 / 1e6, us_i,
+         (G::M * G::K * 2.0 + G::N * G::H * G::W * G::CI * 2.0) / (us_i * 1e-6) / 1e9);
+  printf("| %s | fwd | cuBLAS on the columns | %.1f | %.1f | |\n", name, us_f, f / (us_f * 1e-6) / 1e12);
+  printf("| %s | dw | cuBLAS on the columns | %.1f | %.1f | |\n", name, us_w, f / (us_w * 1e-6) / 1e12);
+  cudaFree(x), cudaFree(wk), cudaFree(dy), cudaFree(cols), cudaFree(y), cudaFree(dwt);
+}
+
+/* ./lab wgrad: the wgmma weight gradient's configs beside kiln's path today (im2col + cuBLAS) and
+ * the wgmma forward's best configs. */
+static bool dw_only; /* ./lab dw: the wgmma weight gradient's configs alone */
+template <template <int> class S> static void shape_wgrad(const char *name, bool wide) {
+  typedef S<1024> G;
+  typedef S<8> GC;
+  if (!dw_only) run_cublas<G>(name);
+  if (wide && !dw_only) {
+    run_fprop_wg<G, GC, 128, 3>(name);
+    run_fprop_wg<G, GC, 256, 4>(name);
+  } else if (!dw_only) {
+    run_fprop_wg<G, GC, 64, 4>(name);
+  }
+  for (int splits : {1, 2, 4, 8, 16, 32, 64}) {
+    const int tiles = (G::K + 127) / 128 * ((G::CO + 127) / 128);
+    if (tiles * splits > 1200 || (long long)splits * 64 * 4 > G::M) continue;
+    run_wgrad_wg<G, GC, 64, 4>(name, splits);
+    if (G::CO >= 128) {
+      run_wgrad_wg<G, GC, 128, 3>(name, splits);
+      run_wgrad_wg<G, GC, 128, 4>(name, splits);
+    }
+  }
+}
 
 static bool only_wgmma; /* ./lab wgmma: the wgmma forward configs alone */
 
@@ -350,11 +372,21 @@ template <template <int> class S> static void shape(const char *name, bool wide)
 
 int main(int argc, char **argv) {
   only_wgmma = argc > 1 && strcmp(argv[1], "wgmma") == 0;
+  dw_only = argc > 1 && strcmp(argv[1], "dw") == 0;
+  const bool wgrad = dw_only || (argc > 1 && strcmp(argv[1], "wgrad") == 0);
   cudaDeviceProp p;
   CK(cudaGetDeviceProperties(&p, 0));
   printf("%s, %d SMs; bf16 dense peak 989.4 TFLOP/s\n\n", p.name, p.multiProcessorCount);
   printf("| conv (batch 1024) | product | tiles | us | TFLOP/s | max err / max |ref| |\n");
   printf("| --- | --- | --- | --- | --- | --- |\n");
+  if (wgrad) {
+    shape_wgrad<A1>("31x31x24->64", false);
+    shape_wgrad<B1>("15x15x64->64", false);
+    shape_wgrad<B2>("15x15x64->256", true);
+    shape_wgrad<C1>("7x7x256->256", true);
+    shape_wgrad<D1>("3x3x256->256", true);
+    return 0;
+  }
   shape<A1>("31x31x24->64", false);
   shape<B1>("15x15x64->64", false);
   shape<B2>("15x15x64->256", true);

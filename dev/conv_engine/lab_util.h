@@ -1,0 +1,134 @@
+// lab_util.h: what the labs of dev/conv_engine share: the shapes, random bf16 operands, float64
+// references of the forward product and the weight gradient, the error measure and the timer.
+#ifndef KILN_LAB_UTIL_H
+#define KILN_LAB_UTIL_H
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include "../../fusion/device/bf16.cuh"
+
+#define CK(x)                                                                                      \
+  do {                                                                                             \
+    cudaError_t e = (x);                                                                           \
+    if (e != cudaSuccess) {                                                                        \
+      fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__, cudaGetErrorString(e));                   \
+      exit(1);                                                                                     \
+    }                                                                                              \
+  } while (0)
+
+template <int N_, int H_, int CI_, int CO_, int K_, int P_> struct Shape {
+  static constexpr int N = N_, H = H_, W = H_, CI = CI_, CO = CO_, KH = K_, KW = K_;
+  static constexpr int SH = 1, SW = 1, PH = P_, PW = P_, DH = 1, DW = 1;
+  static constexpr int OH = H + 2 * P_ - K_ + 1, OW = OH;
+  static constexpr long long M = (long long)N * OH * OW;
+  static constexpr int K = KH * KW * CI;
+};
+
+template <class G> __global__ void ref_fprop(const kiln_bf16 *x, const kiln_bf16 *wk, float *y) {
+  long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= G::M * G::CO) return;
+  const int co = (int)(i % G::CO);
+  const long long m = i / G::CO;
+  const int ow = (int)(m % G::OW), oh = (int)(m / G::OW % G::OH);
+  const long long n = m / G::OW / G::OH;
+  double s = 0;
+  for (int a = 0; a < G::KH; a++)
+    for (int b = 0; b < G::KW; b++) {
+      const int ih = oh - G::PH + a, iw = ow - G::PW + b;
+      if (ih < 0 || ih >= G::H || iw < 0 || iw >= G::W) continue;
+      for (int c = 0; c < G::CI; c++)
+        s += (double)(float)x[((n * G::H + ih) * G::W + iw) * G::CI + c] *
+             (double)(float)wk[(long long)co * G::K + (a * G::KW + b) * G::CI + c];
+    }
+  y[i] = (float)s;
+}
+
+template <class G> __global__ void ref_wgrad(const kiln_bf16 *x, const kiln_bf16 *dy, float *dwt) {
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= G::K * G::CO) return;
+  const int co = i % G::CO, k = i / G::CO;
+  const int tap = k / G::CI, c = k % G::CI, a = tap / G::KW, b = tap % G::KW;
+  double s = 0;
+  for (long long m = 0; m < G::M; m++) {
+    const int ow = (int)(m % G::OW), oh = (int)(m / G::OW % G::OH);
+    const long long n = m / G::OW / G::OH;
+    const int ih = oh - G::PH + a, iw = ow - G::PW + b;
+    if (ih < 0 || ih >= G::H || iw < 0 || iw >= G::W) continue;
+    s += (double)(float)x[((n * G::H + ih) * G::W + iw) * G::CI + c] *
+         (double)(float)dy[m * G::CO + co];
+  }
+  dwt[i] = (float)s;
+}
+
+static kiln_bf16 *random_bf16(size_t n, float scale, unsigned seed) {
+  std::vector<unsigned short> h(n);
+  unsigned s = seed;
+  for (size_t i = 0; i < n; i++) {
+    s = s * 1664525u + 1013904223u;
+    float f = ((s >> 8) * (1.f / 16777216.f) * 2.f - 1.f) * scale;
+    unsigned u;
+    memcpy(&u, &f, 4);
+    h[i] = (unsigned short)((u + 0x7fff + ((u >> 16) & 1)) >> 16);
+  }
+  kiln_bf16 *d;
+  CK(cudaMalloc(&d, n * 2));
+  CK(cudaMemcpy(d, h.data(), n * 2, cudaMemcpyHostToDevice));
+  return d;
+}
+
+static float bf16_to_f(unsigned short b) {
+  unsigned u = (unsigned)b << 16;
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+
+/* max |a - ref| / max |ref|: a bf16 on the device, ref f32 on the device */
+static double rel_err(const kiln_bf16 *a, const float *ref, size_t n) {
+  std::vector<unsigned short> ha(n);
+  std::vector<float> hr(n);
+  CK(cudaMemcpy(ha.data(), a, n * 2, cudaMemcpyDeviceToHost));
+  CK(cudaMemcpy(hr.data(), ref, n * 4, cudaMemcpyDeviceToHost));
+  double md = 0, mr = 0;
+  for (size_t i = 0; i < n; i++) {
+    md = std::max(md, (double)std::fabs(bf16_to_f(ha[i]) - hr[i]));
+    mr = std::max(mr, (double)std::fabs(hr[i]));
+  }
+  return mr > 0 ? md / mr : md;
+}
+
+template <class F> static float time_us(F launch) {
+  cudaEvent_t e0, e1;
+  CK(cudaEventCreate(&e0));
+  CK(cudaEventCreate(&e1));
+  for (int i = 0; i < 3; i++)
+    launch();
+  std::vector<float> t;
+  for (int r = 0; r < 15; r++) {
+    CK(cudaEventRecord(e0));
+    for (int i = 0; i < 10; i++)
+      launch();
+    CK(cudaEventRecord(e1));
+    CK(cudaEventSynchronize(e1));
+    float ms;
+    CK(cudaEventElapsedTime(&ms, e0, e1));
+    t.push_back(ms * 100.f);
+  }
+  CK(cudaGetLastError());
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+/* The air workload's convolutions (3x3, stride 1, padding 1), by batch. */
+template <int N> using A1 = Shape<N, 31, 24, 64, 3, 1>;
+template <int N> using B1 = Shape<N, 15, 64, 64, 3, 1>;
+template <int N> using B2 = Shape<N, 15, 64, 256, 3, 1>;
+template <int N> using C1 = Shape<N, 7, 256, 256, 3, 1>;
+template <int N> using D1 = Shape<N, 3, 256, 256, 3, 1>;
+
+#endif
