@@ -385,10 +385,12 @@ void kiln__grad_bn_apply(kiln__bw *b, const kiln__node *n, kiln_tensor *g, kiln_
   if (NEED(0)) {
     kiln_tensor *scale = kiln_mul(invstd, w); /* (C) or broadcast */
     if (batch) {
+      /* the per-channel terms first, then the full-size chain in one run of trace nodes, which
+       * the planner fuses into one kernel (xhat never written) */
       float inv_r = (float)(1.0 / (double)R);
+      kiln_tensor *mg = kiln_mul_scalar(sg, inv_r), *mgx = kiln_mul_scalar(sgx, inv_r);
       kiln_tensor *xhat = kiln_mul(kiln_sub(x, mean), invstd);
-      kiln_tensor *d = kiln_sub(kiln_sub(g, kiln_mul_scalar(sg, inv_r)),
-                                kiln_mul(xhat, kiln_mul_scalar(sgx, inv_r)));
+      kiln_tensor *d = kiln_sub(kiln_sub(g, mg), kiln_mul(xhat, mgx));
       gin[0] = kiln_mul(d, scale);
     } else {
       gin[0] = kiln_mul(g, scale);
