@@ -422,3 +422,95 @@ Test(gpu_graph, an_average_by_kiln_assign_replays_with_its_decay_as_a_step_value
   kiln_tensor_free(p), kiln_tensor_free(ema), kiln_tensor_free(half), kiln_tensor_free(small);
   th_ctx_free(ctx);
 }
+
+/* ---------------------------------------------------------------- a bf16 conv net */
+
+/* air's first group at a small size: conv 24->64 3x3 pad 1, batch norm, GELU, max pool 2, conv
+ * 64->64 3x3 pad 1, batch norm, GELU, global max pool, linear 64->10, in a bf16 autocast region,
+ * on 64 images of 16x16x24. On an sm_90 device both convolutions' forward products and weight
+ * gradients run as implicit GEMMs, the first conv's weight gradient split over 8 blocks a tile
+ * and summed inside the kernel: the order of that sum is fixed, so that replays and eager steps
+ * agree bit for bit. */
+typedef struct convnet {
+  kiln_params *p;
+  kiln_conv2d_layer c1, c2;
+  kiln_batch_norm_layer b1, b2;
+  kiln_linear fc;
+  kiln_optim *opt;
+  kiln_tensor *x, *y;
+} convnet;
+
+static void convnet_init(convnet *m, kiln_ctx *ctx, bool graphs) {
+  kiln_set_graphs(ctx, graphs);
+  kiln_manual_seed(ctx, 17);
+  m->p = kiln_params_new(ctx);
+  kiln_conv2d_options pad = {.pad_h = 1, .pad_w = 1};
+  cr_assert_eq(kiln_conv2d_layer_init(&m->c1, m->p, "c1", 24, 64, 3, 3, &pad, 0), KILN_OK);
+  cr_assert_eq(kiln_batch_norm_layer_init(&m->b1, m->p, "b1", 64, 0.1f, 1e-5f, 1), KILN_OK);
+  cr_assert_eq(kiln_conv2d_layer_init(&m->c2, m->p, "c2", 64, 64, 3, 3, &pad, 0), KILN_OK);
+  cr_assert_eq(kiln_batch_norm_layer_init(&m->b2, m->p, "b2", 64, 0.1f, 1e-5f, 1), KILN_OK);
+  cr_assert_eq(kiln_linear_init(&m->fc, m->p, "fc", 64, 10, 1), KILN_OK);
+  kiln_sgd_options o = kiln_sgd_defaults(0.05f);
+  o.momentum = 0.9f;
+  o.nesterov = 1;
+  m->opt = kiln_sgd_new(m->p, &o);
+  cr_assert_not_null(m->opt, "%s", kiln_ctx_error(ctx));
+  m->x = th_rand(ctx, KILN_SHAPE(64, 16, 16, 24), 31, -1.f, 1.f, NULL);
+  int32_t lab[64];
+  for (int i = 0; i < 64; i++)
+    lab[i] = (i * 3 + 1) % 10;
+  m->y = kiln_tensor_from_host(ctx, KILN_DTYPE_I32, KILN_SHAPE(64), lab);
+}
+
+static float convnet_step(convnet *m, kiln_ctx *ctx) {
+  kiln_step_begin(ctx);
+  kiln_autocast_begin(ctx, KILN_DTYPE_BF16);
+  kiln_tensor *h = kiln_gelu(
+      kiln_batch_norm_layer_forward(&m->b1, kiln_conv2d_layer_forward(&m->c1, m->x)),
+      KILN_GELU_TANH);
+  h = kiln_max_pool2d(h, &(kiln_pool2d_options){.kernel_h = 2, .kernel_w = 2});
+  h = kiln_gelu(kiln_batch_norm_layer_forward(&m->b2, kiln_conv2d_layer_forward(&m->c2, h)),
+                KILN_GELU_TANH);
+  kiln_tensor *logits = kiln_linear_forward(&m->fc, kiln_global_max_pool2d(h));
+  kiln_autocast_end(ctx);
+  kiln_tensor *loss = kiln_cross_entropy(logits, m->y, KILN_REDUCTION_MEAN, 0.f);
+  kiln_optim_zero_grad(m->opt);
+  cr_assert_eq(kiln_backward(loss), KILN_OK, "%s", th_err(ctx));
+  cr_assert_eq(kiln_optim_step(m->opt), KILN_OK, "%s", th_err(ctx));
+  kiln_tensor *keep = kiln_detach(loss);
+  cr_assert_eq(kiln_step_end(ctx), KILN_OK, "%s", th_err(ctx));
+  return kiln_tensor_item(keep);
+}
+
+Test(gpu_graph, a_bf16_conv_net_replays_bitwise_over_50_steps) {
+  TH_GPU_CTX(cg);
+  TH_GPU_CTX(ce);
+  convnet g, e;
+  convnet_init(&g, cg, true);
+  convnet_init(&e, ce, false);
+  float first = 0, last = 0;
+  for (int s = 0; s < 50; s++) {
+    float lg = convnet_step(&g, cg), le = convnet_step(&e, ce);
+    cr_assert(memcmp(&lg, &le, 4) == 0, "step %d: loss %a with graphs, %a without", s,
+              (double)lg, (double)le);
+    if (s == 0) first = lg;
+    last = lg;
+  }
+  int64_t ng, ne;
+  float *pg = th_params_values(g.p, &ng), *pe = th_params_values(e.p, &ne);
+  cr_assert_eq(ng, ne);
+  cr_assert_eq(memcmp(pg, pe, (size_t)ng * sizeof *pg), 0, "graph and no-graph parameters differ");
+  cr_assert_lt(last, 0.5f * first, "the net did not learn its 64 labels: %g to %g", (double)first,
+               (double)last);
+  kiln_exec_stats sg = stats_of(cg);
+  cr_assert_eq(sg.graph_captures, 1);
+  free(pg), free(pe);
+  for (convnet *m = &g; m; m = m == &g ? &e : NULL) {
+    kiln_optim_free(m->opt);
+    kiln_params_free(m->p);
+    kiln_tensor_free(m->x);
+    kiln_tensor_free(m->y);
+  }
+  th_ctx_free(cg);
+  th_ctx_free(ce);
+}
