@@ -67,9 +67,11 @@ typedef struct kiln__group {
    *   DGRAD: a col2im group whose first member is the product dY Wk it sums (device/igemm.cuh);
    *   FPROP: im2col then the product cols Wk^T, members in that order (device/conv.cuh);
    *   WGRAD: the product cols^T dY alone, its columns gathered from the image (device/conv.cuh).
-   * window: FPROP and WGRAD's im2col node, whose input (the image) the kernel reads */
+   * window: FPROP and WGRAD's im2col node, whose input (the image) the kernel reads; wgmma:
+   * DGRAD on Hopper's wgmma as a forward product of dY (device/conv.cuh) */
   kiln__implicit implicit;
   int32_t window;
+  bool wgmma;
 } kiln__group;
 
 /* In a row program, the view `view` of a per-row value is read as `value` itself. */
@@ -147,6 +149,7 @@ typedef struct kiln__spec {
   const kiln__node *ups[KILN__KMAX_UPDATE];
   kiln__gemm gemm; /* BLAS; CONV: the product (a, b and d set) */
   kiln__implicit conv; /* CONV: which product; red is col2im (DGRAD) or im2col (FPROP, WGRAD) */
+  bool wgmma;          /* CONV, DGRAD: on wgmma (the group's) */
   /* a concat input's copy into its slice of the output: a node and a view that lowering owns */
   kiln__node copy;
   kiln_tensor slice;

@@ -126,6 +126,7 @@ static void lower_group(const kiln_ctx *ctx, const kiln__plan *p, const kiln__gr
       const kiln__node *mm = &ctx->trace.nodes[p->members[g->first]];
       s->kind = KILN__SPEC_CONV;
       s->conv = KILN__IMPLICIT_DGRAD;
+      s->wgmma = g->wgmma;
       s->gemm = (kiln__gemm){.a = mm->in[0], .b = mm->in[1], .d = mm->out};
     }
     return;

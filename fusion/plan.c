@@ -426,11 +426,25 @@ static int32_t bgradb_sum(kiln_ctx *ctx, const kiln__plan *p, int32_t i) {
 #define KILN__IMPLICIT_MAX_CO 64
 #endif
 
+/* Whether the data gradient of col2im node c (image gradient dX (N, H, W, CI) from dY with CO
+ * channels) runs on Hopper's wgmma as the forward product of dY with the filters flipped
+ * (device/conv.cuh): bf16 on sm_90, stride 1 and dilation 1 (padding at most the window less
+ * one), channels in multiples of 8, and either few output channels (where it replaces the
+ * mma.sync kernel) or many input channels (wide tiles: H200, air's 7x7x256->256 conv's forward
+ * product took 133 us on wgmma; cuBLAS's dcols and col2im about 220 us under Nsight Compute). */
+static bool dgrad_on_wgmma(const kiln_ctx *ctx, const kiln__node *cn, kiln_dtype dt, int64_t co,
+                           int64_t ci) {
+  kiln__win w = kiln__win_of(cn);
+  return ctx->arch == 90 && dt == KILN_DTYPE_BF16 && w.sh == 1 && w.sw == 1 && w.dh == 1 &&
+         w.dw == 1 && w.ph <= w.kh - 1 && w.pw <= w.kw - 1 && co % 8 == 0 && ci % 8 == 0 &&
+         (co <= KILN__IMPLICIT_MAX_CO || ci >= 128);
+}
+
 /* Whether col2im node c and the product dcols = dY Wk whose rows it sums (read through a reshape
  * to (N, OH, OW, K)) can run as one implicit GEMM: the product has no other reader, dY (M, CO)
  * and Wk (CO, KH*KW*CI) are dense in f32 (with TF32 allowed) or bf16, one group, channel counts
- * the tiles take, an sm_80 device or newer, and nothing between the two nodes writes memory in
- * place. Returns the product's node, or -1. */
+ * the tiles take (mma.sync, sm_80 or newer) or the wgmma kernel takes (dgrad_on_wgmma), and
+ * nothing between the two nodes writes memory in place. Returns the product's node, or -1. */
 static int32_t implicit_dgrad(const kiln_ctx *ctx, const kiln__plan *p, int32_t c) {
   const kiln__node *nodes = ctx->trace.nodes, *cn = &nodes[c];
   if (cn->op != KILN__OP_COL2IM || KILN__I(cn, COL2IM, groups) != 1 || ctx->arch < 80) return -1;
@@ -451,7 +465,8 @@ static int32_t implicit_dgrad(const kiln_ctx *ctx, const kiln__plan *p, int32_t 
       !kiln__is_contiguous(X) || A->offset % vec || B->offset % vec || X->offset % vec)
     return -1;
   int64_t co = A->shape[1], ci = X->shape[3];
-  if (co % bk || co > KILN__IMPLICIT_MAX_CO || ci % vec || kiln_tensor_numel(A) >= INT32_MAX ||
+  bool mma = co % bk == 0 && co <= KILN__IMPLICIT_MAX_CO && ci % vec == 0;
+  if ((!mma && !dgrad_on_wgmma(ctx, cn, dt, co, ci)) || kiln_tensor_numel(A) >= INT32_MAX ||
       kiln_tensor_numel(X) >= INT32_MAX || kiln_tensor_numel(B) >= INT32_MAX)
     return -1;
   for (int32_t j = mm + 1; j < c; j++) /* dY and Wk keep their values until c runs */
@@ -713,6 +728,8 @@ static bool phase_groups(kiln_ctx *ctx, kiln__plan *p, bool fuse) {
       int32_t r = producer(ctx, p, nd->in[0]), mm = r >= 0 ? producer(ctx, p, nodes[r].in[0]) : -1;
       if (mm >= 0 && p->claim[mm - first] == i) {
         g->implicit = KILN__IMPLICIT_DGRAD;
+        g->wgmma = dgrad_on_wgmma(ctx, nd, nd->out->dtype, nodes[mm].in[0]->shape[1],
+                                  nd->out->shape[3]);
         if (!add_member(ctx, p, g, mm)) return false;
       }
     }

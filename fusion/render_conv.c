@@ -14,11 +14,12 @@
 
 #include "render.h"
 
-/* col2im of the product dY Wk as one implicit GEMM (igemm.cuh): operand 0 is col2im's input
- * (the column matrix, never read), then the epilogue's operands, then dY and Wk. A block of 128
- * image pixels and BN channels, its accumulators stored through col2im's epilogue, two channels
- * at a time. */
-static bool render_dgrad(const kiln__ew_prog *p, const kiln__gemm *mm, kiln__rendered *r) {
+/* col2im of the product dY Wk as one implicit GEMM: operand 0 is col2im's input (the column
+ * matrix, never read), then the epilogue's operands, then dY and Wk. A block of 128 image pixels
+ * and BN channels, its accumulators stored through col2im's epilogue, two channels at a time. On
+ * mma.sync (igemm.cuh), or with wg on wgmma as the forward product of dY with the filters flipped
+ * (conv.cuh, stride 1: its geometry GD beside the convolution's G). */
+static bool render_dgrad(const kiln__ew_prog *p, const kiln__gemm *mm, bool wg, kiln__rendered *r) {
   const kiln__node *n = p->nodes[0];
   const kiln_tensor *X = n->out, *A = mm->a, *B = mm->b;
   kiln__kargs *a = &r->arg.args;
@@ -29,49 +30,77 @@ static bool render_dgrad(const kiln__ew_prog *p, const kiln__gemm *mm, kiln__ren
   kiln__win w = kiln__win_of(n);
   int64_t N = X->shape[0], H = X->shape[1], W = X->shape[2], CI = X->shape[3];
   int64_t OH = n->in[0]->shape[1], OW = n->in[0]->shape[2], CO = A->shape[1];
-  int BN = CI <= 32 ? 32 : 64;
+  int BN = wg ? (CI <= 64 ? 64 : (CI <= 128 ? 128 : 256)) : (CI <= 32 ? 32 : 64);
+  int S = BN == 128 ? 3 : 4;
   bool bf16 = X->dtype == KILN_DTYPE_BF16;
   const char *T = kiln__ctype(X->dtype);
   a->n = N * H * W; /* image pixels: the rows of dX */
   kiln__win_epi epi = {.p = p, .o = &o, .w = &wr, .shape = X->shape, .image = true, .vec = false};
-  char pre[512];
-  snprintf(
+  char pre[1024];
+  int k = snprintf(
       pre, sizeof pre,
-      "#include \"igemm.cuh\"\n"
+      "#include \"%s\"\n"
       "struct G { /* the convolution's geometry */\n"
       "  static constexpr int KH = %lld, KW = %lld, SH = %lld, SW = %lld, PH = %lld, PW = %lld, "
       "DH = %lld, DW = %lld;\n"
       "  static constexpr int H = %lld, W = %lld, OH = %lld, OW = %lld, CO = %lld, CI = %lld, "
       "BN = %d;\n"
       "};\n",
-      (long long)w.kh, (long long)w.kw, (long long)w.sh, (long long)w.sw, (long long)w.ph,
-      (long long)w.pw, (long long)w.dh, (long long)w.dw, (long long)H, (long long)W, (long long)OH,
-      (long long)OW, (long long)CO, (long long)CI, BN);
+      wg ? "conv.cuh" : "igemm.cuh", (long long)w.kh, (long long)w.kw, (long long)w.sh,
+      (long long)w.sw, (long long)w.ph, (long long)w.pw, (long long)w.dh, (long long)w.dw,
+      (long long)H, (long long)W, (long long)OH, (long long)OW, (long long)CO, (long long)CI, BN);
+  if (wg)
+    snprintf(pre + k, sizeof pre - (size_t)k,
+             "struct GD { /* the data gradient as a forward product of dY */\n"
+             "  static constexpr int N = %lld, H = G::OH, W = G::OW, CI = G::CO, OH = G::H, "
+             "OW = G::W, CO = G::CI;\n"
+             "  static constexpr int KH = G::KH, KW = G::KW, SH = 1, SW = 1, PH = G::KH - 1 - "
+             "G::PH, PW = G::KW - 1 - G::PW, DH = 1, DW = 1;\n"
+             "};\n",
+             (long long)N);
   kiln__sb b = {0};
-  kiln__sb_printf(
-      &b,
-      "  typedef int ix;\n"
-      "  const int V = 2;\n"
-      "  (void)V;\n"
-      "  const int M = (int)a.n, m0 = (int)blockIdx.x * KILN_IG_BM, n0 = (int)blockIdx.y "
-      "* G::BN;\n"
-      "  float acc[2][G::BN / 16][4];\n"
-      "  kiln_dgrad<%s, G>((const %s *)a.ptr[%d], (const %s *)a.ptr[%d], M, m0, n0, "
-      "acc);\n"
-      "  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;\n"
-      "#pragma unroll\n"
-      "  for (int mi = 0; mi < 2; mi++)\n"
-      "#pragma unroll\n"
-      "  for (int ni = 0; ni < G::BN / 16; ni++)\n"
-      "#pragma unroll\n"
-      "  for (int hh = 0; hh < 2; hh++) {\n"
-      "    const ix m = m0 + (warp >> 1) * 32 + mi * 16 + (lane >> 2) + 8 * hh;\n"
-      "    const ix c = n0 + (warp & 1) * (G::BN / 2) + ni * 8 + 2 * (lane & 3);\n"
-      "    if (m >= M || c >= G::CI) continue;\n"
-      "    const ix n = m / (G::H * G::W), h = m / G::W %% G::H, w = m %% G::W;\n"
-      "    (void)n; (void)h; (void)w;\n"
-      "    const float d[2] = {acc[mi][ni][2 * hh], acc[mi][ni][2 * hh + 1]};\n",
-      T, T, ka, T, kb);
+  kiln__sb_printf(&b, "  typedef int ix;\n"
+                      "  const int V = 2;\n"
+                      "  (void)V;\n"
+                      "  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;\n");
+  if (wg)
+    kiln__sb_printf(&b,
+                    "  constexpr int BN = %d, S = %d;\n"
+                    "  extern __shared__ __align__(1024) unsigned char kiln_smem[];\n"
+                    "  const int M = (int)a.n, m0 = (int)blockIdx.x * 128, n0 = (int)blockIdx.y * "
+                    "BN;\n"
+                    "  float acc[BN / 2];\n"
+                    "  kiln_conv_fprop<GD, BN, S, true>((const kiln_bf16 *)a.ptr[%d], (const "
+                    "kiln_bf16 *)a.ptr[%d], m0, n0, kiln_smem, acc);\n"
+                    "  const int r0 = 64 * (warp >> 2) + 16 * (warp & 3) + (lane >> 2);\n"
+                    "#pragma unroll\n"
+                    "  for (int j = 0; j < BN / 8; j++)\n"
+                    "#pragma unroll\n"
+                    "  for (int hh = 0; hh < 2; hh++) {\n"
+                    "    const ix m = m0 + r0 + 8 * hh;\n"
+                    "    const ix c = n0 + 8 * j + 2 * (lane & 3);\n"
+                    "    const float d[2] = {acc[4 * j + 2 * hh], acc[4 * j + 2 * hh + 1]};\n",
+                    BN, S, ka, kb);
+  else
+    kiln__sb_printf(&b,
+                    "  const int M = (int)a.n, m0 = (int)blockIdx.x * KILN_IG_BM, n0 = "
+                    "(int)blockIdx.y * G::BN;\n"
+                    "  float acc[2][G::BN / 16][4];\n"
+                    "  kiln_dgrad<%s, G>((const %s *)a.ptr[%d], (const %s *)a.ptr[%d], M, m0, n0, "
+                    "acc);\n"
+                    "#pragma unroll\n"
+                    "  for (int mi = 0; mi < 2; mi++)\n"
+                    "#pragma unroll\n"
+                    "  for (int ni = 0; ni < G::BN / 16; ni++)\n"
+                    "#pragma unroll\n"
+                    "  for (int hh = 0; hh < 2; hh++) {\n"
+                    "    const ix m = m0 + (warp >> 1) * 32 + mi * 16 + (lane >> 2) + 8 * hh;\n"
+                    "    const ix c = n0 + (warp & 1) * (G::BN / 2) + ni * 8 + 2 * (lane & 3);\n"
+                    "    const float d[2] = {acc[mi][ni][2 * hh], acc[mi][ni][2 * hh + 1]};\n",
+                    T, T, ka, T, kb);
+  kiln__sb_printf(&b, "    if (m >= M || c >= G::CI) continue;\n"
+                      "    const ix n = m / (G::H * G::W), h = m / G::W %% G::H, w = m %% G::W;\n"
+                      "    (void)n; (void)h; (void)w;\n");
   if (p->n > 1) {
     kiln__store_lanes(&b, "d", X->dtype, &epi);
   } else if (bf16) {
@@ -87,14 +116,18 @@ static bool render_dgrad(const kiln__ew_prog *p, const kiln__gemm *mm, kiln__ren
   }
   kiln__sb_printf(&b, "  }\n");
   char stem[80], suffix[48];
-  snprintf(suffix, sizeof suffix, "_%lldx%lld_s%lld_%s_igemm", (long long)w.kh, (long long)w.kw,
-           (long long)w.sh, kiln_dtype_name(X->dtype));
+  snprintf(suffix, sizeof suffix, "_%lldx%lld_s%lld_%s_%s", (long long)w.kh, (long long)w.kw,
+           (long long)w.sh, kiln_dtype_name(X->dtype), wg ? "wgmma" : "igemm");
   kiln__stem_of(p, "k_matmul", suffix, stem, sizeof stem);
   bool ok = kiln__finish_with(&b, stem, &o, r, pre);
   kiln__sb_free(&b);
   r->block = KILN__BLOCK;
   r->grid = (unsigned)((a->n + 127) / 128);
   r->grid_y = (unsigned)((CI + BN - 1) / BN);
+  if (wg) {
+    r->sm90a = true;
+    r->smem = (unsigned)(S * (128 + BN) * 128 + 1024); /* KILN_CONV_SMEM */
+  }
   kiln__tally_bytes(&o, r);
   r->bytes_read -= kiln__footprint(o.t[0]); /* operand 0, the column matrix, is never read */
   return ok;
@@ -246,7 +279,7 @@ static bool render_wgrad(const kiln__target *t, const kiln__node *n, const kiln_
 
 bool kiln__render_conv(const kiln__target *t, const kiln__spec *s, kiln__rendered *r) {
   switch (s->conv) {
-  case KILN__IMPLICIT_DGRAD: return render_dgrad(&s->prog, &s->gemm, r);
+  case KILN__IMPLICIT_DGRAD: return render_dgrad(&s->prog, &s->gemm, s->wgmma, r);
   case KILN__IMPLICIT_FPROP: return render_fprop(s->red, &s->gemm, r);
   case KILN__IMPLICIT_WGRAD: return render_wgrad(t, s->red, &s->gemm, r);
   case KILN__IMPLICIT_NONE: break;

@@ -493,30 +493,45 @@ static bool plans_implicit(kiln_ctx *ctx, const char *what) {
 /* A convolution's data gradient with few output channels (at most 64, a multiple of the tile's 16
  * in f32, 32 in bf16) is one implicit GEMM: the product of the output's gradient and the weight
  * that col2im sums is computed in col2im's kernel, the column matrix never written; its kernels
- * compile (NVRTC, no GPU), f32 with TF32 and bf16. TF32 off, more output channels, channel counts
- * the tiles do not take, or groups keep the product and col2im apart; so does fusion off. */
+ * compile (NVRTC, no GPU), f32 with TF32 and bf16. On sm_90 a bf16 one of stride 1 and dilation 1
+ * runs on wgmma instead, with output channels in multiples of 8, and also where it has 128 input
+ * channels or more. TF32 off, more output channels, channel counts the tiles do not take, or
+ * groups keep the product and col2im apart; so does fusion off. */
 Test(images, conv_data_gradient_is_an_implicit_gemm_where_it_pays) {
   kiln_ctx *ctx = th_cpu_ctx();
   struct {
     const char *what;
     int64_t cin, cout, groups;
-    int tf32, bf16;
-    bool implicit;
+    int tf32, bf16, stride, arch;
+    bool implicit, wgmma;
   } cases[] = {
-      {"32->64 TF32", 32, 64, 1, 1, 0, true},
-      {"24->32 bf16", 24, 32, 1, 0, 1, true},
-      {"32->64 f32 with TF32 off", 32, 64, 1, 0, 0, false},
-      {"32->128 TF32", 32, 128, 1, 1, 0, false},
-      {"32->48 bf16 (48 channels: not a multiple of 32)", 32, 48, 1, 0, 1, false},
-      {"6->16 TF32 (6 input channels)", 6, 16, 1, 1, 0, false},
-      {"32->64 TF32 groups 2", 32, 64, 2, 1, 0, false},
+      {"32->64 TF32", 32, 64, 1, 1, 0, 1, 90, true, false},
+      {"24->32 bf16 on sm_80", 24, 32, 1, 0, 1, 1, 80, true, false},
+      {"24->32 bf16 on sm_90", 24, 32, 1, 0, 1, 1, 90, true, true},
+      {"24->32 bf16 stride 2 on sm_90", 24, 32, 1, 0, 1, 2, 90, true, false},
+      {"32->64 f32 with TF32 off", 32, 64, 1, 0, 0, 1, 90, false, false},
+      {"32->128 TF32", 32, 128, 1, 1, 0, 1, 90, false, false},
+      {"32->48 bf16 on sm_80 (48 channels: not a multiple of 32)", 32, 48, 1, 0, 1, 1, 80, false,
+       false},
+      {"32->48 bf16 on sm_90", 32, 48, 1, 0, 1, 1, 90, true, true},
+      {"32->128 bf16 on sm_90 (32 input channels)", 32, 128, 1, 0, 1, 1, 90, false, false},
+      {"128->128 bf16 on sm_90", 128, 128, 1, 0, 1, 1, 90, true, true},
+      {"128->128 bf16 on sm_80", 128, 128, 1, 0, 1, 1, 80, false, false},
+      {"6->16 TF32 (6 input channels)", 6, 16, 1, 1, 0, 1, 90, false, false},
+      {"32->64 TF32 groups 2", 32, 64, 2, 1, 0, 1, 90, false, false},
   };
+  int arch = ctx->arch;
   for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+    ctx->arch = cases[i].arch;
     kiln_set_tf32(ctx, cases[i].tf32);
     kiln_step_begin(ctx);
     kiln_tensor *x = th_param(ctx, KILN_SHAPE(2, 9, 7, cases[i].cin));
     kiln_tensor *w = th_param(ctx, KILN_SHAPE(cases[i].cout, cases[i].cin / cases[i].groups, 3, 3));
-    kiln_conv2d_options o = {.pad_h = 1, .pad_w = 1, .groups = (int)cases[i].groups};
+    kiln_conv2d_options o = {.pad_h = 1,
+                             .pad_w = 1,
+                             .groups = (int)cases[i].groups,
+                             .stride_h = cases[i].stride,
+                             .stride_w = cases[i].stride};
     if (cases[i].bf16) kiln_autocast_begin(ctx, KILN_DTYPE_BF16);
     kiln_tensor *h = kiln_relu(x);
     kiln_tensor *y = kiln_conv2d(h, w, NULL, &o);
@@ -526,14 +541,23 @@ Test(images, conv_data_gradient_is_an_implicit_gemm_where_it_pays) {
     if (cases[i].bf16) loss = kiln_cast(loss, KILN_DTYPE_F32);
     cr_assert_eq(kiln_backward(loss), KILN_OK, "%s: %s", cases[i].what, th_err(ctx));
     cr_assert_eq(plans_implicit(ctx, cases[i].what), cases[i].implicit, "%s", cases[i].what);
+    kiln__plan fused = checked_plan(ctx, true, cases[i].what);
+    bool wg = false;
+    for (int k = 0; k < fused.ng; k++)
+      wg |= fused.g[k].implicit == KILN__IMPLICIT_DGRAD && fused.g[k].wgmma;
+    cr_assert_eq(wg, cases[i].wgmma, "%s: the data gradient %s on wgmma", cases[i].what,
+                 wg ? "is" : "is not");
+    kiln__plan_free(&fused);
     kiln__plan unfused = checked_plan(ctx, false, cases[i].what);
     for (int k = 0; k < unfused.ng; k++)
       cr_assert(unfused.g[k].implicit == KILN__IMPLICIT_NONE,
                 "%s: an implicit group with fusion off", cases[i].what);
     kiln__plan_free(&unfused);
-    cr_assert_eq(kiln__engine_compile(ctx, ctx->trace.done, ctx->trace.n), KILN_OK, "%s: %s",
-                 cases[i].what, th_err(ctx));
+    if (cases[i].arch == arch)
+      cr_assert_eq(kiln__engine_compile(ctx, ctx->trace.done, ctx->trace.n), KILN_OK, "%s: %s",
+                   cases[i].what, th_err(ctx));
   }
+  ctx->arch = arch;
   th_free_scratch();
   th_ctx_free(ctx);
 }

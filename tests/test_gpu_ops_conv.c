@@ -9,6 +9,7 @@
  * central finite differences (kiln_gradcheck) on the small cases. Without a GPU every test
  * skips, saying why.
  */
+#include <cuda_runtime_api.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -292,7 +293,8 @@ Test(gpu_ops, conv2d_data_gradient_as_an_implicit_gemm) {
 /* ---------------------------------------------------------------- implicit forward and weight gradient */
 
 /* bf16 convolutions with at most 64 output channels, whose forward product and weight gradient
- * run as implicit GEMMs on sm_90 (fusion/device/conv.cuh; elsewhere im2col and cuBLAS): pixel
+ * run as implicit GEMMs on sm_90 (fusion/device/conv.cuh; elsewhere im2col and cuBLAS), and two
+ * wider ones whose data gradient does (the forward product of dY with the filters flipped): pixel
  * counts and reductions that are not multiples of the tiles, output channels that fill part of a
  * tile, stride 2, padding 0 to 2, dilation, batch 1, and two cases with enough pixels for the
  * weight gradient to split its reduction across blocks (summed inside the kernel). */
@@ -309,7 +311,27 @@ static const conv_case wgmma_cases[] = {
      CO(.pad_h = 1, .pad_w = 1), 0, 0, 0},
     {"24->16 3x3 (no padding), 14415 pixels (split reduction)", 15, 33, 33, 24, 16, 3, 3, CO(0), 0,
      0, 0},
+    /* more output channels: im2col and cuBLAS forward, the data gradient on wgmma (sm_90) */
+    {"128->96 3x3 pad 1", 4, 7, 7, 128, 96, 3, 3, CO(.pad_h = 1, .pad_w = 1), 0, 0, 0},
+    {"256->256 3x3 pad 1 on 3x3 images (air's last conv)", 8, 3, 3, 256, 256, 3, 3,
+     CO(.pad_h = 1, .pad_w = 1), 0, 0, 0},
 };
+
+/* Whether the planner computes the data gradient of case c as one implicit GEMM, which rounds
+ * it to bf16 once: on mma.sync (at most 64 output channels, a multiple of 32), or on wgmma on an
+ * sm_90 device (stride 1, dilation 1, channels in multiples of 8, at most 64 output channels or
+ * at least 128 input channels; fusion/plan.c, dgrad_on_wgmma). */
+static bool dgrad_implicit(const conv_case *c) {
+  int major = 0, minor = 0;
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0);
+  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0);
+  ref_win g = conv_win(c);
+  bool s1 = g.sh == 1 && g.sw == 1 && g.dh == 1 && g.dw == 1 && g.ph <= c->kh - 1 &&
+            g.pw <= c->kw - 1;
+  return (c->cout % 32 == 0 && c->cout <= 64) ||
+         (major == 9 && minor == 0 && s1 && c->cout % 8 == 0 && c->cin % 8 == 0 &&
+          (c->cout <= 64 || c->cin >= 128));
+}
 
 /* Forward product, data gradient and weight gradient in bf16, recorded before anything runs (so
  * that one flush holds the forward product and the weight gradient that share the columns),
@@ -350,11 +372,10 @@ static void check_wgmma(kiln_ctx *ctx, const conv_case *c, uint64_t seed) {
   /* f32 sums in another order than float64's may round to the neighbouring bf16 value; a weight
    * gradient sums up to 18432 products */
   ref_expect_close(ctx, kiln_cast(y, KILN_DTYPE_F32), os, want, 1e-3, 8e-3, what);
-  /* x's gradient where it is one implicit GEMM too (output channels a multiple of 32); elsewhere
-   * cuBLAS writes the column gradient in bf16 and col2im sums kh kw rounded values, which this
-   * reference does not model (conv2d_data_gradient_as_an_implicit_gemm and the bf16 tests cover
-   * the data gradient) */
-  if (c->cout % 32 == 0) expect_grad(ctx, x, xs, dx, 1e-3, 8e-3, what, "x");
+  /* x's gradient where it is one implicit GEMM too; elsewhere cuBLAS writes the column gradient
+   * in bf16 and col2im sums kh kw rounded values, which this reference does not model
+   * (conv2d_data_gradient_as_an_implicit_gemm and the bf16 tests cover that path) */
+  if (dgrad_implicit(c)) expect_grad(ctx, x, xs, dx, 1e-3, 8e-3, what, "x");
   expect_grad(ctx, w, ws, dw, 1e-2, 8e-3, what, "the weight");
   free(gy);
   free(xd);

@@ -1,8 +1,8 @@
 /*
- * conv.cuh: a convolution's forward product and weight gradient as implicit GEMMs on Hopper's
- * warpgroup MMA (wgmma.cuh; bf16 operands, f32 accumulators, sm_90a). No column matrix exists:
- * each stage gathers its tile of im2col(X) from the image with 16-byte cp.async copies, whose
- * zero fill is the padding.
+ * conv.cuh: a convolution's forward product, data gradient (stride 1) and weight gradient as
+ * implicit GEMMs on Hopper's warpgroup MMA (wgmma.cuh; bf16 operands, f32 accumulators, sm_90a).
+ * No column matrix exists: each stage gathers its tile of im2col(X) from the image with 16-byte
+ * cp.async copies, whose zero fill is the padding.
  *
  * X is (N, H, W, CI), Y and dY (N, OH, OW, CO), the filters Wk (CO, K) with column
  * k = (i KW + j) CI + c of tap (i, j) (im2col's order), K = KH KW CI, M = N OH OW pixels:
@@ -14,7 +14,7 @@
  *
  * A block is two warpgroups (256 threads) over 128 rows of the result (warpgroup w: rows 64 w
  * to 64 w + 63) and BN columns, each stage 64 deep in the reduction, S stages in dynamic shared
- * memory (kiln_conv_smem), the loads running S - 2 stages ahead: the stage a load fills was last
+ * memory (KILN_CONV_SMEM), the loads running S - 2 stages ahead: the stage a load fills was last
  * read by the products two stages back, which every warpgroup has waited for before the barrier
  * that precedes the load. Accumulator d[4 j + e] of a thread is row 64 (warp / 4) + 16 (warp % 4)
  * + lane / 4 + 8 (e / 2), column 8 j + 2 (lane % 4) + e % 2 of the block's tile.
@@ -53,8 +53,15 @@ template <class G> KILN__FN kiln_conv_px kiln_conv_pixel(int m) {
   return p;
 }
 
-/* The forward product of pixels [m0, m0 + 128) and channels [n0, n0 + BN). */
-template <class G, int BN, int S>
+/* The forward product of pixels [m0, m0 + 128) and channels [n0, n0 + BN).
+ *
+ * FLIP: the data gradient of a stride-1 convolution instead, which is the forward product of dY
+ * with the filters flipped and transposed: dX (n, h, w, ci) = sum over taps (i', j') and co of
+ * dY (n, h - PH' + i', w - PW' + j', co) Wk (co, KH KW - 1 - tap', ci), PH' = KH - 1 - PH. G is
+ * then that product's geometry (the image dY, CI the forward's output channels, CO its input
+ * channels, the padding PH'), and wk the forward's filters, read as they are: row k' = tap' CI +
+ * c of the flipped filters is a row of CO contiguous values of Wk, so its B tile is MN-major. */
+template <class G, int BN, int S, bool FLIP = false>
 KILN__FN void kiln_conv_fprop(const kiln_bf16 *__restrict__ x, const kiln_bf16 *__restrict__ wk,
                               int m0, int n0, unsigned char *smem, float (&d)[BN / 2]) {
   constexpr int BM = 128, NT = 256, K = G::KH * G::KW * G::CI, KT = (K + 63) / 64;
@@ -79,11 +86,23 @@ KILN__FN void kiln_conv_fprop(const kiln_bf16 *__restrict__ x, const kiln_bf16 *
       kiln_cp16(As + kiln_sw128(row + s * ROWS, chunk),
                 ok ? x + px[s].base + (ih * G::W + iw) * G::CI + c : x, ok);
     }
+    if constexpr (!FLIP) {
 #pragma unroll
-    for (int s = 0; s < BP; s++) {
-      const int co = n0 + row + s * ROWS;
-      const bool ok = co < G::CO && k < K;
-      kiln_cp16(Bs + kiln_sw128(row + s * ROWS, chunk), ok ? wk + co * K + k : wk, ok);
+      for (int s = 0; s < BP; s++) {
+        const int co = n0 + row + s * ROWS;
+        const bool ok = co < G::CO && k < K;
+        kiln_cp16(Bs + kiln_sw128(row + s * ROWS, chunk), ok ? wk + co * K + k : wk, ok);
+      }
+    } else { /* 64 rows k' of BN columns, in panels of 64 */
+      constexpr int CB = BN / 8, RB = NT / CB, TAPS = G::KH * G::KW;
+      const int qb = tid % CB, n = n0 + qb * 8;
+#pragma unroll
+      for (int s = 0; s < 64 / RB; s++) {
+        const int r = tid / CB + RB * s, kk = kt * 64 + r, t = kk / G::CI, c = kk - t * G::CI;
+        const bool ok = kk < K && n < G::CO;
+        kiln_cp16(Bs + (qb >> 3) * 8192 + kiln_sw128(r, qb & 7),
+                  ok ? wk + (c * TAPS + TAPS - 1 - t) * G::CO + n : wk, ok);
+      }
     }
   };
 #pragma unroll
@@ -105,9 +124,13 @@ KILN__FN void kiln_conv_fprop(const kiln_bf16 *__restrict__ x, const kiln_bf16 *
     kiln_wg_pin(d);
     kiln_wg_fence();
 #pragma unroll
-    for (int ks = 0; ks < 4; ks++) /* 16 of the reduction: 32 bytes along the rows */
-      kiln_wgmma<BN, 0, 0>(d, kiln_wg_desc<16, 1024>(a + ks * 32),
-                           kiln_wg_desc<16, 1024>(b + ks * 32));
+    for (int ks = 0; ks < 4; ks++) /* 16 of the reduction: 32 bytes along A's rows */
+      if constexpr (!FLIP)
+        kiln_wgmma<BN, 0, 0>(d, kiln_wg_desc<16, 1024>(a + ks * 32),
+                             kiln_wg_desc<16, 1024>(b + ks * 32));
+      else /* B: 16 rows of 128 bytes */
+        kiln_wgmma<BN, 0, 1>(d, kiln_wg_desc<16, 1024>(a + ks * 32),
+                             kiln_wg_desc<8192, 1024>(b + ks * 2048));
     kiln_wg_commit();
     kiln_wg_wait<1>(); /* this stage's products may run on; the previous stage's are done */
     kiln_wg_pin(d);
