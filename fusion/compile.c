@@ -360,9 +360,9 @@ kiln__kernel *kiln__compile(kiln_ctx *ctx, const char *name, const char *source,
       (KILN_CUDA_FAILED(ctx, cudaLibraryLoadData(&k->lib, cubin, NULL, NULL, 0, NULL, NULL, 0)) ||
        KILN_CUDA_FAILED(ctx, cudaLibraryGetKernel(&k->fn, k->lib, name)) ||
        (smem > 48 * 1024 &&
-        KILN_CUDA_FAILED(ctx, cudaKernelSetAttributeForDevice(
-                                  k->fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem,
-                                  ctx->device))))) {
+        KILN_CUDA_FAILED(
+            ctx, cudaKernelSetAttributeForDevice(k->fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                 (int)smem, ctx->device))))) {
     if (k->lib) cudaLibraryUnload(k->lib);
     free(cubin);
     free(k);

@@ -268,9 +268,8 @@ static bool launch(kiln_ctx *ctx, kiln__call *c) {
   if (c->zero_bytes > 0 && KILN_CUDA_FAILED(ctx, cudaMemsetAsync(c->arg.args.ptr[c->zero_slot], 0,
                                                                  c->zero_bytes, stream)))
     return false;
-  return !KILN_CUDA_FAILED(ctx,
-                           cudaLaunchKernel(kiln__kernel_fn(c->k), grid, block, params, c->smem,
-                                            stream));
+  return !KILN_CUDA_FAILED(
+      ctx, cudaLaunchKernel(kiln__kernel_fn(c->k), grid, block, params, c->smem, stream));
 }
 
 bool kiln__run_calls(kiln_ctx *ctx, kiln__program *pg) {

@@ -147,7 +147,7 @@ typedef struct kiln__spec {
   const kiln_tensor *full; /* ROWS: the iteration space whose last axis is reduced */
   int nups;                /* UPDATES */
   const kiln__node *ups[KILN__KMAX_UPDATE];
-  kiln__gemm gemm; /* BLAS; CONV: the product (a, b and d set) */
+  kiln__gemm gemm;     /* BLAS; CONV: the product (a, b and d set) */
   kiln__implicit conv; /* CONV: which product; red is col2im (DGRAD) or im2col (FPROP, WGRAD) */
   bool wgmma;          /* CONV, DGRAD: on wgmma (the group's) */
   /* a concat input's copy into its slice of the output: a node and a view that lowering owns */

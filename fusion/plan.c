@@ -560,9 +560,8 @@ static bool implicit_conv(kiln_ctx *ctx, const kiln__plan *p, int32_t c, int32_t
   int64_t co = Y->shape[1];
   kiln__group scratch = {0};
   if (!dense_bf16(Y) || B->dtype != KILN_DTYPE_BF16 || B->stride[0] != 1 || B->stride[1] != K ||
-      B->offset % 8 != 0 || co % 8 != 0 || co > KILN__IMPLICIT_CONV_MAX_CO ||
-      K * co >= INT32_MAX || p->claim[*f - p->first] >= 0 ||
-      forward_epilogue(ctx, p, *f, &scratch) != 0)
+      B->offset % 8 != 0 || co % 8 != 0 || co > KILN__IMPLICIT_CONV_MAX_CO || K * co >= INT32_MAX ||
+      p->claim[*f - p->first] >= 0 || forward_epilogue(ctx, p, *f, &scratch) != 0)
     return false;
   if (*w >= 0 && !implicit_wgrad(ctx, p, c, *w, co)) return false;
   return *w >= 0 || !Y->requires_grad;
@@ -645,7 +644,7 @@ static bool phase_implicit(kiln_ctx *ctx, kiln__plan *p, bool fuse) {
   for (int32_t i = p->first; i < p->last && fuse; i++) {
     int32_t mm = implicit_dgrad(ctx, p, i), f, w;
     if (mm >= 0) p->claim[mm - p->first] = i; /* col2im's group computes the product */
-    if (implicit_conv(ctx, p, i, &f, &w)) { /* the forward product's group computes im2col */
+    if (implicit_conv(ctx, p, i, &f, &w)) {   /* the forward product's group computes im2col */
       p->claim[i - p->first] = f;
       p->window[f - p->first] = i;
       if (w >= 0) p->window[w - p->first] = i;
@@ -728,8 +727,8 @@ static bool phase_groups(kiln_ctx *ctx, kiln__plan *p, bool fuse) {
       int32_t r = producer(ctx, p, nd->in[0]), mm = r >= 0 ? producer(ctx, p, nodes[r].in[0]) : -1;
       if (mm >= 0 && p->claim[mm - first] == i) {
         g->implicit = KILN__IMPLICIT_DGRAD;
-        g->wgmma = dgrad_on_wgmma(ctx, nd, nd->out->dtype, nodes[mm].in[0]->shape[1],
-                                  nd->out->shape[3]);
+        g->wgmma =
+            dgrad_on_wgmma(ctx, nd, nd->out->dtype, nodes[mm].in[0]->shape[1], nd->out->shape[3]);
         if (!add_member(ctx, p, g, mm)) return false;
       }
     }
@@ -840,8 +839,8 @@ bool kiln__plan_build(kiln_ctx *ctx, int32_t first, int32_t last, bool fuse, kil
   p->write_to = calloc(n, sizeof *p->write_to);
   p->readers = calloc(n, sizeof *p->readers);
   p->window = malloc(n * sizeof *p->window);
-  bool ok = (p->group_of && p->store && p->claim && p->write_to && p->readers && p->window) ||
-            oom(ctx);
+  bool ok =
+      (p->group_of && p->store && p->claim && p->write_to && p->readers && p->window) || oom(ctx);
   for (size_t k = 0; ok && k < sizeof phases / sizeof phases[0]; k++)
     ok = phases[k].run(ctx, p, fuse);
   if (!ok) {

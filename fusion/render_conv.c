@@ -142,18 +142,19 @@ static void conv_operands(const kiln__node *n, const kiln_tensor *t, const kiln_
   slot[1] = kiln__operand(o, t, false, NULL);
   slot[2] = kiln__operand(o, out, true, NULL);
   kiln__win w = kiln__win_of(n);
-  snprintf(pre, len,
-           "#include \"conv.cuh\"\n"
-           "struct G { /* the convolution's geometry */\n"
-           "  static constexpr int N = %lld, H = %lld, W = %lld, CI = %lld, OH = %lld, OW = %lld, "
-           "CO = %lld;\n"
-           "  static constexpr int KH = %lld, KW = %lld, SH = %lld, SW = %lld, PH = %lld, PW = %lld, "
-           "DH = %lld, DW = %lld;\n"
-           "};\n",
-           (long long)X->shape[0], (long long)X->shape[1], (long long)X->shape[2],
-           (long long)X->shape[3], (long long)C->shape[1], (long long)C->shape[2], (long long)co,
-           (long long)w.kh, (long long)w.kw, (long long)w.sh, (long long)w.sw, (long long)w.ph,
-           (long long)w.pw, (long long)w.dh, (long long)w.dw);
+  snprintf(
+      pre, len,
+      "#include \"conv.cuh\"\n"
+      "struct G { /* the convolution's geometry */\n"
+      "  static constexpr int N = %lld, H = %lld, W = %lld, CI = %lld, OH = %lld, OW = %lld, "
+      "CO = %lld;\n"
+      "  static constexpr int KH = %lld, KW = %lld, SH = %lld, SW = %lld, PH = %lld, PW = %lld, "
+      "DH = %lld, DW = %lld;\n"
+      "};\n",
+      (long long)X->shape[0], (long long)X->shape[1], (long long)X->shape[2],
+      (long long)X->shape[3], (long long)C->shape[1], (long long)C->shape[2], (long long)co,
+      (long long)w.kh, (long long)w.kw, (long long)w.sh, (long long)w.sw, (long long)w.ph,
+      (long long)w.pw, (long long)w.dh, (long long)w.dw);
 }
 
 /* Stores the block's accumulators d (its rows from row0, its columns from col0) into the bf16
@@ -243,8 +244,8 @@ static bool render_wgrad(const kiln__target *t, const kiln__node *n, const kiln_
   int64_t tiles = ((K + 127) / 128) * ((CO + BN - 1) / BN), sms = t->num_sms > 0 ? t->num_sms : 132;
   int64_t splits = (sms + tiles - 1) / tiles, most = M / (64 * 32);
   if (splits > most) splits = most;
-  while (splits > 1 && tiles * splits * 128 * BN * (int64_t)sizeof(float) >
-                           (int64_t)KILN__CONV_WS_BYTES)
+  while (splits > 1 &&
+         tiles * splits * 128 * BN * (int64_t)sizeof(float) > (int64_t)KILN__CONV_WS_BYTES)
     splits--;
   if (splits < 1 || tiles > KILN__CONV_COUNTERS) splits = 1;
   int64_t chunk = ((M + splits - 1) / splits + 63) / 64 * 64;
@@ -254,20 +255,22 @@ static bool render_wgrad(const kiln__target *t, const kiln__node *n, const kiln_
   char pre[640];
   conv_operands(n, dY, D, CO, &o, slot, pre, sizeof pre);
   kiln__sb b = {0};
-  kiln__sb_printf(&b,
-                  "  constexpr int BN = %d, S = %d, M = %lld, K = %lld, CHUNK = %lld;\n"
-                  "  extern __shared__ __align__(1024) unsigned char kiln_smem[];\n"
-                  "  float d[BN / 2];\n"
-                  "  const int k0 = (int)blockIdx.x * 128, n0 = (int)blockIdx.y * BN;\n"
-                  "  const int p0 = (int)blockIdx.z * CHUNK, p1 = p0 + CHUNK < M ? p0 + CHUNK : M;\n"
-                  "  kiln_conv_wgrad<G, BN, S>((const kiln_bf16 *)a.ptr[%d], (const kiln_bf16 "
-                  "*)a.ptr[%d], k0, n0, p0, p1, kiln_smem, d);\n",
-                  BN, S, (long long)M, (long long)K, (long long)chunk, slot[0], slot[1]);
+  kiln__sb_printf(
+      &b,
+      "  constexpr int BN = %d, S = %d, M = %lld, K = %lld, CHUNK = %lld;\n"
+      "  extern __shared__ __align__(1024) unsigned char kiln_smem[];\n"
+      "  float d[BN / 2];\n"
+      "  const int k0 = (int)blockIdx.x * 128, n0 = (int)blockIdx.y * BN;\n"
+      "  const int p0 = (int)blockIdx.z * CHUNK, p1 = p0 + CHUNK < M ? p0 + CHUNK : M;\n"
+      "  kiln_conv_wgrad<G, BN, S>((const kiln_bf16 *)a.ptr[%d], (const kiln_bf16 "
+      "*)a.ptr[%d], k0, n0, p0, p1, kiln_smem, d);\n",
+      BN, S, (long long)M, (long long)K, (long long)chunk, slot[0], slot[1]);
   if (splits > 1)
-    kiln__sb_printf(&b,
-                    "  if (!kiln_conv_split_sum<BN>(d, (float *)a.ptr[%d], (unsigned *)a.ptr[%d]))\n"
-                    "    return;\n",
-                    o.n, o.n + 1);
+    kiln__sb_printf(
+        &b,
+        "  if (!kiln_conv_split_sum<BN>(d, (float *)a.ptr[%d], (unsigned *)a.ptr[%d]))\n"
+        "    return;\n",
+        o.n, o.n + 1);
   store_tile(&b, slot[2], "k0", "n0", "K", "G::CO", true);
   r->arg.args.n = M;
   r->grid = (unsigned)((K + 127) / 128);

@@ -22,7 +22,8 @@ void kiln__plan_describe(const kiln_ctx *ctx, const kiln__plan *p, kiln__sb *out
     }
     if (g->epi != KILN__EPI_NONE) kiln__sb_printf(out, " [%s]", kiln__epi_name(g->epi));
     if (g->implicit == KILN__IMPLICIT_FPROP || g->implicit == KILN__IMPLICIT_WGRAD)
-      kiln__sb_printf(out, " [implicit %s]", g->implicit == KILN__IMPLICIT_FPROP ? "fprop" : "wgrad");
+      kiln__sb_printf(out, " [implicit %s]",
+                      g->implicit == KILN__IMPLICIT_FPROP ? "fprop" : "wgrad");
   }
   if (!out->s) kiln__sb_printf(out, "%s", "");
 }
@@ -174,9 +175,9 @@ static const char *check_group(const kiln_ctx *ctx, const kiln__plan *p, int k, 
     int h = g->implicit == KILN__IMPLICIT_DGRAD ? 1 : 0;
     const kiln__node *head = &nodes[g->node];
     if (h && (g->n < 2 || first->op != KILN__OP_MATMUL || head->op != KILN__OP_COL2IM ||
-                        p->members[g->first + 1] != g->node ||
-                        p->claim[p->members[g->first] - p->first] != g->node ||
-                        p->store[p->members[g->first] - p->first]))
+              p->members[g->first + 1] != g->node ||
+              p->claim[p->members[g->first] - p->first] != g->node ||
+              p->store[p->members[g->first] - p->first]))
       return bad(why, n, "group %d: an implicit product that is not col2im's, or is written", k);
     for (int m = h + 1; m < g->n; m++) { /* a window op's elementwise epilogue */
       const kiln__node *x = &nodes[p->members[g->first + m]];
@@ -265,12 +266,14 @@ const char *kiln__plan_verify(const kiln_ctx *ctx, const kiln__plan *p, char *wh
         if (kiln__ops[r->op].kind == KILN__KIND_VIEW) continue;
         int32_t gr = p->group_of[j - p->first];
         for (int q = 0; q < r->nin; q++)
-          if (owner(ctx, p, r->in[q]) == i &&
-              (gr < 0 || (p->g[gr].implicit != KILN__IMPLICIT_FPROP &&
-                          p->g[gr].implicit != KILN__IMPLICIT_WGRAD) ||
-               p->g[gr].window != i))
-            return bad(why, n, "the columns of im2col #%d are read by #%d (%s), which does not "
-                       "gather them from the image", i, j, kiln__ops[r->op].name);
+          if (owner(ctx, p, r->in[q]) == i && (gr < 0 ||
+                                               (p->g[gr].implicit != KILN__IMPLICIT_FPROP &&
+                                                p->g[gr].implicit != KILN__IMPLICIT_WGRAD) ||
+                                               p->g[gr].window != i))
+            return bad(why, n,
+                       "the columns of im2col #%d are read by #%d (%s), which does not "
+                       "gather them from the image",
+                       i, j, kiln__ops[r->op].name);
       }
       continue;
     }

@@ -465,9 +465,9 @@ static void convnet_init(convnet *m, kiln_ctx *ctx, bool graphs) {
 static float convnet_step(convnet *m, kiln_ctx *ctx) {
   kiln_step_begin(ctx);
   kiln_autocast_begin(ctx, KILN_DTYPE_BF16);
-  kiln_tensor *h = kiln_gelu(
-      kiln_batch_norm_layer_forward(&m->b1, kiln_conv2d_layer_forward(&m->c1, m->x)),
-      KILN_GELU_TANH);
+  kiln_tensor *h =
+      kiln_gelu(kiln_batch_norm_layer_forward(&m->b1, kiln_conv2d_layer_forward(&m->c1, m->x)),
+                KILN_GELU_TANH);
   h = kiln_max_pool2d(h, &(kiln_pool2d_options){.kernel_h = 2, .kernel_w = 2});
   h = kiln_gelu(kiln_batch_norm_layer_forward(&m->b2, kiln_conv2d_layer_forward(&m->c2, h)),
                 KILN_GELU_TANH);
@@ -491,8 +491,8 @@ Test(gpu_graph, a_bf16_conv_net_replays_bitwise_over_50_steps) {
   float first = 0, last = 0;
   for (int s = 0; s < 50; s++) {
     float lg = convnet_step(&g, cg), le = convnet_step(&e, ce);
-    cr_assert(memcmp(&lg, &le, 4) == 0, "step %d: loss %a with graphs, %a without", s,
-              (double)lg, (double)le);
+    cr_assert(memcmp(&lg, &le, 4) == 0, "step %d: loss %a with graphs, %a without", s, (double)lg,
+              (double)le);
     if (s == 0) first = lg;
     last = lg;
   }

@@ -290,7 +290,8 @@ Test(gpu_ops, conv2d_data_gradient_as_an_implicit_gemm) {
   th_ctx_free(ctx);
 }
 
-/* ---------------------------------------------------------------- implicit forward and weight gradient */
+/* ---------------------------------------------------------------- implicit forward and weight
+ * gradient */
 
 /* bf16 convolutions with at most 64 output channels, whose forward product and weight gradient
  * run as implicit GEMMs on sm_90 (fusion/device/conv.cuh; elsewhere im2col and cuBLAS), and two
@@ -311,6 +312,8 @@ static const conv_case wgmma_cases[] = {
      CO(.pad_h = 1, .pad_w = 1), 0, 0, 0},
     {"24->16 3x3 (no padding), 14415 pixels (split reduction)", 15, 33, 33, 24, 16, 3, 3, CO(0), 0,
      0, 0},
+    {"8->16 3x3 pad 1, 6x6 images, batch 32 (8 channels of a 64-wide tile)", 32, 6, 6, 8, 16, 3, 3,
+     CO(.pad_h = 1, .pad_w = 1), 0, 0, 0},
     /* more output channels: im2col and cuBLAS forward, the data gradient on wgmma (sm_90) */
     {"128->96 3x3 pad 1", 4, 7, 7, 128, 96, 3, 3, CO(.pad_h = 1, .pad_w = 1), 0, 0, 0},
     {"256->256 3x3 pad 1 on 3x3 images (air's last conv)", 8, 3, 3, 256, 256, 3, 3,
@@ -326,8 +329,8 @@ static bool dgrad_implicit(const conv_case *c) {
   cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0);
   cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0);
   ref_win g = conv_win(c);
-  bool s1 = g.sh == 1 && g.sw == 1 && g.dh == 1 && g.dw == 1 && g.ph <= c->kh - 1 &&
-            g.pw <= c->kw - 1;
+  bool s1 =
+      g.sh == 1 && g.sw == 1 && g.dh == 1 && g.dw == 1 && g.ph <= c->kh - 1 && g.pw <= c->kw - 1;
   return (c->cout % 32 == 0 && c->cout <= 64) ||
          (major == 9 && minor == 0 && s1 && c->cout % 8 == 0 && c->cin % 8 == 0 &&
           (c->cout <= 64 || c->cin >= 128));

@@ -119,8 +119,8 @@ KILN__FN void kiln_conv_fprop(const kiln_bf16 *__restrict__ x, const kiln_bf16 *
     __syncthreads();
     if (kt + S - 2 < KT) load(kt + S - 2, (kt + S - 2) % S);
     kiln_cp_commit();
-    const unsigned char *a = base + (kt % S) * STAGE + wg * 64 * 128, *b = base + (kt % S) * STAGE +
-                                                                          BM * 128;
+    const unsigned char *a = base + (kt % S) * STAGE + wg * 64 * 128,
+                        *b = base + (kt % S) * STAGE + BM * 128;
     kiln_wg_pin(d);
     kiln_wg_fence();
 #pragma unroll
@@ -212,8 +212,8 @@ KILN__FN void kiln_conv_wgrad(const kiln_bf16 *__restrict__ x, const kiln_bf16 *
     __syncthreads();
     if (kt + S - 2 < KT) load((kt + S - 2) % S);
     kiln_cp_commit();
-    const unsigned char *a = base + (kt % S) * STAGE + wg * 8192, *b = base + (kt % S) * STAGE +
-                                                                        PA * 8192;
+    const unsigned char *a = base + (kt % S) * STAGE + wg * 8192,
+                        *b = base + (kt % S) * STAGE + PA * 8192;
     kiln_wg_pin(d);
     kiln_wg_fence();
 #pragma unroll
@@ -234,7 +234,8 @@ KILN__FN void kiln_conv_wgrad(const kiln_bf16 *__restrict__ x, const kiln_bf16 *
  * tile's counter in cnt; the last block of a tile gets true back with d the sum of the partials
  * in split order (the same sum whichever block comes last) and resets the counter, so that every
  * launch finds the counters zero. The others get false. */
-template <int BN> KILN__FN bool kiln_conv_split_sum(float (&d)[BN / 2], float *part, unsigned *cnt) {
+template <int BN>
+KILN__FN bool kiln_conv_split_sum(float (&d)[BN / 2], float *part, unsigned *cnt) {
   const int splits = gridDim.z, tile = blockIdx.x + gridDim.x * blockIdx.y;
   if (splits == 1) return true;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;

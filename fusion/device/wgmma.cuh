@@ -50,7 +50,7 @@ template <int N> KILN__FN void kiln_wg_pin(float (&d)[N]) {
 }
 
 #define KILN_WG_R8(b)                                                                              \
-  "+f"(d[b + 0]), "+f"(d[b + 1]), "+f"(d[b + 2]), "+f"(d[b + 3]), "+f"(d[b + 4]), "+f"(d[b + 5]), \
+  "+f"(d[b + 0]), "+f"(d[b + 1]), "+f"(d[b + 2]), "+f"(d[b + 3]), "+f"(d[b + 4]), "+f"(d[b + 5]),  \
       "+f"(d[b + 6]), "+f"(d[b + 7])
 #define KILN_WG_R32(b) KILN_WG_R8(b), KILN_WG_R8(b + 8), KILN_WG_R8(b + 16), KILN_WG_R8(b + 24)
 /* the operand names %b0 .. %b9 */
@@ -63,8 +63,8 @@ template <int TA, int TB>
 KILN__FN void kiln_wgmma_n64(float (&d)[32], unsigned long long da, unsigned long long db) {
   asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %36, 0;\n"
                "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
-               "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, " KILN_WG_L10(1) KILN_WG_L10(2)
-               "%30, %31}, %32, %33, p, 1, 1, %34, %35;\n}\n"
+               "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, " KILN_WG_L10(1)
+                   KILN_WG_L10(2) "%30, %31}, %32, %33, p, 1, 1, %34, %35;\n}\n"
                : KILN_WG_R32(0)
                : "l"(da), "l"(db), "n"(TA), "n"(TB), "r"(1)
                : "memory");
@@ -75,23 +75,23 @@ KILN__FN void kiln_wgmma_n128(float (&d)[64], unsigned long long da, unsigned lo
                "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
                "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, " KILN_WG_L10(1) KILN_WG_L10(2)
                    KILN_WG_L10(3) KILN_WG_L10(4) KILN_WG_L10(5) "%60, %61, %62, %63}, %64, %65, p, "
-                                                             "1, 1, %66, %67;\n}\n"
+                                                                "1, 1, %66, %67;\n}\n"
                : KILN_WG_R32(0), KILN_WG_R32(32)
                : "l"(da), "l"(db), "n"(TA), "n"(TB), "r"(1)
                : "memory");
 }
 template <int TA, int TB>
 KILN__FN void kiln_wgmma_n256(float (&d)[128], unsigned long long da, unsigned long long db) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %132, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {"
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, " KILN_WG_L10(1) KILN_WG_L10(2) KILN_WG_L10(3)
-          KILN_WG_L10(4) KILN_WG_L10(5) KILN_WG_L10(6) KILN_WG_L10(7) KILN_WG_L10(8) KILN_WG_L10(9)
-              KILN_WG_L10(10) KILN_WG_L10(11) "%120, %121, %122, %123, %124, %125, %126, %127}, "
-                                            "%128, %129, p, 1, 1, %130, %131;\n}\n"
-      : KILN_WG_R32(0), KILN_WG_R32(32), KILN_WG_R32(64), KILN_WG_R32(96)
-      : "l"(da), "l"(db), "n"(TA), "n"(TB), "r"(1)
-      : "memory");
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %132, 0;\n"
+               "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {"
+               "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, " KILN_WG_L10(1) KILN_WG_L10(2)
+                   KILN_WG_L10(3) KILN_WG_L10(4) KILN_WG_L10(5) KILN_WG_L10(6) KILN_WG_L10(7)
+                       KILN_WG_L10(8) KILN_WG_L10(9) KILN_WG_L10(10)
+                           KILN_WG_L10(11) "%120, %121, %122, %123, %124, %125, %126, %127}, "
+                                           "%128, %129, p, 1, 1, %130, %131;\n}\n"
+               : KILN_WG_R32(0), KILN_WG_R32(32), KILN_WG_R32(64), KILN_WG_R32(96)
+               : "l"(da), "l"(db), "n"(TA), "n"(TB), "r"(1)
+               : "memory");
 }
 template <int BN, int TA, int TB>
 KILN__FN void kiln_wgmma(float (&d)[BN / 2], unsigned long long da, unsigned long long db) {
