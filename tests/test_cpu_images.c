@@ -6,6 +6,7 @@
  * gradients, buffers) and the context's training mode; and the planner on a conv-BN-ReLU block,
  * checked only for what must hold whatever the fusion choices.
  */
+#include <limits.h>
 #include <string.h>
 
 #include "fusion/fusion.h"
@@ -196,6 +197,15 @@ Test(images, conv2d_misuse_names_the_function) {
     EXPECT_FAIL(ctx, kiln_conv2d(x3, w, b, &bad[i]), "kiln_conv2d");
   /* an i32 image */
   EXPECT_FAIL(ctx, kiln_conv2d(th_i32(ctx, KILN_SHAPE(2, 7, 5, 3)), w, b, NULL), "kiln_conv2d");
+  /* padding or dilation of INT_MAX: a product beyond the int range (refused by kiln_conv2d before
+   * it records its columns, not by the product), a window that fits nowhere; padding that makes
+   * an output of more than 2^58 elements */
+  kiln_conv2d_options huge[] = {{.pad_h = INT_MAX},
+                                {.pad_w = INT_MAX},
+                                {.dilation_h = INT_MAX},
+                                {.pad_h = 1 << 30, .pad_w = 1 << 30}};
+  for (size_t i = 0; i < sizeof huge / sizeof *huge; i++)
+    EXPECT_FAIL(ctx, kiln_conv2d(x3, w, b, &huge[i]), "kiln_conv2d");
   th_free_scratch();
   th_ctx_free(ctx);
 }
@@ -218,6 +228,8 @@ Test(images, pool_norm_misuse_names_the_function) {
   EXPECT_FAIL(ctx, kiln_max_pool2d(x3, &k2), "kiln_max_pool2d");
   EXPECT_FAIL(ctx, kiln_avg_pool2d(x3, &k2), "kiln_avg_pool2d");
   EXPECT_FAIL(ctx, kiln_max_pool2d(x, &huge), "kiln_max_pool2d");
+  kiln_pool2d_options kmax = {.kernel_h = INT_MAX, .kernel_w = 2};
+  EXPECT_FAIL(ctx, kiln_max_pool2d(x, &kmax), "kiln_max_pool2d");
   EXPECT_FAIL(ctx, kiln_global_avg_pool2d(x3), "kiln_global_avg_pool2d");
   EXPECT_FAIL(ctx, kiln_global_max_pool2d(th_f32(ctx, KILN_SHAPE(2, 6))), "kiln_global_max_pool2d");
   kiln_tensor *c6 = th_f32(ctx, KILN_SHAPE(6)), *c5 = th_f32(ctx, KILN_SHAPE(5));
@@ -227,6 +239,12 @@ Test(images, pool_norm_misuse_names_the_function) {
   EXPECT_FAIL(ctx, kiln_batch_norm(x, c6, c6, c6, c5, 0, 0.1f, 1e-5f), "kiln_batch_norm");
   EXPECT_FAIL(ctx,
               kiln_batch_norm(x, th_f32(ctx, KILN_SHAPE(1, 6)), c6, NULL, NULL, 1, 0.1f, 1e-5f),
+              "kiln_batch_norm");
+  /* batch norm takes (N, H, W, C) or (N, C), as kiln.h says */
+  EXPECT_FAIL(ctx, kiln_batch_norm(x3, c6, c6, NULL, NULL, 1, 0.1f, 1e-5f), "kiln_batch_norm");
+  EXPECT_FAIL(ctx,
+              kiln_batch_norm(th_f32(ctx, KILN_SHAPE(2, 3, 7, 5, 6)), c6, c6, NULL, NULL, 1, 0.1f,
+                              1e-5f),
               "kiln_batch_norm");
   EXPECT_FAIL(ctx, kiln_layer_norm(x, c5, NULL, 1e-5f), "kiln_layer_norm");
   EXPECT_FAIL(ctx, kiln_layer_norm(x, c6, c5, 1e-5f), "kiln_layer_norm");
