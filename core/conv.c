@@ -156,13 +156,12 @@ kiln_tensor *kiln_conv2d(kiln_tensor *x, kiln_tensor *weight, kiln_tensor *bias,
     return NULL;
   int64_t K = w.kh * w.kw * C, Kg = K / G, M = N * OH * OW; /* rows and columns of the product */
   int64_t cshape[4] = {N, OH, OW, K}, yshape[4] = {N, OH, OW, Cout};
-  if (!kiln__valid_shape(ctx, fn, 4, cshape) || !kiln__valid_shape(ctx, fn, 4, yshape))
-    return NULL;
+  if (!kiln__valid_shape(ctx, fn, 4, cshape) || !kiln__valid_shape(ctx, fn, 4, yshape)) return NULL;
   /* checked here, before anything is recorded, rather than by the product's own checks */
   if (M > INT32_MAX || Kg > INT32_MAX || Cout > INT32_MAX)
     return kiln__error(ctx, KILN_ERR_SHAPE,
-                       "%s: input %s, weight %s: the product of %" PRId64 " output pixels by %" PRId64
-                       " window values by %" PRId64
+                       "%s: input %s, weight %s: the product of %" PRId64
+                       " output pixels by %" PRId64 " window values by %" PRId64
                        " output channels is beyond the matrix product's int range (2^31 - 1 each)",
                        fn, kiln__shape_of(x, s1, sizeof s1), kiln__shape_of(weight, s2, sizeof s2),
                        M, Kg, Cout),
@@ -429,8 +428,9 @@ kiln_tensor *kiln_batch_norm(kiln_tensor *x, kiln_tensor *weight, kiln_tensor *b
   if (!ctx || !is_float(ctx, fn, "the input", x)) return NULL;
   char sh[96];
   if (x->ndim != 2 && x->ndim != 4)
-    return kiln__error(ctx, KILN_ERR_SHAPE, "%s: the input is %s; it must be (N, H, W, C) or (N, C)",
-                       fn, kiln__shape_of(x, sh, sizeof sh)),
+    return kiln__error(ctx, KILN_ERR_SHAPE,
+                       "%s: the input is %s; it must be (N, H, W, C) or (N, C)", fn,
+                       kiln__shape_of(x, sh, sizeof sh)),
            NULL;
   int64_t C = x->shape[x->ndim - 1], n = kiln_tensor_numel(x) / (C ? C : 1);
   if (!channel_vector(ctx, fn, "the weight", weight, C) ||

@@ -242,10 +242,10 @@ Test(images, pool_norm_misuse_names_the_function) {
               "kiln_batch_norm");
   /* batch norm takes (N, H, W, C) or (N, C), as kiln.h says */
   EXPECT_FAIL(ctx, kiln_batch_norm(x3, c6, c6, NULL, NULL, 1, 0.1f, 1e-5f), "kiln_batch_norm");
-  EXPECT_FAIL(ctx,
-              kiln_batch_norm(th_f32(ctx, KILN_SHAPE(2, 3, 7, 5, 6)), c6, c6, NULL, NULL, 1, 0.1f,
-                              1e-5f),
-              "kiln_batch_norm");
+  EXPECT_FAIL(
+      ctx,
+      kiln_batch_norm(th_f32(ctx, KILN_SHAPE(2, 3, 7, 5, 6)), c6, c6, NULL, NULL, 1, 0.1f, 1e-5f),
+      "kiln_batch_norm");
   EXPECT_FAIL(ctx, kiln_layer_norm(x, c5, NULL, 1e-5f), "kiln_layer_norm");
   EXPECT_FAIL(ctx, kiln_layer_norm(x, c6, c5, 1e-5f), "kiln_layer_norm");
   th_free_scratch();
