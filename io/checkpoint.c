@@ -106,6 +106,7 @@ static int by_slot_name(const void *a, const void *b) {
 
 /* A name two slots share (a parameter named like another's optimizer state), or NULL. */
 static const char *shared_name(const slots *ss) {
+  if (ss->n < 2) return NULL; /* (no list to copy: memcpy from NULL is undefined) */
   slot *sorted = malloc((size_t)(ss->n + 1) * sizeof *sorted);
   if (!sorted) return NULL;
   memcpy(sorted, ss->s, (size_t)ss->n * sizeof *sorted);

@@ -243,3 +243,20 @@ Test(safetensors, save_killed_midway_keeps_previous_file, .timeout = 300) {
   rmdir(dir);
   th_ctx_free(ctx);
 }
+
+/* An empty parameter list saves as a file of no tensors and loads back into an empty list
+ * (under UBSan: nothing copied from a NULL list). */
+Test(safetensors, an_empty_parameter_list_round_trips) {
+  kiln_ctx *ctx = th_cpu_ctx();
+  char dir[] = "/tmp/kiln-st-XXXXXX", path[64];
+  cr_assert_not_null(mkdtemp(dir));
+  snprintf(path, sizeof path, "%s/empty.safetensors", dir);
+  kiln_params *p = kiln_params_new(ctx);
+  cr_assert_eq(kiln_params_save(p, path, KILN_DTYPE_F32), KILN_OK, "%s", kiln_ctx_error(ctx));
+  cr_assert_eq(kiln_params_load(p, path), KILN_OK, "%s", kiln_ctx_error(ctx));
+  cr_assert_eq(kiln_params_count(p), 0);
+  kiln_params_free(p);
+  remove(path);
+  rmdir(dir);
+  th_ctx_free(ctx);
+}
