@@ -24,6 +24,7 @@
 #define KILN_EXAMPLES_CIFAR10_DATA_H
 
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -160,21 +161,40 @@ static inline uint64_t cache_contents_checksum(const kiln_cifar10 *c) {
   return cache_rotl(a, 17) ^ b;
 }
 
+/* Why a cache path that is not a regular file is not used. */
+static inline const char *cache_not_regular(const struct stat *st) {
+  return S_ISDIR(st->st_mode)    ? "it is a directory, not a file"
+         : S_ISFIFO(st->st_mode) ? "it is a FIFO, not a regular file"
+                                 : "it is not a regular file";
+}
+
 /* Reads a split from the cache file path when it is whole and made from the source key; 1 with
  * *c filled, else 0 with why (a short reason; "" when the file does not exist). */
 static inline int cache_load(const char *path, uint64_t key, kiln_cifar10 *c, char *why,
                              size_t nwhy) {
   why[0] = '\0';
-  FILE *f = fopen(path, "rb");
-  if (!f) {
+  /* a regular file only: opened without blocking (a FIFO would wait for a writer for ever), then
+   * checked */
+  int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) {
     if (errno != ENOENT) snprintf(why, nwhy, "cannot open it: %s", strerror(errno));
     return 0;
   }
-  unsigned char h[CIFAR10_CACHE_HEADER];
   struct stat st;
+  FILE *f = NULL;
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || !(f = fdopen(fd, "rb"))) {
+    int e = errno;
+    if (fstat(fd, &st) == 0 && !S_ISREG(st.st_mode))
+      snprintf(why, nwhy, "%s", cache_not_regular(&st));
+    else
+      snprintf(why, nwhy, "cannot open it: %s", strerror(e));
+    close(fd);
+    return 0;
+  }
+  unsigned char h[CIFAR10_CACHE_HEADER];
   kiln_cifar10 got = {0};
   int ok = 0;
-  if (fstat(fileno(f), &st) != 0 || fread(h, 1, sizeof h, f) != sizeof h) {
+  if (fread(h, 1, sizeof h, f) != sizeof h) {
     snprintf(why, nwhy, "shorter than its header");
     goto done;
   }
@@ -222,9 +242,14 @@ done:
 }
 
 /* Writes c to the cache file path (a temporary file beside it, renamed over it); 0 on success,
- * else -1 with why. */
+ * else -1 with why. Something other than a regular file at path is left as it is. */
 static inline int cache_store(const char *path, uint64_t key, const kiln_cifar10 *c, char *why,
                               size_t nwhy) {
+  struct stat st;
+  if (stat(path, &st) == 0 && !S_ISREG(st.st_mode)) {
+    snprintf(why, nwhy, "%s, left as it is", cache_not_regular(&st));
+    return -1;
+  }
   unsigned char h[CIFAR10_CACHE_HEADER];
   memcpy(h, "KILNC10\001", 8);
   cache_put64(h + 8, (uint64_t)c->n);

@@ -87,12 +87,12 @@ static uint8_t *gz_encode(const uint8_t *p, size_t n, size_t *out_n) {
 }
 
 typedef enum { BIN, GZ, XZ } packing;
-static const char *suffix[3] = {".bin", ".bin.gz", ".bin.xz"};
+static const char *suffixes[3] = {".bin", ".bin.gz", ".bin.xz"};
 
 /* Writes p (n bytes) as dir/stem.bin, .bin.gz or .bin.xz, compressed as the name says. */
 static void put_batch(const char *dir, const char *stem, const uint8_t *p, size_t n, packing k) {
   char path[1200];
-  snprintf(path, sizeof path, "%s/%s%s", dir, stem, suffix[k]);
+  snprintf(path, sizeof path, "%s/%s%s", dir, stem, suffixes[k]);
   size_t m = n;
   uint8_t *z = k == GZ ? gz_encode(p, n, &m) : k == XZ ? xz_encode(p, n, &m) : NULL;
   th_write_whole(path, z ? z : p, m);
@@ -101,7 +101,7 @@ static void put_batch(const char *dir, const char *stem, const uint8_t *p, size_
 
 static void remove_file(const char *dir, const char *stem, packing k) {
   char path[1200];
-  snprintf(path, sizeof path, "%s/%s%s", dir, stem, suffix[k]);
+  snprintf(path, sizeof path, "%s/%s%s", dir, stem, suffixes[k]);
   cr_assert_eq(unlink(path), 0, "unlink %s", path);
 }
 
@@ -271,7 +271,7 @@ Test(cifar10, raw_gzip_and_xz_read_back) {
     free(b);
     kiln_ctx *ctx = th_cpu_ctx();
     kiln_cifar10 c;
-    cr_assert_eq(kiln_cifar10_read(ctx, dir, "test", &c), KILN_OK, "%s: %s", suffix[k],
+    cr_assert_eq(kiln_cifar10_read(ctx, dir, "test", &c), KILN_OK, "%s: %s", suffixes[k],
                  th_err(ctx));
     cr_assert_null(kiln_ctx_error(ctx));
     cr_assert_eq(c.n, (int64_t)n);
@@ -373,7 +373,7 @@ static void put_changed(const char *dir, const uint8_t *p, size_t n, packing k,
                         void (*f)(const char *path)) {
   put_batch(dir, "test_batch", p, n, k);
   char path[1200];
-  snprintf(path, sizeof path, "%s/test_batch%s", dir, suffix[k]);
+  snprintf(path, sizeof path, "%s/test_batch%s", dir, suffixes[k]);
   f(path);
 }
 
@@ -419,9 +419,9 @@ Test(cifar10, empty_oversized_and_odd_files) {
   char dir[256], path[1200];
   th_tmpdir(dir, sizeof dir, "cifar10");
   for (int k = 0; k < 3; k++) {
-    snprintf(path, sizeof path, "%s/test_batch%s", dir, suffix[k]);
+    snprintf(path, sizeof path, "%s/test_batch%s", dir, suffixes[k]);
     th_write_whole(path, "", 0);
-    EXPECT_ERROR(dir, "test", KILN_ERR_FORMAT, suffix[k], "empty file");
+    EXPECT_ERROR(dir, "test", KILN_ERR_FORMAT, suffixes[k], "empty file");
     cr_assert_eq(unlink(path), 0);
   }
   /* a raw file of five batches' size (sparse: nothing is written) is refused before reading */
@@ -572,7 +572,7 @@ Test(cifar10, sample_files) {
       kiln_cifar10 d;
       cr_assert_eq(kiln_cifar10_read(ctx, tmp, split[s], &d), KILN_OK, "%s", th_err(ctx));
       cr_assert_eq(d.n, 1000);
-      cr_assert_eq(memcmp(d.images, c.images, 1000 * PIX), 0, "%s differs", suffix[k]);
+      cr_assert_eq(memcmp(d.images, c.images, 1000 * PIX), 0, "%s differs", suffixes[k]);
       cr_assert_eq(memcmp(d.labels, c.labels, 1000), 0);
       kiln_cifar10_free(&d);
       remove_file(tmp, file[s], (packing)k);
@@ -627,4 +627,44 @@ Test(cifar10, full_data_set) {
   kiln_cifar10_free(&te);
   kiln_cifar10_free(&tr);
   th_ctx_free(ctx);
+}
+
+/* ---------------------------------------------------------------- the example's cache */
+
+#include "../examples/cifar10_data.h"
+
+/* The CIFAR-10 example's cache at a path that is not a regular file: a FIFO is not waited on (it
+ * was opened with fopen, which blocks for a writer for ever), a directory is named as one, and
+ * neither is written over. */
+Test(cifar10, the_example_cache_uses_regular_files_only, .timeout = 20) {
+  char dir[] = "/tmp/kiln-c10cache-XXXXXX", fifo[96], sub[96], why[256];
+  cr_assert_not_null(mkdtemp(dir));
+  snprintf(fifo, sizeof fifo, "%s/fifo.cache", dir);
+  snprintf(sub, sizeof sub, "%s/dir.cache", dir);
+  cr_assert_eq(mkfifo(fifo, 0600), 0);
+  cr_assert_eq(mkdir(sub, 0700), 0);
+  uint8_t labels[1] = {3}, images[CIFAR10_PIXELS] = {0};
+  kiln_cifar10 one = {.n = 1, .labels = labels, .images = images}, got;
+  const char *paths[2] = {fifo, sub}, *kinds[2] = {"FIFO", "directory"};
+  for (int i = 0; i < 2; i++) {
+    cr_assert_eq(cache_load(paths[i], 7, &got, why, sizeof why), 0, "%s", paths[i]);
+    cr_assert(strstr(why, kinds[i]) != NULL, "%s: '%s'", paths[i], why);
+    cr_assert_eq(cache_store(paths[i], 7, &one, why, sizeof why), -1, "%s", paths[i]);
+    cr_assert(strstr(why, kinds[i]) != NULL && strstr(why, "left as it is"), "%s: '%s'", paths[i],
+              why);
+  }
+  struct stat st;
+  cr_assert(stat(fifo, &st) == 0 && S_ISFIFO(st.st_mode), "the FIFO is still there");
+  cr_assert(stat(sub, &st) == 0 && S_ISDIR(st.st_mode), "the directory is still there");
+  /* a regular file round-trips */
+  char file[96];
+  snprintf(file, sizeof file, "%s/ok.cache", dir);
+  cr_assert_eq(cache_store(file, 7, &one, why, sizeof why), 0, "%s", why);
+  cr_assert_eq(cache_load(file, 7, &got, why, sizeof why), 1, "%s", why);
+  cr_assert(got.n == 1 && got.labels[0] == 3);
+  kiln_cifar10_free(&got);
+  remove(file);
+  remove(fifo);
+  rmdir(sub);
+  rmdir(dir);
 }

@@ -138,7 +138,7 @@ Test(gpu_layers, batch_norm_buffers_change_only_by_the_forward) {
   kiln_tensor *g = ref_rand_tensor(ctx, xs, 7101, &REF_GEN(-1, 1), 0, &gh);
   double *xd = ref_to_double(xh, 180), *gd = ref_to_double(gh, 180), y[180];
   double rm[5] = {0}, rv[5] = {1, 1, 1, 1, 1}, w[5] = {1, 1, 1, 1, 1}, b[5] = {0};
-  double mw[5], mb[5], dw[5], db[5];
+  double mw[5] = {0}, mb[5] = {0}, dw[5], db[5];
   for (int step = 0; step < 3; step++) {
     kiln_step_begin(ctx);
     kiln_optim_zero_grad(opt);
