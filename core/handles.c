@@ -7,6 +7,11 @@
  * says it is stale and names its context). So a stale handle is still readable memory that says
  * what it is, and the memory in use stays a few chunks and the template. Only after the whole
  * range has been used (2^29 handles) do addresses come round again. Linux: mmap, memfd.
+ *
+ * Persistent tensors' handles come from the same range: a chunk holding a live one is not retired
+ * (nor reused when the addresses come round) until its last one is freed, and a freed one stays
+ * readable, saying it was freed, so that using or freeing it again is an error rather than a read
+ * of freed memory.
  */
 #define _GNU_SOURCE
 #include <stdlib.h>
@@ -40,7 +45,12 @@ struct kiln__handles {
   size_t *pending_off;
   uint64_t *pending_gen;
   int npending, cap_off, cap_gen;
+  uint32_t *live; /* per chunk of the range: its live persistent handles */
 };
+
+static size_t chunk_of(const kiln__handles *h, const kiln_tensor *t) {
+  return (size_t)((const char *)t - h->base) / CHUNK;
+}
 
 /* Sets up the reservation and the stale chunk; false with the error set. */
 static bool handles_init(kiln_ctx *ctx) {
@@ -56,12 +66,14 @@ static bool handles_init(kiln_ctx *ctx) {
     }
   }
   h->stale_fd = memfd_create("kiln-stale-handles", MFD_CLOEXEC);
+  h->live = h->base ? calloc(h->size / CHUNK, sizeof *h->live) : NULL;
   char *stale = MAP_FAILED;
-  if (h->base && h->stale_fd >= 0 && ftruncate(h->stale_fd, (off_t)TEMPLATE) == 0)
+  if (h->live && h->stale_fd >= 0 && ftruncate(h->stale_fd, (off_t)TEMPLATE) == 0)
     stale = mmap(NULL, TEMPLATE, PROT_READ | PROT_WRITE, MAP_SHARED, h->stale_fd, 0);
   if (stale == MAP_FAILED) {
     if (h->base) munmap(h->base, h->size);
     if (h->stale_fd >= 0) close(h->stale_fd);
+    free(h->live);
     free(h);
     return !kiln__error(ctx, KILN_ERR_OOM,
                         "kiln: cannot reserve address space for tensor handles (mmap/memfd)");
@@ -101,7 +113,17 @@ kiln_tensor *kiln__handle_new(kiln_ctx *ctx) {
       h->pending_off[h->npending] = h->committed - CHUNK;
       h->pending_gen[h->npending++] = ctx->gen;
     }
-    if (h->committed + CHUNK > h->size) h->committed = h->used = 0; /* wrap around */
+    /* the next chunk, coming round to the start at the end of the range, past the chunks that
+     * still hold live persistent handles */
+    for (size_t tries = 0;; tries++) {
+      if (h->committed + CHUNK > h->size) h->committed = 0;
+      if (h->live[h->committed / CHUNK] == 0) break;
+      if (tries > h->size / CHUNK) {
+        kiln__error(ctx, KILN_ERR_OOM, "kiln: every chunk of tensor handles holds live tensors");
+        return NULL;
+      }
+      h->committed += CHUNK;
+    }
     void *p = mmap(h->base + h->committed, CHUNK, PROT_READ | PROT_WRITE,
                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
     if (p == MAP_FAILED) {
@@ -117,16 +139,37 @@ kiln_tensor *kiln__handle_new(kiln_ctx *ctx) {
   return t;
 }
 
+kiln_tensor *kiln__handle_new_persistent(kiln_ctx *ctx) {
+  kiln_tensor *t = kiln__handle_new(ctx);
+  if (t) ctx->handles->live[chunk_of(ctx->handles, t)]++;
+  return t;
+}
+
+void kiln__handle_free_persistent(kiln_ctx *ctx, kiln_tensor *t) {
+  kiln__handles *h = ctx->handles;
+  KILN_ASSERT(h->live[chunk_of(h, t)] > 0);
+  h->live[chunk_of(h, t)]--;
+  memset(t, 0, sizeof *t);
+  t->magic = KILN__TENSOR_DEAD;
+  t->ctx = ctx;
+  t->node = -1;
+  t->persistent = true;
+}
+
 void kiln__handles_step(kiln_ctx *ctx) {
   kiln__handles *h = ctx->handles;
   if (!h) return;
-  int k = 0;
-  while (k < h->npending && h->pending_gen[k] < ctx->gen)
-    retire(h, h->pending_off[k++]);
-  if (k == 0) return;
-  memmove(h->pending_off, h->pending_off + k, (size_t)(h->npending - k) * sizeof *h->pending_off);
-  memmove(h->pending_gen, h->pending_gen + k, (size_t)(h->npending - k) * sizeof *h->pending_gen);
-  h->npending -= k;
+  /* in order; a chunk that still holds a live persistent handle waits */
+  int kept = 0;
+  for (int k = 0; k < h->npending; k++) {
+    if (h->pending_gen[k] < ctx->gen && h->live[h->pending_off[k] / CHUNK] == 0) {
+      retire(h, h->pending_off[k]);
+      continue;
+    }
+    h->pending_off[kept] = h->pending_off[k];
+    h->pending_gen[kept++] = h->pending_gen[k];
+  }
+  h->npending = kept;
 }
 
 void kiln__handles_free(kiln_ctx *ctx) {
@@ -136,6 +179,7 @@ void kiln__handles_free(kiln_ctx *ctx) {
   close(h->stale_fd);
   free(h->pending_off);
   free(h->pending_gen);
+  free(h->live);
   free(h);
   ctx->handles = NULL;
 }

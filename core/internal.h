@@ -429,6 +429,10 @@ kiln_ctx *kiln__ctx_of(int n, kiln_tensor *const *ts);
 kiln_ctx *kiln__handle_ctx(const kiln_tensor *t);
 /* A zeroed handle for an intermediate or a view (handles.c); NULL with the error set. */
 kiln_tensor *kiln__handle_new(kiln_ctx *ctx);
+/* A zeroed handle for a persistent tensor, and its end: the handle stays readable and says it
+ * was freed (KILN__TENSOR_DEAD) until its chunk is retired. */
+kiln_tensor *kiln__handle_new_persistent(kiln_ctx *ctx);
+void kiln__handle_free_persistent(kiln_ctx *ctx, kiln_tensor *t);
 /* A new step began: chunks whose handles are all stale give their memory back. */
 void kiln__handles_step(kiln_ctx *ctx);
 void kiln__handles_free(kiln_ctx *ctx);

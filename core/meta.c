@@ -167,7 +167,10 @@ bool kiln__broadcast_shape(kiln_ctx *ctx, const char *fn, int n, kiln_tensor *co
 /* ---------------------------------------------------------------- handles and accessors */
 
 kiln_ctx *kiln__handle_ctx(const kiln_tensor *t) {
-  return t && (t->magic == KILN__TENSOR_MAGIC || t->magic == KILN__TENSOR_STALE) ? t->ctx : NULL;
+  return t && (t->magic == KILN__TENSOR_MAGIC || t->magic == KILN__TENSOR_STALE ||
+               t->magic == KILN__TENSOR_DEAD)
+             ? t->ctx
+             : NULL;
 }
 
 kiln_ctx *kiln__ctx_of(int n, kiln_tensor *const *ts) {
@@ -182,6 +185,12 @@ bool kiln__check(kiln_ctx *ctx, const kiln_tensor *t, const char *fn) {
     return kiln__error(ctx ? ctx : t->ctx, KILN_ERR_STATE,
                        "%s: stale tensor handle: an intermediate of a step that ended long ago "
                        "(intermediates are released by kiln_step_begin)",
+                       fn),
+           false;
+  if (t->magic == KILN__TENSOR_DEAD)
+    return kiln__error(ctx ? ctx : t->ctx, KILN_ERR_STATE,
+                       "%s: a freed tensor (kiln_tensor_free freed it; its handle is no longer "
+                       "a tensor)",
                        fn),
            false;
   if (t->magic != KILN__TENSOR_MAGIC)

@@ -102,10 +102,11 @@ static bool track_persistent(kiln_ctx *ctx, kiln_tensor *t) {
 
 kiln_tensor *kiln__tensor_persistent(kiln_ctx *ctx, kiln_dtype dt, int ndim, const int64_t *shape,
                                      bool zero) {
-  kiln_tensor *t = calloc(1, sizeof *t);
+  kiln_tensor *t = kiln__handle_new_persistent(ctx);
+  if (!t) return NULL;
   kiln__storage *st = calloc(1, sizeof *st);
-  if (!t || !st || !track_persistent(ctx, t)) {
-    free(t);
+  if (!st || !track_persistent(ctx, t)) {
+    kiln__handle_free_persistent(ctx, t);
     free(st);
     kiln__error(ctx, KILN_ERR_OOM, "kiln_tensor_new: out of host memory");
     return NULL;
@@ -132,7 +133,7 @@ kiln_tensor *kiln__tensor_persistent(kiln_ctx *ctx, kiln_dtype dt, int ndim, con
                   ctx->alloc.in_use);
       ctx->npersistent--;
       free(st);
-      free(t);
+      kiln__handle_free_persistent(ctx, t);
       return NULL;
     }
     if (zero && KILN_CUDA_FAILED(ctx, cudaMemsetAsync(st->ptr, 0, st->bytes, ctx->stream))) {
@@ -171,6 +172,10 @@ static void forget(kiln_ctx *ctx, const kiln_tensor *t) {
 }
 
 bool kiln__tensor_freeable(kiln_tensor *t) {
+  if (t && t->magic == KILN__TENSOR_DEAD) {
+    kiln__error(t->ctx, KILN_ERR_STATE, "kiln_tensor_free: the tensor was freed already");
+    return false;
+  }
   if (!t || t->magic != KILN__TENSOR_MAGIC) return false;
   if (!t->persistent) return false; /* intermediates go at the next step */
   if (t->owned) {
@@ -199,8 +204,7 @@ void kiln__tensor_release(kiln_tensor *t) {
   if (t->st->ptr) kiln__dev_free(ctx, t->st->ptr);
   free(t->st);
   free(t->name);
-  t->magic = KILN__TENSOR_DEAD;
-  free(t);
+  kiln__handle_free_persistent(ctx, t);
 }
 
 void *kiln__data_ptr(const kiln_tensor *t) {

@@ -215,7 +215,9 @@ void kiln_stats(const kiln_ctx *ctx, kiln_exec_stats *out);
 kiln_tensor *kiln_tensor_new(kiln_ctx *ctx, kiln_dtype dtype, kiln_shape shape);
 kiln_tensor *kiln_tensor_from_host(kiln_ctx *ctx, kiln_dtype dtype, kiln_shape shape,
                                    const void *data);
-/* Frees a persistent tensor and its gradient; intermediates are released by kiln_step_begin. */
+/* Frees a persistent tensor and its gradient; intermediates are released by kiln_step_begin.
+ * The handle stays readable memory until the context is freed: freeing it again, or passing it
+ * to any call, is an error on its context (KILN_ERR_STATE, naming the call). */
 void kiln_tensor_free(kiln_tensor *t);
 /* (A tensor a parameter list owns is freed with the list; freeing it by hand is an error. Freeing
  * a tensor that the open step's recorded nodes read makes their backward pass an error.) */

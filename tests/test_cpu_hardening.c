@@ -59,6 +59,42 @@ Test(hardening, stale_handles_of_any_age_are_errors) {
   th_ctx_free(ctx);
 }
 
+/* A persistent tensor used or freed after kiln_tensor_free is an error naming the function (its
+ * handle stays readable and says it was freed: no read of freed memory, which ASan reported),
+ * however many steps and tensors later; its chunk of handles is retired once nothing in it lives,
+ * and a live persistent tensor keeps its chunk (and its values) however many steps pass. */
+Test(hardening, freed_persistent_tensors_are_errors_not_freed_memory) {
+  kiln_ctx *ctx = th_cpu_ctx();
+  kiln_tensor *keep = kiln_tensor_new(ctx, KILN_DTYPE_F32, KILN_SHAPE(3));
+  kiln_tensor *t = kiln_tensor_new(ctx, KILN_DTYPE_F32, KILN_SHAPE(4, 4));
+  cr_assert(keep && t, "%s", th_err(ctx));
+  kiln_tensor_free(t);
+  kiln_tensor_free(t); /* twice */
+  TH_ASSERT_ERROR(ctx, KILN_ERR_STATE, "kiln_tensor_free", "freed already");
+  kiln_ctx_clear_error(ctx);
+  kiln_step_begin(ctx);
+  TH_EXPECT_FAIL(ctx, kiln_relu(t), KILN_ERR_STATE, "kiln_relu", "a freed tensor");
+  cr_assert_eq(kiln_tensor_numel(t), 0);
+  TH_ASSERT_ERROR(ctx, KILN_ERR_STATE, "kiln_tensor_numel", "freed");
+  kiln_ctx_clear_error(ctx);
+  /* many steps with a tensor made and freed in each, and intermediates: t's chunk is retired (its
+   * handle then reads as stale), no new tensor takes t's address, keep stays whole */
+  for (int s = 0; s < 40; s++) {
+    kiln_step_begin(ctx);
+    kiln_tensor *u = kiln_tensor_new(ctx, KILN_DTYPE_F32, KILN_SHAPE(2));
+    cr_assert(u && u != t, "step %d", s);
+    for (int k = 0; k < 200; k++)
+      cr_assert_not_null(kiln_neg(keep));
+    kiln_tensor_free(u);
+  }
+  TH_EXPECT_FAIL(ctx, kiln_relu(t), KILN_ERR_STATE, "kiln_relu", "tensor");
+  cr_assert_eq(kiln_tensor_numel(keep), 3, "%s", th_err(ctx));
+  cr_assert_not_null(kiln_relu(keep), "%s", th_err(ctx));
+  kiln_tensor_free(keep);
+  th_free_scratch();
+  th_ctx_free(ctx);
+}
+
 /* ---------------------------------------------------------------- 2. sizes that overflow */
 
 Test(hardening, element_counts_that_overflow_are_errors) {
