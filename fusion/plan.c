@@ -499,7 +499,7 @@ static int32_t columns_of(const kiln_ctx *ctx, const kiln__plan *p, const kiln_t
     if (v < 0) return -1;
     const kiln__node *n = &ctx->trace.nodes[v];
     if (n->op == KILN__OP_IM2COL) return v;
-    if (kiln__ops[n->op].kind != KILN__KIND_VIEW || n->out->keep) return -1;
+    if (kiln__ops[n->op].kind != KILN__KIND_VIEW) return -1;
     x = n->in[0];
   }
 }
@@ -542,7 +542,10 @@ static bool implicit_conv(kiln_ctx *ctx, const kiln__plan *p, int32_t c, int32_t
   int64_t K = cn->out->shape[3], M = kiln_tensor_numel(cn->out) / K;
   for (int32_t j = c + 1; j < p->last; j++) {
     const kiln__node *r = &nodes[j];
-    if (kiln__ops[r->op].kind == KILN__KIND_VIEW) continue;
+    if (kiln__ops[r->op].kind == KILN__KIND_VIEW) { /* a view of the columns the host reads */
+      if (r->out->keep && columns_of(ctx, p, r->in[0]) == c) return false;
+      continue;
+    }
     for (int q = 0; q < r->nin; q++) {
       if (columns_of(ctx, p, r->in[q]) != c) continue;
       const kiln_tensor *a = r->in[q];

@@ -263,7 +263,12 @@ const char *kiln__plan_verify(const kiln_ctx *ctx, const kiln__plan *p, char *wh
     if (nd->op == KILN__OP_IM2COL && c >= 0) {
       for (int32_t j = i + 1; j < p->last; j++) {
         const kiln__node *r = &nodes[j];
-        if (kiln__ops[r->op].kind == KILN__KIND_VIEW) continue;
+        if (kiln__ops[r->op].kind == KILN__KIND_VIEW) {
+          if (r->out->keep && owner(ctx, p, r->out) == i)
+            return bad(why, n, "the columns of im2col #%d are kept (view #%d) but never written", i,
+                       j);
+          continue;
+        }
         int32_t gr = p->group_of[j - p->first];
         for (int q = 0; q < r->nin; q++)
           if (owner(ctx, p, r->in[q]) == i && (gr < 0 ||
