@@ -508,6 +508,40 @@ static bool plans_implicit(kiln_ctx *ctx, const char *what) {
   return found;
 }
 
+/* Records, in a new step, y = conv2d(relu(x)) of x (2, 9, 7, cin) with a 3x3 weight (cout,
+ * cin / groups), padding 1, in a bf16 autocast region or not, and the backward pass of sum(y)
+ * when backward is set (else under no_grad). */
+static void record_conv(kiln_ctx *ctx, const char *what, int64_t cin, int64_t cout, int64_t groups,
+                        int stride, bool bf16, bool backward) {
+  kiln_step_begin(ctx);
+  kiln_tensor *x = th_param(ctx, KILN_SHAPE(2, 9, 7, cin));
+  kiln_tensor *w = th_param(ctx, KILN_SHAPE(cout, cin / groups, 3, 3));
+  kiln_conv2d_options o = {
+      .pad_h = 1, .pad_w = 1, .groups = (int)groups, .stride_h = stride, .stride_w = stride};
+  if (!backward) kiln_no_grad_begin(ctx);
+  if (bf16) kiln_autocast_begin(ctx, KILN_DTYPE_BF16);
+  kiln_tensor *y = kiln_conv2d(kiln_relu(x), w, NULL, &o);
+  if (bf16) kiln_autocast_end(ctx);
+  cr_assert_not_null(y, "%s: %s", what, th_err(ctx));
+  kiln_tensor *loss = kiln_sum(y, KILN_ALL_AXES, 0);
+  if (bf16) loss = kiln_cast(loss, KILN_DTYPE_F32);
+  if (!backward) kiln_no_grad_end(ctx);
+  if (backward) cr_assert_eq(kiln_backward(loss), KILN_OK, "%s: %s", what, th_err(ctx));
+}
+
+/* The unfused plan of the pending nodes has no implicit group; with compile, every kernel of
+ * the fused plan renders and compiles (NVRTC, no GPU). */
+static void unfused_plain_and_compiles(kiln_ctx *ctx, const char *what, bool compile) {
+  kiln__plan unfused = checked_plan(ctx, false, what);
+  for (int k = 0; k < unfused.ng; k++)
+    cr_assert(unfused.g[k].implicit == KILN__IMPLICIT_NONE, "%s: an implicit group with fusion off",
+              what);
+  kiln__plan_free(&unfused);
+  if (compile)
+    cr_assert_eq(kiln__engine_compile(ctx, ctx->trace.done, ctx->trace.n), KILN_OK, "%s: %s", what,
+                 th_err(ctx));
+}
+
 /* A convolution's data gradient with few output channels (at most 64, a multiple of the tile's 16
  * in f32, 32 in bf16) is one implicit GEMM: the product of the output's gradient and the weight
  * that col2im sums is computed in col2im's kernel, the column matrix never written; its kernels
@@ -542,22 +576,8 @@ Test(images, conv_data_gradient_is_an_implicit_gemm_where_it_pays) {
   for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
     ctx->arch = cases[i].arch;
     kiln_set_tf32(ctx, cases[i].tf32);
-    kiln_step_begin(ctx);
-    kiln_tensor *x = th_param(ctx, KILN_SHAPE(2, 9, 7, cases[i].cin));
-    kiln_tensor *w = th_param(ctx, KILN_SHAPE(cases[i].cout, cases[i].cin / cases[i].groups, 3, 3));
-    kiln_conv2d_options o = {.pad_h = 1,
-                             .pad_w = 1,
-                             .groups = (int)cases[i].groups,
-                             .stride_h = cases[i].stride,
-                             .stride_w = cases[i].stride};
-    if (cases[i].bf16) kiln_autocast_begin(ctx, KILN_DTYPE_BF16);
-    kiln_tensor *h = kiln_relu(x);
-    kiln_tensor *y = kiln_conv2d(h, w, NULL, &o);
-    if (cases[i].bf16) kiln_autocast_end(ctx);
-    cr_assert_not_null(y, "%s: %s", cases[i].what, th_err(ctx));
-    kiln_tensor *loss = kiln_sum(y, KILN_ALL_AXES, 0);
-    if (cases[i].bf16) loss = kiln_cast(loss, KILN_DTYPE_F32);
-    cr_assert_eq(kiln_backward(loss), KILN_OK, "%s: %s", cases[i].what, th_err(ctx));
+    record_conv(ctx, cases[i].what, cases[i].cin, cases[i].cout, cases[i].groups, cases[i].stride,
+                cases[i].bf16, true);
     cr_assert_eq(plans_implicit(ctx, cases[i].what), cases[i].implicit, "%s", cases[i].what);
     kiln__plan fused = checked_plan(ctx, true, cases[i].what);
     bool wg = false;
@@ -566,14 +586,7 @@ Test(images, conv_data_gradient_is_an_implicit_gemm_where_it_pays) {
     cr_assert_eq(wg, cases[i].wgmma, "%s: the data gradient %s on wgmma", cases[i].what,
                  wg ? "is" : "is not");
     kiln__plan_free(&fused);
-    kiln__plan unfused = checked_plan(ctx, false, cases[i].what);
-    for (int k = 0; k < unfused.ng; k++)
-      cr_assert(unfused.g[k].implicit == KILN__IMPLICIT_NONE,
-                "%s: an implicit group with fusion off", cases[i].what);
-    kiln__plan_free(&unfused);
-    if (cases[i].arch == arch)
-      cr_assert_eq(kiln__engine_compile(ctx, ctx->trace.done, ctx->trace.n), KILN_OK, "%s: %s",
-                   cases[i].what, th_err(ctx));
+    unfused_plain_and_compiles(ctx, cases[i].what, cases[i].arch == arch);
   }
   ctx->arch = arch;
   th_free_scratch();
@@ -619,31 +632,13 @@ Test(images, conv_forward_and_weight_gradient_are_implicit_gemms_where_they_pay)
   int arch = ctx->arch;
   for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
     ctx->arch = cases[i].arch;
-    kiln_step_begin(ctx);
-    kiln_tensor *x = th_param(ctx, KILN_SHAPE(2, 9, 7, cases[i].cin));
-    kiln_tensor *w = th_param(ctx, KILN_SHAPE(cases[i].cout, cases[i].cin / cases[i].groups, 3, 3));
-    kiln_conv2d_options o = {.pad_h = 1, .pad_w = 1, .groups = (int)cases[i].groups};
-    if (!cases[i].backward) kiln_no_grad_begin(ctx);
-    if (cases[i].bf16) kiln_autocast_begin(ctx, KILN_DTYPE_BF16);
-    kiln_tensor *y = kiln_conv2d(kiln_relu(x), w, NULL, &o);
-    if (cases[i].bf16) kiln_autocast_end(ctx);
-    cr_assert_not_null(y, "%s: %s", cases[i].what, th_err(ctx));
-    kiln_tensor *loss = kiln_cast(kiln_sum(y, KILN_ALL_AXES, 0), KILN_DTYPE_F32);
-    if (!cases[i].backward) kiln_no_grad_end(ctx);
-    if (cases[i].backward)
-      cr_assert_eq(kiln_backward(loss), KILN_OK, "%s: %s", cases[i].what, th_err(ctx));
+    record_conv(ctx, cases[i].what, cases[i].cin, cases[i].cout, cases[i].groups, 1, cases[i].bf16,
+                cases[i].backward);
     int f = implicit_groups(ctx, KILN__IMPLICIT_FPROP, cases[i].what),
         wg = implicit_groups(ctx, KILN__IMPLICIT_WGRAD, cases[i].what);
     cr_assert_eq(f, cases[i].fprop, "%s: %d implicit forward products", cases[i].what, f);
     cr_assert_eq(wg, cases[i].wgrad, "%s: %d implicit weight gradients", cases[i].what, wg);
-    kiln__plan unfused = checked_plan(ctx, false, cases[i].what);
-    for (int k = 0; k < unfused.ng; k++)
-      cr_assert(unfused.g[k].implicit == KILN__IMPLICIT_NONE,
-                "%s: an implicit group with fusion off", cases[i].what);
-    kiln__plan_free(&unfused);
-    if (cases[i].arch == arch)
-      cr_assert_eq(kiln__engine_compile(ctx, ctx->trace.done, ctx->trace.n), KILN_OK, "%s: %s",
-                   cases[i].what, th_err(ctx));
+    unfused_plain_and_compiles(ctx, cases[i].what, cases[i].arch == arch);
   }
   ctx->arch = arch;
   th_free_scratch();
