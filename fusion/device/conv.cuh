@@ -53,6 +53,37 @@ template <class G> KILN__FN kiln_conv_px kiln_conv_pixel(int m) {
   return p;
 }
 
+/* The main loop both products share: d zeroed, then KT steps of 64 of the reduction through S
+ * stages. load(kt, st) fills stage st with step kt (its cp.async copies; steps come in order),
+ * mma(st) issues the warpgroup's products on stage st. */
+template <int S, int N, class L, class M>
+KILN__FN void kiln_conv_mainloop(int KT, float (&d)[N], L load, M mma) {
+#pragma unroll
+  for (int i = 0; i < N; i++)
+    d[i] = 0.f;
+#pragma unroll
+  for (int s = 0; s < S - 2; s++) {
+    if (s < KT) load(s, s);
+    kiln_cp_commit();
+  }
+  for (int kt = 0; kt < KT; kt++) {
+    kiln_cp_wait<S - 3>();
+    kiln_fence_async_smem();
+    __syncthreads();
+    if (kt + S - 2 < KT) load(kt + S - 2, (kt + S - 2) % S);
+    kiln_cp_commit();
+    kiln_wg_pin(d);
+    kiln_wg_fence();
+    mma(kt % S);
+    kiln_wg_commit();
+    kiln_wg_wait<1>(); /* this stage's products may run on; the previous stage's are done */
+    kiln_wg_pin(d);
+  }
+  kiln_wg_wait<0>();
+  kiln_wg_pin(d);
+  kiln_cp_wait<0>();
+}
+
 /* The forward product of pixels [m0, m0 + 128) and channels [n0, n0 + BN).
  *
  * FLIP: the data gradient of a stride-1 convolution instead, which is the forward product of dY
@@ -105,24 +136,8 @@ KILN__FN void kiln_conv_fprop(const kiln_bf16 *__restrict__ x, const kiln_bf16 *
       }
     }
   };
-#pragma unroll
-  for (int i = 0; i < BN / 2; i++)
-    d[i] = 0.f;
-#pragma unroll
-  for (int s = 0; s < S - 2; s++) {
-    if (s < KT) load(s, s);
-    kiln_cp_commit();
-  }
-  for (int kt = 0; kt < KT; kt++) {
-    kiln_cp_wait<S - 3>();
-    kiln_fence_async_smem();
-    __syncthreads();
-    if (kt + S - 2 < KT) load(kt + S - 2, (kt + S - 2) % S);
-    kiln_cp_commit();
-    const unsigned char *a = base + (kt % S) * STAGE + wg * 64 * 128,
-                        *b = base + (kt % S) * STAGE + BM * 128;
-    kiln_wg_pin(d);
-    kiln_wg_fence();
+  kiln_conv_mainloop<S>(KT, d, load, [&](int st) {
+    const unsigned char *a = base + st * STAGE + wg * 64 * 128, *b = base + st * STAGE + BM * 128;
 #pragma unroll
     for (int ks = 0; ks < 4; ks++) /* 16 of the reduction: 32 bytes along A's rows */
       if constexpr (!FLIP)
@@ -131,13 +146,7 @@ KILN__FN void kiln_conv_fprop(const kiln_bf16 *__restrict__ x, const kiln_bf16 *
       else /* B: 16 rows of 128 bytes */
         kiln_wgmma<BN, 0, 1>(d, kiln_wg_desc<16, 1024>(a + ks * 32),
                              kiln_wg_desc<8192, 1024>(b + ks * 2048));
-    kiln_wg_commit();
-    kiln_wg_wait<1>(); /* this stage's products may run on; the previous stage's are done */
-    kiln_wg_pin(d);
-  }
-  kiln_wg_wait<0>();
-  kiln_wg_pin(d);
-  kiln_cp_wait<0>();
+  });
 }
 
 /* The weight gradient's partial sum over pixels [p0, p1) for rows [k0, k0 + 128) of dWt and
@@ -173,60 +182,42 @@ KILN__FN void kiln_conv_wgrad(const kiln_bf16 *__restrict__ x, const kiln_bf16 *
     pw[s] = pp[s] % G::OW;
   }
   int pb = p0; /* the stage's first pixel (dY's rows) */
-  auto load = [&](int st) {
-    unsigned char *As = base + st * STAGE, *Bs = As + PA * 8192;
+  auto load =
+      [&](int, int st) { /* the steps come in order: each row advances by a stage */
+                         unsigned char *As = base + st * STAGE, *Bs = As + PA * 8192;
 #pragma unroll
-    for (int s = 0; s < 4; s++) {
-      const int ih = poh[s] * G::SH + ta, iw = pw[s] * G::SW + tb;
-      const bool ok = kok && pp[s] < p1 && ih >= 0 && ih < G::H && iw >= 0 && iw < G::W;
-      kiln_cp16(As + (q >> 3) * 8192 + kiln_sw128((tid >> 4) + 16 * s, q & 7),
-                ok ? x + ((pn[s] * G::H + ih) * G::W + iw) * G::CI + ch : x, ok);
-      pp[s] += BK;
-      pw[s] += DOW;
-      const bool c1 = pw[s] >= G::OW;
-      pw[s] -= c1 ? G::OW : 0;
-      poh[s] += DOH + c1;
-      const bool c2 = poh[s] >= G::OH;
-      poh[s] -= c2 ? G::OH : 0;
-      pn[s] += DN + c2;
-    }
+                         for (int s = 0; s < 4; s++) {
+                           const int ih = poh[s] * G::SH + ta, iw = pw[s] * G::SW + tb;
+                           const bool ok =
+                               kok && pp[s] < p1 && ih >= 0 && ih < G::H && iw >= 0 && iw < G::W;
+                           kiln_cp16(As + (q >> 3) * 8192 + kiln_sw128((tid >> 4) + 16 * s, q & 7),
+                                     ok ? x + ((pn[s] * G::H + ih) * G::W + iw) * G::CI + ch : x,
+                                     ok);
+                           pp[s] += BK;
+                           pw[s] += DOW;
+                           const bool c1 = pw[s] >= G::OW;
+                           pw[s] -= c1 ? G::OW : 0;
+                           poh[s] += DOH + c1;
+                           const bool c2 = poh[s] >= G::OH;
+                           poh[s] -= c2 ? G::OH : 0;
+                           pn[s] += DN + c2;
+                         }
 #pragma unroll
-    for (int s = 0; s < BK / RB; s++) {
-      const int r = tid / CB + RB * s, p = pb + r;
-      const bool ok = cok && p < p1;
-      kiln_cp16(Bs + (qb >> 3) * 8192 + kiln_sw128(r, qb & 7), ok ? dy + p * G::CO + cb : dy, ok);
-    }
-    pb += BK;
-  };
-#pragma unroll
-  for (int i = 0; i < BN / 2; i++)
-    d[i] = 0.f;
-#pragma unroll
-  for (int s = 0; s < S - 2; s++) {
-    if (s < KT) load(s);
-    kiln_cp_commit();
-  }
-  for (int kt = 0; kt < KT; kt++) {
-    kiln_cp_wait<S - 3>();
-    kiln_fence_async_smem();
-    __syncthreads();
-    if (kt + S - 2 < KT) load((kt + S - 2) % S);
-    kiln_cp_commit();
-    const unsigned char *a = base + (kt % S) * STAGE + wg * 8192,
-                        *b = base + (kt % S) * STAGE + PA * 8192;
-    kiln_wg_pin(d);
-    kiln_wg_fence();
+                         for (int s = 0; s < BK / RB; s++) {
+                           const int r = tid / CB + RB * s, p = pb + r;
+                           const bool ok = cok && p < p1;
+                           kiln_cp16(Bs + (qb >> 3) * 8192 + kiln_sw128(r, qb & 7),
+                                     ok ? dy + p * G::CO + cb : dy, ok);
+                         }
+                         pb += BK;
+      };
+  kiln_conv_mainloop<S>(KT, d, load, [&](int st) {
+    const unsigned char *a = base + st * STAGE + wg * 8192, *b = base + st * STAGE + PA * 8192;
 #pragma unroll
     for (int ks = 0; ks < BK / 16; ks++) /* 16 pixels: 16 rows of 128 bytes */
       kiln_wgmma<BN, 1, 1>(d, kiln_wg_desc<8192, 1024>(a + ks * 2048),
                            kiln_wg_desc<8192, 1024>(b + ks * 2048));
-    kiln_wg_commit();
-    kiln_wg_wait<1>();
-    kiln_wg_pin(d);
-  }
-  kiln_wg_wait<0>();
-  kiln_wg_pin(d);
-  kiln_cp_wait<0>();
+  });
 }
 
 /* Split-K inside the kernel: with gridDim.z > 1 splits, each block writes its partial tile to
