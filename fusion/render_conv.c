@@ -14,6 +14,13 @@
 
 #include "render.h"
 
+/* A conv.cuh kernel's launch: compiled for sm_90a, S stages of 128 + BN rows of 128 bytes of
+ * dynamic shared memory and 1024 bytes to align them (conv.cuh's KILN_CONV_SMEM). */
+static void wgmma_launch(int BN, int S, kiln__rendered *r) {
+  r->sm90a = true;
+  r->smem = (unsigned)(S * (128 + BN) * 128 + 1024);
+}
+
 /* col2im of the product dY Wk as one implicit GEMM: operand 0 is col2im's input (the column
  * matrix, never read), then the epilogue's operands, then dY and Wk. A block of 128 image pixels
  * and BN channels, its accumulators stored through col2im's epilogue, two channels at a time. On
@@ -124,10 +131,7 @@ static bool render_dgrad(const kiln__ew_prog *p, const kiln__gemm *mm, bool wg, 
   r->block = KILN__BLOCK;
   r->grid = (unsigned)((a->n + 127) / 128);
   r->grid_y = (unsigned)((CI + BN - 1) / BN);
-  if (wg) {
-    r->sm90a = true;
-    r->smem = (unsigned)(S * (128 + BN) * 128 + 1024); /* KILN_CONV_SMEM */
-  }
+  if (wg) wgmma_launch(BN, S, r);
   kiln__tally_bytes(&o, r);
   r->bytes_read -= kiln__footprint(o.t[0]); /* operand 0, the column matrix, is never read */
   return ok;
@@ -197,8 +201,7 @@ static bool finish_wgmma(kiln__sb *b, const char *what, const kiln__node *n, con
   bool ok = kiln__finish_with(b, stem, o, r, pre);
   kiln__sb_free(b);
   r->block = KILN__BLOCK;
-  r->sm90a = true;
-  r->smem = (unsigned)(S * (128 + BN) * 128 + 1024); /* KILN_CONV_SMEM */
+  wgmma_launch(BN, S, r);
   kiln__tally_bytes(o, r);
   return ok;
 }
