@@ -350,6 +350,33 @@ kiln_tensor *kiln_augment(kiln_tensor *x, const kiln_augment_options *o) {
   return out;
 }
 
+kiln_tensor *kiln__resize_crop(kiln_tensor *raw, kiln_tensor *table, int64_t height, int64_t width,
+                               const float mean[3], const float std[3], kiln_dtype dt,
+                               const char *fn) {
+  kiln_tensor *in[2] = {raw, table};
+  kiln_ctx *ctx = begin(fn, 2, in);
+  if (!ctx) return NULL;
+  /* internal: the image loader builds both inputs */
+  KILN_ASSERT(raw->dtype == KILN_DTYPE_I32 && raw->ndim == 1 && table->dtype == KILN_DTYPE_I32 &&
+              table->ndim == 2 && table->shape[1] == KILN__RESIZE_COLS && height > 0 && width > 0 &&
+              (dt == KILN_DTYPE_F32 || dt == KILN_DTYPE_BF16));
+  in[0] = kiln_contiguous(raw);
+  in[1] = kiln_contiguous(table);
+  if (!in[0] || !in[1]) return NULL;
+  int64_t shape[4] = {table->shape[0], height, width, 3};
+  kiln_tensor *out = kiln__tensor_intermediate(ctx, fn, dt, 4, shape);
+  kiln__node *n = out ? kiln__record(ctx, KILN__OP_RESIZE_CROP, 2, in, out) : NULL;
+  if (!n) return NULL;
+  /* (v / 255 - mean) / std = v mul + add, per channel */
+  KILN__F(n, RESIZE_CROP, mul0) = 1.f / (255.f * std[0]);
+  KILN__F(n, RESIZE_CROP, mul1) = 1.f / (255.f * std[1]);
+  KILN__F(n, RESIZE_CROP, mul2) = 1.f / (255.f * std[2]);
+  KILN__F(n, RESIZE_CROP, add0) = -mean[0] / std[0];
+  KILN__F(n, RESIZE_CROP, add1) = -mean[1] / std[1];
+  KILN__F(n, RESIZE_CROP, add2) = -mean[2] / std[2];
+  return out;
+}
+
 /* ---------------------------------------------------------------- normalization */
 
 /* A per-channel vector (C) that must match x's last axis. */

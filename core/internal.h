@@ -501,6 +501,43 @@ kiln_tensor *kiln__index_select_at(kiln_tensor *a, kiln_tensor *idx, int64_t sta
 /* index_select's gradient: g's rows (K, ...) added into `rows` zeroed rows by idx[start + k]. */
 kiln_tensor *kiln__index_add(kiln_tensor *g, kiln_tensor *idx, uint64_t start, int64_t rows,
                              const char *fn);
+/* Host memory for loaders that fill it themselves (runtime/transfer.c): n bytes, pinned where the
+ * context has a GPU and pinned memory can be had (*pinned says which), NULL out of memory. */
+void *kiln__host_alloc(kiln_ctx *ctx, size_t n, bool *pinned);
+void kiln__host_free(void *p, bool pinned);
+/* Queues the copy of n bytes of host memory src to t's device memory from byte `at` on the
+ * context's stream, after what was recorded runs (as kiln_tensor_copy_from_host), then records
+ * *event (created on first use) after it. Pinned src must stay unchanged until
+ * kiln__upload_wait(event) returns; other memory is free on return. A no-GPU context drops it. */
+kiln_status kiln__upload(kiln_tensor *t, size_t at, const void *src, size_t n, bool pinned,
+                         void **event, const char *fn);
+kiln_status kiln__upload_wait(kiln_ctx *ctx, void *event, const char *fn);
+void kiln__event_free(void *event);
+/* The image folder's images to the network's input (data/imagefolder.c): raw (bytes / 4) i32
+ * holds 8-bit RGB pixels, table (N, KILN__RESIZE_COLS) i32 a row per image (KILN__RZ_*:
+ * where its staged pixels start in raw and how they map onto the output), mean and std per
+ * channel; gives (N, height, width, 3) of dtype dt (f32 or bf16). Image n's source is an image
+ * of rows x cols pixels, resized to rrows x rcols (antialiased bilinear, PIL's filter); output
+ * pixel (i, j) is pixel (oy + i, ox + j') of the resized image, j' = width - 1 - j when flipped.
+ * Only the source's pixels from (r0, c0), a window sw pixels wide, are staged: the rows and
+ * columns the filter reads. */
+enum {
+  KILN__RZ_OFFSET, /* the staged window's first byte in raw */
+  KILN__RZ_ROWS,   /* the source */
+  KILN__RZ_COLS,
+  KILN__RZ_RROWS, /* the size it is resized to */
+  KILN__RZ_RCOLS,
+  KILN__RZ_OY, /* the output's origin in the resized image */
+  KILN__RZ_OX,
+  KILN__RZ_R0, /* the staged window's origin in the source, and its width */
+  KILN__RZ_C0,
+  KILN__RZ_SW,
+  KILN__RZ_FLIP, /* 1: flipped left-right */
+  KILN__RESIZE_COLS = 12
+};
+kiln_tensor *kiln__resize_crop(kiln_tensor *raw, kiln_tensor *table, int64_t height, int64_t width,
+                               const float mean[3], const float std[3], kiln_dtype dt,
+                               const char *fn);
 /* A sliding window over an image (N, H, W, C), the `win` attribute of the window ops (ops.def):
  * kernel, stride, padding and dilation, height then width. */
 typedef struct kiln__win {

@@ -44,4 +44,19 @@ bool kiln__cifar10_check(const uint8_t *buf, size_t len, int64_t *n, char *why, 
  * (n). */
 void kiln__cifar10_unpack(const uint8_t *buf, int64_t n, uint8_t *images, uint8_t *labels);
 
+/* Images in JPEG or PNG files (data/imagefile.c), told apart by their first bytes. */
+typedef enum kiln__image_kind {
+  KILN__IMAGE_UNKNOWN = 0,
+  KILN__IMAGE_JPEG,
+  KILN__IMAGE_PNG,
+} kiln__image_kind;
+kiln__image_kind kiln__image_sniff(const uint8_t *buf, size_t len);
+/* Decodes a JPEG or PNG file held in buf to malloc'd 8-bit RGB pixels (*rows, *cols, 3), as
+ * PIL's convert("RGB") gives them. An image of more than max_pixels pixels is refused from its
+ * header, before anything is allocated. NULL with why filled for an empty, unknown, truncated or
+ * corrupted file, a CMYK JPEG, or out of memory; *rows and *cols are what the header said (0 when
+ * it said nothing). */
+uint8_t *kiln__image_decode(const uint8_t *buf, size_t len, int64_t max_pixels, int *rows,
+                            int *cols, char *why, size_t wlen);
+
 #endif

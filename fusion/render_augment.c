@@ -2,7 +2,8 @@
  * render_augment.c: image augmentation (kiln_augment): a translation and a left-right flip per
  * image, drawn on the device (fusion/device/augment.cuh). The sizes but the batch, the padding
  * and the modes are constants of the kernel; the seed, the offset and the epoch are step values.
- * Operand 0 is x, then the data-set indices (alternating flip), then y.
+ * Operand 0 is x, then the data-set indices (alternating flip), then y. The image loader's resize
+ * and crop (its batch of decoded images to the network's input) is the family's other kernel.
  */
 #include <inttypes.h>
 #include <stdlib.h>
@@ -50,9 +51,59 @@ static void name_of(const augment *g, kiln_dtype dt, char *stem, size_t n) {
            g->vec ? "_v4" : "");
 }
 
+/* The image loader's resize (kiln__resize_crop): one thread per output pixel, its three
+ * channels. The output's size and the table's columns are constants; the images' places and
+ * sizes are data (the table), the normalisation step values. */
+static bool render_resize(const kiln__target *tg, const kiln__node *n, kiln__rendered *r) {
+  const kiln_tensor *y = n->out;
+  KILN_ASSERT(n->nin == 2 && y->ndim == 4 && y->shape[3] == 3 &&
+              n->in[1]->shape[1] == KILN__RESIZE_COLS);
+  bool wide = kiln__wide_index(kiln_tensor_numel(y));
+  kiln__operands o = {0};
+  kiln__operand(&o, n->in[0], false, NULL);
+  kiln__operand(&o, n->in[1], false, NULL);
+  int out = kiln__operand(&o, y, true, NULL);
+  int8_t aslot[KILN__MAX_ATTRS];
+  int nf = 0, ni = 0, nu = 0;
+  kiln__wire_attrs(&r->arg, n, aslot, &nf, &ni, &nu);
+  r->arg.args.n = kiln_tensor_numel(y) / 3;
+  const char *T = kiln__ctype(y->dtype);
+  kiln__sb pre = {0}, b = {0};
+  kiln__sb_printf(&pre,
+                  "#include \"augment.cuh\"\n"
+                  "struct G { /* the output, and the columns of the table's rows */\n"
+                  "  typedef %s ix; // %s indexing\n"
+                  "  static constexpr int OH = %lld, OW = %lld, COLS = %d;\n"
+                  "  static constexpr int OFF = %d, ROWS = %d, SRC_COLS = %d, RROWS = %d, "
+                  "RCOLS = %d;\n"
+                  "  static constexpr int OY = %d, OX = %d, R0 = %d, C0 = %d, SW = %d, FLIP = %d;\n"
+                  "};\n",
+                  wide ? "long long" : "int", wide ? "64-bit" : "32-bit", (long long)y->shape[1],
+                  (long long)y->shape[2], KILN__RESIZE_COLS, KILN__RZ_OFFSET, KILN__RZ_ROWS,
+                  KILN__RZ_COLS, KILN__RZ_RROWS, KILN__RZ_RCOLS, KILN__RZ_OY, KILN__RZ_OX,
+                  KILN__RZ_R0, KILN__RZ_C0, KILN__RZ_SW, KILN__RZ_FLIP);
+  kiln__sb_printf(&b,
+                  "  typedef G::ix ix;\n"
+                  "  for (ix e = (ix)blockIdx.x * blockDim.x + threadIdx.x; e < (ix)a.n;\n"
+                  "       e += (ix)gridDim.x * blockDim.x)\n"
+                  "    kiln_resize_crop<G>((const unsigned char *)a.ptr[0], (const int *)a.ptr[1], "
+                  "(%s *)a.ptr[%d], e,\n"
+                  "                        a.fv[%d], a.fv[%d], a.fv[%d], a.fv[%d], a.fv[%d], "
+                  "a.fv[%d]);\n",
+                  T, out, aslot[kiln__attr_index(n->op, "mul0")],
+                  aslot[kiln__attr_index(n->op, "mul1")], aslot[kiln__attr_index(n->op, "mul2")],
+                  aslot[kiln__attr_index(n->op, "add0")], aslot[kiln__attr_index(n->op, "add1")],
+                  aslot[kiln__attr_index(n->op, "add2")]);
+  char stem[96];
+  snprintf(stem, sizeof stem, "k_resize_crop_%lldx%lld_%s", (long long)y->shape[1],
+           (long long)y->shape[2], kiln_dtype_name(y->dtype));
+  return kiln__finish_loop(&b, &pre, stem, &o, tg, r);
+}
+
 /* One thread per V neighbouring channels of an output pixel: V = 4 with 16-byte loads and
  * stores when the channels allow it, else the whole pixel up to 4 channels, else 1. */
 bool kiln__render_augment(const kiln__target *tg, const kiln__node *n, kiln__rendered *r) {
+  if (n->op == KILN__OP_RESIZE_CROP) return render_resize(tg, n, r);
   const kiln_tensor *x = n->in[0], *y = n->out;
   KILN_ASSERT(kiln__is_contiguous(x) && kiln__is_float(x->dtype) && x->ndim == 4 &&
               y->dtype == x->dtype);

@@ -221,3 +221,61 @@ void kiln_tensor_free(kiln_tensor *t) {
   if (ctx->has_gpu && ctx->trace.done < ctx->trace.n) kiln__flush(ctx);
   kiln__tensor_release(t);
 }
+
+/* ---------------------------------------------------------------- loaders' own host memory */
+
+void *kiln__host_alloc(kiln_ctx *ctx, size_t n, bool *pinned) {
+  void *p = NULL;
+  *pinned = false;
+  if (ctx->has_gpu && cudaMallocHost(&p, n ? n : 1) == cudaSuccess) {
+    *pinned = true;
+    return p;
+  }
+  if (ctx->has_gpu) (void)cudaGetLastError(); /* no pinned memory: not an error, only slower */
+  return malloc(n ? n : 1);
+}
+
+void kiln__host_free(void *p, bool pinned) {
+  if (!p) return;
+  if (pinned)
+    cudaFreeHost(p);
+  else
+    free(p);
+}
+
+kiln_status kiln__upload(kiln_tensor *t, size_t at, const void *src, size_t n, bool pinned,
+                         void **event, const char *fn) {
+  kiln_ctx *ctx = kiln__handle_ctx(t);
+  KILN_ASSERT(ctx && t->persistent && kiln__is_contiguous(t));
+  KILN_ASSERT(at <= t->st->bytes && n <= t->st->bytes - at);
+  if (!kiln__ok(ctx)) return ctx->status;
+  if (!ctx->has_gpu || n == 0) return KILN_OK;
+  /* what was recorded before runs first, as for kiln_tensor_copy_from_host */
+  kiln_status s = kiln__flush(ctx);
+  if (s != KILN_OK) return s;
+  if (!*event &&
+      kiln__cuda_failed(ctx, cudaEventCreateWithFlags((cudaEvent_t *)event, cudaEventDisableTiming),
+                        fn, "cudaEventCreateWithFlags"))
+    return ctx->status;
+  if (kiln__cuda_failed(
+          ctx,
+          cudaMemcpyAsync((char *)t->st->ptr + at, src, n, cudaMemcpyHostToDevice, ctx->stream), fn,
+          "cudaMemcpyAsync") ||
+      kiln__cuda_failed(ctx, cudaEventRecord((cudaEvent_t)*event, ctx->stream), fn,
+                        "cudaEventRecord"))
+    return ctx->status;
+  /* from pageable memory, src must stay until the copy is done */
+  if (!pinned) return kiln__upload_wait(ctx, *event, fn);
+  return KILN_OK;
+}
+
+kiln_status kiln__upload_wait(kiln_ctx *ctx, void *event, const char *fn) {
+  if (!event || !ctx->has_gpu) return KILN_OK;
+  if (kiln__cuda_failed(ctx, cudaEventSynchronize((cudaEvent_t)event), fn, "cudaEventSynchronize"))
+    return ctx->status;
+  return KILN_OK;
+}
+
+void kiln__event_free(void *event) {
+  if (event) cudaEventDestroy((cudaEvent_t)event);
+}

@@ -187,7 +187,11 @@ void th_remove_dir(const char *dir) {
   while ((e = readdir(d))) {
     if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0) continue;
     snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
-    unlink(path);
+    struct stat st;
+    if (lstat(path, &st) == 0 && S_ISDIR(st.st_mode))
+      th_remove_dir(path); /* a folder inside (a link to one is unlinked, not followed) */
+    else
+      unlink(path);
   }
   closedir(d);
   rmdir(dir);

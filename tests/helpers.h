@@ -102,7 +102,7 @@ void th_mlp_free(th_mlp *m);
  * ends the test early. */
 char *th_tmpdir(char *buf, size_t n, const char *what);
 void th_remove_tmpdirs(void);
-/* Removes a flat directory and its files. */
+/* Removes a directory and what it holds (folders inside too; links are not followed). */
 void th_remove_dir(const char *dir);
 /* The paths of the files in dir whose names end with suffix (at most max); returns the count. */
 int th_list_files(const char *dir, const char *suffix, char paths[][1200], int max);

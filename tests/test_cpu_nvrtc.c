@@ -159,6 +159,12 @@ static void record_op_zoo(kiln_ctx *ctx, kiln_params *q, kiln_optim **os) {
   t[n++] = kiln_augment(
       kiln_detach(img),
       &(kiln_augment_options){.flip = KILN_AUGMENT_FLIP_ALL, .shift_h = -1, .shift_w = 2});
+  /* an image loader's batch to the network's input: pixels and their table, f32 and bf16 */
+  kiln_tensor *pixels = th_i32(ctx, KILN_SHAPE(300)),
+              *table = th_i32(ctx, KILN_SHAPE(2, KILN__RESIZE_COLS));
+  static const float mean[3] = {0.5f, 0.4f, 0.3f}, std[3] = {0.2f, 0.25f, 0.3f};
+  t[n++] = kiln__resize_crop(pixels, table, 7, 5, mean, std, KILN_DTYPE_F32, "test");
+  t[n++] = kiln__resize_crop(pixels, table, 4, 6, mean, std, KILN_DTYPE_BF16, "test");
   t[n++] = kiln_avg_pool2d(img, &(kiln_pool2d_options){.kernel_h = 3,
                                                        .kernel_w = 3,
                                                        .stride_h = 1,

@@ -46,7 +46,8 @@ static bool expect_no_grad(kiln__op op) {
   case KILN__OP_MAX_POOL_GRAD:
   case KILN__OP_AVG_POOL_GRAD:
   case KILN__OP_MOMENTS:
-  case KILN__OP_AUGMENT: return true;
+  case KILN__OP_AUGMENT:
+  case KILN__OP_RESIZE_CROP: return true;
   default: return false;
   }
 }
@@ -400,6 +401,7 @@ Test(optable, renderers_spaces_and_kernel_attributes) {
   cr_assert_eq(kiln__ops[KILN__OP_IM2COL].space, KILN__SPACE_COLS);
   cr_assert_eq(kiln__ops[KILN__OP_MOMENTS].renderer, KILN__RENDER_MOMENTS);
   cr_assert_eq(kiln__ops[KILN__OP_AUGMENT].renderer, KILN__RENDER_AUGMENT);
+  cr_assert_eq(kiln__ops[KILN__OP_RESIZE_CROP].renderer, KILN__RENDER_AUGMENT);
   cr_assert_eq(kiln__ops[KILN__OP_CONCAT].renderer, KILN__RENDER_COPY);
   cr_assert_eq(kiln__ops[KILN__OP_INDEX_ADD].renderer, KILN__RENDER_GATHER);
 }
@@ -416,6 +418,7 @@ Test(optable, kernel_slots) {
       {KILN__OP_SUM, 1, 0, 0},          {KILN__OP_ARGMAX, 1, 0, 0},
       {KILN__OP_INDEX_SELECT, 0, 0, 1}, {KILN__OP_AUGMENT, 0, 0, 3},
       {KILN__OP_MAX_POOL, 0, 0, 0},     {KILN__OP_BN_APPLY, 0, 0, 0},
+      {KILN__OP_RESIZE_CROP, 6, 0, 0},
   };
   for (size_t k = 0; k < sizeof want / sizeof want[0]; k++) {
     int nf, ni, nu;
