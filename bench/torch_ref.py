@@ -14,12 +14,20 @@ Times the workloads of docs/design.md ("Workloads") with random inputs of the re
        under bf16 autocast, cross-entropy with label smoothing 0.2 summed over the batch, SGD
        with Nesterov momentum 0.85 at airbench94's rates for batch 1024 (batch norm's biases at
        64x the rate and 1/64 the weight decay), the frozen parameters left out;
+  resnet18  torchvision's ResNet-18 in plain torch.nn (as build/profile_step's resnet18; no
+       torchvision needed): conv 7x7/2 3->64 without bias, batch norm, ReLU, max pool 3x3/2 pad 1;
+       four stages of two BasicBlocks of widths 64/128/256/512 (a 1x1/2 conv and batch norm on the
+       shortcut of the first block of stages 2-4); global average pool, linear 512->1000;
+       11,689,512 parameters (checked); torchvision's init; batch 128 of 224x224, channels_last,
+       forward and loss under bf16 autocast, cross-entropy (mean) on random labels in [0, 1000),
+       SGD with momentum 0.9 (not Nesterov), lr 0.05, weight decay 5e-5 on every parameter;
 each in two modes:
   eager  plain PyTorch, one Python step after another;
   best   torch.compile of the model and loss, with the whole step (forward, backward, optimizer)
          captured by hand in one CUDA graph and replayed.
-Median ms per step over blocks of steps (--steps, 100 by default, 20 for air; --blocks, 21) timed
-with CUDA events after a warm-up. One JSON line per workload and mode on stdout.
+Median ms per step over blocks of steps (--steps, 100 by default, 20 for air, 10 for resnet18;
+--blocks, 21) timed with CUDA events after a warm-up. One JSON line per workload and mode on stdout,
+with the batch and the parameter count (model.parameters(), buffers left out).
 """
 import argparse
 import json
@@ -102,8 +110,70 @@ def air_optimizer(model, batch=AIR_BATCH):
     return torch.optim.SGD(groups, lr=lr, momentum=AIR_MOMENTUM, nesterov=True)
 
 
+# resnet18: torchvision's ResNet-18 and the reference recipe's SGD (lr 0.1 per 256 images)
+RN_BATCH = 128
+RN_CLASSES = 1000
+RN_PARAMS = 11_689_512  # sum(p.numel() for p in torchvision.models.resnet18().parameters())
+RN_LR = 0.05
+RN_MOMENTUM = 0.9
+RN_WEIGHT_DECAY = 5e-5
+
+
+class BasicBlock(nn.Module):
+    """torchvision's BasicBlock: conv 3x3 (stride s) -> BN -> ReLU -> conv 3x3 -> BN, plus the
+    input (through conv 1x1/s -> BN where the shape changes), then ReLU."""
+
+    def __init__(self, cin, cout, stride):
+        super().__init__()
+        self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(cout)
+        self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(cout)
+        self.downsample = None
+        if stride != 1 or cin != cout:
+            self.downsample = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False),
+                                            nn.BatchNorm2d(cout))
+
+    def forward(self, x):
+        out = F.relu(self.bn1(self.conv1(x)))
+        out = self.bn2(self.conv2(out))
+        identity = x if self.downsample is None else self.downsample(x)
+        return F.relu(out + identity)
+
+
+class ResNet18(nn.Module):
+    """torchvision.models.resnet18() (the resnet18 workload), with torchvision's names and init."""
+
+    def __init__(self, widths=(64, 128, 256, 512), classes=RN_CLASSES):
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, widths[0], 7, 2, 3, bias=False)
+        self.bn1 = nn.BatchNorm2d(widths[0])
+        self.maxpool = nn.MaxPool2d(3, 2, 1)
+        cin = widths[0]
+        for k, w in enumerate(widths):
+            stride = 1 if k == 0 else 2
+            setattr(self, f"layer{k + 1}",
+                    nn.Sequential(BasicBlock(cin, w, stride), BasicBlock(w, w, 1)))
+            cin = w
+        self.fc = nn.Linear(cin, classes)
+        for m in self.modules():
+            if isinstance(m, nn.Conv2d):
+                nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
+
+    def forward(self, x):
+        x = self.maxpool(F.relu(self.bn1(self.conv1(x))))
+        x = self.layer4(self.layer3(self.layer2(self.layer1(x))))
+        return self.fc(torch.flatten(F.adaptive_avg_pool2d(x, 1), 1))
+
+
 def loss_fn(workload, model):
-    """The step's loss of (x, y): air's forward and loss in a bf16 autocast region."""
+    """The step's loss of (x, y): air's and resnet18's forward and loss in a bf16 autocast
+    region."""
+    if workload == "resnet18":
+        def resnet_loss(a, b):
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                return F.cross_entropy(model(a), b)
+        return resnet_loss
     if workload != "air":
         return lambda a, b: F.cross_entropy(model(a), b)
 
@@ -129,15 +199,30 @@ def make(workload="mlp", best=False, seed=0):
         opt = torch.optim.Adam(model.parameters(), lr=1e-3, capturable=best)
         x = (torch.rand(128, 1, 28, 28, device="cuda") * 2 - 1).to(
             memory_format=torch.channels_last)
-    else:
+    elif workload == "air":
         # as the cnn: PyTorch's defaults in eager, cuDNN's fastest algorithms in best
         torch.backends.cudnn.benchmark = best
         model = AirNet().cuda().to(memory_format=torch.channels_last).train()
         opt = air_optimizer(model)  # SGD keeps no step count: nothing to make capturable
         x = (torch.rand(AIR_BATCH, 3, 32, 32, device="cuda") * 2 - 1).to(
             memory_format=torch.channels_last)
-    y = torch.randint(0, 10, (AIR_BATCH if workload == "air" else 128,), device="cuda")
+    else:
+        # as the cnn and air: PyTorch's defaults in eager, cuDNN's fastest algorithms in best
+        torch.backends.cudnn.benchmark = best
+        model = ResNet18().cuda().to(memory_format=torch.channels_last).train()
+        n = sum(p.numel() for p in model.parameters())
+        assert n == RN_PARAMS, f"resnet18 has {n} parameters, not torchvision's {RN_PARAMS}"
+        opt = torch.optim.SGD(model.parameters(), lr=RN_LR, momentum=RN_MOMENTUM,
+                              weight_decay=RN_WEIGHT_DECAY)
+        x = (torch.rand(RN_BATCH, 3, 224, 224, device="cuda") * 2 - 1).to(
+            memory_format=torch.channels_last)
+    classes = RN_CLASSES if workload == "resnet18" else 10
+    y = torch.randint(0, classes, (BATCH[workload],), device="cuda")
     return model, opt, x, y
+
+
+BATCH = {"mlp": 128, "cnn": 128, "air": AIR_BATCH, "resnet18": RN_BATCH}
+DEFAULT_STEPS = {"mlp": 100, "cnn": 100, "air": 20, "resnet18": 10}  # per block
 
 
 def time_blocks(run_block, steps, blocks):
@@ -155,6 +240,7 @@ def time_blocks(run_block, steps, blocks):
 
 def eager(workload, steps, blocks):
     model, opt, x, y = make(workload)
+    params = sum(p.numel() for p in model.parameters())
     step_loss = loss_fn(workload, model)
 
     def block(n):
@@ -165,11 +251,12 @@ def eager(workload, steps, blocks):
             opt.step()
 
     block(50)
-    return time_blocks(block, steps, blocks)
+    return time_blocks(block, steps, blocks), params
 
 
 def best(workload, steps, blocks):
     model, opt, x, y = make(workload, best=True)
+    params = sum(p.numel() for p in model.parameters())
     fwd = torch.compile(loss_fn(workload, model), mode="default")
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
@@ -191,31 +278,33 @@ def best(workload, steps, blocks):
             graph.replay()
 
     block(50)
-    return time_blocks(block, steps, blocks)
+    return time_blocks(block, steps, blocks), params
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=None,
-                    help="steps per block (default 100; 20 for air)")
+                    help="steps per block (default 100; 20 for air, 10 for resnet18)")
     ap.add_argument("--blocks", type=int, default=21)
     ap.add_argument("--modes", default="eager,best")
-    ap.add_argument("--workloads", default="mlp,cnn,air")
+    ap.add_argument("--workloads", default="mlp,cnn,air",
+                    help="comma-separated: mlp, cnn, air, resnet18 (default mlp,cnn,air)")
     args = ap.parse_args()
     for workload in args.workloads.split(","):
-        if workload not in ("mlp", "cnn", "air"):
-            ap.error(f"unknown workload {workload!r}: mlp, cnn or air")
-        steps = args.steps if args.steps is not None else 20 if workload == "air" else 100
+        if workload not in BATCH:
+            ap.error(f"unknown workload {workload!r}: mlp, cnn, air or resnet18")
+        steps = args.steps if args.steps is not None else DEFAULT_STEPS[workload]
         for mode in args.modes.split(","):
             torch.cuda.reset_peak_memory_stats()
-            t = {"eager": eager, "best": best}[mode](workload, steps, args.blocks)
+            t, params = {"eager": eager, "best": best}[mode](workload, steps, args.blocks)
             print(json.dumps({
                 "workload": workload, "framework": "pytorch " + torch.__version__, "mode": mode,
                 "ms_per_step": round(t[len(t) // 2], 4), "ms_min": round(t[0], 4),
                 "ms_max": round(t[-1], 4),
                 "peak_mib": round(torch.cuda.max_memory_allocated() / 2**20, 2),
-                "steps": steps * args.blocks}), flush=True)
+                "steps": steps * args.blocks, "batch": BATCH[workload],
+                "params": params}), flush=True)
 
 
 if __name__ == "__main__":

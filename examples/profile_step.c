@@ -11,19 +11,31 @@
  *        without bias, x 1/9), images (1024, 32, 32, 3), the forward in a bf16 autocast region,
  *        cross-entropy (label smoothing 0.2) summed, SGD with Nesterov momentum at airbench94's
  *        rates for batch 1024 (batch norm's biases x64), the frozen parameters left out
+ *   resnet18  torchvision's ResNet-18 (conv 7x7/2 3->64 without bias, batch norm, ReLU, max pool
+ *        3x3/2 pad 1; four stages of two BasicBlocks of widths 64/128/256/512, each conv 3x3 ->
+ *        batch norm -> ReLU -> conv 3x3 -> batch norm, plus the input (through conv 1x1/2 and
+ *        batch norm in the first block of stages 2-4, whose first conv has stride 2), ReLU;
+ *        global average pool, linear 512->1000; 11,689,512 parameters, checked), images (128,
+ *        224, 224, 3), the forward in a bf16 autocast region, cross-entropy (mean), SGD with
+ *        momentum 0.9 (not Nesterov), lr 0.05 (torchvision's 0.1 per 256 images), weight decay
+ *        5e-5 on every parameter, random labels in [0, 1000)
  * The modes:
  *   unfused  every trace node its own kernel (KILN_FUSION=0)
  *   fused    the planner's fused kernels, launched one by one every step (KILN_GRAPH=0)
  *   graph    the fused step captured once into a CUDA graph and replayed
  * For each it prints the median ms per step (CUDA events around blocks of steps, after a
- * warm-up), the kernels launched per step and the peak device memory.
+ * warm-up), the kernels launched per step, the peak device memory and the wall time of the first
+ * step (host clock, from a synchronised device to kiln_sync after the step: recording, planning,
+ * NVRTC compiles or cache loads, the run and, in graph mode, the capture).
  *
- *   profile_step [--workload mlp|cnn|air|all] [--steps N] [--blocks N]
+ *   profile_step [--workload mlp|cnn|air|resnet18|all] [--steps N] [--blocks N]
  *                [--mode unfused|fused|graph] [--json] [--compile-only]
  *
- * --workload defaults to all (mlp, cnn, then air). --steps is the steps per block, 100 by default
- * (20 for air, whose step takes milliseconds), --blocks the blocks, 21 by default. --json prints
- * one JSON line per workload and mode (bench/compare.py reads them). To see the steps in Nsight
+ * --workload defaults to all, which is mlp, cnn, then air: resnet18 runs only when named (its
+ * three modes take tens of seconds more, a cold kernel cache longer, and some 5 GiB of device
+ * memory). --steps is the steps per block, 100 by default (20 for air and 10 for resnet18, whose
+ * steps take milliseconds), --blocks the blocks, 21 by default. --json prints one JSON line per
+ * workload and mode (bench/compare.py reads them). To see the steps in Nsight
  * Systems, run it under `nsys profile --trace=cuda,nvtx` with KILN_NVTX=1 (see the README).
  * --compile-only needs no GPU: it records one step per mode in a context without one, which
  * plans and compiles it (nothing runs), and prints the groups and kernels; with
@@ -38,9 +50,10 @@
 #include "kiln.h"
 
 static const char *const modes[3] = {"unfused", "fused", "graph"};
-#define NWORKLOADS 3
-static const char *const workloads[NWORKLOADS] = {"mlp", "cnn", "air"};
-enum { WORKLOAD_MLP, WORKLOAD_CNN, WORKLOAD_AIR };
+#define NWORKLOADS 4
+static const char *const workloads[NWORKLOADS] = {"mlp", "cnn", "air", "resnet18"};
+enum { WORKLOAD_MLP, WORKLOAD_CNN, WORKLOAD_AIR, WORKLOAD_RESNET18 };
+#define NDEFAULT 3 /* --workload all: mlp, cnn, air (resnet18 only by name) */
 
 /* air: airbench94's recipe as examples/cifar10.c has it */
 #define AIR_BATCH 1024
@@ -55,6 +68,23 @@ enum { WORKLOAD_MLP, WORKLOAD_CNN, WORKLOAD_AIR };
 #define AIR_WHITEN_WIDTH 24
 static const int64_t air_widths[3] = {64, 256, 256};
 
+/* resnet18: torchvision's ResNet-18 on ImageNet-sized random images */
+#define RN_BATCH 128
+#define RN_IMAGE 224
+#define RN_CLASSES 1000
+#define RN_LR 0.05f /* torchvision's reference recipe: 0.1 per 256 images */
+#define RN_MOMENTUM 0.9f
+#define RN_WEIGHT_DECAY 5e-5f
+#define RN_PARAMS 11689512 /* sum(p.numel() for p in resnet18().parameters()), no running stats */
+static const int64_t rn_widths[4] = {64, 128, 256, 512};
+
+/* resnet18: a BasicBlock, torchvision's names "layerS.J.conv1" ... "layerS.J.downsample.1" */
+typedef struct rn_block {
+  kiln_conv2d_layer conv1, conv2, down; /* down: the 1x1 projection of the input, when has_down */
+  kiln_batch_norm_layer bn1, bn2, down_bn;
+  int has_down;
+} rn_block;
+
 /* A workload's model, optimizer and batch (persistent, made once per context). */
 typedef struct model {
   int workload;
@@ -64,16 +94,25 @@ typedef struct model {
   /* air: the whitening conv, each group's two convolutions and two batch norms, the head */
   kiln_conv2d_layer whiten, gconv[3][2];
   kiln_batch_norm_layer gnorm[3][2];
-  kiln_linear head;
+  kiln_linear head; /* air: head; resnet18: fc */
+  /* resnet18: the stem's conv and batch norm, the four stages' two blocks each */
+  kiln_conv2d_layer stem;
+  kiln_batch_norm_layer stem_bn;
+  rn_block blocks[8];
   kiln_optim *opt;
-  /* mlp: x (B, 784); cnn: x (B, 28, 28, 1); air: x (B, 32, 32, 3); y (B) i32 */
+  /* mlp: x (B, 784); cnn: x (B, 28, 28, 1); air: x (B, 32, 32, 3); resnet18: x (B, 224, 224,
+   * 3); y (B) i32 */
   kiln_tensor *x, *y;
+  int64_t batch, params; /* B; parameters as torch counts them (buffers left out) */
 } model;
 
 typedef struct result {
   float ms_median, ms_min, ms_max;
   double kernels_per_step, peak_mib, arena_mib, intermediates_mib;
+  double first_ms;         /* the first step's wall time, kiln_sync included */
+  uint64_t first_compiled; /* NVRTC compilations in it (the others were cache hits) */
   uint64_t captures, replays;
+  int64_t batch, params;
 } result;
 
 static void die(kiln_ctx *ctx, const char *what) {
@@ -97,6 +136,14 @@ static float *random_inputs(int64_t n) {
     h[i] = (float)((s >> 40) / 16777216.0) * 2.f - 1.f;
   }
   return h;
+}
+
+/* The parameters of a list as torch counts them (model.parameters()): buffers left out. */
+static int64_t count_params(const kiln_params *p) {
+  int64_t n = 0;
+  for (int i = 0; i < kiln_params_count(p); i++)
+    if (!kiln_params_is_buffer(p, i)) n += kiln_tensor_numel(kiln_params_get(p, i));
+  return n;
 }
 
 /* air: SGD's rate and weight decay as examples/cifar10.c's sgd_rates turns airbench94's "per
@@ -174,6 +221,8 @@ static void air_init(model *m, kiln_ctx *ctx) {
             nb, nf);
     exit(1);
   }
+  m->batch = B;
+  m->params = count_params(m->p);
 }
 
 /* air: x (B, 32, 32, 3) to (B, 10) logits, in a bf16 autocast region. */
@@ -194,11 +243,110 @@ static kiln_tensor *air_forward(const model *m) {
   return logits;
 }
 
+/* resnet18: a convolution without bias, kernel k, stride s, padding k / 2, its filters drawn as
+ * torchvision draws them (kaiming normal, fan out, ReLU's gain). */
+static kiln_status rn_conv(kiln_conv2d_layer *l, kiln_params *p, const char *name, int64_t cin,
+                           int64_t cout, int k, int s) {
+  const kiln_conv2d_options o = {.stride_h = s, .stride_w = s, .pad_h = k / 2, .pad_w = k / 2};
+  kiln_status st = kiln_conv2d_layer_init(l, p, name, cin, cout, k, k, &o, 0);
+  if (st == KILN_OK)
+    st = kiln_init_kaiming_normal(l->weight, 0, KILN_FAN_OUT, KILN_NONLINEARITY_RELU);
+  return st;
+}
+
+/* resnet18: the model, random images and labels, and the optimizer. */
+static void rn_init(model *m, kiln_ctx *ctx) {
+  const int64_t B = RN_BATCH, S = RN_IMAGE;
+  int32_t *yh = malloc((size_t)B * sizeof *yh);
+  float *xh = random_inputs(B * S * S * 3);
+  if (!yh || !xh) die(ctx, "out of host memory");
+  uint64_t r = 7; /* labels from an LCG of their own, uniform enough in [0, 1000) */
+  for (int64_t i = 0; i < B; i++) {
+    r = r * 6364136223846793005ULL + 1442695040888963407ULL;
+    yh[i] = (int32_t)((r >> 33) % RN_CLASSES);
+  }
+  m->x = kiln_tensor_from_host(ctx, KILN_DTYPE_F32, KILN_SHAPE(B, S, S, 3), xh);
+  m->y = kiln_tensor_from_host(ctx, KILN_DTYPE_I32, KILN_SHAPE(B), yh);
+  free(xh);
+  free(yh);
+  m->p = kiln_params_new(ctx);
+  if (!m->p) die(ctx, "setting up");
+  /* batch norm: torch's momentum 0.1 and eps 1e-5 (0 asks for them), weight 1, bias 0 */
+  kiln_status st = rn_conv(&m->stem, m->p, "conv1", 3, rn_widths[0], 7, 2);
+  if (st == KILN_OK)
+    st = kiln_batch_norm_layer_init(&m->stem_bn, m->p, "bn1", rn_widths[0], 0, 0, 1);
+  int64_t cin = rn_widths[0];
+  for (int k = 0; k < 8 && st == KILN_OK; k++) {
+    rn_block *b = &m->blocks[k];
+    int stage = k / 2, s = stage > 0 && k % 2 == 0 ? 2 : 1;
+    int64_t w = rn_widths[stage];
+    char c1[40], n1[40], c2[40], n2[40], d0[40], d1[40];
+    snprintf(c1, sizeof c1, "layer%d.%d.conv1", stage + 1, k % 2);
+    snprintf(n1, sizeof n1, "layer%d.%d.bn1", stage + 1, k % 2);
+    snprintf(c2, sizeof c2, "layer%d.%d.conv2", stage + 1, k % 2);
+    snprintf(n2, sizeof n2, "layer%d.%d.bn2", stage + 1, k % 2);
+    snprintf(d0, sizeof d0, "layer%d.%d.downsample.0", stage + 1, k % 2);
+    snprintf(d1, sizeof d1, "layer%d.%d.downsample.1", stage + 1, k % 2);
+    st = rn_conv(&b->conv1, m->p, c1, cin, w, 3, s);
+    if (st == KILN_OK) st = kiln_batch_norm_layer_init(&b->bn1, m->p, n1, w, 0, 0, 1);
+    if (st == KILN_OK) st = rn_conv(&b->conv2, m->p, c2, w, w, 3, 1);
+    if (st == KILN_OK) st = kiln_batch_norm_layer_init(&b->bn2, m->p, n2, w, 0, 0, 1);
+    b->has_down = s != 1 || cin != w; /* the first block of stages 2-4 */
+    if (b->has_down && st == KILN_OK) st = rn_conv(&b->down, m->p, d0, cin, w, 1, s);
+    if (b->has_down && st == KILN_OK)
+      st = kiln_batch_norm_layer_init(&b->down_bn, m->p, d1, w, 0, 0, 1);
+    cin = w;
+  }
+  if (st == KILN_OK) st = kiln_linear_init(&m->head, m->p, "fc", cin, RN_CLASSES, 1);
+  if (st != KILN_OK) die(ctx, "making the resnet18 model");
+  m->batch = B;
+  m->params = count_params(m->p);
+  if (m->params != RN_PARAMS) {
+    fprintf(stderr, "profile_step: resnet18 has %lld parameters, not torchvision's %d\n",
+            (long long)m->params, RN_PARAMS);
+    exit(1);
+  }
+  kiln_sgd_options so = {.lr = RN_LR, .momentum = RN_MOMENTUM, .weight_decay = RN_WEIGHT_DECAY};
+  m->opt = kiln_sgd_new(m->p, &so);
+  if (!m->opt) die(ctx, "making the optimizer");
+}
+
+/* resnet18: x (B, 224, 224, 3) to (B, 1000) logits, in a bf16 autocast region. */
+static kiln_tensor *rn_forward(const model *m) {
+  const kiln_pool2d_options pool = {
+      .kernel_h = 3, .kernel_w = 3, .stride_h = 2, .stride_w = 2, .pad_h = 1, .pad_w = 1};
+  kiln_ctx *ctx = kiln_tensor_ctx(m->x);
+  kiln_autocast_begin(ctx, KILN_DTYPE_BF16);
+  kiln_tensor *h = kiln_conv2d_layer_forward(&m->stem, m->x); /* (B, 112, 112, 64) */
+  h = kiln_max_pool2d(kiln_relu(kiln_batch_norm_layer_forward(&m->stem_bn, h)), &pool);
+  /* (B, 56, 56, 64); each stage's two blocks give (B, 56, 56, 64), (B, 28, 28, 128), (B, 14, 14,
+   * 256), (B, 7, 7, 512) */
+  for (int k = 0; k < 8; k++) {
+    const rn_block *b = &m->blocks[k];
+    kiln_tensor *y = kiln_conv2d_layer_forward(&b->conv1, h);
+    y = kiln_relu(kiln_batch_norm_layer_forward(&b->bn1, y));
+    y = kiln_batch_norm_layer_forward(&b->bn2, kiln_conv2d_layer_forward(&b->conv2, y));
+    kiln_tensor *id =
+        b->has_down
+            ? kiln_batch_norm_layer_forward(&b->down_bn, kiln_conv2d_layer_forward(&b->down, h))
+            : h;
+    h = kiln_relu(kiln_add(y, id));
+  }
+  h = kiln_global_avg_pool2d(h);                          /* (B, 512) */
+  kiln_tensor *logits = kiln_linear_forward(&m->head, h); /* (B, 1000) */
+  kiln_autocast_end(ctx);
+  return logits;
+}
+
 static void model_init(model *m, kiln_ctx *ctx, int workload) {
   memset(m, 0, sizeof *m);
   m->workload = workload;
   if (workload == WORKLOAD_AIR) {
     air_init(m, ctx);
+    return;
+  }
+  if (workload == WORKLOAD_RESNET18) {
+    rn_init(m, ctx);
     return;
   }
   const int64_t B = 128, C = 10;
@@ -229,6 +377,8 @@ static void model_init(model *m, kiln_ctx *ctx, int workload) {
     kiln_adam_options ao = kiln_adam_defaults(); /* lr 1e-3 */
     m->opt = kiln_adam_new(m->p, &ao);
   }
+  m->batch = B;
+  m->params = count_params(m->p);
 }
 
 /* Records one training step: forward, loss, backward, update. */
@@ -240,6 +390,8 @@ static void model_step(model *m) {
     logits = kiln_linear_forward(&m->l3, h);
   } else if (m->workload == WORKLOAD_AIR) {
     logits = air_forward(m);
+  } else if (m->workload == WORKLOAD_RESNET18) {
+    logits = rn_forward(m);
   } else {
     const kiln_pool2d_options pool2 = {.kernel_h = 2, .kernel_w = 2};
     int training = kiln_training(kiln_tensor_ctx(m->x));
@@ -272,9 +424,20 @@ static result profile(int workload, int mode, int steps, int blocks) {
   cudaEventCreate(&e0);
   cudaEventCreate(&e1);
   float *ms = malloc((size_t)blocks * sizeof *ms);
-  kiln_exec_stats st0, st1;
+  kiln_exec_stats st0, st1, sf;
+  /* the first step on its own clock, from a device done with the model's uploads */
+  if (kiln_sync(ctx) != KILN_OK) die(ctx, "uploading the model");
+  kiln_stats(ctx, &sf);
+  uint64_t compiled0 = sf.kernels_compiled;
+  struct timespec t0, t1;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  kiln_step_begin(ctx);
+  model_step(&m);
+  if (kiln_step_end(ctx) != KILN_OK || kiln_sync(ctx) != KILN_OK) die(ctx, "first training step");
+  clock_gettime(CLOCK_MONOTONIC, &t1);
+  kiln_stats(ctx, &sf);
   for (int b = -1; b < blocks; b++) {
-    int n = b < 0 ? 50 : steps; /* block -1 warms up: compiles, captures */
+    int n = b < 0 ? 50 : steps; /* block -1 warms up (the first step did the compiles) */
     if (b == 0) kiln_stats(ctx, &st0);
     cudaEventRecord(e0, stream);
     for (int i = 0; i < n; i++) {
@@ -302,8 +465,12 @@ static result profile(int workload, int mode, int steps, int blocks) {
       .peak_mib = mem.peak / 1048576.0,
       .arena_mib = st1.arena_bytes / 1048576.0,
       .intermediates_mib = st1.arena_sum_bytes / 1048576.0,
+      .first_ms = (t1.tv_sec - t0.tv_sec) * 1e3 + (t1.tv_nsec - t0.tv_nsec) / 1e6,
+      .first_compiled = sf.kernels_compiled - compiled0,
       .captures = st1.graph_captures,
       .replays = st1.graph_replays,
+      .batch = m.batch,
+      .params = m.params,
   };
   free(ms);
   cudaEventDestroy(e0);
@@ -359,7 +526,7 @@ static void compile_only(int workload, int mode) {
 }
 
 int main(int argc, char **argv) {
-  /* steps 0: each workload's default (100 steps per block, 20 for air) */
+  /* steps 0: each workload's default (100 steps per block, 20 for air, 10 for resnet18) */
   int steps = 0, steps_given = 0, blocks = 21, only = -1, json = 0, workload = -1; /* -1: all */
   int compile = 0;
   for (int i = 1; i < argc; i++) {
@@ -387,13 +554,14 @@ int main(int argc, char **argv) {
         if (strcmp(w, workloads[k]) == 0) workload = k;
       if (strcmp(w, "all") == 0) workload = -1;
       if (workload == -2) {
-        fprintf(stderr, "profile_step: --workload is mlp, cnn, air or all, not %s\n", w);
+        fprintf(stderr, "profile_step: --workload is mlp, cnn, air, resnet18 or all, not %s\n", w);
         return 2;
       }
     } else {
       fprintf(stderr,
-              "usage: %s [--workload mlp|cnn|air|all] [--steps N] [--blocks N] "
-              "[--mode unfused|fused|graph] [--json] [--compile-only]\n",
+              "usage: %s [--workload mlp|cnn|air|resnet18|all] [--steps N] [--blocks N] "
+              "[--mode unfused|fused|graph] [--json] [--compile-only]\n"
+              "  all (the default) is mlp, cnn and air; resnet18 runs only when named\n",
               argv[0]);
       return 2;
     }
@@ -406,8 +574,11 @@ int main(int argc, char **argv) {
       "mlp step (784-512-512-10, batch 128, SGD Nesterov)",
       "cnn step (pytorch/examples MNIST net, batch 128, NHWC, Adam)",
       "air step (airbench94 net, batch 1024, NHWC, bf16 autocast, SGD Nesterov)",
+      "resnet18 step (torchvision ResNet-18, 11,689,512 parameters, batch 128 of 224x224, NHWC, "
+      "bf16 autocast, SGD momentum)",
   };
-  for (int w = 0; w < NWORKLOADS && compile; w++) {
+  int nw = workload >= 0 ? NWORKLOADS : NDEFAULT; /* all: the first NDEFAULT */
+  for (int w = 0; w < nw && compile; w++) {
     if (workload >= 0 && w != workload) continue;
     printf("%s%s, one step planned and compiled without a GPU\n\n| mode | nodes | groups | "
            "kernels | NVRTC ms |\n| --- | --- | --- | --- | --- |\n",
@@ -415,13 +586,14 @@ int main(int argc, char **argv) {
     for (int k = 0; k < 3; k++)
       if (only < 0 || k == only) compile_only(w, k);
   }
-  for (int w = 0; w < NWORKLOADS && !compile; w++) {
+  for (int w = 0; w < nw && !compile; w++) {
     if (workload >= 0 && w != workload) continue;
-    int wsteps = steps_given ? steps : w == WORKLOAD_AIR ? 20 : 100;
+    int wsteps = steps_given ? steps : w == WORKLOAD_AIR ? 20 : w == WORKLOAD_RESNET18 ? 10 : 100;
     if (!json)
-      printf("%s%s, median of %d blocks of %d steps\n\n| mode | ms/step | kernels/step | peak MiB "
-             "| graph captures / replays |\n| --- | --- | --- | --- | --- |\n",
-             w > 0 && workload < 0 ? "\n" : "", titles[w], blocks, wsteps);
+      printf(
+          "%s%s, median of %d blocks of %d steps\n\n| mode | ms/step | kernels/step | peak MiB "
+          "| graph captures / replays | first step ms |\n| --- | --- | --- | --- | --- | --- |\n",
+          w > 0 && workload < 0 ? "\n" : "", titles[w], blocks, wsteps);
     for (int k = 0; k < 3; k++) {
       if (only >= 0 && k != only) continue;
       result r = profile(w, k, wsteps, blocks);
@@ -429,13 +601,15 @@ int main(int argc, char **argv) {
         printf("{\"workload\": \"%s\", \"framework\": \"kiln\", \"mode\": \"%s\", "
                "\"ms_per_step\": %.4f, \"ms_min\": %.4f, \"ms_max\": %.4f, "
                "\"kernels_per_step\": %.1f, \"peak_mib\": %.2f, \"arena_mib\": %.2f, "
-               "\"intermediates_mib\": %.2f, \"steps\": %d}\n",
+               "\"intermediates_mib\": %.2f, \"steps\": %d, \"batch\": %lld, "
+               "\"params\": %lld, \"first_step_ms\": %.1f, \"first_step_compiled\": %llu}\n",
                workloads[w], modes[k], r.ms_median, r.ms_min, r.ms_max, r.kernels_per_step,
-               r.peak_mib, r.arena_mib, r.intermediates_mib, blocks * wsteps);
+               r.peak_mib, r.arena_mib, r.intermediates_mib, blocks * wsteps, (long long)r.batch,
+               (long long)r.params, r.first_ms, (unsigned long long)r.first_compiled);
       } else {
-        printf("| %s | %.3f | %.1f | %.1f | %llu / %llu |\n", modes[k], r.ms_median,
+        printf("| %s | %.3f | %.1f | %.1f | %llu / %llu | %.1f |\n", modes[k], r.ms_median,
                r.kernels_per_step, r.peak_mib, (unsigned long long)r.captures,
-               (unsigned long long)r.replays);
+               (unsigned long long)r.replays, r.first_ms);
       }
       fflush(stdout);
     }
