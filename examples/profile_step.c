@@ -48,6 +48,7 @@
 #include <time.h>
 
 #include "kiln.h"
+#include "resnet.h"
 
 static const char *const modes[3] = {"unfused", "fused", "graph"};
 #define NWORKLOADS 4
@@ -76,14 +77,7 @@ static const int64_t air_widths[3] = {64, 256, 256};
 #define RN_MOMENTUM 0.9f
 #define RN_WEIGHT_DECAY 5e-5f
 #define RN_PARAMS 11689512 /* sum(p.numel() for p in resnet18().parameters()), no running stats */
-static const int64_t rn_widths[4] = {64, 128, 256, 512};
-
-/* resnet18: a BasicBlock, torchvision's names "layerS.J.conv1" ... "layerS.J.downsample.1" */
-typedef struct rn_block {
-  kiln_conv2d_layer conv1, conv2, down; /* down: the 1x1 projection of the input, when has_down */
-  kiln_batch_norm_layer bn1, bn2, down_bn;
-  int has_down;
-} rn_block;
+#define RN_WIDTH 64        /* the first stage's width; the others 128, 256, 512 */
 
 /* A workload's model, optimizer and batch (persistent, made once per context). */
 typedef struct model {
@@ -94,11 +88,8 @@ typedef struct model {
   /* air: the whitening conv, each group's two convolutions and two batch norms, the head */
   kiln_conv2d_layer whiten, gconv[3][2];
   kiln_batch_norm_layer gnorm[3][2];
-  kiln_linear head; /* air: head; resnet18: fc */
-  /* resnet18: the stem's conv and batch norm, the four stages' two blocks each */
-  kiln_conv2d_layer stem;
-  kiln_batch_norm_layer stem_bn;
-  rn_block blocks[8];
+  kiln_linear head; /* air: head */
+  resnet rn;        /* resnet18 (examples/resnet.h) */
   kiln_optim *opt;
   /* mlp: x (B, 784); cnn: x (B, 28, 28, 1); air: x (B, 32, 32, 3); resnet18: x (B, 224, 224,
    * 3); y (B) i32 */
@@ -243,17 +234,6 @@ static kiln_tensor *air_forward(const model *m) {
   return logits;
 }
 
-/* resnet18: a convolution without bias, kernel k, stride s, padding k / 2, its filters drawn as
- * torchvision draws them (kaiming normal, fan out, ReLU's gain). */
-static kiln_status rn_conv(kiln_conv2d_layer *l, kiln_params *p, const char *name, int64_t cin,
-                           int64_t cout, int k, int s) {
-  const kiln_conv2d_options o = {.stride_h = s, .stride_w = s, .pad_h = k / 2, .pad_w = k / 2};
-  kiln_status st = kiln_conv2d_layer_init(l, p, name, cin, cout, k, k, &o, 0);
-  if (st == KILN_OK)
-    st = kiln_init_kaiming_normal(l->weight, 0, KILN_FAN_OUT, KILN_NONLINEARITY_RELU);
-  return st;
-}
-
 /* resnet18: the model, random images and labels, and the optimizer. */
 static void rn_init(model *m, kiln_ctx *ctx) {
   const int64_t B = RN_BATCH, S = RN_IMAGE;
@@ -271,33 +251,7 @@ static void rn_init(model *m, kiln_ctx *ctx) {
   free(yh);
   m->p = kiln_params_new(ctx);
   if (!m->p) die(ctx, "setting up");
-  /* batch norm: torch's momentum 0.1 and eps 1e-5 (0 asks for them), weight 1, bias 0 */
-  kiln_status st = rn_conv(&m->stem, m->p, "conv1", 3, rn_widths[0], 7, 2);
-  if (st == KILN_OK)
-    st = kiln_batch_norm_layer_init(&m->stem_bn, m->p, "bn1", rn_widths[0], 0, 0, 1);
-  int64_t cin = rn_widths[0];
-  for (int k = 0; k < 8 && st == KILN_OK; k++) {
-    rn_block *b = &m->blocks[k];
-    int stage = k / 2, s = stage > 0 && k % 2 == 0 ? 2 : 1;
-    int64_t w = rn_widths[stage];
-    char c1[40], n1[40], c2[40], n2[40], d0[40], d1[40];
-    snprintf(c1, sizeof c1, "layer%d.%d.conv1", stage + 1, k % 2);
-    snprintf(n1, sizeof n1, "layer%d.%d.bn1", stage + 1, k % 2);
-    snprintf(c2, sizeof c2, "layer%d.%d.conv2", stage + 1, k % 2);
-    snprintf(n2, sizeof n2, "layer%d.%d.bn2", stage + 1, k % 2);
-    snprintf(d0, sizeof d0, "layer%d.%d.downsample.0", stage + 1, k % 2);
-    snprintf(d1, sizeof d1, "layer%d.%d.downsample.1", stage + 1, k % 2);
-    st = rn_conv(&b->conv1, m->p, c1, cin, w, 3, s);
-    if (st == KILN_OK) st = kiln_batch_norm_layer_init(&b->bn1, m->p, n1, w, 0, 0, 1);
-    if (st == KILN_OK) st = rn_conv(&b->conv2, m->p, c2, w, w, 3, 1);
-    if (st == KILN_OK) st = kiln_batch_norm_layer_init(&b->bn2, m->p, n2, w, 0, 0, 1);
-    b->has_down = s != 1 || cin != w; /* the first block of stages 2-4 */
-    if (b->has_down && st == KILN_OK) st = rn_conv(&b->down, m->p, d0, cin, w, 1, s);
-    if (b->has_down && st == KILN_OK)
-      st = kiln_batch_norm_layer_init(&b->down_bn, m->p, d1, w, 0, 0, 1);
-    cin = w;
-  }
-  if (st == KILN_OK) st = kiln_linear_init(&m->head, m->p, "fc", cin, RN_CLASSES, 1);
+  kiln_status st = resnet_init(&m->rn, m->p, RN_WIDTH, RN_CLASSES, 0);
   if (st != KILN_OK) die(ctx, "making the resnet18 model");
   m->batch = B;
   m->params = count_params(m->p);
@@ -313,27 +267,9 @@ static void rn_init(model *m, kiln_ctx *ctx) {
 
 /* resnet18: x (B, 224, 224, 3) to (B, 1000) logits, in a bf16 autocast region. */
 static kiln_tensor *rn_forward(const model *m) {
-  const kiln_pool2d_options pool = {
-      .kernel_h = 3, .kernel_w = 3, .stride_h = 2, .stride_w = 2, .pad_h = 1, .pad_w = 1};
   kiln_ctx *ctx = kiln_tensor_ctx(m->x);
   kiln_autocast_begin(ctx, KILN_DTYPE_BF16);
-  kiln_tensor *h = kiln_conv2d_layer_forward(&m->stem, m->x); /* (B, 112, 112, 64) */
-  h = kiln_max_pool2d(kiln_relu(kiln_batch_norm_layer_forward(&m->stem_bn, h)), &pool);
-  /* (B, 56, 56, 64); each stage's two blocks give (B, 56, 56, 64), (B, 28, 28, 128), (B, 14, 14,
-   * 256), (B, 7, 7, 512) */
-  for (int k = 0; k < 8; k++) {
-    const rn_block *b = &m->blocks[k];
-    kiln_tensor *y = kiln_conv2d_layer_forward(&b->conv1, h);
-    y = kiln_relu(kiln_batch_norm_layer_forward(&b->bn1, y));
-    y = kiln_batch_norm_layer_forward(&b->bn2, kiln_conv2d_layer_forward(&b->conv2, y));
-    kiln_tensor *id =
-        b->has_down
-            ? kiln_batch_norm_layer_forward(&b->down_bn, kiln_conv2d_layer_forward(&b->down, h))
-            : h;
-    h = kiln_relu(kiln_add(y, id));
-  }
-  h = kiln_global_avg_pool2d(h);                          /* (B, 512) */
-  kiln_tensor *logits = kiln_linear_forward(&m->head, h); /* (B, 1000) */
+  kiln_tensor *logits = resnet_forward(&m->rn, m->x);
   kiln_autocast_end(ctx);
   return logits;
 }
