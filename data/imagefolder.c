@@ -814,7 +814,10 @@ int64_t kiln_image_loader_batches(const kiln_image_loader *l) {
 
 kiln_image_loader_stats kiln_image_loader_stats_get(const kiln_image_loader *l) {
   kiln_image_loader_stats none = {0};
-  return l ? l->stats : none;
+  if (!l) return none;
+  kiln_image_loader_stats s = l->stats;
+  s.threads = l->nthreads;
+  return s;
 }
 
 /* The options with their defaults filled in; false with the error set when they make no sense. */

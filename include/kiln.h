@@ -1125,8 +1125,10 @@ int64_t kiln_image_loader_batches(const kiln_image_loader *l);
 /* What the loader did so far: images made, files decoded (replacements included) and the seconds
  * the decoding threads spent on them (summed over threads), the seconds kiln_image_loader_next
  * waited for decoding (0 when loading keeps up with the steps), and the bytes queued to the
- * device. */
+ * device; and how many decoding threads it has. decoded / decode_seconds * threads is what
+ * loading can give, in images a second, with every thread busy. */
 typedef struct kiln_image_loader_stats {
+  int threads;
   int64_t images, decoded;
   double decode_seconds, wait_seconds;
   int64_t bytes_copied;

@@ -6,12 +6,15 @@
  * directory or a FIFO named as an image, 30000 x 30000 pixels claimed by a few bytes) is
  * reported by name and skipped, or fails the call that meets it. A loader in a no-GPU context
  * reads, decodes and places whole epochs (bad files replaced, batches full) and its step plans
- * and compiles the resize kernel; bad options are errors naming the function.
+ * and compiles the resize kernel; bad options are errors naming the function. The imagefolder
+ * example runs a few steps with --no-gpu on a train/val folder (the data path, its flags, its
+ * log), and refuses bad flags.
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 #include <zlib.h>
 
@@ -422,4 +425,57 @@ Test(imagefolder, loader_epochs_plan_and_compile_without_a_gpu) {
   cr_assert_gt(es.kernels_compiled + es.cache_hits, 0);
   kiln_image_folder_free(f);
   th_ctx_free(ctx);
+}
+
+/* Runs the imagefolder example with args; returns its exit status, its output in out. */
+static int run_example(const char *args, char *out, size_t n) {
+  char cmd[2048];
+  snprintf(cmd, sizeof cmd, "'%s/imagefolder' %s 2>&1", KILN_BINARY_DIR, args);
+  FILE *p = popen(cmd, "r");
+  cr_assert_not_null(p);
+  size_t got = fread(out, 1, n - 1, p);
+  out[got] = 0;
+  int st = pclose(p);
+  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+Test(imagefolder, the_example_runs_its_data_path_without_a_gpu) {
+  char root[256], sub[1200], args[2048], log[1200];
+  static char out[1 << 16];
+  th_tmpdir(root, sizeof root, "imgfolder-example");
+  snprintf(sub, sizeof sub, "%s/train", root);
+  tf_make_folder(sub, 3, 6, 3);
+  snprintf(sub, sizeof sub, "%s/val", root);
+  tf_make_folder(sub, 3, 2, 2);
+  snprintf(log, sizeof log, "%s/log.jsonl", root);
+  snprintf(
+      args, sizeof args,
+      "'%s' --no-gpu --epochs 2 --steps 6 --batch 4 --size 32 --width 8 --threads 2 --log '%s'",
+      root, log);
+  int st = run_example(args, out, sizeof out);
+  cr_assert_eq(st, 0, "exit %d:\n%s", st, out);
+  cr_assert(strstr(out, "18 images of 3 classes") && strstr(out, "evaluated on") &&
+                strstr(out, "epoch 1 (no GPU") && strstr(out, "epoch 2 (no GPU") &&
+                strstr(out, "training 16 images") && strstr(out, "training 8 images"),
+            "%s", out);
+  /* one JSON line an epoch: 4 steps of 4 images, then the 2 left of --steps 6 */
+  size_t n;
+  char *text = th_read_whole(log, &n);
+  cr_assert(strstr(text, "\"epoch\": 1, \"step\": 4,") &&
+                strstr(text, "\"epoch\": 2, \"step\": 6,"),
+            "%s", text);
+  free(text);
+  /* bad flags: usage (exit 2), naming what is wrong */
+  snprintf(args, sizeof args, "'%s' --batch 0", root);
+  cr_assert_eq(run_example(args, out, sizeof out), 2, "%s", out);
+  cr_assert(strstr(out, "--batch needs a positive integer"), "%s", out);
+  snprintf(args, sizeof args, "'%s' --no-gpu --save x.safetensors", root);
+  cr_assert_eq(run_example(args, out, sizeof out), 2, "%s", out);
+  cr_assert(strstr(out, "needs a GPU"), "%s", out);
+  cr_assert_eq(run_example("", out, sizeof out), 2, "%s", out);
+  cr_assert(strstr(out, "usage:"), "%s", out);
+  /* a folder that is none: an error naming it */
+  snprintf(args, sizeof args, "'%s/nothing' --no-gpu", root);
+  cr_assert_eq(run_example(args, out, sizeof out), 1, "%s", out);
+  cr_assert(strstr(out, "nothing") && strstr(out, "cannot read the folder"), "%s", out);
 }
