@@ -137,7 +137,7 @@ static bool walk(kiln_image_folder *f, const char *dir, int depth, strs *out) {
     strs_free(&names);
     return !kiln__error(f->ctx, KILN_ERR_OOM, "%s: out of host memory", fn);
   }
-  qsort(names.v, (size_t)names.n, sizeof *names.v, by_name);
+  if (names.n) qsort(names.v, (size_t)names.n, sizeof *names.v, by_name);
   for (int64_t k = 0; ok && k < names.n; k++) {
     char *path = kiln__strf("%s/%s", dir, names.v[k]);
     struct stat st;
@@ -220,7 +220,7 @@ kiln_image_folder *kiln_image_folder_open(kiln_ctx *ctx, const char *root,
                      "%s: %s holds no class folder (the layout is root/<class>/<image>)", fn, root);
   if (ok && classes.n > INT32_MAX)
     ok = !kiln__error(ctx, KILN_ERR_FORMAT, "%s: %s: %lld classes", fn, root, (long long)classes.n);
-  if (ok) qsort(classes.v, (size_t)classes.n, sizeof *classes.v, by_name);
+  if (ok) qsort(classes.v, (size_t)classes.n, sizeof *classes.v, by_name); /* n > 0 */
   /* each class's files, sorted, one class after another */
   int32_t *label = NULL;
   int64_t labelled = 0;
@@ -229,7 +229,8 @@ kiln_image_folder *kiln_image_folder_open(kiln_ctx *ctx, const char *root,
     int64_t before = files.n;
     ok = dir ? walk(f, dir, 0, &files)
              : !kiln__error(ctx, KILN_ERR_OOM, "%s: out of host memory", fn);
-    if (ok) qsort(files.v + before, (size_t)(files.n - before), sizeof *files.v, by_name);
+    if (ok && files.n > before)
+      qsort(files.v + before, (size_t)(files.n - before), sizeof *files.v, by_name);
     if (ok && files.n == before)
       ok = !kiln__error(ctx, KILN_ERR_FORMAT,
                         "%s: class folder %s holds no image (.jpg, .jpeg or .png) kiln can use", fn,
