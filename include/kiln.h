@@ -879,9 +879,20 @@ void kiln_optim_set_schedule(kiln_optim *o, const kiln_schedule *s);
 /* Parameters in the safetensors format, by name, stored as KILN_DTYPE_F32 or KILN_DTYPE_BF16.
  * Saving writes a temporary file and renames it over path: an interrupted save leaves the old
  * file whole. Loading accepts F32 or BF16 and checks every name, shape and dtype first: a
- * missing, extra, mis-shaped or corrupted tensor is an error naming it, and nothing is loaded. */
+ * missing, extra, mis-shaped or corrupted tensor is an error naming it, and nothing is loaded.
+ * A training checkpoint (kiln_checkpoint_save) loads too: its weights, its optimizer state and
+ * RNG passed over (what evaluating a checkpoint needs, without an optimizer). */
 kiln_status kiln_params_save(const kiln_params *p, const char *path, kiln_dtype dtype);
 kiln_status kiln_params_load(kiln_params *p, const char *path);
+/* kiln_params_load with options. non_strict 1 is torch's load_state_dict(strict=False): the
+ * model's parameters that the file lacks keep their values and the file's tensors that the model
+ * lacks are passed over, and the load sets missing and unexpected to how many there were (a
+ * shape or dtype that differs is still an error, as in torch). */
+typedef struct kiln_load_options {
+  int non_strict;
+  int missing, unexpected; /* set by the load */
+} kiln_load_options;
+kiln_status kiln_params_load_with(kiln_params *p, const char *path, kiln_load_options *o);
 
 /* String key/value metadata carried by checkpoints (keys starting "kiln." are kiln's own). */
 typedef struct kiln_meta kiln_meta;
@@ -895,7 +906,9 @@ void kiln_meta_free(kiln_meta *m);
 /* A training checkpoint: parameters, the optimizer's state, step counts and learning rate, the
  * context's RNG state and the caller's metadata (user may be NULL), in one safetensors file.
  * Loading restores all of them (user, if given, receives the caller's metadata), so a resumed
- * run continues bitwise as the uninterrupted one; on any mismatch nothing changes. */
+ * run continues bitwise as the uninterrupted one; on any mismatch nothing changes. o may be NULL
+ * on both sides: saving, a checkpoint without optimizer state; loading, the parameters, the RNG
+ * and the metadata, the file's optimizer state passed over. */
 kiln_status kiln_checkpoint_save(const char *path, const kiln_params *p, const kiln_optim *o,
                                  const kiln_meta *user);
 kiln_status kiln_checkpoint_load(const char *path, kiln_params *p, kiln_optim *o, kiln_meta *user);

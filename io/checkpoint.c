@@ -181,14 +181,28 @@ done:
   return ctx->status;
 }
 
+/* How a load treats names: strict (every tensor of the model in the file and no other), or not
+ * (torch's strict=False: the model's tensors the file lacks keep their values, the file's tensors
+ * the model lacks are passed over; both counted); and whether the file's optimizer state
+ * ("optim/...") is passed over (a weights-only load of a training checkpoint). */
+typedef struct names_rule {
+  bool strict, skip_state;
+  int missing, unexpected; /* counted when not strict */
+} names_rule;
+
 /* Checks the file against the model's tensors, then reads each into slot.host as f32; touches no
- * tensor. Every name, shape and dtype is checked before any tensor's data is read. */
+ * tensor. Every name, shape and dtype is checked before any tensor's data is read. A slot the
+ * file lacks (not strict) is left without host data, and upload passes it over. */
 static kiln_status match(kiln_ctx *ctx, const char *fn, const char *path, const kiln__st_file *f,
-                         slots *ss, int nparams) {
+                         slots *ss, int nparams, names_rule *rule) {
   for (int i = 0; i < ss->n; i++) {
     slot *s = &ss->s[i];
     const kiln__st_entry *e = kiln__st_find(f, s->name);
     char want[96], got[96];
+    if (!e && !rule->strict) {
+      rule->missing++;
+      continue;
+    }
     if (!e)
       return kiln__error(ctx, KILN_ERR_FORMAT, "%s: %s has no tensor '%s' (%s)", fn, path, s->name,
                          kiln__shape_of(s->t, want, sizeof want));
@@ -212,21 +226,27 @@ static kiln_status match(kiln_ctx *ctx, const char *fn, const char *path, const 
                                      : "optimizer state loads from f32");
   }
   /* a tensor in the file that the model does not have means a different model (names in the
-   * file are unique and every slot's was found: any more entries are extra) */
-  for (int k = 0; k < f->n && f->n > ss->n; k++) {
+   * file are unique: with every slot's found, any more entries are extra) */
+  for (int k = 0; k < f->n && f->n > ss->n - rule->missing; k++) {
     /* PyTorch's batch-norm step counter, which kiln does not keep */
     const char *nm = f->e[k].name, *tail = ".num_batches_tracked";
     size_t ln = strlen(nm), lt = strlen(tail);
-    bool known = f->e[k].i64 && ln >= lt && strcmp(nm + ln - lt, tail) == 0;
+    bool known = (f->e[k].i64 && ln >= lt && strcmp(nm + ln - lt, tail) == 0) ||
+                 (rule->skip_state && strncmp(nm, "optim/", 6) == 0);
     for (int i = 0; i < ss->n && !known; i++)
       known = strcmp(ss->s[i].name, nm) == 0;
-    if (!known)
-      return kiln__error(ctx, KILN_ERR_FORMAT, "%s: %s has tensor '%.200s', which the model lacks",
+    if (!known && !rule->strict)
+      rule->unexpected++;
+    else if (!known)
+      return kiln__error(ctx, KILN_ERR_FORMAT,
+                         "%s: %s has tensor '%.200s', which the model lacks (a non-strict load, "
+                         "kiln_params_load_with, passes such tensors over)",
                          fn, path, f->e[k].name);
   }
   for (int i = 0; i < ss->n; i++) {
     slot *s = &ss->s[i];
     const kiln__st_entry *e = kiln__st_find(f, s->name);
+    if (!e) continue; /* not strict: the model's value stays */
     int64_t n = kiln_tensor_numel(s->t);
     float *h = malloc((size_t)(n > 0 ? n : 1) * sizeof *h);
     if (!h) return kiln__error(ctx, KILN_ERR_OOM, "%s: out of host memory for '%s'", fn, s->name);
@@ -246,6 +266,7 @@ static kiln_status match(kiln_ctx *ctx, const char *fn, const char *path, const 
 static kiln_status upload(slots *ss) {
   for (int i = 0; i < ss->n; i++) {
     kiln_tensor *t = ss->s[i].t;
+    if (!ss->s[i].host) continue; /* a non-strict load's tensor the file lacks */
     kiln_status s =
         kiln_tensor_copy_from_host(t, ss->s[i].host, (size_t)kiln_tensor_numel(t) * sizeof(float));
     if (s != KILN_OK) return s;
@@ -268,19 +289,38 @@ static kiln_ctx *open_checked(const char *fn, const kiln_params *p, const char *
   return kiln__st_open(ctx, fn, path, f) == KILN_OK ? ctx : NULL;
 }
 
-kiln_status kiln_params_load(kiln_params *p, const char *path) {
-  const char *fn = __func__;
+/* Whether the file's metadata says it is a kiln training checkpoint. */
+static bool is_checkpoint(const kiln__st_file *f) {
+  const cJSON *fmt =
+      f->metadata ? cJSON_GetObjectItemCaseSensitive(f->metadata, "kiln.format") : NULL;
+  return cJSON_IsString(fmt) && strcmp(fmt->valuestring, KILN__CKPT_FORMAT) == 0;
+}
+
+static kiln_status params_load(const char *fn, kiln_params *p, const char *path,
+                               kiln_load_options *o) {
   kiln__st_file f;
   kiln_ctx *ctx = open_checked(fn, p, path, &f);
   if (!ctx) return kiln_params_ctx(p) ? kiln_ctx_status(kiln_params_ctx(p)) : KILN_ERR_INVALID;
+  /* a training checkpoint's weights: its optimizer state and RNG are passed over */
+  names_rule rule = {.strict = !o || !o->non_strict, .skip_state = is_checkpoint(&f)};
   slots ss = {0};
   if (!gather(p, NULL, &ss))
     kiln__error(ctx, KILN_ERR_OOM, "%s: out of host memory", fn);
-  else if (match(ctx, fn, path, &f, &ss, ss.n) == KILN_OK)
-    upload(&ss);
+  else if (match(ctx, fn, path, &f, &ss, ss.n, &rule) == KILN_OK && upload(&ss) == KILN_OK && o) {
+    o->missing = rule.missing;
+    o->unexpected = rule.unexpected;
+  }
   kiln__st_free(&f);
   slots_free(&ss);
   return ctx->status;
+}
+
+kiln_status kiln_params_load(kiln_params *p, const char *path) {
+  return params_load(__func__, p, path, NULL);
+}
+
+kiln_status kiln_params_load_with(kiln_params *p, const char *path, kiln_load_options *o) {
+  return params_load(__func__, p, path, o);
 }
 
 /* ---------------------------------------------------------------- checkpoints */
@@ -367,7 +407,9 @@ kiln_status kiln_checkpoint_load(const char *path, kiln_params *p, kiln_optim *o
     kiln__error(ctx, KILN_ERR_OOM, "%s: out of host memory", fn);
     goto done;
   }
-  if (match(ctx, fn, path, &f, &ss, np) != KILN_OK || upload(&ss) != KILN_OK) goto done;
+  /* without an optimizer, the weights (and the RNG): the file's optimizer state is passed over */
+  names_rule rule = {.strict = true, .skip_state = !o};
+  if (match(ctx, fn, path, &f, &ss, np, &rule) != KILN_OK || upload(&ss) != KILN_OK) goto done;
   /* all tensors are in: now the scalars */
   ctx->seed = cm.seed;
   ctx->philox_offset = cm.philox_offset;

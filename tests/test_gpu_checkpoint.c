@@ -1,7 +1,8 @@
 /*
  * test_gpu_checkpoint.c: parameters and checkpoints through safetensors on the GPU: round trips
  * for f32 and bf16 over every rank, loads that must change nothing (wrong names, shapes, dtypes,
- * damaged files), bitwise resume of training, and a round trip through PyTorch.
+ * damaged files), bitwise resume of training, a checkpoint's weights loaded without an optimizer
+ * (and non-strictly into a larger model), and a round trip through PyTorch.
  */
 #define _GNU_SOURCE /* memmem */
 #include <math.h>
@@ -249,6 +250,47 @@ static void check_resume(int adam) {
   cr_assert(strstr(kiln_ctx_error(ctx), "optimizer state") != NULL, "%s", kiln_ctx_error(ctx));
   kiln_ctx_clear_error(ctx);
   run_free(&c);
+  /* the checkpoint's weights, without an optimizer: kiln_params_load, and kiln_checkpoint_load
+   * with a NULL one; then non-strict into a model with one more parameter, which keeps its own */
+  int64_t nc;
+  float *at12;
+  {
+    run w;
+    run_init(ctx, &w, adam);
+    kiln_checkpoint_load(path, w.p, w.o, NULL);
+    at12 = th_params_values(w.p, &nc);
+    run_free(&w);
+  }
+  for (int how = 0; how < 3; how++) {
+    kiln_manual_seed(ctx, 99); /* other initial values than the checkpoint's */
+    kiln_params *q = kiln_params_new(ctx);
+    kiln_linear l1, l2;
+    kiln_linear_init(&l1, q, "fc1", 30, 24, 1);
+    kiln_linear_init(&l2, q, "fc2", 24, 6, 1);
+    float extra_h[3] = {0.5f, -1.5f, 2.5f};
+    if (how == 2)
+      cr_assert_eq(
+          kiln_params_add(q, "extra",
+                          kiln_tensor_from_host(ctx, KILN_DTYPE_F32, KILN_SHAPE(3), extra_h)),
+          KILN_OK);
+    kiln_load_options lo = {.non_strict = 1};
+    kiln_status st = how == 0   ? kiln_params_load(q, path)
+                     : how == 1 ? kiln_checkpoint_load(path, q, NULL, NULL)
+                                : kiln_params_load_with(q, path, &lo);
+    cr_assert_eq(st, KILN_OK, "load %d: %s", how, kiln_ctx_error(ctx));
+    int64_t nd;
+    float *pd = th_params_values(q, &nd);
+    cr_assert_eq(nd, nc + (how == 2 ? 3 : 0));
+    cr_assert_eq(memcmp(pd, at12, (size_t)nc * sizeof *pd), 0, "load %d: not the checkpoint's",
+                 how);
+    if (how == 2) {
+      cr_assert(lo.missing == 1 && lo.unexpected == 0, "%d %d", lo.missing, lo.unexpected);
+      cr_assert_eq(memcmp(pd + nc, extra_h, sizeof extra_h), 0, "the extra parameter changed");
+    }
+    free(pd);
+    kiln_params_free(q);
+  }
+  free(at12);
   free(pa);
   free(pb);
   kiln_meta_free(meta);
