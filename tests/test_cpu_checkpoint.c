@@ -91,8 +91,7 @@ Test(checkpoint_names, strict_loads_refuse_and_non_strict_ones_count) {
   cr_assert_eq(kiln_params_add(p, "a", th_new(ctx, KILN_DTYPE_F32, KILN_SHAPE(3, 2))), KILN_OK);
   o = (kiln_load_options){.non_strict = 1, .missing = -1};
   cr_assert_eq(kiln_params_load_with(p, path, &o), KILN_ERR_FORMAT);
-  cr_assert(strstr(th_err(ctx), "'a' is [2,3] in the file, [3,2] in the model"), "%s",
-            th_err(ctx));
+  cr_assert(strstr(th_err(ctx), "'a' is [2,3] in the file, [3,2] in the model"), "%s", th_err(ctx));
   cr_assert_eq(o.missing, -1, "a failed load sets nothing");
   kiln_ctx_clear_error(ctx);
   kiln_params_free(p);
