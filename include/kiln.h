@@ -629,6 +629,71 @@ kiln_status kiln_layer_norm_layer_init(kiln_layer_norm_layer *l, kiln_params *pa
                                        const char *name, int64_t channels, float eps);
 kiln_tensor *kiln_layer_norm_layer_forward(const kiln_layer_norm_layer *l, kiln_tensor *x);
 
+/* ---------------------------------------------------------------- modules
+ *
+ * A sequential container (torch.nn.Sequential) and the layers added to it, each made from an
+ * options struct of named fields. Layers name their parameters as PyTorch's state_dict names the
+ * same model: child k of the root is "k" ("0.weight", "3.running_mean"), a child may be given a
+ * name instead (options .name, or kiln_seq_sequential's name: "features.3.bias"), so that
+ * kiln_params_save and kiln_params_load exchange weights with a PyTorch model of the same
+ * structure (convolution weights keep PyTorch's layout; kiln_flatten flattens images in
+ * PyTorch's order). Parameters belong to the list given to kiln_sequential_new; the modules hold
+ * their layers and children only, and kiln_module_free(root) frees the tree (not the
+ * parameters). Batch norm and dropout follow kiln_set_training(ctx), which switches the whole
+ * model (and every other) between training and evaluation, as model.train() / model.eval() do
+ * for a whole PyTorch model. Each kiln_seq_* returns the new child, or NULL with the error set and
+ * the container unchanged (bad options name the layer and the value). Options follow the rule
+ * of the header: a zero field is PyTorch's default; KILN_ZERO where 0 itself is meant.
+ */
+typedef struct kiln_module kiln_module;
+kiln_module *kiln_sequential_new(kiln_params *p); /* the root */
+/* A container inside seq, called name (NULL: its index). */
+kiln_module *kiln_seq_sequential(kiln_module *seq, const char *name);
+typedef struct kiln_conv2d_module_options {
+  const char *name;               /* NULL: its index */
+  int64_t in, out;                /* channels, required */
+  int kernel, kernel_h, kernel_w; /* kernel (square), or kernel_h and kernel_w; required */
+  int stride, stride_h, stride_w; /* 0: 1 */
+  int padding, pad_h, pad_w;      /* 0: none */
+  int dilation, groups;           /* 0: 1 */
+  int no_bias;                    /* 1: bias=False */
+} kiln_conv2d_module_options;
+kiln_module *kiln_seq_conv2d(kiln_module *seq, const kiln_conv2d_module_options *o);
+typedef struct kiln_batch_norm_module_options {
+  const char *name;
+  int64_t features; /* required */
+  float momentum;   /* 0: 0.1 */
+  float eps;        /* 0: 1e-5 */
+  int no_affine;    /* 1: affine=False */
+} kiln_batch_norm_module_options;
+kiln_module *kiln_seq_batch_norm(kiln_module *seq, const kiln_batch_norm_module_options *o);
+typedef struct kiln_linear_module_options {
+  const char *name;
+  int64_t in, out; /* required */
+  int no_bias;
+} kiln_linear_module_options;
+kiln_module *kiln_seq_linear(kiln_module *seq, const kiln_linear_module_options *o);
+kiln_module *kiln_seq_relu(kiln_module *seq);
+kiln_module *kiln_seq_gelu(kiln_module *seq, kiln_gelu_approx approx);
+kiln_module *kiln_seq_max_pool2d(kiln_module *seq, const kiln_pool2d_options *o);
+kiln_module *kiln_seq_avg_pool2d(kiln_module *seq, const kiln_pool2d_options *o);
+kiln_module *kiln_seq_global_avg_pool2d(kiln_module *seq); /* (N, H, W, C) to (N, C) */
+kiln_module *kiln_seq_dropout(kiln_module *seq, float p);  /* p in [0, 1) */
+kiln_module *kiln_seq_flatten(kiln_module *seq);           /* kiln_flatten */
+/* A layer of your own: fn(state, x) gives its output (built from kiln's ops, so that it is
+ * recorded, fused and differentiated as they are); label is its printed name. */
+typedef kiln_tensor *(*kiln_module_fn)(void *state, kiln_tensor *x);
+kiln_module *kiln_seq_custom(kiln_module *seq, const char *label, kiln_module_fn fn, void *state);
+/* Runs m on x: a container runs its children in order. */
+kiln_tensor *kiln_module_forward(const kiln_module *m, kiln_tensor *x);
+/* m's parameters' elements, as sum(p.numel() for p in model.parameters()): without batch
+ * norm's running statistics (kiln_params_numel counts those too). */
+int64_t kiln_module_parameters(const kiln_module *m);
+/* The model as print(model) shows it in PyTorch, and its parameter count, in a malloc'd string
+ * (the caller frees it). */
+char *kiln_module_describe(const kiln_module *m);
+void kiln_module_free(kiln_module *m);
+
 /* Initialisers, as torch.nn.init: each fills an existing persistent contiguous f32 tensor in
  * place (a parameter, say, to replace a layer's default init) with values drawn on the host from
  * the context's RNG (kiln_manual_seed: the same seed gives the same values), uploaded with

@@ -182,9 +182,9 @@ Test(readme, the_mode_getters_follow_setters_and_environment) {
 Test(readme, every_free_takes_null) {
   /* the frees called below are all that kiln.h declares: a new one must join them */
   static const char *const frees[] = {
-      "kiln_ctx_free",    "kiln_tensor_free",       "kiln_params_free",      "kiln_optim_free",
-      "kiln_meta_free",   "kiln_mnist_free",        "kiln_cifar10_free",     "kiln_dataset_free",
-      "kiln_loader_free", "kiln_image_folder_free", "kiln_image_loader_free"};
+      "kiln_ctx_free",    "kiln_tensor_free",       "kiln_params_free",       "kiln_optim_free",
+      "kiln_meta_free",   "kiln_mnist_free",        "kiln_cifar10_free",      "kiln_dataset_free",
+      "kiln_loader_free", "kiln_image_folder_free", "kiln_image_loader_free", "kiln_module_free"};
   char *h = th_read_whole(KILN_SOURCE_DIR "/include/kiln.h", NULL);
   int declared = 0;
   for (const char *p = strstr(h, "void kiln_"); p; p = strstr(p + 1, "void kiln_")) {
@@ -210,6 +210,7 @@ Test(readme, every_free_takes_null) {
   kiln_loader_free(NULL);
   kiln_image_folder_free(NULL);
   kiln_image_loader_free(NULL);
+  kiln_module_free(NULL);
   /* and a zeroed MNIST split, as a failed read leaves it */
   kiln_mnist m;
   memset(&m, 0, sizeof m);
