@@ -864,10 +864,15 @@ void kiln_optim_free(kiln_optim *o);
  * of their own (no weight decay on biases and norm gains, a smaller rate for a pretrained trunk),
  * or are left to another optimizer. kiln_optim_add_group calls select(name, tensor, user) for
  * every parameter of the optimizer's list (buffers are in no group) and puts those it returns
- * nonzero for in group g; a NULL g is every field zero (the optimizer's own settings). A later
- * group overrides an earlier one for a parameter it selects again. Returns how many parameters
- * it selected, or -1 with an error: a NULL select, a value out of range, a call inside an open
- * step (groups are set up outside steps), or a parameter list that changed.
+ * nonzero for in group g; a NULL g is every field zero (the optimizer's own settings). Groups
+ * are numbered 1, 2, ... in the order they are made; a parameter no group selected is in the
+ * optimizer's own. A parameter is in one group at most, as torch.optim has it: selecting one
+ * that an earlier group trains is an error naming it and that group. Only a parameter that an
+ * exclude group left out may be selected again (torch's add_param_group of a parameter the
+ * optimizer does not hold): a later group takes it back, or excludes it once more. Returns how
+ * many parameters it selected, or -1 with an error: a NULL select, a value out of range, a
+ * parameter that an earlier group trains, a call inside an open step (groups are set up outside
+ * steps), or a parameter list that changed; a failed call changes no group and no state.
  * Groups are configuration, not state: a checkpoint holds none of it. kiln_checkpoint_save
  * writes the state of the parameters this optimizer trains, so load a checkpoint into an
  * optimizer with the same exclusions (a state tensor for an excluded parameter, or none for one

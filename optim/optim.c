@@ -31,9 +31,12 @@ struct kiln_optim {
   kiln_tensor **s1, **s2; /* momentum buffer (SGD, Muon); Adam's m and v */
   int64_t *count;         /* updates each parameter has had */
   /* parameter groups (kiln_optim_add_group), per parameter: the rate's scale, the weight decay
-   * when wd_set (else the optimizer's), and whether this optimizer leaves it alone */
+   * when wd_set (else the optimizer's), whether this optimizer leaves it alone, and the group
+   * that holds it (1, 2, ... in the order the groups were made; 0: the optimizer's own) */
   float *lr_scale, *wd;
   bool *wd_set, *excluded;
+  int *group;
+  int ngroups;      /* groups made so far */
   bool *mark;       /* kiln_optim_step's scratch: parameters recorded */
   kiln_tensor **up; /* Muon's step's scratch: each parameter's update X, then weight factor */
   bool scheduled;
@@ -218,6 +221,7 @@ static void free_arrays(kiln_optim *o) {
   free(o->wd);
   free(o->wd_set);
   free(o->excluded);
+  free(o->group);
   free(o->mark);
   free(o->up);
 }
@@ -236,11 +240,12 @@ static kiln_optim *make(kind k, kiln_params *params, const char *fn) {
     o->wd = calloc(m, sizeof *o->wd);
     o->wd_set = calloc(m, sizeof *o->wd_set);
     o->excluded = calloc(m, sizeof *o->excluded);
+    o->group = calloc(m, sizeof *o->group);
     o->mark = calloc(m, sizeof *o->mark);
     o->up = calloc(2 * m, sizeof *o->up);
   }
   if (!o || !o->s1 || !o->s2 || !o->count || !o->lr_scale || !o->wd || !o->wd_set || !o->excluded ||
-      !o->mark || !o->up) {
+      !o->group || !o->mark || !o->up) {
     if (o) free_arrays(o);
     free(o);
     kiln__error(ctx, KILN_ERR_OOM, "%s: out of host memory", fn);
@@ -457,6 +462,17 @@ static bool muon_refuses(kiln_optim *o, int i, const char *fn) {
   return true;
 }
 
+/* The error for parameter i, selected again while an earlier group trains it; returns true. */
+static bool already_grouped(kiln_optim *o, int i, const char *fn) {
+  char wd[32] = "the optimizer's";
+  if (o->wd_set[i]) snprintf(wd, sizeof wd, "%g", o->wd[i]);
+  kiln__error(o->ctx, KILN_ERR_INVALID,
+              "%s: %s is already in group %d (lr_scale %g, weight_decay %s): a parameter is in "
+              "one group at most, as in torch.optim (only an excluded one may be selected again)",
+              fn, kiln_params_name(o->params, i), o->group[i], o->lr_scale[i], wd);
+  return true;
+}
+
 int kiln_optim_add_group(kiln_optim *o, kiln_param_select select, void *user,
                          const kiln_param_group *group) {
   const char *fn = __func__;
@@ -497,6 +513,10 @@ int kiln_optim_add_group(kiln_optim *o, kiln_param_select select, void *user,
     if (kiln_params_is_buffer(o->params, i)) continue; /* never trained, in no group */
     sel[i] = select(kiln_params_name(o->params, i), kiln_params_get(o->params, i), user) != 0;
     count += sel[i];
+    if (sel[i] && o->group[i] && !o->excluded[i]) {
+      ok = !already_grouped(o, i, fn);
+      continue;
+    }
     if (sel[i] && !g.exclude && !muon_takes(o, i)) {
       ok = !muon_refuses(o, i, fn);
       continue;
@@ -521,7 +541,9 @@ int kiln_optim_add_group(kiln_optim *o, kiln_param_select select, void *user,
     o->lr_scale[i] = scale;
     o->wd_set[i] = wd_set;
     o->wd[i] = wd;
+    o->group[i] = o->ngroups + 1;
   }
+  if (ok) o->ngroups++;
   for (int i = 0; n1 && n2 && i < o->n; i++) { /* what a failure left unused */
     kiln_tensor_free(n1[i]);
     kiln_tensor_free(n2[i]);

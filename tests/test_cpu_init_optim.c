@@ -1,9 +1,9 @@
 /*
  * test_cpu_init_optim.c: on a no-GPU context, the initialisers' gains, fans and errors (a failed
  * call leaves the RNG as it was), parameter groups (what they select, the update nodes' rates and
- * weight decays, exclusions freeing and remaking state, their errors), and gradient clipping by
- * global norm as recorded nodes; a step that clips and uses groups plans and compiles without a
- * GPU.
+ * weight decays, exclusions freeing and remaking state, a parameter in two groups refused, their
+ * errors), and gradient clipping by global norm as recorded nodes; a step that clips and uses
+ * groups plans and compiles without a GPU.
  */
 #include <math.h>
 #include <string.h>
@@ -188,8 +188,7 @@ Test(groups, selection_counts_and_errors) {
   cr_assert_eq(kiln_optim_add_group(o, kiln_select_no_decay, NULL,
                                     &(kiln_param_group){.weight_decay = KILN_ZERO}),
                3);
-  cr_assert_eq(kiln_optim_add_group(o, kiln_select_prefix, "fc2.", NULL), 2);
-  cr_assert_eq(kiln_optim_add_group(o, kiln_select_prefix, "fc", NULL), 6);
+  cr_assert_eq(kiln_optim_add_group(o, kiln_select_prefix, "fc2.weight", NULL), 1);
   cr_assert_eq(kiln_optim_add_group(o, kiln_select_prefix, "bn.", NULL), 0, "buffers: none");
   cr_assert_eq(kiln_optim_add_group(o, select_none, NULL, NULL), 0);
   th_assert_ok(ctx);
@@ -214,17 +213,19 @@ Test(groups, selection_counts_and_errors) {
   kiln_ctx_clear_error(ctx);
   cr_assert_eq(kiln_step_end(ctx), KILN_OK, "%s", th_err(ctx));
 
-  /* the failed calls changed nothing: every parameter is back in the optimizer's own group
-   * (the third call above), so the update nodes carry the optimizer's lr and weight decay */
+  /* the failed calls changed nothing: the biases have no weight decay, the weights the
+   * optimizer's (fc2.weight's group has the optimizer's settings), the weights recorded first */
   th_net_backward(&m);
   int32_t n0 = th_tlen(ctx);
   cr_assert_eq(kiln_optim_step(o), KILN_OK, "%s", th_err(ctx));
   kiln__node *ns[8];
   cr_assert_eq(updates_from(ctx, n0, KILN__OP_SGD, ns, 8), 6);
+  int order[6] = {0, 2, 4, 1, 3, 5};
   for (int k = 0; k < 6; k++) {
+    int i = param_of(m.params, ns[k]);
+    cr_assert_eq(i, order[k], "node %d updates %s", k, kiln_params_name(m.params, i));
     cr_assert_eq(KILN__F(ns[k], SGD, lr), 0.1f);
-    cr_assert_eq(KILN__F(ns[k], SGD, weight_decay), 0.01f);
-    cr_assert_eq(param_of(m.params, ns[k]), k, "without groups, the list's order");
+    cr_assert_eq(KILN__F(ns[k], SGD, weight_decay), i % 2 ? 0.f : 0.01f);
   }
   kiln_optim_free(o);
   th_net_free(&m);
@@ -241,9 +242,9 @@ Test(groups, sgd_nodes_carry_each_groups_rate_and_decay) {
   cr_assert_eq(kiln_optim_add_group(o, kiln_select_no_decay, NULL,
                                     &(kiln_param_group){.weight_decay = KILN_ZERO}),
                2);
-  cr_assert_eq(
-      kiln_optim_add_group(o, kiln_select_prefix, "fc2.", &(kiln_param_group){.lr_scale = 0.5f}),
-      2);
+  cr_assert_eq(kiln_optim_add_group(o, kiln_select_prefix, "fc2.weight",
+                                    &(kiln_param_group){.lr_scale = 0.5f}),
+               1);
   th_net_backward(&m);
   for (int step = 0; step < 2; step++) {
     if (step == 1) kiln_optim_set_lr(o, 0.2f); /* the groups' rates follow the optimizer's */
@@ -252,11 +253,11 @@ Test(groups, sgd_nodes_carry_each_groups_rate_and_decay) {
     cr_assert_eq(kiln_optim_step(o), KILN_OK, "%s", th_err(ctx));
     kiln__node *ns[8];
     cr_assert_eq(updates_from(ctx, n0, KILN__OP_SGD_MOMENTUM, ns, 8), 4);
-    /* fc1.weight (own group), fc1.bias (no decay), fc2.weight and fc2.bias (half the rate,
-     * the later group's decay: the optimizer's) */
-    int want_order[4] = {0, 1, 2, 3};
-    float want_lr[4] = {lr, lr, (float)(lr * 0.5), (float)(lr * 0.5)};
-    float want_wd[4] = {0.01f, 0.f, 0.01f, 0.01f};
+    /* fc1.weight (the optimizer's own group), the biases (no decay, recorded together),
+     * fc2.weight (half the rate, the optimizer's decay) */
+    int want_order[4] = {0, 1, 3, 2};
+    float want_lr[4] = {lr, lr, (float)(lr * 0.5), lr};
+    float want_wd[4] = {0.01f, 0.f, 0.01f, 0.f};
     for (int k = 0; k < 4; k++) {
       int i = param_of(m.params, ns[k]);
       cr_assert_eq(i, want_order[k], "node %d updates parameter %d", k, i);
@@ -343,6 +344,91 @@ Test(groups, adamw_exclusion_frees_and_remakes_state) {
   th_ctx_free(ctx);
 }
 
+static int select_all(const char *name, const kiln_tensor *t, void *user) {
+  (void)name;
+  (void)t;
+  (void)user;
+  return 1;
+}
+
+/* As torch.optim, a parameter is in one group at most: a group selecting one that an earlier
+ * group trains is refused, naming both, and changes nothing (no group, no state, no group
+ * number); a parameter an earlier group excluded may be taken back. */
+Test(groups, a_parameter_in_two_groups_is_refused_and_nothing_changes) {
+  kiln_ctx *ctx = th_cpu_ctx();
+  th_net m;
+  th_net_init(&m, ctx, 4, 2, (int64_t[]){6, 5, 3});
+  kiln_optim *o = kiln_adamw_new(m.params, &(kiln_adam_options){.lr = 1e-2f});
+  cr_assert_not_null(o, "%s", th_err(ctx));
+  int full = ctx->npersistent;
+  /* group 1 leaves fc1 out (its state freed), group 2 gives fc2.weight half the rate */
+  cr_assert_eq(
+      kiln_optim_add_group(o, kiln_select_prefix, "fc1.", &(kiln_param_group){.exclude = 1}), 2);
+  cr_assert_eq(kiln_optim_add_group(o, kiln_select_prefix, "fc2.weight",
+                                    &(kiln_param_group){.lr_scale = 0.5f}),
+               1);
+  int before = ctx->npersistent;
+  cr_assert_eq(before, full - 4, "fc1's exp_avg and exp_avg_sq are freed");
+
+  /* every parameter: fc1's two come first and would be taken back (their state made) before
+   * fc2.weight, which group 2 trains, is refused */
+  cr_assert_eq(kiln_optim_add_group(o, select_all, NULL, &(kiln_param_group){.lr_scale = 2.f}), -1);
+  TH_ASSERT_ERROR(ctx, KILN_ERR_INVALID, "kiln_optim_add_group", "fc2.weight", "already in group 2",
+                  "lr_scale 0.5", "weight_decay the optimizer's", "one group at most");
+  kiln_ctx_clear_error(ctx);
+  cr_assert_eq(ctx->npersistent, before, "the state made for fc1 was freed again");
+  /* the same settings again, or an exclusion, are refused too */
+  cr_assert_eq(kiln_optim_add_group(o, kiln_select_prefix, "fc2.weight",
+                                    &(kiln_param_group){.lr_scale = 0.5f}),
+               -1);
+  TH_ASSERT_ERROR(ctx, KILN_ERR_INVALID, "kiln_optim_add_group", "fc2.weight",
+                  "already in group 2");
+  kiln_ctx_clear_error(ctx);
+  cr_assert_eq(
+      kiln_optim_add_group(o, kiln_select_prefix, "fc2.weight", &(kiln_param_group){.exclude = 1}),
+      -1);
+  TH_ASSERT_ERROR(ctx, KILN_ERR_INVALID, "kiln_optim_add_group", "fc2.weight",
+                  "already in group 2");
+  kiln_ctx_clear_error(ctx);
+  cr_assert_eq(ctx->npersistent, before);
+
+  /* the biases without decay: fc2.bias from the optimizer's own group, fc1.bias taken back from
+   * group 1's exclusion (new state); the failed calls took no number, so this is group 3 */
+  cr_assert_eq(kiln_optim_add_group(o, kiln_select_no_decay, NULL,
+                                    &(kiln_param_group){.weight_decay = KILN_ZERO}),
+               2);
+  cr_assert_eq(ctx->npersistent, before + 2, "fc1.bias's exp_avg and exp_avg_sq");
+  cr_assert_eq(kiln_optim_add_group(o, kiln_select_prefix, "fc1.bias", NULL), -1);
+  TH_ASSERT_ERROR(ctx, KILN_ERR_INVALID, "kiln_optim_add_group", "fc1.bias", "already in group 3",
+                  "lr_scale 1", "weight_decay 0");
+  kiln_ctx_clear_error(ctx);
+  /* ... and excluded once more (group 1's fc1.weight with it): allowed, as it was left out */
+  cr_assert_eq(
+      kiln_optim_add_group(o, kiln_select_prefix, "fc1.weight", &(kiln_param_group){.exclude = 1}),
+      1);
+  th_assert_ok(ctx);
+
+  /* what the step records is what the successful calls set: fc1.weight left alone, the biases
+   * at the optimizer's rate without decay, fc2.weight at half the rate with AdamW's decay */
+  th_net_backward(&m);
+  int32_t n0 = th_tlen(ctx);
+  cr_assert_eq(kiln_optim_step(o), KILN_OK, "%s", th_err(ctx));
+  kiln__node *ns[8];
+  cr_assert_eq(updates_from(ctx, n0, KILN__OP_ADAM, ns, 8), 3);
+  int want_order[3] = {1, 3, 2};
+  for (int k = 0; k < 3; k++) {
+    int i = param_of(m.params, ns[k]);
+    cr_assert_eq(i, want_order[k], "node %d updates %s", k, kiln_params_name(m.params, i));
+    float lr = i == 2 ? (float)((double)1e-2f * 0.5f) : 1e-2f;
+    cr_assert_eq(KILN__F(ns[k], ADAM, lr), lr, "%s: lr %g", kiln_params_name(m.params, i),
+                 KILN__F(ns[k], ADAM, lr));
+    cr_assert_eq(KILN__F(ns[k], ADAM, weight_decay), i == 2 ? 1e-2f : 0.f);
+  }
+  kiln_optim_free(o);
+  th_net_free(&m);
+  th_ctx_free(ctx);
+}
+
 /* ---------------------------------------------------------------- clipping */
 
 Test(clip, records_the_norm_and_scales_every_gradient) {
@@ -418,8 +504,9 @@ Test(clip, a_step_with_clipping_and_groups_plans_without_a_gpu) {
     cr_assert_eq(kiln_optim_add_group(o, kiln_select_no_decay, NULL,
                                       &(kiln_param_group){.weight_decay = KILN_ZERO}),
                  3);
-    cr_assert_eq(
-        kiln_optim_add_group(o, kiln_select_prefix, "fc1.", &(kiln_param_group){.exclude = 1}), 2);
+    cr_assert_eq(kiln_optim_add_group(o, kiln_select_prefix, "fc1.weight",
+                                      &(kiln_param_group){.exclude = 1}),
+                 1);
     for (int step = 0; step < 2; step++) {
       kiln_step_begin(ctx);
       kiln_optim_zero_grad(o);
