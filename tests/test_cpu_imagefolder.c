@@ -430,7 +430,9 @@ Test(imagefolder, loader_epochs_plan_and_compile_without_a_gpu) {
 /* Runs the imagefolder example with args; returns its exit status, its output in out. */
 static int run_example(const char *args, char *out, size_t n) {
   char cmd[2048];
-  snprintf(cmd, sizeof cmd, "'%s/imagefolder' %s 2>&1", KILN_BINARY_DIR, args);
+  /* (an example ends on an error without freeing: no leak reports for it under sanitizers) */
+  snprintf(cmd, sizeof cmd, "ASAN_OPTIONS=detect_leaks=0 '%s/imagefolder' %s 2>&1", KILN_BINARY_DIR,
+           args);
   FILE *p = popen(cmd, "r");
   cr_assert_not_null(p);
   size_t got = fread(out, 1, n - 1, p);
