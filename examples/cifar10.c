@@ -459,12 +459,28 @@ static void save_checkpoint(kiln_ctx *ctx, const config *c, const model *m, cons
   printf("saved %s\n", c->save);
 }
 
+/* The whitening's bias stops training (after WHITEN_BIAS_EPOCHS epochs). */
+static void freeze_whiten_bias(kiln_ctx *ctx, model *m, optimizers *o) {
+  kiln_tensor_set_requires_grad(m->whiten.bias, 0);
+  if (kiln_optim_add_group(o->sgd, kiln_select_prefix, "whiten.bias",
+                           &(kiln_param_group){.exclude = 1}) != 1)
+    die(ctx, "freezing the whitening's bias");
+}
+
 /* Loads --resume or --eval-only into the model (and the optimizer); returns the epoch to start
  * from and sets *step. */
 static int load(kiln_ctx *ctx, const config *c, model *m, optimizers *o, int64_t *step) {
   const char *path = c->resume ? c->resume : c->eval_only;
   int first_epoch = 1;
   kiln_meta *meta = kiln_meta_new();
+  if (c->resume) {
+    /* a checkpoint from after the whitening's bias stopped training holds no optimizer state
+     * for it: its epoch first (the weights without the optimizer), to freeze it as that run had
+     * (the load below reads everything again) */
+    if (kiln_checkpoint_load(path, m->params, NULL, meta) != KILN_OK) die(ctx, "resuming");
+    const char *e = kiln_meta_get(meta, "epoch");
+    if (e && atoi(e) >= WHITEN_BIAS_EPOCHS + 1) freeze_whiten_bias(ctx, m, o);
+  }
   if (kiln_checkpoint_load(path, m->params, o->sgd, meta) != KILN_OK) {
     if (!c->eval_only) die(ctx, "resuming");
     kiln_ctx_clear_error(ctx); /* not a checkpoint: a weights file */
@@ -541,12 +557,7 @@ static result run(kiln_ctx *ctx, const config *c, kiln_dataset *train,
     kiln_tensor *loss = NULL, *correct = NULL;
     int64_t last_batch = 0, epoch_steps = 0;
     kiln_loader_start(loader, epoch);
-    if (epoch == WHITEN_BIAS_EPOCHS + 1) { /* the whitening's bias stops training */
-      kiln_tensor_set_requires_grad(m.whiten.bias, 0);
-      if (kiln_optim_add_group(opt.sgd, kiln_select_prefix, "whiten.bias",
-                               &(kiln_param_group){.exclude = 1}) != 1)
-        die(ctx, "freezing the whitening's bias");
-    }
+    if (epoch == WHITEN_BIAS_EPOCHS + 1) freeze_whiten_bias(ctx, &m, &opt);
     for (int64_t b = 0; b < steps_per_epoch && step < total_steps; b++) {
       kiln_step_begin(ctx);
       kiln_tensor *x, *y;
