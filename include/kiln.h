@@ -555,11 +555,14 @@ kiln_ctx *kiln_params_ctx(const kiln_params *p); /* the context the list belongs
 /* Takes ownership of t (freed with the list); names must be unique. An f32 parameter is made to
  * require gradients, as torch.nn.Parameter. */
 kiln_status kiln_params_add(kiln_params *p, const char *name, kiln_tensor *t);
+/* The list's tensors, counted and indexed with its buffers (kiln_params_add_buffer: batch norm's
+ * running statistics), as a state_dict holds them; kiln_params_is_buffer tells them apart, and
+ * kiln_module_parameters counts a model's parameters alone, as torch's parameters() does. */
 int kiln_params_count(const kiln_params *p);
 kiln_tensor *kiln_params_get(const kiln_params *p, int i);
 const char *kiln_params_name(const kiln_params *p, int i);
 kiln_tensor *kiln_params_find(const kiln_params *p, const char *name);
-int64_t kiln_params_numel(const kiln_params *p);
+int64_t kiln_params_numel(const kiln_params *p); /* elements of every tensor, buffers included */
 void kiln_params_zero_grad(kiln_params *p);
 void kiln_params_free(kiln_params *p);
 
