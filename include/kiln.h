@@ -208,6 +208,14 @@ typedef struct kiln_exec_stats {
 } kiln_exec_stats;
 void kiln_stats(const kiln_ctx *ctx, kiln_exec_stats *out);
 
+/* An HTML report of n traces written by kiln_trace_end (the same work in different modes, say),
+ * labelled labels[i] (NULL: the file names): for each, the step whose device span is the median
+ * of its steps; their timelines one above the other on one time axis, their device time by kind
+ * of kernel, and each step's kernels by time with their share of the step, memory traffic and
+ * rates. One self-contained file (no script, nothing fetched). Needs no GPU; errors go to ctx. */
+kiln_status kiln_trace_report(kiln_ctx *ctx, const char *html_path, const char *title, int n,
+                              const char *const *trace_paths, const char *const *labels);
+
 /* ---------------------------------------------------------------- tensors */
 
 /* A persistent tensor (owned by the caller, freed with kiln_tensor_free), filled with zeros.
