@@ -434,6 +434,7 @@ kiln_status kiln__prof_end(kiln_ctx *ctx, char *why, size_t n) {
     s = KILN_ERR_OOM;
   } else {
     meta.device = device[0] ? device : NULL;
+    meta.cupti = cupti.path;
     bool ok = kiln__tl_write_json(f, ev, nev, &meta);
     if (fclose(f) != 0 || !ok) {
       snprintf(why, n, "kiln_trace_end: writing %s failed", path);

@@ -176,7 +176,9 @@ struct kiln__prof {
   size_t nev;
 };
 
-static uint64_t next_session = 1; /* guarded by session_lock */
+/* Sessions' serials, unique in the process (a step graph outlives a trace and may meet the next
+ * one): the one counter of the process, under its lock. */
+static uint64_t next_session = 1;
 static pthread_mutex_t session_lock = PTHREAD_MUTEX_INITIALIZER;
 
 kiln__prof *kiln__prof_new(const kiln__prof_api *api, const char *keep, char *why, size_t n) {
@@ -508,73 +510,98 @@ static double dur(const kiln__prof_rec *r) {
   return r->end > r->start ? (double)(r->end - r->start) : 0;
 }
 
-/* A replay's records it[0 .. m), in order on the stream, to the groups of its program. */
-static void map_replay(kiln__prof *p, const program *g, item *it, size_t m) {
+/* A replay's records it[0 .. m), in order on the stream, to the groups of its program by the
+ * capture's counts: false (it untouched) when the counts do not add up to m or a generated
+ * kernel's record has another name. */
+static bool by_count(const kiln__prof *p, const program *g, item *it, size_t m) {
+  size_t expect = 0;
+  for (int k = 0; k < g->n; k++) {
+    if (g->records[k] < 0) return false;
+    expect += (size_t)g->records[k];
+  }
+  if (expect != m) return false;
+  for (int k = 0, j = 0; k < g->n; j += g->records[k++]) {
+    if (g->groups[k] >= (uint32_t)p->ngroups) continue;
+    const kiln__tl_group *gr = &p->groups[g->groups[k]];
+    for (int q = 0; q < g->records[k] && strcmp(gr->kind, "gemm") != 0; q++) {
+      const kiln__prof_rec *r = &p->recs[it[j + q].rec];
+      if (r->kind == KILN__PROF_KERNEL && (!r->name || strcmp(r->name, gr->name) != 0))
+        return false;
+    }
+  }
+  size_t j = 0;
+  for (int k = 0; k < g->n; k++)
+    for (int q = 0; q < g->records[k]; q++, j++) {
+      it[j].group = g->groups[k];
+      it[j].part = q + 1;
+      it[j].parts = g->records[k];
+    }
+  return true;
+}
+
+/* The same by name: each generated kernel is the next record of its name, with the copies and
+ * memsets its capture counted right before it; the records between two generated kernels
+ * belong to the one library call between them, if there is exactly one (else to none). */
+static void by_name(kiln__prof *p, const program *g, item *it, size_t m) {
   int64_t expect = 0;
   for (int k = 0; k < g->n && expect >= 0; k++)
     expect = g->records[k] < 0 ? -1 : expect + g->records[k];
-  if (expect == (int64_t)m) {
-    size_t j = 0;
-    for (int k = 0; k < g->n; k++)
-      for (int q = 0; q < g->records[k]; q++, j++) {
-        it[j].group = g->groups[k];
-        it[j].part = q + 1;
-        it[j].parts = g->records[k];
-      }
-  } else {
-    /* by name: each generated kernel is the next record of its name; the records between two of
-     * them belong to the one library call between them, if there is exactly one */
-    char why[160];
-    if (expect < 0)
-      snprintf(why, sizeof why,
-               "the capture did not count its nodes: the replay's %zu device records matched "
-               "by kernel name",
-               m);
-    else
-      snprintf(why, sizeof why,
-               "the replay has %zu device records where its capture counted %" PRId64
-               ": records matched by kernel name",
-               m, expect);
-    const char *mismatch = intern(&p->strs, why);
-    size_t cur = 0;
-    int pending = -1, npending = 0;
-    for (int k = 0; k <= g->n; k++) {
-      const kiln__tl_group *gr = k < g->n ? &p->groups[g->groups[k]] : NULL;
-      if (gr && strcmp(gr->kind, "gemm") == 0) {
-        pending = k;
-        npending++;
-        continue;
-      }
-      size_t j = gr ? cur : m; /* past the last group: the records left */
-      while (gr && j < m &&
-             !(p->recs[it[j].rec].name && strcmp(p->recs[it[j].rec].name, gr->name) == 0))
-        j++;
-      if (gr && j == m) continue; /* not found: this group stays unmatched */
-      /* the copies and memsets right before the kernel that its capture counted are its own */
-      size_t from = j;
-      for (int extra = gr && g->records[k] > 1 ? g->records[k] - 1 : 0;
-           extra > 0 && from > cur && p->recs[it[from - 1].rec].kind != KILN__PROF_KERNEL; extra--)
-        from--;
-      if (npending == 1)
-        for (size_t q = cur; q < from; q++) {
-          it[q].group = g->groups[pending];
-          it[q].part = (int)(q - cur) + 1;
-          it[q].parts = (int)(from - cur);
-        }
-      if (gr) {
-        for (size_t q = from; q <= j; q++) {
-          it[q].group = g->groups[k];
-          it[q].part = (int)(q - from) + 1;
-          it[q].parts = (int)(j - from) + 1;
-        }
-        cur = j + 1;
-      }
-      pending = -1;
-      npending = 0;
+  char why[200];
+  if (expect < 0)
+    snprintf(why, sizeof why,
+             "the capture did not count its nodes: the replay's %zu device records were matched "
+             "by kernel name",
+             m);
+  else if (expect != (int64_t)m)
+    snprintf(why, sizeof why,
+             "the replay has %zu device records where its capture counted %" PRId64
+             ": they were matched by kernel name",
+             m, expect);
+  else
+    snprintf(why, sizeof why,
+             "a kernel of the replay is not where its capture put it: the records were matched "
+             "by kernel name");
+  const char *mismatch = intern(&p->strs, why);
+  size_t cur = 0;
+  int pending = -1, npending = 0;
+  for (int k = 0; k <= g->n; k++) {
+    /* a library call's group (or one kiln could not describe) waits for the next generated
+     * kernel: the records before it are its */
+    bool known = k < g->n && g->groups[k] < (uint32_t)p->ngroups;
+    const kiln__tl_group *gr = known ? &p->groups[g->groups[k]] : NULL;
+    if (k < g->n && (!known || strcmp(gr->kind, "gemm") == 0)) {
+      pending = k;
+      npending++;
+      continue;
     }
-    for (size_t j = 0; j < m; j++)
-      it[j].mismatch = mismatch;
+    size_t j = gr ? cur : m; /* past the last group: the records left */
+    while (gr && j < m &&
+           !(p->recs[it[j].rec].name && strcmp(p->recs[it[j].rec].name, gr->name) == 0))
+      j++;
+    if (gr && j == m) continue; /* not found: this group stays unmatched */
+    size_t from = j;
+    for (int extra = gr && g->records[k] > 1 ? g->records[k] - 1 : 0;
+         extra > 0 && from > cur && p->recs[it[from - 1].rec].kind != KILN__PROF_KERNEL; extra--)
+      from--;
+    if (npending == 1)
+      for (size_t q = cur; q < from; q++) {
+        it[q].group = g->groups[pending];
+        it[q].part = (int)(q - cur) + 1;
+        it[q].parts = (int)(from - cur);
+      }
+    if (gr) {
+      for (size_t q = from; q <= j; q++) {
+        it[q].group = g->groups[k];
+        it[q].part = (int)(q - from) + 1;
+        it[q].parts = (int)(j - from) + 1;
+      }
+      cur = j + 1;
+    }
+    pending = -1;
+    npending = 0;
   }
+  for (size_t j = 0; j < m; j++)
+    it[j].mismatch = mismatch;
 }
 
 bool kiln__prof_events(kiln__prof *p, const kiln__tl_event **out, size_t *nout,
@@ -600,20 +627,30 @@ bool kiln__prof_events(kiln__prof *p, const kiln__tl_event **out, size_t *nout,
                      .step = l ? l->step : INT64_MIN,
                      .group = KILN__PROF_NONE};
   }
-  /* records of no known region take the step of the records before them in time (or after,
-   * for the first ones) */
+  /* records of no known region (another thread's, say) take the step of the records before
+   * them in time (or after, for the first ones), if they fall within the time of the steps kept
+   * (a range's ends at its last record) */
   qsort(it, n, sizeof *it, by_start);
+  uint64_t t_lo = UINT64_MAX, t_hi = 0;
+  for (size_t i = 0; i < n; i++)
+    if (it[i].l && it[i].step >= lo && it[i].step <= hi) {
+      if (it[i].start < t_lo) t_lo = it[i].start;
+      if (p->recs[it[i].rec].end > t_hi) t_hi = p->recs[it[i].rec].end;
+    }
+  if (!p->range) t_hi = UINT64_MAX;
   int64_t last = INT64_MIN;
   for (size_t i = 0; i < n; i++)
-    if (it[i].step == INT64_MIN)
-      it[i].step = last;
-    else
+    if (it[i].step != INT64_MIN)
       last = it[i].step;
+    else if (it[i].start < t_lo || it[i].start > t_hi)
+      it[i].step = lo - 1; /* outside: dropped below */
+    else
+      it[i].step = last;
   last = INT64_MIN;
   for (size_t i = n; i-- > 0;)
     if (it[i].step == INT64_MIN)
       it[i].step = last == INT64_MIN ? -1 : last;
-    else
+    else if (it[i].l)
       last = it[i].step;
   /* a launch's device records, together: its group (eager) or its program's groups (replay) */
   qsort(it, n, sizeof *it, by_region);
@@ -631,7 +668,7 @@ bool kiln__prof_events(kiln__prof *p, const kiln__tl_event **out, size_t *nout,
     qsort(dev, m, sizeof *dev, by_start);
     const launch *l = it[i].l;
     if (l && l->how == KILN__PROF_REPLAY && l->id < (uint32_t)p->nprograms) {
-      map_replay(p, &p->programs[l->id], dev, m);
+      if (!by_count(p, &p->programs[l->id], dev, m)) by_name(p, &p->programs[l->id], dev, m);
     } else if (l && (l->how == KILN__PROF_EAGER || l->how == KILN__PROF_FIRST_RUN)) {
       for (size_t q = 0; q < m; q++) {
         dev[q].group = l->id;
@@ -736,8 +773,7 @@ bool kiln__prof_events(kiln__prof *p, const kiln__tl_event **out, size_t *nout,
                             .first_step = first == INT64_MAX ? -2 : first,
                             .last_step = lastk == INT64_MIN ? -2 : lastk,
                             .dropped = p->dropped,
-                            .unattributed = unattributed,
-                            .records = ne};
+                            .unattributed = unattributed};
   } else {
     free(ev);
   }

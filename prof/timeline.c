@@ -333,6 +333,10 @@ bool kiln__tl_write_json(FILE *f, const kiln__tl_event *ev, size_t n, const kiln
       fputs(",\"device\":", f);
       put_str(f, meta->device);
     }
+    if (meta->cupti) {
+      fputs(",\"cupti_library\":", f);
+      put_str(f, meta->cupti);
+    }
     fputs(",\"keep\":", f);
     put_str(f, meta->keep ? meta->keep : "");
     fprintf(f,

@@ -63,14 +63,13 @@ typedef struct kiln__tl_event {
 
 /* What the file says besides its events (its "otherData"). */
 typedef struct kiln__tl_meta {
-  const char *mode;              /* the context's mode when the trace began */
+  const char *mode;              /* the context's mode at the trace's last step */
   const char *device;            /* the GPU's name, or NULL */
-  const char *keep;              /* "last 100 steps", "steps 10-20" */
+  const char *cupti;             /* the libcupti loaded, or NULL */
+  const char *keep;              /* "the last 100 steps", "steps 10-20" */
   int64_t first_step, last_step; /* the steps kept (-2: none) */
-  uint64_t origin;               /* ns: ts 0 in the file */
   uint64_t dropped;              /* records CUPTI dropped (no buffer space) */
-  uint64_t unattributed;         /* device records of kiln's launches not matched to a group */
-  uint64_t records;              /* events written */
+  uint64_t unattributed;         /* device records of kiln's launches that were given to no group */
 } kiln__tl_meta;
 
 /* Writes the events (any order; written sorted by start) as a trace-event JSON object:

@@ -500,17 +500,27 @@ Test(timeline, replays_resolve_by_capture_order_and_by_name) {
   kernel(p, r3, "gemm_x", 4300, 4400, 31);
   kernel(p, r3, "gemm_y", 4500, 4600, 32);
   kernel(p, r3, "k_scatter", 4700, 4800, 33);
+  /* the right count, in an order the capture did not have: matched by name */
+  kiln__prof_step(p, 6, "graph");
+  kiln__prof_enter(p, KILN__PROF_REPLAY, prog, 6, "graph");
+  uint32_t r4 = call(p, 311, 6000);
+  kiln__prof_leave(p);
+  kernel(p, r4, "gemm_main", 6100, 6200, 40);
+  kernel(p, r4, "gemm_tail", 6300, 6400, 41);
+  kernel(p, r4, "k_first", 6500, 6600, 42);
+  memset_rec(p, r4, 6700, 43);
+  kernel(p, r4, "k_scatter", 6800, 6900, 44);
   kiln__prof_stop(p);
   const kiln__tl_event *ev;
   size_t n;
   kiln__tl_meta meta;
   cr_assert(kiln__prof_events(p, &ev, &n, &meta));
-  int seen[3] = {0};
+  int seen[4] = {0};
   for (size_t i = 0; i < n; i++) {
     const kiln__tl_event *e = &ev[i];
     if (e->cat == KILN__TL_API) continue;
-    cr_assert(e->group || e->correlation == r3, "%s at %llu has no group", e->name,
-              (unsigned long long)e->start);
+    cr_assert(e->group || e->correlation == r3 || e->correlation == r4, "%s at %llu has no group",
+              e->name, (unsigned long long)e->start);
     cr_assert_str_eq(e->launch, "graph replay");
     cr_assert_str_eq(e->mode, "graph");
     if (e->correlation == r1) {
@@ -530,6 +540,14 @@ Test(timeline, replays_resolve_by_capture_order_and_by_name) {
       cr_assert_not_null(e->graph_mismatch, "a replay that did not match its capture says so");
       if (e->start >= 2300 && e->start < 2700) cr_assert_str_eq(e->name, "cublas_mm");
       if (e->start >= 2700) cr_assert_str_eq(e->group->name, "k_scatter");
+    } else if (e->correlation == r4) {
+      seen[3]++;
+      cr_assert(e->graph_mismatch && strstr(e->graph_mismatch, "not where its capture put it"));
+      if (e->start < 6500)
+        cr_assert_null(e->group, "records before the first generated kernel are no group's");
+      else
+        cr_assert_str_eq(e->group->name, e->start == 6500 ? "k_first" : "k_scatter");
+      if (e->start == 6700) cr_assert_eq(e->part * 10 + e->parts, 12, "k_scatter's memset");
     } else {
       seen[2]++;
       /* two products between two generated kernels: whose records are whose is not known */
@@ -541,10 +559,11 @@ Test(timeline, replays_resolve_by_capture_order_and_by_name) {
       }
     }
   }
-  cr_assert_eq(seen[0] * 100 + seen[1] * 10 + seen[2], 564, "every record of the replays");
-  cr_assert_eq(meta.unattributed, 2, "gemm_x and gemm_y");
+  cr_assert_eq(seen[0] * 1000 + seen[1] * 100 + seen[2] * 10 + seen[3], 5645,
+               "every record of the replays");
+  cr_assert_eq(meta.unattributed, 4, "gemm_x and gemm_y; gemm_main and gemm_tail");
   cr_assert_eq(meta.first_step, 3);
-  cr_assert_eq(meta.last_step, 5);
+  cr_assert_eq(meta.last_step, 6);
   kiln__prof_free(p);
 }
 
@@ -601,13 +620,19 @@ Test(timeline, a_range_keeps_its_steps) {
   uint32_t g = add_group(p, 1, "k_step", "elementwise");
   run_steps(p, g, 40, 10, 0);
   cr_assert_eq(fake.depth, 0);
+  /* records of no region: one amid step 15's (kept, as step 15's), one after the range */
+  kernel(p, 999998, "stray", 1000 + 155 * 1000 + 700, 1000 + 155 * 1000 + 800, 0);
+  kernel(p, 999999, "stray", 1000 + 300 * 1000 + 700, 1000 + 300 * 1000 + 800, 0);
   const kiln__tl_event *ev;
   size_t n;
   kiln__tl_meta meta;
   cr_assert(kiln__prof_events(p, &ev, &n, &meta));
-  cr_assert_eq(n, 11 * 2 * 10, "%zu events", n);
-  for (size_t i = 0; i < n; i++)
+  cr_assert_eq(n, 11 * 2 * 10 + 1, "%zu events", n);
+  for (size_t i = 0; i < n; i++) {
     cr_assert(ev[i].step >= 10 && ev[i].step <= 20, "step %lld kept", (long long)ev[i].step);
+    cr_assert_neq(ev[i].correlation, 999999, "a record after the range was kept");
+    if (ev[i].correlation == 999998) cr_assert_eq(ev[i].step, 15);
+  }
   cr_assert_str_eq(meta.keep, "steps 10-20");
   kiln__prof_free(p);
 }
