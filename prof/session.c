@@ -520,14 +520,15 @@ static bool by_count(const kiln__prof *p, const program *g, item *it, size_t m) 
     expect += (size_t)g->records[k];
   }
   if (expect != m) return false;
+  /* a generated kernel's group ends with its kernel (a memset it zeroes with comes first, and
+   * may run as a kernel of the driver's) */
   for (int k = 0, j = 0; k < g->n; j += g->records[k++]) {
-    if (g->groups[k] >= (uint32_t)p->ngroups) continue;
+    if (g->groups[k] >= (uint32_t)p->ngroups || g->records[k] == 0) continue;
     const kiln__tl_group *gr = &p->groups[g->groups[k]];
-    for (int q = 0; q < g->records[k] && strcmp(gr->kind, "gemm") != 0; q++) {
-      const kiln__prof_rec *r = &p->recs[it[j + q].rec];
-      if (r->kind == KILN__PROF_KERNEL && (!r->name || strcmp(r->name, gr->name) != 0))
-        return false;
-    }
+    const kiln__prof_rec *r = &p->recs[it[j + g->records[k] - 1].rec];
+    if (strcmp(gr->kind, "gemm") != 0 &&
+        (r->kind != KILN__PROF_KERNEL || !r->name || strcmp(r->name, gr->name) != 0))
+      return false;
   }
   size_t j = 0;
   for (int k = 0; k < g->n; k++)
