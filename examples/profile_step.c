@@ -42,8 +42,9 @@
  * plans and compiles it (nothing runs), and prints the groups and kernels; with
  * KILN_DUMP_KERNELS=dir the kernels' sources are written there.
  * --trace DIR records, for each workload and mode, a timeline trace (kiln_trace_begin) of
- * --steps steps (10 by default) after the first step and 20 more to warm up: DIR/<workload>_
- * <mode>.json, for ui.perfetto.dev; then DIR/<workload>.html, the report that puts the modes'
+ * --steps steps (10 by default) after the first step and 20 more to warm up and as many timed
+ * untraced: DIR/<workload>_<mode>.json, for ui.perfetto.dev, with the ms/step of the traced and
+ * the untraced steps by CUDA events; then DIR/<workload>.html, the report that puts the modes'
  * steps one above the other with their kernels by time (kiln_trace_report). --report writes
  * that report from traces given on the command line (no GPU needed).
  */
@@ -467,7 +468,29 @@ static void compile_only(int workload, int mode) {
   kiln_ctx_free(ctx);
 }
 
-/* One mode's timeline trace: the first step and a warm-up untraced, then `steps` traced. */
+/* `steps` steps between two CUDA events: ms per step. */
+static float timed_steps(kiln_ctx *ctx, model *m, int steps, const char *what) {
+  cudaStream_t stream = (cudaStream_t)kiln_ctx_stream(ctx);
+  cudaEvent_t e0, e1;
+  cudaEventCreate(&e0);
+  cudaEventCreate(&e1);
+  cudaEventRecord(e0, stream);
+  for (int i = 0; i < steps; i++) {
+    kiln_step_begin(ctx);
+    model_step(m);
+    if (kiln_step_end(ctx) != KILN_OK) die(ctx, what);
+  }
+  cudaEventRecord(e1, stream);
+  cudaEventSynchronize(e1);
+  float ms = 0;
+  cudaEventElapsedTime(&ms, e0, e1);
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  return ms / (float)steps;
+}
+
+/* One mode's timeline trace: the first step and a warm-up untraced, `steps` more untraced and
+ * timed, then `steps` traced (and timed: CUDA events, to set beside the trace's step spans). */
 static void trace_mode(int workload, int mode, int steps, const char *path) {
   kiln_ctx *ctx = kiln_ctx_new(NULL);
   if (!ctx || kiln_ctx_error(ctx)) die(ctx, "no usable GPU");
@@ -482,13 +505,12 @@ static void trace_mode(int workload, int mode, int steps, const char *path) {
     if (kiln_step_end(ctx) != KILN_OK) die(ctx, "warm-up step");
   }
   if (kiln_sync(ctx) != KILN_OK) die(ctx, "warm-up");
+  float untraced = timed_steps(ctx, &m, steps, "untraced step");
   if (kiln_trace_begin(ctx, path) != KILN_OK) die(ctx, "starting the trace");
-  for (int i = 0; i < steps; i++) {
-    kiln_step_begin(ctx);
-    model_step(&m);
-    if (kiln_step_end(ctx) != KILN_OK) die(ctx, "traced step");
-  }
+  float traced = timed_steps(ctx, &m, steps, "traced step");
   if (kiln_sync(ctx) != KILN_OK || kiln_trace_end(ctx) != KILN_OK) die(ctx, "writing the trace");
+  printf("%s %s: %.3f ms/step traced, %.3f untraced (CUDA events, %d steps each): %s\n",
+         workloads[workload], modes[mode], traced, untraced, steps, path);
   kiln_optim_free(m.opt);
   kiln_params_free(m.p);
   kiln_tensor_free(m.x);
@@ -580,7 +602,6 @@ int main(int argc, char **argv) {
       if (only >= 0 && k != only) continue;
       snprintf(paths[k], sizeof paths[k], "%s/%s_%s.json", trace_dir, workloads[w], modes[k]);
       trace_mode(w, k, steps_given ? steps : 10, paths[k]);
-      printf("trace: %s\n", paths[k]);
       fflush(stdout);
       tp[n] = paths[k];
       labels[n++] = modes[k];
