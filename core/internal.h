@@ -334,6 +334,7 @@ struct CUstream_st;                               /* a cudaStream_t, without the
 typedef struct kiln__handles kiln__handles;       /* core/handles.c */
 typedef struct kiln__undo_entry kiln__undo_entry; /* core/undo.c */
 struct kiln__fusion; /* fusion/'s state: kernels, graphs, BLAS plans (fusion/fusion.h) */
+struct kiln__prof;   /* a timeline trace being recorded (prof/prof.h) */
 
 struct kiln_ctx {
   int device;
@@ -369,6 +370,7 @@ struct kiln_ctx {
   kiln__alloc alloc;
   kiln_exec_stats stats;
   struct kiln__fusion *fusion_state; /* owned by fusion/ (fusion/engine.h) */
+  struct kiln__prof *prof;           /* kiln_trace_begin's trace, or NULL (prof/) */
   struct kiln__anchor *anchor;       /* what objects made from the context hold on to */
   /* what a failed step must undo (core/undo.c) */
   kiln__undo_entry *undo;

@@ -29,7 +29,8 @@
  * NVRTC compiles or cache loads, the run and, in graph mode, the capture).
  *
  *   profile_step [--workload mlp|cnn|air|resnet18|all] [--steps N] [--blocks N]
- *                [--mode unfused|fused|graph] [--json] [--compile-only]
+ *                [--mode unfused|fused|graph] [--json] [--compile-only] [--trace DIR]
+ *   profile_step --report OUT.html TRACE.json...
  *
  * --workload defaults to all, which is mlp, cnn, then air: resnet18 runs only when named (its
  * three modes take tens of seconds more, a cold kernel cache longer, and some 5 GiB of device
@@ -40,6 +41,12 @@
  * --compile-only needs no GPU: it records one step per mode in a context without one, which
  * plans and compiles it (nothing runs), and prints the groups and kernels; with
  * KILN_DUMP_KERNELS=dir the kernels' sources are written there.
+ * --trace DIR records, for each workload and mode, a timeline trace (kiln_trace_begin) of
+ * --steps steps (10 by default) after the first step and 20 more to warm up and as many timed
+ * untraced: DIR/<workload>_<mode>.json, for ui.perfetto.dev, with the ms/step of the traced and
+ * the untraced steps by CUDA events; then DIR/<workload>.html, the report that puts the modes'
+ * steps one above the other with their kernels by time (kiln_trace_report). --report writes
+ * that report from traces given on the command line (no GPU needed).
  */
 #include <cuda_runtime_api.h>
 #include <stdio.h>
@@ -461,10 +468,79 @@ static void compile_only(int workload, int mode) {
   kiln_ctx_free(ctx);
 }
 
+/* `steps` steps between two CUDA events: ms per step. */
+static float timed_steps(kiln_ctx *ctx, model *m, int steps, const char *what) {
+  cudaStream_t stream = (cudaStream_t)kiln_ctx_stream(ctx);
+  cudaEvent_t e0, e1;
+  cudaEventCreate(&e0);
+  cudaEventCreate(&e1);
+  cudaEventRecord(e0, stream);
+  for (int i = 0; i < steps; i++) {
+    kiln_step_begin(ctx);
+    model_step(m);
+    if (kiln_step_end(ctx) != KILN_OK) die(ctx, what);
+  }
+  cudaEventRecord(e1, stream);
+  cudaEventSynchronize(e1);
+  float ms = 0;
+  cudaEventElapsedTime(&ms, e0, e1);
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  return ms / (float)steps;
+}
+
+/* One mode's timeline trace: the first step and a warm-up untraced, `steps` more untraced and
+ * timed, then `steps` traced (and timed: CUDA events, to set beside the trace's step spans). */
+static void trace_mode(int workload, int mode, int steps, const char *path) {
+  kiln_ctx *ctx = kiln_ctx_new(NULL);
+  if (!ctx || kiln_ctx_error(ctx)) die(ctx, "no usable GPU");
+  kiln_set_fusion(ctx, mode > 0);
+  kiln_set_graphs(ctx, mode == 2);
+  model m;
+  model_init(&m, ctx, workload);
+  if (!m.opt || kiln_ctx_error(ctx)) die(ctx, "setting up");
+  for (int i = 0; i < 21; i++) { /* compiles, the graph's capture, then steady steps */
+    kiln_step_begin(ctx);
+    model_step(&m);
+    if (kiln_step_end(ctx) != KILN_OK) die(ctx, "warm-up step");
+  }
+  if (kiln_sync(ctx) != KILN_OK) die(ctx, "warm-up");
+  float untraced = timed_steps(ctx, &m, steps, "untraced step");
+  if (kiln_trace_begin(ctx, path) != KILN_OK) die(ctx, "starting the trace");
+  float traced = timed_steps(ctx, &m, steps, "traced step");
+  if (kiln_sync(ctx) != KILN_OK || kiln_trace_end(ctx) != KILN_OK) die(ctx, "writing the trace");
+  printf("%s %s: %.3f ms/step traced, %.3f untraced (CUDA events, %d steps each): %s\n",
+         workloads[workload], modes[mode], traced, untraced, steps, path);
+  kiln_optim_free(m.opt);
+  kiln_params_free(m.p);
+  kiln_tensor_free(m.x);
+  kiln_tensor_free(m.y);
+  kiln_ctx_free(ctx);
+}
+
+/* The HTML report of traces (a context without a GPU takes its errors). */
+static int report(const char *html, const char *title, int n, const char *const *traces,
+                  const char *const *labels) {
+  kiln_ctx *ctx = kiln_ctx_new(&(kiln_ctx_options){.no_gpu = 1});
+  if (!ctx) die(ctx, "out of host memory");
+  if (kiln_trace_report(ctx, html, title, n, traces, labels) != KILN_OK) die(ctx, "the report");
+  kiln_ctx_free(ctx);
+  printf("report: %s\n", html);
+  return 0;
+}
+
 int main(int argc, char **argv) {
   /* steps 0: each workload's default (100 steps per block, 20 for air, 10 for resnet18) */
   int steps = 0, steps_given = 0, blocks = 21, only = -1, json = 0, workload = -1; /* -1: all */
   int compile = 0;
+  const char *trace_dir = NULL;
+  if (argc >= 2 && strcmp(argv[1], "--report") == 0) {
+    if (argc < 4) {
+      fprintf(stderr, "usage: %s --report OUT.html TRACE.json...\n", argv[0]);
+      return 2;
+    }
+    return report(argv[2], "kiln: step timelines", argc - 3, (const char *const *)argv + 3, NULL);
+  }
   for (int i = 1; i < argc; i++) {
     if (strcmp(argv[i], "--steps") == 0 && i + 1 < argc) {
       steps = atoi(argv[++i]);
@@ -475,6 +551,8 @@ int main(int argc, char **argv) {
       json = 1;
     } else if (strcmp(argv[i], "--compile-only") == 0) {
       compile = 1;
+    } else if (strcmp(argv[i], "--trace") == 0 && i + 1 < argc) {
+      trace_dir = argv[++i];
     } else if (strcmp(argv[i], "--mode") == 0 && i + 1 < argc) {
       const char *m = argv[++i];
       for (int k = 0; k < 3; k++)
@@ -496,9 +574,10 @@ int main(int argc, char **argv) {
     } else {
       fprintf(stderr,
               "usage: %s [--workload mlp|cnn|air|resnet18|all] [--steps N] [--blocks N] "
-              "[--mode unfused|fused|graph] [--json] [--compile-only]\n"
+              "[--mode unfused|fused|graph] [--json] [--compile-only] [--trace DIR]\n"
+              "       %s --report OUT.html TRACE.json...\n"
               "  all (the default) is mlp, cnn and air; resnet18 runs only when named\n",
-              argv[0]);
+              argv[0], argv[0]);
       return 2;
     }
   }
@@ -514,6 +593,24 @@ int main(int argc, char **argv) {
       "bf16 autocast, SGD momentum)",
   };
   int nw = workload >= 0 ? NWORKLOADS : NDEFAULT; /* all: the first NDEFAULT */
+  for (int w = 0; w < nw && trace_dir && !compile; w++) {
+    if (workload >= 0 && w != workload) continue;
+    char paths[3][1024], html[1024], title[256];
+    const char *tp[3], *labels[3];
+    int n = 0;
+    for (int k = 0; k < 3; k++) {
+      if (only >= 0 && k != only) continue;
+      snprintf(paths[k], sizeof paths[k], "%s/%s_%s.json", trace_dir, workloads[w], modes[k]);
+      trace_mode(w, k, steps_given ? steps : 10, paths[k]);
+      fflush(stdout);
+      tp[n] = paths[k];
+      labels[n++] = modes[k];
+    }
+    snprintf(html, sizeof html, "%s/%s.html", trace_dir, workloads[w]);
+    snprintf(title, sizeof title, "kiln: %s", titles[w]);
+    report(html, title, n, tp, labels);
+  }
+  if (trace_dir) return 0;
   for (int w = 0; w < nw && compile; w++) {
     if (workload >= 0 && w != workload) continue;
     printf("%s%s, one step planned and compiled without a GPU\n\n| mode | nodes | groups | "

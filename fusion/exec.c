@@ -3,7 +3,8 @@
  * rendered (render.c) and compiled (compile.c); then every value that must be written gets device
  * memory, the kernels' pointers are bound, the step values uploaded, and only then is anything
  * launched: a flush that cannot compile or allocate runs nothing. With KILN_NVTX=1 each launch is
- * an NVTX range named like its kernel. The engine (engine.c) and the step graphs (graph.c) call
+ * an NVTX range named like its kernel; while a trace is recorded (ctx->prof) each launch is a
+ * region of it (prof/prof.h, profile.c). The engine (engine.c) and the step graphs (graph.c) call
  * it; it calls neither.
  */
 #include <inttypes.h>
@@ -12,6 +13,7 @@
 #include <string.h>
 
 #include "../core/cuda_check.h"
+#include "../prof/prof.h"
 #include "fusion.h"
 
 /* ---------------------------------------------------------------- building a program */
@@ -272,14 +274,23 @@ static bool launch(kiln_ctx *ctx, kiln__call *c) {
       ctx, cudaLaunchKernel(kiln__kernel_fn(c->k), grid, block, params, c->smem, stream));
 }
 
-bool kiln__run_calls(kiln_ctx *ctx, kiln__program *pg) {
+bool kiln__run_calls(kiln_ctx *ctx, kiln__program *pg, kiln__run_how how, int32_t *records) {
   bool ok = true;
+  bool traced = ctx->prof && how != KILN__RUN_CAPTURE; /* a capture runs nothing */
+  size_t seen = 0;
+  if (records) kiln__captured_records(ctx, &seen); /* what the capture held before */
   for (int k = 0; k < pg->plan.ng && ok; k++) {
     kiln__call *c = &pg->call[k];
     if (ctx->nvtx) nvtxRangePushA(c->name);
+    if (traced)
+      kiln__prof_enter(ctx->prof, how == KILN__RUN_FIRST ? KILN__PROF_FIRST_RUN : KILN__PROF_EAGER,
+                       kiln__traced_group(ctx, pg, k), kiln__prof_step_of(ctx),
+                       kiln__prof_mode(ctx));
     ok = pg->spec[k].kind == KILN__SPEC_BLAS ? kiln__blas_run(ctx, &pg->spec[k].gemm)
                                              : launch(ctx, c);
+    if (traced) kiln__prof_leave(ctx->prof);
     if (ctx->nvtx) nvtxRangePop();
+    if (records) records[k] = kiln__captured_records(ctx, &seen);
   }
   return ok;
 }
@@ -309,5 +320,6 @@ void kiln__flush_stats(kiln_ctx *ctx, const kiln__program *pg, const kiln_exec_s
 bool kiln__program_run(kiln_ctx *ctx, kiln__program *pg) {
   kiln__bind_write_through(ctx, &pg->plan);
   if (!alloc_outputs(ctx, &pg->plan) || !alloc_masks(ctx, &pg->plan)) return false;
-  return kiln__bind_args(ctx, pg) && upload_eager_values(ctx, pg) && kiln__run_calls(ctx, pg);
+  return kiln__bind_args(ctx, pg) && upload_eager_values(ctx, pg) &&
+         kiln__run_calls(ctx, pg, KILN__RUN_EAGER, NULL);
 }

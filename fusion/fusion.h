@@ -258,8 +258,13 @@ void kiln__fill_values(const kiln_ctx *ctx, const kiln__program *pg, kiln__stepv
 /* Fills the step values from the trace into dev (one block a group, copied on the stream) and
  * points every call's argument at its block. */
 bool kiln__upload_values(kiln_ctx *ctx, kiln__program *pg, void *dev);
+/* How kiln__run_calls runs a program: as an eager flush, as a step graph's first run, or into
+ * the graph being captured; records (CAPTURE only, else NULL) then gets, per group, how many
+ * device records its captured nodes make (kiln__captured_records). A trace being recorded
+ * hears of every eager and first-run launch. */
+typedef enum kiln__run_how { KILN__RUN_EAGER, KILN__RUN_FIRST, KILN__RUN_CAPTURE } kiln__run_how;
 /* Launches every call in order. */
-bool kiln__run_calls(kiln_ctx *ctx, kiln__program *pg);
+bool kiln__run_calls(kiln_ctx *ctx, kiln__program *pg, kiln__run_how how, int32_t *records);
 /* Runs a built program as an eager flush: device memory for what it writes, arguments bound,
  * step values uploaded (one buffer that eager flushes share), calls launched. False, with the
  * error set, on any failure; nothing is launched unless all the memory was had. */
@@ -268,6 +273,16 @@ bool kiln__program_run(kiln_ctx *ctx, kiln__program *pg);
 void kiln__flush_stats(kiln_ctx *ctx, const kiln__program *pg, const kiln_exec_stats *before);
 /* The bytes of the bit mask a ReLU epilogue writes for y (a 2-D product's output). */
 size_t kiln__relu_mask_bytes(const kiln_tensor *y);
+
+/* ---------------------------------------------------------------- traces (profile.c) */
+
+/* The trace's id for group k of pg (ctx->prof set), described once a session from the step's
+ * trace: kiln's name, kind, trace nodes, traffic, a product's FLOPs, the launch shape. */
+uint32_t kiln__traced_group(kiln_ctx *ctx, const kiln__program *pg, int k);
+/* Under capture, after a group's calls: the device records (kernels, copies, memsets) that the
+ * nodes the capture gained since it had *seen make (*seen updated); -1 when that cannot be
+ * told (the capture is no chain, or a node launches a graph of its own). */
+int32_t kiln__captured_records(kiln_ctx *ctx, size_t *seen);
 
 /* ---------------------------------------------------------------- step graphs (graph.c) */
 

@@ -7,13 +7,16 @@
  * static memory plan (every intermediate an offset in one arena, from its lifetime over the
  * step's launches), run, and captured into a CUDA graph; a known one binds the step's tensors to
  * the same addresses, writes the step values (every float and 64-bit attribute: learning rates,
- * step counts, dropout offsets, batch offsets) to the device, and replays the graph.
+ * step counts, dropout offsets, batch offsets) to the device, and replays the graph. A capture
+ * counts the device records each group's nodes make, so that a trace (prof/prof.h) can give a
+ * replay's kernels to their groups in order.
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "../core/cuda_check.h"
+#include "../prof/prof.h"
 #include "fusion.h"
 
 struct kiln__step_graph {
@@ -30,6 +33,10 @@ struct kiln__step_graph {
   cudaGraphExec_t exec;
   uint64_t kernels, last_used;
   kiln_flush_stats flush;
+  int32_t *records; /* per group: the device records its captured nodes make (-1: unknown) */
+  /* its groups as a program of the trace being recorded: the id, and the session's serial */
+  uint32_t traced;
+  uint64_t traced_in;
 };
 
 /* ---------------------------------------------------------------- signatures */
@@ -258,6 +265,7 @@ static void graph_free(kiln_ctx *ctx, kiln__step_graph *E) {
   free(E->off);
   free(E->mask_off);
   free(E->clobbered);
+  free(E->records);
   free(E);
 }
 
@@ -315,6 +323,12 @@ static kiln__step_graph *capture(kiln_ctx *ctx, uint64_t hash, kiln__sb *sig) {
     return NULL;
   }
   int ng = E->prog.plan.ng;
+  E->records = malloc((size_t)(ng > 0 ? ng : 1) * sizeof *E->records);
+  if (!E->records) {
+    graph_free(ctx, E);
+    kiln__error(ctx, KILN_ERR_OOM, "kiln_step_end: out of host memory");
+    return NULL;
+  }
   bind(ctx, E);
   if (!kiln__bind_args(ctx, &E->prog)) {
     unbind(ctx, E);
@@ -324,8 +338,8 @@ static kiln__step_graph *capture(kiln_ctx *ctx, uint64_t hash, kiln__sb *sig) {
   E->values = kiln__dev_alloc(ctx, (size_t)(ng > 0 ? ng : 1) * sizeof(kiln__stepvals));
   if (!E->values) kiln__error(ctx, KILN_ERR_OOM, "kiln_step_end: out of device memory");
   /* the step values: ordered after the previous replay's reads on the stream */
-  bool ok =
-      E->values && kiln__upload_values(ctx, &E->prog, E->values) && kiln__run_calls(ctx, &E->prog);
+  bool ok = E->values && kiln__upload_values(ctx, &E->prog, E->values) &&
+            kiln__run_calls(ctx, &E->prog, KILN__RUN_FIRST, NULL);
   kiln__flush_stats(ctx, &E->prog, &before);
   E->flush = ctx->stats.last_flush;
   E->kernels = E->flush.kernels;
@@ -340,7 +354,7 @@ static kiln__step_graph *capture(kiln_ctx *ctx, uint64_t hash, kiln__sb *sig) {
   bool cap =
       !KILN_CUDA_FAILED(ctx, cudaStreamBeginCapture(ctx->stream, cudaStreamCaptureModeThreadLocal));
   if (cap) {
-    bool rec = kiln__run_calls(ctx, &E->prog);
+    bool rec = kiln__run_calls(ctx, &E->prog, KILN__RUN_CAPTURE, E->records);
     cap = !KILN_CUDA_FAILED(ctx, cudaStreamEndCapture(ctx->stream, &graph)) && rec;
   }
   ctx->stats.kernels_launched = launched;
@@ -355,6 +369,22 @@ static kiln__step_graph *capture(kiln_ctx *ctx, uint64_t hash, kiln__sb *sig) {
   ctx->stats.arena_bytes = E->arena_bytes;
   ctx->stats.arena_sum_bytes = E->arena_sum;
   return E;
+}
+
+/* The step graph's groups as a program of the trace being recorded (described from this step's
+ * trace, which has the graph's signature). */
+static uint32_t traced_program(kiln_ctx *ctx, kiln__step_graph *E) {
+  uint64_t serial = kiln__prof_serial(ctx->prof);
+  if (E->traced_in == serial) return E->traced;
+  int ng = E->prog.plan.ng;
+  uint32_t *ids = malloc((size_t)(ng > 0 ? ng : 1) * sizeof *ids);
+  if (!ids) return KILN__PROF_NONE;
+  for (int k = 0; k < ng; k++)
+    ids[k] = kiln__traced_group(ctx, &E->prog, k);
+  E->traced = kiln__prof_program(ctx->prof, ng, ids, E->records);
+  E->traced_in = serial;
+  free(ids);
+  return E->traced;
 }
 
 kiln_status kiln__graph_run(kiln_ctx *ctx) {
@@ -375,8 +405,13 @@ kiln_status kiln__graph_run(kiln_ctx *ctx) {
   if (E) {
     free(sig.s);
     bind(ctx, E);
-    if (kiln__upload_values(ctx, &E->prog, E->values) &&
-        !KILN_CUDA_FAILED(ctx, cudaGraphLaunch(E->exec, ctx->stream))) {
+    bool ok = kiln__upload_values(ctx, &E->prog, E->values), traced = ok && ctx->prof;
+    if (traced) /* the replay's kernels all carry this one call's correlation */
+      kiln__prof_enter(ctx->prof, KILN__PROF_REPLAY, traced_program(ctx, E),
+                       kiln__prof_step_of(ctx), kiln__prof_mode(ctx));
+    ok = ok && !KILN_CUDA_FAILED(ctx, cudaGraphLaunch(E->exec, ctx->stream));
+    if (traced) kiln__prof_leave(ctx->prof);
+    if (ok) {
       ctx->stats.graph_replays++;
       ctx->stats.kernels_launched += E->kernels;
       ctx->stats.last_flush = E->flush;

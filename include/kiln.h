@@ -208,6 +208,37 @@ typedef struct kiln_exec_stats {
 } kiln_exec_stats;
 void kiln_stats(const kiln_ctx *ctx, kiln_exec_stats *out);
 
+/*
+ * Timeline traces. kiln_trace_begin starts recording what the context's device runs, through
+ * CUPTI's activity records: every kernel, copy and memset (and the CUDA runtime calls on the
+ * host) until kiln_trace_end, which waits for the context's stream and writes them to path as
+ * Chrome / Perfetto trace-event JSON (open it in ui.perfetto.dev or chrome://tracing): one
+ * track per CUDA stream (pid the device, tid CUPTI's stream id), one span per step. Each of
+ * kiln's launches is named as kiln names it (a cuBLAS kernel by its call, with the kernel's own
+ * name beside it), kernels of replayed step graphs too, and carries the trace nodes it covers
+ * (ops and shapes), kiln's estimate of the bytes it reads and writes, a product's FLOPs, the
+ * achieved GB/s and TFLOP/s, its launch shape, and its step (the context's, from 0 at its first
+ * kiln_step_begin) and mode (unfused, fused, graph). Records are kept for the last
+ * $KILN_TRACE_STEPS steps (a count, 100 by default, or a range of steps such as 10-20).
+ *
+ * CUPTI is loaded when a trace begins, not linked: the file $KILN_CUPTI_LIBRARY names, else
+ * libcupti.so.13, libcupti.so, then the toolkit's copy. Without it, or without a GPU,
+ * kiln_trace_begin fails with an error that says what is missing (KILN_ERR_STATE, the context's
+ * error: kiln_ctx_clear_error to go on untraced). One context of a process is traced at a time
+ * (CUPTI's records are the whole process's). With no trace, kiln loads nothing and calls no
+ * CUPTI function. KILN_TRACE=path.json in the environment traces every context from kiln_ctx_new
+ * to kiln_ctx_free, which writes the file (failing to start is a warning on stderr there).
+ */
+kiln_status kiln_trace_begin(kiln_ctx *ctx, const char *path);
+kiln_status kiln_trace_end(kiln_ctx *ctx);
+/* An HTML report of n traces written by kiln_trace_end (the same work in different modes, say),
+ * labelled labels[i] (NULL: the file names): for each, the step whose device span is the median
+ * of its steps; their timelines one above the other on one time axis, their device time by kind
+ * of kernel, and each step's kernels by time with their share of the step, memory traffic and
+ * rates. One self-contained file (no script, nothing fetched). Needs no GPU; errors go to ctx. */
+kiln_status kiln_trace_report(kiln_ctx *ctx, const char *html_path, const char *title, int n,
+                              const char *const *trace_paths, const char *const *labels);
+
 /* ---------------------------------------------------------------- tensors */
 
 /* A persistent tensor (owned by the caller, freed with kiln_tensor_free), filled with zeros.

@@ -2,9 +2,13 @@
  * context.c: the context's lifetime and its steps, where recording meets execution.
  * kiln_ctx_new and kiln_ctx_free put core's context and fusion's engine state together and take
  * them apart; kiln_sync and the step calls run the nodes not yet run (flush.c); kiln_step_end
- * runs a whole step through its step graph.
+ * runs a whole step through its step graph. Timeline traces (prof/) begin and end here, and
+ * hear of every step.
  */
+#include <stdlib.h>
+
 #include "../fusion/engine.h"
+#include "../prof/prof.h"
 #include "runtime.h"
 
 kiln_ctx *kiln_ctx_new(const kiln_ctx_options *opts) {
@@ -12,11 +16,19 @@ kiln_ctx *kiln_ctx_new(const kiln_ctx_options *opts) {
   if (!ctx) return NULL;
   /* fusion/'s state: with a GPU its BLAS handles too (a failure there leaves has_gpu off) */
   if (kiln__engine_init(ctx) != KILN_OK) ctx->has_gpu = false;
+  /* KILN_TRACE: the whole context traced; what stops it is a warning, not the context's error */
+  const char *trace = getenv("KILN_TRACE");
+  char why[1024];
+  if (trace && *trace && kiln__ok(ctx) && kiln__prof_begin(ctx, trace, why, sizeof why) != KILN_OK)
+    fprintf(stderr, "kiln: warning: KILN_TRACE=%s: %s; running without a trace\n", trace, why);
   return ctx;
 }
 
 void kiln_ctx_free(kiln_ctx *ctx) {
   if (!ctx) return;
+  char why[1024];
+  if (ctx->prof && kiln__prof_end(ctx, why, sizeof why) != KILN_OK)
+    fprintf(stderr, "kiln: %s\n", why);
   kiln__ctx_close(ctx); /* tensors freed; recorded work that never ran is dropped */
   kiln__engine_free(ctx);
   kiln__staging_free(ctx);
@@ -47,6 +59,22 @@ void kiln_step_begin(kiln_ctx *ctx) {
   kiln__storages_release(ctx);
   kiln__engine_step_begin(ctx);
   kiln__step_open(ctx);
+  if (ctx->prof) kiln__prof_step(ctx->prof, kiln__prof_step_of(ctx), kiln__prof_mode(ctx));
+}
+
+kiln_status kiln_trace_begin(kiln_ctx *ctx, const char *path) {
+  if (!ctx) return KILN_ERR_INVALID;
+  if (!kiln__ok(ctx)) return ctx->status;
+  char why[1024];
+  kiln_status s = kiln__prof_begin(ctx, path, why, sizeof why);
+  return s == KILN_OK ? s : kiln__error(ctx, s, "%s", why);
+}
+
+kiln_status kiln_trace_end(kiln_ctx *ctx) {
+  if (!ctx) return KILN_ERR_INVALID;
+  char why[1024];
+  kiln_status s = kiln__prof_end(ctx, why, sizeof why); /* a failed context's trace too */
+  return s == KILN_OK ? ctx->status : kiln__error(ctx, s, "%s", why);
 }
 
 /* Runs the open step: its graph, or a flush of what it has not run yet. */

@@ -5,24 +5,31 @@
 # the including file, else in include/ or core/, the library's include path) and must lie in a
 # folder that the including folder may see (every folder sees include/):
 #   core      core
-#   runtime   runtime, core, and of fusion only fusion/engine.h (the engine's one header)
+#   prof      prof, core
+#   runtime   runtime, core, of fusion only fusion/engine.h (the engine's one header), and of prof
+#             only prof/prof.h (the timeline recorder's one header)
 #   autograd  autograd, core
-#   fusion    fusion, core
+#   fusion    fusion, core, and of prof only prof/prof.h
 #   nn        nn, core
 #   optim     optim, core
 #   io        io, core, optim/optim.h
 #   data      data, core
 # fusion/engine.h includes nothing of kiln's but kiln.h; core/internal.h, core/util.h and the
 # host-only files (errors, utilities, metadata, the MNIST and CIFAR-10 byte-level readers,
-# safetensors) include no CUDA header and not core/cuda_check.h.
+# safetensors, the timeline's JSON and report) include no CUDA header and not core/cuda_check.h.
+#
+# prof/ (timeline traces) sits beside core/, under both fusion/ and runtime/: it hears of
+# launches from the executor and of steps from the runtime, so neither of them can be its home,
+# and it needs nothing of either (they describe their launches to it in plain C).
 #
 # Calls (given BUILD, a build folder where the library is built). nm reads the library's objects
 # (BUILD/CMakeFiles/kiln.dir and kiln_host.dir); every undefined symbol of an object that another
 # object of the library defines is a call (or a use) from the first one's folder to the second
 # one's, and must be to the folder itself or to one it may call:
 #   core      -
-#   fusion    core
-#   runtime   core, fusion
+#   prof      core
+#   fusion    core, prof
+#   runtime   core, fusion, prof
 #   autograd  core, runtime
 #   nn        core, autograd, runtime
 #   optim     core, nn, autograd, runtime
@@ -61,9 +68,10 @@ allowed() { # allowed FOLDER TARGET
   case "$1:$2" in
   *:include/*) return 0 ;;
   core:core/*) return 0 ;;
-  runtime:runtime/* | runtime:core/* | runtime:fusion/engine.h) return 0 ;;
+  prof:prof/* | prof:core/*) return 0 ;;
+  runtime:runtime/* | runtime:core/* | runtime:fusion/engine.h | runtime:prof/prof.h) return 0 ;;
   autograd:autograd/* | autograd:core/*) return 0 ;;
-  fusion:fusion/* | fusion:core/*) return 0 ;;
+  fusion:fusion/* | fusion:core/* | fusion:prof/prof.h) return 0 ;;
   nn:nn/* | nn:core/*) return 0 ;;
   optim:optim/* | optim:core/*) return 0 ;;
   io:io/* | io:core/* | io:optim/optim.h) return 0 ;;
@@ -71,7 +79,7 @@ allowed() { # allowed FOLDER TARGET
   esac
   return 1
 }
-for d in core runtime autograd fusion nn optim io data; do
+for d in core prof runtime autograd fusion nn optim io data; do
   [ -d "$d" ] || continue
   for f in $(find $d -name '*.c' -o -name '*.h' -o -name '*.def' -o -name '*.cuh'); do
     for inc in $(sed -n 's/^[[:space:]]*#[[:space:]]*include[[:space:]]*"\([^"]*\)".*/\1/p' "$f"); do
@@ -88,7 +96,8 @@ for inc in $(sed -n 's/^[[:space:]]*#[[:space:]]*include[[:space:]]*"\([^"]*\)".
   [ "$inc" = kiln.h ] || breach "fusion/engine.h includes $inc (it may include only kiln.h)"
 done
 for f in core/internal.h core/util.h core/error.c core/util.c core/meta.c data/mnist.c \
-  data/cifar10_bytes.c data/readers.h io/safetensors.c io/safetensors.h; do
+  data/cifar10_bytes.c data/readers.h io/safetensors.c io/safetensors.h prof/timeline.h \
+  prof/timeline.c prof/report.c; do
   if grep -nE '^[[:space:]]*#[[:space:]]*include[[:space:]]*[<"](cuda|cublas|nvrtc|nvtx)' "$f" >/dev/null ||
     grep -nE '^[[:space:]]*#[[:space:]]*include[[:space:]]*".*cuda_check.h"' "$f" >/dev/null; then
     breach "$f (host-only) includes a CUDA header"
@@ -132,8 +141,9 @@ BEGIN {
   for (j = 1; j <= n; j++)
     if (split(lines[j], w, " ") == 2) name[w[1]] = w[2]
   may["core"] = ""
-  may["fusion"] = "core"
-  may["runtime"] = "core fusion"
+  may["prof"] = "core"
+  may["fusion"] = "core prof"
+  may["runtime"] = "core fusion prof"
   may["autograd"] = "core runtime"
   may["nn"] = "core autograd runtime"
   may["optim"] = "core nn autograd runtime"

@@ -1,0 +1,158 @@
+/*
+ * profile.c: what a timeline trace (prof/prof.h) learns from fusion/, on the host, at launch
+ * and capture. For each group that runs while a trace is recorded: kiln's name for its launch,
+ * its kind, the trace nodes it covers (ops and shapes), the bytes it reads and writes (the
+ * renderer's count for generated kernels, the operands for products), a product's FLOPs and the
+ * launch shape; described once per session, then found by a cheap key. For each step graph
+ * capture (traced or not): how many device records each group's captured nodes make, so that a
+ * replay's records can be given to their groups in order. exec.c and graph.c call these only
+ * where ctx->prof is set, except the capture count, which every capture takes (graphs captured
+ * before a trace began are replayed inside it).
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "../core/cuda_check.h"
+#include "../prof/prof.h"
+#include "fusion.h"
+#include "render.h"
+
+static const char *kind_name(const kiln__program *pg, int k) {
+  switch (pg->spec[k].kind) {
+  case KILN__SPEC_EW: return pg->plan.g[k].kind == KILN__KIND_UPDATE ? "update" : "elementwise";
+  case KILN__SPEC_REDUCE: return "reduction";
+  case KILN__SPEC_ROWS: return "rows";
+  case KILN__SPEC_UPDATES: return "update";
+  case KILN__SPEC_GATHER: return "gather";
+  case KILN__SPEC_WINDOW: return "window";
+  case KILN__SPEC_CONV: return "conv";
+  case KILN__SPEC_MOMENTS: return "moments";
+  case KILN__SPEC_AUGMENT: return "augment";
+  case KILN__SPEC_BLAS: return "gemm";
+  }
+  return "other";
+}
+
+/* The trace index of member m of group g (its main node when it lists none). */
+static int32_t member(const kiln__plan *p, const kiln__group *g, int m) {
+  return g->n ? p->members[g->first + m] : g->node;
+}
+
+/* A key for group k that changes when its description would: its name, place, members, their
+ * layouts and what is stored. Made from the step's trace, not from the program's tensors (a
+ * replayed graph's program holds the tensors of the step that captured it). */
+static uint64_t group_key(const kiln_ctx *ctx, const kiln__program *pg, int k) {
+  const kiln__call *c = &pg->call[k];
+  const kiln__plan *p = &pg->plan;
+  const kiln__group *g = &p->g[k];
+  uint64_t h = kiln__hash(c->name, strlen(c->name), 0);
+  int64_t head[4] = {k, g->n, (int64_t)c->bytes_read, (int64_t)c->bytes_written};
+  h = kiln__hash(head, sizeof head, h);
+  for (int m = 0; m < (g->n ? g->n : 1); m++) {
+    int32_t i = member(p, g, m);
+    const kiln__node *nd = &ctx->trace.nodes[i];
+    const kiln_tensor *t = nd->out ? nd->out : nd->in[0];
+    int32_t w[4] = {i, (int32_t)nd->op, t->ndim, (int32_t)t->dtype * 2 + p->store[i - p->first]};
+    h = kiln__hash(w, sizeof w, h);
+    h = kiln__hash(t->shape, (size_t)t->ndim * sizeof t->shape[0], h);
+  }
+  return h;
+}
+
+/* The product among the group's nodes (a BLAS call's main node; an implicit GEMM's matmul). */
+static const kiln__node *product(const kiln_ctx *ctx, const kiln__plan *p, const kiln__group *g) {
+  const kiln__node *n = &ctx->trace.nodes[g->node];
+  if (kiln__ops[n->op].kind == KILN__KIND_MATMUL) return n;
+  for (int m = 0; m < g->n; m++) {
+    const kiln__node *x = &ctx->trace.nodes[member(p, g, m)];
+    if (kiln__ops[x->op].kind == KILN__KIND_MATMUL) return x;
+  }
+  return NULL;
+}
+
+static uint32_t describe(kiln_ctx *ctx, const kiln__program *pg, int k, uint64_t key) {
+  const kiln__call *c = &pg->call[k];
+  const kiln__plan *p = &pg->plan;
+  const kiln__group *g = &p->g[k];
+  kiln__sb nodes = {0};
+  for (int m = 0; m < (g->n ? g->n : 1); m++) {
+    int32_t i = member(p, g, m);
+    const kiln__node *nd = &ctx->trace.nodes[i];
+    const kiln_tensor *t = nd->out ? nd->out : nd->in[0];
+    char sh[96];
+    kiln__sb_printf(&nodes, "%s#%d %s %s %s%s", m ? "\n" : "", i, kiln__ops[nd->op].name,
+                    kiln__shape_of(t, sh, sizeof sh), kiln_dtype_name(t->dtype),
+                    nd->out && !p->store[i - p->first] ? " (in registers)" : "");
+  }
+  kiln__tl_group d = {
+      .name = c->name,
+      .kind = kind_name(pg, k),
+      .nodes = nodes.s ? nodes.s : "",
+      .index = k,
+      .bytes_read = c->bytes_read,
+      .bytes_written = c->bytes_written,
+      .grid = {c->grid, c->grid_y ? c->grid_y : 1, c->grid_z ? c->grid_z : 1},
+      .block = c->block,
+      .smem = c->smem,
+  };
+  if (!c->k) d.grid[0] = d.grid[1] = d.grid[2] = 0; /* a library call: its own launches */
+  const kiln__node *mm = product(ctx, p, g);
+  if (mm) {
+    const kiln_tensor *a = mm->in[0];
+    d.flops = 2 * (uint64_t)kiln_tensor_numel(mm->out) * (uint64_t)a->shape[a->ndim - 1];
+    if (pg->spec[k].kind == KILN__SPEC_BLAS) { /* the operands, each read or written once */
+      d.bytes_read = kiln__footprint(mm->in[0]) + kiln__footprint(mm->in[1]);
+      d.bytes_written = kiln__footprint(mm->out);
+    }
+  }
+  uint32_t id = nodes.oom ? KILN__PROF_NONE : kiln__prof_group_add(ctx->prof, key, &d);
+  kiln__sb_free(&nodes);
+  return id;
+}
+
+uint32_t kiln__traced_group(kiln_ctx *ctx, const kiln__program *pg, int k) {
+  uint64_t key = group_key(ctx, pg, k);
+  uint32_t id = kiln__prof_group_find(ctx->prof, key);
+  return id != KILN__PROF_NONE ? id : describe(ctx, pg, k, key);
+}
+
+int32_t kiln__captured_records(kiln_ctx *ctx, size_t *seen) {
+  cudaStream_t stream = ctx->stream;
+  enum cudaStreamCaptureStatus st;
+  cudaGraph_t graph = NULL;
+  const cudaGraphNode_t *deps = NULL;
+  size_t ndeps = 0, total = 0;
+  if (cudaStreamGetCaptureInfo(stream, &st, NULL, &graph, &deps, NULL, &ndeps) != cudaSuccess ||
+      st != cudaStreamCaptureStatusActive ||
+      cudaGraphGetNodes(graph, NULL, &total) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return -1;
+  }
+  size_t added = total >= *seen ? total - *seen : 0;
+  *seen = total;
+  if (added == 0) return 0;
+  if (ndeps != 1) return -1; /* not a chain: the order of its records is not known */
+  /* one stream's capture is a chain: walk back from its tail over the nodes added */
+  cudaGraphNode_t node = deps[0];
+  int32_t count = 0;
+  for (size_t i = 0; i < added; i++) {
+    enum cudaGraphNodeType type;
+    if (cudaGraphNodeGetType(node, &type) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return -1;
+    }
+    if (type == cudaGraphNodeTypeKernel || type == cudaGraphNodeTypeMemcpy ||
+        type == cudaGraphNodeTypeMemset)
+      count++;
+    else if (type == cudaGraphNodeTypeGraph || type == cudaGraphNodeTypeConditional)
+      return -1; /* records of their own */
+    size_t nd = 0;
+    if (i + 1 < added &&
+        (cudaGraphNodeGetDependencies(node, NULL, NULL, &nd) != cudaSuccess || nd != 1 ||
+         cudaGraphNodeGetDependencies(node, &node, NULL, &nd) != cudaSuccess)) {
+      (void)cudaGetLastError();
+      return -1;
+    }
+  }
+  return count;
+}
