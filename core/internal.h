@@ -514,6 +514,9 @@ void kiln__host_free(void *p, bool pinned);
 kiln_status kiln__upload(kiln_tensor *t, size_t at, const void *src, size_t n, bool pinned,
                          void **event, const char *fn);
 kiln_status kiln__upload_wait(kiln_ctx *ctx, void *event, const char *fn);
+/* Frees every cached step graph now (runtime/context.c), after the stream is idle: for a loader
+ * that replaces a persistent buffer its steps read (their graphs would never replay again). */
+void kiln__forget_step_graphs(kiln_ctx *ctx);
 void kiln__event_free(void *event);
 /* The image folder's images to the network's input (data/imagefolder.c): raw (bytes / 4) i32
  * holds 8-bit RGB pixels, table (N, KILN__RESIZE_COLS) i32 a row per image (KILN__RZ_*:

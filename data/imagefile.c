@@ -1,13 +1,15 @@
 /*
  * imagefile.c: JPEG and PNG files, in memory, to 8-bit RGB pixels (rows, cols, 3), as
  * torchvision's ImageFolder reads them through PIL's convert("RGB"): gray is repeated over the
- * three channels, a palette is looked up, 16-bit samples become 8-bit, an alpha channel is
- * dropped. JPEG goes through libjpeg-turbo's TurboJPEG API (islow DCT, fancy upsampling, as PIL),
- * PNG through libpng's simplified API. The header is read first and an image of more than
- * max_pixels pixels is refused before a byte of it is decoded, so a small file that claims
- * 30000 x 30000 pixels costs nothing. No CUDA, no files: the data readers' byte-level part.
+ * three channels, a palette is looked up, 16-bit samples are cut to their high byte, an alpha
+ * channel is dropped. JPEG goes through libjpeg-turbo's TurboJPEG API (islow DCT, fancy
+ * upsampling, as PIL), PNG through libpng (no gamma correction: PIL applies none). The header is
+ * read first and an image of more than max_pixels pixels is refused before a byte of it is
+ * decoded, so a small file that claims 30000 x 30000 pixels costs nothing. No CUDA, no files: the
+ * data readers' byte-level part.
  */
 #include <png.h>
+#include <setjmp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -68,44 +70,80 @@ static uint8_t *decode_jpeg(const uint8_t *buf, size_t len, int64_t max_pixels, 
   return px;
 }
 
+/* A PNG being read from memory: libpng's error handler fills why and jumps back; what was
+ * allocated lives here (not in locals, which setjmp would not keep). */
+typedef struct png_job {
+  const uint8_t *buf;
+  size_t len, at;
+  char *why;
+  size_t wlen;
+  uint8_t *px;
+  png_bytep *rows;
+} png_job;
+
+static void png_read_mem(png_structp png, png_bytep out, size_t n) {
+  png_job *j = png_get_io_ptr(png);
+  if (n > j->len - j->at) png_error(png, "the file ends early");
+  memcpy(out, j->buf + j->at, n);
+  j->at += n;
+}
+
+static void png_fail(png_structp png, png_const_charp msg) {
+  png_job *j = png_get_error_ptr(png);
+  if (!j->why[0]) snprintf(j->why, j->wlen, "a truncated or corrupted PNG (libpng: %s)", msg);
+  png_longjmp(png, 1);
+}
+
+static void png_warned(png_structp png, png_const_charp msg) { (void)png, (void)msg; }
+
+/* libpng's full reader, without its gamma handling (the simplified API converts 16-bit and
+ * gamma-tagged images to sRGB; PIL takes samples as they are): palettes and gray expanded to
+ * 8-bit RGB, 16-bit samples cut to their high byte, alpha stripped. */
 static uint8_t *decode_png(const uint8_t *buf, size_t len, int64_t max_pixels, int *rows, int *cols,
                            char *why, size_t wlen) {
-  png_image im;
-  memset(&im, 0, sizeof im);
-  im.version = PNG_IMAGE_VERSION;
-  if (!png_image_begin_read_from_memory(&im, buf, len)) {
-    snprintf(why, wlen, "not a PNG image kiln can read (libpng: %s)", im.message);
-    png_image_free(&im);
+  png_job j = {.buf = buf, .len = len, .why = why, .wlen = wlen};
+  why[0] = 0;
+  png_structp png = png_create_read_struct(PNG_LIBPNG_VER_STRING, &j, png_fail, png_warned);
+  png_infop info = png ? png_create_info_struct(png) : NULL;
+  if (!png || !info) {
+    png_destroy_read_struct(&png, &info, NULL);
+    snprintf(why, wlen, "out of host memory for libpng");
     return NULL;
   }
-  *rows = (int)im.height;
-  *cols = (int)im.width;
-  if (!size_ok(im.height, im.width, max_pixels, why, wlen)) {
-    png_image_free(&im);
+  if (setjmp(png_jmpbuf(png))) {
+    free(j.px);
+    free(j.rows);
+    png_destroy_read_struct(&png, &info, NULL);
     return NULL;
   }
-  /* RGBA, then the alpha dropped (PIL's convert("RGB") drops it; libpng would composite) */
-  size_t n = (size_t)im.width * im.height;
-  im.format = PNG_FORMAT_RGBA;
-  uint8_t *px = malloc(n * 4);
-  if (!px) {
-    snprintf(why, wlen, "out of host memory for %u x %u pixels", im.height, im.width);
-    png_image_free(&im);
-    return NULL;
+  png_set_read_fn(png, &j, png_read_mem);
+  png_read_info(png, info);
+  png_uint_32 w = png_get_image_width(png, info), h = png_get_image_height(png, info);
+  *rows = (int)h;
+  *cols = (int)w;
+  if (!size_ok(h, w, max_pixels, why, wlen)) png_longjmp(png, 1);
+  png_set_expand(png);
+  png_set_strip_16(png);
+  png_set_strip_alpha(png);
+  png_set_gray_to_rgb(png);
+  (void)png_set_interlace_handling(png);
+  png_read_update_info(png, info);
+  if (png_get_rowbytes(png, info) != (size_t)w * 3 || png_get_channels(png, info) != 3) {
+    snprintf(why, wlen, "a PNG libpng does not give as 8-bit RGB");
+    png_longjmp(png, 1);
   }
-  if (!png_image_finish_read(&im, NULL, px, 0, NULL)) {
-    snprintf(why, wlen, "a truncated or corrupted PNG (libpng: %s)", im.message);
-    png_image_free(&im);
-    free(px);
-    return NULL;
+  j.px = malloc((size_t)w * h * 3);
+  j.rows = malloc((size_t)h * sizeof *j.rows);
+  if (!j.px || !j.rows) {
+    snprintf(why, wlen, "out of host memory for %u x %u pixels", h, w);
+    png_longjmp(png, 1);
   }
-  for (size_t i = 0; i < n; i++) {
-    px[3 * i] = px[4 * i];
-    px[3 * i + 1] = px[4 * i + 1];
-    px[3 * i + 2] = px[4 * i + 2];
-  }
-  uint8_t *shrunk = realloc(px, n * 3);
-  return shrunk ? shrunk : px;
+  for (png_uint_32 r = 0; r < h; r++)
+    j.rows[r] = j.px + (size_t)r * w * 3;
+  png_read_image(png, j.rows); /* the chunks after the pixels are not read: PIL does not */
+  free(j.rows);
+  png_destroy_read_struct(&png, &info, NULL);
+  return j.px;
 }
 
 uint8_t *kiln__image_decode(const uint8_t *buf, size_t len, int64_t max_pixels, int *rows,

@@ -82,6 +82,18 @@ static int by_name(const void *a, const void *b) {
   return strcmp(*(char *const *)a, *(char *const *)b);
 }
 
+/* torchvision's order of a class's files: by folder (the paths up to their last '/', compared as
+ * strings, as sorted(os.walk(...)) orders them), then by file name within a folder. */
+static int by_folder_then_name(const void *a, const void *b) {
+  const char *p = *(char *const *)a, *q = *(char *const *)b;
+  const char *sp = strrchr(p, '/'), *sq = strrchr(q, '/');
+  size_t lp = sp ? (size_t)(sp - p) : 0, lq = sq ? (size_t)(sq - q) : 0;
+  int c = strncmp(p, q, lp < lq ? lp : lq);
+  if (c == 0 && lp != lq) c = lp < lq ? -1 : 1; /* one folder is a prefix of the other's path */
+  if (c != 0) return c;
+  return strcmp(sp ? sp + 1 : p, sq ? sq + 1 : q);
+}
+
 static bool image_name(const char *name) {
   const char *dot = strrchr(name, '.');
   if (!dot) return false;
@@ -230,7 +242,7 @@ kiln_image_folder *kiln_image_folder_open(kiln_ctx *ctx, const char *root,
     ok = dir ? walk(f, dir, 0, &files)
              : !kiln__error(ctx, KILN_ERR_OOM, "%s: out of host memory", fn);
     if (ok && files.n > before)
-      qsort(files.v + before, (size_t)(files.n - before), sizeof *files.v, by_name);
+      qsort(files.v + before, (size_t)(files.n - before), sizeof *files.v, by_folder_then_name);
     if (ok && files.n == before)
       ok = !kiln__error(ctx, KILN_ERR_FORMAT,
                         "%s: class folder %s holds no image (.jpg, .jpeg or .png) kiln can use", fn,
@@ -361,7 +373,13 @@ kiln_status kiln_image_folder_read(kiln_image_folder *f, int64_t i, uint8_t **pi
 
 void kiln_image_folder_free(kiln_image_folder *f) {
   if (!f) return;
-  KILN_ASSERT(f->loaders == 0); /* its loaders are freed first (kiln.h) */
+  if (f->loaders > 0) { /* its loaders read it: they are freed first (kiln.h) */
+    kiln__error(f->ctx, KILN_ERR_STATE,
+                "kiln_image_folder_free: %d loaders of the folder are alive; free them first (the "
+                "folder is kept)",
+                f->loaders);
+    return;
+  }
   for (int c = 0; c < f->nclass; c++)
     free(f->classes[c]);
   free(f->classes);
@@ -461,7 +479,8 @@ struct kiln_image_loader {
   int64_t pos;
   int32_t *order; /* (n) this epoch's */
   slot slot[2];
-  slot *filling; /* the slot the threads work on (NULL: none) */
+  slot *filling;     /* the slot the threads work on (NULL: none) */
+  slot *copied_last; /* the slot whose copy to the device was queued last */
   pthread_t *threads;
   int nthreads;
   pthread_mutex_t mu;
@@ -536,13 +555,21 @@ static void make_item(kiln_image_loader *l, slot *s, int k) {
     flip = !o->no_flip && kiln__splitmix64_unit(&rng) < 0.5;
   } else {
     /* Resize(resize): the shorter side to resize, the longer in proportion (truncated) */
-    if (rows <= cols) {
-      rh = o->resize;
-      rw = (int)((int64_t)o->resize * cols / rows);
-    } else {
-      rw = o->resize;
-      rh = (int)((int64_t)o->resize * rows / cols);
+    int64_t longer =
+        rows <= cols ? (int64_t)o->resize * cols / rows : (int64_t)o->resize * rows / cols;
+    if (longer > ((int64_t)1 << 24)) { /* a 1 x 60000 image, say: the kernel's sizes are ints */
+      snprintf(why, sizeof why,
+               "%d x %d pixels: resized to %d on its shorter side, the other would "
+               "be %lld",
+               rows, cols, o->resize, (long long)longer);
+      free(px);
+      pthread_mutex_lock(&l->mu);
+      if (!s->err[0]) snprintf(s->err, sizeof s->err, "%s: %s", f->paths[sample], why);
+      pthread_mutex_unlock(&l->mu);
+      return;
     }
+    rh = rows <= cols ? o->resize : (int)longer;
+    rw = rows <= cols ? (int)longer : o->resize;
     /* CenterCrop: int(round((resized - size) / 2)), half to even */
     oy = (int)nearbyint((rh - o->height) / 2.0);
     ox = (int)nearbyint((rw - o->width) / 2.0);
@@ -683,7 +710,7 @@ void kiln_image_loader_start(kiln_image_loader *l, int epoch) {
   }
   l->epoch = epoch;
   l->pos = 0;
-  prefetch(l, 0, NULL, "kiln_image_loader_start");
+  prefetch(l, 0, l->copied_last, "kiln_image_loader_start");
 }
 
 /* Gives slot s room for its used bytes on the host (moving the spilled items in) and on the
@@ -696,7 +723,7 @@ static bool grow(kiln_image_loader *l, slot *s, const char *fn) {
                         "smaller batch or max_pixels",
                         fn, (long long)s->pos, (long long)s->used, (long long)RAW_MAX);
   if (s->used > (int64_t)s->cap) {
-    size_t cap = (size_t)s->used + (size_t)s->used / 4;
+    size_t cap = 2 * (size_t)s->used;
     cap = cap > RAW_MAX ? RAW_MAX : cap;
     bool pinned;
     uint8_t *h = kiln__host_alloc(ctx, cap, &pinned);
@@ -717,11 +744,13 @@ static bool grow(kiln_image_loader *l, slot *s, const char *fn) {
     int64_t cap = ((int64_t)s->cap + 3) / 4;
     kiln_tensor *raw = kiln__tensor_persistent(ctx, KILN_DTYPE_I32, 1, &cap, false);
     if (!raw) return false;
-    /* the old buffer's readers (steps already queued) finish first */
+    /* the old buffer's readers (steps already queued) finish first, and the step graphs that
+     * read it go with it (they would never replay, and they hold their memory) */
     if (kiln_sync(ctx) != KILN_OK) {
       kiln_tensor_free(raw);
       return false;
     }
+    kiln__forget_step_graphs(ctx);
     kiln_tensor_free(l->raw);
     kiln_tensor_set_name(raw, "image_loader.pixels");
     l->raw = raw;
@@ -736,9 +765,10 @@ static void undo_pos(void *obj, void *saved) {
 
 int kiln_image_loader_next(kiln_image_loader *l, kiln_tensor **x, kiln_tensor **y) {
   const char *fn = __func__;
-  if (!l || !x || !y || !l->anchor->alive) return 0;
+  if (!l || !l->anchor->alive) return 0;
   kiln_ctx *ctx = l->ctx;
   if (!kiln__ok(ctx)) return 0;
+  if (!x || !y) return kiln__error(ctx, KILN_ERR_INVALID, "%s: NULL x or y", fn), 0;
   int64_t b = batch_at(l, l->pos);
   if (b == 0) return 0;
   if (ctx->in_step && !kiln__undo_logged(ctx, &l->undo_mark)) {
@@ -758,8 +788,9 @@ int kiln_image_loader_next(kiln_image_loader *l, kiln_tensor **x, kiln_tensor **
       s = c;
   }
   if (!s) {
-    if (!prefetch(l, l->pos, NULL, fn)) return 0;
+    if (!prefetch(l, l->pos, l->copied_last, fn)) return 0;
     s = l->slot[0].busy ? &l->slot[0] : &l->slot[1];
+    KILN_ASSERT(s->busy && s->pos == l->pos);
   }
   double t0 = now();
   finish(l, s);
@@ -792,6 +823,7 @@ int kiln_image_loader_next(kiln_image_loader *l, kiln_tensor **x, kiln_tensor **
     return 0;
   }
   s->busy = false;
+  l->copied_last = s;
   l->stats.images += s->count;
   l->stats.bytes_copied += s->used + (int64_t)tbytes;
   /* the next batch decodes while this one's step runs */
@@ -833,7 +865,9 @@ static bool loader_options(kiln_ctx *ctx, const kiln_image_loader_options *in,
   if (o->scale_max == 0.f) o->scale_max = 1.f;
   if (o->ratio_min == 0.f) o->ratio_min = 3.f / 4.f;
   if (o->ratio_max == 0.f) o->ratio_max = 4.f / 3.f;
-  if (!o->resize && o->height > 0) o->resize = (int)((int64_t)o->height * 8 / 7);
+  /* Resize's default keeps the crop's 224 of 256: the larger side of the crop, times 8 / 7 */
+  int side = o->height > o->width ? o->height : o->width;
+  if (!o->resize && side > 0) o->resize = (int)((int64_t)side * 8 / 7);
   bool stats = false;
   for (int c = 0; c < 3; c++)
     stats = stats || o->mean[c] != 0.f || o->std[c] != 0.f;
@@ -859,7 +893,8 @@ static bool loader_options(kiln_ctx *ctx, const kiln_image_loader_options *in,
     return !kiln__error(ctx, KILN_ERR_INVALID,
                         "%s: ratio [%g, %g]: it needs 0 < ratio_min <= ratio_max, finite", fn,
                         o->ratio_min, o->ratio_max);
-  if (o->resize < o->height || o->resize < o->width || o->resize > 65536)
+  if (o->transform == KILN_IMAGE_EVAL &&
+      (o->resize < o->height || o->resize < o->width || o->resize > 65536))
     return !kiln__error(ctx, KILN_ERR_INVALID,
                         "%s: resize %d: the shorter side must be resized to at least the crop's "
                         "height %d and width %d (and at most 65536)",
@@ -904,9 +939,11 @@ kiln_image_loader *kiln_image_loader_new(kiln_image_folder *f, const kiln_image_
   pthread_cond_init(&l->work, NULL);
   pthread_cond_init(&l->done, NULL);
   f->loaders++;
-  /* room for twice the output's pixels a batch, to start with: it grows when a batch needs more */
-  int64_t cap64 = l->B * opt.height * opt.width * 3 * 2;
-  size_t cap = (size_t)(cap64 > RAW_MAX ? RAW_MAX : cap64);
+  /* room for three times the output's pixels an image, to start with (a crop or an image a
+   * little larger than the output): it doubles when a batch needs more */
+  int64_t per = (int64_t)opt.height * opt.width * 3 * 3;
+  int64_t cap64 = l->B > RAW_MAX / per ? RAW_MAX : l->B * per;
+  size_t cap = (size_t)cap64;
   int64_t words = ((int64_t)cap + 3) / 4, tshape[2] = {l->B, KILN__RESIZE_COLS};
   bool ok = (l->order = malloc((size_t)l->n * sizeof *l->order)) != NULL;
   for (int i = 0; ok && i < 2; i++) {

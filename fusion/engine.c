@@ -78,6 +78,13 @@ void kiln__engine_drop_graphs(kiln_ctx *ctx, bool drop) {
   if (fs) fs->drop_graphs = drop && fs->ngraphs > 0;
 }
 
+void kiln__engine_free_graphs(kiln_ctx *ctx) {
+  kiln__fusion *fs = ctx->fusion_state;
+  if (!fs || !ctx->has_gpu || fs->ngraphs == 0) return;
+  (void)cudaStreamSynchronize(ctx->stream); /* their last replays finish first */
+  kiln__graphs_free(ctx);
+}
+
 void kiln__engine_step_begin(kiln_ctx *ctx) {
   kiln__fusion *fs = ctx->fusion_state;
   if (!fs) return;

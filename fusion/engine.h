@@ -27,6 +27,9 @@ kiln_status kiln__engine_step(kiln_ctx *ctx);
 kiln_status kiln__engine_compile(kiln_ctx *ctx, int32_t first, int32_t last);
 /* Graphs turned off (drop) or on again: cached graphs go at the next step's begin. */
 void kiln__engine_drop_graphs(kiln_ctx *ctx, bool drop);
+/* Frees the cached step graphs now, once the stream is idle (nothing of them may be read
+ * after: call it where the last step's values are released, as at a step's beginning). */
+void kiln__engine_free_graphs(kiln_ctx *ctx);
 /* A new step begins: frees the cached graphs if they were dropped. */
 void kiln__engine_step_begin(kiln_ctx *ctx);
 /* Kernels record the first bad value they meet (an out-of-range label or row index) on the

@@ -1143,12 +1143,15 @@ kiln_dataset *kiln_dataset_from_cifar10(kiln_ctx *ctx, const kiln_cifar10 *c, co
  * A folder of images sorted into class folders, as torchvision's ImageFolder reads it:
  * root/<class>/.../<file>.jpg (.jpeg, .png; any case). The class folders are sorted by name
  * (byte order) and numbered from 0 in that order; each class's files (searched through its
- * subfolders, symbolic links followed) are sorted by path, and the samples are the classes' files
- * one class after another. Names starting with '.' and files of other extensions are passed
- * over. Opening reads the folders and each file's size only: a large folder opens in the time of
- * a directory listing. Images are decoded when loaded (libjpeg-turbo, libpng) to 8-bit RGB, as
- * PIL's convert("RGB") gives them (gray repeated, palettes looked up, 16-bit samples to 8, alpha
- * dropped).
+ * subfolders, 16 deep at most, symbolic links followed) are sorted as torchvision sorts them, by
+ * folder and then by name, and the samples are the classes' files one class after another.
+ * Unlike torchvision, names starting with '.' are passed over (a ".ipynb_checkpoints" folder is
+ * no class), only JPEG and PNG files are samples (other extensions are passed over), and a folder
+ * named like an image file is a bad file. Opening reads the folders and each file's size only: a
+ * large folder opens in the time of a directory listing. Images are decoded when loaded
+ * (libjpeg-turbo, libpng) to 8-bit RGB, as PIL's convert("RGB") gives them: gray repeated,
+ * palettes looked up, 16-bit samples cut to their high byte, alpha dropped, a PNG's gamma
+ * ignored.
  *
  * A bad file (0 bytes, not a regular file, larger than max_file_bytes, not a JPEG or PNG by its
  * first bytes, truncated or corrupted, a CMYK JPEG, more than max_pixels pixels) is never
@@ -1188,7 +1191,7 @@ const char *kiln_image_folder_bad(const kiln_image_folder *f, int64_t k, const c
  * 8-bit RGB. A bad file is an error naming it (and is listed), whatever the options say. */
 kiln_status kiln_image_folder_read(kiln_image_folder *f, int64_t i, uint8_t **pixels, int *rows,
                                    int *cols);
-/* Frees the folder; its loaders must be freed first. */
+/* Frees the folder; its loaders must be freed first (else an error, and the folder is kept). */
 void kiln_image_folder_free(kiln_image_folder *f);
 
 /*
@@ -1205,13 +1208,19 @@ void kiln_image_folder_free(kiln_image_folder *f);
  *   whole image cut to the nearest allowed ratio, centred), resized to height x width, flipped
  *   left-right with probability 1/2 (no_flip: never); the draws come from (seed, epoch, sample);
  * - KILN_IMAGE_EVAL, Resize(resize) and CenterCrop((height, width)): the shorter side resized to
- *   `resize` (the longer in proportion, truncated), then the centre height x width.
+ *   `resize` (the longer in proportion, truncated), then the centre height x width; an image
+ *   whose longer side would then exceed 2^24 pixels is a bad file.
  * then (v / 255 - mean[c]) / std[c]. The order is shuffled per epoch from (seed, epoch), or the
  * folder's; the last partial batch is dropped with drop_last. Call kiln_image_loader_next first
  * in a step (a copy queued after recorded work splits the step's graph, as
  * kiln_tensor_copy_from_host does). A step that fails gives its batch back: the next call
  * returns the same batch. With a no_gpu context the files are read, decoded and placed as with
  * a GPU, and the copies dropped.
+ * Memory: two pinned host buffers and one device buffer of staged pixels, first three times a
+ * batch's output pixels each, doubled when a batch needs more (at most 2 GiB a batch: a larger
+ * one is an error naming the batch); a larger device buffer is a new persistent tensor, so the
+ * steps that read it are captured again (the old graphs are freed). *y of a full batch is the
+ * loader's own labels tensor, rewritten by the next call: read it in the step, never free it.
  */
 typedef enum kiln_image_transform {
   KILN_IMAGE_TRAIN = 0, /* random resized crop and flip */
@@ -1226,7 +1235,7 @@ typedef struct kiln_image_loader_options {
   float scale_min, scale_max; /* KILN_IMAGE_TRAIN's area fractions, 0: 0.08 and 1 */
   float ratio_min, ratio_max; /* its aspect ratios (width / height), 0: 3/4 and 4/3 */
   int no_flip;
-  int resize;            /* KILN_IMAGE_EVAL's shorter side, 0: height * 8 / 7 (256 for 224) */
+  int resize; /* KILN_IMAGE_EVAL's shorter side, 0: the crop's larger side * 8 / 7 (256 for 224) */
   float mean[3], std[3]; /* all zero: ImageNet's, (0.485, 0.456, 0.406) and (0.229, 0.224, 0.225) */
   kiln_dtype dtype;      /* the images' dtype: KILN_DTYPE_F32 (0) or KILN_DTYPE_BF16 */
   int threads;           /* decoding threads, 0: the machine's processors (at most 32) */

@@ -85,7 +85,13 @@ static void module_free(kiln_module *m) {
 
 void kiln_module_free(kiln_module *m) {
   if (!m) return;
-  KILN_ASSERT(!m->parent); /* a child goes with its root */
+  if (m->parent) { /* a child goes with its root */
+    kiln__error(kiln_params_ctx(m->params), KILN_ERR_INVALID,
+                "kiln_module_free: '%s%s' is a child of a container: free the root (the model "
+                "is kept)",
+                m->parent->prefix, m->key);
+    return;
+  }
   module_free(m);
 }
 

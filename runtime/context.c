@@ -44,6 +44,8 @@ void kiln_set_graphs(kiln_ctx *ctx, int on) {
 }
 int kiln_graphs(const kiln_ctx *ctx) { return ctx && ctx->graphs; }
 
+void kiln__forget_step_graphs(kiln_ctx *ctx) { kiln__engine_free_graphs(ctx); }
+
 kiln_status kiln_sync(kiln_ctx *ctx) {
   if (!ctx) return KILN_ERR_INVALID;
   kiln_status s = kiln__flush(ctx);

@@ -7,6 +7,7 @@
 #include <criterion/criterion.h>
 #include <math.h>
 #include <png.h>
+#include <setjmp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,6 +23,28 @@ void tf_write_png(const char *path, const uint8_t *px, int rows, int cols, int c
   im.format = channels == 1 ? PNG_FORMAT_GRAY : (channels == 4 ? PNG_FORMAT_RGBA : PNG_FORMAT_RGB);
   cr_assert(png_image_write_to_file(&im, path, 0, px, 0, NULL), "libpng cannot write %s: %s", path,
             im.message);
+}
+
+void tf_write_png_full(const char *path, const uint8_t *px, int rows, int cols, int channels,
+                       int depth, double gamma) {
+  FILE *f = fopen(path, "wb");
+  cr_assert_not_null(f, "cannot write %s", path);
+  png_structp png = png_create_write_struct(PNG_LIBPNG_VER_STRING, NULL, NULL, NULL);
+  png_infop info = png_create_info_struct(png);
+  cr_assert(png && info);
+  cr_assert_eq(setjmp(png_jmpbuf(png)), 0, "libpng cannot write %s", path);
+  png_init_io(png, f);
+  png_set_IHDR(png, info, (png_uint_32)cols, (png_uint_32)rows, depth,
+               channels == 1 ? PNG_COLOR_TYPE_GRAY : PNG_COLOR_TYPE_RGB, PNG_INTERLACE_NONE,
+               PNG_COMPRESSION_TYPE_DEFAULT, PNG_FILTER_TYPE_DEFAULT);
+  if (gamma > 0) png_set_gAMA(png, info, gamma);
+  png_write_info(png, info);
+  size_t stride = (size_t)cols * channels * (depth / 8);
+  for (int r = 0; r < rows; r++)
+    png_write_row(png, px + (size_t)r * stride);
+  png_write_end(png, NULL);
+  png_destroy_write_struct(&png, &info);
+  fclose(f);
 }
 
 uint8_t *tf_jpeg_bytes(const uint8_t *px, int rows, int cols, int quality, size_t *len) {

@@ -14,6 +14,10 @@
 
 /* Writes pixels (rows, cols, channels) as an 8-bit PNG: 1 gray, 3 RGB, 4 RGBA channels. */
 void tf_write_png(const char *path, const uint8_t *px, int rows, int cols, int channels);
+/* Writes samples (rows, cols, channels) with libpng's full API: bit depth 8 (px bytes) or 16
+ * (px big-endian pairs), 1 or 3 channels, and a gAMA chunk of the given gamma when gamma > 0. */
+void tf_write_png_full(const char *path, const uint8_t *px, int rows, int cols, int channels,
+                       int depth, double gamma);
 /* Writes RGB pixels (rows, cols, 3) as a baseline JPEG, 4:4:4, of the given quality. */
 void tf_write_jpeg(const char *path, const uint8_t *px, int rows, int cols, int quality);
 /* The JPEG bytes tf_write_jpeg would write (malloc'd), *len their count. */

@@ -111,6 +111,13 @@ Test(checkpoint_names, a_training_checkpoint_loads_its_weights_without_an_optimi
   cr_assert_eq(kiln_checkpoint_load(path, p, NULL, meta), KILN_OK, "%s", th_err(ctx));
   cr_assert_str_eq(kiln_meta_get(meta, "epoch"), "4");
   kiln_meta_free(meta);
+  /* non-strict into a larger model: its own tensor stays, the optimizer state is passed over */
+  kiln_params *q = model(ctx, true);
+  kiln_load_options lo = {.non_strict = 1};
+  cr_assert_eq(kiln_params_load_with(q, path, &lo), KILN_OK, "%s", th_err(ctx));
+  cr_assert(lo.missing == 1 && lo.unexpected == 0, "missing %d, unexpected %d", lo.missing,
+            lo.unexpected);
+  kiln_params_free(q);
   /* the same tensor in a plain parameter file is an extra one */
   write_file(ctx, path, names, 3, false);
   cr_assert_eq(kiln_params_load(p, path), KILN_ERR_FORMAT);

@@ -51,6 +51,18 @@ Test(imagefolder, lists_classes_and_files_in_torchvision_order) {
   cr_assert_eq(mkdir(path, 0755), 0);
   snprintf(path, sizeof path, "%s/class_1/sub/extra.PNG", root);
   copy_file(from, path);
+  /* class 2: torchvision's order is by folder, then by name: z.png, then a/, a.b/, a/deep/ */
+  const char *dirs[] = {"class_2/a", "class_2/a.b", "class_2/a/deep"};
+  for (int i = 0; i < 3; i++) {
+    snprintf(path, sizeof path, "%s/%s", root, dirs[i]);
+    cr_assert_eq(mkdir(path, 0755), 0);
+  }
+  const char *extra[] = {"class_2/a/x.png", "class_2/a.b/y.png", "class_2/a/deep/w.png",
+                         "class_2/z.png"};
+  for (int i = 0; i < 4; i++) {
+    snprintf(path, sizeof path, "%s/%s", root, extra[i]);
+    copy_file(from, path);
+  }
   snprintf(path, sizeof path, "%s/.cache", root); /* a hidden folder is no class */
   cr_assert_eq(mkdir(path, 0755), 0);
   snprintf(path, sizeof path, "%s/README", root); /* a file beside the classes is none either */
@@ -61,21 +73,26 @@ Test(imagefolder, lists_classes_and_files_in_torchvision_order) {
       kiln_image_folder_open(ctx, root, &(kiln_image_folder_options){.quiet = 1});
   cr_assert_not_null(f, "%s", th_err(ctx));
   cr_assert_eq(kiln_image_folder_classes(f), 3);
-  cr_assert_eq(kiln_image_folder_size(f), 13);
+  cr_assert_eq(kiln_image_folder_size(f), 17);
   for (int c = 0; c < 3; c++) {
     snprintf(path, sizeof path, "class_%d", c);
     cr_assert_str_eq(kiln_image_folder_class_name(f, c), path);
   }
   cr_assert_null(kiln_image_folder_class_name(f, 3));
-  /* class 1: img_004..img_007, then sub/extra.PNG (sorted by path) */
-  const int labels[13] = {0, 0, 0, 0, 1, 1, 1, 1, 1, 2, 2, 2, 2};
-  for (int64_t i = 0; i < 13; i++)
+  /* class 1: img_004..img_007, then sub/extra.PNG; class 2 as said above */
+  const int labels[17] = {0, 0, 0, 0, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2};
+  for (int64_t i = 0; i < 17; i++)
     cr_assert_eq(kiln_image_folder_label(f, i), labels[i], "sample %lld", (long long)i);
   snprintf(path, sizeof path, "%s/class_1/sub/extra.PNG", root);
   cr_assert_str_eq(kiln_image_folder_path(f, 8), path);
-  snprintf(path, sizeof path, "%s/class_2/img_008.png", root);
-  cr_assert_str_eq(kiln_image_folder_path(f, 9), path);
-  cr_assert_null(kiln_image_folder_path(f, 13));
+  const char *order[] = {"class_2/img_008.png", "class_2/img_009.png", "class_2/img_010.png",
+                         "class_2/img_011.png", "class_2/z.png",       "class_2/a/x.png",
+                         "class_2/a.b/y.png",   "class_2/a/deep/w.png"};
+  for (int i = 0; i < 8; i++) {
+    snprintf(path, sizeof path, "%s/%s", root, order[i]);
+    cr_assert_str_eq(kiln_image_folder_path(f, 9 + i), path, "sample %d", 9 + i);
+  }
+  cr_assert_null(kiln_image_folder_path(f, 17));
   cr_assert_eq(kiln_image_folder_label(f, -1), -1);
   cr_assert_eq(kiln_image_folder_bad_count(f), 0);
   kiln_image_folder_free(f);
@@ -153,6 +170,50 @@ Test(imagefolder, gray_and_rgba_png_as_pil_converts_them) {
   cr_assert_eq(memcmp(px, rgb, 1800), 0, "RGBA's colour channels as written");
   free(px);
   free(rgb);
+  kiln_image_folder_free(f);
+  th_ctx_free(ctx);
+}
+
+Test(imagefolder, sixteen_bit_and_gamma_tagged_png_as_pil_reads_them) {
+  char root[256], path[1200];
+  th_tmpdir(root, sizeof root, "imgfolder-png16");
+  snprintf(path, sizeof path, "%s/a", root);
+  cr_assert_eq(mkdir(path, 0755), 0);
+  enum { R = 6, C = 7 };
+  uint8_t rgb16[R * C * 3 * 2], gray16[R * C * 2], rgb8[R * C * 3];
+  for (int i = 0; i < R * C * 3; i++) {
+    rgb16[2 * i] = (uint8_t)(i * 37 + 11); /* big-endian: the high byte first */
+    rgb16[2 * i + 1] = (uint8_t)(i * 91 + 5);
+    rgb8[i] = (uint8_t)(i * 53 + 7);
+  }
+  for (int i = 0; i < R * C; i++) {
+    gray16[2 * i] = (uint8_t)(i * 29 + 3);
+    gray16[2 * i + 1] = 0xff;
+  }
+  snprintf(path, sizeof path, "%s/a/0_rgb16.png", root);
+  tf_write_png_full(path, rgb16, R, C, 3, 16, 0);
+  snprintf(path, sizeof path, "%s/a/1_gray16_linear.png", root);
+  tf_write_png_full(path, gray16, R, C, 1, 16, 1.0);
+  snprintf(path, sizeof path, "%s/a/2_gamma.png", root);
+  tf_write_png_full(path, rgb8, R, C, 3, 8, 1 / 1.8);
+  kiln_ctx *ctx = cpu_ctx();
+  kiln_image_folder *f = kiln_image_folder_open(ctx, root, NULL);
+  cr_assert_not_null(f, "%s", th_err(ctx));
+  uint8_t *px;
+  int rows, cols;
+  /* 16-bit samples: their high byte; gamma chunks: ignored (libpng's simplified API would turn
+   * both to sRGB: a 128 would read 186) */
+  cr_assert_eq(kiln_image_folder_read(f, 0, &px, &rows, &cols), KILN_OK, "%s", th_err(ctx));
+  for (int i = 0; i < R * C * 3; i++)
+    cr_assert_eq(px[i], rgb16[2 * i], "16-bit RGB sample %d", i);
+  free(px);
+  cr_assert_eq(kiln_image_folder_read(f, 1, &px, &rows, &cols), KILN_OK, "%s", th_err(ctx));
+  for (int i = 0; i < R * C; i++)
+    cr_assert(px[3 * i] == gray16[2 * i] && px[3 * i + 2] == gray16[2 * i], "16-bit gray %d", i);
+  free(px);
+  cr_assert_eq(kiln_image_folder_read(f, 2, &px, &rows, &cols), KILN_OK, "%s", th_err(ctx));
+  cr_assert_eq(memcmp(px, rgb8, sizeof rgb8), 0, "a gAMA chunk changed the samples");
+  free(px);
   kiln_image_folder_free(f);
   th_ctx_free(ctx);
 }
@@ -417,12 +478,45 @@ Test(imagefolder, loader_epochs_plan_and_compile_without_a_gpu) {
     }
     kiln_image_loader_stats st = kiln_image_loader_stats_get(l);
     cr_assert_eq(st.images, v == 3 ? 24 : 30);
+    cr_assert_eq(st.threads, 1 + v);
     cr_assert_gt(st.bytes_copied, 0);
     kiln_image_loader_free(l);
   }
   kiln_exec_stats es;
   kiln_stats(ctx, &es);
   cr_assert_gt(es.kernels_compiled + es.cache_hits, 0);
+  /* a wide training crop (width > height * 8 / 7: resize plays no part in training) */
+  kiln_image_loader *wide =
+      kiln_image_loader_new(f, &(kiln_image_loader_options){.batch = 5, .height = 16, .width = 24});
+  cr_assert_not_null(wide, "%s", th_err(ctx));
+  kiln_image_loader_free(wide);
+  /* a step that fails gives its batch back: the epoch still has all its batches */
+  kiln_image_loader *l = kiln_image_loader_new(f, &(kiln_image_loader_options){.batch = 5});
+  cr_assert_not_null(l, "%s", th_err(ctx));
+  kiln_tensor *x, *y;
+  kiln_step_begin(ctx);
+  cr_assert_eq(kiln_image_loader_next(l, &x, &y), 1, "%s", th_err(ctx));
+  cr_assert_null(kiln_matmul(x, y), "a bad op fails the step");
+  cr_assert_neq(kiln_step_end(ctx), KILN_OK);
+  kiln_ctx_clear_error(ctx);
+  int batches = 0;
+  for (;;) {
+    kiln_step_begin(ctx);
+    if (!kiln_image_loader_next(l, &x, &y)) break;
+    cr_assert_eq(kiln_step_end(ctx), KILN_OK, "%s", th_err(ctx));
+    batches++;
+  }
+  kiln_step_end(ctx);
+  cr_assert_eq(batches, 3, "the failed step's batch came back");
+  /* misuse: NULL outputs, and the folder freed before its loader */
+  cr_assert_eq(kiln_image_loader_next(l, NULL, &y), 0);
+  cr_assert(strstr(th_err(ctx), "NULL x or y"), "%s", th_err(ctx));
+  kiln_ctx_clear_error(ctx);
+  kiln_image_folder_free(f);
+  cr_assert(strstr(th_err(ctx), "loaders of the folder are alive"), "%s", th_err(ctx));
+  kiln_ctx_clear_error(ctx);
+  cr_assert_eq(kiln_image_folder_size(f), 15, "the folder was kept");
+  kiln_image_loader_free(l);
   kiln_image_folder_free(f);
   th_ctx_free(ctx);
 }

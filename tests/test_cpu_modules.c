@@ -178,6 +178,9 @@ Test(modules, bad_options_and_names_leave_the_container_as_it_was) {
   kiln_module *lin = kiln_seq_linear(net, &(kiln_linear_module_options){.in = 2, .out = 3});
   cr_assert_not_null(lin, "%s", th_err(ctx));
   cr_assert_str_eq(kiln_params_name(p, 0), "1.weight");
+  kiln_module_free(lin); /* a child: an error, and nothing freed */
+  cr_assert(strstr(th_err(ctx), "'1' is a child of a container"), "%s", th_err(ctx));
+  kiln_ctx_clear_error(ctx);
   kiln_module_free(net);
   kiln_params_free(p);
   th_ctx_free(ctx);
