@@ -29,7 +29,12 @@
  *
  * As airbench94, the whitening layer's bias trains for the first 3 epochs only, and every 5 steps
  * a lookahead pulls the weights towards their running average (the model ends on the averages).
- * Not here: the Muon optimizer of airbench94_muon (make_optimizers is where it would go).
+ * --recipe muon is airbench94_muon's instead (KellerJordan/cifar10-airbench, airbench94_muon.py):
+ * the same net, its output scaled by 1/256 and its head's weight scaled to unit deviation at
+ * init, batch 2000 for 8 epochs, Muon (Newton-Schulz in bf16, three steps, weights normalised)
+ * for the convolution filters, SGD with Nesterov momentum for the norms' biases and the head (and,
+ * with a rate of its own that falls to 0 in 3 epochs, the whitening's bias), every rate falling
+ * linearly to 0, and no lookahead. Its constants are below the SGD recipe's, marked by source.
  * Whatever this prints was measured.
  *
  * The training time printed is the wall time of the training steps, synchronised with the GPU,
@@ -74,6 +79,19 @@
 #define LOOKAHEAD_EVERY 5      /* the lookahead's period in steps ... */
 #define LOOKAHEAD_DECAY 0.95   /* ... and its decay, 0.95^5 (t / total)^3 at step t */
 static const int64_t widths[3] = {64, 256, 256}; /* widths block1..3 */
+/* airbench94_muon.py's main() and CifarNet (--recipe muon); the rest as above */
+#define MUON_BATCH 2000               /* batch_size */
+#define MUON_EPOCHS 8.0               /* total_train_steps = ceil(8 * len(train_loader)) */
+#define MUON_BIAS_LR 0.053            /* bias_lr: the whitening's and the norms' biases */
+#define MUON_HEAD_LR 0.67             /* head_lr */
+#define MUON_WD_PER_EXAMPLE 2e-6      /* wd = 2e-6 * batch_size, SGD's weight_decay wd / lr */
+#define MUON_SGD_MOMENTUM 0.85f       /* SGD(momentum=0.85, nesterov=True) */
+#define MUON_LR 0.24f                 /* Muon(lr=0.24, momentum=0.6, nesterov=True) */
+#define MUON_MOMENTUM 0.6f            /* ... */
+#define MUON_NS_STEPS 3               /* zeropower_via_newtonschulz5(G, steps=3), in bf16 */
+#define MUON_OUTPUT_SCALE (1.f / 256) /* self.head(x) / x.size(-1) */
+
+typedef enum recipe { RECIPE_SGD = 0, RECIPE_MUON } recipe;
 /* airbench's CIFAR_MEAN and CIFAR_STD, per channel (red, green, blue) */
 static const float cifar_mean[3] = {0.4914f, 0.4822f, 0.4465f};
 static const float cifar_std[3] = {0.2470f, 0.2435f, 0.2616f};
@@ -90,16 +108,22 @@ typedef struct model {
   kiln_conv2d_layer whiten;
   group g[3];
   kiln_linear head;
-  int bf16; /* the forward pass in a bf16 autocast region (--f32: not) */
+  int bf16;           /* the forward pass in a bf16 autocast region (--f32: not) */
+  float output_scale; /* the logits' scale: OUTPUT_SCALE or MUON_OUTPUT_SCALE */
 } model;
 
-/* The optimizers and the rate each starts from; one SGD for everything today. */
+/* The optimizers and the rate each starts from: one SGD for everything (--recipe sgd), or SGD
+ * for the norms' biases and the head, SGD for the whitening's bias and Muon for the filters
+ * (--recipe muon). */
 typedef struct optimizers {
-  kiln_optim *sgd;
+  recipe recipe;
+  kiln_optim *sgd, *whiten_sgd, *muon;
   float sgd_lr;
+  int64_t whiten_steps; /* muon: the whitening's bias is stepped before this step only */
 } optimizers;
 
 typedef struct config {
+  recipe recipe;
   double epochs;
   int nseeds;
   int f32; /* --f32: no bf16 autocast */
@@ -129,14 +153,15 @@ static void die(kiln_ctx *ctx, const char *what) {
 
 static void usage(const char *argv0, int status) {
   fprintf(status ? stderr : stdout,
-          "usage: %s [DATA_DIR] [--epochs F] [--batch N] [--seed N] [--seeds N] [--save PATH]\n"
-          "          [--resume PATH] [--eval-only PATH] [--log PATH] [--cache DIR] [--no-cache]\n"
-          "          [--f32]\n"
+          "usage: %s [DATA_DIR] [--recipe sgd|muon] [--epochs F] [--batch N] [--seed N]\n"
+          "          [--seeds N] [--save PATH] [--resume PATH] [--eval-only PATH] [--log PATH]\n"
+          "          [--cache DIR] [--no-cache] [--f32]\n"
           "\n"
           "  DATA_DIR          the CIFAR-10 binary batches, raw, .gz or .xz (default "
           "$KILN_CIFAR10)\n"
-          "  --epochs F        epochs, a fraction allowed (default %g, airbench94's)\n"
-          "  --batch N         training batch (default %d)\n"
+          "  --recipe R        sgd (airbench94's, the default) or muon (airbench94_muon's)\n"
+          "  --epochs F        epochs, a fraction allowed (default %g, airbench94's; muon %g)\n"
+          "  --batch N         training batch (default %d; muon %d)\n"
           "  --seed N          seeds initialisation and shuffling (default 0)\n"
           "  --seeds N         train N times (seeds seed .. seed+N-1); print the medians\n"
           "  --save PATH       write a training checkpoint after every epoch\n"
@@ -147,7 +172,7 @@ static void usage(const char *argv0, int status) {
           "                    else ~/.cache/kiln)\n"
           "  --no-cache        decode the files every time\n"
           "  --f32             train in f32 (default: the forward pass in bf16 autocast)\n",
-          argv0, EPOCHS, BATCH);
+          argv0, EPOCHS, MUON_EPOCHS, BATCH, MUON_BATCH);
   exit(status);
 }
 
@@ -171,12 +196,34 @@ static kiln_status dirac_first_filters(kiln_tensor *w) {
   return st;
 }
 
+/* w scaled to a standard deviation of 1 (torch's std: unbiased). */
+static kiln_status unit_std(kiln_tensor *w) {
+  int64_t n = kiln_tensor_numel(w);
+  float *h = malloc((size_t)n * sizeof *h);
+  if (!h) return KILN_ERR_OOM;
+  kiln_status st = kiln_tensor_to_host(w, h, (size_t)n * sizeof *h);
+  if (st == KILN_OK) {
+    double sum = 0, dev = 0;
+    for (int64_t i = 0; i < n; i++)
+      sum += h[i];
+    for (int64_t i = 0; i < n; i++)
+      dev += (h[i] - sum / n) * (h[i] - sum / n);
+    double sd = sqrt(dev / (double)(n - 1));
+    for (int64_t i = 0; i < n; i++)
+      h[i] = (float)(h[i] / sd);
+    st = kiln_tensor_copy_from_host(w, h, (size_t)n * sizeof *h);
+  }
+  free(h);
+  return st;
+}
+
 /* The model, its parameters named "whiten.weight", "block1.conv1.weight", "block1.norm1.bias",
  * ..., "head.weight". The whitening filters are computed from whiten_images (n, 32, 32, 3)
  * bytes; *whiten_s gets the time that took. */
-static kiln_status model_init(model *m, kiln_ctx *ctx, const kiln_cifar10 *whiten_images,
+static kiln_status model_init(model *m, kiln_ctx *ctx, const kiln_cifar10 *whiten_images, recipe rc,
                               double *whiten_s) {
   memset(m, 0, sizeof *m);
+  m->output_scale = rc == RECIPE_MUON ? MUON_OUTPUT_SCALE : OUTPUT_SCALE;
   m->params = kiln_params_new(ctx);
   if (!m->params) return kiln_ctx_status(ctx);
   const kiln_conv2d_options pad1 = {.pad_h = 1, .pad_w = 1};
@@ -208,6 +255,8 @@ static kiln_status model_init(model *m, kiln_ctx *ctx, const kiln_cifar10 *white
     cin = w;
   }
   if ((st = kiln_linear_init(&m->head, m->params, "head", widths[2], 10, 0))) return st;
+  /* airbench94_muon's CifarNet.reset: w *= 1 / w.std() */
+  if (rc == RECIPE_MUON && (st = unit_std(m->head.weight))) return st;
 
   /* the whitening layer: set from the first training images, normalised as the data set, and
    * frozen */
@@ -250,7 +299,7 @@ static kiln_tensor *forward(const model *m, kiln_tensor *x) {
   }
   h = kiln_global_max_pool2d(h); /* (B, 256) */
   kiln_tensor *logits =
-      kiln_mul_scalar(kiln_linear_forward(&m->head, h), OUTPUT_SCALE); /* (B, 10) */
+      kiln_mul_scalar(kiln_linear_forward(&m->head, h), m->output_scale); /* (B, 10) */
   if (m->bf16) kiln_autocast_end(ctx);
   return logits;
 }
@@ -373,27 +422,82 @@ static int select_frozen(const char *name, const kiln_tensor *t, void *user) {
   return !kiln_tensor_requires_grad(t);
 }
 
+/* Selects the trained convolution filters (4-D: the whitening's are frozen). */
+static int select_filter(const char *name, const kiln_tensor *t, void *user) {
+  (void)name;
+  (void)user;
+  return kiln_tensor_requires_grad(t) && kiln_tensor_shape(t).ndim == 4;
+}
+
+static int select_not_filter(const char *name, const kiln_tensor *t, void *user) {
+  return !select_filter(name, t, user);
+}
+
+static int select_not_whiten_bias(const char *name, const kiln_tensor *t, void *user) {
+  (void)t;
+  (void)user;
+  return strcmp(name, "whiten.bias") != 0;
+}
+
+/* Dies unless group call n put `want` parameters in it. */
+static void group_holds(kiln_ctx *ctx, int n, int want, const char *what) {
+  if (n == want) return;
+  if (n < 0) die(ctx, "making the optimizer's groups");
+  fprintf(stderr, "cifar10: the group of %s holds %d parameters, not %d\n", what, n, want);
+  exit(1);
+}
+
 /* The optimizers: airbench94's SGD with Nesterov momentum for every trained parameter, batch
  * norm's biases in a group of their own (rate x BIAS_SCALER, weight decay / BIAS_SCALER), the
- * frozen ones left out. airbench94_muon gives the convolution filters to Muon instead: a second
- * optimizer, made here, stepped in optimizers_step. */
-static optimizers make_optimizers(kiln_ctx *ctx, const model *m, int64_t batch) {
-  optimizers o = {0};
+ * frozen ones left out; or airbench94_muon's three (see optimizers). */
+static optimizers make_optimizers(kiln_ctx *ctx, const model *m, int64_t batch, recipe rc,
+                                  int64_t steps_per_epoch) {
+  optimizers o = {.recipe = rc};
+  kiln_param_group exclude = {.exclude = 1};
+  if (rc == RECIPE_MUON) {
+    /* torch.optim.SGD's L2 decay wd / lr per group: the step's decay is lr (wd / lr) = wd */
+    double wd = MUON_WD_PER_EXAMPLE * (double)batch;
+    o.sgd_lr = (float)MUON_BIAS_LR;
+    kiln_sgd_options so = {.lr = o.sgd_lr,
+                           .momentum = MUON_SGD_MOMENTUM,
+                           .weight_decay = (float)(wd / MUON_BIAS_LR),
+                           .nesterov = 1};
+    o.sgd = kiln_sgd_new(m->params, &so);
+    o.whiten_sgd = kiln_sgd_new(m->params, &so);
+    o.muon = kiln_muon_new(m->params, &(kiln_muon_options){.lr = MUON_LR,
+                                                           .momentum = MUON_MOMENTUM,
+                                                           .weight_decay = KILN_ZERO,
+                                                           .ns_steps = MUON_NS_STEPS,
+                                                           .adjust_lr = KILN_MUON_ADJUST_NONE,
+                                                           .normalize_weight = 1,
+                                                           .ns_dtype = KILN_DTYPE_BF16});
+    if (!o.sgd || !o.whiten_sgd || !o.muon) die(ctx, "making the optimizers");
+    kiln_param_group head = {.lr_scale = (float)(MUON_HEAD_LR / MUON_BIAS_LR),
+                             .weight_decay = (float)(wd / MUON_HEAD_LR)};
+    /* SGD: the norms' biases and the head; the whitening's bias has an optimizer of its own (its
+     * rate falls to 0 in WHITEN_BIAS_EPOCHS), the filters go to Muon */
+    group_holds(ctx, kiln_optim_add_group(o.sgd, kiln_select_prefix, "head.weight", &head), 1,
+                "the head");
+    group_holds(ctx, kiln_optim_add_group(o.sgd, select_frozen, NULL, &exclude), 7, "frozen");
+    group_holds(ctx, kiln_optim_add_group(o.sgd, select_filter, NULL, &exclude), 6, "filters");
+    group_holds(ctx, kiln_optim_add_group(o.sgd, kiln_select_prefix, "whiten.bias", &exclude), 1,
+                "the whitening's bias");
+    group_holds(ctx, kiln_optim_add_group(o.whiten_sgd, select_not_whiten_bias, NULL, &exclude),
+                kiln_params_count(m->params) - 1 - 12, "all but the whitening's bias");
+    group_holds(ctx, kiln_optim_add_group(o.muon, select_not_filter, NULL, &exclude),
+                kiln_params_count(m->params) - 6 - 12, "all but the filters");
+    o.whiten_steps = WHITEN_BIAS_EPOCHS * steps_per_epoch;
+    return o;
+  }
   float wd;
   sgd_rates(batch, &o.sgd_lr, &wd);
   kiln_sgd_options so = {.lr = o.sgd_lr, .momentum = MOMENTUM, .weight_decay = wd, .nesterov = 1};
   o.sgd = kiln_sgd_new(m->params, &so);
   if (!o.sgd) die(ctx, "making the optimizer");
   kiln_param_group biases = {.lr_scale = BIAS_SCALER, .weight_decay = wd / BIAS_SCALER};
-  int nb = kiln_optim_add_group(o.sgd, select_norm_bias, NULL, &biases);
-  int nf = kiln_optim_add_group(o.sgd, select_frozen, NULL, &(kiln_param_group){.exclude = 1});
-  if (nb < 0 || nf < 0) die(ctx, "making the optimizer's groups");
-  if (nb != 6 || nf != 7) { /* the six norms' biases; the whitening and the norms' weights */
-    fprintf(stderr,
-            "cifar10: the groups hold %d norm biases and %d frozen parameters, not 6 and 7\n", nb,
-            nf);
-    exit(1);
-  }
+  /* the six norms' biases; the whitening and the norms' weights */
+  group_holds(ctx, kiln_optim_add_group(o.sgd, select_norm_bias, NULL, &biases), 6, "norm biases");
+  group_holds(ctx, kiln_optim_add_group(o.sgd, select_frozen, NULL, &exclude), 7, "frozen");
   return o;
 }
 
@@ -406,14 +510,36 @@ static double lr_factor(int64_t t, int64_t total) {
   return 1.0 + (LR_END - 1.0) * (double)(t - peak) / (double)(total - peak);
 }
 
-/* Records the update of step t of total (the rates are step values: no new graph). */
+/* Records the update of step t of total (the rates are step values: no new graph). muon: every
+ * rate falls linearly to 0 at the end, the whitening's bias's at o->whiten_steps. */
 static void optimizers_step(optimizers *o, int64_t t, int64_t total) {
+  if (o->recipe == RECIPE_MUON) {
+    double fall = 1.0 - (double)t / (double)total;
+    kiln_optim_set_lr(o->sgd, (float)(o->sgd_lr * fall));
+    kiln_optim_set_lr(o->muon, (float)(MUON_LR * fall));
+    kiln_optim_step(o->sgd);
+    kiln_optim_step(o->muon);
+    if (t < o->whiten_steps) {
+      kiln_optim_set_lr(o->whiten_sgd, (float)(o->sgd_lr * (1.0 - (double)t / o->whiten_steps)));
+      kiln_optim_step(o->whiten_sgd);
+    }
+    return;
+  }
   kiln_optim_set_lr(o->sgd, (float)(o->sgd_lr * lr_factor(t, total)));
   kiln_optim_step(o->sgd);
 }
 
-static void optimizers_zero_grad(optimizers *o) { kiln_optim_zero_grad(o->sgd); }
-static void optimizers_free(optimizers *o) { kiln_optim_free(o->sgd); }
+static void optimizers_zero_grad(optimizers *o) {
+  kiln_optim_zero_grad(o->sgd);
+  if (o->whiten_sgd) kiln_optim_zero_grad(o->whiten_sgd);
+  if (o->muon) kiln_optim_zero_grad(o->muon);
+}
+
+static void optimizers_free(optimizers *o) {
+  kiln_optim_free(o->sgd);
+  kiln_optim_free(o->whiten_sgd);
+  kiln_optim_free(o->muon);
+}
 
 /* ---------------------------------------------------------------- evaluation */
 
@@ -462,6 +588,7 @@ static void save_checkpoint(kiln_ctx *ctx, const config *c, const model *m, cons
 /* The whitening's bias stops training (after WHITEN_BIAS_EPOCHS epochs). */
 static void freeze_whiten_bias(kiln_ctx *ctx, model *m, optimizers *o) {
   kiln_tensor_set_requires_grad(m->whiten.bias, 0);
+  if (o->recipe == RECIPE_MUON) return; /* its own optimizer is stepped no more */
   if (kiln_optim_add_group(o->sgd, kiln_select_prefix, "whiten.bias",
                            &(kiln_param_group){.exclude = 1}) != 1)
     die(ctx, "freezing the whitening's bias");
@@ -512,13 +639,14 @@ static result run(kiln_ctx *ctx, const config *c, kiln_dataset *train,
   kiln_manual_seed(ctx, seed);
   kiln_set_training(ctx, 1);
   model m;
-  if (model_init(&m, ctx, whiten_images, &r.whiten_s) != KILN_OK) die(ctx, "making the model");
+  if (model_init(&m, ctx, whiten_images, c->recipe, &r.whiten_s) != KILN_OK)
+    die(ctx, "making the model");
   m.bf16 = !c->f32;
-  optimizers opt = make_optimizers(ctx, &m, c->batch);
   /* airbench drops the last, partial batch: every step has one signature, one graph */
   kiln_loader *loader = kiln_loader_new(train, c->batch, 1, seed, 1);
   if (!loader) die(ctx, "making the loader");
   int64_t steps_per_epoch = kiln_loader_batches(loader);
+  optimizers opt = make_optimizers(ctx, &m, c->batch, c->recipe, steps_per_epoch);
   int64_t total_steps = (int64_t)ceil((double)steps_per_epoch * c->epochs - 1e-9);
   int nepochs = (int)ceil(c->epochs - 1e-9);
   int64_t step = 0;
@@ -534,7 +662,17 @@ static result run(kiln_ctx *ctx, const config *c, kiln_dataset *train,
               c->eval_only, r.acc, r.acc_tta);
     goto done;
   }
-  if (verbose > 0) {
+  if (verbose > 0 && c->recipe == RECIPE_MUON) {
+    printf("airbench94_muon net, %s (%lld parameters, %lld trained), batch %lld, %g epochs (%lld "
+           "steps), Muon lr %g momentum %g (Nesterov, %d bf16 Newton-Schulz steps) for the "
+           "filters, SGD Nesterov momentum %g lr %g (head %g) weight decay %g per step, label "
+           "smoothing %g, seed %llu%s\n",
+           c->f32 ? "f32" : "bf16 autocast", (long long)kiln_params_numel(m.params),
+           (long long)trained_numel(&m), (long long)c->batch, c->epochs, (long long)total_steps,
+           MUON_LR, MUON_MOMENTUM, MUON_NS_STEPS, MUON_SGD_MOMENTUM, MUON_BIAS_LR, MUON_HEAD_LR,
+           MUON_WD_PER_EXAMPLE * (double)c->batch, LABEL_SMOOTHING, (unsigned long long)seed,
+           c->nseeds > 1 ? " (and on)" : "");
+  } else if (verbose > 0) {
     float lr, wd;
     sgd_rates(c->batch, &lr, &wd);
     printf("airbench94 net, %s (%lld parameters, %lld trained), batch %lld, %g epochs (%lld "
@@ -546,8 +684,9 @@ static result run(kiln_ctx *ctx, const config *c, kiln_dataset *train,
            c->nseeds > 1 ? " (and on)" : "");
   }
 
-  lookahead la;
-  lookahead_init(&la, ctx, &m);
+  lookahead la = {0}; /* airbench94's; airbench94_muon has none */
+  int lookahead_on = c->recipe == RECIPE_SGD;
+  if (lookahead_on) lookahead_init(&la, ctx, &m);
   double t_start = now_s();
   int timed_first = 0;
   for (int epoch = first_epoch; epoch <= nepochs && step < total_steps; epoch++) {
@@ -568,7 +707,8 @@ static result run(kiln_ctx *ctx, const config *c, kiln_dataset *train,
       optimizers_zero_grad(&opt);
       kiln_backward(loss);
       optimizers_step(&opt, step, total_steps);
-      if (step % LOOKAHEAD_EVERY == 0) lookahead_update(&la, lookahead_decay(step, total_steps));
+      if (lookahead_on && step % LOOKAHEAD_EVERY == 0)
+        lookahead_update(&la, lookahead_decay(step, total_steps));
       if (kiln_step_end(ctx) != KILN_OK) die(ctx, "training step");
       last_batch = kiln_tensor_dim(x, 0);
       step++;
@@ -606,7 +746,7 @@ static result run(kiln_ctx *ctx, const config *c, kiln_dataset *train,
     }
     if (c->save) save_checkpoint(ctx, c, &m, &opt, epoch, step);
   }
-  if (step > 0) { /* the model takes the lookahead's averages (part of the training time) */
+  if (lookahead_on && step > 0) { /* the model takes the lookahead's averages (timed) */
     double t0 = now_s();
     kiln_step_begin(ctx);
     lookahead_update(&la, 1.f);
@@ -637,8 +777,9 @@ static double median(double *v, int n) {
 int main(int argc, char **argv) {
   const char *dir = NULL, *cache = NULL, *log_path = NULL;
   int no_cache = 0;
-  config c = {.epochs = EPOCHS, .batch = BATCH, .nseeds = 1};
+  config c = {.epochs = 0, .batch = 0, .nseeds = 1};
   uint64_t seed = 0;
+  int epochs_given = 0, batch_given = 0;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
     if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) usage(argv[0], 0);
@@ -653,9 +794,11 @@ int main(int argc, char **argv) {
     if (!v) usage(argv[0], 2);
     i++;
     if (strcmp(a, "--epochs") == 0)
-      c.epochs = strtod(v, NULL);
+      c.epochs = strtod(v, NULL), epochs_given = 1;
     else if (strcmp(a, "--batch") == 0)
-      c.batch = atoll(v);
+      c.batch = atoll(v), batch_given = 1;
+    else if (strcmp(a, "--recipe") == 0 && (!strcmp(v, "sgd") || !strcmp(v, "muon")))
+      c.recipe = strcmp(v, "muon") == 0 ? RECIPE_MUON : RECIPE_SGD;
     else if (strcmp(a, "--seed") == 0)
       seed = strtoull(v, NULL, 0);
     else if (strcmp(a, "--seeds") == 0)
@@ -672,6 +815,13 @@ int main(int argc, char **argv) {
       cache = v;
     else
       usage(argv[0], 2);
+  }
+  if (!epochs_given) c.epochs = c.recipe == RECIPE_MUON ? MUON_EPOCHS : EPOCHS;
+  if (!batch_given) c.batch = c.recipe == RECIPE_MUON ? MUON_BATCH : BATCH;
+  if (c.recipe == RECIPE_MUON && (c.save || c.resume)) {
+    fprintf(stderr, "cifar10: --save and --resume take --recipe sgd: a checkpoint holds one "
+                    "optimizer, and --recipe muon has three (--eval-only reads its weights)\n");
+    return 2;
   }
   if (!(c.epochs > 0 && c.epochs <= 1000) || c.batch < 1 || c.nseeds < 1 || c.nseeds > 1000) {
     fprintf(stderr,

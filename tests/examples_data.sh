@@ -5,8 +5,8 @@
 # loading the missing weights file given to --eval-only with one). Given a folder without the
 # files, they say so first, naming it. cifar10 says so without a folder or with an empty one and,
 # where $KILN_CIFAR10_SAMPLE names the CIFAR-10 sample, gets past it, decoding it into its cache
-# and then reading the cache, and decoding it again when the cache is corrupted. Every message
-# ends with its newline.
+# and then reading the cache, and decoding it again when the cache is corrupted; --recipe muon
+# gets as far, and its flags' errors are usage errors. Every message ends with its newline.
 set -euo pipefail
 build="$(cd "$1" && pwd)"
 work="$(mktemp -d)"
@@ -85,6 +85,18 @@ if [ -n "${KILN_CIFAR10_SAMPLE:-}" ]; then
   run cifar10 "$KILN_CIFAR10_SAMPLE" --cache "$work/cache" --eval-only "$work/none.safetensors"
   past_data
   grep -q "not using the cache $cached: 5000 bytes for 1000 images" "$work/out" || fail "cifar10 used a truncated cache"
+  # airbench94_muon's recipe: its batch is the sample's 1000 images at most; the flags' errors
+  run cifar10 "$KILN_CIFAR10_SAMPLE" --cache "$work/cache" --recipe muon --batch 500 \
+    --eval-only "$work/none.safetensors"
+  past_data
+  run cifar10 --recipe muon --save "$work/ckpt.safetensors"
+  [ "$rc" -eq 2 ] || fail "cifar10 --recipe muon --save exited with $rc, not 2"
+  case "$err" in
+  "cifar10: --save and --resume take --recipe sgd"*) ;;
+  *) fail "cifar10: --recipe muon --save: unexpected message" ;;
+  esac
+  run cifar10 --recipe adam
+  [ "$rc" -eq 2 ] || fail "cifar10 --recipe adam exited with $rc, not 2"
 else
   echo "examples_data: KILN_CIFAR10_SAMPLE is not set: cifar10 on the sample not run"
 fi
