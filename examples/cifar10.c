@@ -75,6 +75,7 @@
 #define EVAL_BATCH 2000        /* airbench's test batch */
 #define TRANSLATE 2            /* aug: translate */
 #define TTA_LEVEL 2            /* tta_level: the mirror image and two views translated by a pixel */
+#define TTA_BAR 0.923          /* airbench94's 94.0% is 92.3% on this project's data (README) */
 #define WHITEN_BIAS_EPOCHS 3   /* whiten_bias_epochs: the whitening's bias trains this long */
 #define LOOKAHEAD_EVERY 5      /* the lookahead's period in steps ... */
 #define LOOKAHEAD_DECAY 0.95   /* ... and its decay, 0.95^5 (t / total)^3 at step t */
@@ -930,14 +931,18 @@ int main(int argc, char **argv) {
              r.first_s, r.compile_ms, r.whiten_s);
     else {
       double lo = tta[0], hi = tta[0];
-      for (int k = 1; k < c.nseeds; k++) {
+      int reached = 0; /* airbench's bar on this data set (94.0% on the original files) */
+      for (int k = 0; k < c.nseeds; k++) {
         lo = tta[k] < lo ? tta[k] : lo;
         hi = tta[k] > hi ? tta[k] : hi;
+        reached += tta[k] >= TTA_BAR;
       }
       printf("final: median of %d seeds: test accuracy %.2f%%, with TTA %.2f%% (min %.2f%%, "
-             "max %.2f%%); training %.3f s cold, %.3f s warm; whitening init %.3f s on the host\n",
+             "max %.2f%%; %d of %d seeds at %.1f%% or more); training %.3f s cold, %.3f s warm; "
+             "whitening init %.3f s on the host\n",
              c.nseeds, 100 * median(acc, c.nseeds), 100 * median(tta, c.nseeds), 100 * lo, 100 * hi,
-             median(cold, c.nseeds), median(warm, c.nseeds), median(whiten, c.nseeds));
+             reached, c.nseeds, 100 * TTA_BAR, median(cold, c.nseeds), median(warm, c.nseeds),
+             median(whiten, c.nseeds));
     }
   }
   if (c.log) fclose(c.log);
