@@ -518,7 +518,7 @@ kiln_status kiln__upload_wait(kiln_ctx *ctx, void *event, const char *fn);
  * that replaces a persistent buffer its steps read (their graphs would never replay again). */
 void kiln__forget_step_graphs(kiln_ctx *ctx);
 void kiln__event_free(void *event);
-/* The image folder's images to the network's input (data/imagefolder.c): raw (bytes / 4) i32
+/* The image folder's images to the network's input (data/imageloader.c): raw (bytes / 4) i32
  * holds 8-bit RGB pixels, table (N, KILN__RESIZE_COLS) i32 a row per image (KILN__RZ_*:
  * where its staged pixels start in raw and how they map onto the output), mean and std per
  * channel; gives (N, height, width, 3) of dtype dt (f32 or bf16). Image n's source is an image

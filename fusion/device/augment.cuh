@@ -66,7 +66,7 @@ KILN__FN void kiln_augment(const T *x, const int *idx, T *y, typename G::ix e,
 }
 
 /*
- * The image loader's batch to the network's input (kiln__resize_crop, data/imagefolder.c): one
+ * The image loader's batch to the network's input (kiln__resize_crop, data/imageloader.c): one
  * call makes the three channels of output pixel e of y (N, G::OH, G::OW, 3). Image n's row of
  * the table (G::COLS ints, its columns named by G::OFF and the rest) says where its staged 8-bit
  * RGB pixels start in raw and how its source (rows x cols) maps onto the output: resized to
