@@ -88,10 +88,7 @@ void kiln__engine_free_graphs(kiln_ctx *ctx) {
 void kiln__engine_step_begin(kiln_ctx *ctx) {
   kiln__fusion *fs = ctx->fusion_state;
   if (!fs) return;
-  if (fs->drop_graphs && ctx->has_gpu) {
-    (void)cudaStreamSynchronize(ctx->stream); /* their last replays finish first */
-    kiln__graphs_free(ctx);
-  }
+  if (fs->drop_graphs) kiln__engine_free_graphs(ctx);
   fs->drop_graphs = false;
 }
 

@@ -140,11 +140,17 @@ Test(imagefolder, reads_png_exactly_and_jpeg_within_quantisation) {
   th_ctx_free(ctx);
 }
 
-Test(imagefolder, gray_and_rgba_png_as_pil_converts_them) {
-  char root[256], path[1200];
-  th_tmpdir(root, sizeof root, "imgfolder-color");
+/* A fresh folder (in root) holding one empty class folder, "a". */
+static void one_class(char *root, size_t n, const char *what) {
+  char path[1200];
+  th_tmpdir(root, n, what);
   snprintf(path, sizeof path, "%s/a", root);
   cr_assert_eq(mkdir(path, 0755), 0);
+}
+
+Test(imagefolder, gray_and_rgba_png_as_pil_converts_them) {
+  char root[256], path[1200];
+  one_class(root, sizeof root, "imgfolder-color");
   uint8_t *rgb = tf_cifar_image(3, 20, 30);
   uint8_t gray[600], rgba[2400];
   for (int i = 0; i < 600; i++) {
@@ -176,9 +182,7 @@ Test(imagefolder, gray_and_rgba_png_as_pil_converts_them) {
 
 Test(imagefolder, sixteen_bit_and_gamma_tagged_png_as_pil_reads_them) {
   char root[256], path[1200];
-  th_tmpdir(root, sizeof root, "imgfolder-png16");
-  snprintf(path, sizeof path, "%s/a", root);
-  cr_assert_eq(mkdir(path, 0755), 0);
+  one_class(root, sizeof root, "imgfolder-png16");
   enum { R = 6, C = 7 };
   uint8_t rgb16[R * C * 3 * 2], gray16[R * C * 2], rgb8[R * C * 3];
   for (int i = 0; i < R * C * 3; i++) {
