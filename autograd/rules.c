@@ -406,3 +406,49 @@ void kiln__grad_index_select(kiln__bw *b, const kiln__node *n, kiln_tensor *g, k
     gin[0] = kiln__index_add(g, n->in[1], KILN__U(n, INDEX_SELECT, start), n->in[0]->shape[0],
                              "kiln_backward");
 }
+
+/* A custom op's gradient: the op's backward (include/kiln_custom.h) records it with kiln's ops;
+ * every input that needs a gradient must get one of its shape. */
+void kiln__grad_custom(kiln__bw *b, const kiln__node *n, kiln_tensor *g, kiln_tensor **gin) {
+  (void)b;
+  kiln_ctx *ctx = n->out->ctx;
+  const kiln_custom_op *op = kiln__custom_of(ctx, n);
+  const char *name = op->o.name;
+  int32_t at = n->out->node;
+  int64_t par[KILN_CUSTOM_PARAMS];
+  for (int k = 0; k < KILN_CUSTOM_PARAMS; k++)
+    par[k] = KILN__IA(n, CUSTOM, param, k);
+  kiln_custom_call c = {
+      .op = op, .nin = n->nin, .in = n->in, .out = n->out, .param = par, .user = op->o.user};
+  kiln_tensor *grads[KILN__MAX_IN] = {0};
+  KILN_ASSERT(op->o.backward); /* kiln_custom refuses a call that needs it without one */
+  kiln_status s = op->o.backward(&c, g, grads);
+  if (!kiln__ok(ctx)) return;
+  if (s != KILN_OK) {
+    kiln__error(ctx, s, "kiln_backward: custom op '%s' (node #%d): its backward returned %s", name,
+                at, kiln_status_name(s));
+    return;
+  }
+  for (int q = 0; q < n->nin; q++) {
+    if (!NEED(q)) continue;
+    char sh[96], gs[96];
+    kiln_tensor *gq = grads[q];
+    if (!gq) {
+      kiln__error(ctx, KILN_ERR_STATE,
+                  "kiln_backward: custom op '%s' (node #%d): its backward gave no gradient for "
+                  "input %d (%s), which requires grad",
+                  name, at, q, kiln__shape_of(n->in[q], sh, sizeof sh));
+      return;
+    }
+    if (!kiln__check(ctx, gq, "kiln_backward")) return;
+    if (!kiln__same_shape(gq, n->in[q]) || !kiln__is_float(gq->dtype)) {
+      kiln__error(ctx, KILN_ERR_SHAPE,
+                  "kiln_backward: custom op '%s' (node #%d): its backward gave a gradient of "
+                  "%s %s for input %d, which is %s %s",
+                  name, at, kiln__shape_of(gq, gs, sizeof gs), kiln_dtype_name(gq->dtype), q,
+                  kiln__shape_of(n->in[q], sh, sizeof sh), kiln_dtype_name(n->in[q]->dtype));
+      return;
+    }
+    gin[q] = gq;
+  }
+}

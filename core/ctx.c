@@ -138,6 +138,7 @@ void kiln__ctx_destroy(kiln_ctx *ctx) {
   kiln__arena_free(&ctx->arenas[1]);
   kiln__handles_free(ctx);
   kiln__undo_free(ctx);
+  kiln__customs_free(ctx);
   free(ctx->trace.nodes);
   free(ctx);
 }

@@ -54,6 +54,7 @@ typedef enum kiln__renderer {
   KILN__RENDER_WINDOW,
   KILN__RENDER_MOMENTS,
   KILN__RENDER_AUGMENT,
+  KILN__RENDER_CUSTOM,
 } kiln__renderer;
 
 /* What an op's kernel iterates over (ops.def, "space"). */
@@ -378,6 +379,8 @@ struct kiln_ctx {
   uint64_t undo_epoch; /* one per step: an object whose mark equals it is in the log */
   uint64_t undo_philox, undo_host_rng;
   struct kiln__staging *staging; /* pinned buffers for host-to-device copies (runtime/) */
+  kiln_custom_op **customs;      /* custom ops, by id (core/custom.c) */
+  int ncustom, cap_custom;
 };
 
 /* ---------------------------------------------------------------- internal API */
@@ -564,6 +567,29 @@ kiln_tensor *kiln__window(kiln__op op, const char *fn, kiln_tensor *x, kiln_tens
 kiln_tensor *kiln__moments(const char *fn, int mode, kiln_tensor *const *in);
 #define KILN__MOMENTS_ROWS 256 /* rows each block of the moments kernel sums, at least */
 #define KILN__MAX_GRID_Y 65535 /* CUDA's limit on a grid's second dimension */
+
+/* A custom op (include/kiln_custom.h, core/custom.c): the user's options, with its own copies of
+ * the strings; a node of the op names it by id, its index in ctx->customs. */
+struct kiln_custom_op {
+  kiln_ctx *ctx;
+  int id;
+  kiln_custom_op_options o; /* name, source and entry point at the copies */
+  char *name, *source, *entry;
+  int max_block;     /* o.max_block, 0 made 256 */
+  uint32_t smem_max; /* dynamic shared memory a block may ask for (set by the engine) */
+};
+#define KILN__CUSTOM_BLOCK 256     /* max_block when the options give 0 */
+#define KILN__CUSTOM_NAME_MAX 40   /* characters of a custom op's name */
+#define KILN__CUSTOM_ENTRY_MAX 120 /* and of its entry point's */
+/* A custom op of o for ctx, checked and copied (errors name kiln_custom_op_new); not yet in the
+ * context's list. */
+kiln_custom_op *kiln__custom_create(kiln_ctx *ctx, const kiln_custom_op_options *o);
+/* Adds op to its context's list (its id); false, with the error set, out of host memory. */
+bool kiln__custom_register(kiln_custom_op *op);
+void kiln__custom_destroy(kiln_custom_op *op); /* one that is not in the list */
+void kiln__customs_free(kiln_ctx *ctx);
+/* The op of a custom node of ctx's trace. */
+const kiln_custom_op *kiln__custom_of(const kiln_ctx *ctx, const kiln__node *n);
 
 /* Records an in-place update of persistent tensors. */
 kiln__node *kiln__update(kiln__op op, const char *fn, int nin, kiln_tensor *const *in);

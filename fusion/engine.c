@@ -71,6 +71,37 @@ kiln_status kiln__engine_compile(kiln_ctx *ctx, int32_t first, int32_t last) {
   return ctx->status;
 }
 
+/* What a block may ask for on sm_90 (H100, H200): the limit without a GPU to ask. */
+#define KILN__SMEM_OPTIN_SM90 (227 * 1024)
+
+kiln_status kiln__engine_compile_custom(kiln_ctx *ctx, kiln_custom_op *op) {
+  if (!kiln__ok(ctx)) return kiln_ctx_status(ctx);
+  if (!ctx->fusion_state || !ctx->fusion_state->kernels)
+    return kiln__error(ctx, KILN_ERR_STATE, "kiln: the context's kernel compiler failed to start");
+  int optin = KILN__SMEM_OPTIN_SM90;
+  if (ctx->has_gpu &&
+      KILN_CUDA_FAILED(ctx, cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin,
+                                                   ctx->device)))
+    return ctx->status;
+  op->smem_max = (uint32_t)optin;
+  kiln__rendered r;
+  memset(&r, 0, sizeof r);
+  bool ok = kiln__custom_source(op, &r);
+  char comment[96];
+  snprintf(comment, sizeof comment, "// custom op %s\n", op->o.name);
+  kiln__kernel *k = ok ? kiln__compile(ctx, r.name, r.src.s, comment, false, op->smem_max) : NULL;
+  kiln__sb_free(&r.src);
+  if (!ok) return kiln__error(ctx, KILN_ERR_OOM, "kiln_custom_op_new: out of host memory");
+  if (!k) { /* NVRTC's message, with the function and the op in front */
+    char why[sizeof ctx->error];
+    kiln_status s = ctx->status;
+    memcpy(why, ctx->error, sizeof why);
+    kiln_ctx_clear_error(ctx);
+    return kiln__error(ctx, s, "kiln_custom_op_new: op '%s': %s", op->o.name, why);
+  }
+  return KILN_OK;
+}
+
 kiln_status kiln__engine_step(kiln_ctx *ctx) { return kiln__graph_run(ctx); }
 
 void kiln__engine_drop_graphs(kiln_ctx *ctx, bool drop) {

@@ -25,6 +25,9 @@ kiln_status kiln__engine_flush(kiln_ctx *ctx, int32_t first, int32_t last);
 kiln_status kiln__engine_step(kiln_ctx *ctx);
 /* Plans and compiles nodes [first, last) without running them (works without a GPU). */
 kiln_status kiln__engine_compile(kiln_ctx *ctx, int32_t first, int32_t last);
+/* Compiles a custom op's kernel (kiln_custom_op_new), and sets op->smem_max to the dynamic shared
+ * memory the device lets a block have (sm_90's without a GPU); errors name the function and op. */
+kiln_status kiln__engine_compile_custom(kiln_ctx *ctx, kiln_custom_op *op);
 /* Graphs turned off (drop) or on again: cached graphs go at the next step's begin. */
 void kiln__engine_drop_graphs(kiln_ctx *ctx, bool drop);
 /* Frees the cached step graphs now, once the stream is idle (nothing of them may be read

@@ -26,7 +26,7 @@ static int32_t node_index(const kiln__trace *tr, const kiln__node *n) {
 
 static bool build_calls(kiln_ctx *ctx, kiln__program *pg) {
   const kiln__trace *tr = &ctx->trace;
-  kiln__target target = {.num_sms = ctx->num_sms};
+  kiln__target target = {.num_sms = ctx->num_sms, .customs = ctx->customs, .ncustom = ctx->ncustom};
   for (int k = 0; k < pg->plan.ng; k++) {
     const kiln__spec *s = &pg->spec[k];
     kiln__call *c = &pg->call[k];

@@ -135,6 +135,7 @@ typedef enum kiln__spec_kind {
   KILN__SPEC_CONV,    /* a convolution's product as an implicit GEMM (spec.conv says which) */
   KILN__SPEC_MOMENTS, /* batch norm's column sums, by blocks of rows */
   KILN__SPEC_AUGMENT, /* image augmentation: a translation and a flip per image */
+  KILN__SPEC_CUSTOM,  /* a custom op's kernel (include/kiln_custom.h) */
   KILN__SPEC_BLAS,    /* a matrix product */
 } kiln__spec_kind;
 
@@ -164,6 +165,8 @@ bool kiln__lower(kiln_ctx *ctx, const kiln__plan *p, kiln__spec **specs);
 /* What the renderer needs of the device: launch grids are sized by its SM count. */
 typedef struct kiln__target {
   int num_sms;
+  kiln_custom_op *const *customs; /* the context's custom ops, by id */
+  int ncustom;
 } kiln__target;
 
 /* How the executor fills a kernel's argument: sizes, strides and int attributes are in args
@@ -196,6 +199,8 @@ typedef struct kiln__rendered {
 
 /* Renders spec's kernel; false when host memory runs out (r->src.oom). The caller frees r->src. */
 bool kiln__render(const kiln__target *t, const kiln__spec *spec, kiln__rendered *r);
+/* A custom op's kernel: its name and source (render_custom.c), the same for every call of it. */
+bool kiln__custom_source(const kiln_custom_op *op, kiln__rendered *r);
 
 /* ---------------------------------------------------------------- compiler (compile.c) */
 

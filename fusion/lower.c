@@ -118,6 +118,10 @@ static void lower_group(const kiln_ctx *ctx, const kiln__plan *p, const kiln__gr
     s->kind = KILN__SPEC_AUGMENT;
     s->red = n;
     return;
+  case KILN__RENDER_CUSTOM:
+    s->kind = KILN__SPEC_CUSTOM;
+    s->red = n;
+    return;
   case KILN__RENDER_WINDOW: /* a window op and its elementwise epilogue */
     s->kind = KILN__SPEC_WINDOW;
     s->red = n;

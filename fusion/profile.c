@@ -28,6 +28,7 @@ static const char *kind_name(const kiln__program *pg, int k) {
   case KILN__SPEC_CONV: return "conv";
   case KILN__SPEC_MOMENTS: return "moments";
   case KILN__SPEC_AUGMENT: return "augment";
+  case KILN__SPEC_CUSTOM: return "custom";
   case KILN__SPEC_BLAS: return "gemm";
   }
   return "other";

@@ -18,6 +18,7 @@ bool kiln__render(const kiln__target *t, const kiln__spec *s, kiln__rendered *r)
   case KILN__SPEC_CONV: return kiln__render_conv(t, s, r);
   case KILN__SPEC_MOMENTS: return kiln__render_moments(t, s->red, r);
   case KILN__SPEC_AUGMENT: return kiln__render_augment(t, s->red, r);
+  case KILN__SPEC_CUSTOM: return kiln__render_custom(t, s->red, r);
   case KILN__SPEC_BLAS: break;
   }
   KILN_ASSERT(!"nothing to render for a BLAS call");

@@ -11,6 +11,7 @@
  *   render_window.c   sliding windows: im2col, col2im, pooling and its gradients
  *   render_conv.c     convolutions' products as implicit GEMMs (device/igemm.cuh, conv.cuh)
  *   render_augment.c  image augmentation (fusion/device/augment.cuh)
+ *   render_custom.c   custom ops' kernels: the user's source and a wrapper (device/custom.cuh)
  * The kernel bodies that are the same for every shape live in the device files (fusion/device); a
  * renderer writes the constants of a shape and the code that fusion makes per group (an elementwise
  * program, an epilogue).
@@ -146,5 +147,6 @@ bool kiln__render_moments(const kiln__target *t, const kiln__node *n, kiln__rend
 bool kiln__render_window(const kiln__target *t, const kiln__ew_prog *p, kiln__rendered *r);
 bool kiln__render_conv(const kiln__target *t, const kiln__spec *s, kiln__rendered *r);
 bool kiln__render_augment(const kiln__target *t, const kiln__node *n, kiln__rendered *r);
+bool kiln__render_custom(const kiln__target *t, const kiln__node *n, kiln__rendered *r);
 
 #endif

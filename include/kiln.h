@@ -1137,11 +1137,12 @@ void kiln_cifar10_free(kiln_cifar10 *c);
 kiln_dataset *kiln_dataset_from_cifar10(kiln_ctx *ctx, const kiln_cifar10 *c, const float mean[3],
                                         const float std[3]);
 
-/* Image folders and their loader (torchvision's ImageFolder): kiln_imagefolder.h, included at
- * the end of this header. */
+/* Image folders and their loader (torchvision's ImageFolder): kiln_imagefolder.h; kernels you
+ * write yourself, called as ops: kiln_custom.h. Both are included at the end of this header. */
 
 #ifdef __cplusplus
 }
 #endif
+#include "kiln_custom.h"
 #include "kiln_imagefolder.h"
 #endif

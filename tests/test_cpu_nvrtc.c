@@ -6,6 +6,7 @@
  */
 #include <string.h>
 
+#include "../examples/custom_linear_relu.h"
 #include "fusion/fusion.h"
 #include "inspect.h"
 
@@ -181,6 +182,12 @@ static void record_op_zoo(kiln_ctx *ctx, kiln_params *q, kiln_optim **os) {
   cr_assert_eq(kiln_params_add_buffer(q, "rv", rv), KILN_OK);
   t[n++] = kiln_batch_norm(img, bw, NULL, rm, rv, 1, 0.1f, 1e-5f);
   t[n++] = kiln_batch_norm(img, NULL, bw, rm, rv, 0, 0.1f, 1e-5f);
+  /* a custom op, the example's linear + ReLU, whose backward is three more */
+  static custom_linear_relu lin;
+  cr_assert_eq(custom_linear_relu_new(ctx, &lin), KILN_OK, "%s", kiln_ctx_error(ctx));
+  t[n++] = kiln_custom(
+      lin.fwd,
+      (kiln_tensor *[]){kiln_reshape(a, KILN_SHAPE(20, 6)), b, kiln_sum(b, KILN_AXES(1), 0)}, NULL);
   kiln_tensor *loss = kiln_full(ctx, KILN_SCALAR_SHAPE, 0.f);
   for (int i = 0; i < n; i++) {
     cr_assert_not_null(t[i], "op zoo term %d: %s", i, kiln_ctx_error(ctx));
@@ -239,7 +246,8 @@ Test(nvrtc, every_generated_kernel_compiles, .timeout = 1200) {
     cr_assert(seen[i], "the op %s is missing from the compile test", kiln__ops[i].name);
 
   /* unfused first: one kernel per node, so every op's own kernel compiles */
-  uint64_t want = pending_kernels(ctx);
+  /* and each custom op's kernel, compiled when the op was made */
+  uint64_t want = pending_kernels(ctx) + (uint64_t)ctx->ncustom;
   kiln_set_fusion(ctx, 0);
   compile_ok(ctx);
   kiln_exec_stats st;

@@ -42,6 +42,13 @@ typedef struct kiln__kargs {
   kiln__dev_error *err; /* the context's error record */
 } kiln__kargs;
 
+/* A custom op's kernel (custom.cuh, fusion/render_custom.c) takes its tensors in ptr[0 .. nin]
+ * (the output last), tensor q's shape in st[q] (1 past its dims), its dims and dtype in
+ * st[KILN__CUSTOM_META + q / 6][q % 6] as ndim + 16 dtype, the call's parameters in
+ * st[KILN__CUSTOM_PARAM], and nin in i[0]. */
+#define KILN__CUSTOM_META 12
+#define KILN__CUSTOM_PARAM 14
+
 #define KILN__KARGS_BYTES 1128
 #ifdef __cplusplus
 static_assert(sizeof(kiln__kargs) == KILN__KARGS_BYTES, "kiln__kargs: host and device layouts");
