@@ -1079,6 +1079,14 @@ kiln_status kiln_image_stats(kiln_ctx *ctx, kiln_host_type type, kiln_shape shap
  * airbench keeps these filters frozen: kiln_tensor_set_requires_grad(weight, 0) after this. */
 kiln_status kiln_init_whitening(kiln_tensor *weight, kiln_host_type type, kiln_shape shape,
                                 const void *images, const kiln_normalize *norm, float eps);
+/* kiln_init_whitening from images already on the device, as a data set holds them (normalised):
+ * images (n, H, W, Cin) f32 or bf16, the first rows of kiln_dataset_images say (kiln_slice). The
+ * patch covariance is computed there (im2col and a product per chunk of patches, in f32 without
+ * TF32, summed on the device), read back (Cin kh kw squared values), and decomposed on the host
+ * in float64 as kiln_init_whitening does; the filters are the same up to f32 rounding. It runs
+ * what was recorded and waits for it: call it outside a step (or in one with graphs off). The
+ * errors are kiln_init_whitening's, and images of another shape or dtype. */
+kiln_status kiln_init_whitening_tensor(kiln_tensor *weight, kiln_tensor *images, float eps);
 kiln_dataset *kiln_mnist_load(kiln_ctx *ctx, const char *dir, const char *split, float mean,
                               float std);
 int64_t kiln_dataset_size(const kiln_dataset *ds);

@@ -407,46 +407,15 @@ static bool whitening_images_ok(kiln_ctx *ctx, const char *fn, kiln_host_type ty
   return true;
 }
 
-kiln_status kiln__whitening_filters(kiln_ctx *ctx, const char *fn, kiln_host_type type,
-                                    kiln_shape shape, const void *images,
-                                    const kiln_normalize *norm, int64_t cout, int kh, int kw,
-                                    float eps, float *filters, double *eigenvalues) {
-  if (!ctx) return KILN_ERR_INVALID;
-  if (!kiln__ok(ctx)) return ctx->status;
-  double e = kiln__opt_or(eps, WHITENING_EPS);
-  if (!(e > 0.0) || !isfinite(e))
-    return kiln__error(ctx, KILN_ERR_INVALID, "%s: eps %g must be finite and > 0 (0: %g)", fn,
-                       (double)eps, (double)WHITENING_EPS);
-  if (kh < 1 || kw < 1)
-    return kiln__error(ctx, KILN_ERR_SHAPE, "%s: %dx%d filters: kh and kw must be >= 1", fn, kh,
-                       kw);
-  if (!whitening_images_ok(ctx, fn, type, shape, images, norm, kh, kw)) return ctx->status;
-  int64_t C = shape.d[3];
-  if (C > WHITENING_MAX_K / kh / kw)
-    return kiln__error(ctx, KILN_ERR_SHAPE,
-                       "%s: %lld channels of %dx%d make patches of more than %d elements", fn,
-                       (long long)C, kh, kw, WHITENING_MAX_K);
-  int64_t K = C * kh * kw;
-  if (cout < 2 || cout % 2 || cout / 2 > K)
-    return kiln__error(ctx, KILN_ERR_SHAPE,
-                       "%s: %lld filters: whitening makes an even number, 2 to 2 C kh kw = %lld "
-                       "(eigenvectors and their negatives)",
-                       fn, (long long)cout, (long long)(2 * K));
-  if (!filters) return kiln__error(ctx, KILN_ERR_INVALID, "%s: NULL filters", fn);
-  if (type == KILN_HOST_F32) {
-    const float *f = images;
-    int64_t total = kiln__numel(4, shape.d);
-    for (int64_t i = 0; i < total; i++)
-      if (!isfinite(f[i]))
-        return kiln__error(ctx, KILN_ERR_INVALID, "%s: image value %lld is %g", fn, (long long)i,
-                           f[i]);
-  }
-  double *buf = malloc((size_t)(2 * K * K + K) * sizeof *buf);
+/* The whitening filters (cout, K) from the patch covariance cov (K x K, filter order), checked
+ * and eps e applied as kiln__whitening_filters says; on failure filters and eigenvalues are
+ * untouched. */
+static kiln_status filters_of(kiln_ctx *ctx, const char *fn, int64_t K, const double *cov,
+                              int64_t cout, double e, float *filters, double *eigenvalues) {
+  double *buf = malloc((size_t)(K * K + K) * sizeof *buf);
   if (!buf) return kiln__error(ctx, KILN_ERR_OOM, "%s: out of host memory", fn);
-  double *cov = buf, *vec = buf + K * K, *val = buf + 2 * K * K;
-  int sweeps = kiln__patch_covariance(type, shape.d, images, norm, kh, kw, cov)
-                   ? kiln__eigh_jacobi((int)K, cov, val, vec)
-                   : KILN__EIGH_OOM;
+  double *vec = buf, *val = buf + K * K;
+  int sweeps = kiln__eigh_jacobi((int)K, cov, val, vec);
   if (sweeps < 0) {
     free(buf);
     if (sweeps == KILN__EIGH_OOM)
@@ -478,6 +447,63 @@ kiln_status kiln__whitening_filters(kiln_ctx *ctx, const char *fn, kiln_host_typ
   return KILN_OK;
 }
 
+/* Whether C channels of kh x kw patches (at most WHITENING_MAX_K values) make cout filters: an
+ * even number, at most two per patch element. */
+static bool filter_count_ok(kiln_ctx *ctx, const char *fn, int64_t C, int kh, int kw,
+                            int64_t cout) {
+  if (C > WHITENING_MAX_K / kh / kw)
+    return !kiln__error(ctx, KILN_ERR_SHAPE,
+                        "%s: %lld channels of %dx%d make patches of more than %d elements", fn,
+                        (long long)C, kh, kw, WHITENING_MAX_K);
+  if (cout < 2 || cout % 2 || cout / 2 > C * kh * kw)
+    return !kiln__error(ctx, KILN_ERR_SHAPE,
+                        "%s: %lld filters: whitening makes an even number, 2 to 2 C kh kw = %lld "
+                        "(eigenvectors and their negatives)",
+                        fn, (long long)cout, (long long)(2 * C * kh * kw));
+  return true;
+}
+
+/* eps as the whitening functions take it (0: WHITENING_EPS) into *e, checked. */
+static bool whitening_eps(kiln_ctx *ctx, const char *fn, float eps, double *e) {
+  *e = kiln__opt_or(eps, WHITENING_EPS);
+  if (*e > 0.0 && isfinite(*e)) return true;
+  return !kiln__error(ctx, KILN_ERR_INVALID, "%s: eps %g must be finite and > 0 (0: %g)", fn,
+                      (double)eps, (double)WHITENING_EPS);
+}
+
+kiln_status kiln__whitening_filters(kiln_ctx *ctx, const char *fn, kiln_host_type type,
+                                    kiln_shape shape, const void *images,
+                                    const kiln_normalize *norm, int64_t cout, int kh, int kw,
+                                    float eps, float *filters, double *eigenvalues) {
+  if (!ctx) return KILN_ERR_INVALID;
+  if (!kiln__ok(ctx)) return ctx->status;
+  double e;
+  if (!whitening_eps(ctx, fn, eps, &e)) return ctx->status;
+  if (kh < 1 || kw < 1)
+    return kiln__error(ctx, KILN_ERR_SHAPE, "%s: %dx%d filters: kh and kw must be >= 1", fn, kh,
+                       kw);
+  if (!whitening_images_ok(ctx, fn, type, shape, images, norm, kh, kw) ||
+      !filter_count_ok(ctx, fn, shape.d[3], kh, kw, cout))
+    return ctx->status;
+  int64_t K = shape.d[3] * kh * kw;
+  if (!filters) return kiln__error(ctx, KILN_ERR_INVALID, "%s: NULL filters", fn);
+  if (type == KILN_HOST_F32) {
+    const float *f = images;
+    int64_t total = kiln__numel(4, shape.d);
+    for (int64_t i = 0; i < total; i++)
+      if (!isfinite(f[i]))
+        return kiln__error(ctx, KILN_ERR_INVALID, "%s: image value %lld is %g", fn, (long long)i,
+                           f[i]);
+  }
+  double *cov = malloc((size_t)(K * K) * sizeof *cov);
+  if (!cov) return kiln__error(ctx, KILN_ERR_OOM, "%s: out of host memory", fn);
+  kiln_status st = kiln__patch_covariance(type, shape.d, images, norm, kh, kw, cov)
+                       ? filters_of(ctx, fn, K, cov, cout, e, filters, eigenvalues)
+                       : kiln__error(ctx, KILN_ERR_OOM, "%s: out of host memory", fn);
+  free(cov);
+  return st;
+}
+
 kiln_status kiln_init_whitening(kiln_tensor *weight, kiln_host_type type, kiln_shape shape,
                                 const void *images, const kiln_normalize *norm, float eps) {
   const char *fn = __func__;
@@ -503,4 +529,90 @@ kiln_status kiln_init_whitening(kiln_tensor *weight, kiln_host_type type, kiln_s
   if (s == KILN_OK) s = kiln_tensor_copy_from_host(weight, h, (size_t)n * sizeof *h);
   free(h);
   return s;
+}
+
+/* Patches of the device covariance are summed a chunk of about this many at a time (their columns
+ * (patches, K) are the chunk's memory). */
+#define WHITENING_CHUNK_PATCHES ((int64_t)1 << 18)
+
+/* The patch covariance of images (n, H, W, C) on the device into cov (K x K, filter order, float64
+ * on the host): each chunk's columns (im2col) P and P^T P / count, in f32 without TF32, summed on
+ * the device; one read back. */
+static kiln_status device_covariance(kiln_ctx *ctx, const char *fn, kiln_tensor *images, int kh,
+                                     int kw, double *cov) {
+  int64_t n = images->shape[0], H = images->shape[1], W = images->shape[2], C = images->shape[3];
+  int64_t oh = H - kh + 1, ow = W - kw + 1, K = C * kh * kw;
+  int64_t per = oh * ow,
+          chunk = WHITENING_CHUNK_PATCHES / per > 0 ? WHITENING_CHUNK_PATCHES / per : 1;
+  float inv = (float)(1.0 / ((double)n * (double)per));
+  float *h = malloc((size_t)(K * K) * sizeof *h);
+  if (!h) return kiln__error(ctx, KILN_ERR_OOM, "%s: out of host memory", fn);
+  bool tf32 = ctx->tf32;
+  ctx->tf32 = false; /* plain f32 products: the covariance's small eigenvalues matter */
+  kiln_no_grad_begin(ctx);
+  kiln__win w = {.kh = kh, .kw = kw, .sh = 1, .sw = 1, .dh = 1, .dw = 1};
+  kiln_tensor *x = images->dtype == KILN_DTYPE_F32 ? images : kiln_cast(images, KILN_DTYPE_F32);
+  kiln_tensor *sum = NULL;
+  for (int64_t b = 0; b < n && x; b += chunk) {
+    int64_t m = n - b < chunk ? n - b : chunk, cshape[4] = {m, oh, ow, K};
+    kiln_tensor *part = kiln_contiguous(kiln_slice(x, 0, b, b + m, 1));
+    kiln_tensor *cols = part ? kiln__window(KILN__OP_IM2COL, fn, part, NULL, cshape, &w) : NULL;
+    if (!cols) break;
+    KILN__I(kiln__producer(cols), IM2COL, groups) = 1;
+    kiln_tensor *p = kiln_reshape(cols, KILN_SHAPE(m * per, K));
+    kiln_tensor *s = kiln_mul_scalar(kiln_matmul(kiln_transpose(p, 0, 1), p), inv);
+    sum = sum ? kiln_add(sum, s) : s;
+  }
+  kiln_status st = sum ? kiln_tensor_to_host(sum, h, (size_t)(K * K) * sizeof *h) : ctx->status;
+  kiln_no_grad_end(ctx);
+  ctx->tf32 = tf32;
+  /* im2col's columns are (dh, dw, c); a filter's (c, dh, dw) */
+  for (int64_t i = 0; i < K && st == KILN_OK; i++)
+    for (int64_t j = 0; j < K; j++) {
+      int64_t ci = i / (kh * kw), di = i % (kh * kw), cj = j / (kh * kw), dj = j % (kh * kw);
+      cov[i * K + j] = h[(di * C + ci) * K + dj * C + cj];
+    }
+  free(h);
+  return st;
+}
+
+kiln_status kiln_init_whitening_tensor(kiln_tensor *weight, kiln_tensor *images, float eps) {
+  const char *fn = __func__;
+  kiln_ctx *ctx = target(weight, fn);
+  if (!ctx) return kiln__handle_ctx(weight) ? kiln__handle_ctx(weight)->status : KILN_ERR_INVALID;
+  if (!images) return kiln__error(ctx, KILN_ERR_INVALID, "%s: NULL images", fn);
+  if (!kiln__check(ctx, images, fn)) return ctx->status;
+  char sw[96], si[96];
+  if (weight->ndim != 4 || weight->shape[2] > INT32_MAX || weight->shape[3] > INT32_MAX)
+    return kiln__error(ctx, KILN_ERR_SHAPE,
+                       "%s: '%s' %s: a convolution weight is (Cout, Cin, kh, kw)", fn,
+                       kiln__name(weight), kiln__shape_of(weight, sw, sizeof sw));
+  int64_t cout = weight->shape[0], cin = weight->shape[1];
+  int kh = (int)weight->shape[2], kw = (int)weight->shape[3];
+  if (images->ndim != 4 || images->shape[0] < 1 || images->shape[1] < kh || images->shape[2] < kw ||
+      images->shape[3] != cin || !kiln__is_float(images->dtype))
+    return kiln__error(ctx, KILN_ERR_SHAPE,
+                       "%s: images %s %s for the weight '%s' %s: they must be f32 or bf16 (n >= 1, "
+                       "H >= %d, W >= %d, %lld), channels last",
+                       fn, kiln__shape_of(images, si, sizeof si), kiln_dtype_name(images->dtype),
+                       kiln__name(weight), kiln__shape_of(weight, sw, sizeof sw), kh, kw,
+                       (long long)cin);
+  double e;
+  if (!whitening_eps(ctx, fn, eps, &e) || !filter_count_ok(ctx, fn, cin, kh, kw, cout))
+    return ctx->status;
+  if (ctx->in_step && ctx->graphs)
+    return kiln__error(ctx, KILN_ERR_STATE,
+                       "%s: inside a step with step graphs on, where nothing is read back; call "
+                       "it before kiln_step_begin or after kiln_step_end",
+                       fn);
+  int64_t K = cin * kh * kw;
+  double *cov = malloc((size_t)(K * K) * sizeof *cov);
+  float *h = malloc((size_t)(cout * K) * sizeof *h);
+  kiln_status st = !cov || !h ? kiln__error(ctx, KILN_ERR_OOM, "%s: out of host memory", fn)
+                              : device_covariance(ctx, fn, images, kh, kw, cov);
+  if (st == KILN_OK) st = filters_of(ctx, fn, K, cov, cout, e, h, NULL);
+  if (st == KILN_OK) st = kiln_tensor_copy_from_host(weight, h, (size_t)(cout * K) * sizeof *h);
+  free(cov);
+  free(h);
+  return st;
 }

@@ -499,3 +499,41 @@ Test(whitening, init_checks_its_arguments_and_changes_nothing) {
   th_free_scratch();
   th_ctx_free(ctx);
 }
+
+/* ---------------------------------------------------------------- kiln_init_whitening_tensor */
+
+/* Without a GPU the covariance is recorded (an im2col and a product per chunk of patches) and its
+ * read-back fails; the weight, TF32 and gradient mode are as they were. */
+Test(whitening, tensor_init_checks_its_arguments_and_restores_the_modes) {
+  kiln_ctx *ctx = th_cpu_ctx();
+  kiln_tensor *w = th_f32(ctx, KILN_SHAPE(24, 3, 2, 2)), *odd = th_f32(ctx, KILN_SHAPE(7, 3, 2, 2));
+  kiln_tensor *img = th_f32(ctx, KILN_SHAPE(2000, 32, 32, 3));
+  kiln_tensor *i32 = th_i32(ctx, KILN_SHAPE(4, 6, 6, 3));
+  kiln_tensor *four = th_f32(ctx, KILN_SHAPE(4, 6, 6, 4)),
+              *thin = th_f32(ctx, KILN_SHAPE(4, 1, 6, 3));
+  kiln_tensor *flat = th_f32(ctx, KILN_SHAPE(4, 108));
+  EXPECT_FAIL(ctx, kiln_init_whitening_tensor(w, NULL, 0.f), KILN_ERR_INVALID,
+              "kiln_init_whitening_tensor", "NULL images");
+  EXPECT_FAIL(ctx, kiln_init_whitening_tensor(w, i32, 0.f), KILN_ERR_SHAPE, "[4,6,6,3] i32",
+              "f32 or bf16");
+  EXPECT_FAIL(ctx, kiln_init_whitening_tensor(w, four, 0.f), KILN_ERR_SHAPE, "[4,6,6,4]",
+              "[24,3,2,2]");
+  EXPECT_FAIL(ctx, kiln_init_whitening_tensor(w, thin, 0.f), KILN_ERR_SHAPE, "H >= 2");
+  EXPECT_FAIL(ctx, kiln_init_whitening_tensor(w, flat, 0.f), KILN_ERR_SHAPE, "[4,108]");
+  EXPECT_FAIL(ctx, kiln_init_whitening_tensor(odd, img, 0.f), KILN_ERR_SHAPE, "7 filters");
+  EXPECT_FAIL(ctx, kiln_init_whitening_tensor(w, img, -1.f), KILN_ERR_INVALID, "eps -1");
+  kiln_step_begin(ctx);
+  EXPECT_FAIL(ctx, kiln_init_whitening_tensor(w, img, 0.f), KILN_ERR_STATE, "inside a step");
+  kiln_step_end(ctx);
+  /* 2000 images of 31 x 31 patches: eight chunks of 272 images at most */
+  int32_t n0 = th_tlen(ctx);
+  kiln_set_tf32(ctx, 1);
+  cr_assert_eq(kiln_init_whitening_tensor(w, img, 0.f), KILN_ERR_STATE, "a no-GPU context reads");
+  kiln_ctx_clear_error(ctx);
+  cr_assert_eq(th_count_ops(ctx, n0, th_tlen(ctx), KILN__OP_IM2COL), 8);
+  cr_assert_eq(th_count_ops(ctx, n0, th_tlen(ctx), KILN__OP_MATMUL), 8);
+  cr_assert(ctx->tf32, "TF32 was left off");
+  cr_assert_eq(ctx->no_grad_depth, 0);
+  th_free_scratch();
+  th_ctx_free(ctx);
+}

@@ -113,3 +113,64 @@ Test(gpu_whitening, conv_output_of_the_cifar10_sample_is_white) {
   kiln_cifar10_free(&c);
   th_ctx_free(ctx);
 }
+
+/* kiln_init_whitening_tensor on the first 5000 images of the sample, as a data set holds them:
+ * the covariance in f32 on the device gives the host's float64 filters up to f32 rounding, and
+ * its filters whiten the images as well. */
+Test(gpu_whitening, device_covariance_gives_the_hosts_filters, .timeout = 120) {
+  const char *dir = getenv("KILN_CIFAR10_SAMPLE");
+  if (!dir || !*dir)
+    cr_skip_test("KILN_CIFAR10_SAMPLE is not set (it names the directory of the CIFAR-10 "
+                 "sample, e.g. /work/shared/data/cifar10-sample)");
+  TH_GPU_CTX_EAGER(ctx);
+  kiln_cifar10 c;
+  cr_assert_eq(kiln_cifar10_read(ctx, dir, "data_batch_1", &c), KILN_OK, "%s", th_err(ctx));
+  int64_t n = c.n < 5000 ? c.n : 5000;
+  kiln_dataset *ds = kiln_dataset_from_cifar10(ctx, &c, cifar_mean, cifar_std);
+  cr_assert_not_null(ds, "%s", th_err(ctx));
+  kiln_tensor *images = kiln_slice(kiln_dataset_images(ds), 0, 0, n, 1);
+  kiln_tensor *weight = kiln_tensor_new(ctx, KILN_DTYPE_F32, KILN_SHAPE(24, 3, 2, 2));
+  cr_assert_eq(kiln_init_whitening_tensor(weight, images, 5e-4f), KILN_OK, "%s", th_err(ctx));
+  float want[24 * 12];
+  double l[12];
+  kiln_normalize norm = {.channels = 3, .mean = cifar_mean, .std = cifar_std};
+  cr_assert_eq(kiln__whitening_filters(ctx, "test", KILN_HOST_U8, KILN_SHAPE(n, 32, 32, 3),
+                                       c.images, &norm, 24, 2, 2, 5e-4f, want, l),
+               KILN_OK, "%s", th_err(ctx));
+  float *got = th_read(weight);
+  double worst = 0;
+  for (int i = 0; i < 24; i++) {
+    double diff = 0, size = 0;
+    for (int k = 0; k < 12; k++) {
+      diff = fmax(diff, fabs((double)got[i * 12 + k] - want[i * 12 + k]));
+      size = fmax(size, fabs((double)want[i * 12 + k]));
+    }
+    worst = fmax(worst, diff / size);
+  }
+  cr_log_info("device whitening: worst filter difference %.3g of the filter's largest value "
+              "(eigenvalues %.4g .. %.4g)",
+              worst, l[0], l[11]);
+  cr_assert_lt(worst, 2e-2, "the device's filters differ from the host's by %.3g", worst);
+  /* and they whiten: the first half of the output channels uncorrelated, mean square about
+   * l / (l + eps) */
+  kiln_tensor *y = kiln_conv2d(images, weight, NULL, NULL);
+  float *out = th_read(y);
+  int64_t pixels = n * 31 * 31;
+  double cov[12 * 12] = {0};
+  for (int64_t p = 0; p < pixels; p++)
+    for (int i = 0; i < 12; i++)
+      for (int j = 0; j < 12; j++)
+        cov[i * 12 + j] += (double)out[p * 24 + i] * out[p * 24 + j];
+  for (int i = 0; i < 12; i++)
+    for (int j = 0; j < 12; j++) {
+      double want_ij = i == j ? l[i] / (l[i] + 5e-4) : 0.0, got_ij = cov[i * 12 + j] / pixels;
+      cr_assert_lt(fabs(got_ij - want_ij), 1e-2, "channels %d, %d: mean product %.5f, want %.5f", i,
+                   j, got_ij, want_ij);
+    }
+  free(out);
+  free(got);
+  kiln_tensor_free(weight);
+  kiln_dataset_free(ds);
+  kiln_cifar10_free(&c);
+  th_ctx_free(ctx);
+}
