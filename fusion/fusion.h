@@ -307,6 +307,14 @@ typedef struct kiln__fusion {
   int step_values_cap;
   kiln__step_graph *graphs[KILN__MAX_GRAPHS];
   int ngraphs;
+  /* the step graphs' arenas of intermediates, each shared by the graphs whose plans fit in it
+   * (graph.c): one per graph at most, and one for a graph being captured */
+  struct {
+    void *ptr;
+    size_t bytes;
+    int refs;
+  } arenas[KILN__MAX_GRAPHS + 1];
+  int narenas;
   uint64_t graph_clock;      /* steps seen, for least-recently-used eviction */
   bool warned_signatures;    /* the warning about ever-new signatures was printed */
   bool drop_graphs;          /* graphs were turned off: free the cached ones at the next step */

@@ -4,12 +4,12 @@
  * node's op, integer attributes, shapes, strides and dtypes, where each input comes from: an
  * earlier node of the step or which persistent tensor at which address) is hashed and looked up
  * in a small cache. A new signature is planned, lowered, rendered and compiled (exec.c), given a
- * static memory plan (every intermediate an offset in one arena, from its lifetime over the
- * step's launches), run, and captured into a CUDA graph; a known one binds the step's tensors to
- * the same addresses, writes the step values (every float and 64-bit attribute: learning rates,
- * step counts, dropout offsets, batch offsets) to the device, and replays the graph. A capture
- * counts the device records each group's nodes make, so that a trace (prof/prof.h) can give a
- * replay's kernels to their groups in order.
+ * static memory plan (every intermediate an offset in an arena, from its lifetime over the
+ * step's launches; graphs share arenas), run, and captured into a CUDA graph; a known one binds the
+ * step's tensors to the same addresses, writes the step values (every float and 64-bit attribute:
+ * learning rates, step counts, dropout offsets, batch offsets) to the device, and replays the
+ * graph. A capture counts the device records each group's nodes make, so that a trace (prof/prof.h)
+ * can give a replay's kernels to their groups in order.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,7 +24,7 @@ struct kiln__step_graph {
   uint8_t *sig;
   size_t sig_len;
   kiln__program prog; /* groups, kernels, arguments and where their attributes come from */
-  void *arena;
+  void *arena;        /* shared with the graphs whose plans fit in it (arena_take) */
   size_t arena_bytes, arena_sum;
   int64_t *off;      /* per node: its output's offset in the arena, -1 for none */
   int64_t *mask_off; /* per node: its ReLU mask's offset, -1 for none */
@@ -103,6 +103,48 @@ static int32_t owner(const kiln_ctx *ctx, const kiln_tensor *t) {
 }
 
 static size_t round_up(size_t n) { return (n + ALIGN - 1) / ALIGN * ALIGN; }
+
+/* Step graphs share arenas: a step's intermediates are dead once the next step begins (their
+ * handles go stale), and graphs replay one after another on the context's one stream, so a graph
+ * needs its memory only while it runs. A new plan takes the smallest arena it fits in, or a new
+ * one of its size: when the largest step comes first (training, then evaluation and test-time
+ * augmentation's steps), every graph shares its arena, and the memory is the largest plan's,
+ * not the sum of them. An arena goes back to the allocator with its last graph. */
+static void *arena_take(kiln_ctx *ctx, size_t bytes) {
+  kiln__fusion *fs = ctx->fusion_state;
+  if (bytes == 0) return NULL;
+  int best = -1;
+  for (int k = 0; k < fs->narenas; k++)
+    if (fs->arenas[k].bytes >= bytes && (best < 0 || fs->arenas[k].bytes < fs->arenas[best].bytes))
+      best = k;
+  if (best < 0) {
+    KILN_ASSERT(fs->narenas < KILN__MAX_GRAPHS + 1); /* every arena has a graph */
+    void *p = kiln__dev_alloc(ctx, bytes);
+    if (!p) return NULL;
+    best = fs->narenas++;
+    fs->arenas[best].ptr = p;
+    fs->arenas[best].bytes = bytes;
+    fs->arenas[best].refs = 0;
+  }
+  fs->arenas[best].refs++;
+  ctx->stats.graphs_arena_bytes = 0;
+  for (int k = 0; k < fs->narenas; k++)
+    ctx->stats.graphs_arena_bytes += fs->arenas[k].bytes;
+  return fs->arenas[best].ptr;
+}
+
+static void arena_drop(kiln_ctx *ctx, void *p) {
+  kiln__fusion *fs = ctx->fusion_state;
+  if (!p) return;
+  int k = 0;
+  while (k < fs->narenas && fs->arenas[k].ptr != p)
+    k++;
+  KILN_ASSERT(k < fs->narenas);
+  if (--fs->arenas[k].refs > 0) return;
+  ctx->stats.graphs_arena_bytes -= fs->arenas[k].bytes;
+  kiln__dev_free(ctx, p);
+  fs->arenas[k] = fs->arenas[--fs->narenas];
+}
 
 /* Offsets for every written intermediate and ReLU mask of the step, from their lifetimes in
  * launch order; values nothing in the step reads (the loss) live to its end. */
@@ -188,7 +230,7 @@ static bool memory_plan(kiln_ctx *ctx, kiln__step_graph *E) {
   }
   E->arena_bytes = top;
   E->arena_sum = sum;
-  E->arena = top ? kiln__dev_alloc(ctx, top) : NULL;
+  E->arena = arena_take(ctx, top);
   bool ok = top == 0 || E->arena;
   if (!ok) {
     int big = 0;
@@ -258,7 +300,7 @@ static void unbind(kiln_ctx *ctx, const kiln__step_graph *E) {
 static void graph_free(kiln_ctx *ctx, kiln__step_graph *E) {
   if (!E) return;
   if (E->exec) cudaGraphExecDestroy(E->exec);
-  if (E->arena) kiln__dev_free(ctx, E->arena);
+  arena_drop(ctx, E->arena);
   if (E->values) kiln__dev_free(ctx, E->values);
   kiln__program_free(&E->prog);
   free(E->sig);

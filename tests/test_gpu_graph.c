@@ -3,8 +3,8 @@
  * contexts' other mode): bitwise the same losses and parameters over 200 steps; dropout masks
  * that change every step and match; a learning-rate schedule and Adam's step count that change
  * without a new capture; new signatures (a partial batch, an evaluation step) captured once each;
- * the arena smaller than the intermediates; reading inside an open step an error.
- * Without a GPU every test skips, saying why.
+ * the arena smaller than the intermediates, and shared by the graphs whose plans fit in it; reading
+ * inside an open step an error. Without a GPU every test skips, saying why.
  */
 #include <math.h>
 #include <string.h>
@@ -234,6 +234,55 @@ Test(gpu_graph, new_signatures_are_planned_and_captured_once) {
   net_free(&e);
   th_ctx_free(cg);
   th_ctx_free(ce);
+}
+
+/* Step graphs share arenas: a partial batch's and an evaluation step's plans, smaller than the
+ * training step's, go in its arena; a larger plan gets one of its own; the arenas go with the
+ * graphs. The values are checked against eager runs above (new_signatures_...). */
+Test(gpu_graph, smaller_steps_share_the_training_steps_arena) {
+  TH_GPU_CTX(ctx);
+  net g;
+  net_init(&g, ctx, true, false, 0.1f);
+  net_step(&g, 96);
+  kiln_exec_stats s = stats_of(ctx);
+  uint64_t train = s.arena_bytes;
+  cr_assert_gt(train, 0);
+  cr_assert_eq(s.graphs_arena_bytes, train);
+  net_step(&g, 40);
+  s = stats_of(ctx);
+  cr_assert_leq(s.arena_bytes, train, "the partial batch's plan is the smaller");
+  cr_assert_eq(s.graphs_arena_bytes, train, "the partial batch's graph has an arena of its own");
+  net_eval(&g);
+  s = stats_of(ctx);
+  cr_assert_leq(s.arena_bytes, train);
+  cr_assert_eq(s.graphs_arena_bytes, train, "the evaluation's graph has an arena of its own");
+  cr_assert_eq(s.graph_captures, 3);
+  /* a step larger than the training step's: an arena of its own */
+  kiln_tensor *big = th_rand(ctx, KILN_SHAPE(1024, 1024), 5, -1.f, 1.f, NULL);
+  kiln_step_begin(ctx);
+  kiln_tensor *m = kiln_exp(kiln_mul(big, big)); /* 4 MiB, the step's output */
+  cr_assert_eq(kiln_step_end(ctx), KILN_OK, "%s", kiln_ctx_error(ctx));
+  float *mv = th_read(m);
+  cr_assert(mv[0] >= 1.f && mv[0] <= expf(1.f), "%g", mv[0]);
+  free(mv);
+  s = stats_of(ctx);
+  cr_assert_gt(s.arena_bytes, train);
+  cr_assert_eq(s.graphs_arena_bytes, train + s.arena_bytes);
+  /* every step again: replays, no new capture, the arenas as they were */
+  net_step(&g, 96);
+  net_step(&g, 40);
+  net_eval(&g);
+  s = stats_of(ctx);
+  cr_assert_eq(s.graph_captures, 4);
+  cr_assert_eq(s.graph_replays, 3);
+  /* graphs off: the graphs and their arenas go at the next step */
+  kiln_set_graphs(ctx, 0);
+  kiln_step_begin(ctx);
+  cr_assert_eq(stats_of(ctx).graphs_arena_bytes, 0);
+  kiln_step_end(ctx);
+  kiln_tensor_free(big);
+  net_free(&g);
+  th_ctx_free(ctx);
 }
 
 Test(gpu_graph, host_reads_inside_a_step) {
