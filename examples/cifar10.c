@@ -940,10 +940,29 @@ int main(int argc, char **argv) {
              median(whiten, c.nseeds));
     }
   }
-  if (c.log) fclose(c.log);
+  /* where the device memory goes: the data sets, the step graphs' arenas (the training step's,
+   * shared by the evaluation's where it fits), and what the caching allocator holds */
   kiln_mem_stats ms;
   kiln_memory_stats(ctx, &ms);
-  printf("peak device memory %.1f MiB\n", ms.peak / 1048576.0);
+  kiln_exec_stats es;
+  kiln_stats(ctx, &es);
+  double mib = 1048576.0, data = 0;
+  kiln_dataset *sets[2] = {train, test};
+  for (int k = 0; k < 2; k++) {
+    kiln_tensor *t[2] = {kiln_dataset_images(sets[k]), kiln_dataset_labels(sets[k])};
+    for (int j = 0; j < 2; j++)
+      data += (double)kiln_tensor_numel(t[j]) * (double)kiln_dtype_size(kiln_tensor_dtype(t[j]));
+  }
+  printf("peak device memory %.1f MiB (now: data sets %.1f MiB, step graphs' arenas %.1f MiB, "
+         "in use %.1f MiB, cached %.1f MiB)\n",
+         ms.peak / mib, data / mib, es.graphs_arena_bytes / mib, ms.in_use / mib, ms.cached / mib);
+  if (c.log)
+    fprintf(c.log,
+            "{\"peak_mib\": %.1f, \"data_mib\": %.1f, \"graph_arenas_mib\": %.1f, "
+            "\"in_use_mib\": %.1f, \"cached_mib\": %.1f}\n",
+            ms.peak / mib, data / mib, es.graphs_arena_bytes / mib, ms.in_use / mib,
+            ms.cached / mib);
+  if (c.log) fclose(c.log);
   free(acc);
   free(tta);
   free(cold);
