@@ -8,6 +8,7 @@
  */
 #include <errno.h>
 #include <inttypes.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -234,8 +235,24 @@ static char *write_source(const kiln_ctx *ctx, kiln__kcache *c, const char *dir,
   return path;
 }
 
-static void *compile(kiln_ctx *ctx, kiln__kcache *c, const char *name, const char *source,
-                     const char *comment, bool sm90a, size_t *size) {
+/* One source to compile, off the main thread: its cubin from the disk cache or NVRTC, or NVRTC's
+ * failure. Nothing here touches the context's error or statistics: the main thread reports. */
+typedef struct job {
+  const char *name, *source;
+  bool sm90a;
+  uint64_t key;
+  void *cubin;
+  size_t size;
+  bool from_disk;
+  nvrtcResult err; /* NVRTC_SUCCESS, or what failed (with log) */
+  const char *what;
+  char *log;
+  kiln__kernel *k; /* set by the main thread */
+} job;
+
+/* Compiles j->source with NVRTC (thread-safe: NVRTC compiles programs of different threads
+ * concurrently). */
+static void nvrtc_compile(const kiln_ctx *ctx, job *j) {
   const char *headers[KILN__MAX_DEVICE_FILES], *names[KILN__MAX_DEVICE_FILES];
   KILN_ASSERT(kiln__device_nfiles <= KILN__MAX_DEVICE_FILES);
   for (int i = 0; i < kiln__device_nfiles; i++) {
@@ -243,41 +260,92 @@ static void *compile(kiln_ctx *ctx, kiln__kcache *c, const char *name, const cha
     names[i] = kiln__device_files[i].name;
   }
   nvrtcProgram prog;
-  if (KILN_NVRTC_FAILED(
-          ctx, nvrtcCreateProgram(&prog, source, name, kiln__device_nfiles, headers, names)))
-    return NULL;
+  j->what = "nvrtcCreateProgram";
+  j->err = nvrtcCreateProgram(&prog, j->source, j->name, kiln__device_nfiles, headers, names);
+  if (j->err != NVRTC_SUCCESS) return;
   char arch[64];
-  snprintf(arch, sizeof arch, "--gpu-architecture=sm_%d%s", ctx->arch, sm90a ? "a" : "");
+  snprintf(arch, sizeof arch, "--gpu-architecture=sm_%d%s", ctx->arch, j->sm90a ? "a" : "");
   const char *opts[] = {arch, "--std=c++17", "-w"};
-  nvrtcResult r = nvrtcCompileProgram(prog, 3, opts);
-  void *cubin = NULL;
-  if (r != NVRTC_SUCCESS) {
+  j->what = "nvrtcCompileProgram";
+  j->err = nvrtcCompileProgram(prog, 3, opts);
+  if (j->err != NVRTC_SUCCESS) {
     size_t len = 0;
     nvrtcGetProgramLogSize(prog, &len);
-    char *log = malloc(len + 1);
-    if (log) {
-      log[0] = 0;
-      nvrtcGetProgramLog(prog, log);
-      log[len] = 0;
+    j->log = malloc(len + 1);
+    if (j->log) {
+      j->log[0] = 0;
+      nvrtcGetProgramLog(prog, j->log);
+      j->log[len] = 0;
     }
-    const char *dir = c->dump_dir ? c->dump_dir : "/tmp/kiln-failed-kernels";
-    char *path = write_source(ctx, c, dir, name, source, comment, sm90a);
-    kiln__error(ctx, KILN_ERR_CUDA, "kiln: NVRTC could not compile %s (source: %s): %s\n%s", name,
-                path ? path : "(not written)", nvrtcGetErrorString(r), log ? log : "");
-    free(path);
-    free(log);
-    nvrtcDestroyProgram(&prog);
-    return NULL;
-  }
-  if (!KILN_NVRTC_FAILED(ctx, nvrtcGetCUBINSize(prog, size))) {
-    cubin = malloc(*size);
-    if (cubin && KILN_NVRTC_FAILED(ctx, nvrtcGetCUBIN(prog, cubin))) {
-      free(cubin);
-      cubin = NULL;
+  } else {
+    j->what = "nvrtcGetCUBIN";
+    j->err = nvrtcGetCUBINSize(prog, &j->size);
+    if (j->err == NVRTC_SUCCESS) {
+      j->cubin = malloc(j->size);
+      if (!j->cubin)
+        j->err = NVRTC_ERROR_OUT_OF_MEMORY;
+      else if ((j->err = nvrtcGetCUBIN(prog, j->cubin)) != NVRTC_SUCCESS) {
+        free(j->cubin);
+        j->cubin = NULL;
+      }
     }
   }
   nvrtcDestroyProgram(&prog);
-  return cubin;
+}
+
+static void run_job(const kiln_ctx *ctx, const kiln__kcache *c, job *j) {
+  j->cubin = cache_read(ctx, c, j->key, &j->size);
+  j->from_disk = j->cubin != NULL;
+  if (!j->from_disk) nvrtc_compile(ctx, j);
+}
+
+typedef struct pool {
+  const kiln_ctx *ctx;
+  const kiln__kcache *c;
+  job *jobs;
+  int n, next;
+  pthread_mutex_t lock;
+} pool;
+
+static void *worker(void *arg) {
+  pool *p = arg;
+  for (;;) {
+    pthread_mutex_lock(&p->lock);
+    int i = p->next++;
+    pthread_mutex_unlock(&p->lock);
+    if (i >= p->n) return NULL;
+    run_job(p->ctx, p->c, &p->jobs[i]);
+  }
+}
+
+/* Threads for n jobs: KILN_COMPILE_THREADS, else the host's processors, at most n and
+ * KILN__COMPILE_THREADS_MAX. */
+#define KILN__COMPILE_THREADS_MAX 32
+static int threads_for(int n) {
+  const char *env = getenv("KILN_COMPILE_THREADS");
+  long t = env && *env ? strtol(env, NULL, 10) : sysconf(_SC_NPROCESSORS_ONLN);
+  if (t < 1) t = 1;
+  if (t > KILN__COMPILE_THREADS_MAX) t = KILN__COMPILE_THREADS_MAX;
+  return (int)(t < n ? t : n);
+}
+
+/* Runs every job: on the calling thread alone, or on a pool of threads with it. */
+static void run_jobs(const kiln_ctx *ctx, const kiln__kcache *c, job *jobs, int n) {
+  pool p = {.ctx = ctx, .c = c, .jobs = jobs, .n = n};
+  int nt = threads_for(n);
+  pthread_t th[KILN__COMPILE_THREADS_MAX];
+  int started = 0;
+  if (nt > 1 && pthread_mutex_init(&p.lock, NULL) == 0) {
+    for (; started < nt - 1; started++) /* the calling thread is the last worker */
+      if (pthread_create(&th[started], NULL, worker, &p) != 0) break;
+    worker(&p);
+    for (int t = 0; t < started; t++)
+      pthread_join(th[t], NULL);
+    pthread_mutex_destroy(&p.lock);
+    return;
+  }
+  for (int i = 0; i < n; i++)
+    run_job(ctx, c, &jobs[i]);
 }
 
 /* The device files, architecture and NVRTC version: part of every kernel's key. */
@@ -315,63 +383,136 @@ static bool load(const kiln_ctx *ctx, kiln__kernel *k, const void *cubin, const 
   return true;
 }
 
-kiln__kernel *kiln__compile(kiln_ctx *ctx, const char *name, const char *source,
-                            const char *comment, bool sm90a, unsigned smem) {
-  kiln__kcache *c = ctx->fusion_state->kernels;
-  KILN_ASSERT(!sm90a || ctx->arch == 90);
-  uint64_t key = kiln__hash(source, strlen(source), key_seed(ctx, c) ^ (sm90a ? 0x9a : 0));
-  for (kiln__kernel *k = c->bucket[key & (KCACHE_BUCKETS - 1)]; k; k = k->next) {
-    if (k->key == key) {
-      ctx->stats.cache_hits++;
-      return k;
-    }
-  }
-  if (c->dump_dir) free(write_source(ctx, c, c->dump_dir, name, source, comment, sm90a));
+static kiln__kernel *memory_lookup(kiln__kcache *c, uint64_t key) {
+  for (kiln__kernel *k = c->bucket[key & (KCACHE_BUCKETS - 1)]; k; k = k->next)
+    if (k->key == key) return k;
+  return NULL;
+}
+
+/* A job's kernel, on the main thread: its failure reported, or its cubin loaded (a cached one that
+ * does not load is compiled again), written to the disk cache when compiled, and kept in memory.
+ * NULL with the error set. */
+static kiln__kernel *finish(kiln_ctx *ctx, kiln__kcache *c, job *j, const char *comment,
+                            unsigned smem) {
+  const char *name = j->name;
+  if (c->dump_dir) free(write_source(ctx, c, c->dump_dir, name, j->source, comment, j->sm90a));
   kiln__kernel *k = calloc(1, sizeof *k);
   if (!k) {
     kiln__error(ctx, KILN_ERR_OOM, "kiln: out of host memory loading %s", name);
     return NULL;
   }
-  k->key = key;
+  k->key = j->key;
   snprintf(k->name, sizeof k->name, "%s", name);
-  size_t size = 0;
-  void *cubin = cache_read(ctx, c, key, &size);
-  if (cubin) {
+  if (j->from_disk) {
     /* a cached cubin whose bytes check out but which does not load (damaged before it was
      * written, or by a foreign writer) is dropped and compiled again */
-    if (!ctx->has_gpu || load(ctx, k, cubin, name, smem)) {
+    if (!ctx->has_gpu || load(ctx, k, j->cubin, name, smem)) {
       ctx->stats.cache_hits++;
       ctx->stats.disk_hits++;
-      free(cubin);
       goto loaded;
     }
-    free(cubin);
-    cache_remove(c, key);
+    free(j->cubin);
+    j->cubin = NULL;
+    cache_remove(c, j->key);
+    j->from_disk = false;
+    double t0 = now_ms();
+    nvrtc_compile(ctx, j);
+    ctx->stats.compile_ms += now_ms() - t0;
   }
-  double t0 = now_ms();
-  cubin = compile(ctx, c, name, source, comment, sm90a, &size);
-  ctx->stats.compile_ms += now_ms() - t0;
-  if (!cubin) {
+  if (j->err == NVRTC_ERROR_COMPILATION) {
+    const char *dir = c->dump_dir ? c->dump_dir : "/tmp/kiln-failed-kernels";
+    char *path = write_source(ctx, c, dir, name, j->source, comment, j->sm90a);
+    kiln__error(ctx, KILN_ERR_CUDA, "kiln: NVRTC could not compile %s (source: %s): %s\n%s", name,
+                path ? path : "(not written)", nvrtcGetErrorString(j->err), j->log ? j->log : "");
+    free(path);
+    free(k);
+    return NULL;
+  }
+  if (j->err != NVRTC_SUCCESS) {
+    kiln__error(ctx, j->err == NVRTC_ERROR_OUT_OF_MEMORY ? KILN_ERR_OOM : KILN_ERR_CUDA,
+                "kiln: %s failed for %s: %s", j->what, name, nvrtcGetErrorString(j->err));
     free(k);
     return NULL;
   }
   ctx->stats.kernels_compiled++;
   if (ctx->has_gpu &&
-      (KILN_CUDA_FAILED(ctx, cudaLibraryLoadData(&k->lib, cubin, NULL, NULL, 0, NULL, NULL, 0)) ||
+      (KILN_CUDA_FAILED(ctx,
+                        cudaLibraryLoadData(&k->lib, j->cubin, NULL, NULL, 0, NULL, NULL, 0)) ||
        KILN_CUDA_FAILED(ctx, cudaLibraryGetKernel(&k->fn, k->lib, name)) ||
        (smem > 48 * 1024 &&
         KILN_CUDA_FAILED(
             ctx, cudaKernelSetAttributeForDevice(k->fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                  (int)smem, ctx->device))))) {
     if (k->lib) cudaLibraryUnload(k->lib);
-    free(cubin);
     free(k);
     return NULL;
   }
-  cache_write(ctx, c, key, cubin, size);
-  free(cubin);
+  cache_write(ctx, c, j->key, j->cubin, j->size);
 loaded:
-  k->next = c->bucket[key & (KCACHE_BUCKETS - 1)];
-  c->bucket[key & (KCACHE_BUCKETS - 1)] = k;
+  k->next = c->bucket[j->key & (KCACHE_BUCKETS - 1)];
+  c->bucket[j->key & (KCACHE_BUCKETS - 1)] = k;
   return k;
+}
+
+bool kiln__compile_all(kiln_ctx *ctx, int n, kiln__compile_req *r) {
+  kiln__kcache *c = ctx->fusion_state->kernels;
+  job *jobs = calloc((size_t)(n > 0 ? n : 1), sizeof *jobs);
+  int *job_of = malloc((size_t)(n > 0 ? n : 1) * sizeof *job_of);
+  if (!jobs || !job_of) {
+    free(jobs);
+    free(job_of);
+    return !kiln__error(ctx, KILN_ERR_OOM, "kiln: out of host memory compiling kernels");
+  }
+  /* the memory cache first; each other source once (a repeat is a hit, as if compiled before) */
+  int nj = 0;
+  for (int i = 0; i < n; i++) {
+    KILN_ASSERT(!r[i].sm90a || ctx->arch == 90);
+    uint64_t key =
+        kiln__hash(r[i].source, strlen(r[i].source), key_seed(ctx, c) ^ (r[i].sm90a ? 0x9a : 0));
+    job_of[i] = -1;
+    r[i].k = memory_lookup(c, key);
+    if (r[i].k) {
+      ctx->stats.cache_hits++;
+      continue;
+    }
+    for (int j = 0; j < nj && job_of[i] < 0; j++)
+      if (jobs[j].key == key) job_of[i] = j;
+    if (job_of[i] >= 0) continue;
+    jobs[nj] = (job){.name = r[i].name, .source = r[i].source, .sm90a = r[i].sm90a, .key = key};
+    job_of[i] = nj++;
+  }
+  double t0 = now_ms();
+  run_jobs(ctx, c, jobs, nj);
+  bool compiled = false;
+  for (int j = 0; j < nj; j++)
+    compiled = compiled || !jobs[j].from_disk;
+  if (compiled) ctx->stats.compile_ms += now_ms() - t0;
+  /* in order: the first failure is the one reported */
+  bool ok = true;
+  for (int i = 0; i < n; i++) {
+    if (job_of[i] < 0) continue;
+    job *j = &jobs[job_of[i]];
+    if (ok && !j->k) { /* its first request */
+      j->k = finish(ctx, c, j, r[i].comment, r[i].smem);
+      ok = j->k != NULL;
+      r[i].k = j->k;
+    } else {
+      r[i].k = j->k;
+      if (j->k) ctx->stats.cache_hits++;
+    }
+  }
+  for (int j = 0; j < nj; j++) {
+    free(jobs[j].cubin);
+    free(jobs[j].log);
+  }
+  free(jobs);
+  free(job_of);
+  return ok;
+}
+
+kiln__kernel *kiln__compile(kiln_ctx *ctx, const char *name, const char *source,
+                            const char *comment, bool sm90a, unsigned smem) {
+  kiln__compile_req r = {
+      .name = name, .source = source, .comment = comment, .sm90a = sm90a, .smem = smem};
+  return kiln__compile_all(ctx, 1, &r) ? r.k : NULL;
 }

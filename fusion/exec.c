@@ -24,47 +24,74 @@ static int32_t node_index(const kiln__trace *tr, const kiln__node *n) {
   return (int32_t)(n - tr->nodes);
 }
 
+/* Call k's launch, arguments and name from its rendered kernel r, compiled as kernel. */
+static void fill_call(const kiln__trace *tr, kiln__call *c, const kiln__rendered *r,
+                      kiln__kernel *kernel) {
+  c->k = kernel;
+  c->arg = r->arg;
+  c->grid = r->grid;
+  c->block = r->block;
+  c->grid_y = r->grid_y;
+  c->grid_z = r->grid_z;
+  c->smem = r->smem;
+  c->ws_slot = r->ws_slot;
+  c->bytes_read = r->bytes_read;
+  c->bytes_written = r->bytes_written;
+  c->zero_slot = r->zero_slot;
+  c->zero_bytes = r->zero_bytes;
+  snprintf(c->name, sizeof c->name, "%s", r->name);
+  /* attribute sources are trace nodes (lowering's stand-ins carry no attributes) */
+  for (int q = 0; q < KILN__KMAX_F; q++)
+    if (r->arg.fsrc[q]) c->fi[q] = node_index(tr, r->arg.fsrc[q]);
+  for (int q = 0; q < KILN__KMAX_U; q++)
+    if (r->arg.usrc[q]) c->ui[q] = node_index(tr, r->arg.usrc[q]);
+}
+
+/* Renders every group's kernel, compiles them all at once (kiln__compile_all: what the caches
+ * lack on a pool of threads), then fills the calls. */
 static bool build_calls(kiln_ctx *ctx, kiln__program *pg) {
   const kiln__trace *tr = &ctx->trace;
   kiln__target target = {.num_sms = ctx->num_sms, .customs = ctx->customs, .ncustom = ctx->ncustom};
-  for (int k = 0; k < pg->plan.ng; k++) {
+  int ng = pg->plan.ng, nr = 0;
+  size_t slots = (size_t)(ng > 0 ? ng : 1);
+  kiln__rendered *r = calloc(slots, sizeof *r);
+  kiln__compile_req *req = calloc(slots, sizeof *req);
+  int *req_of = malloc(slots * sizeof *req_of);
+  bool ok = r && req && req_of;
+  if (!ok) kiln__error(ctx, KILN_ERR_OOM, "kiln_flush: out of host memory rendering kernels");
+  for (int k = 0; k < ng && ok; k++) {
     const kiln__spec *s = &pg->spec[k];
     kiln__call *c = &pg->call[k];
     for (int q = 0; q < KILN__KMAX_F; q++)
       c->fi[q] = -1;
     for (int q = 0; q < KILN__KMAX_U; q++)
       c->ui[q] = -1;
+    req_of[k] = -1;
     if (s->kind == KILN__SPEC_BLAS) {
       kiln__blas_name(&s->gemm, c->name, sizeof c->name);
       continue;
     }
-    kiln__rendered r;
-    if (!kiln__render(&target, s, &r)) {
-      kiln__sb_free(&r.src);
-      return !kiln__error(ctx, KILN_ERR_OOM, "kiln_flush: out of host memory rendering a kernel");
+    ok = kiln__render(&target, s, &r[k]);
+    if (!ok) {
+      kiln__error(ctx, KILN_ERR_OOM, "kiln_flush: out of host memory rendering a kernel");
+      break;
     }
-    c->k = kiln__compile(ctx, r.name, r.src.s, s->comment, r.sm90a, r.smem);
-    kiln__sb_free(&r.src);
-    if (!c->k) return false;
-    c->arg = r.arg;
-    c->grid = r.grid;
-    c->block = r.block;
-    c->grid_y = r.grid_y;
-    c->grid_z = r.grid_z;
-    c->smem = r.smem;
-    c->ws_slot = r.ws_slot;
-    c->bytes_read = r.bytes_read;
-    c->bytes_written = r.bytes_written;
-    c->zero_slot = r.zero_slot;
-    c->zero_bytes = r.zero_bytes;
-    snprintf(c->name, sizeof c->name, "%s", r.name);
-    /* attribute sources are trace nodes (lowering's stand-ins carry no attributes) */
-    for (int q = 0; q < KILN__KMAX_F; q++)
-      if (r.arg.fsrc[q]) c->fi[q] = node_index(tr, r.arg.fsrc[q]);
-    for (int q = 0; q < KILN__KMAX_U; q++)
-      if (r.arg.usrc[q]) c->ui[q] = node_index(tr, r.arg.usrc[q]);
+    req[nr] = (kiln__compile_req){.name = r[k].name,
+                                  .source = r[k].src.s,
+                                  .comment = s->comment,
+                                  .sm90a = r[k].sm90a,
+                                  .smem = r[k].smem};
+    req_of[k] = nr++;
   }
-  return true;
+  ok = ok && kiln__compile_all(ctx, nr, req);
+  for (int k = 0; k < ng && ok; k++)
+    if (req_of[k] >= 0) fill_call(tr, &pg->call[k], &r[k], req[req_of[k]].k);
+  for (int k = 0; r && k < ng; k++)
+    kiln__sb_free(&r[k].src);
+  free(r);
+  free(req);
+  free(req_of);
+  return ok;
 }
 
 bool kiln__program_build(kiln_ctx *ctx, int32_t first, int32_t last, kiln__program *pg) {

@@ -212,9 +212,22 @@ typedef struct kiln__device_file {
 extern const kiln__device_file kiln__device_files[];
 extern const int kiln__device_nfiles;
 
-/* Compiles source (once per process, cached on disk) and loads it when there is a GPU; NULL on
- * failure with the error set. comment goes into dumped sources; sm90a: for the arch-specific
- * target (ctx's architecture must be 90); smem: the dynamic shared memory its launches ask for. */
+/* A kernel to compile: its name and source, comment (for dumped sources), sm90a (the
+ * arch-specific target: ctx's architecture must be 90), smem (the dynamic shared memory its
+ * launches ask for); k receives the loaded kernel. */
+typedef struct kiln__compile_req {
+  const char *name, *source, *comment;
+  bool sm90a;
+  unsigned smem;
+  kiln__kernel *k;
+} kiln__compile_req;
+/* Compiles every request's source (once per process, cached in memory and on disk) and loads it
+ * when there is a GPU. The sources the caches lack are read from the disk cache or compiled by
+ * NVRTC on a pool of threads (KILN_COMPILE_THREADS, default the host's processors), each source
+ * once; loading and reporting stay on the calling thread. False on the first failure (in the
+ * requests' order) with the error set. */
+bool kiln__compile_all(kiln_ctx *ctx, int n, kiln__compile_req *r);
+/* kiln__compile_all of one source: its kernel, or NULL with the error set. */
 kiln__kernel *kiln__compile(kiln_ctx *ctx, const char *name, const char *source,
                             const char *comment, bool sm90a, unsigned smem);
 const void *kiln__kernel_fn(const kiln__kernel *k); /* the cudaKernel_t to launch */

@@ -432,6 +432,66 @@ Test(nvrtc, disk_cache_is_reused_and_corruption_is_rebuilt, .timeout = 1200) {
   th_remove_dir(cache);
 }
 
+/* Compiles on a pool of threads give the serial compile's cubins, file for file. */
+Test(nvrtc, parallel_compiles_give_the_serial_cubins, .timeout = 1200) {
+  char serial[256], parallel[256];
+  fresh_cache_dir(serial, sizeof serial);
+  cr_assert_eq(setenv("KILN_COMPILE_THREADS", "1", 1), 0);
+  kiln_exec_stats s1 = compile_small_in_fresh_ctx();
+  fresh_cache_dir(parallel, sizeof parallel);
+  cr_assert_eq(setenv("KILN_COMPILE_THREADS", "4", 1), 0);
+  kiln_exec_stats s4 = compile_small_in_fresh_ctx();
+  unsetenv("KILN_COMPILE_THREADS");
+  cr_assert_eq(s4.kernels_compiled, s1.kernels_compiled);
+  cr_assert_eq(s4.cache_hits, s1.cache_hits);
+  char a[64][1200], b[64][1200];
+  int na = th_list_files(serial, ".cubin", a, 64), nb = th_list_files(parallel, ".cubin", b, 64);
+  cr_assert_eq(na, nb);
+  cr_assert_eq((uint64_t)na, s1.kernels_compiled);
+  for (int i = 0; i < na; i++) {
+    const char *name = strrchr(a[i], '/') + 1;
+    char other[1300];
+    snprintf(other, sizeof other, "%s/%s", parallel, name);
+    size_t la, lb;
+    char *ca = th_read_whole(a[i], &la), *cb = th_read_whole(other, &lb);
+    cr_assert(la == lb && memcmp(ca, cb, la) == 0, "%s differs between the compiles", name);
+    free(ca);
+    free(cb);
+  }
+  th_remove_dir(serial);
+  th_remove_dir(parallel);
+}
+
+/* A batch with two sources that do not compile reports the first of them in the requests' order
+ * (whichever thread finished first), and the good ones before it are loaded. */
+Test(nvrtc, a_batch_reports_its_first_failure, .timeout = 300) {
+  char cache[256];
+  fresh_cache_dir(cache, sizeof cache);
+  cr_assert_eq(setenv("KILN_COMPILE_THREADS", "3", 1), 0);
+  kiln_ctx *ctx = th_cpu_ctx();
+  const char *src[5] = {"extern \"C\" __global__ void k_good_0(int *p) { p[0] = 0; }\n",
+                        "extern \"C\" __global__ void k_bad_1(int *p) { p[0] = nope1; }\n",
+                        "extern \"C\" __global__ void k_good_2(int *p) { p[0] = 2; }\n",
+                        "extern \"C\" __global__ void k_bad_3(int *p) { p[0] = nope3; }\n",
+                        "extern \"C\" __global__ void k_good_0(int *p) { p[0] = 0; }\n"};
+  const char *names[5] = {"k_good_0", "k_bad_1", "k_good_2", "k_bad_3", "k_good_0"};
+  kiln__compile_req r[5];
+  for (int i = 0; i < 5; i++)
+    r[i] = (kiln__compile_req){.name = names[i], .source = src[i]};
+  cr_assert_not(kiln__compile_all(ctx, 5, r));
+  TH_ASSERT_ERROR(ctx, KILN_ERR_CUDA, "k_bad_1", "nope1");
+  cr_assert_null(strstr(kiln_ctx_error(ctx), "nope3"), "%s", kiln_ctx_error(ctx));
+  cr_assert_not_null(r[0].k);
+  kiln_ctx_clear_error(ctx);
+  /* the good ones again: from the memory cache, the repeat counted as a hit */
+  kiln__compile_req good[3] = {r[0], r[2], r[4]};
+  cr_assert(kiln__compile_all(ctx, 3, good), "%s", th_err(ctx));
+  cr_assert(good[0].k == good[2].k && good[1].k && good[0].k != good[1].k);
+  unsetenv("KILN_COMPILE_THREADS");
+  th_ctx_free(ctx);
+  th_remove_dir(cache);
+}
+
 Test(nvrtc, dump_kernels_writes_sources, .timeout = 600) {
   char cache[256], dump[256];
   fresh_cache_dir(cache, sizeof cache);
