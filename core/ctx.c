@@ -5,6 +5,7 @@
  * together with fusion/'s execution state (kernels, step graphs, BLAS handles and plans) into
  * kiln_ctx_new, kiln_ctx_free and the step calls.
  */
+#include <dlfcn.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -39,12 +40,45 @@ static unsigned debug_flags(void) {
   return f;
 }
 
+/* Why the CUDA runtime found no device, in words for someone who may have no driver at all:
+ * whether libcuda (the driver's library) loads, and which CUDA version it supports. */
+static void no_device(kiln_ctx *ctx, cudaError_t e) {
+  char why[256];
+  int runtime = 0, driver = 0;
+  (void)cudaRuntimeGetVersion(&runtime);
+  void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  if (lib) {
+    /* cuDriverGetVersion(int *) works before cuInit; a CUresult of 0 is success */
+    int (*version)(int *) = NULL;
+    void *sym = dlsym(lib, "cuDriverGetVersion");
+    if (sym) memcpy(&version, &sym, sizeof sym); /* POSIX: a function's address as a void * */
+    if (!version || version(&driver) != 0) driver = 0;
+    dlclose(lib);
+  }
+  if (!lib)
+    snprintf(why, sizeof why, "no NVIDIA driver is installed (libcuda.so.1 cannot be loaded)");
+  else if (e == cudaErrorInsufficientDriver && driver > 0)
+    snprintf(why, sizeof why,
+             "the NVIDIA driver supports CUDA up to %d.%d, older than the CUDA %d.%d runtime "
+             "kiln was built with",
+             driver / 1000, driver % 1000 / 10, runtime / 1000, runtime % 1000 / 10);
+  else if (e == cudaSuccess || e == cudaErrorNoDevice) {
+    const char *vis = getenv("CUDA_VISIBLE_DEVICES");
+    snprintf(why, sizeof why, "the NVIDIA driver sees no GPU%s%s%s",
+             vis ? " (CUDA_VISIBLE_DEVICES=\"" : "", vis ? vis : "", vis ? "\")" : "");
+  } else
+    snprintf(why, sizeof why, "the CUDA driver cannot be used");
+  kiln__error(ctx, KILN_ERR_STATE,
+              "kiln_ctx_new: no usable GPU: %s (CUDA says: \"%s\"). A context made with "
+              "kiln_ctx_options.no_gpu = 1 records, plans and compiles without one",
+              why, e != cudaSuccess ? cudaGetErrorString(e) : "cudaGetDeviceCount found 0 devices");
+}
+
 static void gpu_init(kiln_ctx *ctx, int device) {
   int count = 0;
   cudaError_t e = cudaGetDeviceCount(&count);
   if (e != cudaSuccess || count == 0) {
-    kiln__error(ctx, KILN_ERR_STATE, "kiln_ctx_new: no CUDA device: %s",
-                e != cudaSuccess ? cudaGetErrorString(e) : "cudaGetDeviceCount found 0 devices");
+    no_device(ctx, e);
     (void)cudaGetLastError();
     return;
   }

@@ -105,8 +105,11 @@ typedef struct kiln_ctx_options {
 /*
  * Creates a context. NULL options: device 0, a GPU context. Always returns a context unless host
  * memory runs out; when the device cannot be used, kiln_ctx_error() says why and
- * kiln_ctx_has_gpu() is 0. Environment: KILN_TF32=0 turns TF32 matmuls off, KILN_SEED sets the
- * RNG seed, KILN_CACHE_DIR the kernel cache, KILN_DUMP_KERNELS=dir writes generated sources.
+ * kiln_ctx_has_gpu() is 0: "kiln_ctx_new: no usable GPU: " and whether no NVIDIA driver is
+ * installed, the driver is older than kiln's CUDA runtime (both versions) or sees no GPU, then
+ * CUDA's own words and that no_gpu = 1 gives a context that records, plans and compiles.
+ * Environment: KILN_TF32=0 turns TF32 matmuls off, KILN_SEED sets the RNG seed, KILN_CACHE_DIR
+ * the kernel cache, KILN_DUMP_KERNELS=dir writes generated sources.
  */
 kiln_ctx *kiln_ctx_new(const kiln_ctx_options *opts);
 /* Frees the context and every tensor it still holds. Parameter lists, optimizers, data sets and

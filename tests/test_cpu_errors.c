@@ -1,8 +1,9 @@
 /*
  * test_cpu_errors.c: sticky errors on a no-GPU context: the first error wins and later calls
- * record nothing until kiln_ctx_clear_error; NULL inputs, tensors of another context, and what a
- * context without a GPU refuses to run.
+ * record nothing until kiln_ctx_clear_error; NULL inputs, tensors of another context, what a
+ * context without a GPU refuses to run, and kiln_ctx_new's message where there is no usable GPU.
  */
+#include <dlfcn.h>
 #include <math.h>
 #include <string.h>
 
@@ -109,5 +110,37 @@ Test(errors, no_gpu_context_cannot_run) {
   cr_assert_eq(st.kernels_launched, 0);
   cr_assert_eq(st.nodes_executed, 0);
   th_free_scratch();
+  th_ctx_free(ctx);
+}
+
+/* Without a usable GPU, kiln_ctx_new says so, why (no driver at all, on a machine without one),
+ * in CUDA's words too, and how to make a context anyway. */
+Test(errors, without_a_gpu_the_context_says_why_and_names_no_gpu) {
+  kiln_ctx *ctx = kiln_ctx_new(NULL);
+  cr_assert_not_null(ctx);
+  if (kiln_ctx_has_gpu(ctx)) {
+    kiln_ctx_free(ctx);
+    cr_skip_test("this machine has a usable GPU: no message to check");
+  }
+  const char *e = kiln_ctx_error(ctx);
+  cr_assert_not_null(e);
+  cr_assert_eq(kiln_ctx_status(ctx), KILN_ERR_STATE);
+  cr_assert(strncmp(e, "kiln_ctx_new: no usable GPU: ", 29) == 0, "%s", e);
+  cr_assert_not_null(strstr(e, "CUDA says: \""), "CUDA's own words: %s", e);
+  cr_assert_not_null(strstr(e, "kiln_ctx_options.no_gpu = 1"), "the way out: %s", e);
+  void *driver = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  if (!driver)
+    cr_assert_not_null(strstr(e, "no NVIDIA driver is installed"), "no driver here: %s", e);
+  else {
+    cr_assert(strstr(e, "the NVIDIA driver supports CUDA up to") ||
+                  strstr(e, "the NVIDIA driver sees no GPU") ||
+                  strstr(e, "the CUDA driver cannot be used"),
+              "%s", e);
+    dlclose(driver);
+  }
+  kiln_ctx_free(ctx);
+  /* and no_gpu = 1 makes a context with no error */
+  ctx = th_cpu_ctx();
+  th_assert_ok(ctx);
   th_ctx_free(ctx);
 }
