@@ -160,7 +160,9 @@ kiln_status kiln_sync(kiln_ctx *ctx);
  * kiln_step_end runs the step's trace. A step that fails, in recording or in running, leaves no
  * host state behind: optimizer step counts and rates, gradients' presence, the RNG state and
  * loader positions are as the step found them (device work already run by an earlier flush of
- * the step, with graphs off, stays).
+ * the step, with graphs off, stays). Ending a step inside an open autocast region is such a failure
+ * (KILN_ERR_STATE, naming how many are open): the region would carry into the next step. The
+ * regions stay open; close them (kiln_autocast_end) and clear the error to go on.
  */
 void kiln_step_begin(kiln_ctx *ctx);
 kiln_status kiln_step_end(kiln_ctx *ctx);
@@ -381,23 +383,28 @@ typedef enum kiln_reduction {
   KILN_REDUCTION_SUM,
   KILN_REDUCTION_NONE,
 } kiln_reduction;
-/* logits (N, C) f32, labels (N) i32 in [0, C). A label outside [0, C) is found on the device
- * (no launch waits for the host): the next read of a value, or kiln_sync, returns the error
- * naming it. */
+/* logits (N, C) f32 or bf16 (the bf16 logits of an autocast region, say), labels (N) i32 in
+ * [0, C). It computes in f32 whatever the logits' dtype (bf16 logits are widened inside its
+ * kernel, not rounded again) and gives an f32 loss: (N) with KILN_REDUCTION_NONE, else one
+ * element; the logits' gradient has their dtype. label_smoothing in [0, 1] mixes the one-hot
+ * target with the uniform one, as torch's. A label outside [0, C) is found on the device (no
+ * launch waits for the host): the next read of a value, or kiln_sync, returns the error naming
+ * it. */
 kiln_tensor *kiln_cross_entropy(kiln_tensor *logits, kiln_tensor *labels, kiln_reduction red,
                                 float label_smoothing);
 /* Cross-entropy against class probabilities (PyTorch's cross_entropy with a floating target):
- * logits and target both (N, C) f32, loss_n = -sum_c t_nc log_softmax(logits)_nc with
- * t = target (1 - label_smoothing) + label_smoothing / C; the mean divides by N. Rows of target
- * are not checked to sum to 1. The target gets a gradient when it requires one. */
+ * logits and target both (N, C), f32 or bf16 (computed in f32, as above), loss_n = -sum_c t_nc
+ * log_softmax(logits)_nc with t = target (1 - label_smoothing) + label_smoothing / C; the mean
+ * divides by N. Rows of target are not checked to sum to 1. The target gets a gradient when it
+ * requires one. */
 kiln_tensor *kiln_cross_entropy_soft(kiln_tensor *logits, kiln_tensor *target, kiln_reduction red,
                                      float label_smoothing);
 /* Mean squared error (input - target)^2 (torch's mse_loss); input and target have one shape (no
- * broadcasting, where PyTorch only warns), f32. */
+ * broadcasting, where PyTorch only warns), f32 or bf16, computed in f32. */
 kiln_tensor *kiln_mse_loss(kiln_tensor *input, kiln_tensor *target, kiln_reduction red);
 /* Binary cross-entropy on logits (torch's binary_cross_entropy_with_logits, without weight or
  * pos_weight): max(x, 0) - x t + log(1 + exp(-|x|)), stable for any x; target in [0, 1] (not
- * checked), of the logits' shape, f32. */
+ * checked), of the logits' shape, f32 or bf16, computed in f32. */
 kiln_tensor *kiln_bce_with_logits(kiln_tensor *logits, kiln_tensor *target, kiln_reduction red);
 
 /*
@@ -560,7 +567,8 @@ kiln_status kiln_assign(kiln_tensor *dst, kiln_tensor *src);
  * gradients back to f32, so optimizers, their state and checkpoints never see bf16. A region
  * opened with KILN_DTYPE_F32 turns autocast off inside an outer one. Regions nest (at most 8);
  * an end without its begin is an error (KILN_ERR_STATE). The region is read when ops are
- * recorded: put the forward pass in it, and call kiln_backward and kiln_optim_step after it. */
+ * recorded: put the forward pass in it, and call kiln_backward and kiln_optim_step after it.
+ * A region is closed inside the step that opened it: kiln_step_end inside one is an error. */
 void kiln_autocast_begin(kiln_ctx *ctx, kiln_dtype dtype);
 void kiln_autocast_end(kiln_ctx *ctx);
 
