@@ -198,6 +198,37 @@ void kiln_set_training(kiln_ctx *ctx, int on) {
 }
 int kiln_training(const kiln_ctx *ctx) { return ctx && ctx->training; }
 
+void kiln_eval_begin(kiln_ctx *ctx) {
+  if (!ctx) return;
+  if (ctx->eval_depth == KILN__MAX_EVAL)
+    return (void)kiln__error(ctx, KILN_ERR_STATE,
+                             "kiln_eval_begin: %d evaluation regions are open already (the most "
+                             "that nest)",
+                             KILN__MAX_EVAL);
+  uint64_t bit = (uint64_t)1 << ctx->eval_depth;
+  ctx->eval_training = ctx->training ? ctx->eval_training | bit : ctx->eval_training & ~bit;
+  ctx->eval_depth++;
+  ctx->training = false;
+  ctx->no_grad_depth++;
+}
+
+void kiln_eval_end(kiln_ctx *ctx) {
+  if (!ctx) return;
+  if (ctx->eval_depth == 0)
+    return (void)kiln__error(ctx, KILN_ERR_STATE,
+                             "kiln_eval_end: no evaluation region is open (more kiln_eval_end "
+                             "calls than kiln_eval_begin)");
+  if (ctx->no_grad_depth == 0)
+    return (void)kiln__error(
+        ctx, KILN_ERR_STATE,
+        "kiln_eval_end: the no-grad region of evaluation region %d was closed "
+        "already (a kiln_no_grad_end inside it without its kiln_no_grad_begin)",
+        ctx->eval_depth);
+  ctx->eval_depth--;
+  ctx->training = (ctx->eval_training >> ctx->eval_depth) & 1;
+  ctx->no_grad_depth--;
+}
+
 void kiln_set_tf32(kiln_ctx *ctx, int on) {
   if (ctx) ctx->tf32 = on != 0;
 }

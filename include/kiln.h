@@ -633,6 +633,16 @@ int kiln_params_is_buffer(const kiln_params *p, int i);
  * layers below (batch norm) and kiln_dropout(..., KILN_TRAINING_MODE) follow it. On at first. */
 void kiln_set_training(kiln_ctx *ctx, int on);
 int kiln_training(const kiln_ctx *ctx);
+/* Evaluation mode in one call, as PyTorch's model.eval() with torch.no_grad(): kiln_eval_begin
+ * switches training off (kiln_set_training(ctx, 0)) and opens a no-grad region
+ * (kiln_no_grad_begin); kiln_eval_end closes that region and gives back the training mode that
+ * its kiln_eval_begin found (so training goes on after an evaluation inside a training run, and
+ * a region inside another stays in evaluation mode). Regions nest (at most 64) and may span
+ * steps: an evaluation loop is kiln_eval_begin, its steps, kiln_eval_end. An end without its
+ * begin, or one whose no-grad region a stray kiln_no_grad_end closed, is an error
+ * (KILN_ERR_STATE) that changes nothing. */
+void kiln_eval_begin(kiln_ctx *ctx);
+void kiln_eval_end(kiln_ctx *ctx);
 
 /* Convolution layer: weight "name.weight" (Cout, Cin / groups, kh, kw) and bias "name.bias"
  * (Cout), initialised as torch.nn.Conv2d: U(-1/sqrt(fan_in), 1/sqrt(fan_in)) for both, fan_in =
