@@ -46,8 +46,9 @@ static void usage(const char *argv0) {
   exit(2);
 }
 
+/* x (B, 28, 28, 1), the data set's images, to (B, 10) logits. */
 static kiln_tensor *forward(const mlp *m, kiln_tensor *x) {
-  kiln_tensor *h = kiln_relu(kiln_linear_forward(&m->fc1, x));
+  kiln_tensor *h = kiln_relu(kiln_linear_forward(&m->fc1, kiln_flatten(x))); /* (B, 784): a view */
   h = kiln_relu(kiln_linear_forward(&m->fc2, h));
   return kiln_linear_forward(&m->fc3, h); /* (B, 10) logits */
 }
@@ -64,8 +65,7 @@ static void evaluate(kiln_ctx *ctx, const mlp *m, kiln_loader *test, int64_t n, 
     if (!kiln_loader_next(test, &x, &y)) break;
     kiln_tensor *logits = forward(m, x);
     kiln_tensor *l = kiln_cross_entropy(logits, y, KILN_REDUCTION_SUM, 0.f);
-    kiln_tensor *hit =
-        kiln_eq(kiln_cast(kiln_argmax(logits, 1, 0), KILN_DTYPE_F32), kiln_cast(y, KILN_DTYPE_F32));
+    kiln_tensor *hit = kiln_eq(kiln_argmax(logits, 1, 0), y); /* i32 against i32, exactly */
     kiln_tensor *c = kiln_sum(hit, KILN_ALL_AXES, 0);
     if (kiln_step_end(ctx) != KILN_OK) die(ctx, "evaluation");
     lsum += kiln_tensor_item(l);
@@ -133,13 +133,12 @@ int main(int argc, char **argv) {
   kiln_ctx *ctx = kiln_ctx_new(NULL);
   if (!ctx || kiln_ctx_error(ctx)) die(ctx, "no usable GPU");
   kiln_manual_seed(ctx, seed);
-  /* the training pixels' mean and standard deviation, scaled to [0, 1], normalise both sets */
-  float mean, std;
-  if (kiln_image_stats(ctx, KILN_HOST_U8, KILN_SHAPE(train_h.n, train_h.rows, train_h.cols),
-                       train_h.images, 1, &mean, &std) != KILN_OK)
-    die(ctx, "the data set's statistics");
-  kiln_dataset *train = kiln_dataset_from_mnist(ctx, &train_h, mean, std);
-  kiln_dataset *test = kiln_dataset_from_mnist(ctx, &test_h, mean, std);
+  /* the training pixels' mean and standard deviation, scaled to [0, 1] (NAN: computed from
+   * them), normalise both sets */
+  kiln_dataset *train = kiln_dataset_from_mnist(ctx, &train_h, NAN, NAN);
+  kiln_normalize norm = kiln_dataset_normalization(train);
+  float mean = norm.channels ? norm.mean[0] : NAN, std = norm.channels ? norm.std[0] : NAN;
+  kiln_dataset *test = train ? kiln_dataset_from_mnist(ctx, &test_h, mean, std) : NULL;
   kiln_mnist_free(&train_h);
   kiln_mnist_free(&test_h);
   if (!train || !test) die(ctx, "uploading the data set");

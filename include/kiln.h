@@ -1053,7 +1053,12 @@ void kiln_mnist_free(kiln_mnist *m);
 
 /* A data set on the device: images (n, ...) f32, labels (n) i32. */
 typedef struct kiln_dataset kiln_dataset;
-/* Uploads once, as (pixel / 255 - mean) / std, images (n, rows * cols). */
+/* Uploads m once as images (n, rows, cols, 1) f32, image-shaped and channels last as a
+ * convolution takes them (an MLP flattens a batch: kiln_flatten(x), a view, gives (B, rows *
+ * cols)), each value (pixel / 255 - mean) / std, and labels (n) i32. mean and std both NAN
+ * (math.h): the images' own mean and standard deviation (kiln_image_stats), which
+ * kiln_dataset_normalization gives back for the test split; else mean finite and std finite and
+ * > 0. */
 kiln_dataset *kiln_dataset_from_mnist(kiln_ctx *ctx, const kiln_mnist *m, float mean, float std);
 
 /* Host images: bytes, read as pixel / 255 (torchvision's ToTensor), or floats, read as they are. */
@@ -1064,14 +1069,41 @@ typedef struct kiln_normalize {
   int channels;      /* entries of mean and std: the last axis's size, or 1; 0: no normalisation */
   const float *mean; /* (channels) */
   const float *std;  /* (channels), each > 0 */
+  /* 1: mean and std are computed from the images themselves (kiln_image_stats: the population
+   * statistics, per channel or of every value) and must be left NULL; a channel whose values are
+   * all equal (std 0) is an error. kiln_dataset_normalization gives them back. */
+  int from_data;
 } kiln_normalize;
-/* Your own data: images of any shape (n, ...), the first axis the sample ((n, 28, 28), or
- * (n, H, W, C) for a convolutional net), C order, and labels (n) i32; norm NULL: no
+/* Labels on the host, (n) values: set i32 or u8 (the readers' type: kiln_mnist's and
+ * kiln_cifar10's labels are uint8_t, passed as they are), not both. classes > 0: each label must
+ * lie in [0, classes), else an error naming the first that does not; 0: each must be >= 0 (a
+ * label of a class the logits do not have is then found by kiln_cross_entropy, on the device).
+ * On the device they are (n) i32 either way. */
+typedef struct kiln_host_labels {
+  const int32_t *i32;
+  const uint8_t *u8;
+  int64_t classes;
+} kiln_host_labels;
+/* Your own data: images of any shape (n, ...), the first axis the sample ((n, 28, 28, 1), or
+ * (n, H, W, C) for a convolutional net), C order, and their labels; norm NULL: no
  * normalisation. Uploaded once as f32 of the same shape, so the loader's batches are (B, ...).
- * Both arrays are copied: they may be freed on return. */
+ * Both arrays are copied: they may be freed on return. MNIST read by hand, normalised by its own
+ * statistics:
+ *   kiln_dataset_from_host(ctx, KILN_HOST_U8, KILN_SHAPE(m.n, m.rows, m.cols, 1), m.images,
+ *                          (kiln_host_labels){.u8 = m.labels, .classes = 10},
+ *                          &(kiln_normalize){.channels = 1, .from_data = 1});
+ * An error names the argument and the value (a label out of range: its record), and makes
+ * nothing. */
 kiln_dataset *kiln_dataset_from_host(kiln_ctx *ctx, kiln_host_type type, kiln_shape shape,
-                                     const void *images, const int32_t *labels,
+                                     const void *images, kiln_host_labels labels,
                                      const kiln_normalize *norm);
+/* The normalisation ds was made with: channels 0 for none, else its means and standard
+ * deviations (given, or computed from the data), pointing into ds (valid until it is freed);
+ * from_data 0. A test set is normalised with its training set's statistics:
+ *   kiln_normalize n = kiln_dataset_normalization(train);
+ *   kiln_dataset *test = kiln_mnist_load(ctx, dir, "t10k", n.mean[0], n.std[0]);
+ * or &n as kiln_dataset_from_host's norm. */
+kiln_normalize kiln_dataset_normalization(const kiln_dataset *ds);
 /* The per-channel mean and standard deviation of host images (as kiln_dataset_from_host reads
  * them: bytes scaled to [0, 1]), for its normalisation: channels is the last axis's size, or 1
  * for every value together; mean and std receive channels values each. The standard deviation
@@ -1096,10 +1128,14 @@ kiln_status kiln_image_stats(kiln_ctx *ctx, kiln_host_type type, kiln_shape shap
  * values are refused. An error, as the other initialisers' (the tensor unchanged): a weight that
  * is not (Cout, Cin, kh, kw) with Cout even and at most 2 Cin kh kw, images that are not
  * (n >= 1, H >= kh, W >= kw, Cin), an unknown type, a normalisation of other than 0, 1 or Cin
- * channels or with a std not finite and > 0, a float image value that is NAN or infinite.
+ * channels or with a std not finite and > 0 (or from_data set: give the statistics), a float
+ * image value that is NAN or infinite.
  * airbench keeps these filters frozen: kiln_tensor_set_requires_grad(weight, 0) after this. */
 kiln_status kiln_init_whitening(kiln_tensor *weight, kiln_host_type type, kiln_shape shape,
                                 const void *images, const kiln_normalize *norm, float eps);
+/* kiln_mnist_read, then kiln_dataset_from_mnist: images (n, 28, 28, 1), normalised by mean and
+ * std, or by the split's own statistics when both are NAN:
+ *   kiln_dataset *train = kiln_mnist_load(ctx, dir, "train", NAN, NAN);  (0.1307 and 0.3081) */
 kiln_dataset *kiln_mnist_load(kiln_ctx *ctx, const char *dir, const char *split, float mean,
                               float std);
 int64_t kiln_dataset_size(const kiln_dataset *ds);

@@ -151,12 +151,11 @@ Test(errors, without_a_gpu_the_context_says_why_and_names_no_gpu) {
  * and the region stays open until the caller closes it. */
 Test(errors, a_step_ended_in_an_autocast_region_fails_and_changes_nothing, .timeout = 300) {
   kiln_ctx *ctx = th_cpu_ctx();
-  uint8_t images[6 * 4];
-  int32_t labels[6] = {0, 1, 2, 0, 1, 2};
+  uint8_t images[6 * 4], labels[6] = {0, 1, 2, 0, 1, 2};
   for (int i = 0; i < 24; i++)
     images[i] = (uint8_t)(i * 11);
-  kiln_dataset *ds =
-      kiln_dataset_from_host(ctx, KILN_HOST_U8, KILN_SHAPE(6, 2, 2, 1), images, labels, NULL);
+  kiln_dataset *ds = kiln_dataset_from_host(ctx, KILN_HOST_U8, KILN_SHAPE(6, 2, 2, 1), images,
+                                            (kiln_host_labels){.u8 = labels, .classes = 3}, NULL);
   kiln_loader *l = kiln_loader_new(ds, 2, 0, 0, 0); /* three batches */
   kiln_params *p = kiln_params_new(ctx);
   kiln_linear fc;

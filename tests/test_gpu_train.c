@@ -388,7 +388,7 @@ Test(gpu_train, mnist_one_epoch_learns, .timeout = 600) {
     kiln_step_begin(ctx);
     kiln_tensor *x, *y;
     if (!kiln_loader_next(loader, &x, &y)) break;
-    kiln_tensor *loss = th_mlp_record_step(&m, x, y);
+    kiln_tensor *loss = th_mlp_record_step(&m, kiln_flatten(x), y); /* (B, 28, 28, 1) rows */
     cr_assert_eq(kiln_step_end(ctx), KILN_OK, "%s", kiln_ctx_error(ctx));
     if (steps < 20) first += kiln_tensor_item(loss) / 20;
     if (steps >= nb - 20) last += kiln_tensor_item(loss) / 20;
@@ -404,8 +404,8 @@ Test(gpu_train, mnist_one_epoch_learns, .timeout = 600) {
     kiln_step_begin(ctx);
     kiln_tensor *x, *y;
     if (!kiln_loader_next(tl, &x, &y)) break;
-    kiln_tensor *pred = kiln_argmax(th_mlp_logits(&m, x), 1, 0);
-    kiln_tensor *hit = kiln_eq(kiln_cast(pred, KILN_DTYPE_F32), kiln_cast(y, KILN_DTYPE_F32));
+    kiln_tensor *pred = kiln_argmax(th_mlp_logits(&m, kiln_flatten(x)), 1, 0);
+    kiln_tensor *hit = kiln_eq(pred, y); /* i32 against i32, exactly */
     kiln_tensor *n = kiln_sum(hit, KILN_ALL_AXES, 0);
     cr_assert_eq(kiln_step_end(ctx), KILN_OK, "%s", kiln_ctx_error(ctx));
     correct += kiln_tensor_item(n);
