@@ -3,6 +3,9 @@
  * shuffles each epoch on the host from its seed, uploads the epoch's order once, and each batch
  * is a slice of that order and a row gather: nothing per batch crosses the bus. A batch's
  * data-set indices (for augmentation that depends on the sample) are a gather of that slice too.
+ * Host data come in the readers' types (uint8 labels checked against the classes) and are
+ * normalised by given statistics or by their own, which the data set keeps. kiln_evaluate
+ * (evaluate.c) reads an epoch's batches without moving the loader, through dataset.h.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -33,6 +36,7 @@ struct kiln_loader {
   int32_t *host_order;
   int64_t last_start, last_count; /* the slice of the order the last batch took (count 0: none) */
   uint64_t undo_mark;             /* the step's undo log holds pos (core/undo.c) */
+  kiln_tensor *eval_loss, *eval_hits; /* kiln_evaluate's sums, () f32 each, or NULL */
 };
 
 /* ---------------------------------------------------------------- data sets from host memory */
@@ -452,8 +456,36 @@ void kiln_loader_free(kiln_loader *l) {
     kiln__undo_forget(l->ctx, l);
     kiln_tensor_free(l->order);
     kiln_tensor_free(l->iota);
+    kiln_tensor_free(l->eval_loss);
+    kiln_tensor_free(l->eval_hits);
   }
   free(l->host_order);
   kiln__anchor_release(l->anchor);
   free(l);
+}
+
+/* ---------------------------------------------------------------- for kiln_evaluate */
+
+kiln_ctx *kiln__loader_ctx(const kiln_loader *l) { return l->ctx; }
+
+int64_t kiln__loader_rows(const kiln_loader *l) {
+  return l->batch < l->ds->n ? l->batch : l->ds->n;
+}
+
+bool kiln__loader_batch_at(kiln_loader *l, int64_t k, kiln_tensor **x, kiln_tensor **y,
+                           const char *fn) {
+  KILN_ASSERT(k >= 0 && k < kiln_loader_batches(l));
+  int64_t start = k * kiln__loader_rows(l), left = l->ds->n - start;
+  int64_t b = left < l->batch ? left : l->batch;
+  *x = kiln__index_select_at(l->ds->images, l->order, start, b, fn);
+  *y = kiln__index_select_at(l->ds->labels, l->order, start, b, fn);
+  return *x && *y;
+}
+
+bool kiln__loader_eval_sums(kiln_loader *l, kiln_tensor **loss, kiln_tensor **hits) {
+  if (!l->eval_loss) l->eval_loss = kiln_tensor_new(l->ctx, KILN_DTYPE_F32, KILN_SCALAR_SHAPE);
+  if (!l->eval_hits) l->eval_hits = kiln_tensor_new(l->ctx, KILN_DTYPE_F32, KILN_SCALAR_SHAPE);
+  *loss = l->eval_loss;
+  *hits = l->eval_hits;
+  return *loss && *hits;
 }

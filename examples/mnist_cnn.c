@@ -152,31 +152,16 @@ static kiln_tensor *forward(const net *n, kiln_tensor *x) {
   return kiln_linear_forward(&n->fc2, h);                       /* (B, 10) */
 }
 
-/* Test loss and accuracy, in batches of 1000, in evaluation mode and without gradients. */
-static void evaluate(kiln_ctx *ctx, const net *n, kiln_loader *test, int64_t count, double *loss,
-                     double *acc) {
-  double lsum = 0, correct = 0;
-  int was_training = kiln_training(ctx);
-  kiln_set_training(ctx, 0);
-  kiln_loader_start(test, 0);
-  kiln_no_grad_begin(ctx);
-  for (;;) {
-    kiln_step_begin(ctx);
-    kiln_tensor *x, *y;
-    if (!kiln_loader_next(test, &x, &y)) break;
-    kiln_tensor *logits = forward(n, x);
-    kiln_tensor *l = kiln_cross_entropy(logits, y, KILN_REDUCTION_SUM, 0.f);
-    kiln_tensor *hit = kiln_eq(kiln_argmax(logits, 1, 0), y); /* i32 against i32, exactly */
-    kiln_tensor *c = kiln_sum(hit, KILN_ALL_AXES, 0);
-    if (kiln_step_end(ctx) != KILN_OK) die(ctx, "evaluation");
-    lsum += kiln_tensor_item(l);
-    correct += kiln_tensor_item(c);
-  }
-  kiln_no_grad_end(ctx);
-  kiln_set_training(ctx, was_training);
-  if (kiln_ctx_error(ctx)) die(ctx, "evaluation");
-  *loss = lsum / count;
-  *acc = correct / count;
+/* forward as kiln_evaluate calls it */
+static kiln_tensor *forward_fn(void *n, kiln_tensor *x) { return forward(n, x); }
+
+/* Test loss and accuracy, in batches of 1000, in evaluation mode and without gradients
+ * (kiln_evaluate). */
+static void evaluate(kiln_ctx *ctx, net *n, kiln_loader *test, double *loss, double *acc) {
+  kiln_eval_result r;
+  if (kiln_evaluate(ctx, test, forward_fn, n, NULL, &r) != KILN_OK) die(ctx, "evaluation");
+  *loss = r.loss;
+  *acc = r.accuracy;
 }
 
 /* Writes the logits of the first DUMP_IMAGES test images, in evaluation mode, to path as
@@ -257,7 +242,7 @@ static result run(kiln_ctx *ctx, const config *c, kiln_dataset *train, kiln_data
   kiln_loader *loader = kiln_loader_new(train, c->batch, 1, seed, c->fast);
   if (!opt || !loader) die(ctx, "making the optimizer and the loader");
 
-  int64_t ntrain = kiln_dataset_size(train), ntest = kiln_dataset_size(test);
+  int64_t ntrain = kiln_dataset_size(train);
   int64_t steps_per_epoch = kiln_loader_batches(loader), total_steps = steps_per_epoch * c->epochs;
   int64_t step = 0;
   int first_epoch = 1;
@@ -285,7 +270,7 @@ static result run(kiln_ctx *ctx, const config *c, kiln_dataset *train, kiln_data
     kiln_meta_free(meta);
   }
   if (c->eval_only) {
-    evaluate(ctx, &n, test_loader, ntest, &r.test_loss, &r.test_acc);
+    evaluate(ctx, &n, test_loader, &r.test_loss, &r.test_acc);
     printf("%s: test loss %.4f | test accuracy %.2f%%\n", c->eval_only, r.test_loss,
            100.0 * r.test_acc);
     if (c->log)
@@ -378,7 +363,7 @@ static result run(kiln_ctx *ctx, const config *c, kiln_dataset *train, kiln_data
     r.compile_ms += s1.compile_ms - s0.compile_ms;
     r.steps += epoch_steps;
     r.train_loss = nread ? lsum / nread : NAN;
-    evaluate(ctx, &n, test_loader, ntest, &r.test_loss, &r.test_acc);
+    evaluate(ctx, &n, test_loader, &r.test_loss, &r.test_acc);
     if (verbose > 1) {
       printf("epoch %2d done: train loss %.4f | test loss %.4f | test accuracy %.2f%% | %.3f s "
              "(%.0f samples/s)\n",
@@ -401,7 +386,7 @@ static result run(kiln_ctx *ctx, const config *c, kiln_dataset *train, kiln_data
     }
   }
   if (isnan(r.test_acc)) /* nothing left to train (a finished run resumed) */
-    evaluate(ctx, &n, test_loader, ntest, &r.test_loss, &r.test_acc);
+    evaluate(ctx, &n, test_loader, &r.test_loss, &r.test_acc);
   write_outputs(ctx, c, &n, test);
   kiln_loader_free(loader);
   kiln_optim_free(opt);

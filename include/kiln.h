@@ -640,7 +640,8 @@ int kiln_training(const kiln_ctx *ctx);
  * a region inside another stays in evaluation mode). Regions nest (at most 64) and may span
  * steps: an evaluation loop is kiln_eval_begin, its steps, kiln_eval_end. An end without its
  * begin, or one whose no-grad region a stray kiln_no_grad_end closed, is an error
- * (KILN_ERR_STATE) that changes nothing. */
+ * (KILN_ERR_STATE) that changes nothing. kiln_evaluate (kiln_evaluate.h) runs a whole loader
+ * this way. */
 void kiln_eval_begin(kiln_ctx *ctx);
 void kiln_eval_end(kiln_ctx *ctx);
 
@@ -741,6 +742,9 @@ typedef kiln_tensor *(*kiln_module_fn)(void *state, kiln_tensor *x);
 kiln_module *kiln_seq_custom(kiln_module *seq, const char *label, kiln_module_fn fn, void *state);
 /* Runs m on x: a container runs its children in order. */
 kiln_tensor *kiln_module_forward(const kiln_module *m, kiln_tensor *x);
+/* kiln_module_forward for a callback that takes the model as a void pointer (kiln_forward_fn):
+ * kiln_evaluate(ctx, loader, kiln_module_call, net, NULL, &result) evaluates a module. */
+kiln_tensor *kiln_module_call(void *module, kiln_tensor *x);
 /* m's parameters' elements, as sum(p.numel() for p in model.parameters()): without batch
  * norm's running statistics (kiln_params_numel counts those too). */
 int64_t kiln_module_parameters(const kiln_module *m);
@@ -1195,10 +1199,12 @@ kiln_dataset *kiln_dataset_from_cifar10(kiln_ctx *ctx, const kiln_cifar10 *c, co
                                         const float std[3]);
 
 /* Image folders and their loader (torchvision's ImageFolder): kiln_imagefolder.h, included at
- * the end of this header. */
+ * the end of this header. A classifier's loss and accuracy over a loader (kiln_evaluate):
+ * kiln_evaluate.h, also included there. */
 
 #ifdef __cplusplus
 }
 #endif
+#include "kiln_evaluate.h"
 #include "kiln_imagefolder.h"
 #endif
