@@ -5,6 +5,7 @@
  * together with fusion/'s execution state (kernels, step graphs, BLAS handles and plans) into
  * kiln_ctx_new, kiln_ctx_free and the step calls.
  */
+#include <dlfcn.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -39,12 +40,45 @@ static unsigned debug_flags(void) {
   return f;
 }
 
+/* Why the CUDA runtime found no device, in words for someone who may have no driver at all:
+ * whether libcuda (the driver's library) loads, and which CUDA version it supports. */
+static void no_device(kiln_ctx *ctx, cudaError_t e) {
+  char why[256];
+  int runtime = 0, driver = 0;
+  (void)cudaRuntimeGetVersion(&runtime);
+  void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  if (lib) {
+    /* cuDriverGetVersion(int *) works before cuInit; a CUresult of 0 is success */
+    int (*version)(int *) = NULL;
+    void *sym = dlsym(lib, "cuDriverGetVersion");
+    if (sym) memcpy(&version, &sym, sizeof sym); /* POSIX: a function's address as a void * */
+    if (!version || version(&driver) != 0) driver = 0;
+    dlclose(lib);
+  }
+  if (!lib)
+    snprintf(why, sizeof why, "no NVIDIA driver is installed (libcuda.so.1 cannot be loaded)");
+  else if (e == cudaErrorInsufficientDriver && driver > 0)
+    snprintf(why, sizeof why,
+             "the NVIDIA driver supports CUDA up to %d.%d, older than the CUDA %d.%d runtime "
+             "kiln was built with",
+             driver / 1000, driver % 1000 / 10, runtime / 1000, runtime % 1000 / 10);
+  else if (e == cudaSuccess || e == cudaErrorNoDevice) {
+    const char *vis = getenv("CUDA_VISIBLE_DEVICES");
+    snprintf(why, sizeof why, "the NVIDIA driver sees no GPU%s%s%s",
+             vis ? " (CUDA_VISIBLE_DEVICES=\"" : "", vis ? vis : "", vis ? "\")" : "");
+  } else
+    snprintf(why, sizeof why, "the CUDA driver cannot be used");
+  kiln__error(ctx, KILN_ERR_STATE,
+              "kiln_ctx_new: no usable GPU: %s (CUDA says: \"%s\"). A context made with "
+              "kiln_ctx_options.no_gpu = 1 records, plans and compiles without one",
+              why, e != cudaSuccess ? cudaGetErrorString(e) : "cudaGetDeviceCount found 0 devices");
+}
+
 static void gpu_init(kiln_ctx *ctx, int device) {
   int count = 0;
   cudaError_t e = cudaGetDeviceCount(&count);
   if (e != cudaSuccess || count == 0) {
-    kiln__error(ctx, KILN_ERR_STATE, "kiln_ctx_new: no CUDA device: %s",
-                e != cudaSuccess ? cudaGetErrorString(e) : "cudaGetDeviceCount found 0 devices");
+    no_device(ctx, e);
     (void)cudaGetLastError();
     return;
   }
@@ -164,6 +198,37 @@ void kiln_set_training(kiln_ctx *ctx, int on) {
   if (ctx) ctx->training = on != 0;
 }
 int kiln_training(const kiln_ctx *ctx) { return ctx && ctx->training; }
+
+void kiln_eval_begin(kiln_ctx *ctx) {
+  if (!ctx) return;
+  if (ctx->eval_depth == KILN__MAX_EVAL)
+    return (void)kiln__error(ctx, KILN_ERR_STATE,
+                             "kiln_eval_begin: %d evaluation regions are open already (the most "
+                             "that nest)",
+                             KILN__MAX_EVAL);
+  uint64_t bit = (uint64_t)1 << ctx->eval_depth;
+  ctx->eval_training = ctx->training ? ctx->eval_training | bit : ctx->eval_training & ~bit;
+  ctx->eval_depth++;
+  ctx->training = false;
+  ctx->no_grad_depth++;
+}
+
+void kiln_eval_end(kiln_ctx *ctx) {
+  if (!ctx) return;
+  if (ctx->eval_depth == 0)
+    return (void)kiln__error(ctx, KILN_ERR_STATE,
+                             "kiln_eval_end: no evaluation region is open (more kiln_eval_end "
+                             "calls than kiln_eval_begin)");
+  if (ctx->no_grad_depth == 0)
+    return (void)kiln__error(
+        ctx, KILN_ERR_STATE,
+        "kiln_eval_end: the no-grad region of evaluation region %d was closed "
+        "already (a kiln_no_grad_end inside it without its kiln_no_grad_begin)",
+        ctx->eval_depth);
+  ctx->eval_depth--;
+  ctx->training = (ctx->eval_training >> ctx->eval_depth) & 1;
+  ctx->no_grad_depth--;
+}
 
 void kiln_set_tf32(kiln_ctx *ctx, int on) {
   if (ctx) ctx->tf32 = on != 0;

@@ -80,6 +80,7 @@ typedef enum kiln__op {
 
 #define KILN__MAX_IN 8
 #define KILN__MAX_AUTOCAST 8 /* nested autocast regions */
+#define KILN__MAX_EVAL 64    /* nested evaluation regions: a bit of eval_training each */
 #define KILN__NF 8           /* float attributes a node can hold */
 #define KILN__NI 10          /* int attributes */
 #define KILN__NU 3           /* 64-bit attributes */
@@ -356,6 +357,8 @@ struct kiln_ctx {
   int autocast_depth;                      /* open kiln_autocast_begin regions */
   kiln_dtype autocast[KILN__MAX_AUTOCAST]; /* their dtypes, innermost last */
   bool training;                           /* kiln_set_training: layers' train/eval mode */
+  int eval_depth;                          /* open kiln_eval_begin regions */
+  uint64_t eval_training; /* bit d: the training mode that region d found (kiln_eval_end) */
   uint64_t seed, philox_offset;
   uint64_t host_rng; /* init and shuffles: splitmix64 state */
 

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "../core/internal.h"
+#include "dataset.h"
 #include "readers.h"
 
 /* A batch of the official files holds 10000 records; a file holding more than four batches'
@@ -213,22 +214,8 @@ kiln_dataset *kiln_dataset_from_cifar10(kiln_ctx *ctx, const kiln_cifar10 *c, co
                        "%s: a %s without a %s (give both, or neither for no normalisation)", fn,
                        mean ? "mean" : "std", mean ? "std" : "mean"),
            NULL;
-  int32_t *y = malloc((size_t)c->n * sizeof *y);
-  if (!y) return kiln__error(ctx, KILN_ERR_OOM, "%s: out of host memory", fn), NULL;
-  for (int64_t i = 0; i < c->n; i++) {
-    if (c->labels[i] > 9) {
-      unsigned bad = c->labels[i];
-      free(y);
-      return kiln__error(ctx, KILN_ERR_INVALID, "%s: record %lld: label %u (expected 0..9)", fn,
-                         (long long)i, bad),
-             NULL;
-    }
-    y[i] = c->labels[i];
-  }
   kiln_normalize norm = {.channels = 3, .mean = mean, .std = std};
-  kiln_dataset *ds = kiln_dataset_from_host(
-      ctx, KILN_HOST_U8, KILN_SHAPE(c->n, KILN__CIFAR10_SIDE, KILN__CIFAR10_SIDE, 3), c->images, y,
-      mean ? &norm : NULL);
-  free(y);
-  return ds;
+  return kiln__dataset_from_host(
+      ctx, fn, KILN_HOST_U8, KILN_SHAPE(c->n, KILN__CIFAR10_SIDE, KILN__CIFAR10_SIDE, 3), c->images,
+      (kiln_host_labels){.u8 = c->labels, .classes = 10}, mean ? &norm : NULL);
 }

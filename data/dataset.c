@@ -3,12 +3,16 @@
  * shuffles each epoch on the host from its seed, uploads the epoch's order once, and each batch
  * is a slice of that order and a row gather: nothing per batch crosses the bus. A batch's
  * data-set indices (for augmentation that depends on the sample) are a gather of that slice too.
+ * Host data come in the readers' types (uint8 labels checked against the classes) and are
+ * normalised by given statistics or by their own, which the data set keeps. kiln_evaluate
+ * (evaluate.c) reads an epoch's batches without moving the loader, through dataset.h.
  */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "../core/internal.h"
+#include "dataset.h"
 
 struct kiln_dataset {
   kiln_ctx *ctx;
@@ -16,6 +20,8 @@ struct kiln_dataset {
   int64_t n;
   kiln_tensor *images; /* (n, ...) f32 */
   kiln_tensor *labels; /* (n) i32 */
+  int norm_channels;   /* the normalisation it was made with: 0 none */
+  float *norm;         /* (2 norm_channels): the means, then the standard deviations */
 };
 
 struct kiln_loader {
@@ -30,6 +36,7 @@ struct kiln_loader {
   int32_t *host_order;
   int64_t last_start, last_count; /* the slice of the order the last batch took (count 0: none) */
   uint64_t undo_mark;             /* the step's undo log holds pos (core/undo.c) */
+  kiln_tensor *eval_loss, *eval_hits; /* kiln_evaluate's sums, () f32 each, or NULL */
 };
 
 /* ---------------------------------------------------------------- data sets from host memory */
@@ -70,105 +77,16 @@ static inline float host_value(kiln_host_type type, const void *images, int64_t 
                               : ((const float *)images)[i];
 }
 
-/* The data set of images (shape, type) and labels (n) i32, normalised by norm (NULL: none). */
-static kiln_dataset *host_dataset(kiln_ctx *ctx, const char *fn, kiln_host_type type,
-                                  kiln_shape shape, const void *images, const int32_t *labels,
-                                  const kiln_normalize *norm) {
-  int channels = norm ? norm->channels : 0;
-  int64_t n, total;
-  if (!host_images_ok(ctx, fn, type, shape, images, channels, true, &n, &total)) return NULL;
-  if (!labels) return kiln__error(ctx, KILN_ERR_INVALID, "%s: NULL labels", fn), NULL;
-  if (channels > 0 && (!norm->mean || !norm->std))
-    return kiln__error(ctx, KILN_ERR_INVALID, "%s: a normalisation of %d channels without %s", fn,
-                       channels, !norm->mean ? "its mean" : "its std"),
-           NULL;
-  for (int c = 0; c < channels; c++)
-    if (!isfinite(norm->mean[c]) || !(norm->std[c] > 0.f) || !isfinite(norm->std[c]))
-      return kiln__error(ctx, KILN_ERR_INVALID,
-                         "%s: channel %d's mean %g must be finite and its std %g finite and > 0",
-                         fn, c, norm->mean[c], norm->std[c]),
-             NULL;
-  float *x = malloc((size_t)total * sizeof *x);
-  kiln_dataset *ds = calloc(1, sizeof *ds);
-  if (!x || !ds) {
-    free(x);
-    free(ds);
-    return kiln__error(ctx, KILN_ERR_OOM, "%s: out of host memory for %lld values", fn,
-                       (long long)total),
-           NULL;
-  }
-  /* channels last: the channel of value i is i modulo their count */
-  for (int64_t i = 0; i < total; i++) {
-    float v = host_value(type, images, i);
-    if (channels > 0) {
-      int c = channels == 1 ? 0 : (int)(i % channels);
-      v = (v - norm->mean[c]) / norm->std[c];
-    }
-    x[i] = v;
-  }
-  ds->ctx = ctx;
-  ds->anchor = kiln__ctx_anchor(ctx);
-  ds->n = n;
-  ds->images = kiln_tensor_from_host(ctx, KILN_DTYPE_F32, shape, x);
-  ds->labels = kiln_tensor_from_host(ctx, KILN_DTYPE_I32, KILN_SHAPE(n), labels);
-  free(x);
-  if (!ds->images || !ds->labels) {
-    kiln_dataset_free(ds);
-    return NULL;
-  }
-  kiln_tensor_set_name(ds->images, "images");
-  kiln_tensor_set_name(ds->labels, "labels");
-  return ds;
-}
-
-kiln_dataset *kiln_dataset_from_host(kiln_ctx *ctx, kiln_host_type type, kiln_shape shape,
-                                     const void *images, const int32_t *labels,
-                                     const kiln_normalize *norm) {
-  if (!ctx) return NULL;
-  if (!kiln__ok(ctx)) return NULL;
-  return host_dataset(ctx, __func__, type, shape, images, labels, norm);
-}
-
-kiln_dataset *kiln_dataset_from_mnist(kiln_ctx *ctx, const kiln_mnist *m, float mean, float std) {
-  const char *fn = __func__;
-  if (!kiln__ok(ctx)) return NULL;
-  if (!m || !m->images || !m->labels || m->n <= 0)
-    return kiln__error(ctx, KILN_ERR_INVALID, "%s: empty data set", fn), NULL;
-  if (!(std > 0.f))
-    return kiln__error(ctx, KILN_ERR_INVALID, "%s: std %g must be > 0", fn, std), NULL;
-  int64_t dims[3] = {m->n, m->rows, m->cols};
-  if (m->rows <= 0 || m->cols <= 0 || !kiln__numel_ok(3, dims))
-    return kiln__error(ctx, KILN_ERR_INVALID,
-                       "%s: %lld images of %lld x %lld is no data set kiln can hold", fn,
-                       (long long)m->n, (long long)m->rows, (long long)m->cols),
-           NULL;
-  int32_t *y = malloc((size_t)m->n * sizeof *y);
-  if (!y) return kiln__error(ctx, KILN_ERR_OOM, "%s: out of host memory", fn), NULL;
-  for (int64_t i = 0; i < m->n; i++)
-    y[i] = m->labels[i];
-  kiln_normalize norm = {.channels = 1, .mean = &mean, .std = &std};
-  kiln_dataset *ds =
-      host_dataset(ctx, fn, KILN_HOST_U8, KILN_SHAPE(m->n, m->rows * m->cols), m->images, y, &norm);
-  free(y);
-  return ds;
-}
-
-kiln_status kiln_image_stats(kiln_ctx *ctx, kiln_host_type type, kiln_shape shape,
-                             const void *images, int channels, float *mean, float *std) {
-  const char *fn = __func__;
-  if (!ctx) return KILN_ERR_INVALID;
-  if (!kiln__ok(ctx)) return ctx->status;
-  int64_t n, total;
-  if (!host_images_ok(ctx, fn, type, shape, images, channels, false, &n, &total))
-    return ctx->status;
-  if (!mean || !std)
-    return kiln__error(ctx, KILN_ERR_INVALID, "%s: NULL %s", fn, !mean ? "mean" : "std");
+/* The per-channel population mean and standard deviation of the total values of checked host
+ * images into mean and std (channels each); false with the error set, naming fn. */
+static bool image_stats(kiln_ctx *ctx, const char *fn, kiln_host_type type, const void *images,
+                        int64_t total, int channels, float *mean, float *std) {
   double *acc = calloc((size_t)channels * 2, sizeof *acc);
   uint64_t *hist = type == KILN_HOST_U8 ? calloc((size_t)channels * 256, sizeof *hist) : NULL;
   if (!acc || (type == KILN_HOST_U8 && !hist)) {
     free(acc);
     free(hist);
-    return kiln__error(ctx, KILN_ERR_OOM, "%s: out of host memory", fn);
+    return !kiln__error(ctx, KILN_ERR_OOM, "%s: out of host memory", fn);
   }
   double *sum = acc, *dev = acc + channels;
   int64_t per = total / channels; /* values of each channel */
@@ -190,8 +108,8 @@ kiln_status kiln_image_stats(kiln_ctx *ctx, kiln_host_type type, kiln_shape shap
     for (int64_t i = 0; i < total; i++) {
       if (!isfinite(p[i])) {
         free(acc);
-        return kiln__error(ctx, KILN_ERR_INVALID, "%s: value %lld is %g: no statistics", fn,
-                           (long long)i, p[i]);
+        return !kiln__error(ctx, KILN_ERR_INVALID, "%s: value %lld is %g: no statistics", fn,
+                            (long long)i, p[i]);
       }
       sum[channels == 1 ? 0 : i % channels] += p[i];
     }
@@ -207,7 +125,202 @@ kiln_status kiln_image_stats(kiln_ctx *ctx, kiln_host_type type, kiln_shape shap
   }
   free(acc);
   free(hist);
-  return KILN_OK;
+  return true;
+}
+
+/* n host labels checked and copied as i32 (malloc'd); NULL with the error set, naming fn. */
+static int32_t *host_labels(kiln_ctx *ctx, const char *fn, kiln_host_labels lb, int64_t n) {
+  if (!lb.i32 == !lb.u8)
+    return kiln__error(ctx, KILN_ERR_INVALID, "%s: %s", fn,
+                       lb.i32 ? "labels given both as i32 and as u8 (set one of them)"
+                              : "NULL labels (set .i32 or .u8 of kiln_host_labels)"),
+           NULL;
+  if (lb.classes < 0 || lb.classes > INT32_MAX)
+    return kiln__error(ctx, KILN_ERR_INVALID,
+                       "%s: %lld classes (0: not checked; else 1 to 2^31 - 1)", fn,
+                       (long long)lb.classes),
+           NULL;
+  int32_t *y = malloc((size_t)n * sizeof *y);
+  if (!y)
+    return kiln__error(ctx, KILN_ERR_OOM, "%s: out of host memory for %lld labels", fn,
+                       (long long)n),
+           NULL;
+  for (int64_t i = 0; i < n; i++) {
+    int64_t v = lb.u8 ? lb.u8[i] : lb.i32[i];
+    if (v < 0 || (lb.classes > 0 && v >= lb.classes)) {
+      free(y);
+      if (v < 0)
+        return kiln__error(ctx, KILN_ERR_INVALID, "%s: record %lld: label %lld is negative", fn,
+                           (long long)i, (long long)v),
+               NULL;
+      return kiln__error(ctx, KILN_ERR_INVALID,
+                         "%s: record %lld: label %lld is outside [0, %lld), the classes", fn,
+                         (long long)i, (long long)v, (long long)lb.classes),
+             NULL;
+    }
+    y[i] = (int32_t)v;
+  }
+  return y;
+}
+
+/* The normalisation norm asks for, as (2 channels) floats (means, then standard deviations;
+ * malloc'd; computed from the images when norm->from_data), *channels its count (0: none, and
+ * NULL returned). false with the error set, naming fn. */
+static bool host_norm(kiln_ctx *ctx, const char *fn, kiln_host_type type, const void *images,
+                      int64_t total, const kiln_normalize *norm, float **out, int *channels) {
+  *out = NULL;
+  *channels = norm ? norm->channels : 0;
+  if (*channels == 0) {
+    if (norm && norm->from_data)
+      return !kiln__error(ctx, KILN_ERR_INVALID,
+                          "%s: a normalisation from the data of 0 channels (channels: the last "
+                          "axis's size, or 1 for every value together)",
+                          fn);
+    return true;
+  }
+  int c = *channels;
+  if (norm->from_data && (norm->mean || norm->std))
+    return !kiln__error(ctx, KILN_ERR_INVALID,
+                        "%s: a normalisation from the data (from_data 1) with a %s given: leave "
+                        "mean and std NULL",
+                        fn, norm->mean ? "mean" : "std");
+  if (!norm->from_data && (!norm->mean || !norm->std))
+    return !kiln__error(ctx, KILN_ERR_INVALID,
+                        "%s: a normalisation of %d channels without %s (from_data 1 computes both "
+                        "from the images)",
+                        fn, c, !norm->mean ? "its mean" : "its std");
+  float *v = malloc((size_t)c * 2 * sizeof *v);
+  if (!v) return !kiln__error(ctx, KILN_ERR_OOM, "%s: out of host memory", fn);
+  if (norm->from_data) {
+    if (!image_stats(ctx, fn, type, images, total, c, v, v + c)) {
+      free(v);
+      return false;
+    }
+    for (int k = 0; k < c; k++)
+      if (!(v[c + k] > 0.f)) {
+        double value = v[k];
+        free(v);
+        return !kiln__error(ctx, KILN_ERR_INVALID,
+                            "%s: channel %d of the images is constant (%g): its standard "
+                            "deviation is 0, so it cannot be normalised by its own statistics",
+                            fn, k, value);
+      }
+  } else {
+    for (int k = 0; k < c; k++) {
+      if (!isfinite(norm->mean[k]) || !(norm->std[k] > 0.f) || !isfinite(norm->std[k])) {
+        free(v);
+        return !kiln__error(ctx, KILN_ERR_INVALID,
+                            "%s: channel %d's mean %g must be finite and its std %g finite and > 0",
+                            fn, k, norm->mean[k], norm->std[k]);
+      }
+      v[k] = norm->mean[k];
+      v[c + k] = norm->std[k];
+    }
+  }
+  *out = v;
+  return true;
+}
+
+kiln_dataset *kiln__dataset_from_host(kiln_ctx *ctx, const char *fn, kiln_host_type type,
+                                      kiln_shape shape, const void *images, kiln_host_labels labels,
+                                      const kiln_normalize *norm) {
+  int channels = norm ? norm->channels : 0;
+  int64_t n, total;
+  if (!host_images_ok(ctx, fn, type, shape, images, channels, true, &n, &total)) return NULL;
+  int32_t *y = host_labels(ctx, fn, labels, n);
+  if (!y) return NULL;
+  float *nv;
+  if (!host_norm(ctx, fn, type, images, total, norm, &nv, &channels)) {
+    free(y);
+    return NULL;
+  }
+  float *x = malloc((size_t)total * sizeof *x);
+  kiln_dataset *ds = calloc(1, sizeof *ds);
+  if (!x || !ds) {
+    free(x);
+    free(ds);
+    free(y);
+    free(nv);
+    return kiln__error(ctx, KILN_ERR_OOM, "%s: out of host memory for %lld values", fn,
+                       (long long)total),
+           NULL;
+  }
+  /* channels last: the channel of value i is i modulo their count */
+  for (int64_t i = 0; i < total; i++) {
+    float v = host_value(type, images, i);
+    if (channels > 0) {
+      int c = channels == 1 ? 0 : (int)(i % channels);
+      v = (v - nv[c]) / nv[channels + c];
+    }
+    x[i] = v;
+  }
+  ds->ctx = ctx;
+  ds->anchor = kiln__ctx_anchor(ctx);
+  ds->n = n;
+  ds->norm_channels = channels;
+  ds->norm = nv;
+  ds->images = kiln_tensor_from_host(ctx, KILN_DTYPE_F32, shape, x);
+  ds->labels = kiln_tensor_from_host(ctx, KILN_DTYPE_I32, KILN_SHAPE(n), y);
+  free(x);
+  free(y);
+  if (!ds->images || !ds->labels) {
+    kiln_dataset_free(ds);
+    return NULL;
+  }
+  kiln_tensor_set_name(ds->images, "images");
+  kiln_tensor_set_name(ds->labels, "labels");
+  return ds;
+}
+
+kiln_dataset *kiln_dataset_from_host(kiln_ctx *ctx, kiln_host_type type, kiln_shape shape,
+                                     const void *images, kiln_host_labels labels,
+                                     const kiln_normalize *norm) {
+  if (!ctx) return NULL;
+  if (!kiln__ok(ctx)) return NULL;
+  return kiln__dataset_from_host(ctx, __func__, type, shape, images, labels, norm);
+}
+
+kiln_normalize kiln_dataset_normalization(const kiln_dataset *ds) {
+  if (!ds || ds->norm_channels == 0) return (kiln_normalize){0};
+  return (kiln_normalize){
+      .channels = ds->norm_channels, .mean = ds->norm, .std = ds->norm + ds->norm_channels};
+}
+
+kiln_dataset *kiln_dataset_from_mnist(kiln_ctx *ctx, const kiln_mnist *m, float mean, float std) {
+  const char *fn = __func__;
+  if (!kiln__ok(ctx)) return NULL;
+  if (!m || !m->images || !m->labels || m->n <= 0)
+    return kiln__error(ctx, KILN_ERR_INVALID, "%s: empty data set", fn), NULL;
+  bool from_data = isnan(mean) && isnan(std);
+  if (!from_data && (!isfinite(mean) || !(std > 0.f) || !isfinite(std)))
+    return kiln__error(ctx, KILN_ERR_INVALID,
+                       "%s: mean %g and std %g: the mean must be finite and the std finite and > "
+                       "0, or both NAN (computed from the images)",
+                       fn, mean, std),
+           NULL;
+  int64_t dims[3] = {m->n, m->rows, m->cols};
+  if (m->rows <= 0 || m->cols <= 0 || !kiln__numel_ok(3, dims))
+    return kiln__error(ctx, KILN_ERR_INVALID,
+                       "%s: %lld images of %lld x %lld is no data set kiln can hold", fn,
+                       (long long)m->n, (long long)m->rows, (long long)m->cols),
+           NULL;
+  kiln_normalize norm = {.channels = 1, .mean = &mean, .std = &std};
+  if (from_data) norm = (kiln_normalize){.channels = 1, .from_data = 1};
+  return kiln__dataset_from_host(ctx, fn, KILN_HOST_U8, KILN_SHAPE(m->n, m->rows, m->cols, 1),
+                                 m->images, (kiln_host_labels){.u8 = m->labels}, &norm);
+}
+
+kiln_status kiln_image_stats(kiln_ctx *ctx, kiln_host_type type, kiln_shape shape,
+                             const void *images, int channels, float *mean, float *std) {
+  const char *fn = __func__;
+  if (!ctx) return KILN_ERR_INVALID;
+  if (!kiln__ok(ctx)) return ctx->status;
+  int64_t n, total;
+  if (!host_images_ok(ctx, fn, type, shape, images, channels, false, &n, &total))
+    return ctx->status;
+  if (!mean || !std)
+    return kiln__error(ctx, KILN_ERR_INVALID, "%s: NULL %s", fn, !mean ? "mean" : "std");
+  return image_stats(ctx, fn, type, images, total, channels, mean, std) ? KILN_OK : ctx->status;
 }
 
 kiln_dataset *kiln_mnist_load(kiln_ctx *ctx, const char *dir, const char *split, float mean,
@@ -230,6 +343,7 @@ void kiln_dataset_free(kiln_dataset *ds) {
     kiln_tensor_free(ds->labels);
   }
   kiln__anchor_release(ds->anchor);
+  free(ds->norm);
   free(ds);
 }
 
@@ -342,8 +456,36 @@ void kiln_loader_free(kiln_loader *l) {
     kiln__undo_forget(l->ctx, l);
     kiln_tensor_free(l->order);
     kiln_tensor_free(l->iota);
+    kiln_tensor_free(l->eval_loss);
+    kiln_tensor_free(l->eval_hits);
   }
   free(l->host_order);
   kiln__anchor_release(l->anchor);
   free(l);
+}
+
+/* ---------------------------------------------------------------- for kiln_evaluate */
+
+kiln_ctx *kiln__loader_ctx(const kiln_loader *l) { return l->ctx; }
+
+int64_t kiln__loader_rows(const kiln_loader *l) {
+  return l->batch < l->ds->n ? l->batch : l->ds->n;
+}
+
+bool kiln__loader_batch_at(kiln_loader *l, int64_t k, kiln_tensor **x, kiln_tensor **y,
+                           const char *fn) {
+  KILN_ASSERT(k >= 0 && k < kiln_loader_batches(l));
+  int64_t start = k * kiln__loader_rows(l), left = l->ds->n - start;
+  int64_t b = left < l->batch ? left : l->batch;
+  *x = kiln__index_select_at(l->ds->images, l->order, start, b, fn);
+  *y = kiln__index_select_at(l->ds->labels, l->order, start, b, fn);
+  return *x && *y;
+}
+
+bool kiln__loader_eval_sums(kiln_loader *l, kiln_tensor **loss, kiln_tensor **hits) {
+  if (!l->eval_loss) l->eval_loss = kiln_tensor_new(l->ctx, KILN_DTYPE_F32, KILN_SCALAR_SHAPE);
+  if (!l->eval_hits) l->eval_hits = kiln_tensor_new(l->ctx, KILN_DTYPE_F32, KILN_SCALAR_SHAPE);
+  *loss = l->eval_loss;
+  *hits = l->eval_hits;
+  return *loss && *hits;
 }

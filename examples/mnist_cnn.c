@@ -16,8 +16,8 @@
  *             [--stop-after N] [--save-weights PATH] [--dump-logits PATH]
  *
  * DATA_DIR defaults to $KILN_MNIST, else data/mnist, else the source tree's data/mnist (the copy
- * shipped with kiln; examples/mnist_data.h). The whole data set lives on the GPU; a batch
- * is the data set's (B, 784) rows seen as (B, 28, 28, 1) images, channels last. Pixels are
+ * shipped with kiln; examples/mnist_data.h). The whole data set lives on the GPU, as images
+ * (N, 28, 28, 1), channels last, which the nets take as they are. Pixels are
  * normalised with pytorch/examples' mean and standard deviation (0.1307, 0.3081) and the layers
  * carry its names (conv1, conv2, fc1, fc2), so a state_dict of the same PyTorch net saved with
  * safetensors loads with --eval-only (bench/torch_cnn_roundtrip.py checks both directions).
@@ -128,11 +128,12 @@ static kiln_status net_init(net *n, kiln_ctx *ctx, int fast) {
   return KILN_OK;
 }
 
-/* x (B, 784), the data set's rows, to (B, 10) logits. Dropout follows kiln_training(ctx). */
+/* x (B, 28, 28, 1), the data set's images, to (B, 10) logits. Dropout follows
+ * kiln_training(ctx). */
 static kiln_tensor *forward(const net *n, kiln_tensor *x) {
   if (!x) return NULL;
   const kiln_pool2d_options pool2 = {.kernel_h = 2, .kernel_w = 2};
-  kiln_tensor *h = kiln_reshape(x, KILN_SHAPE(-1, 28, 28, 1)); /* (B, 28, 28, 1) */
+  kiln_tensor *h = x;
   if (!n->fast) {
     h = kiln_relu(kiln_conv2d_layer_forward(&n->conv1, h)); /* (B, 26, 26, 32) */
     h = kiln_relu(kiln_conv2d_layer_forward(&n->conv2, h)); /* (B, 24, 24, 64) */
@@ -151,32 +152,16 @@ static kiln_tensor *forward(const net *n, kiln_tensor *x) {
   return kiln_linear_forward(&n->fc2, h);                       /* (B, 10) */
 }
 
-/* Test loss and accuracy, in batches of 1000, in evaluation mode and without gradients. */
-static void evaluate(kiln_ctx *ctx, const net *n, kiln_loader *test, int64_t count, double *loss,
-                     double *acc) {
-  double lsum = 0, correct = 0;
-  int was_training = kiln_training(ctx);
-  kiln_set_training(ctx, 0);
-  kiln_loader_start(test, 0);
-  kiln_no_grad_begin(ctx);
-  for (;;) {
-    kiln_step_begin(ctx);
-    kiln_tensor *x, *y;
-    if (!kiln_loader_next(test, &x, &y)) break;
-    kiln_tensor *logits = forward(n, x);
-    kiln_tensor *l = kiln_cross_entropy(logits, y, KILN_REDUCTION_SUM, 0.f);
-    kiln_tensor *hit =
-        kiln_eq(kiln_cast(kiln_argmax(logits, 1, 0), KILN_DTYPE_F32), kiln_cast(y, KILN_DTYPE_F32));
-    kiln_tensor *c = kiln_sum(hit, KILN_ALL_AXES, 0);
-    if (kiln_step_end(ctx) != KILN_OK) die(ctx, "evaluation");
-    lsum += kiln_tensor_item(l);
-    correct += kiln_tensor_item(c);
-  }
-  kiln_no_grad_end(ctx);
-  kiln_set_training(ctx, was_training);
-  if (kiln_ctx_error(ctx)) die(ctx, "evaluation");
-  *loss = lsum / count;
-  *acc = correct / count;
+/* forward as kiln_evaluate calls it */
+static kiln_tensor *forward_fn(void *n, kiln_tensor *x) { return forward(n, x); }
+
+/* Test loss and accuracy, in batches of 1000, in evaluation mode and without gradients
+ * (kiln_evaluate). */
+static void evaluate(kiln_ctx *ctx, net *n, kiln_loader *test, double *loss, double *acc) {
+  kiln_eval_result r;
+  if (kiln_evaluate(ctx, test, forward_fn, n, NULL, &r) != KILN_OK) die(ctx, "evaluation");
+  *loss = r.loss;
+  *acc = r.accuracy;
 }
 
 /* Writes the logits of the first DUMP_IMAGES test images, in evaluation mode, to path as
@@ -187,16 +172,14 @@ static void dump_logits(kiln_ctx *ctx, const net *n, kiln_dataset *test, const c
     exit(1);
   }
   float logits_h[DUMP_IMAGES * 10];
-  int was_training = kiln_training(ctx);
-  kiln_set_training(ctx, 0);
-  kiln_no_grad_begin(ctx);
+  kiln_eval_begin(ctx); /* model.eval() and torch.no_grad() */
   kiln_step_begin(ctx);
-  kiln_tensor *x = kiln_slice(kiln_dataset_images(test), 0, 0, DUMP_IMAGES, 1); /* (16, 784) */
-  kiln_tensor *logits = forward(n, x);                                          /* (16, 10) */
+  kiln_tensor *x =
+      kiln_slice(kiln_dataset_images(test), 0, 0, DUMP_IMAGES, 1); /* (16, 28, 28, 1) */
+  kiln_tensor *logits = forward(n, x);                             /* (16, 10) */
   kiln_status st = kiln_step_end(ctx);
   if (st == KILN_OK) st = kiln_tensor_to_host(logits, logits_h, sizeof logits_h);
-  kiln_no_grad_end(ctx);
-  kiln_set_training(ctx, was_training);
+  kiln_eval_end(ctx);
   if (st != KILN_OK) die(ctx, "computing the logits to dump");
   unsigned char bytes[sizeof logits_h];
   for (int i = 0; i < DUMP_IMAGES * 10; i++) {
@@ -259,7 +242,7 @@ static result run(kiln_ctx *ctx, const config *c, kiln_dataset *train, kiln_data
   kiln_loader *loader = kiln_loader_new(train, c->batch, 1, seed, c->fast);
   if (!opt || !loader) die(ctx, "making the optimizer and the loader");
 
-  int64_t ntrain = kiln_dataset_size(train), ntest = kiln_dataset_size(test);
+  int64_t ntrain = kiln_dataset_size(train);
   int64_t steps_per_epoch = kiln_loader_batches(loader), total_steps = steps_per_epoch * c->epochs;
   int64_t step = 0;
   int first_epoch = 1;
@@ -287,7 +270,7 @@ static result run(kiln_ctx *ctx, const config *c, kiln_dataset *train, kiln_data
     kiln_meta_free(meta);
   }
   if (c->eval_only) {
-    evaluate(ctx, &n, test_loader, ntest, &r.test_loss, &r.test_acc);
+    evaluate(ctx, &n, test_loader, &r.test_loss, &r.test_acc);
     printf("%s: test loss %.4f | test accuracy %.2f%%\n", c->eval_only, r.test_loss,
            100.0 * r.test_acc);
     if (c->log)
@@ -380,7 +363,7 @@ static result run(kiln_ctx *ctx, const config *c, kiln_dataset *train, kiln_data
     r.compile_ms += s1.compile_ms - s0.compile_ms;
     r.steps += epoch_steps;
     r.train_loss = nread ? lsum / nread : NAN;
-    evaluate(ctx, &n, test_loader, ntest, &r.test_loss, &r.test_acc);
+    evaluate(ctx, &n, test_loader, &r.test_loss, &r.test_acc);
     if (verbose > 1) {
       printf("epoch %2d done: train loss %.4f | test loss %.4f | test accuracy %.2f%% | %.3f s "
              "(%.0f samples/s)\n",
@@ -403,7 +386,7 @@ static result run(kiln_ctx *ctx, const config *c, kiln_dataset *train, kiln_data
     }
   }
   if (isnan(r.test_acc)) /* nothing left to train (a finished run resumed) */
-    evaluate(ctx, &n, test_loader, ntest, &r.test_loss, &r.test_acc);
+    evaluate(ctx, &n, test_loader, &r.test_loss, &r.test_acc);
   write_outputs(ctx, c, &n, test);
   kiln_loader_free(loader);
   kiln_optim_free(opt);

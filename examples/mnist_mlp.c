@@ -46,35 +46,22 @@ static void usage(const char *argv0) {
   exit(2);
 }
 
+/* x (B, 28, 28, 1), the data set's images, to (B, 10) logits. */
 static kiln_tensor *forward(const mlp *m, kiln_tensor *x) {
-  kiln_tensor *h = kiln_relu(kiln_linear_forward(&m->fc1, x));
+  kiln_tensor *h = kiln_relu(kiln_linear_forward(&m->fc1, kiln_flatten(x))); /* (B, 784): a view */
   h = kiln_relu(kiln_linear_forward(&m->fc2, h));
   return kiln_linear_forward(&m->fc3, h); /* (B, 10) logits */
 }
 
-/* Test loss and accuracy, in batches of 1000, without gradients. */
-static void evaluate(kiln_ctx *ctx, const mlp *m, kiln_loader *test, int64_t n, double *loss,
-                     double *acc) {
-  double lsum = 0, correct = 0;
-  kiln_loader_start(test, 0);
-  kiln_no_grad_begin(ctx);
-  for (;;) {
-    kiln_step_begin(ctx);
-    kiln_tensor *x, *y;
-    if (!kiln_loader_next(test, &x, &y)) break;
-    kiln_tensor *logits = forward(m, x);
-    kiln_tensor *l = kiln_cross_entropy(logits, y, KILN_REDUCTION_SUM, 0.f);
-    kiln_tensor *hit =
-        kiln_eq(kiln_cast(kiln_argmax(logits, 1, 0), KILN_DTYPE_F32), kiln_cast(y, KILN_DTYPE_F32));
-    kiln_tensor *c = kiln_sum(hit, KILN_ALL_AXES, 0);
-    if (kiln_step_end(ctx) != KILN_OK) die(ctx, "evaluation");
-    lsum += kiln_tensor_item(l);
-    correct += kiln_tensor_item(c);
-  }
-  kiln_no_grad_end(ctx);
-  if (kiln_ctx_error(ctx)) die(ctx, "evaluation");
-  *loss = lsum / n;
-  *acc = correct / n;
+/* forward as kiln_evaluate calls it */
+static kiln_tensor *forward_fn(void *m, kiln_tensor *x) { return forward(m, x); }
+
+/* Test loss and accuracy, in batches of 1000, in evaluation mode (kiln_evaluate). */
+static void evaluate(kiln_ctx *ctx, mlp *m, kiln_loader *test, double *loss, double *acc) {
+  kiln_eval_result r;
+  if (kiln_evaluate(ctx, test, forward_fn, m, NULL, &r) != KILN_OK) die(ctx, "evaluation");
+  *loss = r.loss;
+  *acc = r.accuracy;
 }
 
 int main(int argc, char **argv) {
@@ -133,13 +120,12 @@ int main(int argc, char **argv) {
   kiln_ctx *ctx = kiln_ctx_new(NULL);
   if (!ctx || kiln_ctx_error(ctx)) die(ctx, "no usable GPU");
   kiln_manual_seed(ctx, seed);
-  /* the training pixels' mean and standard deviation, scaled to [0, 1], normalise both sets */
-  float mean, std;
-  if (kiln_image_stats(ctx, KILN_HOST_U8, KILN_SHAPE(train_h.n, train_h.rows, train_h.cols),
-                       train_h.images, 1, &mean, &std) != KILN_OK)
-    die(ctx, "the data set's statistics");
-  kiln_dataset *train = kiln_dataset_from_mnist(ctx, &train_h, mean, std);
-  kiln_dataset *test = kiln_dataset_from_mnist(ctx, &test_h, mean, std);
+  /* the training pixels' mean and standard deviation, scaled to [0, 1] (NAN: computed from
+   * them), normalise both sets */
+  kiln_dataset *train = kiln_dataset_from_mnist(ctx, &train_h, NAN, NAN);
+  kiln_normalize norm = kiln_dataset_normalization(train);
+  float mean = norm.channels ? norm.mean[0] : NAN, std = norm.channels ? norm.std[0] : NAN;
+  kiln_dataset *test = train ? kiln_dataset_from_mnist(ctx, &test_h, mean, std) : NULL;
   kiln_mnist_free(&train_h);
   kiln_mnist_free(&test_h);
   if (!train || !test) die(ctx, "uploading the data set");
@@ -188,7 +174,7 @@ int main(int argc, char **argv) {
          kiln_version(), dir, (long long)ntrain, (long long)kiln_dataset_size(test), mean, std);
   if (eval_only) {
     double tl, ta;
-    evaluate(ctx, &m, test_loader, kiln_dataset_size(test), &tl, &ta);
+    evaluate(ctx, &m, test_loader, &tl, &ta);
     printf("%s: test loss %.4f | test accuracy %.2f%%\n", eval_only, tl, 100.0 * ta);
     if (log)
       fprintf(log, "{\"eval\": \"%s\", \"test_loss\": %.6f, \"test_accuracy\": %.6f}\n", eval_only,
@@ -243,7 +229,7 @@ int main(int argc, char **argv) {
     kiln_sync(ctx);
     double train_time = now_s() - t0;
     double tl, ta;
-    evaluate(ctx, &m, test_loader, kiln_dataset_size(test), &tl, &ta);
+    evaluate(ctx, &m, test_loader, &tl, &ta);
     printf("epoch %2d done: train loss %.4f | test loss %.4f | test accuracy %.2f%% | %.2f s "
            "(%.0f samples/s)\n",
            epoch, nread ? lsum / nread : NAN, tl, 100.0 * ta, train_time, ntrain / train_time);

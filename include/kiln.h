@@ -105,8 +105,11 @@ typedef struct kiln_ctx_options {
 /*
  * Creates a context. NULL options: device 0, a GPU context. Always returns a context unless host
  * memory runs out; when the device cannot be used, kiln_ctx_error() says why and
- * kiln_ctx_has_gpu() is 0. Environment: KILN_TF32=0 turns TF32 matmuls off, KILN_SEED sets the
- * RNG seed, KILN_CACHE_DIR the kernel cache, KILN_DUMP_KERNELS=dir writes generated sources.
+ * kiln_ctx_has_gpu() is 0: "kiln_ctx_new: no usable GPU: " and whether no NVIDIA driver is
+ * installed, the driver is older than kiln's CUDA runtime (both versions) or sees no GPU, then
+ * CUDA's own words and that no_gpu = 1 gives a context that records, plans and compiles.
+ * Environment: KILN_TF32=0 turns TF32 matmuls off, KILN_SEED sets the RNG seed, KILN_CACHE_DIR
+ * the kernel cache, KILN_DUMP_KERNELS=dir writes generated sources.
  */
 kiln_ctx *kiln_ctx_new(const kiln_ctx_options *opts);
 /* Frees the context and every tensor it still holds. Parameter lists, optimizers, data sets and
@@ -157,7 +160,9 @@ kiln_status kiln_sync(kiln_ctx *ctx);
  * kiln_step_end runs the step's trace. A step that fails, in recording or in running, leaves no
  * host state behind: optimizer step counts and rates, gradients' presence, the RNG state and
  * loader positions are as the step found them (device work already run by an earlier flush of
- * the step, with graphs off, stays).
+ * the step, with graphs off, stays). Ending a step inside an open autocast region is such a failure
+ * (KILN_ERR_STATE, naming how many are open): the region would carry into the next step. The
+ * regions stay open; close them (kiln_autocast_end) and clear the error to go on.
  */
 void kiln_step_begin(kiln_ctx *ctx);
 kiln_status kiln_step_end(kiln_ctx *ctx);
@@ -379,23 +384,28 @@ typedef enum kiln_reduction {
   KILN_REDUCTION_SUM,
   KILN_REDUCTION_NONE,
 } kiln_reduction;
-/* logits (N, C) f32, labels (N) i32 in [0, C). A label outside [0, C) is found on the device
- * (no launch waits for the host): the next read of a value, or kiln_sync, returns the error
- * naming it. */
+/* logits (N, C) f32 or bf16 (the bf16 logits of an autocast region, say), labels (N) i32 in
+ * [0, C). It computes in f32 whatever the logits' dtype (bf16 logits are widened inside its
+ * kernel, not rounded again) and gives an f32 loss: (N) with KILN_REDUCTION_NONE, else one
+ * element; the logits' gradient has their dtype. label_smoothing in [0, 1] mixes the one-hot
+ * target with the uniform one, as torch's. A label outside [0, C) is found on the device (no
+ * launch waits for the host): the next read of a value, or kiln_sync, returns the error naming
+ * it. */
 kiln_tensor *kiln_cross_entropy(kiln_tensor *logits, kiln_tensor *labels, kiln_reduction red,
                                 float label_smoothing);
 /* Cross-entropy against class probabilities (PyTorch's cross_entropy with a floating target):
- * logits and target both (N, C) f32, loss_n = -sum_c t_nc log_softmax(logits)_nc with
- * t = target (1 - label_smoothing) + label_smoothing / C; the mean divides by N. Rows of target
- * are not checked to sum to 1. The target gets a gradient when it requires one. */
+ * logits and target both (N, C), f32 or bf16 (computed in f32, as above), loss_n = -sum_c t_nc
+ * log_softmax(logits)_nc with t = target (1 - label_smoothing) + label_smoothing / C; the mean
+ * divides by N. Rows of target are not checked to sum to 1. The target gets a gradient when it
+ * requires one. */
 kiln_tensor *kiln_cross_entropy_soft(kiln_tensor *logits, kiln_tensor *target, kiln_reduction red,
                                      float label_smoothing);
 /* Mean squared error (input - target)^2 (torch's mse_loss); input and target have one shape (no
- * broadcasting, where PyTorch only warns), f32. */
+ * broadcasting, where PyTorch only warns), f32 or bf16, computed in f32. */
 kiln_tensor *kiln_mse_loss(kiln_tensor *input, kiln_tensor *target, kiln_reduction red);
 /* Binary cross-entropy on logits (torch's binary_cross_entropy_with_logits, without weight or
  * pos_weight): max(x, 0) - x t + log(1 + exp(-|x|)), stable for any x; target in [0, 1] (not
- * checked), of the logits' shape, f32. */
+ * checked), of the logits' shape, f32 or bf16, computed in f32. */
 kiln_tensor *kiln_bce_with_logits(kiln_tensor *logits, kiln_tensor *target, kiln_reduction red);
 
 /*
@@ -558,7 +568,8 @@ kiln_status kiln_assign(kiln_tensor *dst, kiln_tensor *src);
  * gradients back to f32, so optimizers, their state and checkpoints never see bf16. A region
  * opened with KILN_DTYPE_F32 turns autocast off inside an outer one. Regions nest (at most 8);
  * an end without its begin is an error (KILN_ERR_STATE). The region is read when ops are
- * recorded: put the forward pass in it, and call kiln_backward and kiln_optim_step after it. */
+ * recorded: put the forward pass in it, and call kiln_backward and kiln_optim_step after it.
+ * A region is closed inside the step that opened it: kiln_step_end inside one is an error. */
 void kiln_autocast_begin(kiln_ctx *ctx, kiln_dtype dtype);
 void kiln_autocast_end(kiln_ctx *ctx);
 
@@ -623,6 +634,17 @@ int kiln_params_is_buffer(const kiln_params *p, int i);
  * layers below (batch norm) and kiln_dropout(..., KILN_TRAINING_MODE) follow it. On at first. */
 void kiln_set_training(kiln_ctx *ctx, int on);
 int kiln_training(const kiln_ctx *ctx);
+/* Evaluation mode in one call, as PyTorch's model.eval() with torch.no_grad(): kiln_eval_begin
+ * switches training off (kiln_set_training(ctx, 0)) and opens a no-grad region
+ * (kiln_no_grad_begin); kiln_eval_end closes that region and gives back the training mode that
+ * its kiln_eval_begin found (so training goes on after an evaluation inside a training run, and
+ * a region inside another stays in evaluation mode). Regions nest (at most 64) and may span
+ * steps: an evaluation loop is kiln_eval_begin, its steps, kiln_eval_end. An end without its
+ * begin, or one whose no-grad region a stray kiln_no_grad_end closed, is an error
+ * (KILN_ERR_STATE) that changes nothing. kiln_evaluate (kiln_evaluate.h) runs a whole loader
+ * this way. */
+void kiln_eval_begin(kiln_ctx *ctx);
+void kiln_eval_end(kiln_ctx *ctx);
 
 /* Convolution layer: weight "name.weight" (Cout, Cin / groups, kh, kw) and bias "name.bias"
  * (Cout), initialised as torch.nn.Conv2d: U(-1/sqrt(fan_in), 1/sqrt(fan_in)) for both, fan_in =
@@ -721,6 +743,9 @@ typedef kiln_tensor *(*kiln_module_fn)(void *state, kiln_tensor *x);
 kiln_module *kiln_seq_custom(kiln_module *seq, const char *label, kiln_module_fn fn, void *state);
 /* Runs m on x: a container runs its children in order. */
 kiln_tensor *kiln_module_forward(const kiln_module *m, kiln_tensor *x);
+/* kiln_module_forward for a callback that takes the model as a void pointer (kiln_forward_fn):
+ * kiln_evaluate(ctx, loader, kiln_module_call, net, NULL, &result) evaluates a module. */
+kiln_tensor *kiln_module_call(void *module, kiln_tensor *x);
 /* m's parameters' elements, as sum(p.numel() for p in model.parameters()): without batch
  * norm's running statistics (kiln_params_numel counts those too). */
 int64_t kiln_module_parameters(const kiln_module *m);
@@ -1033,7 +1058,12 @@ void kiln_mnist_free(kiln_mnist *m);
 
 /* A data set on the device: images (n, ...) f32, labels (n) i32. */
 typedef struct kiln_dataset kiln_dataset;
-/* Uploads once, as (pixel / 255 - mean) / std, images (n, rows * cols). */
+/* Uploads m once as images (n, rows, cols, 1) f32, image-shaped and channels last as a
+ * convolution takes them (an MLP flattens a batch: kiln_flatten(x), a view, gives (B, rows *
+ * cols)), each value (pixel / 255 - mean) / std, and labels (n) i32. mean and std both NAN
+ * (math.h): the images' own mean and standard deviation (kiln_image_stats), which
+ * kiln_dataset_normalization gives back for the test split; else mean finite and std finite and
+ * > 0. */
 kiln_dataset *kiln_dataset_from_mnist(kiln_ctx *ctx, const kiln_mnist *m, float mean, float std);
 
 /* Host images: bytes, read as pixel / 255 (torchvision's ToTensor), or floats, read as they are. */
@@ -1044,14 +1074,41 @@ typedef struct kiln_normalize {
   int channels;      /* entries of mean and std: the last axis's size, or 1; 0: no normalisation */
   const float *mean; /* (channels) */
   const float *std;  /* (channels), each > 0 */
+  /* 1: mean and std are computed from the images themselves (kiln_image_stats: the population
+   * statistics, per channel or of every value) and must be left NULL; a channel whose values are
+   * all equal (std 0) is an error. kiln_dataset_normalization gives them back. */
+  int from_data;
 } kiln_normalize;
-/* Your own data: images of any shape (n, ...), the first axis the sample ((n, 28, 28), or
- * (n, H, W, C) for a convolutional net), C order, and labels (n) i32; norm NULL: no
+/* Labels on the host, (n) values: set i32 or u8 (the readers' type: kiln_mnist's and
+ * kiln_cifar10's labels are uint8_t, passed as they are), not both. classes > 0: each label must
+ * lie in [0, classes), else an error naming the first that does not; 0: each must be >= 0 (a
+ * label of a class the logits do not have is then found by kiln_cross_entropy, on the device).
+ * On the device they are (n) i32 either way. */
+typedef struct kiln_host_labels {
+  const int32_t *i32;
+  const uint8_t *u8;
+  int64_t classes;
+} kiln_host_labels;
+/* Your own data: images of any shape (n, ...), the first axis the sample ((n, 28, 28, 1), or
+ * (n, H, W, C) for a convolutional net), C order, and their labels; norm NULL: no
  * normalisation. Uploaded once as f32 of the same shape, so the loader's batches are (B, ...).
- * Both arrays are copied: they may be freed on return. */
+ * Both arrays are copied: they may be freed on return. MNIST read by hand, normalised by its own
+ * statistics:
+ *   kiln_dataset_from_host(ctx, KILN_HOST_U8, KILN_SHAPE(m.n, m.rows, m.cols, 1), m.images,
+ *                          (kiln_host_labels){.u8 = m.labels, .classes = 10},
+ *                          &(kiln_normalize){.channels = 1, .from_data = 1});
+ * An error names the argument and the value (a label out of range: its record), and makes
+ * nothing. */
 kiln_dataset *kiln_dataset_from_host(kiln_ctx *ctx, kiln_host_type type, kiln_shape shape,
-                                     const void *images, const int32_t *labels,
+                                     const void *images, kiln_host_labels labels,
                                      const kiln_normalize *norm);
+/* The normalisation ds was made with: channels 0 for none, else its means and standard
+ * deviations (given, or computed from the data), pointing into ds (valid until it is freed);
+ * from_data 0. A test set is normalised with its training set's statistics:
+ *   kiln_normalize n = kiln_dataset_normalization(train);
+ *   kiln_dataset *test = kiln_mnist_load(ctx, dir, "t10k", n.mean[0], n.std[0]);
+ * or &n as kiln_dataset_from_host's norm. */
+kiln_normalize kiln_dataset_normalization(const kiln_dataset *ds);
 /* The per-channel mean and standard deviation of host images (as kiln_dataset_from_host reads
  * them: bytes scaled to [0, 1]), for its normalisation: channels is the last axis's size, or 1
  * for every value together; mean and std receive channels values each. The standard deviation
@@ -1076,7 +1133,8 @@ kiln_status kiln_image_stats(kiln_ctx *ctx, kiln_host_type type, kiln_shape shap
  * values are refused. An error, as the other initialisers' (the tensor unchanged): a weight that
  * is not (Cout, Cin, kh, kw) with Cout even and at most 2 Cin kh kw, images that are not
  * (n >= 1, H >= kh, W >= kw, Cin), an unknown type, a normalisation of other than 0, 1 or Cin
- * channels or with a std not finite and > 0, a float image value that is NAN or infinite.
+ * channels or with a std not finite and > 0 (or from_data set: give the statistics), a float
+ * image value that is NAN or infinite.
  * airbench keeps these filters frozen: kiln_tensor_set_requires_grad(weight, 0) after this. */
 kiln_status kiln_init_whitening(kiln_tensor *weight, kiln_host_type type, kiln_shape shape,
                                 const void *images, const kiln_normalize *norm, float eps);
@@ -1088,6 +1146,9 @@ kiln_status kiln_init_whitening(kiln_tensor *weight, kiln_host_type type, kiln_s
  * what was recorded and waits for it: call it outside a step (or in one with graphs off). The
  * errors are kiln_init_whitening's, and images of another shape or dtype. */
 kiln_status kiln_init_whitening_tensor(kiln_tensor *weight, kiln_tensor *images, float eps);
+/* kiln_mnist_read, then kiln_dataset_from_mnist: images (n, 28, 28, 1), normalised by mean and
+ * std, or by the split's own statistics when both are NAN:
+ *   kiln_dataset *train = kiln_mnist_load(ctx, dir, "train", NAN, NAN);  (0.1307 and 0.3081) */
 kiln_dataset *kiln_mnist_load(kiln_ctx *ctx, const char *dir, const char *split, float mean,
                               float std);
 int64_t kiln_dataset_size(const kiln_dataset *ds);
@@ -1146,12 +1207,14 @@ void kiln_cifar10_free(kiln_cifar10 *c);
 kiln_dataset *kiln_dataset_from_cifar10(kiln_ctx *ctx, const kiln_cifar10 *c, const float mean[3],
                                         const float std[3]);
 
-/* Image folders and their loader (torchvision's ImageFolder): kiln_imagefolder.h; kernels you
- * write yourself, called as ops: kiln_custom.h. Both are included at the end of this header. */
+/* Included at the end of this header: image folders and their loader (torchvision's
+ * ImageFolder), kiln_imagefolder.h; a classifier's loss and accuracy over a loader
+ * (kiln_evaluate), kiln_evaluate.h; kernels you write yourself, called as ops, kiln_custom.h. */
 
 #ifdef __cplusplus
 }
 #endif
 #include "kiln_custom.h"
+#include "kiln_evaluate.h"
 #include "kiln_imagefolder.h"
 #endif

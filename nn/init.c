@@ -388,6 +388,12 @@ static bool whitening_images_ok(kiln_ctx *ctx, const char *fn, kiln_host_type ty
                         "%s: images %s for %dx%d patches: they must be (n >= 1, H >= %d, W >= %d, "
                         "C >= 1)",
                         fn, kiln_shape_str(shape, sh, sizeof sh), kh, kw, kh, kw);
+  if (norm && norm->from_data)
+    return !kiln__error(ctx, KILN_ERR_INVALID,
+                        "%s: a normalisation from the data (from_data 1) is not computed here: "
+                        "give its mean and std (kiln_image_stats, or kiln_dataset_normalization "
+                        "of the data set)",
+                        fn);
   if (norm && norm->channels != 0) {
     if (norm->channels != 1 && norm->channels != shape.d[3])
       return !kiln__error(ctx, KILN_ERR_SHAPE,

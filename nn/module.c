@@ -326,6 +326,12 @@ kiln_tensor *kiln_module_forward(const kiln_module *m, kiln_tensor *x) {
   return NULL;
 }
 
+kiln_tensor *kiln_module_call(void *module, kiln_tensor *x) {
+  if (!module && x)
+    return kiln__error(kiln_tensor_ctx(x), KILN_ERR_INVALID, "kiln_module_call: NULL module"), NULL;
+  return kiln_module_forward(module, x);
+}
+
 /* ---------------------------------------------------------------- counts and printing */
 
 static int64_t numel(const kiln_tensor *t) { return t ? kiln_tensor_numel(t) : 0; }

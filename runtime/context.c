@@ -94,6 +94,15 @@ static kiln_status run_step(kiln_ctx *ctx, bool whole) {
 kiln_status kiln_step_end(kiln_ctx *ctx) {
   if (!ctx) return KILN_ERR_INVALID;
   bool open = ctx->in_step;
+  /* an autocast region carried into the next step would cast that step's ops too: the step fails
+   * (nothing runs, its host state is undone) and the regions stay open for the caller to close */
+  if (open && ctx->autocast_depth > 0)
+    kiln__error(ctx, KILN_ERR_STATE,
+                "kiln_step_end: %d autocast region%s open (kiln_autocast_begin without "
+                "kiln_autocast_end): close %s inside the step, after the forward pass; the step "
+                "is not run",
+                ctx->autocast_depth, ctx->autocast_depth == 1 ? " is" : "s are",
+                ctx->autocast_depth == 1 ? "it" : "them");
   bool whole = open && ctx->trace.done == 0; /* nothing of the step ran yet */
   ctx->in_step = false;
   kiln_status s = run_step(ctx, whole);

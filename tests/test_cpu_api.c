@@ -3,8 +3,9 @@
  * structs whose zero fields are PyTorch's defaults (and KILN_ZERO for an exact 0), fields with no
  * default that are errors naming them, kiln_backward twice and unbalanced no-grad regions, the
  * one-cycle schedule's momentum cycling and Adam's L2 against AdamW's decoupled decay, data sets
- * from host arrays and their statistics, a whole training step planned and compiled by a context
- * without a GPU, and the parameter names the layers make.
+ * from host arrays (the readers' uint8 labels, statistics computed from the data) and their
+ * statistics, a whole training step planned and compiled by a context without a GPU, and the
+ * parameter names the layers make.
  */
 #include <math.h>
 #include <string.h>
@@ -440,8 +441,8 @@ Test(api, dataset_from_host_keeps_the_shape) {
     lab[i] = i % 3;
   float mean[C] = {0.5f, 0.4f}, std[C] = {0.2f, 0.3f};
   kiln_normalize norm = {.channels = C, .mean = mean, .std = std};
-  kiln_dataset *ds =
-      kiln_dataset_from_host(ctx, KILN_HOST_U8, KILN_SHAPE(N, H, W, C), px, lab, &norm);
+  kiln_dataset *ds = kiln_dataset_from_host(ctx, KILN_HOST_U8, KILN_SHAPE(N, H, W, C), px,
+                                            (kiln_host_labels){.i32 = lab, .classes = 3}, &norm);
   cr_assert_not_null(ds, "%s", th_err(ctx));
   cr_assert_eq(kiln_dataset_size(ds), N);
   th_assert_shape(kiln_dataset_images(ds), KILN_SHAPE(N, H, W, C));
@@ -462,13 +463,15 @@ Test(api, dataset_from_host_keeps_the_shape) {
   float f[N * 5];
   for (int i = 0; i < N * 5; i++)
     f[i] = (float)i - 7.f;
-  kiln_dataset *fd = kiln_dataset_from_host(ctx, KILN_HOST_F32, KILN_SHAPE(N, 5), f, lab, NULL);
+  kiln_dataset *fd = kiln_dataset_from_host(ctx, KILN_HOST_F32, KILN_SHAPE(N, 5), f,
+                                            (kiln_host_labels){.i32 = lab}, NULL);
   cr_assert_not_null(fd, "%s", th_err(ctx));
   th_assert_shape(kiln_dataset_images(fd), KILN_SHAPE(N, 5));
   kiln_dataset_free(fd);
   float one_m = 0.1f, one_s = 2.f;
-  kiln_dataset *od = kiln_dataset_from_host(ctx, KILN_HOST_F32, KILN_SHAPE(N, 5), f, lab,
-                                            &(kiln_normalize){1, &one_m, &one_s});
+  kiln_dataset *od = kiln_dataset_from_host(
+      ctx, KILN_HOST_F32, KILN_SHAPE(N, 5), f, (kiln_host_labels){.i32 = lab},
+      &(kiln_normalize){.channels = 1, .mean = &one_m, .std = &one_s});
   cr_assert_not_null(od, "%s", th_err(ctx));
   kiln_dataset_free(od);
   th_assert_ok(ctx);
@@ -477,34 +480,100 @@ Test(api, dataset_from_host_keeps_the_shape) {
 
 Test(api, dataset_from_host_refuses_bad_input_by_name) {
   kiln_ctx *ctx = th_cpu_ctx();
-  uint8_t px[6 * 4] = {0};
-  int32_t lab[6] = {0};
+  uint8_t px[6 * 4] = {0}, lab8[6] = {0, 1, 2, 3, 4, 5};
+  int32_t lab[6] = {0}, neg[6] = {0, 1, -2, 0, 0, 0};
   float mean[3] = {0}, std[3] = {1, 1, 1}, bad_std[2] = {1, 0};
+  const kiln_host_labels i32 = {.i32 = lab};
   struct {
     kiln_host_type type;
     kiln_shape shape;
     const void *images;
-    const int32_t *labels;
+    kiln_host_labels labels;
     kiln_normalize norm;
     bool has_norm;
     kiln_status status;
     const char *what;
   } cases[] = {
-      {KILN_HOST_U8, KILN_SHAPE(6, 4), px, lab, {3, mean, std}, true, KILN_ERR_SHAPE, "3 channels"},
-      {KILN_HOST_U8, KILN_SHAPE(6, 4), px, NULL, {0}, false, KILN_ERR_INVALID, "NULL labels"},
-      {KILN_HOST_U8, KILN_SHAPE(6, 4), NULL, lab, {0}, false, KILN_ERR_INVALID, "NULL images"},
-      {KILN_HOST_U8, KILN_SHAPE(0, 4), px, lab, {0}, false, KILN_ERR_SHAPE, "empty"},
-      {KILN_HOST_U8, KILN_SCALAR_SHAPE, px, lab, {0}, false, KILN_ERR_SHAPE, "0 dims"},
+      {KILN_HOST_U8,
+       KILN_SHAPE(6, 4),
+       px,
+       i32,
+       {3, mean, std, 0},
+       true,
+       KILN_ERR_SHAPE,
+       "3 channels"},
+      {KILN_HOST_U8, KILN_SHAPE(6, 4), px, {0}, {0}, false, KILN_ERR_INVALID, "NULL labels"},
+      {KILN_HOST_U8, KILN_SHAPE(6, 4), NULL, i32, {0}, false, KILN_ERR_INVALID, "NULL images"},
+      {KILN_HOST_U8, KILN_SHAPE(0, 4), px, i32, {0}, false, KILN_ERR_SHAPE, "empty"},
+      {KILN_HOST_U8, KILN_SCALAR_SHAPE, px, i32, {0}, false, KILN_ERR_SHAPE, "0 dims"},
       {KILN_HOST_U8,
        KILN_SHAPE(3, 4, 2),
        px,
-       lab,
-       {2, mean, bad_std},
+       i32,
+       {2, mean, bad_std, 0},
        true,
        KILN_ERR_INVALID,
        "channel 1"},
-      {KILN_HOST_U8, KILN_SHAPE(6, 4), px, lab, {1, NULL, std}, true, KILN_ERR_INVALID, "mean"},
-      {(kiln_host_type)9, KILN_SHAPE(6, 4), px, lab, {0}, false, KILN_ERR_INVALID, "host type 9"},
+      {KILN_HOST_U8, KILN_SHAPE(6, 4), px, i32, {1, NULL, std, 0}, true, KILN_ERR_INVALID, "mean"},
+      {(kiln_host_type)9, KILN_SHAPE(6, 4), px, i32, {0}, false, KILN_ERR_INVALID, "host type 9"},
+      /* labels: one type, in range */
+      {KILN_HOST_U8,
+       KILN_SHAPE(6, 4),
+       px,
+       {.i32 = lab, .u8 = lab8},
+       {0},
+       false,
+       KILN_ERR_INVALID,
+       "both as i32 and as u8"},
+      {KILN_HOST_U8,
+       KILN_SHAPE(6, 4),
+       px,
+       {.i32 = neg},
+       {0},
+       false,
+       KILN_ERR_INVALID,
+       "record 2: label -2 is negative"},
+      {KILN_HOST_U8,
+       KILN_SHAPE(6, 4),
+       px,
+       {.u8 = lab8, .classes = 5},
+       {0},
+       false,
+       KILN_ERR_INVALID,
+       "record 5: label 5 is outside [0, 5)"},
+      {KILN_HOST_U8,
+       KILN_SHAPE(6, 4),
+       px,
+       {.u8 = lab8, .classes = -1},
+       {0},
+       false,
+       KILN_ERR_INVALID,
+       "-1 classes"},
+      /* statistics from the data: nothing else given, and something to normalise */
+      {KILN_HOST_U8,
+       KILN_SHAPE(6, 4),
+       px,
+       i32,
+       {.channels = 1, .mean = mean, .from_data = 1},
+       true,
+       KILN_ERR_INVALID,
+       "with a mean given"},
+      {KILN_HOST_U8,
+       KILN_SHAPE(6, 4),
+       px,
+       i32,
+       {.from_data = 1},
+       true,
+       KILN_ERR_INVALID,
+       "0 channels"},
+      {KILN_HOST_U8,
+       KILN_SHAPE(6, 4),
+       px,
+       i32,
+       {.channels = 4, .from_data = 1},
+       true,
+       KILN_ERR_INVALID,
+       "channel 0 of the images is constant"},
   };
   for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
     kiln_dataset *ds =
@@ -515,6 +584,78 @@ Test(api, dataset_from_host_refuses_bad_input_by_name) {
     kiln_ctx_clear_error(ctx);
   }
   th_ctx_free(ctx); /* a failed call left no tensor behind */
+}
+
+Test(api, the_host_route_takes_the_readers_types_and_computes_statistics) {
+  kiln_ctx *ctx = th_cpu_ctx();
+  enum { N = 9, R = 4, CO = 3 };
+  uint8_t img[N * R * CO], lab8[N];
+  for (int i = 0; i < N * R * CO; i++)
+    img[i] = (uint8_t)(i * 29 + 3);
+  for (int i = 0; i < N; i++)
+    lab8[i] = (uint8_t)(9 - i);
+  kiln_mnist m = {.n = N, .rows = R, .cols = CO, .images = img, .labels = lab8};
+  /* the reader's own struct, as it is: image-shaped, uint8 labels checked against 10 classes */
+  kiln_normalize from_data = {.channels = 1, .from_data = 1};
+  kiln_dataset *a =
+      kiln_dataset_from_host(ctx, KILN_HOST_U8, KILN_SHAPE(m.n, m.rows, m.cols, 1), m.images,
+                             (kiln_host_labels){.u8 = m.labels, .classes = 10}, &from_data);
+  cr_assert_not_null(a, "%s", th_err(ctx));
+  th_assert_shape(kiln_dataset_images(a), KILN_SHAPE(N, R, CO, 1));
+  cr_assert_eq(kiln_tensor_dtype(kiln_dataset_labels(a)), KILN_DTYPE_I32);
+  /* the statistics it computed are kiln_image_stats's, and are given back */
+  float want_m, want_s;
+  cr_assert_eq(kiln_image_stats(ctx, KILN_HOST_U8, KILN_SHAPE(N, R, CO), img, 1, &want_m, &want_s),
+               KILN_OK);
+  kiln_normalize got = kiln_dataset_normalization(a);
+  cr_assert_eq(got.channels, 1);
+  cr_assert_eq(got.from_data, 0);
+  cr_assert(got.mean[0] == want_m && got.std[0] == want_s, "mean %g std %g, want %g %g",
+            got.mean[0], got.std[0], want_m, want_s);
+  /* kiln_dataset_from_mnist: image-shaped too, NAN asks for the same statistics */
+  kiln_dataset *b = kiln_dataset_from_mnist(ctx, &m, NAN, NAN);
+  cr_assert_not_null(b, "%s", th_err(ctx));
+  th_assert_shape(kiln_dataset_images(b), KILN_SHAPE(N, R, CO, 1));
+  kiln_normalize gb = kiln_dataset_normalization(b);
+  cr_assert(gb.channels == 1 && gb.mean[0] == want_m && gb.std[0] == want_s);
+  /* a test set normalised with the training set's statistics keeps them */
+  kiln_dataset *c = kiln_dataset_from_mnist(ctx, &m, gb.mean[0], gb.std[0]);
+  cr_assert_not_null(c, "%s", th_err(ctx));
+  kiln_normalize gc = kiln_dataset_normalization(c);
+  cr_assert(gc.channels == 1 && gc.mean[0] == want_m && gc.std[0] == want_s);
+  /* per channel, from the data, and no normalisation at all */
+  kiln_dataset *d = kiln_dataset_from_host(ctx, KILN_HOST_U8, KILN_SHAPE(N, R, CO), img,
+                                           (kiln_host_labels){.u8 = lab8},
+                                           &(kiln_normalize){.channels = CO, .from_data = 1});
+  cr_assert_not_null(d, "%s", th_err(ctx));
+  float cm[CO], cs[CO];
+  cr_assert_eq(kiln_image_stats(ctx, KILN_HOST_U8, KILN_SHAPE(N, R, CO), img, CO, cm, cs), KILN_OK);
+  kiln_normalize gd = kiln_dataset_normalization(d);
+  cr_assert_eq(gd.channels, CO);
+  for (int k = 0; k < CO; k++)
+    cr_assert(gd.mean[k] == cm[k] && gd.std[k] == cs[k], "channel %d", k);
+  kiln_dataset *e = kiln_dataset_from_host(ctx, KILN_HOST_U8, KILN_SHAPE(N, R * CO), img,
+                                           (kiln_host_labels){.u8 = lab8}, NULL);
+  cr_assert_not_null(e, "%s", th_err(ctx));
+  cr_assert_eq(kiln_dataset_normalization(e).channels, 0);
+  cr_assert_null(kiln_dataset_normalization(e).mean);
+  cr_assert_eq(kiln_dataset_normalization(NULL).channels, 0);
+  /* NAN for one of the two, or a mean that is not finite, is an error naming both */
+  cr_assert_null(kiln_dataset_from_mnist(ctx, &m, NAN, 0.3f));
+  TH_ASSERT_ERROR(ctx, KILN_ERR_INVALID, "kiln_dataset_from_mnist", "mean nan and std 0.3");
+  kiln_ctx_clear_error(ctx);
+  cr_assert_null(kiln_dataset_from_mnist(ctx, &m, INFINITY, 0.3f));
+  TH_ASSERT_ERROR(ctx, KILN_ERR_INVALID, "kiln_dataset_from_mnist", "mean inf");
+  kiln_ctx_clear_error(ctx);
+  cr_assert_null(kiln_dataset_from_mnist(ctx, &m, 0.1f, 0.f));
+  TH_ASSERT_ERROR(ctx, KILN_ERR_INVALID, "kiln_dataset_from_mnist", "std 0");
+  kiln_ctx_clear_error(ctx);
+  kiln_dataset_free(a);
+  kiln_dataset_free(b);
+  kiln_dataset_free(c);
+  kiln_dataset_free(d);
+  kiln_dataset_free(e);
+  th_ctx_free(ctx);
 }
 
 /* The population mean and standard deviation of channel c of n values with `channels`
@@ -575,8 +716,9 @@ Test(api, image_stats_per_channel) {
   float *mc = malloc(C * sizeof *mc), *sc = malloc(C * sizeof *sc);
   cr_assert_eq(kiln_image_stats(ctx, KILN_HOST_U8, KILN_SHAPE(N, H, W, C), px, C, mc, sc), KILN_OK);
   int32_t *lab = calloc(N, sizeof *lab);
-  kiln_dataset *ds = kiln_dataset_from_host(ctx, KILN_HOST_U8, KILN_SHAPE(N, H, W, C), px, lab,
-                                            &(kiln_normalize){C, mc, sc});
+  kiln_dataset *ds =
+      kiln_dataset_from_host(ctx, KILN_HOST_U8, KILN_SHAPE(N, H, W, C), px,
+                             (kiln_host_labels){.i32 = lab}, &(kiln_normalize){C, mc, sc, 0});
   cr_assert_not_null(ds, "%s", th_err(ctx));
   kiln_dataset_free(ds);
   /* errors name the value or the mismatch */

@@ -4,7 +4,7 @@
  * (1,199,882) and print(model)'s text, and records, differentiates, plans and compiles a training
  * step; nested containers give dotted names with batch norm's buffers beside its parameters (and
  * out of the count), custom layers run their function; bad options and names fail naming the
- * layer and leave the container as it was.
+ * layer and leave the container as it was; kiln_module_call runs a module as a forward callback.
  */
 #include <string.h>
 
@@ -183,5 +183,31 @@ Test(modules, bad_options_and_names_leave_the_container_as_it_was) {
   kiln_ctx_clear_error(ctx);
   kiln_module_free(net);
   kiln_params_free(p);
+  th_ctx_free(ctx);
+}
+
+/* kiln_module_call is kiln_module_forward behind a kiln_forward_fn (kiln_evaluate's callback),
+ * taken as one without a cast; a NULL module is an error naming it. */
+Test(modules, module_call_runs_the_module_as_a_forward_callback) {
+  kiln_ctx *ctx = th_cpu_ctx();
+  kiln_params *p = kiln_params_new(ctx);
+  kiln_module *net = mnist_net(p);
+  kiln_forward_fn fn = kiln_module_call;
+  kiln_tensor *x = th_f32(ctx, KILN_SHAPE(2, 28, 28, 1));
+  int32_t n0 = th_tlen(ctx);
+  kiln_tensor *y = fn(net, x);
+  cr_assert_not_null(y, "%s", th_err(ctx));
+  th_assert_shape(y, KILN_SHAPE(2, 10));
+  int32_t n_call = th_tlen(ctx) - n0;
+  n0 = th_tlen(ctx);
+  th_assert_shape(kiln_module_forward(net, x), KILN_SHAPE(2, 10));
+  cr_assert_eq(th_tlen(ctx) - n0, n_call, "the same nodes as kiln_module_forward");
+  TH_EXPECT_FAIL(ctx, kiln_module_call(NULL, x), KILN_ERR_INVALID, "kiln_module_call",
+                 "NULL module");
+  cr_assert_null(kiln_module_call(net, NULL), "a NULL input (an earlier failure) passes on");
+  th_assert_ok(ctx);
+  kiln_module_free(net);
+  kiln_params_free(p);
+  th_free_scratch();
   th_ctx_free(ctx);
 }

@@ -1,11 +1,13 @@
 /*
  * test_cpu_readme.c: what the README and kiln.h promise a new user, without a GPU: the MNIST
- * files shipped in data/mnist read back as MNIST, the examples find them by default from any
- * folder, a loader whose batch is larger than its data set gives one partial batch (none with
- * drop_last) as PyTorch's DataLoader, the kiln_graphs and kiln_fusion getters follow their
- * setters and the environment, and every kiln_*_free takes NULL.
+ * files shipped in data/mnist read back as MNIST (and load image-shaped, normalised by their own
+ * statistics when asked), the examples find them by default from any folder, a loader whose
+ * batch is larger than its data set gives one partial batch (none with drop_last) as PyTorch's
+ * DataLoader, the kiln_graphs and kiln_fusion getters follow their setters and the environment,
+ * and every kiln_*_free takes NULL.
  */
 #include <limits.h>
+#include <math.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -55,6 +57,15 @@ Test(readme, the_shipped_mnist_is_mnist) {
   cr_assert(mean > 0.13065 && mean < 0.13075, "pixel mean %.5f", mean);
   kiln_mnist_free(&tr);
   kiln_mnist_free(&te);
+  /* loaded with NAN for its statistics: image-shaped, normalised by MNIST's 0.1307 and 0.3081 */
+  kiln_dataset *ds = kiln_mnist_load(ctx, dir, "train", NAN, NAN);
+  cr_assert_not_null(ds, "%s", th_err(ctx));
+  th_assert_shape(kiln_dataset_images(ds), KILN_SHAPE(60000, 28, 28, 1));
+  kiln_normalize n = kiln_dataset_normalization(ds);
+  cr_assert_eq(n.channels, 1);
+  cr_assert(fabsf(n.mean[0] - 0.1307f) < 5e-5f && fabsf(n.std[0] - 0.3081f) < 5e-5f,
+            "mean %.5f std %.5f", n.mean[0], n.std[0]);
+  kiln_dataset_free(ds);
   th_ctx_free(ctx);
 }
 
@@ -107,7 +118,7 @@ static int64_t epoch_batches(kiln_ctx *ctx, kiln_loader *l, int64_t n, int64_t b
     kiln_tensor *x, *y;
     if (!kiln_loader_next(l, &x, &y)) break;
     int64_t b = n - seen < batch ? n - seen : batch;
-    th_assert_shape(x, KILN_SHAPE(b, 4));
+    th_assert_shape(x, KILN_SHAPE(b, 2, 2, 1)); /* image-shaped, channels last */
     th_assert_shape(y, KILN_SHAPE(b));
     cr_assert_eq(kiln_tensor_dtype(y), KILN_DTYPE_I32);
     cr_assert(!drop_last || b == batch, "drop_last gave a batch of %lld", (long long)b);

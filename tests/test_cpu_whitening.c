@@ -480,6 +480,10 @@ Test(whitening, init_checks_its_arguments_and_changes_nothing) {
       ctx,
       kiln_init_whitening(w, U8, shape, u8, &(kiln_normalize){.channels = 3, .mean = mean}, 0.f),
       KILN_ERR_INVALID, "without its std");
+  EXPECT_FAIL(
+      ctx,
+      kiln_init_whitening(w, U8, shape, u8, &(kiln_normalize){.channels = 3, .from_data = 1}, 0.f),
+      KILN_ERR_INVALID, "from_data 1", "kiln_image_stats");
   EXPECT_FAIL(ctx, kiln_init_whitening(w, U8, shape, u8, &norm, -1e-3f), KILN_ERR_INVALID,
               "kiln_init_whitening", "eps -0.001", "> 0");
   EXPECT_FAIL(ctx, kiln_init_whitening(w, U8, shape, u8, &norm, KILN_ZERO), KILN_ERR_INVALID,

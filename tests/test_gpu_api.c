@@ -38,8 +38,9 @@ Test(gpu_api, dataset_from_host_values_and_batches) {
   for (int i = 0; i < N; i++)
     lab[i] = (i * 7) % 10;
   float mean[C] = {0.5f, 0.25f, 0.75f}, std[C] = {0.2f, 0.3f, 0.4f};
-  kiln_dataset *ds = kiln_dataset_from_host(ctx, KILN_HOST_U8, KILN_SHAPE(N, H, W, C), px, lab,
-                                            &(kiln_normalize){C, mean, std});
+  kiln_dataset *ds = kiln_dataset_from_host(
+      ctx, KILN_HOST_U8, KILN_SHAPE(N, H, W, C), px, (kiln_host_labels){.i32 = lab, .classes = 10},
+      &(kiln_normalize){.channels = C, .mean = mean, .std = std});
   cr_assert_not_null(ds, "%s", th_err(ctx));
   memset(px, 0, sizeof px); /* copied: the caller's arrays are free again */
   memset(lab, 0, sizeof lab);
@@ -85,29 +86,41 @@ Test(gpu_api, dataset_from_host_equals_dataset_from_mnist) {
   TH_GPU_CTX(ctx);
   enum { N = 12, R = 4, CO = 5 };
   uint8_t img[N * R * CO], lab8[N];
-  int32_t lab[N];
   for (int i = 0; i < N * R * CO; i++)
     img[i] = (uint8_t)(i * 53 + 11);
   for (int i = 0; i < N; i++)
-    lab[i] = lab8[i] = (uint8_t)(i % 10);
+    lab8[i] = (uint8_t)((i * 7) % 10);
   kiln_mnist m = {.n = N, .rows = R, .cols = CO, .images = img, .labels = lab8};
   float mean = 0.1307f, std = 0.3081f;
   kiln_dataset *a = kiln_dataset_from_mnist(ctx, &m, mean, std);
-  /* the same pixels from host arrays, with statistics from the helper */
-  float hm, hs;
-  cr_assert_eq(kiln_image_stats(ctx, KILN_HOST_U8, KILN_SHAPE(N, R, CO), img, 1, &hm, &hs),
-               KILN_OK);
-  kiln_dataset *b = kiln_dataset_from_host(ctx, KILN_HOST_U8, KILN_SHAPE(N, R * CO), img, lab,
-                                           &(kiln_normalize){1, &mean, &std});
-  kiln_dataset *c = kiln_dataset_from_host(ctx, KILN_HOST_U8, KILN_SHAPE(N, R * CO), img, lab,
-                                           &(kiln_normalize){1, &hm, &hs});
-  cr_assert(a && b && c, "%s", th_err(ctx));
+  /* the same pixels and the reader's uint8 labels from host arrays, as they are */
+  kiln_host_labels labels = {.u8 = lab8, .classes = 10};
+  kiln_dataset *b =
+      kiln_dataset_from_host(ctx, KILN_HOST_U8, KILN_SHAPE(N, R, CO, 1), img, labels,
+                             &(kiln_normalize){.channels = 1, .mean = &mean, .std = &std});
+  /* normalised by their own statistics: computed by the host route, and by kiln_dataset_from_mnist
+   * given NAN */
+  kiln_dataset *c = kiln_dataset_from_host(ctx, KILN_HOST_U8, KILN_SHAPE(N, R, CO, 1), img, labels,
+                                           &(kiln_normalize){.channels = 1, .from_data = 1});
+  kiln_dataset *c2 = kiln_dataset_from_mnist(ctx, &m, NAN, NAN);
+  cr_assert(a && b && c && c2, "%s", th_err(ctx));
+  cr_assert(kiln_tensor_ndim(kiln_dataset_images(a)) == 4 &&
+                kiln_tensor_dim(kiln_dataset_images(a), 3) == 1,
+            "image-shaped, (N, rows, cols, 1)");
   float *va = th_read(kiln_dataset_images(a)), *vb = th_read(kiln_dataset_images(b));
   cr_assert(memcmp(va, vb, sizeof(float) * N * R * CO) == 0, "not the same values");
+  for (int i = 0; i < N * R * CO; i++) {
+    double want = ((double)img[i] / 255.0 - mean) / std;
+    cr_assert(fabs(va[i] - want) <= 1e-5 * fabs(want) + 1e-6, "value %d: %g, want %g", i, va[i],
+              want);
+  }
   int32_t *la = th_read_i32(kiln_dataset_labels(a)), *lb = th_read_i32(kiln_dataset_labels(b));
-  cr_assert(memcmp(la, lb, sizeof(int32_t) * N) == 0);
+  for (int i = 0; i < N; i++)
+    cr_assert(la[i] == lab8[i] && lb[i] == lab8[i], "label %d: %d and %d, want %d", i, la[i], lb[i],
+              lab8[i]);
   /* normalised by its own statistics, the set has mean 0 and std 1 */
-  float *vc = th_read(kiln_dataset_images(c));
+  float *vc = th_read(kiln_dataset_images(c)), *vc2 = th_read(kiln_dataset_images(c2));
+  cr_assert(memcmp(vc, vc2, sizeof(float) * N * R * CO) == 0, "NAN and from_data differ");
   double s = 0, s2 = 0;
   for (int i = 0; i < N * R * CO; i++) {
     s += vc[i];
@@ -119,19 +132,21 @@ Test(gpu_api, dataset_from_host_equals_dataset_from_mnist) {
   float f[N * 3];
   for (int i = 0; i < N * 3; i++)
     f[i] = (float)i * 0.5f - 4.f;
-  kiln_dataset *d = kiln_dataset_from_host(ctx, KILN_HOST_F32, KILN_SHAPE(N, 3), f, lab, NULL);
+  kiln_dataset *d = kiln_dataset_from_host(ctx, KILN_HOST_F32, KILN_SHAPE(N, 3), f, labels, NULL);
   cr_assert_not_null(d, "%s", th_err(ctx));
   float *vd = th_read(kiln_dataset_images(d));
   cr_assert(memcmp(vd, f, sizeof f) == 0);
   free(va);
   free(vb);
   free(vc);
+  free(vc2);
   free(vd);
   free(la);
   free(lb);
   kiln_dataset_free(a);
   kiln_dataset_free(b);
   kiln_dataset_free(c);
+  kiln_dataset_free(c2);
   kiln_dataset_free(d);
   th_ctx_free(ctx);
 }

@@ -241,16 +241,20 @@ static void net_free(net *m) {
   kiln_params_free(m->params);
 }
 
-/* One training step on (x, y), the forward pass in a bf16 autocast region or not; the loss. */
-static float net_step(kiln_ctx *ctx, net *m, kiln_tensor *x, kiln_tensor *y, bool bf16) {
-  kiln_step_begin(ctx);
-  if (bf16) kiln_autocast_begin(ctx, KILN_DTYPE_BF16);
+static kiln_tensor *net_forward(net *m, kiln_tensor *x) {
   kiln_tensor *h = kiln_gelu(
       kiln_batch_norm_layer_forward(&m->b1, kiln_conv2d_layer_forward(&m->c1, x)), KILN_GELU_ERF);
   h = kiln_max_pool2d(h, &(kiln_pool2d_options){.kernel_h = 2, .kernel_w = 2});
   h = kiln_gelu(kiln_batch_norm_layer_forward(&m->b2, kiln_conv2d_layer_forward(&m->c2, h)),
                 KILN_GELU_ERF);
-  kiln_tensor *logits = kiln_linear_forward(&m->fc, kiln_global_max_pool2d(h));
+  return kiln_linear_forward(&m->fc, kiln_global_max_pool2d(h));
+}
+
+/* One training step on (x, y), the forward pass in a bf16 autocast region or not; the loss. */
+static float net_step(kiln_ctx *ctx, net *m, kiln_tensor *x, kiln_tensor *y, bool bf16) {
+  kiln_step_begin(ctx);
+  if (bf16) kiln_autocast_begin(ctx, KILN_DTYPE_BF16);
+  kiln_tensor *logits = net_forward(m, x);
   if (bf16) kiln_autocast_end(ctx);
   if (bf16) cr_assert_eq(kiln_tensor_dtype(logits), KILN_DTYPE_BF16, "%s", th_err(ctx));
   kiln_tensor *loss = kiln_cross_entropy(logits, y, KILN_REDUCTION_MEAN, 0.f);
@@ -359,4 +363,48 @@ Test(bf16, graph_replay_equals_no_graph_and_fused_equals_unfused) {
   cr_assert_lt(sqrt(diff), 0.05 * sqrt(norm), "unfused parameters differ by %g of their norm",
                sqrt(diff / norm));
   free(pg), free(pe), free(pu);
+}
+
+/* A step ended inside an open autocast region runs nothing: the parameters and batch norm's
+ * running statistics stay bitwise as they were, with step graphs and without, and the optimizer's
+ * step count too; the region closed, the next step trains. */
+Test(bf16, a_step_ended_inside_an_autocast_region_runs_nothing) {
+  for (int graphs = 0; graphs < 2; graphs++) {
+    TH_GPU_CTX(ctx);
+    kiln_set_graphs(ctx, graphs);
+    net m;
+    net_init(ctx, &m);
+    kiln_tensor *x, *y;
+    batch(ctx, &x, &y);
+    net_step(ctx, &m, x, y, true); /* in graph mode, this step's graph is captured */
+    int64_t n0, n1, n2;
+    float *before = th_params_values(m.params, &n0);
+    int64_t steps = kiln_optim_steps(m.opt);
+    kiln_step_begin(ctx);
+    kiln_autocast_begin(ctx, KILN_DTYPE_BF16);
+    kiln_tensor *loss = kiln_cross_entropy(net_forward(&m, x), y, KILN_REDUCTION_MEAN, 0.f);
+    kiln_optim_zero_grad(m.opt);
+    cr_assert_eq(kiln_backward(loss), KILN_OK, "%s", th_err(ctx));
+    cr_assert_eq(kiln_optim_step(m.opt), KILN_OK, "%s", th_err(ctx));
+    cr_assert_eq(kiln_step_end(ctx), KILN_ERR_STATE, "graphs %d", graphs);
+    cr_assert_not_null(strstr(th_err(ctx), "kiln_step_end: 1 autocast region is open"), "%s",
+                       th_err(ctx));
+    kiln_ctx_clear_error(ctx);
+    kiln_autocast_end(ctx);
+    float *after = th_params_values(m.params, &n1);
+    cr_assert_eq(n1, n0);
+    cr_assert(memcmp(before, after, (size_t)n0 * sizeof *before) == 0,
+              "graphs %d: the failed step changed the parameters", graphs);
+    cr_assert_eq(kiln_optim_steps(m.opt), steps);
+    net_step(ctx, &m, x, y, true);
+    float *later = th_params_values(m.params, &n2);
+    cr_assert(memcmp(before, later, (size_t)n0 * sizeof *before) != 0, "the next step trains");
+    cr_assert_eq(kiln_optim_steps(m.opt), steps + 1);
+    free(before);
+    free(after);
+    free(later);
+    kiln_tensor_free(x), kiln_tensor_free(y);
+    net_free(&m);
+    th_ctx_free(ctx);
+  }
 }

@@ -366,7 +366,8 @@ Test(gpu_graph, loader_epochs_in_three_modes) {
         kiln_step_begin(ctx);
         kiln_tensor *x, *y;
         if (!kiln_loader_next(l, &x, &y)) break;
-        kiln_tensor *lo = kiln_cross_entropy(net_logits(&n, x, true), y, KILN_REDUCTION_MEAN, 0.f);
+        kiln_tensor *lo = kiln_cross_entropy(net_logits(&n, kiln_flatten(x), true), y,
+                                             KILN_REDUCTION_MEAN, 0.f); /* (B, 6, 8, 1) rows */
         kiln_optim_zero_grad(n.opt);
         kiln_backward(lo);
         kiln_optim_step(n.opt);

@@ -90,7 +90,7 @@ Test(gpu_loader, the_whole_set_batch_trains_in_graph_mode) {
     kiln_tensor *x, *y;
     cr_assert(kiln_loader_next(l, &x, &y));
     kiln_tensor *loss =
-        kiln_cross_entropy(kiln_linear_forward(&fc, x), y, KILN_REDUCTION_MEAN, 0.f);
+        kiln_cross_entropy(kiln_linear_forward(&fc, kiln_flatten(x)), y, KILN_REDUCTION_MEAN, 0.f);
     kiln_optim_zero_grad(opt);
     kiln_backward(loss);
     kiln_optim_step(opt);

@@ -1,7 +1,8 @@
 /*
  * test_gpu_train.c: optimizers against float64 references of PyTorch's update rules, failed steps
  * that must leave parameters untouched (out of memory, bad shapes), layers' init, data loading on
- * the device, step lifetimes, and a short MNIST run that must learn.
+ * the device, step lifetimes, and a short MNIST run that must learn (its test loss and accuracy
+ * counted by a loop of its own and by kiln_evaluate alike).
  */
 #include <math.h>
 #include <string.h>
@@ -369,6 +370,11 @@ Test(gpu_train, step_releases_intermediates_and_stales_handles) {
   th_ctx_free(ctx);
 }
 
+/* The benchmark MLP on image-shaped batches, as kiln_evaluate calls it. */
+static kiln_tensor *mlp_on_images(void *m, kiln_tensor *x) {
+  return th_mlp_logits(m, kiln_flatten(x)); /* (B, 28, 28, 1) to (B, 784): a view */
+}
+
 Test(gpu_train, mnist_one_epoch_learns, .timeout = 600) {
   const char *dir = getenv("KILN_MNIST");
   if (!dir || !*dir) cr_skip_test("KILN_MNIST is not set: no MNIST data to train on");
@@ -388,7 +394,7 @@ Test(gpu_train, mnist_one_epoch_learns, .timeout = 600) {
     kiln_step_begin(ctx);
     kiln_tensor *x, *y;
     if (!kiln_loader_next(loader, &x, &y)) break;
-    kiln_tensor *loss = th_mlp_record_step(&m, x, y);
+    kiln_tensor *loss = th_mlp_record_step(&m, kiln_flatten(x), y); /* (B, 28, 28, 1) rows */
     cr_assert_eq(kiln_step_end(ctx), KILN_OK, "%s", kiln_ctx_error(ctx));
     if (steps < 20) first += kiln_tensor_item(loss) / 20;
     if (steps >= nb - 20) last += kiln_tensor_item(loss) / 20;
@@ -399,19 +405,30 @@ Test(gpu_train, mnist_one_epoch_learns, .timeout = 600) {
   /* test accuracy, without gradients */
   kiln_no_grad_begin(ctx);
   kiln_loader *tl = kiln_loader_new(test, 1000, 0, 0, 0);
-  double correct = 0;
+  double correct = 0, loss_sum = 0;
   for (;;) {
     kiln_step_begin(ctx);
     kiln_tensor *x, *y;
     if (!kiln_loader_next(tl, &x, &y)) break;
-    kiln_tensor *pred = kiln_argmax(th_mlp_logits(&m, x), 1, 0);
-    kiln_tensor *hit = kiln_eq(kiln_cast(pred, KILN_DTYPE_F32), kiln_cast(y, KILN_DTYPE_F32));
+    kiln_tensor *logits = th_mlp_logits(&m, kiln_flatten(x));
+    kiln_tensor *hit = kiln_eq(kiln_argmax(logits, 1, 0), y); /* i32 against i32, exactly */
     kiln_tensor *n = kiln_sum(hit, KILN_ALL_AXES, 0);
+    kiln_tensor *l = kiln_cross_entropy(logits, y, KILN_REDUCTION_SUM, 0.f);
     cr_assert_eq(kiln_step_end(ctx), KILN_OK, "%s", kiln_ctx_error(ctx));
     correct += kiln_tensor_item(n);
+    loss_sum += kiln_tensor_item(l);
   }
   kiln_no_grad_end(ctx);
   th_assert_ok(ctx);
+  /* kiln_evaluate counts the same predictions, on the device, with the mean loss beside them */
+  kiln_eval_result r;
+  cr_assert_eq(kiln_evaluate(ctx, tl, mlp_on_images, &m, NULL, &r), KILN_OK, "%s",
+               kiln_ctx_error(ctx));
+  cr_assert_eq(r.samples, 10000);
+  cr_assert_eq((double)r.correct, correct, "kiln_evaluate: %lld correct, the loop %.0f",
+               (long long)r.correct, correct);
+  cr_assert(fabs(r.loss - loss_sum / 10000) <= 1e-5 * loss_sum / 10000,
+            "kiln_evaluate: test loss %.7g, the loop %.7g", r.loss, loss_sum / 10000);
   double acc = correct / 10000.0;
   cr_log_info("one epoch: loss %.4f -> %.4f, test accuracy %.2f%%", first, last, 100 * acc);
   cr_assert_gt(acc, 0.95, "test accuracy %.4f after one epoch", acc);

@@ -56,7 +56,8 @@ static void check_whitening(kiln_ctx *ctx, const uint8_t *images, int64_t n, int
   /* the images as a data set holds them, convolved by kiln: (n, H - 1, W - 1, 24) */
   int32_t *labels = calloc((size_t)n, sizeof *labels);
   cr_assert_not_null(labels);
-  kiln_dataset *ds = kiln_dataset_from_host(ctx, KILN_HOST_U8, shape, images, labels, &norm);
+  kiln_dataset *ds = kiln_dataset_from_host(ctx, KILN_HOST_U8, shape, images,
+                                            (kiln_host_labels){.i32 = labels}, &norm);
   free(labels);
   cr_assert_not_null(ds, "%s", th_err(ctx));
   kiln_tensor *y = kiln_conv2d(kiln_dataset_images(ds), weight, NULL, NULL);
