@@ -18,7 +18,7 @@ struct kiln_dataset {
   kiln_ctx *ctx;
   kiln__anchor *anchor;
   int64_t n;
-  kiln_tensor *images; /* (n, ...) f32 */
+  kiln_tensor *images; /* (n, ...) f32, or bf16 (kiln_dataset_set_dtype) */
   kiln_tensor *labels; /* (n) i32 */
   int norm_channels;   /* the normalisation it was made with: 0 none */
   float *norm;         /* (2 norm_channels): the means, then the standard deviations */
@@ -345,6 +345,48 @@ void kiln_dataset_free(kiln_dataset *ds) {
   kiln__anchor_release(ds->anchor);
   free(ds->norm);
   free(ds);
+}
+
+kiln_status kiln_dataset_set_dtype(kiln_dataset *ds, kiln_dtype dtype) {
+  const char *fn = __func__;
+  if (!ds) return KILN_ERR_INVALID;
+  kiln_ctx *ctx = ds->ctx;
+  if (!ds->anchor->alive) return KILN_ERR_STATE; /* its context is gone */
+  if (!kiln__ok(ctx)) return ctx->status;
+  kiln_tensor *old = ds->images;
+  if (dtype != KILN_DTYPE_F32 && dtype != KILN_DTYPE_BF16)
+    return kiln__error(ctx, KILN_ERR_DTYPE, "%s: %s; a data set's images are f32 or bf16", fn,
+                       kiln_dtype_name(dtype));
+  if (old->dtype == dtype) return KILN_OK;
+  if (ctx->in_step)
+    return kiln__error(ctx, KILN_ERR_STATE,
+                       "%s: inside a step; convert a data set before kiln_step_begin", fn);
+  /* through the host: the images read back, converted there (bf16 rounded to nearest even, as
+   * a cast on the device rounds; bf16 to f32 exact), the new tensor made before the old one goes
+   * (a failure changes nothing) */
+  int64_t n = kiln_tensor_numel(old);
+  size_t osize = kiln_dtype_size(old->dtype), nsize = kiln_dtype_size(dtype);
+  void *from = malloc((size_t)n * osize), *to = malloc((size_t)n * nsize);
+  kiln_status st = from && to ? kiln_tensor_to_host(old, from, (size_t)n * osize)
+                              : kiln__error(ctx, KILN_ERR_OOM,
+                                            "%s: out of host memory for %lld "
+                                            "values",
+                                            fn, (long long)n);
+  for (int64_t i = 0; st == KILN_OK && i < n; i++) {
+    if (dtype == KILN_DTYPE_BF16)
+      ((uint16_t *)to)[i] = kiln_bf16_from_f32(((const float *)from)[i]);
+    else
+      ((float *)to)[i] = kiln_bf16_to_f32(((const uint16_t *)from)[i]);
+  }
+  kiln_tensor *t =
+      st == KILN_OK ? kiln_tensor_from_host(ctx, dtype, kiln_tensor_shape(old), to) : NULL;
+  free(from);
+  free(to);
+  if (!t) return kiln_ctx_status(ctx);
+  kiln_tensor_set_name(t, "images");
+  kiln_tensor_free(old);
+  ds->images = t;
+  return KILN_OK;
 }
 
 kiln_loader *kiln_loader_new(kiln_dataset *ds, int64_t batch, int shuffle, uint64_t seed,

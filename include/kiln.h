@@ -1155,6 +1155,12 @@ int64_t kiln_dataset_size(const kiln_dataset *ds);
 kiln_tensor *kiln_dataset_images(const kiln_dataset *ds);
 kiln_tensor *kiln_dataset_labels(const kiln_dataset *ds);
 void kiln_dataset_free(kiln_dataset *ds);
+/* Keeps the data set's images as dtype, f32 or bf16, from now on (loaders' batches are of that
+ * dtype): bf16 takes half the device memory, and a network whose first product casts its input
+ * to bf16 anyway (in an autocast region) computes exactly what it did (the same rounding). The
+ * conversion goes through host memory, and for a moment the device holds both copies; outside a
+ * step. A failure changes nothing. */
+kiln_status kiln_dataset_set_dtype(kiln_dataset *ds, kiln_dtype dtype);
 
 /* Batches gathered on the device; shuffled per epoch from a seed when shuffle is set. The last
  * batch of an epoch is partial when batch does not divide the data set's size, and dropped with

@@ -430,6 +430,36 @@ Test(api, one_cycle_moves_adams_beta1_and_sgds_momentum) {
 
 /* ---------------------------------------------------------------- point 5, 10: own data */
 
+/* kiln_dataset_set_dtype's checks; without a GPU its read-back fails and the data set is as it
+ * was (its values are test_gpu_loader.c's). */
+Test(api, dataset_set_dtype_checks_and_changes_nothing_on_failure) {
+  kiln_ctx *ctx = th_cpu_ctx();
+  float f[12];
+  int32_t lab[3] = {0, 1, 2};
+  for (int i = 0; i < 12; i++)
+    f[i] = (float)i / 3.f;
+  kiln_dataset *ds = kiln_dataset_from_host(ctx, KILN_HOST_F32, KILN_SHAPE(3, 2, 2, 1), f,
+                                            (kiln_host_labels){.i32 = lab}, NULL);
+  cr_assert_not_null(ds, "%s", th_err(ctx));
+  kiln_tensor *before = kiln_dataset_images(ds);
+  cr_assert_eq(kiln_dataset_set_dtype(NULL, KILN_DTYPE_BF16), KILN_ERR_INVALID);
+  cr_assert_eq(kiln_dataset_set_dtype(ds, KILN_DTYPE_F32), KILN_OK, "already f32: nothing to do");
+  cr_assert_eq(kiln_dataset_set_dtype(ds, KILN_DTYPE_I32), KILN_ERR_DTYPE);
+  TH_ASSERT_ERROR(ctx, KILN_ERR_DTYPE, "kiln_dataset_set_dtype", "i32", "f32 or bf16");
+  kiln_ctx_clear_error(ctx);
+  kiln_step_begin(ctx);
+  cr_assert_eq(kiln_dataset_set_dtype(ds, KILN_DTYPE_BF16), KILN_ERR_STATE);
+  TH_ASSERT_ERROR(ctx, KILN_ERR_STATE, "kiln_dataset_set_dtype", "inside a step");
+  kiln_ctx_clear_error(ctx);
+  kiln_step_end(ctx);
+  cr_assert_eq(kiln_dataset_set_dtype(ds, KILN_DTYPE_BF16), KILN_ERR_STATE, "no GPU to read from");
+  kiln_ctx_clear_error(ctx);
+  cr_assert_eq(kiln_dataset_images(ds), before, "a failed conversion changed the images");
+  cr_assert_eq(kiln_tensor_dtype(kiln_dataset_images(ds)), KILN_DTYPE_F32);
+  kiln_dataset_free(ds);
+  th_ctx_free(ctx);
+}
+
 Test(api, dataset_from_host_keeps_the_shape) {
   kiln_ctx *ctx = th_cpu_ctx();
   enum { N = 10, H = 4, W = 3, C = 2 };

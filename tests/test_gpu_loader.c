@@ -112,3 +112,59 @@ Test(gpu_loader, the_whole_set_batch_trains_in_graph_mode) {
   kiln_dataset_free(ds);
   th_ctx_free(ctx);
 }
+
+/* A bf16 data set: its images are the f32 ones rounded to nearest even, a loader's batches are
+ * bf16, a bf16 autocast convolution of them equals the f32 set's bitwise, and back to f32 the
+ * values are the bf16 ones exactly. */
+Test(gpu_loader, a_bf16_data_set_feeds_autocast_products_the_same_values) {
+  TH_GPU_CTX_EAGER(ctx);
+  enum { M = 64, S = 6 };
+  float *host = malloc(sizeof(float) * M * S * S * 3);
+  cr_assert_not_null(host);
+  th_fill(host, M * S * S * 3, 17, -2.f, 2.f);
+  int32_t lab[M];
+  for (int i = 0; i < M; i++)
+    lab[i] = i % 10;
+  kiln_dataset *a = kiln_dataset_from_host(ctx, KILN_HOST_F32, KILN_SHAPE(M, S, S, 3), host,
+                                           (kiln_host_labels){.i32 = lab}, NULL);
+  kiln_dataset *b = kiln_dataset_from_host(ctx, KILN_HOST_F32, KILN_SHAPE(M, S, S, 3), host,
+                                           (kiln_host_labels){.i32 = lab}, NULL);
+  cr_assert(a && b, "%s", th_err(ctx));
+  cr_assert_eq(kiln_dataset_set_dtype(b, KILN_DTYPE_BF16), KILN_OK, "%s", th_err(ctx));
+  cr_assert_eq(kiln_tensor_dtype(kiln_dataset_images(b)), KILN_DTYPE_BF16);
+  uint16_t *bits = malloc(sizeof(uint16_t) * M * S * S * 3);
+  cr_assert_not_null(bits);
+  cr_assert_eq(kiln_tensor_to_host(kiln_dataset_images(b), bits, sizeof(uint16_t) * M * S * S * 3),
+               KILN_OK);
+  for (int i = 0; i < M * S * S * 3; i++)
+    cr_assert_eq(bits[i], kiln_bf16_from_f32(host[i]), "value %d", i);
+  kiln_tensor *w = th_rand(ctx, KILN_SHAPE(8, 3, 3, 3), 5, -0.5f, 0.5f, NULL);
+  kiln_loader *la = kiln_loader_new(a, 16, 1, 3, 0), *lb = kiln_loader_new(b, 16, 1, 3, 0);
+  cr_assert(la && lb);
+  kiln_tensor *xa, *ya, *xb, *yb;
+  cr_assert(kiln_loader_next(la, &xa, &ya) && kiln_loader_next(lb, &xb, &yb));
+  cr_assert_eq(kiln_tensor_dtype(xb), KILN_DTYPE_BF16);
+  kiln_autocast_begin(ctx, KILN_DTYPE_BF16);
+  kiln_tensor *ca = kiln_conv2d(xa, w, NULL, NULL), *cb = kiln_conv2d(xb, w, NULL, NULL);
+  kiln_autocast_end(ctx);
+  float *va = th_read(kiln_cast(ca, KILN_DTYPE_F32)), *vb = th_read(kiln_cast(cb, KILN_DTYPE_F32));
+  int64_t nc = kiln_tensor_numel(ca);
+  cr_assert_eq(memcmp(va, vb, sizeof(float) * (size_t)nc), 0,
+               "the bf16 set's batch computes otherwise");
+  free(va);
+  free(vb);
+  /* back to f32: the bf16 values, exactly */
+  cr_assert_eq(kiln_dataset_set_dtype(b, KILN_DTYPE_F32), KILN_OK, "%s", th_err(ctx));
+  float *back = th_read(kiln_dataset_images(b));
+  for (int i = 0; i < M * S * S * 3; i++)
+    cr_assert_eq(back[i], kiln_bf16_to_f32(bits[i]), "value %d", i);
+  free(back);
+  free(bits);
+  free(host);
+  kiln_loader_free(la);
+  kiln_loader_free(lb);
+  kiln_tensor_free(w);
+  kiln_dataset_free(a);
+  kiln_dataset_free(b);
+  th_ctx_free(ctx);
+}
