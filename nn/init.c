@@ -510,16 +510,23 @@ kiln_status kiln__whitening_filters(kiln_ctx *ctx, const char *fn, kiln_host_typ
   return st;
 }
 
+/* Whether weight is a convolution weight (Cout, Cin, kh, kw) with a window of int sizes. */
+static bool conv_weight(kiln_ctx *ctx, const char *fn, const kiln_tensor *weight) {
+  char sw[96];
+  if (weight->ndim == 4 && weight->shape[2] <= INT32_MAX && weight->shape[3] <= INT32_MAX)
+    return true;
+  return !kiln__error(ctx, KILN_ERR_SHAPE,
+                      "%s: '%s' %s: a convolution weight is (Cout, Cin, kh, kw)", fn,
+                      kiln__name(weight), kiln__shape_of(weight, sw, sizeof sw));
+}
+
 kiln_status kiln_init_whitening(kiln_tensor *weight, kiln_host_type type, kiln_shape shape,
                                 const void *images, const kiln_normalize *norm, float eps) {
   const char *fn = __func__;
   kiln_ctx *ctx = target(weight, fn);
   if (!ctx) return kiln__handle_ctx(weight) ? kiln__handle_ctx(weight)->status : KILN_ERR_INVALID;
   char sw[96], si[96];
-  if (weight->ndim != 4 || weight->shape[2] > INT32_MAX || weight->shape[3] > INT32_MAX)
-    return kiln__error(ctx, KILN_ERR_SHAPE,
-                       "%s: '%s' %s: a convolution weight is (Cout, Cin, kh, kw)", fn,
-                       kiln__name(weight), kiln__shape_of(weight, sw, sizeof sw));
+  if (!conv_weight(ctx, fn, weight)) return ctx->status;
   int64_t cout = weight->shape[0], cin = weight->shape[1];
   if (shape.ndim == 4 && shape.d[3] != cin) /* name the weight, which the filters cannot */
     return kiln__error(ctx, KILN_ERR_SHAPE,
@@ -589,10 +596,7 @@ kiln_status kiln_init_whitening_tensor(kiln_tensor *weight, kiln_tensor *images,
   if (!images) return kiln__error(ctx, KILN_ERR_INVALID, "%s: NULL images", fn);
   if (!kiln__check(ctx, images, fn)) return ctx->status;
   char sw[96], si[96];
-  if (weight->ndim != 4 || weight->shape[2] > INT32_MAX || weight->shape[3] > INT32_MAX)
-    return kiln__error(ctx, KILN_ERR_SHAPE,
-                       "%s: '%s' %s: a convolution weight is (Cout, Cin, kh, kw)", fn,
-                       kiln__name(weight), kiln__shape_of(weight, sw, sizeof sw));
+  if (!conv_weight(ctx, fn, weight)) return ctx->status;
   int64_t cout = weight->shape[0], cin = weight->shape[1];
   int kh = (int)weight->shape[2], kw = (int)weight->shape[3];
   if (images->ndim != 4 || images->shape[0] < 1 || images->shape[1] < kh || images->shape[2] < kw ||

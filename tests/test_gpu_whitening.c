@@ -102,14 +102,18 @@ Test(gpu_whitening, conv_output_of_synthetic_images_is_white) {
   th_ctx_free(ctx);
 }
 
+/* A GPU context ctx and the CIFAR-10 sample's first batch c, or the test skips saying why. */
+#define SAMPLE_BATCH(ctx, c)                                                                       \
+  const char *dir_ = getenv("KILN_CIFAR10_SAMPLE");                                                \
+  if (!dir_ || !*dir_)                                                                             \
+    cr_skip_test("KILN_CIFAR10_SAMPLE is not set (it names the directory of the CIFAR-10 "         \
+                 "sample, e.g. /work/shared/data/cifar10-sample)");                                \
+  TH_GPU_CTX_EAGER(ctx);                                                                           \
+  kiln_cifar10 c;                                                                                  \
+  cr_assert_eq(kiln_cifar10_read(ctx, dir_, "data_batch_1", &c), KILN_OK, "%s", th_err(ctx))
+
 Test(gpu_whitening, conv_output_of_the_cifar10_sample_is_white) {
-  const char *dir = getenv("KILN_CIFAR10_SAMPLE");
-  if (!dir || !*dir)
-    cr_skip_test("KILN_CIFAR10_SAMPLE is not set (it names the directory of the CIFAR-10 "
-                 "sample, e.g. /work/shared/data/cifar10-sample)");
-  TH_GPU_CTX_EAGER(ctx);
-  kiln_cifar10 c;
-  cr_assert_eq(kiln_cifar10_read(ctx, dir, "data_batch_1", &c), KILN_OK, "%s", th_err(ctx));
+  SAMPLE_BATCH(ctx, c);
   check_whitening(ctx, c.images, c.n, 32, 32, 5e-4f);
   kiln_cifar10_free(&c);
   th_ctx_free(ctx);
@@ -119,13 +123,7 @@ Test(gpu_whitening, conv_output_of_the_cifar10_sample_is_white) {
  * the covariance in f32 on the device gives the host's float64 filters up to f32 rounding, and
  * its filters whiten the images as well. */
 Test(gpu_whitening, device_covariance_gives_the_hosts_filters, .timeout = 120) {
-  const char *dir = getenv("KILN_CIFAR10_SAMPLE");
-  if (!dir || !*dir)
-    cr_skip_test("KILN_CIFAR10_SAMPLE is not set (it names the directory of the CIFAR-10 "
-                 "sample, e.g. /work/shared/data/cifar10-sample)");
-  TH_GPU_CTX_EAGER(ctx);
-  kiln_cifar10 c;
-  cr_assert_eq(kiln_cifar10_read(ctx, dir, "data_batch_1", &c), KILN_OK, "%s", th_err(ctx));
+  SAMPLE_BATCH(ctx, c);
   int64_t n = c.n < 5000 ? c.n : 5000;
   kiln_dataset *ds = kiln_dataset_from_cifar10(ctx, &c, cifar_mean, cifar_std);
   cr_assert_not_null(ds, "%s", th_err(ctx));
