@@ -208,6 +208,12 @@ const int64_t *kiln__attr_i_c(const kiln__node *n, const char *name, const char 
 #define KILN__I_NAMED(n, name)                                                                     \
   (*_Generic((n), const kiln__node *: kiln__attr_i_c, default: kiln__attr_i)((n), (name),          \
                                                                              __FILE__, __LINE__))
+/* The same for a float attribute (code that records several ops' nodes, as the optimizers do). */
+float *kiln__attr_f(kiln__node *n, const char *name, const char *file, int line);
+#define KILN__F_NAMED(n, name) (*kiln__attr_f((n), (name), __FILE__, __LINE__))
+/* The inputs of update op that hold one value for every element (bit q for input q): scale's
+ * factor, found_inf's flag, a guarded update's flag and count (ops.def). */
+unsigned kiln__update_scalars(kiln__op op);
 /* Whether op is a window op whose kernel takes the elementwise nodes after it as an epilogue: one
  * over WINDOWS or IMAGE (pooling, col2im, the pools' gradients), whose lanes are the output's. */
 static inline bool kiln__takes_epilogue(kiln__op op) {

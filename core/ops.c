@@ -958,8 +958,9 @@ kiln__node *kiln__update(kiln__op op, const char *fn, int nin, kiln_tensor *cons
                   i);
       return NULL;
     }
-    bool factor = op == KILN__OP_SCALE && i == 1 && kiln_tensor_numel(in[i]) == 1;
-    if ((!factor && kiln_tensor_numel(in[i]) != kiln_tensor_numel(in[0])) ||
+    /* a factor, flag or count: one value for every element */
+    bool one = (kiln__update_scalars(op) >> i) & 1u;
+    if (kiln_tensor_numel(in[i]) != (one ? 1 : kiln_tensor_numel(in[0])) ||
         in[i]->dtype != KILN_DTYPE_F32) {
       char s1[96], s2[96];
       kiln__error(ctx, KILN_ERR_SHAPE, "%s: input %d is %s %s, input 0 %s: they must agree", fn, i,

@@ -893,6 +893,20 @@ void kiln_optim_set_lr(kiln_optim *o, float lr);
 float kiln_optim_lr(const kiln_optim *o);
 int64_t kiln_optim_steps(const kiln_optim *o);
 void kiln_optim_free(kiln_optim *o);
+/* Skipping steps whose gradients are not finite (torch.cuda.amp.GradScaler's found-inf), as a
+ * flag computed on the device, so that it works inside a replayed step graph with no host sync:
+ * with on = 1, each kiln_optim_step first checks the gradients of the parameters it updates,
+ * and when any holds NaN or Inf the step changes nothing (parameters, momentum buffers, Adam's
+ * moments, the count of updates each parameter has had), and the device counts it. SGD's first
+ * step and Adam's bias corrections then come from counts kept on the device (Adam's in f32
+ * there: within rounding of the host's double-precision ones used without the option). The
+ * schedule's step (kiln_optim_steps) counts calls, skipped ones too, as torch's schedulers do.
+ * Each optimizer has its own flag. Set outside a step; a failed call changes nothing. Works for
+ * SGD, Adam, AdamW and Muon. */
+kiln_status kiln_optim_skip_nonfinite(kiln_optim *o, int on);
+/* The steps skipped since the option was turned on (reads the device: waits for it, so call it
+ * after kiln_step_end); 0 with the option off; -1 with the error set when it cannot be read. */
+int64_t kiln_optim_skipped_steps(kiln_optim *o);
 
 /* Parameter groups, as torch.optim's param_groups: some parameters get a rate and a weight decay
  * of their own (no weight decay on biases and norm gains, a smaller rate for a pretrained trunk),

@@ -14,35 +14,7 @@
 
 #include "../core/internal.h"
 #include "optim.h"
-
-typedef enum kind { SGD, ADAM, ADAMW, MUON } kind;
-
-struct kiln_optim {
-  kind kind;
-  kiln_ctx *ctx;
-  kiln__anchor *anchor;
-  kiln_params *params;
-  kiln_sgd_options sgd;
-  kiln_adam_options adam;
-  kiln_muon_options muon;
-  float lr;
-  int64_t steps;
-  int n;
-  kiln_tensor **s1, **s2; /* momentum buffer (SGD, Muon); Adam's m and v */
-  int64_t *count;         /* updates each parameter has had */
-  /* parameter groups (kiln_optim_add_group), per parameter: the rate's scale, the weight decay
-   * when wd_set (else the optimizer's), whether this optimizer leaves it alone, and the group
-   * that holds it (1, 2, ... in the order the groups were made; 0: the optimizer's own) */
-  float *lr_scale, *wd;
-  bool *wd_set, *excluded;
-  int *group;
-  int ngroups;      /* groups made so far */
-  bool *mark;       /* kiln_optim_step's scratch: parameters recorded */
-  kiln_tensor **up; /* Muon's step's scratch: each parameter's update X, then weight factor */
-  bool scheduled;
-  kiln_schedule schedule;
-  uint64_t undo_mark; /* the step's undo log holds its state (core/undo.c) */
-};
+#include "optimizer.h"
 
 static double cos_anneal(double from, double to, double pct) {
   return to + (from - to) / 2.0 * (cos(M_PI * pct) + 1.0);
@@ -532,6 +504,7 @@ int kiln_optim_add_group(kiln_optim *o, kiln_param_select select, void *user,
       kiln_tensor_free(o->s2[i]);
       o->s1[i] = o->s2[i] = NULL;
       o->count[i] = 0;
+      kiln__guard_restart(o, i);
     } else if (!g.exclude && o->excluded[i]) {
       o->s1[i] = n1[i];
       o->s2[i] = n2[i];
@@ -600,48 +573,43 @@ static float rate_of(const kiln_optim *o, int i) {
 }
 
 /* Records parameter i's update with the rate lr (its group's) and momentum or beta1 mom (the
- * schedule's when cyc). */
+ * schedule's when cyc). With kiln_optim_skip_nonfinite on, the guarded form: it reads the step's
+ * flag and (SGD with momentum, Adam) the parameter's count of updates on the device. */
 static bool record_update(kiln_optim *o, int i, float lr, bool cyc, float mom) {
   kiln_tensor *p = kiln_params_get(o->params, i);
-  kiln_tensor *g = kiln_tensor_grad(p);
-  float wd = decay_of(o, i);
-  kiln__node *n;
-  if (o->kind == SGD) {
+  kiln_tensor *in[6] = {p, kiln_tensor_grad(p), o->s1[i], o->s2[i]};
+  bool guard = o->found != NULL, momentum = o->kind == SGD && o->sgd.momentum > 0.f;
+  int nin = o->kind == SGD ? (momentum ? 3 : 2) : 4;
+  kiln__op op = o->kind != SGD ? (guard ? KILN__OP_ADAM_GUARDED : KILN__OP_ADAM)
+                : momentum     ? (guard ? KILN__OP_SGD_MOMENTUM_GUARDED : KILN__OP_SGD_MOMENTUM)
+                               : (guard ? KILN__OP_SGD_GUARDED : KILN__OP_SGD);
+  if (guard) in[nin++] = o->found;
+  if (guard && (momentum || o->kind != SGD)) in[nin++] = o->applied[i];
+  kiln__node *n = kiln__update(op, "kiln_optim_step", nin, in);
+  if (!n) return false;
+  KILN__F_NAMED(n, "lr") = lr;
+  KILN__F_NAMED(n, "weight_decay") = decay_of(o, i);
+  if (momentum) {
     const kiln_sgd_options *s = &o->sgd;
-    if (s->momentum > 0.f) {
-      kiln_tensor *in[3] = {p, g, o->s1[i]};
-      n = kiln__update(KILN__OP_SGD_MOMENTUM, "kiln_optim_step", 3, in);
-      if (!n) return false;
-      KILN__F(n, SGD_MOMENTUM, lr) = lr;
-      KILN__F(n, SGD_MOMENTUM, momentum) = cyc ? mom : s->momentum;
-      KILN__F(n, SGD_MOMENTUM, dampening) = s->dampening;
-      KILN__F(n, SGD_MOMENTUM, weight_decay) = wd;
-      /* the first step copies the gradient into the buffer: a step value, not structure */
-      KILN__F(n, SGD_MOMENTUM, first) = o->count[i] == 0 ? 1.f : 0.f;
-      KILN__I(n, SGD_MOMENTUM, nesterov) = s->nesterov != 0;
-    } else {
-      kiln_tensor *in[2] = {p, g};
-      n = kiln__update(KILN__OP_SGD, "kiln_optim_step", 2, in);
-      if (!n) return false;
-      KILN__F(n, SGD, lr) = lr;
-      KILN__F(n, SGD, weight_decay) = wd;
-    }
-  } else {
+    KILN__F_NAMED(n, "momentum") = cyc ? mom : s->momentum;
+    KILN__F_NAMED(n, "dampening") = s->dampening;
+    KILN__I_NAMED(n, "nesterov") = s->nesterov != 0;
+    /* the first step copies the gradient into the buffer: a step value, not structure (guarded:
+     * the device's count says) */
+    if (!guard) KILN__F(n, SGD_MOMENTUM, first) = o->count[i] == 0 ? 1.f : 0.f;
+  } else if (o->kind != SGD) {
     const kiln_adam_options *a = &o->adam;
-    kiln_tensor *in[4] = {p, g, o->s1[i], o->s2[i]};
-    n = kiln__update(KILN__OP_ADAM, "kiln_optim_step", 4, in);
-    if (!n) return false;
     float beta1 = cyc ? mom : a->beta1; /* torch corrects the bias with the current beta1 */
-    double t = (double)(o->count[i] + 1);
-    double bc1 = 1.0 - pow((double)beta1, t), bc2 = 1.0 - pow((double)a->beta2, t);
-    KILN__F(n, ADAM, lr) = lr;
-    KILN__F(n, ADAM, beta1) = beta1;
-    KILN__F(n, ADAM, beta2) = a->beta2;
-    KILN__F(n, ADAM, eps) = a->eps;
-    KILN__F(n, ADAM, weight_decay) = wd;
-    KILN__F(n, ADAM, step_size) = (float)(lr / bc1);
-    KILN__F(n, ADAM, bc2_sqrt) = (float)sqrt(bc2);
-    KILN__I(n, ADAM, decoupled) = o->kind == ADAMW;
+    KILN__F_NAMED(n, "beta1") = beta1;
+    KILN__F_NAMED(n, "beta2") = a->beta2;
+    KILN__F_NAMED(n, "eps") = a->eps;
+    KILN__I_NAMED(n, "decoupled") = o->kind == ADAMW;
+    if (!guard) { /* guarded, the device corrects the bias from its count */
+      double t = (double)(o->count[i] + 1);
+      double bc1 = 1.0 - pow((double)beta1, t), bc2 = 1.0 - pow((double)a->beta2, t);
+      KILN__F(n, ADAM, step_size) = (float)(lr / bc1);
+      KILN__F(n, ADAM, bc2_sqrt) = (float)sqrt(bc2);
+    }
   }
   o->count[i]++;
   return true;
@@ -715,6 +683,14 @@ static kiln_tensor *muon_weight_factor(const kiln_optim *o, int i) {
   return kiln_mul_scalar(kiln_rsqrt(sq), (float)sqrt((double)rows));
 }
 
+/* Muon's in-place update op of a by b: its guarded form, reading the step's flag, while
+ * kiln_optim_skip_nonfinite is on. */
+static kiln__node *muon_update(kiln_optim *o, kiln__op op, kiln__op guarded, kiln_tensor *a,
+                               kiln_tensor *b) {
+  kiln_tensor *in[3] = {a, b, o->found};
+  return kiln__update(o->found ? guarded : op, "kiln_optim_step", o->found ? 3 : 2, in);
+}
+
 /* Muon's step with momentum mom, in phases: every momentum buffer, every update X, every weight
  * normalisation, every parameter's step. Each buffer and parameter is read before it is written,
  * and each phase's in-place updates are consecutive nodes, which the planner batches into one
@@ -729,12 +705,12 @@ static bool muon_step(kiln_optim *o, float mom) {
   kiln_tensor **x = o->up, **f = o->up + o->n; /* each parameter's X and weight factor */
   memset(o->up, 0, 2 * (size_t)o->n * sizeof *o->up);
   kiln_no_grad_begin(o->ctx);
-  bool ok = true;
+  bool ok = !o->found || kiln__guard_check(o, muon_updates);
   for (int i = 0; i < o->n && ok; i++) {
     if (!muon_updates(o, i)) continue;
-    kiln_tensor *in[2] = {o->s1[i], kiln_tensor_grad(kiln_params_get(o->params, i))};
-    kiln__node *n = kiln__update(KILN__OP_MUON_MOMENTUM, fn, 2, in);
-    if ((ok = n != NULL)) KILN__F(n, MUON_MOMENTUM, momentum) = mom;
+    kiln__node *n = muon_update(o, KILN__OP_MUON_MOMENTUM, KILN__OP_MUON_MOMENTUM_GUARDED, o->s1[i],
+                                kiln_tensor_grad(kiln_params_get(o->params, i)));
+    if ((ok = n != NULL)) KILN__F_NAMED(n, "momentum") = mom;
   }
   for (int i = 0; i < o->n && ok; i++) {
     if (!muon_updates(o, i)) continue;
@@ -744,8 +720,8 @@ static bool muon_step(kiln_optim *o, float mom) {
   }
   for (int i = 0; i < o->n && ok && m->normalize_weight; i++) {
     if (!muon_updates(o, i)) continue;
-    kiln_tensor *in[2] = {kiln_params_get(o->params, i), f[i]};
-    ok = kiln__update(KILN__OP_SCALE, fn, 2, in) != NULL;
+    ok = muon_update(o, KILN__OP_SCALE, KILN__OP_SCALE_GUARDED, kiln_params_get(o->params, i),
+                     f[i]) != NULL;
   }
   memset(o->mark, 0, (size_t)o->n * sizeof *o->mark);
   for (int i = 0; i < o->n && ok; i++) {
@@ -756,14 +732,15 @@ static bool muon_step(kiln_optim *o, float mom) {
           muon_scale(o, j) != scale)
         continue;
       o->mark[j] = true;
-      kiln_tensor *in[2] = {kiln_params_get(o->params, j), x[j]};
-      kiln__node *n = kiln__update(KILN__OP_MUON, fn, 2, in);
+      kiln__node *n =
+          muon_update(o, KILN__OP_MUON, KILN__OP_MUON_GUARDED, kiln_params_get(o->params, j), x[j]);
       if (!(ok = n != NULL)) break;
-      KILN__F(n, MUON, lr) = lr;
-      KILN__F(n, MUON, scale) = scale;
-      KILN__F(n, MUON, weight_decay) = wd;
+      KILN__F_NAMED(n, "lr") = lr;
+      KILN__F_NAMED(n, "scale") = scale;
+      KILN__F_NAMED(n, "weight_decay") = wd;
     }
   }
+  ok = ok && (!o->found || kiln__guard_advance(o, muon_updates));
   kiln_no_grad_end(o->ctx);
   for (int i = 0; i < o->n && ok; i++)
     o->count[i] += muon_updates(o, i);
@@ -798,6 +775,7 @@ kiln_status kiln_optim_step(kiln_optim *o) {
   /* Parameters of one group are recorded one after another, so that the planner can batch
    * their updates (equal attributes) into one multi-tensor launch; without groups this is the
    * list's order. Parameters without a gradient are left alone, as in PyTorch. */
+  if (o->found && !kiln__guard_check(o, updates)) return ctx->status;
   memset(o->mark, 0, (size_t)o->n * sizeof *o->mark);
   for (int i = 0; i < o->n; i++) {
     if (o->mark[i] || !updates(o, i)) continue;
@@ -809,6 +787,7 @@ kiln_status kiln_optim_step(kiln_optim *o) {
       if (!record_update(o, j, rate_of(o, j), cyc, mom)) return ctx->status;
     }
   }
+  if (o->found && !kiln__guard_advance(o, updates)) return ctx->status;
   o->steps++;
   return ctx->status;
 }
@@ -833,6 +812,7 @@ void kiln_optim_free(kiln_optim *o) {
     kiln_tensor_free(o->s1[i]);
     kiln_tensor_free(o->s2[i]);
   }
+  kiln__guard_free(o);
   if (o->anchor->alive) kiln__undo_forget(o->ctx, o);
   free_arrays(o);
   kiln__anchor_release(o->anchor);
@@ -858,11 +838,12 @@ kiln_tensor *kiln__optim_state(const kiln_optim *o, int i, int which, const char
 }
 
 int64_t kiln__optim_count(const kiln_optim *o, int i) {
-  return i >= 0 && i < o->n ? o->count[i] : 0;
+  return i >= 0 && i < o->n ? kiln__guard_count(o, i) : 0;
 }
 
 void kiln__optim_restore(kiln_optim *o, int64_t steps, const int64_t *counts) {
   o->steps = steps;
   for (int i = 0; i < o->n; i++)
     o->count[i] = counts[i];
+  kiln__guard_restore(o);
 }
