@@ -969,5 +969,7 @@ kiln__node *kiln__update(kiln__op op, const char *fn, int nin, kiln_tensor *cons
       return NULL;
     }
   }
-  return kiln__record(ctx, op, nin, in, NULL);
+  kiln__node *n = kiln__record(ctx, op, nin, in, NULL);
+  if (n) n->fn = fn;
+  return n;
 }

@@ -25,14 +25,15 @@ extern "C" {
 
 typedef enum kiln_status {
   KILN_OK = 0,
-  KILN_ERR_INVALID, /* a bad argument: NULL, out of range, wrong option */
-  KILN_ERR_SHAPE,   /* shapes that do not fit the operation */
-  KILN_ERR_DTYPE,   /* a dtype the operation does not take */
-  KILN_ERR_OOM,     /* out of device or host memory */
-  KILN_ERR_CUDA,    /* a CUDA, cuBLAS or NVRTC call failed */
-  KILN_ERR_IO,      /* a file could not be opened, read or written */
-  KILN_ERR_FORMAT,  /* a file's contents are not what they must be */
-  KILN_ERR_STATE,   /* wrong order of calls, stale handle, no GPU */
+  KILN_ERR_INVALID,   /* a bad argument: NULL, out of range, wrong option */
+  KILN_ERR_SHAPE,     /* shapes that do not fit the operation */
+  KILN_ERR_DTYPE,     /* a dtype the operation does not take */
+  KILN_ERR_OOM,       /* out of device or host memory */
+  KILN_ERR_CUDA,      /* a CUDA, cuBLAS or NVRTC call failed */
+  KILN_ERR_IO,        /* a file could not be opened, read or written */
+  KILN_ERR_FORMAT,    /* a file's contents are not what they must be */
+  KILN_ERR_STATE,     /* wrong order of calls, stale handle, no GPU */
+  KILN_ERR_NONFINITE, /* anomaly mode: a node of the step wrote NaN or Inf (kiln_set_anomaly) */
 } kiln_status;
 
 /* Element types. Ops compute f32 and bf16 values in f32 (bf16 is rounded to nearest even where it
@@ -142,6 +143,21 @@ void kiln_set_graphs(kiln_ctx *ctx, int on);
 int kiln_fusion(const kiln_ctx *ctx);
 int kiln_graphs(const kiln_ctx *ctx);
 int kiln_tf32(const kiln_ctx *ctx);
+/* Anomaly mode (torch.autograd.set_detect_anomaly), for finding where NaN or Inf first appears:
+ * KILN_DEBUG=nan in the environment, or kiln_set_anomaly(ctx, 1) (from the next flush). Every
+ * flush then runs unfused and eagerly, never as a step graph (values kept in a fused kernel's
+ * registers could not be seen), and after each node a small kernel scans the values it wrote.
+ * The first node of the step that wrote a NaN or an Inf is named in a KILN_ERR_NONFINITE error:
+ * its trace index, op, shape and dtype, the function that recorded it (and, for a gradient, the
+ * forward node whose backward it is), its first such element, and which of its inputs already
+ * held NaN or Inf (values from outside the step: the batch, a parameter). The host waits for the
+ * device before every in-place update (gradients, optimizer steps, running statistics) and at
+ * the end of every flush, so the step stops there and no update after the node runs: parameters
+ * and optimizer state stay as they were, and kiln_step_end fails as any failed step does. An Inf
+ * that descends from a constant of the step (kiln_full(-INFINITY) as a mask, through where,
+ * maximum, softmax) is no anomaly; one in the step's inputs is. Slow: a debugging aid. */
+void kiln_set_anomaly(kiln_ctx *ctx, int on);
+int kiln_anomaly(const kiln_ctx *ctx);
 /* Seeds parameter init, shuffles drawn from the context, and dropout; dropout's Philox offset
  * restarts at 0, so the same seed gives the same masks. */
 void kiln_manual_seed(kiln_ctx *ctx, uint64_t seed);
