@@ -160,7 +160,7 @@ void kiln_optim_set_schedule(kiln_optim *o, const kiln_schedule *s) {
     kiln__error(o->ctx, KILN_ERR_INVALID, "kiln_optim_set_schedule: %s", why);
     return; /* the schedule stays as it was */
   }
-  if (s && cycles_momentum(&r) && o->kind == SGD && !(o->sgd.momentum > 0.f)) {
+  if (s && cycles_momentum(&r) && o->kind == KILN__OPTIM_SGD && !(o->sgd.momentum > 0.f)) {
     kiln__error(o->ctx, KILN_ERR_INVALID,
                 "kiln_optim_set_schedule: a one-cycle schedule cycles the momentum (torch's "
                 "cycle_momentum), but this SGD optimizer was made with momentum 0 and keeps no "
@@ -198,7 +198,7 @@ static void free_arrays(kiln_optim *o) {
   free(o->up);
 }
 
-static kiln_optim *make(kind k, kiln_params *params, const char *fn) {
+static kiln_optim *make(kiln__optim_algo k, kiln_params *params, const char *fn) {
   kiln_ctx *ctx = kiln_params_ctx(params);
   if (!ctx || !kiln__ok(ctx)) return NULL;
   kiln_optim *o = calloc(1, sizeof *o);
@@ -251,8 +251,9 @@ static kiln_tensor *state_of(kiln_optim *o, int i, const char *suffix) {
 
 /* The names of the optimizer's state tensors (NULL: it keeps none or only one). */
 static const char *state_suffix(const kiln_optim *o, int which) {
-  if (o->kind == SGD) return which == 0 && o->sgd.momentum > 0.f ? "momentum_buffer" : NULL;
-  if (o->kind == MUON) return which == 0 ? "momentum_buffer" : NULL;
+  if (o->kind == KILN__OPTIM_SGD)
+    return which == 0 && o->sgd.momentum > 0.f ? "momentum_buffer" : NULL;
+  if (o->kind == KILN__OPTIM_MUON) return which == 0 ? "momentum_buffer" : NULL;
   return which == 0 ? "exp_avg" : "exp_avg_sq";
 }
 
@@ -284,7 +285,7 @@ kiln_optim *kiln_sgd_new(kiln_params *params, const kiln_sgd_options *opts) {
                        "%s: Nesterov momentum needs momentum > 0 and dampening 0 (got %g, %g)", fn,
                        s.momentum, s.dampening),
            NULL;
-  kiln_optim *o = make(SGD, params, fn);
+  kiln_optim *o = make(KILN__OPTIM_SGD, params, fn);
   if (!o) return NULL;
   o->sgd = s;
   o->lr = s.lr;
@@ -295,17 +296,18 @@ kiln_optim *kiln_sgd_new(kiln_params *params, const kiln_sgd_options *opts) {
   return o;
 }
 
-static kiln_optim *adam_new(kind k, kiln_params *params, const kiln_adam_options *opts,
+static kiln_optim *adam_new(kiln__optim_algo k, kiln_params *params, const kiln_adam_options *opts,
                             const char *fn) {
   kiln_ctx *ctx = kiln_params_ctx(params);
   if (!ctx || !kiln__ok(ctx)) return NULL;
-  kiln_adam_options a = opts ? *opts : (k == ADAMW ? kiln_adamw_defaults() : kiln_adam_defaults());
+  kiln_adam_options a =
+      opts ? *opts : (k == KILN__OPTIM_ADAMW ? kiln_adamw_defaults() : kiln_adam_defaults());
   /* zero fields take torch's defaults; KILN_ZERO asks for an exact 0 */
   a.lr = kiln__opt_or(a.lr, 1e-3f);
   a.beta1 = kiln__opt_or(a.beta1, 0.9f);
   a.beta2 = kiln__opt_or(a.beta2, 0.999f);
   a.eps = kiln__opt_or(a.eps, 1e-8f);
-  a.weight_decay = kiln__opt_or(a.weight_decay, k == ADAMW ? 1e-2f : 0.f);
+  a.weight_decay = kiln__opt_or(a.weight_decay, k == KILN__OPTIM_ADAMW ? 1e-2f : 0.f);
   if (!(a.lr >= 0.f) || !(a.eps >= 0.f) || !(a.weight_decay >= 0.f) ||
       !(a.beta1 >= 0.f && a.beta1 < 1.f) || !(a.beta2 >= 0.f && a.beta2 < 1.f))
     return kiln__error(ctx, KILN_ERR_INVALID,
@@ -325,10 +327,10 @@ static kiln_optim *adam_new(kind k, kiln_params *params, const kiln_adam_options
 }
 
 kiln_optim *kiln_adam_new(kiln_params *params, const kiln_adam_options *o) {
-  return adam_new(ADAM, params, o, __func__);
+  return adam_new(KILN__OPTIM_ADAM, params, o, __func__);
 }
 kiln_optim *kiln_adamw_new(kiln_params *params, const kiln_adam_options *o) {
-  return adam_new(ADAMW, params, o, __func__);
+  return adam_new(KILN__OPTIM_ADAMW, params, o, __func__);
 }
 
 /* The Newton-Schulz iteration's steps: torch refuses 100 or more. */
@@ -394,7 +396,7 @@ kiln_optim *kiln_muon_new(kiln_params *params, const kiln_muon_options *opts) {
                        "%s: ns_dtype %s: the Newton-Schulz iteration runs in f32 or bf16", fn,
                        kiln_dtype_name(m.ns_dtype)),
            NULL;
-  kiln_optim *o = make(MUON, params, fn);
+  kiln_optim *o = make(KILN__OPTIM_MUON, params, fn);
   if (!o) return NULL;
   o->muon = m;
   o->lr = m.lr;
@@ -421,7 +423,7 @@ int kiln_select_prefix(const char *name, const kiln_tensor *t, void *user) {
 
 /* Whether this optimizer can train parameter i: Muon only matrices, 2 dims or more. */
 static bool muon_takes(const kiln_optim *o, int i) {
-  return o->kind != MUON || kiln_tensor_ndim(kiln_params_get(o->params, i)) >= 2;
+  return o->kind != KILN__OPTIM_MUON || kiln_tensor_ndim(kiln_params_get(o->params, i)) >= 2;
 }
 
 /* The error for a parameter Muon cannot train; returns true. */
@@ -556,8 +558,9 @@ static bool log_state(kiln_optim *o) {
 /* Parameter i's weight decay: its group's, else the optimizer's. */
 static float decay_of(const kiln_optim *o, int i) {
   if (o->wd_set[i]) return o->wd[i];
-  return o->kind == SGD ? o->sgd.weight_decay
-                        : (o->kind == MUON ? o->muon.weight_decay : o->adam.weight_decay);
+  return o->kind == KILN__OPTIM_SGD
+             ? o->sgd.weight_decay
+             : (o->kind == KILN__OPTIM_MUON ? o->muon.weight_decay : o->adam.weight_decay);
 }
 
 /* Whether parameter i gets an update this step: it has a gradient, is no buffer and is not
@@ -578,13 +581,13 @@ static float rate_of(const kiln_optim *o, int i) {
 static bool record_update(kiln_optim *o, int i, float lr, bool cyc, float mom) {
   kiln_tensor *p = kiln_params_get(o->params, i);
   kiln_tensor *in[6] = {p, kiln_tensor_grad(p), o->s1[i], o->s2[i]};
-  bool guard = o->found != NULL, momentum = o->kind == SGD && o->sgd.momentum > 0.f;
-  int nin = o->kind == SGD ? (momentum ? 3 : 2) : 4;
-  kiln__op op = o->kind != SGD ? (guard ? KILN__OP_ADAM_GUARDED : KILN__OP_ADAM)
-                : momentum     ? (guard ? KILN__OP_SGD_MOMENTUM_GUARDED : KILN__OP_SGD_MOMENTUM)
-                               : (guard ? KILN__OP_SGD_GUARDED : KILN__OP_SGD);
+  bool guard = o->found != NULL, momentum = o->kind == KILN__OPTIM_SGD && o->sgd.momentum > 0.f;
+  int nin = o->kind == KILN__OPTIM_SGD ? (momentum ? 3 : 2) : 4;
+  kiln__op op = o->kind != KILN__OPTIM_SGD ? (guard ? KILN__OP_ADAM_GUARDED : KILN__OP_ADAM)
+                : momentum ? (guard ? KILN__OP_SGD_MOMENTUM_GUARDED : KILN__OP_SGD_MOMENTUM)
+                           : (guard ? KILN__OP_SGD_GUARDED : KILN__OP_SGD);
   if (guard) in[nin++] = o->found;
-  if (guard && (momentum || o->kind != SGD)) in[nin++] = o->applied[i];
+  if (guard && (momentum || o->kind != KILN__OPTIM_SGD)) in[nin++] = o->applied[i];
   kiln__node *n = kiln__update(op, "kiln_optim_step", nin, in);
   if (!n) return false;
   KILN__F_NAMED(n, "lr") = lr;
@@ -597,13 +600,13 @@ static bool record_update(kiln_optim *o, int i, float lr, bool cyc, float mom) {
     /* the first step copies the gradient into the buffer: a step value, not structure (guarded:
      * the device's count says) */
     if (!guard) KILN__F(n, SGD_MOMENTUM, first) = o->count[i] == 0 ? 1.f : 0.f;
-  } else if (o->kind != SGD) {
+  } else if (o->kind != KILN__OPTIM_SGD) {
     const kiln_adam_options *a = &o->adam;
     float beta1 = cyc ? mom : a->beta1; /* torch corrects the bias with the current beta1 */
     KILN__F_NAMED(n, "beta1") = beta1;
     KILN__F_NAMED(n, "beta2") = a->beta2;
     KILN__F_NAMED(n, "eps") = a->eps;
-    KILN__I_NAMED(n, "decoupled") = o->kind == ADAMW;
+    KILN__I_NAMED(n, "decoupled") = o->kind == KILN__OPTIM_ADAMW;
     if (!guard) { /* guarded, the device corrects the bias from its count */
       double t = (double)(o->count[i] + 1);
       double bc1 = 1.0 - pow((double)beta1, t), bc2 = 1.0 - pow((double)a->beta2, t);
@@ -768,7 +771,7 @@ kiln_status kiln_optim_step(kiln_optim *o) {
    * the rate) */
   bool cyc = o->scheduled && cycles_momentum(&o->schedule);
   float mom = cyc ? (float)resolved_momentum(&o->schedule, o->steps) : 0.f;
-  if (o->kind == MUON) {
+  if (o->kind == KILN__OPTIM_MUON) {
     if (muon_step(o, cyc ? mom : o->muon.momentum)) o->steps++;
     return ctx->status;
   }
@@ -822,14 +825,16 @@ void kiln_optim_free(kiln_optim *o) {
 /* ---------------------------------------------------------------- for checkpoints (optim.h) */
 
 const char *kiln__optim_kind(const kiln_optim *o) {
-  static const char *const names[] = {
-      [SGD] = "sgd", [ADAM] = "adam", [ADAMW] = "adamw", [MUON] = "muon"};
+  static const char *const names[] = {[KILN__OPTIM_SGD] = "sgd",
+                                      [KILN__OPTIM_ADAM] = "adam",
+                                      [KILN__OPTIM_ADAMW] = "adamw",
+                                      [KILN__OPTIM_MUON] = "muon"};
   return names[o->kind];
 }
 
 kiln_tensor *kiln__optim_state(const kiln_optim *o, int i, int which, const char **name) {
   if (i < 0 || i >= o->n) return NULL;
-  if (o->kind == SGD || o->kind == MUON) {
+  if (o->kind == KILN__OPTIM_SGD || o->kind == KILN__OPTIM_MUON) {
     *name = "momentum_buffer";
     return which == 0 ? o->s1[i] : NULL;
   }

@@ -8,10 +8,15 @@
 
 #include "../core/internal.h"
 
-typedef enum kind { SGD, ADAM, ADAMW, MUON } kind;
+typedef enum kiln__optim_algo {
+  KILN__OPTIM_SGD,
+  KILN__OPTIM_ADAM,
+  KILN__OPTIM_ADAMW,
+  KILN__OPTIM_MUON
+} kiln__optim_algo;
 
 struct kiln_optim {
-  kind kind;
+  kiln__optim_algo kind;
   kiln_ctx *ctx;
   kiln__anchor *anchor;
   kiln_params *params;
