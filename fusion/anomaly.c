@@ -205,8 +205,9 @@ static bool report(kiln_ctx *ctx, kiln__anomaly_rec r) {
   const kiln_tensor *t = update ? n->in[0] : n->out;
   size_t k = (size_t)snprintf(
       msg, sizeof msg,
-      "node #%d of the step, %s %s %s (recorded by %s%s), wrote %s first at element %llu of %s; "
-      "its inputs:",
+      "kiln_flush: anomaly mode: node #%d of the step, %s %s %s (recorded by %s%s), wrote %s "
+      "first at element %llu of %s; no in-place update after it ran (gradients, optimizer state, "
+      "parameters). Its inputs:",
       i, kiln__ops[n->op].name, kiln__shape_of(t, sh, sizeof sh), kiln_dtype_name(t->dtype),
       n->fn ? n->fn : "kiln", from, what_of(r.first), r.first >> 2,
       update ? "a tensor it updates in place (that write happened)" : "its output");
@@ -222,10 +223,7 @@ static bool report(kiln_ctx *ctx, kiln__anomaly_rec r) {
       k += (size_t)snprintf(msg + k, sizeof msg - k, ", holds %s at element %llu",
                             what_of(in[1 + q].first), in[1 + q].first >> 2);
   }
-  kiln__error(ctx, KILN_ERR_NONFINITE,
-              "kiln_flush: anomaly mode: %s. No in-place update after it ran (gradients, optimizer "
-              "state, parameters)",
-              msg);
+  kiln__error(ctx, KILN_ERR_NONFINITE, "%s", msg);
   return false;
 }
 
