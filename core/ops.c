@@ -963,9 +963,10 @@ kiln__node *kiln__update(kiln__op op, const char *fn, int nin, kiln_tensor *cons
     if (kiln_tensor_numel(in[i]) != (one ? 1 : kiln_tensor_numel(in[0])) ||
         in[i]->dtype != KILN_DTYPE_F32) {
       char s1[96], s2[96];
-      kiln__error(ctx, KILN_ERR_SHAPE, "%s: input %d is %s %s, input 0 %s: they must agree", fn, i,
+      kiln__error(ctx, KILN_ERR_SHAPE, "%s: input %d is %s %s, input 0 %s: %s", fn, i,
                   kiln__shape_of(in[i], s1, sizeof s1), kiln_dtype_name(in[i]->dtype),
-                  kiln__shape_of(in[0], s2, sizeof s2));
+                  kiln__shape_of(in[0], s2, sizeof s2),
+                  one ? "it must be one f32 value" : "they must agree (f32)");
       return NULL;
     }
   }

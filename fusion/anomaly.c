@@ -25,6 +25,7 @@ struct kiln__anomaly {
   int32_t allow_cap;
   unsigned char *held; /* host: one byte per trace node of flushes that ended */
   int32_t held_cap;
+  uint64_t gen; /* the step generation held[] is of */
 };
 
 static const char check_source[] = "#include \"prelude.cuh\"\n#include \"anomaly.cuh\"\n";
@@ -82,6 +83,9 @@ bool kiln__anomaly_begin(kiln_ctx *ctx, const kiln__program *pg) {
     an->held = h;
     an->held_cap = ctx->trace.cap;
   }
+  if (an->held && (an->gen != ctx->gen || pg->plan.first == 0)) /* a new step: nothing held */
+    memset(an->held, 0, (size_t)an->held_cap);
+  an->gen = ctx->gen;
   cudaStream_t stream = ctx->stream;
   return !KILN_CUDA_FAILED(ctx, cudaMemsetAsync(an->rec, 0xff, NREC * sizeof *an->rec, stream)) &&
          !KILN_CUDA_FAILED(ctx, cudaMemsetAsync(an->allow, 0, (size_t)an->allow_cap, stream));

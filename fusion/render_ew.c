@@ -147,6 +147,8 @@ bool kiln__render_ew(const kiln__target *t, const kiln__ew_prog *p, kiln__render
   int nf = 0, ni = 0, nu = 0;
   kiln__wire(p, NULL, &o, &w, &r->arg, &nf, &ni, &nu);
   bool update = p->n == 1 && kiln__ops[p->nodes[0]->op].kind == KILN__KIND_UPDATE;
+  /* found_inf's flag is stored only where it changes: the multi-tensor form's (lower.c) */
+  KILN_ASSERT(!update || p->nodes[0]->op != KILN__OP_FOUND_INF);
   ew_form f = ew_layout(p, n, update, w.coords, &o, r);
   kiln__sb b = {0};
   kiln__emit_index_type(&b, f.wide);

@@ -388,3 +388,22 @@ Test(cpu_skip, the_planner_batches_the_check_and_the_kernels_compile) {
   th_net_free(&m);
   th_ctx_free(ctx);
 }
+
+Test(cpu_skip, one_value_inputs_are_checked) {
+  kiln_ctx *ctx = th_cpu_ctx();
+  kiln_tensor *p = th_f32(ctx, KILN_SHAPE(4, 3)), *g = th_f32(ctx, KILN_SHAPE(4, 3));
+  kiln_tensor *flag = th_f32(ctx, KILN_SHAPE(1)), *wide = th_f32(ctx, KILN_SHAPE(2));
+  int32_t n0 = th_tlen(ctx);
+  cr_assert_null(kiln__update(KILN__OP_SGD_GUARDED, "probe", 3, (kiln_tensor *[]){p, g, wide}));
+  TH_ASSERT_ERROR(ctx, KILN_ERR_SHAPE, "probe: input 2 is [2] f32", "it must be one f32 value");
+  kiln_ctx_clear_error(ctx);
+  cr_assert_null(kiln__update(KILN__OP_FOUND_INF, "probe", 2, (kiln_tensor *[]){g, wide}));
+  TH_ASSERT_ERROR(ctx, KILN_ERR_SHAPE, "input 1 is [2] f32", "one f32 value");
+  kiln_ctx_clear_error(ctx);
+  cr_assert_eq(th_tlen(ctx), n0, "the failed calls recorded nothing");
+  kiln__node *n = kiln__update(KILN__OP_SGD_GUARDED, "probe", 3, (kiln_tensor *[]){p, g, flag});
+  cr_assert_not_null(n, "%s", th_err(ctx));
+  cr_assert_str_eq(n->fn, "probe");
+  th_free_scratch();
+  th_ctx_free(ctx);
+}
