@@ -115,6 +115,7 @@ kiln_status kiln_backward(kiln_tensor *loss) {
     }
     kiln_tensor *gin[KILN__MAX_IN] = {0};
     kiln__node copy = *n; /* the trace may move when it grows */
+    ctx->bw_from = i; /* the nodes the rule records say whose gradient they are (anomaly mode) */
     grad_rules[copy.op](&b, &copy, g, gin);
     for (int k = 0; k < copy.nin; k++) {
       if (!gin[k] || !copy.in[k]->requires_grad) continue;
@@ -124,6 +125,7 @@ kiln_status kiln_backward(kiln_tensor *loss) {
           gin[k]->dtype == copy.in[k]->dtype ? gin[k] : kiln_cast(gin[k], copy.in[k]->dtype);
       add_grad(&b, copy.in[k], gk);
     }
+    ctx->bw_from = -1;
   }
   for (int k = 0; k < b.nleaves && kiln__ok(ctx); k++)
     write_leaf(&b, b.leaves[k]);

@@ -24,7 +24,7 @@ static bool env_off(const char *name) {
   return v && strcmp(v, "0") == 0;
 }
 
-/* KILN_DEBUG: "plan", "verify", comma-separated. Debug builds verify every plan. */
+/* KILN_DEBUG: "plan", "verify", "nan", comma-separated. Debug builds verify every plan. */
 static unsigned debug_flags(void) {
   unsigned f = 0;
 #ifdef KILN_VERIFY_PLANS
@@ -35,6 +35,7 @@ static unsigned debug_flags(void) {
     size_t n = strcspn(v, ",");
     if (n == 4 && strncmp(v, "plan", 4) == 0) f |= KILN__DEBUG_PLAN;
     if (n == 6 && strncmp(v, "verify", 6) == 0) f |= KILN__DEBUG_VERIFY;
+    if (n == 3 && strncmp(v, "nan", 3) == 0) f |= KILN__DEBUG_NAN;
     v += n + (v[n] == ',');
   }
   return f;
@@ -127,6 +128,8 @@ kiln_ctx *kiln__ctx_create(const kiln_ctx_options *opts) {
   const char *nvtx = getenv("KILN_NVTX");
   ctx->nvtx = nvtx && strcmp(nvtx, "1") == 0;
   ctx->debug = debug_flags();
+  ctx->anomaly = (ctx->debug & KILN__DEBUG_NAN) != 0;
+  ctx->bw_from = -1;
   const char *seed = getenv("KILN_SEED");
   kiln_manual_seed(ctx, seed ? strtoull(seed, NULL, 0) : 0);
   if (!o.no_gpu) gpu_init(ctx, o.device);
@@ -238,6 +241,10 @@ void kiln_set_fusion(kiln_ctx *ctx, int on) {
   if (ctx) ctx->fusion = on != 0;
 }
 int kiln_fusion(const kiln_ctx *ctx) { return ctx && ctx->fusion; }
+void kiln_set_anomaly(kiln_ctx *ctx, int on) {
+  if (ctx) ctx->anomaly = on != 0;
+}
+int kiln_anomaly(const kiln_ctx *ctx) { return ctx && ctx->anomaly; }
 
 void kiln_manual_seed(kiln_ctx *ctx, uint64_t seed) {
   if (!ctx) return;

@@ -43,6 +43,7 @@ const char *kiln_status_name(kiln_status s) {
   case KILN_ERR_IO: return "I/O error";
   case KILN_ERR_FORMAT: return "bad file format";
   case KILN_ERR_STATE: return "invalid state";
+  case KILN_ERR_NONFINITE: return "non-finite value";
   }
   return "unknown status";
 }

@@ -210,6 +210,12 @@ const int64_t *kiln__attr_i_c(const kiln__node *n, const char *name, const char 
 #define KILN__I_NAMED(n, name)                                                                     \
   (*_Generic((n), const kiln__node *: kiln__attr_i_c, default: kiln__attr_i)((n), (name),          \
                                                                              __FILE__, __LINE__))
+/* The same for a float attribute (code that records several ops' nodes, as the optimizers do). */
+float *kiln__attr_f(kiln__node *n, const char *name, const char *file, int line);
+#define KILN__F_NAMED(n, name) (*kiln__attr_f((n), (name), __FILE__, __LINE__))
+/* The inputs of update op that hold one value for every element (bit q for input q): scale's
+ * factor, found_inf's flag, a guarded update's flag and count (ops.def). */
+unsigned kiln__update_scalars(kiln__op op);
 /* Whether op is a window op whose kernel takes the elementwise nodes after it as an epilogue: one
  * over WINDOWS or IMAGE (pooling, col2im, the pools' gradients), whose lanes are the output's. */
 static inline bool kiln__takes_epilogue(kiln__op op) {
@@ -292,6 +298,7 @@ struct kiln_tensor {
   kiln_tensor *grad;   /* persistent: gradient buffer, allocated on first backward */
   kiln_tensor *bw_acc; /* during backward: the gradient gathered so far */
   char *name;          /* NULL or: malloc'd (persistent), in the step's arena (intermediate) */
+  const char *fn;      /* intermediate: the function that made it (a static string), or NULL */
 };
 /* t's name, "" when it has none. */
 const char *kiln__name(const kiln_tensor *t);
@@ -307,6 +314,8 @@ struct kiln__node {
   uint8_t bw;
   kiln_tensor *in[KILN__MAX_IN];
   kiln_tensor *out; /* NULL for UPDATE nodes */
+  const char *fn;   /* the function that recorded it (its output's maker, an update's caller) */
+  int32_t from;     /* recorded by kiln_backward for this forward node's rule, or -1 */
   float f[KILN__NF];
   int64_t i[KILN__NI];
   uint64_t u[KILN__NU];
@@ -329,8 +338,9 @@ typedef struct kiln__arena {
 /* ---------------------------------------------------------------- context */
 
 /* KILN_DEBUG, a comma-separated list: "plan" prints every flush's groups to stderr, "verify"
- * checks every plan's invariants (on in debug builds). */
-enum { KILN__DEBUG_PLAN = 1, KILN__DEBUG_VERIFY = 2 };
+ * checks every plan's invariants (on in debug builds), "nan" turns anomaly mode on
+ * (kiln_set_anomaly). */
+enum { KILN__DEBUG_PLAN = 1, KILN__DEBUG_VERIFY = 2, KILN__DEBUG_NAN = 4 };
 
 struct CUstream_st;                               /* a cudaStream_t, without the CUDA headers */
 typedef struct kiln__handles kiln__handles;       /* core/handles.c */
@@ -349,10 +359,12 @@ struct kiln_ctx {
   char error[1024];
 
   bool tf32;
-  bool fusion;    /* plan fused groups (KILN_FUSION=0: one node per kernel) */
-  bool graphs;    /* capture and replay steps (KILN_GRAPH=0: off) */
-  bool nvtx;      /* KILN_NVTX=1: an NVTX range around every launch */
-  unsigned debug; /* KILN__DEBUG_* */
+  bool fusion;     /* plan fused groups (KILN_FUSION=0: one node per kernel) */
+  bool graphs;     /* capture and replay steps (KILN_GRAPH=0: off) */
+  bool nvtx;       /* KILN_NVTX=1: an NVTX range around every launch */
+  unsigned debug;  /* KILN__DEBUG_* */
+  bool anomaly;    /* kiln_set_anomaly: every flush unfused, eager and checked (fusion/anomaly.c) */
+  int32_t bw_from; /* while kiln_backward records a node's rule: that node (else -1) */
   int no_grad_depth;
   int autocast_depth;                      /* open kiln_autocast_begin regions */
   kiln_dtype autocast[KILN__MAX_AUTOCAST]; /* their dtypes, innermost last */

@@ -958,15 +958,19 @@ kiln__node *kiln__update(kiln__op op, const char *fn, int nin, kiln_tensor *cons
                   i);
       return NULL;
     }
-    bool factor = op == KILN__OP_SCALE && i == 1 && kiln_tensor_numel(in[i]) == 1;
-    if ((!factor && kiln_tensor_numel(in[i]) != kiln_tensor_numel(in[0])) ||
+    /* a factor, flag or count: one value for every element */
+    bool one = (kiln__update_scalars(op) >> i) & 1u;
+    if (kiln_tensor_numel(in[i]) != (one ? 1 : kiln_tensor_numel(in[0])) ||
         in[i]->dtype != KILN_DTYPE_F32) {
       char s1[96], s2[96];
-      kiln__error(ctx, KILN_ERR_SHAPE, "%s: input %d is %s %s, input 0 %s: they must agree", fn, i,
+      kiln__error(ctx, KILN_ERR_SHAPE, "%s: input %d is %s %s, input 0 %s: %s", fn, i,
                   kiln__shape_of(in[i], s1, sizeof s1), kiln_dtype_name(in[i]->dtype),
-                  kiln__shape_of(in[0], s2, sizeof s2));
+                  kiln__shape_of(in[0], s2, sizeof s2),
+                  one ? "it must be one f32 value" : "they must agree (f32)");
       return NULL;
     }
   }
-  return kiln__record(ctx, op, nin, in, NULL);
+  kiln__node *n = kiln__record(ctx, op, nin, in, NULL);
+  if (n) n->fn = fn;
+  return n;
 }

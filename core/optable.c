@@ -95,6 +95,28 @@ static int int_slot(const kiln__node *n, const char *name, const char *file, int
   return slot;
 }
 
+float *kiln__attr_f(kiln__node *n, const char *name, const char *file, int line) {
+  kiln__attr_kind kind;
+  int slot;
+  if (!n || !kiln__attr_find(n->op, name, strlen(name), &kind, &slot) || kind != KILN__ATTR_F)
+    kiln__assert_fail("a float attribute of the node's op", file, line);
+  return &n->f[slot];
+}
+
+unsigned kiln__update_scalars(kiln__op op) {
+  switch (op) {
+  case KILN__OP_SCALE:
+  case KILN__OP_FOUND_INF: return 2u;
+  case KILN__OP_SGD_GUARDED:
+  case KILN__OP_MUON_MOMENTUM_GUARDED:
+  case KILN__OP_MUON_GUARDED: return 4u;               /* found */
+  case KILN__OP_SCALE_GUARDED: return 2u | 4u;         /* the factor, found */
+  case KILN__OP_SGD_MOMENTUM_GUARDED: return 8u | 16u; /* found, count */
+  case KILN__OP_ADAM_GUARDED: return 16u | 32u;        /* found, count */
+  default: return 0u;
+  }
+}
+
 int64_t *kiln__attr_i(kiln__node *n, const char *name, const char *file, int line) {
   return &n->i[int_slot(n, name, file, line)];
 }

@@ -69,6 +69,7 @@ kiln_tensor *kiln__tensor_intermediate(kiln_ctx *ctx, const char *fn, kiln_dtype
   kiln__contiguous_strides(ndim, shape, t->stride);
   t->node = -1;
   st->bytes = (size_t)kiln__numel(ndim, shape) * kiln_dtype_size(dt);
+  t->fn = fn;
   st->next = ctx->step_storages;
   ctx->step_storages = st;
   t->st = st;

@@ -24,6 +24,8 @@ kiln__node *kiln__record(kiln_ctx *ctx, kiln__op op, int nin, kiln_tensor *const
     rg = rg || in[i]->requires_grad;
   }
   n->out = out;
+  n->fn = out ? out->fn : NULL;
+  n->from = ctx->bw_from;
   if (out) {
     out->node = tr->n;
     out->requires_grad = rg && ctx->no_grad_depth == 0 && kiln__has_grad(op);

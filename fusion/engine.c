@@ -36,6 +36,7 @@ void kiln__engine_free(kiln_ctx *ctx) {
   if (fs->conv_ws) cudaFree(fs->conv_ws);
   if (fs->conv_cnt) cudaFree(fs->conv_cnt);
   if (fs->err_host) cudaFreeHost(fs->err_host);
+  kiln__anomaly_free(ctx);
   kiln__kcache_free(fs->kernels, ctx->has_gpu);
   kiln__blas_free(fs->blas);
   free(fs);

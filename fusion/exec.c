@@ -102,7 +102,9 @@ bool kiln__program_build(kiln_ctx *ctx, int32_t first, int32_t last, kiln__progr
                           "kiln_flush: node #%d (%s) reads a persistent tensor that was freed "
                           "after it was recorded; nothing of this flush ran",
                           i, kiln__ops[ctx->trace.nodes[i].op].name);
-  if (!kiln__plan_build(ctx, first, last, ctx->fusion, &pg->plan)) return false;
+  /* anomaly mode: unfused, so that every node's values reach memory, and its check compiled */
+  if (ctx->anomaly && !kiln__anomaly_kernel(ctx)) return false;
+  if (!kiln__plan_build(ctx, first, last, ctx->fusion && !ctx->anomaly, &pg->plan)) return false;
   if (!kiln__lower(ctx, &pg->plan, &pg->spec)) return false;
   pg->call = calloc((size_t)(pg->plan.ng > 0 ? pg->plan.ng : 1), sizeof *pg->call);
   if (!pg->call) return !kiln__error(ctx, KILN_ERR_OOM, "kiln_flush: out of host memory");
@@ -304,9 +306,12 @@ static bool launch(kiln_ctx *ctx, kiln__call *c) {
 bool kiln__run_calls(kiln_ctx *ctx, kiln__program *pg, kiln__run_how how, int32_t *records) {
   bool ok = true;
   bool traced = ctx->prof && how != KILN__RUN_CAPTURE; /* a capture runs nothing */
+  bool anomaly = ctx->anomaly && how == KILN__RUN_EAGER;
   size_t seen = 0;
   if (records) kiln__captured_records(ctx, &seen); /* what the capture held before */
+  if (anomaly && !kiln__anomaly_begin(ctx, pg)) return false;
   for (int k = 0; k < pg->plan.ng && ok; k++) {
+    if (anomaly && !kiln__anomaly_gate(ctx, pg, k)) return false;
     kiln__call *c = &pg->call[k];
     if (ctx->nvtx) nvtxRangePushA(c->name);
     if (traced)
@@ -318,8 +323,9 @@ bool kiln__run_calls(kiln_ctx *ctx, kiln__program *pg, kiln__run_how how, int32_
     if (traced) kiln__prof_leave(ctx->prof);
     if (ctx->nvtx) nvtxRangePop();
     if (records) records[k] = kiln__captured_records(ctx, &seen);
+    if (ok && anomaly) ok = kiln__anomaly_check(ctx, pg, k);
   }
-  return ok;
+  return ok && (!anomaly || kiln__anomaly_end(ctx, pg));
 }
 
 void kiln__flush_stats(kiln_ctx *ctx, const kiln__program *pg, const kiln_exec_stats *before) {

@@ -292,6 +292,20 @@ void kiln__flush_stats(kiln_ctx *ctx, const kiln__program *pg, const kiln_exec_s
 /* The bytes of the bit mask a ReLU epilogue writes for y (a 2-D product's output). */
 size_t kiln__relu_mask_bytes(const kiln_tensor *y);
 
+/* ---------------------------------------------------------------- anomaly mode (anomaly.c) */
+
+/* In anomaly mode (ctx->anomaly) a flush is planned unfused and run eagerly; kiln__run_calls
+ * calls begin before its first launch, gate before each group (false, with the error set, when a
+ * node already wrote NaN or Inf and the group updates a tensor in place), check after each group
+ * (the scans of what its nodes wrote) and end after the last (the error, if any). */
+typedef struct kiln__anomaly kiln__anomaly;
+bool kiln__anomaly_kernel(kiln_ctx *ctx); /* compiles the check kernel (a no-GPU context too) */
+bool kiln__anomaly_begin(kiln_ctx *ctx, const kiln__program *pg);
+bool kiln__anomaly_gate(kiln_ctx *ctx, const kiln__program *pg, int k);
+bool kiln__anomaly_check(kiln_ctx *ctx, const kiln__program *pg, int k);
+bool kiln__anomaly_end(kiln_ctx *ctx, const kiln__program *pg);
+void kiln__anomaly_free(kiln_ctx *ctx);
+
 /* ---------------------------------------------------------------- traces (profile.c) */
 
 /* The trace's id for group k of pg (ctx->prof set), described once a session from the step's
@@ -335,6 +349,7 @@ typedef struct kiln__fusion {
   float *conv_ws;            /* split-K partial tiles of the implicit weight gradients */
   unsigned *conv_cnt;        /* their tile counters (zeroed once; every launch leaves them 0) */
   kiln__dev_error *err_host; /* its copy, fetched before synchronisations (pinned) */
+  kiln__anomaly *anomaly;    /* anomaly mode's kernel and records, once it was used */
 } kiln__fusion;
 
 #endif

@@ -65,13 +65,23 @@ static void lower_concat(const kiln_ctx *ctx, const kiln__group *g, kiln__spec *
       .n = 1, .nodes = {&s->copy}, .store = {true}, .ndim = s->slice.ndim, .shape = s->slice.shape};
 }
 
+/* Whether a lone update runs in the multi-tensor form: one with a one-value input (a flag, a
+ * factor, a count) over dense tensors, which that form reads once (the elementwise form would
+ * broadcast it), and where found_inf stores its flag only where it changes. */
+static bool multi_form(const kiln__node *n) {
+  if (!kiln__update_scalars(n->op)) return false;
+  for (int q = 0; q < n->nin; q++)
+    if (!kiln__is_contiguous(n->in[q])) return false;
+  return true;
+}
+
 static void lower_group(const kiln_ctx *ctx, const kiln__plan *p, const kiln__group *g,
                         kiln__spec *s) {
   const kiln__node *n = &ctx->trace.nodes[g->node];
   describe(ctx, p, g, s->comment, sizeof s->comment);
   switch (kiln__ops[n->op].renderer) { /* the op table's kernel family of the group's main node */
   case KILN__RENDER_EW:
-    if (g->kind == KILN__KIND_UPDATE && g->n > 1) {
+    if (g->kind == KILN__KIND_UPDATE && (g->n > 1 || multi_form(n))) {
       s->kind = KILN__SPEC_UPDATES;
       s->nups = g->n;
       for (int m = 0; m < g->n; m++)

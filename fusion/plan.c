@@ -220,7 +220,7 @@ static bool prologue_ok(const kiln_ctx *ctx, const kiln__plan *p, const kiln__gr
 
 /* Whether update node i can join the update group g in one multi-tensor launch: the same op
  * and attributes, dense operands, room for their pointers, and no operand that an update of
- * the group writes. */
+ * the group writes (but found_inf's flag, which its members share: they only ever set it to 1). */
 static bool can_batch(const kiln_ctx *ctx, const kiln__plan *p, const kiln__group *g, int32_t i) {
   if (g->kind != KILN__KIND_UPDATE || p->members[g->first + g->n - 1] != i - 1) return false;
   const kiln__node *n = &ctx->trace.nodes[i], *first = &ctx->trace.nodes[p->members[g->first]];
@@ -238,7 +238,7 @@ static bool can_batch(const kiln_ctx *ctx, const kiln__plan *p, const kiln__grou
     for (int j = 0; j < x->nin; j++) {
       if (!(kiln__ops[x->op].stores & (1u << j))) continue;
       for (int q = 0; q < n->nin; q++)
-        if (n->in[q]->st == x->in[j]->st) return false;
+        if (n->in[q]->st == x->in[j]->st && !(n->op == KILN__OP_FOUND_INF && q == j)) return false;
     }
   }
   return true;

@@ -147,6 +147,8 @@ bool kiln__render_ew(const kiln__target *t, const kiln__ew_prog *p, kiln__render
   int nf = 0, ni = 0, nu = 0;
   kiln__wire(p, NULL, &o, &w, &r->arg, &nf, &ni, &nu);
   bool update = p->n == 1 && kiln__ops[p->nodes[0]->op].kind == KILN__KIND_UPDATE;
+  /* found_inf's flag is stored only where it changes: the multi-tensor form's (lower.c) */
+  KILN_ASSERT(!update || p->nodes[0]->op != KILN__OP_FOUND_INF);
   ew_form f = ew_layout(p, n, update, w.coords, &o, r);
   kiln__sb b = {0};
   kiln__emit_index_type(&b, f.wide);
@@ -182,7 +184,10 @@ bool kiln__render_ew(const kiln__target *t, const kiln__ew_prog *p, kiln__render
 /* ---------------------------------------------------------------- multi-tensor updates */
 
 /* One launch runs the same update over T tensors, tensor t in blockIdx.y, its inputs in
- * a.ptr[t * nin ...] and its length in a.st[t][0]. */
+ * a.ptr[t * nin ...] and its length in a.st[t][0]. An input that holds one value (scale's factor,
+ * a guarded update's flag and count) is read at its element 0; one that is also written
+ * (found_inf's flag) is stored only by the elements whose expression changed it, all of which
+ * store the same value. */
 bool kiln__render_updates(const kiln__target *tg, const kiln__node *const *nodes, int T,
                           kiln__rendered *r) {
   const kiln__node *n0 = nodes[0];
@@ -215,15 +220,23 @@ bool kiln__render_updates(const kiln__target *tg, const kiln__node *const *nodes
   kiln__sb_printf(&b, "  const int t = blockIdx.y;\n  const long long n = a.st[t][0];\n"
                       "  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; "
                       "i < n;\n       i += (long long)gridDim.x * blockDim.x) {\n");
-  for (int q = 0; q < nin; q++) /* scale's factor is one value for every element */
+  unsigned one = kiln__update_scalars(n0->op);
+  for (int q = 0; q < nin; q++) {
     kiln__sb_printf(&b, "    float x%d = ((const float *)a.ptr[t * %d + %d])[%s];\n", q, nin, q,
-                    n0->op == KILN__OP_SCALE && q == 1 ? "0" : "i");
+                    one >> q & 1u ? "0" : "i");
+    if ((one & info->stores) >> q & 1u) kiln__sb_printf(&b, "    const float was%d = x%d;\n", q, q);
+  }
   kiln__sb_printf(&b, "    ");
   kiln__expand(&b, info->expr, &w, 0, n0);
   kiln__sb_printf(&b, "\n");
-  for (int q = 0; q < nin; q++)
-    if (info->stores & (1u << q))
+  for (int q = 0; q < nin; q++) {
+    if (!(info->stores >> q & 1u)) continue;
+    if (one >> q & 1u)
+      kiln__sb_printf(&b, "    if (x%d != was%d) ((float *)a.ptr[t * %d + %d])[0] = x%d;\n", q, q,
+                      nin, q, q);
+    else
       kiln__sb_printf(&b, "    ((float *)a.ptr[t * %d + %d])[i] = x%d;\n", nin, q, q);
+  }
   kiln__sb_printf(&b, "  }\n");
   char stem[64];
   snprintf(stem, sizeof stem, "k_%s_f32_x%d", info->name, T);

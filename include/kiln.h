@@ -25,14 +25,15 @@ extern "C" {
 
 typedef enum kiln_status {
   KILN_OK = 0,
-  KILN_ERR_INVALID, /* a bad argument: NULL, out of range, wrong option */
-  KILN_ERR_SHAPE,   /* shapes that do not fit the operation */
-  KILN_ERR_DTYPE,   /* a dtype the operation does not take */
-  KILN_ERR_OOM,     /* out of device or host memory */
-  KILN_ERR_CUDA,    /* a CUDA, cuBLAS or NVRTC call failed */
-  KILN_ERR_IO,      /* a file could not be opened, read or written */
-  KILN_ERR_FORMAT,  /* a file's contents are not what they must be */
-  KILN_ERR_STATE,   /* wrong order of calls, stale handle, no GPU */
+  KILN_ERR_INVALID,   /* a bad argument: NULL, out of range, wrong option */
+  KILN_ERR_SHAPE,     /* shapes that do not fit the operation */
+  KILN_ERR_DTYPE,     /* a dtype the operation does not take */
+  KILN_ERR_OOM,       /* out of device or host memory */
+  KILN_ERR_CUDA,      /* a CUDA, cuBLAS or NVRTC call failed */
+  KILN_ERR_IO,        /* a file could not be opened, read or written */
+  KILN_ERR_FORMAT,    /* a file's contents are not what they must be */
+  KILN_ERR_STATE,     /* wrong order of calls, stale handle, no GPU */
+  KILN_ERR_NONFINITE, /* anomaly mode: a node of the step wrote NaN or Inf (kiln_set_anomaly) */
 } kiln_status;
 
 /* Element types. Ops compute f32 and bf16 values in f32 (bf16 is rounded to nearest even where it
@@ -145,6 +146,22 @@ void kiln_set_graphs(kiln_ctx *ctx, int on);
 int kiln_fusion(const kiln_ctx *ctx);
 int kiln_graphs(const kiln_ctx *ctx);
 int kiln_tf32(const kiln_ctx *ctx);
+/* Anomaly mode (torch.autograd.set_detect_anomaly), for finding where NaN or Inf first appears:
+ * KILN_DEBUG=nan in the environment, or kiln_set_anomaly(ctx, 1) (from the next flush). Every
+ * flush then runs unfused and eagerly, never as a step graph (a value kept in a fused kernel's
+ * registers could not be seen), and after each node a small kernel scans what it wrote. The
+ * first node of the step that wrote NaN or Inf is named in a KILN_ERR_NONFINITE error: its trace
+ * index, op, shape and dtype, the function that recorded it (for a gradient, also the forward
+ * node whose backward it is), its first such element, and what each input holds (the batch or a
+ * parameter named when the value came from outside the step). The host waits for the device
+ * before every in-place update (gradients, optimizer steps, running statistics) and at the end
+ * of every flush, so no update after that node runs: parameters and optimizer state stay as they
+ * were, and the step fails as any failed step does. An Inf that descends from a constant of the
+ * step (kiln_full(-INFINITY) as a mask, through kiln_where and kiln_softmax) is no anomaly; one
+ * in a persistent tensor (the batch, a weight, a mask kept across steps) or written into one is.
+ * A max reduction's -inf start and pooling's padding never reach memory. Slow: for debugging. */
+void kiln_set_anomaly(kiln_ctx *ctx, int on);
+int kiln_anomaly(const kiln_ctx *ctx);
 /* Seeds parameter init, shuffles drawn from the context, and dropout; dropout's Philox offset
  * restarts at 0, so the same seed gives the same masks. */
 void kiln_manual_seed(kiln_ctx *ctx, uint64_t seed);
@@ -919,6 +936,20 @@ void kiln_optim_set_lr(kiln_optim *o, float lr);
 float kiln_optim_lr(const kiln_optim *o);
 int64_t kiln_optim_steps(const kiln_optim *o);
 void kiln_optim_free(kiln_optim *o);
+/* Skipping steps whose gradients are not finite (torch.cuda.amp.GradScaler's found-inf, without
+ * loss scaling), decided on the device, so that it works inside a replayed step graph with no
+ * host sync: with on = 1 each kiln_optim_step first checks the gradients of the parameters it
+ * updates, and when one holds NaN or Inf the step changes nothing (parameters, momentum buffers,
+ * Adam's moments, each parameter's count of updates) and the device counts it. SGD's first step
+ * and Adam's bias corrections then come from counts kept on the device (Adam's computed there in
+ * f32, within rounding of the host's double-precision ones); checkpoints save those counts. The
+ * schedule's step (kiln_optim_steps) counts calls, skipped ones too, as torch's schedulers do.
+ * Each optimizer has its own flag. SGD, Adam, AdamW and Muon; set outside a step (a failed call
+ * changes nothing); off again, the counts come back to the host. */
+kiln_status kiln_optim_skip_nonfinite(kiln_optim *o, int on);
+/* The steps skipped since the option was turned on (reads the device: waits for it, so call it
+ * after kiln_step_end); 0 with the option off; -1 with the error set when it cannot be read. */
+int64_t kiln_optim_skipped_steps(kiln_optim *o);
 
 /* Parameter groups, as torch.optim's param_groups: some parameters get a rate and a weight decay
  * of their own (no weight decay on biases and norm gains, a smaller rate for a pretrained trunk),

@@ -14,35 +14,7 @@
 
 #include "../core/internal.h"
 #include "optim.h"
-
-typedef enum kind { SGD, ADAM, ADAMW, MUON } kind;
-
-struct kiln_optim {
-  kind kind;
-  kiln_ctx *ctx;
-  kiln__anchor *anchor;
-  kiln_params *params;
-  kiln_sgd_options sgd;
-  kiln_adam_options adam;
-  kiln_muon_options muon;
-  float lr;
-  int64_t steps;
-  int n;
-  kiln_tensor **s1, **s2; /* momentum buffer (SGD, Muon); Adam's m and v */
-  int64_t *count;         /* updates each parameter has had */
-  /* parameter groups (kiln_optim_add_group), per parameter: the rate's scale, the weight decay
-   * when wd_set (else the optimizer's), whether this optimizer leaves it alone, and the group
-   * that holds it (1, 2, ... in the order the groups were made; 0: the optimizer's own) */
-  float *lr_scale, *wd;
-  bool *wd_set, *excluded;
-  int *group;
-  int ngroups;      /* groups made so far */
-  bool *mark;       /* kiln_optim_step's scratch: parameters recorded */
-  kiln_tensor **up; /* Muon's step's scratch: each parameter's update X, then weight factor */
-  bool scheduled;
-  kiln_schedule schedule;
-  uint64_t undo_mark; /* the step's undo log holds its state (core/undo.c) */
-};
+#include "optimizer.h"
 
 static double cos_anneal(double from, double to, double pct) {
   return to + (from - to) / 2.0 * (cos(M_PI * pct) + 1.0);
@@ -188,7 +160,7 @@ void kiln_optim_set_schedule(kiln_optim *o, const kiln_schedule *s) {
     kiln__error(o->ctx, KILN_ERR_INVALID, "kiln_optim_set_schedule: %s", why);
     return; /* the schedule stays as it was */
   }
-  if (s && cycles_momentum(&r) && o->kind == SGD && !(o->sgd.momentum > 0.f)) {
+  if (s && cycles_momentum(&r) && o->kind == KILN__OPTIM_SGD && !(o->sgd.momentum > 0.f)) {
     kiln__error(o->ctx, KILN_ERR_INVALID,
                 "kiln_optim_set_schedule: a one-cycle schedule cycles the momentum (torch's "
                 "cycle_momentum), but this SGD optimizer was made with momentum 0 and keeps no "
@@ -226,7 +198,7 @@ static void free_arrays(kiln_optim *o) {
   free(o->up);
 }
 
-static kiln_optim *make(kind k, kiln_params *params, const char *fn) {
+static kiln_optim *make(kiln__optim_algo k, kiln_params *params, const char *fn) {
   kiln_ctx *ctx = kiln_params_ctx(params);
   if (!ctx || !kiln__ok(ctx)) return NULL;
   kiln_optim *o = calloc(1, sizeof *o);
@@ -279,8 +251,9 @@ static kiln_tensor *state_of(kiln_optim *o, int i, const char *suffix) {
 
 /* The names of the optimizer's state tensors (NULL: it keeps none or only one). */
 static const char *state_suffix(const kiln_optim *o, int which) {
-  if (o->kind == SGD) return which == 0 && o->sgd.momentum > 0.f ? "momentum_buffer" : NULL;
-  if (o->kind == MUON) return which == 0 ? "momentum_buffer" : NULL;
+  if (o->kind == KILN__OPTIM_SGD)
+    return which == 0 && o->sgd.momentum > 0.f ? "momentum_buffer" : NULL;
+  if (o->kind == KILN__OPTIM_MUON) return which == 0 ? "momentum_buffer" : NULL;
   return which == 0 ? "exp_avg" : "exp_avg_sq";
 }
 
@@ -312,7 +285,7 @@ kiln_optim *kiln_sgd_new(kiln_params *params, const kiln_sgd_options *opts) {
                        "%s: Nesterov momentum needs momentum > 0 and dampening 0 (got %g, %g)", fn,
                        s.momentum, s.dampening),
            NULL;
-  kiln_optim *o = make(SGD, params, fn);
+  kiln_optim *o = make(KILN__OPTIM_SGD, params, fn);
   if (!o) return NULL;
   o->sgd = s;
   o->lr = s.lr;
@@ -323,17 +296,18 @@ kiln_optim *kiln_sgd_new(kiln_params *params, const kiln_sgd_options *opts) {
   return o;
 }
 
-static kiln_optim *adam_new(kind k, kiln_params *params, const kiln_adam_options *opts,
+static kiln_optim *adam_new(kiln__optim_algo k, kiln_params *params, const kiln_adam_options *opts,
                             const char *fn) {
   kiln_ctx *ctx = kiln_params_ctx(params);
   if (!ctx || !kiln__ok(ctx)) return NULL;
-  kiln_adam_options a = opts ? *opts : (k == ADAMW ? kiln_adamw_defaults() : kiln_adam_defaults());
+  kiln_adam_options a =
+      opts ? *opts : (k == KILN__OPTIM_ADAMW ? kiln_adamw_defaults() : kiln_adam_defaults());
   /* zero fields take torch's defaults; KILN_ZERO asks for an exact 0 */
   a.lr = kiln__opt_or(a.lr, 1e-3f);
   a.beta1 = kiln__opt_or(a.beta1, 0.9f);
   a.beta2 = kiln__opt_or(a.beta2, 0.999f);
   a.eps = kiln__opt_or(a.eps, 1e-8f);
-  a.weight_decay = kiln__opt_or(a.weight_decay, k == ADAMW ? 1e-2f : 0.f);
+  a.weight_decay = kiln__opt_or(a.weight_decay, k == KILN__OPTIM_ADAMW ? 1e-2f : 0.f);
   if (!(a.lr >= 0.f) || !(a.eps >= 0.f) || !(a.weight_decay >= 0.f) ||
       !(a.beta1 >= 0.f && a.beta1 < 1.f) || !(a.beta2 >= 0.f && a.beta2 < 1.f))
     return kiln__error(ctx, KILN_ERR_INVALID,
@@ -353,10 +327,10 @@ static kiln_optim *adam_new(kind k, kiln_params *params, const kiln_adam_options
 }
 
 kiln_optim *kiln_adam_new(kiln_params *params, const kiln_adam_options *o) {
-  return adam_new(ADAM, params, o, __func__);
+  return adam_new(KILN__OPTIM_ADAM, params, o, __func__);
 }
 kiln_optim *kiln_adamw_new(kiln_params *params, const kiln_adam_options *o) {
-  return adam_new(ADAMW, params, o, __func__);
+  return adam_new(KILN__OPTIM_ADAMW, params, o, __func__);
 }
 
 /* The Newton-Schulz iteration's steps: torch refuses 100 or more. */
@@ -422,7 +396,7 @@ kiln_optim *kiln_muon_new(kiln_params *params, const kiln_muon_options *opts) {
                        "%s: ns_dtype %s: the Newton-Schulz iteration runs in f32 or bf16", fn,
                        kiln_dtype_name(m.ns_dtype)),
            NULL;
-  kiln_optim *o = make(MUON, params, fn);
+  kiln_optim *o = make(KILN__OPTIM_MUON, params, fn);
   if (!o) return NULL;
   o->muon = m;
   o->lr = m.lr;
@@ -449,7 +423,7 @@ int kiln_select_prefix(const char *name, const kiln_tensor *t, void *user) {
 
 /* Whether this optimizer can train parameter i: Muon only matrices, 2 dims or more. */
 static bool muon_takes(const kiln_optim *o, int i) {
-  return o->kind != MUON || kiln_tensor_ndim(kiln_params_get(o->params, i)) >= 2;
+  return o->kind != KILN__OPTIM_MUON || kiln_tensor_ndim(kiln_params_get(o->params, i)) >= 2;
 }
 
 /* The error for a parameter Muon cannot train; returns true. */
@@ -532,6 +506,7 @@ int kiln_optim_add_group(kiln_optim *o, kiln_param_select select, void *user,
       kiln_tensor_free(o->s2[i]);
       o->s1[i] = o->s2[i] = NULL;
       o->count[i] = 0;
+      kiln__guard_restart(o, i);
     } else if (!g.exclude && o->excluded[i]) {
       o->s1[i] = n1[i];
       o->s2[i] = n2[i];
@@ -583,8 +558,9 @@ static bool log_state(kiln_optim *o) {
 /* Parameter i's weight decay: its group's, else the optimizer's. */
 static float decay_of(const kiln_optim *o, int i) {
   if (o->wd_set[i]) return o->wd[i];
-  return o->kind == SGD ? o->sgd.weight_decay
-                        : (o->kind == MUON ? o->muon.weight_decay : o->adam.weight_decay);
+  return o->kind == KILN__OPTIM_SGD
+             ? o->sgd.weight_decay
+             : (o->kind == KILN__OPTIM_MUON ? o->muon.weight_decay : o->adam.weight_decay);
 }
 
 /* Whether parameter i gets an update this step: it has a gradient, is no buffer and is not
@@ -600,48 +576,43 @@ static float rate_of(const kiln_optim *o, int i) {
 }
 
 /* Records parameter i's update with the rate lr (its group's) and momentum or beta1 mom (the
- * schedule's when cyc). */
+ * schedule's when cyc). With kiln_optim_skip_nonfinite on, the guarded form: it reads the step's
+ * flag and (SGD with momentum, Adam) the parameter's count of updates on the device. */
 static bool record_update(kiln_optim *o, int i, float lr, bool cyc, float mom) {
   kiln_tensor *p = kiln_params_get(o->params, i);
-  kiln_tensor *g = kiln_tensor_grad(p);
-  float wd = decay_of(o, i);
-  kiln__node *n;
-  if (o->kind == SGD) {
+  kiln_tensor *in[6] = {p, kiln_tensor_grad(p), o->s1[i], o->s2[i]};
+  bool guard = o->found != NULL, momentum = o->kind == KILN__OPTIM_SGD && o->sgd.momentum > 0.f;
+  int nin = o->kind == KILN__OPTIM_SGD ? (momentum ? 3 : 2) : 4;
+  kiln__op op = o->kind != KILN__OPTIM_SGD ? (guard ? KILN__OP_ADAM_GUARDED : KILN__OP_ADAM)
+                : momentum ? (guard ? KILN__OP_SGD_MOMENTUM_GUARDED : KILN__OP_SGD_MOMENTUM)
+                           : (guard ? KILN__OP_SGD_GUARDED : KILN__OP_SGD);
+  if (guard) in[nin++] = o->found;
+  if (guard && (momentum || o->kind != KILN__OPTIM_SGD)) in[nin++] = o->applied[i];
+  kiln__node *n = kiln__update(op, "kiln_optim_step", nin, in);
+  if (!n) return false;
+  KILN__F_NAMED(n, "lr") = lr;
+  KILN__F_NAMED(n, "weight_decay") = decay_of(o, i);
+  if (momentum) {
     const kiln_sgd_options *s = &o->sgd;
-    if (s->momentum > 0.f) {
-      kiln_tensor *in[3] = {p, g, o->s1[i]};
-      n = kiln__update(KILN__OP_SGD_MOMENTUM, "kiln_optim_step", 3, in);
-      if (!n) return false;
-      KILN__F(n, SGD_MOMENTUM, lr) = lr;
-      KILN__F(n, SGD_MOMENTUM, momentum) = cyc ? mom : s->momentum;
-      KILN__F(n, SGD_MOMENTUM, dampening) = s->dampening;
-      KILN__F(n, SGD_MOMENTUM, weight_decay) = wd;
-      /* the first step copies the gradient into the buffer: a step value, not structure */
-      KILN__F(n, SGD_MOMENTUM, first) = o->count[i] == 0 ? 1.f : 0.f;
-      KILN__I(n, SGD_MOMENTUM, nesterov) = s->nesterov != 0;
-    } else {
-      kiln_tensor *in[2] = {p, g};
-      n = kiln__update(KILN__OP_SGD, "kiln_optim_step", 2, in);
-      if (!n) return false;
-      KILN__F(n, SGD, lr) = lr;
-      KILN__F(n, SGD, weight_decay) = wd;
-    }
-  } else {
+    KILN__F_NAMED(n, "momentum") = cyc ? mom : s->momentum;
+    KILN__F_NAMED(n, "dampening") = s->dampening;
+    KILN__I_NAMED(n, "nesterov") = s->nesterov != 0;
+    /* the first step copies the gradient into the buffer: a step value, not structure (guarded:
+     * the device's count says) */
+    if (!guard) KILN__F(n, SGD_MOMENTUM, first) = o->count[i] == 0 ? 1.f : 0.f;
+  } else if (o->kind != KILN__OPTIM_SGD) {
     const kiln_adam_options *a = &o->adam;
-    kiln_tensor *in[4] = {p, g, o->s1[i], o->s2[i]};
-    n = kiln__update(KILN__OP_ADAM, "kiln_optim_step", 4, in);
-    if (!n) return false;
     float beta1 = cyc ? mom : a->beta1; /* torch corrects the bias with the current beta1 */
-    double t = (double)(o->count[i] + 1);
-    double bc1 = 1.0 - pow((double)beta1, t), bc2 = 1.0 - pow((double)a->beta2, t);
-    KILN__F(n, ADAM, lr) = lr;
-    KILN__F(n, ADAM, beta1) = beta1;
-    KILN__F(n, ADAM, beta2) = a->beta2;
-    KILN__F(n, ADAM, eps) = a->eps;
-    KILN__F(n, ADAM, weight_decay) = wd;
-    KILN__F(n, ADAM, step_size) = (float)(lr / bc1);
-    KILN__F(n, ADAM, bc2_sqrt) = (float)sqrt(bc2);
-    KILN__I(n, ADAM, decoupled) = o->kind == ADAMW;
+    KILN__F_NAMED(n, "beta1") = beta1;
+    KILN__F_NAMED(n, "beta2") = a->beta2;
+    KILN__F_NAMED(n, "eps") = a->eps;
+    KILN__I_NAMED(n, "decoupled") = o->kind == KILN__OPTIM_ADAMW;
+    if (!guard) { /* guarded, the device corrects the bias from its count */
+      double t = (double)(o->count[i] + 1);
+      double bc1 = 1.0 - pow((double)beta1, t), bc2 = 1.0 - pow((double)a->beta2, t);
+      KILN__F(n, ADAM, step_size) = (float)(lr / bc1);
+      KILN__F(n, ADAM, bc2_sqrt) = (float)sqrt(bc2);
+    }
   }
   o->count[i]++;
   return true;
@@ -715,6 +686,14 @@ static kiln_tensor *muon_weight_factor(const kiln_optim *o, int i) {
   return kiln_mul_scalar(kiln_rsqrt(sq), (float)sqrt((double)rows));
 }
 
+/* Muon's in-place update op of a by b: its guarded form, reading the step's flag, while
+ * kiln_optim_skip_nonfinite is on. */
+static kiln__node *muon_update(kiln_optim *o, kiln__op op, kiln__op guarded, kiln_tensor *a,
+                               kiln_tensor *b) {
+  kiln_tensor *in[3] = {a, b, o->found};
+  return kiln__update(o->found ? guarded : op, "kiln_optim_step", o->found ? 3 : 2, in);
+}
+
 /* Muon's step with momentum mom, in phases: every momentum buffer, every update X, every weight
  * normalisation, every parameter's step. Each buffer and parameter is read before it is written,
  * and each phase's in-place updates are consecutive nodes, which the planner batches into one
@@ -729,12 +708,12 @@ static bool muon_step(kiln_optim *o, float mom) {
   kiln_tensor **x = o->up, **f = o->up + o->n; /* each parameter's X and weight factor */
   memset(o->up, 0, 2 * (size_t)o->n * sizeof *o->up);
   kiln_no_grad_begin(o->ctx);
-  bool ok = true;
+  bool ok = !o->found || kiln__guard_check(o, muon_updates);
   for (int i = 0; i < o->n && ok; i++) {
     if (!muon_updates(o, i)) continue;
-    kiln_tensor *in[2] = {o->s1[i], kiln_tensor_grad(kiln_params_get(o->params, i))};
-    kiln__node *n = kiln__update(KILN__OP_MUON_MOMENTUM, fn, 2, in);
-    if ((ok = n != NULL)) KILN__F(n, MUON_MOMENTUM, momentum) = mom;
+    kiln__node *n = muon_update(o, KILN__OP_MUON_MOMENTUM, KILN__OP_MUON_MOMENTUM_GUARDED, o->s1[i],
+                                kiln_tensor_grad(kiln_params_get(o->params, i)));
+    if ((ok = n != NULL)) KILN__F_NAMED(n, "momentum") = mom;
   }
   for (int i = 0; i < o->n && ok; i++) {
     if (!muon_updates(o, i)) continue;
@@ -744,8 +723,8 @@ static bool muon_step(kiln_optim *o, float mom) {
   }
   for (int i = 0; i < o->n && ok && m->normalize_weight; i++) {
     if (!muon_updates(o, i)) continue;
-    kiln_tensor *in[2] = {kiln_params_get(o->params, i), f[i]};
-    ok = kiln__update(KILN__OP_SCALE, fn, 2, in) != NULL;
+    ok = muon_update(o, KILN__OP_SCALE, KILN__OP_SCALE_GUARDED, kiln_params_get(o->params, i),
+                     f[i]) != NULL;
   }
   memset(o->mark, 0, (size_t)o->n * sizeof *o->mark);
   for (int i = 0; i < o->n && ok; i++) {
@@ -756,14 +735,15 @@ static bool muon_step(kiln_optim *o, float mom) {
           muon_scale(o, j) != scale)
         continue;
       o->mark[j] = true;
-      kiln_tensor *in[2] = {kiln_params_get(o->params, j), x[j]};
-      kiln__node *n = kiln__update(KILN__OP_MUON, fn, 2, in);
+      kiln__node *n =
+          muon_update(o, KILN__OP_MUON, KILN__OP_MUON_GUARDED, kiln_params_get(o->params, j), x[j]);
       if (!(ok = n != NULL)) break;
-      KILN__F(n, MUON, lr) = lr;
-      KILN__F(n, MUON, scale) = scale;
-      KILN__F(n, MUON, weight_decay) = wd;
+      KILN__F_NAMED(n, "lr") = lr;
+      KILN__F_NAMED(n, "scale") = scale;
+      KILN__F_NAMED(n, "weight_decay") = wd;
     }
   }
+  ok = ok && (!o->found || kiln__guard_advance(o, muon_updates));
   kiln_no_grad_end(o->ctx);
   for (int i = 0; i < o->n && ok; i++)
     o->count[i] += muon_updates(o, i);
@@ -791,13 +771,14 @@ kiln_status kiln_optim_step(kiln_optim *o) {
    * the rate) */
   bool cyc = o->scheduled && cycles_momentum(&o->schedule);
   float mom = cyc ? (float)resolved_momentum(&o->schedule, o->steps) : 0.f;
-  if (o->kind == MUON) {
+  if (o->kind == KILN__OPTIM_MUON) {
     if (muon_step(o, cyc ? mom : o->muon.momentum)) o->steps++;
     return ctx->status;
   }
   /* Parameters of one group are recorded one after another, so that the planner can batch
    * their updates (equal attributes) into one multi-tensor launch; without groups this is the
    * list's order. Parameters without a gradient are left alone, as in PyTorch. */
+  if (o->found && !kiln__guard_check(o, updates)) return ctx->status;
   memset(o->mark, 0, (size_t)o->n * sizeof *o->mark);
   for (int i = 0; i < o->n; i++) {
     if (o->mark[i] || !updates(o, i)) continue;
@@ -809,6 +790,7 @@ kiln_status kiln_optim_step(kiln_optim *o) {
       if (!record_update(o, j, rate_of(o, j), cyc, mom)) return ctx->status;
     }
   }
+  if (o->found && !kiln__guard_advance(o, updates)) return ctx->status;
   o->steps++;
   return ctx->status;
 }
@@ -833,6 +815,7 @@ void kiln_optim_free(kiln_optim *o) {
     kiln_tensor_free(o->s1[i]);
     kiln_tensor_free(o->s2[i]);
   }
+  kiln__guard_free(o);
   if (o->anchor->alive) kiln__undo_forget(o->ctx, o);
   free_arrays(o);
   kiln__anchor_release(o->anchor);
@@ -842,14 +825,16 @@ void kiln_optim_free(kiln_optim *o) {
 /* ---------------------------------------------------------------- for checkpoints (optim.h) */
 
 const char *kiln__optim_kind(const kiln_optim *o) {
-  static const char *const names[] = {
-      [SGD] = "sgd", [ADAM] = "adam", [ADAMW] = "adamw", [MUON] = "muon"};
+  static const char *const names[] = {[KILN__OPTIM_SGD] = "sgd",
+                                      [KILN__OPTIM_ADAM] = "adam",
+                                      [KILN__OPTIM_ADAMW] = "adamw",
+                                      [KILN__OPTIM_MUON] = "muon"};
   return names[o->kind];
 }
 
 kiln_tensor *kiln__optim_state(const kiln_optim *o, int i, int which, const char **name) {
   if (i < 0 || i >= o->n) return NULL;
-  if (o->kind == SGD || o->kind == MUON) {
+  if (o->kind == KILN__OPTIM_SGD || o->kind == KILN__OPTIM_MUON) {
     *name = "momentum_buffer";
     return which == 0 ? o->s1[i] : NULL;
   }
@@ -858,11 +843,12 @@ kiln_tensor *kiln__optim_state(const kiln_optim *o, int i, int which, const char
 }
 
 int64_t kiln__optim_count(const kiln_optim *o, int i) {
-  return i >= 0 && i < o->n ? o->count[i] : 0;
+  return i >= 0 && i < o->n ? kiln__guard_count(o, i) : 0;
 }
 
 void kiln__optim_restore(kiln_optim *o, int64_t steps, const int64_t *counts) {
   o->steps = steps;
   for (int i = 0; i < o->n; i++)
     o->count[i] = counts[i];
+  kiln__guard_restore(o);
 }

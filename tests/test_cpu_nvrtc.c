@@ -46,8 +46,11 @@ static kiln_tensor *owned_param(kiln_ctx *ctx, kiln_shape s) {
   return t;
 }
 
+#define TH_ZOO_OPTIMS 9 /* the optimizers the op zoo steps */
+
 /* One of each op outside the MLP step, a loss over all of them, two backward passes (assign,
- * then accumulate) and Adam, AdamW, plain and damped SGD and Muon steps. */
+ * then accumulate) and Adam, AdamW, plain and damped SGD and Muon steps, each of Adam, SGD and
+ * Muon once more skipping non-finite steps (the guarded updates and found_inf). */
 static void record_op_zoo(kiln_ctx *ctx, kiln_params *q, kiln_optim **os) {
   kiln_tensor *a = owned_param(ctx, KILN_SHAPE(4, 5, 6)), *b = owned_param(ctx, KILN_SHAPE(5, 6));
   kiln_tensor *c = owned_param(ctx, KILN_SHAPE(8, 600)); /* columns reduce one per thread */
@@ -211,7 +214,16 @@ static void record_op_zoo(kiln_ctx *ctx, kiln_params *q, kiln_optim **os) {
   cr_assert_eq(
       kiln_optim_add_group(os[4], kiln_select_no_decay, NULL, &(kiln_param_group){.exclude = 1}), 2,
       "%s", kiln_ctx_error(ctx));
-  for (int i = 0; i < 5; i++) {
+  os[5] = kiln_adam_new(q, NULL);
+  os[6] = kiln_sgd_new(q, &(kiln_sgd_options){.lr = 0.1f});
+  os[7] = kiln_sgd_new(q, &(kiln_sgd_options){.lr = 0.1f, .momentum = 0.9f, .nesterov = 1});
+  os[8] = kiln_muon_new(q, &(kiln_muon_options){.ns_steps = 1, .normalize_weight = 1});
+  cr_assert_eq(
+      kiln_optim_add_group(os[8], kiln_select_no_decay, NULL, &(kiln_param_group){.exclude = 1}), 2,
+      "%s", kiln_ctx_error(ctx));
+  for (int i = 5; i < TH_ZOO_OPTIMS; i++)
+    cr_assert_eq(kiln_optim_skip_nonfinite(os[i], 1), KILN_OK, "%s", kiln_ctx_error(ctx));
+  for (int i = 0; i < TH_ZOO_OPTIMS; i++) {
     cr_assert_not_null(os[i], "%s", kiln_ctx_error(ctx));
     cr_assert_eq(kiln_optim_step(os[i]), KILN_OK, "%s", kiln_ctx_error(ctx));
   }
@@ -234,7 +246,7 @@ Test(nvrtc, every_generated_kernel_compiles, .timeout = 1200) {
   cr_assert_eq(kiln_optim_step(sgd), KILN_OK);
 
   kiln_params *q = kiln_params_new(ctx);
-  kiln_optim *os[5]; /* freed after the compile: their state tensors are in the trace */
+  kiln_optim *os[TH_ZOO_OPTIMS]; /* freed after the compile: their state is in the trace */
   record_op_zoo(ctx, q, os);
   th_assert_ok(ctx);
 
@@ -281,7 +293,7 @@ Test(nvrtc, every_generated_kernel_compiles, .timeout = 1200) {
   kiln_stats(ctx, &plain);
   cr_assert_gt(plain.kernels_compiled, fused.kernels_compiled,
                "the fallback for epilogues made no kernels of its own");
-  for (int i = 0; i < 5; i++)
+  for (int i = 0; i < TH_ZOO_OPTIMS; i++)
     kiln_optim_free(os[i]);
   kiln_optim_free(sgd);
   kiln_params_free(q);

@@ -37,6 +37,13 @@ static bool expect_no_grad(kiln__op op) {
   case KILN__OP_ADAM:
   case KILN__OP_MUON_MOMENTUM:
   case KILN__OP_MUON:
+  case KILN__OP_FOUND_INF:
+  case KILN__OP_SGD_GUARDED:
+  case KILN__OP_SGD_MOMENTUM_GUARDED:
+  case KILN__OP_ADAM_GUARDED:
+  case KILN__OP_MUON_MOMENTUM_GUARDED:
+  case KILN__OP_MUON_GUARDED:
+  case KILN__OP_SCALE_GUARDED:
   case KILN__OP_ARGMAX:
   case KILN__OP_DETACH:
   case KILN__OP_INDEX_ADD:
@@ -109,7 +116,11 @@ Test(optable, kinds_expressions_and_stores) {
       cr_assert_neq(o->stores, 0u, "update op %s stores nothing", o->name);
       cr_assert_eq(o->stores & ~((1u << o->nin) - 1), 0u,
                    "update op %s stores 0x%x beyond its %d inputs", o->name, o->stores, o->nin);
-      cr_assert(o->stores & 1u, "update op %s does not write its input 0", o->name);
+      /* found_inf iterates over its input 0 (a gradient) and writes its flag, input 1 */
+      cr_assert(o->stores & (i == KILN__OP_FOUND_INF ? 2u : 1u),
+                "update op %s does not write its input 0", o->name);
+      /* one-value inputs (a factor, a flag, a count) are inputs */
+      cr_assert_eq(kiln__update_scalars((kiln__op)i) & ~((1u << o->nin) - 1), 0u, "%s", o->name);
       cr_assert(!kiln__has_grad((kiln__op)i), "update op %s has a backward rule", o->name);
       check_placeholders((kiln__op)i);
       break;
@@ -142,6 +153,24 @@ Test(optable, kinds_expressions_and_stores) {
   cr_assert_eq(kiln__ops[KILN__OP_CONCAT].nin, KILN__MAX_IN);
   cr_assert_eq(kiln__ops[KILN__OP_SGD_MOMENTUM].stores, 5u); /* p and the momentum buffer */
   cr_assert_eq(kiln__ops[KILN__OP_ADAM].stores, 13u);        /* p, m and v */
+  /* the guarded updates write what their plain forms write; their flag (and count) come last */
+  const kiln__op plain[] = {KILN__OP_SGD,           KILN__OP_SGD_MOMENTUM, KILN__OP_ADAM,
+                            KILN__OP_MUON_MOMENTUM, KILN__OP_MUON,         KILN__OP_SCALE},
+                 guarded[] = {KILN__OP_SGD_GUARDED,  KILN__OP_SGD_MOMENTUM_GUARDED,
+                              KILN__OP_ADAM_GUARDED, KILN__OP_MUON_MOMENTUM_GUARDED,
+                              KILN__OP_MUON_GUARDED, KILN__OP_SCALE_GUARDED};
+  for (size_t k = 0; k < sizeof plain / sizeof *plain; k++) {
+    const kiln__op_info *p = &kiln__ops[plain[k]], *g = &kiln__ops[guarded[k]];
+    cr_assert_eq(g->stores, p->stores, "%s and %s", g->name, p->name);
+    int extra = g->nin - p->nin; /* found, and a count for SGD with momentum and Adam */
+    cr_assert(extra == 1 || extra == 2, "%s", g->name);
+    cr_assert_eq(kiln__update_scalars(guarded[k]) >> p->nin, (1u << extra) - 1, "%s", g->name);
+    cr_assert_eq(kiln__update_scalars(guarded[k]) & ((1u << p->nin) - 1),
+                 kiln__update_scalars(plain[k]), "%s", g->name);
+    cr_assert_eq(strncmp(g->name, p->name, strlen(p->name)), 0, "%s", g->name);
+  }
+  cr_assert_eq(kiln__ops[KILN__OP_FOUND_INF].stores, 2u); /* its flag */
+  cr_assert_eq(kiln__update_scalars(KILN__OP_FOUND_INF), 2u);
   cr_assert_eq(counts[KILN__KIND_MATMUL], 1, "one matmul row");
   /* the rows of each kind that the planner and the executor special-case */
   const kiln__op reduce[] = {KILN__OP_SUM, KILN__OP_MAX, KILN__OP_ARGMAX};
@@ -414,12 +443,20 @@ Test(optable, kernel_slots) {
     kiln__op op;
     int nf, ni, nu;
   } want[] = {
-      {KILN__OP_ADD, 0, 0, 0},          {KILN__OP_CLAMP, 2, 0, 0},
-      {KILN__OP_DROPOUT, 2, 0, 2},      {KILN__OP_ONEHOT, 0, 1, 0},
-      {KILN__OP_SGD_MOMENTUM, 5, 1, 0}, {KILN__OP_ADAM, 7, 1, 0},
-      {KILN__OP_SUM, 1, 0, 0},          {KILN__OP_ARGMAX, 1, 0, 0},
-      {KILN__OP_INDEX_SELECT, 0, 0, 1}, {KILN__OP_AUGMENT, 0, 0, 3},
-      {KILN__OP_MAX_POOL, 0, 0, 0},     {KILN__OP_BN_APPLY, 0, 0, 0},
+      {KILN__OP_ADD, 0, 0, 0},
+      {KILN__OP_CLAMP, 2, 0, 0},
+      {KILN__OP_DROPOUT, 2, 0, 2},
+      {KILN__OP_ONEHOT, 0, 1, 0},
+      {KILN__OP_SGD_MOMENTUM, 5, 1, 0},
+      {KILN__OP_ADAM, 7, 1, 0},
+      {KILN__OP_SGD_MOMENTUM_GUARDED, 4, 1, 0},
+      {KILN__OP_ADAM_GUARDED, 5, 1, 0},
+      {KILN__OP_SUM, 1, 0, 0},
+      {KILN__OP_ARGMAX, 1, 0, 0},
+      {KILN__OP_INDEX_SELECT, 0, 0, 1},
+      {KILN__OP_AUGMENT, 0, 0, 3},
+      {KILN__OP_MAX_POOL, 0, 0, 0},
+      {KILN__OP_BN_APPLY, 0, 0, 0},
       {KILN__OP_RESIZE_CROP, 6, 0, 0},
   };
   for (size_t k = 0; k < sizeof want / sizeof want[0]; k++) {

@@ -29,6 +29,14 @@ typedef struct kiln__dev_error {
 #define KILN__DEV_ERR_INDEX 2    /* a row index outside [0, rows) (kiln_index_select) */
 #define KILN__DEV_ERR_OVERFLOW 3 /* an i32 sum outside the i32 range (kiln_sum) */
 
+/* Anomaly mode's record (fusion/anomaly.c, device/anomaly.cuh): the trace index of the first
+ * node whose written values a check found non-finite (-1: none), and the least (element << 2 |
+ * what) among those values, what being 0 for NaN, 1 for +Inf, 2 for -Inf (all ones: none). */
+typedef struct kiln__anomaly_rec {
+  long long node;
+  unsigned long long first;
+} kiln__anomaly_rec;
+
 typedef struct kiln__kargs {
   void *ptr[KILN__KMAX_UPDATE];
   long long n;

@@ -44,6 +44,20 @@ KILN__FN void kiln_adam(float &p, float g, float &m, float &v, float lr, float b
   p = p - step_size * (m / denom);
 }
 
+/* Adam and AdamW with the bias corrections from t, the update's number (1 for the first), read on
+ * the device: 1 - beta^t as -expm1(t log beta), which keeps its digits when beta^t is near 1 */
+KILN__FN void kiln_adam_counted(float &p, float g, float &m, float &v, float t, float lr,
+                                float beta1, float beta2, float eps, float weight_decay,
+                                int decoupled) {
+  const float bc1 = -expm1f(t * logf(beta1)), bc2 = -expm1f(t * logf(beta2));
+  kiln_adam(p, g, m, v, lr, beta1, beta2, eps, weight_decay, lr / bc1, sqrtf(bc2), decoupled);
+}
+
+/* found_inf: found becomes 1 where g is NaN or Inf (every such writer writes the same value) */
+KILN__FN void kiln_found_inf(float g, float &found) {
+  if (!isfinite(g)) found = 1.f;
+}
+
 /* Muon's momentum buffer, buf = momentum buf + g (it starts at zero) */
 KILN__FN void kiln_muon_momentum(float &buf, float g, float momentum) { buf = momentum * buf + g; }
 
