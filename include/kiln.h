@@ -478,12 +478,12 @@ kiln_tensor *kiln_global_max_pool2d(kiln_tensor *x);
  * statistics: batch statistics always). training != 0: normalises with the batch's mean and
  * biased variance and, when running statistics are given, updates them in place as PyTorch does
  * (running = (1 - momentum) running + momentum batch, the variance unbiased); training == 0:
- * normalises with the running statistics. momentum 0 means no update here (the layer below takes
- * 0 as PyTorch's default, 0.1); eps is typically 1e-5. */
+ * normalises with the running statistics. By the header's rule, as the layer below and
+ * F.batch_norm: momentum in [0, 1], 0 is 0.1 and KILN_ZERO no update; eps >= 0, 0 is 1e-5. */
 kiln_tensor *kiln_batch_norm(kiln_tensor *x, kiln_tensor *weight, kiln_tensor *bias,
                              kiln_tensor *running_mean, kiln_tensor *running_var, int training,
                              float momentum, float eps);
-/* Layer normalization over the last axis: weight and bias (C) or NULL. */
+/* Layer normalization over the last axis: weight and bias (C) or NULL; eps >= 0, 0 is 1e-5. */
 kiln_tensor *kiln_layer_norm(kiln_tensor *x, kiln_tensor *weight, kiln_tensor *bias, float eps);
 /* (N, ...) to (N, rest). A 4-D image (N, H, W, C) is flattened in PyTorch's order, (C, H, W),
  * so that a linear layer after it takes a PyTorch model's weights unchanged (one copy); other
