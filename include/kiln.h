@@ -614,9 +614,9 @@ void kiln_params_free(kiln_params *p);
 
 /* Layers. Each is made from an options struct of named fields, checked (a negative size, a
  * required one left 0, a flag other than 0 or 1, NULL options: an error naming the function and
- * the value, and nothing added to the list), and a container (modules, below) takes the same
- * struct for the same layer. Parameter names: a layer adds its tensors to the list as
- * "name.<member>", PyTorch's names, so that a state dict's keys match (kiln_params_load):
+ * the value; the list is left as it was and the layer zeroed), and a container (modules, below)
+ * takes the same struct for the same layer. Parameter names: a layer adds its tensors to the list
+ * as "name.<member>", PyTorch's names, so that a state dict's keys match (kiln_params_load):
  *   kiln_linear_init(&l, p, &(kiln_linear_options){.name = "fc1", .in = 784, .out = 512})
  * adds "fc1.weight" (512, 784), that is (out, in) as torch.nn.Linear, then "fc1.bias" (512). A
  * NULL or empty name is "linear" ("conv", "bn", "ln", "embedding" for the layers below); a name
