@@ -469,6 +469,9 @@ kiln_tensor *kiln_batch_norm(kiln_tensor *x, kiln_tensor *weight, kiln_tensor *b
     return kiln__error(ctx, KILN_ERR_INVALID,
                        "%s: running_mean and running_var are given together or not at all", fn),
            NULL;
+  /* kiln.h's rule, as the layer's: 0 is PyTorch's default, KILN_ZERO an exact 0 */
+  momentum = kiln__opt_or(momentum, 0.1f);
+  eps = kiln__opt_or(eps, 1e-5f);
   if (!(eps >= 0.f) || !(momentum >= 0.f && momentum <= 1.f))
     return kiln__error(ctx, KILN_ERR_INVALID, "%s: eps %g must be >= 0, momentum %g in [0, 1]", fn,
                        eps, momentum),
@@ -513,7 +516,7 @@ kiln_tensor *kiln_batch_norm(kiln_tensor *x, kiln_tensor *weight, kiln_tensor *b
   kiln_tensor *invstd = kiln_rsqrt(kiln_add_scalar(var, eps));
   kiln_no_grad_end(ctx);
   if (!invstd) return NULL;
-  if (running_mean && training &&
+  if (running_mean && training && momentum > 0.f && /* an exact 0 leaves them as they are */
       (!running_update(fn, running_mean, mean, momentum, 1.f) ||
        !running_update(fn, running_var, var, momentum, (float)((double)n / (double)(n - 1)))))
     return NULL;
@@ -539,6 +542,7 @@ kiln_tensor *kiln_layer_norm(kiln_tensor *x, kiln_tensor *weight, kiln_tensor *b
   if (!channel_vector(ctx, fn, "the weight", weight, C) ||
       !channel_vector(ctx, fn, "the bias", bias, C))
     return NULL;
+  eps = kiln__opt_or(eps, 1e-5f); /* 0: PyTorch's default; KILN_ZERO: 0 */
   if (!(eps >= 0.f))
     return kiln__error(ctx, KILN_ERR_INVALID, "%s: eps %g must be >= 0", fn, eps), NULL;
   x = kiln_cast(x, KILN_DTYPE_F32); /* computed in f32, as under torch.autocast */

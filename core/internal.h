@@ -31,6 +31,15 @@ bool kiln__ok(kiln_ctx *ctx); /* no sticky error */
 static inline float kiln__opt_or(float v, float dflt) {
   return v != 0.f ? v : (signbit(v) ? 0.f : dflt);
 }
+/* Whether a flag of options (no_bias, shuffle) is 0 or 1, by the same rule; else false with the
+ * error "fn: 'layer': field v must be 0 or 1" (layer NULL: left out). */
+static inline bool kiln__flag_ok(kiln_ctx *ctx, const char *fn, const char *layer,
+                                 const char *field, int v) {
+  if (v == 0 || v == 1) return true;
+  kiln__error(ctx, KILN_ERR_INVALID, "%s: %s%s%s%s %d must be 0 or 1", fn, layer ? "'" : "",
+              layer ? layer : "", layer ? "': " : "", field, v);
+  return false;
+}
 
 /* ---------------------------------------------------------------- op table */
 

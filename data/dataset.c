@@ -367,11 +367,10 @@ kiln_status kiln_dataset_set_dtype(kiln_dataset *ds, kiln_dtype dtype) {
   int64_t n = kiln_tensor_numel(old);
   size_t osize = kiln_dtype_size(old->dtype), nsize = kiln_dtype_size(dtype);
   void *from = malloc((size_t)n * osize), *to = malloc((size_t)n * nsize);
-  kiln_status st = from && to ? kiln_tensor_to_host(old, from, (size_t)n * osize)
-                              : kiln__error(ctx, KILN_ERR_OOM,
-                                            "%s: out of host memory for %lld "
-                                            "values",
-                                            fn, (long long)n);
+  kiln_status st = from && to
+                       ? kiln_tensor_to_host(old, from, (size_t)n * osize)
+                       : kiln__error(ctx, KILN_ERR_OOM, "%s: out of host memory for %lld values",
+                                     fn, (long long)n);
   for (int64_t i = 0; st == KILN_OK && i < n; i++) {
     if (dtype == KILN_DTYPE_BF16)
       ((uint16_t *)to)[i] = kiln_bf16_from_f32(((const float *)from)[i]);
@@ -389,30 +388,35 @@ kiln_status kiln_dataset_set_dtype(kiln_dataset *ds, kiln_dtype dtype) {
   return KILN_OK;
 }
 
-kiln_loader *kiln_loader_new(kiln_dataset *ds, int64_t batch, int shuffle, uint64_t seed,
-                             int drop_last) {
+kiln_loader *kiln_loader_new(kiln_dataset *ds, const kiln_loader_options *o) {
+  const char *fn = __func__;
   if (!ds) return NULL;
   kiln_ctx *ctx = ds->ctx;
   if (!kiln__ok(ctx)) return NULL;
+  if (!o)
+    return kiln__error(ctx, KILN_ERR_INVALID, "%s: NULL options (batch is required)", fn), NULL;
   /* a batch larger than the data set is one partial batch (none with drop_last), as PyTorch's */
-  if (batch <= 0)
-    return kiln__error(ctx, KILN_ERR_INVALID, "kiln_loader_new: batch %lld must be positive",
-                       (long long)batch),
+  if (o->batch <= 0)
+    return kiln__error(ctx, KILN_ERR_INVALID, "%s: batch %lld must be > 0", fn,
+                       (long long)o->batch),
            NULL;
+  if (!kiln__flag_ok(ctx, fn, NULL, "shuffle", o->shuffle) ||
+      !kiln__flag_ok(ctx, fn, NULL, "drop_last", o->drop_last))
+    return NULL;
   kiln_loader *l = calloc(1, sizeof *l);
   int32_t *h = malloc((size_t)ds->n * sizeof *h);
   if (!l || !h) {
     free(l);
     free(h);
-    return kiln__error(ctx, KILN_ERR_OOM, "kiln_loader_new: out of host memory"), NULL;
+    return kiln__error(ctx, KILN_ERR_OOM, "%s: out of host memory", fn), NULL;
   }
   l->ds = ds;
   l->ctx = ctx;
   l->anchor = kiln__ctx_anchor(ctx);
-  l->batch = batch;
-  l->shuffle = shuffle != 0;
-  l->drop_last = drop_last != 0;
-  l->seed = seed;
+  l->batch = o->batch;
+  l->shuffle = o->shuffle;
+  l->drop_last = o->drop_last;
+  l->seed = o->seed;
   l->host_order = h;
   l->order = kiln__tensor_persistent(ctx, KILN_DTYPE_I32, 1, &ds->n, false);
   l->iota = kiln__tensor_persistent(ctx, KILN_DTYPE_I32, 1, &ds->n, false);

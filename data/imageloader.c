@@ -506,6 +506,10 @@ static bool loader_options(kiln_ctx *ctx, const kiln_image_loader_options *in,
   if (o->batch <= 0 || o->batch > INT32_MAX)
     return !kiln__error(ctx, KILN_ERR_INVALID, "%s: batch %lld must be in 1 .. 2^31 - 1", fn,
                         (long long)o->batch);
+  if (!kiln__flag_ok(ctx, fn, NULL, "shuffle", o->shuffle) ||
+      !kiln__flag_ok(ctx, fn, NULL, "drop_last", o->drop_last) ||
+      !kiln__flag_ok(ctx, fn, NULL, "no_flip", o->no_flip))
+    return false;
   if (o->height < 1 || o->width < 1 || o->height > 65536 || o->width > 65536)
     return !kiln__error(ctx, KILN_ERR_INVALID, "%s: height %d and width %d must be in 1 .. 65536",
                         fn, o->height, o->width);

@@ -227,27 +227,31 @@ static kiln_status model_init(model *m, kiln_ctx *ctx, recipe rc) {
   m->output_scale = rc == RECIPE_MUON ? MUON_OUTPUT_SCALE : OUTPUT_SCALE;
   m->params = kiln_params_new(ctx);
   if (!m->params) return kiln_ctx_status(ctx);
-  const kiln_conv2d_options pad1 = {.pad_h = 1, .pad_w = 1};
   kiln_status st;
-  if ((st =
-           kiln_conv2d_layer_init(&m->whiten, m->params, "whiten", 3, WHITEN_WIDTH, 2, 2, NULL, 1)))
+  if ((st = kiln_conv2d_layer_init(
+           &m->whiten, m->params,
+           &(kiln_conv2d_layer_options){
+               .name = "whiten", .in = 3, .out = WHITEN_WIDTH, .kernel = 2})))
     return st;
   int64_t cin = WHITEN_WIDTH;
   for (int k = 0; k < 3; k++) {
     group *g = &m->g[k];
     char name[32];
     int64_t w = widths[k];
+    kiln_conv2d_layer_options conv = {.name = name, .kernel = 3, .padding = 1, .no_bias = 1};
+    kiln_batch_norm_layer_options bn = {
+        .name = name, .features = w, .momentum = BN_MOMENTUM, .eps = BN_EPS};
     snprintf(name, sizeof name, "block%d.conv1", k + 1);
-    if ((st = kiln_conv2d_layer_init(&g->conv1, m->params, name, cin, w, 3, 3, &pad1, 0)))
-      return st;
+    conv.in = cin;
+    conv.out = w;
+    if ((st = kiln_conv2d_layer_init(&g->conv1, m->params, &conv))) return st;
     snprintf(name, sizeof name, "block%d.norm1", k + 1);
-    if ((st = kiln_batch_norm_layer_init(&g->norm1, m->params, name, w, BN_MOMENTUM, BN_EPS, 1)))
-      return st;
+    if ((st = kiln_batch_norm_layer_init(&g->norm1, m->params, &bn))) return st;
     snprintf(name, sizeof name, "block%d.conv2", k + 1);
-    if ((st = kiln_conv2d_layer_init(&g->conv2, m->params, name, w, w, 3, 3, &pad1, 0))) return st;
+    conv.in = w;
+    if ((st = kiln_conv2d_layer_init(&g->conv2, m->params, &conv))) return st;
     snprintf(name, sizeof name, "block%d.norm2", k + 1);
-    if ((st = kiln_batch_norm_layer_init(&g->norm2, m->params, name, w, BN_MOMENTUM, BN_EPS, 1)))
-      return st;
+    if ((st = kiln_batch_norm_layer_init(&g->norm2, m->params, &bn))) return st;
     if ((st = dirac_first_filters(g->conv1.weight)) || (st = dirac_first_filters(g->conv2.weight)))
       return st;
     /* airbench trains batch norm's bias only: its weight stays 1 */
@@ -255,7 +259,10 @@ static kiln_status model_init(model *m, kiln_ctx *ctx, recipe rc) {
     kiln_tensor_set_requires_grad(g->norm2.weight, 0);
     cin = w;
   }
-  if ((st = kiln_linear_init(&m->head, m->params, "head", widths[2], 10, 0))) return st;
+  if ((st = kiln_linear_init(
+           &m->head, m->params,
+           &(kiln_linear_options){.name = "head", .in = widths[2], .out = 10, .no_bias = 1})))
+    return st;
   /* airbench94_muon's CifarNet.reset: w *= 1 / w.std() */
   if (rc == RECIPE_MUON && (st = unit_std(m->head.weight))) return st;
 
@@ -645,7 +652,8 @@ static result run(kiln_ctx *ctx, const config *c, kiln_dataset *train, kiln_load
   if (model_init(&m, ctx, c->recipe) != KILN_OK) die(ctx, "making the model");
   m.bf16 = !c->f32;
   /* airbench drops the last, partial batch: every step has one signature, one graph */
-  kiln_loader *loader = kiln_loader_new(train, c->batch, 1, seed, 1);
+  kiln_loader *loader = kiln_loader_new(
+      train, &(kiln_loader_options){.batch = c->batch, .shuffle = 1, .seed = seed, .drop_last = 1});
   if (!loader) die(ctx, "making the loader");
   int64_t steps_per_epoch = kiln_loader_batches(loader);
   optimizers opt = make_optimizers(ctx, &m, c->batch, c->recipe, steps_per_epoch);
@@ -875,7 +883,7 @@ int main(int argc, char **argv) {
   if (!c.f32 && (kiln_dataset_set_dtype(train, KILN_DTYPE_BF16) != KILN_OK ||
                  kiln_dataset_set_dtype(test, KILN_DTYPE_BF16) != KILN_OK))
     die(ctx, "keeping the data sets in bf16");
-  kiln_loader *test_loader = kiln_loader_new(test, EVAL_BATCH, 0, 0, 0);
+  kiln_loader *test_loader = kiln_loader_new(test, &(kiln_loader_options){.batch = EVAL_BATCH});
   if (!test_loader) die(ctx, "making the test loader");
   c.ntest = kiln_dataset_size(test);
   printf("kiln %s cifar10: %s (%lld train, %lld test images)\n", kiln_version(), dir,

@@ -111,20 +111,22 @@ static kiln_status net_init(net *n, kiln_ctx *ctx, int fast) {
   n->fast = fast;
   n->params = kiln_params_new(ctx);
   if (!n->params) return kiln_ctx_status(ctx);
+  /* pytorch/examples' net, or the fast recipe's (conv 1->24 5x5, conv 24->32 3x3, fc 800->256) */
+  int64_t c1 = fast ? 24 : 32, c2 = fast ? 32 : 64, flat = fast ? 800 : 9216;
+  int64_t hidden = fast ? 256 : 128;
   kiln_status st;
-  if (!fast) {
-    if ((st = kiln_conv2d_layer_init(&n->conv1, n->params, "conv1", 1, 32, 3, 3, NULL, 1)) ||
-        (st = kiln_conv2d_layer_init(&n->conv2, n->params, "conv2", 32, 64, 3, 3, NULL, 1)) ||
-        (st = kiln_linear_init(&n->fc1, n->params, "fc1", 9216, 128, 1)) ||
-        (st = kiln_linear_init(&n->fc2, n->params, "fc2", 128, 10, 1)))
-      return st;
-  } else {
-    if ((st = kiln_conv2d_layer_init(&n->conv1, n->params, "conv1", 1, 24, 5, 5, NULL, 1)) ||
-        (st = kiln_conv2d_layer_init(&n->conv2, n->params, "conv2", 24, 32, 3, 3, NULL, 1)) ||
-        (st = kiln_linear_init(&n->fc1, n->params, "fc1", 800, 256, 1)) ||
-        (st = kiln_linear_init(&n->fc2, n->params, "fc2", 256, 10, 1)))
-      return st;
-  }
+  if ((st = kiln_conv2d_layer_init(
+           &n->conv1, n->params,
+           &(kiln_conv2d_layer_options){
+               .name = "conv1", .in = 1, .out = c1, .kernel = fast ? 5 : 3})) ||
+      (st = kiln_conv2d_layer_init(
+           &n->conv2, n->params,
+           &(kiln_conv2d_layer_options){.name = "conv2", .in = c1, .out = c2, .kernel = 3})) ||
+      (st = kiln_linear_init(&n->fc1, n->params,
+                             &(kiln_linear_options){.name = "fc1", .in = flat, .out = hidden})) ||
+      (st = kiln_linear_init(&n->fc2, n->params,
+                             &(kiln_linear_options){.name = "fc2", .in = hidden, .out = 10})))
+    return st;
   return KILN_OK;
 }
 
@@ -239,7 +241,9 @@ static result run(kiln_ctx *ctx, const config *c, kiln_dataset *train, kiln_data
   }
   kiln_optim *opt = kiln_adam_new(n.params, &ao);
   /* the fast recipe drops the last, partial batch: every step has one signature, one graph */
-  kiln_loader *loader = kiln_loader_new(train, c->batch, 1, seed, c->fast);
+  kiln_loader *loader = kiln_loader_new(
+      train,
+      &(kiln_loader_options){.batch = c->batch, .shuffle = 1, .seed = seed, .drop_last = c->fast});
   if (!opt || !loader) die(ctx, "making the optimizer and the loader");
 
   int64_t ntrain = kiln_dataset_size(train);
@@ -493,7 +497,7 @@ int main(int argc, char **argv) {
   kiln_mnist_free(&train_h);
   kiln_mnist_free(&test_h);
   if (!train || !test) die(ctx, "uploading the data set");
-  kiln_loader *test_loader = kiln_loader_new(test, 1000, 0, 0, 0);
+  kiln_loader *test_loader = kiln_loader_new(test, &(kiln_loader_options){.batch = 1000});
   if (!test_loader) die(ctx, "making the test loader");
   printf("kiln %s mnist_cnn --recipe %s: %s (%lld train, %lld test images)\n", kiln_version(),
          recipe, dir, (long long)kiln_dataset_size(train), (long long)kiln_dataset_size(test));

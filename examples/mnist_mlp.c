@@ -129,14 +129,18 @@ int main(int argc, char **argv) {
   kiln_mnist_free(&train_h);
   kiln_mnist_free(&test_h);
   if (!train || !test) die(ctx, "uploading the data set");
-  kiln_loader *loader = kiln_loader_new(train, batch, 1, seed, 0);
-  kiln_loader *test_loader = kiln_loader_new(test, 1000, 0, 0, 0);
+  kiln_loader *loader =
+      kiln_loader_new(train, &(kiln_loader_options){.batch = batch, .shuffle = 1, .seed = seed});
+  kiln_loader *test_loader = kiln_loader_new(test, &(kiln_loader_options){.batch = 1000});
   if (!loader || !test_loader) die(ctx, "making the loaders");
 
   mlp m = {.params = kiln_params_new(ctx)};
-  if (kiln_linear_init(&m.fc1, m.params, "fc1", 784, 512, 1) != KILN_OK ||
-      kiln_linear_init(&m.fc2, m.params, "fc2", 512, 512, 1) != KILN_OK ||
-      kiln_linear_init(&m.fc3, m.params, "fc3", 512, 10, 1) != KILN_OK)
+  if (kiln_linear_init(&m.fc1, m.params,
+                       &(kiln_linear_options){.name = "fc1", .in = 784, .out = 512}) ||
+      kiln_linear_init(&m.fc2, m.params,
+                       &(kiln_linear_options){.name = "fc2", .in = 512, .out = 512}) ||
+      kiln_linear_init(&m.fc3, m.params,
+                       &(kiln_linear_options){.name = "fc3", .in = 512, .out = 10}))
     die(ctx, "making the model");
   kiln_sgd_options so = kiln_sgd_defaults(lr);
   so.momentum = 0.9f;

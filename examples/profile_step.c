@@ -182,9 +182,10 @@ static void air_init(model *m, kiln_ctx *ctx) {
   free(yh);
   m->p = kiln_params_new(ctx);
   if (!m->p) die(ctx, "setting up");
-  const kiln_conv2d_options pad1 = {.pad_h = 1, .pad_w = 1};
-  kiln_status st =
-      kiln_conv2d_layer_init(&m->whiten, m->p, "whiten", 3, AIR_WHITEN_WIDTH, 2, 2, NULL, 0);
+  kiln_status st = kiln_conv2d_layer_init(
+      &m->whiten, m->p,
+      &(kiln_conv2d_layer_options){
+          .name = "whiten", .in = 3, .out = AIR_WHITEN_WIDTH, .kernel = 2, .no_bias = 1});
   if (st == KILN_OK) kiln_tensor_set_requires_grad(m->whiten.weight, 0);
   int64_t cin = AIR_WHITEN_WIDTH;
   for (int k = 0; k < 3 && st == KILN_OK; k++) {
@@ -192,16 +193,24 @@ static void air_init(model *m, kiln_ctx *ctx) {
     for (int j = 0; j < 2 && st == KILN_OK; j++) {
       char name[32];
       snprintf(name, sizeof name, "block%d.conv%d", k + 1, j + 1);
-      st = kiln_conv2d_layer_init(&m->gconv[k][j], m->p, name, j ? w : cin, w, 3, 3, &pad1, 0);
+      st = kiln_conv2d_layer_init(
+          &m->gconv[k][j], m->p,
+          &(kiln_conv2d_layer_options){
+              .name = name, .in = j ? w : cin, .out = w, .kernel = 3, .padding = 1, .no_bias = 1});
       snprintf(name, sizeof name, "block%d.norm%d", k + 1, j + 1);
       if (st == KILN_OK)
-        st = kiln_batch_norm_layer_init(&m->gnorm[k][j], m->p, name, w, AIR_BN_MOMENTUM, AIR_BN_EPS,
-                                        1);
+        st = kiln_batch_norm_layer_init(
+            &m->gnorm[k][j], m->p,
+            &(kiln_batch_norm_layer_options){
+                .name = name, .features = w, .momentum = AIR_BN_MOMENTUM, .eps = AIR_BN_EPS});
       if (st == KILN_OK) kiln_tensor_set_requires_grad(m->gnorm[k][j].weight, 0);
     }
     cin = w;
   }
-  if (st == KILN_OK) st = kiln_linear_init(&m->head, m->p, "head", air_widths[2], C, 0);
+  if (st == KILN_OK)
+    st = kiln_linear_init(
+        &m->head, m->p,
+        &(kiln_linear_options){.name = "head", .in = air_widths[2], .out = C, .no_bias = 1});
   if (st != KILN_OK) die(ctx, "making the air model");
   float lr, wd;
   air_sgd_rates(B, &lr, &wd);
@@ -305,18 +314,22 @@ static void model_init(model *m, kiln_ctx *ctx, int workload) {
   m->y = kiln_tensor_from_host(ctx, KILN_DTYPE_I32, KILN_SHAPE(B), yh);
   m->p = kiln_params_new(ctx);
   if (workload == WORKLOAD_MLP) {
-    kiln_linear_init(&m->l1, m->p, "fc1", 784, 512, 1);
-    kiln_linear_init(&m->l2, m->p, "fc2", 512, 512, 1);
-    kiln_linear_init(&m->l3, m->p, "fc3", 512, C, 1);
+    kiln_linear_init(&m->l1, m->p, &(kiln_linear_options){.name = "fc1", .in = 784, .out = 512});
+    kiln_linear_init(&m->l2, m->p, &(kiln_linear_options){.name = "fc2", .in = 512, .out = 512});
+    kiln_linear_init(&m->l3, m->p, &(kiln_linear_options){.name = "fc3", .in = 512, .out = C});
     kiln_sgd_options so = kiln_sgd_defaults(0.01f);
     so.momentum = 0.9f;
     so.nesterov = 1;
     m->opt = kiln_sgd_new(m->p, &so);
   } else {
-    kiln_conv2d_layer_init(&m->c1, m->p, "conv1", 1, 32, 3, 3, NULL, 1);
-    kiln_conv2d_layer_init(&m->c2, m->p, "conv2", 32, 64, 3, 3, NULL, 1);
-    kiln_linear_init(&m->l1, m->p, "fc1", 9216, 128, 1);
-    kiln_linear_init(&m->l2, m->p, "fc2", 128, C, 1);
+    kiln_conv2d_layer_init(
+        &m->c1, m->p,
+        &(kiln_conv2d_layer_options){.name = "conv1", .in = 1, .out = 32, .kernel = 3});
+    kiln_conv2d_layer_init(
+        &m->c2, m->p,
+        &(kiln_conv2d_layer_options){.name = "conv2", .in = 32, .out = 64, .kernel = 3});
+    kiln_linear_init(&m->l1, m->p, &(kiln_linear_options){.name = "fc1", .in = 9216, .out = 128});
+    kiln_linear_init(&m->l2, m->p, &(kiln_linear_options){.name = "fc2", .in = 128, .out = C});
     kiln_adam_options ao = kiln_adam_defaults(); /* lr 1e-3 */
     m->opt = kiln_adam_new(m->p, &ao);
   }

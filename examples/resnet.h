@@ -31,20 +31,32 @@ typedef struct resnet {
  * torchvision draws them (kaiming normal, fan out, ReLU's gain). */
 static kiln_status resnet_conv(kiln_conv2d_layer *l, kiln_params *p, const char *name, int64_t cin,
                                int64_t cout, int k, int s) {
-  const kiln_conv2d_options o = {.stride_h = s, .stride_w = s, .pad_h = k / 2, .pad_w = k / 2};
-  kiln_status st = kiln_conv2d_layer_init(l, p, name, cin, cout, k, k, &o, 0);
+  kiln_status st = kiln_conv2d_layer_init(l, p,
+                                          &(kiln_conv2d_layer_options){.name = name,
+                                                                       .in = cin,
+                                                                       .out = cout,
+                                                                       .kernel = k,
+                                                                       .stride = s,
+                                                                       .padding = k / 2,
+                                                                       .no_bias = 1});
   if (st == KILN_OK)
     st = kiln_init_kaiming_normal(l->weight, 0, KILN_FAN_OUT, KILN_NONLINEARITY_RELU);
   return st;
 }
 
-/* The model's parameters in p: base width w (64: ResNet-18), `classes` outputs. Batch norm has
- * torch's momentum 0.1 and eps 1e-5 (0 asks for them), weight 1, bias 0. */
+/* Batch norm with torch's momentum 0.1 and eps 1e-5 (zero fields), weight 1, bias 0. */
+static kiln_status resnet_bn(kiln_batch_norm_layer *l, kiln_params *p, const char *name,
+                             int64_t features) {
+  return kiln_batch_norm_layer_init(
+      l, p, &(kiln_batch_norm_layer_options){.name = name, .features = features});
+}
+
+/* The model's parameters in p: base width w (64: ResNet-18), `classes` outputs. */
 static kiln_status resnet_init(resnet *r, kiln_params *p, int64_t w, int64_t classes,
                                int small_stem) {
   r->small_stem = small_stem;
   kiln_status st = resnet_conv(&r->stem, p, "conv1", 3, w, small_stem ? 3 : 7, small_stem ? 1 : 2);
-  if (st == KILN_OK) st = kiln_batch_norm_layer_init(&r->stem_bn, p, "bn1", w, 0, 0, 1);
+  if (st == KILN_OK) st = resnet_bn(&r->stem_bn, p, "bn1", w);
   int64_t cin = w;
   for (int k = 0; k < 8 && st == KILN_OK; k++) {
     resnet_block *b = &r->blocks[k];
@@ -55,16 +67,17 @@ static kiln_status resnet_init(resnet *r, kiln_params *p, int64_t w, int64_t cla
     for (int i = 0; i < 6; i++)
       snprintf(name[i], sizeof name[i], "layer%d.%d.%s", stage + 1, k % 2, part[i]);
     st = resnet_conv(&b->conv1, p, name[0], cin, width, 3, s);
-    if (st == KILN_OK) st = kiln_batch_norm_layer_init(&b->bn1, p, name[1], width, 0, 0, 1);
+    if (st == KILN_OK) st = resnet_bn(&b->bn1, p, name[1], width);
     if (st == KILN_OK) st = resnet_conv(&b->conv2, p, name[2], width, width, 3, 1);
-    if (st == KILN_OK) st = kiln_batch_norm_layer_init(&b->bn2, p, name[3], width, 0, 0, 1);
+    if (st == KILN_OK) st = resnet_bn(&b->bn2, p, name[3], width);
     b->has_down = s != 1 || cin != width; /* the first block of stages 2-4 */
     if (b->has_down && st == KILN_OK) st = resnet_conv(&b->down, p, name[4], cin, width, 1, s);
-    if (b->has_down && st == KILN_OK)
-      st = kiln_batch_norm_layer_init(&b->down_bn, p, name[5], width, 0, 0, 1);
+    if (b->has_down && st == KILN_OK) st = resnet_bn(&b->down_bn, p, name[5], width);
     cin = width;
   }
-  if (st == KILN_OK) st = kiln_linear_init(&r->fc, p, "fc", cin, classes, 1);
+  if (st == KILN_OK)
+    st = kiln_linear_init(&r->fc, p,
+                          &(kiln_linear_options){.name = "fc", .in = cin, .out = classes});
   return st;
 }
 

@@ -77,14 +77,17 @@ typedef struct kiln_axes {
 #define KILN_ALL_AXES ((kiln_axes){.n = 0})
 
 /*
- * Options structs. Every options struct in this header follows one rule: a zero field means
- * PyTorch's default, so (kiln_adam_options){.lr = 1e-3f} is torch.optim.Adam(lr=1e-3) (betas
- * 0.9 and 0.999, eps 1e-8), and a NULL options pointer is every field zero (a NULL schedule
- * detaches one instead: kiln_optim_set_schedule). A field that has no default (a cosine
- * schedule's total_steps, pooling's kernel size) and is left zero is an error naming it. Where
+ * Options and defaults: the one rule, for every options struct in kiln's headers and for the
+ * float arguments that have a PyTorch default (kiln_batch_norm's momentum and eps,
+ * kiln_layer_norm's eps). A zero field means PyTorch's default, so (kiln_adam_options){.lr =
+ * 1e-3f} is torch.optim.Adam(lr=1e-3) (betas 0.9 and 0.999, eps 1e-8), and a NULL options
+ * pointer is every field zero (a NULL schedule detaches one instead: kiln_optim_set_schedule). A
+ * field that has no default (a layer's sizes, a loader's batch, a cosine schedule's total_steps,
+ * pooling's kernel size) and is left zero is an error naming it. A flag is 0 or 1, named so that 0
+ * is PyTorch's choice (.no_bias = 1 is bias=False; layers and loaders refuse other values). Where
  * the default is not 0 and exactly 0 is wanted, write KILN_ZERO, a negative zero that kiln reads
  * as 0: AdamW with .weight_decay = KILN_ZERO decays nothing, where .weight_decay = 0 is torch's
- * 1e-2.
+ * 1e-2; batch norm's .momentum = KILN_ZERO never moves its running statistics, 0 is torch's 0.1.
  */
 #define KILN_ZERO (-0.0f)
 
@@ -457,7 +460,7 @@ kiln_tensor *kiln_detach(kiln_tensor *a);
  *
  * Images are (N, H, W, C): channels last, the layout tensor cores want (PyTorch's memory format
  * channels_last). Convolution weights keep PyTorch's (Cout, Cin / groups, kh, kw) in memory and in
- * files. Every options struct here follows one rule: a zero field means PyTorch's default. */
+ * files. Options follow the header's rule (KILN_ZERO): a zero field means PyTorch's default. */
 
 typedef struct kiln_conv2d_options {
   int stride_h, stride_w;     /* 0: 1 */
@@ -495,12 +498,12 @@ kiln_tensor *kiln_global_max_pool2d(kiln_tensor *x);
  * statistics: batch statistics always). training != 0: normalises with the batch's mean and
  * biased variance and, when running statistics are given, updates them in place as PyTorch does
  * (running = (1 - momentum) running + momentum batch, the variance unbiased); training == 0:
- * normalises with the running statistics. momentum 0 means no update here (the layer below takes
- * 0 as PyTorch's default, 0.1); eps is typically 1e-5. */
+ * normalises with the running statistics. By the header's rule, as the layer below and
+ * F.batch_norm: momentum in [0, 1], 0 is 0.1 and KILN_ZERO no update; eps >= 0, 0 is 1e-5. */
 kiln_tensor *kiln_batch_norm(kiln_tensor *x, kiln_tensor *weight, kiln_tensor *bias,
                              kiln_tensor *running_mean, kiln_tensor *running_var, int training,
                              float momentum, float eps);
-/* Layer normalization over the last axis: weight and bias (C) or NULL. */
+/* Layer normalization over the last axis: weight and bias (C) or NULL; eps >= 0, 0 is 1e-5. */
 kiln_tensor *kiln_layer_norm(kiln_tensor *x, kiln_tensor *weight, kiln_tensor *bias, float eps);
 /* (N, ...) to (N, rest). A 4-D image (N, H, W, C) is flattened in PyTorch's order, (C, H, W),
  * so that a linear layer after it takes a PyTorch model's weights unchanged (one copy); other
@@ -626,19 +629,27 @@ int64_t kiln_params_numel(const kiln_params *p); /* elements of every tensor, bu
 void kiln_params_zero_grad(kiln_params *p);
 void kiln_params_free(kiln_params *p);
 
-/* y = x W^T + b, with PyTorch's default init: W, b ~ U(-1/sqrt(in), 1/sqrt(in)).
- * Parameter names. Each layer adds its tensors to the list as "name.<member>", PyTorch's names,
- * so that a state dict's keys match (kiln_params_load): kiln_linear_init(&l, p, "fc1", 784, 512,
- * 1) adds "fc1.weight" (512, 784), that is (out, in) as torch.nn.Linear, then "fc1.bias" (512).
- * A NULL or empty name is "linear" ("conv", "bn", "ln" for the layers below, whose members are
- * listed with them); a name already in the list is an error and adds nothing. */
+/* Layers. Each is made from an options struct of named fields, checked (a negative size, a
+ * required one left 0, a flag other than 0 or 1, NULL options: an error naming the function and
+ * the value; the list is left as it was and the layer zeroed), and a container (modules, below)
+ * takes the same struct for the same layer. Parameter names: a layer adds its tensors to the list
+ * as "name.<member>", PyTorch's names, so that a state dict's keys match (kiln_params_load):
+ *   kiln_linear_init(&l, p, &(kiln_linear_options){.name = "fc1", .in = 784, .out = 512})
+ * adds "fc1.weight" (512, 784), that is (out, in) as torch.nn.Linear, then "fc1.bias" (512). A
+ * NULL or empty name is "linear" ("conv", "bn", "ln", "embedding" for the layers below); a name
+ * already in the list is an error. In a container .name is the child's key (NULL: its index).
+ * Linear: y = x W^T + b, with PyTorch's default init: W, b ~ U(-1/sqrt(in), 1/sqrt(in)). */
+typedef struct kiln_linear_options {
+  const char *name;
+  int64_t in, out; /* features, required */
+  int no_bias;     /* 1: bias=False */
+} kiln_linear_options;
 typedef struct kiln_linear {
   kiln_tensor *weight; /* (out, in) */
   kiln_tensor *bias;   /* (out) or NULL */
   int64_t in_features, out_features;
 } kiln_linear;
-kiln_status kiln_linear_init(kiln_linear *l, kiln_params *params, const char *name,
-                             int64_t in_features, int64_t out_features, int bias);
+kiln_status kiln_linear_init(kiln_linear *l, kiln_params *params, const kiln_linear_options *o);
 kiln_tensor *kiln_linear_forward(const kiln_linear *l, kiln_tensor *x);
 
 /* A buffer: a persistent tensor the list owns, saves and loads like a parameter (checkpoints,
@@ -663,44 +674,65 @@ int kiln_training(const kiln_ctx *ctx);
 void kiln_eval_begin(kiln_ctx *ctx);
 void kiln_eval_end(kiln_ctx *ctx);
 
-/* Convolution layer: weight "name.weight" (Cout, Cin / groups, kh, kw) and bias "name.bias"
- * (Cout), initialised as torch.nn.Conv2d: U(-1/sqrt(fan_in), 1/sqrt(fan_in)) for both, fan_in =
- * Cin / groups * kh * kw. */
+/* Convolution layer: weight "name.weight" (out, in / groups, kh, kw) and bias "name.bias" (out),
+ * initialised as torch.nn.Conv2d: U(-1/sqrt(fan_in), 1/sqrt(fan_in)) for both, fan_in = in /
+ * groups * kh * kw. A square field (kernel) and its per-axis ones (kernel_h, kernel_w) may both be
+ * set only where they agree. */
+typedef struct kiln_conv2d_layer_options {
+  const char *name;
+  int64_t in, out;                      /* channels, required */
+  int kernel, kernel_h, kernel_w;       /* required */
+  int stride, stride_h, stride_w;       /* 0: 1 */
+  int padding, pad_h, pad_w;            /* zero padding on each side; 0: none */
+  int dilation, dilation_h, dilation_w; /* 0: 1 */
+  int groups;                           /* 0: 1; in and out must be multiples of it */
+  int no_bias;                          /* 1: bias=False */
+} kiln_conv2d_layer_options;
 typedef struct kiln_conv2d_layer {
   kiln_tensor *weight, *bias; /* bias NULL when made without */
   int64_t in_channels, out_channels;
   int kernel_h, kernel_w;
   kiln_conv2d_options opt;
 } kiln_conv2d_layer;
-kiln_status kiln_conv2d_layer_init(kiln_conv2d_layer *l, kiln_params *params, const char *name,
-                                   int64_t in_channels, int64_t out_channels, int kernel_h,
-                                   int kernel_w, const kiln_conv2d_options *o, int bias);
+kiln_status kiln_conv2d_layer_init(kiln_conv2d_layer *l, kiln_params *params,
+                                   const kiln_conv2d_layer_options *o);
 kiln_tensor *kiln_conv2d_layer_forward(const kiln_conv2d_layer *l, kiln_tensor *x);
 
 /* Batch norm layer (torch.nn.BatchNorm2d, or BatchNorm1d on (N, C)): parameters "name.weight"
- * (ones) and "name.bias" (zeros) when affine, buffers "name.running_mean" (zeros) and
+ * (ones) and "name.bias" (zeros) unless no_affine, buffers "name.running_mean" (zeros) and
  * "name.running_var" (ones), PyTorch's names. A PyTorch file's "name.num_batches_tracked" is
  * accepted and ignored by kiln_params_load (kiln's momentum is fixed). Forward follows
- * kiln_training(ctx). momentum 0 means 0.1 and eps 0 means 1e-5. */
+ * kiln_training(ctx). The struct holds the momentum and eps in use. */
+typedef struct kiln_batch_norm_layer_options {
+  const char *name;
+  int64_t features; /* channels, required */
+  float momentum;   /* in [0, 1]; 0: 0.1 (KILN_ZERO: the running statistics stay) */
+  float eps;        /* >= 0; 0: 1e-5 (KILN_ZERO: 0) */
+  int no_affine;    /* 1: affine=False */
+} kiln_batch_norm_layer_options;
 typedef struct kiln_batch_norm_layer {
   kiln_tensor *weight, *bias, *running_mean, *running_var;
   int64_t channels;
   float momentum, eps;
 } kiln_batch_norm_layer;
 kiln_status kiln_batch_norm_layer_init(kiln_batch_norm_layer *l, kiln_params *params,
-                                       const char *name, int64_t channels, float momentum,
-                                       float eps, int affine);
+                                       const kiln_batch_norm_layer_options *o);
 kiln_tensor *kiln_batch_norm_layer_forward(const kiln_batch_norm_layer *l, kiln_tensor *x);
 
-/* Layer norm over the last axis (torch.nn.LayerNorm(channels)): "name.weight" (ones),
- * "name.bias" (zeros); eps 0 means 1e-5. */
+/* Layer norm over the last axis (torch.nn.LayerNorm(features)): "name.weight" (ones),
+ * "name.bias" (zeros). */
+typedef struct kiln_layer_norm_layer_options {
+  const char *name;
+  int64_t features; /* the last axis's size, required */
+  float eps;        /* >= 0; 0: 1e-5 (KILN_ZERO: 0) */
+} kiln_layer_norm_layer_options;
 typedef struct kiln_layer_norm_layer {
   kiln_tensor *weight, *bias;
   int64_t channels;
   float eps;
 } kiln_layer_norm_layer;
 kiln_status kiln_layer_norm_layer_init(kiln_layer_norm_layer *l, kiln_params *params,
-                                       const char *name, int64_t channels, float eps);
+                                       const kiln_layer_norm_layer_options *o);
 kiln_tensor *kiln_layer_norm_layer_forward(const kiln_layer_norm_layer *l, kiln_tensor *x);
 
 /* ---------------------------------------------------------------- modules
@@ -716,37 +748,16 @@ kiln_tensor *kiln_layer_norm_layer_forward(const kiln_layer_norm_layer *l, kiln_
  * parameters). Batch norm and dropout follow kiln_set_training(ctx), which switches the whole
  * model (and every other) between training and evaluation, as model.train() / model.eval() do
  * for a whole PyTorch model. Each kiln_seq_* returns the new child, or NULL with the error set and
- * the container unchanged (bad options name the layer and the value). Options follow the rule
- * of the header: a zero field is PyTorch's default; KILN_ZERO where 0 itself is meant.
+ * the container unchanged (bad options name the layer and the value). A layer's options are the
+ * struct its init takes (layers, above), .name the child's key: nonempty, without '.'.
  */
 typedef struct kiln_module kiln_module;
 kiln_module *kiln_sequential_new(kiln_params *p); /* the root */
 /* A container inside seq, called name (NULL: its index). */
 kiln_module *kiln_seq_sequential(kiln_module *seq, const char *name);
-typedef struct kiln_conv2d_module_options {
-  const char *name;               /* NULL: its index */
-  int64_t in, out;                /* channels, required */
-  int kernel, kernel_h, kernel_w; /* kernel (square), or kernel_h and kernel_w; required */
-  int stride, stride_h, stride_w; /* 0: 1 */
-  int padding, pad_h, pad_w;      /* 0: none */
-  int dilation, groups;           /* 0: 1 */
-  int no_bias;                    /* 1: bias=False */
-} kiln_conv2d_module_options;
-kiln_module *kiln_seq_conv2d(kiln_module *seq, const kiln_conv2d_module_options *o);
-typedef struct kiln_batch_norm_module_options {
-  const char *name;
-  int64_t features; /* required */
-  float momentum;   /* 0: 0.1 */
-  float eps;        /* 0: 1e-5 */
-  int no_affine;    /* 1: affine=False */
-} kiln_batch_norm_module_options;
-kiln_module *kiln_seq_batch_norm(kiln_module *seq, const kiln_batch_norm_module_options *o);
-typedef struct kiln_linear_module_options {
-  const char *name;
-  int64_t in, out; /* required */
-  int no_bias;
-} kiln_linear_module_options;
-kiln_module *kiln_seq_linear(kiln_module *seq, const kiln_linear_module_options *o);
+kiln_module *kiln_seq_conv2d(kiln_module *seq, const kiln_conv2d_layer_options *o);
+kiln_module *kiln_seq_batch_norm(kiln_module *seq, const kiln_batch_norm_layer_options *o);
+kiln_module *kiln_seq_linear(kiln_module *seq, const kiln_linear_options *o);
 kiln_module *kiln_seq_relu(kiln_module *seq);
 kiln_module *kiln_seq_gelu(kiln_module *seq, kiln_gelu_approx approx);
 kiln_module *kiln_seq_max_pool2d(kiln_module *seq, const kiln_pool2d_options *o);
@@ -841,12 +852,16 @@ kiln_tensor *kiln_clip_grad_norm(kiln_params *p, float max_norm);
  * its row (kiln_index_select's gradient) with atomic adds: where an index repeats in a batch the
  * order of those additions, and the last bits of the sum, may differ from run to run (as
  * PyTorch's index_add_ on CUDA). torch's padding_idx, max_norm and sparse are not offered. */
+typedef struct kiln_embedding_options {
+  const char *name;
+  int64_t num_embeddings, dim; /* required */
+} kiln_embedding_options;
 typedef struct kiln_embedding {
   kiln_tensor *weight; /* (num_embeddings, dim) */
   int64_t num_embeddings, dim;
 } kiln_embedding;
-kiln_status kiln_embedding_init(kiln_embedding *e, kiln_params *params, const char *name,
-                                int64_t num_embeddings, int64_t dim);
+kiln_status kiln_embedding_init(kiln_embedding *e, kiln_params *params,
+                                const kiln_embedding_options *o);
 kiln_tensor *kiln_embedding_forward(const kiln_embedding *e, kiln_tensor *idx);
 
 /* ---------------------------------------------------------------- optim */
@@ -1193,13 +1208,18 @@ void kiln_dataset_free(kiln_dataset *ds);
  * step. A failure changes nothing. */
 kiln_status kiln_dataset_set_dtype(kiln_dataset *ds, kiln_dtype dtype);
 
-/* Batches gathered on the device; shuffled per epoch from a seed when shuffle is set. The last
- * batch of an epoch is partial when batch does not divide the data set's size, and dropped with
- * drop_last, as PyTorch's DataLoader: a batch larger than the data set gives one batch of the
- * whole set (none with drop_last). */
+/* Batches gathered on the device; shuffled per epoch from seed and the epoch when shuffle is
+ * set. The last batch of an epoch is partial when batch does not divide the data set's size, and
+ * dropped with drop_last, as PyTorch's DataLoader: a batch larger than the data set gives one
+ * batch of the whole set (none with drop_last). Options checked as the layers' (NULL: an error). */
+typedef struct kiln_loader_options {
+  int64_t batch; /* required */
+  int shuffle;   /* 1: a new order each epoch */
+  int drop_last; /* 1: no partial last batch */
+  uint64_t seed; /* the shuffle's */
+} kiln_loader_options;
 typedef struct kiln_loader kiln_loader;
-kiln_loader *kiln_loader_new(kiln_dataset *ds, int64_t batch, int shuffle, uint64_t seed,
-                             int drop_last);
+kiln_loader *kiln_loader_new(kiln_dataset *ds, const kiln_loader_options *o);
 /* Starts an epoch (reshuffles). */
 void kiln_loader_start(kiln_loader *l, int epoch);
 /* The next batch of the epoch as intermediates, or 0 at its end. */

@@ -61,24 +61,61 @@ static const char *base_of(const char *name, const char *dflt) {
 
 /* ---------------------------------------------------------------- convolution */
 
-kiln_status kiln_conv2d_layer_init(kiln_conv2d_layer *l, kiln_params *params, const char *name,
-                                   int64_t in_channels, int64_t out_channels, int kernel_h,
-                                   int kernel_w, const kiln_conv2d_options *o, int bias) {
-  const char *fn = __func__;
+/* One axis of a square option (kernel, stride, padding, dilation): the axis's field when set,
+ * else the square one's; false with the error set when either is negative, or both are set and
+ * differ. */
+static bool axis_of(kiln_ctx *ctx, const char *fn, const char *base, const char *sq_name, int sq,
+                    const char *ax_name, int ax, int *out) {
+  if (sq < 0 || ax < 0)
+    return !kiln__error(ctx, KILN_ERR_INVALID, "%s: '%s': %s %d must be >= 0", fn, base,
+                        sq < 0 ? sq_name : ax_name, sq < 0 ? sq : ax);
+  if (sq && ax && sq != ax)
+    return !kiln__error(ctx, KILN_ERR_INVALID,
+                        "%s: '%s': %s %d and %s %d disagree (set one, or both the same)", fn, base,
+                        sq_name, sq, ax_name, ax);
+  *out = ax ? ax : sq;
+  return true;
+}
+
+kiln_status kiln__conv2d_layer_make(const char *fn, kiln_conv2d_layer *l, kiln_params *params,
+                                    const kiln_conv2d_layer_options *o) {
   if (!l || !params) return KILN_ERR_INVALID;
   kiln_ctx *ctx = kiln_params_ctx(params);
   if (!kiln__ok(ctx)) return ctx->status;
   memset(l, 0, sizeof *l);
-  kiln_conv2d_options opt = o ? *o : (kiln_conv2d_options){0};
-  int64_t groups = opt.groups ? opt.groups : 1;
-  const char *base = base_of(name, "conv");
-  if (in_channels <= 0 || out_channels <= 0 || kernel_h <= 0 || kernel_w <= 0 || groups <= 0 ||
-      in_channels % groups || out_channels % groups)
+  if (!o)
+    return kiln__error(ctx, KILN_ERR_INVALID, "%s: NULL options (in, out and kernel are required)",
+                       fn);
+  const char *base = base_of(o->name, "conv");
+  int kernel_h, kernel_w;
+  kiln_conv2d_options opt = {.groups = o->groups};
+  if (!axis_of(ctx, fn, base, "kernel", o->kernel, "kernel_h", o->kernel_h, &kernel_h) ||
+      !axis_of(ctx, fn, base, "kernel", o->kernel, "kernel_w", o->kernel_w, &kernel_w) ||
+      !axis_of(ctx, fn, base, "stride", o->stride, "stride_h", o->stride_h, &opt.stride_h) ||
+      !axis_of(ctx, fn, base, "stride", o->stride, "stride_w", o->stride_w, &opt.stride_w) ||
+      !axis_of(ctx, fn, base, "padding", o->padding, "pad_h", o->pad_h, &opt.pad_h) ||
+      !axis_of(ctx, fn, base, "padding", o->padding, "pad_w", o->pad_w, &opt.pad_w) ||
+      !axis_of(ctx, fn, base, "dilation", o->dilation, "dilation_h", o->dilation_h,
+               &opt.dilation_h) ||
+      !axis_of(ctx, fn, base, "dilation", o->dilation, "dilation_w", o->dilation_w,
+               &opt.dilation_w) ||
+      !kiln__flag_ok(ctx, fn, base, "no_bias", o->no_bias))
+    return ctx->status;
+  int64_t in_channels = o->in, out_channels = o->out, groups = o->groups ? o->groups : 1;
+  int bias = !o->no_bias;
+  if (in_channels <= 0 || out_channels <= 0 || kernel_h <= 0 || kernel_w <= 0)
     return kiln__error(ctx, KILN_ERR_INVALID,
-                       "%s: '%s': in_channels %lld, out_channels %lld, kernel %dx%d, groups %lld: "
-                       "sizes must be > 0 and the channels multiples of groups",
+                       "%s: '%s': in %lld, out %lld, kernel %d x %d: the channels and the kernel "
+                       "are required, > 0",
                        fn, base, (long long)in_channels, (long long)out_channels, kernel_h,
-                       kernel_w, (long long)groups);
+                       kernel_w);
+  if (groups < 0)
+    return kiln__error(ctx, KILN_ERR_INVALID, "%s: '%s': groups %d must be >= 0", fn, base,
+                       o->groups);
+  if (in_channels % groups || out_channels % groups)
+    return kiln__error(ctx, KILN_ERR_INVALID,
+                       "%s: '%s': in %lld and out %lld must be multiples of groups %lld", fn, base,
+                       (long long)in_channels, (long long)out_channels, (long long)groups);
   int64_t cg = in_channels / groups;
   double bound = 1.0 / sqrt((double)cg * kernel_h * kernel_w); /* 1 / sqrt(fan_in) */
   member m[2] = {{"weight", NULL, false}, {"bias", NULL, false}};
@@ -95,6 +132,11 @@ kiln_status kiln_conv2d_layer_init(kiln_conv2d_layer *l, kiln_params *params, co
   l->kernel_w = kernel_w;
   l->opt = opt;
   return KILN_OK;
+}
+
+kiln_status kiln_conv2d_layer_init(kiln_conv2d_layer *l, kiln_params *params,
+                                   const kiln_conv2d_layer_options *o) {
+  return kiln__conv2d_layer_make(__func__, l, params, o);
 }
 
 /* Whether layer l (with its weight) may run: an error naming fn otherwise. */
@@ -129,21 +171,35 @@ kiln_tensor *kiln_conv2d_layer_forward(const kiln_conv2d_layer *l, kiln_tensor *
 #define KILN__BN_MOMENTUM 0.1f /* PyTorch's defaults */
 #define KILN__NORM_EPS 1e-5f
 
-kiln_status kiln_batch_norm_layer_init(kiln_batch_norm_layer *l, kiln_params *params,
-                                       const char *name, int64_t channels, float momentum,
-                                       float eps, int affine) {
-  const char *fn = __func__;
+/* A norm layer's eps by the header's rule (0: 1e-5, KILN_ZERO: 0); false with the error set
+ * when it is negative or NAN. */
+static bool eps_of(kiln_ctx *ctx, const char *fn, const char *base, float given, float *eps) {
+  *eps = kiln__opt_or(given, KILN__NORM_EPS);
+  if (*eps >= 0.f) return true;
+  return !kiln__error(ctx, KILN_ERR_INVALID, "%s: '%s': eps %g must be >= 0", fn, base, given);
+}
+
+kiln_status kiln__batch_norm_layer_make(const char *fn, kiln_batch_norm_layer *l,
+                                        kiln_params *params,
+                                        const kiln_batch_norm_layer_options *o) {
   if (!l || !params) return KILN_ERR_INVALID;
   kiln_ctx *ctx = kiln_params_ctx(params);
   if (!kiln__ok(ctx)) return ctx->status;
   memset(l, 0, sizeof *l);
-  const char *base = base_of(name, "bn");
-  if (momentum == 0.f) momentum = KILN__BN_MOMENTUM;
-  if (eps == 0.f) eps = KILN__NORM_EPS;
-  if (channels <= 0 || !(momentum > 0.f && momentum <= 1.f) || !(eps > 0.f))
-    return kiln__error(ctx, KILN_ERR_INVALID,
-                       "%s: '%s': channels %lld must be > 0, momentum %g in (0, 1], eps %g > 0", fn,
-                       base, (long long)channels, momentum, eps);
+  if (!o) return kiln__error(ctx, KILN_ERR_INVALID, "%s: NULL options (features is required)", fn);
+  const char *base = base_of(o->name, "bn");
+  int64_t channels = o->features;
+  int affine = !o->no_affine;
+  float momentum = kiln__opt_or(o->momentum, KILN__BN_MOMENTUM), eps;
+  if (channels <= 0)
+    return kiln__error(ctx, KILN_ERR_INVALID, "%s: '%s': features %lld must be > 0", fn, base,
+                       (long long)channels);
+  if (!(momentum >= 0.f && momentum <= 1.f))
+    return kiln__error(ctx, KILN_ERR_INVALID, "%s: '%s': momentum %g must be in [0, 1]", fn, base,
+                       o->momentum);
+  if (!eps_of(ctx, fn, base, o->eps, &eps) ||
+      !kiln__flag_ok(ctx, fn, base, "no_affine", o->no_affine))
+    return ctx->status;
   kiln_shape c = KILN_SHAPE(channels);
   member m[4] = {{"weight", NULL, false},
                  {"bias", NULL, false},
@@ -169,6 +225,11 @@ kiln_status kiln_batch_norm_layer_init(kiln_batch_norm_layer *l, kiln_params *pa
   return KILN_OK;
 }
 
+kiln_status kiln_batch_norm_layer_init(kiln_batch_norm_layer *l, kiln_params *params,
+                                       const kiln_batch_norm_layer_options *o) {
+  return kiln__batch_norm_layer_make(__func__, l, params, o);
+}
+
 kiln_tensor *kiln_batch_norm_layer_forward(const kiln_batch_norm_layer *l, kiln_tensor *x) {
   const char *fn = __func__;
   kiln_ctx *ctx = kiln_tensor_ctx(x);
@@ -176,24 +237,29 @@ kiln_tensor *kiln_batch_norm_layer_forward(const kiln_batch_norm_layer *l, kiln_
                       "the layer has no statistics (was kiln_batch_norm_layer_init called, and "
                       "did it succeed?)"))
     return NULL;
+  /* the struct holds the values in use: an exact 0 is passed on as one */
   return kiln_batch_norm(x, l->weight, l->bias, l->running_mean, l->running_var, kiln_training(ctx),
-                         l->momentum, l->eps);
+                         l->momentum == 0.f ? KILN_ZERO : l->momentum,
+                         l->eps == 0.f ? KILN_ZERO : l->eps);
 }
 
 /* ---------------------------------------------------------------- layer norm */
 
 kiln_status kiln_layer_norm_layer_init(kiln_layer_norm_layer *l, kiln_params *params,
-                                       const char *name, int64_t channels, float eps) {
+                                       const kiln_layer_norm_layer_options *o) {
   const char *fn = __func__;
   if (!l || !params) return KILN_ERR_INVALID;
   kiln_ctx *ctx = kiln_params_ctx(params);
   if (!kiln__ok(ctx)) return ctx->status;
   memset(l, 0, sizeof *l);
-  const char *base = base_of(name, "ln");
-  if (eps == 0.f) eps = KILN__NORM_EPS;
-  if (channels <= 0 || !(eps > 0.f))
-    return kiln__error(ctx, KILN_ERR_INVALID, "%s: '%s': channels %lld must be > 0, eps %g > 0", fn,
-                       base, (long long)channels, eps);
+  if (!o) return kiln__error(ctx, KILN_ERR_INVALID, "%s: NULL options (features is required)", fn);
+  const char *base = base_of(o->name, "ln");
+  int64_t channels = o->features;
+  float eps;
+  if (channels <= 0)
+    return kiln__error(ctx, KILN_ERR_INVALID, "%s: '%s': features %lld must be > 0", fn, base,
+                       (long long)channels);
+  if (!eps_of(ctx, fn, base, o->eps, &eps)) return ctx->status;
   kiln_shape c = KILN_SHAPE(channels);
   member m[2] = {{"weight", NULL, false}, {"bias", NULL, false}};
   bool made =
@@ -215,19 +281,23 @@ kiln_tensor *kiln_layer_norm_layer_forward(const kiln_layer_norm_layer *l, kiln_
                       "the layer has no weight (was kiln_layer_norm_layer_init called, and did it "
                       "succeed?)"))
     return NULL;
-  return kiln_layer_norm(x, l->weight, l->bias, l->eps);
+  return kiln_layer_norm(x, l->weight, l->bias, l->eps == 0.f ? KILN_ZERO : l->eps);
 }
 
 /* ---------------------------------------------------------------- embedding */
 
-kiln_status kiln_embedding_init(kiln_embedding *e, kiln_params *params, const char *name,
-                                int64_t num_embeddings, int64_t dim) {
+kiln_status kiln_embedding_init(kiln_embedding *e, kiln_params *params,
+                                const kiln_embedding_options *o) {
   const char *fn = __func__;
   if (!e || !params) return KILN_ERR_INVALID;
   kiln_ctx *ctx = kiln_params_ctx(params);
   if (!kiln__ok(ctx)) return ctx->status;
   memset(e, 0, sizeof *e);
-  const char *base = base_of(name, "embedding");
+  if (!o)
+    return kiln__error(ctx, KILN_ERR_INVALID,
+                       "%s: NULL options (num_embeddings and dim are required)", fn);
+  const char *base = base_of(o->name, "embedding");
+  int64_t num_embeddings = o->num_embeddings, dim = o->dim;
   if (num_embeddings <= 0 || dim <= 0)
     return kiln__error(ctx, KILN_ERR_INVALID,
                        "%s: '%s': num_embeddings %lld and dim %lld must be > 0", fn, base,

@@ -9,37 +9,39 @@
 #include "../core/internal.h"
 #include "params.h"
 
-kiln_status kiln_linear_init(kiln_linear *l, kiln_params *params, const char *name,
-                             int64_t in_features, int64_t out_features, int bias) {
+kiln_status kiln__linear_make(const char *fn, kiln_linear *l, kiln_params *params,
+                              const kiln_linear_options *o) {
   if (!l || !params) return KILN_ERR_INVALID;
   kiln_ctx *ctx = kiln_params_ctx(params);
   if (!kiln__ok(ctx)) return ctx->status;
   memset(l, 0, sizeof *l);
+  if (!o)
+    return kiln__error(ctx, KILN_ERR_INVALID, "%s: NULL options (in and out are required)", fn);
+  const char *base = o->name && *o->name ? o->name : "linear"; /* as the layers of image.c */
+  int64_t in_features = o->in, out_features = o->out;
+  int bias = !o->no_bias;
   if (in_features <= 0 || out_features <= 0)
-    return kiln__error(ctx, KILN_ERR_INVALID,
-                       "kiln_linear_init: '%s': in_features %lld and out_features %lld must be > 0",
-                       name ? name : "", (long long)in_features, (long long)out_features);
+    return kiln__error(ctx, KILN_ERR_INVALID, "%s: '%s': in %lld and out %lld must be > 0", fn,
+                       base, (long long)in_features, (long long)out_features);
+  if (!kiln__flag_ok(ctx, fn, base, "no_bias", o->no_bias)) return ctx->status;
   double bound = 1.0 / sqrt((double)in_features);
-  const char *base = name && *name ? name : "linear"; /* as the layers of image.c */
   size_t len = strlen(base) + 8;
   char *wname = malloc(len), *bname = malloc(len);
   if (!wname || !bname) {
     free(wname);
     free(bname);
-    return kiln__error(ctx, KILN_ERR_OOM, "kiln_linear_init: out of host memory");
+    return kiln__error(ctx, KILN_ERR_OOM, "%s: out of host memory", fn);
   }
   snprintf(wname, len, "%s.weight", base);
   snprintf(bname, len, "%s.bias", base);
   /* nothing is added to the list unless both parameters are made and their names are free */
   if (kiln_params_find(params, wname) || (bias && kiln_params_find(params, bname)))
-    kiln__error(ctx, KILN_ERR_INVALID, "kiln_linear_init: the name '%s' is taken",
+    kiln__error(ctx, KILN_ERR_INVALID, "%s: the name '%s' is taken", fn,
                 kiln_params_find(params, wname) ? wname : bname);
-  kiln_tensor *w = kiln__ok(ctx) ? kiln__uniform_param(ctx, "kiln_linear_init",
-                                                       KILN_SHAPE(out_features, in_features), bound)
-                                 : NULL;
-  kiln_tensor *b =
-      w && bias ? kiln__uniform_param(ctx, "kiln_linear_init", KILN_SHAPE(out_features), bound)
-                : NULL;
+  kiln_tensor *w = kiln__ok(ctx)
+                       ? kiln__uniform_param(ctx, fn, KILN_SHAPE(out_features, in_features), bound)
+                       : NULL;
+  kiln_tensor *b = w && bias ? kiln__uniform_param(ctx, fn, KILN_SHAPE(out_features), bound) : NULL;
   if (w && (!bias || b) && kiln_params_add(params, wname, w) == KILN_OK) {
     if (!b || kiln_params_add(params, bname, b) == KILN_OK) {
       l->weight = w;
@@ -57,6 +59,10 @@ kiln_status kiln_linear_init(kiln_linear *l, kiln_params *params, const char *na
   free(wname);
   free(bname);
   return ctx->status;
+}
+
+kiln_status kiln_linear_init(kiln_linear *l, kiln_params *params, const kiln_linear_options *o) {
+  return kiln__linear_make(__func__, l, params, o);
 }
 
 kiln_tensor *kiln_linear_forward(const kiln_linear *l, kiln_tensor *x) {

@@ -167,27 +167,14 @@ kiln_module *kiln_seq_sequential(kiln_module *seq, const char *name) {
 
 /* ---------------------------------------------------------------- layers with parameters */
 
+/* Each layer is made by its init from the same options, named by its place in the tree. */
 static kiln_status conv_init(kiln_module *m, const char *base, const void *opt) {
-  const kiln_conv2d_module_options *o = opt;
-  int kh = o->kernel_h ? o->kernel_h : o->kernel, kw = o->kernel_w ? o->kernel_w : o->kernel;
-  kiln_conv2d_options co = {.stride_h = o->stride_h ? o->stride_h : o->stride,
-                            .stride_w = o->stride_w ? o->stride_w : o->stride,
-                            .pad_h = o->pad_h ? o->pad_h : o->padding,
-                            .pad_w = o->pad_w ? o->pad_w : o->padding,
-                            .dilation_h = o->dilation,
-                            .dilation_w = o->dilation,
-                            .groups = o->groups};
-  kiln_ctx *ctx = kiln_params_ctx(m->params);
-  if (kh <= 0 || kw <= 0)
-    return kiln__error(ctx, KILN_ERR_INVALID,
-                       "kiln_seq_conv2d: '%s': kernel %d x %d: set kernel (or kernel_h and "
-                       "kernel_w) > 0",
-                       base, kh, kw);
-  return kiln_conv2d_layer_init(&m->u.conv, m->params, base, o->in, o->out, kh, kw, &co,
-                                !o->no_bias);
+  kiln_conv2d_layer_options o = *(const kiln_conv2d_layer_options *)opt;
+  o.name = base;
+  return kiln__conv2d_layer_make("kiln_seq_conv2d", &m->u.conv, m->params, &o);
 }
 
-kiln_module *kiln_seq_conv2d(kiln_module *seq, const kiln_conv2d_module_options *o) {
+kiln_module *kiln_seq_conv2d(kiln_module *seq, const kiln_conv2d_layer_options *o) {
   if (!seq) return NULL;
   if (!o)
     return kiln__error(kiln_params_ctx(seq->params), KILN_ERR_INVALID,
@@ -197,12 +184,12 @@ kiln_module *kiln_seq_conv2d(kiln_module *seq, const kiln_conv2d_module_options 
 }
 
 static kiln_status bn_init(kiln_module *m, const char *base, const void *opt) {
-  const kiln_batch_norm_module_options *o = opt;
-  return kiln_batch_norm_layer_init(&m->u.bn, m->params, base, o->features, o->momentum, o->eps,
-                                    !o->no_affine);
+  kiln_batch_norm_layer_options o = *(const kiln_batch_norm_layer_options *)opt;
+  o.name = base;
+  return kiln__batch_norm_layer_make("kiln_seq_batch_norm", &m->u.bn, m->params, &o);
 }
 
-kiln_module *kiln_seq_batch_norm(kiln_module *seq, const kiln_batch_norm_module_options *o) {
+kiln_module *kiln_seq_batch_norm(kiln_module *seq, const kiln_batch_norm_layer_options *o) {
   if (!seq) return NULL;
   if (!o)
     return kiln__error(kiln_params_ctx(seq->params), KILN_ERR_INVALID,
@@ -212,11 +199,12 @@ kiln_module *kiln_seq_batch_norm(kiln_module *seq, const kiln_batch_norm_module_
 }
 
 static kiln_status linear_init(kiln_module *m, const char *base, const void *opt) {
-  const kiln_linear_module_options *o = opt;
-  return kiln_linear_init(&m->u.linear, m->params, base, o->in, o->out, !o->no_bias);
+  kiln_linear_options o = *(const kiln_linear_options *)opt;
+  o.name = base;
+  return kiln__linear_make("kiln_seq_linear", &m->u.linear, m->params, &o);
 }
 
-kiln_module *kiln_seq_linear(kiln_module *seq, const kiln_linear_module_options *o) {
+kiln_module *kiln_seq_linear(kiln_module *seq, const kiln_linear_options *o) {
   if (!seq) return NULL;
   if (!o)
     return kiln__error(kiln_params_ctx(seq->params), KILN_ERR_INVALID,

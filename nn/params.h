@@ -15,4 +15,13 @@ kiln_tensor *kiln__uniform_param(kiln_ctx *ctx, const char *fn, kiln_shape shape
 /* A persistent f32 tensor of shape filled with value. */
 kiln_tensor *kiln__full_param(kiln_ctx *ctx, const char *fn, kiln_shape shape, float value);
 
+/* The layers' inits with the function their errors name (kiln_seq_* make their layers so). */
+kiln_status kiln__linear_make(const char *fn, kiln_linear *l, kiln_params *params,
+                              const kiln_linear_options *o);
+kiln_status kiln__conv2d_layer_make(const char *fn, kiln_conv2d_layer *l, kiln_params *params,
+                                    const kiln_conv2d_layer_options *o);
+kiln_status kiln__batch_norm_layer_make(const char *fn, kiln_batch_norm_layer *l,
+                                        kiln_params *params,
+                                        const kiln_batch_norm_layer_options *o);
+
 #endif

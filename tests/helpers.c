@@ -132,9 +132,15 @@ void th_assert_close(const float *got, const double *want, int64_t n, double ato
 
 void th_mlp_init(kiln_ctx *ctx, th_mlp *m) {
   m->params = kiln_params_new(ctx);
-  cr_assert_eq(kiln_linear_init(&m->l1, m->params, "fc1", 784, 512, 1), KILN_OK);
-  cr_assert_eq(kiln_linear_init(&m->l2, m->params, "fc2", 512, 512, 1), KILN_OK);
-  cr_assert_eq(kiln_linear_init(&m->l3, m->params, "fc3", 512, 10, 1), KILN_OK);
+  cr_assert_eq(kiln_linear_init(&m->l1, m->params,
+                                &(kiln_linear_options){.name = "fc1", .in = 784, .out = 512}),
+               KILN_OK);
+  cr_assert_eq(kiln_linear_init(&m->l2, m->params,
+                                &(kiln_linear_options){.name = "fc2", .in = 512, .out = 512}),
+               KILN_OK);
+  cr_assert_eq(kiln_linear_init(&m->l3, m->params,
+                                &(kiln_linear_options){.name = "fc3", .in = 512, .out = 10}),
+               KILN_OK);
   kiln_sgd_options so = kiln_sgd_defaults(0.05f);
   so.momentum = 0.9f;
   so.nesterov = 1;

@@ -133,7 +133,9 @@ void th_net_init(th_net *m, kiln_ctx *ctx, int64_t batch, int nl, const int64_t 
   for (int i = 0; i < nl; i++) {
     char name[16];
     snprintf(name, sizeof name, "fc%d", i + 1);
-    kiln_status s = kiln_linear_init(&m->l[i], m->params, name, dims[i], dims[i + 1], 1);
+    kiln_status s =
+        kiln_linear_init(&m->l[i], m->params,
+                         &(kiln_linear_options){.name = name, .in = dims[i], .out = dims[i + 1]});
     cr_assert_eq(s, KILN_OK, "kiln_linear_init: %s", kiln_ctx_error(ctx));
   }
   m->x = th_new(ctx, KILN_DTYPE_F32, KILN_SHAPE(batch, dims[0]));

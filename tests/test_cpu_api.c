@@ -480,7 +480,7 @@ Test(api, dataset_from_host_keeps_the_shape) {
   th_assert_shape(kiln_dataset_labels(ds), KILN_SHAPE(N));
   cr_assert_eq(kiln_tensor_dtype(kiln_dataset_labels(ds)), KILN_DTYPE_I32);
   /* the loader's batches keep the sample's shape: images for a convolution */
-  kiln_loader *l = kiln_loader_new(ds, 4, 1, 7, 0);
+  kiln_loader *l = kiln_loader_new(ds, &(kiln_loader_options){.batch = 4, .shuffle = 1, .seed = 7});
   cr_assert_not_null(l, "%s", th_err(ctx));
   kiln_step_begin(ctx);
   kiln_tensor *x, *y;
@@ -855,12 +855,25 @@ Test(api, layers_make_pytorch_parameter_names) {
   kiln_conv2d_layer conv;
   kiln_batch_norm_layer bn;
   kiln_layer_norm_layer ln;
-  cr_assert_eq(kiln_linear_init(&fc1, p, "fc1", 784, 512, 1), KILN_OK);
-  cr_assert_eq(kiln_linear_init(&fc2, p, "fc2", 512, 10, 0), KILN_OK);
-  cr_assert_eq(kiln_linear_init(&anon, p, NULL, 3, 2, 1), KILN_OK);
-  cr_assert_eq(kiln_conv2d_layer_init(&conv, p, "conv1", 3, 8, 3, 5, NULL, 1), KILN_OK);
-  cr_assert_eq(kiln_batch_norm_layer_init(&bn, p, "bn1", 8, 0.f, 0.f, 1), KILN_OK);
-  cr_assert_eq(kiln_layer_norm_layer_init(&ln, p, "ln1", 10, 0.f), KILN_OK);
+  cr_assert_eq(
+      kiln_linear_init(&fc1, p, &(kiln_linear_options){.name = "fc1", .in = 784, .out = 512}),
+      KILN_OK);
+  cr_assert_eq(
+      kiln_linear_init(&fc2, p,
+                       &(kiln_linear_options){.name = "fc2", .in = 512, .out = 10, .no_bias = 1}),
+      KILN_OK);
+  cr_assert_eq(kiln_linear_init(&anon, p, &(kiln_linear_options){.in = 3, .out = 2}), KILN_OK);
+  cr_assert_eq(
+      kiln_conv2d_layer_init(&conv, p,
+                             &(kiln_conv2d_layer_options){
+                                 .name = "conv1", .in = 3, .out = 8, .kernel_h = 3, .kernel_w = 5}),
+      KILN_OK);
+  cr_assert_eq(kiln_batch_norm_layer_init(
+                   &bn, p, &(kiln_batch_norm_layer_options){.name = "bn1", .features = 8}),
+               KILN_OK);
+  cr_assert_eq(kiln_layer_norm_layer_init(
+                   &ln, p, &(kiln_layer_norm_layer_options){.name = "ln1", .features = 10}),
+               KILN_OK);
   int i = 0;
   expect_param(p, i++, "fc1.weight", KILN_SHAPE(512, 784), 0); /* (out, in), as nn.Linear */
   expect_param(p, i++, "fc1.bias", KILN_SHAPE(512), 0);
@@ -877,11 +890,14 @@ Test(api, layers_make_pytorch_parameter_names) {
   expect_param(p, i++, "ln1.bias", KILN_SHAPE(10), 0);
   cr_assert_eq(kiln_params_count(p), i);
   /* an empty name is the default one too, and a name taken is an error that adds nothing */
-  cr_assert_neq(kiln_linear_init(&empty, p, "", 3, 2, 1), KILN_OK);
+  cr_assert_neq(kiln_linear_init(&empty, p, &(kiln_linear_options){.name = "", .in = 3, .out = 2}),
+                KILN_OK);
   TH_ASSERT_ERROR(ctx, KILN_ERR_INVALID, "kiln_linear_init", "'linear.weight' is taken");
   kiln_ctx_clear_error(ctx);
   cr_assert_eq(kiln_params_count(p), i);
-  cr_assert_eq(kiln_linear_init(&empty, p, "fc1", 3, 2, 1), KILN_ERR_INVALID);
+  cr_assert_eq(
+      kiln_linear_init(&empty, p, &(kiln_linear_options){.name = "fc1", .in = 3, .out = 2}),
+      KILN_ERR_INVALID);
   kiln_ctx_clear_error(ctx);
   cr_assert_eq(kiln_params_count(p), i);
   kiln_params_free(p);

@@ -152,7 +152,7 @@ Test(augment, loader_indices_are_a_gather_with_a_step_value_start) {
   uint8_t images[10 * 4] = {0}, labels[10] = {0};
   kiln_mnist m = {.n = 10, .rows = 2, .cols = 2, .images = images, .labels = labels};
   kiln_dataset *ds = kiln_dataset_from_mnist(ctx, &m, 0.f, 1.f);
-  kiln_loader *l = kiln_loader_new(ds, 4, 1, 3, 0);
+  kiln_loader *l = kiln_loader_new(ds, &(kiln_loader_options){.batch = 4, .shuffle = 1, .seed = 3});
   cr_assert_not_null(l, "%s", th_err(ctx));
   int32_t n0 = th_tlen(ctx);
   cr_assert_null(kiln_loader_indices(l));

@@ -156,10 +156,11 @@ Test(errors, a_step_ended_in_an_autocast_region_fails_and_changes_nothing, .time
     images[i] = (uint8_t)(i * 11);
   kiln_dataset *ds = kiln_dataset_from_host(ctx, KILN_HOST_U8, KILN_SHAPE(6, 2, 2, 1), images,
                                             (kiln_host_labels){.u8 = labels, .classes = 3}, NULL);
-  kiln_loader *l = kiln_loader_new(ds, 2, 0, 0, 0); /* three batches */
+  kiln_loader *l = kiln_loader_new(ds, &(kiln_loader_options){.batch = 2}); /* three batches */
   kiln_params *p = kiln_params_new(ctx);
   kiln_linear fc;
-  cr_assert_eq(kiln_linear_init(&fc, p, "fc", 4, 3, 1), KILN_OK);
+  cr_assert_eq(kiln_linear_init(&fc, p, &(kiln_linear_options){.name = "fc", .in = 4, .out = 3}),
+               KILN_OK);
   kiln_optim *o = kiln_sgd_new(p, &(kiln_sgd_options){.lr = 0.1f, .momentum = 0.9f});
   cr_assert(ds && l && o, "%s", th_err(ctx));
   for (int regions = 1; regions <= 2; regions++) {

@@ -181,8 +181,11 @@ Test(evaluate, runs_every_batch_in_evaluation_mode_and_cannot_read_without_a_gpu
   kiln_dataset *ds = ten_images(ctx);
   kiln_params *params = kiln_params_new(ctx);
   probe p = {0};
-  cr_assert_eq(kiln_linear_init(&p.fc, params, "fc", 4, 3, 1), KILN_OK);
-  kiln_loader *l = kiln_loader_new(ds, 4, 1, 5, 0); /* batches of 4, 4, 2 */
+  cr_assert_eq(
+      kiln_linear_init(&p.fc, params, &(kiln_linear_options){.name = "fc", .in = 4, .out = 3}),
+      KILN_OK);
+  kiln_loader *l = kiln_loader_new(
+      ds, &(kiln_loader_options){.batch = 4, .shuffle = 1, .seed = 5}); /* batches of 4, 4, 2 */
   cr_assert_not_null(l, "%s", th_err(ctx));
   /* the loader is one batch into its epoch: kiln_evaluate runs all three and leaves it there */
   kiln_step_begin(ctx);
@@ -212,9 +215,9 @@ Test(evaluate, runs_every_batch_in_evaluation_mode_and_cannot_read_without_a_gpu
   /* a module, through kiln_module_call; with drop_last, the full batches only */
   kiln_module *net = kiln_sequential_new(params);
   kiln_seq_flatten(net);
-  kiln_seq_linear(net, &(kiln_linear_module_options){.name = "head", .in = 4, .out = 3});
+  kiln_seq_linear(net, &(kiln_linear_options){.name = "head", .in = 4, .out = 3});
   kiln_seq_dropout(net, 0.5f);
-  kiln_loader *dl = kiln_loader_new(ds, 4, 0, 0, 1);
+  kiln_loader *dl = kiln_loader_new(ds, &(kiln_loader_options){.batch = 4, .drop_last = 1});
   cr_assert_not_null(dl, "%s", th_err(ctx));
   kiln_eval_result r = sentinel();
   cr_assert_eq(kiln_evaluate(ctx, dl, kiln_module_call, net,
@@ -237,9 +240,13 @@ Test(evaluate, bad_arguments_are_errors_that_change_nothing) {
   kiln_dataset *ds = ten_images(ctx), *ods = ten_images(other);
   kiln_params *params = kiln_params_new(ctx);
   probe p = {0};
-  cr_assert_eq(kiln_linear_init(&p.fc, params, "fc", 4, 3, 1), KILN_OK);
-  kiln_loader *l = kiln_loader_new(ds, 4, 0, 0, 0), *ol = kiln_loader_new(ods, 4, 0, 0, 0);
-  kiln_loader *empty = kiln_loader_new(ds, 16, 0, 0, 1); /* drop_last: no batch at all */
+  cr_assert_eq(
+      kiln_linear_init(&p.fc, params, &(kiln_linear_options){.name = "fc", .in = 4, .out = 3}),
+      KILN_OK);
+  kiln_loader *l = kiln_loader_new(ds, &(kiln_loader_options){.batch = 4}),
+              *ol = kiln_loader_new(ods, &(kiln_loader_options){.batch = 4});
+  kiln_loader *empty = kiln_loader_new(
+      ds, &(kiln_loader_options){.batch = 16, .drop_last = 1}); /* drop_last: no batch at all */
   cr_assert(l && ol && empty, "%s", th_err(ctx));
   kiln_eval_result r = sentinel();
   struct {
@@ -313,8 +320,10 @@ Test(evaluate, a_bad_forward_is_an_error_that_changes_nothing, .timeout = 300) {
   kiln_dataset *ds = ten_images(ctx);
   kiln_params *params = kiln_params_new(ctx);
   probe p = {0};
-  cr_assert_eq(kiln_linear_init(&p.fc, params, "fc", 4, 3, 1), KILN_OK);
-  kiln_loader *l = kiln_loader_new(ds, 4, 0, 0, 0);
+  cr_assert_eq(
+      kiln_linear_init(&p.fc, params, &(kiln_linear_options){.name = "fc", .in = 4, .out = 3}),
+      KILN_OK);
+  kiln_loader *l = kiln_loader_new(ds, &(kiln_loader_options){.batch = 4});
   cr_assert_not_null(l, "%s", th_err(ctx));
   struct {
     int mode;

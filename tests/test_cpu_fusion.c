@@ -132,8 +132,10 @@ Test(fusion, matmul_bias_relu_epilogue) {
   kiln_ctx *ctx = th_cpu_ctx();
   kiln_params *p = kiln_params_new(ctx);
   kiln_linear l1, l2;
-  cr_assert_eq(kiln_linear_init(&l1, p, "l1", 20, 16, 1), KILN_OK);
-  cr_assert_eq(kiln_linear_init(&l2, p, "l2", 16, 4, 1), KILN_OK);
+  cr_assert_eq(kiln_linear_init(&l1, p, &(kiln_linear_options){.name = "l1", .in = 20, .out = 16}),
+               KILN_OK);
+  cr_assert_eq(kiln_linear_init(&l2, p, &(kiln_linear_options){.name = "l2", .in = 16, .out = 4}),
+               KILN_OK);
   kiln_tensor *x = th_f32(ctx, KILN_SHAPE(8, 20));
   kiln_no_grad_begin(ctx);
   kiln_tensor *h = kiln_relu(kiln_linear_forward(&l1, x));
@@ -169,8 +171,12 @@ Test(fusion, matmul_bias_relu_epilogue) {
 static kiln_params *two_layer_step(kiln_ctx *ctx, int64_t hidden, bool gelu, bool flush_forward) {
   kiln_params *p = kiln_params_new(ctx);
   kiln_linear l1, l2;
-  cr_assert_eq(kiln_linear_init(&l1, p, "l1", 24, hidden, 1), KILN_OK);
-  cr_assert_eq(kiln_linear_init(&l2, p, "l2", hidden, 4, 1), KILN_OK);
+  cr_assert_eq(
+      kiln_linear_init(&l1, p, &(kiln_linear_options){.name = "l1", .in = 24, .out = hidden}),
+      KILN_OK);
+  cr_assert_eq(
+      kiln_linear_init(&l2, p, &(kiln_linear_options){.name = "l2", .in = hidden, .out = 4}),
+      KILN_OK);
   kiln_tensor *x = th_f32(ctx, KILN_SHAPE(32, 24));
   kiln_tensor *z = kiln_linear_forward(&l1, x);
   kiln_tensor *h = gelu ? kiln_gelu(z, KILN_GELU_TANH) : kiln_relu(z);
@@ -394,7 +400,8 @@ Test(fusion, gradients_write_through_their_buffers) {
   kiln_ctx *ctx = th_cpu_ctx();
   kiln_params *ps = kiln_params_new(ctx);
   kiln_linear l;
-  cr_assert_eq(kiln_linear_init(&l, ps, "fc", 16, 8, 1), KILN_OK);
+  cr_assert_eq(kiln_linear_init(&l, ps, &(kiln_linear_options){.name = "fc", .in = 16, .out = 8}),
+               KILN_OK);
   kiln_optim *o = kiln_sgd_new(ps, &(kiln_sgd_options){.lr = 0.1f});
   kiln_tensor *x = th_f32(ctx, KILN_SHAPE(4, 16));
   cr_assert_eq(kiln_backward(kiln_sum(kiln_linear_forward(&l, x), KILN_ALL_AXES, 0)), KILN_OK);

@@ -125,8 +125,11 @@ Test(hardening, element_counts_that_overflow_are_errors) {
   TH_EXPECT_FAIL(ctx, kiln_matmul(m, n), KILN_ERR_SHAPE, "kiln_matmul");
   kiln_params *p = kiln_params_new(ctx);
   kiln_linear l;
-  cr_assert_eq(kiln_linear_init(&l, p, "huge", (int64_t)1 << 40, (int64_t)1 << 40, 1),
-               KILN_ERR_SHAPE);
+  cr_assert_eq(
+      kiln_linear_init(
+          &l, p,
+          &(kiln_linear_options){.name = "huge", .in = (int64_t)1 << 40, .out = (int64_t)1 << 40}),
+      KILN_ERR_SHAPE);
   TH_ASSERT_ERROR(ctx, KILN_ERR_SHAPE, "kiln_linear_init");
   kiln_ctx_clear_error(ctx);
   cr_assert_eq(kiln_params_count(p), 0, "a failed init adds nothing");
@@ -197,7 +200,8 @@ Test(hardening, a_safetensors_file_is_checked_before_it_is_read, .timeout = 60) 
   kiln_ctx *ctx = th_cpu_ctx();
   kiln_params *p = kiln_params_new(ctx);
   kiln_linear l;
-  cr_assert_eq(kiln_linear_init(&l, p, "fc", 2, 2, 1), KILN_OK);
+  cr_assert_eq(kiln_linear_init(&l, p, &(kiln_linear_options){.name = "fc", .in = 2, .out = 2}),
+               KILN_OK);
   /* a directory is an I/O error, not an allocation of 2^63 bytes */
   cr_assert_eq(kiln_params_load(p, dir), KILN_ERR_IO);
   TH_ASSERT_ERROR(ctx, KILN_ERR_IO, "kiln_params_load", "not a regular file");
@@ -258,7 +262,8 @@ Test(hardening, a_failed_checkpoint_load_changes_nothing) {
   kiln_ctx *ctx = th_cpu_ctx();
   kiln_params *p = kiln_params_new(ctx);
   kiln_linear l;
-  cr_assert_eq(kiln_linear_init(&l, p, "fc", 2, 2, 1), KILN_OK);
+  cr_assert_eq(kiln_linear_init(&l, p, &(kiln_linear_options){.name = "fc", .in = 2, .out = 2}),
+               KILN_OK);
   kiln_optim *o = kiln_adam_new(p, NULL);
   cr_assert_not_null(o);
   kiln__optim_restore(o, 9, (int64_t[]){9, 9});
@@ -347,7 +352,8 @@ Test(hardening, schedules_and_rates_are_checked) {
   kiln_ctx *ctx = th_cpu_ctx();
   kiln_params *p = kiln_params_new(ctx);
   kiln_linear l;
-  cr_assert_eq(kiln_linear_init(&l, p, "fc", 2, 2, 1), KILN_OK);
+  cr_assert_eq(kiln_linear_init(&l, p, &(kiln_linear_options){.name = "fc", .in = 2, .out = 2}),
+               KILN_OK);
   kiln_optim *o = kiln_sgd_new(p, &(kiln_sgd_options){.lr = 0.1f});
   kiln_schedule bad[] = {
       {.kind = KILN_SCHEDULE_CONSTANT, .base_lr = -5.f},
@@ -443,12 +449,14 @@ Test(hardening, any_free_order_is_safe) {
   kiln_ctx *ctx = th_cpu_ctx();
   kiln_params *p = kiln_params_new(ctx);
   kiln_linear l;
-  cr_assert_eq(kiln_linear_init(&l, p, "fc", 3, 2, 1), KILN_OK);
+  cr_assert_eq(kiln_linear_init(&l, p, &(kiln_linear_options){.name = "fc", .in = 3, .out = 2}),
+               KILN_OK);
   kiln_optim *o = kiln_sgd_new(p, &(kiln_sgd_options){.lr = 0.1f, .momentum = 0.9f});
   uint8_t images[2 * 2 * 2] = {1, 2, 3, 4, 5, 6, 7, 8}, labels[2] = {1, 2};
   kiln_mnist mn = {.n = 2, .rows = 2, .cols = 2, .images = images, .labels = labels};
   kiln_dataset *ds = kiln_dataset_from_mnist(ctx, &mn, 0.f, 1.f);
-  kiln_loader *ld = kiln_loader_new(ds, 1, 1, 3, 0);
+  kiln_loader *ld =
+      kiln_loader_new(ds, &(kiln_loader_options){.batch = 1, .shuffle = 1, .seed = 3});
   cr_assert(o && ds && ld, "%s", th_err(ctx));
   kiln_ctx_free(ctx); /* it frees every tensor; the objects free their own memory after it */
   kiln_loader_free(ld);
@@ -535,7 +543,8 @@ Test(hardening, fifos_are_not_files, .timeout = 60) {
   kiln_ctx *ctx = th_cpu_ctx();
   kiln_params *p = kiln_params_new(ctx);
   kiln_linear l;
-  cr_assert_eq(kiln_linear_init(&l, p, "fc", 2, 2, 1), KILN_OK);
+  cr_assert_eq(kiln_linear_init(&l, p, &(kiln_linear_options){.name = "fc", .in = 2, .out = 2}),
+               KILN_OK);
   cr_assert_eq(kiln_params_load(p, path), KILN_ERR_IO);
   TH_ASSERT_ERROR(ctx, KILN_ERR_IO, "kiln_params_load", "not a regular file");
   kiln_ctx_clear_error(ctx);

@@ -417,13 +417,17 @@ Test(imagefolder, empty_class_missing_root_and_bad_options_are_errors) {
       {.batch = 2, .std = {0.2f, 0.f, 0.2f}},
       {.batch = 2, .dtype = KILN_DTYPE_I32},
       {.batch = 2, .height = -3},
+      {.batch = 2, .shuffle = 2},
+      {.batch = 2, .drop_last = -1},
+      {.batch = 2, .no_flip = 3},
   };
-  const char *says[] = {"batch 0",   "resize 100", "scale [0.5, 0.25]", "ratio [-1",
-                        "channel 1", "dtype i32",  "height -3"};
-  for (int i = 0; i < 7; i++) {
-    cr_assert_null(kiln_image_loader_new(f, &bad[i]), "options %d", i);
+  const char *says[] = {
+      "batch 0",   "resize 100", "scale [0.5, 0.25]",        "ratio [-1",    "channel 1",
+      "dtype i32", "height -3",  "shuffle 2 must be 0 or 1", "drop_last -1", "no_flip 3"};
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    cr_assert_null(kiln_image_loader_new(f, &bad[i]), "options %zu", i);
     cr_assert(strstr(th_err(ctx), "kiln_image_loader_new") && strstr(th_err(ctx), says[i]),
-              "options %d: %s", i, th_err(ctx));
+              "options %zu: %s", i, th_err(ctx));
     kiln_ctx_clear_error(ctx);
   }
   kiln_image_folder_free(f);

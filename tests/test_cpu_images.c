@@ -261,7 +261,6 @@ Test(images, layer_misuse_names_the_function) {
   kiln_conv2d_layer cl;
   kiln_batch_norm_layer bl;
   kiln_layer_norm_layer ll;
-  kiln_conv2d_options g4 = {.groups = 4};
   /* groups of 4 divide neither 6 nor 4 channels; a kernel of 0; no channels */
 #define INIT_FAILS(expr, fname)                                                                    \
   do {                                                                                             \
@@ -271,24 +270,44 @@ Test(images, layer_misuse_names_the_function) {
     cr_assert_eq(kiln_params_count(p), 0, "%s added to the list while failing", #expr);            \
     expect_errored(ctx, #expr, fname);                                                             \
   } while (0)
-  INIT_FAILS(kiln_conv2d_layer_init(&cl, p, "c", 6, 4, 3, 3, &g4, 1), "kiln_conv2d_layer_init");
-  INIT_FAILS(kiln_conv2d_layer_init(&cl, p, "c", 3, 4, 0, 3, NULL, 1), "kiln_conv2d_layer_init");
-  INIT_FAILS(kiln_conv2d_layer_init(&cl, p, "c", 0, 4, 3, 3, NULL, 1), "kiln_conv2d_layer_init");
-  INIT_FAILS(kiln_batch_norm_layer_init(&bl, p, "bn", 0, 0.f, 0.f, 1),
+  INIT_FAILS(kiln_conv2d_layer_init(&cl, p,
+                                    &(kiln_conv2d_layer_options){
+                                        .name = "c", .in = 6, .out = 4, .kernel = 3, .groups = 4}),
+             "kiln_conv2d_layer_init");
+  INIT_FAILS(
+      kiln_conv2d_layer_init(&cl, p,
+                             &(kiln_conv2d_layer_options){
+                                 .name = "c", .in = 3, .out = 4, .kernel_h = 0, .kernel_w = 3}),
+      "kiln_conv2d_layer_init");
+  INIT_FAILS(kiln_conv2d_layer_init(
+                 &cl, p, &(kiln_conv2d_layer_options){.name = "c", .in = 0, .out = 4, .kernel = 3}),
+             "kiln_conv2d_layer_init");
+  INIT_FAILS(kiln_batch_norm_layer_init(
+                 &bl, p, &(kiln_batch_norm_layer_options){.name = "bn", .features = 0}),
              "kiln_batch_norm_layer_init");
-  INIT_FAILS(kiln_layer_norm_layer_init(&ll, p, "ln", 0, 0.f), "kiln_layer_norm_layer_init");
+  INIT_FAILS(kiln_layer_norm_layer_init(
+                 &ll, p, &(kiln_layer_norm_layer_options){.name = "ln", .features = 0}),
+             "kiln_layer_norm_layer_init");
 #undef INIT_FAILS
   /* a name taken: the second layer of that name adds nothing */
-  cr_assert_eq(kiln_conv2d_layer_init(&cl, p, "c", 3, 4, 3, 3, NULL, 1), KILN_OK, "%s",
-               th_err(ctx));
+  cr_assert_eq(
+      kiln_conv2d_layer_init(
+          &cl, p, &(kiln_conv2d_layer_options){.name = "c", .in = 3, .out = 4, .kernel = 3}),
+      KILN_OK, "%s", th_err(ctx));
   kiln_conv2d_layer again;
-  cr_assert_neq(kiln_conv2d_layer_init(&again, p, "c", 3, 4, 3, 3, NULL, 1), KILN_OK);
+  cr_assert_neq(
+      kiln_conv2d_layer_init(
+          &again, p, &(kiln_conv2d_layer_options){.name = "c", .in = 3, .out = 4, .kernel = 3}),
+      KILN_OK);
   cr_assert_eq(kiln_params_count(p), 2);
   TH_ASSERT_ERROR(ctx, kiln_ctx_status(ctx), "kiln_conv2d_layer_init");
   kiln_ctx_clear_error(ctx);
-  cr_assert_eq(kiln_batch_norm_layer_init(&bl, p, "bn", 4, 0.f, 0.f, 1), KILN_OK, "%s",
-               th_err(ctx));
-  cr_assert_eq(kiln_layer_norm_layer_init(&ll, p, "ln", 4, 0.f), KILN_OK, "%s", th_err(ctx));
+  cr_assert_eq(kiln_batch_norm_layer_init(
+                   &bl, p, &(kiln_batch_norm_layer_options){.name = "bn", .features = 4}),
+               KILN_OK, "%s", th_err(ctx));
+  cr_assert_eq(kiln_layer_norm_layer_init(
+                   &ll, p, &(kiln_layer_norm_layer_options){.name = "ln", .features = 4}),
+               KILN_OK, "%s", th_err(ctx));
   /* forwards on inputs of the wrong channel count or rank */
   kiln_tensor *x5 = th_f32(ctx, KILN_SHAPE(2, 6, 6, 5)), *x3d = th_f32(ctx, KILN_SHAPE(6, 6, 3));
   EXPECT_FAIL(ctx, kiln_conv2d_layer_forward(&cl, x5), "kiln_conv2d");
@@ -319,18 +338,36 @@ Test(images, layers_parameter_lists) {
   kiln_ctx *ctx = th_cpu_ctx();
   kiln_params *p = kiln_params_new(ctx);
   kiln_conv2d_layer c1, c2;
-  kiln_conv2d_options o = {.stride_h = 2, .stride_w = 2, .pad_h = 1, .pad_w = 2, .groups = 2};
-  cr_assert_eq(kiln_conv2d_layer_init(&c1, p, "conv1", 4, 6, 3, 5, &o, 1), KILN_OK, "%s",
-               th_err(ctx));
-  cr_assert_eq(kiln_conv2d_layer_init(&c2, p, "conv2", 6, 8, 1, 1, NULL, 0), KILN_OK, "%s",
-               th_err(ctx));
+  cr_assert_eq(kiln_conv2d_layer_init(&c1, p,
+                                      &(kiln_conv2d_layer_options){.name = "conv1",
+                                                                   .in = 4,
+                                                                   .out = 6,
+                                                                   .kernel_h = 3,
+                                                                   .kernel_w = 5,
+                                                                   .stride = 2,
+                                                                   .pad_h = 1,
+                                                                   .pad_w = 2,
+                                                                   .groups = 2}),
+               KILN_OK, "%s", th_err(ctx));
+  cr_assert_eq(
+      kiln_conv2d_layer_init(&c2, p,
+                             &(kiln_conv2d_layer_options){
+                                 .name = "conv2", .in = 6, .out = 8, .kernel = 1, .no_bias = 1}),
+      KILN_OK, "%s", th_err(ctx));
   kiln_batch_norm_layer bn, bn_plain;
-  cr_assert_eq(kiln_batch_norm_layer_init(&bn, p, "bn", 8, 0.f, 0.f, 1), KILN_OK, "%s",
-               th_err(ctx));
-  cr_assert_eq(kiln_batch_norm_layer_init(&bn_plain, p, "bn2", 8, 0.3f, 1e-3f, 0), KILN_OK, "%s",
-               th_err(ctx));
+  cr_assert_eq(kiln_batch_norm_layer_init(
+                   &bn, p, &(kiln_batch_norm_layer_options){.name = "bn", .features = 8}),
+               KILN_OK, "%s", th_err(ctx));
+  cr_assert_eq(
+      kiln_batch_norm_layer_init(
+          &bn_plain, p,
+          &(kiln_batch_norm_layer_options){
+              .name = "bn2", .features = 8, .momentum = 0.3f, .eps = 1e-3f, .no_affine = 1}),
+      KILN_OK, "%s", th_err(ctx));
   kiln_layer_norm_layer ln;
-  cr_assert_eq(kiln_layer_norm_layer_init(&ln, p, "ln", 8, 0.f), KILN_OK, "%s", th_err(ctx));
+  cr_assert_eq(kiln_layer_norm_layer_init(
+                   &ln, p, &(kiln_layer_norm_layer_options){.name = "ln", .features = 8}),
+               KILN_OK, "%s", th_err(ctx));
 
   /* PyTorch's names and layouts */
   expect_param(p, 0, "conv1.weight", KILN_SHAPE(6, 2, 3, 5), 0);
@@ -454,11 +491,14 @@ Test(images, conv_bn_relu_block_plans_and_compiles) {
   kiln_params *p = kiln_params_new(ctx);
   kiln_conv2d_layer conv;
   kiln_batch_norm_layer bn;
-  kiln_conv2d_options o = {.pad_h = 1, .pad_w = 1};
-  cr_assert_eq(kiln_conv2d_layer_init(&conv, p, "conv", 3, 16, 3, 3, &o, 1), KILN_OK, "%s",
-               th_err(ctx));
-  cr_assert_eq(kiln_batch_norm_layer_init(&bn, p, "bn", 16, 0.f, 0.f, 1), KILN_OK, "%s",
-               th_err(ctx));
+  cr_assert_eq(
+      kiln_conv2d_layer_init(&conv, p,
+                             &(kiln_conv2d_layer_options){
+                                 .name = "conv", .in = 3, .out = 16, .kernel = 3, .padding = 1}),
+      KILN_OK, "%s", th_err(ctx));
+  cr_assert_eq(kiln_batch_norm_layer_init(
+                   &bn, p, &(kiln_batch_norm_layer_options){.name = "bn", .features = 16}),
+               KILN_OK, "%s", th_err(ctx));
   kiln_tensor *x = th_f32(ctx, KILN_SHAPE(8, 12, 12, 3));
 
   for (int backward = 0; backward < 2; backward++) {

@@ -4,7 +4,8 @@
  * (1,199,882) and print(model)'s text, and records, differentiates, plans and compiles a training
  * step; nested containers give dotted names with batch norm's buffers beside its parameters (and
  * out of the count), custom layers run their function; bad options and names fail naming the
- * layer and leave the container as it was; kiln_module_call runs a module as a forward callback.
+ * layer and leave the container as it was; a layer's init and its module take one options struct;
+ * kiln_module_call runs a module as a forward callback.
  */
 #include <string.h>
 
@@ -14,17 +15,17 @@
 /* pytorch/examples mnist's Net as an nn.Sequential */
 static kiln_module *mnist_net(kiln_params *p) {
   kiln_module *net = kiln_sequential_new(p);
-  kiln_seq_conv2d(net, &(kiln_conv2d_module_options){.in = 1, .out = 32, .kernel = 3});
+  kiln_seq_conv2d(net, &(kiln_conv2d_layer_options){.in = 1, .out = 32, .kernel = 3});
   kiln_seq_relu(net);
-  kiln_seq_conv2d(net, &(kiln_conv2d_module_options){.in = 32, .out = 64, .kernel = 3});
+  kiln_seq_conv2d(net, &(kiln_conv2d_layer_options){.in = 32, .out = 64, .kernel = 3});
   kiln_seq_relu(net);
   kiln_seq_max_pool2d(net, &(kiln_pool2d_options){.kernel_h = 2, .kernel_w = 2});
   kiln_seq_dropout(net, 0.25f);
   kiln_seq_flatten(net);
-  kiln_seq_linear(net, &(kiln_linear_module_options){.in = 9216, .out = 128});
+  kiln_seq_linear(net, &(kiln_linear_options){.in = 9216, .out = 128});
   kiln_seq_relu(net);
   kiln_seq_dropout(net, 0.5f);
-  kiln_seq_linear(net, &(kiln_linear_module_options){.in = 128, .out = 10});
+  kiln_seq_linear(net, &(kiln_linear_options){.in = 128, .out = 10});
   return net;
 }
 
@@ -91,14 +92,14 @@ Test(modules, nested_containers_buffers_and_custom_layers) {
   kiln_params *p = kiln_params_new(ctx);
   kiln_module *net = kiln_sequential_new(p);
   kiln_module *features = kiln_seq_sequential(net, "features");
-  kiln_seq_conv2d(features, &(kiln_conv2d_module_options){
+  kiln_seq_conv2d(features, &(kiln_conv2d_layer_options){
                                 .in = 3, .out = 8, .kernel = 3, .padding = 1, .no_bias = 1});
-  kiln_seq_batch_norm(features, &(kiln_batch_norm_module_options){.features = 8});
+  kiln_seq_batch_norm(features, &(kiln_batch_norm_layer_options){.features = 8});
   kiln_seq_gelu(features, KILN_GELU_TANH);
   int calls = 0;
   kiln_seq_custom(features, "Twice", twice, &calls);
   kiln_seq_global_avg_pool2d(net);
-  kiln_seq_linear(net, &(kiln_linear_module_options){.name = "head", .in = 8, .out = 5});
+  kiln_seq_linear(net, &(kiln_linear_options){.name = "head", .in = 8, .out = 5});
   th_assert_ok(ctx);
   const char *names[] = {
       "features.0.weight",      "features.1.weight", "features.1.bias", "features.1.running_mean",
@@ -141,33 +142,43 @@ Test(modules, bad_options_and_names_leave_the_container_as_it_was) {
   kiln_params *p = kiln_params_new(ctx);
   kiln_module *net = kiln_sequential_new(p);
   kiln_module *relu = kiln_seq_relu(net);
-  static const char *const says[] = {"kernel 0 x 0",
+  static const char *const says[] = {"kiln_seq_conv2d: '1': in 3, out 8, kernel 0 x 0",
                                      "NULL options",
-                                     "in_features 0",
+                                     "kiln_seq_linear: '1': in 0",
                                      "eps -1",
                                      "p 1 must be in [0, 1)",
                                      "kernel_h 0",
                                      "added to a container",
                                      "without '.'",
                                      "already has a child '0'",
-                                     "NULL function"};
+                                     "NULL function",
+                                     "kiln_seq_conv2d: '1': no_bias 2 must be 0 or 1",
+                                     "kiln_seq_batch_norm: '1': momentum 2 must be in [0, 1]"};
   for (size_t i = 0; i < sizeof says / sizeof says[0]; i++) {
     kiln_module *got = NULL;
     switch (i) {
-    case 0: got = kiln_seq_conv2d(net, &(kiln_conv2d_module_options){.in = 3, .out = 8}); break;
+    case 0: got = kiln_seq_conv2d(net, &(kiln_conv2d_layer_options){.in = 3, .out = 8}); break;
     case 1: got = kiln_seq_conv2d(net, NULL); break;
-    case 2: got = kiln_seq_linear(net, &(kiln_linear_module_options){.in = 0, .out = 3}); break;
+    case 2: got = kiln_seq_linear(net, &(kiln_linear_options){.in = 0, .out = 3}); break;
     case 3:
-      got = kiln_seq_batch_norm(net, &(kiln_batch_norm_module_options){.features = 4, .eps = -1.f});
+      got = kiln_seq_batch_norm(net, &(kiln_batch_norm_layer_options){.features = 4, .eps = -1.f});
       break;
     case 4: got = kiln_seq_dropout(net, 1.f); break;
     case 5: got = kiln_seq_max_pool2d(net, NULL); break;
     case 6: got = kiln_seq_relu(relu); break;
     case 7: got = kiln_seq_sequential(net, "a.b"); break;
     case 8:
-      got = kiln_seq_linear(net, &(kiln_linear_module_options){.name = "0", .in = 2, .out = 3});
+      got = kiln_seq_linear(net, &(kiln_linear_options){.name = "0", .in = 2, .out = 3});
       break;
     case 9: got = kiln_seq_custom(net, "Nothing", NULL, NULL); break;
+    case 10:
+      got = kiln_seq_conv2d(
+          net, &(kiln_conv2d_layer_options){.in = 3, .out = 8, .kernel = 3, .no_bias = 2});
+      break;
+    case 11:
+      got =
+          kiln_seq_batch_norm(net, &(kiln_batch_norm_layer_options){.features = 4, .momentum = 2});
+      break;
     }
     cr_assert_null(got, "case %zu", i);
     cr_assert(strstr(th_err(ctx), says[i]), "case %zu: %s", i, th_err(ctx));
@@ -175,7 +186,7 @@ Test(modules, bad_options_and_names_leave_the_container_as_it_was) {
   }
   /* nothing was added: the next child is still 1, and no parameter was made */
   cr_assert_eq(kiln_params_count(p), 0);
-  kiln_module *lin = kiln_seq_linear(net, &(kiln_linear_module_options){.in = 2, .out = 3});
+  kiln_module *lin = kiln_seq_linear(net, &(kiln_linear_options){.in = 2, .out = 3});
   cr_assert_not_null(lin, "%s", th_err(ctx));
   cr_assert_str_eq(kiln_params_name(p, 0), "1.weight");
   kiln_module_free(lin); /* a child: an error, and nothing freed */
@@ -183,6 +194,60 @@ Test(modules, bad_options_and_names_leave_the_container_as_it_was) {
   kiln_ctx_clear_error(ctx);
   kiln_module_free(net);
   kiln_params_free(p);
+  th_ctx_free(ctx);
+}
+
+/* A layer and a module are made from one options struct: the same value gives the same layer
+ * (its parameters' names and shapes, its options, its printout), named .name by the layer's init
+ * and, in a container, as its child. */
+Test(modules, a_layer_and_a_module_take_the_same_options) {
+  kiln_ctx *ctx = th_cpu_ctx();
+  kiln_params *lp = kiln_params_new(ctx), *mp = kiln_params_new(ctx);
+  kiln_conv2d_layer_options co = {.name = "conv",
+                                  .in = 3,
+                                  .out = 8,
+                                  .kernel_h = 3,
+                                  .kernel_w = 1,
+                                  .stride = 2,
+                                  .padding = 1,
+                                  .no_bias = 1};
+  kiln_batch_norm_layer_options bo = {
+      .name = "bn", .features = 8, .momentum = KILN_ZERO, .no_affine = 1};
+  kiln_linear_options lo = {.name = "fc", .in = 8, .out = 4};
+  kiln_conv2d_layer conv;
+  kiln_batch_norm_layer bn;
+  kiln_linear fc;
+  cr_assert_eq(kiln_conv2d_layer_init(&conv, lp, &co), KILN_OK, "%s", th_err(ctx));
+  cr_assert_eq(kiln_batch_norm_layer_init(&bn, lp, &bo), KILN_OK, "%s", th_err(ctx));
+  cr_assert_eq(kiln_linear_init(&fc, lp, &lo), KILN_OK, "%s", th_err(ctx));
+  kiln_module *net = kiln_sequential_new(mp);
+  cr_assert_not_null(kiln_seq_conv2d(net, &co), "%s", th_err(ctx));
+  cr_assert_not_null(kiln_seq_batch_norm(net, &bo), "%s", th_err(ctx));
+  cr_assert_not_null(kiln_seq_linear(net, &lo), "%s", th_err(ctx));
+  const char *names[] = {"conv.weight", "bn.running_mean", "bn.running_var", "fc.weight",
+                         "fc.bias"};
+  cr_assert_eq(kiln_params_count(lp), 5);
+  cr_assert_eq(kiln_params_count(mp), 5);
+  for (int i = 0; i < 5; i++) {
+    cr_assert_str_eq(kiln_params_name(lp, i), names[i]);
+    cr_assert_str_eq(kiln_params_name(mp, i), names[i]);
+    th_assert_shape(kiln_params_get(mp, i), kiln_tensor_shape(kiln_params_get(lp, i)));
+  }
+  th_assert_shape(conv.weight, KILN_SHAPE(8, 3, 3, 1));
+  cr_assert(conv.opt.stride_h == 2 && conv.opt.stride_w == 2 && conv.opt.pad_h == 1 &&
+            conv.opt.pad_w == 1);
+  cr_assert(bn.momentum == 0.f && bn.eps == 1e-5f && !bn.weight);
+  char *text = kiln_module_describe(net);
+  cr_assert(strstr(text, "  (conv): Conv2d(3, 8, kernel_size=(3, 1), stride=(2, 2), "
+                         "padding=(1, 1), bias=False)\n"
+                         "  (bn): BatchNorm2d(8, eps=1e-05, momentum=0, affine=False, "
+                         "track_running_stats=True)\n"
+                         "  (fc): Linear(in_features=8, out_features=4, bias=True)\n"),
+            "%s", text);
+  free(text);
+  kiln_module_free(net);
+  kiln_params_free(mp);
+  kiln_params_free(lp);
   th_ctx_free(ctx);
 }
 

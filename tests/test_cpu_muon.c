@@ -257,7 +257,11 @@ Test(muon, matrices_only) {
   th_net m;
   th_net_init(&m, ctx, 8, 2, dims);
   kiln_conv2d_layer conv;
-  cr_assert_eq(kiln_conv2d_layer_init(&conv, m.params, "conv", 3, 5, 3, 3, NULL, 0), KILN_OK);
+  cr_assert_eq(
+      kiln_conv2d_layer_init(&conv, m.params,
+                             &(kiln_conv2d_layer_options){
+                                 .name = "conv", .in = 3, .out = 5, .kernel = 3, .no_bias = 1}),
+      KILN_OK);
   kiln_optim *o = kiln_muon_new(m.params, &(kiln_muon_options){.lr = 0.02f});
   cr_assert_not_null(o, "%s", th_err(ctx));
   th_net_backward(&m);
@@ -350,10 +354,18 @@ Test(muon, a_muon_and_sgd_step_plans_and_compiles_without_a_gpu) {
   kiln_params *p = kiln_params_new(ctx);
   kiln_conv2d_layer c1, c2;
   kiln_linear fc;
-  kiln_conv2d_options pad = {.pad_h = 1, .pad_w = 1};
-  cr_assert_eq(kiln_conv2d_layer_init(&c1, p, "c1", 3, 8, 3, 3, &pad, 1), KILN_OK);
-  cr_assert_eq(kiln_conv2d_layer_init(&c2, p, "c2", 8, 24, 3, 3, &pad, 0), KILN_OK); /* tall */
-  cr_assert_eq(kiln_linear_init(&fc, p, "fc", 24, 10, 1), KILN_OK);
+  cr_assert_eq(
+      kiln_conv2d_layer_init(
+          &c1, p,
+          &(kiln_conv2d_layer_options){.name = "c1", .in = 3, .out = 8, .kernel = 3, .padding = 1}),
+      KILN_OK);
+  cr_assert_eq(kiln_conv2d_layer_init(
+                   &c2, p,
+                   &(kiln_conv2d_layer_options){
+                       .name = "c2", .in = 8, .out = 24, .kernel = 3, .padding = 1, .no_bias = 1}),
+               KILN_OK); /* tall */
+  cr_assert_eq(kiln_linear_init(&fc, p, &(kiln_linear_options){.name = "fc", .in = 24, .out = 10}),
+               KILN_OK);
   kiln_tensor *x = th_new(ctx, KILN_DTYPE_F32, KILN_SHAPE(4, 8, 8, 3));
   kiln_tensor *y = th_new(ctx, KILN_DTYPE_I32, KILN_SHAPE(4));
   kiln_optim *mu = kiln_muon_new(

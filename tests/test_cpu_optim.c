@@ -230,7 +230,8 @@ Test(optim, learning_rate_schedules) {
   kiln_ctx *ctx = th_cpu_ctx();
   kiln_params *p = kiln_params_new(ctx);
   kiln_linear l;
-  cr_assert_eq(kiln_linear_init(&l, p, "fc", 4, 3, 1), KILN_OK);
+  cr_assert_eq(kiln_linear_init(&l, p, &(kiln_linear_options){.name = "fc", .in = 4, .out = 3}),
+               KILN_OK);
   kiln_optim *o = kiln_sgd_new(p, &(kiln_sgd_options){.lr = 9.f});
   kiln_optim_set_schedule(o, &co);
   for (int t = 0; t < 3; t++) {

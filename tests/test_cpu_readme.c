@@ -142,7 +142,9 @@ Test(readme, a_batch_larger_than_the_data_set_is_one_partial_batch) {
     int64_t batch = cases[i][0], want = cases[i][2];
     int drop_last = (int)cases[i][1];
     for (int shuffle = 0; shuffle < 2; shuffle++) {
-      kiln_loader *l = kiln_loader_new(ds, batch, shuffle, 7, drop_last);
+      kiln_loader *l = kiln_loader_new(
+          ds, &(kiln_loader_options){
+                  .batch = batch, .shuffle = shuffle, .seed = 7, .drop_last = drop_last});
       cr_assert_not_null(l, "batch %lld: %s", (long long)batch, th_err(ctx));
       cr_assert_eq(kiln_loader_batches(l), want, "batch %lld drop_last %d: %lld batches",
                    (long long)batch, drop_last, (long long)kiln_loader_batches(l));
@@ -152,12 +154,22 @@ Test(readme, a_batch_larger_than_the_data_set_is_one_partial_batch) {
     }
   }
   th_assert_ok(ctx);
-  /* a batch of 0 or less is still an error, naming the value */
-  cr_assert_null(kiln_loader_new(ds, 0, 0, 0, 0));
+  /* a batch of 0 or less is an error, naming the value */
+  cr_assert_null(kiln_loader_new(ds, &(kiln_loader_options){.batch = 0}));
   TH_ASSERT_ERROR(ctx, KILN_ERR_INVALID, "kiln_loader_new", "batch 0");
   kiln_ctx_clear_error(ctx);
-  cr_assert_null(kiln_loader_new(ds, -3, 0, 0, 1));
+  cr_assert_null(kiln_loader_new(ds, &(kiln_loader_options){.batch = -3, .drop_last = 1}));
   TH_ASSERT_ERROR(ctx, KILN_ERR_INVALID, "kiln_loader_new", "-3");
+  kiln_ctx_clear_error(ctx);
+  /* the options are checked as a layer's: flags are 0 or 1, and NULL names what is required */
+  cr_assert_null(kiln_loader_new(ds, &(kiln_loader_options){.batch = 2, .shuffle = 2}));
+  TH_ASSERT_ERROR(ctx, KILN_ERR_INVALID, "kiln_loader_new: shuffle 2 must be 0 or 1");
+  kiln_ctx_clear_error(ctx);
+  cr_assert_null(kiln_loader_new(ds, &(kiln_loader_options){.batch = 2, .drop_last = -1}));
+  TH_ASSERT_ERROR(ctx, KILN_ERR_INVALID, "kiln_loader_new: drop_last -1 must be 0 or 1");
+  kiln_ctx_clear_error(ctx);
+  cr_assert_null(kiln_loader_new(ds, NULL));
+  TH_ASSERT_ERROR(ctx, KILN_ERR_INVALID, "kiln_loader_new: NULL options (batch is required)");
   kiln_ctx_clear_error(ctx);
   kiln_dataset_free(ds);
   th_ctx_free(ctx);

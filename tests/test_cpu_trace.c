@@ -12,7 +12,8 @@ Test(trace, linear_layer_records_permute_matmul_add) {
   kiln_ctx *ctx = th_cpu_ctx();
   kiln_params *p = kiln_params_new(ctx);
   kiln_linear l;
-  cr_assert_eq(kiln_linear_init(&l, p, "fc", 784, 512, 1), KILN_OK);
+  cr_assert_eq(kiln_linear_init(&l, p, &(kiln_linear_options){.name = "fc", .in = 784, .out = 512}),
+               KILN_OK);
   cr_assert_eq(kiln_params_count(p), 2);
   cr_assert_str_eq(kiln_params_name(p, 0), "fc.weight");
   cr_assert_str_eq(kiln_params_name(p, 1), "fc.bias");
@@ -46,12 +47,16 @@ Test(trace, linear_layer_records_permute_matmul_add) {
                  "kiln_linear_forward", "[4,100]", "fc.weight", "784");
   kiln_linear l2;
   int np = kiln_params_count(p);
-  cr_assert_eq(kiln_linear_init(&l2, p, "fc", 3, 4, 0), KILN_ERR_INVALID);
+  cr_assert_eq(kiln_linear_init(
+                   &l2, p, &(kiln_linear_options){.name = "fc", .in = 3, .out = 4, .no_bias = 1}),
+               KILN_ERR_INVALID);
   TH_ASSERT_ERROR(ctx, KILN_ERR_INVALID, "kiln_linear_init", "fc.weight", "taken");
   cr_assert_eq(kiln_params_count(p), np, "a failed init adds nothing");
   kiln_ctx_clear_error(ctx);
-  cr_assert_eq(kiln_linear_init(&l2, p, "bad", 0, 4, 0), KILN_ERR_INVALID);
-  TH_ASSERT_ERROR(ctx, KILN_ERR_INVALID, "kiln_linear_init", "in_features 0");
+  cr_assert_eq(kiln_linear_init(
+                   &l2, p, &(kiln_linear_options){.name = "bad", .in = 0, .out = 4, .no_bias = 1}),
+               KILN_ERR_INVALID);
+  TH_ASSERT_ERROR(ctx, KILN_ERR_INVALID, "kiln_linear_init", "'bad'", "in 0");
   kiln_ctx_clear_error(ctx);
   kiln_params_free(p);
   th_free_scratch();

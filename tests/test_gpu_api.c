@@ -56,7 +56,7 @@ Test(gpu_api, dataset_from_host_values_and_batches) {
   for (int i = 0; i < N; i++)
     cr_assert_eq(gl[i], (i * 7) % 10, "label %d", i);
   /* in order, the loader's batches are the rows, in the images' shape */
-  kiln_loader *l = kiln_loader_new(ds, 8, 0, 0, 0);
+  kiln_loader *l = kiln_loader_new(ds, &(kiln_loader_options){.batch = 8});
   cr_assert_not_null(l, "%s", th_err(ctx));
   for (int b = 0; b < 3; b++) {
     kiln_step_begin(ctx);

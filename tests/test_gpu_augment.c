@@ -562,7 +562,8 @@ static void loader_steps(int mode, const float *data, loader_run *out) {
     labels[i] = i;
   kiln_dataset *ds = kiln_dataset_from_host(ctx, KILN_HOST_F32, KILN_SHAPE(LN, 6, 7, 3), data,
                                             (kiln_host_labels){.i32 = labels}, NULL);
-  kiln_loader *l = kiln_loader_new(ds, LB, 1, 13, 1);
+  kiln_loader *l = kiln_loader_new(
+      ds, &(kiln_loader_options){.batch = LB, .shuffle = 1, .seed = 13, .drop_last = 1});
   cr_assert_not_null(l, "%s", th_err(ctx));
   kiln_manual_seed(ctx, 31);
   int s = 0;

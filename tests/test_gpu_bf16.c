@@ -223,12 +223,29 @@ typedef struct net {
 static void net_init(kiln_ctx *ctx, net *m) {
   kiln_manual_seed(ctx, 5);
   m->params = kiln_params_new(ctx);
-  kiln_conv2d_options pad = {.pad_h = 1, .pad_w = 1};
-  cr_assert_eq(kiln_conv2d_layer_init(&m->c1, m->params, "c1", 3, 8, 3, 3, &pad, 0), KILN_OK);
-  cr_assert_eq(kiln_batch_norm_layer_init(&m->b1, m->params, "b1", 8, 0.1f, 1e-5f, 1), KILN_OK);
-  cr_assert_eq(kiln_conv2d_layer_init(&m->c2, m->params, "c2", 8, 16, 3, 3, &pad, 0), KILN_OK);
-  cr_assert_eq(kiln_batch_norm_layer_init(&m->b2, m->params, "b2", 16, 0.1f, 1e-5f, 1), KILN_OK);
-  cr_assert_eq(kiln_linear_init(&m->fc, m->params, "fc", 16, 10, 1), KILN_OK);
+  cr_assert_eq(kiln_conv2d_layer_init(
+                   &m->c1, m->params,
+                   &(kiln_conv2d_layer_options){
+                       .name = "c1", .in = 3, .out = 8, .kernel = 3, .padding = 1, .no_bias = 1}),
+               KILN_OK);
+  cr_assert_eq(
+      kiln_batch_norm_layer_init(&m->b1, m->params,
+                                 &(kiln_batch_norm_layer_options){
+                                     .name = "b1", .features = 8, .momentum = 0.1f, .eps = 1e-5f}),
+      KILN_OK);
+  cr_assert_eq(kiln_conv2d_layer_init(
+                   &m->c2, m->params,
+                   &(kiln_conv2d_layer_options){
+                       .name = "c2", .in = 8, .out = 16, .kernel = 3, .padding = 1, .no_bias = 1}),
+               KILN_OK);
+  cr_assert_eq(
+      kiln_batch_norm_layer_init(&m->b2, m->params,
+                                 &(kiln_batch_norm_layer_options){
+                                     .name = "b2", .features = 16, .momentum = 0.1f, .eps = 1e-5f}),
+      KILN_OK);
+  cr_assert_eq(kiln_linear_init(&m->fc, m->params,
+                                &(kiln_linear_options){.name = "fc", .in = 16, .out = 10}),
+               KILN_OK);
   kiln_sgd_options o = kiln_sgd_defaults(0.05f);
   o.momentum = 0.9f;
   o.nesterov = 1;

@@ -168,8 +168,8 @@ typedef struct run {
 static void run_init(kiln_ctx *ctx, run *r, int adam) {
   kiln_manual_seed(ctx, 17);
   r->p = kiln_params_new(ctx);
-  kiln_linear_init(&r->l1, r->p, "fc1", 30, 24, 1);
-  kiln_linear_init(&r->l2, r->p, "fc2", 24, 6, 1);
+  kiln_linear_init(&r->l1, r->p, &(kiln_linear_options){.name = "fc1", .in = 30, .out = 24});
+  kiln_linear_init(&r->l2, r->p, &(kiln_linear_options){.name = "fc2", .in = 24, .out = 6});
   if (adam) {
     kiln_adam_options a = kiln_adamw_defaults();
     a.lr = 0.01f;
@@ -265,8 +265,8 @@ static void check_resume(int adam) {
     kiln_manual_seed(ctx, 99); /* other initial values than the checkpoint's */
     kiln_params *q = kiln_params_new(ctx);
     kiln_linear l1, l2;
-    kiln_linear_init(&l1, q, "fc1", 30, 24, 1);
-    kiln_linear_init(&l2, q, "fc2", 24, 6, 1);
+    kiln_linear_init(&l1, q, &(kiln_linear_options){.name = "fc1", .in = 30, .out = 24});
+    kiln_linear_init(&l2, q, &(kiln_linear_options){.name = "fc2", .in = 24, .out = 6});
     float extra_h[3] = {0.5f, -1.5f, 2.5f};
     if (how == 2)
       cr_assert_eq(

@@ -42,14 +42,22 @@ static void net_init(net *n, kiln_ctx *ctx, const net_cfg *cfg, uint64_t seed) {
   kiln_manual_seed(ctx, seed);
   n->p = kiln_params_new(ctx);
   cr_assert_not_null(n->p, "%s", th_err(ctx));
-  kiln_conv2d_options o = {.pad_h = cfg->pad, .pad_w = cfg->pad};
-  cr_assert_eq(kiln_conv2d_layer_init(&n->conv, n->p, "conv", cfg->cin, cfg->cout, 3, 3, &o, 1),
-               KILN_OK, "%s", th_err(ctx));
+  cr_assert_eq(
+      kiln_conv2d_layer_init(
+          &n->conv, n->p,
+          &(kiln_conv2d_layer_options){
+              .name = "conv", .in = cfg->cin, .out = cfg->cout, .kernel = 3, .padding = cfg->pad}),
+      KILN_OK, "%s", th_err(ctx));
   if (cfg->bn)
-    cr_assert_eq(kiln_batch_norm_layer_init(&n->bn, n->p, "bn", cfg->cout, 0.f, 0.f, 1), KILN_OK,
-                 "%s", th_err(ctx));
+    cr_assert_eq(
+        kiln_batch_norm_layer_init(
+            &n->bn, n->p, &(kiln_batch_norm_layer_options){.name = "bn", .features = cfg->cout}),
+        KILN_OK, "%s", th_err(ctx));
   int64_t pooled = (cfg->hw + 2 * cfg->pad - 2) / 2;
-  cr_assert_eq(kiln_linear_init(&n->fc, n->p, "fc", cfg->cout * pooled * pooled, cfg->classes, 1),
+  cr_assert_eq(kiln_linear_init(&n->fc, n->p,
+                                &(kiln_linear_options){.name = "fc",
+                                                       .in = cfg->cout * pooled * pooled,
+                                                       .out = cfg->classes}),
                KILN_OK, "%s", th_err(ctx));
   if (cfg->adam) {
     kiln_adam_options a = kiln_adam_defaults();

@@ -105,11 +105,15 @@ Test(gpu_evaluate, loss_and_accuracy_match_a_float64_reference, .timeout = 300) 
                                             (kiln_host_labels){.i32 = f.y, .classes = C}, NULL);
   kiln_params *p = kiln_params_new(ctx);
   model m = {0};
-  cr_assert_eq(kiln_linear_init(&m.fc, p, "fc", F, C, 1), KILN_OK);
+  cr_assert_eq(kiln_linear_init(&m.fc, p, &(kiln_linear_options){.name = "fc", .in = F, .out = C}),
+               KILN_OK);
   set_weights(&m, &f);
-  kiln_loader *in_order = kiln_loader_new(ds, B, 0, 0, 0); /* 16, 16, 16, 2 */
-  kiln_loader *shuffled = kiln_loader_new(ds, B, 1, 9, 0); /* the same samples */
-  kiln_loader *dropping = kiln_loader_new(ds, B, 0, 0, 1); /* the first 48 */
+  kiln_loader *in_order =
+      kiln_loader_new(ds, &(kiln_loader_options){.batch = B}); /* 16, 16, 16, 2 */
+  kiln_loader *shuffled = kiln_loader_new(
+      ds, &(kiln_loader_options){.batch = B, .shuffle = 1, .seed = 9}); /* the same samples */
+  kiln_loader *dropping =
+      kiln_loader_new(ds, &(kiln_loader_options){.batch = B, .drop_last = 1}); /* the first 48 */
   cr_assert(ds && in_order && shuffled && dropping, "%s", th_err(ctx));
   struct {
     kiln_loader *l;
@@ -158,9 +162,10 @@ Test(gpu_evaluate, evaluation_mode_an_unmoved_loader_and_replayed_graphs, .timeo
                                             (kiln_host_labels){.i32 = f.y}, NULL);
   kiln_params *p = kiln_params_new(ctx);
   model m = {.drop = 0.5f};
-  cr_assert_eq(kiln_linear_init(&m.fc, p, "fc", F, C, 1), KILN_OK);
+  cr_assert_eq(kiln_linear_init(&m.fc, p, &(kiln_linear_options){.name = "fc", .in = F, .out = C}),
+               KILN_OK);
   set_weights(&m, &f);
-  kiln_loader *l = kiln_loader_new(ds, B, 0, 0, 0);
+  kiln_loader *l = kiln_loader_new(ds, &(kiln_loader_options){.batch = B});
   cr_assert_not_null(l, "%s", th_err(ctx));
   /* the loader one batch into its epoch */
   kiln_step_begin(ctx);
@@ -209,14 +214,15 @@ Test(gpu_evaluate, a_module_and_a_bf16_forward_pass, .timeout = 300) {
   double want = ref_eval(&f, N, 0, &want_correct, 0.1, &close);
   kiln_dataset *ds = kiln_dataset_from_host(ctx, KILN_HOST_F32, KILN_SHAPE(N, 2, 3, 1), f.x,
                                             (kiln_host_labels){.i32 = f.y, .classes = C}, NULL);
-  kiln_loader *l = kiln_loader_new(ds, B, 0, 0, 0);
+  kiln_loader *l = kiln_loader_new(ds, &(kiln_loader_options){.batch = B});
   kiln_params *p = kiln_params_new(ctx);
   model m = {0};
-  cr_assert_eq(kiln_linear_init(&m.fc, p, "fc", F, C, 1), KILN_OK);
+  cr_assert_eq(kiln_linear_init(&m.fc, p, &(kiln_linear_options){.name = "fc", .in = F, .out = C}),
+               KILN_OK);
   set_weights(&m, &f);
   kiln_module *net = kiln_sequential_new(p);
   kiln_seq_flatten(net);
-  kiln_seq_linear(net, &(kiln_linear_module_options){.name = "head", .in = F, .out = C});
+  kiln_seq_linear(net, &(kiln_linear_options){.name = "head", .in = F, .out = C});
   cr_assert_not_null(l, "%s", th_err(ctx));
   cr_assert_eq(kiln_tensor_copy_from_host(kiln_params_find(p, "head.weight"), f.w, sizeof f.w),
                KILN_OK);
@@ -262,10 +268,11 @@ Test(gpu_evaluate, a_label_out_of_range_is_an_error, .timeout = 300) {
   f.y[bad] = C;
   kiln_dataset *ds = kiln_dataset_from_host(ctx, KILN_HOST_F32, KILN_SHAPE(N, 2, 3, 1), f.x,
                                             (kiln_host_labels){.i32 = f.y}, NULL);
-  kiln_loader *l = kiln_loader_new(ds, B, 0, 0, 0);
+  kiln_loader *l = kiln_loader_new(ds, &(kiln_loader_options){.batch = B});
   kiln_params *p = kiln_params_new(ctx);
   model m = {0};
-  cr_assert_eq(kiln_linear_init(&m.fc, p, "fc", F, C, 1), KILN_OK);
+  cr_assert_eq(kiln_linear_init(&m.fc, p, &(kiln_linear_options){.name = "fc", .in = F, .out = C}),
+               KILN_OK);
   set_weights(&m, &f);
   cr_assert_not_null(l, "%s", th_err(ctx));
   kiln_eval_result r, s;
@@ -306,10 +313,12 @@ Test(gpu_evaluate, counts_past_2_24_samples_stay_exact, .timeout = 300) {
                                             (kiln_host_labels){.i32 = y, .classes = 2}, NULL);
   free(x);
   free(y);
-  kiln_loader *l = kiln_loader_new(ds, (int64_t)1 << 20, 0, 0, 0); /* 17 batches */
+  kiln_loader *l =
+      kiln_loader_new(ds, &(kiln_loader_options){.batch = (int64_t)1 << 20}); /* 17 batches */
   kiln_params *p = kiln_params_new(ctx);
   model m = {0};
-  cr_assert_eq(kiln_linear_init(&m.fc, p, "fc", 1, 2, 1), KILN_OK);
+  cr_assert_eq(kiln_linear_init(&m.fc, p, &(kiln_linear_options){.name = "fc", .in = 1, .out = 2}),
+               KILN_OK);
   float w[2] = {-1.f, 1.f}, b[2] = {0.f, 0.f};
   cr_assert_eq(kiln_tensor_copy_from_host(m.fc.weight, w, sizeof w), KILN_OK);
   cr_assert_eq(kiln_tensor_copy_from_host(m.fc.bias, b, sizeof b), KILN_OK);

@@ -1316,10 +1316,14 @@ static void mlp_init(mlp *m, kiln_ctx *ctx, const float *xh, const int32_t *yh) 
   kiln_manual_seed(ctx, 2024);
   m->params = kiln_params_new(ctx);
   cr_assert_not_null(m->params, "kiln_params_new: %s", th_err(ctx));
-  cr_assert_eq(kiln_linear_init(&m->l1, m->params, "fc1", MLP_IN, MLP_HIDDEN, 1), KILN_OK, "%s",
-               th_err(ctx));
-  cr_assert_eq(kiln_linear_init(&m->l2, m->params, "fc2", MLP_HIDDEN, MLP_OUT, 1), KILN_OK, "%s",
-               th_err(ctx));
+  cr_assert_eq(
+      kiln_linear_init(&m->l1, m->params,
+                       &(kiln_linear_options){.name = "fc1", .in = MLP_IN, .out = MLP_HIDDEN}),
+      KILN_OK, "%s", th_err(ctx));
+  cr_assert_eq(
+      kiln_linear_init(&m->l2, m->params,
+                       &(kiln_linear_options){.name = "fc2", .in = MLP_HIDDEN, .out = MLP_OUT}),
+      KILN_OK, "%s", th_err(ctx));
   kiln_sgd_options o = kiln_sgd_defaults(0.05f);
   o.momentum = 0.9f;
   o.nesterov = 1;

@@ -27,8 +27,12 @@ static void net_init(net *n, kiln_ctx *ctx, bool graphs, bool adam, float drop) 
   kiln_set_graphs(ctx, graphs);
   kiln_manual_seed(ctx, 11);
   n->p = kiln_params_new(ctx);
-  cr_assert_eq(kiln_linear_init(&n->l1, n->p, "l1", 48, 64, 1), KILN_OK);
-  cr_assert_eq(kiln_linear_init(&n->l2, n->p, "l2", 64, 10, 1), KILN_OK);
+  cr_assert_eq(
+      kiln_linear_init(&n->l1, n->p, &(kiln_linear_options){.name = "l1", .in = 48, .out = 64}),
+      KILN_OK);
+  cr_assert_eq(
+      kiln_linear_init(&n->l2, n->p, &(kiln_linear_options){.name = "l2", .in = 64, .out = 10}),
+      KILN_OK);
   if (adam) {
     kiln_adam_options o = kiln_adamw_defaults();
     o.lr = 3e-3f;
@@ -355,7 +359,9 @@ Test(gpu_graph, loader_epochs_in_three_modes) {
     kiln_dataset *ds = kiln_dataset_from_mnist(ctx, &m, 0.5f, 0.3f);
     free(m.images);
     free(m.labels);
-    kiln_loader *l = kiln_loader_new(ds, 64, 1, 7, 0); /* 4 batches of 64, one of 44 */
+    kiln_loader *l = kiln_loader_new(
+        ds, &(kiln_loader_options){
+                .batch = 64, .shuffle = 1, .seed = 7}); /* 4 batches of 64, one of 44 */
     cr_assert_not_null(l, "%s", kiln_ctx_error(ctx));
     net n;
     net_init(&n, ctx, mode == 2, false, 0.f);
@@ -494,12 +500,29 @@ static void convnet_init(convnet *m, kiln_ctx *ctx, bool graphs) {
   kiln_set_graphs(ctx, graphs);
   kiln_manual_seed(ctx, 17);
   m->p = kiln_params_new(ctx);
-  kiln_conv2d_options pad = {.pad_h = 1, .pad_w = 1};
-  cr_assert_eq(kiln_conv2d_layer_init(&m->c1, m->p, "c1", 24, 64, 3, 3, &pad, 0), KILN_OK);
-  cr_assert_eq(kiln_batch_norm_layer_init(&m->b1, m->p, "b1", 64, 0.1f, 1e-5f, 1), KILN_OK);
-  cr_assert_eq(kiln_conv2d_layer_init(&m->c2, m->p, "c2", 64, 64, 3, 3, &pad, 0), KILN_OK);
-  cr_assert_eq(kiln_batch_norm_layer_init(&m->b2, m->p, "b2", 64, 0.1f, 1e-5f, 1), KILN_OK);
-  cr_assert_eq(kiln_linear_init(&m->fc, m->p, "fc", 64, 10, 1), KILN_OK);
+  cr_assert_eq(kiln_conv2d_layer_init(
+                   &m->c1, m->p,
+                   &(kiln_conv2d_layer_options){
+                       .name = "c1", .in = 24, .out = 64, .kernel = 3, .padding = 1, .no_bias = 1}),
+               KILN_OK);
+  cr_assert_eq(
+      kiln_batch_norm_layer_init(&m->b1, m->p,
+                                 &(kiln_batch_norm_layer_options){
+                                     .name = "b1", .features = 64, .momentum = 0.1f, .eps = 1e-5f}),
+      KILN_OK);
+  cr_assert_eq(kiln_conv2d_layer_init(
+                   &m->c2, m->p,
+                   &(kiln_conv2d_layer_options){
+                       .name = "c2", .in = 64, .out = 64, .kernel = 3, .padding = 1, .no_bias = 1}),
+               KILN_OK);
+  cr_assert_eq(
+      kiln_batch_norm_layer_init(&m->b2, m->p,
+                                 &(kiln_batch_norm_layer_options){
+                                     .name = "b2", .features = 64, .momentum = 0.1f, .eps = 1e-5f}),
+      KILN_OK);
+  cr_assert_eq(
+      kiln_linear_init(&m->fc, m->p, &(kiln_linear_options){.name = "fc", .in = 64, .out = 10}),
+      KILN_OK);
   kiln_sgd_options o = kiln_sgd_defaults(0.05f);
   o.momentum = 0.9f;
   o.nesterov = 1;

@@ -29,8 +29,12 @@ typedef struct net {
 static void net_init(kiln_ctx *ctx, net *m, const char *name1) {
   kiln_manual_seed(ctx, 11);
   m->p = kiln_params_new(ctx);
-  cr_assert_eq(kiln_linear_init(&m->l1, m->p, name1, 6, 5, 1), KILN_OK, "%s", th_err(ctx));
-  cr_assert_eq(kiln_linear_init(&m->l2, m->p, "l2", 5, 3, 1), KILN_OK, "%s", th_err(ctx));
+  cr_assert_eq(
+      kiln_linear_init(&m->l1, m->p, &(kiln_linear_options){.name = name1, .in = 6, .out = 5}),
+      KILN_OK, "%s", th_err(ctx));
+  cr_assert_eq(
+      kiln_linear_init(&m->l2, m->p, &(kiln_linear_options){.name = "l2", .in = 5, .out = 3}),
+      KILN_OK, "%s", th_err(ctx));
   m->o = kiln_adam_new(m->p, NULL);
   m->x = th_rand(ctx, KILN_SHAPE(8, 6), 5, -1.f, 1.f, NULL);
   int32_t y[8] = {0, 1, 2, 0, 1, 2, 0, 1};

@@ -39,13 +39,21 @@ Test(gpu_layers, conv2d_init_matches_pytorch_bounds) {
   TH_GPU_CTX(ctx);
   kiln_params *p = kiln_params_new(ctx);
   kiln_conv2d_layer big, grouped, plain;
-  kiln_conv2d_options g4 = {.groups = 4};
-  cr_assert_eq(kiln_conv2d_layer_init(&big, p, "big", 64, 128, 3, 3, NULL, 1), KILN_OK, "%s",
-               th_err(ctx));
-  cr_assert_eq(kiln_conv2d_layer_init(&grouped, p, "grouped", 8, 16, 3, 5, &g4, 1), KILN_OK, "%s",
-               th_err(ctx));
-  cr_assert_eq(kiln_conv2d_layer_init(&plain, p, "plain", 3, 5, 2, 2, NULL, 0), KILN_OK, "%s",
-               th_err(ctx));
+  cr_assert_eq(
+      kiln_conv2d_layer_init(
+          &big, p, &(kiln_conv2d_layer_options){.name = "big", .in = 64, .out = 128, .kernel = 3}),
+      KILN_OK, "%s", th_err(ctx));
+  cr_assert_eq(
+      kiln_conv2d_layer_init(
+          &grouped, p,
+          &(kiln_conv2d_layer_options){
+              .name = "grouped", .in = 8, .out = 16, .kernel_h = 3, .kernel_w = 5, .groups = 4}),
+      KILN_OK, "%s", th_err(ctx));
+  cr_assert_eq(
+      kiln_conv2d_layer_init(&plain, p,
+                             &(kiln_conv2d_layer_options){
+                                 .name = "plain", .in = 3, .out = 5, .kernel = 2, .no_bias = 1}),
+      KILN_OK, "%s", th_err(ctx));
   /* fan_in 64 * 9 = 576 */
   expect_uniform(big.weight, 1 / 24.0, 0.99, "big.weight (fan_in 576)");
   expect_uniform(big.bias, 1 / 24.0, 0.9, "big.bias (fan_in 576)");
@@ -60,9 +68,15 @@ Test(gpu_layers, conv2d_init_matches_pytorch_bounds) {
   kiln_manual_seed(ctx, 3);
   kiln_params *p2 = kiln_params_new(ctx), *p3 = kiln_params_new(ctx);
   kiln_conv2d_layer a, b;
-  cr_assert_eq(kiln_conv2d_layer_init(&a, p2, "c", 5, 7, 3, 3, NULL, 1), KILN_OK);
+  cr_assert_eq(
+      kiln_conv2d_layer_init(
+          &a, p2, &(kiln_conv2d_layer_options){.name = "c", .in = 5, .out = 7, .kernel = 3}),
+      KILN_OK);
   kiln_manual_seed(ctx, 3);
-  cr_assert_eq(kiln_conv2d_layer_init(&b, p3, "c", 5, 7, 3, 3, NULL, 1), KILN_OK);
+  cr_assert_eq(
+      kiln_conv2d_layer_init(
+          &b, p3, &(kiln_conv2d_layer_options){.name = "c", .in = 5, .out = 7, .kernel = 3}),
+      KILN_OK);
   float *va = th_read(a.weight), *vb = th_read(b.weight);
   cr_assert(memcmp(va, vb, 7 * 5 * 9 * sizeof *va) == 0, "one seed gave two initialisations");
   free(va);
@@ -78,8 +92,12 @@ Test(gpu_layers, conv2d_forward_matches_the_reference) {
   TH_GPU_CTX_EAGER(ctx);
   kiln_params *p = kiln_params_new(ctx);
   kiln_conv2d_layer l;
-  kiln_conv2d_options o = {.stride_h = 2, .stride_w = 2, .pad_h = 1, .pad_w = 1, .groups = 2};
-  cr_assert_eq(kiln_conv2d_layer_init(&l, p, "c", 6, 4, 3, 3, &o, 1), KILN_OK, "%s", th_err(ctx));
+  cr_assert_eq(
+      kiln_conv2d_layer_init(
+          &l, p,
+          &(kiln_conv2d_layer_options){
+              .name = "c", .in = 6, .out = 4, .kernel = 3, .stride = 2, .padding = 1, .groups = 2}),
+      KILN_OK, "%s", th_err(ctx));
   float *xh, *wh = th_read(l.weight), *bh = th_read(l.bias);
   kiln_shape xs = KILN_SHAPE(2, 7, 5, 6);
   kiln_tensor *x = ref_rand_tensor(ctx, xs, 7000, &REF_GEN(-1, 1), 0, &xh);
@@ -121,7 +139,9 @@ Test(gpu_layers, batch_norm_buffers_change_only_by_the_forward) {
   TH_GPU_CTX(ctx);
   kiln_params *p = kiln_params_new(ctx);
   kiln_batch_norm_layer l;
-  cr_assert_eq(kiln_batch_norm_layer_init(&l, p, "bn", 5, 0.f, 0.f, 1), KILN_OK, "%s", th_err(ctx));
+  cr_assert_eq(kiln_batch_norm_layer_init(
+                   &l, p, &(kiln_batch_norm_layer_options){.name = "bn", .features = 5}),
+               KILN_OK, "%s", th_err(ctx));
   expect_values(ctx, l.weight, 5, 1, "bn.weight at first");
   expect_values(ctx, l.bias, 5, 0, "bn.bias at first");
   expect_values(ctx, l.running_mean, 5, 0, "bn.running_mean at first");
@@ -193,8 +213,11 @@ Test(gpu_layers, batch_norm_follows_the_training_mode) {
   TH_GPU_CTX_EAGER(ctx);
   kiln_params *p = kiln_params_new(ctx);
   kiln_batch_norm_layer l;
-  cr_assert_eq(kiln_batch_norm_layer_init(&l, p, "bn", 6, 0.3f, 1e-3f, 1), KILN_OK, "%s",
-               th_err(ctx));
+  cr_assert_eq(
+      kiln_batch_norm_layer_init(&l, p,
+                                 &(kiln_batch_norm_layer_options){
+                                     .name = "bn", .features = 6, .momentum = 0.3f, .eps = 1e-3f}),
+      KILN_OK, "%s", th_err(ctx));
   float wh[6], bh[6], rmh[6], rvh[6];
   ref_gen_fill(wh, 6, 7200, &REF_GEN(0.5f, 1.5f));
   ref_gen_fill(bh, 6, 7201, &REF_GEN(-1, 1));
@@ -250,7 +273,10 @@ Test(gpu_layers, batch_norm_without_affine) {
   TH_GPU_CTX_EAGER(ctx);
   kiln_params *p = kiln_params_new(ctx);
   kiln_batch_norm_layer l;
-  cr_assert_eq(kiln_batch_norm_layer_init(&l, p, "bn", 3, 0.f, 0.f, 0), KILN_OK, "%s", th_err(ctx));
+  cr_assert_eq(
+      kiln_batch_norm_layer_init(
+          &l, p, &(kiln_batch_norm_layer_options){.name = "bn", .features = 3, .no_affine = 1}),
+      KILN_OK, "%s", th_err(ctx));
   cr_assert_eq(kiln_params_count(p), 2);
   kiln_shape xs = KILN_SHAPE(10, 3);
   float *xh;
@@ -274,7 +300,9 @@ Test(gpu_layers, batch_norm_buffers_are_saved_and_loaded) {
   TH_GPU_CTX_EAGER(ctx);
   kiln_params *p = kiln_params_new(ctx);
   kiln_batch_norm_layer l;
-  cr_assert_eq(kiln_batch_norm_layer_init(&l, p, "bn", 4, 0.f, 0.f, 1), KILN_OK, "%s", th_err(ctx));
+  cr_assert_eq(kiln_batch_norm_layer_init(
+                   &l, p, &(kiln_batch_norm_layer_options){.name = "bn", .features = 4}),
+               KILN_OK, "%s", th_err(ctx));
   kiln_tensor *x = th_rand(ctx, KILN_SHAPE(8, 4), 7400, -1.f, 3.f, NULL);
   kiln_step_begin(ctx);
   cr_assert_not_null(kiln_batch_norm_layer_forward(&l, x), "%s", th_err(ctx));
@@ -299,7 +327,9 @@ Test(gpu_layers, batch_norm_buffers_are_saved_and_loaded) {
   /* a fresh list of the same layer loads them too */
   kiln_params *q = kiln_params_new(ctx);
   kiln_batch_norm_layer m;
-  cr_assert_eq(kiln_batch_norm_layer_init(&m, q, "bn", 4, 0.f, 0.f, 1), KILN_OK, "%s", th_err(ctx));
+  cr_assert_eq(kiln_batch_norm_layer_init(
+                   &m, q, &(kiln_batch_norm_layer_options){.name = "bn", .features = 4}),
+               KILN_OK, "%s", th_err(ctx));
   cr_assert_eq(kiln_params_load(q, path), KILN_OK, "%s", th_err(ctx));
   float *fresh = th_params_values(q, &n);
   cr_assert(memcmp(saved, fresh, (size_t)n * sizeof *saved) == 0);
@@ -320,7 +350,9 @@ Test(gpu_layers, layer_norm_init_and_forward) {
   TH_GPU_CTX_EAGER(ctx);
   kiln_params *p = kiln_params_new(ctx);
   kiln_layer_norm_layer l;
-  cr_assert_eq(kiln_layer_norm_layer_init(&l, p, "ln", 7, 0.f), KILN_OK, "%s", th_err(ctx));
+  cr_assert_eq(kiln_layer_norm_layer_init(
+                   &l, p, &(kiln_layer_norm_layer_options){.name = "ln", .features = 7}),
+               KILN_OK, "%s", th_err(ctx));
   cr_assert_str_eq(kiln_params_name(p, 0), "ln.weight");
   cr_assert_str_eq(kiln_params_name(p, 1), "ln.bias");
   expect_values(ctx, l.weight, 7, 1, "ln.weight at first");
@@ -351,9 +383,14 @@ Test(gpu_layers, conv_batch_norm_weights_round_trip_with_pytorch, .timeout = 300
   kiln_params *p = kiln_params_new(ctx);
   kiln_conv2d_layer conv;
   kiln_batch_norm_layer bn;
-  const kiln_conv2d_options pad1 = {.pad_h = 1, .pad_w = 1};
-  cr_assert_eq(kiln_conv2d_layer_init(&conv, p, "conv", 3, 4, 3, 3, &pad1, 1), KILN_OK);
-  cr_assert_eq(kiln_batch_norm_layer_init(&bn, p, "bn", 4, 0.f, 0.f, 1), KILN_OK);
+  cr_assert_eq(
+      kiln_conv2d_layer_init(&conv, p,
+                             &(kiln_conv2d_layer_options){
+                                 .name = "conv", .in = 3, .out = 4, .kernel = 3, .padding = 1}),
+      KILN_OK);
+  cr_assert_eq(kiln_batch_norm_layer_init(
+                   &bn, p, &(kiln_batch_norm_layer_options){.name = "bn", .features = 4}),
+               KILN_OK);
   float hx[2 * 5 * 5 * 3], y[2 * 5 * 5 * 4], yt[2 * 5 * 5 * 4];
   th_rng r = {.s = 77};
   for (int i = 0; i < 150; i++)

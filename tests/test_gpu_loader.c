@@ -28,7 +28,8 @@ Test(gpu_loader, a_batch_larger_than_the_data_set_holds_it_all) {
   TH_GPU_CTX(ctx);
   kiln_dataset *ds = small_dataset(ctx);
   for (int shuffle = 0; shuffle < 2; shuffle++) {
-    kiln_loader *l = kiln_loader_new(ds, 64, shuffle, 11, 0);
+    kiln_loader *l =
+        kiln_loader_new(ds, &(kiln_loader_options){.batch = 64, .shuffle = shuffle, .seed = 11});
     cr_assert_not_null(l, "%s", kiln_ctx_error(ctx));
     cr_assert_eq(kiln_loader_batches(l), 1);
     for (int epoch = 0; epoch < 2; epoch++) {
@@ -61,7 +62,8 @@ Test(gpu_loader, a_batch_larger_than_the_data_set_holds_it_all) {
     kiln_loader_free(l);
   }
   /* drop_last: the only batch is partial, so there is none */
-  kiln_loader *l = kiln_loader_new(ds, 64, 1, 11, 1);
+  kiln_loader *l = kiln_loader_new(
+      ds, &(kiln_loader_options){.batch = 64, .shuffle = 1, .seed = 11, .drop_last = 1});
   cr_assert_not_null(l, "%s", kiln_ctx_error(ctx));
   cr_assert_eq(kiln_loader_batches(l), 0);
   kiln_step_begin(ctx);
@@ -76,10 +78,12 @@ Test(gpu_loader, a_batch_larger_than_the_data_set_holds_it_all) {
 Test(gpu_loader, the_whole_set_batch_trains_in_graph_mode) {
   TH_GPU_CTX(ctx);
   kiln_dataset *ds = small_dataset(ctx);
-  kiln_loader *l = kiln_loader_new(ds, 1000, 1, 3, 0);
+  kiln_loader *l =
+      kiln_loader_new(ds, &(kiln_loader_options){.batch = 1000, .shuffle = 1, .seed = 3});
   kiln_params *p = kiln_params_new(ctx);
   kiln_linear fc;
-  cr_assert_eq(kiln_linear_init(&fc, p, "fc", 4, 10, 1), KILN_OK, "%s", kiln_ctx_error(ctx));
+  cr_assert_eq(kiln_linear_init(&fc, p, &(kiln_linear_options){.name = "fc", .in = 4, .out = 10}),
+               KILN_OK, "%s", kiln_ctx_error(ctx));
   kiln_sgd_options so = kiln_sgd_defaults(0.5f);
   kiln_optim *opt = kiln_sgd_new(p, &so);
   cr_assert(l && opt, "%s", kiln_ctx_error(ctx));
@@ -139,7 +143,10 @@ Test(gpu_loader, a_bf16_data_set_feeds_autocast_products_the_same_values) {
   for (int i = 0; i < M * S * S * 3; i++)
     cr_assert_eq(bits[i], kiln_bf16_from_f32(host[i]), "value %d", i);
   kiln_tensor *w = th_rand(ctx, KILN_SHAPE(8, 3, 3, 3), 5, -0.5f, 0.5f, NULL);
-  kiln_loader *la = kiln_loader_new(a, 16, 1, 3, 0), *lb = kiln_loader_new(b, 16, 1, 3, 0);
+  kiln_loader *la =
+                  kiln_loader_new(a, &(kiln_loader_options){.batch = 16, .shuffle = 1, .seed = 3}),
+              *lb =
+                  kiln_loader_new(b, &(kiln_loader_options){.batch = 16, .shuffle = 1, .seed = 3});
   cr_assert(la && lb);
   kiln_tensor *xa, *ya, *xb, *yb;
   cr_assert(kiln_loader_next(la, &xa, &ya) && kiln_loader_next(lb, &xb, &yb));

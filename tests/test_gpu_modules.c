@@ -21,12 +21,12 @@ Test(gpu_modules, weights_go_to_pytorch_by_name_and_give_its_outputs, .timeout =
   kiln_module *net = kiln_sequential_new(p);
   kiln_module *f = kiln_seq_sequential(net, "features");
   kiln_seq_conv2d(
-      f, &(kiln_conv2d_module_options){.in = 3, .out = 8, .kernel = 3, .padding = 1, .no_bias = 1});
-  kiln_seq_batch_norm(f, &(kiln_batch_norm_module_options){.features = 8});
+      f, &(kiln_conv2d_layer_options){.in = 3, .out = 8, .kernel = 3, .padding = 1, .no_bias = 1});
+  kiln_seq_batch_norm(f, &(kiln_batch_norm_layer_options){.features = 8});
   kiln_seq_relu(f);
   kiln_seq_max_pool2d(f, &(kiln_pool2d_options){.kernel_h = 2, .kernel_w = 2});
   kiln_seq_flatten(net);
-  kiln_seq_linear(net, &(kiln_linear_module_options){.name = "head", .in = 128, .out = 5});
+  kiln_seq_linear(net, &(kiln_linear_options){.name = "head", .in = 128, .out = 5});
   th_assert_ok(ctx);
   /* a few training steps */
   kiln_optim *opt = kiln_sgd_new(p, &(kiln_sgd_options){.lr = 0.05f, .momentum = 0.9f});

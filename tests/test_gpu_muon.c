@@ -383,11 +383,20 @@ Test(gpu_muon, muon_and_sgd_train_a_conv_net) {
   kiln_params *p = kiln_params_new(ctx);
   kiln_conv2d_layer c1, c2;
   kiln_linear fc;
-  kiln_conv2d_options pad = {.pad_h = 1, .pad_w = 1};
   kiln_manual_seed(ctx, 3);
-  cr_assert_eq(kiln_conv2d_layer_init(&c1, p, "c1", 3, 16, 3, 3, &pad, 1), KILN_OK);
-  cr_assert_eq(kiln_conv2d_layer_init(&c2, p, "c2", 16, 32, 1, 1, NULL, 0), KILN_OK);
-  cr_assert_eq(kiln_linear_init(&fc, p, "fc", 4 * 4 * 32, 4, 1), KILN_OK);
+  cr_assert_eq(
+      kiln_conv2d_layer_init(&c1, p,
+                             &(kiln_conv2d_layer_options){
+                                 .name = "c1", .in = 3, .out = 16, .kernel = 3, .padding = 1}),
+      KILN_OK);
+  cr_assert_eq(
+      kiln_conv2d_layer_init(&c2, p,
+                             &(kiln_conv2d_layer_options){
+                                 .name = "c2", .in = 16, .out = 32, .kernel = 1, .no_bias = 1}),
+      KILN_OK);
+  cr_assert_eq(
+      kiln_linear_init(&fc, p, &(kiln_linear_options){.name = "fc", .in = 4 * 4 * 32, .out = 4}),
+      KILN_OK);
   enum { B = 8 };
   kiln_tensor *x = th_rand(ctx, KILN_SHAPE(B, 4, 4, 3), 70, -1.f, 1.f, NULL);
   int32_t labels[B];

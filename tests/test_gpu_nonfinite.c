@@ -67,8 +67,12 @@ static void net_init(net *m, kiln_ctx *ctx, kind k, bool graphs, bool skip) {
   m->ctx = ctx;
   kiln_set_graphs(ctx, graphs);
   m->params = kiln_params_new(ctx);
-  cr_assert_eq(kiln_linear_init(&m->l1, m->params, "fc1", IN, HID, 1), KILN_OK, "%s", th_err(ctx));
-  cr_assert_eq(kiln_linear_init(&m->l2, m->params, "fc2", HID, OUT, 1), KILN_OK, "%s", th_err(ctx));
+  cr_assert_eq(kiln_linear_init(&m->l1, m->params,
+                                &(kiln_linear_options){.name = "fc1", .in = IN, .out = HID}),
+               KILN_OK, "%s", th_err(ctx));
+  cr_assert_eq(kiln_linear_init(&m->l2, m->params,
+                                &(kiln_linear_options){.name = "fc2", .in = HID, .out = OUT}),
+               KILN_OK, "%s", th_err(ctx));
   for (int i = 0; i < kiln_params_count(m->params); i++) {
     kiln_tensor *p = kiln_params_get(m->params, i);
     int64_t n = kiln_tensor_numel(p);

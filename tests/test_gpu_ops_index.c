@@ -74,7 +74,9 @@ Test(gpu_index, embedding_init_forward_and_a_step_that_moves_only_used_rows) {
   kiln_params *p = kiln_params_new(ctx);
   kiln_embedding e;
   const int V = 1000, D = 64;
-  cr_assert_eq(kiln_embedding_init(&e, p, "emb", V, D), KILN_OK, "%s", th_err(ctx));
+  cr_assert_eq(kiln_embedding_init(
+                   &e, p, &(kiln_embedding_options){.name = "emb", .num_embeddings = V, .dim = D}),
+               KILN_OK, "%s", th_err(ctx));
   cr_assert_str_eq(kiln_params_name(p, 0), "emb.weight");
   cr_assert(kiln_tensor_requires_grad(e.weight));
   float *w0 = ref_read_f32(ctx, e.weight, "the embedding's weight");

@@ -4,9 +4,10 @@
  * after one and three calls with momenta 0.1 and 0.3) and in evaluation (the running
  * statistics, which then stay), with and without affine parameters and running statistics, on
  * (N, H, W, C) and (N, C) inputs, a constant channel; layer norm over the last axis, with and
- * without affine parameters, narrow and wide rows, a viewed input. Gradients of x, weight and
- * bias are checked against the analytic float64 gradients and against central finite
- * differences (kiln_gradcheck). Without a GPU every test skips, saying why.
+ * without affine parameters, narrow and wide rows, a viewed input; a momentum or eps of 0
+ * (PyTorch's default) and KILN_ZERO (an exact 0) in both. Gradients of x, weight and bias are
+ * checked against the analytic float64 gradients and against central finite differences
+ * (kiln_gradcheck). Without a GPU every test skips, saying why.
  */
 #include <math.h>
 #include <stdio.h>
@@ -243,6 +244,45 @@ Test(gpu_ops, batch_norm_constant_channel) {
   kiln_tensor_free(b);
   kiln_tensor_free(rm);
   kiln_tensor_free(rv);
+  th_ctx_free(ctx);
+}
+
+/* kiln.h's zero rule in the ops, as in the layers: batch norm's momentum 0 is PyTorch's 0.1 and
+ * KILN_ZERO no update (the running statistics stay), its eps and layer norm's 0 is 1e-5 and
+ * KILN_ZERO an exact 0. Values of about 1e-2 (variance about 3e-5) make eps show. */
+Test(gpu_ops, zero_momentum_and_eps_are_defaults_and_kiln_zero_exact_zeros) {
+  TH_GPU_CTX_EAGER(ctx);
+  enum { M = 8, C = 3 };
+  float xh[M * C], zeros[C] = {0, 0, 0}, ones[C] = {1, 1, 1};
+  ref_gen_fill(xh, M * C, 6100, &REF_GEN(-1e-2f, 1e-2f));
+  double xd[M * C], want[M * C];
+  for (int i = 0; i < M * C; i++)
+    xd[i] = xh[i];
+  kiln_tensor *x = ref_upload(ctx, KILN_SHAPE(M, C), xh);
+  static const struct {
+    float momentum, eps; /* as given */
+    double m, e;         /* as meant */
+  } cases[] = {{0.f, 0.f, 0.1, 1e-5}, {KILN_ZERO, KILN_ZERO, 0, 0}, {0.5f, KILN_ZERO, 0.5, 0}};
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    char what[96];
+    snprintf(what, sizeof what, "momentum %g and eps %g given", cases[i].momentum, cases[i].eps);
+    kiln_tensor *rm = ref_upload(ctx, KILN_SHAPE(C), zeros),
+                *rv = ref_upload(ctx, KILN_SHAPE(C), ones);
+    double rmd[C] = {0, 0, 0}, rvd[C] = {1, 1, 1};
+    ref_batch_norm(xd, M, C, NULL, NULL, rmd, rvd, 1, cases[i].m, cases[i].e, want);
+    kiln_step_begin(ctx);
+    ref_expect_close(ctx,
+                     kiln_batch_norm(x, NULL, NULL, rm, rv, 1, cases[i].momentum, cases[i].eps),
+                     KILN_SHAPE(M, C), want, FWD_TOL, FWD_TOL, what);
+    ref_expect_close(ctx, rm, KILN_SHAPE(C), rmd, 1e-7, 1e-5, what);
+    ref_expect_close(ctx, rv, KILN_SHAPE(C), rvd, 1e-7, 1e-5, what);
+    ref_layer_norm(xd, M, C, NULL, NULL, cases[i].e, want);
+    ref_expect_close(ctx, kiln_layer_norm(x, NULL, NULL, cases[i].eps), KILN_SHAPE(M, C), want,
+                     FWD_TOL, FWD_TOL, what);
+    kiln_tensor_free(rm);
+    kiln_tensor_free(rv);
+  }
+  kiln_tensor_free(x);
   th_ctx_free(ctx);
 }
 

@@ -121,8 +121,12 @@ static void mlp_grads(int64_t hidden, bool gelu, bool split, const char *want) {
     kiln_manual_seed(ctx, 9);
     kiln_params *p = kiln_params_new(ctx);
     kiln_linear l1, l2;
-    cr_assert_eq(kiln_linear_init(&l1, p, "l1", 40, hidden, 1), KILN_OK);
-    cr_assert_eq(kiln_linear_init(&l2, p, "l2", hidden, 24, 1), KILN_OK);
+    cr_assert_eq(
+        kiln_linear_init(&l1, p, &(kiln_linear_options){.name = "l1", .in = 40, .out = hidden}),
+        KILN_OK);
+    cr_assert_eq(
+        kiln_linear_init(&l2, p, &(kiln_linear_options){.name = "l2", .in = hidden, .out = 24}),
+        KILN_OK);
     kiln_tensor *x = th_rand(ctx, KILN_SHAPE(64, 40), 16, -2.f, 2.f, NULL);
     kiln_tensor *w = th_rand(ctx, KILN_SHAPE(64, 24), 17, -1.f, 1.f, NULL);
     kiln_step_begin(ctx);
@@ -188,7 +192,9 @@ static kiln_tensor *linear_relu(kiln_ctx *ctx, kiln_tensor **in) {
 Test(gpu_patterns, linear_relu_is_one_cublaslt_call) {
   TH_GPU_CTX(ctx);
   g_layer.p = kiln_params_new(ctx);
-  cr_assert_eq(kiln_linear_init(&g_layer.l, g_layer.p, "fc", 300, 200, 1), KILN_OK);
+  cr_assert_eq(kiln_linear_init(&g_layer.l, g_layer.p,
+                                &(kiln_linear_options){.name = "fc", .in = 300, .out = 200}),
+               KILN_OK);
   kiln_tensor *in[1] = {th_rand(ctx, KILN_SHAPE(64, 300), 5, -1.f, 1.f, NULL)};
   compare(linear_relu, in, ctx, 1, 3, 1e-5, "linear relu");
   kiln_tensor_free(in[0]);

@@ -38,9 +38,18 @@ static void model_init(model *m, kiln_ctx *ctx, bool cnn) {
     m->x = th_rand(ctx, KILN_SHAPE(BATCH, 784), 1, -1, 1, NULL);
   } else {
     m->p = kiln_params_new(ctx);
-    cr_assert_eq(kiln_conv2d_layer_init(&m->c1, m->p, "c1", 1, 8, 3, 3, NULL, 1), KILN_OK);
-    cr_assert_eq(kiln_conv2d_layer_init(&m->c2, m->p, "c2", 8, 16, 3, 3, NULL, 1), KILN_OK);
-    cr_assert_eq(kiln_linear_init(&m->fc, m->p, "fc", 3 * 3 * 16, 10, 1), KILN_OK);
+    cr_assert_eq(kiln_conv2d_layer_init(
+                     &m->c1, m->p,
+                     &(kiln_conv2d_layer_options){.name = "c1", .in = 1, .out = 8, .kernel = 3}),
+                 KILN_OK);
+    cr_assert_eq(kiln_conv2d_layer_init(
+                     &m->c2, m->p,
+                     &(kiln_conv2d_layer_options){.name = "c2", .in = 8, .out = 16, .kernel = 3}),
+                 KILN_OK);
+    cr_assert_eq(
+        kiln_linear_init(&m->fc, m->p,
+                         &(kiln_linear_options){.name = "fc", .in = 3 * 3 * 16, .out = 10}),
+        KILN_OK);
     kiln_adam_options o = kiln_adam_defaults();
     m->opt = kiln_adam_new(m->p, &o);
     m->x = th_rand(ctx, KILN_SHAPE(BATCH, 12, 12, 1), 1, -1, 1, NULL);

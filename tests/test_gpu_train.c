@@ -143,8 +143,12 @@ typedef struct small {
 
 static void small_init(kiln_ctx *ctx, small *m) {
   m->params = kiln_params_new(ctx);
-  cr_assert_eq(kiln_linear_init(&m->l1, m->params, "l1", 20, 16, 1), KILN_OK);
-  cr_assert_eq(kiln_linear_init(&m->l2, m->params, "l2", 16, 5, 1), KILN_OK);
+  cr_assert_eq(kiln_linear_init(&m->l1, m->params,
+                                &(kiln_linear_options){.name = "l1", .in = 20, .out = 16}),
+               KILN_OK);
+  cr_assert_eq(
+      kiln_linear_init(&m->l2, m->params, &(kiln_linear_options){.name = "l2", .in = 16, .out = 5}),
+      KILN_OK);
   kiln_sgd_options s = kiln_sgd_defaults(0.1f);
   s.momentum = 0.9f;
   m->opt = kiln_sgd_new(m->params, &s);
@@ -250,7 +254,8 @@ Test(gpu_train, linear_init_matches_pytorch_bounds) {
   TH_GPU_CTX(ctx);
   kiln_params *p = kiln_params_new(ctx);
   kiln_linear l;
-  cr_assert_eq(kiln_linear_init(&l, p, "fc", 784, 512, 1), KILN_OK);
+  cr_assert_eq(kiln_linear_init(&l, p, &(kiln_linear_options){.name = "fc", .in = 784, .out = 512}),
+               KILN_OK);
   float *w = th_read(l.weight), *b = th_read(l.bias);
   double bound = 1.0 / sqrt(784.0), s = 0, s2 = 0, mx = 0;
   int64_t n = 784 * 512;
@@ -294,7 +299,8 @@ Test(gpu_train, loader_covers_every_record_once_per_epoch) {
   synthetic(&m, 250);
   kiln_dataset *ds = kiln_dataset_from_mnist(ctx, &m, 0.f, 1.f);
   cr_assert_not_null(ds, "%s", kiln_ctx_error(ctx));
-  kiln_loader *l = kiln_loader_new(ds, 64, 1, 5, 0);
+  kiln_loader *l =
+      kiln_loader_new(ds, &(kiln_loader_options){.batch = 64, .shuffle = 1, .seed = 5});
   cr_assert_eq(kiln_loader_batches(l), 4);
   int first_epoch[250];
   for (int epoch = 0; epoch < 2; epoch++) {
@@ -386,7 +392,8 @@ Test(gpu_train, mnist_one_epoch_learns, .timeout = 600) {
   cr_assert_not_null(test, "%s", kiln_ctx_error(ctx));
   th_mlp m;
   th_mlp_init(ctx, &m);
-  kiln_loader *loader = kiln_loader_new(train, 128, 1, 1, 0);
+  kiln_loader *loader =
+      kiln_loader_new(train, &(kiln_loader_options){.batch = 128, .shuffle = 1, .seed = 1});
   th_assert_ok(ctx);
   double first = 0, last = 0;
   int steps = 0, nb = (int)kiln_loader_batches(loader);
@@ -404,7 +411,7 @@ Test(gpu_train, mnist_one_epoch_learns, .timeout = 600) {
   cr_assert_lt(last, 0.5 * first, "loss fell from %.4f to %.4f only", first, last);
   /* test accuracy, without gradients */
   kiln_no_grad_begin(ctx);
-  kiln_loader *tl = kiln_loader_new(test, 1000, 0, 0, 0);
+  kiln_loader *tl = kiln_loader_new(test, &(kiln_loader_options){.batch = 1000});
   double correct = 0, loss_sum = 0;
   for (;;) {
     kiln_step_begin(ctx);
