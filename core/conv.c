@@ -396,15 +396,21 @@ static kiln_tensor *affine(kiln_tensor *y, kiln_tensor *weight, kiln_tensor *bia
   return y;
 }
 
-/* running = (1 - m) running + m * scale * batch, recorded in place without a gradient. */
-static bool running_update(const char *fn, kiln_tensor *running, kiln_tensor *batch, float m,
-                           float scale) {
-  kiln_ctx *ctx = running->ctx;
+/* running = (1 - m) running + m scale batch for the running mean (scale 1) and variance (scale
+ * n / (n - 1), the unbiased estimate; batch computed without gradients), recorded in place: both
+ * new values
+ * first, where they fuse with the statistics' kernel, then the two assignments, which run as one
+ * multi-tensor update. */
+static bool running_update(const char *fn, kiln_tensor *const running[2],
+                           kiln_tensor *const batch[2], float m, const float scale[2]) {
+  kiln_ctx *ctx = running[0]->ctx;
   kiln_no_grad_begin(ctx);
-  kiln_tensor *b = kiln_reshape(kiln_detach(batch), KILN_SHAPE(running->shape[0]));
-  kiln_tensor *v = kiln_add(kiln_mul_scalar(running, 1.f - m), kiln_mul_scalar(b, m * scale));
-  kiln_tensor *in[2] = {running, v};
-  bool ok = v && kiln__update(KILN__OP_ASSIGN, fn, 2, in);
+  kiln_tensor *v[2];
+  for (int k = 0; k < 2; k++)
+    v[k] = kiln_add(kiln_mul_scalar(running[k], 1.f - m), kiln_mul_scalar(batch[k], m * scale[k]));
+  bool ok = v[0] && v[1];
+  for (int k = 0; k < 2 && ok; k++)
+    ok = kiln__update(KILN__OP_ASSIGN, fn, 2, (kiln_tensor *[]){running[k], v[k]}) != NULL;
   kiln_no_grad_end(ctx);
   return ok;
 }
@@ -508,17 +514,22 @@ kiln_tensor *kiln_batch_norm(kiln_tensor *x, kiln_tensor *weight, kiln_tensor *b
   kiln_tensor *k = kiln_slice(xr, 0, 0, 1, 1); /* (1, C) */
   kiln_tensor *mi[2] = {xr, k};
   kiln_tensor *s = kiln__moments(fn, 0, mi); /* (2, C) */
+  /* every per-channel value over (C), so that they are one kernel with the running statistics'
+   * new values */
+  kiln_tensor *s0 = kiln_reshape(kiln_slice(s, 0, 0, 1, 1), KILN_SHAPE(C));
+  kiln_tensor *s1 = kiln_reshape(kiln_slice(s, 0, 1, 2, 1), KILN_SHAPE(C));
   float inv_n = (float)(1.0 / (double)n);
-  kiln_tensor *d = kiln_mul_scalar(kiln_slice(s, 0, 0, 1, 1), inv_n); /* mean - k */
-  kiln_tensor *mean = kiln_reshape(kiln_add(k, d), KILN_SHAPE(C));
-  kiln_tensor *var = kiln_sub(kiln_mul_scalar(kiln_slice(s, 0, 1, 2, 1), inv_n), kiln_mul(d, d));
-  var = kiln_reshape(kiln_clamp(var, 0.f, INFINITY), KILN_SHAPE(C)); /* biased */
+  kiln_tensor *d = kiln_mul_scalar(s0, inv_n); /* mean - k */
+  kiln_tensor *mean = kiln_add(kiln_reshape(k, KILN_SHAPE(C)), d);
+  kiln_tensor *var = kiln_sub(kiln_mul_scalar(s1, inv_n), kiln_mul(d, d));
+  var = kiln_clamp(var, 0.f, INFINITY); /* biased */
   kiln_tensor *invstd = kiln_rsqrt(kiln_add_scalar(var, eps));
   kiln_no_grad_end(ctx);
   if (!invstd) return NULL;
   if (running_mean && training && momentum > 0.f && /* an exact 0 leaves them as they are */
-      (!running_update(fn, running_mean, mean, momentum, 1.f) ||
-       !running_update(fn, running_var, var, momentum, (float)((double)n / (double)(n - 1)))))
+      !running_update(fn, (kiln_tensor *[]){running_mean, running_var},
+                      (kiln_tensor *[]){mean, var}, momentum,
+                      (float[]){1.f, (float)((double)n / (double)(n - 1))}))
     return NULL;
   return bn_apply(fn, x, weight, bias, mean, invstd, true);
 }
