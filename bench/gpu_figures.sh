@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# bench/gpu_figures.sh BUILD: the figures the open issues ask for that .gpu/check.sh does not print,
+# in one device call after it (same build folder), each step's output in $OUT/figures/:
+#   custom_kernel     a hand-written matmul + bias + ReLU against kiln's own path (issue 23)
+#   conv              every convolution product of the air step in kiln (a timeline trace) beside
+#                     cuDNN (bench/conv_bench.py), bench/conv_compare.py's table (issue 21)
+#   first_step        resnet18's first step, cold (empty kernel cache) and warm, with the
+#                     default compile threads and with one (issue 27's 3 s / 1 s goals)
+#   cifar10_memory    one epoch of examples/cifar10 on the CIFAR-10 sample: where the device
+#                     memory goes (issue 22's 1.5 GiB goal; the full data set is bench/cifar10_tta.sh's)
+# Every step has a time limit; a summary line per step is printed last.
+set -u
+build=${1:?usage: bench/gpu_figures.sh BUILD}
+out=${OUT:-/tmp/out}/figures
+mkdir -p "$out"
+summary=()
+step() {
+  local name=$1 lim=$2 t0=$SECONDS
+  shift 2
+  timeout "$lim" bash -c "$*" >"$out/$name.txt" 2>&1
+  local rc=$?
+  summary+=("$(printf '%-16s rc=%-3s %4ss  %s' "$name" "$rc" "$((SECONDS - t0))" \
+    "$(tail -n 1 "$out/$name.txt" | cut -c1-110)")")
+}
+step custom_kernel 120 "$build/custom_kernel"
+step conv 300 "python3 bench/conv_bench.py --json > $out/cudnn.jsonl &&
+  $build/profile_step --workload air --mode graph --trace $out/trace > /dev/null &&
+  python3 bench/conv_compare.py $out/trace/air_graph.json $out/cudnn.jsonl"
+step first_step 400 "for threads in '' 1; do
+    rm -rf /tmp/kiln-cold-cache
+    for cache in cold warm; do
+      printf '%s cache, compile threads %s: ' \$cache \${threads:-default}
+      KILN_CACHE_DIR=/tmp/kiln-cold-cache KILN_COMPILE_THREADS=\$threads \
+        $build/profile_step --workload resnet18 --mode graph --steps 2 --blocks 2 --json |
+        grep -o '\"first_step_ms\": *[0-9.]*'
+    done
+  done"
+step cifar10_memory 300 "$build/cifar10 \${KILN_CIFAR10_SAMPLE:?} --epochs 1 --no-cache | tail -n 3"
+printf '%s\n' "${summary[@]}"
