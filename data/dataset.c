@@ -225,7 +225,7 @@ kiln_dataset *kiln__dataset_from_host(kiln_ctx *ctx, const char *fn, kiln_host_t
                                       kiln_shape shape, const void *images, kiln_host_labels labels,
                                       const kiln_normalize *norm) {
   int channels = norm ? norm->channels : 0;
-  int64_t n, total;
+  int64_t n = 0, total = 0;
   if (!host_images_ok(ctx, fn, type, shape, images, channels, true, &n, &total)) return NULL;
   int32_t *y = host_labels(ctx, fn, labels, n);
   if (!y) return NULL;
@@ -315,7 +315,7 @@ kiln_status kiln_image_stats(kiln_ctx *ctx, kiln_host_type type, kiln_shape shap
   const char *fn = __func__;
   if (!ctx) return KILN_ERR_INVALID;
   if (!kiln__ok(ctx)) return ctx->status;
-  int64_t n, total;
+  int64_t n = 0, total = 0;
   if (!host_images_ok(ctx, fn, type, shape, images, channels, false, &n, &total))
     return ctx->status;
   if (!mean || !std)

@@ -87,7 +87,7 @@ kiln_status kiln__conv2d_layer_make(const char *fn, kiln_conv2d_layer *l, kiln_p
     return kiln__error(ctx, KILN_ERR_INVALID, "%s: NULL options (in, out and kernel are required)",
                        fn);
   const char *base = base_of(o->name, "conv");
-  int kernel_h, kernel_w;
+  int kernel_h = 0, kernel_w = 0;
   kiln_conv2d_options opt = {.groups = o->groups};
   if (!axis_of(ctx, fn, base, "kernel", o->kernel, "kernel_h", o->kernel_h, &kernel_h) ||
       !axis_of(ctx, fn, base, "kernel", o->kernel, "kernel_w", o->kernel_w, &kernel_w) ||
