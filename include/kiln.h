@@ -1266,12 +1266,14 @@ kiln_dataset *kiln_dataset_from_cifar10(kiln_ctx *ctx, const kiln_cifar10 *c, co
 
 /* Included at the end of this header: image folders and their loader (torchvision's
  * ImageFolder), kiln_imagefolder.h; a classifier's loss and accuracy over a loader
- * (kiln_evaluate), kiln_evaluate.h; kernels you write yourself, called as ops, kiln_custom.h. */
+ * (kiln_evaluate), kiln_evaluate.h; kernels you write yourself, called as ops, kiln_custom.h;
+ * several processes, one a GPU, started by torchrun or mpirun (kiln_dist_init), kiln_dist.h. */
 
 #ifdef __cplusplus
 }
 #endif
 #include "kiln_custom.h"
+#include "kiln_dist.h"
 #include "kiln_evaluate.h"
 #include "kiln_imagefolder.h"
 #endif

@@ -203,21 +203,25 @@ Test(readme, the_mode_getters_follow_setters_and_environment) {
 }
 
 Test(readme, every_free_takes_null) {
-  /* the frees called below are all that kiln.h declares (with kiln_imagefolder.h, which it
-   * includes): a new one must join them */
+  /* the frees called below are all that kiln.h declares (with kiln_imagefolder.h and
+   * kiln_dist.h, which it includes): a new one must join them */
   static const char *const frees[] = {
       "kiln_ctx_free",    "kiln_tensor_free",       "kiln_params_free",       "kiln_optim_free",
       "kiln_meta_free",   "kiln_mnist_free",        "kiln_cifar10_free",      "kiln_dataset_free",
-      "kiln_loader_free", "kiln_image_folder_free", "kiln_image_loader_free", "kiln_module_free"};
-  size_t n1, n2;
+      "kiln_loader_free", "kiln_image_folder_free", "kiln_image_loader_free", "kiln_module_free",
+      "kiln_dist_free"};
+  size_t n1, n2, n3;
   char *h1 = th_read_whole(KILN_SOURCE_DIR "/include/kiln.h", &n1);
   char *h2 = th_read_whole(KILN_SOURCE_DIR "/include/kiln_imagefolder.h", &n2);
-  char *h = malloc(n1 + n2 + 1);
+  char *h3 = th_read_whole(KILN_SOURCE_DIR "/include/kiln_dist.h", &n3);
+  char *h = malloc(n1 + n2 + n3 + 1);
   cr_assert_not_null(h);
   memcpy(h, h1, n1);
-  memcpy(h + n1, h2, n2 + 1);
+  memcpy(h + n1, h2, n2);
+  memcpy(h + n1 + n2, h3, n3 + 1);
   free(h1);
   free(h2);
+  free(h3);
   int declared = 0;
   for (const char *p = strstr(h, "void kiln_"); p; p = strstr(p + 1, "void kiln_")) {
     const char *name = p + 5, *paren = strchr(name, '(');
@@ -243,6 +247,7 @@ Test(readme, every_free_takes_null) {
   kiln_image_folder_free(NULL);
   kiln_image_loader_free(NULL);
   kiln_module_free(NULL);
+  kiln_dist_free(NULL);
   /* and a zeroed MNIST split, as a failed read leaves it */
   kiln_mnist m;
   memset(&m, 0, sizeof m);

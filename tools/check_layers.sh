@@ -6,21 +6,26 @@
 # folder that the including folder may see (every folder sees include/):
 #   core      core
 #   prof      prof, core
-#   runtime   runtime, core, of fusion only fusion/engine.h (the engine's one header), and of prof
-#             only prof/prof.h (the timeline recorder's one header)
+#   dist      dist, core
+#   runtime   runtime, core, of fusion only fusion/engine.h (the engine's one header), of prof
+#             only prof/prof.h (the timeline recorder's one header), and of dist only dist/dist.h
 #   autograd  autograd, core
-#   fusion    fusion, core, and of prof only prof/prof.h
+#   fusion    fusion, core, of prof only prof/prof.h, and of dist only dist/dist.h
 #   nn        nn, core
 #   optim     optim, core
 #   io        io, core, optim/optim.h
 #   data      data, core
 # fusion/engine.h includes nothing of kiln's but kiln.h; core/internal.h, core/util.h and the
 # host-only files (errors, utilities, metadata, the MNIST and CIFAR-10 byte-level readers,
-# safetensors, the timeline's JSON and report) include no CUDA header and not core/cuda_check.h.
+# safetensors, the timeline's JSON and report, and all of dist/) include no CUDA header and not
+# core/cuda_check.h.
 #
 # prof/ (timeline traces) sits beside core/, under both fusion/ and runtime/: it hears of
 # launches from the executor and of steps from the runtime, so neither of them can be its home,
-# and it needs nothing of either (they describe their launches to it in plain C).
+# and it needs nothing of either (they describe their launches to it in plain C). dist/ (several
+# GPUs: NCCL loaded at run time, the launchers' environment, the rendezvous, the gradient
+# buckets' plan) sits there too: runtime/ will make the communicator on a context's device and
+# fusion/ launch the all-reduces inside the step graphs, and dist/ needs neither.
 #
 # Calls (given BUILD, a build folder where the library is built). nm reads the library's objects
 # (BUILD/CMakeFiles/kiln.dir and kiln_host.dir); every undefined symbol of an object that another
@@ -28,8 +33,9 @@
 # one's, and must be to the folder itself or to one it may call:
 #   core      -
 #   prof      core
-#   fusion    core, prof
-#   runtime   core, fusion, prof
+#   dist      core
+#   fusion    core, prof, dist
+#   runtime   core, fusion, prof, dist
 #   autograd  core, runtime
 #   nn        core, autograd, runtime
 #   optim     core, nn, autograd, runtime
@@ -69,9 +75,11 @@ allowed() { # allowed FOLDER TARGET
   *:include/*) return 0 ;;
   core:core/*) return 0 ;;
   prof:prof/* | prof:core/*) return 0 ;;
+  dist:dist/* | dist:core/*) return 0 ;;
   runtime:runtime/* | runtime:core/* | runtime:fusion/engine.h | runtime:prof/prof.h) return 0 ;;
+  runtime:dist/dist.h) return 0 ;;
   autograd:autograd/* | autograd:core/*) return 0 ;;
-  fusion:fusion/* | fusion:core/* | fusion:prof/prof.h) return 0 ;;
+  fusion:fusion/* | fusion:core/* | fusion:prof/prof.h | fusion:dist/dist.h) return 0 ;;
   nn:nn/* | nn:core/*) return 0 ;;
   optim:optim/* | optim:core/*) return 0 ;;
   io:io/* | io:core/* | io:optim/optim.h) return 0 ;;
@@ -79,7 +87,7 @@ allowed() { # allowed FOLDER TARGET
   esac
   return 1
 }
-for d in core prof runtime autograd fusion nn optim io data; do
+for d in core prof dist runtime autograd fusion nn optim io data; do
   [ -d "$d" ] || continue
   for f in $(find $d -name '*.c' -o -name '*.h' -o -name '*.def' -o -name '*.cuh'); do
     for inc in $(sed -n 's/^[[:space:]]*#[[:space:]]*include[[:space:]]*"\([^"]*\)".*/\1/p' "$f"); do
@@ -97,7 +105,7 @@ for inc in $(sed -n 's/^[[:space:]]*#[[:space:]]*include[[:space:]]*"\([^"]*\)".
 done
 for f in core/internal.h core/util.h core/error.c core/util.c core/meta.c data/mnist.c \
   data/cifar10_bytes.c data/readers.h io/safetensors.c io/safetensors.h prof/timeline.h \
-  prof/timeline.c prof/report.c; do
+  prof/timeline.c prof/report.c $(find dist -name '*.c' -o -name '*.h' 2>/dev/null); do
   if grep -nE '^[[:space:]]*#[[:space:]]*include[[:space:]]*[<"](cuda|cublas|nvrtc|nvtx)' "$f" >/dev/null ||
     grep -nE '^[[:space:]]*#[[:space:]]*include[[:space:]]*".*cuda_check.h"' "$f" >/dev/null; then
     breach "$f (host-only) includes a CUDA header"
@@ -142,8 +150,9 @@ BEGIN {
     if (split(lines[j], w, " ") == 2) name[w[1]] = w[2]
   may["core"] = ""
   may["prof"] = "core"
-  may["fusion"] = "core prof"
-  may["runtime"] = "core fusion prof"
+  may["dist"] = "core"
+  may["fusion"] = "core prof dist"
+  may["runtime"] = "core fusion prof dist"
   may["autograd"] = "core runtime"
   may["nn"] = "core autograd runtime"
   may["optim"] = "core nn autograd runtime"
