@@ -1,7 +1,8 @@
 /*
  * dataset.c: data sets held on the device (uploaded once) and batches gathered there. A loader
- * shuffles each epoch on the host from its seed, uploads the epoch's order once, and each batch
- * is a slice of that order and a row gather: nothing per batch crosses the bus. A batch's
+ * shuffles each epoch on the host from its seed, uploads the epoch's order once (one process's
+ * shard of it when there are several: shard.c), and each batch is a slice of that order and a
+ * row gather: nothing per batch crosses the bus. A batch's
  * data-set indices (for augmentation that depends on the sample) are a gather of that slice too.
  * Host data come in the readers' types (uint8 labels checked against the classes) and are
  * normalised by given statistics or by their own, which the data set keeps. kiln_evaluate
@@ -13,6 +14,7 @@
 
 #include "../core/internal.h"
 #include "dataset.h"
+#include "shard.h"
 
 struct kiln_dataset {
   kiln_ctx *ctx;
@@ -31,9 +33,12 @@ struct kiln_loader {
   int64_t batch, pos;
   bool shuffle, drop_last;
   uint64_t seed;
-  kiln_tensor *order; /* (n) i32: this epoch's order */
+  kiln_tensor *order; /* (epoch_n) i32: this epoch's order, or its shard */
   kiln_tensor *iota;  /* (n) i32: 0, 1, ..., n - 1, the table kiln_loader_indices gathers from */
   int32_t *host_order;
+  int rank, world; /* this process's shard of each epoch (world 0: the whole order) */
+  int64_t epoch_n; /* samples an epoch gives: the shard's, or the data set's */
+  int32_t *shard;  /* (epoch_n) with world > 0: this epoch's shard of host_order */
   int64_t last_start, last_count; /* the slice of the order the last batch took (count 0: none) */
   uint64_t undo_mark;             /* the step's undo log holds pos (core/undo.c) */
   kiln_tensor *eval_loss, *eval_hits; /* kiln_evaluate's sums, () f32 each, or NULL */
@@ -403,11 +408,24 @@ kiln_loader *kiln_loader_new(kiln_dataset *ds, const kiln_loader_options *o) {
   if (!kiln__flag_ok(ctx, fn, NULL, "shuffle", o->shuffle) ||
       !kiln__flag_ok(ctx, fn, NULL, "drop_last", o->drop_last))
     return NULL;
+  if (o->world < 0 || o->rank < 0 || (o->world > 0 ? o->rank >= o->world : o->rank != 0))
+    return kiln__error(ctx, KILN_ERR_INVALID,
+                       "%s: rank %d of world %d: the rank must be in [0, world) (world 0: one "
+                       "process, rank 0)",
+                       fn, o->rank, o->world),
+           NULL;
+  int64_t epoch_n = o->world > 0 ? kiln__shard_count(ds->n, o->world, false) : ds->n;
+  if (epoch_n < 0 || epoch_n > INT32_MAX)
+    return kiln__error(ctx, KILN_ERR_INVALID, "%s: %lld samples over world %d", fn,
+                       (long long)ds->n, o->world),
+           NULL;
   kiln_loader *l = calloc(1, sizeof *l);
   int32_t *h = malloc((size_t)ds->n * sizeof *h);
-  if (!l || !h) {
+  int32_t *shard = o->world > 0 ? malloc((size_t)epoch_n * sizeof *shard) : NULL;
+  if (!l || !h || (o->world > 0 && !shard)) {
     free(l);
     free(h);
+    free(shard);
     return kiln__error(ctx, KILN_ERR_OOM, "%s: out of host memory", fn), NULL;
   }
   l->ds = ds;
@@ -418,7 +436,11 @@ kiln_loader *kiln_loader_new(kiln_dataset *ds, const kiln_loader_options *o) {
   l->drop_last = o->drop_last;
   l->seed = o->seed;
   l->host_order = h;
-  l->order = kiln__tensor_persistent(ctx, KILN_DTYPE_I32, 1, &ds->n, false);
+  l->rank = o->rank;
+  l->world = o->world;
+  l->epoch_n = epoch_n;
+  l->shard = shard;
+  l->order = kiln__tensor_persistent(ctx, KILN_DTYPE_I32, 1, &epoch_n, false); /* or the shard */
   l->iota = kiln__tensor_persistent(ctx, KILN_DTYPE_I32, 1, &ds->n, false);
   if (!l->order || !l->iota) {
     kiln_loader_free(l);
@@ -449,7 +471,12 @@ void kiln_loader_start(kiln_loader *l, int epoch) {
       l->host_order[j] = t;
     }
   }
-  kiln_tensor_copy_from_host(l->order, l->host_order, (size_t)n * sizeof(int32_t));
+  const int32_t *order = l->host_order;
+  if (l->world > 0) { /* this rank's shard: the same order on every rank, their own parts */
+    kiln__shard_order(l->host_order, n, l->rank, l->world, false, l->shard);
+    order = l->shard;
+  }
+  kiln_tensor_copy_from_host(l->order, order, (size_t)l->epoch_n * sizeof(int32_t));
   l->pos = 0;
   l->last_count = 0;
 }
@@ -465,7 +492,7 @@ int kiln_loader_next(kiln_loader *l, kiln_tensor **x, kiln_tensor **y) {
     *saved = l->pos;
     if (!kiln__undo_push(l->ctx, undo_pos, l, saved, &l->undo_mark)) return 0;
   }
-  int64_t n = l->ds->n, left = n - l->pos;
+  int64_t left = l->epoch_n - l->pos;
   if (left <= 0 || (l->drop_last && left < l->batch)) return 0;
   int64_t b = left < l->batch ? left : l->batch;
   /* the whole order tensor, read from the batch's offset: the offset is a step value, so every
@@ -492,7 +519,7 @@ kiln_tensor *kiln_loader_indices(kiln_loader *l) {
 
 int64_t kiln_loader_batches(const kiln_loader *l) {
   if (!l) return 0;
-  int64_t n = l->ds->n;
+  int64_t n = l->epoch_n;
   return n / l->batch + (!l->drop_last && n % l->batch != 0);
 }
 
@@ -506,6 +533,7 @@ void kiln_loader_free(kiln_loader *l) {
     kiln_tensor_free(l->eval_hits);
   }
   free(l->host_order);
+  free(l->shard);
   kiln__anchor_release(l->anchor);
   free(l);
 }
@@ -515,13 +543,13 @@ void kiln_loader_free(kiln_loader *l) {
 kiln_ctx *kiln__loader_ctx(const kiln_loader *l) { return l->ctx; }
 
 int64_t kiln__loader_rows(const kiln_loader *l) {
-  return l->batch < l->ds->n ? l->batch : l->ds->n;
+  return l->batch < l->epoch_n ? l->batch : l->epoch_n;
 }
 
 bool kiln__loader_batch_at(kiln_loader *l, int64_t k, kiln_tensor **x, kiln_tensor **y,
                            const char *fn) {
   KILN_ASSERT(k >= 0 && k < kiln_loader_batches(l));
-  int64_t start = k * kiln__loader_rows(l), left = l->ds->n - start;
+  int64_t start = k * kiln__loader_rows(l), left = l->epoch_n - start;
   int64_t b = left < l->batch ? left : l->batch;
   *x = kiln__index_select_at(l->ds->images, l->order, start, b, fn);
   *y = kiln__index_select_at(l->ds->labels, l->order, start, b, fn);

@@ -1217,6 +1217,11 @@ typedef struct kiln_loader_options {
   int shuffle;   /* 1: a new order each epoch */
   int drop_last; /* 1: no partial last batch */
   uint64_t seed; /* the shuffle's */
+  /* Several processes (kiln_dist.h): each takes rank's shard of every epoch's order, as PyTorch's
+   * DistributedSampler (drop_last false) does: give every rank the same seed; each gets
+   * ceil(n / world) samples, the order padded by repeating its first indices (world 0: one
+   * process, every sample). rank in [0, world). */
+  int rank, world;
 } kiln_loader_options;
 typedef struct kiln_loader kiln_loader;
 kiln_loader *kiln_loader_new(kiln_dataset *ds, const kiln_loader_options *o);

@@ -175,3 +175,54 @@ Test(gpu_loader, a_bf16_data_set_feeds_autocast_products_the_same_values) {
   kiln_dataset_free(b);
   th_ctx_free(ctx);
 }
+
+/* Three ranks' loaders over one data set of 10, the same seed: each takes 4 samples an epoch (the
+ * order padded by its first 2), every sample is in some rank's shard, the shards differ from
+ * epoch to epoch, and each batch's rows are the data set's rows of its indices. */
+Test(gpu_loader, ranks_shard_each_epoch_as_distributed_sampler) {
+  TH_GPU_CTX_EAGER(ctx);
+  float x[10];
+  int32_t y[10];
+  for (int i = 0; i < 10; i++)
+    x[i] = (float)(100 + i), y[i] = i % 3;
+  kiln_dataset *ds = kiln_dataset_from_host(ctx, KILN_HOST_F32, KILN_SHAPE(10, 1), x,
+                                            (kiln_host_labels){.i32 = y}, NULL);
+  cr_assert_not_null(ds, "%s", th_err(ctx));
+  int32_t shard0[2][4]; /* rank 0's samples in each epoch */
+  for (int epoch = 0; epoch < 2; epoch++) {
+    int seen[10] = {0}, total = 0;
+    for (int rank = 0; rank < 3; rank++) {
+      kiln_loader *l = kiln_loader_new(
+          ds,
+          &(kiln_loader_options){.batch = 3, .shuffle = 1, .seed = 9, .rank = rank, .world = 3});
+      cr_assert_not_null(l, "%s", th_err(ctx));
+      kiln_loader_start(l, epoch);
+      kiln_tensor *bx, *by;
+      while (kiln_loader_next(l, &bx, &by)) {
+        int32_t *idx = th_read_i32(kiln_loader_indices(l));
+        float *v = th_read(bx);
+        int32_t *lab = th_read_i32(by);
+        for (int64_t k = 0; k < kiln_tensor_dim(bx, 0); k++) {
+          cr_assert(idx[k] >= 0 && idx[k] < 10);
+          cr_assert_eq(v[k], x[idx[k]], "rank %d: row %d of the batch", rank, (int)k);
+          cr_assert_eq(lab[k], y[idx[k]]);
+          seen[idx[k]]++;
+          if (rank == 0) shard0[epoch][total] = idx[k];
+          total++;
+        }
+        free(idx), free(v), free(lab);
+      }
+      kiln_loader_free(l);
+    }
+    cr_assert_eq(total, 12, "3 ranks of 4 samples");
+    int twice = 0;
+    for (int i = 0; i < 10; i++) {
+      cr_assert(seen[i] == 1 || seen[i] == 2, "sample %d seen %d times", i, seen[i]);
+      twice += seen[i] == 2;
+    }
+    cr_assert_eq(twice, 2, "the padding repeats two samples");
+  }
+  cr_assert_neq(memcmp(shard0[0], shard0[1], sizeof shard0[0]), 0, "rank 0's shard did not change");
+  kiln_dataset_free(ds);
+  th_ctx_free(ctx);
+}
