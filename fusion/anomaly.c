@@ -52,17 +52,6 @@ void kiln__anomaly_free(kiln_ctx *ctx) {
   ctx->fusion_state->anomaly = NULL;
 }
 
-/* The node of the trace whose output t is or views, or -1 (a persistent tensor). */
-static int32_t owner(const kiln_ctx *ctx, const kiln_tensor *t) {
-  for (;;) {
-    int32_t i = t->node;
-    if (i < 0 || i >= ctx->trace.n || ctx->trace.nodes[i].out != t) return -1;
-    const kiln__node *n = &ctx->trace.nodes[i];
-    if (kiln__ops[n->op].kind != KILN__KIND_VIEW) return i;
-    t = n->in[0];
-  }
-}
-
 bool kiln__anomaly_begin(kiln_ctx *ctx, const kiln__program *pg) {
   if (!kiln__anomaly_kernel(ctx)) return false;
   kiln__anomaly *an = ctx->fusion_state->anomaly;
@@ -136,7 +125,7 @@ static bool check_node(kiln_ctx *ctx, const kiln__plan *p, int32_t i) {
   int nins = 0;
   bool ok = n->op == KILN__OP_FILL; /* a constant the program asked for */
   for (int q = 0; q < n->nin; q++) {
-    int32_t j = owner(ctx, n->in[q]);
+    int32_t j = kiln__owner(ctx, n->in[q]);
     if (j >= p->first && j < p->last)
       ins[nins++] = j - p->first;
     else if (j >= 0)
@@ -179,7 +168,7 @@ static size_t put_value(char *buf, size_t len, const kiln_ctx *ctx, const kiln_t
     base = ctx->trace.nodes[i].in[0];
   char sh[96];
   const char *view = base != t ? " (through a view)" : "";
-  int32_t j = owner(ctx, base);
+  int32_t j = kiln__owner(ctx, base);
   if (j >= 0)
     return (size_t)snprintf(
         buf, len, "node #%d (%s %s %s)%s", j, kiln__ops[ctx->trace.nodes[j].op].name,

@@ -324,6 +324,9 @@ typedef struct kiln__step_graph kiln__step_graph;
 kiln_status kiln__graph_run(kiln_ctx *ctx);
 /* Frees every cached step graph and its arena (their replays are over). */
 void kiln__graphs_free(kiln_ctx *ctx);
+/* The trace node that owns t's memory (its output is t, or t views it), or -1 (a persistent
+ * tensor, or one of another trace). */
+int32_t kiln__owner(const kiln_ctx *ctx, const kiln_tensor *t);
 
 /* ---------------------------------------------------------------- fusion's state */
 

@@ -91,8 +91,7 @@ typedef struct item {
   size_t bytes, off;
 } item;
 
-/* The node that owns t's memory (through views), in this step, or -1. */
-static int32_t owner(const kiln_ctx *ctx, const kiln_tensor *t) {
+int32_t kiln__owner(const kiln_ctx *ctx, const kiln_tensor *t) {
   for (;;) {
     int32_t i = t->node;
     if (i < 0 || i >= ctx->trace.n || ctx->trace.nodes[i].out != t) return -1;
@@ -174,7 +173,7 @@ static bool memory_plan(kiln_ctx *ctx, kiln__step_graph *E) {
   for (int k = 0; k < p->ng; k++) {
     const kiln__group *g = &p->g[k];
     if (kiln__epi_flags(g->epi) & KILN__EPI_WRITES_MASK) {
-      int32_t r = owner(ctx, g->aux);
+      int32_t r = kiln__owner(ctx, g->aux);
       if (r < 0) continue;
       mask_of[r] = ni;
       it[ni++] = (item){
@@ -188,16 +187,16 @@ static bool memory_plan(kiln_ctx *ctx, kiln__step_graph *E) {
     for (int m = 0; m < nm; m++) {
       const kiln__node *nd = &nodes[g->n ? p->members[g->first + m] : g->node];
       for (int q = 0; q < nd->nin; q++) {
-        int32_t o = owner(ctx, nd->in[q]);
+        int32_t o = kiln__owner(ctx, nd->in[q]);
         if (o >= 0 && item_of[o] >= 0 && it[item_of[o]].last < k) it[item_of[o]].last = k;
       }
     }
     if (g->implicit == KILN__IMPLICIT_WGRAD) { /* it gathers its columns from the image */
-      int32_t o = owner(ctx, nodes[g->window].in[0]);
+      int32_t o = kiln__owner(ctx, nodes[g->window].in[0]);
       if (o >= 0 && item_of[o] >= 0 && it[item_of[o]].last < k) it[item_of[o]].last = k;
     }
     if (kiln__epi_flags(g->epi) & KILN__EPI_READS_MASK) {
-      int32_t o = owner(ctx, g->aux);
+      int32_t o = kiln__owner(ctx, g->aux);
       if (o >= 0 && mask_of[o] >= 0 && it[mask_of[o]].last < k) it[mask_of[o]].last = k;
     }
   }
