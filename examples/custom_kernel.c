@@ -56,8 +56,8 @@ static kiln_tensor *step(kiln_ctx *ctx, const custom_linear_relu *ops, const lay
                        : kiln_relu(kiln_add(kiln_matmul(l->x, kiln_transpose(l->w, 0, 1)), l->b));
   kiln_backward(kiln_sum(kiln_mul(y, l->r), KILN_ALL_AXES, 0));
   cudaStream_t stream = (cudaStream_t)kiln_ctx_stream(ctx);
-  if (ev) {
-    kiln_sync(ctx);
+  if (ev) { /* the stream idle (kiln_sync would run the step's nodes now, without its graph) */
+    cudaStreamSynchronize(stream);
     cudaEventRecord(ev[0], stream);
   }
   if (kiln_step_end(ctx) != KILN_OK) die(ctx, custom ? "the custom step" : "kiln's own step");

@@ -84,13 +84,12 @@ kiln_status kiln__engine_compile_custom(kiln_ctx *ctx, kiln_custom_op *op) {
       KILN_CUDA_FAILED(ctx, cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin,
                                                    ctx->device)))
     return ctx->status;
-  op->smem_max = (uint32_t)optin;
   kiln__rendered r;
   memset(&r, 0, sizeof r);
   bool ok = kiln__custom_source(op, &r);
   char comment[96];
   snprintf(comment, sizeof comment, "// custom op %s\n", op->o.name);
-  kiln__kernel *k = ok ? kiln__compile(ctx, r.name, r.src.s, comment, false, op->smem_max) : NULL;
+  kiln__kernel *k = ok ? kiln__compile(ctx, r.name, r.src.s, comment, false, 0) : NULL;
   kiln__sb_free(&r.src);
   if (!ok) return kiln__error(ctx, KILN_ERR_OOM, "kiln_custom_op_new: out of host memory");
   if (!k) { /* NVRTC's message, with the function and the op in front */
@@ -99,6 +98,23 @@ kiln_status kiln__engine_compile_custom(kiln_ctx *ctx, kiln_custom_op *op) {
     memcpy(why, ctx->error, sizeof why);
     kiln_ctx_clear_error(ctx);
     return kiln__error(ctx, s, "kiln_custom_op_new: op '%s': %s", op->o.name, why);
+  }
+  /* the dynamic shared memory a launch may ask for: what the device lets a block have, less the
+   * kernel's static shared memory (CUDA refuses a limit past their sum) */
+  op->smem_max = (uint32_t)optin;
+  if (ctx->has_gpu) {
+    struct cudaFuncAttributes fa;
+    if (KILN_CUDA_FAILED(ctx, cudaFuncGetAttributes(&fa, kiln__kernel_fn(k)))) return ctx->status;
+    int dyn = optin - (int)fa.sharedSizeBytes;
+    if (dyn < 0 ||
+        KILN_CUDA_FAILED(ctx, cudaKernelSetAttributeForDevice(
+                                  (cudaKernel_t)(uintptr_t)kiln__kernel_fn(k),
+                                  cudaFuncAttributeMaxDynamicSharedMemorySize, dyn, ctx->device)))
+      return kiln__error(ctx, KILN_ERR_CUDA,
+                         "kiln_custom_op_new: op '%s': its kernel's %zu bytes of static shared "
+                         "memory leave none of the device's %d",
+                         op->o.name, fa.sharedSizeBytes, optin);
+    op->smem_max = (uint32_t)dyn;
   }
   return KILN_OK;
 }

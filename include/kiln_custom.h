@@ -61,7 +61,7 @@ typedef struct kiln_custom_call {
 /* A launch: grid[0] blocks along x (1 .. 2^31 - 1), grid[1] and grid[2] along y and z (0 means
  * 1; at most 65535), block threads a block (one-dimensional: 1 .. the op's max_block), smem bytes
  * of dynamic shared memory (extern __shared__; up to what the device allows a block, 227 KiB on
- * an H100 or H200). */
+ * an H100 or H200, less the kernel's own static __shared__ arrays). */
 typedef struct kiln_custom_launch {
   uint32_t grid[3];
   uint32_t block;

@@ -544,8 +544,10 @@ kiln_status kiln_init_whitening(kiln_tensor *weight, kiln_host_type type, kiln_s
   return s;
 }
 
-/* Patches of the device covariance are summed a chunk of about this many at a time (their columns
- * (patches, K) are the chunk's memory). */
+/* Patches of the device covariance are summed a chunk of about this many at a time: each chunk's
+ * sum in f32 is short, and the chunks' sums are added on the device (the precision of the small
+ * eigenvalues). The chunks run in one flush, so every chunk's columns are in memory together, as
+ * intermediates until the next step begins: n (H - kh + 1) (W - kw + 1) C kh kw floats. */
 #define WHITENING_CHUNK_PATCHES ((int64_t)1 << 18)
 
 /* The patch covariance of images (n, H, W, C) on the device into cov (K x K, filter order, float64
@@ -563,6 +565,7 @@ static kiln_status device_covariance(kiln_ctx *ctx, const char *fn, kiln_tensor 
   bool tf32 = ctx->tf32;
   ctx->tf32 = false; /* plain f32 products: the covariance's small eigenvalues matter */
   kiln_no_grad_begin(ctx);
+  kiln_autocast_begin(ctx, KILN_DTYPE_F32); /* not bf16 either, inside a caller's region */
   kiln__win w = {.kh = kh, .kw = kw, .sh = 1, .sw = 1, .dh = 1, .dw = 1};
   kiln_tensor *x = images->dtype == KILN_DTYPE_F32 ? images : kiln_cast(images, KILN_DTYPE_F32);
   kiln_tensor *sum = NULL;
@@ -577,6 +580,7 @@ static kiln_status device_covariance(kiln_ctx *ctx, const char *fn, kiln_tensor 
     sum = sum ? kiln_add(sum, s) : s;
   }
   kiln_status st = sum ? kiln_tensor_to_host(sum, h, (size_t)(K * K) * sizeof *h) : ctx->status;
+  kiln_autocast_end(ctx);
   kiln_no_grad_end(ctx);
   ctx->tf32 = tf32;
   /* im2col's columns are (dh, dw, c); a filter's (c, dh, dw) */

@@ -538,6 +538,7 @@ Test(whitening, tensor_init_checks_its_arguments_and_restores_the_modes) {
   cr_assert_eq(th_count_ops(ctx, n0, th_tlen(ctx), KILN__OP_MATMUL), 8);
   cr_assert(ctx->tf32, "TF32 was left off");
   cr_assert_eq(ctx->no_grad_depth, 0);
+  cr_assert_eq(ctx->autocast_depth, 0, "an autocast region was left open");
   th_free_scratch();
   th_ctx_free(ctx);
 }
