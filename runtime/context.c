@@ -81,14 +81,18 @@ kiln_status kiln_trace_end(kiln_ctx *ctx) {
 
 /* Runs the open step: its graph, or a flush of what it has not run yet (always in anomaly mode,
  * whose checks stop a step part way). */
-static kiln_status run_step(kiln_ctx *ctx, bool whole) {
+static kiln_status run_step(kiln_ctx *ctx, bool open, bool whole) {
   if (whole && ctx->graphs && !ctx->anomaly && ctx->has_gpu && kiln__ok(ctx) && ctx->trace.n > 0) {
     kiln_status s = kiln__engine_step(ctx);
     ctx->trace.done = ctx->trace.n;
     ctx->stats.flushes++;
     return s;
   }
-  if (ctx->graphs && ctx->has_gpu && ctx->trace.done < ctx->trace.n) ctx->stats.eager_steps++;
+  /* a step in graph mode run otherwise: in anomaly mode, or after part or all of it ran before
+   * its end (a kiln_sync or a host read inside it) */
+  if (ctx->graphs && ctx->has_gpu && ctx->trace.n > 0 &&
+      (ctx->trace.done < ctx->trace.n || (open && !whole)))
+    ctx->stats.eager_steps++;
   return kiln__flush(ctx);
 }
 
@@ -106,7 +110,7 @@ kiln_status kiln_step_end(kiln_ctx *ctx) {
                 ctx->autocast_depth == 1 ? "it" : "them");
   bool whole = open && ctx->trace.done == 0; /* nothing of the step ran yet */
   ctx->in_step = false;
-  kiln_status s = run_step(ctx, whole);
+  kiln_status s = run_step(ctx, open, whole);
   /* a failed step (in recording or running) leaves no host state behind: step counts, gradient
    * flags, RNG offsets and loader positions go back to where the step found them */
   if (open && s != KILN_OK)
