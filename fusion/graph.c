@@ -91,16 +91,6 @@ typedef struct item {
   size_t bytes, off;
 } item;
 
-int32_t kiln__owner(const kiln_ctx *ctx, const kiln_tensor *t) {
-  for (;;) {
-    int32_t i = t->node;
-    if (i < 0 || i >= ctx->trace.n || ctx->trace.nodes[i].out != t) return -1;
-    const kiln__node *n = &ctx->trace.nodes[i];
-    if (kiln__ops[n->op].kind != KILN__KIND_VIEW) return i;
-    t = n->in[0];
-  }
-}
-
 static size_t round_up(size_t n) { return (n + ALIGN - 1) / ALIGN * ALIGN; }
 
 /* Step graphs share arenas: a step's intermediates are dead once the next step begins (their

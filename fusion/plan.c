@@ -65,6 +65,16 @@ static bool add_alias(kiln_ctx *ctx, kiln__plan *p, kiln__group *g, const kiln_t
   return true;
 }
 
+int32_t kiln__owner(const kiln_ctx *ctx, const kiln_tensor *t) {
+  for (;;) {
+    int32_t i = t->node;
+    if (i < 0 || i >= ctx->trace.n || ctx->trace.nodes[i].out != t) return -1;
+    const kiln__node *n = &ctx->trace.nodes[i];
+    if (kiln__ops[n->op].kind != KILN__KIND_VIEW) return i;
+    t = n->in[0];
+  }
+}
+
 /* The node in this flush whose output is exactly t, or -1. */
 static int32_t producer(const kiln_ctx *ctx, const kiln__plan *p, const kiln_tensor *t) {
   int32_t i = t->node;
