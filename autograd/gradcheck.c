@@ -15,8 +15,9 @@ static double eval(kiln_ctx *ctx, kiln_gradcheck_fn fn, kiln_tensor *const *inpu
   if (!out) return NAN;
   kiln_tensor *loss = kiln_sum(kiln_mul(out, w), KILN_ALL_AXES, 0);
   if (backward && kiln_backward(loss) != KILN_OK) return NAN;
-  float v = kiln_tensor_item(loss);
-  return v;
+  /* read after the step ends: with step graphs on, the step runs whole at kiln_step_end */
+  if (kiln_step_end(ctx) != KILN_OK) return NAN;
+  return kiln_tensor_item(loss);
 }
 
 kiln_status kiln_gradcheck(kiln_ctx *ctx, kiln_gradcheck_fn fn, int n, kiln_tensor *const *inputs,

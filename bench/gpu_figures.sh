@@ -23,10 +23,12 @@ step() {
     "$(tail -n 1 "$out/$name.txt" | cut -c1-110)")")
 }
 step custom_kernel 120 "$build/custom_kernel"
-step conv 300 "python3 bench/conv_bench.py --json > $out/cudnn.jsonl &&
+step conv 300 "python3 bench/conv_bench.py --json > $out/cudnn.jsonl && mkdir -p $out/trace &&
   $build/profile_step --workload air --mode graph --trace $out/trace > /dev/null &&
+  python3 tools/trace_summary.py --top 40 $out/trace/air_graph.json > $out/air_kernels.txt &&
   python3 bench/conv_compare.py $out/trace/air_graph.json $out/cudnn.jsonl"
-step first_step 400 "for threads in '' 1; do
+step first_step 400 "$build/profile_step --workload mlp --compile-only > /dev/null  # the files NVRTC reads, cached
+  for threads in 1 ''; do
     rm -rf /tmp/kiln-cold-cache
     for cache in cold warm; do
       printf '%s cache, compile threads %s: ' \$cache \${threads:-default}
@@ -35,5 +37,5 @@ step first_step 400 "for threads in '' 1; do
         grep -o '\"first_step_ms\": *[0-9.]*'
     done
   done"
-step cifar10_memory 300 "$build/cifar10 \${KILN_CIFAR10_SAMPLE:?} --epochs 1 --no-cache | tail -n 3"
+step cifar10_memory 300 "$build/cifar10 \${KILN_CIFAR10_SAMPLE:?} --epochs 1 --batch 500 --no-cache | tail -n 3"
 printf '%s\n' "${summary[@]}"

@@ -56,7 +56,9 @@ typedef struct kiln_eval_result {
  * Errors (naming kiln_evaluate and the values; KILN_ERR_INVALID unless said): a NULL loader,
  * forward or out; a loader of another context; a loader whose epoch has no batch; an unknown
  * loss, a label_smoothing outside [0, 1], an autocast dtype other than 0 and bf16; a call inside
- * an open step or an open autocast region (KILN_ERR_STATE); a forward that returns NULL without
+ * an open step that has recorded ops, or inside an open autocast region (KILN_ERR_STATE; a step
+ * opened with nothing recorded yet, as a loop leaves it when its loader runs out, is taken as
+ * closed); a forward that returns NULL without
  * an error of its own, or logits that are not (B, C) for a batch of B (KILN_ERR_SHAPE) or not of
  * a float dtype (KILN_ERR_DTYPE), or whose C changes from batch to batch (KILN_ERR_SHAPE); an
  * error of the forward pass's ops (theirs is the context's error); a label outside [0, C) with
