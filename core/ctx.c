@@ -125,6 +125,7 @@ kiln_ctx *kiln__ctx_create(const kiln_ctx_options *opts) {
   ctx->training = true;
   ctx->fusion = !env_off("KILN_FUSION");
   ctx->graphs = !env_off("KILN_GRAPH");
+  ctx->conv_ws = !env_off("KILN_CONV_WS");
   const char *nvtx = getenv("KILN_NVTX");
   ctx->nvtx = nvtx && strcmp(nvtx, "1") == 0;
   ctx->debug = debug_flags();

@@ -362,6 +362,7 @@ struct kiln_ctx {
   bool has_gpu;
   int arch; /* compute capability as 90, 80, ... */
   int num_sms;
+  bool conv_ws; /* conv.cuh's kernels warp-specialized (KILN_CONV_WS=0: not) */
   struct CUstream_st *stream;
 
   kiln_status status;

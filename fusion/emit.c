@@ -292,7 +292,8 @@ void kiln__stem_of(const kiln__ew_prog *p, const char *prefix, const char *suffi
 }
 
 /* Names the kernel after its stem, the text pre and its body, and wraps the body into the kernel's
- * source, after the prelude and pre (declarations at file scope; NULL: none). */
+ * source, after the prelude and pre (declarations at file scope; NULL: none). Its launch bounds
+ * are KILN__BLOCK threads, or r->block set beforehand above that (one block an SM). */
 bool kiln__finish_with(kiln__sb *body, const char *stem, const kiln__operands *o, kiln__rendered *r,
                        const char *pre) {
   if (body->oom) return false;
@@ -300,9 +301,10 @@ bool kiln__finish_with(kiln__sb *body, const char *stem, const kiln__operands *o
   snprintf(r->name, sizeof r->name, "%s_%08" PRIx64, stem, h & 0xffffffffu);
   kiln__sb_printf(&r->src,
                   "#include \"prelude.cuh\"\n%s"
-                  "extern \"C\" __global__ void __launch_bounds__(%d) %s(const kiln__kargs a) {\n"
+                  "extern \"C\" __global__ void __launch_bounds__(%d%s) %s(const kiln__kargs a) {\n"
                   "%s}\n",
-                  pre ? pre : "", KILN__BLOCK, r->name, body->s);
+                  pre ? pre : "", r->block > KILN__BLOCK ? r->block : KILN__BLOCK,
+                  r->block > KILN__BLOCK ? ", 1" : "", r->name, body->s);
   if (o) {
     r->arg.nptr = o->n;
     for (int k = 0; k < o->n; k++)

@@ -51,7 +51,10 @@ static void fill_call(const kiln__trace *tr, kiln__call *c, const kiln__rendered
  * lack on a pool of threads), then fills the calls. */
 static bool build_calls(kiln_ctx *ctx, kiln__program *pg) {
   const kiln__trace *tr = &ctx->trace;
-  kiln__target target = {.num_sms = ctx->num_sms, .customs = ctx->customs, .ncustom = ctx->ncustom};
+  kiln__target target = {.num_sms = ctx->num_sms,
+                         .conv_ws = ctx->conv_ws,
+                         .customs = ctx->customs,
+                         .ncustom = ctx->ncustom};
   int ng = pg->plan.ng, nr = 0;
   size_t slots = (size_t)(ng > 0 ? ng : 1);
   kiln__rendered *r = calloc(slots, sizeof *r);

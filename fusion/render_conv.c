@@ -15,10 +15,26 @@
 #include "render.h"
 
 /* A conv.cuh kernel's launch: compiled for sm_90a, S stages of 128 + BN rows of 128 bytes of
- * dynamic shared memory and 1024 bytes to align them (conv.cuh's KILN_CONV_SMEM). */
-static void wgmma_launch(int BN, int S, kiln__rendered *r) {
+ * dynamic shared memory and 1024 bytes to align them (conv.cuh's KILN_CONV_SMEM); warp-specialized
+ * (ws), three warpgroups and 2 S mbarriers (KILN_CONV_WS_THREADS, KILN_CONV_SMEM_WS). */
+static void wgmma_launch(int BN, int S, bool ws, kiln__rendered *r) {
   r->sm90a = true;
-  r->smem = (unsigned)(S * (128 + BN) * 128 + 1024);
+  r->block = ws ? 384 : KILN__BLOCK;
+  r->smem = (unsigned)(S * (128 + BN) * 128 + 1024 + (ws ? 16 * S : 0));
+}
+
+/* Stages of a conv.cuh kernel with BN-wide tiles: about 192 KB of them warp-specialized (one
+ * block an SM), else 3 or 4 (two blocks an SM where they fit). */
+static int wgmma_stages(int BN, bool ws) {
+  if (ws) return 196608 / ((128 + BN) * 128);
+  return BN == 128 ? 3 : 4;
+}
+
+/* The tile width of a conv.cuh kernel over n columns: 64, 128 or 256; at most 128
+ * warp-specialized, whose 256-wide tiles spill (ptxas, CUDA 13.0: about 1 KB a thread with the
+ * gatherers at 24 to 152 registers). */
+static int wgmma_width(int64_t n, bool ws) {
+  return n <= 64 ? 64 : (n <= 128 || ws ? 128 : 256);
 }
 
 /* col2im of the product dY Wk as one implicit GEMM: operand 0 is col2im's input (the column
@@ -26,7 +42,8 @@ static void wgmma_launch(int BN, int S, kiln__rendered *r) {
  * and BN channels, its accumulators stored through col2im's epilogue, two channels at a time. On
  * mma.sync (igemm.cuh), or with wg on wgmma as the forward product of dY with the filters flipped
  * (conv.cuh, stride 1: its geometry GD beside the convolution's G). */
-static bool render_dgrad(const kiln__ew_prog *p, const kiln__gemm *mm, bool wg, kiln__rendered *r) {
+static bool render_dgrad(const kiln__ew_prog *p, const kiln__gemm *mm, bool wg, bool ws,
+                         kiln__rendered *r) {
   const kiln__node *n = p->nodes[0];
   const kiln_tensor *X = n->out, *A = mm->a, *B = mm->b;
   kiln__kargs *a = &r->arg.args;
@@ -37,8 +54,8 @@ static bool render_dgrad(const kiln__ew_prog *p, const kiln__gemm *mm, bool wg, 
   kiln__win w = kiln__win_of(n);
   int64_t N = X->shape[0], H = X->shape[1], W = X->shape[2], CI = X->shape[3];
   int64_t OH = n->in[0]->shape[1], OW = n->in[0]->shape[2], CO = A->shape[1];
-  int BN = wg ? (CI <= 64 ? 64 : (CI <= 128 ? 128 : 256)) : (CI <= 32 ? 32 : 64);
-  int S = BN == 128 ? 3 : 4;
+  int BN = wg ? wgmma_width(CI, ws) : (CI <= 32 ? 32 : 64);
+  int S = wgmma_stages(BN, ws);
   bool bf16 = X->dtype == KILN_DTYPE_BF16;
   const char *T = kiln__ctype(X->dtype);
   a->n = N * H * W; /* image pixels: the rows of dX */
@@ -69,7 +86,8 @@ static bool render_dgrad(const kiln__ew_prog *p, const kiln__gemm *mm, bool wg, 
   kiln__sb_printf(&b, "  typedef int ix;\n"
                       "  const int V = 2;\n"
                       "  (void)V;\n"
-                      "  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;\n");
+                      "  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;\n"
+                      "  (void)warp;\n");
   if (wg)
     kiln__sb_printf(&b,
                     "  constexpr int BN = %d, S = %d;\n"
@@ -77,9 +95,10 @@ static bool render_dgrad(const kiln__ew_prog *p, const kiln__gemm *mm, bool wg, 
                     "  const int M = (int)a.n, m0 = (int)blockIdx.x * 128, n0 = (int)blockIdx.y * "
                     "BN;\n"
                     "  float acc[BN / 2];\n"
-                    "  kiln_conv_fprop<GD, BN, S, true>((const kiln_bf16 *)a.ptr[%d], (const "
-                    "kiln_bf16 *)a.ptr[%d], m0, n0, kiln_smem, acc);\n"
-                    "  const int r0 = 64 * (warp >> 2) + 16 * (warp & 3) + (lane >> 2);\n"
+                    "  if (!kiln_conv_fprop<GD, BN, S, true, %s>((const kiln_bf16 *)a.ptr[%d], "
+                    "(const kiln_bf16 *)a.ptr[%d], m0, n0, kiln_smem, acc))\n"
+                    "    return;\n"
+                    "  const int r0 = kiln_conv_row0<%s>();\n"
                     "#pragma unroll\n"
                     "  for (int j = 0; j < BN / 8; j++)\n"
                     "#pragma unroll\n"
@@ -87,7 +106,7 @@ static bool render_dgrad(const kiln__ew_prog *p, const kiln__gemm *mm, bool wg, 
                     "    const ix m = m0 + r0 + 8 * hh;\n"
                     "    const ix c = n0 + 8 * j + 2 * (lane & 3);\n"
                     "    const float d[2] = {acc[4 * j + 2 * hh], acc[4 * j + 2 * hh + 1]};\n",
-                    BN, S, ka, kb);
+                    BN, S, ws ? "true" : "false", ka, kb, ws ? "true" : "false");
   else
     kiln__sb_printf(&b,
                     "  const int M = (int)a.n, m0 = (int)blockIdx.x * KILN_IG_BM, n0 = "
@@ -124,14 +143,14 @@ static bool render_dgrad(const kiln__ew_prog *p, const kiln__gemm *mm, bool wg, 
   kiln__sb_printf(&b, "  }\n");
   char stem[80], suffix[48];
   snprintf(suffix, sizeof suffix, "_%lldx%lld_s%lld_%s_%s", (long long)w.kh, (long long)w.kw,
-           (long long)w.sh, kiln_dtype_name(X->dtype), wg ? "wgmma" : "igemm");
+           (long long)w.sh, kiln_dtype_name(X->dtype), wg ? (ws ? "wgmma_ws" : "wgmma") : "igemm");
   kiln__stem_of(p, "k_matmul", suffix, stem, sizeof stem);
+  r->block = wg && ws ? 384 : KILN__BLOCK; /* the launch bounds */
   bool ok = kiln__finish_with(&b, stem, &o, r, pre);
   kiln__sb_free(&b);
-  r->block = KILN__BLOCK;
   r->grid = (unsigned)((a->n + 127) / 128);
   r->grid_y = (unsigned)((CI + BN - 1) / BN);
-  if (wg) wgmma_launch(BN, S, r);
+  if (wg) wgmma_launch(BN, S, ws, r);
   kiln__tally_bytes(&o, r);
   r->bytes_read -= kiln__footprint(o.t[0]); /* operand 0, the column matrix, is never read */
   return ok;
@@ -164,10 +183,9 @@ static void conv_operands(const kiln__node *n, const kiln_tensor *t, const kiln_
 /* Stores the block's accumulators d (its rows from row0, its columns from col0) into the bf16
  * matrix at a.ptr[out] of rows x cols, bounds checked, or into its transpose (cols x rows). */
 static void store_tile(kiln__sb *b, int out, const char *row0, const char *col0, const char *rows,
-                       const char *cols, bool transposed) {
+                       const char *cols, bool transposed, bool ws) {
   kiln__sb_printf(b,
-                  "  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;\n"
-                  "  const int r0 = 64 * (warp >> 2) + 16 * (warp & 3) + (lane >> 2);\n"
+                  "  const int lane = threadIdx.x & 31, r0 = kiln_conv_row0<%s>();\n"
                   "  kiln_bf16 *out = (kiln_bf16 *)a.ptr[%d];\n"
                   "#pragma unroll\n"
                   "  for (int j = 0; j < BN / 8; j++)\n"
@@ -175,7 +193,7 @@ static void store_tile(kiln__sb *b, int out, const char *row0, const char *col0,
                   "    for (int h = 0; h < 2; h++) {\n"
                   "      const int r = %s + r0 + 8 * h, c = %s + 8 * j + 2 * (lane & 3);\n"
                   "      if (r < %s && c < %s) {\n",
-                  out, row0, col0, rows, cols);
+                  ws ? "true" : "false", out, row0, col0, rows, cols);
   if (transposed)
     kiln__sb_printf(b,
                     "        out[c * %s + r] = kiln_bf16(d[4 * j + 2 * h]);\n"
@@ -190,27 +208,26 @@ static void store_tile(kiln__sb *b, int out, const char *row0, const char *col0,
                      "    }\n");
 }
 
-/* Names, wraps and launches a conv.cuh kernel: 256 threads, BN-wide tiles, S stages of dynamic
- * shared memory, sm_90a. */
+/* Names, wraps and launches a conv.cuh kernel: 256 threads (384 warp-specialized), BN-wide
+ * tiles, S stages of dynamic shared memory, sm_90a. */
 static bool finish_wgmma(kiln__sb *b, const char *what, const kiln__node *n, const char *pre,
-                         const kiln__operands *o, int BN, int S, kiln__rendered *r) {
+                         const kiln__operands *o, int BN, int S, bool ws, kiln__rendered *r) {
   kiln__win w = kiln__win_of(n);
   char stem[80];
-  snprintf(stem, sizeof stem, "k_conv_%s_%lldx%lld_s%lld_%dx%d_bf16", what, (long long)w.kh,
-           (long long)w.kw, (long long)w.sh, 128, BN);
+  snprintf(stem, sizeof stem, "k_conv_%s_%lldx%lld_s%lld_%dx%d_bf16%s", what, (long long)w.kh,
+           (long long)w.kw, (long long)w.sh, 128, BN, ws ? "_ws" : "");
+  wgmma_launch(BN, S, ws, r);
   bool ok = kiln__finish_with(b, stem, o, r, pre);
   kiln__sb_free(b);
-  r->block = KILN__BLOCK;
-  wgmma_launch(BN, S, r);
   kiln__tally_bytes(o, r);
   return ok;
 }
 
 /* The forward product Y (M, CO) = im2col(X) Wk^T: a block of 128 pixels by BN channels. */
-static bool render_fprop(const kiln__node *n, const kiln__gemm *mm, kiln__rendered *r) {
+static bool render_fprop(const kiln__node *n, const kiln__gemm *mm, bool ws, kiln__rendered *r) {
   const kiln_tensor *Y = mm->d;
   int64_t M = Y->shape[0], CO = Y->shape[1];
-  int BN = CO <= 64 ? 64 : (CO <= 128 ? 128 : 256), S = BN == 128 ? 3 : 4;
+  int BN = wgmma_width(CO, ws), S = wgmma_stages(BN, ws);
   kiln__operands o = {0};
   int slot[3];
   char pre[640];
@@ -221,14 +238,15 @@ static bool render_fprop(const kiln__node *n, const kiln__gemm *mm, kiln__render
                   "  extern __shared__ __align__(1024) unsigned char kiln_smem[];\n"
                   "  float d[BN / 2];\n"
                   "  const int m0 = (int)blockIdx.x * 128, n0 = (int)blockIdx.y * BN;\n"
-                  "  kiln_conv_fprop<G, BN, S>((const kiln_bf16 *)a.ptr[%d], (const kiln_bf16 "
-                  "*)a.ptr[%d], m0, n0, kiln_smem, d);\n",
-                  BN, S, (long long)M, slot[0], slot[1]);
-  store_tile(&b, slot[2], "m0", "n0", "M", "G::CO", false);
+                  "  if (!kiln_conv_fprop<G, BN, S, false, %s>((const kiln_bf16 *)a.ptr[%d], "
+                  "(const kiln_bf16 *)a.ptr[%d], m0, n0, kiln_smem, d))\n"
+                  "    return;\n",
+                  BN, S, (long long)M, ws ? "true" : "false", slot[0], slot[1]);
+  store_tile(&b, slot[2], "m0", "n0", "M", "G::CO", false, ws);
   r->arg.args.n = M;
   r->grid = (unsigned)((M + 127) / 128);
   r->grid_y = (unsigned)((CO + BN - 1) / BN);
-  return finish_wgmma(&b, "fprop", n, pre, &o, BN, S, r);
+  return finish_wgmma(&b, "fprop", n, pre, &o, BN, S, ws, r);
 }
 
 /* The weight gradient dW (CO, K) = dY^T im2col(X), computed as its transpose (K rows, CO
@@ -243,7 +261,8 @@ static bool render_wgrad(const kiln__target *t, const kiln__node *n, const kiln_
                          kiln__rendered *r) {
   const kiln_tensor *dY = mm->a, *D = mm->d;
   int64_t CO = D->shape[0], K = D->shape[1], M = dY->shape[1];
-  int BN = CO <= 64 ? 64 : 128, S = 4;
+  bool ws = t->conv_ws;
+  int BN = CO <= 64 ? 64 : 128, S = ws ? wgmma_stages(BN, ws) : 4;
   int64_t tiles = ((K + 127) / 128) * ((CO + BN - 1) / BN), sms = t->num_sms > 0 ? t->num_sms : 132;
   int64_t splits = (sms + tiles - 1) / tiles, most = M / (64 * 32);
   if (splits > most) splits = most;
@@ -265,28 +284,29 @@ static bool render_wgrad(const kiln__target *t, const kiln__node *n, const kiln_
       "  float d[BN / 2];\n"
       "  const int k0 = (int)blockIdx.x * 128, n0 = (int)blockIdx.y * BN;\n"
       "  const int p0 = (int)blockIdx.z * CHUNK, p1 = p0 + CHUNK < M ? p0 + CHUNK : M;\n"
-      "  kiln_conv_wgrad<G, BN, S>((const kiln_bf16 *)a.ptr[%d], (const kiln_bf16 "
-      "*)a.ptr[%d], k0, n0, p0, p1, kiln_smem, d);\n",
-      BN, S, (long long)M, (long long)K, (long long)chunk, slot[0], slot[1]);
+      "  if (!kiln_conv_wgrad<G, BN, S, %s>((const kiln_bf16 *)a.ptr[%d], (const kiln_bf16 "
+      "*)a.ptr[%d], k0, n0, p0, p1, kiln_smem, d))\n"
+      "    return;\n",
+      BN, S, (long long)M, (long long)K, (long long)chunk, ws ? "true" : "false", slot[0], slot[1]);
   if (splits > 1)
     kiln__sb_printf(
         &b,
-        "  if (!kiln_conv_split_sum<BN>(d, (float *)a.ptr[%d], (unsigned *)a.ptr[%d]))\n"
+        "  if (!kiln_conv_split_sum<BN, %s>(d, (float *)a.ptr[%d], (unsigned *)a.ptr[%d]))\n"
         "    return;\n",
-        o.n, o.n + 1);
-  store_tile(&b, slot[2], "k0", "n0", "K", "G::CO", true);
+        ws ? "true" : "false", o.n, o.n + 1);
+  store_tile(&b, slot[2], "k0", "n0", "K", "G::CO", true, ws);
   r->arg.args.n = M;
   r->grid = (unsigned)((K + 127) / 128);
   r->grid_y = (unsigned)((CO + BN - 1) / BN);
   r->grid_z = (unsigned)splits;
   r->ws_slot = splits > 1 ? o.n : 0;
-  return finish_wgmma(&b, "wgrad", n, pre, &o, BN, S, r);
+  return finish_wgmma(&b, "wgrad", n, pre, &o, BN, S, ws, r);
 }
 
 bool kiln__render_conv(const kiln__target *t, const kiln__spec *s, kiln__rendered *r) {
   switch (s->conv) {
-  case KILN__IMPLICIT_DGRAD: return render_dgrad(&s->prog, &s->gemm, s->wgmma, r);
-  case KILN__IMPLICIT_FPROP: return render_fprop(s->red, &s->gemm, r);
+  case KILN__IMPLICIT_DGRAD: return render_dgrad(&s->prog, &s->gemm, s->wgmma, t->conv_ws, r);
+  case KILN__IMPLICIT_FPROP: return render_fprop(s->red, &s->gemm, t->conv_ws, r);
   case KILN__IMPLICIT_WGRAD: return render_wgrad(t, s->red, &s->gemm, r);
   case KILN__IMPLICIT_NONE: break;
   }

@@ -601,16 +601,22 @@ static void record_conv(kiln_ctx *ctx, const char *what, int64_t cin, int64_t co
 }
 
 /* The unfused plan of the pending nodes has no implicit group; with compile, every kernel of
- * the fused plan renders and compiles (NVRTC, no GPU). */
+ * the fused plan renders and compiles (NVRTC, no GPU), the wgmma ones warp-specialized and not
+ * (KILN_CONV_WS). */
 static void unfused_plain_and_compiles(kiln_ctx *ctx, const char *what, bool compile) {
   kiln__plan unfused = checked_plan(ctx, false, what);
   for (int k = 0; k < unfused.ng; k++)
     cr_assert(unfused.g[k].implicit == KILN__IMPLICIT_NONE, "%s: an implicit group with fusion off",
               what);
   kiln__plan_free(&unfused);
-  if (compile)
-    cr_assert_eq(kiln__engine_compile(ctx, ctx->trace.done, ctx->trace.n), KILN_OK, "%s: %s", what,
-                 th_err(ctx));
+  if (!compile) return;
+  bool ws = ctx->conv_ws;
+  for (int k = 0; k < 2; k++) {
+    ctx->conv_ws = k == 0;
+    cr_assert_eq(kiln__engine_compile(ctx, ctx->trace.done, ctx->trace.n), KILN_OK, "%s%s: %s",
+                 what, k == 0 ? ", warp-specialized" : "", th_err(ctx));
+  }
+  ctx->conv_ws = ws;
 }
 
 /* A convolution's data gradient with few output channels (at most 64, a multiple of the tile's 16

@@ -12,6 +12,7 @@
 //   ./lab wgmma      the wgmma forward configs alone
 //   ./lab wgrad      im2col + cuBLAS, the best wgmma forward configs, every wgmma weight gradient
 //   ./lab dw         the wgmma weight gradients alone
+//   ./lab ws         the warp-specialized wgmma products beside the others' best and cuBLAS
 //
 // Prints one line per shape, product and config: us (median of 15 timings of 10 launches each),
 // TFLOP/s (2 M N K), and the largest error against the reference relative to the largest |ref|.
@@ -46,16 +47,20 @@ __global__ void __launch_bounds__(T::THREADS)
       }
 }
 
-template <class G, int BN, int S>
-__global__ void __launch_bounds__(256)
+/* threads and dynamic shared memory of a wgmma kernel, warp-specialized or not */
+#define WG_THREADS(WS) ((WS) ? KILN_CONV_WS_THREADS : 256)
+#define WG_SMEM(BN, S, WS) ((WS) ? KILN_CONV_SMEM_WS(BN, S) : KILN_CONV_SMEM(BN, S))
+
+template <class G, int BN, int S, bool WS>
+__global__ void __launch_bounds__(WG_THREADS(WS), 1)
     fprop_wg(const kiln_bf16 *x, const kiln_bf16 *wk, kiln_bf16 *y) {
   extern __shared__ unsigned char smem[];
   float d[BN / 2];
   const long long m0 = (long long)blockIdx.x * 128;
   const int n0 = blockIdx.y * BN;
-  kiln_conv_fprop<G, BN, S>(x, wk, (int)m0, n0, smem, d);
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const long long r = m0 + 64 * (warp >> 2) + 16 * (warp & 3) + (lane >> 2);
+  if (!kiln_conv_fprop<G, BN, S, false, WS>(x, wk, (int)m0, n0, smem, d)) return;
+  const int lane = threadIdx.x & 31;
+  const long long r = m0 + kiln_conv_row0<WS>();
 #pragma unroll
   for (int j = 0; j < BN / 8; j++)
 #pragma unroll
@@ -128,10 +133,10 @@ template <class G, class GC, class T> static void run_fprop(const char *name, co
 }
 
 /* The wgmma forward, checked at batch 8 and timed at G's batch. */
-template <class G, class GC, int BN, int S> static void run_fprop_wg(const char *name) {
-  constexpr int smem = KILN_CONV_SMEM(BN, S);
-  CK(cudaFuncSetAttribute(fprop_wg<G, BN, S>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-  CK(cudaFuncSetAttribute(fprop_wg<GC, BN, S>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+template <class G, class GC, int BN, int S, bool WS = false> static void run_fprop_wg(const char *name) {
+  constexpr int smem = WG_SMEM(BN, S, WS), nt = WG_THREADS(WS);
+  CK(cudaFuncSetAttribute(fprop_wg<G, BN, S, WS>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  CK(cudaFuncSetAttribute(fprop_wg<GC, BN, S, WS>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   double err;
   {
     kiln_bf16 *x = random_bf16((size_t)GC::N * GC::H * GC::W * GC::CI, 1.f, 1);
@@ -140,7 +145,7 @@ template <class G, class GC, int BN, int S> static void run_fprop_wg(const char 
     CK(cudaMalloc(&y, GC::M * GC::CO * 2));
     CK(cudaMalloc(&ref, GC::M * GC::CO * 4));
     dim3 grid((unsigned)((GC::M + 127) / 128), (GC::CO + BN - 1) / BN);
-    fprop_wg<GC, BN, S><<<grid, 256, smem>>>(x, wk, y);
+    fprop_wg<GC, BN, S, WS><<<grid, nt, smem>>>(x, wk, y);
     ref_fprop<GC><<<(unsigned)((GC::M * GC::CO + 255) / 256), 256>>>(x, wk, ref);
     CK(cudaDeviceSynchronize());
     err = rel_err(y, ref, (size_t)GC::M * GC::CO);
@@ -150,25 +155,26 @@ template <class G, class GC, int BN, int S> static void run_fprop_wg(const char 
   kiln_bf16 *wk = random_bf16((size_t)G::CO * G::K, 0.2f, 4), *y;
   CK(cudaMalloc(&y, G::M * G::CO * 2));
   dim3 grid((unsigned)((G::M + 127) / 128), (G::CO + BN - 1) / BN);
-  float us = time_us([&] { fprop_wg<G, BN, S><<<grid, 256, smem>>>(x, wk, y); });
+  float us = time_us([&] { fprop_wg<G, BN, S, WS><<<grid, nt, smem>>>(x, wk, y); });
   double tf = 2.0 * G::M * G::CO * G::K / (us * 1e-6) / 1e12;
-  printf("| %s | fwd | wgmma 128x%d, %d stages | %.1f | %.1f | %.1e |\n", name, BN, S, us, tf, err);
+  printf("| %s | fwd | wgmma%s 128x%d, %d stages | %.1f | %.1f | %.1e |\n", name, WS ? " ws" : "",
+         BN, S, us, tf, err);
   cudaFree(x), cudaFree(wk), cudaFree(y);
 }
 
 
-template <class G, int BN, int S>
-__global__ void __launch_bounds__(256)
+template <class G, int BN, int S, bool WS>
+__global__ void __launch_bounds__(WG_THREADS(WS), 1)
     wgrad_wg(const kiln_bf16 *x, const kiln_bf16 *dy, kiln_bf16 *dwt, float *part, unsigned *cnt,
              int chunk) {
   extern __shared__ unsigned char smem[];
   float d[BN / 2];
   const int k0 = blockIdx.x * 128, n0 = blockIdx.y * BN;
   const int p0 = blockIdx.z * chunk, p1 = p0 + chunk < G::M ? p0 + chunk : (int)G::M;
-  kiln_conv_wgrad<G, BN, S>(x, dy, k0, n0, p0, p1, smem, d);
-  if (!kiln_conv_split_sum<BN>(d, part, cnt)) return;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int r0 = 64 * (warp >> 2) + 16 * (warp & 3) + (lane >> 2);
+  if (!kiln_conv_wgrad<G, BN, S, WS>(x, dy, k0, n0, p0, p1, smem, d)) return;
+  if (!kiln_conv_split_sum<BN, WS>(d, part, cnt)) return;
+  const int lane = threadIdx.x & 31;
+  const int r0 = kiln_conv_row0<WS>();
 #pragma unroll
   for (int j = 0; j < BN / 8; j++)
 #pragma unroll
@@ -249,10 +255,11 @@ typedef lab::kiln_conv_tile<64, 64, 2, 2, 4> T64x64;
 
 /* The library's wgmma weight gradient (fusion/device/conv.cuh) with its in-kernel split-K:
  * checked at batch 8, timed at G's batch. */
-template <class G, class GC, int BN, int S> static void run_wgrad_wg(const char *name, int splits) {
-  constexpr int smem = KILN_CONV_SMEM(BN, S);
-  CK(cudaFuncSetAttribute(wgrad_wg<G, BN, S>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-  CK(cudaFuncSetAttribute(wgrad_wg<GC, BN, S>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+template <class G, class GC, int BN, int S, bool WS = false>
+static void run_wgrad_wg(const char *name, int splits) {
+  constexpr int smem = WG_SMEM(BN, S, WS), nt = WG_THREADS(WS);
+  CK(cudaFuncSetAttribute(wgrad_wg<G, BN, S, WS>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  CK(cudaFuncSetAttribute(wgrad_wg<GC, BN, S, WS>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   float *part;
   unsigned *cnt;
   CK(cudaMalloc(&part, (size_t)64 << 20));
@@ -268,7 +275,7 @@ template <class G, class GC, int BN, int S> static void run_wgrad_wg(const char 
     ref_wgrad<GC><<<(GC::K * GC::CO + 255) / 256, 256>>>(x, dy, ref);
     const int s = 3, chunk = (int)((GC::M + s * 64 - 1) / (s * 64) * 64);
     dim3 grid((GC::K + 127) / 128, (GC::CO + BN - 1) / BN, s);
-    wgrad_wg<GC, BN, S><<<grid, 256, smem>>>(x, dy, out, part, cnt, chunk);
+    wgrad_wg<GC, BN, S, WS><<<grid, nt, smem>>>(x, dy, out, part, cnt, chunk);
     CK(cudaDeviceSynchronize());
     err = rel_err(out, ref, (size_t)GC::K * GC::CO);
     cudaFree(x), cudaFree(dy), cudaFree(out), cudaFree(ref);
@@ -278,10 +285,11 @@ template <class G, class GC, int BN, int S> static void run_wgrad_wg(const char 
   CK(cudaMalloc(&out, (size_t)G::K * G::CO * 2));
   const int chunk = (int)((G::M + splits * 64 - 1) / (splits * 64) * 64);
   dim3 grid((G::K + 127) / 128, (G::CO + BN - 1) / BN, splits);
-  float us = time_us([&] { wgrad_wg<G, BN, S><<<grid, 256, smem>>>(x, dy, out, part, cnt, chunk); });
+  float us =
+      time_us([&] { wgrad_wg<G, BN, S, WS><<<grid, nt, smem>>>(x, dy, out, part, cnt, chunk); });
   double tf = 2.0 * G::M * G::CO * G::K / (us * 1e-6) / 1e12;
-  printf("| %s | dw | wgmma 128x%d, %d stages, %d splits (%u blocks) | %.1f | %.1f | %.1e |\n",
-         name, BN, S, splits, grid.x * grid.y * grid.z, us, tf, err);
+  printf("| %s | dw | wgmma%s 128x%d, %d stages, %d splits (%u blocks) | %.1f | %.1f | %.1e |\n",
+         name, WS ? " ws" : "", BN, S, splits, grid.x * grid.y * grid.z, us, tf, err);
   cudaFree(x), cudaFree(dy), cudaFree(out), cudaFree(part), cudaFree(cnt);
 }
 
@@ -341,6 +349,39 @@ template <template <int> class S> static void shape_wgrad(const char *name, bool
   }
 }
 
+/* ./lab ws: the warp-specialized wgmma products (WS in conv.cuh) beside the others' best configs
+ * and im2col + cuBLAS. */
+template <template <int> class S> static void shape_ws(const char *name, bool wide) {
+  typedef S<1024> G;
+  typedef S<8> GC;
+  run_cublas<G>(name);
+  if (wide) {
+    run_fprop_wg<G, GC, 128, 3>(name);
+    run_fprop_wg<G, GC, 256, 4>(name);
+    run_fprop_wg<G, GC, 128, 4, true>(name);
+    run_fprop_wg<G, GC, 128, 6, true>(name);
+    run_fprop_wg<G, GC, 256, 3, true>(name);
+    run_fprop_wg<G, GC, 256, 4, true>(name);
+  } else {
+    run_fprop_wg<G, GC, 64, 4>(name);
+    run_fprop_wg<G, GC, 64, 4, true>(name);
+    run_fprop_wg<G, GC, 64, 8, true>(name);
+  }
+  for (int splits : {1, 2, 4, 8, 16, 32, 64}) {
+    const int tiles = (G::K + 127) / 128 * ((G::CO + 127) / 128);
+    if (tiles * splits > 600 || (long long)splits * 64 * 4 > G::M) continue;
+    if (G::CO >= 128) {
+      run_wgrad_wg<G, GC, 128, 4>(name, splits);
+      run_wgrad_wg<G, GC, 128, 4, true>(name, splits);
+      run_wgrad_wg<G, GC, 128, 6, true>(name, splits);
+    } else {
+      run_wgrad_wg<G, GC, 64, 4>(name, splits);
+      run_wgrad_wg<G, GC, 64, 4, true>(name, splits);
+      run_wgrad_wg<G, GC, 64, 8, true>(name, splits);
+    }
+  }
+}
+
 static bool only_wgmma; /* ./lab wgmma: the wgmma forward configs alone */
 
 template <template <int> class S> static void shape(const char *name, bool wide) {
@@ -374,11 +415,20 @@ int main(int argc, char **argv) {
   only_wgmma = argc > 1 && strcmp(argv[1], "wgmma") == 0;
   dw_only = argc > 1 && strcmp(argv[1], "dw") == 0;
   const bool wgrad = dw_only || (argc > 1 && strcmp(argv[1], "wgrad") == 0);
+  const bool ws = argc > 1 && strcmp(argv[1], "ws") == 0;
   cudaDeviceProp p;
   CK(cudaGetDeviceProperties(&p, 0));
   printf("%s, %d SMs; bf16 dense peak 989.4 TFLOP/s\n\n", p.name, p.multiProcessorCount);
   printf("| conv (batch 1024) | product | tiles | us | TFLOP/s | max err / max |ref| |\n");
   printf("| --- | --- | --- | --- | --- | --- |\n");
+  if (ws) {
+    shape_ws<A1>("31x31x24->64", false);
+    shape_ws<B1>("15x15x64->64", false);
+    shape_ws<B2>("15x15x64->256", true);
+    shape_ws<C1>("7x7x256->256", true);
+    shape_ws<D1>("3x3x256->256", true);
+    return 0;
+  }
   if (wgrad) {
     shape_wgrad<A1>("31x31x24->64", false);
     shape_wgrad<B1>("15x15x64->64", false);

@@ -18,6 +18,16 @@
  * read by the products two stages back, which every warpgroup has waited for before the barrier
  * that precedes the load. Accumulator d[4 j + e] of a thread is row 64 (warp / 4) + 16 (warp % 4)
  * + lane / 4 + 8 (e / 2), column 8 j + 2 (lane % 4) + e % 2 of the block's tile.
+ *
+ * WS (warp specialization): a block of three warpgroups instead, 384 threads (KILN_CONV_WS_THREADS,
+ * KILN_CONV_SMEM_WS). Warpgroup 0 gathers: its 128 threads issue every copy of a stage, and the
+ * stage's `full` mbarrier completes when they have landed. Warpgroups 1 and 2 multiply: each waits
+ * for `full`, issues its products, and once the products of the stage before are done its warps
+ * arrive on that stage's `empty` mbarrier, which the gatherers wait for before they refill it. No
+ * block-wide barrier is left in the loop, so the gathers run up to S stages ahead of the products
+ * and neither waits for the other's slowest thread; the gatherers give registers to the
+ * multipliers (setmaxnreg). The accumulators are the multipliers': a thread's rows are those of
+ * the two-warpgroup block for threadIdx.x - 128 (kiln_conv_rows), and the gatherers return false.
  */
 #ifndef KILN_CONV_CUH
 #define KILN_CONV_CUH
@@ -30,6 +40,17 @@
 /* Dynamic shared memory of a block with S stages of 128 + BN rows of 128 bytes, and 1024 bytes
  * to align it. */
 #define KILN_CONV_SMEM(BN, S) ((S) * (128 + (BN)) * 128 + 1024)
+
+/* Warp specialization's block and its dynamic shared memory: the stages, then 2 S mbarriers. */
+#define KILN_CONV_WS_THREADS 384
+#define KILN_CONV_SMEM_WS(BN, S) (KILN_CONV_SMEM(BN, S) + 16 * (S))
+
+/* The first row (of 128) of the block's tile this thread's accumulators start at: d[4 j + e] is
+ * row kiln_conv_row0 + 8 (e / 2), column 8 j + 2 (lane % 4) + e % 2. */
+template <bool WS = false> KILN__FN int kiln_conv_row0() {
+  const int t = WS ? threadIdx.x - 128 : threadIdx.x, warp = t >> 5, lane = t & 31;
+  return 64 * (warp >> 2) + 16 * (warp & 3) + (lane >> 2);
+}
 
 /* Byte offset of 16-byte chunk c of row r in a 128-byte-swizzled tile. */
 KILN__FN int kiln_sw128(int r, int c) { return r * 128 + ((c ^ (r & 7)) << 4); }
@@ -84,6 +105,65 @@ KILN__FN void kiln_conv_mainloop(int KT, float (&d)[N], L load, M mma) {
   kiln_cp_wait<0>();
 }
 
+/* The warp-specialized main loop (WS above): load(kt, st) runs on warpgroup 0 alone, mma(st) on
+ * warpgroups 1 and 2, which get d; bar is 2 S mbarriers in shared memory. Returns whether this
+ * thread multiplied (holds accumulators). */
+template <int S, int N, class L, class M>
+KILN__FN bool kiln_conv_mainloop_ws(int KT, float (&d)[N], unsigned long long *bar, L load, M mma) {
+  /* the gatherers keep 104 registers a thread (fewer spill: they hold a stage's addresses), the
+   * multipliers take the rest of the 64 K */
+  constexpr int GATHER_REGS = 104, MMA_REGS = (65536 - 128 * GATHER_REGS) / 256 / 8 * 8;
+  unsigned long long *full = bar, *empty = bar + S;
+  const int tid = threadIdx.x;
+  if (tid == 0)
+    for (int s = 0; s < S; s++) {
+      kiln_mbar_init(&full[s], 128); /* every gatherer's copies */
+      kiln_mbar_init(&empty[s], 8);  /* every multiplying warp */
+    }
+  __syncthreads();
+  if (tid < 128) {
+    kiln_regs_dec<GATHER_REGS>();
+    for (int kt = 0; kt < KT; kt++) {
+      const int st = kt % S;
+      if (kt >= S) kiln_mbar_wait(&empty[st], (kt / S - 1) & 1);
+      load(kt, st);
+      kiln_mbar_arrive_cp(&full[st]);
+    }
+    asm volatile("cp.async.wait_all;\n" ::: "memory");
+    return false;
+  }
+  kiln_regs_inc<MMA_REGS>();
+#pragma unroll
+  for (int i = 0; i < N; i++)
+    d[i] = 0.f;
+  for (int kt = 0; kt < KT; kt++) {
+    const int st = kt % S;
+    kiln_mbar_wait(&full[st], (kt / S) & 1);
+    kiln_fence_async_smem(); /* the copies, seen through the barrier, before wgmma's reads */
+    kiln_wg_pin(d);
+    kiln_wg_fence();
+    mma(st);
+    kiln_wg_commit();
+    kiln_wg_wait<1>(); /* the previous stage's products are done: its tile may be refilled */
+    kiln_wg_pin(d);
+    if (kt > 0 && (tid & 31) == 0) kiln_mbar_arrive(&empty[(kt - 1) % S]);
+  }
+  kiln_wg_wait<0>();
+  kiln_wg_pin(d);
+  return true;
+}
+
+/* Either main loop: WS's, or the one every thread both loads and multiplies in. */
+template <int S, bool WS, int N, class L, class M>
+KILN__FN bool kiln_conv_run(int KT, float (&d)[N], unsigned char *base, int stage_bytes, L load,
+                            M mma) {
+  if constexpr (WS)
+    return kiln_conv_mainloop_ws<S>(KT, d, (unsigned long long *)(base + S * stage_bytes), load,
+                                    mma);
+  kiln_conv_mainloop<S>(KT, d, load, mma);
+  return true;
+}
+
 /* The forward product of pixels [m0, m0 + 128) and channels [n0, n0 + BN).
  *
  * FLIP: the data gradient of a stride-1 convolution instead, which is the forward product of dY
@@ -92,16 +172,17 @@ KILN__FN void kiln_conv_mainloop(int KT, float (&d)[N], L load, M mma) {
  * then that product's geometry (the image dY, CI the forward's output channels, CO its input
  * channels, the padding PH'), and wk the forward's filters, read as they are: row k' = tap' CI +
  * c of the flipped filters is a row of CO contiguous values of Wk, so its B tile is MN-major. */
-template <class G, int BN, int S, bool FLIP = false>
-KILN__FN void kiln_conv_fprop(const kiln_bf16 *__restrict__ x, const kiln_bf16 *__restrict__ wk,
+template <class G, int BN, int S, bool FLIP = false, bool WS = false>
+KILN__FN bool kiln_conv_fprop(const kiln_bf16 *__restrict__ x, const kiln_bf16 *__restrict__ wk,
                               int m0, int n0, unsigned char *smem, float (&d)[BN / 2]) {
-  constexpr int BM = 128, NT = 256, K = G::KH * G::KW * G::CI, KT = (K + 63) / 64;
+  /* NT threads load (all, or WS's gatherers) */
+  constexpr int BM = 128, NT = WS ? 128 : 256, K = G::KH * G::KW * G::CI, KT = (K + 63) / 64;
   constexpr int AP = BM * 8 / NT, BP = BN * 8 / NT, ROWS = NT / 8; /* chunks a thread copies */
   constexpr int STAGE = (BM + BN) * 128;
   static_assert(G::CI % 8 == 0 && G::CO % 8 == 0 && S >= 3 && BN % 64 == 0 && BN <= 256,
                 "kiln_conv_fprop");
   unsigned char *base = (unsigned char *)(((unsigned long long)smem + 1023) & ~1023ull);
-  const int tid = threadIdx.x, wg = tid >> 7, chunk = tid & 7, row = tid >> 3;
+  const int tid = threadIdx.x, wg = (tid >> 7) - WS, chunk = tid & 7, row = tid >> 3;
   kiln_conv_px px[AP];
 #pragma unroll
   for (int s = 0; s < AP; s++)
@@ -136,7 +217,7 @@ KILN__FN void kiln_conv_fprop(const kiln_bf16 *__restrict__ x, const kiln_bf16 *
       }
     }
   };
-  kiln_conv_mainloop<S>(KT, d, load, [&](int st) {
+  return kiln_conv_run<S, WS>(KT, d, base, STAGE, load, [&](int st) {
     const unsigned char *a = base + st * STAGE + wg * 64 * 128, *b = base + st * STAGE + BM * 128;
 #pragma unroll
     for (int ks = 0; ks < 4; ks++) /* 16 of the reduction: 32 bytes along A's rows */
@@ -153,16 +234,17 @@ KILN__FN void kiln_conv_fprop(const kiln_bf16 *__restrict__ x, const kiln_bf16 *
  * columns [n0, n0 + BN). Both operands are MN-major: a stage is 64 pixel rows of 128 bytes in
  * panels of 64 columns (two panels of im2col(X)'s columns, BN / 64 of dY's), chunk c of pixel
  * row p at c ^ (p % 8). */
-template <class G, int BN, int S>
-KILN__FN void kiln_conv_wgrad(const kiln_bf16 *__restrict__ x, const kiln_bf16 *__restrict__ dy,
+template <class G, int BN, int S, bool WS = false>
+KILN__FN bool kiln_conv_wgrad(const kiln_bf16 *__restrict__ x, const kiln_bf16 *__restrict__ dy,
                               int k0, int n0, int p0, int p1, unsigned char *smem,
                               float (&d)[BN / 2]) {
-  constexpr int K = G::KH * G::KW * G::CI, NT = 256, BK = 64, PA = 2, PB = BN / 64;
+  constexpr int K = G::KH * G::KW * G::CI, NT = WS ? 128 : 256, BK = 64, PA = 2, PB = BN / 64;
+  constexpr int RA = NT / 16, PASSES = BK / RA; /* im2col(X)'s rows a pass, passes a stage */
   constexpr int STAGE = (PA + PB) * 8192, CB = BN / 8, RB = NT / CB; /* dY: chunks a row, rows */
   static_assert(G::CI % 8 == 0 && G::CO % 8 == 0 && S >= 3 && BN % 64 == 0 && BN <= 256,
                 "kiln_conv_wgrad");
   unsigned char *base = (unsigned char *)(((unsigned long long)smem + 1023) & ~1023ull);
-  const int tid = threadIdx.x, wg = tid >> 7;
+  const int tid = threadIdx.x, wg = (tid >> 7) - WS;
   /* this thread's chunk q of im2col(X)'s 16 a row: one tap and 8 channels, every stage */
   const int q = tid & 15, ka = k0 + q * 8, tap = ka / G::CI, ch = ka - tap * G::CI;
   const int ta = (tap / G::KW) * G::DH - G::PH, tb = (tap % G::KW) * G::DW - G::PW;
@@ -170,13 +252,13 @@ KILN__FN void kiln_conv_wgrad(const kiln_bf16 *__restrict__ x, const kiln_bf16 *
   const int qb = tid % CB, cb = n0 + qb * 8;
   const bool cok = cb < G::CO;
   const int KT = (p1 - p0 + BK - 1) / BK;
-  /* the output pixel of each of this thread's 4 rows of im2col(X), advanced by a stage's 64
-   * pixels after each load: a carry, not a division */
+  /* the output pixel of each of this thread's PASSES rows of im2col(X), advanced by a stage's
+   * 64 pixels after each load: a carry, not a division */
   constexpr int PIX = G::OH * G::OW, DN = BK / PIX, DOH = BK % PIX / G::OW, DOW = BK % G::OW;
-  int pn[4], poh[4], pw[4], pp[4];
+  int pn[PASSES], poh[PASSES], pw[PASSES], pp[PASSES];
 #pragma unroll
-  for (int s = 0; s < 4; s++) {
-    pp[s] = p0 + (tid >> 4) + 16 * s;
+  for (int s = 0; s < PASSES; s++) {
+    pp[s] = p0 + (tid >> 4) + RA * s;
     pn[s] = pp[s] / PIX;
     poh[s] = pp[s] % PIX / G::OW;
     pw[s] = pp[s] % G::OW;
@@ -186,11 +268,11 @@ KILN__FN void kiln_conv_wgrad(const kiln_bf16 *__restrict__ x, const kiln_bf16 *
       [&](int, int st) { /* the steps come in order: each row advances by a stage */
                          unsigned char *As = base + st * STAGE, *Bs = As + PA * 8192;
 #pragma unroll
-                         for (int s = 0; s < 4; s++) {
+                         for (int s = 0; s < PASSES; s++) {
                            const int ih = poh[s] * G::SH + ta, iw = pw[s] * G::SW + tb;
                            const bool ok =
                                kok && pp[s] < p1 && ih >= 0 && ih < G::H && iw >= 0 && iw < G::W;
-                           kiln_cp16(As + (q >> 3) * 8192 + kiln_sw128((tid >> 4) + 16 * s, q & 7),
+                           kiln_cp16(As + (q >> 3) * 8192 + kiln_sw128((tid >> 4) + RA * s, q & 7),
                                      ok ? x + ((pn[s] * G::H + ih) * G::W + iw) * G::CI + ch : x,
                                      ok);
                            pp[s] += BK;
@@ -211,7 +293,7 @@ KILN__FN void kiln_conv_wgrad(const kiln_bf16 *__restrict__ x, const kiln_bf16 *
                          }
                          pb += BK;
       };
-  kiln_conv_mainloop<S>(KT, d, load, [&](int st) {
+  return kiln_conv_run<S, WS>(KT, d, base, STAGE, load, [&](int st) {
     const unsigned char *a = base + st * STAGE + wg * 8192, *b = base + st * STAGE + PA * 8192;
 #pragma unroll
     for (int ks = 0; ks < BK / 16; ks++) /* 16 pixels: 16 rows of 128 bytes */
@@ -225,12 +307,18 @@ KILN__FN void kiln_conv_wgrad(const kiln_bf16 *__restrict__ x, const kiln_bf16 *
  * tile's counter in cnt; the last block of a tile gets true back with d the sum of the partials
  * in split order (the same sum whichever block comes last) and resets the counter, so that every
  * launch finds the counters zero. The others get false. */
-template <int BN>
+template <int BN, bool WS = false>
 KILN__FN bool kiln_conv_split_sum(float (&d)[BN / 2], float *part, unsigned *cnt) {
   const int splits = gridDim.z, tile = blockIdx.x + gridDim.x * blockIdx.y;
   if (splits == 1) return true;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int r0 = 64 * (warp >> 2) + 16 * (warp & 3) + (lane >> 2), c0 = 2 * (lane & 3);
+  /* the multipliers alone (WS's gatherers have left): a named barrier of 256 threads */
+  auto sync = [] {
+    if constexpr (WS)
+      kiln_named_sync(1, 256);
+    else
+      __syncthreads();
+  };
+  const int first = WS ? 128 : 0, r0 = kiln_conv_row0<WS>(), c0 = 2 * (threadIdx.x & 3);
   float *all = part + (long long)tile * splits * 128 * BN, *mine = all + blockIdx.z * 128 * BN;
 #pragma unroll
   for (int j = 0; j < BN / 8; j++)
@@ -239,10 +327,10 @@ KILN__FN bool kiln_conv_split_sum(float (&d)[BN / 2], float *part, unsigned *cnt
       *(float2 *)&mine[(r0 + 8 * h) * BN + 8 * j + c0] =
           make_float2(d[4 * j + 2 * h], d[4 * j + 2 * h + 1]);
   __threadfence();
-  __syncthreads();
+  sync();
   __shared__ unsigned last;
-  if (threadIdx.x == 0) last = atomicAdd(&cnt[tile], 1u) == (unsigned)splits - 1;
-  __syncthreads();
+  if (threadIdx.x == first) last = atomicAdd(&cnt[tile], 1u) == (unsigned)splits - 1;
+  sync();
   if (!last) return false;
   __threadfence();
 #pragma unroll
@@ -257,7 +345,7 @@ KILN__FN bool kiln_conv_split_sum(float (&d)[BN / 2], float *part, unsigned *cnt
       }
       d[4 * j + 2 * h] = s.x, d[4 * j + 2 * h + 1] = s.y;
     }
-  if (threadIdx.x == 0) cnt[tile] = 0;
+  if (threadIdx.x == first) cnt[tile] = 0;
   return true;
 }
 

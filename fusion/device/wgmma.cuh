@@ -49,6 +49,48 @@ template <int N> KILN__FN void kiln_wg_pin(float (&d)[N]) {
     asm volatile("" : "+f"(d[i])::"memory");
 }
 
+/* mbarriers in shared memory (64-bit words) for the warp-specialized main loop of conv.cuh. */
+KILN__FN unsigned kiln_smem_addr(const void *p) { return (unsigned)__cvta_generic_to_shared(p); }
+KILN__FN void kiln_mbar_init(unsigned long long *bar, unsigned count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(kiln_smem_addr(bar)), "r"(count)
+               : "memory");
+}
+/* Waits until the barrier's phase of parity `parity` has completed (acquire, CTA scope). */
+KILN__FN void kiln_mbar_wait(unsigned long long *bar, unsigned parity) {
+  unsigned done;
+  do
+    asm volatile("{\n.reg .pred p;\n"
+                 "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+                 "selp.u32 %0, 1, 0, p;\n}\n"
+                 : "=r"(done)
+                 : "r"(kiln_smem_addr(bar)), "r"(parity)
+                 : "memory");
+  while (!done);
+}
+KILN__FN void kiln_mbar_arrive(unsigned long long *bar) {
+  asm volatile(
+      "{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0];\n}\n" ::"r"(kiln_smem_addr(bar))
+      : "memory");
+}
+/* Arrives on the barrier once this thread's cp.async copies so far have landed, without adding
+ * an expected arrival: the barrier's count includes this one. */
+KILN__FN void kiln_mbar_arrive_cp(unsigned long long *bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(kiln_smem_addr(bar))
+               : "memory");
+}
+/* Gives this warpgroup's registers back to the pool (DEC) or takes more (INC): warp
+ * specialization's split of the register file, sm_90a. */
+template <int R> KILN__FN void kiln_regs_dec() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(R));
+}
+template <int R> KILN__FN void kiln_regs_inc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(R));
+}
+/* A barrier among the `count` threads that name barrier `id` (1-15; 0 is __syncthreads'). */
+KILN__FN void kiln_named_sync(int id, int count) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
+
 #define KILN_WG_R8(b)                                                                              \
   "+f"(d[b + 0]), "+f"(d[b + 1]), "+f"(d[b + 2]), "+f"(d[b + 3]), "+f"(d[b + 4]), "+f"(d[b + 5]),  \
       "+f"(d[b + 6]), "+f"(d[b + 7])
