@@ -126,6 +126,8 @@ kiln_ctx *kiln__ctx_create(const kiln_ctx_options *opts) {
   ctx->fusion = !env_off("KILN_FUSION");
   ctx->graphs = !env_off("KILN_GRAPH");
   ctx->conv_ws = !env_off("KILN_CONV_WS");
+  const char *max_co = getenv("KILN_IMPLICIT_CONV_MAX_CO");
+  if (max_co) ctx->implicit_conv_max_co = (int)strtol(max_co, NULL, 10);
   const char *nvtx = getenv("KILN_NVTX");
   ctx->nvtx = nvtx && strcmp(nvtx, "1") == 0;
   ctx->debug = debug_flags();
