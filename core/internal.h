@@ -362,7 +362,7 @@ struct kiln_ctx {
   bool has_gpu;
   int arch; /* compute capability as 90, 80, ... */
   int num_sms;
-  bool conv_ws;             /* conv.cuh's kernels warp-specialized (KILN_CONV_WS=0: not) */
+  bool conv_warp_spec;      /* conv.cuh's kernels warp-specialized (KILN_CONV_WS=1) */
   int implicit_conv_max_co; /* KILN_IMPLICIT_CONV_MAX_CO, to measure; 0: the planner's default */
   struct CUstream_st *stream;
 

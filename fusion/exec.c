@@ -52,7 +52,7 @@ static void fill_call(const kiln__trace *tr, kiln__call *c, const kiln__rendered
 static bool build_calls(kiln_ctx *ctx, kiln__program *pg) {
   const kiln__trace *tr = &ctx->trace;
   kiln__target target = {.num_sms = ctx->num_sms,
-                         .conv_ws = ctx->conv_ws,
+                         .conv_warp_spec = ctx->conv_warp_spec,
                          .customs = ctx->customs,
                          .ncustom = ctx->ncustom};
   int ng = pg->plan.ng, nr = 0;

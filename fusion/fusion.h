@@ -165,7 +165,7 @@ bool kiln__lower(kiln_ctx *ctx, const kiln__plan *p, kiln__spec **specs);
 /* What the renderer needs of the device: launch grids are sized by its SM count. */
 typedef struct kiln__target {
   int num_sms;
-  bool conv_ws; /* the conv.cuh kernels warp-specialized (KILN_CONV_WS, the context's conv_ws) */
+  bool conv_warp_spec;            /* the conv.cuh kernels warp-specialized (KILN_CONV_WS=1) */
   kiln_custom_op *const *customs; /* the context's custom ops, by id */
   int ncustom;
 } kiln__target;

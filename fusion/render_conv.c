@@ -33,9 +33,7 @@ static int wgmma_stages(int BN, bool ws) {
 /* The tile width of a conv.cuh kernel over n columns: 64, 128 or 256; at most 128
  * warp-specialized, whose 256-wide tiles spill (ptxas, CUDA 13.0: about 1 KB a thread with the
  * gatherers at 24 to 152 registers). */
-static int wgmma_width(int64_t n, bool ws) {
-  return n <= 64 ? 64 : (n <= 128 || ws ? 128 : 256);
-}
+static int wgmma_width(int64_t n, bool ws) { return n <= 64 ? 64 : (n <= 128 || ws ? 128 : 256); }
 
 /* col2im of the product dY Wk as one implicit GEMM: operand 0 is col2im's input (the column
  * matrix, never read), then the epilogue's operands, then dY and Wk. A block of 128 image pixels
@@ -261,7 +259,7 @@ static bool render_wgrad(const kiln__target *t, const kiln__node *n, const kiln_
                          kiln__rendered *r) {
   const kiln_tensor *dY = mm->a, *D = mm->d;
   int64_t CO = D->shape[0], K = D->shape[1], M = dY->shape[1];
-  bool ws = t->conv_ws;
+  bool ws = t->conv_warp_spec;
   int BN = CO <= 64 ? 64 : 128, S = ws ? wgmma_stages(BN, ws) : 4;
   int64_t tiles = ((K + 127) / 128) * ((CO + BN - 1) / BN), sms = t->num_sms > 0 ? t->num_sms : 132;
   int64_t splits = (sms + tiles - 1) / tiles, most = M / (64 * 32);
@@ -305,8 +303,9 @@ static bool render_wgrad(const kiln__target *t, const kiln__node *n, const kiln_
 
 bool kiln__render_conv(const kiln__target *t, const kiln__spec *s, kiln__rendered *r) {
   switch (s->conv) {
-  case KILN__IMPLICIT_DGRAD: return render_dgrad(&s->prog, &s->gemm, s->wgmma, t->conv_ws, r);
-  case KILN__IMPLICIT_FPROP: return render_fprop(s->red, &s->gemm, t->conv_ws, r);
+  case KILN__IMPLICIT_DGRAD:
+    return render_dgrad(&s->prog, &s->gemm, s->wgmma, t->conv_warp_spec, r);
+  case KILN__IMPLICIT_FPROP: return render_fprop(s->red, &s->gemm, t->conv_warp_spec, r);
   case KILN__IMPLICIT_WGRAD: return render_wgrad(t, s->red, &s->gemm, r);
   case KILN__IMPLICIT_NONE: break;
   }

@@ -602,7 +602,7 @@ static void record_conv(kiln_ctx *ctx, const char *what, int64_t cin, int64_t co
 
 /* The unfused plan of the pending nodes has no implicit group; with compile, every kernel of
  * the fused plan renders and compiles (NVRTC, no GPU), the wgmma ones warp-specialized and not
- * (KILN_CONV_WS). */
+ * (KILN_CONV_WS=1). */
 static void unfused_plain_and_compiles(kiln_ctx *ctx, const char *what, bool compile) {
   kiln__plan unfused = checked_plan(ctx, false, what);
   for (int k = 0; k < unfused.ng; k++)
@@ -610,13 +610,13 @@ static void unfused_plain_and_compiles(kiln_ctx *ctx, const char *what, bool com
               what);
   kiln__plan_free(&unfused);
   if (!compile) return;
-  bool ws = ctx->conv_ws;
+  bool ws = ctx->conv_warp_spec;
   for (int k = 0; k < 2; k++) {
-    ctx->conv_ws = k == 0;
+    ctx->conv_warp_spec = k == 0;
     cr_assert_eq(kiln__engine_compile(ctx, ctx->trace.done, ctx->trace.n), KILN_OK, "%s%s: %s",
                  what, k == 0 ? ", warp-specialized" : "", th_err(ctx));
   }
-  ctx->conv_ws = ws;
+  ctx->conv_warp_spec = ws;
 }
 
 /* A convolution's data gradient with few output channels (at most 64, a multiple of the tile's 16

@@ -27,7 +27,11 @@
  * block-wide barrier is left in the loop, so the gathers run up to S stages ahead of the products
  * and neither waits for the other's slowest thread; the gatherers give registers to the
  * multipliers (setmaxnreg). The accumulators are the multipliers': a thread's rows are those of
- * the two-warpgroup block for threadIdx.x - 128 (kiln_conv_rows), and the gatherers return false.
+ * the two-warpgroup block for threadIdx.x - 128 (kiln_conv_row0), and the gatherers return false.
+ * Measured on the H200 (dev/README.md), it is slower than the plain loop on every air shape (128
+ * threads issue every gather and its address arithmetic, where 256 shared them), so the renderer
+ * takes it only with KILN_CONV_WS=1; a producer that gathers with one instruction (im2col-mode
+ * TMA) is what it waits for.
  */
 #ifndef KILN_CONV_CUH
 #define KILN_CONV_CUH
