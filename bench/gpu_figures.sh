@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # bench/gpu_figures.sh BUILD: the figures the open issues ask for that .gpu/check.sh does not print,
-# in one device call after it (same build folder), each step's output in $OUT/figures/:
+# in one device call after it (same build folder), each step's output in $OUT/figures.tgz:
 #   custom_kernel     a hand-written matmul + bias + ReLU against kiln's own path (issue 23)
 #   conv              every convolution product of the air step in kiln (a timeline trace) beside
 #                     cuDNN (bench/conv_bench.py), bench/conv_compare.py's table (issue 21)
@@ -38,4 +38,6 @@ step first_step 400 "$build/profile_step --workload mlp --compile-only > /dev/nu
     done
   done"
 step cifar10_memory 300 "$build/cifar10 \${KILN_CIFAR10_SAMPLE:?} --epochs 1 --batch 500 --no-cache | tail -n 3"
+# a device call returns at most 8 files: everything in one archive, as .gpu/check.sh does
+tar -czf "${OUT:-/tmp/out}/figures.tgz" -C "$out" . && rm -rf "$out"
 printf '%s\n' "${summary[@]}"
