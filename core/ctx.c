@@ -125,7 +125,7 @@ kiln_ctx *kiln__ctx_create(const kiln_ctx_options *opts) {
   ctx->training = true;
   ctx->fusion = !env_off("KILN_FUSION");
   ctx->graphs = !env_off("KILN_GRAPH");
-  const char *ws = getenv("KILN_CONV_WS"); /* off by default: slower on every air shape */
+  const char *ws = getenv("KILN_CONV_WS"); /* off by default: slower forward products on air */
   ctx->conv_warp_spec = ws && strcmp(ws, "1") == 0;
   const char *max_co = getenv("KILN_IMPLICIT_CONV_MAX_CO");
   if (max_co) ctx->implicit_conv_max_co = (int)strtol(max_co, NULL, 10);

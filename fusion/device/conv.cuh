@@ -28,10 +28,10 @@
  * and neither waits for the other's slowest thread; the gatherers give registers to the
  * multipliers (setmaxnreg). The accumulators are the multipliers': a thread's rows are those of
  * the two-warpgroup block for threadIdx.x - 128 (kiln_conv_row0), and the gatherers return false.
- * Measured on the H200 (dev/README.md), it is slower than the plain loop on every air shape (128
- * threads issue every gather and its address arithmetic, where 256 shared them), so the renderer
- * takes it only with KILN_CONV_WS=1; a producer that gathers with one instruction (im2col-mode
- * TMA) is what it waits for.
+ * Measured on the H200 (dev/README.md), its forward products are slower than the plain loop's on
+ * every air shape (128 threads issue every gather and its address arithmetic, where 256 shared
+ * them), so the renderer takes it only with KILN_CONV_WS=1; a producer that gathers with one
+ * instruction (im2col-mode TMA) is what it waits for.
  */
 #ifndef KILN_CONV_CUH
 #define KILN_CONV_CUH
