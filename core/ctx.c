@@ -23,6 +23,10 @@ static bool env_off(const char *name) {
   const char *v = getenv(name);
   return v && strcmp(v, "0") == 0;
 }
+static bool env_on(const char *name) {
+  const char *v = getenv(name);
+  return v && strcmp(v, "1") == 0;
+}
 
 /* KILN_DEBUG: "plan", "verify", "nan", comma-separated. Debug builds verify every plan. */
 static unsigned debug_flags(void) {
@@ -125,12 +129,10 @@ kiln_ctx *kiln__ctx_create(const kiln_ctx_options *opts) {
   ctx->training = true;
   ctx->fusion = !env_off("KILN_FUSION");
   ctx->graphs = !env_off("KILN_GRAPH");
-  const char *ws = getenv("KILN_CONV_WS"); /* off by default: slower forward products on air */
-  ctx->conv_warp_spec = ws && strcmp(ws, "1") == 0;
+  ctx->conv_warp_spec = env_on("KILN_CONV_WS"); /* off by default: slower forward products */
   const char *max_co = getenv("KILN_IMPLICIT_CONV_MAX_CO");
   if (max_co) ctx->implicit_conv_max_co = (int)strtol(max_co, NULL, 10);
-  const char *nvtx = getenv("KILN_NVTX");
-  ctx->nvtx = nvtx && strcmp(nvtx, "1") == 0;
+  ctx->nvtx = env_on("KILN_NVTX");
   ctx->debug = debug_flags();
   ctx->anomaly = (ctx->debug & KILN__DEBUG_NAN) != 0;
   ctx->bw_from = -1;

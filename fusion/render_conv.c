@@ -17,9 +17,10 @@
 /* A conv.cuh kernel's launch: compiled for sm_90a, S stages of 128 + BN rows of 128 bytes of
  * dynamic shared memory and 1024 bytes to align them (conv.cuh's KILN_CONV_SMEM); warp-specialized
  * (ws), three warpgroups and 2 S mbarriers (KILN_CONV_WS_THREADS, KILN_CONV_SMEM_WS). */
+#define WS_THREADS 384 /* conv.cuh's KILN_CONV_WS_THREADS */
 static void wgmma_launch(int BN, int S, bool ws, kiln__rendered *r) {
   r->sm90a = true;
-  r->block = ws ? 384 : KILN__BLOCK;
+  r->block = ws ? WS_THREADS : KILN__BLOCK;
   r->smem = (unsigned)(S * (128 + BN) * 128 + 1024 + (ws ? 16 * S : 0));
 }
 
@@ -143,12 +144,14 @@ static bool render_dgrad(const kiln__ew_prog *p, const kiln__gemm *mm, bool wg, 
   snprintf(suffix, sizeof suffix, "_%lldx%lld_s%lld_%s_%s", (long long)w.kh, (long long)w.kw,
            (long long)w.sh, kiln_dtype_name(X->dtype), wg ? (ws ? "wgmma_ws" : "wgmma") : "igemm");
   kiln__stem_of(p, "k_matmul", suffix, stem, sizeof stem);
-  r->block = wg && ws ? 384 : KILN__BLOCK; /* the launch bounds */
+  if (wg) /* before the source is written: its launch bounds follow r->block */
+    wgmma_launch(BN, S, ws, r);
+  else
+    r->block = KILN__BLOCK;
   bool ok = kiln__finish_with(&b, stem, &o, r, pre);
   kiln__sb_free(&b);
   r->grid = (unsigned)((a->n + 127) / 128);
   r->grid_y = (unsigned)((CI + BN - 1) / BN);
-  if (wg) wgmma_launch(BN, S, ws, r);
   kiln__tally_bytes(&o, r);
   r->bytes_read -= kiln__footprint(o.t[0]); /* operand 0, the column matrix, is never read */
   return ok;
