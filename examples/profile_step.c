@@ -39,8 +39,10 @@
  * workload and mode (bench/compare.py reads them). To see the steps in Nsight
  * Systems, run it under `nsys profile --trace=cuda,nvtx` with KILN_NVTX=1 (see the README).
  * --compile-only needs no GPU: it records one step per mode in a context without one, which
- * plans and compiles it (nothing runs), and prints the groups and kernels; with
- * KILN_DUMP_KERNELS=dir the kernels' sources are written there.
+ * plans and compiles it (nothing runs), and prints the groups and kernels, and for the graph mode
+ * the step's memory plan: its arena, the sum of the values in it, and the most of them live at
+ * one launch (KILN_DEBUG=memory lists those values); with KILN_DUMP_KERNELS=dir the kernels'
+ * sources are written there.
  * --trace DIR records, for each workload and mode, a timeline trace (kiln_trace_begin) of
  * --steps steps (10 by default) after the first step and 20 more to warm up and as many timed
  * untraced: DIR/<workload>_<mode>.json, for ui.perfetto.dev, with the ms/step of the traced and
@@ -467,12 +469,17 @@ static void compile_only(int workload, int mode) {
     fprintf(stderr, "HOST %s %s: %.3f ms/step\n", workloads[workload], modes[mode],
             ((t1.tv_sec - t0.tv_sec) * 1e3 + (t1.tv_nsec - t0.tv_nsec) / 1e6) / 200);
   }
-  printf("| %s | %llu | %llu | %llu | %.0f |\n", modes[mode],
+  printf("| %s | %llu | %llu | %llu | %.0f |", modes[mode],
          (unsigned long long)(s1.nodes_recorded - s0.nodes_recorded),
          (unsigned long long)(s1.groups - s0.groups),
          (unsigned long long)(s1.kernels_compiled - s0.kernels_compiled + s1.cache_hits -
                               s0.cache_hits),
          s1.compile_ms - s0.compile_ms);
+  if (mode == 2) /* the step graph's static memory plan (no GPU: planned, not allocated) */
+    printf(" %.1f | %.1f | %.1f |\n", s1.arena_bytes / 1048576.0, s1.arena_sum_bytes / 1048576.0,
+           s1.arena_live_bytes / 1048576.0);
+  else
+    printf(" - | - | - |\n");
   fflush(stdout);
   kiln_optim_free(m.opt);
   kiln_params_free(m.p);
@@ -627,7 +634,8 @@ int main(int argc, char **argv) {
   for (int w = 0; w < nw && compile; w++) {
     if (workload >= 0 && w != workload) continue;
     printf("%s%s, one step planned and compiled without a GPU\n\n| mode | nodes | groups | "
-           "kernels | NVRTC ms |\n| --- | --- | --- | --- | --- |\n",
+           "kernels | NVRTC ms | arena MiB | values' sum MiB | most live MiB |\n"
+           "| --- | --- | --- | --- | --- | --- | --- | --- |\n",
            w > 0 && workload < 0 ? "\n" : "", titles[w]);
     for (int k = 0; k < 3; k++)
       if (only < 0 || k == only) compile_only(w, k);

@@ -321,7 +321,8 @@ int32_t kiln__captured_records(kiln_ctx *ctx, size_t *seen);
 
 typedef struct kiln__step_graph kiln__step_graph;
 /* Runs the open step's whole trace through its step graph: captured on the first occurrence of
- * its signature, replayed after (kiln__engine_step). */
+ * its signature, replayed after (kiln__engine_step). Without a GPU it plans and compiles the step
+ * and makes its memory plan, for kiln_stats, and runs nothing. */
 kiln_status kiln__graph_run(kiln_ctx *ctx);
 /* Frees every cached step graph and its arena (their replays are over). */
 void kiln__graphs_free(kiln_ctx *ctx);

@@ -25,7 +25,7 @@ struct kiln__step_graph {
   size_t sig_len;
   kiln__program prog; /* groups, kernels, arguments and where their attributes come from */
   void *arena;        /* shared with the graphs whose plans fit in it (arena_take) */
-  size_t arena_bytes, arena_sum;
+  size_t arena_bytes, arena_sum, arena_live;
   int64_t *off;      /* per node: its output's offset in the arena, -1 for none */
   int64_t *mask_off; /* per node: its ReLU mask's offset, -1 for none */
   bool *clobbered;   /* per node: a later value of the step reuses its memory */
@@ -135,17 +135,34 @@ static void arena_drop(kiln_ctx *ctx, void *p) {
   fs->arenas[k] = fs->arenas[--fs->narenas];
 }
 
-/* Offsets for every written intermediate and ReLU mask of the step, from their lifetimes in
- * launch order; values nothing in the step reads (the loss) live to its end. */
-static bool memory_plan(kiln_ctx *ctx, kiln__step_graph *E) {
-  const kiln__plan *p = &E->prog.plan;
+/* The step's intermediates and ReLU masks, each with its lifetime in launch order and, once
+ * placed, its offset in the arena. */
+typedef struct mplan {
+  item *it;
+  int ni;
+  int32_t *item_of, *mask_of; /* per node: its value's item, its mask's item (-1: none) */
+  size_t top, sum;            /* the arena's size; the sum of the items, had each its own memory */
+  size_t live;                /* the most live at one launch (no placement needs less), */
+  int live_at;                /* at this launch */
+} mplan;
+
+static void mplan_free(mplan *m) {
+  free(m->it);
+  free(m->item_of);
+  free(m->mask_of);
+}
+
+/* Every written intermediate and ReLU mask of the planned step, with its first and last launch;
+ * values nothing in the step reads (the loss) live to its end. */
+static bool lifetimes(kiln_ctx *ctx, const kiln__plan *p, mplan *m) {
   const kiln__node *nodes = ctx->trace.nodes;
   int32_t n = ctx->trace.n;
-  item *it = malloc((size_t)(2 * n + 1) * sizeof *it);
-  int32_t *item_of = malloc((size_t)(n + 1) * sizeof *item_of),
-          *mask_of = malloc((size_t)(n + 1) * sizeof *mask_of);
+  memset(m, 0, sizeof *m);
+  item *it = m->it = malloc((size_t)(2 * n + 1) * sizeof *it);
+  int32_t *item_of = m->item_of = malloc((size_t)(n + 1) * sizeof *item_of),
+          *mask_of = m->mask_of = malloc((size_t)(n + 1) * sizeof *mask_of);
   if (!it || !item_of || !mask_of) {
-    free(it), free(item_of), free(mask_of);
+    mplan_free(m);
     return !kiln__error(ctx, KILN_ERR_OOM, "kiln_step_end: out of host memory");
   }
   int ni = 0;
@@ -174,8 +191,8 @@ static bool memory_plan(kiln_ctx *ctx, kiln__step_graph *E) {
   for (int k = 0; k < p->ng; k++) {
     const kiln__group *g = &p->g[k];
     int nm = g->n ? g->n : 1;
-    for (int m = 0; m < nm; m++) {
-      const kiln__node *nd = &nodes[g->n ? p->members[g->first + m] : g->node];
+    for (int q0 = 0; q0 < nm; q0++) {
+      const kiln__node *nd = &nodes[g->n ? p->members[g->first + q0] : g->node];
       for (int q = 0; q < nd->nin; q++) {
         int32_t o = kiln__owner(ctx, nd->in[q]);
         if (o >= 0 && item_of[o] >= 0 && it[item_of[o]].last < k) it[item_of[o]].last = k;
@@ -198,27 +215,152 @@ static bool memory_plan(kiln_ctx *ctx, kiln__step_graph *E) {
   }
   for (int j = 0; j < ni; j++)
     if (it[j].mask && it[j].last < it[j].def) it[j].last = p->ng; /* a mask no product read */
-  /* first fit, in order of definition, against everything placed whose lifetime overlaps */
-  size_t top = 0, sum = 0;
-  for (int j = 0; j < ni; j++) {
-    size_t need = round_up(it[j].bytes), off = 0;
-    sum += need;
+  m->ni = ni;
+  return true;
+}
+
+static bool overlap_in_time(const item *a, const item *b) {
+  return a->def <= b->last && b->def <= a->last;
+}
+
+/* Places the items in the given order, each at the lowest offset clear of every placed item whose
+ * lifetime overlaps its own; returns the arena's size. */
+static size_t place_in_order(item *it, const int *order, int ni) {
+  size_t top = 0;
+  for (int a = 0; a < ni; a++) {
+    item *x = &it[order[a]];
+    size_t need = round_up(x->bytes), off = 0;
     for (bool moved = true; moved;) {
       moved = false;
-      for (int q = 0; q < j; q++) {
-        bool live = it[q].def <= it[j].last && it[j].def <= it[q].last;
-        size_t qe = it[q].off + round_up(it[q].bytes);
-        if (live && off < qe && it[q].off < off + need) {
-          off = qe;
+      for (int b = 0; b < a; b++) {
+        const item *y = &it[order[b]];
+        size_t ye = y->off + round_up(y->bytes);
+        if (overlap_in_time(x, y) && off < ye && y->off < off + need) {
+          off = ye;
           moved = true;
         }
       }
     }
-    it[j].off = off;
+    x->off = off;
     if (off + need > top) top = off + need;
   }
+  return top;
+}
+
+/* The indices of the items `idx[0..n)` sorted largest first, earlier first among equals. */
+typedef struct sort_key {
+  size_t bytes;
+  int def, j;
+} sort_key;
+static int by_size(const void *a, const void *b) {
+  const sort_key *x = a, *y = b;
+  if (x->bytes != y->bytes) return x->bytes < y->bytes ? 1 : -1;
+  if (x->def != y->def) return x->def < y->def ? -1 : 1;
+  return x->j - y->j;
+}
+static bool sort_by_size(const item *it, int *idx, int n) {
+  sort_key *k = malloc((size_t)(n + 1) * sizeof *k);
+  if (!k) return false;
+  for (int a = 0; a < n; a++)
+    k[a] = (sort_key){.bytes = it[idx[a]].bytes, .def = it[idx[a]].def, .j = idx[a]};
+  qsort(k, (size_t)n, sizeof *k, by_size);
+  for (int a = 0; a < n; a++)
+    idx[a] = k[a].j;
+  free(k);
+  return true;
+}
+
+/* Offsets for the items: first fit in order of definition and first fit largest first, the
+ * smaller arena of the two (largest first wins when long-lived large values would otherwise
+ * land above short-lived ones that came before them). */
+static bool place(kiln_ctx *ctx, int ng, mplan *m) {
+  int ni = m->ni;
+  int *order = calloc((size_t)ni + 1, sizeof *order);
+  size_t *first_fit = malloc((size_t)(ni + 1) * sizeof *first_fit);
+  if (!order || !first_fit) {
+    free(order), free(first_fit);
+    return !kiln__error(ctx, KILN_ERR_OOM, "kiln_step_end: out of host memory");
+  }
+  m->sum = 0;
+  for (int j = 0; j < ni; j++) {
+    order[j] = j;
+    m->sum += round_up(m->it[j].bytes);
+  }
+  size_t top = place_in_order(m->it, order, ni);
+  for (int j = 0; j < ni; j++)
+    first_fit[j] = m->it[j].off;
+  if (!sort_by_size(m->it, order, ni)) {
+    free(order), free(first_fit);
+    return !kiln__error(ctx, KILN_ERR_OOM, "kiln_step_end: out of host memory");
+  }
+  size_t top2 = place_in_order(m->it, order, ni);
+  if (top2 < top)
+    top = top2;
+  else
+    for (int j = 0; j < ni; j++)
+      m->it[j].off = first_fit[j];
+  m->top = top;
+  m->live = 0;
+  m->live_at = 0;
+  for (int k = 0; k <= ng; k++) {
+    size_t live = 0;
+    for (int j = 0; j < ni; j++)
+      if (m->it[j].def <= k && k <= m->it[j].last) live += round_up(m->it[j].bytes);
+    if (live > m->live) m->live = live, m->live_at = k;
+  }
+  free(order);
+  free(first_fit);
+  return true;
+}
+
+/* KILN_DEBUG=memory: the arena against the sum of its values and against the most that is live
+ * at one launch (no placement does better), and the values live at that launch, largest first. */
+static void memory_report(const kiln_ctx *ctx, const kiln__plan *p, const mplan *m) {
+  const kiln__node *nodes = ctx->trace.nodes;
+  int at = m->live_at;
+  fprintf(stderr,
+          "kiln: memory plan of %d values: arena %.1f MiB, the values' sum %.1f MiB, the most live "
+          "at one launch %.1f MiB (launch %d of %d",
+          m->ni, m->top / 1048576.0, m->sum / 1048576.0, m->live / 1048576.0, at, p->ng);
+  if (at < p->ng) {
+    const kiln__group *g = &p->g[at];
+    fprintf(stderr, ", %s", kiln__ops[nodes[g->n ? p->members[g->first] : g->node].op].name);
+  }
+  fprintf(stderr, "); live there:\n");
+  int *order = malloc((size_t)(m->ni + 1) * sizeof *order), nl = 0;
+  if (!order) return;
+  for (int j = 0; j < m->ni; j++)
+    if (m->it[j].def <= at && at <= m->it[j].last) order[nl++] = j;
+  if (!sort_by_size(m->it, order, nl)) nl = 0;
+  for (int a = 0; a < nl; a++) {
+    const item *x = &m->it[order[a]];
+    const kiln__node *nd = &nodes[x->node];
+    char sh[96];
+    fprintf(stderr, "kiln:   %8.2f MiB  #%d %s%s %s %s, launches %d..%d\n", x->bytes / 1048576.0,
+            x->node, kiln__ops[nd->op].name, x->mask ? " (its ReLU mask)" : "",
+            kiln__shape_of(nd->out, sh, sizeof sh), kiln_dtype_name(nd->out->dtype), x->def,
+            x->last);
+  }
+  free(order);
+}
+
+/* Offsets for every written intermediate and ReLU mask of the step, and the arena. */
+static bool memory_plan(kiln_ctx *ctx, kiln__step_graph *E) {
+  const kiln__node *nodes = ctx->trace.nodes;
+  int32_t n = ctx->trace.n;
+  mplan m;
+  if (!lifetimes(ctx, &E->prog.plan, &m)) return false;
+  if (!place(ctx, E->prog.plan.ng, &m)) {
+    mplan_free(&m);
+    return false;
+  }
+  if (ctx->debug & KILN__DEBUG_MEMORY) memory_report(ctx, &E->prog.plan, &m);
+  item *it = m.it;
+  int ni = m.ni;
+  size_t top = m.top;
   E->arena_bytes = top;
-  E->arena_sum = sum;
+  E->arena_sum = m.sum;
+  E->arena_live = m.live;
   E->arena = arena_take(ctx, top);
   bool ok = top == 0 || E->arena;
   if (!ok) {
@@ -235,18 +377,16 @@ static bool memory_plan(kiln_ctx *ctx, kiln__step_graph *E) {
                 it[big].bytes, ctx->alloc.in_use, ctx->alloc.cached);
   }
   for (int32_t i = 0; i < n && ok; i++) {
-    E->off[i] = item_of[i] >= 0 ? (int64_t)it[item_of[i]].off : -1;
-    E->mask_off[i] = mask_of[i] >= 0 ? (int64_t)it[mask_of[i]].off : -1;
+    E->off[i] = m.item_of[i] >= 0 ? (int64_t)it[m.item_of[i]].off : -1;
+    E->mask_off[i] = m.mask_of[i] >= 0 ? (int64_t)it[m.mask_of[i]].off : -1;
     E->clobbered[i] = false;
-    int j = item_of[i];
+    int j = m.item_of[i];
     for (int q = 0; j >= 0 && q < ni; q++) {
       size_t qe = it[q].off + round_up(it[q].bytes), je = it[j].off + round_up(it[j].bytes);
       if (it[q].def > it[j].last && it[q].off < je && it[j].off < qe) E->clobbered[i] = true;
     }
   }
-  free(it);
-  free(item_of);
-  free(mask_of);
+  mplan_free(&m);
   return ok;
 }
 
@@ -399,6 +539,7 @@ static kiln__step_graph *capture(kiln_ctx *ctx, uint64_t hash, kiln__sb *sig) {
   ctx->stats.graph_captures++;
   ctx->stats.arena_bytes = E->arena_bytes;
   ctx->stats.arena_sum_bytes = E->arena_sum;
+  ctx->stats.arena_live_bytes = E->arena_live;
   return E;
 }
 
@@ -418,7 +559,31 @@ static uint32_t traced_program(kiln_ctx *ctx, kiln__step_graph *E) {
   return E->traced;
 }
 
+/* Without a GPU: the step planned and compiled as its graph's would be, and its memory plan made
+ * (kiln_stats reports it, KILN_DEBUG=memory prints it); nothing is allocated, run or captured. */
+static kiln_status plan_only(kiln_ctx *ctx) {
+  kiln_exec_stats before = ctx->stats;
+  kiln__program pg;
+  mplan m;
+  if (kiln__program_build(ctx, 0, ctx->trace.n, &pg) && lifetimes(ctx, &pg.plan, &m)) {
+    if (place(ctx, pg.plan.ng, &m)) {
+      if (ctx->debug & KILN__DEBUG_MEMORY) memory_report(ctx, &pg.plan, &m);
+      ctx->stats.arena_bytes = m.top;
+      ctx->stats.arena_sum_bytes = m.sum;
+      ctx->stats.arena_live_bytes = m.live;
+    }
+    mplan_free(&m);
+  }
+  if (pg.plan.group_of) {
+    kiln__flush_stats(ctx, &pg, &before);
+    ctx->stats.nodes_executed = before.nodes_executed;
+  }
+  kiln__program_free(&pg);
+  return ctx->status;
+}
+
 kiln_status kiln__graph_run(kiln_ctx *ctx) {
+  if (!ctx->has_gpu) return plan_only(ctx);
   kiln__fusion *fs = ctx->fusion_state;
   kiln__trace *tr = &ctx->trace;
   kiln__sb sig = {0};

@@ -228,8 +228,10 @@ typedef struct kiln_exec_stats {
   uint64_t graph_replays;   /* steps run by replaying their graph */
   uint64_t graph_evictions; /* graphs dropped from the bounded cache */
   uint64_t eager_steps;     /* steps in graph mode that ran without a graph */
-  uint64_t arena_bytes;     /* the last captured step's plan of intermediates: its arena's size */
-  uint64_t arena_sum_bytes; /* the sum of that step's intermediates, had each its own memory */
+  /* the last captured step's plan of intermediates (without a GPU, the last planned step's) */
+  uint64_t arena_bytes;        /* its arena's size */
+  uint64_t arena_sum_bytes;    /* the sum of that step's intermediates, had each its own memory */
+  uint64_t arena_live_bytes;   /* the most of them live at one launch: no plan's arena is smaller */
   uint64_t graphs_arena_bytes; /* the arenas the cached step graphs share, all together */
 } kiln_exec_stats;
 void kiln_stats(const kiln_ctx *ctx, kiln_exec_stats *out);

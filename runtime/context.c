@@ -82,7 +82,7 @@ kiln_status kiln_trace_end(kiln_ctx *ctx) {
 /* Runs the open step: its graph, or a flush of what it has not run yet (always in anomaly mode,
  * whose checks stop a step part way). */
 static kiln_status run_step(kiln_ctx *ctx, bool open, bool whole) {
-  if (whole && ctx->graphs && !ctx->anomaly && ctx->has_gpu && kiln__ok(ctx) && ctx->trace.n > 0) {
+  if (whole && ctx->graphs && !ctx->anomaly && kiln__ok(ctx) && ctx->trace.n > 0) {
     kiln_status s = kiln__engine_step(ctx);
     ctx->trace.done = ctx->trace.n;
     ctx->stats.flushes++;

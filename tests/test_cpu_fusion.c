@@ -429,3 +429,30 @@ Test(fusion, gradients_write_through_their_buffers) {
   th_free_scratch();
   th_ctx_free(ctx);
 }
+
+/* A step graph's static memory plan is made without a GPU too (kiln_stats reports it). A chain of
+ * products holds two of its 1 MiB values at a time, so the arena is two of them, the most that is
+ * live at one launch, where the values' sum is four of them and the loss's reduction's. */
+Test(fusion, a_step_graphs_memory_plan_packs_a_chain_into_what_is_live) {
+  kiln_ctx *ctx = th_cpu_ctx();
+  cr_assert(ctx->graphs, "step graphs are on by default");
+  kiln_tensor *x = th_f32(ctx, KILN_SHAPE(512, 512)), *w = th_f32(ctx, KILN_SHAPE(512, 512));
+  kiln_step_begin(ctx);
+  kiln_tensor *h = x;
+  for (int k = 0; k < 4; k++)
+    h = kiln_matmul(h, w);
+  kiln_tensor *loss = kiln_sum(h, KILN_ALL_AXES, 0);
+  cr_assert_not_null(loss, "%s", kiln_ctx_error(ctx));
+  cr_assert_eq(kiln_step_end(ctx), KILN_OK, "%s", kiln_ctx_error(ctx));
+  kiln_exec_stats st;
+  kiln_stats(ctx, &st);
+  const uint64_t mib = 1 << 20;
+  cr_assert(st.arena_sum_bytes > 4 * mib && st.arena_sum_bytes < 4 * mib + mib / 16,
+            "the values' sum: %llu bytes", (unsigned long long)st.arena_sum_bytes);
+  cr_assert_eq(st.arena_live_bytes, 2 * mib, "the most live: %llu bytes",
+               (unsigned long long)st.arena_live_bytes);
+  cr_assert_eq(st.arena_bytes, st.arena_live_bytes, "arena %llu bytes, most live %llu",
+               (unsigned long long)st.arena_bytes, (unsigned long long)st.arena_live_bytes);
+  th_free_scratch();
+  th_ctx_free(ctx);
+}

@@ -135,6 +135,8 @@ Test(gpu_graph, replay_is_bitwise_the_same_over_200_steps) {
   /* the static memory plan shares memory between values whose lifetimes do not overlap */
   cr_assert_gt(sg.arena_bytes, 0);
   cr_assert_lt(sg.arena_bytes, sg.arena_sum_bytes);
+  cr_assert_leq(sg.arena_live_bytes, sg.arena_bytes, "no arena holds less than is live at once");
+  cr_assert_gt(sg.arena_live_bytes, 0);
   net_free(&g);
   net_free(&e);
   th_ctx_free(cg);
