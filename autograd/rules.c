@@ -351,9 +351,12 @@ void kiln__grad_im2col(kiln__bw *b, const kiln__node *n, kiln_tensor *g, kiln_te
   gin[0] = window_like(KILN__OP_COL2IM, n, g, NULL, n->in[0]);
   if (gin[0]) KILN__I(kiln__producer(gin[0]), COL2IM, groups) = KILN__I(n, IM2COL, groups);
 }
+/* From the windows' positions behind the output's values (index), or from the input's windows. */
 void kiln__grad_max_pool(kiln__bw *b, const kiln__node *n, kiln_tensor *g, kiln_tensor **gin) {
   (void)b;
-  gin[0] = window_like(KILN__OP_MAX_POOL_GRAD, n, g, n->in[0], n->in[0]);
+  bool index = KILN__I(n, MAX_POOL, index) != 0;
+  gin[0] = window_like(KILN__OP_MAX_POOL_GRAD, n, g, index ? n->out : n->in[0], n->in[0]);
+  if (gin[0]) KILN__I(kiln__producer(gin[0]), MAX_POOL_GRAD, index) = index;
 }
 void kiln__grad_avg_pool(kiln__bw *b, const kiln__node *n, kiln_tensor *g, kiln_tensor **gin) {
   (void)b;

@@ -195,6 +195,15 @@ kiln_tensor *kiln_conv2d(kiln_tensor *x, kiln_tensor *weight, kiln_tensor *bias,
 
 /* ---------------------------------------------------------------- pooling */
 
+/* Whether x stays in memory until the backward pass whatever its readers do: a persistent tensor,
+ * or the output of a node (through views) whose own gradient reads it (a ReLU's). */
+static bool kept_anyway(const kiln_tensor *x) {
+  const kiln__node *p = kiln__producer(x);
+  while (p && kiln__ops[p->op].kind == KILN__KIND_VIEW)
+    p = kiln__producer(p->in[0]);
+  return !p || (p->out->requires_grad && (kiln__ops[p->op].saves & 8));
+}
+
 static kiln_tensor *pool(kiln__op op, const char *fn, kiln_tensor *x,
                          const kiln_pool2d_options *o) {
   kiln_ctx *ctx = begin(fn, 1, &x);
@@ -232,6 +241,14 @@ static kiln_tensor *pool(kiln__op op, const char *fn, kiln_tensor *x,
   kiln_tensor *xc = kiln_contiguous(x);
   kiln_tensor *y = xc ? kiln__window(op, fn, xc, NULL, shape, &w) : NULL;
   if (y && !max) KILN__I(kiln__producer(y), AVG_POOL, exclude_pad) = o->exclude_pad != 0;
+  /* with fusion on, the gradient reads each value's window position (a byte, 255 for none),
+   * written behind y's values, so x need not live until the backward pass; the unfused
+   * reference searches x's windows again */
+  if (y && max && y->requires_grad && ctx->fusion && w.kh * w.kw < 255 && !kept_anyway(xc)) {
+    KILN__I(kiln__producer(y), MAX_POOL, index) = 1;
+    y->st->tail = (size_t)kiln_tensor_numel(y);
+    y->st->bytes += y->st->tail;
+  }
   return y;
 }
 

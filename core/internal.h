@@ -274,6 +274,7 @@ void kiln__alloc_release_all(kiln_ctx *ctx);
 typedef struct kiln__storage {
   void *ptr; /* device memory, NULL until allocated */
   size_t bytes;
+  size_t tail; /* of the bytes, those past the values: a max pool's window positions (ops.def) */
   bool persistent;            /* owned by a persistent tensor; else freed at step begin */
   bool fused;                 /* it lived in a fused kernel's registers and was never written */
   void *relu_mask;            /* a ReLU output's bit mask from a product's epilogue, or NULL */

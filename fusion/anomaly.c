@@ -86,7 +86,7 @@ bool kiln__anomaly_begin(kiln_ctx *ctx, const kiln__program *pg) {
 static bool launch_check(kiln_ctx *ctx, const kiln_tensor *t, int rec, int64_t tag, int slot,
                          bool ok, const int32_t *ins, int n) {
   if (!kiln__is_float(t->dtype) || !t->st->ptr) return true;
-  int64_t count = (int64_t)(t->st->bytes / kiln_dtype_size(t->dtype));
+  int64_t count = (int64_t)((t->st->bytes - t->st->tail) / kiln_dtype_size(t->dtype));
   if (count == 0) return true;
   kiln__anomaly *an = ctx->fusion_state->anomaly;
   kiln__kargs a;

@@ -143,22 +143,37 @@ static void emit_geometry(kiln__sb *pre, const kiln__node *n, const kiln__win *w
   kiln__sb_printf(pre, "};\n");
 }
 
+/* Whether the op is a max pool that writes its windows' positions, or the gradient that reads
+ * them (ops.def: index). */
+static bool pool_index(const kiln__node *n) {
+  return (n->op == KILN__OP_MAX_POOL || n->op == KILN__OP_MAX_POOL_GRAD) &&
+         KILN__I_NAMED(n, "index") != 0;
+}
+
 /* The kernel's loop over lane groups: window.cuh's function of the op (kiln_<op name>, ops.def),
  * given the op's inputs, and the lambda that stores its lanes at the output's coordinates, plainly
- * to operand out or through the epilogue e. */
-static void emit_loop(kiln__sb *b, const kiln__node *n, bool tiled, int out,
+ * to operand out or through the epilogue e. A max pool with positions passes where they go: behind
+ * the values of its output, operand y; its gradient, where they are: behind its second input's. */
+static void emit_loop(kiln__sb *b, const kiln__node *n, bool tiled, int out, int y,
                       const kiln__win_epi *e) {
-  bool image = kiln__ops[n->op].space == KILN__SPACE_IMAGE;
+  bool image = kiln__ops[n->op].space == KILN__SPACE_IMAGE, index = pool_index(n);
   const int64_t *o = n->out->shape;
   kiln__sb_printf(b,
                   "  typedef G::ix ix;\n"
                   "  const int V = G::V;\n"
                   "  for (ix e = (ix)blockIdx.x * blockDim.x + threadIdx.x; e < (ix)a.n;\n"
                   "       e += (ix)gridDim.x * blockDim.x)\n"
-                  "    kiln_%s%s<G>(",
-                  kiln__ops[n->op].name, tiled ? "_tiled" : "");
+                  "    kiln_%s%s%s<G>(",
+                  kiln__ops[n->op].name, tiled ? "_tiled" : "", index ? "_at" : "");
   for (int q = 0; q < n->nin; q++)
-    kiln__sb_printf(b, "(const %s *)a.ptr[%d], ", kiln__ctype(n->in[q]->dtype), q);
+    if (index && q == 1) /* the gradient's positions, behind the pool's output */
+      kiln__sb_printf(b, "(const unsigned char *)((const %s *)a.ptr[1] + %lldLL), ",
+                      kiln__ctype(n->in[1]->dtype), (long long)kiln_tensor_numel(n->in[1]));
+    else
+      kiln__sb_printf(b, "(const %s *)a.ptr[%d], ", kiln__ctype(n->in[q]->dtype), q);
+  if (index && n->op == KILN__OP_MAX_POOL)
+    kiln__sb_printf(b, "(unsigned char *)((%s *)a.ptr[%d] + %lldLL), ", kiln__ctype(n->out->dtype),
+                    y, (long long)kiln_tensor_numel(n->out));
   kiln__sb_printf(b, "e, [&](ix n, ix %s, ix %s, ix c, const float(&lanes)[V]) {\n",
                   image ? "h" : "oh", image ? "w" : "ow");
   if (e)
@@ -207,6 +222,9 @@ bool kiln__render_window(const kiln__target *tg, const kiln__ew_prog *p, kiln__r
   kiln__operands o = {0};
   kiln__wiring wr;
   int out = kiln__window_operands(p, &o, &wr, r);
+  /* the operand of the op's own output (stored: a max pool's with positions always is) */
+  int y = out >= 0 ? out : wr.store_slot[0];
+  KILN_ASSERT(!(pool_index(n) && n->op == KILN__OP_MAX_POOL) || y >= 0);
   int64_t sz[6] = {img->shape[0], img->shape[1], img->shape[2],
                    img->shape[3], win->shape[1], win->shape[2]};
   int V = lanes_of(n, sz[3]);
@@ -225,11 +243,18 @@ bool kiln__render_window(const kiln__target *tg, const kiln__ew_prog *p, kiln__r
   epi.vec = p->n > 1 && V == 4 && epilogue_fours(p, &o, &wr);
   kiln__sb pre = {0}, b = {0};
   emit_geometry(&pre, n, &w, sz, V, kiln__wide_index(most));
-  emit_loop(&b, n, tiled, out, p->n > 1 ? &epi : NULL);
+  emit_loop(&b, n, tiled, out, y, p->n > 1 ? &epi : NULL);
   char stem[80], suffix[48];
-  snprintf(suffix, sizeof suffix, "_%lldx%lld_s%lld_%s%s%s", (long long)w.kh, (long long)w.kw,
+  snprintf(suffix, sizeof suffix, "_%lldx%lld_s%lld_%s%s%s%s", (long long)w.kh, (long long)w.kw,
            (long long)w.sh, kiln_dtype_name(n->in[0]->dtype), V == 4 ? "_v4" : "",
-           tiled ? "_tiled" : "");
+           tiled ? "_tiled" : "", pool_index(n) ? "_at" : "");
   kiln__stem_of(p, "k", suffix, stem, sizeof stem);
-  return kiln__finish_loop(&b, &pre, stem, &o, tg, r);
+  if (!kiln__finish_loop(&b, &pre, stem, &o, tg, r)) return false;
+  if (pool_index(n)) { /* the positions: a byte a value, written, or read instead of the values */
+    if (n->op == KILN__OP_MAX_POOL)
+      r->bytes_written += (uint64_t)kiln_tensor_numel(n->out);
+    else
+      r->bytes_read -= kiln__footprint(n->in[1]) - (uint64_t)kiln_tensor_numel(n->in[1]);
+  }
+  return true;
 }

@@ -756,3 +756,100 @@ Test(images, an_implicit_forward_product_keeps_its_columns_to_itself) {
   th_free_scratch();
   th_ctx_free(ctx);
 }
+
+/* The trace's last node of op `op` at or after `from`, or NULL. */
+static const kiln__node *last_of(const kiln_ctx *ctx, int32_t from, kiln__op op) {
+  const kiln__node *found = NULL;
+  for (int32_t i = from; i < ctx->trace.n; i++)
+    if (ctx->trace.nodes[i].op == op) found = &ctx->trace.nodes[i];
+  return found;
+}
+
+/* With fusion on, a max pool whose input needs a gradient writes each value's window position (a
+ * byte) behind its output's values, and its gradient reads them there, not from the input, which
+ * then dies at the pool in a step graph's memory plan. With fusion off (the unfused reference), in
+ * no-grad mode and for windows of 255 taps or more, nothing is written behind the values and the
+ * gradient searches the input's windows again. */
+Test(images, max_pool_gradient_reads_window_positions_not_the_input) {
+  kiln_ctx *ctx = th_cpu_ctx();
+  kiln_tensor *x = th_param(ctx, KILN_SHAPE(8, 32, 32, 16)); /* 512 KiB of f32 */
+  const uint64_t image = 8 * 32 * 32 * 16 * 4, pooled = 8 * 16 * 16 * 16;
+  uint64_t live[2];
+  for (int fuse = 1; fuse >= 0; fuse--) {
+    kiln_set_fusion(ctx, fuse);
+    kiln_step_begin(ctx);
+    int32_t from = ctx->trace.n;
+    kiln_tensor *h = kiln_mul(x, x); /* an intermediate whose own gradient needs only x */
+    kiln_tensor *y = kiln_max_pool2d(h, &(kiln_pool2d_options){.kernel_h = 2, .kernel_w = 2});
+    cr_assert_not_null(y, "%s", th_err(ctx));
+    const kiln__node *pool = last_of(ctx, from, KILN__OP_MAX_POOL);
+    cr_assert_eq(KILN__I(pool, MAX_POOL, index), fuse, "fusion %d: positions %lld", fuse,
+                 (long long)KILN__I(pool, MAX_POOL, index));
+    cr_assert_eq(y->st->tail, fuse ? pooled : 0, "fusion %d: %zu bytes behind the values", fuse,
+                 y->st->tail);
+    cr_assert_eq(y->st->bytes, pooled * 4 + y->st->tail);
+    cr_assert_eq(kiln_backward(kiln_sum(y, KILN_ALL_AXES, 0)), KILN_OK, "%s", th_err(ctx));
+    const kiln__node *grad = last_of(ctx, from, KILN__OP_MAX_POOL_GRAD);
+    cr_assert_not_null(grad);
+    cr_assert_eq(KILN__I(grad, MAX_POOL_GRAD, index), fuse);
+    cr_assert(grad->in[1]->st == (fuse ? y : h)->st, "fusion %d: the gradient reads the %s", fuse,
+              grad->in[1]->st == y->st ? "output" : "input");
+    int readers = 0; /* of the pool's input: the pool, and the gradient without positions */
+    for (int32_t i = from; i < ctx->trace.n; i++)
+      for (int q = 0; q < ctx->trace.nodes[i].nin; q++)
+        readers += ctx->trace.nodes[i].in[q]->st == h->st;
+    cr_assert_eq(readers, fuse ? 1 : 2, "fusion %d: %d nodes read the pool's input", fuse, readers);
+    cr_assert_eq(kiln__engine_compile(ctx, ctx->trace.done, ctx->trace.n), KILN_OK, "%s",
+                 th_err(ctx));
+    cr_assert_eq(kiln_step_end(ctx), KILN_OK, "%s", th_err(ctx));
+    kiln_exec_stats st;
+    kiln_stats(ctx, &st);
+    live[fuse] = st.arena_live_bytes;
+  }
+  /* the pool's input and its gradient are never live together with positions; they are without */
+  cr_assert_lt(live[1], 2 * image, "with positions %llu bytes live at once",
+               (unsigned long long)live[1]);
+  cr_assert_geq(live[0], 2 * image, "without them %llu bytes live at once",
+                (unsigned long long)live[0]);
+
+  /* no positions where no gradient is recorded, where a byte cannot hold them, or where the input
+   * stays in memory anyway: a parameter, or a ReLU's output (its own gradient reads it) */
+  kiln_set_fusion(ctx, 1);
+  kiln_step_begin(ctx);
+  kiln_tensor *h = kiln_mul(x, x);
+  kiln_no_grad_begin(ctx);
+  kiln_tensor *y = kiln_max_pool2d(h, &(kiln_pool2d_options){.kernel_h = 2, .kernel_w = 2});
+  kiln_no_grad_end(ctx);
+  cr_assert_not_null(y, "%s", th_err(ctx));
+  cr_assert_eq(KILN__I(kiln__producer(y), MAX_POOL, index), 0);
+  cr_assert_eq(y->st->tail, 0);
+  struct {
+    kiln_tensor *in;
+    int k, index;
+    const char *what;
+  } cases[] = {{h, 16, 0, "256 taps"},
+               {h, 15, 1, "240 taps"},
+               {x, 2, 0, "a parameter"},
+               {kiln_relu(h), 2, 0, "a ReLU's output"},
+               {kiln_reshape(kiln_sigmoid(h), KILN_SHAPE(8, 32, 16, 32)), 2, 0,
+                "a view of a sigmoid's output"},
+               {kiln_reshape(h, KILN_SHAPE(8, 32, 16, 32)), 2, 1, "a view of a product"},
+               {kiln_cast(h, KILN_DTYPE_BF16), 2, 1, "bf16"},
+               {kiln_reshape(h, KILN_SHAPE(8, 32, 512, 1)), 3, 1, "one channel"}};
+  kiln_tensor *sum = NULL;
+  for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+    y = kiln_max_pool2d(cases[c].in,
+                        &(kiln_pool2d_options){.kernel_h = cases[c].k, .kernel_w = 16});
+    cr_assert_not_null(y, "%s: %s", cases[c].what, th_err(ctx));
+    cr_assert_eq(KILN__I(kiln__producer(y), MAX_POOL, index), cases[c].index, "%s", cases[c].what);
+    kiln_tensor *s = kiln_sum(kiln_cast(y, KILN_DTYPE_F32), KILN_ALL_AXES, 0);
+    sum = sum ? kiln_add(sum, s) : s;
+  }
+  /* their kernels and their gradients' compile (bf16 and f32, four lanes and one) */
+  cr_assert_eq(kiln_backward(sum), KILN_OK, "%s", th_err(ctx));
+  cr_assert_eq(kiln__engine_compile(ctx, ctx->trace.done, ctx->trace.n), KILN_OK, "%s",
+               th_err(ctx));
+  cr_assert_eq(kiln_step_end(ctx), KILN_OK, "%s", th_err(ctx));
+  th_free_scratch();
+  th_ctx_free(ctx);
+}

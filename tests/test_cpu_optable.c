@@ -266,9 +266,11 @@ static kiln_tensor *record_op(kiln_ctx *ctx, kiln__op op) {
   case KILN__OP_BN_APPLY:
     return kiln_batch_norm(th_param(ctx, KILN_SHAPE(4, 3)), th_param(ctx, KILN_SHAPE(3)),
                            th_param(ctx, KILN_SHAPE(3)), NULL, NULL, 1, 0.1f, 1e-5f);
-  case KILN__OP_MAX_POOL:
-    return kiln_max_pool2d(th_param(ctx, KILN_SHAPE(2, 4, 4, 3)),
-                           &(kiln_pool2d_options){.kernel_h = 2, .kernel_w = 2});
+  case KILN__OP_MAX_POOL: /* of a value nothing else keeps: the rule reads the windows' positions
+                           * behind the output (ops.def: index), not the input */
+    return kiln_max_pool2d(
+        kiln_mul(th_param(ctx, KILN_SHAPE(2, 4, 4, 3)), th_f32(ctx, KILN_SHAPE(2, 4, 4, 3))),
+        &(kiln_pool2d_options){.kernel_h = 2, .kernel_w = 2});
   case KILN__OP_AVG_POOL:
     return kiln_avg_pool2d(th_param(ctx, KILN_SHAPE(2, 4, 4, 3)),
                            &(kiln_pool2d_options){.kernel_h = 2, .kernel_w = 2});

@@ -659,6 +659,95 @@ Test(gpu_ops, relu_then_tiling_max_pool2d_fused) {
   th_ctx_free(ctx);
 }
 
+/* One step of y = max_pool(x) in dt and loss = sum(y g), twice (a step graph's capture, then its
+ * replay): y's values and x's gradient after the second, as f32 (malloc'd). Fusion on records
+ * the pool with its windows' positions behind y's values and the gradient reads them; off, the
+ * gradient searches x's windows again. */
+static void pool_twice(kiln_ctx *ctx, kiln_tensor *x, kiln_tensor *g, const kiln_pool2d_options *o,
+                       kiln_dtype dt, int fuse, float **y, float **dx, const char *what) {
+  kiln_set_fusion(ctx, fuse);
+  for (int s = 0; s < 2; s++) {
+    kiln_tensor_zero_grad(x);
+    kiln_step_begin(ctx);
+    kiln_tensor *p = kiln_max_pool2d(dt == KILN_DTYPE_F32 ? x : kiln_cast(x, dt), o);
+    kiln_tensor *pf = dt == KILN_DTYPE_F32 ? p : kiln_cast(p, KILN_DTYPE_F32);
+    cr_assert_not_null(pf, "%s: %s", what, th_err(ctx));
+    cr_assert_eq(kiln_backward(kiln_sum(kiln_mul(pf, g), KILN_ALL_AXES, 0)), KILN_OK, "%s: %s",
+                 what, th_err(ctx));
+    cr_assert_eq(kiln_step_end(ctx), KILN_OK, "%s: %s", what, th_err(ctx));
+    if (s == 1) {
+      *y = ref_read_f32(ctx, pf, what);
+      *dx = ref_read_f32(ctx, kiln_tensor_grad(x), what);
+    }
+  }
+}
+
+/* Max pooling's gradient from the positions its forward pass wrote agrees bit for bit with the
+ * gradient that searches the input's windows again (the unfused reference): ties, NaN and
+ * -infinity in the windows, overlapping, padded and dilated windows, rows left over, four lanes
+ * and one, f32 and bf16, eager and replayed from a step graph. */
+Test(gpu_ops, max_pool2d_positions_match_the_search_bitwise) {
+  TH_GPU_CTX(ctx);
+  struct {
+    kiln_shape x;
+    kiln_pool2d_options o;
+    kiln_dtype dt;
+  } cases[] = {
+      {S4(4, 16, 16, 64), PO(.kernel_h = 2, .kernel_w = 2), KILN_DTYPE_BF16},
+      {S4(3, 7, 9, 8), PO(.kernel_h = 2, .kernel_w = 2), KILN_DTYPE_BF16},
+      {S4(2, 9, 11, 3),
+       PO(.kernel_h = 3, .kernel_w = 3, .stride_h = 2, .stride_w = 2, .pad_h = 1, .pad_w = 1),
+       KILN_DTYPE_F32},
+      {S4(2, 9, 11, 4),
+       PO(.kernel_h = 3, .kernel_w = 3, .pad_h = 1, .pad_w = 1, .dilation_h = 2, .dilation_w = 2),
+       KILN_DTYPE_BF16},
+      {S4(2, 8, 8, 5), PO(.kernel_h = 3, .kernel_w = 3, .stride_h = 2, .stride_w = 2),
+       KILN_DTYPE_F32},
+  };
+  for (size_t ci = 0; ci < sizeof cases / sizeof *cases; ci++) {
+    kiln_shape xs = cases[ci].x;
+    int64_t nx = ref_numel(xs);
+    float *xh = ref_falloc(nx);
+    /* values of four levels: most windows tie; some NaN and -infinity */
+    ref_gen_fill(xh, nx, 5000 + ci, &(ref_gen){.lo = -1, .hi = 1, .quant = 0.5f});
+    for (int64_t i = 0; i < nx; i += 37)
+      xh[i] = NAN;
+    for (int64_t i = 5; i < nx; i += 41)
+      xh[i] = -INFINITY;
+    kiln_tensor *x = ref_upload(ctx, xs, xh);
+    ref_set_grad(ctx, x);
+    ref_win gw = pool_win(&cases[ci].o);
+    kiln_shape os = ref_win_out(xs, &gw, xs.d[3]);
+    kiln_tensor *g = ref_rand_tensor(ctx, os, 5100 + ci, &REF_GEN(-1, 1), 0, NULL);
+    for (int graphs = 0; graphs < 2; graphs++) {
+      kiln_set_graphs(ctx, graphs);
+      char what[160];
+      snprintf(what, sizeof what, "max_pool2d case %zu (%s, [%lld,%lld,%lld,%lld]), graphs %d", ci,
+               kiln_dtype_name(cases[ci].dt), (long long)xs.d[0], (long long)xs.d[1],
+               (long long)xs.d[2], (long long)xs.d[3], graphs);
+      float *y[2], *dx[2];
+      for (int fuse = 0; fuse < 2; fuse++)
+        pool_twice(ctx, x, g, &cases[ci].o, cases[ci].dt, fuse, &y[fuse], &dx[fuse], what);
+      cr_assert(memcmp(y[0], y[1], (size_t)ref_numel(os) * sizeof(float)) == 0,
+                "%s: the pooled values differ with positions", what);
+      for (int64_t i = 0; i < nx; i++)
+        cr_assert(memcmp(&dx[0][i], &dx[1][i], sizeof(float)) == 0,
+                  "%s: the gradient at %lld is %.9g from the search, %.9g from the positions", what,
+                  (long long)i, dx[0][i], dx[1][i]);
+      for (int fuse = 0; fuse < 2; fuse++) {
+        free(y[fuse]);
+        free(dx[fuse]);
+      }
+    }
+    kiln_set_fusion(ctx, 1);
+    free(xh);
+    kiln_tensor_free(x);
+    kiln_tensor_free(g);
+    th_assert_ok(ctx);
+  }
+  th_ctx_free(ctx);
+}
+
 Test(gpu_ops, avg_pool2d) {
   TH_GPU_CTX_EAGER(ctx);
   for (size_t i = 0; i < sizeof pool_cases / sizeof *pool_cases; i++)

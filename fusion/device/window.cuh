@@ -11,7 +11,9 @@
  * KW, stride SH, SW, padding PH, PW, dilation DH, DW), V, the image's H, W, C, the windows' OH,
  * OW, im2col's and col2im's GROUPS and average pooling's EXCLUDE_PAD, so that every division is
  * by a constant. Out-of-image taps read nothing; max pooling keeps the window's first maximum,
- * NaN winning (PyTorch's rule).
+ * NaN winning (PyTorch's rule). Its gradient finds each window's maximum again in the pooled
+ * image, or reads its position from the bytes the forward pass wrote behind its output's values
+ * (kiln_max_pool_at): then the pooled image need not be kept for the backward pass.
  */
 #ifndef KILN_WINDOW_CUH
 #define KILN_WINDOW_CUH
@@ -84,14 +86,17 @@ KILN__FN void kiln_win_taps_of_window(typename G::ix oh, typename G::ix ow, F ta
 }
 
 /* The position p * KW + q of window (oh, ow)'s first maximum in each lane (-1: no tap inside the
- * image), NaN winning; best gets the maxima. */
+ * image), NaN winning; best gets the maxima (-infinity for no tap), the values kiln_max_pool
+ * finds. */
 template <class G, typename T>
 KILN__FN void kiln_win_argmax(const T *x, typename G::ix n, typename G::ix oh, typename G::ix ow,
                               typename G::ix c, float (&best)[G::V], int (&at)[G::V]) {
   typedef typename G::ix ix;
 #pragma unroll
-  for (int l = 0; l < G::V; l++)
+  for (int l = 0; l < G::V; l++) {
     at[l] = -1;
+    best[l] = -__int_as_float(0x7f800000);
+  }
   kiln_win_taps_of_window<G>(oh, ow, [&](int p, int q, ix h, ix w) {
     float xv[G::V];
     kiln_win_load<G::V>(x, ((n * G::H + h) * G::W + w) * G::C + c, xv);
@@ -172,18 +177,72 @@ KILN__FN void kiln_max_pool(const T *x, typename G::ix e, S store) {
   store(n, oh, ow, c, best);
 }
 
+/* max pooling that also writes, for its gradient, each value's window position p * KW + q (255:
+ * the window has no tap inside the image) as a byte at `at`, indexed like the output. */
+template <class G, typename T, class S>
+KILN__FN void kiln_max_pool_at(const T *x, unsigned char *at, typename G::ix e, S store) {
+  typedef typename G::ix ix;
+  ix n, oh, ow, c;
+  kiln_win_split<G>(e, G::OH, G::OW, n, oh, ow, c);
+  float best[G::V];
+  int pos[G::V];
+  kiln_win_argmax<G>(x, n, oh, ow, c, best, pos);
+  const ix o = ((n * G::OH + oh) * G::OW + ow) * G::C + c;
+  if constexpr (G::V == 4) {
+    unsigned int four = 0;
+#pragma unroll
+    for (int l = 0; l < 4; l++)
+      four |= (unsigned int)(pos[l] & 255) << (8 * l);
+    *(unsigned int *)&at[o] = four;
+  } else {
+    at[o] = (unsigned char)(pos[0] & 255);
+  }
+  store(n, oh, ow, c, best);
+}
+
+/* Where the maxima of window (oh, ow) are, for max pooling's gradient: searched again in the
+ * pooled image x ... */
+template <class G, typename TX> struct kiln_win_search {
+  const TX *x;
+  __device__ __forceinline__ void operator()(typename G::ix n, typename G::ix oh, typename G::ix ow,
+                                             typename G::ix c, int (&pos)[G::V]) const {
+    float best[G::V];
+    kiln_win_argmax<G>(x, n, oh, ow, c, best, pos);
+  }
+};
+
+/* ... or read from the bytes kiln_max_pool_at wrote (255 is no position). */
+template <class G> struct kiln_win_positions {
+  const unsigned char *at;
+  __device__ __forceinline__ void operator()(typename G::ix n, typename G::ix oh, typename G::ix ow,
+                                             typename G::ix c, int (&pos)[G::V]) const {
+    const typename G::ix o = ((n * G::OH + oh) * G::OW + ow) * G::C + c;
+    if constexpr (G::V == 4) {
+      const unsigned int four = *(const unsigned int *)&at[o];
+#pragma unroll
+      for (int l = 0; l < 4; l++)
+        pos[l] = (int)((four >> (8 * l)) & 255);
+    } else {
+      pos[0] = at[o];
+    }
+#pragma unroll
+    for (int l = 0; l < G::V; l++)
+      if (pos[l] == 255) pos[l] = -1;
+  }
+};
+
 /* max pooling's gradient: e over the image; each pixel sums the gradients of the windows whose
- * first maximum it is. dy is the output's gradient, x the pooled image. */
-template <class G, typename T, typename TX, class S>
-KILN__FN void kiln_max_pool_grad(const T *dy, const TX *x, typename G::ix e, S store) {
+ * first maximum it is. dy is the output's gradient, find the windows' maxima. */
+template <class G, typename T, class F, class S>
+KILN__FN void kiln_max_pool_grad_from(const T *dy, F find, typename G::ix e, S store) {
   typedef typename G::ix ix;
   ix n, h, w, c;
   kiln_win_split<G>(e, G::H, G::W, n, h, w, c);
   float acc[G::V] = {};
   kiln_win_taps_of_pixel<G>(h, w, [&](int i, int j, ix oh, ix ow) {
-    float best[G::V], gv[G::V];
+    float gv[G::V];
     int at[G::V];
-    kiln_win_argmax<G>(x, n, oh, ow, c, best, at);
+    find(n, oh, ow, c, at);
     kiln_win_load<G::V>(dy, ((n * G::OH + oh) * G::OW + ow) * G::C + c, gv);
 #pragma unroll
     for (int l = 0; l < G::V; l++)
@@ -195,14 +254,14 @@ KILN__FN void kiln_max_pool_grad(const T *dy, const TX *x, typename G::ix e, S s
 /* max pooling's gradient over windows that tile the image (stride = kernel, no padding or
  * dilation): e over the windows; each finds its maximum once and writes its own pixels, the last
  * window of a row or column also the zeros of the pixels no window covers. */
-template <class G, typename T, typename TX, class S>
-KILN__FN void kiln_max_pool_grad_tiled(const T *dy, const TX *x, typename G::ix e, S store) {
+template <class G, typename T, class F, class S>
+KILN__FN void kiln_max_pool_grad_tiled_from(const T *dy, F find, typename G::ix e, S store) {
   typedef typename G::ix ix;
   ix n, oh, ow, c;
   kiln_win_split<G>(e, G::OH, G::OW, n, oh, ow, c);
-  float best[G::V], gv[G::V];
+  float gv[G::V];
   int at[G::V];
-  kiln_win_argmax<G>(x, n, oh, ow, c, best, at);
+  find(n, oh, ow, c, at);
   kiln_win_load<G::V>(dy, ((n * G::OH + oh) * G::OW + ow) * G::C + c, gv);
   const ix hend = G::H == G::OH * G::KH || oh < G::OH - 1 ? oh * G::KH + G::KH : G::H;
   const ix wend = G::W == G::OW * G::KW || ow < G::OW - 1 ? ow * G::KW + G::KW : G::W;
@@ -215,6 +274,29 @@ KILN__FN void kiln_max_pool_grad_tiled(const T *dy, const TX *x, typename G::ix 
         d[l] = p < G::KH && q < G::KW && at[l] == p * G::KW + q ? gv[l] : 0.f;
       store(n, h, w, c, d);
     }
+}
+
+/* The gradient from the pooled image x, whose windows it searches again (the unfused reference,
+ * and pools without positions) ... */
+template <class G, typename T, typename TX, class S>
+KILN__FN void kiln_max_pool_grad(const T *dy, const TX *x, typename G::ix e, S store) {
+  kiln_max_pool_grad_from<G>(dy, kiln_win_search<G, TX>{x}, e, store);
+}
+template <class G, typename T, typename TX, class S>
+KILN__FN void kiln_max_pool_grad_tiled(const T *dy, const TX *x, typename G::ix e, S store) {
+  kiln_max_pool_grad_tiled_from<G>(dy, kiln_win_search<G, TX>{x}, e, store);
+}
+
+/* ... or from the positions the forward pass wrote (kiln_max_pool_at). */
+template <class G, typename T, class S>
+KILN__FN void kiln_max_pool_grad_at(const T *dy, const unsigned char *at, typename G::ix e,
+                                    S store) {
+  kiln_max_pool_grad_from<G>(dy, kiln_win_positions<G>{at}, e, store);
+}
+template <class G, typename T, class S>
+KILN__FN void kiln_max_pool_grad_tiled_at(const T *dy, const unsigned char *at, typename G::ix e,
+                                          S store) {
+  kiln_max_pool_grad_tiled_from<G>(dy, kiln_win_positions<G>{at}, e, store);
 }
 
 /* average pooling: e over the windows, divided by the window's size, or with EXCLUDE_PAD by its
