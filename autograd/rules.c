@@ -124,12 +124,12 @@ void kiln__grad_relu(kiln__bw *b, const kiln__node *n, kiln_tensor *g, kiln_tens
 }
 void kiln__grad_gelu_erf(kiln__bw *b, const kiln__node *n, kiln_tensor *g, kiln_tensor **gin) {
   (void)b;
-  kiln_tensor *in[2] = {g, n->in[0]};
+  kiln_tensor *in[2] = {g, kiln__activation_input(n)};
   gin[0] = kiln__ew(KILN__OP_GELU_ERF_GRAD, "kiln_backward", 2, in);
 }
 void kiln__grad_gelu_tanh(kiln__bw *b, const kiln__node *n, kiln_tensor *g, kiln_tensor **gin) {
   (void)b;
-  kiln_tensor *in[2] = {g, n->in[0]};
+  kiln_tensor *in[2] = {g, kiln__activation_input(n)};
   gin[0] = kiln__ew(KILN__OP_GELU_TANH_GRAD, "kiln_backward", 2, in);
 }
 void kiln__grad_abs(kiln__bw *b, const kiln__node *n, kiln_tensor *g, kiln_tensor **gin) {
@@ -139,7 +139,7 @@ void kiln__grad_abs(kiln__bw *b, const kiln__node *n, kiln_tensor *g, kiln_tenso
 }
 void kiln__grad_silu(kiln__bw *b, const kiln__node *n, kiln_tensor *g, kiln_tensor **gin) {
   (void)b;
-  kiln_tensor *in[2] = {g, n->in[0]};
+  kiln_tensor *in[2] = {g, kiln__activation_input(n)};
   gin[0] = kiln__ew(KILN__OP_SILU_GRAD, "kiln_backward", 2, in);
 }
 void kiln__grad_erf(kiln__bw *b, const kiln__node *n, kiln_tensor *g, kiln_tensor **gin) {
@@ -151,7 +151,7 @@ void kiln__grad_erf(kiln__bw *b, const kiln__node *n, kiln_tensor *g, kiln_tenso
 }
 void kiln__grad_leaky_relu(kiln__bw *b, const kiln__node *n, kiln_tensor *g, kiln_tensor **gin) {
   (void)b;
-  kiln_tensor *in[2] = {g, n->in[0]};
+  kiln_tensor *in[2] = {g, kiln__activation_input(n)};
   kiln_tensor *out = kiln__ew(KILN__OP_LEAKY_RELU_GRAD, "kiln_backward", 2, in);
   if (out)
     KILN__F(kiln__producer(out), LEAKY_RELU_GRAD, negative_slope) =

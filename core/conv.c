@@ -464,6 +464,27 @@ static kiln_tensor *bn_apply(const char *fn, kiln_tensor *x, kiln_tensor *weight
   return y;
 }
 
+bool kiln__recomputes_input(const kiln__node *n) {
+  if (n->op != KILN__OP_GELU_ERF && n->op != KILN__OP_GELU_TANH && n->op != KILN__OP_SILU &&
+      n->op != KILN__OP_LEAKY_RELU)
+    return false;
+  const kiln__node *p = kiln__producer(n->in[0]);
+  return p && p->op == KILN__OP_BN_APPLY && KILN__I(p, BN_APPLY, batch) && p->in[4]->persistent;
+}
+
+kiln_tensor *kiln__activation_input(const kiln__node *n) {
+  if (!kiln__recomputes_input(n)) return n->in[0];
+  const kiln__node *p = kiln__producer(n->in[0]);
+  kiln_ctx *ctx = p->out->ctx;
+  kiln_tensor *y =
+      kiln__tensor_intermediate(ctx, "kiln_backward", p->out->dtype, p->out->ndim, p->out->shape);
+  kiln__node *r = y ? kiln__record(ctx, KILN__OP_BN_APPLY, p->nin, p->in, y) : NULL;
+  if (!r) return NULL;
+  memcpy(r->i, p->i, sizeof r->i);
+  memcpy(r->f, p->f, sizeof r->f);
+  return y;
+}
+
 kiln_tensor *kiln_batch_norm(kiln_tensor *x, kiln_tensor *weight, kiln_tensor *bias,
                              kiln_tensor *running_mean, kiln_tensor *running_var, int training,
                              float momentum, float eps) {

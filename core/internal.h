@@ -592,6 +592,15 @@ kiln_tensor *kiln__window(kiln__op op, const char *fn, kiln_tensor *x, kiln_tens
  * x - k and (x - k)^2; mode 1, in = {g, x, mean, invstd}: the sums of g and g (x - mean) invstd.
  * x and g are (R, C), k (1, C), mean and invstd (C). Gives (2, C). */
 kiln_tensor *kiln__moments(const char *fn, int mode, kiln_tensor *const *in);
+/* Whether the backward rule of n, an activation that reads its input (GELU, SiLU, leaky ReLU),
+ * records that input again instead of reading it: where it is a batch norm's application in
+ * training whose inputs are in memory anyway (x, weight and mean, which the norm's own gradient
+ * reads; its inverse deviation, which a kernel of its own writes; a bias that is a persistent
+ * tensor), so that it need not be kept from the forward pass (the planner fuses the second
+ * application into the kernel that reads it). */
+bool kiln__recomputes_input(const kiln__node *n);
+/* The activation's input for its rule: recorded again where kiln__recomputes_input, else n's. */
+kiln_tensor *kiln__activation_input(const kiln__node *n);
 #define KILN__MOMENTS_ROWS 256 /* rows each block of the moments kernel sums, at least */
 #define KILN__MAX_GRID_Y 65535 /* CUDA's limit on a grid's second dimension */
 

@@ -792,7 +792,8 @@ static bool phase_stores(kiln_ctx *ctx, kiln__plan *p, bool fuse) {
       int32_t pr = producer(ctx, p, nd->in[j]);
       if (pr < 0) continue;
       bool outside = view || p->group_of[i - first] != p->group_of[pr - first];
-      if (outside || (saves & (1u << j))) p->store[pr - first] = true;
+      bool recomputed = j == 0 && kiln__recomputes_input(nd); /* by the rule, from its inputs */
+      if (outside || ((saves & (1u << j)) && !recomputed)) p->store[pr - first] = true;
     }
   }
   return true;

@@ -31,6 +31,9 @@ typedef struct kiln__operands {
    * offset is i (lin) or needs the coordinates */
   char tail[KILN__KMAX_PTR];
   bool store[KILN__KMAX_PTR];
+  /* a window epilogue's operand broadcast over an image: 'c' one value a channel (indexed by the
+   * channel), 's' one value in all (index 0), 0 neither */
+  char bcast[KILN__KMAX_PTR];
   /* a row program's operand read or written once per row: the row-shaped space it is indexed
    * over (NULL: the program's whole iteration space) */
   const kiln_tensor *row[KILN__KMAX_PTR];

@@ -23,10 +23,13 @@ static void epilogue_vec(kiln__sb *b, const char *name, bool bf16, const kiln__w
   for (int k = 0; k < o->n; k++) {
     if (o->store[k])
       kiln__sb_printf(b, "      float S%d[4];\n", k);
+    else if (used[k] && o->bcast[k] == 's')
+      kiln__sb_printf(b, "      const float X%d0 = ((const %s *)a.ptr[%d])[0];\n", k,
+                      kiln__ctype(o->t[k]->dtype), k);
     else if (used[k])
       kiln__sb_printf(b,
-                      "      float X%d[4];\n      kiln_load4((const %s *)a.ptr[%d] + i0, X%d);\n",
-                      k, kiln__ctype(o->t[k]->dtype), k, k);
+                      "      float X%d[4];\n      kiln_load4((const %s *)a.ptr[%d] + %s, X%d);\n",
+                      k, kiln__ctype(o->t[k]->dtype), k, o->bcast[k] == 'c' ? "c" : "i0", k);
   }
   kiln__sb_printf(b,
                   "#pragma unroll\n"
@@ -36,7 +39,11 @@ static void epilogue_vec(kiln__sb *b, const char *name, bool bf16, const kiln__w
                   "        const float v0 = %s%s[l];\n",
                   bf16 ? "(float)(kiln_bf16)" : "", name);
   for (int k = 0; k < o->n; k++)
-    if (used[k] && !o->store[k]) kiln__sb_printf(b, "        const float x%d = X%d[l];\n", k, k);
+    if (used[k] && !o->store[k])
+      kiln__sb_printf(b,
+                      o->bcast[k] == 's' ? "        const float x%d = X%d0;\n"
+                                         : "        const float x%d = X%d[l];\n",
+                      k, k);
   for (int j = 0; j < e->p->n; j++) {
     if (j > 0) kiln__emit_node_value(b, "        ", w, j, e->p->nodes[j]);
     if (w->store_slot[j] >= 0)
@@ -69,7 +76,10 @@ static void epilogue_lanes(kiln__sb *b, const char *name, bool bf16, const kiln_
     if (!used[k] || o->store[k]) continue;
     kiln__sb_printf(b, "      const %s x%d = ((const %s *)a.ptr[%d])[", kiln__rtype(o->t[k]->dtype),
                     k, kiln__ctype(o->t[k]->dtype), k);
-    kiln__offset_expr(b, k, 4, o->lin[k], 0);
+    if (o->bcast[k])
+      kiln__sb_printf(b, o->bcast[k] == 'c' ? "c3" : "0");
+    else
+      kiln__offset_expr(b, k, 4, o->lin[k], 0);
     kiln__sb_printf(b, "];\n");
   }
   for (int j = 0; j < e->p->n; j++) {
@@ -113,8 +123,11 @@ int kiln__window_operands(const kiln__ew_prog *p, kiln__operands *o, kiln__wirin
   for (int q = 0; q < n->nin; q++)
     KILN_ASSERT(wr->opnd[0][q] == q);
   for (int k = 0; k < o->n; k++) {
+    const long long *st = r->arg.args.st[k];
     kiln__align_strides(o->t[k], 4, n->out->shape, r->arg.args.st[k]);
     o->lin[k] = kiln__dense(o->t[k], kiln_tensor_numel(n->out)); /* the epilogue indexes it by i */
+    if (!o->lin[k] && st[0] == 0 && st[1] == 0 && st[2] == 0)
+      o->bcast[k] = st[3] == 1 ? 'c' : st[3] == 0 ? 's' : 0; /* a batch norm's per-channel terms */
   }
   return -1;
 }
@@ -198,14 +211,17 @@ static int lanes_of(const kiln__node *n, int64_t channels) {
   return span % 4 == 0 && aligned ? 4 : 1;
 }
 
-/* Whether the epilogue reads and writes four lanes at once: every operand it reads, and every
- * store, dense like the output and aligned. */
+/* Whether the epilogue reads and writes four lanes at once: every operand it reads dense like the
+ * output or broadcast over the image (one value a channel, or one in all), every store dense, and
+ * all aligned. */
 static bool epilogue_fours(const kiln__ew_prog *p, const kiln__operands *o,
                            const kiln__wiring *wr) {
   for (int j = 0; j < p->n; j++)
     for (int q = -1; q < (j ? p->nodes[j]->nin : 0); q++) {
       int k = q < 0 ? wr->store_slot[j] : wr->opnd[j][q];
-      if (k >= 0 && !(o->lin[k] && o->t[k]->offset % 4 == 0 && kiln__is_float(o->t[k]->dtype)))
+      bool read_bcast = q >= 0 && k >= 0 && o->bcast[k]; /* one value a channel, or in all */
+      if (k >= 0 && !((o->lin[k] || read_bcast) && o->t[k]->offset % 4 == 0 &&
+                      kiln__is_float(o->t[k]->dtype)))
         return false;
     }
   return !wr->coords;

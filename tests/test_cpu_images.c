@@ -853,3 +853,84 @@ Test(images, max_pool_gradient_reads_window_positions_not_the_input) {
   th_free_scratch();
   th_ctx_free(ctx);
 }
+
+/* The description of everything recorded and not yet run, fused, into buf. */
+static void describe_pending(kiln_ctx *ctx, char *buf, size_t n) {
+  kiln__plan p = checked_plan(ctx, true, "pending");
+  kiln__sb sb = {0};
+  kiln__plan_describe(ctx, &p, &sb);
+  cr_assert(!sb.oom);
+  snprintf(buf, n, "%s", sb.s);
+  kiln__sb_free(&sb);
+  kiln__plan_free(&p);
+}
+
+/* An activation after a batch norm in training (GELU, SiLU, leaky ReLU): its gradient reads the
+ * norm's application recorded again in the backward pass from the values the norm's own gradient
+ * keeps (x, weight, mean, inverse deviation; a persistent bias), so the application is never
+ * written in the forward pass: it stays in the registers of the activation's kernel, and its
+ * second copy in those of the gradient's. Not with a bias that is no tensor of the caller's (the
+ * application's own zeros), in evaluation, or for a ReLU (whose gradient reads its output). */
+Test(images, activation_after_batch_norm_recomputes_the_normalised_input) {
+  kiln_ctx *ctx = th_cpu_ctx();
+  kiln_tensor *x = th_param(ctx, KILN_SHAPE(8, 6, 6, 16)), *w = th_param(ctx, KILN_SHAPE(16)),
+              *b = th_param(ctx, KILN_SHAPE(16)), *rm = th_f32(ctx, KILN_SHAPE(16)),
+              *rv = th_f32(ctx, KILN_SHAPE(16));
+  struct {
+    int act; /* 0 GELU, 1 GELU tanh, 2 SiLU, 3 leaky ReLU, 4 ReLU */
+    int bias, training, recomputed;
+    const char *what;
+  } cases[] = {{0, 1, 1, 1, "GELU"},
+               {1, 1, 1, 1, "GELU (tanh)"},
+               {2, 1, 1, 1, "SiLU"},
+               {3, 1, 1, 1, "leaky ReLU"},
+               {4, 1, 1, 0, "ReLU"},
+               {0, 0, 1, 0, "GELU after a norm without bias"},
+               {0, 1, 0, 0, "GELU after a norm in evaluation"}};
+  for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+    const char *what = cases[c].what;
+    kiln_step_begin(ctx);
+    int32_t from = ctx->trace.n;
+    kiln_tensor *y =
+        kiln_batch_norm(x, w, cases[c].bias ? b : NULL, rm, rv, cases[c].training, 0.1f, 1e-5f);
+    const kiln__node *fwd = last_of(ctx, from, KILN__OP_BN_APPLY);
+    cr_assert_not_null(fwd, "%s: %s", what, th_err(ctx));
+    switch (cases[c].act) {
+    case 0: y = kiln_gelu(y, KILN_GELU_ERF); break;
+    case 1: y = kiln_gelu(y, KILN_GELU_TANH); break;
+    case 2: y = kiln_silu(y); break;
+    case 3: y = kiln_leaky_relu(y, 0.1f); break;
+    default: y = kiln_relu(y); break;
+    }
+    int32_t back = ctx->trace.n;
+    cr_assert_eq(kiln_backward(kiln_sum(y, KILN_ALL_AXES, 0)), KILN_OK, "%s: %s", what,
+                 th_err(ctx));
+    const kiln__node *again = last_of(ctx, back, KILN__OP_BN_APPLY);
+    cr_assert_eq(again != NULL, cases[c].recomputed, "%s: the application %s recorded again", what,
+                 again ? "is" : "is not");
+    if (again) {
+      for (int q = 0; q < fwd->nin; q++)
+        cr_assert_eq(again->in[q], fwd->in[q], "%s: input %d differs", what, q);
+      cr_assert_eq(again->out->dtype, fwd->out->dtype);
+      cr_assert_eq(KILN__I(again, BN_APPLY, batch), 1);
+      int readers = 0; /* of the forward's application: the activation alone */
+      for (int32_t i = from; i < ctx->trace.n; i++)
+        for (int q = 0; q < ctx->trace.nodes[i].nin; q++)
+          readers += ctx->trace.nodes[i].in[q] == fwd->out;
+      cr_assert_eq(readers, 1, "%s: %d nodes read the forward's application", what, readers);
+      char plan[4096];
+      describe_pending(ctx, plan, sizeof plan);
+      int in_registers = 0; /* "bn_apply*": the application, both times */
+      for (const char *at = plan; (at = strstr(at, "bn_apply")) != NULL; at++) {
+        cr_assert_eq(at[8], '*', "%s: an application is written: %s", what, plan);
+        in_registers++;
+      }
+      cr_assert_eq(in_registers, 2, "%s: %s", what, plan);
+    }
+    cr_assert_eq(kiln__engine_compile(ctx, ctx->trace.done, ctx->trace.n), KILN_OK, "%s: %s", what,
+                 th_err(ctx));
+    cr_assert_eq(kiln_step_end(ctx), KILN_OK, "%s: %s", what, th_err(ctx));
+  }
+  th_free_scratch();
+  th_ctx_free(ctx);
+}

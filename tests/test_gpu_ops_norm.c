@@ -198,6 +198,82 @@ Test(gpu_ops, batch_norm_training) {
   th_ctx_free(ctx);
 }
 
+/* A GELU or SiLU after a batch norm in training: its gradient recomputes the norm's output from
+ * the values the norm's gradient keeps (never written in the forward pass). The output, and the
+ * gradients of x, the weight and the bias, against float64, fused and unfused (the recomputation
+ * then a kernel of its own), with and without step graphs (the output checked without). */
+Test(gpu_ops, activation_after_batch_norm_from_a_recomputed_input) {
+  TH_GPU_CTX(ctx);
+  kiln_shape xs = KILN_SHAPE(8, 6, 5, 12), cs = KILN_SHAPE(12);
+  int64_t nx = ref_numel(xs), C = 12, M = nx / C;
+  float *xh, *wh, *bh;
+  kiln_tensor *x = ref_rand_tensor(ctx, xs, 7000, &REF_GEN(-1, 3), 1, &xh);
+  kiln_tensor *w = ref_rand_tensor(ctx, cs, 7001, &REF_GEN(0.5f, 1.5f), 1, &wh);
+  kiln_tensor *b = ref_rand_tensor(ctx, cs, 7002, &REF_GEN(-1, 1), 1, &bh);
+  double *xd = ref_to_double(xh, nx), *wd = ref_to_double(wh, C), *bd = ref_to_double(bh, C);
+  double *y = ref_dalloc(nx), *z = ref_dalloc(nx), *gy = ref_dalloc(nx), *dx = ref_dalloc(nx),
+         *dw = ref_dalloc(C), *db = ref_dalloc(C);
+  ref_batch_norm(xd, M, C, wd, bd, NULL, NULL, 1, 0.1, 1e-5, y);
+  for (int act = 0; act < 2; act++)
+    for (int mode = 0; mode < 4; mode++) { /* fused or not, graphs or not */
+      int fuse = mode & 1, graphs = mode >> 1;
+      char what[160];
+      snprintf(what, sizeof what, "batch norm then %s, fusion %d, graphs %d", act ? "SiLU" : "GELU",
+               fuse, graphs);
+      kiln_set_fusion(ctx, fuse);
+      kiln_set_graphs(ctx, graphs);
+      kiln_tensor_zero_grad(x);
+      kiln_tensor_zero_grad(w);
+      kiln_tensor_zero_grad(b);
+      kiln_step_begin(ctx);
+      kiln_tensor *n = kiln_batch_norm(x, w, b, NULL, NULL, 1, 0.1f, 1e-5f);
+      kiln_tensor *out = act ? kiln_silu(n) : kiln_gelu(n, KILN_GELU_ERF);
+      float *gh;
+      kiln_tensor *g = ref_rand_tensor(ctx, xs, 7003, &REF_GEN(-1, 1), 0, &gh);
+      cr_assert_eq(kiln_backward(kiln_sum(kiln_mul(out, g), KILN_ALL_AXES, 0)), KILN_OK, "%s: %s",
+                   what, th_err(ctx));
+      cr_assert_eq(kiln_step_end(ctx), KILN_OK, "%s: %s", what, th_err(ctx));
+      for (int64_t i = 0; i < nx; i++) {
+        double v = y[i], d;
+        if (act) {
+          double sg = 1 / (1 + exp(-v));
+          z[i] = v * sg;
+          d = sg * (1 + v * (1 - sg));
+        } else {
+          double cdf = 0.5 * erfc(-v / sqrt(2.0));
+          z[i] = v * cdf;
+          d = cdf + v * exp(-0.5 * v * v) / sqrt(2 * M_PI);
+        }
+        gy[i] = gh[i] * d;
+      }
+      ref_batch_norm_backward(xd, M, C, wd, NULL, NULL, 1, 1e-5, gy, dx, dw, db);
+      if (!graphs) /* a step graph's intermediates may share memory with later ones */
+        ref_expect_close(ctx, out, xs, z, FWD_TOL, FWD_TOL, what);
+      expect_grad(ctx, x, xs, dx, what, "x");
+      expect_grad(ctx, w, cs, dw, what, "the weight");
+      expect_grad(ctx, b, cs, db, what, "the bias");
+      free(gh);
+      kiln_tensor_free(g);
+    }
+  kiln_set_fusion(ctx, 1);
+  kiln_tensor_free(x);
+  kiln_tensor_free(w);
+  kiln_tensor_free(b);
+  free(xh);
+  free(wh);
+  free(bh);
+  free(xd);
+  free(wd);
+  free(bd);
+  free(y);
+  free(z);
+  free(gy);
+  free(dx);
+  free(dw);
+  free(db);
+  th_ctx_free(ctx);
+}
+
 Test(gpu_ops, batch_norm_eval) {
   TH_GPU_CTX_EAGER(ctx);
   for (size_t i = 0; i < sizeof bn_cases / sizeof *bn_cases; i++)
