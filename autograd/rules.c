@@ -253,8 +253,12 @@ void kiln__grad_max(kiln__bw *b, const kiln__node *n, kiln_tensor *g, kiln_tenso
 void kiln__grad_matmul(kiln__bw *b, const kiln__node *n, kiln_tensor *g, kiln_tensor **gin) {
   (void)b;
   kiln_tensor *a = n->in[0], *c = n->in[1];
-  if (NEED(0)) gin[0] = ub(kiln_matmul(g, kiln_transpose(c, -1, -2)), a);
+  /* a convolution's columns gathered again for the weight gradient: that gradient first, so
+   * that they are gone before the data gradient's columns are made */
+  bool again = NEED(1) && kiln__recomputes_columns(n);
+  if (NEED(0) && !again) gin[0] = ub(kiln_matmul(g, kiln_transpose(c, -1, -2)), a);
   if (NEED(1)) {
+    a = kiln__columns_for_gradient(n);
     bool c_transposed = c->ndim == 2 && c->stride[0] == 1 && c->stride[1] == c->shape[0] &&
                         c->shape[0] > 1 && c->shape[1] > 1;
     if (a->ndim == 2 && c_transposed) {
@@ -271,6 +275,7 @@ void kiln__grad_matmul(kiln__bw *b, const kiln__node *n, kiln_tensor *g, kiln_te
       gin[1] = ub(kiln_matmul(kiln_transpose(a, -1, -2), g), c);
     }
   }
+  if (NEED(0) && again) gin[0] = ub(kiln_matmul(g, kiln_transpose(c, -1, -2)), n->in[0]);
 }
 
 void kiln__grad_reshape(kiln__bw *b, const kiln__node *n, kiln_tensor *g, kiln_tensor **gin) {

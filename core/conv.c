@@ -464,6 +464,36 @@ static kiln_tensor *bn_apply(const char *fn, kiln_tensor *x, kiln_tensor *weight
   return y;
 }
 
+int64_t kiln__implicit_conv_max_co(const kiln_ctx *ctx) {
+  return ctx->implicit_conv_max_co > 0 ? ctx->implicit_conv_max_co : KILN__IMPLICIT_CONV_MAX_CO;
+}
+
+/* The im2col node whose columns mm's first operand is, as kiln_conv2d records them (the (N, OH,
+ * OW, K) columns reshaped to (M, K)), or NULL. */
+static const kiln__node *columns_node(const kiln__node *mm) {
+  if (mm->op != KILN__OP_MATMUL || mm->in[0]->ndim != 2) return NULL;
+  const kiln__node *v = kiln__producer(mm->in[0]);
+  if (v && v->op == KILN__OP_RESHAPE) v = kiln__producer(v->in[0]);
+  return v && v->op == KILN__OP_IM2COL ? v : NULL;
+}
+
+bool kiln__recomputes_columns(const kiln__node *mm) {
+  const kiln_ctx *ctx = mm->out ? mm->out->ctx : NULL;
+  return ctx && ctx->conv_recompute && columns_node(mm) && mm->out->ndim == 2 &&
+         mm->out->shape[1] > kiln__implicit_conv_max_co(ctx);
+}
+
+kiln_tensor *kiln__columns_for_gradient(const kiln__node *mm) {
+  if (!kiln__recomputes_columns(mm)) return mm->in[0];
+  const kiln__node *c = columns_node(mm);
+  kiln__win w = kiln__win_of(c);
+  kiln_tensor *cols =
+      kiln__window(KILN__OP_IM2COL, "kiln_backward", c->in[0], NULL, c->out->shape, &w);
+  if (!cols) return NULL;
+  KILN__I(kiln__producer(cols), IM2COL, groups) = KILN__I(c, IM2COL, groups);
+  return kiln_reshape(cols, kiln_tensor_shape(mm->in[0]));
+}
+
 bool kiln__recomputes_input(const kiln__node *n) {
   if (n->op != KILN__OP_GELU_ERF && n->op != KILN__OP_GELU_TANH && n->op != KILN__OP_SILU &&
       n->op != KILN__OP_LEAKY_RELU)

@@ -365,6 +365,7 @@ struct kiln_ctx {
   int num_sms;
   bool conv_warp_spec;      /* conv.cuh's kernels warp-specialized (KILN_CONV_WS=1) */
   int implicit_conv_max_co; /* KILN_IMPLICIT_CONV_MAX_CO, to measure; 0: the planner's default */
+  bool conv_recompute;      /* KILN_CONV_RECOMPUTE=1: kiln__recomputes_columns */
   struct CUstream_st *stream;
 
   kiln_status status;
@@ -592,6 +593,21 @@ kiln_tensor *kiln__window(kiln__op op, const char *fn, kiln_tensor *x, kiln_tens
  * x - k and (x - k)^2; mode 1, in = {g, x, mean, invstd}: the sums of g and g (x - mean) invstd.
  * x and g are (R, C), k (1, C), mean and invstd (C). Gives (2, C). */
 kiln_tensor *kiln__moments(const char *fn, int mode, kiln_tensor *const *in);
+/* The most output channels an implicit forward product and weight gradient take (fusion/plan.c
+ * says why): the context's (KILN_IMPLICIT_CONV_MAX_CO, to measure), else 64. */
+#ifndef KILN__IMPLICIT_CONV_MAX_CO /* a build may set it, to measure */
+#define KILN__IMPLICIT_CONV_MAX_CO 64
+#endif
+int64_t kiln__implicit_conv_max_co(const kiln_ctx *ctx);
+/* Whether the weight gradient of mm, a convolution's forward product (columns from im2col times
+ * the weights), reads columns gathered again in the backward pass rather than the forward's, so
+ * that those need not be kept (KILN_CONV_RECOMPUTE=1, for products on the BLAS library: more
+ * output channels than the implicit ones take, whose columns exist only in their tiles). */
+bool kiln__recomputes_columns(const kiln__node *mm);
+/* The columns for mm's weight gradient: gathered again where kiln__recomputes_columns, else
+ * the forward's. */
+kiln_tensor *kiln__columns_for_gradient(const kiln__node *mm);
+
 /* Whether the backward rule of n, an activation that reads its input (GELU, SiLU, leaky ReLU),
  * records that input again instead of reading it: where it is a batch norm's application in
  * training whose inputs are in memory anyway (x, weight and mean, which the norm's own gradient

@@ -492,15 +492,7 @@ static int32_t implicit_dgrad(const kiln_ctx *ctx, const kiln__plan *p, int32_t 
  * against 235 + 211 us implicit, and its 425 MB of columns were kept from the forward pass to the
  * backward; with 256 output channels cuBLAS's products ran at 620-700 TFLOP/s, the implicit ones
  * at 300-450, and im2col stays. */
-#ifndef KILN__IMPLICIT_CONV_MAX_CO /* a build may set it, to measure */
-#define KILN__IMPLICIT_CONV_MAX_CO 64
-#endif
-
-/* The most output channels an implicit forward product and weight gradient take: the context's
- * (KILN_IMPLICIT_CONV_MAX_CO, to measure), else the default above. */
-static int64_t implicit_conv_max_co(const kiln_ctx *ctx) {
-  return ctx->implicit_conv_max_co > 0 ? ctx->implicit_conv_max_co : KILN__IMPLICIT_CONV_MAX_CO;
-}
+/* (The most output channels they take: kiln__implicit_conv_max_co, core/conv.c.) */
 
 /* Whether t is dense bf16, its first element 16-byte aligned, with fewer than 2^31 elements. */
 static bool dense_bf16(const kiln_tensor *t) {
@@ -579,7 +571,7 @@ static bool implicit_conv(kiln_ctx *ctx, const kiln__plan *p, int32_t c, int32_t
   int64_t co = Y->shape[1];
   kiln__group scratch = {0};
   if (!dense_bf16(Y) || B->dtype != KILN_DTYPE_BF16 || B->stride[0] != 1 || B->stride[1] != K ||
-      B->offset % 8 != 0 || co % 8 != 0 || co > implicit_conv_max_co(ctx) || K * co >= INT32_MAX ||
+      B->offset % 8 != 0 || co % 8 != 0 || co > kiln__implicit_conv_max_co(ctx) || K * co >= INT32_MAX ||
       p->claim[*f - p->first] >= 0 || forward_epilogue(ctx, p, *f, &scratch) != 0)
     return false;
   if (*w >= 0 && !implicit_wgrad(ctx, p, c, *w, co)) return false;

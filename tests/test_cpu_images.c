@@ -934,3 +934,60 @@ Test(images, activation_after_batch_norm_recomputes_the_normalised_input) {
   th_free_scratch();
   th_ctx_free(ctx);
 }
+
+/* KILN_CONV_RECOMPUTE=1: a convolution whose products run on the BLAS library (more output
+ * channels than the implicit ones take) gathers its columns again for its weight gradient, which
+ * is recorded before its data gradient, so that the forward's columns die at the forward product
+ * and the two column matrices of the backward pass are never live together. The step graph's
+ * memory plan shrinks by about a column matrix. A convolution with few output channels is left as
+ * it is (its implicit products keep no columns), and so is everything with the switch off. */
+Test(images, recomputed_columns_for_the_weight_gradient) {
+  uint64_t arena[2];
+  for (int on = 0; on < 2; on++) {
+    kiln_ctx *ctx = th_cpu_ctx();
+    ctx->conv_recompute = on;
+    kiln_tensor *x = th_param(ctx, KILN_SHAPE(16, 12, 12, 32));
+    kiln_tensor *wide = th_param(ctx, KILN_SHAPE(128, 32, 3, 3)),
+                *narrow = th_param(ctx, KILN_SHAPE(32, 128, 3, 3));
+    kiln_conv2d_options same = {.pad_h = 1, .pad_w = 1};
+    kiln_step_begin(ctx);
+    kiln_autocast_begin(ctx, KILN_DTYPE_BF16);
+    kiln_tensor *h = kiln_gelu(kiln_conv2d(x, wide, NULL, &same), KILN_GELU_ERF);
+    kiln_tensor *y = kiln_conv2d(h, narrow, NULL, &same);
+    kiln_autocast_end(ctx);
+    cr_assert_not_null(y, "%s", th_err(ctx));
+    int32_t back = ctx->trace.n;
+    cr_assert_eq(kiln_backward(kiln_sum(kiln_cast(y, KILN_DTYPE_F32), KILN_ALL_AXES, 0)), KILN_OK,
+                 "%s", th_err(ctx));
+    int again = 0; /* im2col nodes of the backward pass: of the wide convolution's input x */
+    for (int32_t i = back; i < ctx->trace.n; i++) {
+      const kiln__node *n = &ctx->trace.nodes[i];
+      if (n->op != KILN__OP_IM2COL) continue;
+      again++;
+      cr_assert(n->in[0] == x || kiln__producer(n->in[0])->in[0] == x,
+                "the backward pass gathers the columns of another image");
+      /* its columns feed the weight gradient, recorded before the data gradient's product */
+      int32_t readers = 0;
+      for (int32_t j = i + 1; j < ctx->trace.n; j++)
+        for (int q = 0; q < ctx->trace.nodes[j].nin; q++)
+          if (ctx->trace.nodes[j].op == KILN__OP_RESHAPE && ctx->trace.nodes[j].in[q] == n->out)
+            readers++;
+      cr_assert_eq(readers, 1);
+    }
+    cr_assert_eq(again, on, "switch %d: %d im2col nodes in the backward pass", on, again);
+    cr_assert_eq(kiln__engine_compile(ctx, ctx->trace.done, ctx->trace.n), KILN_OK, "%s",
+                 th_err(ctx));
+    cr_assert_eq(kiln_step_end(ctx), KILN_OK, "%s", th_err(ctx));
+    kiln_exec_stats st;
+    kiln_stats(ctx, &st);
+    arena[on] = st.arena_bytes;
+    th_free_scratch();
+    th_ctx_free(ctx);
+  }
+  cr_log_info("arena %llu bytes with the switch, %llu without", (unsigned long long)arena[1],
+              (unsigned long long)arena[0]);
+  /* the wide convolution's columns: 16 * 12 * 12 * 288 bf16, 1.27 MiB */
+  const uint64_t columns = 16 * 12 * 12 * 288 * 2;
+  cr_assert_leq(arena[1] + columns / 2, arena[0], "arena %llu bytes with the switch, %llu without",
+                (unsigned long long)arena[1], (unsigned long long)arena[0]);
+}

@@ -659,6 +659,59 @@ Test(gpu_ops, relu_then_tiling_max_pool2d_fused) {
   th_ctx_free(ctx);
 }
 
+/* The gradients of x and w for loss = sum(conv2d(x, w) g), in a context made with
+ * KILN_CONV_RECOMPUTE set to `on`, under bf16 autocast or not, two steps (a step graph's capture
+ * and replay): the second step's, as f32 (malloc'd). */
+static void conv_grads(int on, int bf16, float **dx, float **dw) {
+  setenv("KILN_CONV_RECOMPUTE", on ? "1" : "0", 1);
+  kiln_ctx *ctx = kiln_ctx_new(NULL);
+  unsetenv("KILN_CONV_RECOMPUTE");
+  cr_assert(ctx && kiln_ctx_has_gpu(ctx));
+  kiln_set_tf32(ctx, 0);
+  kiln_shape xs = KILN_SHAPE(8, 13, 11, 32), ws = KILN_SHAPE(96, 32, 3, 3);
+  kiln_tensor *x = ref_rand_tensor(ctx, xs, 6100, &REF_GEN(-1, 1), 1, NULL);
+  kiln_tensor *w = ref_rand_tensor(ctx, ws, 6101, &REF_GEN(-0.2f, 0.2f), 1, NULL);
+  kiln_tensor *g = ref_rand_tensor(ctx, KILN_SHAPE(8, 13, 11, 96), 6102, &REF_GEN(-1, 1), 0, NULL);
+  for (int s = 0; s < 2; s++) {
+    kiln_tensor_zero_grad(x);
+    kiln_tensor_zero_grad(w);
+    kiln_step_begin(ctx);
+    if (bf16) kiln_autocast_begin(ctx, KILN_DTYPE_BF16);
+    kiln_tensor *y = kiln_conv2d(x, w, NULL, &(kiln_conv2d_options){.pad_h = 1, .pad_w = 1});
+    if (bf16) kiln_autocast_end(ctx);
+    kiln_tensor *loss = kiln_sum(kiln_mul(kiln_cast(y, KILN_DTYPE_F32), g), KILN_ALL_AXES, 0);
+    cr_assert_eq(kiln_backward(loss), KILN_OK, "%s", th_err(ctx));
+    cr_assert_eq(kiln_step_end(ctx), KILN_OK, "%s", th_err(ctx));
+  }
+  *dx = ref_read_f32(ctx, kiln_tensor_grad(x), "x's gradient");
+  *dw = ref_read_f32(ctx, kiln_tensor_grad(w), "w's gradient");
+  kiln_tensor_free(x);
+  kiln_tensor_free(w);
+  kiln_tensor_free(g);
+  th_ctx_free(ctx);
+}
+
+/* KILN_CONV_RECOMPUTE=1: a convolution of 96 output channels (its products on the BLAS library)
+ * gathers its columns again for the weight gradient; both gradients equal those from the forward
+ * pass's columns bit for bit, in f32 and in bf16. */
+Test(gpu_ops, conv2d_recomputed_columns_give_the_same_gradients) {
+  TH_GPU_CTX(probe); /* skips without a GPU */
+  th_ctx_free(probe);
+  for (int bf16 = 0; bf16 < 2; bf16++) {
+    float *dx[2], *dw[2];
+    for (int on = 0; on < 2; on++)
+      conv_grads(on, bf16, &dx[on], &dw[on]);
+    cr_assert(memcmp(dx[0], dx[1], 8 * 13 * 11 * 32 * sizeof(float)) == 0,
+              "%s: x's gradient differs with recomputed columns", bf16 ? "bf16" : "f32");
+    cr_assert(memcmp(dw[0], dw[1], 96 * 32 * 3 * 3 * sizeof(float)) == 0,
+              "%s: w's gradient differs with recomputed columns", bf16 ? "bf16" : "f32");
+    for (int on = 0; on < 2; on++) {
+      free(dx[on]);
+      free(dw[on]);
+    }
+  }
+}
+
 /* One step of y = max_pool(x) in dt and loss = sum(y g), twice (a step graph's capture, then its
  * replay): y's values and x's gradient after the second, as f32 (malloc'd). Fusion on records
  * the pool with its windows' positions behind y's values and the gradient reads them; off, the
