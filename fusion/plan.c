@@ -571,8 +571,9 @@ static bool implicit_conv(kiln_ctx *ctx, const kiln__plan *p, int32_t c, int32_t
   int64_t co = Y->shape[1];
   kiln__group scratch = {0};
   if (!dense_bf16(Y) || B->dtype != KILN_DTYPE_BF16 || B->stride[0] != 1 || B->stride[1] != K ||
-      B->offset % 8 != 0 || co % 8 != 0 || co > kiln__implicit_conv_max_co(ctx) || K * co >= INT32_MAX ||
-      p->claim[*f - p->first] >= 0 || forward_epilogue(ctx, p, *f, &scratch) != 0)
+      B->offset % 8 != 0 || co % 8 != 0 || co > kiln__implicit_conv_max_co(ctx) ||
+      K * co >= INT32_MAX || p->claim[*f - p->first] >= 0 ||
+      forward_epilogue(ctx, p, *f, &scratch) != 0)
     return false;
   if (*w >= 0 && !implicit_wgrad(ctx, p, c, *w, co)) return false;
   return *w >= 0 || !Y->requires_grad;
