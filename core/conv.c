@@ -477,10 +477,22 @@ static const kiln__node *columns_node(const kiln__node *mm) {
   return v && v->op == KILN__OP_IM2COL ? v : NULL;
 }
 
+bool kiln__implicit_conv_image(const kiln_ctx *ctx, const kiln__node *c) {
+  const kiln_tensor *x = c->in[0];
+  return ctx->arch == 90 && KILN__I(c, IM2COL, groups) == 1 && x->dtype == KILN_DTYPE_BF16 &&
+         x->ndim == 4 && x->shape[3] % 8 == 0;
+}
+
+bool kiln__implicit_conv_channels(const kiln_ctx *ctx, int64_t co) {
+  return co % 8 == 0 && co <= kiln__implicit_conv_max_co(ctx);
+}
+
 bool kiln__recomputes_columns(const kiln__node *mm) {
   const kiln_ctx *ctx = mm->out ? mm->out->ctx : NULL;
-  return ctx && ctx->conv_recompute && columns_node(mm) && mm->out->ndim == 2 &&
-         mm->out->shape[1] > kiln__implicit_conv_max_co(ctx);
+  const kiln__node *c = ctx && ctx->conv_recompute ? columns_node(mm) : NULL;
+  return c && mm->out->ndim == 2 &&
+         !(kiln__implicit_conv_image(ctx, c) &&
+           kiln__implicit_conv_channels(ctx, mm->out->shape[1]));
 }
 
 kiln_tensor *kiln__columns_for_gradient(const kiln__node *mm) {

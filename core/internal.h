@@ -599,10 +599,16 @@ kiln_tensor *kiln__moments(const char *fn, int mode, kiln_tensor *const *in);
 #define KILN__IMPLICIT_CONV_MAX_CO 64
 #endif
 int64_t kiln__implicit_conv_max_co(const kiln_ctx *ctx);
+/* What an implicit forward product and weight gradient ask of im2col node c's image (on the
+ * context's device) and of the output channels co, before the planner's checks of the flush:
+ * a Hopper device, one group, a bf16 image with channels in 16-byte chunks; co a multiple of 8
+ * and at most kiln__implicit_conv_max_co. */
+bool kiln__implicit_conv_image(const kiln_ctx *ctx, const kiln__node *c);
+bool kiln__implicit_conv_channels(const kiln_ctx *ctx, int64_t co);
 /* Whether the weight gradient of mm, a convolution's forward product (columns from im2col times
  * the weights), reads columns gathered again in the backward pass rather than the forward's, so
- * that those need not be kept (KILN_CONV_RECOMPUTE=1, for products on the BLAS library: more
- * output channels than the implicit ones take, whose columns exist only in their tiles). */
+ * that those need not be kept (KILN_CONV_RECOMPUTE=1, for products on the BLAS library: those
+ * that kiln__implicit_conv_image and _channels refuse; the implicit ones keep no columns). */
 bool kiln__recomputes_columns(const kiln__node *mm);
 /* The columns for mm's weight gradient: gathered again where kiln__recomputes_columns, else
  * the forward's. */
