@@ -223,83 +223,106 @@ static bool overlap_in_time(const item *a, const item *b) {
   return a->def <= b->last && b->def <= a->last;
 }
 
+typedef struct span {
+  size_t lo, hi;
+} span;
+static int by_lo(const void *a, const void *b) {
+  const span *x = a, *y = b;
+  return x->lo < y->lo ? -1 : x->lo > y->lo;
+}
+
 /* Places the items in the given order, each at the lowest offset clear of every placed item whose
- * lifetime overlaps its own; returns the arena's size. */
-static size_t place_in_order(item *it, const int *order, int ni) {
+ * lifetime overlaps its own (first fit); returns the arena's size. busy: room for ni spans. */
+static size_t place_in_order(item *it, const int *order, int ni, span *busy) {
   size_t top = 0;
   for (int a = 0; a < ni; a++) {
     item *x = &it[order[a]];
-    size_t need = round_up(x->bytes), off = 0;
-    for (bool moved = true; moved;) {
-      moved = false;
-      for (int b = 0; b < a; b++) {
-        const item *y = &it[order[b]];
-        size_t ye = y->off + round_up(y->bytes);
-        if (overlap_in_time(x, y) && off < ye && y->off < off + need) {
-          off = ye;
-          moved = true;
-        }
-      }
+    size_t need = round_up(x->bytes), at = 0;
+    int nb = 0;
+    for (int b = 0; b < a; b++) {
+      const item *y = &it[order[b]];
+      if (overlap_in_time(x, y)) busy[nb++] = (span){y->off, y->off + round_up(y->bytes)};
     }
-    x->off = off;
-    if (off + need > top) top = off + need;
+    qsort(busy, (size_t)nb, sizeof *busy, by_lo);
+    for (int b = 0; b < nb && busy[b].lo < at + need; b++) /* the first gap it fits */
+      if (busy[b].hi > at) at = busy[b].hi;
+    x->off = at;
+    if (at + need > top) top = at + need;
   }
   return top;
 }
 
-/* The indices of the items `idx[0..n)` sorted largest first, earlier first among equals. */
+/* Orders in which first fit places the items (place). */
+enum { BY_DEFINITION, BY_SIZE, BY_LIFETIME, BY_AREA, NORDERS };
+
+/* An item's key in an order: larger first. */
+static double order_key(const item *x, int order) {
+  double life = (double)(x->last - x->def + 1), bytes = (double)x->bytes;
+  switch (order) {
+  case BY_SIZE: return bytes;
+  case BY_LIFETIME: return life * 1e15 + bytes; /* longest first, then largest */
+  case BY_AREA: return bytes * life;
+  default: return -(double)x->def;
+  }
+}
+
 typedef struct sort_key {
-  size_t bytes;
+  double key;
   int def, j;
 } sort_key;
-static int by_size(const void *a, const void *b) {
+static int by_key(const void *a, const void *b) { /* larger key first; earlier first among equals */
   const sort_key *x = a, *y = b;
-  if (x->bytes != y->bytes) return x->bytes < y->bytes ? 1 : -1;
+  if (x->key != y->key) return x->key < y->key ? 1 : -1;
   if (x->def != y->def) return x->def < y->def ? -1 : 1;
   return x->j - y->j;
 }
-static bool sort_by_size(const item *it, int *idx, int n) {
+
+/* The indices of the items `idx[0..n)` in the given order. */
+static bool sort_items(const item *it, int *idx, int n, int order) {
   sort_key *k = malloc((size_t)(n + 1) * sizeof *k);
   if (!k) return false;
   for (int a = 0; a < n; a++)
-    k[a] = (sort_key){.bytes = it[idx[a]].bytes, .def = it[idx[a]].def, .j = idx[a]};
-  qsort(k, (size_t)n, sizeof *k, by_size);
+    k[a] = (sort_key){.key = order_key(&it[idx[a]], order), .def = it[idx[a]].def, .j = idx[a]};
+  qsort(k, (size_t)n, sizeof *k, by_key);
   for (int a = 0; a < n; a++)
     idx[a] = k[a].j;
   free(k);
   return true;
 }
 
-/* Offsets for the items: first fit in order of definition and first fit largest first, the
- * smaller arena of the two (largest first wins when long-lived large values would otherwise
- * land above short-lived ones that came before them). */
+/* Offsets for the items: first fit in each of the orders above, the smallest arena of them (first
+ * fit in order of definition is the step's own order; largest or longest-lived first keeps
+ * long-lived large values from landing above short-lived ones that came before them). */
 static bool place(kiln_ctx *ctx, int ng, mplan *m) {
   int ni = m->ni;
   int *order = calloc((size_t)ni + 1, sizeof *order);
-  size_t *first_fit = malloc((size_t)(ni + 1) * sizeof *first_fit);
-  if (!order || !first_fit) {
-    free(order), free(first_fit);
+  size_t *best = malloc((size_t)(ni + 1) * sizeof *best);
+  span *busy = malloc((size_t)(ni + 1) * sizeof *busy);
+  if (!order || !best || !busy) {
+    free(order), free(best), free(busy);
     return !kiln__error(ctx, KILN_ERR_OOM, "kiln_step_end: out of host memory");
   }
   m->sum = 0;
-  for (int j = 0; j < ni; j++) {
-    order[j] = j;
-    m->sum += round_up(m->it[j].bytes);
-  }
-  size_t top = place_in_order(m->it, order, ni);
   for (int j = 0; j < ni; j++)
-    first_fit[j] = m->it[j].off;
-  if (!sort_by_size(m->it, order, ni)) {
-    free(order), free(first_fit);
-    return !kiln__error(ctx, KILN_ERR_OOM, "kiln_step_end: out of host memory");
-  }
-  size_t top2 = place_in_order(m->it, order, ni);
-  if (top2 < top)
-    top = top2;
-  else
+    m->sum += round_up(m->it[j].bytes);
+  m->top = SIZE_MAX;
+  for (int o = 0; o < NORDERS; o++) {
     for (int j = 0; j < ni; j++)
-      m->it[j].off = first_fit[j];
-  m->top = top;
+      order[j] = j;
+    if (!sort_items(m->it, order, ni, o)) {
+      free(order), free(best), free(busy);
+      return !kiln__error(ctx, KILN_ERR_OOM, "kiln_step_end: out of host memory");
+    }
+    size_t top = place_in_order(m->it, order, ni, busy);
+    if (top < m->top) {
+      m->top = top;
+      for (int j = 0; j < ni; j++)
+        best[j] = m->it[j].off;
+    }
+  }
+  for (int j = 0; j < ni; j++)
+    m->it[j].off = best[j];
+  if (ni == 0) m->top = 0;
   m->live = 0;
   m->live_at = 0;
   for (int k = 0; k <= ng; k++) {
@@ -309,7 +332,8 @@ static bool place(kiln_ctx *ctx, int ng, mplan *m) {
     if (live > m->live) m->live = live, m->live_at = k;
   }
   free(order);
-  free(first_fit);
+  free(best);
+  free(busy);
   return true;
 }
 
@@ -331,7 +355,7 @@ static void memory_report(const kiln_ctx *ctx, const kiln__plan *p, const mplan 
   if (!order) return;
   for (int j = 0; j < m->ni; j++)
     if (m->it[j].def <= at && at <= m->it[j].last) order[nl++] = j;
-  if (!sort_by_size(m->it, order, nl)) nl = 0;
+  if (!sort_items(m->it, order, nl, BY_SIZE)) nl = 0;
   for (int a = 0; a < nl; a++) {
     const item *x = &m->it[order[a]];
     const kiln__node *nd = &nodes[x->node];
