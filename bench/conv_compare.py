@@ -6,14 +6,17 @@ timeline trace of the workload's step and conv_bench.py's JSON lines of the same
   python3 bench/conv_bench.py --json > cudnn.jsonl
   python3 bench/conv_compare.py DIR/air_graph.json cudnn.jsonl [--prefix air.]
 
-kiln's kernels are found by the trace nodes they cover (each kernel's "nodes" argument), for a
-convolution of M = batch OH OW output pixels, K = kh kw Cin window values and Cout channels:
-  fwd  the product's output [M,Cout] (an implicit GEMM's group, or cuBLAS's), and the im2col
-       [N,OH,OW,K] that feeds it when it runs as a kernel of its own
-  dx   the column gradient [M,K] and the col2im [N,H,W,Cin] that sums it (one implicit kernel, or
-       two)
-  dw   the weight gradient [Cout,K]
-A kernel's time per step is the median over the trace's steps; two layers of one shape (air's
+kiln's kernels are found by the trace nodes they cover (each kernel's "nodes" argument: a
+product lists its operands' shapes), for a convolution of M = batch OH OW output pixels, K = kh kw
+Cin window values and Cout channels:
+  fwd  the product [M,K] x [K,Cout] (an implicit GEMM's group, or cuBLAS's), and an im2col kernel
+       of its own that the next product reading its columns as [M,K] x ... is this one
+  dx   the column gradient [M,Cout] x [Cout,K] (with the col2im that sums it, in an implicit
+       kernel), and a col2im kernel of its own after it
+  dw   the weight gradient [Cout,M] x [M,K], and an im2col kernel of its own that the next product
+       reading [M,K] columns as its second operand is this one (KILN_CONV_RECOMPUTE=1)
+The product's operands tell layers of one image shape apart (air's 15x15x64->64 and ->256); a
+kernel's time per step is the median over the trace's steps; two layers of one shape (air's
 7x7 256->256 convolutions) share their kernels, whose time is split evenly between them. Prints
 microseconds, TFLOP/s, the share of the H200's dense peak and the ratio to cuDNN's time. Only the
 standard library.
@@ -26,7 +29,11 @@ import sys
 
 PEAK = {"bf16": 989.4, "tf32": 494.7}
 SHAPE = re.compile(r"(\d+)x(\d+)x(\d+)->(\d+)x(\d+)x(\d+) (\d+)x(\d+) pad (\d+)")
-NODE = re.compile(r"#\d+ (\w+) \[([\d,]*)\]")
+NODE = re.compile(r"#(\d+) (\w+) \[([\d,]*)\][^\n]*?(?: from \[([\d,]*)\] \[([\d,]*)\])?$")
+
+
+def dims_of(text):
+    return tuple(int(x) for x in text.split(",") if x) if text is not None else None
 
 
 def layers(cudnn_path, prefix):
@@ -51,18 +58,15 @@ def layers(cudnn_path, prefix):
     return rows
 
 
-def wanted(d, product):
-    """The (op, shape) pairs whose kernels make up product of a layer of dims d."""
-    M, K, N = d["M"], d["K"], d["N"]
-    if product == "fwd":
-        return {("matmul", (M, d["Cout"])), ("im2col", (N, d["OH"], d["OW"], K))}
-    if product == "dx":
-        return {("matmul", (M, K)), ("col2im", (N, d["H"], d["W"], d["Cin"]))}
-    return {("matmul", (d["Cout"], K))}
+def products(d):
+    """The (operand, operand) shapes of a layer's three products, by product."""
+    M, K, co = d["M"], d["K"], d["Cout"]
+    return {"fwd": ((M, K), (K, co)), "dx": ((M, co), (co, K)), "dw": ((co, M), (M, K))}
 
 
 def kernels(trace_path):
-    """Each kernel of the trace: its name, step, duration (us) and (op, shape) nodes."""
+    """Each kernel of the trace: its name, step, start, duration (us) and nodes, each a dict of
+    its id, op, shape and (for a product) its operands' shapes."""
     with open(trace_path) as f:
         doc = json.load(f)
     events = doc["traceEvents"] if isinstance(doc, dict) else doc
@@ -71,14 +75,54 @@ def kernels(trace_path):
         if e.get("ph") != "X" or e.get("cat") != "kernel":
             continue
         args = e.get("args", {})
-        nodes = set()
+        nodes = []
         for s in args.get("nodes", []):
             m = NODE.match(s)
             if m:
-                nodes.add((m.group(1), tuple(int(x) for x in m.group(2).split(",") if x)))
-        out.append({"name": e["name"], "step": args.get("step", -1), "us": e["dur"],
-                    "nodes": nodes})
+                nodes.append({"id": int(m.group(1)), "op": m.group(2), "shape": dims_of(m.group(3)),
+                              "ab": (dims_of(m.group(4)), dims_of(m.group(5)))
+                              if m.group(4) is not None else None})
+        out.append({"name": e["name"], "step": args.get("step", -1), "ts": e["ts"],
+                    "us": e["dur"], "nodes": nodes})
+    out.sort(key=lambda k: (k["step"], k["ts"]))
     return out
+
+
+def product_of(k):
+    """The operand shapes of the product a kernel runs, or None."""
+    for n in k["nodes"]:
+        if n["op"] == "matmul" and n["ab"]:
+            return n["ab"]
+    return None
+
+
+def attribute(ks):
+    """Each kernel's product operands: its own, or for an im2col kernel of its own the next
+    product that reads [M,K] columns, for a col2im kernel of its own the last product before it
+    (in the same step)."""
+    for i, k in enumerate(ks):
+        k["owner"] = product_of(k)
+        if k["owner"] or not k["nodes"]:
+            continue
+        op = k["nodes"][0]["op"]
+        if op == "im2col":
+            n, oh, ow, kk = k["nodes"][0]["shape"]
+            cols = (n * oh * ow, kk)
+            for later in ks[i + 1:]:
+                ab = product_of(later)
+                if later["step"] != k["step"]:
+                    break
+                if ab and cols in ab:
+                    k["owner"] = ab
+                    break
+        elif op == "col2im":
+            for earlier in reversed(ks[:i]):
+                ab = product_of(earlier)
+                if earlier["step"] != k["step"]:
+                    break
+                if ab:
+                    k["owner"] = ab
+                    break
 
 
 def main():
@@ -89,20 +133,21 @@ def main():
     args = ap.parse_args()
     rows = layers(args.cudnn, args.prefix)
     ks = kernels(args.trace)
+    attribute(ks)
     steps = sorted({k["step"] for k in ks if k["step"] >= 0}) or [-1]
-    # the layers of each (product, node set): kernels shared by layers of one shape
+    # the layers of each product's operands: kernels shared by layers of one shape
     sharing = {}
     for r in rows:
-        key = (r["product"], frozenset(wanted(r["dims"], r["product"])))
+        key = products(r["dims"])[r["product"]]
         sharing[key] = sharing.get(key, 0) + 1
     print(f"{args.trace}: {len(steps)} steps; cuDNN from {args.cudnn}\n")
     print("| conv | product | kiln us | kiln TFLOP/s | % of peak | kiln kernels | cuDNN us | "
           "kiln / cuDNN |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in rows:
-        want = wanted(r["dims"], r["product"])
-        share = sharing[(r["product"], frozenset(want))]
-        mine = [k for k in ks if k["nodes"] & want]
+        want = products(r["dims"])[r["product"]]
+        share = sharing[want]
+        mine = [k for k in ks if k["owner"] == want]
         per_step = [sum(k["us"] for k in mine if k["step"] == s) / share for s in steps]
         us = statistics.median(per_step) if mine else float("nan")
         d = r["dims"]

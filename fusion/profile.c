@@ -84,6 +84,11 @@ static uint32_t describe(kiln_ctx *ctx, const kiln__program *pg, int k, uint64_t
     kiln__sb_printf(&nodes, "%s#%d %s %s %s%s", m ? "\n" : "", i, kiln__ops[nd->op].name,
                     kiln__shape_of(t, sh, sizeof sh), kiln_dtype_name(t->dtype),
                     nd->out && !p->store[i - p->first] ? " (in registers)" : "");
+    if (kiln__ops[nd->op].kind == KILN__KIND_MATMUL) { /* a product: its operands' shapes */
+      char sb[96];
+      kiln__sb_printf(&nodes, " from %s %s", kiln__shape_of(nd->in[0], sh, sizeof sh),
+                      kiln__shape_of(nd->in[1], sb, sizeof sb));
+    }
   }
   kiln__tl_group d = {
       .name = c->name,
