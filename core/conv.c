@@ -497,12 +497,12 @@ bool kiln__recomputes_columns(const kiln__node *mm) {
 
 kiln_tensor *kiln__columns_for_gradient(const kiln__node *mm) {
   if (!kiln__recomputes_columns(mm)) return mm->in[0];
-  const kiln__node *c = columns_node(mm);
-  kiln__win w = kiln__win_of(c);
+  const kiln__node c = *columns_node(mm); /* a copy: recording may move the trace */
+  kiln__win w = kiln__win_of(&c);
   kiln_tensor *cols =
-      kiln__window(KILN__OP_IM2COL, "kiln_backward", c->in[0], NULL, c->out->shape, &w);
+      kiln__window(KILN__OP_IM2COL, "kiln_backward", c.in[0], NULL, c.out->shape, &w);
   if (!cols) return NULL;
-  KILN__I(kiln__producer(cols), IM2COL, groups) = KILN__I(c, IM2COL, groups);
+  KILN__I(kiln__producer(cols), IM2COL, groups) = KILN__I(&c, IM2COL, groups);
   return kiln_reshape(cols, kiln_tensor_shape(mm->in[0]));
 }
 
@@ -516,14 +516,14 @@ bool kiln__recomputes_input(const kiln__node *n) {
 
 kiln_tensor *kiln__activation_input(const kiln__node *n) {
   if (!kiln__recomputes_input(n)) return n->in[0];
-  const kiln__node *p = kiln__producer(n->in[0]);
-  kiln_ctx *ctx = p->out->ctx;
+  const kiln__node p = *kiln__producer(n->in[0]); /* a copy: recording may move the trace */
+  kiln_ctx *ctx = p.out->ctx;
   kiln_tensor *y =
-      kiln__tensor_intermediate(ctx, "kiln_backward", p->out->dtype, p->out->ndim, p->out->shape);
-  kiln__node *r = y ? kiln__record(ctx, KILN__OP_BN_APPLY, p->nin, p->in, y) : NULL;
+      kiln__tensor_intermediate(ctx, "kiln_backward", p.out->dtype, p.out->ndim, p.out->shape);
+  kiln__node *r = y ? kiln__record(ctx, KILN__OP_BN_APPLY, p.nin, p.in, y) : NULL;
   if (!r) return NULL;
-  memcpy(r->i, p->i, sizeof r->i);
-  memcpy(r->f, p->f, sizeof r->f);
+  memcpy(r->i, p.i, sizeof r->i);
+  memcpy(r->f, p.f, sizeof r->f);
   return y;
 }
 
