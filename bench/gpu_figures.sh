@@ -8,6 +8,8 @@
 #                     default compile threads and with one (issue 27's 3 s / 1 s goals)
 #   cifar10_memory    one epoch of examples/cifar10 on the CIFAR-10 sample: where the device
 #                     memory goes (issue 22's 1.5 GiB goal; the full data set is bench/cifar10_tta.sh's)
+#   recompute         the air and resnet18 steps (graph mode) with KILN_CONV_RECOMPUTE=0 and 1:
+#                     ms/step, peak and arena MiB (issue 21's and 27's memory goals), one at a time
 # Every step has a time limit; a summary line per step is printed last.
 set -u
 build=${1:?usage: bench/gpu_figures.sh BUILD}
@@ -38,6 +40,12 @@ step first_step 400 "$build/profile_step --workload mlp --compile-only > /dev/nu
     done
   done"
 step cifar10_memory 300 "$build/cifar10 \${KILN_CIFAR10_SAMPLE:?} --epochs 1 --batch 500 --no-cache | tail -n 3"
+step recompute 500 "for w in air resnet18; do for r in 0 1; do
+    printf '%s KILN_CONV_RECOMPUTE=%s: ' \$w \$r
+    KILN_CONV_RECOMPUTE=\$r $build/profile_step --workload \$w --mode graph --json |
+      grep -o '\"ms_per_step\": *[0-9.]*\|\"peak_mib\": *[0-9.]*\|\"arena_mib\": *[0-9.]*' | tr '\n' ' '
+    echo
+  done; done"
 # a device call returns at most 8 files: everything in one archive, as .gpu/check.sh does
 tar -czf "${OUT:-/tmp/out}/figures.tgz" -C "$out" . && rm -rf "$out"
 printf '%s\n' "${summary[@]}"
