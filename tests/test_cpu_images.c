@@ -757,6 +757,16 @@ Test(images, an_implicit_forward_product_keeps_its_columns_to_itself) {
   th_ctx_free(ctx);
 }
 
+/* Compiles what the open step recorded (NVRTC, every kernel) and ends it; its statistics after. */
+static kiln_exec_stats compile_and_end(kiln_ctx *ctx, const char *what) {
+  cr_assert_eq(kiln__engine_compile(ctx, ctx->trace.done, ctx->trace.n), KILN_OK, "%s: %s", what,
+               th_err(ctx));
+  cr_assert_eq(kiln_step_end(ctx), KILN_OK, "%s: %s", what, th_err(ctx));
+  kiln_exec_stats st;
+  kiln_stats(ctx, &st);
+  return st;
+}
+
 /* The trace's last node of op `op` at or after `from`, or NULL. */
 static const kiln__node *last_of(const kiln_ctx *ctx, int32_t from, kiln__op op) {
   const kiln__node *found = NULL;
@@ -799,12 +809,7 @@ Test(images, max_pool_gradient_reads_window_positions_not_the_input) {
       for (int q = 0; q < ctx->trace.nodes[i].nin; q++)
         readers += ctx->trace.nodes[i].in[q]->st == h->st;
     cr_assert_eq(readers, fuse ? 1 : 2, "fusion %d: %d nodes read the pool's input", fuse, readers);
-    cr_assert_eq(kiln__engine_compile(ctx, ctx->trace.done, ctx->trace.n), KILN_OK, "%s",
-                 th_err(ctx));
-    cr_assert_eq(kiln_step_end(ctx), KILN_OK, "%s", th_err(ctx));
-    kiln_exec_stats st;
-    kiln_stats(ctx, &st);
-    live[fuse] = st.arena_live_bytes;
+    live[fuse] = compile_and_end(ctx, fuse ? "fused" : "unfused").arena_live_bytes;
   }
   /* the pool's input and its gradient are never live together with positions; they are without */
   cr_assert_lt(live[1], 2 * image, "with positions %llu bytes live at once",
@@ -928,9 +933,7 @@ Test(images, activation_after_batch_norm_recomputes_the_normalised_input) {
       }
       cr_assert_eq(in_registers, 2, "%s: %s", what, plan);
     }
-    cr_assert_eq(kiln__engine_compile(ctx, ctx->trace.done, ctx->trace.n), KILN_OK, "%s: %s", what,
-                 th_err(ctx));
-    cr_assert_eq(kiln_step_end(ctx), KILN_OK, "%s: %s", what, th_err(ctx));
+    compile_and_end(ctx, what);
   }
   th_free_scratch();
   th_ctx_free(ctx);
@@ -976,12 +979,7 @@ Test(images, recomputed_columns_for_the_weight_gradient) {
       cr_assert_eq(readers, 1);
     }
     cr_assert_eq(again, on, "switch %d: %d im2col nodes in the backward pass", on, again);
-    cr_assert_eq(kiln__engine_compile(ctx, ctx->trace.done, ctx->trace.n), KILN_OK, "%s",
-                 th_err(ctx));
-    cr_assert_eq(kiln_step_end(ctx), KILN_OK, "%s", th_err(ctx));
-    kiln_exec_stats st;
-    kiln_stats(ctx, &st);
-    arena[on] = st.arena_bytes;
+    arena[on] = compile_and_end(ctx, on ? "recomputed" : "kept").arena_bytes;
     th_free_scratch();
     th_ctx_free(ctx);
   }
