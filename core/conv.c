@@ -176,9 +176,11 @@ kiln_tensor *kiln_conv2d(kiln_tensor *x, kiln_tensor *weight, kiln_tensor *bias,
     KILN__I(kiln__producer(cols), IM2COL, groups) = G;
   }
   cols = kiln_reshape(cols, KILN_SHAPE(M, K));
-  /* the weight's columns in im2col's order: (Cout, kh, kw, Cin / groups) */
-  kiln_tensor *wk = kiln_reshape(kiln_permute(weight, KILN_AXES(0, 2, 3, 1)), KILN_SHAPE(Cout, Kg));
-  if (ac != KILN_DTYPE_F32) wk = kiln_cast(wk, ac);
+  /* the weight's columns in im2col's order: (Cout, kh, kw, Cin / groups), gathered by the cast
+   * where there is one (one kernel: the permuted view cast, then a view of it) */
+  kiln_tensor *wp = kiln_permute(weight, KILN_AXES(0, 2, 3, 1));
+  if (ac != KILN_DTYPE_F32) wp = kiln_cast(wp, ac);
+  kiln_tensor *wk = kiln_reshape(wp, KILN_SHAPE(Cout, Kg));
   kiln_tensor *y;
   if (G == 1) {
     y = kiln_matmul(cols, kiln_transpose(wk, 0, 1)); /* (M, Cout) */
