@@ -232,7 +232,10 @@ static bool prologue_ok(const kiln_ctx *ctx, const kiln__plan *p, const kiln__gr
  * and attributes, dense operands, room for their pointers, and no operand that an update of
  * the group writes (but found_inf's flag, which its members share: they only ever set it to 1). */
 static bool can_batch(const kiln_ctx *ctx, const kiln__plan *p, const kiln__group *g, int32_t i) {
-  if (g->kind != KILN__KIND_UPDATE || p->members[g->first + g->n - 1] != i - 1) return false;
+  int32_t before = i - 1; /* the node before i, past views (they run nothing) */
+  while (before > p->first && kiln__ops[ctx->trace.nodes[before].op].kind == KILN__KIND_VIEW)
+    before--;
+  if (g->kind != KILN__KIND_UPDATE || p->members[g->first + g->n - 1] != before) return false;
   const kiln__node *n = &ctx->trace.nodes[i], *first = &ctx->trace.nodes[p->members[g->first]];
   if (n->op != first->op || (g->n + 1) * n->nin > KILN__KMAX_UPDATE || g->n + 1 > KILN__KMAX_PTR ||
       memcmp(n->f, first->f, sizeof n->f) != 0 || memcmp(n->i, first->i, sizeof n->i) != 0 ||
