@@ -119,7 +119,8 @@ void kiln__grad_sigmoid(kiln__bw *b, const kiln__node *n, kiln_tensor *g, kiln_t
 }
 void kiln__grad_relu(kiln__bw *b, const kiln__node *n, kiln_tensor *g, kiln_tensor **gin) {
   (void)b;
-  kiln_tensor *in[2] = {g, n->out};
+  /* the output's sign, or the recomputed input's (the same: x > 0 where relu(x) > 0) */
+  kiln_tensor *in[2] = {g, kiln__recomputes_input(n) ? kiln__activation_input(n) : n->out};
   gin[0] = kiln__ew(KILN__OP_RELU_GRAD, "kiln_backward", 2, in);
 }
 void kiln__grad_gelu_erf(kiln__bw *b, const kiln__node *n, kiln_tensor *g, kiln_tensor **gin) {

@@ -198,12 +198,14 @@ kiln_tensor *kiln_conv2d(kiln_tensor *x, kiln_tensor *weight, kiln_tensor *bias,
 /* ---------------------------------------------------------------- pooling */
 
 /* Whether x stays in memory until the backward pass whatever its readers do: a persistent tensor,
- * or the output of a node (through views) whose own gradient reads it (a ReLU's). */
+ * or the output of a node (through views) whose own gradient reads it (a ReLU's, unless that
+ * gradient recomputes the ReLU's input: kiln__recomputes_input). */
 static bool kept_anyway(const kiln_tensor *x) {
   const kiln__node *p = kiln__producer(x);
   while (p && kiln__ops[p->op].kind == KILN__KIND_VIEW)
     p = kiln__producer(p->in[0]);
-  return !p || (p->out->requires_grad && (kiln__ops[p->op].saves & 8));
+  return !p ||
+         (p->out->requires_grad && (kiln__ops[p->op].saves & 8) && !kiln__recomputes_input(p));
 }
 
 static kiln_tensor *pool(kiln__op op, const char *fn, kiln_tensor *x,
@@ -510,7 +512,7 @@ kiln_tensor *kiln__columns_for_gradient(const kiln__node *mm) {
 
 bool kiln__recomputes_input(const kiln__node *n) {
   if (n->op != KILN__OP_GELU_ERF && n->op != KILN__OP_GELU_TANH && n->op != KILN__OP_SILU &&
-      n->op != KILN__OP_LEAKY_RELU)
+      n->op != KILN__OP_LEAKY_RELU && n->op != KILN__OP_RELU)
     return false;
   const kiln__node *p = kiln__producer(n->in[0]);
   return p && p->op == KILN__OP_BN_APPLY && KILN__I(p, BN_APPLY, batch) && p->in[4]->persistent;

@@ -614,8 +614,10 @@ bool kiln__recomputes_columns(const kiln__node *mm);
  * the forward's. */
 kiln_tensor *kiln__columns_for_gradient(const kiln__node *mm);
 
-/* Whether the backward rule of n, an activation that reads its input (GELU, SiLU, leaky ReLU),
- * records that input again instead of reading it: where it is a batch norm's application in
+/* Whether the backward rule of n, an activation that reads its input (GELU, SiLU, leaky ReLU)
+ * or its output (ReLU, whose gradient needs only the sign: its input's will do), records that
+ * input again instead of reading a value of the forward pass: where it is a batch norm's
+ * application in
  * training whose inputs are in memory anyway (x, weight and mean, which the norm's own gradient
  * reads; its inverse deviation, which a kernel of its own writes; a bias that is a persistent
  * tensor), so that it need not be kept from the forward pass (the planner fuses the second

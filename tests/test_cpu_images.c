@@ -818,7 +818,8 @@ Test(images, max_pool_gradient_reads_window_positions_not_the_input) {
                 (unsigned long long)live[0]);
 
   /* no positions where no gradient is recorded, where a byte cannot hold them, or where the input
-   * stays in memory anyway: a parameter, or a ReLU's output (its own gradient reads it) */
+   * stays in memory anyway: a parameter, or a ReLU's output (its own gradient reads it), unless
+   * the ReLU follows a batch norm (its gradient then recomputes its input) */
   kiln_set_fusion(ctx, 1);
   kiln_step_begin(ctx);
   kiln_tensor *h = kiln_mul(x, x);
@@ -836,6 +837,9 @@ Test(images, max_pool_gradient_reads_window_positions_not_the_input) {
                {h, 15, 1, "240 taps"},
                {x, 2, 0, "a parameter"},
                {kiln_relu(h), 2, 0, "a ReLU's output"},
+               {kiln_relu(kiln_batch_norm(h, NULL, th_param(ctx, KILN_SHAPE(16)), NULL, NULL, 1,
+                                          0.1f, 1e-5f)),
+                2, 1, "a ReLU's output after a batch norm (its gradient recomputes the input)"},
                {kiln_reshape(kiln_sigmoid(h), KILN_SHAPE(8, 32, 16, 32)), 2, 0,
                 "a view of a sigmoid's output"},
                {kiln_reshape(h, KILN_SHAPE(8, 32, 16, 32)), 2, 1, "a view of a product"},
@@ -870,12 +874,13 @@ static void describe_pending(kiln_ctx *ctx, char *buf, size_t n) {
   kiln__plan_free(&p);
 }
 
-/* An activation after a batch norm in training (GELU, SiLU, leaky ReLU): its gradient reads the
- * norm's application recorded again in the backward pass from the values the norm's own gradient
- * keeps (x, weight, mean, inverse deviation; a persistent bias), so the application is never
- * written in the forward pass: it stays in the registers of the activation's kernel, and its
- * second copy in those of the gradient's. Not with a bias that is no tensor of the caller's (the
- * application's own zeros), in evaluation, or for a ReLU (whose gradient reads its output). */
+/* An activation after a batch norm in training (GELU, SiLU, leaky ReLU, ReLU): its gradient reads
+ * the norm's application recorded again in the backward pass from the values the norm's own
+ * gradient keeps (x, weight, mean, inverse deviation; a persistent bias), so the application is
+ * never written in the forward pass: it stays in the registers of the activation's kernel, and its
+ * second copy in those of the gradient's (a ReLU's gradient takes the sign of its input for that
+ * of its output). Not with a bias that is no tensor of the caller's (the application's own zeros)
+ * or in evaluation. */
 Test(images, activation_after_batch_norm_recomputes_the_normalised_input) {
   kiln_ctx *ctx = th_cpu_ctx();
   kiln_tensor *x = th_param(ctx, KILN_SHAPE(8, 6, 6, 16)), *w = th_param(ctx, KILN_SHAPE(16)),
@@ -889,7 +894,8 @@ Test(images, activation_after_batch_norm_recomputes_the_normalised_input) {
                {1, 1, 1, 1, "GELU (tanh)"},
                {2, 1, 1, 1, "SiLU"},
                {3, 1, 1, 1, "leaky ReLU"},
-               {4, 1, 1, 0, "ReLU"},
+               {4, 1, 1, 1, "ReLU"},
+               {4, 0, 1, 0, "ReLU after a norm without bias"},
                {0, 0, 1, 0, "GELU after a norm without bias"},
                {0, 1, 0, 0, "GELU after a norm in evaluation"}};
   for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {

@@ -198,28 +198,35 @@ Test(gpu_ops, batch_norm_training) {
   th_ctx_free(ctx);
 }
 
-/* A GELU or SiLU after a batch norm in training: its gradient recomputes the norm's output from
- * the values the norm's gradient keeps (never written in the forward pass). The output, and the
- * gradients of x, the weight and the bias, against float64, fused and unfused (the recomputation
- * then a kernel of its own), with and without step graphs (the output checked without). */
+/* An activation after a batch norm in training: its gradient recomputes the norm's output from
+ * the values the norm's gradient keeps (never written in the forward pass): GELU, SiLU, ReLU, and
+ * ReLU then a 2x2 max pool (whose gradient reads its windows' positions, the ReLU's output gone
+ * after the pool). The output, and the gradients of x, the weight and the bias, against float64,
+ * fused and unfused (the recomputation then a kernel of its own), with and without step graphs
+ * (the output checked without). x's values are 0.1 apart: no two in a window are close. */
 Test(gpu_ops, activation_after_batch_norm_from_a_recomputed_input) {
   TH_GPU_CTX(ctx);
-  kiln_shape xs = KILN_SHAPE(8, 6, 5, 12), cs = KILN_SHAPE(12);
-  int64_t nx = ref_numel(xs), C = 12, M = nx / C;
-  float *xh, *wh, *bh;
-  kiln_tensor *x = ref_rand_tensor(ctx, xs, 7000, &REF_GEN(-1, 3), 1, &xh);
+  kiln_shape xs = KILN_SHAPE(8, 6, 4, 12), cs = KILN_SHAPE(12), ps = KILN_SHAPE(8, 3, 2, 12);
+  int64_t nx = ref_numel(xs), np = ref_numel(ps), C = 12, M = nx / C;
+  float *xh = ref_falloc(nx), *wh, *bh;
+  ref_distinct_fill(xh, nx, 7000);
+  kiln_tensor *x = ref_upload(ctx, xs, xh);
+  ref_set_grad(ctx, x);
   kiln_tensor *w = ref_rand_tensor(ctx, cs, 7001, &REF_GEN(0.5f, 1.5f), 1, &wh);
   kiln_tensor *b = ref_rand_tensor(ctx, cs, 7002, &REF_GEN(-1, 1), 1, &bh);
   double *xd = ref_to_double(xh, nx), *wd = ref_to_double(wh, C), *bd = ref_to_double(bh, C);
-  double *y = ref_dalloc(nx), *z = ref_dalloc(nx), *gy = ref_dalloc(nx), *dx = ref_dalloc(nx),
-         *dw = ref_dalloc(C), *db = ref_dalloc(C);
+  double *y = ref_dalloc(nx), *z = ref_dalloc(nx), *gz = ref_dalloc(nx), *gy = ref_dalloc(nx),
+         *dx = ref_dalloc(nx), *dw = ref_dalloc(C), *db = ref_dalloc(C), *zp = ref_dalloc(np);
   ref_batch_norm(xd, M, C, wd, bd, NULL, NULL, 1, 0.1, 1e-5, y);
-  for (int act = 0; act < 2; act++)
+  kiln_pool2d_options po = {.kernel_h = 2, .kernel_w = 2};
+  ref_win pw = {.kh = 2, .kw = 2, .sh = 2, .sw = 2, .dh = 1, .dw = 1, .groups = 1};
+  const char *names[4] = {"GELU", "SiLU", "ReLU", "ReLU then a 2x2 max pool"};
+  for (int act = 0; act < 4; act++)
     for (int mode = 0; mode < 4; mode++) { /* fused or not, graphs or not */
-      int fuse = mode & 1, graphs = mode >> 1;
+      int fuse = mode & 1, graphs = mode >> 1, pool = act == 3;
       char what[160];
-      snprintf(what, sizeof what, "batch norm then %s, fusion %d, graphs %d", act ? "SiLU" : "GELU",
-               fuse, graphs);
+      snprintf(what, sizeof what, "batch norm then %s, fusion %d, graphs %d", names[act], fuse,
+               graphs);
       kiln_set_fusion(ctx, fuse);
       kiln_set_graphs(ctx, graphs);
       kiln_tensor_zero_grad(x);
@@ -227,31 +234,49 @@ Test(gpu_ops, activation_after_batch_norm_from_a_recomputed_input) {
       kiln_tensor_zero_grad(b);
       kiln_step_begin(ctx);
       kiln_tensor *n = kiln_batch_norm(x, w, b, NULL, NULL, 1, 0.1f, 1e-5f);
-      kiln_tensor *out = act ? kiln_silu(n) : kiln_gelu(n, KILN_GELU_ERF);
+      kiln_tensor *out = act == 0   ? kiln_gelu(n, KILN_GELU_ERF)
+                         : act == 1 ? kiln_silu(n)
+                                    : kiln_relu(n);
+      if (pool) out = kiln_max_pool2d(out, &po);
       float *gh;
-      kiln_tensor *g = ref_rand_tensor(ctx, xs, 7003, &REF_GEN(-1, 1), 0, &gh);
+      kiln_tensor *g = ref_rand_tensor(ctx, pool ? ps : xs, 7003, &REF_GEN(-1, 1), 0, &gh);
       cr_assert_eq(kiln_backward(kiln_sum(kiln_mul(out, g), KILN_ALL_AXES, 0)), KILN_OK, "%s: %s",
                    what, th_err(ctx));
       cr_assert_eq(kiln_step_end(ctx), KILN_OK, "%s: %s", what, th_err(ctx));
+      double *d = ref_dalloc(nx); /* the activation's derivative at y */
       for (int64_t i = 0; i < nx; i++) {
-        double v = y[i], d;
-        if (act) {
+        double v = y[i];
+        if (act == 1) {
           double sg = 1 / (1 + exp(-v));
           z[i] = v * sg;
-          d = sg * (1 + v * (1 - sg));
-        } else {
+          d[i] = sg * (1 + v * (1 - sg));
+        } else if (act == 0) {
           double cdf = 0.5 * erfc(-v / sqrt(2.0));
           z[i] = v * cdf;
-          d = cdf + v * exp(-0.5 * v * v) / sqrt(2 * M_PI);
+          d[i] = cdf + v * exp(-0.5 * v * v) / sqrt(2 * M_PI);
+        } else {
+          z[i] = v > 0 ? v : 0;
+          d[i] = v > 0 ? 1 : 0;
         }
-        gy[i] = gh[i] * d;
       }
+      if (pool) { /* the pool's gradient to the ReLU's output, then through the ReLU */
+        double *gp = ref_to_double(gh, np);
+        ref_max_pool2d(z, xs, &pw, zp);
+        ref_max_pool2d_backward(z, xs, &pw, gp, gz);
+        free(gp);
+      } else {
+        for (int64_t i = 0; i < nx; i++)
+          gz[i] = gh[i];
+      }
+      for (int64_t i = 0; i < nx; i++)
+        gy[i] = gz[i] * d[i];
       ref_batch_norm_backward(xd, M, C, wd, NULL, NULL, 1, 1e-5, gy, dx, dw, db);
       if (!graphs) /* a step graph's intermediates may share memory with later ones */
-        ref_expect_close(ctx, out, xs, z, FWD_TOL, FWD_TOL, what);
+        ref_expect_close(ctx, out, pool ? ps : xs, pool ? zp : z, FWD_TOL, FWD_TOL, what);
       expect_grad(ctx, x, xs, dx, what, "x");
       expect_grad(ctx, w, cs, dw, what, "the weight");
       expect_grad(ctx, b, cs, db, what, "the bias");
+      free(d);
       free(gh);
       kiln_tensor_free(g);
     }
@@ -259,18 +284,12 @@ Test(gpu_ops, activation_after_batch_norm_from_a_recomputed_input) {
   kiln_tensor_free(x);
   kiln_tensor_free(w);
   kiln_tensor_free(b);
+  double *all[] = {xd, wd, bd, y, z, gz, gy, dx, dw, db, zp};
+  for (size_t k = 0; k < sizeof all / sizeof *all; k++)
+    free(all[k]);
   free(xh);
   free(wh);
   free(bh);
-  free(xd);
-  free(wd);
-  free(bd);
-  free(y);
-  free(z);
-  free(gy);
-  free(dx);
-  free(dw);
-  free(db);
   th_ctx_free(ctx);
 }
 
