@@ -24,6 +24,13 @@ void kiln__plan_describe(const kiln_ctx *ctx, const kiln__plan *p, kiln__sb *out
     if (g->implicit == KILN__IMPLICIT_FPROP || g->implicit == KILN__IMPLICIT_WGRAD)
       kiln__sb_printf(out, " [implicit %s]",
                       g->implicit == KILN__IMPLICIT_FPROP ? "fprop" : "wgrad");
+    bool again = false; /* a forward value recorded again by the backward pass, not kept */
+    for (int m = 0; m < g->n; m++) {
+      const kiln__node *nd = &ctx->trace.nodes[p->members[g->first + m]];
+      again =
+          again || (nd->from >= 0 && (nd->op == KILN__OP_BN_APPLY || nd->op == KILN__OP_IM2COL));
+    }
+    if (again) kiln__sb_printf(out, " [recomputed]");
   }
   if (!out->s) kiln__sb_printf(out, "%s", "");
 }

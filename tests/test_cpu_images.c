@@ -938,6 +938,8 @@ Test(images, activation_after_batch_norm_recomputes_the_normalised_input) {
         in_registers++;
       }
       cr_assert_eq(in_registers, 2, "%s: %s", what, plan);
+      cr_assert(strstr(plan, "[recomputed]"), "%s: KILN_DEBUG=plan does not say so: %s", what,
+                plan);
     }
     compile_and_end(ctx, what);
   }
