@@ -318,24 +318,25 @@ Test(fusion, epilogues_the_blas_backend_refuses_run_as_kernels) {
 }
 
 Test(fusion, a_reduction_takes_in_a_prologue_only_with_room_for_its_operands) {
-  /* a run of 15 elementwise nodes whose values are all read elsewhere (stored: 15 operands, and
-   * a read by a reduction outside), then a reduction of its last value: taking the run in as
-   * its prologue would need 17 pointers, one more than a kernel's argument holds */
+  /* a run of KILN__KMAX_PTR - 1 elementwise nodes whose values are all read elsewhere (stored:
+   * one operand each, and a read by a reduction outside), then a reduction of its last value:
+   * taking the run in as its prologue would need one pointer more than a kernel's argument holds */
+  enum { RUN = KILN__KMAX_PTR - 1 };
   kiln_ctx *ctx = th_cpu_ctx();
   kiln_tensor *a = th_f32(ctx, KILN_SHAPE(8, 16));
-  kiln_tensor *x[15];
+  kiln_tensor *x[RUN];
   x[0] = kiln_exp(a);
-  for (int k = 1; k < 15; k++)
+  for (int k = 1; k < RUN; k++)
     x[k] = kiln_add(x[k - 1], a);
-  cr_assert_not_null(kiln_sum(x[14], KILN_AXES(1), 0));
-  for (int k = 0; k < 15; k++)
+  cr_assert_not_null(kiln_sum(x[RUN - 1], KILN_AXES(1), 0));
+  for (int k = 0; k < RUN; k++)
     cr_assert_not_null(kiln_sum(x[k], KILN_AXES(0), 0));
   kiln__plan p = plan(ctx, true);
   char why[512];
   const char *bad = kiln__plan_verify(ctx, &p, why, sizeof why);
   cr_assert_null(bad, "%s", bad);
   cr_assert_eq(p.g[0].kind, KILN__KIND_EW, "the run stays a kernel of its own");
-  cr_assert_eq(p.g[0].n, 15);
+  cr_assert_eq(p.g[0].n, RUN);
   kiln__plan_free(&p);
   cr_assert_eq(compile_pending(ctx), KILN_OK, "%s", kiln_ctx_error(ctx));
   th_free_scratch();

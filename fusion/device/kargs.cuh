@@ -6,7 +6,7 @@
 #ifndef KILN_KARGS_CUH
 #define KILN_KARGS_CUH
 
-#define KILN__KMAX_PTR 16    /* operands of a generated kernel (each with strides) */
+#define KILN__KMAX_PTR 24    /* operands of a generated kernel (each with strides) */
 #define KILN__KMAX_UPDATE 24 /* pointers of a multi-tensor update (tensors x inputs) */
 #define KILN__KMAX_F 16      /* float attributes a kernel reads */
 #define KILN__KMAX_I 8       /* int attributes */
@@ -57,7 +57,7 @@ typedef struct kiln__kargs {
 #define KILN__CUSTOM_META 12
 #define KILN__CUSTOM_PARAM 14
 
-#define KILN__KARGS_BYTES 1128
+#define KILN__KARGS_BYTES 1512
 #ifdef __cplusplus
 static_assert(sizeof(kiln__kargs) == KILN__KARGS_BYTES, "kiln__kargs: host and device layouts");
 #else
