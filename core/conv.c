@@ -204,8 +204,7 @@ static bool kept_anyway(const kiln_tensor *x) {
   const kiln__node *p = kiln__producer(x);
   while (p && kiln__ops[p->op].kind == KILN__KIND_VIEW)
     p = kiln__producer(p->in[0]);
-  return !p ||
-         (p->out->requires_grad && (kiln__ops[p->op].saves & 8) && !kiln__recomputes_input(p));
+  return !p || kiln__keeps_output(p);
 }
 
 static kiln_tensor *pool(kiln__op op, const char *fn, kiln_tensor *x,
@@ -501,13 +500,8 @@ bool kiln__recomputes_columns(const kiln__node *mm) {
 
 kiln_tensor *kiln__columns_for_gradient(const kiln__node *mm) {
   if (!kiln__recomputes_columns(mm)) return mm->in[0];
-  const kiln__node c = *columns_node(mm); /* a copy: recording may move the trace */
-  kiln__win w = kiln__win_of(&c);
-  kiln_tensor *cols =
-      kiln__window(KILN__OP_IM2COL, "kiln_backward", c.in[0], NULL, c.out->shape, &w);
-  if (!cols) return NULL;
-  KILN__I(kiln__producer(cols), IM2COL, groups) = KILN__I(&c, IM2COL, groups);
-  return kiln_reshape(cols, kiln_tensor_shape(mm->in[0]));
+  kiln_tensor *cols = kiln__record_again(columns_node(mm));
+  return cols ? kiln_reshape(cols, kiln_tensor_shape(mm->in[0])) : NULL;
 }
 
 bool kiln__recomputes_input(const kiln__node *n) {
@@ -518,17 +512,13 @@ bool kiln__recomputes_input(const kiln__node *n) {
   return p && p->op == KILN__OP_BN_APPLY && KILN__I(p, BN_APPLY, batch) && p->in[4]->persistent;
 }
 
+bool kiln__keeps_output(const kiln__node *n) {
+  return n->out && n->out->requires_grad && (kiln__ops[n->op].saves & 8) &&
+         !kiln__recomputes_input(n);
+}
+
 kiln_tensor *kiln__activation_input(const kiln__node *n) {
-  if (!kiln__recomputes_input(n)) return n->in[0];
-  const kiln__node p = *kiln__producer(n->in[0]); /* a copy: recording may move the trace */
-  kiln_ctx *ctx = p.out->ctx;
-  kiln_tensor *y =
-      kiln__tensor_intermediate(ctx, "kiln_backward", p.out->dtype, p.out->ndim, p.out->shape);
-  kiln__node *r = y ? kiln__record(ctx, KILN__OP_BN_APPLY, p.nin, p.in, y) : NULL;
-  if (!r) return NULL;
-  memcpy(r->i, p.i, sizeof r->i);
-  memcpy(r->f, p.f, sizeof r->f);
-  return y;
+  return kiln__recomputes_input(n) ? kiln__record_again(kiln__producer(n->in[0])) : n->in[0];
 }
 
 kiln_tensor *kiln_batch_norm(kiln_tensor *x, kiln_tensor *weight, kiln_tensor *bias,

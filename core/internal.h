@@ -523,6 +523,9 @@ void *kiln__arena_alloc(kiln__arena *a, size_t bytes);
 /* Appends a node; out may be NULL (UPDATE). Returns the node or NULL when the trace cannot grow. */
 kiln__node *kiln__record(kiln_ctx *ctx, kiln__op op, int nin, kiln_tensor *const *in,
                          kiln_tensor *out);
+/* Records node n again (the backward pass recomputing a forward value instead of keeping it):
+ * the same op, inputs and attributes, a new output like n's. Returns that output, or NULL. */
+kiln_tensor *kiln__record_again(const kiln__node *n);
 
 /* Elementwise op helpers used by the public ops and the backward rules. */
 kiln_tensor *kiln__ew(kiln__op op, const char *fn, int nin, kiln_tensor *const *in);
@@ -625,6 +628,9 @@ kiln_tensor *kiln__columns_for_gradient(const kiln__node *mm);
 bool kiln__recomputes_input(const kiln__node *n);
 /* The activation's input for its rule: recorded again where kiln__recomputes_input, else n's. */
 kiln_tensor *kiln__activation_input(const kiln__node *n);
+/* Whether n's own gradient reads its output (ops.def: saves 8; not a ReLU that
+ * kiln__recomputes_input), so that the output is kept to the backward pass. */
+bool kiln__keeps_output(const kiln__node *n);
 #define KILN__MOMENTS_ROWS 256 /* rows each block of the moments kernel sums, at least */
 #define KILN__MAX_GRID_Y 65535 /* CUDA's limit on a grid's second dimension */
 

@@ -34,3 +34,16 @@ kiln__node *kiln__record(kiln_ctx *ctx, kiln__op op, int nin, kiln_tensor *const
   ctx->stats.nodes_recorded++;
   return n;
 }
+
+kiln_tensor *kiln__record_again(const kiln__node *n) {
+  const kiln__node src = *n; /* a copy: recording moves the trace when it grows */
+  kiln_ctx *ctx = src.out->ctx;
+  kiln_tensor *y = kiln__tensor_intermediate(ctx, "kiln_backward", src.out->dtype, src.out->ndim,
+                                             src.out->shape);
+  kiln__node *r = y ? kiln__record(ctx, src.op, src.nin, src.in, y) : NULL;
+  if (!r) return NULL;
+  memcpy(r->i, src.i, sizeof r->i);
+  memcpy(r->f, src.f, sizeof r->f);
+  memcpy(r->u, src.u, sizeof r->u);
+  return y;
+}

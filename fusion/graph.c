@@ -368,17 +368,23 @@ static void memory_report(const kiln_ctx *ctx, const kiln__plan *p, const mplan 
   free(order);
 }
 
+/* The planned step's memory plan (its lifetimes, placed), printed with KILN_DEBUG=memory. */
+static bool make_plan(kiln_ctx *ctx, const kiln__plan *p, mplan *m) {
+  if (!lifetimes(ctx, p, m)) return false;
+  if (!place(ctx, p->ng, m)) {
+    mplan_free(m);
+    return false;
+  }
+  if (ctx->debug & KILN__DEBUG_MEMORY) memory_report(ctx, p, m);
+  return true;
+}
+
 /* Offsets for every written intermediate and ReLU mask of the step, and the arena. */
 static bool memory_plan(kiln_ctx *ctx, kiln__step_graph *E) {
   const kiln__node *nodes = ctx->trace.nodes;
   int32_t n = ctx->trace.n;
   mplan m;
-  if (!lifetimes(ctx, &E->prog.plan, &m)) return false;
-  if (!place(ctx, E->prog.plan.ng, &m)) {
-    mplan_free(&m);
-    return false;
-  }
-  if (ctx->debug & KILN__DEBUG_MEMORY) memory_report(ctx, &E->prog.plan, &m);
+  if (!make_plan(ctx, &E->prog.plan, &m)) return false;
   item *it = m.it;
   int ni = m.ni;
   size_t top = m.top;
@@ -589,13 +595,10 @@ static kiln_status plan_only(kiln_ctx *ctx) {
   kiln_exec_stats before = ctx->stats;
   kiln__program pg;
   mplan m;
-  if (kiln__program_build(ctx, 0, ctx->trace.n, &pg) && lifetimes(ctx, &pg.plan, &m)) {
-    if (place(ctx, pg.plan.ng, &m)) {
-      if (ctx->debug & KILN__DEBUG_MEMORY) memory_report(ctx, &pg.plan, &m);
-      ctx->stats.arena_bytes = m.top;
-      ctx->stats.arena_sum_bytes = m.sum;
-      ctx->stats.arena_live_bytes = m.live;
-    }
+  if (kiln__program_build(ctx, 0, ctx->trace.n, &pg) && make_plan(ctx, &pg.plan, &m)) {
+    ctx->stats.arena_bytes = m.top;
+    ctx->stats.arena_sum_bytes = m.sum;
+    ctx->stats.arena_live_bytes = m.live;
     mplan_free(&m);
   }
   if (pg.plan.group_of) {

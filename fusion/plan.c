@@ -781,7 +781,7 @@ static bool phase_stores(kiln_ctx *ctx, kiln__plan *p, bool fuse) {
     const kiln__node *nd = &nodes[i];
     bool view = kiln__ops[nd->op].kind == KILN__KIND_VIEW;
     unsigned saves = nd->out && nd->out->requires_grad ? kiln__ops[nd->op].saves : 0;
-    if ((saves & 8) && !view && !kiln__recomputes_input(nd)) p->store[i - first] = true;
+    if (!view && kiln__keeps_output(nd)) p->store[i - first] = true;
     for (int j = 0; j < nd->nin; j++) {
       int32_t pr = producer(ctx, p, nd->in[j]);
       if (pr < 0) continue;

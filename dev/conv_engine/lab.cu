@@ -411,36 +411,32 @@ template <template <int> class S> static void shape(const char *name, bool wide)
   }
 }
 
+/* One shape's experiment: the warp-specialized loop, the weight gradient alone, or every product. */
+enum Run { ALL, WGRAD, WS };
+template <template <int> class S> static void run_shape(Run run, const char *name, bool wide) {
+  if (run == WS)
+    shape_ws<S>(name, wide);
+  else if (run == WGRAD)
+    shape_wgrad<S>(name, wide);
+  else
+    shape<S>(name, wide);
+}
+
 int main(int argc, char **argv) {
   only_wgmma = argc > 1 && strcmp(argv[1], "wgmma") == 0;
   dw_only = argc > 1 && strcmp(argv[1], "dw") == 0;
   const bool wgrad = dw_only || (argc > 1 && strcmp(argv[1], "wgrad") == 0);
   const bool ws = argc > 1 && strcmp(argv[1], "ws") == 0;
+  const Run run = ws ? WS : wgrad ? WGRAD : ALL;
   cudaDeviceProp p;
   CK(cudaGetDeviceProperties(&p, 0));
   printf("%s, %d SMs; bf16 dense peak 989.4 TFLOP/s\n\n", p.name, p.multiProcessorCount);
   printf("| conv (batch 1024) | product | tiles | us | TFLOP/s | max err / max |ref| |\n");
   printf("| --- | --- | --- | --- | --- | --- |\n");
-  if (ws) {
-    shape_ws<A1>("31x31x24->64", false);
-    shape_ws<B1>("15x15x64->64", false);
-    shape_ws<B2>("15x15x64->256", true);
-    shape_ws<C1>("7x7x256->256", true);
-    shape_ws<D1>("3x3x256->256", true);
-    return 0;
-  }
-  if (wgrad) {
-    shape_wgrad<A1>("31x31x24->64", false);
-    shape_wgrad<B1>("15x15x64->64", false);
-    shape_wgrad<B2>("15x15x64->256", true);
-    shape_wgrad<C1>("7x7x256->256", true);
-    shape_wgrad<D1>("3x3x256->256", true);
-    return 0;
-  }
-  shape<A1>("31x31x24->64", false);
-  shape<B1>("15x15x64->64", false);
-  shape<B2>("15x15x64->256", true);
-  shape<C1>("7x7x256->256", true);
-  shape<D1>("3x3x256->256", true);
+  run_shape<A1>(run, "31x31x24->64", false);
+  run_shape<B1>(run, "15x15x64->64", false);
+  run_shape<B2>(run, "15x15x64->256", true);
+  run_shape<C1>(run, "7x7x256->256", true);
+  run_shape<D1>(run, "3x3x256->256", true);
   return 0;
 }
