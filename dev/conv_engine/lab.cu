@@ -13,6 +13,10 @@
 //   ./lab wgrad      im2col + cuBLAS, the best wgmma forward configs, every wgmma weight gradient
 //   ./lab dw         the wgmma weight gradients alone
 //   ./lab ws         the warp-specialized wgmma products beside the others' best and cuBLAS
+//   ./lab tma [NAME] the TMA-fed products (tma.cuh: im2col-mode copies, a producer warp) beside
+//                    cuBLAS on im2col's columns (col2im after it for the data gradient) and the
+//                    library's wgmma kernels, every product checked first (batch 8 and 2);
+//                    NAME: only the shapes whose name holds it. -DLAB_TMA_ONLY builds this alone.
 //
 // Prints one line per shape, product and config: us (median of 15 timings of 10 launches each),
 // TFLOP/s (2 M N K), and the largest error against the reference relative to the largest |ref|.
@@ -23,6 +27,7 @@
 
 #include "../../fusion/device/conv.cuh" /* the library's wgmma products */
 #include "conv.cuh"                     /* the mma.sync experiments (namespace lab) */
+#include "tma.cuh"                      /* the TMA-fed products' maps (namespace tma) */
 
 template <class G, class T>
 __global__ void __launch_bounds__(T::THREADS)
@@ -196,7 +201,7 @@ template <class G> __global__ void im2col(const kiln_bf16 *x, kiln_bf16 *cols) {
   const int tap = k / G::CI, c = k % G::CI;
   const int ow = (int)(m % G::OW), oh = (int)(m / G::OW % G::OH);
   const long long n = m / G::OW / G::OH;
-  const int ih = oh - G::PH + tap / G::KW, iw = ow - G::PW + tap % G::KW;
+  const int ih = oh * G::SH - G::PH + tap / G::KW, iw = ow * G::SW - G::PW + tap % G::KW;
   uint4 v = make_uint4(0, 0, 0, 0);
   if (ih >= 0 && ih < G::H && iw >= 0 && iw < G::W)
     v = *(const uint4 *)&x[((n * G::H + ih) * G::W + iw) * G::CI + c];
@@ -327,7 +332,7 @@ template <class G> static void run_cublas(const char *name) {
 
 /* ./lab wgrad: the wgmma weight gradient's configs beside kiln's path today (im2col + cuBLAS) and
  * the wgmma forward's best configs. */
-static bool dw_only; /* ./lab dw: the wgmma weight gradient's configs alone */
+[[maybe_unused]] static bool dw_only; /* ./lab dw: the wgmma weight gradient's configs alone */
 template <template <int> class S> static void shape_wgrad(const char *name, bool wide) {
   typedef S<1024> G;
   typedef S<8> GC;
@@ -382,7 +387,292 @@ template <template <int> class S> static void shape_ws(const char *name, bool wi
   }
 }
 
-static bool only_wgmma; /* ./lab wgmma: the wgmma forward configs alone */
+/* ---- ./lab tma ---- */
+
+/* Stores a 128 x BN tile of accumulators (threads 0-255) as bf16 rows of a (rows, cols) matrix. */
+template <int BN>
+__device__ void store_tile(kiln_bf16 *out, long long m0, int n0, long long rows, int cols,
+                           const float (&d)[BN / 2]) {
+  const long long r = m0 + kiln_conv_row0<false>();
+#pragma unroll
+  for (int j = 0; j < BN / 8; j++)
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+      const long long m = r + 8 * h;
+      const int c = n0 + 8 * j + 2 * (threadIdx.x & 3);
+      if (m < rows && c < cols)
+        *(unsigned *)&out[m * cols + c] = kiln_bf16x2_bits(d[4 * j + 2 * h], d[4 * j + 2 * h + 1]);
+    }
+}
+
+template <class G, int BN, int S>
+__global__ void __launch_bounds__(KILN_TMA_THREADS, 1)
+    fprop_tma(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtensorMap tb,
+              kiln_bf16 *y) {
+  extern __shared__ unsigned char smem[];
+  float d[BN / 2];
+  const int m0 = blockIdx.x * 128, n0 = blockIdx.y * BN;
+  if (kiln_conv_fprop_tma<G, BN, S>((const kiln_tmap *)&ta, (const kiln_tmap *)&tb, m0, n0, smem, d)) store_tile<BN>(y, m0, n0, G::M, G::CO, d);
+}
+
+template <class G, int BN, int S>
+__global__ void __launch_bounds__(KILN_TMA_THREADS, 1)
+    dgrad_tma(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtensorMap tw,
+              kiln_bf16 *dx) {
+  extern __shared__ unsigned char smem[];
+  float d[BN / 2];
+  const int m0 = blockIdx.x * 128, n0 = blockIdx.y * BN;
+  if (kiln_conv_dgrad_tma<G, BN, S>((const kiln_tmap *)&ta, (const kiln_tmap *)&tw, m0, n0, smem, d))
+    store_tile<BN>(dx, m0, n0, (long long)G::N * G::H * G::W, G::CI, d);
+}
+
+template <class G, int BN, int S>
+__global__ void __launch_bounds__(KILN_TMA_THREADS, 1)
+    wgrad_tma(const __grid_constant__ CUtensorMap tx, const __grid_constant__ CUtensorMap ty,
+              kiln_bf16 *dwt, float *part, unsigned *cnt, int chunk) {
+  extern __shared__ unsigned char smem[];
+  float d[BN / 2];
+  const int k0 = blockIdx.x * 128, n0 = blockIdx.y * BN;
+  const int p0 = blockIdx.z * chunk, p1 = p0 + chunk < G::M ? p0 + chunk : (int)G::M;
+  if (!kiln_conv_wgrad_tma<G, BN, S>((const kiln_tmap *)&tx, (const kiln_tmap *)&ty, k0, n0, p0, p1, smem, d)) return;
+  if (kiln_tma_split_sum<BN>(d, part, cnt)) store_tile<BN>(dwt, k0, n0, G::K, G::CO, d);
+}
+
+/* The maps of each product for shape G's buffers. */
+template <class G> static CUtensorMap map_image(const kiln_bf16 *x, int pixels) {
+  return tma::im2col_map(x, G::N, G::H, G::W, G::CI, G::KH, G::KW, G::SH, G::PH, G::DH, pixels);
+}
+template <class G> static CUtensorMap map_filters(const kiln_bf16 *wk, int bn) {
+  const cuuint64_t dims[2] = {(cuuint64_t)G::K, (cuuint64_t)G::CO};
+  const cuuint32_t box[2] = {64, (cuuint32_t)bn};
+  return tma::tiled_map(wk, 2, dims, box);
+}
+template <class G> static CUtensorMap map_dy_image(const kiln_bf16 *dy) { /* the data gradient's */
+  return tma::im2col_map(dy, G::N, G::OH, G::OW, G::CO, G::KH, G::KW, 1,
+                         G::DH * (G::KH - 1) - G::PH, G::DH, 128);
+}
+template <class G> static CUtensorMap map_flipped(const kiln_bf16 *wk) {
+  const cuuint64_t dims[3] = {(cuuint64_t)G::CI, (cuuint64_t)(G::KH * G::KW), (cuuint64_t)G::CO};
+  const cuuint32_t box[3] = {64, 1, 64};
+  return tma::tiled_map(wk, 3, dims, box);
+}
+template <class G> static CUtensorMap map_dy_rows(const kiln_bf16 *dy) {
+  const cuuint64_t dims[2] = {(cuuint64_t)G::CO, (cuuint64_t)G::M};
+  const cuuint32_t box[2] = {64, 64};
+  return tma::tiled_map(dy, 2, dims, box);
+}
+
+template <class G, int BN, int S> static void launch_fprop_tma(const CUtensorMap &a, const CUtensorMap &b, kiln_bf16 *y) {
+  constexpr int smem = KILN_TMA_SMEM((128 + BN) * 128, S);
+  dim3 grid((unsigned)((G::M + 127) / 128), (G::CO + BN - 1) / BN);
+  fprop_tma<G, BN, S><<<grid, KILN_TMA_THREADS, smem>>>(a, b, y);
+}
+
+template <class G, class GC, int BN, int S> static void run_fprop_tma(const char *name) {
+  constexpr int smem = KILN_TMA_SMEM((128 + BN) * 128, S);
+  CK(cudaFuncSetAttribute(fprop_tma<G, BN, S>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  CK(cudaFuncSetAttribute(fprop_tma<GC, BN, S>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  double err;
+  {
+    kiln_bf16 *x = random_bf16((size_t)GC::N * GC::H * GC::W * GC::CI, 1.f, 1);
+    kiln_bf16 *wk = random_bf16((size_t)GC::CO * GC::K, 0.2f, 2), *y;
+    float *ref;
+    CK(cudaMalloc(&y, GC::M * GC::CO * 2));
+    CK(cudaMalloc(&ref, GC::M * GC::CO * 4));
+    CK(cudaMemset(y, 0xff, GC::M * GC::CO * 2)); /* NaN: a value never written shows */
+    launch_fprop_tma<GC, BN, S>(map_image<GC>(x, 128), map_filters<GC>(wk, BN), y);
+    ref_fprop<GC><<<(unsigned)((GC::M * GC::CO + 255) / 256), 256>>>(x, wk, ref);
+    CK(cudaDeviceSynchronize());
+    err = rel_err(y, ref, (size_t)GC::M * GC::CO);
+    cudaFree(x), cudaFree(wk), cudaFree(y), cudaFree(ref);
+  }
+  kiln_bf16 *x = random_bf16((size_t)G::N * G::H * G::W * G::CI, 1.f, 3);
+  kiln_bf16 *wk = random_bf16((size_t)G::CO * G::K, 0.2f, 4), *y;
+  CK(cudaMalloc(&y, G::M * G::CO * 2));
+  const CUtensorMap a = map_image<G>(x, 128), b = map_filters<G>(wk, BN);
+  float us = time_us([&] { launch_fprop_tma<G, BN, S>(a, b, y); });
+  double tf = 2.0 * G::M * G::CO * G::K / (us * 1e-6) / 1e12;
+  printf("| %s | fwd | tma 128x%d, %d stages | %.1f | %.1f | %.1e |\n", name, BN, S, us, tf, err);
+  cudaFree(x), cudaFree(wk), cudaFree(y);
+}
+
+template <class G, int BN, int S> static void launch_dgrad_tma(const CUtensorMap &a, const CUtensorMap &w, kiln_bf16 *dx) {
+  constexpr int smem = KILN_TMA_SMEM((128 + BN) * 128, S);
+  const long long px = (long long)G::N * G::H * G::W;
+  dim3 grid((unsigned)((px + 127) / 128), (G::CI + BN - 1) / BN);
+  dgrad_tma<G, BN, S><<<grid, KILN_TMA_THREADS, smem>>>(a, w, dx);
+}
+
+template <class G, class GC, int BN, int S> static void run_dgrad_tma(const char *name) {
+  constexpr int smem = KILN_TMA_SMEM((128 + BN) * 128, S);
+  CK(cudaFuncSetAttribute(dgrad_tma<G, BN, S>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  CK(cudaFuncSetAttribute(dgrad_tma<GC, BN, S>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  double err;
+  {
+    const size_t nx = (size_t)GC::N * GC::H * GC::W * GC::CI;
+    kiln_bf16 *dy = random_bf16((size_t)GC::M * GC::CO, 1.f, 12);
+    kiln_bf16 *wk = random_bf16((size_t)GC::CO * GC::K, 0.2f, 13), *dx;
+    float *ref;
+    CK(cudaMalloc(&dx, nx * 2));
+    CK(cudaMalloc(&ref, nx * 4));
+    CK(cudaMemset(dx, 0xff, nx * 2));
+    launch_dgrad_tma<GC, BN, S>(map_dy_image<GC>(dy), map_flipped<GC>(wk), dx);
+    ref_dgrad<GC><<<(unsigned)((nx + 255) / 256), 256>>>(dy, wk, ref);
+    CK(cudaDeviceSynchronize());
+    err = rel_err(dx, ref, nx);
+    cudaFree(dy), cudaFree(wk), cudaFree(dx), cudaFree(ref);
+  }
+  const size_t nx = (size_t)G::N * G::H * G::W * G::CI;
+  kiln_bf16 *dy = random_bf16((size_t)G::M * G::CO, 1.f, 14);
+  kiln_bf16 *wk = random_bf16((size_t)G::CO * G::K, 0.2f, 15), *dx;
+  CK(cudaMalloc(&dx, nx * 2));
+  const CUtensorMap a = map_dy_image<G>(dy), w = map_flipped<G>(wk);
+  float us = time_us([&] { launch_dgrad_tma<G, BN, S>(a, w, dx); });
+  double tf = 2.0 * G::M * G::CO * G::K / (us * 1e-6) / 1e12;
+  printf("| %s | dx | tma 128x%d, %d stages | %.1f | %.1f | %.1e |\n", name, BN, S, us, tf, err);
+  cudaFree(dy), cudaFree(wk), cudaFree(dx);
+}
+
+template <class G, int BN, int S>
+static void launch_wgrad_tma(const CUtensorMap &a, const CUtensorMap &b, kiln_bf16 *dwt,
+                             float *part, unsigned *cnt, int splits) {
+  constexpr int smem = KILN_TMA_SMEM((2 + BN / 64) * 8192, S);
+  const int chunk = (int)((G::M + splits * 64 - 1) / (splits * 64) * 64);
+  dim3 grid((G::K + 127) / 128, (G::CO + BN - 1) / BN, splits);
+  wgrad_tma<G, BN, S><<<grid, KILN_TMA_THREADS, smem>>>(a, b, dwt, part, cnt, chunk);
+}
+
+template <class G, class GC, int BN, int S> static void run_wgrad_tma(const char *name, int splits) {
+  constexpr int smem = KILN_TMA_SMEM((2 + BN / 64) * 8192, S);
+  CK(cudaFuncSetAttribute(wgrad_tma<G, BN, S>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  CK(cudaFuncSetAttribute(wgrad_tma<GC, BN, S>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  float *part;
+  unsigned *cnt;
+  CK(cudaMalloc(&part, (size_t)64 << 20));
+  CK(cudaMalloc(&cnt, 65536));
+  CK(cudaMemset(cnt, 0, 65536));
+  double err;
+  {
+    kiln_bf16 *x = random_bf16((size_t)GC::N * GC::H * GC::W * GC::CI, 1.f, 5);
+    kiln_bf16 *dy = random_bf16((size_t)GC::M * GC::CO, 1.f, 6), *out;
+    float *ref;
+    CK(cudaMalloc(&out, (size_t)GC::K * GC::CO * 2));
+    CK(cudaMalloc(&ref, (size_t)GC::K * GC::CO * 4));
+    CK(cudaMemset(out, 0xff, (size_t)GC::K * GC::CO * 2));
+    ref_wgrad<GC><<<(GC::K * GC::CO + 255) / 256, 256>>>(x, dy, ref);
+    launch_wgrad_tma<GC, BN, S>(map_image<GC>(x, 64), map_dy_rows<GC>(dy), out, part, cnt, 3);
+    CK(cudaDeviceSynchronize());
+    err = rel_err(out, ref, (size_t)GC::K * GC::CO);
+    cudaFree(x), cudaFree(dy), cudaFree(out), cudaFree(ref);
+  }
+  kiln_bf16 *x = random_bf16((size_t)G::N * G::H * G::W * G::CI, 1.f, 7);
+  kiln_bf16 *dy = random_bf16((size_t)G::M * G::CO, 1.f, 8), *out;
+  CK(cudaMalloc(&out, (size_t)G::K * G::CO * 2));
+  const CUtensorMap a = map_image<G>(x, 64), b = map_dy_rows<G>(dy);
+  float us = time_us([&] { launch_wgrad_tma<G, BN, S>(a, b, out, part, cnt, splits); });
+  double tf = 2.0 * G::M * G::CO * G::K / (us * 1e-6) / 1e12;
+  printf("| %s | dw | tma 128x%d, %d stages, %d splits | %.1f | %.1f | %.1e |\n", name, BN, S,
+         splits, us, tf, err);
+  cudaFree(x), cudaFree(dy), cudaFree(out), cudaFree(part), cudaFree(cnt);
+}
+
+/* kiln's data gradient today: cuBLAS's dcols = dY Wk (M, K), then col2im (a thread per 8
+ * channels of dX, summing its taps' columns). */
+template <class G> __global__ void col2im(const kiln_bf16 *cols, kiln_bf16 *dx) {
+  const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; /* chunk of 8 */
+  if (i >= (long long)G::N * G::H * G::W * (G::CI / 8)) return;
+  const int c = (int)(i % (G::CI / 8)) * 8;
+  const long long p = i / (G::CI / 8);
+  const int w = (int)(p % G::W), h = (int)(p / G::W % G::H);
+  const long long n = p / G::W / G::H;
+  float s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  for (int a = 0; a < G::KH; a++)
+    for (int b = 0; b < G::KW; b++) {
+      const int th = h + G::PH - a, tw = w + G::PW - b;
+      if (th < 0 || tw < 0 || th % G::SH || tw % G::SW) continue;
+      const int oh = th / G::SH, ow = tw / G::SW;
+      if (oh >= G::OH || ow >= G::OW) continue;
+      const uint4 v = *(const uint4 *)&cols[((n * G::OH + oh) * G::OW + ow) * G::K +
+                                            (a * G::KW + b) * G::CI + c];
+      const kiln_bf16 *e = (const kiln_bf16 *)&v;
+      for (int q = 0; q < 8; q++)
+        s[q] += (float)e[q];
+    }
+  for (int q = 0; q < 8; q += 2)
+    *(unsigned *)&dx[p * G::CI + c + q] = kiln_bf16x2_bits(s[q], s[q + 1]);
+}
+
+template <class G> static void run_cublas_dgrad(const char *name) {
+  static cublasHandle_t h;
+  if (!h) cublasCreate(&h);
+  kiln_bf16 *dy = random_bf16((size_t)G::M * G::CO, 1.f, 16);
+  kiln_bf16 *wk = random_bf16((size_t)G::CO * G::K, 0.2f, 17), *cols, *dx;
+  const size_t nx = (size_t)G::N * G::H * G::W * G::CI;
+  CK(cudaMalloc(&cols, (size_t)G::M * G::K * 2));
+  CK(cudaMalloc(&dx, nx * 2));
+  const float one = 1.f, zero = 0.f;
+  float us_g = time_us([&] {
+    cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, G::K, (int)G::M, G::CO, &one, wk, CUDA_R_16BF, G::K,
+                 dy, CUDA_R_16BF, G::CO, &zero, cols, CUDA_R_16BF, G::K, CUBLAS_COMPUTE_32F,
+                 CUBLAS_GEMM_DEFAULT);
+  });
+  const unsigned blocks = (unsigned)((nx / 8 + 255) / 256);
+  float us_c = time_us([&] { col2im<G><<<blocks, 256>>>(cols, dx); });
+  const double f = 2.0 * G::M * G::CO * G::K;
+  printf("| %s | dx | cuBLAS dcols + col2im | %.1f (%.1f + %.1f) | %.1f | |\n", name, us_g + us_c,
+         us_g, us_c, f / ((us_g + us_c) * 1e-6) / 1e12);
+  cudaFree(dy), cudaFree(wk), cudaFree(cols), cudaFree(dx);
+}
+
+/* ./lab tma: one shape's baselines and TMA configs (CI % 64 == 0 shapes). */
+template <template <int> class S, int NB = 1024> static void shape_tma(const char *name, bool wide) {
+  typedef S<NB> G;
+  typedef S<2> GC;
+  run_cublas<G>(name);
+  run_cublas_dgrad<G>(name);
+  if (wide) {
+    run_fprop_wg<G, GC, 128, 3>(name);
+    run_fprop_wg<G, GC, 256, 4>(name);
+    run_fprop_tma<G, GC, 128, 3>(name); /* two blocks an SM */
+    run_fprop_tma<G, GC, 128, 4>(name);
+    run_fprop_tma<G, GC, 128, 6>(name);
+    run_fprop_tma<G, GC, 256, 3>(name);
+    run_fprop_tma<G, GC, 256, 4>(name);
+  } else {
+    run_fprop_wg<G, GC, 64, 4>(name);
+    run_fprop_tma<G, GC, 64, 4>(name);
+    run_fprop_tma<G, GC, 64, 8>(name);
+    run_fprop_tma<G, GC, 128, 4>(name);
+  }
+  if constexpr (G::SH == 1) {
+    run_dgrad_tma<G, GC, 64, 4>(name);
+    run_dgrad_tma<G, GC, 64, 8>(name);
+    run_dgrad_tma<G, GC, 128, 3>(name);
+    run_dgrad_tma<G, GC, 128, 4>(name);
+    if (G::CI >= 256) run_dgrad_tma<G, GC, 256, 4>(name);
+  }
+  for (int splits : {1, 2, 4, 8, 16, 32}) {
+    const int tiles = (G::K + 127) / 128 * ((G::CO + 127) / 128);
+    if (tiles * splits > 600 || (long long)splits * 64 * 4 > G::M) continue;
+    if (G::CO >= 128) {
+      run_wgrad_wg<G, GC, 128, 4>(name, splits);
+      run_wgrad_tma<G, GC, 128, 4>(name, splits);
+      run_wgrad_tma<G, GC, 128, 8>(name, splits);
+      if (G::CO >= 256) run_wgrad_tma<G, GC, 256, 4>(name, splits);
+    } else {
+      run_wgrad_wg<G, GC, 64, 4>(name, splits);
+      run_wgrad_tma<G, GC, 64, 4>(name, splits);
+      run_wgrad_tma<G, GC, 64, 8>(name, splits);
+    }
+  }
+}
+
+/* ResNet-18's shapes at batch 128 (224 px): a stride-2 3x3 and two stride-1 ones. */
+template <int N> using R2 = Shape<N, 56, 64, 128, 3, 1, 2>;
+template <int N> using R3 = Shape<N, 28, 128, 128, 3, 1>;
+template <int N> using R4 = Shape<N, 14, 256, 256, 3, 1>;
+
+[[maybe_unused]] static bool only_wgmma; /* ./lab wgmma: the wgmma forward configs alone */
 
 template <template <int> class S> static void shape(const char *name, bool wide) {
   typedef S<1024> G;
@@ -422,7 +712,27 @@ template <template <int> class S> static void run_shape(Run run, const char *nam
     shape<S>(name, wide);
 }
 
+/* ./lab tma [NAME]: the TMA experiment on every shape, or on those whose name holds NAME. */
+static int main_tma(const char *only) {
+  cudaDeviceProp p;
+  CK(cudaGetDeviceProperties(&p, 0));
+  printf("%s, %d SMs; bf16 dense peak 989.4 TFLOP/s\n\n", p.name, p.multiProcessorCount);
+  printf("| conv (batch 1024; ResNet's 128) | product | kernel | us | TFLOP/s | max err / max |ref| |\n");
+  printf("| --- | --- | --- | --- | --- | --- |\n");
+  auto want = [&](const char *name) { return !only || strstr(name, only); };
+  if (want("15x15x64->64")) shape_tma<B1>("15x15x64->64", false);
+  if (want("15x15x64->256")) shape_tma<B2>("15x15x64->256", true);
+  if (want("7x7x256->256")) shape_tma<C1>("7x7x256->256", true);
+  if (want("3x3x256->256")) shape_tma<D1>("3x3x256->256", true);
+  if (want("56x56x64->128 s2")) shape_tma<R2, 128>("56x56x64->128 s2", true);
+  if (want("28x28x128->128")) shape_tma<R3, 128>("28x28x128->128", true);
+  if (want("14x14x256->256")) shape_tma<R4, 128>("14x14x256->256", true);
+  return 0;
+}
+
 int main(int argc, char **argv) {
+  if (argc > 1 && strcmp(argv[1], "tma") == 0) return main_tma(argc > 2 ? argv[2] : nullptr);
+#ifndef LAB_TMA_ONLY /* -DLAB_TMA_ONLY: the TMA experiment alone, a quarter of the build time */
   only_wgmma = argc > 1 && strcmp(argv[1], "wgmma") == 0;
   dw_only = argc > 1 && strcmp(argv[1], "dw") == 0;
   const bool wgrad = dw_only || (argc > 1 && strcmp(argv[1], "wgrad") == 0);
@@ -438,5 +748,6 @@ int main(int argc, char **argv) {
   run_shape<B2>(run, "15x15x64->256", true);
   run_shape<C1>(run, "7x7x256->256", true);
   run_shape<D1>(run, "3x3x256->256", true);
+#endif
   return 0;
 }

@@ -21,10 +21,10 @@
     }                                                                                              \
   } while (0)
 
-template <int N_, int H_, int CI_, int CO_, int K_, int P_> struct Shape {
+template <int N_, int H_, int CI_, int CO_, int K_, int P_, int S_ = 1> struct Shape {
   static constexpr int N = N_, H = H_, W = H_, CI = CI_, CO = CO_, KH = K_, KW = K_;
-  static constexpr int SH = 1, SW = 1, PH = P_, PW = P_, DH = 1, DW = 1;
-  static constexpr int OH = H + 2 * P_ - K_ + 1, OW = OH;
+  static constexpr int SH = S_, SW = S_, PH = P_, PW = P_, DH = 1, DW = 1;
+  static constexpr int OH = (H + 2 * P_ - K_) / S_ + 1, OW = OH;
   static constexpr long long M = (long long)N * OH * OW;
   static constexpr int K = KH * KW * CI;
 };
@@ -39,7 +39,7 @@ template <class G> __global__ void ref_fprop(const kiln_bf16 *x, const kiln_bf16
   double s = 0;
   for (int a = 0; a < G::KH; a++)
     for (int b = 0; b < G::KW; b++) {
-      const int ih = oh - G::PH + a, iw = ow - G::PW + b;
+      const int ih = oh * G::SH - G::PH + a * G::DH, iw = ow * G::SW - G::PW + b * G::DW;
       if (ih < 0 || ih >= G::H || iw < 0 || iw >= G::W) continue;
       for (int c = 0; c < G::CI; c++)
         s += (double)(float)x[((n * G::H + ih) * G::W + iw) * G::CI + c] *
@@ -57,12 +57,34 @@ template <class G> __global__ void ref_wgrad(const kiln_bf16 *x, const kiln_bf16
   for (long long m = 0; m < G::M; m++) {
     const int ow = (int)(m % G::OW), oh = (int)(m / G::OW % G::OH);
     const long long n = m / G::OW / G::OH;
-    const int ih = oh - G::PH + a, iw = ow - G::PW + b;
+    const int ih = oh * G::SH - G::PH + a * G::DH, iw = ow * G::SW - G::PW + b * G::DW;
     if (ih < 0 || ih >= G::H || iw < 0 || iw >= G::W) continue;
     s += (double)(float)x[((n * G::H + ih) * G::W + iw) * G::CI + c] *
          (double)(float)dy[m * G::CO + co];
   }
   dwt[i] = (float)s;
+}
+
+/* The data gradient dX (N, H, W, CI) of any stride, from dY (M, CO) and the filters. */
+template <class G> __global__ void ref_dgrad(const kiln_bf16 *dy, const kiln_bf16 *wk, float *dx) {
+  long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= (long long)G::N * G::H * G::W * G::CI) return;
+  const int c = (int)(i % G::CI);
+  const long long p = i / G::CI;
+  const int w = (int)(p % G::W), h = (int)(p / G::W % G::H);
+  const long long n = p / G::W / G::H;
+  double s = 0;
+  for (int a = 0; a < G::KH; a++)
+    for (int b = 0; b < G::KW; b++) {
+      const int th = h + G::PH - a * G::DH, tw = w + G::PW - b * G::DW;
+      if (th < 0 || tw < 0 || th % G::SH || tw % G::SW) continue;
+      const int oh = th / G::SH, ow = tw / G::SW;
+      if (oh >= G::OH || ow >= G::OW) continue;
+      for (int co = 0; co < G::CO; co++)
+        s += (double)(float)dy[((n * G::OH + oh) * G::OW + ow) * G::CO + co] *
+             (double)(float)wk[(long long)co * G::K + (a * G::KW + b) * G::CI + c];
+    }
+  dx[i] = (float)s;
 }
 
 static kiln_bf16 *random_bf16(size_t n, float scale, unsigned seed) {
@@ -96,7 +118,9 @@ static double rel_err(const kiln_bf16 *a, const float *ref, size_t n) {
   CK(cudaMemcpy(hr.data(), ref, n * 4, cudaMemcpyDeviceToHost));
   double md = 0, mr = 0;
   for (size_t i = 0; i < n; i++) {
-    md = std::max(md, (double)std::fabs(bf16_to_f(ha[i]) - hr[i]));
+    const float v = bf16_to_f(ha[i]);
+    if (!std::isfinite(v)) return INFINITY; /* never written (the outputs start as NaN), or worse */
+    md = std::max(md, (double)std::fabs(v - hr[i]));
     mr = std::max(mr, (double)std::fabs(hr[i]));
   }
   return mr > 0 ? md / mr : md;

@@ -1,0 +1,324 @@
+/*
+ * conv_tma.cuh: the three convolution products as implicit GEMMs fed by the Tensor Memory
+ * Accelerator (sm_90a): an im2col-mode TMA copy gathers a stage's 128 (or 64) pixels x 64
+ * channels of one tap straight into the 128-byte swizzle wgmma reads (wgmma.cuh), the padding
+ * filled with zeros by the copy engine; the filters and dY come by tiled TMA copies. One thread
+ * issues a stage's copies, so a block is two multiplying warpgroups and one producer warp (288
+ * threads, KILN_TMA_THREADS: no register split is needed, 224 a thread hold a 64 x 256 tile of
+ * accumulators), and every stage has a `full` mbarrier (its copies' bytes) and an `empty` one
+ * (the eight multiplying warps), S of each behind the stages in dynamic shared memory
+ * (KILN_TMA_SMEM). conv.cuh's products gather with cp.async instead, every thread computing the
+ * tap, bounds and address of its 16-byte copies: latency that kept them at 230-450 TFLOP/s on
+ * the air workload's 256-channel shapes (dev/README.md).
+ *
+ * The geometry G is conv.cuh's (NHWC images, filters Wk (CO, K), k = tap CI + c of tap (i, j) =
+ * i KW + j). A stage is one tap's 64 channels, so CI % 64 == 0, and for the data gradient also
+ * CO % 64 == 0 and stride 1. The tensor maps (kiln_tmap, CUtensorMap's 128 bytes) are made on the
+ * host (fusion/tmap.c says what each holds): the image's im2col map, whose box corners make its
+ * positions, stepped by the stride, exactly the output pixels; a copy names the first pixel's
+ * window origin (c, w, h, n) and the tap's offsets (w, h), and walks along W, then H, then into
+ * the next image, past the last one into zeros. The maps live in global memory (the lab passes
+ * them as kernel parameters instead); kiln_tma_acquire orders their bytes, written before the
+ * launch, before the copy engine reads them.
+ */
+#ifndef KILN_CONV_TMA_CUH
+#define KILN_CONV_TMA_CUH
+
+#include "conv.cuh"
+
+/* CUtensorMap: 128 opaque bytes, 64-byte aligned. */
+struct __align__(64) kiln_tmap {
+  unsigned long long w[16];
+};
+
+/* Before the first copy through a map in global memory that the host wrote. */
+KILN__FN void kiln_tma_acquire(const kiln_tmap *map) {
+  asm volatile("fence.proxy.tensormap::generic.acquire.sys [%0], 128;\n" ::"l"(map) : "memory");
+}
+
+#define KILN_TMA_THREADS 288 /* warps 0-7 multiply (two warpgroups), warp 8 produces */
+
+/* Dynamic shared memory: S stages of `stage` bytes, 2 S mbarriers, 1024 to align. */
+#define KILN_TMA_SMEM(stage, S) ((S) * (stage) + 16 * (S) + 1024)
+
+KILN__FN void kiln_tma_mbar_expect(unsigned long long *bar, unsigned bytes) {
+  asm volatile(
+      "mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(kiln_smem_addr(bar)),
+      "r"(bytes)
+      : "memory");
+}
+
+/* kiln_mbar_wait with a deadline: a stage's copies or products that never arrive (a fault in
+ * the copy engine's view of a map) trap after KILN_TMA_WAIT_NS of waiting, an error for the
+ * host, instead of hanging the device. */
+#ifndef KILN_TMA_WAIT_NS
+#define KILN_TMA_WAIT_NS 10000000000ull /* 10 s: a stage takes microseconds */
+#endif
+KILN__FN void kiln_tma_mbar_wait(unsigned long long *bar, unsigned parity) {
+  unsigned long long t0 = 0;
+  for (;;) {
+    unsigned done;
+    asm volatile("{\n.reg .pred p;\n"
+                 "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+                 "selp.u32 %0, 1, 0, p;\n}\n"
+                 : "=r"(done)
+                 : "r"(kiln_smem_addr(bar)), "r"(parity)
+                 : "memory");
+    if (done) return;
+    unsigned long long now;
+    asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(now));
+    if (t0 == 0)
+      t0 = now;
+    else if (now - t0 > KILN_TMA_WAIT_NS)
+      __trap();
+  }
+}
+
+KILN__FN void kiln_tma_im2col4(void *dst, const kiln_tmap *map, unsigned long long *bar, int c,
+                               int w, int h, int n, int off_w, int off_h) {
+  asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.im2col.mbarrier::complete_tx::bytes"
+               " [%0], [%1, {%2, %3, %4, %5}], [%6], {%7, %8};\n" ::"r"(kiln_smem_addr(dst)),
+               "l"((unsigned long long)map), "r"(c), "r"(w), "r"(h), "r"(n),
+               "r"(kiln_smem_addr(bar)), "h"((unsigned short)off_w), "h"((unsigned short)off_h)
+               : "memory");
+}
+
+KILN__FN void kiln_tma_tile2(void *dst, const kiln_tmap *map, unsigned long long *bar, int x,
+                             int y) {
+  asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+               " [%0], [%1, {%2, %3}], [%4];\n" ::"r"(kiln_smem_addr(dst)),
+               "l"((unsigned long long)map), "r"(x), "r"(y), "r"(kiln_smem_addr(bar))
+               : "memory");
+}
+
+KILN__FN void kiln_tma_tile3(void *dst, const kiln_tmap *map, unsigned long long *bar, int x, int y,
+                             int z) {
+  asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+               " [%0], [%1, {%2, %3, %4}], [%5];\n" ::"r"(kiln_smem_addr(dst)),
+               "l"((unsigned long long)map), "r"(x), "r"(y), "r"(z), "r"(kiln_smem_addr(bar))
+               : "memory");
+}
+
+/* The stages' barriers made, seen by the copy engine and every thread. */
+template <int S> KILN__FN void kiln_tma_init_barriers(unsigned long long *full) {
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < S; s++) {
+      kiln_mbar_init(&full[s], 1);     /* the producer's arrival, with the stage's bytes */
+      kiln_mbar_init(&full[S + s], 8); /* empty: every multiplying warp */
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+}
+
+/* The window origin of output pixel m: (w, h, n) of the first tap's input position. */
+template <class G> KILN__FN void kiln_tma_origin(int m, int &w, int &h, int &n) {
+  const int ow = m % G::OW, r = m / G::OW, oh = r % G::OH;
+  n = r / G::OH;
+  w = ow * G::SW - G::PW;
+  h = oh * G::SH - G::PH;
+}
+
+/* The producer's loop: KT stages, stage kt's copies issued by issue(kt, st) once the stage is
+ * free, after the barrier is told the stage's bytes. */
+template <int S, class F>
+KILN__FN void kiln_tma_produce(int KT, unsigned long long *full, int bytes, F issue) {
+  unsigned long long *empty = full + S;
+  for (int kt = 0; kt < KT; kt++) {
+    const int st = kt % S;
+    if (kt >= S) kiln_tma_mbar_wait(&empty[st], (kt / S - 1) & 1);
+    kiln_tma_mbar_expect(&full[st], bytes);
+    issue(kt, st);
+  }
+}
+
+/* The multipliers' loop: d zeroed, then each stage's products once its bytes have landed; a
+ * stage is given back when the products after it have been issued and its own are done. */
+template <int S, int N, class F>
+KILN__FN void kiln_tma_consume(int KT, unsigned long long *full, float (&d)[N], F mma) {
+  unsigned long long *empty = full + S;
+#pragma unroll
+  for (int i = 0; i < N; i++)
+    d[i] = 0.f;
+  for (int kt = 0; kt < KT; kt++) {
+    const int st = kt % S;
+    kiln_tma_mbar_wait(&full[st], (kt / S) & 1);
+    kiln_wg_pin(d);
+    kiln_wg_fence();
+    mma(st);
+    kiln_wg_commit();
+    kiln_wg_wait<1>();
+    kiln_wg_pin(d);
+    if (kt > 0 && (threadIdx.x & 31) == 0) kiln_mbar_arrive(&empty[(kt - 1) % S]);
+  }
+  kiln_wg_wait<0>();
+  kiln_wg_pin(d);
+}
+
+KILN__FN unsigned char *kiln_tma_align1024(unsigned char *p) {
+  return (unsigned char *)(((unsigned long long)p + 1023) & ~1023ull);
+}
+
+/* The forward product Y (M, CO) of pixels [m0, m0 + 128) and channels [n0, n0 + BN): ta the
+ * image's im2col map (128 pixels a copy), tb the filters' tiled map (box 64 x BN). Returns
+ * whether this thread holds accumulators (the multipliers). */
+template <class G, int BN, int S>
+KILN__FN bool kiln_conv_fprop_tma(const kiln_tmap *ta, const kiln_tmap *tb, int m0, int n0,
+                                  unsigned char *smem, float (&d)[BN / 2]) {
+  constexpr int STAGE = (128 + BN) * 128, CH = G::CI / 64, KT = G::KH * G::KW * CH;
+  static_assert(G::CI % 64 == 0 && BN % 64 == 0 && BN <= 256 && S >= 2, "kiln_conv_fprop_tma");
+  unsigned char *base = kiln_tma_align1024(smem);
+  unsigned long long *full = (unsigned long long *)(base + S * STAGE);
+  kiln_tma_init_barriers<S>(full);
+  if (threadIdx.x >= 256) {
+    if (threadIdx.x == 256) {
+      int w, h, n;
+      kiln_tma_origin<G>(m0, w, h, n);
+      kiln_tma_produce<S>(KT, full, STAGE, [&](int kt, int st) {
+        unsigned char *as = base + st * STAGE;
+        const int tap = kt / CH, c = (kt % CH) * 64;
+        kiln_tma_im2col4(as, ta, &full[st], c, w, h, n, (tap % G::KW) * G::DW,
+                         (tap / G::KW) * G::DH);
+        kiln_tma_tile2(as + 128 * 128, tb, &full[st], kt * 64, n0);
+      });
+    }
+    return false;
+  }
+  const int wg = threadIdx.x >> 7;
+  kiln_tma_consume<S>(KT, full, d, [&](int st) {
+    const unsigned char *a = base + st * STAGE + wg * 64 * 128, *b = base + st * STAGE + 128 * 128;
+#pragma unroll
+    for (int ks = 0; ks < 4; ks++)
+      kiln_wgmma<BN, 0, 0>(d, kiln_wg_desc<16, 1024>(a + ks * 32),
+                           kiln_wg_desc<16, 1024>(b + ks * 32));
+  });
+  return true;
+}
+
+/* The data gradient of a stride-1 convolution, dX (N H W, CI) for pixels [m0, m0 + 128) of dX
+ * and channels [n0, n0 + BN): the forward product of dY with the filters flipped, whose tap t'
+ * reads dY at offset t' of a window padded by D (k - 1) - P. ta: dY's im2col map for that
+ * geometry (128 pixels a copy); tw: the filters as a 3-D map {CI, taps, CO}, box {64, 1, 64}: a
+ * panel of 64 rows (the reduction's co) of 64 input channels, MN-major. */
+template <class G, int BN, int S>
+KILN__FN bool kiln_conv_dgrad_tma(const kiln_tmap *ta, const kiln_tmap *tw, int m0, int n0,
+                                  unsigned char *smem, float (&d)[BN / 2]) {
+  constexpr int STAGE = (128 + BN) * 128, CH = G::CO / 64, TAPS = G::KH * G::KW, KT = TAPS * CH;
+  constexpr int PH = G::DH * (G::KH - 1) - G::PH, PW = G::DW * (G::KW - 1) - G::PW;
+  static_assert(G::CO % 64 == 0 && G::CI % 64 == 0 && G::SH == 1 && G::SW == 1 && BN % 64 == 0 &&
+                    BN <= 256 && S >= 2,
+                "kiln_conv_dgrad_tma");
+  unsigned char *base = kiln_tma_align1024(smem);
+  unsigned long long *full = (unsigned long long *)(base + S * STAGE);
+  kiln_tma_init_barriers<S>(full);
+  if (threadIdx.x >= 256) {
+    if (threadIdx.x == 256) {
+      const int w0 = m0 % G::W, r = m0 / G::W, h0 = r % G::H, n = r / G::H;
+      kiln_tma_produce<S>(KT, full, STAGE, [&](int kt, int st) {
+        unsigned char *as = base + st * STAGE, *bs = as + 128 * 128;
+        const int tap = kt / CH, c = (kt % CH) * 64; /* tap t' of the flipped filters */
+        kiln_tma_im2col4(as, ta, &full[st], c, w0 - PW, h0 - PH, n, (tap % G::KW) * G::DW,
+                         (tap / G::KW) * G::DH);
+#pragma unroll
+        for (int p = 0; p < BN / 64; p++)
+          kiln_tma_tile3(bs + p * 8192, tw, &full[st], n0 + 64 * p, TAPS - 1 - tap, c);
+      });
+    }
+    return false;
+  }
+  const int wg = threadIdx.x >> 7;
+  kiln_tma_consume<S>(KT, full, d, [&](int st) {
+    const unsigned char *a = base + st * STAGE + wg * 64 * 128, *b = base + st * STAGE + 128 * 128;
+#pragma unroll
+    for (int ks = 0; ks < 4; ks++)
+      kiln_wgmma<BN, 0, 1>(d, kiln_wg_desc<16, 1024>(a + ks * 32),
+                           kiln_wg_desc<8192, 1024>(b + ks * 2048));
+  });
+  return true;
+}
+
+/* The weight gradient's partial sum over pixels [p0, p1) (p0 a multiple of 64) for rows
+ * [k0, k0 + 128) of dWt (K, CO) and columns [n0, n0 + BN): a stage is 64 pixels, A two panels of
+ * im2col(X) (64 pixels x one tap's 64 channels each: tx, X's im2col map with 64 pixels a copy),
+ * B BN / 64 panels of dY (ty: dY (M, CO) as a tiled map, box 64 x 64). Both MN-major. */
+template <class G, int BN, int S>
+KILN__FN bool kiln_conv_wgrad_tma(const kiln_tmap *tx, const kiln_tmap *ty, int k0, int n0, int p0,
+                                  int p1, unsigned char *smem, float (&d)[BN / 2]) {
+  constexpr int STAGE = (2 + BN / 64) * 8192;
+  static_assert(G::CI % 64 == 0 && BN % 64 == 0 && BN <= 256 && S >= 2, "kiln_conv_wgrad_tma");
+  unsigned char *base = kiln_tma_align1024(smem);
+  unsigned long long *full = (unsigned long long *)(base + S * STAGE);
+  kiln_tma_init_barriers<S>(full);
+  const int KT = (p1 - p0 + 63) / 64;
+  if (threadIdx.x >= 256) {
+    if (threadIdx.x == 256) {
+      int tap[2], ch[2];
+      for (int q = 0; q < 2; q++) {
+        const int k = k0 + 64 * q < G::K ? k0 + 64 * q : G::K - 64; /* past K: any tap, unused */
+        tap[q] = k / G::CI;
+        ch[q] = k % G::CI;
+      }
+      kiln_tma_produce<S>(KT, full, STAGE, [&](int kt, int st) {
+        unsigned char *as = base + st * STAGE, *bs = as + 2 * 8192;
+        const int p = p0 + kt * 64;
+        int w, h, n;
+        kiln_tma_origin<G>(p, w, h, n);
+#pragma unroll
+        for (int q = 0; q < 2; q++)
+          kiln_tma_im2col4(as + q * 8192, tx, &full[st], ch[q], w, h, n, (tap[q] % G::KW) * G::DW,
+                           (tap[q] / G::KW) * G::DH);
+#pragma unroll
+        for (int q = 0; q < BN / 64; q++)
+          kiln_tma_tile2(bs + q * 8192, ty, &full[st], n0 + 64 * q, p);
+      });
+    }
+    return false;
+  }
+  const int wg = threadIdx.x >> 7;
+  kiln_tma_consume<S>(KT, full, d, [&](int st) {
+    const unsigned char *a = base + st * STAGE + wg * 8192, *b = base + st * STAGE + 2 * 8192;
+#pragma unroll
+    for (int ks = 0; ks < 4; ks++)
+      kiln_wgmma<BN, 1, 1>(d, kiln_wg_desc<8192, 1024>(a + ks * 2048),
+                           kiln_wg_desc<8192, 1024>(b + ks * 2048));
+  });
+  return true;
+}
+
+/* Split-K among the multipliers (threads 0-255; the producer warp has left): as
+ * kiln_conv_split_sum in fusion/device/conv.cuh, over a named barrier of 256 threads. */
+template <int BN> KILN__FN bool kiln_tma_split_sum(float (&d)[BN / 2], float *part, unsigned *cnt) {
+  const int splits = gridDim.z, tile = blockIdx.x + gridDim.x * blockIdx.y;
+  if (splits == 1) return true;
+  const int r0 = kiln_conv_row0<false>(), c0 = 2 * (threadIdx.x & 3);
+  float *all = part + (long long)tile * splits * 128 * BN, *mine = all + blockIdx.z * 128 * BN;
+#pragma unroll
+  for (int j = 0; j < BN / 8; j++)
+#pragma unroll
+    for (int h = 0; h < 2; h++)
+      *(float2 *)&mine[(r0 + 8 * h) * BN + 8 * j + c0] =
+          make_float2(d[4 * j + 2 * h], d[4 * j + 2 * h + 1]);
+  __threadfence();
+  kiln_named_sync(1, 256);
+  __shared__ unsigned last;
+  if (threadIdx.x == 0) last = atomicAdd(&cnt[tile], 1u) == (unsigned)splits - 1;
+  kiln_named_sync(1, 256);
+  if (!last) return false;
+  __threadfence();
+#pragma unroll
+  for (int j = 0; j < BN / 8; j++)
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+      float2 s = make_float2(0.f, 0.f);
+      for (int z = 0; z < splits; z++) {
+        const float2 v =
+            __ldcg((const float2 *)&all[z * 128 * BN + (r0 + 8 * h) * BN + 8 * j + c0]);
+        s.x += v.x, s.y += v.y;
+      }
+      d[4 * j + 2 * h] = s.x, d[4 * j + 2 * h + 1] = s.y;
+    }
+  if (threadIdx.x == 0) cnt[tile] = 0;
+  return true;
+}
+
+#endif
