@@ -10,15 +10,22 @@
 #                     memory goes (issue 22's 1.5 GiB goal; the full data set is bench/cifar10_tta.sh's)
 #   recompute         the air and resnet18 steps (graph mode) with KILN_CONV_RECOMPUTE=0 and 1:
 #                     ms/step, peak and arena MiB (issue 21's and 27's memory goals), one at a time
-# Every step has a time limit; a summary line per step is printed last.
+#   tma               dev/conv_engine's lab on the TMA-fed products (./lab tma: each checked, then
+#                     timed beside cuBLAS and the cp.async kernels), then the air and resnet18 steps
+#                     with KILN_CONV_TMA=0 and 1 (resnet18 also with KILN_CONV_RECOMPUTE=1)
+# Every step has a time limit; a summary line per step is printed last. Naming steps after BUILD
+# runs those alone (bench/gpu_figures.sh build-gpu tma recompute).
 set -u
-build=${1:?usage: bench/gpu_figures.sh BUILD}
+build=${1:?usage: bench/gpu_figures.sh BUILD [STEP...]}
+shift
+only=" $* "
 out=${OUT:-/tmp/out}/figures
 mkdir -p "$out"
 summary=()
 step() {
   local name=$1 lim=$2 t0=$SECONDS
   shift 2
+  [ "$only" = "  " ] || [[ "$only" == *" $name "* ]] || return 0
   timeout "$lim" bash -c "$*" >"$out/$name.txt" 2>&1
   local rc=$?
   summary+=("$(printf '%-16s rc=%-3s %4ss  %s' "$name" "$rc" "$((SECONDS - t0))" \
@@ -46,6 +53,18 @@ step recompute 500 "for w in air resnet18; do for r in 0 1; do
       grep -o '\"ms_per_step\": *[0-9.]*\|\"peak_mib\": *[0-9.]*\|\"arena_mib\": *[0-9.]*' | tr '\n' ' '
     echo
   done; done"
+step tma 900 "nvcc -O3 -std=c++17 -DLAB_TMA_ONLY -gencode arch=compute_90a,code=sm_90a \
+    -o /tmp/lab_tma dev/conv_engine/lab.cu -lcublas && timeout 300 /tmp/lab_tma tma
+  for w in air resnet18; do for t in 0 1; do
+    printf '%s KILN_CONV_TMA=%s: ' \$w \$t
+    KILN_CONV_TMA=\$t timeout 120 $build/profile_step --workload \$w --mode graph --json |
+      grep -o '\"ms_per_step\": *[0-9.]*\|\"peak_mib\": *[0-9.]*\|\"arena_mib\": *[0-9.]*' | tr '\n' ' '
+    echo
+  done; done
+  printf 'resnet18 KILN_CONV_TMA=1 KILN_CONV_RECOMPUTE=1: '
+  KILN_CONV_TMA=1 KILN_CONV_RECOMPUTE=1 timeout 120 $build/profile_step --workload resnet18 --mode graph --json |
+    grep -o '\"ms_per_step\": *[0-9.]*\|\"peak_mib\": *[0-9.]*\|\"arena_mib\": *[0-9.]*' | tr '\n' ' '
+  echo"
 # a device call returns at most 8 files: everything in one archive, as .gpu/check.sh does
 tar -czf "${OUT:-/tmp/out}/figures.tgz" -C "$out" . && rm -rf "$out"
 printf '%s\n' "${summary[@]}"

@@ -486,8 +486,39 @@ bool kiln__implicit_conv_image(const kiln_ctx *ctx, const kiln__node *c) {
          x->ndim == 4 && x->shape[3] % 8 == 0;
 }
 
-bool kiln__implicit_conv_channels(const kiln_ctx *ctx, int64_t co) {
-  return co % 8 == 0 && co <= kiln__implicit_conv_max_co(ctx);
+bool kiln__conv_tma_window(const kiln__win *w, int64_t ci) {
+  int64_t lo[2] = {-w->ph, -w->pw},
+          hi[2] = {w->ph - w->dh * (w->kh - 1), w->pw - w->dw * (w->kw - 1)};
+  for (int i = 0; i < 2; i++)
+    if (lo[i] < -128 || lo[i] > 127 || hi[i] < -128 || hi[i] > 127) return false;
+  return ci % 64 == 0 && w->sh >= 1 && w->sh <= 8 && w->sw >= 1 && w->sw <= 8 &&
+         w->dh * (w->kh - 1) < 65536 && w->dw * (w->kw - 1) < 65536;
+}
+
+kiln__win kiln__dgrad_window(const kiln__win *w) {
+  return (kiln__win){.kh = w->kh,
+                     .kw = w->kw,
+                     .sh = 1,
+                     .sw = 1,
+                     .ph = w->dh * (w->kh - 1) - w->ph,
+                     .pw = w->dw * (w->kw - 1) - w->pw,
+                     .dh = w->dh,
+                     .dw = w->dw};
+}
+
+bool kiln__conv_tma_dgrad(const kiln__win *w, int64_t co, int64_t ci) {
+  kiln__win f = kiln__dgrad_window(w);
+  return w->sh == 1 && w->sw == 1 && f.ph >= 0 && f.pw >= 0 && ci % 64 == 0 &&
+         kiln__conv_tma_window(&f, co);
+}
+
+bool kiln__implicit_conv_channels(const kiln_ctx *ctx, const kiln__node *c, int64_t co) {
+  if (co % 8 != 0) return false;
+  kiln__win w = kiln__win_of(c);
+  if (ctx->conv_tma && ctx->implicit_conv_max_co <= 0 &&
+      kiln__conv_tma_window(&w, c->in[0]->shape[3]))
+    return true;
+  return co <= kiln__implicit_conv_max_co(ctx);
 }
 
 bool kiln__recomputes_columns(const kiln__node *mm) {
@@ -495,7 +526,7 @@ bool kiln__recomputes_columns(const kiln__node *mm) {
   const kiln__node *c = ctx && ctx->conv_recompute ? columns_node(mm) : NULL;
   return c && mm->out->ndim == 2 &&
          !(kiln__implicit_conv_image(ctx, c) &&
-           kiln__implicit_conv_channels(ctx, mm->out->shape[1]));
+           kiln__implicit_conv_channels(ctx, c, mm->out->shape[1]));
 }
 
 kiln_tensor *kiln__columns_for_gradient(const kiln__node *mm) {

@@ -364,6 +364,7 @@ struct kiln_ctx {
   int arch; /* compute capability as 90, 80, ... */
   int num_sms;
   bool conv_warp_spec;      /* conv.cuh's kernels warp-specialized (KILN_CONV_WS=1) */
+  bool conv_tma;            /* conv_tma.cuh's TMA-fed products where they serve (KILN_CONV_TMA=1) */
   int implicit_conv_max_co; /* KILN_IMPLICIT_CONV_MAX_CO, to measure; 0: the planner's default */
   bool conv_recompute;      /* KILN_CONV_RECOMPUTE=1: kiln__recomputes_columns */
   struct CUstream_st *stream;
@@ -605,9 +606,22 @@ int64_t kiln__implicit_conv_max_co(const kiln_ctx *ctx);
 /* What an implicit forward product and weight gradient ask of im2col node c's image (on the
  * context's device) and of the output channels co, before the planner's checks of the flush:
  * a Hopper device, one group, a bf16 image with channels in 16-byte chunks; co a multiple of 8
- * and at most kiln__implicit_conv_max_co. */
+ * and at most kiln__implicit_conv_max_co, or any number where the TMA-fed products take the
+ * convolution (KILN_CONV_TMA=1 and kiln__conv_tma_window) unless KILN_IMPLICIT_CONV_MAX_CO says
+ * otherwise. */
 bool kiln__implicit_conv_image(const kiln_ctx *ctx, const kiln__node *c);
-bool kiln__implicit_conv_channels(const kiln_ctx *ctx, int64_t co);
+bool kiln__implicit_conv_channels(const kiln_ctx *ctx, const kiln__node *c, int64_t co);
+/* Whether the TMA-fed products (fusion/device/conv_tma.cuh) take a window w over ci channels:
+ * whole stages of 64 channels, and the geometry an im2col tensor map can hold (strides 1 to 8,
+ * box corners within [-128, 127]). */
+bool kiln__conv_tma_window(const kiln__win *w, int64_t ci);
+/* The window of a stride-1 convolution's data gradient as a forward product of dY (the filters
+ * flipped): padding d (k - 1) - p, stride 1. */
+kiln__win kiln__dgrad_window(const kiln__win *w);
+/* Whether the TMA-fed data gradient takes a convolution of window w, co output and ci input
+ * channels: stride 1, its dgrad window's padding not negative, and kiln__conv_tma_window of
+ * that window over co channels, ci in whole 64-channel panels. */
+bool kiln__conv_tma_dgrad(const kiln__win *w, int64_t co, int64_t ci);
 /* Whether the weight gradient of mm, a convolution's forward product (columns from im2col times
  * the weights), reads columns gathered again in the backward pass rather than the forward's, so
  * that those need not be kept (KILN_CONV_RECOMPUTE=1, for products on the BLAS library: those

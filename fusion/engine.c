@@ -32,6 +32,7 @@ void kiln__engine_free(kiln_ctx *ctx) {
   if (!fs) return;
   if (ctx->has_gpu) kiln__graphs_free(ctx);
   if (fs->step_values) kiln__dev_free(ctx, fs->step_values);
+  if (fs->tmaps.p) kiln__dev_free(ctx, fs->tmaps.p);
   if (fs->err_dev) cudaFree(fs->err_dev);
   if (fs->conv_ws) cudaFree(fs->conv_ws);
   if (fs->conv_cnt) cudaFree(fs->conv_cnt);

@@ -39,6 +39,9 @@ static void fill_call(const kiln__trace *tr, kiln__call *c, const kiln__rendered
   c->bytes_written = r->bytes_written;
   c->zero_slot = r->zero_slot;
   c->zero_bytes = r->zero_bytes;
+  c->ntmap = r->ntmap;
+  c->tma_slot = r->tma_slot;
+  memcpy(c->tmap, r->tmap, sizeof c->tmap);
   snprintf(c->name, sizeof c->name, "%s", r->name);
   /* attribute sources are trace nodes (lowering's stand-ins carry no attributes) */
   for (int q = 0; q < KILN__KMAX_F; q++)
@@ -53,6 +56,7 @@ static bool build_calls(kiln_ctx *ctx, kiln__program *pg) {
   const kiln__trace *tr = &ctx->trace;
   kiln__target target = {.num_sms = ctx->num_sms,
                          .conv_warp_spec = ctx->conv_warp_spec,
+                         .conv_tma = ctx->conv_tma,
                          .customs = ctx->customs,
                          .ncustom = ctx->ncustom};
   int ng = pg->plan.ng, nr = 0;
@@ -221,7 +225,45 @@ static bool conv_workspace(kiln_ctx *ctx) {
   return true;
 }
 
-bool kiln__bind_args(kiln_ctx *ctx, kiln__program *pg) {
+/* Encodes the calls' tensor maps (their tensors bound), copies them into maps on the stream and
+ * binds each call's map slot. */
+static bool bind_maps(kiln_ctx *ctx, kiln__program *pg, kiln__devbuf *maps) {
+  size_t n = 0;
+  for (int k = 0; k < pg->plan.ng; k++)
+    if (pg->call[k].k) n += (size_t)pg->call[k].ntmap;
+  if (n == 0) return true;
+  size_t bytes = n * KILN__TMAP_BYTES;
+  if (bytes > maps->cap) {
+    void *d = kiln__dev_alloc(ctx, bytes);
+    if (!d)
+      return !kiln__error(ctx, KILN_ERR_OOM,
+                          "kiln_flush: out of device memory for %zu tensor maps; nothing of this "
+                          "flush ran",
+                          n);
+    if (maps->p) kiln__dev_free(ctx, maps->p); /* its last readers ran before, on the stream */
+    maps->p = d;
+    maps->cap = bytes;
+  }
+  unsigned char *host = aligned_alloc(64, bytes);
+  if (!host) return !kiln__error(ctx, KILN_ERR_OOM, "kiln_flush: out of host memory");
+  size_t at = 0;
+  bool ok = true;
+  for (int k = 0; k < pg->plan.ng && ok; k++) {
+    kiln__call *c = &pg->call[k];
+    if (!c->k || c->ntmap == 0) continue;
+    c->arg.args.ptr[c->tma_slot] = (char *)maps->p + at * KILN__TMAP_BYTES;
+    for (int i = 0; i < c->ntmap && ok; i++, at++)
+      ok = kiln__tmap_encode(ctx, &c->tmap[i], c->arg.args.ptr[c->tmap[i].operand],
+                             host + at * KILN__TMAP_BYTES);
+  }
+  /* pageable memory: the copy has read host when it returns */
+  ok = ok && !KILN_CUDA_FAILED(
+                 ctx, cudaMemcpyAsync(maps->p, host, bytes, cudaMemcpyHostToDevice, ctx->stream));
+  free(host);
+  return ok;
+}
+
+bool kiln__bind_args(kiln_ctx *ctx, kiln__program *pg, kiln__devbuf *maps) {
   for (int k = 0; k < pg->plan.ng; k++) {
     kiln__call *c = &pg->call[k];
     c->arg.args.err = ctx->fusion_state->err_dev;
@@ -237,7 +279,7 @@ bool kiln__bind_args(kiln_ctx *ctx, kiln__program *pg) {
       c->arg.args.ptr[c->ws_slot + 1] = ctx->fusion_state->conv_cnt;
     }
   }
-  return true;
+  return bind_maps(ctx, pg, maps);
 }
 
 /* ---------------------------------------------------------------- step values */
@@ -356,6 +398,6 @@ void kiln__flush_stats(kiln_ctx *ctx, const kiln__program *pg, const kiln_exec_s
 bool kiln__program_run(kiln_ctx *ctx, kiln__program *pg) {
   kiln__bind_write_through(ctx, &pg->plan);
   if (!alloc_outputs(ctx, &pg->plan) || !alloc_masks(ctx, &pg->plan)) return false;
-  return kiln__bind_args(ctx, pg) && upload_eager_values(ctx, pg) &&
+  return kiln__bind_args(ctx, pg, &ctx->fusion_state->tmaps) && upload_eager_values(ctx, pg) &&
          kiln__run_calls(ctx, pg, KILN__RUN_EAGER, NULL);
 }

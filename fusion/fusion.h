@@ -24,6 +24,7 @@
 #include "blas.h"
 #include "device/kargs.cuh"
 #include "engine.h"
+#include "tmap.h"
 
 _Static_assert(KILN__KMAX_DIMS == KILN_MAX_DIMS, "kiln__kargs holds KILN_MAX_DIMS dims");
 
@@ -166,6 +167,7 @@ bool kiln__lower(kiln_ctx *ctx, const kiln__plan *p, kiln__spec **specs);
 typedef struct kiln__target {
   int num_sms;
   bool conv_warp_spec;            /* the conv.cuh kernels warp-specialized (KILN_CONV_WS=1) */
+  bool conv_tma;                  /* conv_tma.cuh's products where they serve (KILN_CONV_TMA=1) */
   kiln_custom_op *const *customs; /* the context's custom ops, by id */
   int ncustom;
 } kiln__target;
@@ -196,6 +198,10 @@ typedef struct kiln__rendered {
   uint64_t bytes_read, bytes_written;
   int zero_slot;       /* with zero_bytes > 0: the operand the executor zeroes before the launch */
   uint64_t zero_bytes; /* (a scatter's output, which the kernel only adds to) */
+  /* with ntmap > 0: the executor encodes tmap[0 .. ntmap) when it binds the arguments, copies
+   * them to the device and binds their address to a.ptr[tma_slot] (conv_tma.cuh's kernels) */
+  int ntmap, tma_slot;
+  kiln__tmap_desc tmap[KILN__KMAX_TMAP];
 } kiln__rendered;
 
 /* Renders spec's kernel; false when host memory runs out (r->src.oom). The caller frees r->src. */
@@ -248,6 +254,8 @@ typedef struct kiln__call {
   uint64_t bytes_read, bytes_written;
   int zero_slot; /* as kiln__rendered's */
   uint64_t zero_bytes;
+  int ntmap, tma_slot; /* as kiln__rendered's */
+  kiln__tmap_desc tmap[KILN__KMAX_TMAP];
   char name[96];
 } kiln__call;
 
@@ -257,6 +265,12 @@ typedef struct kiln__program {
   kiln__spec *spec;
   kiln__call *call;
 } kiln__program;
+
+/* A device buffer that grows (the allocator's block, cap bytes). */
+typedef struct kiln__devbuf {
+  void *p;
+  size_t cap;
+} kiln__devbuf;
 
 /* One group's block of the step values: the float and 64-bit attributes its kernel reads. */
 typedef struct kiln__stepvals {
@@ -269,9 +283,11 @@ bool kiln__program_build(kiln_ctx *ctx, int32_t first, int32_t last, kiln__progr
 void kiln__program_free(kiln__program *pg);
 /* Points the outputs that write through at their persistent buffers. */
 void kiln__bind_write_through(kiln_ctx *ctx, const kiln__plan *p);
-/* Fills every call's pointers from its tensors' (now allocated) memory, and the split-K
- * workspace's (allocated at its first use); false, with the error set, when that runs out. */
-bool kiln__bind_args(kiln_ctx *ctx, kiln__program *pg);
+/* Fills every call's pointers from its tensors' (now allocated) memory, the split-K
+ * workspace's (allocated at its first use) and its tensor maps' (encoded now, copied on the
+ * stream into maps, grown to fit: a buffer that lives as long as the calls may run); false, with
+ * the error set, when that fails. */
+bool kiln__bind_args(kiln_ctx *ctx, kiln__program *pg, kiln__devbuf *maps);
 /* Every group's attributes from the trace into host[0 .. ng). */
 void kiln__fill_values(const kiln_ctx *ctx, const kiln__program *pg, kiln__stepvals *host);
 /* Fills the step values from the trace into dev (one block a group, copied on the stream) and
@@ -337,6 +353,7 @@ typedef struct kiln__fusion {
   kiln__blas *blas;      /* handles, workspace, plans (blas.c); NULL without a GPU */
   void *step_values;     /* eager flushes' step values on the device (kiln__stepvals) */
   int step_values_cap;
+  kiln__devbuf tmaps; /* eager flushes' tensor maps (conv_tma.cuh's kernels) */
   kiln__step_graph *graphs[KILN__MAX_GRAPHS];
   int ngraphs;
   /* the step graphs' arenas of intermediates, each shared by the graphs whose plans fit in it

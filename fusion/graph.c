@@ -26,10 +26,11 @@ struct kiln__step_graph {
   kiln__program prog; /* groups, kernels, arguments and where their attributes come from */
   void *arena;        /* shared with the graphs whose plans fit in it (arena_take) */
   size_t arena_bytes, arena_sum, arena_live;
-  int64_t *off;      /* per node: its output's offset in the arena, -1 for none */
-  int64_t *mask_off; /* per node: its ReLU mask's offset, -1 for none */
-  bool *clobbered;   /* per node: a later value of the step reuses its memory */
-  void *values;      /* the step values on the device, one kiln__stepvals per group */
+  int64_t *off;       /* per node: its output's offset in the arena, -1 for none */
+  int64_t *mask_off;  /* per node: its ReLU mask's offset, -1 for none */
+  bool *clobbered;    /* per node: a later value of the step reuses its memory */
+  void *values;       /* the step values on the device, one kiln__stepvals per group */
+  kiln__devbuf tmaps; /* its TMA-fed convolutions' tensor maps (conv_tma.cuh) */
   cudaGraphExec_t exec;
   uint64_t kernels, last_used;
   kiln_flush_stats flush;
@@ -461,6 +462,7 @@ static void graph_free(kiln_ctx *ctx, kiln__step_graph *E) {
   if (E->exec) cudaGraphExecDestroy(E->exec);
   arena_drop(ctx, E->arena);
   if (E->values) kiln__dev_free(ctx, E->values);
+  if (E->tmaps.p) kiln__dev_free(ctx, E->tmaps.p);
   kiln__program_free(&E->prog);
   free(E->sig);
   free(E->off);
@@ -531,7 +533,7 @@ static kiln__step_graph *capture(kiln_ctx *ctx, uint64_t hash, kiln__sb *sig) {
     return NULL;
   }
   bind(ctx, E);
-  if (!kiln__bind_args(ctx, &E->prog)) {
+  if (!kiln__bind_args(ctx, &E->prog, &E->tmaps)) {
     unbind(ctx, E);
     graph_free(ctx, E);
     return NULL;

@@ -444,13 +444,15 @@ static int32_t bgradb_sum(kiln_ctx *ctx, const kiln__plan *p, int32_t i) {
  * (device/conv.cuh): bf16 on sm_90, stride 1 and dilation 1 (padding at most the window less
  * one), channels in multiples of 8, and either few output channels (where it replaces the
  * mma.sync kernel) or many input channels (wide tiles: H200, air's 7x7x256->256 conv's forward
- * product took 133 us on wgmma; cuBLAS's dcols and col2im about 220 us under Nsight Compute). */
+ * product took 133 us on wgmma; cuBLAS's dcols and col2im about 220 us under Nsight Compute).
+ * With KILN_CONV_TMA=1, also wherever the TMA-fed kernel takes the shape (conv_tma.cuh). */
 static bool dgrad_on_wgmma(const kiln_ctx *ctx, const kiln__node *cn, kiln_dtype dt, int64_t co,
                            int64_t ci) {
   kiln__win w = kiln__win_of(cn);
-  return ctx->arch == 90 && dt == KILN_DTYPE_BF16 && w.sh == 1 && w.sw == 1 && w.dh == 1 &&
-         w.dw == 1 && w.ph <= w.kh - 1 && w.pw <= w.kw - 1 && co % 8 == 0 && ci % 8 == 0 &&
-         (co <= KILN__IMPLICIT_MAX_CO || ci >= 128);
+  if (ctx->arch != 90 || dt != KILN_DTYPE_BF16) return false;
+  if (ctx->conv_tma && kiln__conv_tma_dgrad(&w, co, ci)) return true; /* conv_tma.cuh's */
+  return w.sh == 1 && w.sw == 1 && w.dh == 1 && w.dw == 1 && w.ph <= w.kh - 1 && w.pw <= w.kw - 1 &&
+         co % 8 == 0 && ci % 8 == 0 && (co <= KILN__IMPLICIT_MAX_CO || ci >= 128);
 }
 
 /* Whether col2im node c and the product dcols = dY Wk whose rows it sums (read through a reshape
@@ -573,7 +575,7 @@ static bool implicit_conv(kiln_ctx *ctx, const kiln__plan *p, int32_t c, int32_t
   int64_t co = Y->shape[1];
   kiln__group scratch = {0};
   if (!dense_bf16(Y) || B->dtype != KILN_DTYPE_BF16 || B->stride[0] != 1 || B->stride[1] != K ||
-      B->offset % 8 != 0 || !kiln__implicit_conv_channels(ctx, co) || K * co >= INT32_MAX ||
+      B->offset % 8 != 0 || !kiln__implicit_conv_channels(ctx, cn, co) || K * co >= INT32_MAX ||
       p->claim[*f - p->first] >= 0 || forward_epilogue(ctx, p, *f, &scratch) != 0)
     return false;
   if (*w >= 0 && !implicit_wgrad(ctx, p, c, *w, co)) return false;

@@ -6,7 +6,10 @@
  *     elementwise epilogue applied to the accumulators;
  *   - the forward product and the weight gradient (fusion/device/conv.cuh, wgmma, bf16 on
  *     sm_90a): the columns gathered from the image as each stage needs them, the weight
- *     gradient's reduction over the pixels split across blocks and summed inside the kernel.
+ *     gradient's reduction over the pixels split across blocks and summed inside the kernel;
+ *   - with KILN_CONV_TMA=1, all three on conv_tma.cuh's kernels where they take the shape
+ *     (kiln__conv_tma_window, kiln__conv_tma_dgrad): the same products with the tiles copied by
+ *     the Tensor Memory Accelerator, through tensor maps (tmap.h) that the executor encodes.
  */
 #include <inttypes.h>
 #include <stdlib.h>
@@ -36,12 +39,34 @@ static int wgmma_stages(int BN, bool ws) {
  * gatherers at 24 to 152 registers). */
 static int wgmma_width(int64_t n, bool ws) { return n <= 64 ? 64 : (n <= 128 || ws ? 128 : 256); }
 
+/* A conv_tma.cuh kernel's launch: 288 threads (KILN_TMA_THREADS), S stages of `stage` bytes,
+ * 2 S mbarriers and 1024 bytes to align them (KILN_TMA_SMEM); stages of about 192 KB in all, one
+ * block an SM. Its tensor maps go to a.ptr[slot], after its operands. */
+#define TMA_THREADS 288
+static int tma_stages(int stage) { return 196608 / stage < 8 ? 196608 / stage : 8; }
+static void tma_launch(int stage, int S, int slot, kiln__rendered *r) {
+  r->sm90a = true;
+  r->block = TMA_THREADS;
+  r->smem = (unsigned)(S * stage + 16 * S + 1024);
+  r->tma_slot = slot;
+}
+
+/* The code that points tm at the kernel's maps and makes them visible to the copy engine. */
+static void tma_maps(kiln__sb *b, int slot, int nmap) {
+  kiln__sb_printf(b,
+                  "  const kiln_tmap *tm = (const kiln_tmap *)a.ptr[%d];\n"
+                  "  if (threadIdx.x == 256)\n"
+                  "    for (int i = 0; i < %d; i++)\n"
+                  "      kiln_tma_acquire(tm + i);\n",
+                  slot, nmap);
+}
+
 /* col2im of the product dY Wk as one implicit GEMM: operand 0 is col2im's input (the column
  * matrix, never read), then the epilogue's operands, then dY and Wk. A block of 128 image pixels
  * and BN channels, its accumulators stored through col2im's epilogue, two channels at a time. On
  * mma.sync (igemm.cuh), or with wg on wgmma as the forward product of dY with the filters flipped
  * (conv.cuh, stride 1: its geometry GD beside the convolution's G). */
-static bool render_dgrad(const kiln__ew_prog *p, const kiln__gemm *mm, bool wg, bool ws,
+static bool render_dgrad(const kiln__ew_prog *p, const kiln__gemm *mm, bool wg, bool ws, bool tma,
                          kiln__rendered *r) {
   const kiln__node *n = p->nodes[0];
   const kiln_tensor *X = n->out, *A = mm->a, *B = mm->b;
@@ -53,8 +78,10 @@ static bool render_dgrad(const kiln__ew_prog *p, const kiln__gemm *mm, bool wg, 
   kiln__win w = kiln__win_of(n);
   int64_t N = X->shape[0], H = X->shape[1], W = X->shape[2], CI = X->shape[3];
   int64_t OH = n->in[0]->shape[1], OW = n->in[0]->shape[2], CO = A->shape[1];
-  int BN = wg ? wgmma_width(CI, ws) : (CI <= 32 ? 32 : 64);
-  int S = wgmma_stages(BN, ws);
+  tma = wg && tma && kiln__conv_tma_dgrad(&w, CO, CI);
+  ws = ws && !tma;
+  int BN = wg ? wgmma_width(CI, ws) : (CI <= 32 ? 32 : 64), stage = tma ? (128 + BN) * 128 : 0;
+  int S = tma ? tma_stages(stage) : wgmma_stages(BN, ws);
   bool bf16 = X->dtype == KILN_DTYPE_BF16;
   const char *T = kiln__ctype(X->dtype);
   a->n = N * H * W; /* image pixels: the rows of dX */
@@ -69,9 +96,12 @@ static bool render_dgrad(const kiln__ew_prog *p, const kiln__gemm *mm, bool wg, 
       "  static constexpr int H = %lld, W = %lld, OH = %lld, OW = %lld, CO = %lld, CI = %lld, "
       "BN = %d;\n"
       "};\n",
-      wg ? "conv.cuh" : "igemm.cuh", (long long)w.kh, (long long)w.kw, (long long)w.sh,
-      (long long)w.sw, (long long)w.ph, (long long)w.pw, (long long)w.dh, (long long)w.dw,
-      (long long)H, (long long)W, (long long)OH, (long long)OW, (long long)CO, (long long)CI, BN);
+      tma  ? "conv_tma.cuh"
+      : wg ? "conv.cuh"
+           : "igemm.cuh",
+      (long long)w.kh, (long long)w.kw, (long long)w.sh, (long long)w.sw, (long long)w.ph,
+      (long long)w.pw, (long long)w.dh, (long long)w.dw, (long long)H, (long long)W, (long long)OH,
+      (long long)OW, (long long)CO, (long long)CI, BN);
   if (wg)
     snprintf(pre + k, sizeof pre - (size_t)k,
              "struct GD { /* the data gradient as a forward product of dY */\n"
@@ -87,7 +117,32 @@ static bool render_dgrad(const kiln__ew_prog *p, const kiln__gemm *mm, bool wg, 
                       "  (void)V;\n"
                       "  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;\n"
                       "  (void)warp;\n");
-  if (wg)
+  if (tma) {
+    kiln__sb_printf(&b,
+                    "  constexpr int BN = %d, S = %d;\n"
+                    "  extern __shared__ __align__(1024) unsigned char kiln_smem[];\n"
+                    "  const int M = (int)a.n, m0 = (int)blockIdx.x * 128, n0 = (int)blockIdx.y * "
+                    "BN;\n"
+                    "  float acc[BN / 2];\n",
+                    BN, S);
+    tma_maps(&b, o.n, 2);
+    kiln__sb_printf(&b,
+                    "  if (!kiln_conv_dgrad_tma<G, BN, S>(tm, tm + 1, m0, n0, kiln_smem, acc))\n"
+                    "    return;\n"
+                    "  const int r0 = kiln_conv_row0<false>();\n"
+                    "#pragma unroll\n"
+                    "  for (int j = 0; j < BN / 8; j++)\n"
+                    "#pragma unroll\n"
+                    "  for (int hh = 0; hh < 2; hh++) {\n"
+                    "    const ix m = m0 + r0 + 8 * hh;\n"
+                    "    const ix c = n0 + 8 * j + 2 * (lane & 3);\n"
+                    "    const float d[2] = {acc[4 * j + 2 * hh], acc[4 * j + 2 * hh + 1]};\n");
+    kiln__win f = kiln__dgrad_window(&w);
+    const int64_t nhwc[4] = {N, OH, OW, CO}, wk[3] = {CI, w.kh * w.kw, CO};
+    r->tmap[0] = kiln__tmap_im2col(ka, nhwc, &f, 128);
+    r->tmap[1] = kiln__tmap_tiled(kb, 3, wk, (const uint32_t[]){64, 1, 64});
+    r->ntmap = 2;
+  } else if (wg)
     kiln__sb_printf(&b,
                     "  constexpr int BN = %d, S = %d;\n"
                     "  extern __shared__ __align__(1024) unsigned char kiln_smem[];\n"
@@ -142,9 +197,14 @@ static bool render_dgrad(const kiln__ew_prog *p, const kiln__gemm *mm, bool wg, 
   kiln__sb_printf(&b, "  }\n");
   char stem[80], suffix[48];
   snprintf(suffix, sizeof suffix, "_%lldx%lld_s%lld_%s_%s", (long long)w.kh, (long long)w.kw,
-           (long long)w.sh, kiln_dtype_name(X->dtype), wg ? (ws ? "wgmma_ws" : "wgmma") : "igemm");
+           (long long)w.sh, kiln_dtype_name(X->dtype),
+           tma  ? "tma"
+           : wg ? (ws ? "wgmma_ws" : "wgmma")
+                : "igemm");
   kiln__stem_of(p, "k_matmul", suffix, stem, sizeof stem);
-  if (wg) /* before the source is written: its launch bounds follow r->block */
+  if (tma) /* before the source is written: its launch bounds follow r->block */
+    tma_launch(stage, S, o.n, r);
+  else if (wg)
     wgmma_launch(BN, S, ws, r);
   else
     r->block = KILN__BLOCK;
@@ -160,7 +220,8 @@ static bool render_dgrad(const kiln__ew_prog *p, const kiln__gemm *mm, bool wg, 
 /* The operands of a conv.cuh kernel, slot[0..2]: im2col node n's image X, the product's other
  * operand t and its result out; and into pre the geometry struct G for CO output channels. */
 static void conv_operands(const kiln__node *n, const kiln_tensor *t, const kiln_tensor *out,
-                          int64_t co, kiln__operands *o, int slot[3], char *pre, size_t len) {
+                          int64_t co, bool tma, kiln__operands *o, int slot[3], char *pre,
+                          size_t len) {
   const kiln_tensor *X = n->in[0], *C = n->out;
   slot[0] = kiln__operand(o, X, false, NULL);
   slot[1] = kiln__operand(o, t, false, NULL);
@@ -168,17 +229,18 @@ static void conv_operands(const kiln__node *n, const kiln_tensor *t, const kiln_
   kiln__win w = kiln__win_of(n);
   snprintf(
       pre, len,
-      "#include \"conv.cuh\"\n"
+      "#include \"%s\"\n"
       "struct G { /* the convolution's geometry */\n"
       "  static constexpr int N = %lld, H = %lld, W = %lld, CI = %lld, OH = %lld, OW = %lld, "
       "CO = %lld;\n"
       "  static constexpr int KH = %lld, KW = %lld, SH = %lld, SW = %lld, PH = %lld, PW = %lld, "
       "DH = %lld, DW = %lld;\n"
+      "  static constexpr int M = N * OH * OW, K = KH * KW * CI;\n"
       "};\n",
-      (long long)X->shape[0], (long long)X->shape[1], (long long)X->shape[2],
-      (long long)X->shape[3], (long long)C->shape[1], (long long)C->shape[2], (long long)co,
-      (long long)w.kh, (long long)w.kw, (long long)w.sh, (long long)w.sw, (long long)w.ph,
-      (long long)w.pw, (long long)w.dh, (long long)w.dw);
+      tma ? "conv_tma.cuh" : "conv.cuh", (long long)X->shape[0], (long long)X->shape[1],
+      (long long)X->shape[2], (long long)X->shape[3], (long long)C->shape[1],
+      (long long)C->shape[2], (long long)co, (long long)w.kh, (long long)w.kw, (long long)w.sh,
+      (long long)w.sw, (long long)w.ph, (long long)w.pw, (long long)w.dh, (long long)w.dw);
 }
 
 /* Stores the block's accumulators d (its rows from row0, its columns from col0) into the bf16
@@ -209,45 +271,71 @@ static void store_tile(kiln__sb *b, int out, const char *row0, const char *col0,
                      "    }\n");
 }
 
-/* Names, wraps and launches a conv.cuh kernel: 256 threads (384 warp-specialized), BN-wide
- * tiles, S stages of dynamic shared memory, sm_90a. */
+/* Names, wraps and launches a conv.cuh kernel (256 threads, 384 warp-specialized) or, with
+ * stage > 0, a conv_tma.cuh one (tma_launch: stages of `stage` bytes, its maps at a.ptr[slot]):
+ * BN-wide tiles, S stages of dynamic shared memory, sm_90a. */
 static bool finish_wgmma(kiln__sb *b, const char *what, const kiln__node *n, const char *pre,
-                         const kiln__operands *o, int BN, int S, bool ws, kiln__rendered *r) {
+                         const kiln__operands *o, int BN, int S, bool ws, int stage, int slot,
+                         kiln__rendered *r) {
   kiln__win w = kiln__win_of(n);
   char stem[80];
   snprintf(stem, sizeof stem, "k_conv_%s_%lldx%lld_s%lld_%dx%d_bf16%s", what, (long long)w.kh,
-           (long long)w.kw, (long long)w.sh, 128, BN, ws ? "_ws" : "");
-  wgmma_launch(BN, S, ws, r);
+           (long long)w.kw, (long long)w.sh, 128, BN,
+           stage ? "_tma"
+           : ws  ? "_ws"
+                 : "");
+  if (stage)
+    tma_launch(stage, S, slot, r);
+  else
+    wgmma_launch(BN, S, ws, r);
   bool ok = kiln__finish_with(b, stem, o, r, pre);
   kiln__sb_free(b);
   kiln__tally_bytes(o, r);
   return ok;
 }
 
-/* The forward product Y (M, CO) = im2col(X) Wk^T: a block of 128 pixels by BN channels. */
-static bool render_fprop(const kiln__node *n, const kiln__gemm *mm, bool ws, kiln__rendered *r) {
-  const kiln_tensor *Y = mm->d;
+/* The forward product Y (M, CO) = im2col(X) Wk^T: a block of 128 pixels by BN channels; TMA-fed
+ * with tma, through X's im2col map (128 pixels a copy) and Wk's tiled one (64 x BN boxes). */
+static bool render_fprop(const kiln__node *n, const kiln__gemm *mm, bool ws, bool tma,
+                         kiln__rendered *r) {
+  const kiln_tensor *Y = mm->d, *X = n->in[0];
   int64_t M = Y->shape[0], CO = Y->shape[1];
-  int BN = wgmma_width(CO, ws), S = wgmma_stages(BN, ws);
+  kiln__win w = kiln__win_of(n);
+  tma = tma && kiln__conv_tma_window(&w, X->shape[3]);
+  int BN = wgmma_width(CO, ws && !tma), stage = tma ? (128 + BN) * 128 : 0;
+  int S = tma ? tma_stages(stage) : wgmma_stages(BN, ws);
   kiln__operands o = {0};
   int slot[3];
   char pre[640];
-  conv_operands(n, mm->b, Y, CO, &o, slot, pre, sizeof pre);
+  conv_operands(n, mm->b, Y, CO, tma, &o, slot, pre, sizeof pre);
   kiln__sb b = {0};
   kiln__sb_printf(&b,
                   "  constexpr int BN = %d, S = %d, M = %lld;\n"
                   "  extern __shared__ __align__(1024) unsigned char kiln_smem[];\n"
                   "  float d[BN / 2];\n"
-                  "  const int m0 = (int)blockIdx.x * 128, n0 = (int)blockIdx.y * BN;\n"
-                  "  if (!kiln_conv_fprop<G, BN, S, false, %s>((const kiln_bf16 *)a.ptr[%d], "
-                  "(const kiln_bf16 *)a.ptr[%d], m0, n0, kiln_smem, d))\n"
-                  "    return;\n",
-                  BN, S, (long long)M, ws ? "true" : "false", slot[0], slot[1]);
-  store_tile(&b, slot[2], "m0", "n0", "M", "G::CO", false, ws);
+                  "  const int m0 = (int)blockIdx.x * 128, n0 = (int)blockIdx.y * BN;\n",
+                  BN, S, (long long)M);
+  if (tma) {
+    tma_maps(&b, o.n, 2);
+    kiln__sb_printf(&b, "  if (!kiln_conv_fprop_tma<G, BN, S>(tm, tm + 1, m0, n0, kiln_smem, d))\n"
+                        "    return;\n");
+    const int64_t nhwc[4] = {X->shape[0], X->shape[1], X->shape[2], X->shape[3]};
+    const int64_t wk[2] = {mm->b->shape[0], CO}; /* Wk (CO, K): K innermost */
+    r->tmap[0] = kiln__tmap_im2col(slot[0], nhwc, &w, 128);
+    r->tmap[1] = kiln__tmap_tiled(slot[1], 2, wk, (const uint32_t[]){64, (uint32_t)BN});
+    r->ntmap = 2;
+  } else {
+    kiln__sb_printf(&b,
+                    "  if (!kiln_conv_fprop<G, BN, S, false, %s>((const kiln_bf16 *)a.ptr[%d], "
+                    "(const kiln_bf16 *)a.ptr[%d], m0, n0, kiln_smem, d))\n"
+                    "    return;\n",
+                    ws ? "true" : "false", slot[0], slot[1]);
+  }
+  store_tile(&b, slot[2], "m0", "n0", "M", "G::CO", false, ws && !tma);
   r->arg.args.n = M;
   r->grid = (unsigned)((M + 127) / 128);
   r->grid_y = (unsigned)((CO + BN - 1) / BN);
-  return finish_wgmma(&b, "fprop", n, pre, &o, BN, S, ws, r);
+  return finish_wgmma(&b, "fprop", n, pre, &o, BN, S, ws && !tma, stage, o.n, r);
 }
 
 /* The weight gradient dW (CO, K) = dY^T im2col(X), computed as its transpose (K rows, CO
@@ -260,10 +348,13 @@ static bool render_fprop(const kiln__node *n, const kiln__gemm *mm, bool ws, kil
  * dense dY (M, CO). */
 static bool render_wgrad(const kiln__target *t, const kiln__node *n, const kiln__gemm *mm,
                          kiln__rendered *r) {
-  const kiln_tensor *dY = mm->a, *D = mm->d;
+  const kiln_tensor *dY = mm->a, *D = mm->d, *X = n->in[0];
   int64_t CO = D->shape[0], K = D->shape[1], M = dY->shape[1];
-  bool ws = t->conv_warp_spec;
-  int BN = CO <= 64 ? 64 : 128, S = ws ? wgmma_stages(BN, ws) : 4;
+  kiln__win w = kiln__win_of(n);
+  bool tma = t->conv_tma && kiln__conv_tma_window(&w, X->shape[3]);
+  bool ws = t->conv_warp_spec && !tma;
+  int BN = CO <= 64 ? 64 : 128, stage = tma ? (2 + BN / 64) * 8192 : 0;
+  int S = tma ? tma_stages(stage) : ws ? wgmma_stages(BN, ws) : 4;
   int64_t tiles = ((K + 127) / 128) * ((CO + BN - 1) / BN), sms = t->num_sms > 0 ? t->num_sms : 132;
   int64_t splits = (sms + tiles - 1) / tiles, most = M / (64 * 32);
   if (splits > most) splits = most;
@@ -276,7 +367,8 @@ static bool render_wgrad(const kiln__target *t, const kiln__node *n, const kiln_
   kiln__operands o = {0};
   int slot[3];
   char pre[640];
-  conv_operands(n, dY, D, CO, &o, slot, pre, sizeof pre);
+  conv_operands(n, dY, D, CO, tma, &o, slot, pre, sizeof pre);
+  int maps = splits > 1 ? o.n + 2 : o.n; /* after the split-K workspace's two */
   kiln__sb b = {0};
   kiln__sb_printf(
       &b,
@@ -284,12 +376,32 @@ static bool render_wgrad(const kiln__target *t, const kiln__node *n, const kiln_
       "  extern __shared__ __align__(1024) unsigned char kiln_smem[];\n"
       "  float d[BN / 2];\n"
       "  const int k0 = (int)blockIdx.x * 128, n0 = (int)blockIdx.y * BN;\n"
-      "  const int p0 = (int)blockIdx.z * CHUNK, p1 = p0 + CHUNK < M ? p0 + CHUNK : M;\n"
-      "  if (!kiln_conv_wgrad<G, BN, S, %s>((const kiln_bf16 *)a.ptr[%d], (const kiln_bf16 "
-      "*)a.ptr[%d], k0, n0, p0, p1, kiln_smem, d))\n"
-      "    return;\n",
-      BN, S, (long long)M, (long long)K, (long long)chunk, ws ? "true" : "false", slot[0], slot[1]);
-  if (splits > 1)
+      "  const int p0 = (int)blockIdx.z * CHUNK, p1 = p0 + CHUNK < M ? p0 + CHUNK : M;\n",
+      BN, S, (long long)M, (long long)K, (long long)chunk);
+  if (tma) {
+    tma_maps(&b, maps, 2);
+    kiln__sb_printf(&b,
+                    "  if (!kiln_conv_wgrad_tma<G, BN, S>(tm, tm + 1, k0, n0, p0, p1, kiln_smem, "
+                    "d))\n"
+                    "    return;\n");
+    const int64_t nhwc[4] = {X->shape[0], X->shape[1], X->shape[2], X->shape[3]};
+    const int64_t dy[2] = {CO, M}; /* dY (M, CO): CO innermost */
+    r->tmap[0] = kiln__tmap_im2col(slot[0], nhwc, &w, 64);
+    r->tmap[1] = kiln__tmap_tiled(slot[1], 2, dy, (const uint32_t[]){64, 64});
+    r->ntmap = 2;
+  } else {
+    kiln__sb_printf(&b,
+                    "  if (!kiln_conv_wgrad<G, BN, S, %s>((const kiln_bf16 *)a.ptr[%d], (const "
+                    "kiln_bf16 *)a.ptr[%d], k0, n0, p0, p1, kiln_smem, d))\n"
+                    "    return;\n",
+                    ws ? "true" : "false", slot[0], slot[1]);
+  }
+  if (splits > 1 && tma)
+    kiln__sb_printf(&b,
+                    "  if (!kiln_tma_split_sum<BN>(d, (float *)a.ptr[%d], (unsigned *)a.ptr[%d]))\n"
+                    "    return;\n",
+                    o.n, o.n + 1);
+  else if (splits > 1)
     kiln__sb_printf(
         &b,
         "  if (!kiln_conv_split_sum<BN, %s>(d, (float *)a.ptr[%d], (unsigned *)a.ptr[%d]))\n"
@@ -301,14 +413,15 @@ static bool render_wgrad(const kiln__target *t, const kiln__node *n, const kiln_
   r->grid_y = (unsigned)((CO + BN - 1) / BN);
   r->grid_z = (unsigned)splits;
   r->ws_slot = splits > 1 ? o.n : 0;
-  return finish_wgmma(&b, "wgrad", n, pre, &o, BN, S, ws, r);
+  return finish_wgmma(&b, "wgrad", n, pre, &o, BN, S, ws, stage, maps, r);
 }
 
 bool kiln__render_conv(const kiln__target *t, const kiln__spec *s, kiln__rendered *r) {
   switch (s->conv) {
   case KILN__IMPLICIT_DGRAD:
-    return render_dgrad(&s->prog, &s->gemm, s->wgmma, t->conv_warp_spec, r);
-  case KILN__IMPLICIT_FPROP: return render_fprop(s->red, &s->gemm, t->conv_warp_spec, r);
+    return render_dgrad(&s->prog, &s->gemm, s->wgmma, t->conv_warp_spec, t->conv_tma, r);
+  case KILN__IMPLICIT_FPROP:
+    return render_fprop(s->red, &s->gemm, t->conv_warp_spec, t->conv_tma, r);
   case KILN__IMPLICIT_WGRAD: return render_wgrad(t, s->red, &s->gemm, r);
   case KILN__IMPLICIT_NONE: break;
   }

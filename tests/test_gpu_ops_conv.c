@@ -336,6 +336,9 @@ static bool dgrad_implicit(const conv_case *c) {
           (c->cout <= 64 || c->cin >= 128));
 }
 
+static bool tma_on; /* check_wgmma's cases run with KILN_CONV_TMA=1 (dgrad_tma says more) */
+static bool dgrad_tma(const conv_case *c);
+
 /* Forward product, data gradient and weight gradient in bf16, recorded before anything runs (so
  * that one flush holds the forward product and the weight gradient that share the columns),
  * against float64 of the bf16 operands: results rounded to bf16 may land on either neighbour. */
@@ -378,7 +381,8 @@ static void check_wgmma(kiln_ctx *ctx, const conv_case *c, uint64_t seed) {
   /* x's gradient where it is one implicit GEMM too; elsewhere cuBLAS writes the column gradient
    * in bf16 and col2im sums kh kw rounded values, which this reference does not model
    * (conv2d_data_gradient_as_an_implicit_gemm and the bf16 tests cover that path) */
-  if (dgrad_implicit(c)) expect_grad(ctx, x, xs, dx, 1e-3, 8e-3, what, "x");
+  if (dgrad_implicit(c) || (tma_on && dgrad_tma(c)))
+    expect_grad(ctx, x, xs, dx, 1e-3, 8e-3, what, "x");
   expect_grad(ctx, w, ws, dw, 1e-2, 8e-3, what, "the weight");
   free(gy);
   free(xd);
@@ -398,6 +402,136 @@ Test(gpu_ops, conv2d_forward_and_weight_gradient_as_implicit_gemms) {
   for (size_t i = 0; i < sizeof wgmma_cases / sizeof *wgmma_cases; i++)
     check_wgmma(ctx, &wgmma_cases[i], 3700 + 10 * i);
   th_ctx_free(ctx);
+}
+
+/* KILN_CONV_TMA=1: bf16 convolutions with input channels in stages of 64 run all three products
+ * on the TMA-fed kernels (fusion/device/conv_tma.cuh), whatever their output channels; the data
+ * gradient at stride 1 with output channels in stages of 64. Wide and narrow tiles, tiles that
+ * the pixels or the channels fill in part, stride 2 (ResNet's downsampling and its 1x1
+ * shortcut), dilation, no padding (the data gradient's window padded by 2), batch 1, several
+ * stages a tap (192 and 256 channels) and a reduction split across blocks. */
+static const conv_case tma_cases[] = {
+    {"64->256 3x3 pad 1 (air's 15x15 conv)", 4, 15, 15, 64, 256, 3, 3, CO(.pad_h = 1, .pad_w = 1),
+     0, 0, 0},
+    {"256->256 3x3 pad 1 on 3x3 images (air's last conv)", 8, 3, 3, 256, 256, 3, 3,
+     CO(.pad_h = 1, .pad_w = 1), 0, 0, 0},
+    {"64->128 3x3 stride 2 pad 1 (ResNet's downsampling)", 4, 14, 14, 64, 128, 3, 3,
+     CO(.stride_h = 2, .stride_w = 2, .pad_h = 1, .pad_w = 1), 0, 0, 0},
+    {"128->64 1x1 stride 2 (ResNet's shortcut)", 4, 14, 13, 128, 64, 1, 1,
+     CO(.stride_h = 2, .stride_w = 2), 0, 0, 0},
+    {"64->64 3x3 dilation 2 pad 2", 2, 9, 11, 64, 64, 3, 3,
+     CO(.dilation_h = 2, .dilation_w = 2, .pad_h = 2, .pad_w = 2), 0, 0, 0},
+    {"192->128 3x3 (no padding) on 9x11 images", 3, 9, 11, 192, 128, 3, 3, CO(0), 0, 0, 0},
+    {"64->72 3x3 pad 1 (72 output channels)", 2, 7, 9, 64, 72, 3, 3, CO(.pad_h = 1, .pad_w = 1), 0,
+     0, 0},
+    {"64->64 5x5 pad 2, batch 1", 1, 13, 11, 64, 64, 5, 5, CO(.pad_h = 2, .pad_w = 2), 0, 0, 0},
+    {"64->64 3x3 pad 1, 18432 pixels (split reduction)", 32, 24, 24, 64, 64, 3, 3,
+     CO(.pad_h = 1, .pad_w = 1), 0, 0, 0},
+};
+
+/* Whether the TMA-fed data gradient takes case c (kiln__conv_tma_dgrad): stride 1, input and
+ * output channels in stages of 64, its window's padding d (k - 1) - p not negative. */
+static bool dgrad_tma(const conv_case *c) {
+  ref_win g = conv_win(c);
+  return g.sh == 1 && g.sw == 1 && c->cin % 64 == 0 && c->cout % 64 == 0 &&
+         g.dh * (c->kh - 1) >= g.ph && g.dw * (c->kw - 1) >= g.pw;
+}
+
+Test(gpu_ops, conv2d_products_fed_by_the_tensor_memory_accelerator) {
+  setenv("KILN_CONV_TMA", "1", 1); /* read when the context is made */
+  TH_GPU_CTX_EAGER(ctx);
+  unsetenv("KILN_CONV_TMA");
+  int major = 0, minor = 0;
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0);
+  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0);
+  if (major != 9 || minor != 0) {
+    th_ctx_free(ctx);
+    cr_skip_test("the TMA-fed kernels are sm_90a's; this device is sm_%d%d", major, minor);
+  }
+  tma_on = true;
+  for (size_t i = 0; i < sizeof tma_cases / sizeof *tma_cases; i++)
+    check_wgmma(ctx, &tma_cases[i], 4700 + 10 * i);
+  tma_on = false;
+  th_ctx_free(ctx);
+}
+
+/* The gradients of x and w for loss = sum(conv2d(x, w) g) of a bf16 64->128 convolution in a
+ * context made with KILN_CONV_TMA set to `on`, two steps (a step graph's capture and replay, or
+ * two eager flushes, whose tensor maps share one buffer): the second step's y, dx and dw as f32
+ * (malloc'd). */
+static void tma_step_twice(int on, int graphs, float **y, float **dx, float **dw) {
+  setenv("KILN_CONV_TMA", on ? "1" : "0", 1);
+  kiln_ctx *ctx = kiln_ctx_new(NULL);
+  unsetenv("KILN_CONV_TMA");
+  cr_assert(ctx && kiln_ctx_has_gpu(ctx));
+  kiln_set_graphs(ctx, graphs);
+  kiln_shape xs = KILN_SHAPE(6, 13, 11, 64), ws = KILN_SHAPE(128, 64, 3, 3);
+  kiln_tensor *x = ref_rand_tensor(ctx, xs, 6200, &REF_GEN(-1, 1), 1, NULL);
+  kiln_tensor *w = ref_rand_tensor(ctx, ws, 6201, &REF_GEN(-0.2f, 0.2f), 1, NULL);
+  kiln_tensor *g = ref_rand_tensor(ctx, KILN_SHAPE(6, 13, 11, 128), 6202, &REF_GEN(-1, 1), 0, NULL);
+  kiln_tensor *yk = kiln_tensor_new(ctx, KILN_DTYPE_F32, KILN_SHAPE(6, 13, 11, 128));
+  cr_assert_not_null(yk, "%s", th_err(ctx));
+  for (int s = 0; s < 2; s++) {
+    kiln_tensor_zero_grad(x);
+    kiln_tensor_zero_grad(w);
+    kiln_step_begin(ctx);
+    kiln_autocast_begin(ctx, KILN_DTYPE_BF16);
+    kiln_tensor *yb = kiln_conv2d(x, w, NULL, &(kiln_conv2d_options){.pad_h = 1, .pad_w = 1});
+    kiln_autocast_end(ctx);
+    kiln_tensor *yf = kiln_cast(yb, KILN_DTYPE_F32);
+    cr_assert_eq(kiln_assign(yk, yf), KILN_OK, "%s", th_err(ctx));
+    cr_assert_eq(kiln_backward(kiln_sum(kiln_mul(yf, g), KILN_ALL_AXES, 0)), KILN_OK, "%s",
+                 th_err(ctx));
+    cr_assert_eq(kiln_step_end(ctx), KILN_OK, "%s", th_err(ctx));
+  }
+  *y = ref_read_f32(ctx, yk, "y");
+  *dx = ref_read_f32(ctx, kiln_tensor_grad(x), "x's gradient");
+  *dw = ref_read_f32(ctx, kiln_tensor_grad(w), "w's gradient");
+  kiln_tensor_free(x);
+  kiln_tensor_free(w);
+  kiln_tensor_free(g);
+  kiln_tensor_free(yk);
+  th_ctx_free(ctx);
+}
+
+/* The TMA-fed step replayed from a step graph (its maps encoded once, at the capture) gives
+ * what two eager steps give (maps encoded at every flush), bit for bit; and both agree with the
+ * cp.async kernels' step within bf16's rounding. */
+Test(gpu_ops, conv2d_tma_step_graph_replays_match_eager_steps) {
+  TH_GPU_CTX(probe); /* skips without a GPU */
+  th_ctx_free(probe);
+  int major = 0, minor = 0;
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0);
+  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0);
+  if (major != 9 || minor != 0) cr_skip_test("the TMA-fed kernels are sm_90a's");
+  const int64_t ny = 6 * 13 * 11 * 128, nx = 6 * 13 * 11 * 64, nw = 128 * 64 * 9;
+  float *y[3], *dx[3], *dw[3];
+  tma_step_twice(1, 1, &y[0], &dx[0], &dw[0]);
+  tma_step_twice(1, 0, &y[1], &dx[1], &dw[1]);
+  tma_step_twice(0, 1, &y[2], &dx[2], &dw[2]);
+  cr_assert(memcmp(y[0], y[1], (size_t)ny * sizeof(float)) == 0, "y: graph against eager");
+  cr_assert(memcmp(dx[0], dx[1], (size_t)nx * sizeof(float)) == 0, "dx: graph against eager");
+  cr_assert(memcmp(dw[0], dw[1], (size_t)nw * sizeof(float)) == 0, "dw: graph against eager");
+  const struct {
+    const char *what;
+    float *a, *b;
+    int64_t n;
+  } cmp[] = {{"y", y[0], y[2], ny}, {"dx", dx[0], dx[2], nx}, {"dw", dw[0], dw[2], nw}};
+  for (int k = 0; k < 3; k++) {
+    double most = 0, diff = 0;
+    for (int64_t i = 0; i < cmp[k].n; i++) {
+      most = fmax(most, fabs(cmp[k].b[i]));
+      diff = fmax(diff, fabs((double)cmp[k].a[i] - cmp[k].b[i]));
+    }
+    cr_assert_gt(most, 0, "%s: all zero", cmp[k].what);
+    cr_assert_leq(diff, 1e-2 * most, "%s: TMA-fed against cp.async: %g of %g", cmp[k].what, diff,
+                  most);
+  }
+  for (int k = 0; k < 3; k++) {
+    free(y[k]);
+    free(dx[k]);
+    free(dw[k]);
+  }
 }
 
 /* The input as a view: every other column of a wider image, and a crop of the channels. */

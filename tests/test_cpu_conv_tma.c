@@ -1,0 +1,266 @@
+/*
+ * test_cpu_conv_tma.c: the TMA-fed convolution products (KILN_CONV_TMA=1,
+ * fusion/device/conv_tma.cuh) without a GPU: the tensor maps a renderer asks for (their box
+ * corners give exactly the output pixels for every window), which windows and channel counts
+ * the kernels take, which products of a step the planner gives them, and that every such kernel
+ * renders with its maps bound after its operands and compiles (NVRTC, sm_90a).
+ */
+#include <string.h>
+
+#include "fusion/fusion.h"
+#include "inspect.h"
+
+/* ---------------------------------------------------------------- tensor maps */
+
+/* The standard output size of a window along one dimension (PyTorch's formula). */
+static int64_t out_size(int64_t in, int64_t k, int64_t s, int64_t p, int64_t d) {
+  int64_t span = in + 2 * p - d * (k - 1);
+  return span < 1 ? 0 : (span - 1) / s + 1;
+}
+
+/* The positions an im2col map's traversal visits along a dimension of size `in`: from the lower
+ * corner to in + upper (exclusive), stepped by the stride. */
+static int64_t positions(int64_t in, int lower, int upper, uint32_t stride) {
+  int64_t span = in + upper - lower;
+  return span <= 0 ? 0 : (span + stride - 1) / stride;
+}
+
+Test(conv_tma, im2col_maps_visit_exactly_the_output_pixels) {
+  int checked = 0;
+  for (int64_t k = 1; k <= 7; k++)
+    for (int64_t s = 1; s <= 3; s++)
+      for (int64_t p = 0; p <= 3; p++)
+        for (int64_t d = 1; d <= 2; d++)
+          for (int64_t in = 1; in <= 20; in++) {
+            int64_t o = out_size(in, k, s, p, d);
+            if (o < 1) continue;
+            /* height and width differ, so that a swapped corner shows */
+            kiln__win w = {.kh = k,
+                           .kw = k == 1 ? 1 : k - 1,
+                           .sh = s,
+                           .sw = s,
+                           .ph = p,
+                           .pw = p > 0 ? p - 1 : 0,
+                           .dh = d,
+                           .dw = d};
+            int64_t ow = out_size(in + 3, w.kw, w.sw, w.pw, w.dw);
+            if (ow < 1) continue;
+            const int64_t nhwc[4] = {2, in, in + 3, 64};
+            kiln__tmap_desc m = kiln__tmap_im2col(1, nhwc, &w, 128);
+            cr_assert_eq(m.rank, 4);
+            cr_assert(m.im2col);
+            cr_assert_eq(m.operand, 1);
+            cr_assert_eq(positions(in, m.lower[1], m.upper[1], m.elem_strides[2]), o,
+                         "k %lld s %lld p %lld d %lld in %lld: height", (long long)k, (long long)s,
+                         (long long)p, (long long)d, (long long)in);
+            cr_assert_eq(positions(in + 3, m.lower[0], m.upper[0], m.elem_strides[1]), ow,
+                         "k %lld s %lld p %lld d %lld in %lld: width", (long long)k, (long long)s,
+                         (long long)p, (long long)d, (long long)in + 3);
+            checked++;
+          }
+  cr_assert_gt(checked, 1000);
+}
+
+Test(conv_tma, im2col_map_layout) {
+  kiln__win w = {.kh = 3, .kw = 3, .sh = 2, .sw = 2, .ph = 1, .pw = 0, .dh = 1, .dw = 2};
+  const int64_t nhwc[4] = {8, 9, 7, 128};
+  kiln__tmap_desc m = kiln__tmap_im2col(0, nhwc, &w, 64);
+  /* innermost first: C, W, H, N; strides in bytes of W, H and N */
+  cr_assert_eq(m.dims[0], 128);
+  cr_assert_eq(m.dims[1], 7);
+  cr_assert_eq(m.dims[2], 9);
+  cr_assert_eq(m.dims[3], 8);
+  cr_assert_eq(m.strides[0], 128 * 2);
+  cr_assert_eq(m.strides[1], 7 * 128 * 2);
+  cr_assert_eq(m.strides[2], 9 * 7 * 128 * 2);
+  /* corners in (W, H) order: -p and p - d (k - 1) */
+  cr_assert_eq(m.lower[0], 0);
+  cr_assert_eq(m.lower[1], -1);
+  cr_assert_eq(m.upper[0], 0 - 2 * 2);
+  cr_assert_eq(m.upper[1], 1 - 1 * 2);
+  cr_assert_eq(m.elem_strides[0], 1);
+  cr_assert_eq(m.elem_strides[1], 2);
+  cr_assert_eq(m.elem_strides[2], 2);
+  cr_assert_eq(m.elem_strides[3], 1);
+  cr_assert_eq(m.box[0], 64, "64 channels a pixel: the 128-byte swizzle's span");
+  cr_assert_eq(m.pixels, 64);
+}
+
+Test(conv_tma, tiled_map_layout) {
+  const int64_t dims[3] = {64, 9, 256};
+  kiln__tmap_desc m = kiln__tmap_tiled(4, 3, dims, (const uint32_t[]){64, 1, 64});
+  cr_assert_not(m.im2col);
+  cr_assert_eq(m.operand, 4);
+  cr_assert_eq(m.rank, 3);
+  cr_assert_eq(m.strides[0], 64 * 2);
+  cr_assert_eq(m.strides[1], 64 * 9 * 2);
+  cr_assert_eq(m.box[0], 64);
+  cr_assert_eq(m.box[1], 1);
+  cr_assert_eq(m.box[2], 64);
+  for (int i = 0; i < 3; i++)
+    cr_assert_eq(m.elem_strides[i], 1);
+}
+
+/* ---------------------------------------------------------------- what the kernels take */
+
+Test(conv_tma, windows_and_channels_the_kernels_take) {
+  kiln__win same = {.kh = 3, .kw = 3, .sh = 1, .sw = 1, .ph = 1, .pw = 1, .dh = 1, .dw = 1};
+  cr_assert(kiln__conv_tma_window(&same, 64));
+  cr_assert(kiln__conv_tma_window(&same, 512));
+  cr_assert_not(kiln__conv_tma_window(&same, 24), "a stage is 64 channels of one tap");
+  cr_assert_not(kiln__conv_tma_window(&same, 96));
+  kiln__win s2 = same;
+  s2.sh = s2.sw = 2;
+  cr_assert(kiln__conv_tma_window(&s2, 64));
+  s2.sh = s2.sw = 9;
+  cr_assert_not(kiln__conv_tma_window(&s2, 64), "traversal strides are 1 to 8");
+  kiln__win wide = same;
+  wide.ph = 129;
+  cr_assert_not(kiln__conv_tma_window(&wide, 64), "box corners within [-128, 127]");
+  wide.ph = 128; /* corners -128 and 126 */
+  cr_assert(kiln__conv_tma_window(&wide, 64));
+  wide.ph = 1;
+  wide.kh = 200; /* upper corner 1 - 199 */
+  cr_assert_not(kiln__conv_tma_window(&wide, 64));
+
+  /* the data gradient: stride 1, its window's padding d (k - 1) - p not negative */
+  kiln__win f = kiln__dgrad_window(&same);
+  cr_assert_eq(f.ph, 1);
+  cr_assert_eq(f.sh, 1);
+  cr_assert(kiln__conv_tma_dgrad(&same, 256, 64));
+  cr_assert_not(kiln__conv_tma_dgrad(&same, 256, 32), "32 input channels: half a panel");
+  cr_assert_not(kiln__conv_tma_dgrad(&same, 48, 64), "48 output channels: not a stage");
+  kiln__win valid = same;
+  valid.ph = valid.pw = 0;
+  cr_assert_eq(kiln__dgrad_window(&valid).ph, 2);
+  cr_assert(kiln__conv_tma_dgrad(&valid, 64, 64));
+  kiln__win over = same;
+  over.ph = over.pw = 3;
+  cr_assert_not(kiln__conv_tma_dgrad(&over, 64, 64), "padding past the window");
+  cr_assert_not(kiln__conv_tma_dgrad(&s2, 64, 64), "stride 2");
+}
+
+/* ---------------------------------------------------------------- plans and kernels */
+
+/* Records, in a new step, the bf16 y = conv2d(relu(x)) of x (4, 9, 7, cin), a 3x3 weight with
+ * cout filters, padding 1, stride s, and the backward pass of sum(y). */
+static void record(kiln_ctx *ctx, const char *what, int64_t cin, int64_t cout, int s) {
+  kiln_step_begin(ctx);
+  kiln_tensor *x = th_param(ctx, KILN_SHAPE(4, 9, 7, cin));
+  kiln_tensor *w = th_param(ctx, KILN_SHAPE(cout, cin, 3, 3));
+  kiln_conv2d_options o = {.pad_h = 1, .pad_w = 1, .stride_h = s, .stride_w = s};
+  kiln_autocast_begin(ctx, KILN_DTYPE_BF16);
+  kiln_tensor *y = kiln_conv2d(kiln_relu(x), w, NULL, &o);
+  kiln_autocast_end(ctx);
+  cr_assert_not_null(y, "%s: %s", what, th_err(ctx));
+  cr_assert_eq(kiln_backward(kiln_cast(kiln_sum(y, KILN_ALL_AXES, 0), KILN_DTYPE_F32)), KILN_OK,
+               "%s: %s", what, th_err(ctx));
+}
+
+/* What the compiled program of the open step gives each convolution product. */
+typedef struct {
+  int fprop, wgrad, dgrad;             /* implicit groups */
+  int tma_fprop, tma_wgrad, tma_dgrad; /* of those, TMA-fed kernels */
+} products;
+
+static products program_products(kiln_ctx *ctx, const char *what) {
+  kiln__program pg;
+  cr_assert(kiln__program_build(ctx, ctx->trace.done, ctx->trace.n, &pg), "%s: %s", what,
+            th_err(ctx));
+  products n = {0};
+  for (int k = 0; k < pg.plan.ng; k++) {
+    const kiln__group *g = &pg.plan.g[k];
+    const kiln__call *c = &pg.call[k];
+    bool tma = strstr(c->name, "_tma") != NULL;
+    cr_assert_eq(tma, c->ntmap > 0, "%s: %s has %d maps", what, c->name, c->ntmap);
+    if (tma) {
+      cr_assert_eq(c->ntmap, 2, "%s: %s", what, c->name);
+      cr_assert_eq(c->block, 288, "%s: %s: two warpgroups and a producer warp", what, c->name);
+      /* the maps' slot follows the operands (and the split-K workspace's two) */
+      cr_assert_geq(c->tma_slot, c->arg.nptr, "%s: %s", what, c->name);
+      cr_assert_lt(c->tma_slot, KILN__KMAX_PTR, "%s: %s", what, c->name);
+      if (c->ws_slot > 0) cr_assert_eq(c->tma_slot, c->ws_slot + 2, "%s: %s", what, c->name);
+      cr_assert(c->tmap[0].im2col, "%s: %s: the first map gathers the image", what, c->name);
+      cr_assert_not(c->tmap[1].im2col, "%s: %s", what, c->name);
+      for (int i = 0; i < 2; i++) {
+        cr_assert_lt(c->tmap[i].operand, c->arg.nptr, "%s: %s", what, c->name);
+        const kiln_tensor *t = c->arg.ptr[c->tmap[i].operand];
+        uint64_t numel = 1;
+        for (int d = 0; d < c->tmap[i].rank; d++)
+          numel *= c->tmap[i].dims[d];
+        cr_assert_eq(numel, (uint64_t)kiln_tensor_numel(t),
+                     "%s: %s: map %d covers another tensor's elements", what, c->name, i);
+        cr_assert_eq(t->dtype, KILN_DTYPE_BF16);
+      }
+    }
+    n.fprop += g->implicit == KILN__IMPLICIT_FPROP;
+    n.wgrad += g->implicit == KILN__IMPLICIT_WGRAD;
+    n.dgrad += g->implicit == KILN__IMPLICIT_DGRAD;
+    n.tma_fprop += tma && g->implicit == KILN__IMPLICIT_FPROP;
+    n.tma_wgrad += tma && g->implicit == KILN__IMPLICIT_WGRAD;
+    n.tma_dgrad += tma && g->implicit == KILN__IMPLICIT_DGRAD;
+  }
+  kiln__program_free(&pg);
+  return n;
+}
+
+/* With KILN_CONV_TMA=1 a bf16 convolution with input channels in whole stages of 64 runs its
+ * forward product and weight gradient on the TMA-fed kernels whatever its output channels (the
+ * 64-channel cap is the cp.async kernels'), and its data gradient too at stride 1 with output
+ * channels in stages of 64; every kernel renders with its two maps and compiles for sm_90a.
+ * Other shapes keep the kernels they had; without the switch nothing is TMA-fed. */
+Test(conv_tma, the_planner_gives_the_tma_kernels_what_they_take) {
+  struct {
+    const char *what;
+    int64_t cin, cout;
+    int stride;
+    bool tma;
+    products want;
+  } cases[] = {
+      {"64->256", 64, 256, 1, true, {1, 1, 1, 1, 1, 1}},
+      {"128->64", 128, 64, 1, true, {1, 1, 1, 1, 1, 1}},
+      {"64->128 stride 2", 64, 128, 2, true, {1, 1, 0, 1, 1, 0}},
+      {"64->40 (40 output channels: the data gradient on conv.cuh)",
+       64,
+       40,
+       1,
+       true,
+       {1, 1, 1, 1, 1, 0}},
+      {"24->64 (24 input channels: conv.cuh's kernels)", 24, 64, 1, true, {1, 1, 1, 0, 0, 0}},
+      {"24->256 (24 input channels, 256 output: cuBLAS)", 24, 256, 1, true, {0, 0, 0, 0, 0, 0}},
+      {"64->256 without the switch", 64, 256, 1, false, {0, 0, 0, 0, 0, 0}},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+    kiln_ctx *ctx = th_cpu_ctx();
+    ctx->conv_tma = cases[i].tma;
+    record(ctx, cases[i].what, cases[i].cin, cases[i].cout, cases[i].stride);
+    products got = program_products(ctx, cases[i].what), want = cases[i].want;
+    cr_assert_eq(got.fprop, want.fprop, "%s: %d implicit forward products", cases[i].what,
+                 got.fprop);
+    cr_assert_eq(got.wgrad, want.wgrad, "%s: %d implicit weight gradients", cases[i].what,
+                 got.wgrad);
+    cr_assert_eq(got.dgrad, want.dgrad, "%s: %d implicit data gradients", cases[i].what, got.dgrad);
+    cr_assert_eq(got.tma_fprop, want.tma_fprop, "%s: TMA forward", cases[i].what);
+    cr_assert_eq(got.tma_wgrad, want.tma_wgrad, "%s: TMA weight gradient", cases[i].what);
+    cr_assert_eq(got.tma_dgrad, want.tma_dgrad, "%s: TMA data gradient", cases[i].what);
+    cr_assert_eq(kiln_step_end(ctx), KILN_OK, "%s: %s", cases[i].what, th_err(ctx));
+    th_free_scratch();
+    th_ctx_free(ctx);
+  }
+}
+
+/* An explicit KILN_IMPLICIT_CONV_MAX_CO still caps the output channels of the implicit
+ * forward products and weight gradients, TMA-fed or not (to measure one against the other). */
+Test(conv_tma, an_explicit_channel_cap_still_holds) {
+  kiln_ctx *ctx = th_cpu_ctx();
+  ctx->conv_tma = true;
+  ctx->implicit_conv_max_co = 64;
+  record(ctx, "64->256 capped at 64", 64, 256, 1);
+  products got = program_products(ctx, "64->256 capped at 64");
+  cr_assert_eq(got.fprop, 0);
+  cr_assert_eq(got.wgrad, 0);
+  cr_assert_eq(got.tma_dgrad, 1, "the data gradient has no cap of its own");
+  cr_assert_eq(kiln_step_end(ctx), KILN_OK, "%s", th_err(ctx));
+  th_free_scratch();
+  th_ctx_free(ctx);
+}
