@@ -173,6 +173,9 @@ static char tmpdirs[8][256];
 static int ntmpdirs;
 
 char *th_tmpdir(char *buf, size_t n, const char *what) {
+  static bool at_exit;
+  if (!at_exit) /* also when a test skips or fails before its suite's .fini would run */
+    at_exit = atexit(th_remove_tmpdirs) == 0;
   snprintf(buf, n, "/tmp/kiln-test-%s-XXXXXX", what);
   cr_assert_not_null(mkdtemp(buf), "mkdtemp %s failed", buf);
   if (ntmpdirs < 8) snprintf(tmpdirs[ntmpdirs++], sizeof tmpdirs[0], "%s", buf);
