@@ -613,7 +613,7 @@ bool kiln__implicit_conv_image(const kiln_ctx *ctx, const kiln__node *c);
 bool kiln__implicit_conv_channels(const kiln_ctx *ctx, const kiln__node *c, int64_t co);
 /* Whether the TMA-fed products (fusion/device/conv_tma.cuh) take a window w over ci channels:
  * whole stages of 64 channels, and the geometry an im2col tensor map can hold (strides 1 to 8,
- * box corners within [-128, 127]). */
+ * box corners within [-128, 127], tap offsets d (k - 1) of at most 255). */
 bool kiln__conv_tma_window(const kiln__win *w, int64_t ci);
 /* The window of a stride-1 convolution's data gradient as a forward product of dY (the filters
  * flipped): padding d (k - 1) - p, stride 1. */

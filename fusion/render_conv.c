@@ -45,6 +45,9 @@ static int wgmma_width(int64_t n, bool ws) { return n <= 64 ? 64 : (n <= 128 || 
 #define TMA_THREADS 288
 static int tma_stages(int stage) { return 196608 / stage < 8 ? 196608 / stage : 8; }
 static void tma_launch(int stage, int S, int slot, kiln__rendered *r) {
+  /* the planner's fits() counts a group's every output as an operand, the product's too, which
+   * a conv kernel does not take: a slot is left for the maps (and wgrad's workspace has two) */
+  KILN_ASSERT(slot >= 0 && slot < KILN__KMAX_PTR);
   r->sm90a = true;
   r->block = TMA_THREADS;
   r->smem = (unsigned)(S * stage + 16 * S + 1024);

@@ -122,6 +122,12 @@ Test(conv_tma, windows_and_channels_the_kernels_take) {
   wide.ph = 1;
   wide.kh = 200; /* upper corner 1 - 199 */
   cr_assert_not(kiln__conv_tma_window(&wide, 64));
+  /* tap offsets d (k - 1) are 8 bits in a 4-D copy: p 128 and d (k - 1) 256 keep the corners in
+   * range (-128 and -128) but not the offset */
+  kiln__win far = {.kh = 3, .kw = 3, .sh = 1, .sw = 1, .ph = 128, .pw = 1, .dh = 128, .dw = 1};
+  cr_assert_not(kiln__conv_tma_window(&far, 64), "a tap offset of 256");
+  far.dh = 127; /* offset 254, corners -128 and -126 */
+  cr_assert(kiln__conv_tma_window(&far, 64));
 
   /* the data gradient: stride 1, its window's padding d (k - 1) - p not negative */
   kiln__win f = kiln__dgrad_window(&same);

@@ -427,6 +427,8 @@ static const conv_case tma_cases[] = {
     {"64->64 5x5 pad 2, batch 1", 1, 13, 11, 64, 64, 5, 5, CO(.pad_h = 2, .pad_w = 2), 0, 0, 0},
     {"64->64 3x3 pad 1, 18432 pixels (split reduction)", 32, 24, 24, 64, 64, 3, 3,
      CO(.pad_h = 1, .pad_w = 1), 0, 0, 0},
+    {"64->192 3x3 pad 1 (a weight gradient tile's second dY panel past the channels)", 3, 10, 9, 64,
+     192, 3, 3, CO(.pad_h = 1, .pad_w = 1), 0, 0, 0},
 };
 
 /* Whether the TMA-fed data gradient takes case c (kiln__conv_tma_dgrad): stride 1, input and

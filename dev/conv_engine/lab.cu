@@ -538,7 +538,8 @@ static void launch_wgrad_tma(const CUtensorMap &a, const CUtensorMap &b, kiln_bf
                              float *part, unsigned *cnt, int splits) {
   constexpr int smem = KILN_TMA_SMEM((2 + BN / 64) * 8192, S);
   const int chunk = (int)((G::M + splits * 64 - 1) / (splits * 64) * 64);
-  dim3 grid((G::K + 127) / 128, (G::CO + BN - 1) / BN, splits);
+  const unsigned z = (unsigned)((G::M + chunk - 1) / chunk); /* as the library: no empty split */
+  dim3 grid((G::K + 127) / 128, (G::CO + BN - 1) / BN, z);
   wgrad_tma<G, BN, S><<<grid, KILN_TMA_THREADS, smem>>>(a, b, dwt, part, cnt, chunk);
 }
 
@@ -657,6 +658,7 @@ template <template <int> class S, int NB = 1024> static void shape_tma(const cha
     if (G::CO >= 128) {
       run_wgrad_wg<G, GC, 128, 4>(name, splits);
       run_wgrad_tma<G, GC, 128, 4>(name, splits);
+      run_wgrad_tma<G, GC, 128, 6>(name, splits); /* the library's */
       run_wgrad_tma<G, GC, 128, 8>(name, splits);
       if (G::CO >= 256) run_wgrad_tma<G, GC, 256, 4>(name, splits);
     } else {

@@ -50,7 +50,8 @@ KILN__FN void kiln_tma_mbar_expect(unsigned long long *bar, unsigned bytes) {
 
 /* kiln_mbar_wait with a deadline: a stage's copies or products that never arrive (a fault in
  * the copy engine's view of a map) trap after KILN_TMA_WAIT_NS of waiting, an error for the
- * host, instead of hanging the device. */
+ * host, instead of hanging the device. The deadline is wall time (%globaltimer), which runs on
+ * while cuda-gdb holds the device at a breakpoint: resuming after 10 s there traps. */
 #ifndef KILN_TMA_WAIT_NS
 #define KILN_TMA_WAIT_NS 10000000000ull /* 10 s: a stage takes microseconds */
 #endif
