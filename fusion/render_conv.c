@@ -120,7 +120,7 @@ static bool render_dgrad(const kiln__ew_prog *p, const kiln__gemm *mm, bool wg, 
                       "  (void)V;\n"
                       "  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;\n"
                       "  (void)warp;\n");
-  if (tma) {
+  if (wg) {
     kiln__sb_printf(&b,
                     "  constexpr int BN = %d, S = %d;\n"
                     "  extern __shared__ __align__(1024) unsigned char kiln_smem[];\n"
@@ -128,32 +128,22 @@ static bool render_dgrad(const kiln__ew_prog *p, const kiln__gemm *mm, bool wg, 
                     "BN;\n"
                     "  float acc[BN / 2];\n",
                     BN, S);
-    tma_maps(&b, o.n, 2);
+    if (tma) {
+      tma_maps(&b, o.n, 2);
+      kiln__sb_printf(
+          &b, "  if (!kiln_conv_dgrad_tma<G, BN, S>(tm, tm + 1, m0, n0, kiln_smem, acc))\n");
+      kiln__win f = kiln__dgrad_window(&w);
+      const int64_t nhwc[4] = {N, OH, OW, CO}, wk[3] = {CI, w.kh * w.kw, CO};
+      r->tmap[0] = kiln__tmap_im2col(ka, nhwc, &f, 128);
+      r->tmap[1] = kiln__tmap_tiled(kb, 3, wk, (const uint32_t[]){64, 1, 64});
+      r->ntmap = 2;
+    } else {
+      kiln__sb_printf(&b,
+                      "  if (!kiln_conv_fprop<GD, BN, S, true, %s>((const kiln_bf16 *)a.ptr[%d], "
+                      "(const kiln_bf16 *)a.ptr[%d], m0, n0, kiln_smem, acc))\n",
+                      ws ? "true" : "false", ka, kb);
+    }
     kiln__sb_printf(&b,
-                    "  if (!kiln_conv_dgrad_tma<G, BN, S>(tm, tm + 1, m0, n0, kiln_smem, acc))\n"
-                    "    return;\n"
-                    "  const int r0 = kiln_conv_row0<false>();\n"
-                    "#pragma unroll\n"
-                    "  for (int j = 0; j < BN / 8; j++)\n"
-                    "#pragma unroll\n"
-                    "  for (int hh = 0; hh < 2; hh++) {\n"
-                    "    const ix m = m0 + r0 + 8 * hh;\n"
-                    "    const ix c = n0 + 8 * j + 2 * (lane & 3);\n"
-                    "    const float d[2] = {acc[4 * j + 2 * hh], acc[4 * j + 2 * hh + 1]};\n");
-    kiln__win f = kiln__dgrad_window(&w);
-    const int64_t nhwc[4] = {N, OH, OW, CO}, wk[3] = {CI, w.kh * w.kw, CO};
-    r->tmap[0] = kiln__tmap_im2col(ka, nhwc, &f, 128);
-    r->tmap[1] = kiln__tmap_tiled(kb, 3, wk, (const uint32_t[]){64, 1, 64});
-    r->ntmap = 2;
-  } else if (wg)
-    kiln__sb_printf(&b,
-                    "  constexpr int BN = %d, S = %d;\n"
-                    "  extern __shared__ __align__(1024) unsigned char kiln_smem[];\n"
-                    "  const int M = (int)a.n, m0 = (int)blockIdx.x * 128, n0 = (int)blockIdx.y * "
-                    "BN;\n"
-                    "  float acc[BN / 2];\n"
-                    "  if (!kiln_conv_fprop<GD, BN, S, true, %s>((const kiln_bf16 *)a.ptr[%d], "
-                    "(const kiln_bf16 *)a.ptr[%d], m0, n0, kiln_smem, acc))\n"
                     "    return;\n"
                     "  const int r0 = kiln_conv_row0<%s>();\n"
                     "#pragma unroll\n"
@@ -163,8 +153,8 @@ static bool render_dgrad(const kiln__ew_prog *p, const kiln__gemm *mm, bool wg, 
                     "    const ix m = m0 + r0 + 8 * hh;\n"
                     "    const ix c = n0 + 8 * j + 2 * (lane & 3);\n"
                     "    const float d[2] = {acc[4 * j + 2 * hh], acc[4 * j + 2 * hh + 1]};\n",
-                    BN, S, ws ? "true" : "false", ka, kb, ws ? "true" : "false");
-  else
+                    ws ? "true" : "false");
+  } else
     kiln__sb_printf(&b,
                     "  const int M = (int)a.n, m0 = (int)blockIdx.x * KILN_IG_BM, n0 = "
                     "(int)blockIdx.y * G::BN;\n"
@@ -401,7 +391,8 @@ static bool render_wgrad(const kiln__target *t, const kiln__node *n, const kiln_
   }
   if (splits > 1 && tma)
     kiln__sb_printf(&b,
-                    "  if (!kiln_tma_split_sum<BN>(d, (float *)a.ptr[%d], (unsigned *)a.ptr[%d]))\n"
+                    "  if (!kiln_conv_split_sum<BN, false, true>(d, (float *)a.ptr[%d], (unsigned "
+                    "*)a.ptr[%d]))\n"
                     "    return;\n",
                     o.n, o.n + 1);
   else if (splits > 1)

@@ -4,6 +4,7 @@
  * points, so kiln links no libcuda of its own.
  */
 #include <cuda.h>
+#include <cudaTypedefs.h>
 #include <cuda_runtime.h>
 #include <pthread.h>
 #include <string.h>
@@ -37,15 +38,8 @@ kiln__tmap_desc kiln__tmap_tiled(int operand, int rank, const int64_t *dims, con
   return d;
 }
 
-typedef CUresult (*encode_im2col_fn)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *,
-                                     const cuuint64_t *, const cuuint64_t *, const int *,
-                                     const int *, cuuint32_t, cuuint32_t, const cuuint32_t *,
-                                     CUtensorMapInterleave, CUtensorMapSwizzle,
-                                     CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
-typedef CUresult (*encode_tiled_fn)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *,
-                                    const cuuint64_t *, const cuuint64_t *, const cuuint32_t *,
-                                    const cuuint32_t *, CUtensorMapInterleave, CUtensorMapSwizzle,
-                                    CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+typedef PFN_cuTensorMapEncodeIm2col_v12000 encode_im2col_fn;
+typedef PFN_cuTensorMapEncodeTiled_v12000 encode_tiled_fn;
 
 static pthread_once_t found_once = PTHREAD_ONCE_INIT;
 static encode_im2col_fn encode_im2col;

@@ -435,7 +435,7 @@ __global__ void __launch_bounds__(KILN_TMA_THREADS, 1)
   const int k0 = blockIdx.x * 128, n0 = blockIdx.y * BN;
   const int p0 = blockIdx.z * chunk, p1 = p0 + chunk < G::M ? p0 + chunk : (int)G::M;
   if (!kiln_conv_wgrad_tma<G, BN, S>((const kiln_tmap *)&tx, (const kiln_tmap *)&ty, k0, n0, p0, p1, smem, d)) return;
-  if (kiln_tma_split_sum<BN>(d, part, cnt)) store_tile<BN>(dwt, k0, n0, G::K, G::CO, d);
+  if (kiln_conv_split_sum<BN, false, true>(d, part, cnt)) store_tile<BN>(dwt, k0, n0, G::K, G::CO, d);
 }
 
 /* The maps of each product for shape G's buffers. */

@@ -6,21 +6,15 @@
 #define KILN_LAB_TMA_CUH
 
 #include <cuda.h>
+#include <cudaTypedefs.h>
 
 #define KILN_TMA_WAIT_NS 2000000000ull /* a lost arrival traps after 2 s, not the library's 10 */
 #include "../../fusion/device/conv_tma.cuh"
 
 namespace tma {
 
-typedef CUresult (*encode_im2col_fn)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *,
-                                     const cuuint64_t *, const cuuint64_t *, const int *,
-                                     const int *, cuuint32_t, cuuint32_t, const cuuint32_t *,
-                                     CUtensorMapInterleave, CUtensorMapSwizzle,
-                                     CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
-typedef CUresult (*encode_tiled_fn)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *,
-                                    const cuuint64_t *, const cuuint64_t *, const cuuint32_t *,
-                                    const cuuint32_t *, CUtensorMapInterleave, CUtensorMapSwizzle,
-                                    CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+typedef PFN_cuTensorMapEncodeIm2col_v12000 encode_im2col_fn;
+typedef PFN_cuTensorMapEncodeTiled_v12000 encode_tiled_fn;
 
 static void *driver_fn(const char *name) {
   void *f = nullptr;

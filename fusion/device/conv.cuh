@@ -311,13 +311,14 @@ KILN__FN bool kiln_conv_wgrad(const kiln_bf16 *__restrict__ x, const kiln_bf16 *
  * tile's counter in cnt; the last block of a tile gets true back with d the sum of the partials
  * in split order (the same sum whichever block comes last) and resets the counter, so that every
  * launch finds the counters zero. The others get false. */
-template <int BN, bool WS = false>
+template <int BN, bool WS = false, bool ALONE = WS>
 KILN__FN bool kiln_conv_split_sum(float (&d)[BN / 2], float *part, unsigned *cnt) {
   const int splits = gridDim.z, tile = blockIdx.x + gridDim.x * blockIdx.y;
   if (splits == 1) return true;
-  /* the multipliers alone (WS's gatherers have left): a named barrier of 256 threads */
+  /* ALONE: the multipliers are alone (WS's gatherers, conv_tma.cuh's producer warp have left):
+   * a named barrier of their 256 threads */
   auto sync = [] {
-    if constexpr (WS)
+    if constexpr (ALONE)
       kiln_named_sync(1, 256);
     else
       __syncthreads();

@@ -57,15 +57,7 @@ KILN__FN void kiln_tma_mbar_expect(unsigned long long *bar, unsigned bytes) {
 #endif
 KILN__FN void kiln_tma_mbar_wait(unsigned long long *bar, unsigned parity) {
   unsigned long long t0 = 0;
-  for (;;) {
-    unsigned done;
-    asm volatile("{\n.reg .pred p;\n"
-                 "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-                 "selp.u32 %0, 1, 0, p;\n}\n"
-                 : "=r"(done)
-                 : "r"(kiln_smem_addr(bar)), "r"(parity)
-                 : "memory");
-    if (done) return;
+  while (!kiln_mbar_try(bar, parity)) {
     unsigned long long now;
     asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(now));
     if (t0 == 0)
@@ -160,40 +152,49 @@ KILN__FN unsigned char *kiln_tma_align1024(unsigned char *p) {
   return (unsigned char *)(((unsigned long long)p + 1023) & ~1023ull);
 }
 
+/* What the three products share: KT stages of `stage` bytes from base (1024-aligned), their
+ * barriers behind them; thread 256 issues stage kt's copies with issue(kt, st, bar) (bar the
+ * stage's `full` barrier, armed with its bytes), threads 0-255 multiply with mma(tile, wg) (tile
+ * the stage's bytes, wg the thread's warpgroup) into d. Returns whether this thread holds
+ * accumulators (the multipliers). */
+template <int S, int N, class I, class M>
+KILN__FN bool kiln_tma_run(int KT, unsigned char *base, int stage, float (&d)[N], I issue, M mma) {
+  unsigned long long *full = (unsigned long long *)(base + S * stage);
+  kiln_tma_init_barriers<S>(full);
+  if (threadIdx.x >= 256) {
+    if (threadIdx.x == 256)
+      kiln_tma_produce<S>(KT, full, stage, [&](int kt, int st) { issue(kt, st, &full[st]); });
+    return false;
+  }
+  const int wg = threadIdx.x >> 7;
+  kiln_tma_consume<S>(KT, full, d, [&](int st) { mma(base + st * stage, wg); });
+  return true;
+}
+
 /* The forward product Y (M, CO) of pixels [m0, m0 + 128) and channels [n0, n0 + BN): ta the
- * image's im2col map (128 pixels a copy), tb the filters' tiled map (box 64 x BN). Returns
- * whether this thread holds accumulators (the multipliers). */
+ * image's im2col map (128 pixels a copy), tb the filters' tiled map (box 64 x BN). */
 template <class G, int BN, int S>
 KILN__FN bool kiln_conv_fprop_tma(const kiln_tmap *ta, const kiln_tmap *tb, int m0, int n0,
                                   unsigned char *smem, float (&d)[BN / 2]) {
   constexpr int STAGE = (128 + BN) * 128, CH = G::CI / 64, KT = G::KH * G::KW * CH;
   static_assert(G::CI % 64 == 0 && BN % 64 == 0 && BN <= 256 && S >= 2, "kiln_conv_fprop_tma");
   unsigned char *base = kiln_tma_align1024(smem);
-  unsigned long long *full = (unsigned long long *)(base + S * STAGE);
-  kiln_tma_init_barriers<S>(full);
-  if (threadIdx.x >= 256) {
-    if (threadIdx.x == 256) {
-      int w, h, n;
-      kiln_tma_origin<G>(m0, w, h, n);
-      kiln_tma_produce<S>(KT, full, STAGE, [&](int kt, int st) {
+  int w, h, n;
+  kiln_tma_origin<G>(m0, w, h, n);
+  return kiln_tma_run<S>(
+      KT, base, STAGE, d,
+      [&](int kt, int st, unsigned long long *bar) {
         unsigned char *as = base + st * STAGE;
         const int tap = kt / CH, c = (kt % CH) * 64;
-        kiln_tma_im2col4(as, ta, &full[st], c, w, h, n, (tap % G::KW) * G::DW,
-                         (tap / G::KW) * G::DH);
-        kiln_tma_tile2(as + 128 * 128, tb, &full[st], kt * 64, n0);
-      });
-    }
-    return false;
-  }
-  const int wg = threadIdx.x >> 7;
-  kiln_tma_consume<S>(KT, full, d, [&](int st) {
-    const unsigned char *a = base + st * STAGE + wg * 64 * 128, *b = base + st * STAGE + 128 * 128;
+        kiln_tma_im2col4(as, ta, bar, c, w, h, n, (tap % G::KW) * G::DW, (tap / G::KW) * G::DH);
+        kiln_tma_tile2(as + 128 * 128, tb, bar, kt * 64, n0);
+      },
+      [&](const unsigned char *t, int wg) {
 #pragma unroll
-    for (int ks = 0; ks < 4; ks++)
-      kiln_wgmma<BN, 0, 0>(d, kiln_wg_desc<16, 1024>(a + ks * 32),
-                           kiln_wg_desc<16, 1024>(b + ks * 32));
-  });
-  return true;
+        for (int ks = 0; ks < 4; ks++) /* 16 of the reduction: 32 bytes along the rows */
+          kiln_wgmma<BN, 0, 0>(d, kiln_wg_desc<16, 1024>(t + wg * 64 * 128 + ks * 32),
+                               kiln_wg_desc<16, 1024>(t + 128 * 128 + ks * 32));
+      });
 }
 
 /* The data gradient of a stride-1 convolution, dX (N H W, CI) for pixels [m0, m0 + 128) of dX
@@ -210,32 +211,24 @@ KILN__FN bool kiln_conv_dgrad_tma(const kiln_tmap *ta, const kiln_tmap *tw, int 
                     BN <= 256 && S >= 2,
                 "kiln_conv_dgrad_tma");
   unsigned char *base = kiln_tma_align1024(smem);
-  unsigned long long *full = (unsigned long long *)(base + S * STAGE);
-  kiln_tma_init_barriers<S>(full);
-  if (threadIdx.x >= 256) {
-    if (threadIdx.x == 256) {
-      const int w0 = m0 % G::W, r = m0 / G::W, h0 = r % G::H, n = r / G::H;
-      kiln_tma_produce<S>(KT, full, STAGE, [&](int kt, int st) {
+  const int w0 = m0 % G::W, r = m0 / G::W, h0 = r % G::H, n = r / G::H;
+  return kiln_tma_run<S>(
+      KT, base, STAGE, d,
+      [&](int kt, int st, unsigned long long *bar) {
         unsigned char *as = base + st * STAGE, *bs = as + 128 * 128;
         const int tap = kt / CH, c = (kt % CH) * 64; /* tap t' of the flipped filters */
-        kiln_tma_im2col4(as, ta, &full[st], c, w0 - PW, h0 - PH, n, (tap % G::KW) * G::DW,
+        kiln_tma_im2col4(as, ta, bar, c, w0 - PW, h0 - PH, n, (tap % G::KW) * G::DW,
                          (tap / G::KW) * G::DH);
 #pragma unroll
         for (int p = 0; p < BN / 64; p++)
-          kiln_tma_tile3(bs + p * 8192, tw, &full[st], n0 + 64 * p, TAPS - 1 - tap, c);
-      });
-    }
-    return false;
-  }
-  const int wg = threadIdx.x >> 7;
-  kiln_tma_consume<S>(KT, full, d, [&](int st) {
-    const unsigned char *a = base + st * STAGE + wg * 64 * 128, *b = base + st * STAGE + 128 * 128;
+          kiln_tma_tile3(bs + p * 8192, tw, bar, n0 + 64 * p, TAPS - 1 - tap, c);
+      },
+      [&](const unsigned char *t, int wg) {
 #pragma unroll
-    for (int ks = 0; ks < 4; ks++)
-      kiln_wgmma<BN, 0, 1>(d, kiln_wg_desc<16, 1024>(a + ks * 32),
-                           kiln_wg_desc<8192, 1024>(b + ks * 2048));
-  });
-  return true;
+        for (int ks = 0; ks < 4; ks++) /* B: 16 rows of 128 bytes */
+          kiln_wgmma<BN, 0, 1>(d, kiln_wg_desc<16, 1024>(t + wg * 64 * 128 + ks * 32),
+                               kiln_wg_desc<8192, 1024>(t + 128 * 128 + ks * 2048));
+      });
 }
 
 /* The weight gradient's partial sum over pixels [p0, p1) (p0 a multiple of 64) for rows
@@ -248,78 +241,33 @@ KILN__FN bool kiln_conv_wgrad_tma(const kiln_tmap *tx, const kiln_tmap *ty, int 
   constexpr int STAGE = (2 + BN / 64) * 8192;
   static_assert(G::CI % 64 == 0 && BN % 64 == 0 && BN <= 256 && S >= 2, "kiln_conv_wgrad_tma");
   unsigned char *base = kiln_tma_align1024(smem);
-  unsigned long long *full = (unsigned long long *)(base + S * STAGE);
-  kiln_tma_init_barriers<S>(full);
-  const int KT = (p1 - p0 + 63) / 64;
-  if (threadIdx.x >= 256) {
-    if (threadIdx.x == 256) {
-      int tap[2], ch[2];
-      for (int q = 0; q < 2; q++) {
-        const int k = k0 + 64 * q < G::K ? k0 + 64 * q : G::K - 64; /* past K: any tap, unused */
-        tap[q] = k / G::CI;
-        ch[q] = k % G::CI;
-      }
-      kiln_tma_produce<S>(KT, full, STAGE, [&](int kt, int st) {
-        unsigned char *as = base + st * STAGE, *bs = as + 2 * 8192;
-        const int p = p0 + kt * 64;
-        int w, h, n;
-        kiln_tma_origin<G>(p, w, h, n);
-#pragma unroll
-        for (int q = 0; q < 2; q++)
-          kiln_tma_im2col4(as + q * 8192, tx, &full[st], ch[q], w, h, n, (tap[q] % G::KW) * G::DW,
-                           (tap[q] / G::KW) * G::DH);
-#pragma unroll
-        for (int q = 0; q < BN / 64; q++)
-          kiln_tma_tile2(bs + q * 8192, ty, &full[st], n0 + 64 * q, p);
-      });
-    }
-    return false;
+  int tap[2], ch[2];
+  for (int q = 0; q < 2; q++) {
+    const int k = k0 + 64 * q < G::K ? k0 + 64 * q : G::K - 64; /* past K: any tap, unused */
+    tap[q] = k / G::CI;
+    ch[q] = k % G::CI;
   }
-  const int wg = threadIdx.x >> 7;
-  kiln_tma_consume<S>(KT, full, d, [&](int st) {
-    const unsigned char *a = base + st * STAGE + wg * 8192, *b = base + st * STAGE + 2 * 8192;
+  return kiln_tma_run<S>((p1 - p0 + 63) / 64, base, STAGE, d,
+                         [&](int kt, int st, unsigned long long *bar) {
+                           unsigned char *as = base + st * STAGE, *bs = as + 2 * 8192;
+                           const int p = p0 + kt * 64;
+                           int w, h, n;
+                           kiln_tma_origin<G>(p, w, h, n);
 #pragma unroll
-    for (int ks = 0; ks < 4; ks++)
-      kiln_wgmma<BN, 1, 1>(d, kiln_wg_desc<8192, 1024>(a + ks * 2048),
-                           kiln_wg_desc<8192, 1024>(b + ks * 2048));
-  });
-  return true;
-}
-
-/* Split-K among the multipliers (threads 0-255; the producer warp has left): as
- * kiln_conv_split_sum in fusion/device/conv.cuh, over a named barrier of 256 threads. */
-template <int BN> KILN__FN bool kiln_tma_split_sum(float (&d)[BN / 2], float *part, unsigned *cnt) {
-  const int splits = gridDim.z, tile = blockIdx.x + gridDim.x * blockIdx.y;
-  if (splits == 1) return true;
-  const int r0 = kiln_conv_row0<false>(), c0 = 2 * (threadIdx.x & 3);
-  float *all = part + (long long)tile * splits * 128 * BN, *mine = all + blockIdx.z * 128 * BN;
+                           for (int q = 0; q < 2; q++)
+                             kiln_tma_im2col4(as + q * 8192, tx, bar, ch[q], w, h, n,
+                                              (tap[q] % G::KW) * G::DW, (tap[q] / G::KW) * G::DH);
 #pragma unroll
-  for (int j = 0; j < BN / 8; j++)
+                           for (int q = 0; q < BN / 64; q++)
+                             kiln_tma_tile2(bs + q * 8192, ty, bar, n0 + 64 * q, p);
+                         },
+                         [&](const unsigned char *t, int wg) {
 #pragma unroll
-    for (int h = 0; h < 2; h++)
-      *(float2 *)&mine[(r0 + 8 * h) * BN + 8 * j + c0] =
-          make_float2(d[4 * j + 2 * h], d[4 * j + 2 * h + 1]);
-  __threadfence();
-  kiln_named_sync(1, 256);
-  __shared__ unsigned last;
-  if (threadIdx.x == 0) last = atomicAdd(&cnt[tile], 1u) == (unsigned)splits - 1;
-  kiln_named_sync(1, 256);
-  if (!last) return false;
-  __threadfence();
-#pragma unroll
-  for (int j = 0; j < BN / 8; j++)
-#pragma unroll
-    for (int h = 0; h < 2; h++) {
-      float2 s = make_float2(0.f, 0.f);
-      for (int z = 0; z < splits; z++) {
-        const float2 v =
-            __ldcg((const float2 *)&all[z * 128 * BN + (r0 + 8 * h) * BN + 8 * j + c0]);
-        s.x += v.x, s.y += v.y;
-      }
-      d[4 * j + 2 * h] = s.x, d[4 * j + 2 * h + 1] = s.y;
-    }
-  if (threadIdx.x == 0) cnt[tile] = 0;
-  return true;
+                           for (int ks = 0; ks < 4; ks++) /* 16 pixels: 16 rows of 128 bytes */
+                             kiln_wgmma<BN, 1, 1>(
+                                 d, kiln_wg_desc<8192, 1024>(t + wg * 8192 + ks * 2048),
+                                 kiln_wg_desc<8192, 1024>(t + 2 * 8192 + ks * 2048));
+                         });
 }
 
 #endif

@@ -55,17 +55,22 @@ KILN__FN void kiln_mbar_init(unsigned long long *bar, unsigned count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(kiln_smem_addr(bar)), "r"(count)
                : "memory");
 }
-/* Waits until the barrier's phase of parity `parity` has completed (acquire, CTA scope). */
-KILN__FN void kiln_mbar_wait(unsigned long long *bar, unsigned parity) {
+/* Whether the barrier's phase of parity `parity` has completed (acquire, CTA scope), after a
+ * wait of the hardware's choosing. */
+KILN__FN bool kiln_mbar_try(unsigned long long *bar, unsigned parity) {
   unsigned done;
-  do
-    asm volatile("{\n.reg .pred p;\n"
-                 "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-                 "selp.u32 %0, 1, 0, p;\n}\n"
-                 : "=r"(done)
-                 : "r"(kiln_smem_addr(bar)), "r"(parity)
-                 : "memory");
-  while (!done);
+  asm volatile("{\n.reg .pred p;\n"
+               "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+               "selp.u32 %0, 1, 0, p;\n}\n"
+               : "=r"(done)
+               : "r"(kiln_smem_addr(bar)), "r"(parity)
+               : "memory");
+  return done != 0;
+}
+/* Waits until the barrier's phase of parity `parity` has completed. */
+KILN__FN void kiln_mbar_wait(unsigned long long *bar, unsigned parity) {
+  while (!kiln_mbar_try(bar, parity)) {
+  }
 }
 KILN__FN void kiln_mbar_arrive(unsigned long long *bar) {
   asm volatile(
