@@ -350,7 +350,13 @@ typedef struct kiln__arena {
 /* KILN_DEBUG, a comma-separated list: "plan" prints every flush's groups to stderr, "verify"
  * checks every plan's invariants (on in debug builds), "nan" turns anomaly mode on
  * (kiln_set_anomaly), "memory" prints every step graph's memory plan. */
-enum { KILN__DEBUG_PLAN = 1, KILN__DEBUG_VERIFY = 2, KILN__DEBUG_NAN = 4, KILN__DEBUG_MEMORY = 8 };
+enum {
+  KILN__DEBUG_PLAN = 1,
+  KILN__DEBUG_VERIFY = 2,
+  KILN__DEBUG_NAN = 4,
+  KILN__DEBUG_MEMORY = 8,
+  KILN__DEBUG_TRAFFIC = 16
+};
 
 struct CUstream_st;                               /* a cudaStream_t, without the CUDA headers */
 typedef struct kiln__handles kiln__handles;       /* core/handles.c */

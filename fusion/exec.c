@@ -115,7 +115,9 @@ bool kiln__program_build(kiln_ctx *ctx, int32_t first, int32_t last, kiln__progr
   if (!kiln__lower(ctx, &pg->plan, &pg->spec)) return false;
   pg->call = calloc((size_t)(pg->plan.ng > 0 ? pg->plan.ng : 1), sizeof *pg->call);
   if (!pg->call) return !kiln__error(ctx, KILN_ERR_OOM, "kiln_flush: out of host memory");
-  return build_calls(ctx, pg);
+  if (!build_calls(ctx, pg)) return false;
+  if (ctx->debug & KILN__DEBUG_TRAFFIC) kiln__print_traffic(ctx, pg);
+  return true;
 }
 
 void kiln__program_free(kiln__program *pg) {

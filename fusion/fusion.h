@@ -280,6 +280,9 @@ typedef struct kiln__stepvals {
 
 /* Plans, lowers, renders and compiles trace nodes [first, last) (no memory, no launch). */
 bool kiln__program_build(kiln_ctx *ctx, int32_t first, int32_t last, kiln__program *pg);
+/* KILN_DEBUG=traffic: the bytes a program's kernels read and write by kernel family, largest
+ * first, and the time they take at least at the H200's memory bandwidth (profile.c). */
+void kiln__print_traffic(const kiln_ctx *ctx, const kiln__program *pg);
 void kiln__program_free(kiln__program *pg);
 /* Points the outputs that write through at their persistent buffers. */
 void kiln__bind_write_through(kiln_ctx *ctx, const kiln__plan *p);

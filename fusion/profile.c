@@ -71,6 +71,20 @@ static const kiln__node *product(const kiln_ctx *ctx, const kiln__plan *p, const
   return NULL;
 }
 
+/* The bytes group k reads and writes: the renderer's count for a generated kernel; for a
+ * product on the BLAS library, its operands, each read or written once. */
+static void call_bytes(const kiln_ctx *ctx, const kiln__program *pg, int k, uint64_t *rd,
+                       uint64_t *wr) {
+  const kiln__call *c = &pg->call[k];
+  *rd = c->bytes_read;
+  *wr = c->bytes_written;
+  const kiln__node *mm = product(ctx, &pg->plan, &pg->plan.g[k]);
+  if (mm && pg->spec[k].kind == KILN__SPEC_BLAS) {
+    *rd = kiln__footprint(mm->in[0]) + kiln__footprint(mm->in[1]);
+    *wr = kiln__footprint(mm->out);
+  }
+}
+
 static uint32_t describe(kiln_ctx *ctx, const kiln__program *pg, int k, uint64_t key) {
   const kiln__call *c = &pg->call[k];
   const kiln__plan *p = &pg->plan;
@@ -106,11 +120,8 @@ static uint32_t describe(kiln_ctx *ctx, const kiln__program *pg, int k, uint64_t
   if (mm) {
     const kiln_tensor *a = mm->in[0];
     d.flops = 2 * (uint64_t)kiln_tensor_numel(mm->out) * (uint64_t)a->shape[a->ndim - 1];
-    if (pg->spec[k].kind == KILN__SPEC_BLAS) { /* the operands, each read or written once */
-      d.bytes_read = kiln__footprint(mm->in[0]) + kiln__footprint(mm->in[1]);
-      d.bytes_written = kiln__footprint(mm->out);
-    }
   }
+  call_bytes(ctx, pg, k, &d.bytes_read, &d.bytes_written);
   uint32_t id = nodes.oom ? KILN__PROF_NONE : kiln__prof_group_add(ctx->prof, key, &d);
   kiln__sb_free(&nodes);
   return id;
@@ -161,4 +172,65 @@ int32_t kiln__captured_records(kiln_ctx *ctx, size_t *seen) {
     }
   }
   return count;
+}
+
+/* ---------------------------------------------------------------- KILN_DEBUG=traffic */
+
+/* A kernel's family: its name without the source hash; every BLAS product one family. */
+static void family(const kiln__program *pg, int k, char *buf, size_t n) {
+  const char *name = pg->call[k].name;
+  if (pg->spec[k].kind == KILN__SPEC_BLAS) {
+    snprintf(buf, n, "(BLAS products)");
+    return;
+  }
+  size_t len = strlen(name);
+  if (len > 9 && name[len - 9] == '_' && strspn(name + len - 8, "0123456789abcdef") == 8) len -= 9;
+  snprintf(buf, n, "%.*s", (int)len, name);
+}
+
+typedef struct {
+  char name[96];
+  int launches;
+  uint64_t rd, wr;
+} traffic_row;
+
+static int by_bytes(const void *a, const void *b) {
+  const traffic_row *x = a, *y = b;
+  uint64_t tx = x->rd + x->wr, ty = y->rd + y->wr;
+  return tx < ty ? 1 : tx > ty ? -1 : strcmp(x->name, y->name);
+}
+
+void kiln__print_traffic(const kiln_ctx *ctx, const kiln__program *pg) {
+  const kiln__plan *p = &pg->plan;
+  traffic_row *rows = calloc((size_t)(p->ng > 0 ? p->ng : 1), sizeof *rows);
+  if (!rows) return;
+  int nr = 0;
+  uint64_t total = 0;
+  for (int k = 0; k < p->ng; k++) {
+    if (!pg->call[k].k && pg->spec[k].kind != KILN__SPEC_BLAS) continue; /* nothing runs */
+    char name[96];
+    family(pg, k, name, sizeof name);
+    int r = 0;
+    while (r < nr && strcmp(rows[r].name, name) != 0)
+      r++;
+    if (r == nr) snprintf(rows[nr++].name, sizeof rows[0].name, "%s", name);
+    uint64_t rd, wr;
+    call_bytes(ctx, pg, k, &rd, &wr);
+    rows[r].launches++;
+    rows[r].rd += rd;
+    rows[r].wr += wr;
+    total += rd + wr;
+  }
+  qsort(rows, (size_t)nr, sizeof *rows, by_bytes);
+  const double mib = 1024.0 * 1024.0;
+  fprintf(stderr,
+          "kiln: traffic of trace nodes [%d, %d): %.1f MiB in %d groups, at least %.0f us at the "
+          "H200's 4.8 TB/s\n"
+          "kiln:   share    MiB read  MiB written  groups  kernel\n",
+          p->first, p->last, (double)total / mib, p->ng, (double)total / 4.8e6);
+  for (int r = 0; r < nr; r++)
+    fprintf(stderr, "kiln:  %5.1f%%  %10.1f  %11.1f  %6d  %s\n",
+            total ? 100.0 * (double)(rows[r].rd + rows[r].wr) / (double)total : 0.0,
+            (double)rows[r].rd / mib, (double)rows[r].wr / mib, rows[r].launches, rows[r].name);
+  free(rows);
 }
