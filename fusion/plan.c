@@ -586,6 +586,17 @@ static bool implicit_conv(kiln_ctx *ctx, const kiln__plan *p, int32_t c, int32_t
  * first element (the same bytes in the same order), to a persistent buffer D (a gradient) can be
  * dropped when S's producer writes D itself: S is dense and as large as D, nothing in the flush
  * touches D before i, and nothing reads S after i. Returns S's producer, or -1. */
+/* Whether node n reads t as write-through's exception below allows: n elementwise and before
+ * S's producer, itself elementwise (before: n precedes it), n's output and t of S's shape, t
+ * all of its buffer. */
+static bool reads_in_step(const kiln__node *n, const kiln_tensor *t, bool before,
+                          const kiln__node *s) {
+  const kiln_tensor *S = s->out;
+  return before && kiln__ops[n->op].kind == KILN__KIND_EW &&
+         kiln__ops[s->op].kind == KILN__KIND_EW && n->out && kiln__same_shape(n->out, S) &&
+         kiln__same_shape(t, S) && kiln__is_contiguous(t) && t->offset == 0;
+}
+
 static int32_t write_through(const kiln_ctx *ctx, const kiln__plan *p, int32_t i) {
   const kiln__node *nodes = ctx->trace.nodes, *a = &nodes[i];
   if (a->op != KILN__OP_ASSIGN) return -1;
@@ -607,12 +618,19 @@ static int32_t write_through(const kiln_ctx *ctx, const kiln__plan *p, int32_t i
       kiln_tensor_numel(S) != kiln_tensor_numel(D))
     return -1;
   /* nothing of the flush before the assignment touches D (a kernel writing S into D while it
-   * reads D elsewhere would race), nothing after it reads S */
+   * reads D elsewhere would race), nothing after it reads S; except, where S is elementwise,
+   * elementwise nodes before it that read all of D as S's shape (a running statistic's old value
+   * in its update): a group grows over consecutive nodes, so such a node runs in a kernel before
+   * S's or in S's own, whose space is then S's, each thread reading D's element before it writes
+   * the same element */
   for (int32_t j = p->first; j < p->last; j++) {
     const kiln__node *n = &nodes[j];
     if (j == i || kiln__ops[n->op].kind == KILN__KIND_VIEW) continue;
-    for (int q = 0; q < n->nin; q++)
-      if ((j < i && n->in[q]->st == D->st) || (j > i && n->in[q]->st == S->st)) return -1;
+    for (int q = 0; q < n->nin; q++) {
+      if (j > i && n->in[q]->st == S->st) return -1;
+      if (j < i && n->in[q]->st == D->st && !reads_in_step(n, n->in[q], j < s, &nodes[s]))
+        return -1;
+    }
   }
   return s;
 }

@@ -431,6 +431,56 @@ Test(fusion, gradients_write_through_their_buffers) {
   th_ctx_free(ctx);
 }
 
+/* A buffer updated from its own old value by elementwise nodes (a running statistic: D = 0.9 D
+ * + 0.1 v) is written by the kernel that computes the new value, each thread reading an element
+ * before it writes it: no assignment is left. The exception stops where it would not hold: a node
+ * that reads D after the new value is computed (it would see it early), a reduction of D, a read
+ * of D through a view of another shape, and a new value that comes from a product. */
+Test(fusion, an_update_from_the_old_value_writes_through) {
+  kiln_ctx *ctx = th_cpu_ctx();
+  kiln_tensor *d = th_f32(ctx, KILN_SHAPE(16)), *v = th_f32(ctx, KILN_SHAPE(16));
+  kiln_tensor *e = th_f32(ctx, KILN_SHAPE(16, 16));
+  struct {
+    const char *what;
+    int through;
+  } cases[] = {
+      {"the old value read by the update", 1},
+      {"the old value read again after the new one is computed", 0},
+      {"the old value summed", 0},
+      {"the old value read as a 4 x 4 view", 0},
+      {"the new value from a product", 0},
+  };
+  for (int c = 0; c < 5; c++) {
+    ctx->trace.done = ctx->trace.n;
+    kiln_tensor *nv = kiln_add(kiln_mul_scalar(d, 0.9f), kiln_mul_scalar(v, 0.1f));
+    if (c == 1) cr_assert_not_null(kiln_mul(nv, kiln_exp(d)));
+    if (c == 2) nv = kiln_add(nv, kiln_sum(d, KILN_ALL_AXES, 1));
+    if (c == 3)
+      nv = kiln_reshape(
+          kiln_add(kiln_reshape(nv, KILN_SHAPE(4, 4)), kiln_reshape(d, KILN_SHAPE(4, 4))),
+          KILN_SHAPE(16));
+    if (c == 4)
+      nv = kiln_reshape(kiln_matmul(kiln_reshape(kiln_mul_scalar(d, 2.f), KILN_SHAPE(1, 16)), e),
+                        KILN_SHAPE(16));
+    cr_assert_not_null(nv, "%s: %s", cases[c].what, th_err(ctx));
+    cr_assert_eq(kiln_assign(d, nv), KILN_OK, "%s: %s", cases[c].what, th_err(ctx));
+    kiln__plan p = plan(ctx, true);
+    char why[512], got[1024];
+    const char *bad = kiln__plan_verify(ctx, &p, why, sizeof why);
+    cr_assert_null(bad, "%s: %s", cases[c].what, bad);
+    describe(ctx, &p, got, sizeof got);
+    int through = 0;
+    for (int32_t i = p.first; i < p.last; i++)
+      through += p.write_to[i - p.first] == d;
+    kiln__plan_free(&p);
+    cr_assert_eq(through, cases[c].through, "%s: %s", cases[c].what, got);
+    cr_assert_eq(strstr(got, "assign") == NULL, cases[c].through == 1, "%s: %s", cases[c].what,
+                 got);
+  }
+  th_free_scratch();
+  th_ctx_free(ctx);
+}
+
 /* A step graph's static memory plan is made without a GPU too (kiln_stats reports it). A chain of
  * products holds two of its 1 MiB values at a time, so the arena is two of them, the most that is
  * live at one launch, where the values' sum is four of them and the loss's reduction's. */
