@@ -533,6 +533,57 @@ template <class G, class GC, int BN, int S> static void run_dgrad_tma(const char
   cudaFree(dy), cudaFree(wk), cudaFree(dx);
 }
 
+/* The library's data gradient today (stride 1): conv.cuh's forward product of dY with the filters
+ * flipped (FLIP), cp.async gathers, geometry GD. */
+template <class G> struct Flipped {
+  static constexpr int N = G::N, H = G::OH, W = G::OW, CI = G::CO, OH = G::H, OW = G::W, CO = G::CI;
+  static constexpr int KH = G::KH, KW = G::KW, SH = 1, SW = 1, PH = G::KH - 1 - G::PH,
+                       PW = G::KW - 1 - G::PW, DH = 1, DW = 1;
+};
+
+template <class G, int BN, int S>
+__global__ void __launch_bounds__(256, 1) dgrad_wg(const kiln_bf16 *dy, const kiln_bf16 *wk,
+                                                   kiln_bf16 *dx) {
+  extern __shared__ unsigned char smem[];
+  float d[BN / 2];
+  const int m0 = blockIdx.x * 128, n0 = blockIdx.y * BN;
+  if (kiln_conv_fprop<Flipped<G>, BN, S, true>(dy, wk, m0, n0, smem, d))
+    store_tile<BN>(dx, m0, n0, (long long)G::N * G::H * G::W, G::CI, d);
+}
+
+/* The cp.async data gradient (checked at GC's batch, timed at G's), beside the TMA-fed one. */
+template <class G, class GC, int BN, int S> static void run_dgrad_wg(const char *name) {
+  constexpr int smem = KILN_CONV_SMEM(BN, S);
+  CK(cudaFuncSetAttribute(dgrad_wg<G, BN, S>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  CK(cudaFuncSetAttribute(dgrad_wg<GC, BN, S>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  double err;
+  {
+    const size_t nx = (size_t)GC::N * GC::H * GC::W * GC::CI;
+    kiln_bf16 *dy = random_bf16((size_t)GC::M * GC::CO, 1.f, 12);
+    kiln_bf16 *wk = random_bf16((size_t)GC::CO * GC::K, 0.2f, 13), *dx;
+    float *ref;
+    CK(cudaMalloc(&dx, nx * 2));
+    CK(cudaMalloc(&ref, nx * 4));
+    CK(cudaMemset(dx, 0xff, nx * 2));
+    dim3 grid((unsigned)((GC::N * GC::H * GC::W + 127) / 128), (GC::CI + BN - 1) / BN);
+    dgrad_wg<GC, BN, S><<<grid, 256, smem>>>(dy, wk, dx);
+    ref_dgrad<GC><<<(unsigned)((nx + 255) / 256), 256>>>(dy, wk, ref);
+    CK(cudaDeviceSynchronize());
+    err = rel_err(dx, ref, nx);
+    cudaFree(dy), cudaFree(wk), cudaFree(dx), cudaFree(ref);
+  }
+  const size_t nx = (size_t)G::N * G::H * G::W * G::CI;
+  kiln_bf16 *dy = random_bf16((size_t)G::M * G::CO, 1.f, 14);
+  kiln_bf16 *wk = random_bf16((size_t)G::CO * G::K, 0.2f, 15), *dx;
+  CK(cudaMalloc(&dx, nx * 2));
+  dim3 grid((unsigned)(((long long)G::N * G::H * G::W + 127) / 128), (G::CI + BN - 1) / BN);
+  float us = time_us([&] { dgrad_wg<G, BN, S><<<grid, 256, smem>>>(dy, wk, dx); });
+  double tf = 2.0 * G::M * G::CO * G::K / (us * 1e-6) / 1e12;
+  printf("| %s | dx | wgmma (cp.async) 128x%d, %d stages | %.1f | %.1f | %.1e |\n", name, BN, S,
+         us, tf, err);
+  cudaFree(dy), cudaFree(wk), cudaFree(dx);
+}
+
 template <class G, int BN, int S>
 static void launch_wgrad_tma(const CUtensorMap &a, const CUtensorMap &b, kiln_bf16 *dwt,
                              float *part, unsigned *cnt, int splits) {
@@ -646,6 +697,8 @@ template <template <int> class S, int NB = 1024> static void shape_tma(const cha
     run_fprop_tma<G, GC, 128, 4>(name);
   }
   if constexpr (G::SH == 1) {
+    constexpr int WBN = G::CI <= 64 ? 64 : G::CI <= 128 ? 128 : 256; /* as render_conv.c */
+    run_dgrad_wg<G, GC, WBN, WBN == 128 ? 3 : 4>(name);                /* the library's today */
     run_dgrad_tma<G, GC, 64, 4>(name);
     run_dgrad_tma<G, GC, 64, 8>(name);
     run_dgrad_tma<G, GC, 128, 3>(name);
