@@ -12,7 +12,9 @@ with its own default steps per block (100; 20 for air, 10 for resnet18) unless -
 images/s is the batch over the median step time. "first step ms" is kiln's first step (recording,
 planning, NVRTC compiles or cache loads, the run, the graph's capture), on the host clock; a warm
 kernel cache (KILN_CACHE_DIR) makes it shorter. Ratios are kiln's ms/step over PyTorch's for the
-same workload (below 1: kiln is faster).
+same workload (below 1: kiln is faster). --variant LABEL:VAR=VALUE[,VAR=VALUE...] adds, for each
+workload, a row of kiln's graph mode run with those environment variables set, labelled "graph
+LABEL" (python3 bench/compare.py --variant tma:KILN_CONV_TMA=1), to compare a switch in one run.
 """
 import argparse
 import json
@@ -38,7 +40,16 @@ def main():
     ap.add_argument("--no-torch", action="store_true")
     ap.add_argument("--workloads", default="mlp,cnn,air",
                     help="comma-separated: mlp, cnn, air, resnet18 (default mlp,cnn,air)")
+    ap.add_argument("--variant", action="append", default=[],
+                    help="LABEL:VAR=VALUE[,VAR=VALUE...]: also kiln's graph mode with these set")
     args = ap.parse_args()
+    variants = []
+    for v in args.variant:
+        label, _, assigns = v.partition(":")
+        pairs = [a.split("=", 1) for a in assigns.split(",") if a]
+        if not label or not pairs or any(len(p) != 2 or not p[0] for p in pairs):
+            ap.error(f"--variant {v!r}: expected LABEL:VAR=VALUE[,VAR=VALUE...]")
+        variants.append((label, dict(pairs)))
     workloads = args.workloads.split(",")
     common = ["--blocks", str(args.blocks)]
     if args.steps is not None:
@@ -48,6 +59,11 @@ def main():
         for mode in ("unfused", "fused", "graph"):
             rows += run([os.path.join(args.build, "profile_step"), "--json", "--workload",
                          workload, "--mode", mode] + common)
+        for label, env in variants:
+            for r in run([os.path.join(args.build, "profile_step"), "--json", "--workload",
+                          workload, "--mode", "graph"] + common, env={**os.environ, **env}):
+                r["mode"] = f"graph {label}"
+                rows.append(r)
     torch_rows = []
     if not args.no_torch:
         try:
