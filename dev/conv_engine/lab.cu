@@ -405,14 +405,49 @@ __device__ void store_tile(kiln_bf16 *out, long long m0, int n0, long long rows,
     }
 }
 
-template <class G, int BN, int S>
+/* store_tile through shared memory: the multipliers (threads 0-255, the producer warp gone) put
+ * the bf16 tile in the freed stages (rows padded by 16 bytes: the 4-byte writes of a warp fall
+ * in 32 banks), then store it as 16-byte chunks, a row's chunks by neighbouring threads. */
+template <int BN>
+__device__ void store_tile_smem(kiln_bf16 *out, long long m0, int n0, long long rows, int cols,
+                                const float (&d)[BN / 2], unsigned char *tile) {
+  constexpr int PITCH = BN * 2 + 16, CHUNKS = BN / 8;
+  kiln_named_sync(1, 256); /* every warpgroup's last products have read the stages */
+  const int r0 = kiln_conv_row0<false>(), lane = threadIdx.x & 31;
+#pragma unroll
+  for (int j = 0; j < BN / 8; j++)
+#pragma unroll
+    for (int h = 0; h < 2; h++)
+      *(unsigned *)(tile + (r0 + 8 * h) * PITCH + (8 * j + 2 * (lane & 3)) * 2) =
+          kiln_bf16x2_bits(d[4 * j + 2 * h], d[4 * j + 2 * h + 1]);
+  kiln_named_sync(1, 256);
+  for (int q = threadIdx.x; q < 128 * CHUNKS; q += 256) {
+    const int row = q / CHUNKS, c = n0 + (q % CHUNKS) * 8;
+    const long long m = m0 + row;
+    const unsigned char *src = tile + row * PITCH + (q % CHUNKS) * 16;
+    if (m >= rows || c >= cols) continue;
+    if (c + 8 <= cols && cols % 8 == 0)
+      *(uint4 *)&out[m * cols + c] = *(const uint4 *)src;
+    else
+      for (int e = 0; e < 8 && c + e < cols; e++)
+        out[m * cols + c + e] = ((const kiln_bf16 *)src)[e];
+  }
+}
+
+template <class G, int BN, int S, bool SE>
 __global__ void __launch_bounds__(KILN_TMA_THREADS, 1)
     fprop_tma(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtensorMap tb,
               kiln_bf16 *y) {
   extern __shared__ unsigned char smem[];
   float d[BN / 2];
   const int m0 = blockIdx.x * 128, n0 = blockIdx.y * BN;
-  if (kiln_conv_fprop_tma<G, BN, S>((const kiln_tmap *)&ta, (const kiln_tmap *)&tb, m0, n0, smem, d)) store_tile<BN>(y, m0, n0, G::M, G::CO, d);
+  if (!kiln_conv_fprop_tma<G, BN, S>((const kiln_tmap *)&ta, (const kiln_tmap *)&tb, m0, n0,
+                                     smem, d))
+    return;
+  if constexpr (SE)
+    store_tile_smem<BN>(y, m0, n0, G::M, G::CO, d, kiln_tma_align1024(smem));
+  else
+    store_tile<BN>(y, m0, n0, G::M, G::CO, d);
 }
 
 template <class G, int BN, int S>
@@ -462,16 +497,18 @@ template <class G> static CUtensorMap map_dy_rows(const kiln_bf16 *dy) {
   return tma::tiled_map(dy, 2, dims, box);
 }
 
-template <class G, int BN, int S> static void launch_fprop_tma(const CUtensorMap &a, const CUtensorMap &b, kiln_bf16 *y) {
+template <class G, int BN, int S, bool SE>
+static void launch_fprop_tma(const CUtensorMap &a, const CUtensorMap &b, kiln_bf16 *y) {
   constexpr int smem = KILN_TMA_SMEM((128 + BN) * 128, S);
+  static_assert(!SE || 128 * (BN * 2 + 16) <= S * (128 + BN) * 128, "the tile fits the stages");
   dim3 grid((unsigned)((G::M + 127) / 128), (G::CO + BN - 1) / BN);
-  fprop_tma<G, BN, S><<<grid, KILN_TMA_THREADS, smem>>>(a, b, y);
+  fprop_tma<G, BN, S, SE><<<grid, KILN_TMA_THREADS, smem>>>(a, b, y);
 }
 
-template <class G, class GC, int BN, int S> static void run_fprop_tma(const char *name) {
+template <class G, class GC, int BN, int S, bool SE = false> static void run_fprop_tma(const char *name) {
   constexpr int smem = KILN_TMA_SMEM((128 + BN) * 128, S);
-  CK(cudaFuncSetAttribute(fprop_tma<G, BN, S>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-  CK(cudaFuncSetAttribute(fprop_tma<GC, BN, S>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  CK(cudaFuncSetAttribute(fprop_tma<G, BN, S, SE>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  CK(cudaFuncSetAttribute(fprop_tma<GC, BN, S, SE>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   double err;
   {
     kiln_bf16 *x = random_bf16((size_t)GC::N * GC::H * GC::W * GC::CI, 1.f, 1);
@@ -480,7 +517,7 @@ template <class G, class GC, int BN, int S> static void run_fprop_tma(const char
     CK(cudaMalloc(&y, GC::M * GC::CO * 2));
     CK(cudaMalloc(&ref, GC::M * GC::CO * 4));
     CK(cudaMemset(y, 0xff, GC::M * GC::CO * 2)); /* NaN: a value never written shows */
-    launch_fprop_tma<GC, BN, S>(map_image<GC>(x, 128), map_filters<GC>(wk, BN), y);
+    launch_fprop_tma<GC, BN, S, SE>(map_image<GC>(x, 128), map_filters<GC>(wk, BN), y);
     ref_fprop<GC><<<(unsigned)((GC::M * GC::CO + 255) / 256), 256>>>(x, wk, ref);
     CK(cudaDeviceSynchronize());
     err = rel_err(y, ref, (size_t)GC::M * GC::CO);
@@ -490,9 +527,10 @@ template <class G, class GC, int BN, int S> static void run_fprop_tma(const char
   kiln_bf16 *wk = random_bf16((size_t)G::CO * G::K, 0.2f, 4), *y;
   CK(cudaMalloc(&y, G::M * G::CO * 2));
   const CUtensorMap a = map_image<G>(x, 128), b = map_filters<G>(wk, BN);
-  float us = time_us([&] { launch_fprop_tma<G, BN, S>(a, b, y); });
+  float us = time_us([&] { launch_fprop_tma<G, BN, S, SE>(a, b, y); });
   double tf = 2.0 * G::M * G::CO * G::K / (us * 1e-6) / 1e12;
-  printf("| %s | fwd | tma 128x%d, %d stages | %.1f | %.1f | %.1e |\n", name, BN, S, us, tf, err);
+  printf("| %s | fwd | tma 128x%d, %d stages%s | %.1f | %.1f | %.1e |\n", name, BN, S,
+         SE ? ", stores through shared memory" : "", us, tf, err);
   cudaFree(x), cudaFree(wk), cudaFree(y);
 }
 
@@ -690,10 +728,13 @@ template <template <int> class S, int NB = 1024> static void shape_tma(const cha
     run_fprop_tma<G, GC, 128, 6>(name);
     run_fprop_tma<G, GC, 256, 3>(name);
     run_fprop_tma<G, GC, 256, 4>(name);
+    run_fprop_tma<G, GC, 128, 6, true>(name);
+    run_fprop_tma<G, GC, 256, 4, true>(name);
   } else {
     run_fprop_wg<G, GC, 64, 4>(name);
     run_fprop_tma<G, GC, 64, 4>(name);
     run_fprop_tma<G, GC, 64, 8>(name);
+    run_fprop_tma<G, GC, 64, 8, true>(name);
     run_fprop_tma<G, GC, 128, 4>(name);
   }
   if constexpr (G::SH == 1) {
