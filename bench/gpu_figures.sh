@@ -13,6 +13,8 @@
 #   tma               dev/conv_engine's lab on the TMA-fed products (./lab tma: each checked, then
 #                     timed beside cuBLAS and the cp.async kernels), then the air and resnet18 steps
 #                     with KILN_CONV_TMA=0 and 1 (resnet18 also with KILN_CONV_RECOMPUTE=1)
+#   initcheck         dev/initcheck/probe.cu under compute-sanitizer's initcheck: whether bytes
+#                     written by TMA stores and by cuBLAS's products count as initialized (issue 24)
 # Every step has a time limit; a summary line per step is printed last. Naming steps after BUILD
 # runs those alone (bench/gpu_figures.sh build-gpu tma recompute).
 set -u
@@ -65,6 +67,10 @@ step tma 900 "nvcc -O3 -std=c++17 -DLAB_TMA_ONLY -gencode arch=compute_90a,code=
   KILN_CONV_TMA=1 KILN_CONV_RECOMPUTE=1 timeout 120 $build/profile_step --workload resnet18 --mode graph --json |
     grep -o '\"ms_per_step\": *[0-9.]*\|\"peak_mib\": *[0-9.]*\|\"arena_mib\": *[0-9.]*' | tr '\n' ' '
   echo"
+step initcheck 240 "nvcc -O2 -std=c++17 -gencode arch=compute_90a,code=sm_90a -o /tmp/probe_init \
+    dev/initcheck/probe.cu -lcublas && /tmp/probe_init &&
+  compute-sanitizer --tool initcheck /tmp/probe_init 2>&1 |
+    grep -E '^[0-9]\\.|Uninitialized|ERROR SUMMARY' | uniq -c  # in order: the reports before each sum"
 # a device call returns at most 8 files: everything in one archive, as .gpu/check.sh does
 tar -czf "${OUT:-/tmp/out}/figures.tgz" -C "$out" . && rm -rf "$out"
 printf '%s\n' "${summary[@]}"
