@@ -70,6 +70,7 @@ static float read_sum(const unsigned short *y, float *acc) {
 }
 
 int main() {
+  setvbuf(stdout, nullptr, _IOLBF, 0); /* each line at once, between the sanitizer's reports */
   unsigned short *a, *b, *y;
   float *acc;
   const size_t bytes = (size_t)N * N * 2;
