@@ -14,7 +14,7 @@ planning, NVRTC compiles or cache loads, the run, the graph's capture), on the h
 kernel cache (KILN_CACHE_DIR) makes it shorter. Ratios are kiln's ms/step over PyTorch's for the
 same workload (below 1: kiln is faster). --variant LABEL:VAR=VALUE[,VAR=VALUE...] adds, for each
 workload, a row of kiln's graph mode run with those environment variables set, labelled "graph
-LABEL" (python3 bench/compare.py --variant tma:KILN_CONV_TMA=1), to compare a switch in one run.
+LABEL" (python3 bench/compare.py --variant cp.async:KILN_CONV_TMA=0), to compare a switch in one run.
 """
 import argparse
 import json

@@ -134,7 +134,8 @@ kiln_ctx *kiln__ctx_create(const kiln_ctx_options *opts) {
   ctx->fusion = !env_off("KILN_FUSION");
   ctx->graphs = !env_off("KILN_GRAPH");
   ctx->conv_warp_spec = env_on("KILN_CONV_WS"); /* off by default: slower forward products */
-  ctx->conv_tma = env_on("KILN_CONV_TMA");      /* off until measured on a GPU */
+  ctx->conv_tma =
+      !env_off("KILN_CONV_TMA"); /* H100: air 3.86 ms at 387 MiB, against 3.89 at 1,004 */
   const char *max_co = getenv("KILN_IMPLICIT_CONV_MAX_CO");
   if (max_co) ctx->implicit_conv_max_co = (int)strtol(max_co, NULL, 10);
   ctx->conv_recompute = env_on("KILN_CONV_RECOMPUTE"); /* off: one more im2col a layer */

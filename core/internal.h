@@ -369,8 +369,8 @@ struct kiln_ctx {
   bool has_gpu;
   int arch; /* compute capability as 90, 80, ... */
   int num_sms;
-  bool conv_warp_spec;      /* conv.cuh's kernels warp-specialized (KILN_CONV_WS=1) */
-  bool conv_tma;            /* conv_tma.cuh's TMA-fed products where they serve (KILN_CONV_TMA=1) */
+  bool conv_warp_spec; /* conv.cuh's kernels warp-specialized (KILN_CONV_WS=1) */
+  bool conv_tma;       /* conv_tma.cuh's TMA-fed products where they serve (KILN_CONV_TMA=0: off) */
   int implicit_conv_max_co; /* KILN_IMPLICIT_CONV_MAX_CO, to measure; 0: the planner's default */
   bool conv_recompute;      /* KILN_CONV_RECOMPUTE=1: kiln__recomputes_columns */
   struct CUstream_st *stream;
@@ -613,7 +613,7 @@ int64_t kiln__implicit_conv_max_co(const kiln_ctx *ctx);
  * context's device) and of the output channels co, before the planner's checks of the flush:
  * a Hopper device, one group, a bf16 image with channels in 16-byte chunks; co a multiple of 8
  * and at most kiln__implicit_conv_max_co, or any number where the TMA-fed products take the
- * convolution (KILN_CONV_TMA=1 and kiln__conv_tma_window) unless KILN_IMPLICIT_CONV_MAX_CO says
+ * convolution (kiln__conv_tma_window, unless KILN_CONV_TMA=0) unless KILN_IMPLICIT_CONV_MAX_CO says
  * otherwise. */
 bool kiln__implicit_conv_image(const kiln_ctx *ctx, const kiln__node *c);
 bool kiln__implicit_conv_channels(const kiln_ctx *ctx, const kiln__node *c, int64_t co);

@@ -166,8 +166,8 @@ bool kiln__lower(kiln_ctx *ctx, const kiln__plan *p, kiln__spec **specs);
 /* What the renderer needs of the device: launch grids are sized by its SM count. */
 typedef struct kiln__target {
   int num_sms;
-  bool conv_warp_spec;            /* the conv.cuh kernels warp-specialized (KILN_CONV_WS=1) */
-  bool conv_tma;                  /* conv_tma.cuh's products where they serve (KILN_CONV_TMA=1) */
+  bool conv_warp_spec; /* the conv.cuh kernels warp-specialized (KILN_CONV_WS=1) */
+  bool conv_tma;       /* conv_tma.cuh's products where they serve (KILN_CONV_TMA=0: off) */
   kiln_custom_op *const *customs; /* the context's custom ops, by id */
   int ncustom;
 } kiln__target;

@@ -445,7 +445,7 @@ static int32_t bgradb_sum(kiln_ctx *ctx, const kiln__plan *p, int32_t i) {
  * one), channels in multiples of 8, and either few output channels (where it replaces the
  * mma.sync kernel) or many input channels (wide tiles: H200, air's 7x7x256->256 conv's forward
  * product took 133 us on wgmma; cuBLAS's dcols and col2im about 220 us under Nsight Compute).
- * With KILN_CONV_TMA=1, also wherever the TMA-fed kernel takes the shape (conv_tma.cuh). */
+ * Also wherever the TMA-fed kernel takes the shape (conv_tma.cuh; KILN_CONV_TMA=0: not). */
 static bool dgrad_on_wgmma(const kiln_ctx *ctx, const kiln__node *cn, kiln_dtype dt, int64_t co,
                            int64_t ci) {
   kiln__win w = kiln__win_of(cn);

@@ -7,7 +7,7 @@
  *   - the forward product and the weight gradient (fusion/device/conv.cuh, wgmma, bf16 on
  *     sm_90a): the columns gathered from the image as each stage needs them, the weight
  *     gradient's reduction over the pixels split across blocks and summed inside the kernel;
- *   - with KILN_CONV_TMA=1, all three on conv_tma.cuh's kernels where they take the shape
+ *   - all three on conv_tma.cuh's kernels where they take the shape (KILN_CONV_TMA=0: never)
  *     (kiln__conv_tma_window, kiln__conv_tma_dgrad): the same products with the tiles copied by
  *     the Tensor Memory Accelerator, through tensor maps (tmap.h) that the executor encodes.
  */

@@ -65,10 +65,11 @@ bool kiln__tmap_encode(kiln_ctx *ctx, const kiln__tmap_desc *d, void *ptr, void 
   pthread_once(&found_once, find_encoders);
   const char *what = d->im2col ? "cuTensorMapEncodeIm2col" : "cuTensorMapEncodeTiled";
   if (!(d->im2col ? (void *)encode_im2col : (void *)encode_tiled)) {
-    kiln__error(ctx, KILN_ERR_CUDA,
-                "kiln_flush: the driver has no %s (CUDA 12.0 or newer is needed for "
-                "KILN_CONV_TMA=1); nothing of this flush ran",
-                what);
+    kiln__error(
+        ctx, KILN_ERR_CUDA,
+        "kiln_flush: the driver has no %s (CUDA 12.0 or newer is needed for "
+        "the TMA-fed convolutions; KILN_CONV_TMA=0 turns them off); nothing of this flush ran",
+        what);
     return false;
   }
   cuuint64_t dims[4], strides[3];

@@ -752,8 +752,7 @@ template <template <int> class S, int NB = 1024> static void shape_tma(const cha
     if (G::CO >= 128) {
       run_wgrad_wg<G, GC, 128, 4>(name, splits);
       run_wgrad_tma<G, GC, 128, 4>(name, splits);
-      run_wgrad_tma<G, GC, 128, 6>(name, splits); /* the library's */
-      run_wgrad_tma<G, GC, 128, 8>(name, splits);
+      run_wgrad_tma<G, GC, 128, 6>(name, splits); /* the library's (8 stages: past 227 KB) */
       if (G::CO >= 256) run_wgrad_tma<G, GC, 256, 4>(name, splits);
     } else {
       run_wgrad_wg<G, GC, 64, 4>(name, splits);
