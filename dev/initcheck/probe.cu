@@ -17,14 +17,7 @@
 #include <cstdio>
 #include <cstdlib>
 
-#define CK(x)                                                                                      \
-  do {                                                                                             \
-    cudaError_t e = (x);                                                                           \
-    if (e != cudaSuccess) {                                                                        \
-      fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__, cudaGetErrorString(e));                   \
-      exit(1);                                                                                     \
-    }                                                                                              \
-  } while (0)
+#include "../conv_engine/lab_util.h" /* CK */
 
 constexpr int N = 4096; /* every buffer is N x N bf16 */
 
