@@ -331,14 +331,32 @@ static bool render_fprop(const kiln__node *n, const kiln__gemm *mm, bool ws, boo
   return finish_wgmma(&b, "fprop", n, pre, &o, BN, S, ws && !tma, stage, o.n, r);
 }
 
+/* How many splits of the pixels a weight gradient of `tiles` tiles (128 x BN) over M pixels takes:
+ * the count whose launch ends soonest, counted in stages of 64 pixels: the waves of blocks (one
+ * block an SM: the TMA kernels' stages fill it) times a block's stages, plus two a split for the
+ * partial tile each writes and the last block of the tile reads back. A second wave of a few
+ * blocks costs as much as a full one: the old rule (just enough splits for a block an SM, so
+ * 36 tiles took 4 splits, 144 blocks on 132 SMs) ran every weight gradient of the air step in
+ * two waves where one would do. Each split keeps at least 32 stages, and the partial tiles fit
+ * the workspace. */
+static int64_t wgrad_splits(int64_t tiles, int64_t M, int64_t sms, int BN) {
+  const int64_t steps = (M + 63) / 64, most = M / (64 * 32);
+  int64_t best = 1, best_cost = INT64_MAX;
+  if (tiles > KILN__CONV_COUNTERS) return 1;
+  for (int64_t s = 1; s <= most; s++) {
+    const int64_t chunk = (steps + s - 1) / s, real = (steps + chunk - 1) / chunk;
+    if (real > 1 && tiles * real * 128 * BN * (int64_t)sizeof(float) > (int64_t)KILN__CONV_WS_BYTES)
+      break;
+    const int64_t cost = (tiles * real + sms - 1) / sms * chunk + (real > 1 ? 2 * real : 0);
+    if (cost < best_cost) best = real, best_cost = cost;
+  }
+  return best;
+}
+
 /* The weight gradient dW (CO, K) = dY^T im2col(X), computed as its transpose (K rows, CO
- * columns) and stored transposed: a block of 128 rows by BN columns over a split of the pixels,
- * about one block an SM in all, each split at least 32 stages of 64 pixels and the partial tiles
- * within the workspace. One block an SM: the last block of a tile sums every split's partial
- * tile alone, so more splits lengthen that tail (H200, air's 31x31x24->64 conv, 2 tiles: 64
- * splits took 211 us in dev/conv_engine's lab; 132 splits, two blocks an SM, 309 us in the air
- * step under Nsight Compute, whose locked clocks add 20-30%). mm->a is dY^T, a transpose of the
- * dense dY (M, CO). */
+ * columns) and stored transposed: a block of 128 rows by BN columns over a split of the pixels
+ * (wgrad_splits), summed inside the kernel: the last block of a tile adds every split's partial
+ * tile alone. mm->a is dY^T, a transpose of the dense dY (M, CO). */
 static bool render_wgrad(const kiln__target *t, const kiln__node *n, const kiln__gemm *mm,
                          kiln__rendered *r) {
   const kiln_tensor *dY = mm->a, *D = mm->d, *X = n->in[0];
@@ -349,14 +367,9 @@ static bool render_wgrad(const kiln__target *t, const kiln__node *n, const kiln_
   int BN = CO <= 64 ? 64 : 128, stage = tma ? (2 + BN / 64) * 8192 : 0;
   int S = tma ? tma_stages(stage) : ws ? wgmma_stages(BN, ws) : 4;
   int64_t tiles = ((K + 127) / 128) * ((CO + BN - 1) / BN), sms = t->num_sms > 0 ? t->num_sms : 132;
-  int64_t splits = (sms + tiles - 1) / tiles, most = M / (64 * 32);
-  if (splits > most) splits = most;
-  while (splits > 1 &&
-         tiles * splits * 128 * BN * (int64_t)sizeof(float) > (int64_t)KILN__CONV_WS_BYTES)
-    splits--;
-  if (splits < 1 || tiles > KILN__CONV_COUNTERS) splits = 1;
-  int64_t chunk = ((M + splits - 1) / splits + 63) / 64 * 64;
-  splits = (M + chunk - 1) / chunk;
+  int64_t splits = wgrad_splits(tiles, M, sms, BN);
+  int64_t chunk = ((M + 63) / 64 + splits - 1) / splits * 64;
+  KILN_ASSERT((M + chunk - 1) / chunk == splits);
   kiln__operands o = {0};
   int slot[3];
   char pre[640];

@@ -148,19 +148,25 @@ Test(conv_tma, windows_and_channels_the_kernels_take) {
 
 /* ---------------------------------------------------------------- plans and kernels */
 
-/* Records, in a new step, the bf16 y = conv2d(relu(x)) of x (4, 9, 7, cin), a 3x3 weight with
+/* Records, in a new step, the bf16 y = conv2d(relu(x)) of x (n, h, w, cin), a 3x3 weight with
  * cout filters, padding 1, stride s, and the backward pass of sum(y). */
-static void record(kiln_ctx *ctx, const char *what, int64_t cin, int64_t cout, int s) {
+static void record_image(kiln_ctx *ctx, const char *what, int64_t n, int64_t h, int64_t w,
+                         int64_t cin, int64_t cout, int s) {
   kiln_step_begin(ctx);
-  kiln_tensor *x = th_param(ctx, KILN_SHAPE(4, 9, 7, cin));
-  kiln_tensor *w = th_param(ctx, KILN_SHAPE(cout, cin, 3, 3));
+  kiln_tensor *x = th_param(ctx, KILN_SHAPE(n, h, w, cin));
+  kiln_tensor *k = th_param(ctx, KILN_SHAPE(cout, cin, 3, 3));
   kiln_conv2d_options o = {.pad_h = 1, .pad_w = 1, .stride_h = s, .stride_w = s};
   kiln_autocast_begin(ctx, KILN_DTYPE_BF16);
-  kiln_tensor *y = kiln_conv2d(kiln_relu(x), w, NULL, &o);
+  kiln_tensor *y = kiln_conv2d(kiln_relu(x), k, NULL, &o);
   kiln_autocast_end(ctx);
   cr_assert_not_null(y, "%s: %s", what, th_err(ctx));
   cr_assert_eq(kiln_backward(kiln_cast(kiln_sum(y, KILN_ALL_AXES, 0), KILN_DTYPE_F32)), KILN_OK,
                "%s: %s", what, th_err(ctx));
+}
+
+/* record_image of x (4, 9, 7, cin). */
+static void record(kiln_ctx *ctx, const char *what, int64_t cin, int64_t cout, int s) {
+  record_image(ctx, what, 4, 9, 7, cin, cout, s);
 }
 
 /* What the compiled program of the open step gives each convolution product. */
@@ -269,4 +275,44 @@ Test(conv_tma, an_explicit_channel_cap_still_holds) {
   cr_assert_eq(kiln_step_end(ctx), KILN_OK, "%s", th_err(ctx));
   th_free_scratch();
   th_ctx_free(ctx);
+}
+
+/* A weight gradient splits its pixels so that its blocks (one an SM) fill their last wave: a
+ * second wave of a few blocks takes as long as a full one. The old rule (just past one block an
+ * SM) gave air's 7x7x256->256 conv 4 splits of 36 tiles, 144 blocks on 132 SMs. Shapes of the
+ * air step (batch 1024) and ResNet-18 (batch 128). */
+Test(conv_tma, weight_gradient_blocks_fill_their_last_wave) {
+  struct {
+    int64_t n, hw, cin, cout;
+  } cases[] = {{1024, 7, 256, 256}, {1024, 15, 64, 256}, {1024, 15, 64, 64},
+               {1024, 3, 256, 256}, {128, 28, 128, 128}, {128, 14, 256, 256}};
+  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+    char what[96];
+    snprintf(what, sizeof what, "%lldx%lldx%lld->%lld, batch %lld", (long long)cases[i].hw,
+             (long long)cases[i].hw, (long long)cases[i].cin, (long long)cases[i].cout,
+             (long long)cases[i].n);
+    kiln_ctx *ctx = th_cpu_ctx();
+    ctx->conv_tma = true;
+    record_image(ctx, what, cases[i].n, cases[i].hw, cases[i].hw, cases[i].cin, cases[i].cout, 1);
+    kiln__program pg;
+    cr_assert(kiln__program_build(ctx, ctx->trace.done, ctx->trace.n, &pg), "%s: %s", what,
+              th_err(ctx));
+    int found = 0;
+    for (int g = 0; g < pg.plan.ng; g++) {
+      const kiln__call *c = &pg.call[g];
+      if (pg.plan.g[g].implicit != KILN__IMPLICIT_WGRAD) continue;
+      found++;
+      const int64_t sms = ctx->num_sms, blocks = (int64_t)c->grid * c->grid_y * c->grid_z;
+      const int64_t last = blocks % sms == 0 ? sms : blocks % sms;
+      cr_assert_gt(c->grid_z, 1, "%s: %s: the pixels split", what, c->name);
+      cr_assert_geq(4 * last, 3 * sms, "%s: %s: %lld blocks (%u splits) on %lld SMs", what, c->name,
+                    (long long)blocks, c->grid_z, (long long)sms);
+      cr_assert_leq(blocks, 3 * sms, "%s: %s: %lld blocks", what, c->name, (long long)blocks);
+    }
+    cr_assert_eq(found, 1, "%s: %d weight gradients", what, found);
+    kiln__program_free(&pg);
+    cr_assert_eq(kiln_step_end(ctx), KILN_OK, "%s: %s", what, th_err(ctx));
+    th_free_scratch();
+    th_ctx_free(ctx);
+  }
 }

@@ -714,11 +714,8 @@ template <class G> static void run_cublas_dgrad(const char *name) {
   cudaFree(dy), cudaFree(wk), cudaFree(cols), cudaFree(dx);
 }
 
-/* ./lab tma: one shape's baselines and TMA configs (CI % 64 == 0 shapes). */
-template <template <int> class S, int NB = 1024> static void shape_tma(const char *name, bool wide) {
-  typedef S<NB> G;
-  typedef S<2> GC;
-  run_cublas<G>(name);
+/* ./lab tma: the forward product and data gradient's baselines and TMA configs. */
+template <class G, class GC> static void tma_products(const char *name, bool wide) {
   run_cublas_dgrad<G>(name);
   if (wide) {
     run_fprop_wg<G, GC, 128, 3>(name);
@@ -746,20 +743,41 @@ template <template <int> class S, int NB = 1024> static void shape_tma(const cha
     run_dgrad_tma<G, GC, 128, 4>(name);
     if (G::CI >= 256) run_dgrad_tma<G, GC, 256, 4>(name);
   }
-  for (int splits : {1, 2, 4, 8, 16, 32}) {
-    const int tiles = (G::K + 127) / 128 * ((G::CO + 127) / 128);
-    if (tiles * splits > 600 || (long long)splits * 64 * 4 > G::M) continue;
-    if (G::CO >= 128) {
-      run_wgrad_wg<G, GC, 128, 4>(name, splits);
-      run_wgrad_tma<G, GC, 128, 4>(name, splits);
-      run_wgrad_tma<G, GC, 128, 6>(name, splits); /* the library's (8 stages: past 227 KB) */
-      if (G::CO >= 256) run_wgrad_tma<G, GC, 256, 4>(name, splits);
-    } else {
-      run_wgrad_wg<G, GC, 64, 4>(name, splits);
-      run_wgrad_tma<G, GC, 64, 4>(name, splits);
-      run_wgrad_tma<G, GC, 64, 8>(name, splits);
+}
+
+static bool tma_wgrad_only; /* ./lab tmaw */
+
+/* ./lab tma: one shape's baselines and TMA configs (CI % 64 == 0 shapes). */
+template <template <int> class S, int NB = 1024> static void shape_tma(const char *name, bool wide) {
+  typedef S<NB> G;
+  typedef S<2> GC;
+  run_cublas<G>(name);
+  if (!tma_wgrad_only) tma_products<G, GC>(name, wide);
+  if (!tma_wgrad_only)
+    for (int splits : {1, 2, 4, 8, 16, 32}) {
+      const int tiles = (G::K + 127) / 128 * ((G::CO + 127) / 128);
+      if (tiles * splits > 600 || (long long)splits * 64 * 4 > G::M) continue;
+      if (G::CO >= 128) {
+        run_wgrad_wg<G, GC, 128, 4>(name, splits);
+        run_wgrad_tma<G, GC, 128, 4>(name, splits);
+        run_wgrad_tma<G, GC, 128, 6>(name, splits); /* the library's (8 stages: past 227 KB) */
+        if (G::CO >= 256) run_wgrad_tma<G, GC, 256, 4>(name, splits);
+      } else {
+        run_wgrad_wg<G, GC, 64, 4>(name, splits);
+        run_wgrad_tma<G, GC, 64, 4>(name, splits);
+        run_wgrad_tma<G, GC, 64, 8>(name, splits);
+      }
     }
-  }
+  else /* ./lab tmaw: the TMA weight gradient over every split count that keeps 32 stages a split */
+    for (int splits = 1; splits <= 32 && (long long)splits * 64 * 32 <= G::M; splits++) {
+      if (G::CO >= 128) {
+        run_wgrad_tma<G, GC, 128, 4>(name, splits);
+        run_wgrad_tma<G, GC, 128, 6>(name, splits); /* the library's */
+        if (G::CO >= 256) run_wgrad_tma<G, GC, 256, 4>(name, splits);
+      } else {
+        run_wgrad_tma<G, GC, 64, 8>(name, splits); /* the library's */
+      }
+    }
 }
 
 /* ResNet-18's shapes at batch 128 (224 px): a stride-2 3x3 and two stride-1 ones. */
@@ -807,7 +825,8 @@ template <template <int> class S> static void run_shape(Run run, const char *nam
     shape<S>(name, wide);
 }
 
-/* ./lab tma [NAME]: the TMA experiment on every shape, or on those whose name holds NAME. */
+/* ./lab tma [NAME]: the TMA experiment on every shape, or on those whose name holds NAME; ./lab
+ * tmaw [NAME]: the weight gradient alone, over every split count. */
 static int main_tma(const char *only) {
   cudaDeviceProp p;
   CK(cudaGetDeviceProperties(&p, 0));
@@ -826,7 +845,9 @@ static int main_tma(const char *only) {
 }
 
 int main(int argc, char **argv) {
-  if (argc > 1 && strcmp(argv[1], "tma") == 0) return main_tma(argc > 2 ? argv[2] : nullptr);
+  tma_wgrad_only = argc > 1 && strcmp(argv[1], "tmaw") == 0;
+  if (argc > 1 && (strcmp(argv[1], "tma") == 0 || tma_wgrad_only))
+    return main_tma(argc > 2 ? argv[2] : nullptr);
 #ifndef LAB_TMA_ONLY /* -DLAB_TMA_ONLY: the TMA experiment alone, a quarter of the build time */
   only_wgmma = argc > 1 && strcmp(argv[1], "wgmma") == 0;
   dw_only = argc > 1 && strcmp(argv[1], "dw") == 0;
