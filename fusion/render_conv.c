@@ -324,7 +324,13 @@ static bool render_fprop(const kiln__node *n, const kiln__gemm *mm, bool ws, boo
                     "    return;\n",
                     ws ? "true" : "false", slot[0], slot[1]);
   }
-  store_tile(&b, slot[2], "m0", "n0", "M", "G::CO", false, ws && !tma);
+  if (tma && BN == 256) /* through shared memory: kiln_tma_store_tile says why at 256 alone */
+    kiln__sb_printf(&b,
+                    "  kiln_tma_store_tile<BN>((kiln_bf16 *)a.ptr[%d], m0, n0, M, G::CO, d, "
+                    "kiln_tma_align1024(kiln_smem));\n",
+                    slot[2]);
+  else
+    store_tile(&b, slot[2], "m0", "n0", "M", "G::CO", false, ws && !tma);
   r->arg.args.n = M;
   r->grid = (unsigned)((M + 127) / 128);
   r->grid_y = (unsigned)((CO + BN - 1) / BN);
