@@ -338,25 +338,21 @@ static bool render_fprop(const kiln__node *n, const kiln__gemm *mm, bool ws, boo
 }
 
 /* How many splits of the pixels a weight gradient of `tiles` tiles (128 x BN) over M pixels takes:
- * the count whose launch ends soonest, counted in stages of 64 pixels: the waves of blocks (one
- * block an SM: the TMA kernels' stages fill it) times a block's stages, plus two a split for the
- * partial tile each writes and the last block of the tile reads back. A second wave of a few
- * blocks costs as much as a full one: the old rule (just enough splits for a block an SM, so
- * 36 tiles took 4 splits, 144 blocks on 132 SMs) ran every weight gradient of the air step in
- * two waves where one would do. Each split keeps at least 32 stages, and the partial tiles fit
- * the workspace. */
+ * as many as one wave of blocks holds (one block an SM), each split at least 32 stages of 64
+ * pixels and the partial tiles within the workspace. Its tiles of 64-pixel stages bring 32 KB a
+ * stage from L2 for 2 MFLOP, and with every SM loading, L2 is what bounds it: on air's
+ * 7x7x256->256 conv (36 tiles) 3 splits, 108 blocks, took 126.8 us where 7 (two waves) took 152.4
+ * and 4 (144 blocks, the old rule's) more, and 1 split on 36 SMs 295.2 (dev/conv_engine's
+ * ./lab tmaw, H100; 15x15x64->256: 13 splits 171.2, 11 185.5). */
 static int64_t wgrad_splits(int64_t tiles, int64_t M, int64_t sms, int BN) {
-  const int64_t steps = (M + 63) / 64, most = M / (64 * 32);
-  int64_t best = 1, best_cost = INT64_MAX;
-  if (tiles > KILN__CONV_COUNTERS) return 1;
-  for (int64_t s = 1; s <= most; s++) {
-    const int64_t chunk = (steps + s - 1) / s, real = (steps + chunk - 1) / chunk;
-    if (real > 1 && tiles * real * 128 * BN * (int64_t)sizeof(float) > (int64_t)KILN__CONV_WS_BYTES)
-      break;
-    const int64_t cost = (tiles * real + sms - 1) / sms * chunk + (real > 1 ? 2 * real : 0);
-    if (cost < best_cost) best = real, best_cost = cost;
-  }
-  return best;
+  int64_t splits = tiles < sms ? sms / tiles : 1, most = M / (64 * 32);
+  if (splits > most) splits = most;
+  while (splits > 1 &&
+         tiles * splits * 128 * BN * (int64_t)sizeof(float) > (int64_t)KILN__CONV_WS_BYTES)
+    splits--;
+  if (splits < 1 || tiles > KILN__CONV_COUNTERS) return 1;
+  const int64_t steps = (M + 63) / 64, chunk = (steps + splits - 1) / splits;
+  return (steps + chunk - 1) / chunk; /* no empty split */
 }
 
 /* The weight gradient dW (CO, K) = dY^T im2col(X), computed as its transpose (K rows, CO
@@ -370,8 +366,10 @@ static bool render_wgrad(const kiln__target *t, const kiln__node *n, const kiln_
   kiln__win w = kiln__win_of(n);
   bool tma = t->conv_tma && kiln__conv_tma_window(&w, X->shape[3]);
   bool ws = t->conv_warp_spec && !tma;
+  /* TMA: 4 stages, not the 6 that fill 192 KB (the lab's 7x7x256->256 weight gradient: 126.8 us
+   * against 141.0 at 3 splits; 15x15x64->256 171.2 against 181.0) */
   int BN = CO <= 64 ? 64 : 128, stage = tma ? (2 + BN / 64) * 8192 : 0;
-  int S = tma ? tma_stages(stage) : ws ? wgmma_stages(BN, ws) : 4;
+  int S = tma ? (BN == 64 ? tma_stages(stage) : 4) : ws ? wgmma_stages(BN, ws) : 4;
   int64_t tiles = ((K + 127) / 128) * ((CO + BN - 1) / BN), sms = t->num_sms > 0 ? t->num_sms : 132;
   int64_t splits = wgrad_splits(tiles, M, sms, BN);
   int64_t chunk = ((M + 63) / 64 + splits - 1) / splits * 64;

@@ -450,6 +450,18 @@ __global__ void __launch_bounds__(KILN_TMA_THREADS, 1)
     store_tile<BN>(y, m0, n0, G::M, G::CO, d);
 }
 
+/* fprop_tma with a block looping over tiles (kiln_conv_fprop_tma_tiles), one block an SM */
+template <class G, int BN, int S>
+__global__ void __launch_bounds__(KILN_TMA_THREADS, 1)
+    fprop_tma_p(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtensorMap tb,
+                kiln_bf16 *y) {
+  extern __shared__ unsigned char smem[];
+  float d[BN / 2];
+  kiln_conv_fprop_tma_tiles<G, BN, S>(
+      (const kiln_tmap *)&ta, (const kiln_tmap *)&tb, smem, d,
+      [&](int m0, int n0, const float(&acc)[BN / 2]) { store_tile<BN>(y, m0, n0, G::M, G::CO, acc); });
+}
+
 template <class G, int BN, int S>
 __global__ void __launch_bounds__(KILN_TMA_THREADS, 1)
     dgrad_tma(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtensorMap tw,
@@ -497,18 +509,26 @@ template <class G> static CUtensorMap map_dy_rows(const kiln_bf16 *dy) {
   return tma::tiled_map(dy, 2, dims, box);
 }
 
-template <class G, int BN, int S, bool SE>
+template <class G, int BN, int S, int SE> /* SE: 0 4-byte stores, 1 through shared memory, 2 persistent */
 static void launch_fprop_tma(const CUtensorMap &a, const CUtensorMap &b, kiln_bf16 *y) {
   constexpr int smem = KILN_TMA_SMEM((128 + BN) * 128, S);
-  static_assert(!SE || 128 * (BN * 2 + 16) <= S * (128 + BN) * 128, "the tile fits the stages");
+  static_assert(SE != 1 || 128 * (BN * 2 + 16) <= S * (128 + BN) * 128, "the tile fits the stages");
   dim3 grid((unsigned)((G::M + 127) / 128), (G::CO + BN - 1) / BN);
-  fprop_tma<G, BN, S, SE><<<grid, KILN_TMA_THREADS, smem>>>(a, b, y);
+  if (SE == 2) { /* a block an SM looping over the tiles */
+    static int sms;
+    if (!sms) CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+    const unsigned tiles = grid.x * grid.y;
+    fprop_tma_p<G, BN, S><<<tiles < (unsigned)sms ? tiles : sms, KILN_TMA_THREADS, smem>>>(a, b, y);
+  } else
+    fprop_tma<G, BN, S, SE == 1><<<grid, KILN_TMA_THREADS, smem>>>(a, b, y);
 }
 
-template <class G, class GC, int BN, int S, bool SE = false> static void run_fprop_tma(const char *name) {
+template <class G, class GC, int BN, int S, int SE = 0> static void run_fprop_tma(const char *name) {
   constexpr int smem = KILN_TMA_SMEM((128 + BN) * 128, S);
-  CK(cudaFuncSetAttribute(fprop_tma<G, BN, S, SE>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-  CK(cudaFuncSetAttribute(fprop_tma<GC, BN, S, SE>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  CK(cudaFuncSetAttribute(fprop_tma<G, BN, S, SE == 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  CK(cudaFuncSetAttribute(fprop_tma<GC, BN, S, SE == 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  CK(cudaFuncSetAttribute(fprop_tma_p<G, BN, S>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  CK(cudaFuncSetAttribute(fprop_tma_p<GC, BN, S>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   double err;
   {
     kiln_bf16 *x = random_bf16((size_t)GC::N * GC::H * GC::W * GC::CI, 1.f, 1);
@@ -530,7 +550,8 @@ template <class G, class GC, int BN, int S, bool SE = false> static void run_fpr
   float us = time_us([&] { launch_fprop_tma<G, BN, S, SE>(a, b, y); });
   double tf = 2.0 * G::M * G::CO * G::K / (us * 1e-6) / 1e12;
   printf("| %s | fwd | tma 128x%d, %d stages%s | %.1f | %.1f | %.1e |\n", name, BN, S,
-         SE ? ", stores through shared memory" : "", us, tf, err);
+         SE == 1 ? ", stores through shared memory" : SE == 2 ? ", a block an SM over the tiles" : "",
+         us, tf, err);
   cudaFree(x), cudaFree(wk), cudaFree(y);
 }
 
@@ -725,13 +746,16 @@ template <class G, class GC> static void tma_products(const char *name, bool wid
     run_fprop_tma<G, GC, 128, 6>(name);
     run_fprop_tma<G, GC, 256, 3>(name);
     run_fprop_tma<G, GC, 256, 4>(name);
-    run_fprop_tma<G, GC, 128, 6, true>(name);
-    run_fprop_tma<G, GC, 256, 4, true>(name);
+    run_fprop_tma<G, GC, 128, 6, 1>(name);
+    run_fprop_tma<G, GC, 256, 4, 1>(name);
+    run_fprop_tma<G, GC, 128, 6, 2>(name);
+    run_fprop_tma<G, GC, 256, 4, 2>(name);
   } else {
     run_fprop_wg<G, GC, 64, 4>(name);
     run_fprop_tma<G, GC, 64, 4>(name);
     run_fprop_tma<G, GC, 64, 8>(name);
-    run_fprop_tma<G, GC, 64, 8, true>(name);
+    run_fprop_tma<G, GC, 64, 8, 1>(name);
+    run_fprop_tma<G, GC, 64, 8, 2>(name);
     run_fprop_tma<G, GC, 128, 4>(name);
   }
   if constexpr (G::SH == 1) {
