@@ -135,6 +135,8 @@ int kiln__window_operands(const kiln__ew_prog *p, kiln__operands *o, kiln__wirin
 /* Writes float name[V], a window op's lanes (of dtype dt), through the epilogue e. The code
  * reads the element's coordinates n, h and w (or oh and ow), c, and V and ix. */
 void kiln__store_lanes(kiln__sb *b, const char *name, kiln_dtype dt, const kiln__win_epi *e);
+/* Whether a window epilogue may read and write four lanes at once (render_window.c). */
+bool kiln__epilogue_fours(const kiln__ew_prog *p, const kiln__operands *o, const kiln__wiring *wr);
 
 /* ---------------------------------------------------------------- the families */
 

@@ -214,8 +214,7 @@ static int lanes_of(const kiln__node *n, int64_t channels) {
 /* Whether the epilogue reads and writes four lanes at once: every operand it reads dense like the
  * output or broadcast over the image (one value a channel, or one in all), every store dense, and
  * all aligned. */
-static bool epilogue_fours(const kiln__ew_prog *p, const kiln__operands *o,
-                           const kiln__wiring *wr) {
+bool kiln__epilogue_fours(const kiln__ew_prog *p, const kiln__operands *o, const kiln__wiring *wr) {
   for (int j = 0; j < p->n; j++)
     for (int q = -1; q < (j ? p->nodes[j]->nin : 0); q++) {
       int k = q < 0 ? wr->store_slot[j] : wr->opnd[j][q];
@@ -256,7 +255,7 @@ bool kiln__render_window(const kiln__target *tg, const kiln__ew_prog *p, kiln__r
                w.pw == 0 && w.dh == 1 && w.dw == 1;
   r->arg.args.n = kiln_tensor_numel(tiled ? win : n->out) / V;
   kiln__win_epi epi = {.p = p, .o = &o, .w = &wr, .shape = n->out->shape, .image = image_out};
-  epi.vec = p->n > 1 && V == 4 && epilogue_fours(p, &o, &wr);
+  epi.vec = p->n > 1 && V == 4 && kiln__epilogue_fours(p, &o, &wr);
   kiln__sb pre = {0}, b = {0};
   emit_geometry(&pre, n, &w, sz, V, kiln__wide_index(most));
   emit_loop(&b, n, tiled, out, y, p->n > 1 ? &epi : NULL);

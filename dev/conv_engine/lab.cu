@@ -28,6 +28,7 @@
 #include "../../fusion/device/conv.cuh" /* the library's wgmma products */
 #include "conv.cuh"                     /* the mma.sync experiments (namespace lab) */
 #include "tma.cuh"                      /* the TMA-fed products' maps (namespace tma) */
+#include "persist.cuh"                  /* the persistent forward product (not yet run) */
 
 template <class G, class T>
 __global__ void __launch_bounds__(T::THREADS)

@@ -171,78 +171,6 @@ KILN__FN bool kiln_tma_run(int KT, unsigned char *base, int stage, float (&d)[N]
   return true;
 }
 
-/* kiln_tma_run over several tiles a block (persistent): block b takes tiles b, b + gridDim.x, ...
- * of `tiles`, each KT stages deep. The producer runs on into the next tile's stages while the
- * multipliers finish one and store it with epi(tile, d); the stages' count and phase carry on
- * from tile to tile, and a tile's last stage is freed when its products are done. */
-template <int S, int N, class I, class M, class E>
-KILN__FN void kiln_tma_run_tiles(int tiles, int KT, unsigned char *base, int stage, float (&d)[N],
-                                 I issue, M mma, E epi) {
-  unsigned long long *full = (unsigned long long *)(base + S * stage), *empty = full + S;
-  kiln_tma_init_barriers<S>(full);
-  if (threadIdx.x >= 256) {
-    if (threadIdx.x == 256)
-      for (int tile = blockIdx.x, it = 0; tile < tiles; tile += gridDim.x)
-        for (int kt = 0; kt < KT; kt++, it++) {
-          const int st = it % S;
-          if (it >= S) kiln_tma_mbar_wait(&empty[st], (it / S - 1) & 1);
-          kiln_tma_mbar_expect(&full[st], stage);
-          issue(tile, kt, st, &full[st]);
-        }
-    return;
-  }
-  const int wg = threadIdx.x >> 7, lane = threadIdx.x & 31;
-  for (int tile = blockIdx.x, it = 0; tile < tiles; tile += gridDim.x) {
-#pragma unroll
-    for (int i = 0; i < N; i++)
-      d[i] = 0.f;
-    for (int kt = 0; kt < KT; kt++, it++) {
-      const int st = it % S;
-      kiln_tma_mbar_wait(&full[st], (it / S) & 1);
-      kiln_wg_pin(d);
-      kiln_wg_fence();
-      mma(base + st * stage, wg);
-      kiln_wg_commit();
-      kiln_wg_wait<1>();
-      kiln_wg_pin(d);
-      if (kt > 0 && lane == 0) kiln_mbar_arrive(&empty[(it - 1) % S]);
-    }
-    kiln_wg_wait<0>();
-    kiln_wg_pin(d);
-    if (lane == 0) kiln_mbar_arrive(&empty[(it - 1) % S]);
-    epi(tile, d);
-  }
-}
-
-/* kiln_conv_fprop_tma over every tile of 128 pixels by BN channels, NT tiles across the channels
- * (neighbouring tiles share pixels), a block looping over them (kiln_tma_run_tiles): each tile
- * stored by epi(m0, n0, d). */
-template <class G, int BN, int S, class E>
-KILN__FN void kiln_conv_fprop_tma_tiles(const kiln_tmap *ta, const kiln_tmap *tb,
-                                        unsigned char *smem, float (&d)[BN / 2], E epi) {
-  constexpr int STAGE = (128 + BN) * 128, CH = G::CI / 64, KT = G::KH * G::KW * CH;
-  constexpr int NT = (G::CO + BN - 1) / BN, TILES = (G::M + 127) / 128 * NT;
-  static_assert(G::CI % 64 == 0 && BN % 64 == 0 && BN <= 256 && S >= 2, "kiln_conv_fprop_tma");
-  unsigned char *base = kiln_tma_align1024(smem);
-  kiln_tma_run_tiles<S>(
-      TILES, KT, base, STAGE, d,
-      [&](int tile, int kt, int st, unsigned long long *bar) {
-        unsigned char *as = base + st * STAGE;
-        const int tap = kt / CH, c = (kt % CH) * 64;
-        int w, h, n;
-        kiln_tma_origin<G>(tile / NT * 128, w, h, n);
-        kiln_tma_im2col4(as, ta, bar, c, w, h, n, (tap % G::KW) * G::DW, (tap / G::KW) * G::DH);
-        kiln_tma_tile2(as + 128 * 128, tb, bar, kt * 64, tile % NT * BN);
-      },
-      [&](const unsigned char *t, int wg) {
-#pragma unroll
-        for (int ks = 0; ks < 4; ks++)
-          kiln_wgmma<BN, 0, 0>(d, kiln_wg_desc<16, 1024>(t + wg * 64 * 128 + ks * 32),
-                               kiln_wg_desc<16, 1024>(t + 128 * 128 + ks * 32));
-      },
-      [&](int tile, float (&acc)[BN / 2]) { epi(tile / NT * 128, tile % NT * BN, acc); });
-}
-
 /* The forward product Y (M, CO) of pixels [m0, m0 + 128) and channels [n0, n0 + BN): ta the
  * image's im2col map (128 pixels a copy), tb the filters' tiled map (box 64 x BN). */
 template <class G, int BN, int S>
@@ -342,30 +270,44 @@ KILN__FN bool kiln_conv_wgrad_tma(const kiln_tmap *tx, const kiln_tmap *ty, int 
                          });
 }
 
-/* Stores a two-warpgroup block's accumulators d (128 rows from m0, BN columns from n0) as bf16
- * into out (rows x cols, row-major), through the freed stages at tile: each thread writes its
- * pairs into a row of BN * 2 + 16 bytes (the 16 keep a warp's eight rows on distinct banks), then
- * the block stores whole 16-byte chunks, a row's by neighbouring threads. Every multiplier calls
- * it (a named barrier of 256), after its last products. The 4-byte stores straight from the
- * registers leave half of each 32-byte sector to another warp's store; on air's 256-wide forward
- * products this took 97.7 -> 87.2 us (7x7x256->256) and 180.8 -> 159.4 (15x15x64->256) in
- * dev/conv_engine's lab (H100), and did not pay at 64 or 128 columns. */
-template <int BN>
-KILN__FN void kiln_tma_store_tile(kiln_bf16 *out, int m0, int n0, int rows, int cols,
-                                  const float (&d)[BN / 2], unsigned char *tile) {
-  constexpr int PITCH = BN * 2 + 16, CHUNKS = BN / 8;
+/* A two-warpgroup block's accumulators d (128 rows, BN columns) as bf16 in shared memory at tile,
+ * rows of KILN_TMA_PITCH(BN) bytes (the 16 past the row keep a warp's eight rows on distinct
+ * banks), for the block to read back a row's neighbouring chunks with neighbouring threads.
+ * Every multiplier calls it (a named barrier of 256), after its last products: the stages are
+ * free then (every copy has landed and been read). */
+#define KILN_TMA_PITCH(BN) ((BN)*2 + 16)
+template <int BN> KILN__FN void kiln_tma_stage_tile(const float (&d)[BN / 2], unsigned char *tile) {
   kiln_named_sync(1, 256); /* both warpgroups' last products have read their stages */
   const int r0 = kiln_conv_row0<false>(), lane = threadIdx.x & 31;
 #pragma unroll
   for (int j = 0; j < BN / 8; j++)
 #pragma unroll
     for (int h = 0; h < 2; h++)
-      *(unsigned *)(tile + (r0 + 8 * h) * PITCH + (8 * j + 2 * (lane & 3)) * 2) =
+      *(unsigned *)(tile + (r0 + 8 * h) * KILN_TMA_PITCH(BN) + (8 * j + 2 * (lane & 3)) * 2) =
           kiln_bf16x2_bits(d[4 * j + 2 * h], d[4 * j + 2 * h + 1]);
   kiln_named_sync(1, 256);
+}
+
+/* Four values of a staged tile: row `row`, columns [col, col + 4) (col a multiple of 4). */
+template <int BN>
+KILN__FN void kiln_tma_tile_get4(const unsigned char *tile, int row, int col, float *v) {
+  kiln_load4((const kiln_bf16 *)(tile + row * KILN_TMA_PITCH(BN)) + col, v);
+}
+
+/* Stores a two-warpgroup block's accumulators d (128 rows from m0, BN columns from n0) as bf16
+ * into out (rows x cols, row-major) through the freed stages at tile (kiln_tma_stage_tile), the
+ * block storing whole 16-byte chunks, a row's by neighbouring threads. The 4-byte stores straight
+ * from the registers leave half of each 32-byte sector to another warp's store; on air's 256-wide
+ * forward products this took 97.7 -> 87.2 us (7x7x256->256) and 180.8 -> 159.4 (15x15x64->256) in
+ * dev/conv_engine's lab (H100), and did not pay at 64 or 128 columns. */
+template <int BN>
+KILN__FN void kiln_tma_store_tile(kiln_bf16 *out, int m0, int n0, int rows, int cols,
+                                  const float (&d)[BN / 2], unsigned char *tile) {
+  constexpr int CHUNKS = BN / 8;
+  kiln_tma_stage_tile<BN>(d, tile);
   for (int q = threadIdx.x; q < 128 * CHUNKS; q += 256) {
     const int row = q / CHUNKS, c = n0 + (q % CHUNKS) * 8, m = m0 + row;
-    const unsigned char *src = tile + row * PITCH + (q % CHUNKS) * 16;
+    const unsigned char *src = tile + row * KILN_TMA_PITCH(BN) + (q % CHUNKS) * 16;
     if (m >= rows || c >= cols) continue;
     if (cols % 8 == 0) /* then c + 8 <= cols */
       *(uint4 *)&out[(long long)m * cols + c] = *(const uint4 *)src;
