@@ -371,6 +371,7 @@ struct kiln_ctx {
   int num_sms;
   bool conv_warp_spec; /* conv.cuh's kernels warp-specialized (KILN_CONV_WS=1) */
   bool conv_tma;       /* conv_tma.cuh's TMA-fed products where they serve (KILN_CONV_TMA=0: off) */
+  bool conv_staged; /* their data gradients' epilogues through shared memory (KILN_CONV_STAGED=1) */
   int implicit_conv_max_co; /* KILN_IMPLICIT_CONV_MAX_CO, to measure; 0: the planner's default */
   bool conv_recompute;      /* KILN_CONV_RECOMPUTE=1: kiln__recomputes_columns */
   struct CUstream_st *stream;

@@ -57,6 +57,7 @@ static bool build_calls(kiln_ctx *ctx, kiln__program *pg) {
   kiln__target target = {.num_sms = ctx->num_sms,
                          .conv_warp_spec = ctx->conv_warp_spec,
                          .conv_tma = ctx->conv_tma,
+                         .conv_staged = ctx->conv_staged,
                          .customs = ctx->customs,
                          .ncustom = ctx->ncustom};
   int ng = pg->plan.ng, nr = 0;

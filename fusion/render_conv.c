@@ -70,7 +70,7 @@ static void tma_maps(kiln__sb *b, int slot, int nmap) {
  * mma.sync (igemm.cuh), or with wg on wgmma as the forward product of dY with the filters flipped
  * (conv.cuh, stride 1: its geometry GD beside the convolution's G). */
 static bool render_dgrad(const kiln__ew_prog *p, const kiln__gemm *mm, bool wg, bool ws, bool tma,
-                         kiln__rendered *r) {
+                         bool staged, kiln__rendered *r) {
   const kiln__node *n = p->nodes[0];
   const kiln_tensor *X = n->out, *A = mm->a, *B = mm->b;
   kiln__kargs *a = &r->arg.args;
@@ -82,7 +82,8 @@ static bool render_dgrad(const kiln__ew_prog *p, const kiln__gemm *mm, bool wg, 
   int64_t N = X->shape[0], H = X->shape[1], W = X->shape[2], CI = X->shape[3];
   int64_t OH = n->in[0]->shape[1], OW = n->in[0]->shape[2], CO = A->shape[1];
   tma = wg && tma && kiln__conv_tma_dgrad(&w, CO, CI);
-  KILN_ASSERT(!tma || X->offset % 4 == 0); /* its epilogue stores four channels at once */
+  staged = staged && tma;
+  KILN_ASSERT(!staged || X->offset % 4 == 0); /* its epilogue stores four channels at once */
   ws = ws && !tma;
   int BN = wg ? wgmma_width(CI, ws) : (CI <= 32 ? 32 : 64), stage = tma ? (128 + BN) * 128 : 0;
   int S = tma ? tma_stages(stage) : wgmma_stages(BN, ws);
@@ -122,7 +123,7 @@ static bool render_dgrad(const kiln__ew_prog *p, const kiln__gemm *mm, bool wg, 
                   "  (void)V;\n"
                   "  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;\n"
                   "  (void)warp;\n",
-                  tma ? 4 : 2);
+                  staged ? 4 : 2);
   if (wg) {
     kiln__sb_printf(&b,
                     "  constexpr int BN = %d, S = %d;\n"
@@ -134,16 +135,7 @@ static bool render_dgrad(const kiln__ew_prog *p, const kiln__gemm *mm, bool wg, 
     if (tma) {
       tma_maps(&b, o.n, 2);
       kiln__sb_printf(
-          &b, "  if (!kiln_conv_dgrad_tma<G, BN, S>(tm, tm + 1, m0, n0, kiln_smem, acc))\n"
-              "    return;\n"
-              /* through shared memory: a thread's four channels of a row, a row's chunks by
-               * neighbouring threads, each operand read and written four values at a time */
-              "  unsigned char *tile = kiln_tma_align1024(kiln_smem);\n"
-              "  kiln_tma_stage_tile<BN>(acc, tile);\n"
-              "  for (int q = threadIdx.x; q < 128 * (BN / 4); q += 256) {\n"
-              "    const ix m = m0 + q / (BN / 4), c = n0 + q %% (BN / 4) * 4;\n"
-              "    float d[4];\n"
-              "    kiln_tma_tile_get4<BN>(tile, q / (BN / 4), q %% (BN / 4) * 4, d);\n");
+          &b, "  if (!kiln_conv_dgrad_tma<G, BN, S>(tm, tm + 1, m0, n0, kiln_smem, acc))\n");
       kiln__win f = kiln__dgrad_window(&w);
       const int64_t nhwc[4] = {N, OH, OW, CO}, wk[3] = {CI, w.kh * w.kw, CO};
       r->tmap[0] = kiln__tmap_im2col(ka, nhwc, &f, 128);
@@ -154,6 +146,18 @@ static bool render_dgrad(const kiln__ew_prog *p, const kiln__gemm *mm, bool wg, 
                       "  if (!kiln_conv_fprop<GD, BN, S, true, %s>((const kiln_bf16 *)a.ptr[%d], "
                       "(const kiln_bf16 *)a.ptr[%d], m0, n0, kiln_smem, acc))\n",
                       ws ? "true" : "false", ka, kb);
+    }
+    if (staged) /* through shared memory: a thread's four channels of a row, a row's chunks by
+                 * neighbouring threads, each operand read and written four values at a time */
+      kiln__sb_printf(&b,
+                      "    return;\n"
+                      "  unsigned char *tile = kiln_tma_align1024(kiln_smem);\n"
+                      "  kiln_tma_stage_tile<BN>(acc, tile);\n"
+                      "  for (int q = threadIdx.x; q < 128 * (BN / 4); q += 256) {\n"
+                      "    const ix m = m0 + q / (BN / 4), c = n0 + q %% (BN / 4) * 4;\n"
+                      "    float d[4];\n"
+                      "    kiln_tma_tile_get4<BN>(tile, q / (BN / 4), q %% (BN / 4) * 4, d);\n");
+    else
       kiln__sb_printf(&b,
                       "    return;\n"
                       "  const int r0 = kiln_conv_row0<%s>();\n"
@@ -165,7 +169,6 @@ static bool render_dgrad(const kiln__ew_prog *p, const kiln__gemm *mm, bool wg, 
                       "    const ix c = n0 + 8 * j + 2 * (lane & 3);\n"
                       "    const float d[2] = {acc[4 * j + 2 * hh], acc[4 * j + 2 * hh + 1]};\n",
                       ws ? "true" : "false");
-    }
   } else
     kiln__sb_printf(&b,
                     "  const int M = (int)a.n, m0 = (int)blockIdx.x * KILN_IG_BM, n0 = "
@@ -187,9 +190,9 @@ static bool render_dgrad(const kiln__ew_prog *p, const kiln__gemm *mm, bool wg, 
                       "    const ix n = m / (G::H * G::W), h = m / G::W %% G::H, w = m %% G::W;\n"
                       "    (void)n; (void)h; (void)w;\n");
   if (p->n > 1) {
-    epi.vec = tma && kiln__epilogue_fours(p, &o, &wr);
+    epi.vec = staged && kiln__epilogue_fours(p, &o, &wr);
     kiln__store_lanes(&b, "d", X->dtype, &epi);
-  } else if (tma) {
+  } else if (staged) {
     kiln__sb_printf(&b, "    kiln_store4((kiln_bf16 *)a.ptr[%d] + m * G::CI + c, d);\n", out);
   } else if (bf16) {
     kiln__sb_printf(&b,
@@ -445,7 +448,8 @@ static bool render_wgrad(const kiln__target *t, const kiln__node *n, const kiln_
 bool kiln__render_conv(const kiln__target *t, const kiln__spec *s, kiln__rendered *r) {
   switch (s->conv) {
   case KILN__IMPLICIT_DGRAD:
-    return render_dgrad(&s->prog, &s->gemm, s->wgmma, t->conv_warp_spec, t->conv_tma, r);
+    return render_dgrad(&s->prog, &s->gemm, s->wgmma, t->conv_warp_spec, t->conv_tma,
+                        t->conv_staged, r);
   case KILN__IMPLICIT_FPROP:
     return render_fprop(s->red, &s->gemm, t->conv_warp_spec, t->conv_tma, r);
   case KILN__IMPLICIT_WGRAD: return render_wgrad(t, s->red, &s->gemm, r);
