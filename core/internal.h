@@ -372,6 +372,7 @@ struct kiln_ctx {
   bool conv_warp_spec; /* conv.cuh's kernels warp-specialized (KILN_CONV_WS=1) */
   bool conv_tma;       /* conv_tma.cuh's TMA-fed products where they serve (KILN_CONV_TMA=0: off) */
   bool conv_staged; /* their data gradients' epilogues through shared memory (KILN_CONV_STAGED=1) */
+  bool conv_direct; /* direct forward products of tiny convolutions (KILN_CONV_DIRECT=1) */
   int implicit_conv_max_co; /* KILN_IMPLICIT_CONV_MAX_CO, to measure; 0: the planner's default */
   bool conv_recompute;      /* KILN_CONV_RECOMPUTE=1: kiln__recomputes_columns */
   struct CUstream_st *stream;
@@ -618,6 +619,16 @@ int64_t kiln__implicit_conv_max_co(const kiln_ctx *ctx);
  * otherwise. */
 bool kiln__implicit_conv_image(const kiln_ctx *ctx, const kiln__node *c);
 bool kiln__implicit_conv_channels(const kiln_ctx *ctx, const kiln__node *c, int64_t co);
+/* A direct forward product (window.cuh's kiln_conv_direct: a thread an output pixel, no column
+ * matrix, no tensor cores) for a convolution of few taps and channels that the implicit kernels
+ * do not take, such as a whitening layer's 2x2 over 3 channels (KILN_CONV_DIRECT=1, off until it
+ * has run on a GPU): the shape (K = kh kw ci values a window, co output channels) that it takes,
+ * and whether im2col node c's image is one (one group, bf16, the switch on). The planner also
+ * asks that nothing takes a gradient through it. */
+#define KILN__CONV_DIRECT_MAX_K 32
+#define KILN__CONV_DIRECT_MAX_CO 64
+bool kiln__conv_direct_shape(int64_t k, int64_t ci, int64_t co);
+bool kiln__conv_direct_image(const kiln_ctx *ctx, const kiln__node *c);
 /* Whether the TMA-fed products (fusion/device/conv_tma.cuh) take a window w over ci channels:
  * whole stages of 64 channels, and the geometry an im2col tensor map can hold (strides 1 to 8,
  * box corners within [-128, 127], tap offsets d (k - 1) of at most 255). */

@@ -548,9 +548,11 @@ static bool implicit_wgrad(const kiln_ctx *ctx, const kiln__plan *p, int32_t c, 
 static bool implicit_conv(kiln_ctx *ctx, const kiln__plan *p, int32_t c, int32_t *f, int32_t *w) {
   const kiln__node *nodes = ctx->trace.nodes, *cn = &nodes[c];
   *f = *w = -1;
-  if (cn->op != KILN__OP_IM2COL || !kiln__implicit_conv_image(ctx, cn) || cn->out->keep ||
+  if (cn->op != KILN__OP_IM2COL ||
+      !(kiln__implicit_conv_image(ctx, cn) || kiln__conv_direct_image(ctx, cn)) || cn->out->keep ||
       !dense_bf16(cn->in[0]) || p->claim[c - p->first] >= 0)
     return false;
+  bool direct = !kiln__implicit_conv_image(ctx, cn); /* forward only: no columns for a dW */
   int64_t K = cn->out->shape[3], M = kiln_tensor_numel(cn->out) / K;
   for (int32_t j = c + 1; j < p->last; j++) {
     const kiln__node *r = &nodes[j];
@@ -575,9 +577,12 @@ static bool implicit_conv(kiln_ctx *ctx, const kiln__plan *p, int32_t c, int32_t
   int64_t co = Y->shape[1];
   kiln__group scratch = {0};
   if (!dense_bf16(Y) || B->dtype != KILN_DTYPE_BF16 || B->stride[0] != 1 || B->stride[1] != K ||
-      B->offset % 8 != 0 || !kiln__implicit_conv_channels(ctx, cn, co) || K * co >= INT32_MAX ||
+      B->offset % 8 != 0 || K * co >= INT32_MAX ||
+      !(direct ? kiln__conv_direct_shape(K, cn->in[0]->shape[3], co)
+               : kiln__implicit_conv_channels(ctx, cn, co)) ||
       p->claim[*f - p->first] >= 0 || forward_epilogue(ctx, p, *f, &scratch) != 0)
     return false;
+  if (direct) return *w < 0 && !Y->requires_grad;
   if (*w >= 0 && !implicit_wgrad(ctx, p, c, *w, co)) return false;
   return *w >= 0 || !Y->requires_grad;
 }

@@ -229,9 +229,10 @@ static bool render_dgrad(const kiln__ew_prog *p, const kiln__gemm *mm, bool wg, 
 }
 
 /* The operands of a conv.cuh kernel, slot[0..2]: im2col node n's image X, the product's other
- * operand t and its result out; and into pre the geometry struct G for CO output channels. */
+ * operand t and its result out; and into pre the device header and the geometry struct G for co
+ * output channels. */
 static void conv_operands(const kiln__node *n, const kiln_tensor *t, const kiln_tensor *out,
-                          int64_t co, bool tma, kiln__operands *o, int slot[3], char *pre,
+                          int64_t co, const char *header, kiln__operands *o, int slot[3], char *pre,
                           size_t len) {
   const kiln_tensor *X = n->in[0], *C = n->out;
   slot[0] = kiln__operand(o, X, false, NULL);
@@ -248,10 +249,10 @@ static void conv_operands(const kiln__node *n, const kiln_tensor *t, const kiln_
       "DH = %lld, DW = %lld;\n"
       "  static constexpr int M = N * OH * OW, K = KH * KW * CI;\n"
       "};\n",
-      tma ? "conv_tma.cuh" : "conv.cuh", (long long)X->shape[0], (long long)X->shape[1],
-      (long long)X->shape[2], (long long)X->shape[3], (long long)C->shape[1],
-      (long long)C->shape[2], (long long)co, (long long)w.kh, (long long)w.kw, (long long)w.sh,
-      (long long)w.sw, (long long)w.ph, (long long)w.pw, (long long)w.dh, (long long)w.dw);
+      header, (long long)X->shape[0], (long long)X->shape[1], (long long)X->shape[2],
+      (long long)X->shape[3], (long long)C->shape[1], (long long)C->shape[2], (long long)co,
+      (long long)w.kh, (long long)w.kw, (long long)w.sh, (long long)w.sw, (long long)w.ph,
+      (long long)w.pw, (long long)w.dh, (long long)w.dw);
 }
 
 /* Stores the block's accumulators d (its rows from row0, its columns from col0) into the bf16
@@ -305,12 +306,41 @@ static bool finish_wgmma(kiln__sb *b, const char *what, const kiln__node *n, con
   return ok;
 }
 
+/* The forward product of a tiny convolution (kiln__conv_direct_shape) without the column matrix
+ * or tensor cores: conv_direct.cuh, a thread an output pixel, 256 a block. */
+static bool render_direct(const kiln__node *n, const kiln__gemm *mm, kiln__rendered *r) {
+  const kiln_tensor *Y = mm->d;
+  int64_t M = Y->shape[0], CO = Y->shape[1];
+  kiln__operands o = {0};
+  int slot[3];
+  char pre[640];
+  conv_operands(n, mm->b, Y, CO, "conv_direct.cuh", &o, slot, pre, sizeof pre);
+  kiln__sb b = {0};
+  kiln__sb_printf(
+      &b,
+      "  kiln_conv_direct<G>((const kiln_bf16 *)a.ptr[%d], (const kiln_bf16 *)a.ptr[%d], "
+      "(kiln_bf16 *)a.ptr[%d]);\n",
+      slot[0], slot[1], slot[2]);
+  kiln__win w = kiln__win_of(n);
+  char stem[80];
+  snprintf(stem, sizeof stem, "k_conv_direct_%lldx%lld_s%lld_bf16", (long long)w.kh,
+           (long long)w.kw, (long long)w.sh);
+  r->block = KILN__BLOCK;
+  r->arg.args.n = M;
+  bool ok = kiln__finish_with(&b, stem, &o, r, pre);
+  kiln__sb_free(&b);
+  r->grid = (unsigned)((M + KILN__BLOCK - 1) / KILN__BLOCK);
+  kiln__tally_bytes(&o, r);
+  return ok;
+}
+
 /* The forward product Y (M, CO) = im2col(X) Wk^T: a block of 128 pixels by BN channels; TMA-fed
  * with tma, through X's im2col map (128 pixels a copy) and Wk's tiled one (64 x BN boxes). */
 static bool render_fprop(const kiln__node *n, const kiln__gemm *mm, bool ws, bool tma,
                          kiln__rendered *r) {
   const kiln_tensor *Y = mm->d, *X = n->in[0];
   int64_t M = Y->shape[0], CO = Y->shape[1];
+  if (kiln__conv_direct_shape(mm->b->shape[0], X->shape[3], CO)) return render_direct(n, mm, r);
   kiln__win w = kiln__win_of(n);
   tma = tma && kiln__conv_tma_window(&w, X->shape[3]);
   int BN = wgmma_width(CO, ws && !tma), stage = tma ? (128 + BN) * 128 : 0;
@@ -318,7 +348,7 @@ static bool render_fprop(const kiln__node *n, const kiln__gemm *mm, bool ws, boo
   kiln__operands o = {0};
   int slot[3];
   char pre[640];
-  conv_operands(n, mm->b, Y, CO, tma, &o, slot, pre, sizeof pre);
+  conv_operands(n, mm->b, Y, CO, tma ? "conv_tma.cuh" : "conv.cuh", &o, slot, pre, sizeof pre);
   kiln__sb b = {0};
   kiln__sb_printf(&b,
                   "  constexpr int BN = %d, S = %d, M = %lld;\n"
@@ -395,7 +425,7 @@ static bool render_wgrad(const kiln__target *t, const kiln__node *n, const kiln_
   kiln__operands o = {0};
   int slot[3];
   char pre[640];
-  conv_operands(n, dY, D, CO, tma, &o, slot, pre, sizeof pre);
+  conv_operands(n, dY, D, CO, tma ? "conv_tma.cuh" : "conv.cuh", &o, slot, pre, sizeof pre);
   int maps = splits > 1 ? o.n + 2 : o.n; /* after the split-K workspace's two */
   kiln__sb b = {0};
   kiln__sb_printf(

@@ -316,3 +316,58 @@ Test(conv_tma, weight_gradient_blocks_fill_their_last_wave) {
     th_ctx_free(ctx);
   }
 }
+
+/* A tiny convolution that nothing takes a gradient through (a whitening layer: 2x2 over 3
+ * channels into 24, no padding; and 3x3 over 3 channels into 16, stride 2, padding 1) runs its
+ * forward product as one direct kernel with KILN_CONV_DIRECT=1 (conv_direct.cuh: no column
+ * matrix), which renders and compiles; not without the switch, and not when its filters take a
+ * gradient (their product needs the columns). */
+Test(conv_tma, tiny_convolutions_without_gradients_run_direct) {
+  struct {
+    int64_t cout, k;
+    int stride, pad;
+    bool on, grad, want;
+  } cases[] = {{24, 2, 1, 0, true, false, true},
+               {16, 3, 2, 1, true, false, true},
+               {24, 2, 1, 0, false, false, false},
+               {24, 2, 1, 0, true, true, false},
+               {20, 2, 1, 0, true, false, false} /* 20 channels: not in 16-byte chunks */};
+  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+    char what[96];
+    snprintf(what, sizeof what, "3->%lld %lldx%lld stride %d pad %d, switch %d, gradient %d",
+             (long long)cases[i].cout, (long long)cases[i].k, (long long)cases[i].k,
+             cases[i].stride, cases[i].pad, cases[i].on, cases[i].grad);
+    kiln_ctx *ctx = th_cpu_ctx();
+    ctx->conv_direct = cases[i].on;
+    kiln_step_begin(ctx);
+    kiln_tensor *x = th_f32(ctx, KILN_SHAPE(4, 9, 7, 3));
+    kiln_tensor *k = cases[i].grad
+                         ? th_param(ctx, KILN_SHAPE(cases[i].cout, 3, cases[i].k, cases[i].k))
+                         : th_f32(ctx, KILN_SHAPE(cases[i].cout, 3, cases[i].k, cases[i].k));
+    kiln_conv2d_options o = {.pad_h = cases[i].pad,
+                             .pad_w = cases[i].pad,
+                             .stride_h = cases[i].stride,
+                             .stride_w = cases[i].stride};
+    kiln_autocast_begin(ctx, KILN_DTYPE_BF16);
+    kiln_tensor *y = kiln_conv2d(x, k, NULL, &o);
+    kiln_autocast_end(ctx);
+    kiln_tensor *s = kiln_cast(kiln_sum(y, KILN_ALL_AXES, 0), KILN_DTYPE_F32);
+    cr_assert_not_null(s, "%s: %s", what, th_err(ctx));
+    if (cases[i].grad) cr_assert_eq(kiln_backward(s), KILN_OK, "%s: %s", what, th_err(ctx));
+    kiln__program pg;
+    cr_assert(kiln__program_build(ctx, ctx->trace.done, ctx->trace.n, &pg), "%s: %s", what,
+              th_err(ctx));
+    int direct = 0;
+    for (int g = 0; g < pg.plan.ng; g++)
+      if (strstr(pg.call[g].name, "k_conv_direct_")) {
+        direct++;
+        cr_assert_eq(pg.plan.g[g].implicit, KILN__IMPLICIT_FPROP, "%s", what);
+        cr_assert_eq(pg.call[g].ntmap, 0, "%s", what);
+      }
+    cr_assert_eq(direct, cases[i].want ? 1 : 0, "%s: %d direct kernels", what, direct);
+    kiln__program_free(&pg);
+    cr_assert_eq(kiln_step_end(ctx), KILN_OK, "%s: %s", what, th_err(ctx));
+    th_free_scratch();
+    th_ctx_free(ctx);
+  }
+}

@@ -537,6 +537,64 @@ Test(gpu_ops, conv2d_tma_step_graph_replays_match_eager_steps) {
 }
 
 /* The input as a view: every other column of a wider image, and a crop of the channels. */
+/* KILN_CONV_DIRECT=1: bf16 convolutions of few values a window over channels that are not in
+ * 16-byte chunks, nothing taking a gradient through them (a whitening layer), run their forward
+ * product as one direct kernel (fusion/device/conv_direct.cuh; test_cpu_conv_tma checks that the
+ * planner gives it these shapes), against float64 of the bf16 operands. */
+static const conv_case direct_cases[] = {
+    {"3->24 2x2 (airbench's whitening) on 32x32 images, 64 of them", 64, 32, 32, 3, 24, 2, 2, CO(0),
+     0, 0, 0},
+    {"3->16 3x3 stride 2 pad 1", 3, 13, 10, 3, 16, 3, 3,
+     CO(.stride_h = 2, .stride_w = 2, .pad_h = 1, .pad_w = 1), 0, 0, 0},
+    {"5->64 2x3 dilation 2 pad 1", 2, 9, 11, 5, 64, 2, 3,
+     CO(.dilation_h = 2, .dilation_w = 2, .pad_h = 1, .pad_w = 1), 0, 0, 0},
+    {"3->8 1x1, batch 1", 1, 7, 5, 3, 8, 1, 1, CO(0), 0, 0, 0},
+};
+
+static void check_direct(kiln_ctx *ctx, const conv_case *c, uint64_t seed) {
+  ref_win g = conv_win(c);
+  kiln_shape xs = KILN_SHAPE(c->n, c->h, c->w, c->cin);
+  kiln_shape ws = KILN_SHAPE(c->cout, c->cin, c->kh, c->kw);
+  kiln_shape os = ref_win_out(xs, &g, c->cout);
+  char what[512], wd[96];
+  ref_win_str(&g, wd, sizeof wd);
+  snprintf(what, sizeof what, "direct bf16 conv2d %s (%s)", c->desc, wd);
+  kiln_step_begin(ctx);
+  float *xh, *wh;
+  kiln_tensor *x = ref_rand_tensor(ctx, xs, seed, &REF_GEN(-1, 1), 0, &xh);
+  kiln_tensor *w = ref_rand_tensor(ctx, ws, seed + 1, &REF_GEN(-1, 1), 0, &wh);
+  kiln_autocast_begin(ctx, KILN_DTYPE_BF16);
+  kiln_tensor *y = kiln_conv2d(x, w, NULL, &c->o);
+  kiln_autocast_end(ctx);
+  int64_t nx = ref_numel(xs), nw = ref_numel(ws), no = ref_numel(os);
+  double *xd = ref_to_double(xh, nx), *wdd = ref_to_double(wh, nw), *want = ref_dalloc(no);
+  for (int64_t i = 0; i < nx; i++)
+    xd[i] = bf16_round(xd[i]);
+  for (int64_t i = 0; i < nw; i++)
+    wdd[i] = bf16_round(wdd[i]);
+  ref_conv2d(xd, xs, wdd, c->cout, NULL, &g, want);
+  for (int64_t i = 0; i < no; i++)
+    want[i] = bf16_round(want[i]);
+  ref_expect_close(ctx, kiln_cast(y, KILN_DTYPE_F32), os, want, 1e-3, 8e-3, what);
+  free(xd);
+  free(wdd);
+  free(want);
+  free(xh);
+  free(wh);
+  kiln_tensor_free(x);
+  kiln_tensor_free(w);
+  th_assert_ok(ctx);
+}
+
+Test(gpu_ops, tiny_conv2d_forward_products_run_direct) {
+  setenv("KILN_CONV_DIRECT", "1", 1); /* read when the context is made */
+  TH_GPU_CTX_EAGER(ctx);
+  unsetenv("KILN_CONV_DIRECT");
+  for (size_t i = 0; i < sizeof direct_cases / sizeof *direct_cases; i++)
+    check_direct(ctx, &direct_cases[i], 5700 + 10 * i);
+  th_ctx_free(ctx);
+}
+
 Test(gpu_ops, conv2d_of_a_view) {
   TH_GPU_CTX_EAGER(ctx);
   float *bh, *wh;
