@@ -406,35 +406,6 @@ __device__ void store_tile(kiln_bf16 *out, long long m0, int n0, long long rows,
     }
 }
 
-/* store_tile through shared memory: the multipliers (threads 0-255, the producer warp gone) put
- * the bf16 tile in the freed stages (rows padded by 16 bytes: the 4-byte writes of a warp fall
- * in 32 banks), then store it as 16-byte chunks, a row's chunks by neighbouring threads. */
-template <int BN>
-__device__ void store_tile_smem(kiln_bf16 *out, long long m0, int n0, long long rows, int cols,
-                                const float (&d)[BN / 2], unsigned char *tile) {
-  constexpr int PITCH = BN * 2 + 16, CHUNKS = BN / 8;
-  kiln_named_sync(1, 256); /* every warpgroup's last products have read the stages */
-  const int r0 = kiln_conv_row0<false>(), lane = threadIdx.x & 31;
-#pragma unroll
-  for (int j = 0; j < BN / 8; j++)
-#pragma unroll
-    for (int h = 0; h < 2; h++)
-      *(unsigned *)(tile + (r0 + 8 * h) * PITCH + (8 * j + 2 * (lane & 3)) * 2) =
-          kiln_bf16x2_bits(d[4 * j + 2 * h], d[4 * j + 2 * h + 1]);
-  kiln_named_sync(1, 256);
-  for (int q = threadIdx.x; q < 128 * CHUNKS; q += 256) {
-    const int row = q / CHUNKS, c = n0 + (q % CHUNKS) * 8;
-    const long long m = m0 + row;
-    const unsigned char *src = tile + row * PITCH + (q % CHUNKS) * 16;
-    if (m >= rows || c >= cols) continue;
-    if (c + 8 <= cols && cols % 8 == 0)
-      *(uint4 *)&out[m * cols + c] = *(const uint4 *)src;
-    else
-      for (int e = 0; e < 8 && c + e < cols; e++)
-        out[m * cols + c + e] = ((const kiln_bf16 *)src)[e];
-  }
-}
-
 template <class G, int BN, int S, bool SE>
 __global__ void __launch_bounds__(KILN_TMA_THREADS, 1)
     fprop_tma(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtensorMap tb,
@@ -446,7 +417,7 @@ __global__ void __launch_bounds__(KILN_TMA_THREADS, 1)
                                      smem, d))
     return;
   if constexpr (SE)
-    store_tile_smem<BN>(y, m0, n0, G::M, G::CO, d, kiln_tma_align1024(smem));
+    kiln_tma_store_tile<BN>(y, m0, n0, G::M, G::CO, d, kiln_tma_align1024(smem)); /* the library's */
   else
     store_tile<BN>(y, m0, n0, G::M, G::CO, d);
 }
