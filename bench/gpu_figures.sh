@@ -16,7 +16,7 @@
 #   initcheck         dev/initcheck/probe.cu under compute-sanitizer's initcheck: whether bytes
 #                     written by TMA stores and by cuBLAS's products count as initialized (issue 24)
 #   switches          the GPU tests of the kernels that are off until they have run
-#                     (KILN_CONV_STAGED=1, KILN_CONV_DIRECT=1 exported), then the air and resnet18
+#                     (KILN_CONV_STAGED=1, KILN_CONV_DIRECT=1, KILN_IM2COL_LANES=1 exported), then air and resnet18
 #                     steps (graph mode) with each switch and both, and the air step's convolutions
 #                     in the step with both (bench/conv_compare.py beside cuDNN)
 # Every step has a time limit; a summary line per step is printed last. Naming steps after BUILD
@@ -75,8 +75,8 @@ step initcheck 240 "nvcc -O2 -std=c++17 -gencode arch=compute_90a,code=sm_90a -o
     dev/initcheck/probe.cu -lcublas && /tmp/probe_init &&
   compute-sanitizer --tool initcheck /tmp/probe_init 2>&1 |
     grep -E '^[0-9]\\.|Uninitialized|ERROR SUMMARY' | uniq -c  # in order: the reports before each sum"
-step switches 500 "KILN_CONV_STAGED=1 KILN_CONV_DIRECT=1 ctest --test-dir $build -R test_gpu --output-on-failure -j 4 | tail -n 4
-  for w in air resnet18; do for sw in '' KILN_CONV_STAGED=1 KILN_CONV_DIRECT=1 'KILN_CONV_STAGED=1 KILN_CONV_DIRECT=1'; do
+step switches 500 "KILN_CONV_STAGED=1 KILN_CONV_DIRECT=1 KILN_IM2COL_LANES=1 ctest --test-dir $build -R test_gpu --output-on-failure -j 4 | tail -n 4
+  for w in air resnet18; do for sw in '' KILN_CONV_STAGED=1 KILN_CONV_DIRECT=1 KILN_IM2COL_LANES=1 'KILN_CONV_STAGED=1 KILN_CONV_DIRECT=1 KILN_IM2COL_LANES=1'; do
     printf '%s %s: ' \$w \"\${sw:-default}\"
     env \$sw timeout 120 $build/profile_step --workload \$w --mode graph --json |
       grep -o '\"ms_per_step\": *[0-9.]*\|\"peak_mib\": *[0-9.]*' | tr '\n' ' '

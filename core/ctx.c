@@ -133,9 +133,10 @@ kiln_ctx *kiln__ctx_create(const kiln_ctx_options *opts) {
   ctx->training = true;
   ctx->fusion = !env_off("KILN_FUSION");
   ctx->graphs = !env_off("KILN_GRAPH");
-  ctx->conv_warp_spec = env_on("KILN_CONV_WS");  /* off by default: slower forward products */
-  ctx->conv_staged = env_on("KILN_CONV_STAGED"); /* off until it has run on a GPU (2026-12-05) */
-  ctx->conv_direct = env_on("KILN_CONV_DIRECT"); /* off until it has run on a GPU (2026-12-05) */
+  ctx->conv_warp_spec = env_on("KILN_CONV_WS");    /* off by default: slower forward products */
+  ctx->conv_staged = env_on("KILN_CONV_STAGED");   /* off until it has run on a GPU (2026-12-05) */
+  ctx->conv_direct = env_on("KILN_CONV_DIRECT");   /* off until it has run on a GPU (2026-12-05) */
+  ctx->im2col_lanes = env_on("KILN_IM2COL_LANES"); /* off until it has run on a GPU */
   ctx->conv_tma =
       !env_off("KILN_CONV_TMA"); /* H100: air 3.86 ms at 387 MiB, against 3.89 at 1,004 */
   const char *max_co = getenv("KILN_IMPLICIT_CONV_MAX_CO");

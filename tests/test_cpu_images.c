@@ -999,3 +999,44 @@ Test(images, recomputed_columns_for_the_weight_gradient) {
   cr_assert_leq(arena[1] + columns / 2, arena[0], "arena %llu bytes with the switch, %llu without",
                 (unsigned long long)arena[1], (unsigned long long)arena[0]);
 }
+
+/* With KILN_IM2COL_LANES=1 an im2col over 2 or 3 channels (ResNet's stem: RGB images) takes all
+ * of a tap's channels a thread (lanes of 2 or 3, its kernel named _v2 or _v3), so that each
+ * thread decodes its tap once for them; 1 channel, and any count without the switch, keep a lane
+ * a thread. Every such kernel renders and compiles (NVRTC). */
+Test(images, im2col_of_few_channels_takes_a_tap_a_thread) {
+  struct {
+    int64_t cin;
+    bool on;
+    const char *suffix; /* of the im2col kernel's stem, before its hash */
+  } cases[] = {{3, true, "_f32_v3_"},
+               {2, true, "_f32_v2_"},
+               {3, false, "_f32_"},
+               {1, true, "_f32_"},
+               {4, true, "_f32_v4_"}};
+  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+    kiln_ctx *ctx = th_cpu_ctx();
+    ctx->im2col_lanes = cases[i].on;
+    kiln_step_begin(ctx);
+    kiln_tensor *x = th_f32(ctx, KILN_SHAPE(2, 9, 7, cases[i].cin));
+    kiln_tensor *k = th_f32(ctx, KILN_SHAPE(8, cases[i].cin, 3, 3));
+    kiln_conv2d_options o = {.pad_h = 1, .pad_w = 1};
+    kiln_tensor *s = kiln_sum(kiln_conv2d(x, k, NULL, &o), KILN_ALL_AXES, 0);
+    cr_assert_not_null(s, "%lld channels: %s", (long long)cases[i].cin, th_err(ctx));
+    kiln__program pg;
+    cr_assert(kiln__program_build(ctx, ctx->trace.done, ctx->trace.n, &pg), "%s", th_err(ctx));
+    int found = 0;
+    for (int g = 0; g < pg.plan.ng; g++) {
+      const char *name = pg.call[g].name;
+      if (strncmp(name, "k_im2col_3x3_s1", 15) != 0) continue;
+      found++;
+      cr_assert(strncmp(name + 15, cases[i].suffix, strlen(cases[i].suffix)) == 0,
+                "%lld channels, switch %d: %s", (long long)cases[i].cin, cases[i].on, name);
+    }
+    cr_assert_eq(found, 1, "%lld channels: %d im2col kernels", (long long)cases[i].cin, found);
+    kiln__program_free(&pg);
+    cr_assert_eq(kiln_step_end(ctx), KILN_OK, "%s", th_err(ctx));
+    th_free_scratch();
+    th_ctx_free(ctx);
+  }
+}

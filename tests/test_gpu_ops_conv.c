@@ -189,6 +189,17 @@ Test(gpu_ops, conv2d) {
   th_ctx_free(ctx);
 }
 
+/* KILN_IM2COL_LANES=1: the im2col of a group of 2 or 3 channels (the 3-channel cases, 6 in 2
+ * groups, 9 in 3) takes a tap's channels a thread; the same cases against the same references. */
+Test(gpu_ops, conv2d_with_a_tap_a_thread_im2col) {
+  setenv("KILN_IM2COL_LANES", "1", 1); /* read when the context is made */
+  TH_GPU_CTX_EAGER(ctx);
+  unsetenv("KILN_IM2COL_LANES");
+  for (size_t i = 0; i < sizeof conv_cases / sizeof *conv_cases; i++)
+    check_conv(ctx, &conv_cases[i], 0, 2000 + 10 * i);
+  th_ctx_free(ctx);
+}
+
 /* conv + bias + ReLU, the pattern a product's epilogue takes (and its backward, the ReLU's
  * derivative and the bias gradient). */
 Test(gpu_ops, conv2d_relu) {

@@ -21,13 +21,15 @@
 #include "bf16.cuh"
 #include "defs.cuh"
 
-/* V lanes from p[off]: one 16-byte (f32) or 8-byte (bf16) access when V is 4. */
+/* V lanes from p[off]: one 16-byte (f32) or 8-byte (bf16) access when V is 4, else one a lane. */
 template <int V, typename T, typename ix>
 KILN__FN void kiln_win_load(const T *p, ix off, float (&v)[V]) {
   if constexpr (V == 4)
     kiln_load4(&p[off], v);
   else
-    v[0] = (float)p[off];
+#pragma unroll
+    for (int l = 0; l < V; l++)
+      v[l] = (float)p[off + l];
 }
 
 /* V lanes to p[off]. */
@@ -35,7 +37,9 @@ template <int V, typename T, typename ix> KILN__FN void kiln_win_put(T *p, ix of
   if constexpr (V == 4)
     kiln_store4(&p[off], v);
   else
-    p[off] = (T)v[0];
+#pragma unroll
+    for (int l = 0; l < V; l++)
+      p[off + l] = (T)v[l];
 }
 
 /* Lane group e over (N, A, B, C / V): its n, a, b and first channel c. */
