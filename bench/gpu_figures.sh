@@ -15,6 +15,8 @@
 #                     with KILN_CONV_TMA=0 and 1 (resnet18 also with KILN_CONV_RECOMPUTE=1)
 #   initcheck         dev/initcheck/probe.cu under compute-sanitizer's initcheck: whether bytes
 #                     written by TMA stores and by cuBLAS's products count as initialized (issue 24)
+#   stem              bench/stem_gemm.py: ResNet-18's stem products on cuBLAS with K = 147 and K padded
+#                     to a multiple of 8, beside cuDNN (issue 27)
 #   switches          the GPU tests of the kernels that are off until they have run
 #                     (KILN_CONV_STAGED=1, KILN_CONV_DIRECT=1, KILN_IM2COL_LANES=1 exported), then air and resnet18
 #                     steps (graph mode) with each switch and both, and the air step's convolutions
@@ -75,6 +77,7 @@ step initcheck 240 "nvcc -O2 -std=c++17 -gencode arch=compute_90a,code=sm_90a -o
     dev/initcheck/probe.cu -lcublas && /tmp/probe_init &&
   compute-sanitizer --tool initcheck /tmp/probe_init 2>&1 |
     grep -E '^[0-9]\\.|Uninitialized|ERROR SUMMARY' | uniq -c  # in order: the reports before each sum"
+step stem 120 "python3 bench/stem_gemm.py"
 step switches 500 "KILN_CONV_STAGED=1 KILN_CONV_DIRECT=1 KILN_IM2COL_LANES=1 ctest --test-dir $build -R test_gpu --output-on-failure -j 4 | tail -n 4
   for w in air resnet18; do for sw in '' KILN_CONV_STAGED=1 KILN_CONV_DIRECT=1 KILN_IM2COL_LANES=1 'KILN_CONV_STAGED=1 KILN_CONV_DIRECT=1 KILN_IM2COL_LANES=1'; do
     printf '%s %s: ' \$w \"\${sw:-default}\"
