@@ -620,7 +620,7 @@ int64_t kiln__implicit_conv_max_co(const kiln_ctx *ctx);
  * otherwise. */
 bool kiln__implicit_conv_image(const kiln_ctx *ctx, const kiln__node *c);
 bool kiln__implicit_conv_channels(const kiln_ctx *ctx, const kiln__node *c, int64_t co);
-/* A direct forward product (window.cuh's kiln_conv_direct: a thread an output pixel, no column
+/* A direct forward product (conv_direct.cuh's kiln_conv_direct: a thread an output pixel, no column
  * matrix, no tensor cores) for a convolution of few taps and channels that the implicit kernels
  * do not take, such as a whitening layer's 2x2 over 3 channels (KILN_CONV_DIRECT=1, off until it
  * has run on a GPU): the shape (K = kh kw ci values a window, co output channels) that it takes,

@@ -317,39 +317,41 @@ Test(conv_tma, weight_gradient_blocks_fill_their_last_wave) {
   }
 }
 
-/* A tiny convolution that nothing takes a gradient through (a whitening layer: 2x2 over 3
- * channels into 24, no padding; and 3x3 over 3 channels into 16, stride 2, padding 1) runs its
- * forward product as one direct kernel with KILN_CONV_DIRECT=1 (conv_direct.cuh: no column
- * matrix), which renders and compiles; not without the switch, and not when its filters take a
- * gradient (their product needs the columns). */
+/* A tiny convolution that nothing takes a gradient through runs its forward product as one
+ * direct kernel with KILN_CONV_DIRECT=1 (conv_direct.cuh: no column matrix), which renders and
+ * compiles: the geometries of gpu_ops::tiny_conv2d_forward_products_run_direct (a whitening
+ * layer's 2x2 over 3 channels into 24; 3x3 stride 2 padding 1; 2x3 dilation 2 over 5 channels
+ * into 64; 1x3 padding (0, 1)). Not without the switch, not when the filters take a gradient
+ * (their product needs the columns), not with 20 output channels (not in 16-byte chunks), and not
+ * for a 1x1 convolution (no im2col to replace). */
 Test(conv_tma, tiny_convolutions_without_gradients_run_direct) {
   struct {
-    int64_t cout, k;
-    int stride, pad;
+    int64_t cin, cout, kh, kw;
+    kiln_conv2d_options o;
     bool on, grad, want;
-  } cases[] = {{24, 2, 1, 0, true, false, true},
-               {16, 3, 2, 1, true, false, true},
-               {24, 2, 1, 0, false, false, false},
-               {24, 2, 1, 0, true, true, false},
-               {20, 2, 1, 0, true, false, false} /* 20 channels: not in 16-byte chunks */};
+  } cases[] = {
+      {3, 24, 2, 2, {0}, true, false, true},
+      {3, 16, 3, 3, {.stride_h = 2, .stride_w = 2, .pad_h = 1, .pad_w = 1}, true, false, true},
+      {5, 64, 2, 3, {.dilation_h = 2, .dilation_w = 2, .pad_h = 1, .pad_w = 1}, true, false, true},
+      {3, 8, 1, 3, {.pad_w = 1}, true, false, true},
+      {3, 24, 2, 2, {0}, false, false, false},
+      {3, 24, 2, 2, {0}, true, true, false},
+      {3, 20, 2, 2, {0}, true, false, false},
+      {3, 8, 1, 1, {0}, true, false, false},
+  };
   for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
     char what[96];
-    snprintf(what, sizeof what, "3->%lld %lldx%lld stride %d pad %d, switch %d, gradient %d",
-             (long long)cases[i].cout, (long long)cases[i].k, (long long)cases[i].k,
-             cases[i].stride, cases[i].pad, cases[i].on, cases[i].grad);
+    snprintf(what, sizeof what, "%lld->%lld %lldx%lld, switch %d, gradient %d",
+             (long long)cases[i].cin, (long long)cases[i].cout, (long long)cases[i].kh,
+             (long long)cases[i].kw, cases[i].on, cases[i].grad);
     kiln_ctx *ctx = th_cpu_ctx();
     ctx->conv_direct = cases[i].on;
     kiln_step_begin(ctx);
-    kiln_tensor *x = th_f32(ctx, KILN_SHAPE(4, 9, 7, 3));
-    kiln_tensor *k = cases[i].grad
-                         ? th_param(ctx, KILN_SHAPE(cases[i].cout, 3, cases[i].k, cases[i].k))
-                         : th_f32(ctx, KILN_SHAPE(cases[i].cout, 3, cases[i].k, cases[i].k));
-    kiln_conv2d_options o = {.pad_h = cases[i].pad,
-                             .pad_w = cases[i].pad,
-                             .stride_h = cases[i].stride,
-                             .stride_w = cases[i].stride};
+    kiln_tensor *x = th_f32(ctx, KILN_SHAPE(4, 9, 7, cases[i].cin));
+    kiln_shape ks = KILN_SHAPE(cases[i].cout, cases[i].cin, cases[i].kh, cases[i].kw);
+    kiln_tensor *k = cases[i].grad ? th_param(ctx, ks) : th_f32(ctx, ks);
     kiln_autocast_begin(ctx, KILN_DTYPE_BF16);
-    kiln_tensor *y = kiln_conv2d(x, k, NULL, &o);
+    kiln_tensor *y = kiln_conv2d(x, k, NULL, &cases[i].o);
     kiln_autocast_end(ctx);
     kiln_tensor *s = kiln_cast(kiln_sum(y, KILN_ALL_AXES, 0), KILN_DTYPE_F32);
     cr_assert_not_null(s, "%s: %s", what, th_err(ctx));

@@ -550,8 +550,9 @@ Test(gpu_ops, conv2d_tma_step_graph_replays_match_eager_steps) {
 /* The input as a view: every other column of a wider image, and a crop of the channels. */
 /* KILN_CONV_DIRECT=1: bf16 convolutions of few values a window over channels that are not in
  * 16-byte chunks, nothing taking a gradient through them (a whitening layer), run their forward
- * product as one direct kernel (fusion/device/conv_direct.cuh; test_cpu_conv_tma checks that the
- * planner gives it these shapes), against float64 of the bf16 operands. */
+ * product as one direct kernel (fusion/device/conv_direct.cuh; test_cpu_conv_tma's
+ * tiny_convolutions_without_gradients_run_direct checks that the planner gives it these four
+ * geometries), against float64 of the bf16 operands. */
 static const conv_case direct_cases[] = {
     {"3->24 2x2 (airbench's whitening) on 32x32 images, 64 of them", 64, 32, 32, 3, 24, 2, 2, CO(0),
      0, 0, 0},
@@ -559,7 +560,7 @@ static const conv_case direct_cases[] = {
      CO(.stride_h = 2, .stride_w = 2, .pad_h = 1, .pad_w = 1), 0, 0, 0},
     {"5->64 2x3 dilation 2 pad 1", 2, 9, 11, 5, 64, 2, 3,
      CO(.dilation_h = 2, .dilation_w = 2, .pad_h = 1, .pad_w = 1), 0, 0, 0},
-    {"3->8 1x1, batch 1", 1, 7, 5, 3, 8, 1, 1, CO(0), 0, 0, 0},
+    {"3->8 1x3 pad (0, 1), batch 1", 1, 7, 5, 3, 8, 1, 3, CO(.pad_w = 1), 0, 0, 0},
 };
 
 static void check_direct(kiln_ctx *ctx, const conv_case *c, uint64_t seed) {
