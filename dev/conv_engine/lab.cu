@@ -29,6 +29,7 @@
 #include "conv.cuh"                     /* the mma.sync experiments (namespace lab) */
 #include "tma.cuh"                      /* the TMA-fed products' maps (namespace tma) */
 #include "persist.cuh"                  /* the persistent forward product (not yet run) */
+#include "cluster.cuh"                  /* the weight gradient by pairs of blocks (not yet run) */
 
 template <class G, class T>
 __global__ void __launch_bounds__(T::THREADS)
@@ -457,6 +458,25 @@ __global__ void __launch_bounds__(KILN_TMA_THREADS, 1)
   if (kiln_conv_split_sum<BN, false, true>(d, part, cnt)) store_tile<BN>(dwt, k0, n0, G::K, G::CO, d);
 }
 
+/* wgrad_tma by clusters of two blocks along the output channels that share their im2col boxes
+ * (lab::conv_wgrad_tma_pair, cluster.cuh). */
+template <class G, int BN, int S>
+__global__ void __cluster_dims__(1, 2, 1) __launch_bounds__(KILN_TMA_THREADS, 1)
+    wgrad_tma_pair(const __grid_constant__ CUtensorMap tx, const __grid_constant__ CUtensorMap ty,
+                   kiln_bf16 *dwt, float *part, unsigned *cnt, int chunk) {
+  extern __shared__ unsigned char smem[];
+  float d[BN / 2];
+  const int k0 = blockIdx.x * 128, n0 = blockIdx.y * BN;
+  const int p0 = blockIdx.z * chunk, p1 = p0 + chunk < G::M ? p0 + chunk : (int)G::M;
+  if (!lab::conv_wgrad_tma_pair<G, BN, S>((const kiln_tmap *)&tx, (const kiln_tmap *)&ty, k0, n0,
+                                          p0, p1, smem, d)) {
+    lab::cluster_sync(); /* the peer may still arrive on this block's barriers until then */
+    return;
+  }
+  if (kiln_conv_split_sum<BN, false, true>(d, part, cnt)) store_tile<BN>(dwt, k0, n0, G::K, G::CO, d);
+  lab::cluster_sync();
+}
+
 /* The maps of each product for shape G's buffers. */
 template <class G> static CUtensorMap map_image(const kiln_bf16 *x, int pixels) {
   return tma::im2col_map(x, G::N, G::H, G::W, G::CI, G::KH, G::KW, G::SH, G::PH, G::DH, pixels);
@@ -617,18 +637,28 @@ template <class G, class GC, int BN, int S> static void run_dgrad_wg(const char 
 
 template <class G, int BN, int S>
 static void launch_wgrad_tma(const CUtensorMap &a, const CUtensorMap &b, kiln_bf16 *dwt,
-                             float *part, unsigned *cnt, int splits) {
+                             float *part, unsigned *cnt, int splits, bool pair = false) {
   constexpr int smem = KILN_TMA_SMEM((2 + BN / 64) * 8192, S);
   const int chunk = (int)((G::M + splits * 64 - 1) / (splits * 64) * 64);
   const unsigned z = (unsigned)((G::M + chunk - 1) / chunk); /* as the library: no empty split */
   dim3 grid((G::K + 127) / 128, (G::CO + BN - 1) / BN, z);
-  wgrad_tma<G, BN, S><<<grid, KILN_TMA_THREADS, smem>>>(a, b, dwt, part, cnt, chunk);
+  if (pair)
+    wgrad_tma_pair<G, BN, S><<<grid, KILN_TMA_THREADS, lab::pair_smem<S>((2 + BN / 64) * 8192)>>>(
+        a, b, dwt, part, cnt, chunk);
+  else
+    wgrad_tma<G, BN, S><<<grid, KILN_TMA_THREADS, smem>>>(a, b, dwt, part, cnt, chunk);
 }
 
-template <class G, class GC, int BN, int S> static void run_wgrad_tma(const char *name, int splits) {
+/* pair: by clusters of two blocks sharing their im2col boxes (needs an even count of BN-wide
+ * column tiles) */
+template <class G, class GC, int BN, int S>
+static void run_wgrad_tma(const char *name, int splits, bool pair = false) {
   constexpr int smem = KILN_TMA_SMEM((2 + BN / 64) * 8192, S);
+  constexpr int psmem = lab::pair_smem<S>((2 + BN / 64) * 8192);
   CK(cudaFuncSetAttribute(wgrad_tma<G, BN, S>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   CK(cudaFuncSetAttribute(wgrad_tma<GC, BN, S>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  CK(cudaFuncSetAttribute(wgrad_tma_pair<G, BN, S>, cudaFuncAttributeMaxDynamicSharedMemorySize, psmem));
+  CK(cudaFuncSetAttribute(wgrad_tma_pair<GC, BN, S>, cudaFuncAttributeMaxDynamicSharedMemorySize, psmem));
   float *part;
   unsigned *cnt;
   CK(cudaMalloc(&part, (size_t)64 << 20));
@@ -643,7 +673,7 @@ template <class G, class GC, int BN, int S> static void run_wgrad_tma(const char
     CK(cudaMalloc(&ref, (size_t)GC::K * GC::CO * 4));
     CK(cudaMemset(out, 0xff, (size_t)GC::K * GC::CO * 2));
     ref_wgrad<GC><<<(GC::K * GC::CO + 255) / 256, 256>>>(x, dy, ref);
-    launch_wgrad_tma<GC, BN, S>(map_image<GC>(x, 64), map_dy_rows<GC>(dy), out, part, cnt, 3);
+    launch_wgrad_tma<GC, BN, S>(map_image<GC>(x, 64), map_dy_rows<GC>(dy), out, part, cnt, 3, pair);
     CK(cudaDeviceSynchronize());
     err = rel_err(out, ref, (size_t)GC::K * GC::CO);
     cudaFree(x), cudaFree(dy), cudaFree(out), cudaFree(ref);
@@ -652,10 +682,10 @@ template <class G, class GC, int BN, int S> static void run_wgrad_tma(const char
   kiln_bf16 *dy = random_bf16((size_t)G::M * G::CO, 1.f, 8), *out;
   CK(cudaMalloc(&out, (size_t)G::K * G::CO * 2));
   const CUtensorMap a = map_image<G>(x, 64), b = map_dy_rows<G>(dy);
-  float us = time_us([&] { launch_wgrad_tma<G, BN, S>(a, b, out, part, cnt, splits); });
+  float us = time_us([&] { launch_wgrad_tma<G, BN, S>(a, b, out, part, cnt, splits, pair); });
   double tf = 2.0 * G::M * G::CO * G::K / (us * 1e-6) / 1e12;
-  printf("| %s | dw | tma 128x%d, %d stages, %d splits | %.1f | %.1f | %.1e |\n", name, BN, S,
-         splits, us, tf, err);
+  printf("| %s | dw | tma 128x%d, %d stages, %d splits%s | %.1f | %.1f | %.1e |\n", name, BN, S,
+         splits, pair ? ", pairs sharing X" : "", us, tf, err);
   cudaFree(x), cudaFree(dy), cudaFree(out), cudaFree(part), cudaFree(cnt);
 }
 
@@ -767,8 +797,8 @@ template <template <int> class S, int NB = 1024> static void shape_tma(const cha
   else /* ./lab tmaw: the TMA weight gradient over every split count that keeps 32 stages a split */
     for (int splits = 1; splits <= 32 && (long long)splits * 64 * 32 <= G::M; splits++) {
       if (G::CO >= 128) {
-        run_wgrad_tma<G, GC, 128, 4>(name, splits);
-        run_wgrad_tma<G, GC, 128, 6>(name, splits); /* the library's */
+        run_wgrad_tma<G, GC, 128, 4>(name, splits); /* the library's */
+        if ((G::CO + 127) / 128 % 2 == 0) run_wgrad_tma<G, GC, 128, 4>(name, splits, true);
         if (G::CO >= 256) run_wgrad_tma<G, GC, 256, 4>(name, splits);
       } else {
         run_wgrad_tma<G, GC, 64, 8>(name, splits); /* the library's */
