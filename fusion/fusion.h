@@ -101,6 +101,19 @@ typedef struct kiln__plan {
  * node. With KILN_DEBUG=plan the groups are printed, with KILN_DEBUG=verify (and in debug
  * builds) the plan is verified. */
 bool kiln__plan_build(kiln_ctx *ctx, int32_t first, int32_t last, bool fuse, kiln__plan *p);
+/* For the planner's files (plan.c, plan_conv.c): the node of the flush whose output is exactly t,
+ * or -1; how many nodes after product i its forward epilogue takes (into g); and the implicit
+ * convolution products (plan_conv.c): col2im node c's product, run in col2im's group, or -1;
+ * whether im2col node c and the products that read its columns run implicit (the forward
+ * product *f and the weight gradient *w, or -1). */
+int32_t kiln__plan_producer(const kiln_ctx *ctx, const kiln__plan *p, const kiln_tensor *t);
+int kiln__forward_epilogue(kiln_ctx *ctx, const kiln__plan *p, int32_t i, kiln__group *g);
+int32_t kiln__implicit_dgrad(const kiln_ctx *ctx, const kiln__plan *p, int32_t c);
+/* Whether col2im node cn's implicit data gradient (dt, co output and ci input channels) runs on
+ * wgmma (device/conv.cuh or conv_tma.cuh) rather than mma.sync. */
+bool kiln__dgrad_on_wgmma(const kiln_ctx *ctx, const kiln__node *cn, kiln_dtype dt, int64_t co,
+                          int64_t ci);
+bool kiln__implicit_conv(kiln_ctx *ctx, const kiln__plan *p, int32_t c, int32_t *f, int32_t *w);
 void kiln__plan_free(kiln__plan *p);
 /* The first broken invariant of a plan, written to why (NULL: none). */
 const char *kiln__plan_verify(const kiln_ctx *ctx, const kiln__plan *p, char *why, size_t n);

@@ -22,7 +22,8 @@
  *                   registers and gets no memory at all;
  *   product outputs a product group writes its result, or only its epilogue's, and what the
  *                   epilogue writes beside it.
- * The planner asks the BLAS backend (blas.h) which epilogues it supports, in kiln's terms.
+ * The planner asks the BLAS backend (blas.h) which epilogues it supports, in kiln's terms. Which
+ * convolution products run as implicit GEMMs (the implicit phase) is plan_conv.c's.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -431,160 +432,12 @@ static int32_t bgradb_sum(kiln_ctx *ctx, const kiln__plan *p, int32_t i) {
   return -1;
 }
 
-/* The implicit data gradient (fusion/device/igemm.cuh) runs where a convolution's data gradient
- * is short: cuBLAS then mostly writes the column matrix (H200: the cnn workload's 73728 x 288
- * product with 64 output channels moved 75 MB in 55 us, and col2im read it back in 34 us). With
- * more output channels cuBLAS's product wins (dev/README.md). */
-#ifndef KILN__IMPLICIT_MAX_CO /* a build may set it, to measure */
-#define KILN__IMPLICIT_MAX_CO 64
-#endif
-
-/* Whether the data gradient of col2im node c (image gradient dX (N, H, W, CI) from dY with CO
- * channels) runs on Hopper's wgmma as the forward product of dY with the filters flipped
- * (device/conv.cuh): bf16 on sm_90, stride 1 and dilation 1 (padding at most the window less
- * one), channels in multiples of 8, and either few output channels (where it replaces the
- * mma.sync kernel) or many input channels (wide tiles: H200, air's 7x7x256->256 conv's forward
- * product took 133 us on wgmma; cuBLAS's dcols and col2im about 220 us under Nsight Compute).
- * Also wherever the TMA-fed kernel takes the shape (conv_tma.cuh; KILN_CONV_TMA=0: not). */
-static bool dgrad_on_wgmma(const kiln_ctx *ctx, const kiln__node *cn, kiln_dtype dt, int64_t co,
-                           int64_t ci) {
-  kiln__win w = kiln__win_of(cn);
-  if (ctx->arch != 90 || dt != KILN_DTYPE_BF16) return false;
-  if (ctx->conv_tma && kiln__conv_tma_dgrad(&w, co, ci)) return true; /* conv_tma.cuh's */
-  return w.sh == 1 && w.sw == 1 && w.dh == 1 && w.dw == 1 && w.ph <= w.kh - 1 && w.pw <= w.kw - 1 &&
-         co % 8 == 0 && ci % 8 == 0 && (co <= KILN__IMPLICIT_MAX_CO || ci >= 128);
+int32_t kiln__plan_producer(const kiln_ctx *ctx, const kiln__plan *p, const kiln_tensor *t) {
+  return producer(ctx, p, t);
 }
 
-/* Whether col2im node c and the product dcols = dY Wk whose rows it sums (read through a reshape
- * to (N, OH, OW, K)) can run as one implicit GEMM: the product has no other reader, dY (M, CO)
- * and Wk (CO, KH*KW*CI) are dense in f32 (with TF32 allowed) or bf16, one group, channel counts
- * the tiles take (mma.sync, sm_80 or newer) or the wgmma kernel takes (dgrad_on_wgmma), and
- * nothing between the two nodes writes memory in place. Returns the product's node, or -1. */
-static int32_t implicit_dgrad(const kiln_ctx *ctx, const kiln__plan *p, int32_t c) {
-  const kiln__node *nodes = ctx->trace.nodes, *cn = &nodes[c];
-  if (cn->op != KILN__OP_COL2IM || KILN__I(cn, COL2IM, groups) != 1 || ctx->arch < 80) return -1;
-  int32_t r = producer(ctx, p, cn->in[0]);
-  if (r < 0 || nodes[r].op != KILN__OP_RESHAPE || p->readers[r - p->first] != 1 ||
-      nodes[r].out->keep)
-    return -1;
-  int32_t mm = producer(ctx, p, nodes[r].in[0]);
-  if (mm < 0 || nodes[mm].op != KILN__OP_MATMUL || p->readers[mm - p->first] != 1 ||
-      nodes[mm].out->keep || p->group_of[mm - p->first] >= 0 || p->claim[mm - p->first] >= 0)
-    return -1;
-  const kiln_tensor *A = nodes[mm].in[0], *B = nodes[mm].in[1], *D = nodes[mm].out, *X = cn->out;
-  kiln_dtype dt = D->dtype;
-  bool f32 = dt == KILN_DTYPE_F32 && ctx->tf32;
-  int64_t vec = f32 ? 4 : 8, bk = f32 ? 16 : 32;
-  if ((!f32 && dt != KILN_DTYPE_BF16) || A->dtype != dt || B->dtype != dt || X->dtype != dt ||
-      A->ndim != 2 || B->ndim != 2 || !kiln__is_contiguous(A) || !kiln__is_contiguous(B) ||
-      !kiln__is_contiguous(X) || A->offset % vec || B->offset % vec || X->offset % vec)
-    return -1;
-  int64_t co = A->shape[1], ci = X->shape[3];
-  bool mma = co % bk == 0 && co <= KILN__IMPLICIT_MAX_CO && ci % vec == 0;
-  if ((!mma && !dgrad_on_wgmma(ctx, cn, dt, co, ci)) || kiln_tensor_numel(A) >= INT32_MAX ||
-      kiln_tensor_numel(X) >= INT32_MAX || kiln_tensor_numel(B) >= INT32_MAX)
-    return -1;
-  for (int32_t j = mm + 1; j < c; j++) /* dY and Wk keep their values until c runs */
-    if (kiln__ops[nodes[j].op].kind == KILN__KIND_UPDATE || nodes[j].op == KILN__OP_ASSIGN)
-      return -1;
-  return mm;
-}
-
-/* The implicit forward product and weight gradient (fusion/device/conv.cuh, wgmma: bf16 on
- * sm_90) replace im2col and the two products that read its columns where the columns are large
- * against the products: few output channels. H200, batch 1024 (dev/README.md): air's 31x31x24->64
- * conv took 140 us for im2col, 155 for cuBLAS's forward product and 134 for its weight gradient,
- * against 235 + 211 us implicit, and its 425 MB of columns were kept from the forward pass to the
- * backward; with 256 output channels cuBLAS's products ran at 620-700 TFLOP/s, the implicit ones
- * at 300-450, and im2col stays. */
-/* (The most output channels they take: kiln__implicit_conv_max_co, core/conv.c.) */
-
-/* Whether t is dense bf16, its first element 16-byte aligned, with fewer than 2^31 elements. */
-static bool dense_bf16(const kiln_tensor *t) {
-  return t->dtype == KILN_DTYPE_BF16 && kiln__is_contiguous(t) && t->offset % 8 == 0 &&
-         kiln_tensor_numel(t) < INT32_MAX;
-}
-
-/* The im2col node of the flush whose columns x shows through views, or -1. */
-static int32_t columns_of(const kiln_ctx *ctx, const kiln__plan *p, const kiln_tensor *x) {
-  for (;;) {
-    int32_t v = producer(ctx, p, x);
-    if (v < 0) return -1;
-    const kiln__node *n = &ctx->trace.nodes[v];
-    if (n->op == KILN__OP_IM2COL) return v;
-    if (kiln__ops[n->op].kind != KILN__KIND_VIEW) return -1;
-    x = n->in[0];
-  }
-}
-
-/* Whether the weight gradient w = dY^T cols of im2col node c (image X) can gather its columns
- * from X: dY^T (CO, M) the transpose of a dense bf16 dY, the result (CO, K) dense bf16 and not
- * written through, and no update or assignment between c and w writes X's memory. */
-static bool implicit_wgrad(const kiln_ctx *ctx, const kiln__plan *p, int32_t c, int32_t w,
-                           int64_t co) {
-  const kiln__node *nodes = ctx->trace.nodes, *wn = &nodes[w];
-  const kiln_tensor *X = nodes[c].in[0], *dyt = wn->in[0], *d = wn->out;
-  if (dyt->dtype != KILN_DTYPE_BF16 || dyt->ndim != 2 || dyt->shape[0] != co ||
-      dyt->stride[0] != 1 || dyt->stride[1] != co || dyt->offset % 8 != 0 ||
-      kiln_tensor_numel(dyt) >= INT32_MAX || !dense_bf16(d) || p->claim[w - p->first] >= 0 ||
-      p->write_to[w - p->first])
-    return false;
-  for (int32_t j = c + 1; j < w; j++) {
-    kiln__kind kind = kiln__ops[nodes[j].op].kind;
-    if (kind != KILN__KIND_UPDATE && nodes[j].op != KILN__OP_ASSIGN) continue;
-    for (int q = 0; q < nodes[j].nin; q++)
-      if (nodes[j].in[q]->st == X->st) return false;
-  }
-  return true;
-}
-
-/* Whether im2col node c and the products that read its columns can run as implicit GEMMs: one
- * group, X dense bf16 with channels in 16-byte chunks, an sm_90 device, and the columns (as the
- * rows (M, K) of a reshape) read by exactly one forward product cols Wk^T (Wk (CO, K) dense: the
- * product's operand its transpose) without a forward epilogue, as its first operand, and at most
- * one weight gradient dY^T cols, as its second, which must be in the flush when the forward
- * product's result takes a gradient (the columns exist nowhere after it). Sets *f and *w (-1:
- * none). */
-static bool implicit_conv(kiln_ctx *ctx, const kiln__plan *p, int32_t c, int32_t *f, int32_t *w) {
-  const kiln__node *nodes = ctx->trace.nodes, *cn = &nodes[c];
-  *f = *w = -1;
-  if (cn->op != KILN__OP_IM2COL ||
-      !(kiln__implicit_conv_image(ctx, cn) || kiln__conv_direct_image(ctx, cn)) || cn->out->keep ||
-      !dense_bf16(cn->in[0]) || p->claim[c - p->first] >= 0)
-    return false;
-  bool direct = !kiln__implicit_conv_image(ctx, cn); /* forward only: no columns for a dW */
-  int64_t K = cn->out->shape[3], M = kiln_tensor_numel(cn->out) / K;
-  for (int32_t j = c + 1; j < p->last; j++) {
-    const kiln__node *r = &nodes[j];
-    if (kiln__ops[r->op].kind == KILN__KIND_VIEW) { /* a view of the columns the host reads */
-      if (r->out->keep && columns_of(ctx, p, r->in[0]) == c) return false;
-      continue;
-    }
-    for (int q = 0; q < r->nin; q++) {
-      if (columns_of(ctx, p, r->in[q]) != c) continue;
-      const kiln_tensor *a = r->in[q];
-      if (r->op != KILN__OP_MATMUL || a->ndim != 2 || a->shape[0] != M || a->shape[1] != K ||
-          a->stride[0] != K || a->stride[1] != 1)
-        return false;
-      int32_t *slot = q == 0 ? f : w;
-      if (*slot >= 0) return false;
-      *slot = j;
-    }
-  }
-  if (*f < 0) return false;
-  const kiln__node *fn = &nodes[*f];
-  const kiln_tensor *B = fn->in[1], *Y = fn->out;
-  int64_t co = Y->shape[1];
-  kiln__group scratch = {0};
-  if (!dense_bf16(Y) || B->dtype != KILN_DTYPE_BF16 || B->stride[0] != 1 || B->stride[1] != K ||
-      B->offset % 8 != 0 || K * co >= INT32_MAX ||
-      !(direct ? kiln__conv_direct_shape(K, cn->in[0]->shape[3], co)
-               : kiln__implicit_conv_channels(ctx, cn, co)) ||
-      p->claim[*f - p->first] >= 0 || forward_epilogue(ctx, p, *f, &scratch) != 0)
-    return false;
-  if (direct) return *w < 0 && !Y->requires_grad;
-  if (*w >= 0 && !implicit_wgrad(ctx, p, c, *w, co)) return false;
-  return *w >= 0 || !Y->requires_grad;
+int kiln__forward_epilogue(kiln_ctx *ctx, const kiln__plan *p, int32_t i, kiln__group *g) {
+  return forward_epilogue(ctx, p, i, g);
 }
 
 /* Write-through: assignment i of an intermediate S, or of a view of S that is dense from S's
@@ -680,9 +533,9 @@ static bool phase_bias_gradients(kiln_ctx *ctx, kiln__plan *p, bool fuse) {
 
 static bool phase_implicit(kiln_ctx *ctx, kiln__plan *p, bool fuse) {
   for (int32_t i = p->first; i < p->last && fuse; i++) {
-    int32_t mm = implicit_dgrad(ctx, p, i), f, w;
-    if (mm >= 0) p->claim[mm - p->first] = i; /* col2im's group computes the product */
-    if (implicit_conv(ctx, p, i, &f, &w)) {   /* the forward product's group computes im2col */
+    int32_t mm = kiln__implicit_dgrad(ctx, p, i), f, w;
+    if (mm >= 0) p->claim[mm - p->first] = i;     /* col2im's group computes the product */
+    if (kiln__implicit_conv(ctx, p, i, &f, &w)) { /* the forward product's group computes im2col */
       p->claim[i - p->first] = f;
       p->window[f - p->first] = i;
       if (w >= 0) p->window[w - p->first] = i;
@@ -765,8 +618,8 @@ static bool phase_groups(kiln_ctx *ctx, kiln__plan *p, bool fuse) {
       int32_t r = producer(ctx, p, nd->in[0]), mm = r >= 0 ? producer(ctx, p, nodes[r].in[0]) : -1;
       if (mm >= 0 && p->claim[mm - first] == i) {
         g->implicit = KILN__IMPLICIT_DGRAD;
-        g->wgmma =
-            dgrad_on_wgmma(ctx, nd, nd->out->dtype, nodes[mm].in[0]->shape[1], nd->out->shape[3]);
+        g->wgmma = kiln__dgrad_on_wgmma(ctx, nd, nd->out->dtype, nodes[mm].in[0]->shape[1],
+                                        nd->out->shape[3]);
         if (!add_member(ctx, p, g, mm)) return false;
       }
     }
