@@ -334,7 +334,7 @@ static const conv_case wgmma_cases[] = {
 /* Whether the planner computes the data gradient of case c as one implicit GEMM, which rounds
  * it to bf16 once: on mma.sync (at most 64 output channels, a multiple of 32), or on wgmma on an
  * sm_90 device (stride 1, dilation 1, channels in multiples of 8, at most 64 output channels or
- * at least 128 input channels; fusion/plan.c, dgrad_on_wgmma). */
+ * at least 128 input channels; fusion/plan_conv.c, kiln__dgrad_on_wgmma). */
 static bool dgrad_implicit(const conv_case *c) {
   int major = 0, minor = 0;
   cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0);
