@@ -347,60 +347,63 @@ static bool dgrad_implicit(const conv_case *c) {
           (c->cout <= 64 || c->cin >= 128));
 }
 
-static bool tma_on; /* check_wgmma's cases run with KILN_CONV_TMA=1 (dgrad_tma says more) */
+static bool tma_on; /* check_bf16_conv's cases run with KILN_CONV_TMA=1 (dgrad_tma says more) */
 static bool dgrad_tma(const conv_case *c);
 
 /* Forward product, data gradient and weight gradient in bf16, recorded before anything runs (so
  * that one flush holds the forward product and the weight gradient that share the columns),
- * against float64 of the bf16 operands: results rounded to bf16 may land on either neighbour. */
-static void check_wgmma(kiln_ctx *ctx, const conv_case *c, uint64_t seed) {
+ * against float64 of the bf16 operands: results rounded to bf16 may land on either neighbour.
+ * With grads false, the forward product alone, x and w taking no gradient. */
+static void check_bf16_conv(kiln_ctx *ctx, const conv_case *c, uint64_t seed, bool grads) {
   ref_win g = conv_win(c);
   kiln_shape xs = KILN_SHAPE(c->n, c->h, c->w, c->cin);
   kiln_shape ws = KILN_SHAPE(c->cout, c->cin, c->kh, c->kw);
   kiln_shape os = ref_win_out(xs, &g, c->cout);
   char what[512], wd[96];
   ref_win_str(&g, wd, sizeof wd);
-  snprintf(what, sizeof what, "bf16 conv2d %s (%s)", c->desc, wd);
+  snprintf(what, sizeof what, "%sbf16 conv2d %s (%s)", grads ? "" : "direct ", c->desc, wd);
   kiln_step_begin(ctx);
   float *xh, *wh;
-  kiln_tensor *x = ref_rand_tensor(ctx, xs, seed, &REF_GEN(-1, 1), 1, &xh);
-  kiln_tensor *w = ref_rand_tensor(ctx, ws, seed + 1, &REF_GEN(-1, 1), 1, &wh);
+  kiln_tensor *x = ref_rand_tensor(ctx, xs, seed, &REF_GEN(-1, 1), grads, &xh);
+  kiln_tensor *w = ref_rand_tensor(ctx, ws, seed + 1, &REF_GEN(-1, 1), grads, &wh);
   kiln_autocast_begin(ctx, KILN_DTYPE_BF16);
   kiln_tensor *y = kiln_conv2d(x, w, NULL, &c->o);
   kiln_autocast_end(ctx);
-  double *gy = backward_weighted(ctx, kiln_cast(y, KILN_DTYPE_F32), seed + 3, what);
+  double *gy = grads ? backward_weighted(ctx, kiln_cast(y, KILN_DTYPE_F32), seed + 3, what) : NULL;
   int64_t nx = ref_numel(xs), nw = ref_numel(ws), no = ref_numel(os);
   double *xd = ref_to_double(xh, nx), *wdd = ref_to_double(wh, nw), *want = ref_dalloc(no);
-  double *dx = ref_dalloc(nx), *dw = ref_dalloc(nw);
   for (int64_t i = 0; i < nx; i++) /* the operands the tensor cores multiply */
     xd[i] = bf16_round(xd[i]);
   for (int64_t i = 0; i < nw; i++)
     wdd[i] = bf16_round(wdd[i]);
-  for (int64_t i = 0; i < no; i++) /* y's gradient reaches the products in bf16 */
-    gy[i] = bf16_round(gy[i]);
   ref_conv2d(xd, xs, wdd, c->cout, NULL, &g, want);
-  ref_conv2d_backward(xd, xs, wdd, c->cout, &g, gy, dx, dw, NULL);
   for (int64_t i = 0; i < no; i++)
     want[i] = bf16_round(want[i]);
-  for (int64_t i = 0; i < nx; i++)
-    dx[i] = bf16_round(dx[i]);
-  for (int64_t i = 0; i < nw; i++)
-    dw[i] = bf16_round(dw[i]);
-  /* f32 sums in another order than float64's may round to the neighbouring bf16 value; a weight
-   * gradient sums up to 18432 products */
+  /* f32 sums in another order than float64's may round to the neighbouring bf16 value */
   ref_expect_close(ctx, kiln_cast(y, KILN_DTYPE_F32), os, want, 1e-3, 8e-3, what);
-  /* x's gradient where it is one implicit GEMM too; elsewhere cuBLAS writes the column gradient
-   * in bf16 and col2im sums kh kw rounded values, which this reference does not model
-   * (conv2d_data_gradient_as_an_implicit_gemm and the bf16 tests cover that path) */
-  if (dgrad_implicit(c) || (tma_on && dgrad_tma(c)))
-    expect_grad(ctx, x, xs, dx, 1e-3, 8e-3, what, "x");
-  expect_grad(ctx, w, ws, dw, 1e-2, 8e-3, what, "the weight");
+  if (grads) {
+    double *dx = ref_dalloc(nx), *dw = ref_dalloc(nw);
+    for (int64_t i = 0; i < no; i++) /* y's gradient reaches the products in bf16 */
+      gy[i] = bf16_round(gy[i]);
+    ref_conv2d_backward(xd, xs, wdd, c->cout, &g, gy, dx, dw, NULL);
+    for (int64_t i = 0; i < nx; i++)
+      dx[i] = bf16_round(dx[i]);
+    for (int64_t i = 0; i < nw; i++)
+      dw[i] = bf16_round(dw[i]);
+    /* x's gradient where it is one implicit GEMM too; elsewhere cuBLAS writes the column gradient
+     * in bf16 and col2im sums kh kw rounded values, which this reference does not model
+     * (conv2d_data_gradient_as_an_implicit_gemm and the bf16 tests cover that path); a weight
+     * gradient sums up to 18432 products */
+    if (dgrad_implicit(c) || (tma_on && dgrad_tma(c)))
+      expect_grad(ctx, x, xs, dx, 1e-3, 8e-3, what, "x");
+    expect_grad(ctx, w, ws, dw, 1e-2, 8e-3, what, "the weight");
+    free(dx);
+    free(dw);
+  }
   free(gy);
   free(xd);
   free(wdd);
   free(want);
-  free(dx);
-  free(dw);
   free(xh);
   free(wh);
   kiln_tensor_free(x);
@@ -411,7 +414,7 @@ static void check_wgmma(kiln_ctx *ctx, const conv_case *c, uint64_t seed) {
 Test(gpu_ops, conv2d_forward_and_weight_gradient_as_implicit_gemms) {
   TH_GPU_CTX_EAGER(ctx);
   for (size_t i = 0; i < sizeof wgmma_cases / sizeof *wgmma_cases; i++)
-    check_wgmma(ctx, &wgmma_cases[i], 3700 + 10 * i);
+    check_bf16_conv(ctx, &wgmma_cases[i], 3700 + 10 * i, true);
   th_ctx_free(ctx);
 }
 
@@ -463,7 +466,7 @@ Test(gpu_ops, conv2d_products_fed_by_the_tensor_memory_accelerator) {
   }
   tma_on = true;
   for (size_t i = 0; i < sizeof tma_cases / sizeof *tma_cases; i++)
-    check_wgmma(ctx, &tma_cases[i], 4700 + 10 * i);
+    check_bf16_conv(ctx, &tma_cases[i], 4700 + 10 * i, true);
   tma_on = false;
   th_ctx_free(ctx);
 }
@@ -563,47 +566,12 @@ static const conv_case direct_cases[] = {
     {"3->8 1x3 pad (0, 1), batch 1", 1, 7, 5, 3, 8, 1, 3, CO(.pad_w = 1), 0, 0, 0},
 };
 
-static void check_direct(kiln_ctx *ctx, const conv_case *c, uint64_t seed) {
-  ref_win g = conv_win(c);
-  kiln_shape xs = KILN_SHAPE(c->n, c->h, c->w, c->cin);
-  kiln_shape ws = KILN_SHAPE(c->cout, c->cin, c->kh, c->kw);
-  kiln_shape os = ref_win_out(xs, &g, c->cout);
-  char what[512], wd[96];
-  ref_win_str(&g, wd, sizeof wd);
-  snprintf(what, sizeof what, "direct bf16 conv2d %s (%s)", c->desc, wd);
-  kiln_step_begin(ctx);
-  float *xh, *wh;
-  kiln_tensor *x = ref_rand_tensor(ctx, xs, seed, &REF_GEN(-1, 1), 0, &xh);
-  kiln_tensor *w = ref_rand_tensor(ctx, ws, seed + 1, &REF_GEN(-1, 1), 0, &wh);
-  kiln_autocast_begin(ctx, KILN_DTYPE_BF16);
-  kiln_tensor *y = kiln_conv2d(x, w, NULL, &c->o);
-  kiln_autocast_end(ctx);
-  int64_t nx = ref_numel(xs), nw = ref_numel(ws), no = ref_numel(os);
-  double *xd = ref_to_double(xh, nx), *wdd = ref_to_double(wh, nw), *want = ref_dalloc(no);
-  for (int64_t i = 0; i < nx; i++)
-    xd[i] = bf16_round(xd[i]);
-  for (int64_t i = 0; i < nw; i++)
-    wdd[i] = bf16_round(wdd[i]);
-  ref_conv2d(xd, xs, wdd, c->cout, NULL, &g, want);
-  for (int64_t i = 0; i < no; i++)
-    want[i] = bf16_round(want[i]);
-  ref_expect_close(ctx, kiln_cast(y, KILN_DTYPE_F32), os, want, 1e-3, 8e-3, what);
-  free(xd);
-  free(wdd);
-  free(want);
-  free(xh);
-  free(wh);
-  kiln_tensor_free(x);
-  kiln_tensor_free(w);
-  th_assert_ok(ctx);
-}
-
 Test(gpu_ops, tiny_conv2d_forward_products_run_direct) {
   setenv("KILN_CONV_DIRECT", "1", 1); /* read when the context is made */
   TH_GPU_CTX_EAGER(ctx);
   unsetenv("KILN_CONV_DIRECT");
   for (size_t i = 0; i < sizeof direct_cases / sizeof *direct_cases; i++)
-    check_direct(ctx, &direct_cases[i], 5700 + 10 * i);
+    check_bf16_conv(ctx, &direct_cases[i], 5700 + 10 * i, false);
   th_ctx_free(ctx);
 }
 
