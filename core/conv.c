@@ -494,8 +494,7 @@ bool kiln__conv_direct_shape(int64_t k, int64_t ci, int64_t co) {
 bool kiln__conv_direct_image(const kiln_ctx *ctx, const kiln__node *c) {
   const kiln_tensor *x = c->in[0];
   return ctx->conv_direct && KILN__I(c, IM2COL, groups) == 1 && x->dtype == KILN_DTYPE_BF16 &&
-         x->ndim == 4 && x->shape[3] % 8 != 0 &&
-         c->out->shape[3] <= KILN__CONV_DIRECT_MAX_K; /* the columns' K */
+         x->ndim == 4;
 }
 
 bool kiln__conv_tma_window(const kiln__win *w, int64_t ci) {

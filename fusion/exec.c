@@ -58,7 +58,7 @@ static bool build_calls(kiln_ctx *ctx, kiln__program *pg) {
                          .conv_warp_spec = ctx->conv_warp_spec,
                          .conv_tma = ctx->conv_tma,
                          .conv_staged = ctx->conv_staged,
-                         .few_lanes = ctx->im2col_lanes,
+                         .im2col_lanes = ctx->im2col_lanes,
                          .customs = ctx->customs,
                          .ncustom = ctx->ncustom};
   int ng = pg->plan.ng, nr = 0;

@@ -202,7 +202,7 @@ static void emit_loop(kiln__sb *b, const kiln__node *n, bool tiled, int out, int
 }
 
 /* Four lanes (V = 4) when the channels of a lane group allow it and every operand's first element
- * is aligned to four elements, else one; with few (an im2col of 2 or 3 channels, few_lanes:
+ * is aligned to four elements, else one; with few (an im2col of 2 or 3 channels, tg->im2col_lanes:
  * KILN_IM2COL_LANES=1) all of a tap's channels, so that a thread decodes its tap once for them:
  * ResNet-18's 3-channel stem wrote its 472 MB of columns a bf16 a thread in 744 us on the H100. */
 static int lanes_of(const kiln__node *n, int64_t channels, bool few) {
@@ -245,7 +245,7 @@ bool kiln__render_window(const kiln__target *tg, const kiln__ew_prog *p, kiln__r
   KILN_ASSERT(!(pool_index(n) && n->op == KILN__OP_MAX_POOL) || y >= 0);
   int64_t sz[6] = {img->shape[0], img->shape[1], img->shape[2],
                    img->shape[3], win->shape[1], win->shape[2]};
-  int V = lanes_of(n, sz[3], tg->few_lanes);
+  int V = lanes_of(n, sz[3], tg->im2col_lanes);
   int64_t most = kiln_tensor_numel(n->out); /* the largest offset, in elements */
   for (int k = 0; k < o.n; k++) {
     uint64_t elems = kiln__footprint(o.t[k]) / kiln_dtype_size(o.t[k]->dtype);
