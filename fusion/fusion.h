@@ -102,12 +102,17 @@ typedef struct kiln__plan {
  * builds) the plan is verified. */
 bool kiln__plan_build(kiln_ctx *ctx, int32_t first, int32_t last, bool fuse, kiln__plan *p);
 /* For the planner's files (plan.c, plan_conv.c): the node of the flush whose output is exactly t,
- * or -1; how many nodes after product i its forward epilogue takes (into g); and the implicit
- * convolution products (plan_conv.c): col2im node c's product, run in col2im's group, or -1;
- * whether im2col node c and the products that read its columns run implicit (the forward
- * product *f and the weight gradient *w, or -1). */
-int32_t kiln__plan_producer(const kiln_ctx *ctx, const kiln__plan *p, const kiln_tensor *t);
-int kiln__forward_epilogue(kiln_ctx *ctx, const kiln__plan *p, int32_t i, kiln__group *g);
+ * or -1. */
+static inline int32_t kiln__plan_producer(const kiln_ctx *ctx, const kiln__plan *p,
+                                          const kiln_tensor *t) {
+  int32_t i = t->node;
+  if (t->persistent || i < p->first || i >= p->last) return -1;
+  return ctx->trace.nodes[i].out == t ? i : -1;
+}
+/* The implicit convolution products (plan_conv.c): col2im node c's product, run in col2im's
+ * group, or -1; whether im2col node c and the products that read its columns may run implicit
+ * (the forward product *f and the weight gradient *w, or -1), the caller asking that the forward
+ * product takes no epilogue. */
 int32_t kiln__implicit_dgrad(const kiln_ctx *ctx, const kiln__plan *p, int32_t c);
 /* Whether col2im node cn's implicit data gradient (dt, co output and ci input channels) runs on
  * wgmma (device/conv.cuh or conv_tma.cuh) rather than mma.sync. */

@@ -76,11 +76,8 @@ int32_t kiln__owner(const kiln_ctx *ctx, const kiln_tensor *t) {
   }
 }
 
-/* The node in this flush whose output is exactly t, or -1. */
 static int32_t producer(const kiln_ctx *ctx, const kiln__plan *p, const kiln_tensor *t) {
-  int32_t i = t->node;
-  if (t->persistent || i < p->first || i >= p->last) return -1;
-  return ctx->trace.nodes[i].out == t ? i : -1;
+  return kiln__plan_producer(ctx, p, t);
 }
 
 static bool in_group(const kiln__plan *p, int32_t node, const kiln__group *g) {
@@ -432,14 +429,6 @@ static int32_t bgradb_sum(kiln_ctx *ctx, const kiln__plan *p, int32_t i) {
   return -1;
 }
 
-int32_t kiln__plan_producer(const kiln_ctx *ctx, const kiln__plan *p, const kiln_tensor *t) {
-  return producer(ctx, p, t);
-}
-
-int kiln__forward_epilogue(kiln_ctx *ctx, const kiln__plan *p, int32_t i, kiln__group *g) {
-  return forward_epilogue(ctx, p, i, g);
-}
-
 /* Write-through: assignment i of an intermediate S, or of a view of S that is dense from S's
  * first element (the same bytes in the same order), to a persistent buffer D (a gradient) can be
  * dropped when S's producer writes D itself: S is dense and as large as D, nothing in the flush
@@ -534,9 +523,10 @@ static bool phase_bias_gradients(kiln_ctx *ctx, kiln__plan *p, bool fuse) {
 static bool phase_implicit(kiln_ctx *ctx, kiln__plan *p, bool fuse) {
   for (int32_t i = p->first; i < p->last && fuse; i++) {
     int32_t mm = kiln__implicit_dgrad(ctx, p, i), f, w;
-    if (mm >= 0) p->claim[mm - p->first] = i;     /* col2im's group computes the product */
-    if (kiln__implicit_conv(ctx, p, i, &f, &w)) { /* the forward product's group computes im2col */
-      p->claim[i - p->first] = f;
+    if (mm >= 0) p->claim[mm - p->first] = i; /* col2im's group computes the product */
+    kiln__group none = {0};
+    if (kiln__implicit_conv(ctx, p, i, &f, &w) && forward_epilogue(ctx, p, f, &none) == 0) {
+      p->claim[i - p->first] = f; /* the forward product's group computes im2col */
       p->window[f - p->first] = i;
       if (w >= 0) p->window[w - p->first] = i;
     }

@@ -119,7 +119,8 @@ static bool implicit_wgrad(const kiln_ctx *ctx, const kiln__plan *p, int32_t c, 
 /* Whether im2col node c and the products that read its columns can run as implicit GEMMs: one
  * group, X dense bf16 with channels in 16-byte chunks, an sm_90 device, and the columns (as the
  * rows (M, K) of a reshape) read by exactly one forward product cols Wk^T (Wk (CO, K) dense: the
- * product's operand its transpose) without a forward epilogue, as its first operand, and at most
+ * product's operand its transpose; the caller asks that it takes no forward epilogue), as its
+ * first operand, and at most
  * one weight gradient dY^T cols, as its second, which must be in the flush when the forward
  * product's result takes a gradient (the columns exist nowhere after it). Sets *f and *w (-1:
  * none). */
@@ -153,12 +154,11 @@ bool kiln__implicit_conv(kiln_ctx *ctx, const kiln__plan *p, int32_t c, int32_t 
   const kiln__node *fn = &nodes[*f];
   const kiln_tensor *B = fn->in[1], *Y = fn->out;
   int64_t co = Y->shape[1];
-  kiln__group scratch = {0};
   if (!dense_bf16(Y) || B->dtype != KILN_DTYPE_BF16 || B->stride[0] != 1 || B->stride[1] != K ||
       B->offset % 8 != 0 || K * co >= INT32_MAX ||
       !(direct ? kiln__conv_direct_shape(K, cn->in[0]->shape[3], co)
                : kiln__implicit_conv_channels(ctx, cn, co)) ||
-      p->claim[*f - p->first] >= 0 || kiln__forward_epilogue(ctx, p, *f, &scratch) != 0)
+      p->claim[*f - p->first] >= 0)
     return false;
   if (direct) return *w < 0 && !Y->requires_grad;
   if (*w >= 0 && !implicit_wgrad(ctx, p, c, *w, co)) return false;
