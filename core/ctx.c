@@ -134,9 +134,11 @@ kiln_ctx *kiln__ctx_create(const kiln_ctx_options *opts) {
   ctx->fusion = !env_off("KILN_FUSION");
   ctx->graphs = !env_off("KILN_GRAPH");
   ctx->conv_warp_spec = env_on("KILN_CONV_WS");    /* off by default: slower forward products */
-  ctx->conv_staged = env_on("KILN_CONV_STAGED");   /* off until it has run on a GPU (2026-12-05) */
-  ctx->conv_direct = env_on("KILN_CONV_DIRECT");   /* off until it has run on a GPU (2026-12-05) */
-  ctx->im2col_lanes = env_on("KILN_IM2COL_LANES"); /* off until it has run on a GPU */
+  /* on since their first GPU run (H100, 2026-12-05): the GPU suite passed with all three, and
+   * the air step took 3.115 ms with them against 3.507 without, resnet18 9.41 against 10.20 */
+  ctx->conv_staged = !env_off("KILN_CONV_STAGED");
+  ctx->conv_direct = !env_off("KILN_CONV_DIRECT");
+  ctx->im2col_lanes = !env_off("KILN_IM2COL_LANES");
   ctx->conv_tma =
       !env_off("KILN_CONV_TMA"); /* H100: air 3.86 ms at 387 MiB, against 3.89 at 1,004 */
   const char *max_co = getenv("KILN_IMPLICIT_CONV_MAX_CO");

@@ -189,10 +189,11 @@ Test(gpu_ops, conv2d) {
   th_ctx_free(ctx);
 }
 
-/* KILN_IM2COL_LANES=1: the im2col of a group of 2 or 3 channels (the 3-channel cases, 6 in 2
- * groups, 9 in 3) takes a tap's channels a thread; the same cases against the same references. */
-Test(gpu_ops, conv2d_with_a_tap_a_thread_im2col) {
-  setenv("KILN_IM2COL_LANES", "1", 1); /* read when the context is made */
+/* KILN_IM2COL_LANES=0: the im2col of a group of 2 or 3 channels (the 3-channel cases, 6 in 2
+ * groups, 9 in 3) takes one value a thread, as before a tap a thread became the default; the same
+ * cases against the same references. */
+Test(gpu_ops, conv2d_with_a_value_a_thread_im2col) {
+  setenv("KILN_IM2COL_LANES", "0", 1); /* read when the context is made */
   TH_GPU_CTX_EAGER(ctx);
   unsetenv("KILN_IM2COL_LANES");
   for (size_t i = 0; i < sizeof conv_cases / sizeof *conv_cases; i++)
@@ -453,10 +454,13 @@ static bool dgrad_tma(const conv_case *c) {
          g.dh * (c->kh - 1) >= g.ph && g.dw * (c->kw - 1) >= g.pw;
 }
 
-Test(gpu_ops, conv2d_products_fed_by_the_tensor_memory_accelerator) {
-  setenv("KILN_CONV_TMA", "1", 1); /* read when the context is made */
+/* tma_cases with KILN_CONV_TMA=1 and KILN_CONV_STAGED set to `staged`. */
+static void check_tma_cases(const char *staged) {
+  setenv("KILN_CONV_TMA", "1", 1); /* both read when the context is made */
+  setenv("KILN_CONV_STAGED", staged, 1);
   TH_GPU_CTX_EAGER(ctx);
   unsetenv("KILN_CONV_TMA");
+  unsetenv("KILN_CONV_STAGED");
   int major = 0, minor = 0;
   cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0);
   cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0);
@@ -470,6 +474,12 @@ Test(gpu_ops, conv2d_products_fed_by_the_tensor_memory_accelerator) {
   tma_on = false;
   th_ctx_free(ctx);
 }
+
+Test(gpu_ops, conv2d_products_fed_by_the_tensor_memory_accelerator) { check_tma_cases("1"); }
+
+/* KILN_CONV_STAGED=0: the data gradients' epilogues straight from the registers (two channels of
+ * eight rows a warp), as before the staged ones became the default. */
+Test(gpu_ops, conv2d_tma_data_gradients_with_register_epilogues) { check_tma_cases("0"); }
 
 /* The gradients of x and w for loss = sum(conv2d(x, w) g) of a bf16 64->128 convolution in a
  * context made with KILN_CONV_TMA set to `on`, two steps (a step graph's capture and replay, or
@@ -551,7 +561,7 @@ Test(gpu_ops, conv2d_tma_step_graph_replays_match_eager_steps) {
 }
 
 /* The input as a view: every other column of a wider image, and a crop of the channels. */
-/* KILN_CONV_DIRECT=1: bf16 convolutions of few values a window over channels that are not in
+/* bf16 convolutions of few values a window over channels that are not in
  * 16-byte chunks, nothing taking a gradient through them (a whitening layer), run their forward
  * product as one direct kernel (fusion/device/conv_direct.cuh; test_cpu_conv_tma's
  * tiny_convolutions_without_gradients_run_direct checks that the planner gives it these four
@@ -567,9 +577,7 @@ static const conv_case direct_cases[] = {
 };
 
 Test(gpu_ops, tiny_conv2d_forward_products_run_direct) {
-  setenv("KILN_CONV_DIRECT", "1", 1); /* read when the context is made */
   TH_GPU_CTX_EAGER(ctx);
-  unsetenv("KILN_CONV_DIRECT");
   for (size_t i = 0; i < sizeof direct_cases / sizeof *direct_cases; i++)
     check_bf16_conv(ctx, &direct_cases[i], 5700 + 10 * i, false);
   th_ctx_free(ctx);
