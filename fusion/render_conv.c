@@ -86,7 +86,8 @@ static bool render_dgrad(const kiln__ew_prog *p, const kiln__gemm *mm, bool wg, 
   KILN_ASSERT(!staged || X->offset % 4 == 0); /* its epilogue stores four channels at once */
   ws = ws && !tma;
   int BN = wg ? wgmma_width(CI, ws) : (CI <= 32 ? 32 : 64), stage = tma ? (128 + BN) * 128 : 0;
-  int S = tma ? tma_stages(stage) : wgmma_stages(BN, ws);
+  /* 64 wide: 4 stages (96 KB), two blocks an SM, one's epilogue beside the other's products */
+  int S = tma ? (BN == 64 ? 4 : tma_stages(stage)) : wgmma_stages(BN, ws);
   bool bf16 = X->dtype == KILN_DTYPE_BF16;
   const char *T = kiln__ctype(X->dtype);
   a->n = N * H * W; /* image pixels: the rows of dX */

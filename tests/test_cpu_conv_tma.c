@@ -277,16 +277,16 @@ Test(conv_tma, an_explicit_channel_cap_still_holds) {
   th_ctx_free(ctx);
 }
 
-/* A weight gradient splits its pixels into as many parts as one wave of blocks (one an SM) holds:
- * L2 bounds it, so a second wave costs about what the first does. The old rule (just past one
- * block an SM) gave air's 7x7x256->256 conv 4 splits of 36 tiles, 144 blocks on 132 SMs. Shapes of
- * the air step (batch 1024) and ResNet-18 (batch 128). */
-Test(conv_tma, weight_gradient_blocks_fill_their_last_wave) {
-  struct {
-    int64_t n, hw, cin, cout;
-  } cases[] = {{1024, 7, 256, 256}, {1024, 15, 64, 256}, {1024, 15, 64, 64},
-               {1024, 3, 256, 256}, {128, 28, 128, 128}, {128, 14, 256, 256}};
-  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+/* A convolution image, as record_image takes it (3x3, padding 1, stride 1). */
+typedef struct {
+  int64_t n, hw, cin, cout;
+} image_case;
+
+/* For each case, the program of record_image's step; check() sees each group of `kind` in it
+ * (one a case). */
+static void each_product(const image_case *cases, size_t ncases, kiln__implicit kind,
+                         void (*check)(const char *what, const kiln_ctx *ctx, const kiln__call *c)) {
+  for (size_t i = 0; i < ncases; i++) {
     char what[96];
     snprintf(what, sizeof what, "%lldx%lldx%lld->%lld, batch %lld", (long long)cases[i].hw,
              (long long)cases[i].hw, (long long)cases[i].cin, (long long)cases[i].cout,
@@ -298,23 +298,53 @@ Test(conv_tma, weight_gradient_blocks_fill_their_last_wave) {
     cr_assert(kiln__program_build(ctx, ctx->trace.done, ctx->trace.n, &pg), "%s: %s", what,
               th_err(ctx));
     int found = 0;
-    for (int g = 0; g < pg.plan.ng; g++) {
-      const kiln__call *c = &pg.call[g];
-      if (pg.plan.g[g].implicit != KILN__IMPLICIT_WGRAD) continue;
-      found++;
-      const int64_t sms = ctx->num_sms, blocks = (int64_t)c->grid * c->grid_y * c->grid_z;
-      const int64_t last = blocks % sms == 0 ? sms : blocks % sms;
-      cr_assert_gt(c->grid_z, 1, "%s: %s: the pixels split", what, c->name);
-      cr_assert_geq(4 * last, 3 * sms, "%s: %s: %lld blocks (%u splits) on %lld SMs", what, c->name,
-                    (long long)blocks, c->grid_z, (long long)sms);
-      cr_assert_leq(blocks, sms, "%s: %s: %lld blocks", what, c->name, (long long)blocks);
-    }
-    cr_assert_eq(found, 1, "%s: %d weight gradients", what, found);
+    for (int g = 0; g < pg.plan.ng; g++)
+      if (pg.plan.g[g].implicit == kind) {
+        found++;
+        check(what, ctx, &pg.call[g]);
+      }
+    cr_assert_eq(found, 1, "%s: %d products of the kind", what, found);
     kiln__program_free(&pg);
     cr_assert_eq(kiln_step_end(ctx), KILN_OK, "%s: %s", what, th_err(ctx));
     th_free_scratch();
     th_ctx_free(ctx);
   }
+}
+
+static void check_wave(const char *what, const kiln_ctx *ctx, const kiln__call *c) {
+  const int64_t sms = ctx->num_sms, blocks = (int64_t)c->grid * c->grid_y * c->grid_z;
+  const int64_t last = blocks % sms == 0 ? sms : blocks % sms;
+  cr_assert_gt(c->grid_z, 1, "%s: %s: the pixels split", what, c->name);
+  cr_assert_geq(4 * last, 3 * sms, "%s: %s: %lld blocks (%u splits) on %lld SMs", what, c->name,
+                (long long)blocks, c->grid_z, (long long)sms);
+  cr_assert_leq(blocks, sms, "%s: %s: %lld blocks", what, c->name, (long long)blocks);
+}
+
+/* A weight gradient splits its pixels into as many parts as one wave of blocks (one an SM) holds:
+ * L2 bounds it, so a second wave costs about what the first does. The old rule (just past one
+ * block an SM) gave air's 7x7x256->256 conv 4 splits of 36 tiles, 144 blocks on 132 SMs. Shapes of
+ * the air step (batch 1024) and ResNet-18 (batch 128). */
+Test(conv_tma, weight_gradient_blocks_fill_their_last_wave) {
+  const image_case cases[] = {{1024, 7, 256, 256}, {1024, 15, 64, 256}, {1024, 15, 64, 64},
+                              {1024, 3, 256, 256}, {128, 28, 128, 128}, {128, 14, 256, 256}};
+  each_product(cases, sizeof cases / sizeof *cases, KILN__IMPLICIT_WGRAD, check_wave);
+}
+
+static void check_two_blocks(const char *what, const kiln_ctx *ctx, const kiln__call *c) {
+  (void)ctx;
+  cr_assert_gt(c->ntmap, 0, "%s: %s: TMA-fed", what, c->name);
+  /* an H100's or H200's SM: 228 KB of shared memory, 1 KB of it reserved a block */
+  cr_assert_leq(2 * ((int64_t)c->smem + 1024), 228 * 1024, "%s: %s: %u bytes", what, c->name,
+                c->smem);
+}
+
+/* A TMA-fed data gradient of 64 input channels (a 64-wide tile) takes 4 stages, so that two
+ * blocks share an SM and one's epilogue (batch norm applied again, an activation's derivative)
+ * runs beside the other's products; with 8 (192 KB), one block an SM idled its tensor cores
+ * through its epilogue. The air step's 15x15x64 convs and ResNet-18's first stage. */
+Test(conv_tma, narrow_data_gradients_run_two_blocks_an_sm) {
+  const image_case cases[] = {{1024, 15, 64, 64}, {1024, 15, 64, 256}, {128, 56, 64, 64}};
+  each_product(cases, sizeof cases / sizeof *cases, KILN__IMPLICIT_DGRAD, check_two_blocks);
 }
 
 /* A tiny convolution that nothing takes a gradient through runs its forward product as one
