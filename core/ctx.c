@@ -133,7 +133,7 @@ kiln_ctx *kiln__ctx_create(const kiln_ctx_options *opts) {
   ctx->training = true;
   ctx->fusion = !env_off("KILN_FUSION");
   ctx->graphs = !env_off("KILN_GRAPH");
-  ctx->conv_warp_spec = env_on("KILN_CONV_WS");    /* off by default: slower forward products */
+  ctx->conv_warp_spec = env_on("KILN_CONV_WS"); /* off by default: slower forward products */
   /* on since their first GPU run (H100, 2026-12-05): the GPU suite passed with all three, and
    * the air step took 3.115 ms with them against 3.507 without, resnet18 9.41 against 10.20 */
   ctx->conv_staged = !env_off("KILN_CONV_STAGED");

@@ -622,9 +622,10 @@ bool kiln__implicit_conv_image(const kiln_ctx *ctx, const kiln__node *c);
 bool kiln__implicit_conv_channels(const kiln_ctx *ctx, const kiln__node *c, int64_t co);
 /* A direct forward product (conv_direct.cuh's kiln_conv_direct: a thread an output pixel, no column
  * matrix, no tensor cores) for a convolution of few taps and channels that the implicit kernels
- * do not take, such as a whitening layer's 2x2 over 3 channels (on unless KILN_CONV_DIRECT=0): the shape (K = kh kw ci values a window, ci channels not in 16-byte chunks,
- * co output channels) that it takes, and whether im2col node c's image may be one (the switch on,
- * one group, a bf16 image). The planner asks both, and that nothing takes a gradient through it. */
+ * do not take, such as a whitening layer's 2x2 over 3 channels (on unless KILN_CONV_DIRECT=0): the
+ * shape (K = kh kw ci values a window, ci channels not in 16-byte chunks, co output channels) that
+ * it takes, and whether im2col node c's image may be one (the switch on, one group, a bf16 image).
+ * The planner asks both, and that nothing takes a gradient through it. */
 #define KILN__CONV_DIRECT_MAX_K 32
 #define KILN__CONV_DIRECT_MAX_CO 64
 bool kiln__conv_direct_shape(int64_t k, int64_t ci, int64_t co);
