@@ -285,7 +285,8 @@ typedef struct {
 /* For each case, the program of record_image's step; check() sees each group of `kind` in it
  * (one a case). */
 static void each_product(const image_case *cases, size_t ncases, kiln__implicit kind,
-                         void (*check)(const char *what, const kiln_ctx *ctx, const kiln__call *c)) {
+                         void (*check)(const char *what, const kiln_ctx *ctx,
+                                       const kiln__call *c)) {
   for (size_t i = 0; i < ncases; i++) {
     char what[96];
     snprintf(what, sizeof what, "%lldx%lldx%lld->%lld, batch %lld", (long long)cases[i].hw,
