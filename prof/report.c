@@ -181,7 +181,7 @@ static bool view_of(const kiln__tl_run *run, const char *label, step_view *v) {
     } else {
       v->copies++;
     }
-    if (e->group && e->part <= 1) v->bytes += e->group->bytes_read + e->group->bytes_written;
+    if (e->group && e->carrier) v->bytes += e->group->bytes_read + e->group->bytes_written;
     int t = 0;
     while (t < v->ntids && v->tids[t] != e->tid)
       t++;
@@ -220,7 +220,7 @@ static void put_tooltip(FILE *f, const kiln__tl_event *e) {
   if (g) {
     fputs("\nkind: ", f);
     put_html(f, g->kind);
-    if (g->bytes_read + g->bytes_written && e->part <= 1) {
+    if (g->bytes_read + g->bytes_written && e->carrier) {
       char r[32], w[32];
       fmt_bytes(r, sizeof r, (double)g->bytes_read);
       fmt_bytes(w, sizeof w, (double)g->bytes_written);
@@ -410,7 +410,7 @@ static bool put_table(FILE *f, const step_view *v) {
     kernel_row *r = &rows[k];
     if (e->part <= 1) r->launches++;
     r->ns += (double)(e->end - e->start);
-    if (e->group && e->part <= 1) {
+    if (e->group && e->carrier) {
       r->bytes += e->group->bytes_read + e->group->bytes_written;
       r->flops += e->group->flops;
     }

@@ -477,6 +477,7 @@ typedef struct item {
   int64_t step;
   uint32_t group; /* KILN__PROF_NONE: none */
   int part, parts;
+  bool carrier; /* its group's first kernel (its first record if none is): carries the traffic */
   double group_ns;
   const char *mismatch;
 } item;
@@ -677,14 +678,22 @@ bool kiln__prof_events(kiln__prof *p, const kiln__tl_event **out, size_t *nout,
         dev[q].parts = (int)m;
       }
     }
-    /* the device time of each group's records, for its rates */
+    /* the device time of each group's records, for its rates, and the record that carries its
+     * traffic: its first kernel (a generated kernel comes after the memsets its launch makes) */
     for (size_t q = 0; q < m; q++) {
       if (dev[q].group == KILN__PROF_NONE || dev[q].part != 1) continue;
       double t = 0;
+      size_t carrier = q;
       for (size_t r = q; r < m && r < q + (size_t)dev[q].parts; r++)
-        if (dev[r].group == dev[q].group) t += dur(&p->recs[dev[r].rec]);
+        if (dev[r].group == dev[q].group) {
+          t += dur(&p->recs[dev[r].rec]);
+          if (carrier == q && p->recs[dev[q].rec].kind != KILN__PROF_KERNEL &&
+              p->recs[dev[r].rec].kind == KILN__PROF_KERNEL)
+            carrier = r;
+        }
       for (size_t r = q; r < m && r < q + (size_t)dev[q].parts; r++)
         if (dev[r].group == dev[q].group) dev[r].group_ns = t;
+      dev[carrier].carrier = true;
     }
     i = j;
   }
@@ -719,6 +728,7 @@ bool kiln__prof_events(kiln__prof *p, const kiln__tl_event **out, size_t *nout,
       e->group = &p->groups[x->group];
       e->part = x->part;
       e->parts = x->parts;
+      e->carrier = x->carrier;
       e->group_ns = x->group_ns;
     } else if (e->launch && is_device(r)) {
       unattributed++;

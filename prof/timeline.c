@@ -4,8 +4,10 @@
  * and chrome://tracing open: an object whose "traceEvents" are complete ("X") events with ts
  * and dur in microseconds, and metadata ("M") events naming the processes and threads.
  *
- *   pid  device activity (kernels, copies, memsets): the CUDA device (CUPTI's device id), named
- *        "GPU n"; a CUDA runtime call: the OS process that made it, named "host"
+ *   pid  device activity (kernels, copies, memsets): KILN__TL_GPU_PID plus the CUDA device
+ *        (CUPTI's device id), named "GPU n" (Perfetto treats pid 0 as the kernel's, and a device
+ *        number could be an OS process's); a CUDA runtime call: the OS process that made it,
+ *        named "host"
  *   tid  device activity: CUPTI's stream id (one track per stream, named "stream n"); a call:
  *        the OS thread
  *
@@ -157,9 +159,9 @@ static void put_args(FILE *f, const kiln__tl_event *e) {
     arg_u64(f, &first, "parts", (uint64_t)e->parts);
   }
   double ns = e->group_ns > 0 ? e->group_ns : (double)(e->end - e->start);
-  /* a group's traffic and work are written once, on its first record; rates are over the time
-   * of all its records */
-  if (g && e->part <= 1) {
+  /* a group's traffic and work are written once, on its first kernel; rates are over the time of
+   * all its records */
+  if (g && e->carrier) {
     if (g->bytes_read || g->bytes_written) {
       arg_u64(f, &first, "bytes_read", g->bytes_read);
       arg_u64(f, &first, "bytes_written", g->bytes_written);
@@ -196,13 +198,17 @@ static void next(FILE *f, bool *first) {
   *first = false;
 }
 
+/* The JSON pid of a record of the host or a device (pid: the OS process, or the device). */
+static uint32_t json_pid(bool host, uint32_t pid) { return host ? pid : KILN__TL_GPU_PID + pid; }
+
 static void put_event(FILE *f, bool *first, const kiln__tl_event *e, uint64_t origin) {
   next(f, first);
   fputs("{\"ph\":\"X\",\"cat\":", f);
   put_str(f, cat_name(e->cat));
   fputs(",\"name\":", f);
   put_str(f, e->name ? e->name : "?");
-  fprintf(f, ",\"pid\":%" PRIu32 ",\"tid\":%" PRIu32 ",\"ts\":", e->pid, e->tid);
+  fprintf(f, ",\"pid\":%" PRIu32 ",\"tid\":%" PRIu32 ",\"ts\":",
+          json_pid(e->cat == KILN__TL_API, e->pid), e->tid);
   put_us(f, e->start >= origin ? e->start - origin : 0);
   fputs(",\"dur\":", f);
   put_us(f, e->end > e->start ? e->end - e->start : 0);
@@ -293,18 +299,18 @@ static void put_names(FILE *f, bool *first, const kiln__tl_event *const *ord, si
                  device ? device : "");
       next(f, first);
       fprintf(f, "{\"ph\":\"M\",\"name\":\"process_name\",\"pid\":%" PRIu32 ",\"args\":{\"name\":",
-              t[k].pid);
+              json_pid(t[k].host, t[k].pid));
       put_str(f, name);
       fprintf(f,
               "}},\n{\"ph\":\"M\",\"name\":\"process_sort_index\",\"pid\":%" PRIu32
               ",\"args\":{\"sort_index\":%d}}",
-              t[k].pid, t[k].host ? 1000 : (int)(t[k].pid % 1000));
+              json_pid(t[k].host, t[k].pid), t[k].host ? 1000 : (int)(t[k].pid % 1000));
     }
     next(f, first);
     fprintf(f,
             "{\"ph\":\"M\",\"name\":\"thread_name\",\"pid\":%" PRIu32 ",\"tid\":%" PRIu32
             ",\"args\":{\"name\":\"%s %" PRIu32 "\"}}",
-            t[k].pid, t[k].tid, t[k].host ? "thread" : "stream", t[k].tid);
+            json_pid(t[k].host, t[k].pid), t[k].tid, t[k].host ? "thread" : "stream", t[k].tid);
   }
   free(t);
 }
@@ -345,7 +351,7 @@ bool kiln__tl_write_json(FILE *f, const kiln__tl_event *ev, size_t n, const kiln
             meta->first_step, meta->last_step, meta->dropped, meta->unattributed);
   }
   fprintf(f, ",\"records\":%zu,\"origin_ns\":%" PRIu64 ",", n, origin);
-  fputs("\"pid\":\"device records: the CUDA device; CUDA calls: the OS process\","
+  fputs("\"pid\":\"device records: 4194304 + the CUDA device; CUDA calls: the OS process\","
         "\"tid\":\"device records: CUPTI's stream id; CUDA calls: the OS thread\"},\n"
         "\"traceEvents\":[",
         f);
@@ -456,6 +462,7 @@ bool kiln__tl_read_json(const char *path, kiln__tl_run *run, char *why, size_t n
     x->cat = cat_of(str_of(e, "cat"));
     x->name = str_of(e, "name");
     x->pid = (uint32_t)num_of(e, "pid", 0);
+    if (x->cat != KILN__TL_API && x->pid >= KILN__TL_GPU_PID) x->pid -= KILN__TL_GPU_PID;
     x->tid = (uint32_t)num_of(e, "tid", 0);
     x->start = ns_of(num_of(e, "ts", 0));
     x->end = x->start + ns_of(num_of(e, "dur", 0));
@@ -466,6 +473,7 @@ bool kiln__tl_read_json(const char *path, kiln__tl_run *run, char *why, size_t n
     x->launch_id = (uint64_t)num_of(args, "launch_id", 0);
     x->part = (int)num_of(args, "part", 0);
     x->parts = (int)num_of(args, "parts", 0);
+    x->carrier = member(args, "bytes_read") || member(args, "flops");
     x->bytes = (uint64_t)num_of(args, "bytes", 0);
     if (member(args, "kind") || member(args, "group")) {
       kiln__tl_group *g = &run->groups[run->n];

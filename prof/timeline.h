@@ -37,6 +37,9 @@ typedef enum kiln__tl_cat {
 } kiln__tl_cat;
 
 /* One record of the timeline. */
+/* The trace-event pid of device 0's records: past Linux's largest process id (2^22). */
+#define KILN__TL_GPU_PID 4194304u
+
 typedef struct kiln__tl_event {
   kiln__tl_cat cat;
   uint64_t start, end; /* ns */
@@ -50,6 +53,8 @@ typedef struct kiln__tl_event {
   const kiln__tl_group *group; /* kiln's launch it belongs to, or NULL */
   uint64_t launch_id;          /* eager: the launch's serial; replay: the replay's (0: none) */
   int part, parts;  /* its place among the device records of its group (1-based; 0: none) */
+  bool carrier;     /* the one of them that carries the group's traffic and work: its first kernel
+                     * (a generated kernel's launch sets memory before it), else its first record */
   double group_ns;  /* the device time of all the group's records (rates are over it) */
   uint64_t bytes;   /* memcpy, memset: bytes moved */
   const char *copy; /* memcpy: "HtoD", "DtoH", "DtoD", ...; memset: the memory kind */

@@ -107,6 +107,7 @@ static size_t sample_events(kiln__tl_event *ev) {
                              .launch_id = 7,
                              .part = 1,
                              .parts = 2,
+                             .carrier = true,
                              .group_ns = 6000,
                              .correlation = 2,
                              .grid = {4, 2, 1},
@@ -142,6 +143,7 @@ static size_t sample_events(kiln__tl_event *ev) {
                              .launch_id = 8,
                              .part = 1,
                              .parts = 1,
+                             .carrier = true,
                              .group_ns = 999,
                              .correlation = 4,
                              .grid = {256, 1, 1},
@@ -222,7 +224,8 @@ Test(timeline, json_is_valid_and_has_every_record_once) {
     const cJSON *j = event_of(evs, cat, ev[i].correlation);
     cr_assert_eq(num(j, "ts"), (double)(ev[i].start - origin) / 1e3, "ts of record %zu", i);
     cr_assert_eq(num(j, "dur"), (double)(ev[i].end - ev[i].start) / 1e3);
-    cr_assert_eq(num(j, "pid"), ev[i].pid);
+    cr_assert_eq(num(j, "pid"), ev[i].pid + (ev[i].cat == KILN__TL_API ? 0 : KILN__TL_GPU_PID),
+                 "a device's pid is past any process's, never 0");
     cr_assert_eq(num(j, "tid"), ev[i].tid);
     cr_assert_eq(num(get(j, "args"), "step"), ev[i].step);
     if (ev[i].cat != KILN__TL_KERNEL || ev[i].correlation != 7) {
@@ -271,7 +274,7 @@ Test(timeline, json_is_valid_and_has_every_record_once) {
   cJSON_ArrayForEach(e, evs) {
     if (strcmp(str(e, "ph"), "M") != 0) continue;
     const char *what = str(get(e, "args"), "name");
-    if (strcmp(str(e, "name"), "process_name") == 0 && num(e, "pid") == 0)
+    if (strcmp(str(e, "name"), "process_name") == 0 && num(e, "pid") == KILN__TL_GPU_PID)
       gpu = strcmp(what, "GPU 0: Test GPU") == 0;
     if (strcmp(str(e, "name"), "process_name") == 0 && num(e, "pid") == 4242)
       host = strcmp(what, "host (process 4242)") == 0;
@@ -531,6 +534,7 @@ Test(timeline, replays_resolve_by_capture_order_and_by_name) {
         cr_assert_str_eq(e->name, "cublas_mm");
         cr_assert_str_eq(e->kernel, e->graph_node == 11 ? "gemm_main" : "gemm_tail");
         cr_assert_eq(e->part, e->graph_node == 11 ? 1 : 2);
+        cr_assert_eq(e->carrier, e->graph_node == 11, "a product's traffic on its first kernel");
         cr_assert_float_eq(e->group_ns, 500, 1e-9);
       }
       if (e->start >= 800) cr_assert_str_eq(e->group->name, "k_scatter");
@@ -548,6 +552,8 @@ Test(timeline, replays_resolve_by_capture_order_and_by_name) {
       else
         cr_assert_str_eq(e->group->name, e->start == 6500 ? "k_first" : "k_scatter");
       if (e->start == 6700) cr_assert_eq(e->part * 10 + e->parts, 12, "k_scatter's memset");
+      /* a generated kernel's traffic on it, not on the memset its launch makes first */
+      if (e->start >= 6700) cr_assert_eq(e->carrier, e->start == 6800, "at %llu", e->start);
     } else {
       seen[2]++;
       /* two products between two generated kernels: whose records are whose is not known */
@@ -779,6 +785,7 @@ static void write_run(const char *path, const char *mode, int kernels) {
                                .launch_id = n + 1,
                                .part = 1,
                                .parts = 1,
+                               .carrier = true,
                                .correlation = (uint32_t)n + 1};
       n++;
     }
@@ -817,6 +824,7 @@ Test(timeline, the_report_is_self_contained_and_shows_the_median_steps) {
       cr_assert_not_null(run.ev[i].group);
       cr_assert_str_eq(run.ev[i].group->nodes, "#1 add [1024,256] bf16");
       cr_assert_eq(run.ev[i].group->bytes_read, 1000000);
+      cr_assert(run.ev[i].carrier, "the record with the traffic carries it when read back");
     }
   cr_assert_eq(nk, 36);
   cr_assert_str_eq(run.mode, "unfused");
