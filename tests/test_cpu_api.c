@@ -95,6 +95,13 @@ Test(api, adamw_weight_decay_zero_is_torch_default_and_kiln_zero_is_none) {
   n = one_update(ctx, none, KILN__OP_ADAM);
   cr_assert_float_eq(KILN__F(n, ADAM, weight_decay), 0.f, 0.f);
   kiln_optim_free(none);
+  /* a zero read at run time (strtof("0") is +0) through kiln_exactly: no decay either */
+  kiln_optim *parsed = kiln_adamw_new(
+      m.params, &(kiln_adam_options){.lr = 1e-3f, .weight_decay = kiln_exactly(strtof("0", NULL))});
+  n = one_update(ctx, parsed, KILN__OP_ADAM);
+  cr_assert_float_eq(KILN__F(n, ADAM, weight_decay), 0.f, 0.f, "kiln_exactly keeps a zero a zero");
+  kiln_optim_free(parsed);
+  cr_assert_float_eq(kiln_exactly(0.3f), 0.3f, 0.f);
   kiln_optim *some =
       kiln_adamw_new(m.params, &(kiln_adam_options){.lr = 1e-3f, .weight_decay = 0.3f});
   n = one_update(ctx, some, KILN__OP_ADAM);
