@@ -787,8 +787,9 @@ kiln_tensor *kiln_module_call(void *module, kiln_tensor *x);
 /* m's parameters' elements, as sum(p.numel() for p in model.parameters()): without batch
  * norm's running statistics (kiln_params_numel counts those too). */
 int64_t kiln_module_parameters(const kiln_module *m);
-/* The model as print(model) shows it in PyTorch, and its parameter count, in a malloc'd string
- * (the caller frees it). */
+/* The model as print(model) shows it in PyTorch, then a line a parameter (its name as in the
+ * state_dict, shape and elements: "  0.weight [32,1,3,3] 288") and the parameter count, in a
+ * malloc'd string (the caller frees it). */
 char *kiln_module_describe(const kiln_module *m);
 void kiln_module_free(kiln_module *m);
 

@@ -422,11 +422,36 @@ static void print_tree(const kiln_module *m, kiln__sb *b, int depth) {
   kiln__sb_printf(b, "%*s)", 2 * depth, "");
 }
 
+/* A line a parameter of m's tree: its name, shape and elements (batch norm's running statistics
+ * are buffers, not listed). */
+static void list_params(const kiln_module *m, kiln__sb *b) {
+  const kiln_tensor *t[2] = {NULL, NULL};
+  switch (m->kind) {
+  case SEQUENTIAL:
+    for (int i = 0; i < m->nchild; i++)
+      list_params(m->child[i], b);
+    return;
+  case CONV2D: t[0] = m->u.conv.weight, t[1] = m->u.conv.bias; break;
+  case BATCH_NORM: t[0] = m->u.bn.weight, t[1] = m->u.bn.bias; break;
+  case LINEAR: t[0] = m->u.linear.weight, t[1] = m->u.linear.bias; break;
+  default: return;
+  }
+  for (int j = 0; j < 2; j++)
+    if (t[j]) {
+      char s[96];
+      kiln__sb_printf(b, "  %s%s.%s %s %lld\n", m->parent ? m->parent->prefix : "",
+                      m->key ? m->key : "", j ? "bias" : "weight",
+                      kiln__shape_of(t[j], s, sizeof s), (long long)numel(t[j]));
+    }
+}
+
 char *kiln_module_describe(const kiln_module *m) {
   if (!m) return NULL;
   kiln__sb b = {0};
   print_tree(m, &b, 0);
-  kiln__sb_printf(&b, "\n%lld parameters\n", (long long)kiln_module_parameters(m));
+  kiln__sb_printf(&b, "\n");
+  list_params(m, &b);
+  kiln__sb_printf(&b, "%lld parameters\n", (long long)kiln_module_parameters(m));
   if (b.oom) {
     kiln__sb_free(&b);
     kiln__error(kiln_params_ctx(m->params), KILN_ERR_OOM,

@@ -55,6 +55,14 @@ Test(modules, mnist_net_has_pytorchs_names_count_and_printout) {
                      "  (9): Dropout(p=0.5, inplace=False)\n"
                      "  (10): Linear(in_features=128, out_features=10, bias=True)\n"
                      ")\n"
+                     "  0.weight [32,1,3,3] 288\n"
+                     "  0.bias [32] 32\n"
+                     "  2.weight [64,32,3,3] 18432\n"
+                     "  2.bias [64] 64\n"
+                     "  7.weight [128,9216] 1179648\n"
+                     "  7.bias [128] 128\n"
+                     "  10.weight [10,128] 1280\n"
+                     "  10.bias [10] 10\n"
                      "1199882 parameters\n";
   cr_assert_str_eq(text, want);
   free(text);
@@ -121,6 +129,15 @@ Test(modules, nested_containers_buffers_and_custom_layers) {
                          "  )\n"
                          "  (1): AdaptiveAvgPool2d(output_size=1)\n"
                          "  (head): Linear(in_features=8, out_features=5, bias=True)\n"),
+            "%s", text);
+  /* the parameters by their state_dict names, without the buffers */
+  cr_assert(strstr(text, ")\n"
+                         "  features.0.weight [8,3,3,3] 216\n"
+                         "  features.1.weight [8] 8\n"
+                         "  features.1.bias [8] 8\n"
+                         "  head.weight [5,8] 40\n"
+                         "  head.bias [5] 5\n"
+                         "277 parameters\n"),
             "%s", text);
   free(text);
   kiln_tensor *x = th_new(ctx, KILN_DTYPE_F32, KILN_SHAPE(2, 6, 6, 3));
