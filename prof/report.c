@@ -410,6 +410,10 @@ static bool put_table(FILE *f, const step_view *v) {
     kernel_row *r = &rows[k];
     if (e->part <= 1) r->launches++;
     r->ns += (double)(e->end - e->start);
+    if (e->carrier && r->first->cat != KILN__TL_KERNEL && e->cat == KILN__TL_KERNEL) {
+      r->first = e; /* a kernel's row, though its launch set memory first: the kernel's kind */
+      r->kind = kind_index(e);
+    }
     if (e->group && e->carrier) {
       r->bytes += e->group->bytes_read + e->group->bytes_written;
       r->flops += e->group->flops;

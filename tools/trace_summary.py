@@ -56,26 +56,29 @@ def summary(path, top, out_csv):
                 continue
             args = e.get("args", {})
             row = per_name.setdefault(e["name"], {"kind": args.get("kind", ""), "times": [],
-                                                  "launches": 0})
+                                                  "launches": set()})
             row["times"].append(e["dur"])
-            if args.get("part", 1) <= 1:
-                row["launches"] += 1
+            # a launch's kernels share its launch id and group (a memset may come first)
+            row["launches"].add((s, args.get("launch_id"), args.get("group"),
+                                 None if "group" in args else e["ts"]))
     if not spans:
         return
     print(f"  median span {statistics.median(spans):.1f} us over {len(spans)} steps")
     n = len(kept)
     rows = sorted(per_name.items(), key=lambda kv: -sum(kv[1]["times"]))
-    print(f"  {'kernel':60s} {'kind':12s} {'per step':>8s} {'us/step':>9s} {'mean us':>8s} "
+    print(f"  {'kernel':60s} {'kind':12s} {'per step':>8s} {'us/step':>9s} {'us/launch':>9s} "
           f"{'min us':>8s}")
     for name, r in rows[:top]:
-        print(f"  {name[:60]:60s} {r['kind'][:12]:12s} {r['launches'] / n:8.1f} "
-              f"{sum(r['times']) / n:9.1f} {statistics.mean(r['times']):8.2f} "
+        launches = len(r["launches"])
+        print(f"  {name[:60]:60s} {r['kind'][:12]:12s} {launches / n:8.1f} "
+              f"{sum(r['times']) / n:9.1f} {sum(r['times']) / launches:9.2f} "
               f"{min(r['times']):8.2f}")
     if out_csv:
         w = csv.writer(out_csv)
         for name, r in rows:
-            w.writerow([path, name, r["kind"], r["launches"] / n, sum(r["times"]) / n,
-                        statistics.mean(r["times"]), min(r["times"])])
+            launches = len(r["launches"])
+            w.writerow([path, name, r["kind"], launches / n, sum(r["times"]) / n,
+                        sum(r["times"]) / launches, min(r["times"])])
 
 
 def main():
@@ -87,7 +90,7 @@ def main():
     out = open(a.csv, "w", newline="") if a.csv else None
     if out:
         csv.writer(out).writerow(["trace", "kernel", "kind", "launches_per_step", "us_per_step",
-                                  "mean_us", "min_us"])
+                                  "us_per_launch", "min_us"])
     for p in a.traces:
         summary(p, a.top, out)
     if out:
