@@ -408,12 +408,10 @@ static bool put_table(FILE *f, const step_view *v) {
       k++;
     if (k == nr) rows[nr++] = (kernel_row){.name = name, .first = e, .kind = kind_index(e)};
     kernel_row *r = &rows[k];
-    if (e->part <= 1) r->launches++;
+    /* a launch once: at its first record, or at its first kernel where memory was set before
+     * it (memsets have rows of their own) */
+    if (e->part <= 1 || (e->carrier && e->cat == KILN__TL_KERNEL)) r->launches++;
     r->ns += (double)(e->end - e->start);
-    if (e->carrier && r->first->cat != KILN__TL_KERNEL && e->cat == KILN__TL_KERNEL) {
-      r->first = e; /* a kernel's row, though its launch set memory first: the kernel's kind */
-      r->kind = kind_index(e);
-    }
     if (e->group && e->carrier) {
       r->bytes += e->group->bytes_read + e->group->bytes_written;
       r->flops += e->group->flops;
