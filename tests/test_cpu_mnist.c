@@ -2,7 +2,8 @@
  * test_cpu_mnist.c: the MNIST idx reader (data/mnist.c) without a GPU: synthetic files, raw and
  * gzip, read back exactly; truncated, corrupted, mislabelled, oversized and missing files each
  * refused with a message naming the file and a zeroed result; and the real files (KILN_MNIST),
- * gzip and a raw copy, with their known first labels and class counts.
+ * gzip and a raw copy, with their known first labels and class counts, and Fashion-MNIST
+ * (KILN_FASHION_MNIST) byte for byte.
  */
 #include <string.h>
 #include <unistd.h>
@@ -291,6 +292,71 @@ Test(mnist, real_files) {
   assert_real_split(&te, 10000, 7);
   kiln_mnist_free(&tr);
   kiln_mnist_free(&te);
+  th_ctx_free(ctx);
+}
+
+/* The bytes of a gzip file from offset skip on, read with zlib alone (malloc'd; *n their count). */
+static uint8_t *gunzip_from(const char *path, long skip, size_t *n) {
+  gzFile in = gzopen(path, "rb");
+  cr_assert_not_null(in, "gzopen %s", path);
+  size_t cap = 1 << 20, len = 0;
+  uint8_t *buf = malloc(cap);
+  cr_assert_not_null(buf);
+  int k;
+  while ((k = gzread(in, buf + len, (unsigned)(cap - len))) > 0) {
+    len += (size_t)k;
+    if (len == cap) cr_assert_not_null(buf = realloc(buf, cap *= 2));
+  }
+  cr_assert_eq(k, 0, "gzread %s", path);
+  gzclose(in);
+  cr_assert_geq(len, (size_t)skip);
+  memmove(buf, buf + skip, len - (size_t)skip);
+  *n = len - (size_t)skip;
+  return buf;
+}
+
+/* Fashion-MNIST (KILN_FASHION_MNIST; Debian's dataset-fashion-mnist: gzip idx files under
+ * MNIST's names) through the same reader: every pixel and label as zlib alone decodes them past
+ * the idx headers, its known first labels (9, an ankle boot, in both splits), and its ten
+ * classes exactly balanced (6,000 and 1,000 each). */
+Test(mnist, fashion_mnist_reads_exactly) {
+  const char *dir = getenv("KILN_FASHION_MNIST");
+  if (!dir || !*dir)
+    cr_skip_test("KILN_FASHION_MNIST is not set (Debian's dataset-fashion-mnist installs it in "
+                 "/usr/share/datasets/fashion-mnist)");
+  const struct {
+    const char *split;
+    int64_t n;
+  } splits[] = {{"train", 60000}, {"t10k", 10000}};
+  kiln_ctx *ctx = th_cpu_ctx();
+  for (int s = 0; s < 2; s++) {
+    kiln_mnist m;
+    cr_assert_eq(kiln_mnist_read(ctx, dir, splits[s].split, &m), KILN_OK, "%s",
+                 kiln_ctx_error(ctx));
+    cr_assert(m.n == splits[s].n && m.rows == 28 && m.cols == 28, "%s: %lld x %lld x %lld",
+              splits[s].split, (long long)m.n, (long long)m.rows, (long long)m.cols);
+    char path[512];
+    size_t ni, nl;
+    snprintf(path, sizeof path, "%s/%s-images-idx3-ubyte.gz", dir, splits[s].split);
+    uint8_t *im = gunzip_from(path, 16, &ni);
+    snprintf(path, sizeof path, "%s/%s-labels-idx1-ubyte.gz", dir, splits[s].split);
+    uint8_t *lb = gunzip_from(path, 8, &nl);
+    cr_assert_eq(ni, (size_t)m.n * 784);
+    cr_assert_eq(nl, (size_t)m.n);
+    cr_assert_eq(memcmp(im, m.images, ni), 0, "%s: the images as zlib decodes them",
+                 splits[s].split);
+    cr_assert_eq(memcmp(lb, m.labels, nl), 0, "%s: the labels", splits[s].split);
+    cr_assert_eq(m.labels[0], 9, "%s: an ankle boot first", splits[s].split);
+    int64_t hist[10] = {0};
+    for (int64_t i = 0; i < m.n; i++)
+      hist[m.labels[i]]++;
+    for (int c = 0; c < 10; c++)
+      cr_assert_eq(hist[c], m.n / 10, "%s: class %d has %lld", splits[s].split, c,
+                   (long long)hist[c]);
+    free(im);
+    free(lb);
+    kiln_mnist_free(&m);
+  }
   th_ctx_free(ctx);
 }
 
