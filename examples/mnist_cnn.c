@@ -250,27 +250,23 @@ static result run(kiln_ctx *ctx, const config *c, kiln_dataset *train, kiln_data
   int64_t steps_per_epoch = kiln_loader_batches(loader), total_steps = steps_per_epoch * c->epochs;
   int64_t step = 0;
   int first_epoch = 1;
-  const char *load = c->resume ? c->resume : c->eval_only;
-  if (load) {
-    /* a checkpoint, or (for --eval-only) a plain weights file */
+  if (c->eval_only) {
+    /* a training checkpoint or a plain weights file: kiln_params_load takes either's weights */
+    if (kiln_params_load(n.params, c->eval_only) != KILN_OK) die(ctx, "loading the weights");
+  } else if (c->resume) {
     kiln_meta *meta = kiln_meta_new();
-    if (kiln_checkpoint_load(load, n.params, opt, meta) != KILN_OK) {
-      if (!c->eval_only) die(ctx, "resuming");
-      kiln_ctx_clear_error(ctx);
-      if (kiln_params_load(n.params, load) != KILN_OK) die(ctx, "loading the weights");
-    } else if (c->resume) {
-      const char *e = kiln_meta_get(meta, "epoch"), *st = kiln_meta_get(meta, "step");
-      const char *b = kiln_meta_get(meta, "batch"), *rc = kiln_meta_get(meta, "recipe");
-      if (!e || !st || !b || atoll(b) != c->batch || !rc ||
-          strcmp(rc, c->fast ? "fast" : "cnn") != 0) {
-        fprintf(stderr, "mnist_cnn: %s was not written by mnist_cnn --recipe %s with batch %lld\n",
-                c->resume, c->fast ? "fast" : "cnn", (long long)c->batch);
-        exit(1);
-      }
-      first_epoch = atoi(e) + 1;
-      step = atoll(st);
-      printf("resumed %s: epoch %d done, step %lld\n", c->resume, first_epoch - 1, (long long)step);
+    if (kiln_checkpoint_load(c->resume, n.params, opt, meta) != KILN_OK) die(ctx, "resuming");
+    const char *e = kiln_meta_get(meta, "epoch"), *st = kiln_meta_get(meta, "step");
+    const char *b = kiln_meta_get(meta, "batch"), *rc = kiln_meta_get(meta, "recipe");
+    if (!e || !st || !b || atoll(b) != c->batch || !rc ||
+        strcmp(rc, c->fast ? "fast" : "cnn") != 0) {
+      fprintf(stderr, "mnist_cnn: %s was not written by mnist_cnn --recipe %s with batch %lld\n",
+              c->resume, c->fast ? "fast" : "cnn", (long long)c->batch);
+      exit(1);
     }
+    first_epoch = atoi(e) + 1;
+    step = atoll(st);
+    printf("resumed %s: epoch %d done, step %lld\n", c->resume, first_epoch - 1, (long long)step);
     kiln_meta_free(meta);
   }
   if (c->eval_only) {

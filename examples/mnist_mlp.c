@@ -152,26 +152,22 @@ int main(int argc, char **argv) {
   int64_t ntrain = kiln_dataset_size(train), steps_per_epoch = kiln_loader_batches(loader);
   int64_t total_steps = steps_per_epoch * epochs, step = 0;
   int first_epoch = 1;
-  const char *load = resume ? resume : eval_only;
-  if (load) {
-    /* a checkpoint, or (for --eval-only) a plain weights file */
+  if (eval_only) {
+    /* a training checkpoint or a plain weights file: kiln_params_load takes either's weights */
+    if (kiln_params_load(m.params, eval_only) != KILN_OK) die(ctx, "loading the weights");
+  } else if (resume) {
     kiln_meta *meta = kiln_meta_new();
-    if (kiln_checkpoint_load(load, m.params, opt, meta) != KILN_OK) {
-      if (!eval_only) die(ctx, "resuming");
-      kiln_ctx_clear_error(ctx);
-      if (kiln_params_load(m.params, load) != KILN_OK) die(ctx, "loading the weights");
-    } else if (resume) {
-      const char *e = kiln_meta_get(meta, "epoch"), *st = kiln_meta_get(meta, "step");
-      const char *b = kiln_meta_get(meta, "batch");
-      if (!e || !st || !b || atoll(b) != batch) {
-        fprintf(stderr, "mnist_mlp: %s was not written by mnist_mlp with batch %lld\n", resume,
-                (long long)batch);
-        return 1;
-      }
-      first_epoch = atoi(e) + 1;
-      step = atoll(st);
-      printf("resumed %s: epoch %d done, step %lld\n", resume, first_epoch - 1, (long long)step);
+    if (kiln_checkpoint_load(resume, m.params, opt, meta) != KILN_OK) die(ctx, "resuming");
+    const char *e = kiln_meta_get(meta, "epoch"), *st = kiln_meta_get(meta, "step");
+    const char *b = kiln_meta_get(meta, "batch");
+    if (!e || !st || !b || atoll(b) != batch) {
+      fprintf(stderr, "mnist_mlp: %s was not written by mnist_mlp with batch %lld\n", resume,
+              (long long)batch);
+      return 1;
     }
+    first_epoch = atoi(e) + 1;
+    step = atoll(st);
+    printf("resumed %s: epoch %d done, step %lld\n", resume, first_epoch - 1, (long long)step);
     kiln_meta_free(meta);
   }
   printf("kiln %s mnist_mlp: %s (%lld train, %lld test images; pixel mean %.4f std %.4f)\n",
