@@ -505,10 +505,11 @@ kiln_tensor *kiln_global_max_pool2d(kiln_tensor *x);
 
 /* Batch normalization over every axis but the last (the channels): x (N, H, W, C), or (N, C).
  * weight and bias (C) or NULL (no affine). running_mean and running_var (C) or NULL (no running
- * statistics: batch statistics always). training != 0: normalises with the batch's mean and
+ * statistics: batch statistics always). training 1: normalises with the batch's mean and
  * biased variance and, when running statistics are given, updates them in place as PyTorch does
- * (running = (1 - momentum) running + momentum batch, the variance unbiased); training == 0:
- * normalises with the running statistics. By the header's rule, as the layer below and
+ * (running = (1 - momentum) running + momentum batch, the variance unbiased); training 0:
+ * normalises with the running statistics; KILN_TRAINING_MODE: the context's mode (as
+ * kiln_dropout); any other value is an error. By the header's rule, as the layer below and
  * F.batch_norm: momentum in [0, 1], 0 is 0.1 and KILN_ZERO no update; eps >= 0, 0 is 1e-5. */
 kiln_tensor *kiln_batch_norm(kiln_tensor *x, kiln_tensor *weight, kiln_tensor *bias,
                              kiln_tensor *running_mean, kiln_tensor *running_var, int training,

@@ -246,6 +246,17 @@ Test(images, pool_norm_misuse_names_the_function) {
       ctx,
       kiln_batch_norm(th_f32(ctx, KILN_SHAPE(2, 3, 7, 5, 6)), c6, c6, NULL, NULL, 1, 0.1f, 1e-5f),
       "kiln_batch_norm");
+  EXPECT_FAIL(ctx, kiln_batch_norm(x, c6, c6, NULL, NULL, 2, 0.1f, 1e-5f), "kiln_batch_norm");
+  /* KILN_TRAINING_MODE follows the context: one value a channel is too few to train on, and
+   * enough to normalise with running statistics */
+  kiln_tensor *one = th_f32(ctx, KILN_SHAPE(1, 6)), *rm = th_f32(ctx, KILN_SHAPE(6)),
+              *rv = th_f32(ctx, KILN_SHAPE(6));
+  EXPECT_FAIL(ctx, kiln_batch_norm(one, c6, c6, rm, rv, KILN_TRAINING_MODE, 0.1f, 1e-5f),
+              "kiln_batch_norm");
+  kiln_set_training(ctx, 0);
+  cr_assert_not_null(kiln_batch_norm(one, c6, c6, rm, rv, KILN_TRAINING_MODE, 0.1f, 1e-5f), "%s",
+                     th_err(ctx));
+  kiln_set_training(ctx, 1);
   EXPECT_FAIL(ctx, kiln_layer_norm(x, c5, NULL, 1e-5f), "kiln_layer_norm");
   EXPECT_FAIL(ctx, kiln_layer_norm(x, c6, c5, 1e-5f), "kiln_layer_norm");
   th_free_scratch();
