@@ -777,7 +777,10 @@ kiln_module *kiln_seq_global_avg_pool2d(kiln_module *seq); /* (N, H, W, C) to (N
 kiln_module *kiln_seq_dropout(kiln_module *seq, float p);  /* p in [0, 1) */
 kiln_module *kiln_seq_flatten(kiln_module *seq);           /* kiln_flatten */
 /* A layer of your own: fn(state, x) gives its output (built from kiln's ops, so that it is
- * recorded, fused and differentiated as they are); label is its printed name. */
+ * recorded, fused and differentiated as they are); label is its printed name. Its parameters
+ * are yours: make them in the list given to kiln_sequential_new under names you choose, and
+ * an optimizer over that list trains them; kiln_module_parameters and kiln_module_describe count
+ * and list kiln's layers only. */
 typedef kiln_tensor *(*kiln_module_fn)(void *state, kiln_tensor *x);
 kiln_module *kiln_seq_custom(kiln_module *seq, const char *label, kiln_module_fn fn, void *state);
 /* Runs m on x: a container runs its children in order. */
@@ -1238,6 +1241,7 @@ typedef struct kiln_loader_options {
   int rank, world;
 } kiln_loader_options;
 typedef struct kiln_loader kiln_loader;
+/* A new loader has started epoch 0: kiln_loader_next gives its batches at once. */
 kiln_loader *kiln_loader_new(kiln_dataset *ds, const kiln_loader_options *o);
 /* Starts an epoch (reshuffles). */
 void kiln_loader_start(kiln_loader *l, int epoch);
