@@ -95,6 +95,19 @@ static bool out_size(kiln_ctx *ctx, const char *fn, const char *axis, int64_t in
 
 static int64_t or_default(int v, int64_t dflt) { return v == 0 ? dflt : v; }
 
+/* The columns' count for a convolution of K = kh kw C values a window, in dtype. cuBLAS's bf16
+ * products with K not a multiple of 8 run at half speed or less (ResNet-18's stem, K = 147, on
+ * the H100: 532 us forward and 566 weight gradient, against 283 and 272 with K = 152;
+ * bench/stem_gemm.py), so with KILN_CONV_KPAD=1 such a product, one group and K of at least 64,
+ * takes zero columns up to a multiple of 8 (of 24 over 3 channels, whose im2col takes a tap a
+ * thread: lanes of 3), and its filters zeros to match. */
+static int64_t padded_columns(const kiln_ctx *ctx, kiln_dtype dtype, int64_t G, int64_t C,
+                              int64_t K) {
+  if (!ctx->conv_kpad || dtype != KILN_DTYPE_BF16 || G != 1 || K < 64 || K % 8 == 0) return K;
+  int64_t step = C == 3 ? 24 : 8;
+  return (K + step - 1) / step * step;
+}
+
 /* ---------------------------------------------------------------- convolution */
 
 kiln_tensor *kiln_conv2d(kiln_tensor *x, kiln_tensor *weight, kiln_tensor *bias,
@@ -155,32 +168,37 @@ kiln_tensor *kiln_conv2d(kiln_tensor *x, kiln_tensor *weight, kiln_tensor *bias,
       !out_size(ctx, fn, "width", W, w.kw, w.sw, w.pw, w.dw, &OW))
     return NULL;
   int64_t K = w.kh * w.kw * C, Kg = K / G, M = N * OH * OW; /* rows and columns of the product */
-  int64_t cshape[4] = {N, OH, OW, K}, yshape[4] = {N, OH, OW, Cout};
+  bool pointwise = w.kh == 1 && w.kw == 1 && w.sh == 1 && w.sw == 1 && w.ph == 0 && w.pw == 0;
+  int64_t Kp = pointwise ? K : padded_columns(ctx, ac == KILN_DTYPE_F32 ? x->dtype : ac, G, C, K);
+  int64_t cshape[4] = {N, OH, OW, Kp}, yshape[4] = {N, OH, OW, Cout};
   if (!kiln__valid_shape(ctx, fn, 4, cshape) || !kiln__valid_shape(ctx, fn, 4, yshape)) return NULL;
   /* checked here, before anything is recorded, rather than by the product's own checks */
-  if (M > INT32_MAX || Kg > INT32_MAX || Cout > INT32_MAX)
+  if (M > INT32_MAX || Kg > INT32_MAX || Kp > INT32_MAX || Cout > INT32_MAX)
     return kiln__error(ctx, KILN_ERR_SHAPE,
                        "%s: input %s, weight %s: the product of %" PRId64
                        " output pixels by %" PRId64 " window values by %" PRId64
                        " output channels is beyond the matrix product's int range (2^31 - 1 each)",
                        fn, kiln__shape_of(x, s1, sizeof s1), kiln__shape_of(weight, s2, sizeof s2),
-                       M, Kg, Cout),
+                       M, Kp > K ? Kp : Kg, Cout),
            NULL;
   kiln_tensor *xc = kiln_contiguous(ac == KILN_DTYPE_F32 ? x : kiln_cast(x, ac));
   if (!xc) return NULL;
-  bool pointwise = w.kh == 1 && w.kw == 1 && w.sh == 1 && w.sw == 1 && w.ph == 0 && w.pw == 0;
   kiln_tensor *cols = xc;
   if (!pointwise) {
     cols = kiln__window(KILN__OP_IM2COL, fn, xc, NULL, cshape, &w);
     if (!cols) return NULL;
     KILN__I(kiln__producer(cols), IM2COL, groups) = G;
   }
-  cols = kiln_reshape(cols, KILN_SHAPE(M, K));
+  cols = kiln_reshape(cols, KILN_SHAPE(M, Kp));
   /* the weight's columns in im2col's order: (Cout, kh, kw, Cin / groups), gathered by the cast
    * where there is one (one kernel: the permuted view cast, then a view of it) */
   kiln_tensor *wp = kiln_permute(weight, KILN_AXES(0, 2, 3, 1));
   if (ac != KILN_DTYPE_F32) wp = kiln_cast(wp, ac);
   kiln_tensor *wk = kiln_reshape(wp, KILN_SHAPE(Cout, Kg));
+  if (Kp > K && wk) { /* the padded columns' zero filters (the concat's gradient is wk's, sliced) */
+    kiln_tensor *zero = kiln_cast(kiln_full(ctx, KILN_SHAPE(Cout, Kp - K), 0.f), wk->dtype);
+    wk = kiln_concat(2, (kiln_tensor *const[]){wk, zero}, 1);
+  }
   kiln_tensor *y;
   if (G == 1) {
     y = kiln_matmul(cols, kiln_transpose(wk, 0, 1)); /* (M, Cout) */
@@ -480,10 +498,16 @@ static const kiln__node *columns_node(const kiln__node *mm) {
   return v && v->op == KILN__OP_IM2COL ? v : NULL;
 }
 
+/* Whether im2col node c's columns are a window's values only, no zero columns after them. */
+static bool unpadded(const kiln__node *c) {
+  kiln__win w = kiln__win_of(c);
+  return c->out->shape[3] == w.kh * w.kw * c->in[0]->shape[3];
+}
+
 bool kiln__implicit_conv_image(const kiln_ctx *ctx, const kiln__node *c) {
   const kiln_tensor *x = c->in[0];
   return ctx->arch == 90 && KILN__I(c, IM2COL, groups) == 1 && x->dtype == KILN_DTYPE_BF16 &&
-         x->ndim == 4 && x->shape[3] % 8 == 0;
+         x->ndim == 4 && x->shape[3] % 8 == 0 && unpadded(c);
 }
 
 bool kiln__conv_direct_shape(int64_t k, int64_t ci, int64_t co) {
@@ -494,7 +518,7 @@ bool kiln__conv_direct_shape(int64_t k, int64_t ci, int64_t co) {
 bool kiln__conv_direct_image(const kiln_ctx *ctx, const kiln__node *c) {
   const kiln_tensor *x = c->in[0];
   return ctx->conv_direct && KILN__I(c, IM2COL, groups) == 1 && x->dtype == KILN_DTYPE_BF16 &&
-         x->ndim == 4;
+         x->ndim == 4 && unpadded(c);
 }
 
 bool kiln__conv_tma_window(const kiln__win *w, int64_t ci) {

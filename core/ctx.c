@@ -144,6 +144,7 @@ kiln_ctx *kiln__ctx_create(const kiln_ctx_options *opts) {
   const char *max_co = getenv("KILN_IMPLICIT_CONV_MAX_CO");
   if (max_co) ctx->implicit_conv_max_co = (int)strtol(max_co, NULL, 10);
   ctx->conv_recompute = env_on("KILN_CONV_RECOMPUTE"); /* off: one more im2col a layer */
+  ctx->conv_kpad = env_on("KILN_CONV_KPAD");           /* off until it has run on a GPU */
   ctx->nvtx = env_on("KILN_NVTX");
   ctx->debug = debug_flags();
   ctx->anomaly = (ctx->debug & KILN__DEBUG_NAN) != 0;

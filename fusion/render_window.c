@@ -142,11 +142,12 @@ static void emit_geometry(kiln__sb *pre, const kiln__node *n, const kiln__win *w
                   "  typedef %s ix;\n"
                   "  static constexpr int KH = %lld, KW = %lld, SH = %lld, SW = %lld, PH = %lld, "
                   "PW = %lld, DH = %lld, DW = %lld, V = %d;\n"
-                  "  static constexpr ix H = %lld, W = %lld, C = %lld, OH = %lld, OW = %lld;\n",
+                  "  static constexpr ix H = %lld, W = %lld, C = %lld, OH = %lld, OW = %lld, KP = "
+                  "%lld;\n",
                   wide ? "long long" : "int", (long long)w->kh, (long long)w->kw, (long long)w->sh,
                   (long long)w->sw, (long long)w->ph, (long long)w->pw, (long long)w->dh,
                   (long long)w->dw, V, (long long)sz[1], (long long)sz[2], (long long)sz[3],
-                  (long long)sz[4], (long long)sz[5]);
+                  (long long)sz[4], (long long)sz[5], (long long)sz[6]);
   if (kiln__has_attr(n->op, "groups"))
     kiln__sb_printf(pre, "  static constexpr int GROUPS = %lld;\n",
                     (long long)KILN__I_NAMED(n, "groups"));
@@ -205,13 +206,15 @@ static void emit_loop(kiln__sb *b, const kiln__node *n, bool tiled, int out, int
  * is aligned to four elements, else one; with few (an im2col of 2 or 3 channels, tg->im2col_lanes:
  * KILN_IM2COL_LANES=1) all of a tap's channels, so that a thread decodes its tap once for them:
  * ResNet-18's 3-channel stem wrote its 472 MB of columns a bf16 a thread in 744 us on the H100. */
-static int lanes_of(const kiln__node *n, int64_t channels, bool few) {
+static int lanes_of(const kiln__node *n, int64_t channels, int64_t kp, bool few) {
   int64_t span = kiln__has_attr(n->op, "groups") ? channels / KILN__I_NAMED(n, "groups") : channels;
   bool aligned = n->out->offset % 4 == 0;
   for (int q = 0; q < n->nin; q++)
     aligned = aligned && n->in[q]->offset % 4 == 0;
-  if (few && n->op == KILN__OP_IM2COL && (span == 2 || span == 3)) return (int)span;
-  return span % 4 == 0 && aligned ? 4 : 1;
+  /* kp, the windows' values a row (zero columns past a window's own may end it), in lanes */
+  if (few && n->op == KILN__OP_IM2COL && (span == 2 || span == 3) && kp % span == 0)
+    return (int)span;
+  return span % 4 == 0 && kp % 4 == 0 && aligned ? 4 : 1;
 }
 
 /* Whether the epilogue reads and writes four lanes at once: every operand it reads dense like the
@@ -243,9 +246,9 @@ bool kiln__render_window(const kiln__target *tg, const kiln__ew_prog *p, kiln__r
   /* the operand of the op's own output (stored: a max pool's with positions always is) */
   int y = out >= 0 ? out : wr.store_slot[0];
   KILN_ASSERT(!(pool_index(n) && n->op == KILN__OP_MAX_POOL) || y >= 0);
-  int64_t sz[6] = {img->shape[0], img->shape[1], img->shape[2],
-                   img->shape[3], win->shape[1], win->shape[2]};
-  int V = lanes_of(n, sz[3], tg->im2col_lanes);
+  int64_t sz[7] = {img->shape[0], img->shape[1], img->shape[2], img->shape[3],
+                   win->shape[1], win->shape[2], win->shape[3]};
+  int V = lanes_of(n, sz[3], sz[6], tg->im2col_lanes);
   int64_t most = kiln_tensor_numel(n->out); /* the largest offset, in elements */
   for (int k = 0; k < o.n; k++) {
     uint64_t elems = kiln__footprint(o.t[k]) / kiln_dtype_size(o.t[k]->dtype);

@@ -1051,3 +1051,70 @@ Test(images, im2col_of_few_channels_takes_a_tap_a_thread) {
     th_ctx_free(ctx);
   }
 }
+
+/* With KILN_CONV_KPAD=1 a bf16 convolution whose window holds K >= 64 values, K not a multiple
+ * of 8, gets zero columns up to a multiple of 8 (24 over 3 channels, whose im2col takes a tap a
+ * thread) and its product K of that width; its filters a zero block to match, and its weight
+ * gradient the filters' own shape. ResNet's stem (7x7 over 3 channels, 147 values: 168 columns),
+ * 5x5 over 4 channels (100: 104, four lanes a thread); not a window of 27 values, not f32, not
+ * without the switch, not K already a multiple of 8 (3x3 over 8 channels). Each renders and
+ * compiles (NVRTC). */
+Test(images, wide_windows_pad_their_columns_to_multiples_of_8) {
+  struct {
+    int64_t cin, k;
+    kiln_dtype dtype;
+    bool on;
+    int64_t columns;
+    const char *lanes; /* the im2col kernel's, in its name (NULL: an implicit product, none) */
+  } cases[] = {
+      {3, 7, KILN_DTYPE_BF16, true, 168, "_v3_"},  {4, 5, KILN_DTYPE_BF16, true, 104, "_v4_"},
+      {3, 7, KILN_DTYPE_BF16, false, 147, "_v3_"}, {3, 7, KILN_DTYPE_F32, true, 147, "_v3_"},
+      {3, 3, KILN_DTYPE_BF16, true, 27, "_v3_"},   {8, 3, KILN_DTYPE_BF16, true, 72, NULL}};
+  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+    char what[96];
+    snprintf(what, sizeof what, "%lldx%lld over %lld channels, %s, switch %d",
+             (long long)cases[i].k, (long long)cases[i].k, (long long)cases[i].cin,
+             kiln_dtype_name(cases[i].dtype), cases[i].on);
+    kiln_ctx *ctx = th_cpu_ctx();
+    ctx->conv_kpad = cases[i].on;
+    ctx->conv_direct = false; /* the 27 values' product stays on im2col too */
+    kiln_step_begin(ctx);
+    kiln_tensor *x = th_f32(ctx, KILN_SHAPE(2, 17, 15, cases[i].cin));
+    kiln_tensor *k = th_param(ctx, KILN_SHAPE(16, cases[i].cin, cases[i].k, cases[i].k));
+    kiln_conv2d_options o = {.stride_h = 2, .stride_w = 2, .pad_h = 3, .pad_w = 3};
+    if (cases[i].dtype == KILN_DTYPE_BF16) kiln_autocast_begin(ctx, KILN_DTYPE_BF16);
+    kiln_tensor *y = kiln_conv2d(x, k, NULL, &o);
+    if (cases[i].dtype == KILN_DTYPE_BF16) kiln_autocast_end(ctx);
+    cr_assert_not_null(y, "%s: %s", what, th_err(ctx));
+    cr_assert_eq(kiln_backward(kiln_sum(kiln_cast(y, KILN_DTYPE_F32), KILN_ALL_AXES, 0)), KILN_OK,
+                 "%s: %s", what, th_err(ctx));
+    th_assert_shape(kiln_tensor_grad(k), kiln_tensor_shape(k));
+    int im2col = 0;
+    for (int32_t j = 0; j < ctx->trace.n; j++) {
+      const kiln__node *n = &ctx->trace.nodes[j];
+      if (n->op == KILN__OP_IM2COL) {
+        im2col++;
+        cr_assert_eq(n->out->shape[3], cases[i].columns, "%s: %lld columns", what,
+                     (long long)n->out->shape[3]);
+      }
+      if (n->op == KILN__OP_MATMUL && n->in[0]->ndim == 2 && n->in[0]->shape[0] > 16)
+        cr_assert(n->in[0]->shape[1] == cases[i].columns || n->in[1]->shape[0] == cases[i].columns,
+                  "%s: a product of K %lld", what, (long long)n->in[0]->shape[1]);
+    }
+    cr_assert_eq(im2col, 1, "%s: %d im2col nodes", what, im2col);
+    kiln__program pg;
+    cr_assert(kiln__program_build(ctx, ctx->trace.done, ctx->trace.n, &pg), "%s", th_err(ctx));
+    int found = 0;
+    for (int g = 0; g < pg.plan.ng; g++)
+      if (strncmp(pg.call[g].name, "k_im2col", 8) == 0) {
+        found++;
+        cr_assert_not_null(strstr(pg.call[g].name, cases[i].lanes), "%s: %s", what,
+                           pg.call[g].name);
+      }
+    cr_assert_eq(found, cases[i].lanes ? 1 : 0, "%s: %d im2col kernels", what, found);
+    kiln__program_free(&pg);
+    cr_assert_eq(kiln_step_end(ctx), KILN_OK, "%s: %s", what, th_err(ctx));
+    th_free_scratch();
+    th_ctx_free(ctx);
+  }
+}

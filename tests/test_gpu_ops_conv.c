@@ -583,6 +583,74 @@ Test(gpu_ops, tiny_conv2d_forward_products_run_direct) {
   th_ctx_free(ctx);
 }
 
+/* KILN_CONV_KPAD=1: bf16 convolutions whose windows hold K >= 64 values, K not a multiple of 8,
+ * pad their columns and filters with zeros (test_cpu_images' wide_windows_pad_their_columns_to_
+ * multiples_of_8 checks the widths): the forward product and the weight gradient against float64
+ * of the bf16 operands, and x's gradient (cuBLAS's column gradient, then col2im over rows of the
+ * padded width) against the same step's without padding. */
+static const conv_case kpad_cases[] = {
+    {"3->16 7x7 stride 2 pad 3 (ResNet's stem), 147 values to 168", 2, 20, 18, 3, 16, 7, 7,
+     CO(.stride_h = 2, .stride_w = 2, .pad_h = 3, .pad_w = 3), 0, 0, 0},
+    {"4->24 5x5 pad 2, 100 values to 104", 3, 9, 11, 4, 24, 5, 5, CO(.pad_h = 2, .pad_w = 2), 0, 0,
+     0},
+};
+
+/* x's gradient (malloc'd f32) of sum(conv2d(x, w) g) for case c in bf16, in a context made with
+ * KILN_CONV_KPAD set to `on`. */
+static float *kpad_data_gradient(const conv_case *c, const char *on, uint64_t seed) {
+  setenv("KILN_CONV_KPAD", on, 1); /* read when the context is made */
+  kiln_ctx *ctx = kiln_ctx_new(NULL);
+  unsetenv("KILN_CONV_KPAD");
+  cr_assert(ctx && kiln_ctx_has_gpu(ctx));
+  kiln_set_graphs(ctx, 0);
+  ref_win g = conv_win(c);
+  kiln_shape xs = KILN_SHAPE(c->n, c->h, c->w, c->cin);
+  kiln_tensor *x = ref_rand_tensor(ctx, xs, seed, &REF_GEN(-1, 1), 1, NULL);
+  kiln_tensor *w = ref_rand_tensor(ctx, KILN_SHAPE(c->cout, c->cin, c->kh, c->kw), seed + 1,
+                                   &REF_GEN(-1, 1), 0, NULL);
+  kiln_tensor *gy =
+      ref_rand_tensor(ctx, ref_win_out(xs, &g, c->cout), seed + 2, &REF_GEN(-1, 1), 0, NULL);
+  kiln_step_begin(ctx);
+  kiln_autocast_begin(ctx, KILN_DTYPE_BF16);
+  kiln_tensor *y = kiln_conv2d(x, w, NULL, &c->o);
+  kiln_autocast_end(ctx);
+  cr_assert_eq(
+      kiln_backward(kiln_sum(kiln_mul(kiln_cast(y, KILN_DTYPE_F32), gy), KILN_ALL_AXES, 0)),
+      KILN_OK, "%s: %s", c->desc, th_err(ctx));
+  cr_assert_eq(kiln_step_end(ctx), KILN_OK, "%s: %s", c->desc, th_err(ctx));
+  float *dx = ref_read_f32(ctx, kiln_tensor_grad(x), "x's gradient");
+  kiln_tensor_free(x);
+  kiln_tensor_free(w);
+  kiln_tensor_free(gy);
+  th_ctx_free(ctx);
+  return dx;
+}
+
+Test(gpu_ops, conv2d_with_padded_columns) {
+  setenv("KILN_CONV_KPAD", "1", 1); /* read when the context is made */
+  TH_GPU_CTX_EAGER(ctx);
+  unsetenv("KILN_CONV_KPAD");
+  for (size_t i = 0; i < sizeof kpad_cases / sizeof *kpad_cases; i++)
+    check_bf16_conv(ctx, &kpad_cases[i], 7100 + 10 * i, true);
+  th_ctx_free(ctx);
+  for (size_t i = 0; i < sizeof kpad_cases / sizeof *kpad_cases; i++) {
+    const conv_case *c = &kpad_cases[i];
+    int64_t n = c->n * c->h * c->w * c->cin;
+    float *on = kpad_data_gradient(c, "1", 7200 + 10 * i),
+          *off = kpad_data_gradient(c, "0", 7200 + 10 * i);
+    double most = 0, diff = 0;
+    for (int64_t j = 0; j < n; j++) {
+      most = fmax(most, fabs(off[j]));
+      diff = fmax(diff, fabs((double)on[j] - off[j]));
+    }
+    cr_assert_gt(most, 0.1, "%s: x's gradient is not all small", c->desc);
+    cr_assert_leq(diff, 1e-2 * most, "%s: x's gradient differs by %g (largest %g)", c->desc, diff,
+                  most);
+    free(on);
+    free(off);
+  }
+}
+
 Test(gpu_ops, conv2d_of_a_view) {
   TH_GPU_CTX_EAGER(ctx);
   float *bh, *wh;

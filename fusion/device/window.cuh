@@ -9,11 +9,12 @@
  *
  * G is a struct of constants the generated kernel defines: the index type ix, the window (KH,
  * KW, stride SH, SW, padding PH, PW, dilation DH, DW), V, the image's H, W, C, the windows' OH,
- * OW, im2col's and col2im's GROUPS and average pooling's EXCLUDE_PAD, so that every division is
- * by a constant. Out-of-image taps read nothing; max pooling keeps the window's first maximum,
- * NaN winning (PyTorch's rule). Its gradient finds each window's maximum again in the pooled
- * image, or reads its position from the bytes the forward pass wrote behind its output's values
- * (kiln_max_pool_at): then the pooled image need not be kept for the backward pass.
+ * OW, KP (the values a window has in the windows' tensor: C, or im2col's columns a row, which
+ * may end in zero columns), im2col's and col2im's GROUPS and average pooling's EXCLUDE_PAD, so that
+ * every division is by a constant. Out-of-image taps read nothing; max pooling keeps the window's
+ * first maximum, NaN winning (PyTorch's rule). Its gradient finds each window's maximum again in
+ * the pooled image, or reads its position from the bytes the forward pass wrote behind its output's
+ * values (kiln_max_pool_at): then the pooled image need not be kept for the backward pass.
  */
 #ifndef KILN_WINDOW_CUH
 #define KILN_WINDOW_CUH
@@ -113,25 +114,27 @@ KILN__FN void kiln_win_argmax(const T *x, typename G::ix n, typename G::ix oh, t
   });
 }
 
-/* im2col: e over (N, OH, OW, K / V), K in the order (group, i, j, channel of the group). */
+/* im2col: e over (N, OH, OW, KP / V), K = KH KW C values in the order (group, i, j, channel of
+ * the group), then KP - K zero columns (a product's K padded to a multiple of 8: kiln_conv2d). */
 template <class G, typename T, class S>
 KILN__FN void kiln_im2col(const T *x, typename G::ix e, S store) {
   typedef typename G::ix ix;
   const ix CG = G::C / G::GROUPS, K = G::KH * G::KW * G::C;
-  const ix k0 = (e % (K / G::V)) * G::V;
-  ix k = k0, m = e / (K / G::V);
+  static_assert(G::KP >= K && G::KP % G::V == 0, "kiln_im2col: the columns' count");
+  const ix k0 = (e % (G::KP / G::V)) * G::V;
+  ix k = k0, m = e / (G::KP / G::V);
+  const ix ow = m % G::OW;
+  m /= G::OW;
+  const ix oh = m % G::OH, n = m / G::OH;
   const ix cg = k % CG;
   k /= CG;
   const int j = (int)(k % G::KW);
   k /= G::KW;
   const int i = (int)(k % G::KH);
   const ix c = (k / G::KH) * CG + cg;
-  const ix ow = m % G::OW;
-  m /= G::OW;
-  const ix oh = m % G::OH, n = m / G::OH;
   const ix h = oh * G::SH - G::PH + i * G::DH, w = ow * G::SW - G::PW + j * G::DW;
   float y[G::V];
-  if (h >= 0 && h < G::H && w >= 0 && w < G::W) {
+  if (k0 < K && h >= 0 && h < G::H && w >= 0 && w < G::W) {
     kiln_win_load<G::V>(x, ((n * G::H + h) * G::W + w) * G::C + c, y);
   } else {
 #pragma unroll
@@ -141,11 +144,12 @@ KILN__FN void kiln_im2col(const T *x, typename G::ix e, S store) {
   store(n, oh, ow, k0, y);
 }
 
-/* col2im: e over the image; each pixel sums the columns that read it. */
+/* col2im: e over the image; each pixel sums the columns that read it (rows of KP columns, the
+ * zero columns past K read by none). */
 template <class G, typename T, class S>
 KILN__FN void kiln_col2im(const T *col, typename G::ix e, S store) {
   typedef typename G::ix ix;
-  const ix CG = G::C / G::GROUPS, K = G::KH * G::KW * G::C;
+  const ix CG = G::C / G::GROUPS, K = G::KP;
   ix n, h, w, c;
   kiln_win_split<G>(e, G::H, G::W, n, h, w, c);
   const ix g = c / CG, cg = c % CG;
