@@ -15,6 +15,9 @@
 #                     with KILN_CONV_TMA=0 and 1 (resnet18 also with KILN_CONV_RECOMPUTE=1)
 #   initcheck         dev/initcheck/probe.cu under compute-sanitizer's initcheck: whether bytes
 #                     written by TMA stores and by cuBLAS's products count as initialized (issue 24)
+#   sanitize          compute-sanitizer's initcheck and racecheck over two graph-mode steps of cnn
+#                     and air (profile_step), the four at once: each tool's summary and the kernels
+#                     it names most (issue 24; the H100 run of 2026-12-05 is in dev/README.md)
 #   stem              bench/stem_gemm.py: ResNet-18's stem products on cuBLAS with K = 147 and K padded
 #                     to a multiple of 8, beside cuDNN (issue 27)
 #   switches          the GPU tests of the kernels that are off until they have run
@@ -77,6 +80,14 @@ step initcheck 240 "nvcc -O2 -std=c++17 -gencode arch=compute_90a,code=sm_90a -o
     dev/initcheck/probe.cu -lcublas && /tmp/probe_init &&
   compute-sanitizer --tool initcheck /tmp/probe_init 2>&1 |
     grep -E '^[0-9]\\.|Uninitialized|ERROR SUMMARY' | uniq -c  # in order: the reports before each sum"
+step sanitize 380 "for w in cnn air; do for t in initcheck racecheck; do
+    ( timeout 340 compute-sanitizer --tool \$t --print-limit 30 $build/profile_step --workload \$w \
+        --mode graph --steps 2 --blocks 1 > $out/\${t}_\$w.txt 2>&1; echo \"exit \$?\" >> $out/\${t}_\$w.txt ) &
+  done; done; wait
+  for f in $out/initcheck_*.txt $out/racecheck_*.txt; do
+    echo \"\$(basename \$f): \$(tail -n 1 \$f); \$(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' \$f | tail -n 1)\"
+    grep -E '^=+ +at ' \$f | sort | uniq -c | sort -rn | head -n 3
+  done"
 step stem 120 "python3 bench/stem_gemm.py"
 step switches 500 "KILN_CONV_STAGED=1 KILN_CONV_DIRECT=1 KILN_IM2COL_LANES=1 ctest --test-dir $build -R test_gpu --output-on-failure -j 4 | tail -n 4
   for w in air resnet18; do for sw in '' KILN_CONV_STAGED=1 KILN_CONV_DIRECT=1 KILN_IM2COL_LANES=1 'KILN_CONV_STAGED=1 KILN_CONV_DIRECT=1 KILN_IM2COL_LANES=1'; do
