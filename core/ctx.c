@@ -145,6 +145,9 @@ kiln_ctx *kiln__ctx_create(const kiln_ctx_options *opts) {
   if (max_co) ctx->implicit_conv_max_co = (int)strtol(max_co, NULL, 10);
   ctx->conv_recompute = env_on("KILN_CONV_RECOMPUTE"); /* off: one more im2col a layer */
   ctx->conv_kpad = env_on("KILN_CONV_KPAD");           /* off until it has run on a GPU */
+  const char *dgrad_bn = getenv("KILN_CONV_DGRAD_BN"); /* a tuning experiment: 64 or 128 */
+  if (dgrad_bn && (strcmp(dgrad_bn, "64") == 0 || strcmp(dgrad_bn, "128") == 0))
+    ctx->conv_dgrad_bn = atoi(dgrad_bn);
   ctx->nvtx = env_on("KILN_NVTX");
   ctx->debug = debug_flags();
   ctx->anomaly = (ctx->debug & KILN__DEBUG_NAN) != 0;

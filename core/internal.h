@@ -377,6 +377,7 @@ struct kiln_ctx {
   int implicit_conv_max_co; /* KILN_IMPLICIT_CONV_MAX_CO, to measure; 0: the planner's default */
   bool conv_recompute;      /* KILN_CONV_RECOMPUTE=1: kiln__recomputes_columns */
   bool conv_kpad;           /* KILN_CONV_KPAD=1: zero columns to a multiple of 8 (kiln_conv2d) */
+  int conv_dgrad_bn; /* KILN_CONV_DGRAD_BN=64 or 128: TMA data gradients' widest tile (0: 256) */
   struct CUstream_st *stream;
 
   kiln_status status;

@@ -70,7 +70,7 @@ static void tma_maps(kiln__sb *b, int slot, int nmap) {
  * mma.sync (igemm.cuh), or with wg on wgmma as the forward product of dY with the filters flipped
  * (conv.cuh, stride 1: its geometry GD beside the convolution's G). */
 static bool render_dgrad(const kiln__ew_prog *p, const kiln__gemm *mm, bool wg, bool ws, bool tma,
-                         bool staged, kiln__rendered *r) {
+                         bool staged, int most, kiln__rendered *r) {
   const kiln__node *n = p->nodes[0];
   const kiln_tensor *X = n->out, *A = mm->a, *B = mm->b;
   kiln__kargs *a = &r->arg.args;
@@ -85,9 +85,13 @@ static bool render_dgrad(const kiln__ew_prog *p, const kiln__gemm *mm, bool wg, 
   staged = staged && tma;
   KILN_ASSERT(!staged || X->offset % 4 == 0); /* its epilogue stores four channels at once */
   ws = ws && !tma;
-  int BN = wg ? wgmma_width(CI, ws) : (CI <= 32 ? 32 : 64), stage = tma ? (128 + BN) * 128 : 0;
-  /* 64 wide: 4 stages (96 KB), two blocks an SM, one's epilogue beside the other's products */
-  int S = tma ? (BN == 64 ? 4 : tma_stages(stage)) : wgmma_stages(BN, ws);
+  int BN = wg ? wgmma_width(CI, ws) : (CI <= 32 ? 32 : 64);
+  bool narrowed = tma && most && BN > most; /* KILN_CONV_DGRAD_BN, a tuning experiment */
+  if (narrowed) BN = most;
+  int stage = tma ? (128 + BN) * 128 : 0;
+  /* 64 wide, or narrowed: stages of 96 KB in all (4 of 64 wide, 3 of 128), two blocks an SM, one's
+   * epilogue beside the other's products */
+  int S = tma ? (BN == 64 || narrowed ? 98304 / stage : tma_stages(stage)) : wgmma_stages(BN, ws);
   bool bf16 = X->dtype == KILN_DTYPE_BF16;
   const char *T = kiln__ctype(X->dtype);
   a->n = N * H * W; /* image pixels: the rows of dX */
@@ -480,7 +484,7 @@ bool kiln__render_conv(const kiln__target *t, const kiln__spec *s, kiln__rendere
   switch (s->conv) {
   case KILN__IMPLICIT_DGRAD:
     return render_dgrad(&s->prog, &s->gemm, s->wgmma, t->conv_warp_spec, t->conv_tma,
-                        t->conv_staged, r);
+                        t->conv_staged, t->conv_dgrad_bn, r);
   case KILN__IMPLICIT_FPROP:
     return render_fprop(s->red, &s->gemm, t->conv_warp_spec, t->conv_tma, r);
   case KILN__IMPLICIT_WGRAD: return render_wgrad(t, s->red, &s->gemm, r);

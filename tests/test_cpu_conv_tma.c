@@ -282,9 +282,9 @@ typedef struct {
   int64_t n, hw, cin, cout;
 } image_case;
 
-/* For each case, the program of record_image's step; check() sees each group of `kind` in it
- * (one a case). */
-static void each_product(const image_case *cases, size_t ncases, kiln__implicit kind,
+/* For each case, the program of record_image's step in a context with KILN_CONV_DGRAD_BN at
+ * dgrad_bn (0: unset); check() sees each group of `kind` in it (one a case). */
+static void each_product(const image_case *cases, size_t ncases, kiln__implicit kind, int dgrad_bn,
                          void (*check)(const char *what, const kiln_ctx *ctx,
                                        const kiln__call *c)) {
   for (size_t i = 0; i < ncases; i++) {
@@ -294,6 +294,7 @@ static void each_product(const image_case *cases, size_t ncases, kiln__implicit 
              (long long)cases[i].n);
     kiln_ctx *ctx = th_cpu_ctx();
     ctx->conv_tma = true;
+    ctx->conv_dgrad_bn = dgrad_bn;
     record_image(ctx, what, cases[i].n, cases[i].hw, cases[i].hw, cases[i].cin, cases[i].cout, 1);
     kiln__program pg;
     cr_assert(kiln__program_build(ctx, ctx->trace.done, ctx->trace.n, &pg), "%s: %s", what,
@@ -328,7 +329,7 @@ static void check_wave(const char *what, const kiln_ctx *ctx, const kiln__call *
 Test(conv_tma, weight_gradient_blocks_fill_their_last_wave) {
   const image_case cases[] = {{1024, 7, 256, 256}, {1024, 15, 64, 256}, {1024, 15, 64, 64},
                               {1024, 3, 256, 256}, {128, 28, 128, 128}, {128, 14, 256, 256}};
-  each_product(cases, sizeof cases / sizeof *cases, KILN__IMPLICIT_WGRAD, check_wave);
+  each_product(cases, sizeof cases / sizeof *cases, KILN__IMPLICIT_WGRAD, 0, check_wave);
 }
 
 static void check_two_blocks(const char *what, const kiln_ctx *ctx, const kiln__call *c) {
@@ -345,7 +346,28 @@ static void check_two_blocks(const char *what, const kiln_ctx *ctx, const kiln__
  * through its epilogue. The air step's 15x15x64 convs and ResNet-18's first stage. */
 Test(conv_tma, narrow_data_gradients_run_two_blocks_an_sm) {
   const image_case cases[] = {{1024, 15, 64, 64}, {1024, 15, 64, 256}, {128, 56, 64, 64}};
-  each_product(cases, sizeof cases / sizeof *cases, KILN__IMPLICIT_DGRAD, check_two_blocks);
+  each_product(cases, sizeof cases / sizeof *cases, KILN__IMPLICIT_DGRAD, 0, check_two_blocks);
+}
+
+static void check_one_block(const char *what, const kiln_ctx *ctx, const kiln__call *c) {
+  (void)ctx;
+  cr_assert_gt(c->ntmap, 0, "%s: %s: TMA-fed", what, c->name);
+  cr_assert_eq(c->grid_y, 1, "%s: %s: one tile of 256 channels", what, c->name);
+  cr_assert_gt(c->smem, 128 * 1024, "%s: %s: %u bytes, one block an SM", what, c->name, c->smem);
+}
+
+static void check_halves(const char *what, const kiln_ctx *ctx, const kiln__call *c) {
+  check_two_blocks(what, ctx, c);
+  cr_assert_eq(c->grid_y, 2, "%s: %s: two tiles of 128 channels", what, c->name);
+}
+
+/* KILN_CONV_DGRAD_BN=128 (a tuning experiment) gives the data gradients of 256 channels tiles
+ * of 128 in 3 stages, two blocks an SM, where they take one 256 wide in 4 (one an SM) without
+ * it: air's 7x7x256 and 3x3x256 convs. Each renders and compiles (NVRTC). */
+Test(conv_tma, data_gradient_tiles_narrow_for_the_tuning_switch) {
+  const image_case cases[] = {{64, 7, 256, 256}, {64, 3, 256, 256}};
+  each_product(cases, 2, KILN__IMPLICIT_DGRAD, 0, check_one_block);
+  each_product(cases, 2, KILN__IMPLICIT_DGRAD, 128, check_halves);
 }
 
 /* A tiny convolution that nothing takes a gradient through runs its forward product as one

@@ -454,13 +454,16 @@ static bool dgrad_tma(const conv_case *c) {
          g.dh * (c->kh - 1) >= g.ph && g.dw * (c->kw - 1) >= g.pw;
 }
 
-/* tma_cases with KILN_CONV_TMA=1 and KILN_CONV_STAGED set to `staged`. */
-static void check_tma_cases(const char *staged) {
-  setenv("KILN_CONV_TMA", "1", 1); /* both read when the context is made */
+/* tma_cases with KILN_CONV_TMA=1, KILN_CONV_STAGED set to `staged` and KILN_CONV_DGRAD_BN to
+ * dgrad_bn ("": unset). */
+static void check_tma_cases(const char *staged, const char *dgrad_bn) {
+  setenv("KILN_CONV_TMA", "1", 1); /* all read when the context is made */
   setenv("KILN_CONV_STAGED", staged, 1);
+  setenv("KILN_CONV_DGRAD_BN", dgrad_bn, 1);
   TH_GPU_CTX_EAGER(ctx);
   unsetenv("KILN_CONV_TMA");
   unsetenv("KILN_CONV_STAGED");
+  unsetenv("KILN_CONV_DGRAD_BN");
   int major = 0, minor = 0;
   cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0);
   cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0);
@@ -475,11 +478,15 @@ static void check_tma_cases(const char *staged) {
   th_ctx_free(ctx);
 }
 
-Test(gpu_ops, conv2d_products_fed_by_the_tensor_memory_accelerator) { check_tma_cases("1"); }
+Test(gpu_ops, conv2d_products_fed_by_the_tensor_memory_accelerator) { check_tma_cases("1", ""); }
 
 /* KILN_CONV_STAGED=0: the data gradients' epilogues straight from the registers (two channels of
  * eight rows a warp), as before the staged ones became the default. */
-Test(gpu_ops, conv2d_tma_data_gradients_with_register_epilogues) { check_tma_cases("0"); }
+Test(gpu_ops, conv2d_tma_data_gradients_with_register_epilogues) { check_tma_cases("0", ""); }
+
+/* KILN_CONV_DGRAD_BN=128 (a tuning experiment): data gradients of 192 and 256 channels in tiles
+ * of 128, two blocks an SM. */
+Test(gpu_ops, conv2d_tma_data_gradients_in_tiles_of_128) { check_tma_cases("1", "128"); }
 
 /* The gradients of x and w for loss = sum(conv2d(x, w) g) of a bf16 64->128 convolution in a
  * context made with KILN_CONV_TMA set to `on`, two steps (a step graph's capture and replay, or
