@@ -89,12 +89,13 @@ typedef struct kiln_axes {
  * as 0: AdamW with .weight_decay = KILN_ZERO decays nothing, where .weight_decay = 0 is torch's
  * 1e-2; batch norm's .momentum = KILN_ZERO never moves its running statistics, 0 is torch's 0.1.
  * A value known only at run time (a command-line flag: strtof("0") is +0, the default) goes
- * through kiln_exactly(v), which keeps a zero a zero. -ffast-math (and -Ofast) lets the compiler
- * drop a zero's sign, so that KILN_ZERO would silently mean the default: kiln.h refuses it unless
+ * through kiln_exactly(v), which keeps a zero a zero. -ffast-math, -Ofast, -fno-signed-zeros and
+ * -funsafe-math-optimizations let GCC drop a zero's sign, so that KILN_ZERO would silently mean
+ * the default: kiln.h refuses them (__FAST_MATH__ or __NO_SIGNED_ZEROS__ defined) unless
  * KILN_ALLOW_FAST_MATH is defined (for code that never writes KILN_ZERO or kiln_exactly).
  */
 #define KILN_ZERO (-0.0f)
-#if defined(__FAST_MATH__) && !defined(KILN_ALLOW_FAST_MATH)
+#if (defined(__FAST_MATH__) || defined(__NO_SIGNED_ZEROS__)) && !defined(KILN_ALLOW_FAST_MATH)
 #error "kiln.h: -ffast-math drops KILN_ZERO's sign (it would mean the default); see KILN_ZERO"
 #endif
 static inline float kiln_exactly(float v) { return v == 0.0f ? KILN_ZERO : v; }

@@ -679,21 +679,25 @@ bool kiln__prof_events(kiln__prof *p, const kiln__tl_event **out, size_t *nout,
       }
     }
     /* the device time of each group's records, for its rates, and the record that carries its
-     * traffic: its first kernel (a generated kernel comes after the memsets its launch makes) */
+     * traffic: the kernel named as the group (a generated kernel comes after the memsets its
+     * launch makes, which the driver may run as kernels of its own), else its first kernel (a
+     * library call's), else its first record */
     for (size_t q = 0; q < m; q++) {
       if (dev[q].group == KILN__PROF_NONE || dev[q].part != 1) continue;
+      const char *gname = dev[q].group < (uint32_t)p->ngroups ? p->groups[dev[q].group].name : NULL;
       double t = 0;
-      size_t carrier = q;
+      size_t named = m, kernel = m;
       for (size_t r = q; r < m && r < q + (size_t)dev[q].parts; r++)
         if (dev[r].group == dev[q].group) {
-          t += dur(&p->recs[dev[r].rec]);
-          if (carrier == q && p->recs[dev[q].rec].kind != KILN__PROF_KERNEL &&
-              p->recs[dev[r].rec].kind == KILN__PROF_KERNEL)
-            carrier = r;
+          const kiln__prof_rec *rec = &p->recs[dev[r].rec];
+          t += dur(rec);
+          if (rec->kind != KILN__PROF_KERNEL) continue;
+          if (kernel == m) kernel = r;
+          if (named == m && gname && rec->name && strcmp(rec->name, gname) == 0) named = r;
         }
       for (size_t r = q; r < m && r < q + (size_t)dev[q].parts; r++)
         if (dev[r].group == dev[q].group) dev[r].group_ns = t;
-      dev[carrier].carrier = true;
+      dev[named < m ? named : kernel < m ? kernel : q].carrier = true;
     }
     i = j;
   }

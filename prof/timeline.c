@@ -157,6 +157,7 @@ static void put_args(FILE *f, const kiln__tl_event *e) {
   if (e->parts > 1) {
     arg_u64(f, &first, "part", (uint64_t)e->part);
     arg_u64(f, &first, "parts", (uint64_t)e->parts);
+    if (e->carrier) arg_u64(f, &first, "carrier", 1);
   }
   double ns = e->group_ns > 0 ? e->group_ns : (double)(e->end - e->start);
   /* a group's traffic and work are written once, on its first kernel; rates are over the time of
@@ -473,7 +474,8 @@ bool kiln__tl_read_json(const char *path, kiln__tl_run *run, char *why, size_t n
     x->launch_id = (uint64_t)num_of(args, "launch_id", 0);
     x->part = (int)num_of(args, "part", 0);
     x->parts = (int)num_of(args, "parts", 0);
-    x->carrier = member(args, "bytes_read") || member(args, "flops");
+    /* one of several records carries its group's traffic; one alone does */
+    x->carrier = x->parts <= 1 || member(args, "carrier");
     x->bytes = (uint64_t)num_of(args, "bytes", 0);
     if (member(args, "kind") || member(args, "group")) {
       kiln__tl_group *g = &run->groups[run->n];

@@ -36,10 +36,10 @@ typedef enum kiln__tl_cat {
   KILN__TL_STEP, /* a step's span on one stream (made by the writer, or read back) */
 } kiln__tl_cat;
 
-/* One record of the timeline. */
 /* The trace-event pid of device 0's records: past Linux's largest process id (2^22). */
 #define KILN__TL_GPU_PID 4194304u
 
+/* One record of the timeline. */
 typedef struct kiln__tl_event {
   kiln__tl_cat cat;
   uint64_t start, end; /* ns */

@@ -265,6 +265,8 @@ Test(timeline, json_is_valid_and_has_every_record_once) {
   cr_assert_eq(num(p1, "flops"), (double)g_mm.flops);
   cr_assert_float_eq(num(p1, "TFLOP/s"), (double)g_mm.flops / 6000 / 1e3, 1e-3);
   cr_assert_null(get(p2, "bytes_read"), "a group's traffic is written once");
+  cr_assert_eq(num(p1, "carrier"), 1, "the record that carries it says so");
+  cr_assert_null(get(p2, "carrier"));
   cr_assert_eq(num(p1, "registers"), 96);
   const cJSON *cp = get(event_of(evs, "memcpy", 1), "args");
   cr_assert_eq(num(cp, "bytes"), 4096);
@@ -399,6 +401,7 @@ Test(timeline, eager_launches_resolve_through_correlation_ids) {
   kiln__prof *p = session(NULL);
   uint32_t ga = add_group(p, 1, "k_add_f32_aa", "elementwise");
   uint32_t gm = add_group(p, 2, "cublas_gemm_4x4x4", "gemm");
+  uint32_t gz = add_group(p, 3, "k_index_add_f32_bb", "gather");
   kiln__prof_step(p, 0, "fused");
   uint32_t up = call(p, 35, 1000); /* the step values' copy: the step's, no group's */
   kiln__prof_ingest(p, &(kiln__prof_rec){.kind = KILN__PROF_MEMCPY,
@@ -414,11 +417,16 @@ Test(timeline, eager_launches_resolve_through_correlation_ids) {
   kiln__prof_enter(p, KILN__PROF_EAGER, ga, 0, "fused");
   uint32_t c3 = call(p, 13, 2200), c4 = call(p, 211, 2300); /* a memset, then the kernel */
   kiln__prof_leave(p);
+  kiln__prof_enter(p, KILN__PROF_EAGER, gz, 0, "fused");
+  uint32_t c5 = call(p, 13, 2400), c6 = call(p, 211, 2500); /* its memset the driver's kernel */
+  kiln__prof_leave(p);
   kernel(p, c1, "_ZN7cutlass6KernelINS_4gemmEEEvNT_6ParamsE", 3000, 4000, 0);
   kernel(p, c2, "splitKreduce_kernel", 4100, 4300, 0);
   memset_rec(p, c3, 4400, 0);
   kernel(p, c4, "k_add_f32_aa", 4500, 4600, 0);
   kernel(p, 999, "someone_elses_kernel", 4700, 4800, 0); /* no region: its step by time */
+  kernel(p, c5, "memset32_aligned1D", 4850, 4870, 0);
+  kernel(p, c6, "k_index_add_f32_bb", 4900, 5000, 0);
   kiln__prof_step(p, 1, "fused");
   kiln__prof_stop(p);
   cr_assert_eq(fake.depth, 0, "every push popped");
@@ -426,7 +434,7 @@ Test(timeline, eager_launches_resolve_through_correlation_ids) {
   size_t n;
   kiln__tl_meta meta;
   cr_assert(kiln__prof_events(p, &ev, &n, &meta));
-  cr_assert_eq(n, 11, "5 calls and 6 device records, not %zu", n);
+  cr_assert_eq(n, 15, "7 calls and 8 device records, not %zu", n);
   for (size_t i = 1; i < n; i++)
     cr_assert_leq(ev[i - 1].start, ev[i].start, "sorted by start");
   const kiln__tl_event *k1 = find(ev, n, KILN__TL_KERNEL, c1, 0),
@@ -447,6 +455,13 @@ Test(timeline, eager_launches_resolve_through_correlation_ids) {
   cr_assert_str_eq(k4->name, "k_add_f32_aa");
   cr_assert_null(k4->kernel, "kiln's name is the kernel's own");
   cr_assert_eq(k4->part, 2);
+  cr_assert(k4->carrier && !ms->carrier, "the kernel carries the traffic, not the memset");
+  cr_assert(k1->carrier && !k2->carrier, "a library call's first kernel carries it");
+  /* a memset the driver runs as a kernel: the kernel named as the group carries it */
+  const kiln__tl_event *k5 = find(ev, n, KILN__TL_KERNEL, c5, 0),
+                       *k6 = find(ev, n, KILN__TL_KERNEL, c6, 0);
+  cr_assert(k5->group == k6->group && k6->group);
+  cr_assert(k6->carrier && !k5->carrier);
   cr_assert_neq(k4->launch_id, k1->launch_id);
   const kiln__tl_event *cp = find(ev, n, KILN__TL_MEMCPY, up, 0);
   cr_assert_null(cp->group);
