@@ -768,15 +768,20 @@ kiln_module *kiln_sequential_new(kiln_params *p); /* the root */
 /* A container inside seq, called name (NULL: its index). */
 kiln_module *kiln_seq_sequential(kiln_module *seq, const char *name);
 kiln_module *kiln_seq_conv2d(kiln_module *seq, const kiln_conv2d_layer_options *o);
+/* Printed as BatchNorm2d; over (N, C) PyTorch's layer is BatchNorm1d, whose state_dict is the
+ * same. */
 kiln_module *kiln_seq_batch_norm(kiln_module *seq, const kiln_batch_norm_layer_options *o);
 kiln_module *kiln_seq_linear(kiln_module *seq, const kiln_linear_options *o);
 kiln_module *kiln_seq_relu(kiln_module *seq);
 kiln_module *kiln_seq_gelu(kiln_module *seq, kiln_gelu_approx approx);
 kiln_module *kiln_seq_max_pool2d(kiln_module *seq, const kiln_pool2d_options *o);
 kiln_module *kiln_seq_avg_pool2d(kiln_module *seq, const kiln_pool2d_options *o);
-kiln_module *kiln_seq_global_avg_pool2d(kiln_module *seq); /* (N, H, W, C) to (N, C) */
-kiln_module *kiln_seq_dropout(kiln_module *seq, float p);  /* p in [0, 1) */
-kiln_module *kiln_seq_flatten(kiln_module *seq);           /* kiln_flatten */
+/* (N, H, W, C) to (N, C): PyTorch's AdaptiveAvgPool2d(1) and Flatten() in one layer, printed as
+ * the first. Where the PyTorch model has both, add kiln_seq_flatten after it (on (N, C) a view),
+ * so that the layers after them keep the same indices, and so the same state_dict names. */
+kiln_module *kiln_seq_global_avg_pool2d(kiln_module *seq);
+kiln_module *kiln_seq_dropout(kiln_module *seq, float p); /* p in [0, 1) */
+kiln_module *kiln_seq_flatten(kiln_module *seq);          /* kiln_flatten */
 /* A layer of your own: fn(state, x) gives its output (built from kiln's ops, so that it is
  * recorded, fused and differentiated as they are); label is its printed name. Its parameters
  * are yours: make them in the list given to kiln_sequential_new under names you choose, and
