@@ -1079,7 +1079,8 @@ Test(images, wide_windows_pad_their_columns_to_multiples_of_8) {
     ctx->conv_kpad = cases[i].on;
     ctx->conv_direct = false; /* the 27 values' product stays on im2col too */
     kiln_step_begin(ctx);
-    kiln_tensor *x = th_f32(ctx, KILN_SHAPE(2, 17, 15, cases[i].cin));
+    /* x takes a gradient too: col2im sums rows of the padded width */
+    kiln_tensor *x = th_param(ctx, KILN_SHAPE(2, 17, 15, cases[i].cin));
     kiln_tensor *k = th_param(ctx, KILN_SHAPE(16, cases[i].cin, cases[i].k, cases[i].k));
     kiln_conv2d_options o = {.stride_h = 2, .stride_w = 2, .pad_h = 3, .pad_w = 3};
     if (cases[i].dtype == KILN_DTYPE_BF16) kiln_autocast_begin(ctx, KILN_DTYPE_BF16);
@@ -1091,13 +1092,15 @@ Test(images, wide_windows_pad_their_columns_to_multiples_of_8) {
     th_assert_shape(kiln_tensor_grad(k), kiln_tensor_shape(k));
     kiln_shape ys = kiln_tensor_shape(y);
     int64_t m = ys.d[0] * ys.d[1] * ys.d[2];
-    int im2col = 0, products = 0;
+    int im2col = 0, col2im = 0, products = 0;
     for (int32_t j = 0; j < ctx->trace.n; j++) {
       const kiln__node *n = &ctx->trace.nodes[j];
-      if (n->op == KILN__OP_IM2COL) {
-        im2col++;
-        cr_assert_eq(n->out->shape[3], cases[i].columns, "%s: %lld columns", what,
-                     (long long)n->out->shape[3]);
+      if (n->op == KILN__OP_IM2COL || n->op == KILN__OP_COL2IM) {
+        const kiln_tensor *cols = n->op == KILN__OP_IM2COL ? n->out : n->in[0];
+        im2col += n->op == KILN__OP_IM2COL;
+        col2im += n->op == KILN__OP_COL2IM;
+        cr_assert_eq(cols->shape[3], cases[i].columns, "%s: %s over %lld columns", what,
+                     kiln__ops[n->op].name, (long long)cols->shape[3]);
       }
       if (n->op != KILN__OP_MATMUL || n->in[0]->ndim != 2 || n->in[1]->ndim != 2) continue;
       /* the columns (M, K), M rows of output pixels: the forward product's first
@@ -1114,6 +1117,7 @@ Test(images, wide_windows_pad_their_columns_to_multiples_of_8) {
     if (cases[i].lanes)
       cr_assert_eq(products, 2, "%s: %d products over the columns", what, products);
     cr_assert_eq(im2col, 1, "%s: %d im2col nodes", what, im2col);
+    cr_assert_eq(col2im, 1, "%s: %d col2im nodes", what, col2im);
     kiln__program pg;
     cr_assert(kiln__program_build(ctx, ctx->trace.done, ctx->trace.n, &pg), "%s", th_err(ctx));
     int found = 0;
