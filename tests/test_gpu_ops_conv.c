@@ -591,7 +591,7 @@ Test(gpu_ops, tiny_conv2d_forward_products_run_direct) {
 }
 
 /* KILN_CONV_KPAD=1: bf16 convolutions whose windows hold K >= 64 values, K not a multiple of 8,
- * pad their columns and filters with zeros (test_cpu_images' wide_windows_pad_their_columns_to_
+ * pad their columns and filters with zeros (test_cpu_columns' wide_windows_pad_their_columns_to_
  * multiples_of_8 checks the widths): the forward product and the weight gradient against float64
  * of the bf16 operands, and x's gradient (cuBLAS's column gradient, then col2im over rows of the
  * padded width) against the same step's without padding. */

@@ -1,0 +1,134 @@
+/*
+ * test_cpu_columns.c: the columns im2col writes for the products on cuBLAS, on a no-GPU context:
+ * how many channels a thread takes, and the zero columns that pad a product's K to a multiple of
+ * 8 (KILN_CONV_KPAD=1); each kernel planned, rendered and compiled (NVRTC). Its tests are the
+ * images suite's, as test_cpu_images.c's.
+ */
+#include <string.h>
+
+#include "fusion/fusion.h"
+#include "inspect.h"
+
+/* With KILN_IM2COL_LANES=1 an im2col over 2 or 3 channels (ResNet's stem: RGB images) takes all
+ * of a tap's channels a thread (lanes of 2 or 3, its kernel named _v2 or _v3), so that each
+ * thread decodes its tap once for them; 1 channel, and any count without the switch, keep a lane
+ * a thread. Every such kernel renders and compiles (NVRTC). */
+Test(images, im2col_of_few_channels_takes_a_tap_a_thread) {
+  struct {
+    int64_t cin;
+    bool on;
+    const char *suffix; /* of the im2col kernel's stem, before its hash */
+  } cases[] = {{3, true, "_f32_v3_"},
+               {2, true, "_f32_v2_"},
+               {3, false, "_f32_"},
+               {1, true, "_f32_"},
+               {4, true, "_f32_v4_"}};
+  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+    kiln_ctx *ctx = th_cpu_ctx();
+    ctx->im2col_lanes = cases[i].on;
+    kiln_step_begin(ctx);
+    kiln_tensor *x = th_f32(ctx, KILN_SHAPE(2, 9, 7, cases[i].cin));
+    kiln_tensor *k = th_f32(ctx, KILN_SHAPE(8, cases[i].cin, 3, 3));
+    kiln_conv2d_options o = {.pad_h = 1, .pad_w = 1};
+    kiln_tensor *s = kiln_sum(kiln_conv2d(x, k, NULL, &o), KILN_ALL_AXES, 0);
+    cr_assert_not_null(s, "%lld channels: %s", (long long)cases[i].cin, th_err(ctx));
+    kiln__program pg;
+    cr_assert(kiln__program_build(ctx, ctx->trace.done, ctx->trace.n, &pg), "%s", th_err(ctx));
+    int found = 0;
+    for (int g = 0; g < pg.plan.ng; g++) {
+      const char *name = pg.call[g].name;
+      if (strncmp(name, "k_im2col_3x3_s1", 15) != 0) continue;
+      found++;
+      cr_assert(strncmp(name + 15, cases[i].suffix, strlen(cases[i].suffix)) == 0,
+                "%lld channels, switch %d: %s", (long long)cases[i].cin, cases[i].on, name);
+    }
+    cr_assert_eq(found, 1, "%lld channels: %d im2col kernels", (long long)cases[i].cin, found);
+    kiln__program_free(&pg);
+    cr_assert_eq(kiln_step_end(ctx), KILN_OK, "%s", th_err(ctx));
+    th_free_scratch();
+    th_ctx_free(ctx);
+  }
+}
+
+/* With KILN_CONV_KPAD=1 a bf16 convolution whose window holds K >= 64 values, K not a multiple
+ * of 8, gets zero columns up to a multiple of 8 (24 over 3 channels, whose im2col takes a tap a
+ * thread) and its product K of that width; its filters a zero block to match, and its weight
+ * gradient the filters' own shape. ResNet's stem (7x7 over 3 channels, 147 values: 168 columns),
+ * 5x5 over 4 channels (100: 104, four lanes a thread); not a window of 27 values, not f32, not
+ * without the switch, not K already a multiple of 8 (3x3 over 8 channels). Each renders and
+ * compiles (NVRTC). */
+Test(images, wide_windows_pad_their_columns_to_multiples_of_8) {
+  struct {
+    int64_t cin, k;
+    kiln_dtype dtype;
+    bool on;
+    int64_t columns;
+    const char *lanes; /* the im2col kernel's, in its name (NULL: an implicit product, none) */
+  } cases[] = {
+      {3, 7, KILN_DTYPE_BF16, true, 168, "_v3_"},  {4, 5, KILN_DTYPE_BF16, true, 104, "_v4_"},
+      {3, 7, KILN_DTYPE_BF16, false, 147, "_v3_"}, {3, 7, KILN_DTYPE_F32, true, 147, "_v3_"},
+      {3, 3, KILN_DTYPE_BF16, true, 27, "_v3_"},   {8, 3, KILN_DTYPE_BF16, true, 72, NULL}};
+  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+    char what[96];
+    snprintf(what, sizeof what, "%lldx%lld over %lld channels, %s, switch %d",
+             (long long)cases[i].k, (long long)cases[i].k, (long long)cases[i].cin,
+             kiln_dtype_name(cases[i].dtype), cases[i].on);
+    kiln_ctx *ctx = th_cpu_ctx();
+    ctx->conv_kpad = cases[i].on;
+    ctx->conv_direct = false; /* the 27 values' product stays on im2col too */
+    kiln_step_begin(ctx);
+    /* x takes a gradient too: col2im sums rows of the padded width */
+    kiln_tensor *x = th_param(ctx, KILN_SHAPE(2, 17, 15, cases[i].cin));
+    kiln_tensor *k = th_param(ctx, KILN_SHAPE(16, cases[i].cin, cases[i].k, cases[i].k));
+    kiln_conv2d_options o = {.stride_h = 2, .stride_w = 2, .pad_h = 3, .pad_w = 3};
+    if (cases[i].dtype == KILN_DTYPE_BF16) kiln_autocast_begin(ctx, KILN_DTYPE_BF16);
+    kiln_tensor *y = kiln_conv2d(x, k, NULL, &o);
+    if (cases[i].dtype == KILN_DTYPE_BF16) kiln_autocast_end(ctx);
+    cr_assert_not_null(y, "%s: %s", what, th_err(ctx));
+    cr_assert_eq(kiln_backward(kiln_sum(kiln_cast(y, KILN_DTYPE_F32), KILN_ALL_AXES, 0)), KILN_OK,
+                 "%s: %s", what, th_err(ctx));
+    th_assert_shape(kiln_tensor_grad(k), kiln_tensor_shape(k));
+    kiln_shape ys = kiln_tensor_shape(y);
+    int64_t m = ys.d[0] * ys.d[1] * ys.d[2];
+    int im2col = 0, col2im = 0, products = 0;
+    for (int32_t j = 0; j < ctx->trace.n; j++) {
+      const kiln__node *n = &ctx->trace.nodes[j];
+      if (n->op == KILN__OP_IM2COL || n->op == KILN__OP_COL2IM) {
+        const kiln_tensor *cols = n->op == KILN__OP_IM2COL ? n->out : n->in[0];
+        im2col += n->op == KILN__OP_IM2COL;
+        col2im += n->op == KILN__OP_COL2IM;
+        cr_assert_eq(cols->shape[3], cases[i].columns, "%s: %s over %lld columns", what,
+                     kiln__ops[n->op].name, (long long)cols->shape[3]);
+      }
+      if (n->op != KILN__OP_MATMUL || n->in[0]->ndim != 2 || n->in[1]->ndim != 2) continue;
+      /* the columns (M, K), M rows of output pixels: the forward product's first
+       * operand, the weight gradient's second (dY^T cols) */
+      const kiln_tensor *cols = n->in[0]->shape[0] == m   ? n->in[0]
+                                : n->in[1]->shape[0] == m ? n->in[1]
+                                                          : NULL;
+      if (cols && cols->shape[1] != 16) {
+        products++;
+        cr_assert_eq(cols->shape[1], cases[i].columns, "%s: a product over %lld columns", what,
+                     (long long)cols->shape[1]);
+      }
+    }
+    if (cases[i].lanes)
+      cr_assert_eq(products, 2, "%s: %d products over the columns", what, products);
+    cr_assert_eq(im2col, 1, "%s: %d im2col nodes", what, im2col);
+    cr_assert_eq(col2im, 1, "%s: %d col2im nodes", what, col2im);
+    kiln__program pg;
+    cr_assert(kiln__program_build(ctx, ctx->trace.done, ctx->trace.n, &pg), "%s", th_err(ctx));
+    int found = 0;
+    for (int g = 0; g < pg.plan.ng; g++)
+      if (strncmp(pg.call[g].name, "k_im2col", 8) == 0) {
+        found++;
+        cr_assert_not_null(strstr(pg.call[g].name, cases[i].lanes), "%s: %s", what,
+                           pg.call[g].name);
+      }
+    cr_assert_eq(found, cases[i].lanes ? 1 : 0, "%s: %d im2col kernels", what, found);
+    kiln__program_free(&pg);
+    cr_assert_eq(kiln_step_end(ctx), KILN_OK, "%s: %s", what, th_err(ctx));
+    th_free_scratch();
+    th_ctx_free(ctx);
+  }
+}
