@@ -498,16 +498,18 @@ static const kiln__node *columns_node(const kiln__node *mm) {
   return v && v->op == KILN__OP_IM2COL ? v : NULL;
 }
 
-/* Whether im2col node c's columns are a window's values only, no zero columns after them. */
-static bool unpadded(const kiln__node *c) {
-  kiln__win w = kiln__win_of(c);
-  return c->out->shape[3] == w.kh * w.kw * c->in[0]->shape[3];
+bool kiln__columns_padded(const kiln__node *w) {
+  if (w->op != KILN__OP_IM2COL && w->op != KILN__OP_COL2IM) return false;
+  bool im2col = w->op == KILN__OP_IM2COL;
+  const kiln_tensor *cols = im2col ? w->out : w->in[0], *img = im2col ? w->in[0] : w->out;
+  kiln__win win = kiln__win_of(w);
+  return cols->shape[3] != win.kh * win.kw * img->shape[3];
 }
 
 bool kiln__implicit_conv_image(const kiln_ctx *ctx, const kiln__node *c) {
   const kiln_tensor *x = c->in[0];
   return ctx->arch == 90 && KILN__I(c, IM2COL, groups) == 1 && x->dtype == KILN_DTYPE_BF16 &&
-         x->ndim == 4 && x->shape[3] % 8 == 0 && unpadded(c);
+         x->ndim == 4 && x->shape[3] % 8 == 0 && !kiln__columns_padded(c);
 }
 
 bool kiln__conv_direct_shape(int64_t k, int64_t ci, int64_t co) {
@@ -518,7 +520,7 @@ bool kiln__conv_direct_shape(int64_t k, int64_t ci, int64_t co) {
 bool kiln__conv_direct_image(const kiln_ctx *ctx, const kiln__node *c) {
   const kiln_tensor *x = c->in[0];
   return ctx->conv_direct && KILN__I(c, IM2COL, groups) == 1 && x->dtype == KILN_DTYPE_BF16 &&
-         x->ndim == 4 && unpadded(c);
+         x->ndim == 4 && !kiln__columns_padded(c);
 }
 
 bool kiln__conv_tma_window(const kiln__win *w, int64_t ci) {

@@ -58,8 +58,7 @@ int32_t kiln__implicit_dgrad(const kiln_ctx *ctx, const kiln__plan *p, int32_t c
       !kiln__is_contiguous(X) || A->offset % vec || B->offset % vec || X->offset % vec)
     return -1;
   int64_t co = A->shape[1], ci = X->shape[3];
-  kiln__win w = kiln__win_of(cn);
-  if (B->shape[1] != w.kh * w.kw * ci) return -1; /* columns padded past the windows' values */
+  if (kiln__columns_padded(cn)) return -1;
   bool mma = co % bk == 0 && co <= KILN__IMPLICIT_MAX_CO && ci % vec == 0;
   if ((!mma && !kiln__dgrad_on_wgmma(ctx, cn, dt, co, ci)) || kiln_tensor_numel(A) >= INT32_MAX ||
       kiln_tensor_numel(X) >= INT32_MAX || kiln_tensor_numel(B) >= INT32_MAX)

@@ -36,16 +36,6 @@ void kiln__plan_describe(const kiln_ctx *ctx, const kiln__plan *p, kiln__sb *out
 }
 
 /* Writes the violation and returns why. */
-/* Whether window node w (im2col, or col2im) has columns padded past its windows' values
- * (kiln_conv2d with KILN_CONV_KPAD=1), which no implicit product takes. */
-static bool padded(const kiln__node *w) {
-  if (w->op != KILN__OP_IM2COL && w->op != KILN__OP_COL2IM) return false;
-  const kiln_tensor *cols = w->op == KILN__OP_IM2COL ? w->out : w->in[0],
-                    *img = w->op == KILN__OP_IM2COL ? w->in[0] : w->out;
-  kiln__win win = kiln__win_of(w);
-  return cols->shape[3] != win.kh * win.kw * img->shape[3];
-}
-
 static const char *bad(char *why, size_t n, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 static const char *bad(char *why, size_t n, const char *fmt, ...) {
@@ -180,7 +170,7 @@ static const char *check_group(const kiln_ctx *ctx, const kiln__plan *p, int k, 
                             : g->implicit != KILN__IMPLICIT_NONE && g->window >= 0
                                 ? &nodes[g->window]
                                 : NULL;
-    if (win && padded(win))
+    if (win && kiln__columns_padded(win))
       return bad(why, n, "group %d: an implicit convolution product over padded columns", k);
     if (g->implicit == KILN__IMPLICIT_FPROP || g->implicit == KILN__IMPLICIT_WGRAD) {
       /* im2col (not written) and the forward product it feeds, or a weight gradient alone */
