@@ -5,18 +5,18 @@ gpu__time_duration.sum, over a window of exactly STEPS whole steps' kernels: any
 consecutive launches of a K-kernel periodic step hold each kernel STEPS times). Generated
 kernels (k_*) are matched by name; library kernels (cuBLAS) are compared as one total.
 Standard library only."""
-import csv, json, statistics, sys
+import csv, statistics, sys
 from collections import defaultdict
+
+from trace_summary import device_steps
 
 UNIT = {"nsecond": 1e-3, "ns": 1e-3, "usecond": 1.0, "us": 1.0, "msecond": 1e3, "ms": 1e3,
         "second": 1e6, "s": 1e6}
 
 def trace_rows(path):
-    doc = json.load(open(path))
-    steps = defaultdict(list)
-    for e in doc["traceEvents"]:
-        if e.get("ph") == "X" and e.get("cat") == "kernel" and e["args"].get("step", -1) >= 0:
-            steps[e["args"]["step"]].append(e)
+    _, records = device_steps(path)
+    steps = {s: [e for e in v if e["cat"] == "kernel"] for s, v in records.items() if s >= 0}
+    steps = {s: v for s, v in steps.items() if v}
     per = defaultdict(list)
     for s, evs in steps.items():
         for e in evs:

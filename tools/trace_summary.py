@@ -20,7 +20,8 @@ def device(e):
     return e.get("ph") == "X" and e.get("cat") in ("kernel", "memcpy", "memset")
 
 
-def summary(path, top, out_csv):
+def device_steps(path):
+    """A trace's otherData and its device records by step ({step: [events]})."""
     with open(path) as f:
         doc = json.load(f)
     events = doc["traceEvents"] if isinstance(doc, dict) else doc
@@ -31,6 +32,11 @@ def summary(path, top, out_csv):
             continue
         s = e.get("args", {}).get("step", -1)
         steps.setdefault(s, []).append(e)
+    return other, steps
+
+
+def summary(path, top, out_csv):
+    other, steps = device_steps(path)
     kept = sorted(s for s in steps if s >= 0) or sorted(steps)
     print(f"{path}: mode {other.get('mode', '?')}, device {other.get('device', '?')}, "
           f"{len(kept)} steps, {other.get('unattributed', 0)} unattributed, "
