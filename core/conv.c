@@ -625,11 +625,7 @@ kiln_tensor *kiln_batch_norm(kiln_tensor *x, kiln_tensor *weight, kiln_tensor *b
     return kiln__error(ctx, KILN_ERR_INVALID, "%s: eps %g must be >= 0, momentum %g in [0, 1]", fn,
                        eps, momentum),
            NULL;
-  if (training != 0 && training != 1 && training != KILN_TRAINING_MODE)
-    return kiln__error(ctx, KILN_ERR_INVALID,
-                       "%s: training %d is not 0, 1 or KILN_TRAINING_MODE (-1)", fn, training),
-           NULL;
-  if (training == KILN_TRAINING_MODE) training = ctx->training;
+  if (!kiln__training_flag(ctx, fn, &training)) return NULL;
   bool batch_stats = training || !running_mean;
   if (batch_stats && n < 2 && training)
     return kiln__error(ctx, KILN_ERR_SHAPE,

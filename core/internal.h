@@ -635,6 +635,9 @@ bool kiln__conv_direct_image(const kiln_ctx *ctx, const kiln__node *c);
 /* Whether window node w (im2col, or col2im) has columns padded past its windows' values (zero
  * columns: kiln_conv2d with KILN_CONV_KPAD=1), which no implicit product takes. */
 bool kiln__columns_padded(const kiln__node *w);
+/* An op's training argument (kiln_dropout, kiln_batch_norm): 0, 1, or KILN_TRAINING_MODE, which
+ * becomes the context's mode; any other value is an error naming fn (false). */
+bool kiln__training_flag(kiln_ctx *ctx, const char *fn, int *training);
 /* Whether the TMA-fed products (fusion/device/conv_tma.cuh) take a window w over ci channels:
  * whole stages of 64 channels, and the geometry an im2col tensor map can hold (strides 1 to 8,
  * box corners within [-128, 127], tap offsets d (k - 1) of at most 255). */

@@ -906,17 +906,21 @@ kiln_tensor *kiln_index_select(kiln_tensor *a, kiln_tensor *idx) {
   return kiln__index_select_at(a, idx, 0, n, __func__);
 }
 
+bool kiln__training_flag(kiln_ctx *ctx, const char *fn, int *training) {
+  if (*training != 0 && *training != 1 && *training != KILN_TRAINING_MODE)
+    return kiln__error(ctx, KILN_ERR_INVALID,
+                       "%s: training %d is not 0, 1 or KILN_TRAINING_MODE (-1)", fn, *training),
+           false;
+  if (*training == KILN_TRAINING_MODE) *training = ctx->training;
+  return true;
+}
+
 kiln_tensor *kiln_dropout(kiln_tensor *a, float p, int training) {
   kiln_ctx *ctx = begin(__func__, 1, &a);
   if (!ctx || !need_float(ctx, __func__, 1, &a)) return NULL;
   if (!(p >= 0.f && p <= 1.f))
     return kiln__error(ctx, KILN_ERR_INVALID, "kiln_dropout: p %g is not in [0, 1]", p), NULL;
-  if (training != 0 && training != 1 && training != KILN_TRAINING_MODE)
-    return kiln__error(ctx, KILN_ERR_INVALID,
-                       "kiln_dropout: training %d is not 0, 1 or KILN_TRAINING_MODE (-1)",
-                       training),
-           NULL;
-  if (training == KILN_TRAINING_MODE) training = ctx->training;
+  if (!kiln__training_flag(ctx, "kiln_dropout", &training)) return NULL;
   if (!training || p == 0.f) return a;
   kiln_tensor *out = kiln__ew(KILN__OP_DROPOUT, __func__, 1, &a);
   if (!out) return NULL;
