@@ -588,6 +588,66 @@ Test(timeline, replays_resolve_by_capture_order_and_by_name) {
   kiln__prof_free(p);
 }
 
+/* CUPTI once named the replayed moments kernels of a third context in a process after a kernel
+ * of the first (H100, 2026-12-05): a name the program never launches keeps the record in its
+ * place by the capture's count, and the record says so; a name of another of its kernels does
+ * not (a reordering: by name, as above). */
+Test(timeline, replays_keep_their_order_when_cupti_misnames_a_kernel) {
+  kiln__prof *p = session("10");
+  uint32_t g[3] = {add_group(p, 1, "k_first", "elementwise"), add_group(p, 2, "k_moments", "rows"),
+                   add_group(p, 3, "k_last", "elementwise")};
+  int32_t recs[3] = {1, 2, 1};
+  uint32_t prog = kiln__prof_program(p, 3, g, recs);
+  kiln__prof_step(p, 7, "graph");
+  kiln__prof_enter(p, KILN__PROF_REPLAY, prog, 7, "graph");
+  uint32_t r = call(p, 311, 100);
+  kiln__prof_leave(p);
+  kernel(p, r, "k_first", 200, 300, 1);
+  memset_rec(p, r, 350, 2);
+  kernel(p, r, "k_softmax_rows_c4d5d926", 400, 500, 3);
+  kernel(p, r, "k_last", 600, 700, 4);
+  kiln__prof_step(p, 8, "graph");
+  kiln__prof_enter(p, KILN__PROF_REPLAY, prog, 8, "graph");
+  uint32_t r2 = call(p, 311, 1000);
+  kiln__prof_leave(p);
+  kernel(p, r2, "k_first", 1200, 1300, 5);
+  memset_rec(p, r2, 1350, 6);
+  kernel(p, r2, "k_last", 1400, 1500, 7); /* a kernel of the program where k_moments was */
+  kernel(p, r2, "k_last", 1600, 1700, 8);
+  kiln__prof_stop(p);
+  const kiln__tl_event *ev;
+  size_t n;
+  kiln__tl_meta meta;
+  cr_assert(kiln__prof_events(p, &ev, &n, &meta));
+  int seen = 0;
+  for (size_t i = 0; i < n; i++) {
+    const kiln__tl_event *e = &ev[i];
+    if (e->cat == KILN__TL_API || e->correlation != r) continue;
+    seen++;
+    cr_assert_not_null(e->group, "%s at %llu", e->name, (unsigned long long)e->start);
+    const char *want = e->start == 200 ? "k_first" : e->start == 600 ? "k_last" : "k_moments";
+    cr_assert_str_eq(e->group->name, want);
+    if (e->start == 400) {
+      cr_assert_str_eq(e->name, "k_moments", "kiln's name for the record");
+      cr_assert_str_eq(e->kernel, "k_softmax_rows_c4d5d926", "CUPTI's beside it");
+      cr_assert(e->graph_mismatch && strstr(e->graph_mismatch, "does not launch") &&
+                    strstr(e->graph_mismatch, "k_softmax_rows_c4d5d926"),
+                "%s", e->graph_mismatch ? e->graph_mismatch : "(none)");
+      cr_assert_eq(e->part * 10 + e->parts, 22);
+      cr_assert(e->carrier);
+    } else {
+      cr_assert_null(e->graph_mismatch, "%s", e->graph_mismatch);
+    }
+  }
+  cr_assert_eq(seen, 4);
+  for (size_t i = 0; i < n; i++)
+    if (ev[i].cat != KILN__TL_API && ev[i].correlation == r2)
+      cr_assert(ev[i].graph_mismatch &&
+                    strstr(ev[i].graph_mismatch, "not where its capture put it"),
+                "step 8 at %llu", (unsigned long long)ev[i].start);
+  kiln__prof_free(p);
+}
+
 /* steps [0, nsteps), each of `launches` eager launches of one kernel */
 static void run_steps(kiln__prof *p, uint32_t g, int nsteps, int launches, size_t bound) {
   uint64_t t = 1000;
