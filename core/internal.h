@@ -376,8 +376,8 @@ struct kiln_ctx {
   bool im2col_lanes;        /* im2col of 2 or 3 channels a tap a thread (KILN_IM2COL_LANES=1) */
   int implicit_conv_max_co; /* KILN_IMPLICIT_CONV_MAX_CO, to measure; 0: the planner's default */
   bool conv_recompute;      /* KILN_CONV_RECOMPUTE=1: kiln__recomputes_columns */
-  bool conv_kpad;           /* KILN_CONV_KPAD=1: zero columns to a multiple of 8 (kiln_conv2d) */
-  int conv_dgrad_bn; /* KILN_CONV_DGRAD_BN=64 or 128: TMA data gradients' widest tile (0: 256) */
+  bool conv_kpad;    /* zero columns to a multiple of 8 (kiln_conv2d); KILN_CONV_KPAD=0: none */
+  int conv_dgrad_bn; /* TMA data gradients' widest tile: 128, or KILN_CONV_DGRAD_BN (64; 256: 0) */
   struct CUstream_st *stream;
 
   kiln_status status;

@@ -86,7 +86,7 @@ static bool render_dgrad(const kiln__ew_prog *p, const kiln__gemm *mm, bool wg, 
   KILN_ASSERT(!staged || X->offset % 4 == 0); /* its epilogue stores four channels at once */
   ws = ws && !tma;
   int BN = wg ? wgmma_width(CI, ws) : (CI <= 32 ? 32 : 64);
-  bool narrowed = tma && most && BN > most; /* KILN_CONV_DGRAD_BN, a tuning experiment */
+  bool narrowed = tma && most && BN > most; /* 128 unless KILN_CONV_DGRAD_BN says */
   if (narrowed) BN = most;
   int stage = tma ? (128 + BN) * 128 : 0;
   /* 64 wide, or narrowed: stages of 96 KB in all (4 of 64 wide, 3 of 128), two blocks an SM, one's

@@ -1,8 +1,8 @@
 /*
  * test_cpu_columns.c: the columns im2col writes for the products on cuBLAS, on a no-GPU context:
  * how many channels a thread takes, and the zero columns that pad a product's K to a multiple of
- * 8 (KILN_CONV_KPAD=1); each kernel planned, rendered and compiled (NVRTC). Its tests are the
- * images suite's, as test_cpu_images.c's.
+ * 8 (the default; KILN_CONV_KPAD=0: none); each kernel planned, rendered and compiled (NVRTC). Its
+ * tests are the images suite's, as test_cpu_images.c's.
  */
 #include <string.h>
 
@@ -50,13 +50,13 @@ Test(images, im2col_of_few_channels_takes_a_tap_a_thread) {
   }
 }
 
-/* With KILN_CONV_KPAD=1 a bf16 convolution whose window holds K >= 64 values, K not a multiple
- * of 8, gets zero columns up to a multiple of 8 (24 over 3 channels, whose im2col takes a tap a
- * thread) and its product K of that width; its filters a zero block to match, and its weight
- * gradient the filters' own shape. ResNet's stem (7x7 over 3 channels, 147 values: 168 columns),
- * 5x5 over 4 channels (100: 104, four lanes a thread); not a window of 27 values, not f32, not
- * without the switch, not K already a multiple of 8 (3x3 over 8 channels). Each renders and
- * compiles (NVRTC). */
+/* By default (KILN_CONV_KPAD=0 turns it off) a bf16 convolution whose window holds K >= 64 values,
+ * K not a multiple of 8, gets zero columns up to a multiple of 8 (24 over 3 channels, whose im2col
+ * takes a tap a thread) and its product K of that width; its filters a zero block to match, and its
+ * weight gradient the filters' own shape. ResNet's stem (7x7 over 3 channels, 147 values: 168
+ * columns), 5x5 over 4 channels (100: 104, four lanes a thread); not a window of 27 values, not
+ * f32, not without the switch, not K already a multiple of 8 (3x3 over 8 channels). Each renders
+ * and compiles (NVRTC). */
 Test(images, wide_windows_pad_their_columns_to_multiples_of_8) {
   struct {
     int64_t cin, k;

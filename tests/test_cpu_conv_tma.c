@@ -282,8 +282,9 @@ typedef struct {
   int64_t n, hw, cin, cout;
 } image_case;
 
-/* For each case, the program of record_image's step in a context with KILN_CONV_DGRAD_BN at
- * dgrad_bn (0: unset); check() sees each group of `kind` in it (one a case). */
+/* For each case, the program of record_image's step in a context whose data gradients' widest
+ * tile is dgrad_bn (0: as wide as the channels); check() sees each group of `kind` in it (one a
+ * case). */
 static void each_product(const image_case *cases, size_t ncases, kiln__implicit kind, int dgrad_bn,
                          void (*check)(const char *what, const kiln_ctx *ctx,
                                        const kiln__call *c)) {
@@ -361,10 +362,10 @@ static void check_halves(const char *what, const kiln_ctx *ctx, const kiln__call
   cr_assert_eq(c->grid_y, 2, "%s: %s: two tiles of 128 channels", what, c->name);
 }
 
-/* KILN_CONV_DGRAD_BN=128 (a tuning experiment) gives the data gradients of 256 channels tiles
- * of 128 in 3 stages, two blocks an SM, where they take one 256 wide in 4 (one an SM) without
- * it: air's 7x7x256 and 3x3x256 convs. Each renders and compiles (NVRTC). */
-Test(conv_tma, data_gradient_tiles_narrow_for_the_tuning_switch) {
+/* The data gradients of 256 channels take tiles of 128 in 3 stages, two blocks an SM (the
+ * default), or one 256 wide in 4 (one an SM) with KILN_CONV_DGRAD_BN=256 (the field at 0): air's
+ * 7x7x256 and 3x3x256 convs. Each renders and compiles (NVRTC). */
+Test(conv_tma, data_gradient_tiles_are_128_wide_unless_the_switch_says_256) {
   const image_case cases[] = {{64, 7, 256, 256}, {64, 3, 256, 256}};
   each_product(cases, 2, KILN__IMPLICIT_DGRAD, 0, check_one_block);
   each_product(cases, 2, KILN__IMPLICIT_DGRAD, 128, check_halves);

@@ -484,9 +484,11 @@ Test(gpu_ops, conv2d_products_fed_by_the_tensor_memory_accelerator) { check_tma_
  * eight rows a warp), as before the staged ones became the default. */
 Test(gpu_ops, conv2d_tma_data_gradients_with_register_epilogues) { check_tma_cases("0", ""); }
 
-/* KILN_CONV_DGRAD_BN=128 (a tuning experiment): data gradients of 192 and 256 channels in tiles
- * of 128, two blocks an SM. */
-Test(gpu_ops, conv2d_tma_data_gradients_in_tiles_of_128) { check_tma_cases("1", "128"); }
+/* KILN_CONV_DGRAD_BN=256: data gradients of 192 and 256 channels in one tile as wide, one block
+ * an SM, as before tiles of 128 (two blocks an SM) became the default. */
+Test(gpu_ops, conv2d_tma_data_gradients_in_tiles_as_wide_as_the_channels) {
+  check_tma_cases("1", "256");
+}
 
 /* The gradients of x and w for loss = sum(conv2d(x, w) g) of a bf16 64->128 convolution in a
  * context made with KILN_CONV_TMA set to `on`, two steps (a step graph's capture and replay, or
@@ -590,11 +592,11 @@ Test(gpu_ops, tiny_conv2d_forward_products_run_direct) {
   th_ctx_free(ctx);
 }
 
-/* KILN_CONV_KPAD=1: bf16 convolutions whose windows hold K >= 64 values, K not a multiple of 8,
- * pad their columns and filters with zeros (test_cpu_columns' wide_windows_pad_their_columns_to_
- * multiples_of_8 checks the widths): the forward product and the weight gradient against float64
- * of the bf16 operands, and x's gradient (cuBLAS's column gradient, then col2im over rows of the
- * padded width) against the same step's without padding. */
+/* By default (KILN_CONV_KPAD=0 turns it off) bf16 convolutions whose windows hold K >= 64 values, K
+ * not a multiple of 8, pad their columns and filters with zeros (test_cpu_columns'
+ * wide_windows_pad_their_columns_to_ multiples_of_8 checks the widths): the forward product and the
+ * weight gradient against float64 of the bf16 operands, and x's gradient (cuBLAS's column gradient,
+ * then col2im over rows of the padded width) against the same step's without padding. */
 static const conv_case kpad_cases[] = {
     {"3->16 7x7 stride 2 pad 3 (ResNet's stem), 147 values to 168", 2, 20, 18, 3, 16, 7, 7,
      CO(.stride_h = 2, .stride_w = 2, .pad_h = 3, .pad_w = 3), 0, 0, 0},
