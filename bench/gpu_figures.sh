@@ -21,9 +21,10 @@
 #   stem              bench/stem_gemm.py: ResNet-18's stem products on cuBLAS with K = 147 and K padded
 #                     to a multiple of 8, beside cuDNN (issue 27)
 #   switches          the air and resnet18 steps (graph mode) at the defaults, with KILN_CONV_KPAD=0,
-#                     with KILN_CONV_DGRAD_BN=256 and with both (what the defaults were before the
-#                     H100 run of 2026-12-05), and the air step's convolutions with
-#                     KILN_CONV_DGRAD_BN=256 (bench/conv_compare.py beside cuDNN)
+#                     with KILN_CONV_DGRAD_BN=256, with both (what the defaults were before the
+#                     H100 run of 2026-12-05) and with KILN_CONV_MOMENTS=0 (batch norm's sums in
+#                     kernels of their own), and the air step's convolutions at the defaults
+#                     (bench/conv_compare.py beside cuDNN)
 # Every step has a time limit; a summary line per step is printed last. Naming steps after BUILD
 # runs those alone (bench/gpu_figures.sh build-gpu tma recompute).
 set -u
@@ -90,14 +91,15 @@ step sanitize 380 "for w in cnn air; do for t in initcheck racecheck; do
   done"
 step stem 120 "python3 bench/stem_gemm.py"
 step switches 500 "for w in air resnet18; do
-  for sw in '' KILN_CONV_KPAD=0 KILN_CONV_DGRAD_BN=256 'KILN_CONV_KPAD=0 KILN_CONV_DGRAD_BN=256'; do
+  for sw in '' KILN_CONV_KPAD=0 KILN_CONV_DGRAD_BN=256 'KILN_CONV_KPAD=0 KILN_CONV_DGRAD_BN=256' \
+    KILN_CONV_MOMENTS=0; do
     printf '%s %s: ' \$w \"\${sw:-default}\"
     env \$sw timeout 120 $build/profile_step --workload \$w --mode graph --json |
       grep -o '\"ms_per_step\": *[0-9.]*\|\"peak_mib\": *[0-9.]*' | tr '\n' ' '
     echo
   done; done
   python3 bench/conv_bench.py --json > $out/cudnn_sw.jsonl && mkdir -p $out/trace_sw &&
-  KILN_CONV_DGRAD_BN=256 $build/profile_step --workload air --mode graph --trace $out/trace_sw > /dev/null &&
+  $build/profile_step --workload air --mode graph --trace $out/trace_sw > /dev/null &&
   python3 bench/conv_compare.py $out/trace_sw/air_graph.json $out/cudnn_sw.jsonl"
 # a device call returns at most 8 files: everything in one archive, as .gpu/check.sh does
 tar -czf "${OUT:-/tmp/out}/figures.tgz" -C "$out" . && rm -rf "$out"

@@ -377,6 +377,7 @@ struct kiln_ctx {
   int implicit_conv_max_co; /* KILN_IMPLICIT_CONV_MAX_CO, to measure; 0: the planner's default */
   bool conv_recompute;      /* KILN_CONV_RECOMPUTE=1: kiln__recomputes_columns */
   bool conv_kpad;    /* zero columns to a multiple of 8 (kiln_conv2d); KILN_CONV_KPAD=0: none */
+  bool conv_moments; /* batch norm's gradient sums in a data gradient's epilogue (=0: not) */
   int conv_dgrad_bn; /* TMA data gradients' widest tile: 128, or KILN_CONV_DGRAD_BN (64; 256: 0) */
   struct CUstream_st *stream;
 
@@ -672,7 +673,9 @@ kiln_tensor *kiln__activation_input(const kiln__node *n);
 /* Whether n's own gradient reads its output (ops.def: saves 8; not a ReLU that
  * kiln__recomputes_input), so that the output is kept to the backward pass. */
 bool kiln__keeps_output(const kiln__node *n);
-#define KILN__MOMENTS_ROWS 256 /* rows each block of the moments kernel sums, at least */
+/* Rows each block of the moments kernel sums, at least: 128, a TMA data gradient's tile, so that
+ * one can write a block's sums in the kernel's stead (plan_conv.c, kiln__dgrad_moments) */
+#define KILN__MOMENTS_ROWS 128
 #define KILN__MAX_GRID_Y 65535 /* CUDA's limit on a grid's second dimension */
 
 /* A custom op (include/kiln_custom.h, core/custom.c): the user's options, with its own copies of

@@ -73,6 +73,10 @@ typedef struct kiln__group {
   kiln__implicit implicit;
   int32_t window;
   bool wgmma;
+  /* DGRAD on the TMA kernel with a staged epilogue: its last member is batch norm's gradient
+   * sums (a moments node of mode 1) over the epilogue's result, each block's 128 rows summed in
+   * the kernel (kiln__dgrad_moments) */
+  bool moments;
 } kiln__group;
 
 /* In a row program, the view `view` of a per-row value is read as `value` itself. */
@@ -114,6 +118,10 @@ static inline int32_t kiln__plan_producer(const kiln_ctx *ctx, const kiln__plan 
  * (the forward product *f and the weight gradient *w, or -1), the caller asking that the forward
  * product takes no epilogue. */
 int32_t kiln__implicit_dgrad(const kiln_ctx *ctx, const kiln__plan *p, int32_t c);
+/* Whether moments node i can join the implicit data gradient group g as its last member
+ * (g->moments); fits says whether g's kernel has the operands for it. */
+bool kiln__dgrad_moments(const kiln_ctx *ctx, const kiln__plan *p, const kiln__group *g, int32_t i,
+                         bool fits);
 /* Whether col2im node cn's implicit data gradient (dt, co output and ci input channels) runs on
  * wgmma (device/conv.cuh or conv_tma.cuh) rather than mma.sync. */
 bool kiln__dgrad_on_wgmma(const kiln_ctx *ctx, const kiln__node *cn, kiln_dtype dt, int64_t co,
@@ -170,6 +178,7 @@ typedef struct kiln__spec {
   kiln__gemm gemm;     /* BLAS; CONV: the product (a, b and d set) */
   kiln__implicit conv; /* CONV: which product; red is col2im (DGRAD) or im2col (FPROP, WGRAD) */
   bool wgmma;          /* CONV, DGRAD: on wgmma (the group's) */
+  const kiln__node *moments; /* CONV, DGRAD: batch norm's gradient sums it writes (or NULL) */
   /* a concat input's copy into its slice of the output: a node and a view that lowering owns */
   kiln__node copy;
   kiln_tensor slice;

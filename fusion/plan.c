@@ -577,6 +577,12 @@ static bool phase_groups(kiln_ctx *ctx, kiln__plan *p, bool fuse) {
         continue;
       }
     }
+    if (fuse && open && kiln__dgrad_moments(ctx, p, open, i, fits(ctx, p, open, i, 0))) {
+      if (!add_member(ctx, p, open, i)) return false; /* the data gradient sums its block's rows */
+      open->moments = true;
+      open = NULL;
+      continue;
+    }
     open = NULL;
     if (kind == KILN__KIND_UPDATE && fuse && p->ng > 0 && can_batch(ctx, p, &p->g[p->ng - 1], i)) {
       if (!add_member(ctx, p, &p->g[p->ng - 1], i)) return false;

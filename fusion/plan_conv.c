@@ -69,6 +69,47 @@ int32_t kiln__implicit_dgrad(const kiln_ctx *ctx, const kiln__plan *p, int32_t c
   return mm;
 }
 
+/* The node of the flush whose output t shows through views, or -1. */
+static int32_t through_views(const kiln_ctx *ctx, const kiln__plan *p, const kiln_tensor *t) {
+  for (;;) {
+    int32_t v = kiln__plan_producer(ctx, p, t);
+    if (v < 0 || kiln__ops[ctx->trace.nodes[v].op].kind != KILN__KIND_VIEW) return v;
+    t = ctx->trace.nodes[v].in[0];
+  }
+}
+
+/* Batch norm's backward sums the gradient g of its output and g xhat over each channel (a moments
+ * node of mode 1: g, x, mean, invstd), in a pass of its own over g and x. Where g is what a data
+ * gradient's epilogue computes (a convolution's dX times an activation's derivative at the
+ * recomputed batch norm before it), the TMA kernel's staged epilogue, which holds g and has x at
+ * hand, sums its block's 128 rows instead and writes the moments node's partial sums (P, 2, C),
+ * P blocks of 128 rows (KILN__MOMENTS_ROWS): the pass over g and x is saved (H100, air: the six
+ * moments kernels took 113 us a step). x must not be the group's own value; all dense. */
+bool kiln__dgrad_moments(const kiln_ctx *ctx, const kiln__plan *p, const kiln__group *g, int32_t i,
+                         bool fits) {
+  const kiln__node *nodes = ctx->trace.nodes, *m = &nodes[i];
+  if (!ctx->conv_moments || !fits || m->op != KILN__OP_MOMENTS || KILN__I(m, MOMENTS, mode) != 1 ||
+      KILN__I(m, MOMENTS, rows) != 128 || g->implicit != KILN__IMPLICIT_DGRAD || !g->wgmma ||
+      g->n < 3 || ctx->arch != 90 || !ctx->conv_tma || !ctx->conv_staged)
+    return false;
+  const kiln__node *cn = &nodes[g->node], *mm = &nodes[p->members[g->first]];
+  const kiln_tensor *X = cn->out, *gv = m->in[0], *x = m->in[1], *mean = m->in[2],
+                    *invstd = m->in[3];
+  int64_t co = mm->in[0]->shape[1], ci = X->shape[3];
+  kiln__win w = kiln__win_of(cn);
+  if (!kiln__conv_tma_dgrad(&w, co, ci) || X->offset % 4 != 0) return false; /* not staged */
+  int32_t last = p->members[g->first + g->n - 1], gx = through_views(ctx, p, x);
+  if (through_views(ctx, p, gv) != last || (gx >= 0 && p->group_of[gx - p->first] == g - p->g))
+    return false;
+  int64_t R = gv->shape[0];
+  return gv->ndim == 2 && gv->shape[1] == ci && R * ci == kiln_tensor_numel(X) &&
+         kiln__is_contiguous(gv) && kiln__is_contiguous(x) && x->ndim == 2 && x->shape[0] == R &&
+         x->shape[1] == ci && (x->dtype == KILN_DTYPE_BF16 || x->dtype == KILN_DTYPE_F32) &&
+         mean->dtype == KILN_DTYPE_F32 && invstd->dtype == KILN_DTYPE_F32 &&
+         kiln__is_contiguous(mean) && kiln__is_contiguous(invstd) &&
+         kiln_tensor_numel(mean) == ci && kiln_tensor_numel(invstd) == ci;
+}
+
 /* The implicit forward product and weight gradient (fusion/device/conv.cuh, wgmma: bf16 on
  * sm_90) replace im2col and the two products that read its columns where the columns are large
  * against the products: few output channels. H200, batch 1024 (dev/README.md): air's 31x31x24->64

@@ -59,6 +59,13 @@ typedef struct kiln__win_epi {
   bool image;
   bool vec; /* four lanes, and every operand of the epilogue dense like the output: each read
              * and written four values at a time */
+  /* batch norm's gradient sums over the epilogue's node `value` (g), at most four lanes: lane l
+   * adds g to kiln_ms[l] and g (x - mean) invstd to kiln_ms[4 + l], x read at the lane's element
+   * of a dense operand, mean and invstd at its channel; operand `out`, where the caller writes
+   * the sums, is no store of the epilogue's (value 0: none, node 0 being the window op) */
+  struct {
+    int value, x, mean, invstd, out;
+  } mom;
 } kiln__win_epi;
 
 /* ---------------------------------------------------------------- operands and wiring */

@@ -68,9 +68,12 @@ static void tma_maps(kiln__sb *b, int slot, int nmap) {
  * matrix, never read), then the epilogue's operands, then dY and Wk. A block of 128 image pixels
  * and BN channels, its accumulators stored through col2im's epilogue, two channels at a time. On
  * mma.sync (igemm.cuh), or with wg on wgmma as the forward product of dY with the filters flipped
- * (conv.cuh, stride 1: its geometry GD beside the convolution's G). */
+ * (conv.cuh, stride 1: its geometry GD beside the convolution's G). With mom (a moments node of
+ * mode 1 over the epilogue's last value: plan_conv.c's kiln__dgrad_moments; staged only) the
+ * block also sums batch norm's gradient terms over its rows and writes them as the node's
+ * partial sums, its x, mean and invstd operands after Wk, then the sums. */
 static bool render_dgrad(const kiln__ew_prog *p, const kiln__gemm *mm, bool wg, bool ws, bool tma,
-                         bool staged, int most, kiln__rendered *r) {
+                         bool staged, int most, const kiln__node *mom, kiln__rendered *r) {
   const kiln__node *n = p->nodes[0];
   const kiln_tensor *X = n->out, *A = mm->a, *B = mm->b;
   kiln__kargs *a = &r->arg.args;
@@ -78,12 +81,22 @@ static bool render_dgrad(const kiln__ew_prog *p, const kiln__gemm *mm, bool wg, 
   kiln__wiring wr;
   int out = kiln__window_operands(p, &o, &wr, r);
   int ka = kiln__operand(&o, A, false, NULL), kb = kiln__operand(&o, B, false, NULL);
+  kiln__win_epi epi = {.p = p, .o = &o, .w = &wr, .shape = X->shape, .image = true, .vec = false};
+  if (mom) { /* g is the epilogue's last value (the planner's condition) */
+    KILN_ASSERT(p->n > 1 && mom->op == KILN__OP_MOMENTS);
+    epi.mom.value = p->n - 1;
+    epi.mom.x = kiln__operand(&o, mom->in[1], false, NULL);
+    epi.mom.mean = kiln__operand(&o, mom->in[2], false, NULL);
+    epi.mom.invstd = kiln__operand(&o, mom->in[3], false, NULL);
+    epi.mom.out = kiln__operand(&o, mom->out, true, NULL);
+  }
   kiln__win w = kiln__win_of(n);
   int64_t N = X->shape[0], H = X->shape[1], W = X->shape[2], CI = X->shape[3];
   int64_t OH = n->in[0]->shape[1], OW = n->in[0]->shape[2], CO = A->shape[1];
   tma = wg && tma && kiln__conv_tma_dgrad(&w, CO, CI);
   staged = staged && tma;
   KILN_ASSERT(!staged || X->offset % 4 == 0); /* its epilogue stores four channels at once */
+  KILN_ASSERT(!mom || staged);
   ws = ws && !tma;
   int BN = wg ? wgmma_width(CI, ws) : (CI <= 32 ? 32 : 64);
   bool narrowed = tma && most && BN > most; /* 128 unless KILN_CONV_DGRAD_BN says */
@@ -95,7 +108,6 @@ static bool render_dgrad(const kiln__ew_prog *p, const kiln__gemm *mm, bool wg, 
   bool bf16 = X->dtype == KILN_DTYPE_BF16;
   const char *T = kiln__ctype(X->dtype);
   a->n = N * H * W; /* image pixels: the rows of dX */
-  kiln__win_epi epi = {.p = p, .o = &o, .w = &wr, .shape = X->shape, .image = true, .vec = false};
   char pre[1024];
   int k = snprintf(
       pre, sizeof pre,
@@ -158,10 +170,13 @@ static bool render_dgrad(const kiln__ew_prog *p, const kiln__gemm *mm, bool wg, 
                       "    return;\n"
                       "  unsigned char *tile = kiln_tma_align1024(kiln_smem);\n"
                       "  kiln_tma_stage_tile<BN>(acc, tile);\n"
+                      "%s"
                       "  for (int q = threadIdx.x; q < 128 * (BN / 4); q += 256) {\n"
                       "    const ix m = m0 + q / (BN / 4), c = n0 + q %% (BN / 4) * 4;\n"
                       "    float d[4];\n"
-                      "    kiln_tma_tile_get4<BN>(tile, q / (BN / 4), q %% (BN / 4) * 4, d);\n");
+                      "    kiln_tma_tile_get4<BN>(tile, q / (BN / 4), q %% (BN / 4) * 4, d);\n",
+                      mom ? "  float kiln_ms[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};\n"
+                          : "");
     else
       kiln__sb_printf(&b,
                       "    return;\n"
@@ -211,10 +226,15 @@ static bool render_dgrad(const kiln__ew_prog *p, const kiln__gemm *mm, bool wg, 
                     out);
   }
   kiln__sb_printf(&b, "  }\n");
+  if (mom) /* the block's sums of its rows, a thread's four channels over the threads that share
+              them */
+    kiln__sb_printf(&b,
+                    "  kiln_tma_tile_moments<BN>(kiln_ms, tile, (float *)a.ptr[%d], n0, G::CI);\n",
+                    epi.mom.out);
   char stem[80], suffix[48];
   snprintf(suffix, sizeof suffix, "_%lldx%lld_s%lld_%s_%s", (long long)w.kh, (long long)w.kw,
            (long long)w.sh, kiln_dtype_name(X->dtype),
-           tma  ? "tma"
+           tma  ? (mom ? "tma_moments" : "tma")
            : wg ? (ws ? "wgmma_ws" : "wgmma")
                 : "igemm");
   kiln__stem_of(p, "k_matmul", suffix, stem, sizeof stem);
@@ -484,7 +504,7 @@ bool kiln__render_conv(const kiln__target *t, const kiln__spec *s, kiln__rendere
   switch (s->conv) {
   case KILN__IMPLICIT_DGRAD:
     return render_dgrad(&s->prog, &s->gemm, s->wgmma, t->conv_warp_spec, t->conv_tma,
-                        t->conv_staged, t->conv_dgrad_bn, r);
+                        t->conv_staged, t->conv_dgrad_bn, s->moments, r);
   case KILN__IMPLICIT_FPROP:
     return render_fprop(s->red, &s->gemm, t->conv_warp_spec, t->conv_tma, r);
   case KILN__IMPLICIT_WGRAD: return render_wgrad(t, s->red, &s->gemm, r);

@@ -11,6 +11,34 @@
 
 /* ---------------------------------------------------------------- epilogues */
 
+/* Lane l's share of batch norm's gradient sums (kiln__win_epi's mom), in the lane loop: its
+ * element i, its channel c + l. x is the lane's value of an operand the epilogue reads already
+ * (x<k>) where one is the same dense memory (batch norm's input, read again by its recomputed
+ * apply), else read. */
+static void moments_lane(kiln__sb *b, const char *in, const kiln__win_epi *e, const bool *used) {
+  if (e->mom.value <= 0) return;
+  const kiln__operands *o = e->o;
+  const kiln_tensor *x = o->t[e->mom.x];
+  char xv[96];
+  snprintf(xv, sizeof xv, "(float)((const %s *)a.ptr[%d])[i]", kiln__ctype(x->dtype), e->mom.x);
+  for (int k = 0; k < o->n; k++)
+    if (used[k] && !o->store[k] && o->lin[k] && o->t[k]->st == x->st &&
+        o->t[k]->offset == x->offset && o->t[k]->dtype == x->dtype) {
+      snprintf(xv, sizeof xv, "x%d", k);
+      break;
+    }
+  char mv[2][64]; /* mean and invstd: the lane's x<k> where the epilogue reads them by channel */
+  for (int t = 0; t < 2; t++) {
+    int k = t ? e->mom.invstd : e->mom.mean;
+    if (used[k] && o->bcast[k] == 'c')
+      snprintf(mv[t], sizeof mv[t], "x%d", k);
+    else
+      snprintf(mv[t], sizeof mv[t], "((const float *)a.ptr[%d])[c + l]", k);
+  }
+  kiln__sb_printf(b, "%skiln_ms[l] += v%d;\n%skiln_ms[4 + l] += v%d * ((%s - %s) * %s);\n", in,
+                  e->mom.value, in, e->mom.value, xv, mv[0], mv[1]);
+}
+
 /* The epilogue over four lanes whose operands are dense like the output: each read and written
  * four values at a time from i0, the first lane's element. */
 static void epilogue_vec(kiln__sb *b, const char *name, bool bf16, const kiln__win_epi *e,
@@ -21,6 +49,7 @@ static void epilogue_vec(kiln__sb *b, const char *name, bool bf16, const kiln__w
                   (long long)e->shape[1], e->image ? "h" : "oh", (long long)e->shape[2],
                   e->image ? "w" : "ow", (long long)e->shape[3]);
   for (int k = 0; k < o->n; k++) {
+    if (o->store[k] && e->mom.value > 0 && k == e->mom.out) continue;
     if (o->store[k])
       kiln__sb_printf(b, "      float S%d[4];\n", k);
     else if (used[k] && o->bcast[k] == 's')
@@ -49,9 +78,10 @@ static void epilogue_vec(kiln__sb *b, const char *name, bool bf16, const kiln__w
     if (w->store_slot[j] >= 0)
       kiln__sb_printf(b, "        S%d[l] = (float)v%d;\n", w->store_slot[j], j);
   }
+  moments_lane(b, "        ", e, used);
   kiln__sb_printf(b, "      }\n");
   for (int k = 0; k < o->n; k++)
-    if (o->store[k])
+    if (o->store[k] && !(e->mom.value > 0 && k == e->mom.out))
       kiln__sb_printf(b, "      kiln_store4((%s *)a.ptr[%d] + i0, S%d);\n",
                       kiln__ctype(o->t[k]->dtype), k, k);
   kiln__sb_printf(b, "    }\n");
@@ -92,6 +122,7 @@ static void epilogue_lanes(kiln__sb *b, const char *name, bool bf16, const kiln_
     kiln__offset_expr(b, k, 4, o->lin[k], 0);
     kiln__sb_printf(b, "] = (%s)v%d;\n", ot, j);
   }
+  moments_lane(b, "      ", e, used);
   kiln__sb_printf(b, "    }\n");
 }
 

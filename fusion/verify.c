@@ -192,7 +192,12 @@ static const char *check_group(const kiln_ctx *ctx, const kiln__plan *p, int k, 
               p->claim[p->members[g->first] - p->first] != g->node ||
               p->store[p->members[g->first] - p->first]))
       return bad(why, n, "group %d: an implicit product that is not col2im's, or is written", k);
-    for (int m = h + 1; m < g->n; m++) { /* a window op's elementwise epilogue */
+    if (g->moments && (!h || !g->wgmma || g->n < 4 ||
+                       nodes[p->members[g->first + g->n - 1]].op != KILN__OP_MOMENTS ||
+                       !p->store[p->members[g->first + g->n - 1] - p->first]))
+      return bad(why, n, "group %d: batch norm sums that are not a data gradient's, or unwritten",
+                 k);
+    for (int m = h + 1; m < g->n - g->moments; m++) { /* a window op's elementwise epilogue */
       const kiln__node *x = &nodes[p->members[g->first + m]];
       if (!kiln__takes_epilogue(head->op) || kiln__ops[x->op].kind != KILN__KIND_EW ||
           !kiln__same_shape(x->out, head->out))

@@ -427,3 +427,76 @@ Test(conv_tma, tiny_convolutions_without_gradients_run_direct) {
     th_ctx_free(ctx);
   }
 }
+
+/* Batch norm's backward sums (a moments node of mode 1) over what a data gradient's epilogue
+ * computes join that kernel (plan_conv.c's kiln__dgrad_moments): in a bf16 conv (64 -> 64) ->
+ * batch norm -> GELU -> conv (64 -> 64) block, the second conv's data gradient (its epilogue
+ * GELU's derivative at the recomputed batch norm) writes the first batch norm's sums, and no
+ * moments kernel of mode 1 is left for it; the group's last member is the moments node, stored
+ * (the sum over its blocks reads it), and its kernel renders with the sums' operand before its
+ * maps and compiles (NVRTC). Not with KILN_CONV_MOMENTS=0, not with KILN_CONV_STAGED=0 (the
+ * sums take the staged epilogue's rows), not with the TMA kernels off. */
+Test(conv_tma, data_gradients_sum_the_batch_norm_before_them) {
+  struct {
+    bool moments, staged, tma, want;
+  } cases[] = {{true, true, true, true},
+               {false, true, true, false},
+               {true, false, true, false},
+               {true, true, false, false}};
+  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+    char what[96];
+    snprintf(what, sizeof what, "moments %d, staged %d, tma %d", cases[i].moments, cases[i].staged,
+             cases[i].tma);
+    kiln_ctx *ctx = th_cpu_ctx();
+    ctx->conv_moments = cases[i].moments;
+    ctx->conv_staged = cases[i].staged;
+    ctx->conv_tma = cases[i].tma;
+    kiln_step_begin(ctx);
+    kiln_tensor *x = th_f32(ctx, KILN_SHAPE(8, 9, 7, 64));
+    kiln_tensor *k1 = th_param(ctx, KILN_SHAPE(64, 64, 3, 3)),
+                *k2 = th_param(ctx, KILN_SHAPE(64, 64, 3, 3));
+    kiln_tensor *gamma = th_param(ctx, KILN_SHAPE(64)), *beta = th_param(ctx, KILN_SHAPE(64));
+    kiln_conv2d_options o = {.pad_h = 1, .pad_w = 1};
+    kiln_autocast_begin(ctx, KILN_DTYPE_BF16);
+    kiln_tensor *h = kiln_conv2d(x, k1, NULL, &o);
+    h = kiln_gelu(kiln_batch_norm(h, gamma, beta, NULL, NULL, 1, 0, 0), KILN_GELU_ERF);
+    kiln_tensor *y = kiln_conv2d(h, k2, NULL, &o);
+    kiln_autocast_end(ctx);
+    cr_assert_not_null(y, "%s: %s", what, th_err(ctx));
+    cr_assert_eq(kiln_backward(kiln_cast(kiln_sum(y, KILN_ALL_AXES, 0), KILN_DTYPE_F32)), KILN_OK,
+                 "%s: %s", what, th_err(ctx));
+    kiln__program pg;
+    cr_assert(kiln__program_build(ctx, ctx->trace.done, ctx->trace.n, &pg), "%s: %s", what,
+              th_err(ctx));
+    int fused = 0, alone = 0;
+    for (int g = 0; g < pg.plan.ng; g++) {
+      const kiln__group *gr = &pg.plan.g[g];
+      const kiln__call *c = &pg.call[g];
+      for (int m = 0; m < gr->n; m++) {
+        const kiln__node *nd = &ctx->trace.nodes[pg.plan.members[gr->first + m]];
+        if (nd->op != KILN__OP_MOMENTS || KILN__I(nd, MOMENTS, mode) != 1) continue;
+        if (gr->n == 1) {
+          alone++;
+          continue;
+        }
+        fused++;
+        cr_assert(gr->moments && gr->implicit == KILN__IMPLICIT_DGRAD, "%s", what);
+        cr_assert_eq(m, gr->n - 1, "%s: the sums are the group's last member", what);
+        cr_assert(pg.plan.store[pg.plan.members[gr->first + m] - pg.plan.first], "%s", what);
+        cr_assert(strstr(c->name, "_tma_moments_"), "%s: %s", what, c->name);
+        cr_assert_eq(c->ntmap, 2, "%s: %s", what, c->name);
+        cr_assert_geq(c->tma_slot, c->arg.nptr, "%s: %s", what, c->name);
+        bool writes_sums = false;
+        for (int q = 0; q < c->arg.nptr; q++)
+          writes_sums |= c->arg.ptr[q] == nd->out;
+        cr_assert(writes_sums, "%s: %s takes the sums' operand", what, c->name);
+      }
+    }
+    cr_assert_eq(fused, cases[i].want ? 1 : 0, "%s: %d data gradients sum", what, fused);
+    cr_assert_eq(alone, cases[i].want ? 0 : 1, "%s: %d moments kernels", what, alone);
+    kiln__program_free(&pg);
+    cr_assert_eq(kiln_step_end(ctx), KILN_OK, "%s: %s", what, th_err(ctx));
+    th_free_scratch();
+    th_ctx_free(ctx);
+  }
+}

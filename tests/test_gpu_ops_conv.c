@@ -706,6 +706,80 @@ Test(gpu_ops, conv2d_of_a_view) {
   th_ctx_free(ctx);
 }
 
+/* The gradients of a bf16 conv (c -> c, 3x3 pad 1) -> batch norm -> GELU -> conv (c -> c) block
+ * for loss = sum(y gy), x (16, 9, 7, c): 1,008 rows, 7 blocks of 128 and one of 112, in a context
+ * made with KILN_CONV_MOMENTS set to `on`, eagerly: the batch norm's weight and bias gradients
+ * (from its sums), x's and the first filters' (malloc'd f32, in that order in g[4]). */
+static void bn_block_gradients(int64_t c, const char *on, uint64_t seed, float *g[4]) {
+  setenv("KILN_CONV_MOMENTS", on, 1); /* read when the context is made */
+  kiln_ctx *ctx = kiln_ctx_new(NULL);
+  unsetenv("KILN_CONV_MOMENTS");
+  cr_assert(ctx && kiln_ctx_has_gpu(ctx));
+  kiln_set_graphs(ctx, 0);
+  kiln_tensor *x = ref_rand_tensor(ctx, KILN_SHAPE(16, 9, 7, c), seed, &REF_GEN(-1, 1), 1, NULL);
+  kiln_tensor *k1 =
+      ref_rand_tensor(ctx, KILN_SHAPE(c, c, 3, 3), seed + 1, &REF_GEN(-0.1, 0.1), 1, NULL);
+  kiln_tensor *k2 =
+      ref_rand_tensor(ctx, KILN_SHAPE(c, c, 3, 3), seed + 2, &REF_GEN(-0.1, 0.1), 1, NULL);
+  kiln_tensor *gamma = ref_rand_tensor(ctx, KILN_SHAPE(c), seed + 3, &REF_GEN(0.5, 1.5), 1, NULL);
+  kiln_tensor *beta = ref_rand_tensor(ctx, KILN_SHAPE(c), seed + 4, &REF_GEN(-0.5, 0.5), 1, NULL);
+  kiln_tensor *gy =
+      ref_rand_tensor(ctx, KILN_SHAPE(16, 9, 7, c), seed + 5, &REF_GEN(-1, 1), 0, NULL);
+  kiln_conv2d_options o = {.pad_h = 1, .pad_w = 1};
+  kiln_step_begin(ctx);
+  kiln_autocast_begin(ctx, KILN_DTYPE_BF16);
+  kiln_tensor *h = kiln_conv2d(x, k1, NULL, &o);
+  h = kiln_gelu(kiln_batch_norm(h, gamma, beta, NULL, NULL, 1, 0, 0), KILN_GELU_ERF);
+  kiln_tensor *y = kiln_conv2d(h, k2, NULL, &o);
+  kiln_autocast_end(ctx);
+  cr_assert_eq(
+      kiln_backward(kiln_sum(kiln_mul(kiln_cast(y, KILN_DTYPE_F32), gy), KILN_ALL_AXES, 0)),
+      KILN_OK, "%s", th_err(ctx));
+  cr_assert_eq(kiln_step_end(ctx), KILN_OK, "%s", th_err(ctx));
+  kiln_tensor *of[4] = {gamma, beta, x, k1};
+  for (int q = 0; q < 4; q++)
+    g[q] = ref_read_f32(ctx, kiln_tensor_grad(of[q]), "a gradient");
+  kiln_tensor *all[6] = {x, k1, k2, gamma, beta, gy};
+  for (int q = 0; q < 6; q++)
+    kiln_tensor_free(all[q]);
+  th_ctx_free(ctx);
+}
+
+/* Batch norm's sums in the data gradient's epilogue (plan_conv.c's kiln__dgrad_moments; tiles of
+ * 64 channels at 64, two tiles of 128 at 256) against the same step with a moments kernel of their
+ * own (KILN_CONV_MOMENTS=0): the same data gradient and the same g, so that only the order of the
+ * sums differs: the weight's and bias's gradients agree to 1e-4 of their largest, x's and the
+ * filters' (through the batch norm's dx) to 1e-3. */
+Test(gpu_ops, conv2d_data_gradients_sum_the_batch_norm_before_them) {
+  int major = 0, minor = 0;
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0);
+  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0);
+  if (major != 9 || minor != 0)
+    cr_skip_test("the TMA-fed kernels are sm_90a's; this device is sm_%d%d", major, minor);
+  const int64_t chans[2] = {64, 256};
+  const char *names[4] = {"the weight's", "the bias's", "x's", "the first filters'"};
+  for (int i = 0; i < 2; i++) {
+    float *on[4], *off[4];
+    bn_block_gradients(chans[i], "1", 7400 + 10 * (uint64_t)i, on);
+    bn_block_gradients(chans[i], "0", 7400 + 10 * (uint64_t)i, off);
+    int64_t c = chans[i], n[4] = {c, c, 16 * 9 * 7 * c, c * c * 9};
+    for (int q = 0; q < 4; q++) {
+      double most = 0, diff = 0;
+      for (int64_t j = 0; j < n[q]; j++) {
+        most = fmax(most, fabs(off[q][j]));
+        diff = fmax(diff, fabs((double)on[q][j] - off[q][j]));
+      }
+      cr_assert_gt(most, 1e-3, "%lld channels: %s gradient is not all small", (long long)c,
+                   names[q]);
+      cr_assert_leq(diff, (q < 2 ? 1e-4 : 1e-3) * most,
+                    "%lld channels: %s gradient differs by %g (largest %g)", (long long)c, names[q],
+                    diff, most);
+      free(on[q]);
+      free(off[q]);
+    }
+  }
+}
+
 /* ---------------------------------------------------------------- pooling */
 
 typedef enum pkind { P_MAX, P_AVG } pkind;

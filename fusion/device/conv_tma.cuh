@@ -294,6 +294,34 @@ KILN__FN void kiln_tma_tile_get4(const unsigned char *tile, int row, int col, fl
   kiln_load4((const kiln_bf16 *)(tile + row * KILN_TMA_PITCH(BN)) + col, v);
 }
 
+/* Batch norm's gradient sums over a staged epilogue's block of 128 rows (render_conv.c): each
+ * of the 256 threads summed, over the rows it took, four channels from column (threadIdx.x %
+ * (BN / 4)) * 4 (the epilogue's q = threadIdx.x + 256 k keeps a thread's chunk), s[l] the sum of
+ * g and s[4 + l] of g xhat for channel l. The threads that share a chunk are added in a fixed
+ * order (the same result every run), through the tile (free once every thread has read it), and
+ * the block writes its row of out's partial sums (P, 2, C), P blocks of 128 rows: out[(blockIdx.x
+ * * 2 + t) * C + c] for its channels c in [n0, n0 + BN) below C. */
+template <int BN>
+KILN__FN void kiln_tma_tile_moments(const float (&s)[8], unsigned char *tile, float *out, int n0,
+                                    int C) {
+  constexpr int CHUNKS = BN / 4, SHARE = 256 / CHUNKS; /* threads a chunk */
+  static_assert(256 % CHUNKS == 0 && 8 * 256 * 4 <= 128 * KILN_TMA_PITCH(BN), "the tile's room");
+  float *red = (float *)tile; /* [8][256]: term k of thread t at red[k * 256 + t] */
+  kiln_named_sync(1, 256);    /* every thread has read its values from the tile */
+#pragma unroll
+  for (int k = 0; k < 8; k++)
+    red[k * 256 + threadIdx.x] = s[k];
+  kiln_named_sync(1, 256);
+  for (int t = threadIdx.x; t < 2 * BN; t += 256) {
+    const int col = t % BN, which = t / BN, chunk = col / 4, l = col % 4;
+    float v = 0.f;
+#pragma unroll
+    for (int j = 0; j < SHARE; j++)
+      v += red[(which * 4 + l) * 256 + chunk + j * CHUNKS];
+    if (n0 + col < C) out[((long long)blockIdx.x * 2 + which) * C + n0 + col] = v;
+  }
+}
+
 /* Stores a two-warpgroup block's accumulators d (128 rows from m0, BN columns from n0) as bf16
  * into out (rows x cols, row-major) through the freed stages at tile (kiln_tma_stage_tile), the
  * block storing whole 16-byte chunks, a row's by neighbouring threads. The 4-byte stores straight
