@@ -748,8 +748,10 @@ static void bn_block_gradients(int64_t c, const char *on, uint64_t seed, float *
 /* Batch norm's sums in the data gradient's epilogue (plan_conv.c's kiln__dgrad_moments; tiles of
  * 64 channels at 64, two tiles of 128 at 256) against the same step with a moments kernel of their
  * own (KILN_CONV_MOMENTS=0): the same data gradient and the same g, so that only the order of the
- * sums differs: the weight's and bias's gradients agree to 1e-4 of their largest, x's and the
- * filters' (through the batch norm's dx) to 1e-3. */
+ * sums differs: the weight's and bias's gradients agree to 1e-4 of their largest; x's and the
+ * filters' come through the batch norm's dx, rounded to bf16, where a sum's last bit can move a
+ * value by one bf16 step (H100: x's by 0.0078 where its largest is 4.78): to 1/128 of their
+ * largest, two such steps. */
 Test(gpu_ops, conv2d_data_gradients_sum_the_batch_norm_before_them) {
   int major = 0, minor = 0;
   cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0);
@@ -771,7 +773,7 @@ Test(gpu_ops, conv2d_data_gradients_sum_the_batch_norm_before_them) {
       }
       cr_assert_gt(most, 1e-3, "%lld channels: %s gradient is not all small", (long long)c,
                    names[q]);
-      cr_assert_leq(diff, (q < 2 ? 1e-4 : 1e-3) * most,
+      cr_assert_leq(diff, (q < 2 ? 1e-4 : 1.0 / 128) * most,
                     "%lld channels: %s gradient differs by %g (largest %g)", (long long)c, names[q],
                     diff, most);
       free(on[q]);
