@@ -376,9 +376,10 @@ struct kiln_ctx {
   bool im2col_lanes;        /* im2col of 2 or 3 channels a tap a thread (KILN_IM2COL_LANES=1) */
   int implicit_conv_max_co; /* KILN_IMPLICIT_CONV_MAX_CO, to measure; 0: the planner's default */
   bool conv_recompute;      /* KILN_CONV_RECOMPUTE=1: kiln__recomputes_columns */
-  bool conv_kpad;    /* zero columns to a multiple of 8 (kiln_conv2d); KILN_CONV_KPAD=0: none */
-  bool conv_moments; /* batch norm's gradient sums in a data gradient's epilogue (=0: not) */
-  int conv_dgrad_bn; /* TMA data gradients' widest tile: 128, or KILN_CONV_DGRAD_BN (64; 256: 0) */
+  bool conv_kpad;     /* zero columns to a multiple of 8 (kiln_conv2d); KILN_CONV_KPAD=0: none */
+  bool conv_moments;  /* batch norm's gradient sums in a data gradient's epilogue (=0: not) */
+  bool conv_prefetch; /* KILN_CONV_PREFETCH=1: TMA data gradients prefetch their epilogue's rows */
+  int conv_dgrad_bn;  /* TMA data gradients' widest tile: 128, or KILN_CONV_DGRAD_BN (64; 256: 0) */
   struct CUstream_st *stream;
 
   kiln_status status;

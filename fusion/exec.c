@@ -60,6 +60,7 @@ static bool build_calls(kiln_ctx *ctx, kiln__program *pg) {
                          .conv_staged = ctx->conv_staged,
                          .im2col_lanes = ctx->im2col_lanes,
                          .conv_dgrad_bn = ctx->conv_dgrad_bn,
+                         .conv_prefetch = ctx->conv_prefetch,
                          .customs = ctx->customs,
                          .ncustom = ctx->ncustom};
   int ng = pg->plan.ng, nr = 0;

@@ -500,3 +500,47 @@ Test(conv_tma, data_gradients_sum_the_batch_norm_before_them) {
     th_ctx_free(ctx);
   }
 }
+
+/* KILN_CONV_PREFETCH=1 gives the data gradient of the block above a kernel of its own (its
+ * producer thread asks L2 for the epilogue's rows), which renders and compiles (NVRTC); the
+ * other kernels stay as they are. */
+Test(conv_tma, data_gradients_prefetch_their_epilogue_rows_with_the_switch) {
+  char names[2][96];
+  int others[2] = {0, 0};
+  for (int on = 0; on < 2; on++) {
+    kiln_ctx *ctx = th_cpu_ctx();
+    ctx->conv_tma = true;
+    ctx->conv_prefetch = on;
+    kiln_step_begin(ctx);
+    kiln_tensor *x = th_f32(ctx, KILN_SHAPE(8, 9, 7, 64));
+    kiln_tensor *k1 = th_param(ctx, KILN_SHAPE(64, 64, 3, 3)),
+                *k2 = th_param(ctx, KILN_SHAPE(64, 64, 3, 3));
+    kiln_tensor *gamma = th_param(ctx, KILN_SHAPE(64)), *beta = th_param(ctx, KILN_SHAPE(64));
+    kiln_conv2d_options o = {.pad_h = 1, .pad_w = 1};
+    kiln_autocast_begin(ctx, KILN_DTYPE_BF16);
+    kiln_tensor *h = kiln_conv2d(x, k1, NULL, &o);
+    h = kiln_gelu(kiln_batch_norm(h, gamma, beta, NULL, NULL, 1, 0, 0), KILN_GELU_ERF);
+    kiln_tensor *y = kiln_conv2d(h, k2, NULL, &o);
+    kiln_autocast_end(ctx);
+    cr_assert_eq(kiln_backward(kiln_cast(kiln_sum(y, KILN_ALL_AXES, 0), KILN_DTYPE_F32)), KILN_OK,
+                 "%s", th_err(ctx));
+    kiln__program pg;
+    cr_assert(kiln__program_build(ctx, ctx->trace.done, ctx->trace.n, &pg), "%s", th_err(ctx));
+    int found = 0;
+    for (int g = 0; g < pg.plan.ng; g++) {
+      if (pg.plan.g[g].moments) {
+        found++;
+        snprintf(names[on], sizeof names[on], "%s", pg.call[g].name);
+      } else {
+        others[on]++;
+      }
+    }
+    cr_assert_eq(found, 1, "switch %d", on);
+    kiln__program_free(&pg);
+    cr_assert_eq(kiln_step_end(ctx), KILN_OK, "%s", th_err(ctx));
+    th_free_scratch();
+    th_ctx_free(ctx);
+  }
+  cr_assert_str_neq(names[0], names[1], "the switch changes the data gradient's kernel");
+  cr_assert_eq(others[0], others[1]);
+}

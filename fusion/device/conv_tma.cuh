@@ -294,6 +294,11 @@ KILN__FN void kiln_tma_tile_get4(const unsigned char *tile, int row, int col, fl
   kiln_load4((const kiln_bf16 *)(tile + row * KILN_TMA_PITCH(BN)) + col, v);
 }
 
+/* Asks L2 for `bytes` (a multiple of 16) from p (16-byte aligned), without waiting. */
+KILN__FN void kiln_tma_prefetch_l2(const void *p, unsigned bytes) {
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(p), "r"(bytes) : "memory");
+}
+
 /* Batch norm's gradient sums over a staged epilogue's block of 128 rows (render_conv.c): each
  * of the 256 threads summed, over the rows it took, four channels from column (threadIdx.x %
  * (BN / 4)) * 4 (the epilogue's q = threadIdx.x + 256 k keeps a thread's chunk), s[l] the sum of
