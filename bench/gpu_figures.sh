@@ -23,7 +23,8 @@
 #   switches          the air and resnet18 steps (graph mode) at the defaults, with KILN_CONV_KPAD=0,
 #                     with KILN_CONV_DGRAD_BN=256, with both (what the defaults were before the
 #                     H100 run of 2026-12-05), with KILN_CONV_MOMENTS=0 (batch norm's sums in
-#                     kernels of their own) and with KILN_CONV_PREFETCH=1, and the air step's
+#                     kernels of their own), with KILN_CONV_PREFETCH=1 and with KILN_CONV_HOIST=0,
+#                     and the air step's
 #                     convolutions at the defaults
 #                     (bench/conv_compare.py beside cuDNN)
 # Every step has a time limit; a summary line per step is printed last. Naming steps after BUILD
@@ -93,7 +94,7 @@ step sanitize 380 "for w in cnn air; do for t in initcheck racecheck; do
 step stem 120 "python3 bench/stem_gemm.py"
 step switches 500 "for w in air resnet18; do
   for sw in '' KILN_CONV_KPAD=0 KILN_CONV_DGRAD_BN=256 'KILN_CONV_KPAD=0 KILN_CONV_DGRAD_BN=256' \
-    KILN_CONV_MOMENTS=0 KILN_CONV_PREFETCH=1; do
+    KILN_CONV_MOMENTS=0 KILN_CONV_PREFETCH=1 KILN_CONV_HOIST=0; do
     printf '%s %s: ' \$w \"\${sw:-default}\"
     env \$sw timeout 120 $build/profile_step --workload \$w --mode graph --json |
       grep -o '\"ms_per_step\": *[0-9.]*\|\"peak_mib\": *[0-9.]*' | tr '\n' ' '

@@ -150,6 +150,7 @@ kiln_ctx *kiln__ctx_create(const kiln_ctx_options *opts) {
   ctx->conv_kpad = !env_off("KILN_CONV_KPAD");
   ctx->conv_moments = !env_off("KILN_CONV_MOMENTS");
   ctx->conv_prefetch = env_on("KILN_CONV_PREFETCH"); /* off until it has run on a GPU */
+  ctx->conv_hoist = !env_off("KILN_CONV_HOIST");
   ctx->conv_dgrad_bn = 128; /* KILN_CONV_DGRAD_BN=256: one tile as wide as the channels (0) */
   const char *dgrad_bn = getenv("KILN_CONV_DGRAD_BN");
   if (dgrad_bn && (strcmp(dgrad_bn, "64") == 0 || strcmp(dgrad_bn, "128") == 0))

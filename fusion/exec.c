@@ -61,6 +61,7 @@ static bool build_calls(kiln_ctx *ctx, kiln__program *pg) {
                          .im2col_lanes = ctx->im2col_lanes,
                          .conv_dgrad_bn = ctx->conv_dgrad_bn,
                          .conv_prefetch = ctx->conv_prefetch,
+                         .conv_hoist = ctx->conv_hoist,
                          .customs = ctx->customs,
                          .ncustom = ctx->ncustom};
   int ng = pg->plan.ng, nr = 0;

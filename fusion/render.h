@@ -59,6 +59,10 @@ typedef struct kiln__win_epi {
   bool image;
   bool vec; /* four lanes, and every operand of the epilogue dense like the output: each read
              * and written four values at a time */
+  /* with vec: the operands read one value a channel are in X<k>[4] already, loaded before the
+   * caller's loop at the four channels every lane group of the thread has
+   * (kiln__hoist_channel_loads) */
+  bool hoist;
   /* batch norm's gradient sums over the epilogue's node `value` (g), at most four lanes: lane l
    * adds g to kiln_ms[l] and g (x - mean) invstd to kiln_ms[4 + l], x read at the lane's element
    * of a dense operand, mean and invstd at its channel; operand `out`, where the caller writes
@@ -142,6 +146,10 @@ int kiln__window_operands(const kiln__ew_prog *p, kiln__operands *o, kiln__wirin
 /* Writes float name[V], a window op's lanes (of dtype dt), through the epilogue e. The code
  * reads the element's coordinates n, h and w (or oh and ow), c, and V and ix. */
 void kiln__store_lanes(kiln__sb *b, const char *name, kiln_dtype dt, const kiln__win_epi *e);
+/* For an epilogue with hoist: loads each operand it reads one value a channel into X<k>[4] at
+ * channels [c, c + 4) (c an expression; zeros where c is not below `limit`), indented by ind. */
+void kiln__hoist_channel_loads(kiln__sb *b, const kiln__win_epi *e, const char *c,
+                               const char *limit, const char *ind);
 /* Whether a window epilogue may read and write four lanes at once (render_window.c). */
 bool kiln__epilogue_fours(const kiln__ew_prog *p, const kiln__operands *o, const kiln__wiring *wr);
 

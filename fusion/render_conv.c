@@ -105,9 +105,12 @@ static void prefetch_rows(kiln__sb *b, const kiln__ew_prog *p, const kiln__opera
  * mode 1 over the epilogue's last value: plan_conv.c's kiln__dgrad_moments; staged only) the
  * block also sums batch norm's gradient terms over its rows and writes them as the node's
  * partial sums, its x, mean and invstd operands after Wk, then the sums. */
-static bool render_dgrad(const kiln__ew_prog *p, const kiln__gemm *mm, bool wg, bool ws, bool tma,
-                         bool staged, int most, bool prefetch, const kiln__node *mom,
-                         kiln__rendered *r) {
+static bool render_dgrad(const kiln__target *t, const kiln__spec *s, kiln__rendered *r) {
+  const kiln__ew_prog *p = &s->prog;
+  const kiln__gemm *mm = &s->gemm;
+  const kiln__node *mom = s->moments;
+  bool wg = s->wgmma, ws = t->conv_warp_spec, tma = t->conv_tma, staged = t->conv_staged;
+  int most = t->conv_dgrad_bn;
   const kiln__node *n = p->nodes[0];
   const kiln_tensor *X = n->out, *A = mm->a, *B = mm->b;
   kiln__kargs *a = &r->arg.args;
@@ -131,6 +134,10 @@ static bool render_dgrad(const kiln__ew_prog *p, const kiln__gemm *mm, bool wg, 
   staged = staged && tma;
   KILN_ASSERT(!staged || X->offset % 4 == 0); /* its epilogue stores four channels at once */
   KILN_ASSERT(!mom || staged);
+  /* staged, a thread keeps its four channels from one row to the next: their per-channel
+   * operands are loaded once, before the loop (KILN_CONV_HOIST=0: in every row) */
+  epi.vec = staged && p->n > 1 && kiln__epilogue_fours(p, &o, &wr);
+  epi.hoist = epi.vec && t->conv_hoist;
   ws = ws && !tma;
   int BN = wg ? wgmma_width(CI, ws) : (CI <= 32 ? 32 : 64);
   bool narrowed = tma && most && BN > most; /* 128 unless KILN_CONV_DGRAD_BN says */
@@ -187,7 +194,7 @@ static bool render_dgrad(const kiln__ew_prog *p, const kiln__gemm *mm, bool wg, 
       tma_maps(&b, o.n, 2);
       kiln__sb_printf(
           &b, "  if (!kiln_conv_dgrad_tma<G, BN, S>(tm, tm + 1, m0, n0, kiln_smem, acc)) {\n");
-      if (prefetch) prefetch_rows(&b, p, &o, &wr, &epi, X);
+      if (t->conv_prefetch) prefetch_rows(&b, p, &o, &wr, &epi, X);
       kiln__sb_printf(&b, "    return;\n  }\n");
       kiln__win f = kiln__dgrad_window(&w);
       const int64_t nhwc[4] = {N, OH, OW, CO}, wk[3] = {CI, w.kh * w.kw, CO};
@@ -200,18 +207,24 @@ static bool render_dgrad(const kiln__ew_prog *p, const kiln__gemm *mm, bool wg, 
                       "(const kiln_bf16 *)a.ptr[%d], m0, n0, kiln_smem, acc))\n    return;\n",
                       ws ? "true" : "false", ka, kb);
     }
+    kiln__sb hoisted = {0};
+    if (epi.hoist) kiln__hoist_channel_loads(&hoisted, &epi, "kiln_c", "G::CI", "  ");
     if (staged) /* through shared memory: a thread's four channels of a row, a row's chunks by
                  * neighbouring threads, each operand read and written four values at a time */
       kiln__sb_printf(&b,
                       "  unsigned char *tile = kiln_tma_align1024(kiln_smem);\n"
                       "  kiln_tma_stage_tile<BN>(acc, tile);\n"
                       "%s"
+                      "  static_assert(256 %% (BN / 4) == 0, \"a thread keeps its channels\");\n"
+                      "  const ix kiln_c = n0 + threadIdx.x %% (BN / 4) * 4;\n"
+                      "  (void)kiln_c;\n"
+                      "%s"
                       "  for (int q = threadIdx.x; q < 128 * (BN / 4); q += 256) {\n"
                       "    const ix m = m0 + q / (BN / 4), c = n0 + q %% (BN / 4) * 4;\n"
                       "    float d[4];\n"
                       "    kiln_tma_tile_get4<BN>(tile, q / (BN / 4), q %% (BN / 4) * 4, d);\n",
-                      mom ? "  float kiln_ms[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};\n"
-                          : "");
+                      mom ? "  float kiln_ms[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};\n" : "",
+                      hoisted.s ? hoisted.s : "");
     else
       kiln__sb_printf(&b,
                       "  const int r0 = kiln_conv_row0<%s>();\n"
@@ -223,6 +236,8 @@ static bool render_dgrad(const kiln__ew_prog *p, const kiln__gemm *mm, bool wg, 
                       "    const ix c = n0 + 8 * j + 2 * (lane & 3);\n"
                       "    const float d[2] = {acc[4 * j + 2 * hh], acc[4 * j + 2 * hh + 1]};\n",
                       ws ? "true" : "false");
+    b.oom |= hoisted.oom;
+    kiln__sb_free(&hoisted);
   } else
     kiln__sb_printf(&b,
                     "  const int M = (int)a.n, m0 = (int)blockIdx.x * KILN_IG_BM, n0 = "
@@ -244,7 +259,6 @@ static bool render_dgrad(const kiln__ew_prog *p, const kiln__gemm *mm, bool wg, 
                       "    const ix n = m / (G::H * G::W), h = m / G::W %% G::H, w = m %% G::W;\n"
                       "    (void)n; (void)h; (void)w;\n");
   if (p->n > 1) {
-    epi.vec = staged && kiln__epilogue_fours(p, &o, &wr);
     kiln__store_lanes(&b, "d", X->dtype, &epi);
   } else if (staged) {
     kiln__sb_printf(&b, "    kiln_store4((kiln_bf16 *)a.ptr[%d] + m * G::CI + c, d);\n", out);
@@ -536,9 +550,7 @@ static bool render_wgrad(const kiln__target *t, const kiln__node *n, const kiln_
 
 bool kiln__render_conv(const kiln__target *t, const kiln__spec *s, kiln__rendered *r) {
   switch (s->conv) {
-  case KILN__IMPLICIT_DGRAD:
-    return render_dgrad(&s->prog, &s->gemm, s->wgmma, t->conv_warp_spec, t->conv_tma,
-                        t->conv_staged, t->conv_dgrad_bn, t->conv_prefetch, s->moments, r);
+  case KILN__IMPLICIT_DGRAD: return render_dgrad(t, s, r);
   case KILN__IMPLICIT_FPROP:
     return render_fprop(s->red, &s->gemm, t->conv_warp_spec, t->conv_tma, r);
   case KILN__IMPLICIT_WGRAD: return render_wgrad(t, s->red, &s->gemm, r);

@@ -55,7 +55,7 @@ static void epilogue_vec(kiln__sb *b, const char *name, bool bf16, const kiln__w
     else if (used[k] && o->bcast[k] == 's')
       kiln__sb_printf(b, "      const float X%d0 = ((const %s *)a.ptr[%d])[0];\n", k,
                       kiln__ctype(o->t[k]->dtype), k);
-    else if (used[k])
+    else if (used[k] && !(e->hoist && o->bcast[k] == 'c')) /* hoisted: loaded before the loop */
       kiln__sb_printf(b,
                       "      float X%d[4];\n      kiln_load4((const %s *)a.ptr[%d] + %s, X%d);\n",
                       k, kiln__ctype(o->t[k]->dtype), k, o->bcast[k] == 'c' ? "c" : "i0", k);
@@ -126,11 +126,29 @@ static void epilogue_lanes(kiln__sb *b, const char *name, bool bf16, const kiln_
   kiln__sb_printf(b, "    }\n");
 }
 
-void kiln__store_lanes(kiln__sb *b, const char *name, kiln_dtype dt, const kiln__win_epi *e) {
-  bool used[KILN__KMAX_PTR] = {0}; /* the operands the epilogue reads */
+/* The operands epilogue e reads (used[k]). */
+static void epilogue_reads(const kiln__win_epi *e, bool *used) {
   for (int j = 1; j < e->p->n; j++)
     for (int q = 0; q < e->p->nodes[j]->nin; q++)
       if (e->w->opnd[j][q] >= 0) used[e->w->opnd[j][q]] = true;
+}
+
+void kiln__hoist_channel_loads(kiln__sb *b, const kiln__win_epi *e, const char *c,
+                               const char *limit, const char *ind) {
+  KILN_ASSERT(e->hoist && e->vec);
+  bool used[KILN__KMAX_PTR] = {0};
+  epilogue_reads(e, used);
+  for (int k = 0; k < e->o->n; k++)
+    if (used[k] && !e->o->store[k] && e->o->bcast[k] == 'c')
+      kiln__sb_printf(b,
+                      "%sfloat X%d[4] = {0.f, 0.f, 0.f, 0.f};\n"
+                      "%sif (%s < %s) kiln_load4((const %s *)a.ptr[%d] + %s, X%d);\n",
+                      ind, k, ind, c, limit, kiln__ctype(e->o->t[k]->dtype), k, c, k);
+}
+
+void kiln__store_lanes(kiln__sb *b, const char *name, kiln_dtype dt, const kiln__win_epi *e) {
+  bool used[KILN__KMAX_PTR] = {0}; /* the operands the epilogue reads */
+  epilogue_reads(e, used);
   bool bf16 = dt == KILN_DTYPE_BF16; /* the op's value, rounded as its store would round it */
   if (e->vec)
     epilogue_vec(b, name, bf16, e, used);

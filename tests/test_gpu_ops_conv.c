@@ -708,16 +708,17 @@ Test(gpu_ops, conv2d_of_a_view) {
 
 /* The gradients of a bf16 conv (c -> c, 3x3 pad 1) -> batch norm -> GELU -> conv (c -> c) block
  * for loss = sum(y gy), x (16, 9, 7, c): 1,008 rows, 7 blocks of 128 and one of 112, in a context
- * made with KILN_CONV_MOMENTS set to `on` and KILN_CONV_PREFETCH to `prefetch`, eagerly: the
- * batch norm's weight and bias gradients (from its sums), x's and the first filters' (malloc'd
- * f32, in that order in g[4]). */
-static void bn_block_gradients(int64_t c, const char *on, const char *prefetch, uint64_t seed,
-                               float *g[4]) {
-  setenv("KILN_CONV_MOMENTS", on, 1); /* read when the context is made */
-  setenv("KILN_CONV_PREFETCH", prefetch, 1);
+ * made with KILN_CONV_MOMENTS, KILN_CONV_PREFETCH and KILN_CONV_HOIST set to sw[0..2], eagerly:
+ * the batch norm's weight and bias gradients (from its sums), x's and the first filters'
+ * (malloc'd f32, in that order in g[4]). */
+static void bn_block_gradients(int64_t c, const char *const sw[3], uint64_t seed, float *g[4]) {
+  static const char *const names[3] = {"KILN_CONV_MOMENTS", "KILN_CONV_PREFETCH",
+                                       "KILN_CONV_HOIST"};
+  for (int q = 0; q < 3; q++) /* read when the context is made */
+    setenv(names[q], sw[q], 1);
   kiln_ctx *ctx = kiln_ctx_new(NULL);
-  unsetenv("KILN_CONV_MOMENTS");
-  unsetenv("KILN_CONV_PREFETCH");
+  for (int q = 0; q < 3; q++)
+    unsetenv(names[q]);
   cr_assert(ctx && kiln_ctx_has_gpu(ctx));
   kiln_set_graphs(ctx, 0);
   kiln_tensor *x = ref_rand_tensor(ctx, KILN_SHAPE(16, 9, 7, c), seed, &REF_GEN(-1, 1), 1, NULL);
@@ -766,8 +767,8 @@ Test(gpu_ops, conv2d_data_gradients_sum_the_batch_norm_before_them) {
   const char *names[4] = {"the weight's", "the bias's", "x's", "the first filters'"};
   for (int i = 0; i < 2; i++) {
     float *on[4], *off[4];
-    bn_block_gradients(chans[i], "1", "0", 7400 + 10 * (uint64_t)i, on);
-    bn_block_gradients(chans[i], "0", "0", 7400 + 10 * (uint64_t)i, off);
+    bn_block_gradients(chans[i], (const char *[]){"1", "0", "1"}, 7400 + 10 * (uint64_t)i, on);
+    bn_block_gradients(chans[i], (const char *[]){"0", "0", "1"}, 7400 + 10 * (uint64_t)i, off);
     int64_t c = chans[i], n[4] = {c, c, 16 * 9 * 7 * c, c * c * 9};
     for (int q = 0; q < 4; q++) {
       double most = 0, diff = 0;
@@ -786,9 +787,10 @@ Test(gpu_ops, conv2d_data_gradients_sum_the_batch_norm_before_them) {
   }
 }
 
-/* KILN_CONV_PREFETCH=1 (the producer thread asks L2 for the epilogue's rows of x) changes no
- * value: the block's gradients bitwise those without it, at 64 and 256 channels. */
-Test(gpu_ops, conv2d_data_gradients_prefetching_their_epilogue_rows) {
+/* KILN_CONV_PREFETCH=1 (the producer thread asks L2 for the epilogue's rows of x) and
+ * KILN_CONV_HOIST=0 (the per-channel operands loaded in every row) change no value: the block's
+ * gradients bitwise the defaults', at 64 and 256 channels. */
+Test(gpu_ops, conv2d_data_gradients_prefetching_or_not_hoisting_their_epilogue_loads) {
   int major = 0, minor = 0;
   cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0);
   cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0);
@@ -796,15 +798,19 @@ Test(gpu_ops, conv2d_data_gradients_prefetching_their_epilogue_rows) {
     cr_skip_test("the TMA-fed kernels are sm_90a's; this device is sm_%d%d", major, minor);
   const int64_t chans[2] = {64, 256};
   for (int i = 0; i < 2; i++) {
-    float *on[4], *off[4];
-    bn_block_gradients(chans[i], "1", "1", 7500 + 10 * (uint64_t)i, on);
-    bn_block_gradients(chans[i], "1", "0", 7500 + 10 * (uint64_t)i, off);
+    float *base[4], *pre[4], *cold[4];
+    bn_block_gradients(chans[i], (const char *[]){"1", "0", "1"}, 7500 + 10 * (uint64_t)i, base);
+    bn_block_gradients(chans[i], (const char *[]){"1", "1", "1"}, 7500 + 10 * (uint64_t)i, pre);
+    bn_block_gradients(chans[i], (const char *[]){"1", "0", "0"}, 7500 + 10 * (uint64_t)i, cold);
     int64_t c = chans[i], n[4] = {c, c, 16 * 9 * 7 * c, c * c * 9};
     for (int q = 0; q < 4; q++) {
-      cr_assert_eq(memcmp(on[q], off[q], (size_t)n[q] * sizeof(float)), 0,
+      cr_assert_eq(memcmp(pre[q], base[q], (size_t)n[q] * sizeof(float)), 0,
                    "%lld channels: gradient %d differs with the prefetch", (long long)c, q);
-      free(on[q]);
-      free(off[q]);
+      cr_assert_eq(memcmp(cold[q], base[q], (size_t)n[q] * sizeof(float)), 0,
+                   "%lld channels: gradient %d differs unhoisted", (long long)c, q);
+      free(base[q]);
+      free(pre[q]);
+      free(cold[q]);
     }
   }
 }
