@@ -61,7 +61,8 @@ typedef struct kiln__win_epi {
              * and written four values at a time */
   /* with vec: the operands read one value a channel are in X<k>[4] already, loaded before the
    * caller's loop at the four channels every lane group of the thread has
-   * (kiln__hoist_channel_loads) */
+   * (kiln__hoist_channel_loads), and those read element by element too, loaded one row ahead
+   * (kiln__ahead_loads) */
   bool hoist;
   /* batch norm's gradient sums over the epilogue's node `value` (g), at most four lanes: lane l
    * adds g to kiln_ms[l] and g (x - mean) invstd to kiln_ms[4 + l], x read at the lane's element
@@ -150,6 +151,12 @@ void kiln__store_lanes(kiln__sb *b, const char *name, kiln_dtype dt, const kiln_
  * channels [c, c + 4) (c an expression; zeros where c is not below `limit`), indented by ind. */
 void kiln__hoist_channel_loads(kiln__sb *b, const kiln__win_epi *e, const char *c,
                                const char *limit, const char *ind);
+/* For an epilogue with hoist over an image (rows of shape[3] channels): X<k>[4] of each operand it
+ * reads element by element, at row `row` and channels [c, c + 4), loaded into XN<k> a row ahead:
+ * with first, XN<k> declared and loaded for the loop's first row; else X<k> taken from XN<k>
+ * and XN<k> loaded for row `row` (the next), where `cond` holds (zeros never read otherwise). */
+void kiln__ahead_loads(kiln__sb *b, const kiln__win_epi *e, bool first, const char *row,
+                       const char *c, const char *cond, const char *ind);
 /* Whether a window epilogue may read and write four lanes at once (render_window.c). */
 bool kiln__epilogue_fours(const kiln__ew_prog *p, const kiln__operands *o, const kiln__wiring *wr);
 

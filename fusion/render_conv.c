@@ -207,8 +207,14 @@ static bool render_dgrad(const kiln__target *t, const kiln__spec *s, kiln__rende
                       "(const kiln_bf16 *)a.ptr[%d], m0, n0, kiln_smem, acc))\n    return;\n",
                       ws ? "true" : "false", ka, kb);
     }
-    kiln__sb hoisted = {0};
-    if (epi.hoist) kiln__hoist_channel_loads(&hoisted, &epi, "kiln_c", "G::CI", "  ");
+    kiln__sb hoisted = {0}, ahead = {0};
+    if (epi.hoist) {
+      kiln__hoist_channel_loads(&hoisted, &epi, "kiln_c", "G::CI", "  ");
+      kiln__ahead_loads(&hoisted, &epi, true, "m0 + threadIdx.x / (BN / 4)", "kiln_c",
+                        "m0 + threadIdx.x / (BN / 4) < M && kiln_c < G::CI", "  ");
+      kiln__ahead_loads(&ahead, &epi, false, "m + 256 / (BN / 4)", "c",
+                        "q + 256 < 128 * (BN / 4) && m + 256 / (BN / 4) < M && c < G::CI", "    ");
+    }
     if (staged) /* through shared memory: a thread's four channels of a row, a row's chunks by
                  * neighbouring threads, each operand read and written four values at a time */
       kiln__sb_printf(&b,
@@ -222,9 +228,10 @@ static bool render_dgrad(const kiln__target *t, const kiln__spec *s, kiln__rende
                       "  for (int q = threadIdx.x; q < 128 * (BN / 4); q += 256) {\n"
                       "    const ix m = m0 + q / (BN / 4), c = n0 + q %% (BN / 4) * 4;\n"
                       "    float d[4];\n"
-                      "    kiln_tma_tile_get4<BN>(tile, q / (BN / 4), q %% (BN / 4) * 4, d);\n",
+                      "    kiln_tma_tile_get4<BN>(tile, q / (BN / 4), q %% (BN / 4) * 4, d);\n"
+                      "%s",
                       mom ? "  float kiln_ms[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};\n" : "",
-                      hoisted.s ? hoisted.s : "");
+                      hoisted.s ? hoisted.s : "", ahead.s ? ahead.s : "");
     else
       kiln__sb_printf(&b,
                       "  const int r0 = kiln_conv_row0<%s>();\n"
@@ -236,8 +243,9 @@ static bool render_dgrad(const kiln__target *t, const kiln__spec *s, kiln__rende
                       "    const ix c = n0 + 8 * j + 2 * (lane & 3);\n"
                       "    const float d[2] = {acc[4 * j + 2 * hh], acc[4 * j + 2 * hh + 1]};\n",
                       ws ? "true" : "false");
-    b.oom |= hoisted.oom;
+    b.oom |= hoisted.oom || ahead.oom;
     kiln__sb_free(&hoisted);
+    kiln__sb_free(&ahead);
   } else
     kiln__sb_printf(&b,
                     "  const int M = (int)a.n, m0 = (int)blockIdx.x * KILN_IG_BM, n0 = "

@@ -55,7 +55,7 @@ static void epilogue_vec(kiln__sb *b, const char *name, bool bf16, const kiln__w
     else if (used[k] && o->bcast[k] == 's')
       kiln__sb_printf(b, "      const float X%d0 = ((const %s *)a.ptr[%d])[0];\n", k,
                       kiln__ctype(o->t[k]->dtype), k);
-    else if (used[k] && !(e->hoist && o->bcast[k] == 'c')) /* hoisted: loaded before the loop */
+    else if (used[k] && !(e->hoist && (o->bcast[k] == 'c' || o->lin[k]))) /* else loaded ahead */
       kiln__sb_printf(b,
                       "      float X%d[4];\n      kiln_load4((const %s *)a.ptr[%d] + %s, X%d);\n",
                       k, kiln__ctype(o->t[k]->dtype), k, o->bcast[k] == 'c' ? "c" : "i0", k);
@@ -144,6 +144,24 @@ void kiln__hoist_channel_loads(kiln__sb *b, const kiln__win_epi *e, const char *
                       "%sfloat X%d[4] = {0.f, 0.f, 0.f, 0.f};\n"
                       "%sif (%s < %s) kiln_load4((const %s *)a.ptr[%d] + %s, X%d);\n",
                       ind, k, ind, c, limit, kiln__ctype(e->o->t[k]->dtype), k, c, k);
+}
+
+void kiln__ahead_loads(kiln__sb *b, const kiln__win_epi *e, bool first, const char *row,
+                       const char *c, const char *cond, const char *ind) {
+  KILN_ASSERT(e->hoist && e->vec && e->image);
+  bool used[KILN__KMAX_PTR] = {0};
+  epilogue_reads(e, used);
+  for (int k = 0; k < e->o->n; k++) {
+    if (!used[k] || e->o->store[k] || !e->o->lin[k] || e->o->bcast[k]) continue;
+    if (first)
+      kiln__sb_printf(b, "%sfloat XN%d[4] = {0.f, 0.f, 0.f, 0.f};\n", ind, k);
+    else
+      kiln__sb_printf(b, "%sfloat X%d[4] = {XN%d[0], XN%d[1], XN%d[2], XN%d[3]};\n", ind, k, k, k,
+                      k, k);
+    kiln__sb_printf(b, "%sif (%s) kiln_load4((const %s *)a.ptr[%d] + (%s) * %lld + %s, XN%d);\n",
+                    ind, cond, kiln__ctype(e->o->t[k]->dtype), k, row, (long long)e->shape[3], c,
+                    k);
+  }
 }
 
 void kiln__store_lanes(kiln__sb *b, const char *name, kiln_dtype dt, const kiln__win_epi *e) {
