@@ -371,8 +371,21 @@ bool kiln__render_rows(const kiln__target *t, const kiln__ew_prog *p, const kiln
 
 /* ---------------------------------------------------------------- batch norm's sums */
 
-/* moments.cuh's sums over blocks of 32 columns x `rows` rows, each block's partial sums (P, 2, C)
- * finished by a plain sum over P. */
+/* The columns a thread of the moments kernel takes: 4 or 2 where C is a multiple and holds a
+ * warp's 32 V columns (no lane idle: 64 channels take 2), every operand's first element aligned
+ * to them; else 1. */
+static int moments_lanes(const kiln__node *n, int64_t C) {
+  for (int v = 4; v > 1; v /= 2) {
+    bool ok = C % v == 0 && C >= 32 * v;
+    for (int q = 0; q < n->nin && ok; q++)
+      ok = n->in[q]->offset % v == 0;
+    if (ok) return v;
+  }
+  return 1;
+}
+
+/* moments.cuh's sums over blocks of 32 V columns x `rows` rows, each block's partial sums
+ * (P, 2, C) finished by a plain sum over P. */
 bool kiln__render_moments(const kiln__target *tg, const kiln__node *n, kiln__rendered *r) {
   (void)tg;
   kiln__kargs *a = &r->arg.args;
@@ -387,11 +400,12 @@ bool kiln__render_moments(const kiln__target *tg, const kiln__node *n, kiln__ren
   a->n = R;
   a->shape[0] = C;
   kiln__sb b = {0};
+  int V = moments_lanes(n, C);
   kiln__sb_printf(&b,
                   "  typedef %s ix;\n"
-                  "  kiln_moments_%s<%lld, %d, ix>(",
+                  "  kiln_moments_%s<%lld, %d, %d, ix>(",
                   kiln__wide_index(R * C) ? "long long" : "int", centered ? "grad" : "shifted",
-                  (long long)KILN__I(n, MOMENTS, rows), KILN__BLOCK / 32);
+                  (long long)KILN__I(n, MOMENTS, rows), KILN__BLOCK / 32, V);
   for (int q = 0; q < n->nin; q++) /* x and k, or g, x, mean and invstd */
     kiln__sb_printf(&b, "(const %s *)a.ptr[%d], ", q < 2 ? kiln__ctype(n->in[q]->dtype) : "float",
                     q);
@@ -402,7 +416,7 @@ bool kiln__render_moments(const kiln__target *tg, const kiln__node *n, kiln__ren
   bool ok = kiln__finish_with(&b, stem, &o, r, "#include \"moments.cuh\"\n");
   kiln__sb_free(&b);
   r->block = KILN__BLOCK;
-  r->grid = (unsigned)((C + 31) / 32);
+  r->grid = (unsigned)((C + 32 * V - 1) / (32 * V));
   r->grid_y = (unsigned)P;
   for (int q = 0; q < n->nin; q++)
     r->bytes_read += kiln__footprint(n->in[q]);

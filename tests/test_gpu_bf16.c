@@ -208,6 +208,32 @@ Test(bf16, matmul_conv_pooling_and_batch_norm_against_float64) {
   th_ctx_free(ctx);
 }
 
+/* Batch norm of bf16 images with 64 and 256 channels, whose statistics' kernel takes two and four
+ * channels a thread (moments.cuh), 1,000 rows (8 blocks of 128, the last short), values with a
+ * mean far from 0 (the shifted sums at work): the output against float64 of the same bf16 values.
+ * (f32's 64 and 300 channels: test_gpu_ops_norm's cases; the gradient's sums at 64 and 256 bf16
+ * channels: test_gpu_ops_conv's fused against unfused.) */
+Test(bf16, batch_norm_of_many_channels_against_float64) {
+  TH_GPU_CTX(ctx);
+  const int64_t chans[2] = {64, 256}, rows = 1000;
+  for (int i = 0; i < 2; i++) {
+    int64_t C = chans[i], n = rows * C;
+    char what[96];
+    snprintf(what, sizeof what, "batch norm of bf16 values, %lld channels", (long long)C);
+    float *xh = bf16_values(n, 9100 + (uint64_t)i, 2.f, 6.f);
+    double *xd = ref_to_double(xh, n), *want = ref_dalloc(n);
+    ref_batch_norm(xd, rows, C, NULL, NULL, NULL, NULL, 1, 0.1, 1e-5, want);
+    for (int64_t j = 0; j < n; j++)
+      want[j] = round_bf16(want[j]);
+    kiln_tensor *x = upload_bf16(ctx, KILN_SHAPE(rows / 10, 2, 5, C), xh);
+    expect_bf16_close(ctx, kiln_batch_norm(x, NULL, NULL, NULL, NULL, 1, 0.1f, 1e-5f), want, n,
+                      1e-3, 1.01 * BF16_ULP, what);
+    free(xh), free(xd), free(want);
+    kiln_tensor_free(x);
+  }
+  th_ctx_free(ctx);
+}
+
 /* ---------------------------------------------------------------- training */
 
 /* A small conv net: conv 3->8 3x3, batch norm, GELU, max pool 2, conv 8->16 3x3, batch norm,

@@ -1,9 +1,11 @@
 /*
  * moments.cuh: batch norm's column sums (the moments op, fusion/render_reduce.c) over an (R, C)
- * matrix, by blocks of 32 columns x ROWS rows: a warp reads 32 neighbouring columns of a row
- * (128 bytes), the block's WARPS warps stride over the rows, and their partial sums of a column
- * are added in a fixed order, so the result is the same on every run. blockIdx.y is the block of
- * rows: the block writes partial sums (P, 2, C), which a plain sum over P finishes.
+ * matrix, by blocks of 32 V columns x ROWS rows: a warp reads 32 V neighbouring columns of a row,
+ * V of them a thread (V = 1, 2 or 4, as C allows: 128 or 256 bytes of bf16 a warp where one column
+ * a thread read 64), the block's WARPS warps stride over the rows, and their partial sums of a
+ * column are added in a fixed order (the same for every V), so the result is the same on every
+ * run. blockIdx.y is the block of rows: the block writes partial sums (P, 2, C), which a plain sum
+ * over P finishes.
  */
 #ifndef KILN_MOMENTS_CUH
 #define KILN_MOMENTS_CUH
@@ -11,49 +13,100 @@
 #include "bf16.cuh"
 #include "defs.cuh"
 
-/* The block's rows [r0, r1) of column c, each row's value(r) summed in s0 and its second value in
- * s1 (value(r, s0, s1) adds both), then the warps' sums combined into out. */
-template <int ROWS, int WARPS, typename ix, class F>
+/* V neighbouring values from p (V = 4: one 8- or 16-byte load; 2: two values of bf16 in one
+ * 4-byte load, of f32 in one 8-byte load), as floats. */
+template <int V, typename T> KILN__FN void kiln_moments_load(const T *p, float (&v)[V]) {
+  if constexpr (V == 4) {
+    kiln_load4(p, v);
+  } else if constexpr (V == 2 && sizeof(T) == 2) {
+    const unsigned t = *(const unsigned *)p;
+    v[0] = __uint_as_float(t << 16), v[1] = __uint_as_float(t & 0xffff0000u);
+  } else if constexpr (V == 2) {
+    const float2 t = *(const float2 *)p;
+    v[0] = t.x, v[1] = t.y;
+  } else {
+    v[0] = (float)p[0];
+  }
+}
+
+/* The first of the V columns this thread sums: a warp reads 32 V neighbouring columns of a row
+ * (V = 2 or 4: 128 or 256 bytes of bf16 where V = 1 would read 64). */
+template <int V, typename ix> KILN__FN ix kiln_moments_col() {
+  return ((ix)blockIdx.x * 32 + (threadIdx.x & 31)) * V;
+}
+
+/* The block's rows [r0, r1) of columns [c, c + V) (C a multiple of V), each row's values
+ * value(i, s0, s1) adding into s0[v] and s1[v] (i the row's element of column c), then the warps'
+ * sums combined into out in a fixed order. */
+template <int ROWS, int WARPS, int V, typename ix, class F>
 KILN__FN void kiln_moments(ix R, ix C, float *out, F value) {
   const int tx = threadIdx.x & 31, ty = threadIdx.x >> 5;
-  const ix c = (ix)blockIdx.x * 32 + tx, r0 = (ix)blockIdx.y * ROWS;
+  const ix c = kiln_moments_col<V, ix>(), r0 = (ix)blockIdx.y * ROWS;
   const ix r1 = r0 + ROWS < R ? r0 + ROWS : R;
-  __shared__ float part[2][WARPS][32];
-  float s0 = 0.f, s1 = 0.f;
+  __shared__ float part[2][WARPS][32 * V];
+  float s0[V], s1[V];
+#pragma unroll
+  for (int v = 0; v < V; v++)
+    s0[v] = s1[v] = 0.f;
   if (c < C)
     for (ix r = r0 + ty; r < r1; r += WARPS)
-      value(r * C + c, c, s0, s1);
-  part[0][ty][tx] = s0;
-  part[1][ty][tx] = s1;
+      value(r * C + c, s0, s1);
+#pragma unroll
+  for (int v = 0; v < V; v++) {
+    part[0][ty][tx * V + v] = s0[v];
+    part[1][ty][tx * V + v] = s1[v];
+  }
   __syncthreads();
-  if (ty < 2 && c < C) {
-    float t = 0.f;
+  for (int t = threadIdx.x; t < 2 * 32 * V; t += WARPS * 32) {
+    const int which = t / (32 * V), col = t % (32 * V);
+    const ix cc = (ix)blockIdx.x * 32 * V + col;
+    if (cc >= C) continue;
+    float sum = 0.f;
 #pragma unroll
     for (int w = 0; w < WARPS; w++)
-      t += part[ty][w][tx];
-    out[((ix)blockIdx.y * 2 + ty) * C + c] = t;
+      sum += part[which][w][col];
+    out[((ix)blockIdx.y * 2 + which) * C + cc] = sum;
   }
 }
 
 /* Mode 0: the sums of x - k and of its square, k (1, C) a row of x (a shift that keeps the
  * variance from cancelling). */
-template <int ROWS, int WARPS, typename ix, typename TX, typename TK>
+template <int ROWS, int WARPS, int V, typename ix, typename TX, typename TK>
 KILN__FN void kiln_moments_shifted(const TX *x, const TK *k, float *out, ix R, ix C) {
-  kiln_moments<ROWS, WARPS, ix>(R, C, out, [&](ix i, ix c, float &s0, float &s1) {
-    const float v = (float)x[i] - (float)k[c];
-    s0 += v;
-    s1 += v * v;
+  const ix c = kiln_moments_col<V, ix>();
+  float kv[V] = {};
+  if (c < C) kiln_moments_load<V>(k + c, kv);
+  kiln_moments<ROWS, WARPS, V, ix>(R, C, out, [&](ix i, float(&s0)[V], float(&s1)[V]) {
+    float xv[V];
+    kiln_moments_load<V>(x + i, xv);
+#pragma unroll
+    for (int v = 0; v < V; v++) {
+      const float d = xv[v] - kv[v];
+      s0[v] += d;
+      s1[v] += d * d;
+    }
   });
 }
 
 /* Mode 1: the sums of g and of g (x - mean) invstd (batch norm's gradient). */
-template <int ROWS, int WARPS, typename ix, typename TG, typename TX>
+template <int ROWS, int WARPS, int V, typename ix, typename TG, typename TX>
 KILN__FN void kiln_moments_grad(const TG *g, const TX *x, const float *mean, const float *invstd,
                                 float *out, ix R, ix C) {
-  kiln_moments<ROWS, WARPS, ix>(R, C, out, [&](ix i, ix c, float &s0, float &s1) {
-    const float gv = g[i];
-    s0 += gv;
-    s1 += gv * (((float)x[i] - mean[c]) * invstd[c]);
+  const ix c = kiln_moments_col<V, ix>();
+  float mv[V] = {}, iv[V] = {};
+  if (c < C) {
+    kiln_moments_load<V>(mean + c, mv);
+    kiln_moments_load<V>(invstd + c, iv);
+  }
+  kiln_moments<ROWS, WARPS, V, ix>(R, C, out, [&](ix i, float(&s0)[V], float(&s1)[V]) {
+    float gv[V], xv[V];
+    kiln_moments_load<V>(g + i, gv);
+    kiln_moments_load<V>(x + i, xv);
+#pragma unroll
+    for (int v = 0; v < V; v++) {
+      s0[v] += gv[v];
+      s1[v] += gv[v] * ((xv[v] - mv[v]) * iv[v]);
+    }
   });
 }
 
