@@ -73,9 +73,10 @@ typedef struct kiln__group {
   kiln__implicit implicit;
   int32_t window;
   bool wgmma;
-  /* DGRAD on the TMA kernel with a staged epilogue: its last member is batch norm's gradient
-   * sums (a moments node of mode 1) over the epilogue's result, each block's 128 rows summed in
-   * the kernel (kiln__dgrad_moments) */
+  /* its last member is a moments node over the group's result, each block's 128 rows summed in
+   * the group's kernel: batch norm's gradient sums (mode 1) in a DGRAD on the TMA kernel with a
+   * staged epilogue (kiln__dgrad_moments), or its statistics (mode 0) in a max pool's
+   * (kiln__pool_moments) */
   bool moments;
 } kiln__group;
 
@@ -122,6 +123,10 @@ int32_t kiln__implicit_dgrad(const kiln_ctx *ctx, const kiln__plan *p, int32_t c
  * (g->moments); fits says whether g's kernel has the operands for it. */
 bool kiln__dgrad_moments(const kiln_ctx *ctx, const kiln__plan *p, const kiln__group *g, int32_t i,
                          bool fits);
+/* Whether moments node i (mode 0) can join the max pool group g, whose output it sums
+ * (g->moments). */
+bool kiln__pool_moments(const kiln_ctx *ctx, const kiln__plan *p, const kiln__group *g, int32_t i,
+                        bool fits);
 /* Whether col2im node cn's implicit data gradient (dt, co output and ci input channels) runs on
  * wgmma (device/conv.cuh or conv_tma.cuh) rather than mma.sync. */
 bool kiln__dgrad_on_wgmma(const kiln_ctx *ctx, const kiln__node *cn, kiln_dtype dt, int64_t co,
@@ -178,7 +183,7 @@ typedef struct kiln__spec {
   kiln__gemm gemm;     /* BLAS; CONV: the product (a, b and d set) */
   kiln__implicit conv; /* CONV: which product; red is col2im (DGRAD) or im2col (FPROP, WGRAD) */
   bool wgmma;          /* CONV, DGRAD: on wgmma (the group's) */
-  const kiln__node *moments; /* CONV, DGRAD: batch norm's gradient sums it writes (or NULL) */
+  const kiln__node *moments; /* CONV (DGRAD), WINDOW (a max pool): batch norm's sums it writes */
   /* a concat input's copy into its slice of the output: a node and a view that lowering owns */
   kiln__node copy;
   kiln_tensor slice;

@@ -135,14 +135,14 @@ static void lower_group(const kiln_ctx *ctx, const kiln__plan *p, const kiln__gr
   case KILN__RENDER_WINDOW: /* a window op and its elementwise epilogue */
     s->kind = KILN__SPEC_WINDOW;
     s->red = n;
-    /* a data gradient's batch norm sums (its last member) are no part of the epilogue's program */
+    /* batch norm's sums (its last member) are no part of the epilogue's program */
     prog_of(ctx, p, g, g->implicit == KILN__IMPLICIT_DGRAD, g->n - g->moments, &s->prog);
+    s->moments = g->moments ? &ctx->trace.nodes[p->members[g->first + g->n - 1]] : NULL;
     if (g->implicit == KILN__IMPLICIT_DGRAD) { /* col2im of dY Wk, the product in the same kernel */
       const kiln__node *mm = &ctx->trace.nodes[p->members[g->first]];
       s->kind = KILN__SPEC_CONV;
       s->conv = KILN__IMPLICIT_DGRAD;
       s->wgmma = g->wgmma;
-      s->moments = g->moments ? &ctx->trace.nodes[p->members[g->first + g->n - 1]] : NULL;
       s->gemm = (kiln__gemm){.a = mm->in[0], .b = mm->in[1], .d = mm->out};
     }
     return;

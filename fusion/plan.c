@@ -577,8 +577,10 @@ static bool phase_groups(kiln_ctx *ctx, kiln__plan *p, bool fuse) {
         continue;
       }
     }
-    if (fuse && open && kiln__dgrad_moments(ctx, p, open, i, fits(ctx, p, open, i, 0))) {
-      if (!add_member(ctx, p, open, i)) return false; /* the data gradient sums its block's rows */
+    if (fuse && open &&
+        (kiln__dgrad_moments(ctx, p, open, i, fits(ctx, p, open, i, 0)) ||
+         kiln__pool_moments(ctx, p, open, i, fits(ctx, p, open, i, 0)))) {
+      if (!add_member(ctx, p, open, i)) return false; /* the group's kernel sums its block's rows */
       open->moments = true;
       open = NULL;
       continue;

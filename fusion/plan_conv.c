@@ -110,6 +110,29 @@ bool kiln__dgrad_moments(const kiln_ctx *ctx, const kiln__plan *p, const kiln__g
          kiln_tensor_numel(mean) == ci && kiln_tensor_numel(invstd) == ci;
 }
 
+/* Batch norm's statistics after a max pool (air's pooled layers) sum the pooled image x - k and
+ * its square, k x's first row (a moments node of mode 0), in a pass of their own over x. The pool
+ * kernel holds x as it writes it: with four channels a lane group and 256 threads a block each
+ * keeping its lane group's channels (C / 4 divides 256), a block pools 128 rows and sums them,
+ * every thread taking k from pooling row 0 at its channels again (render_window.c). The pool
+ * alone in its group, x its output seen through views, k that view's first row. */
+bool kiln__pool_moments(const kiln_ctx *ctx, const kiln__plan *p, const kiln__group *g, int32_t i,
+                        bool fits) {
+  const kiln__node *nodes = ctx->trace.nodes, *m = &nodes[i], *pool = &nodes[g->node];
+  if (!ctx->conv_moments || !fits || m->op != KILN__OP_MOMENTS || KILN__I(m, MOMENTS, mode) != 0 ||
+      KILN__I(m, MOMENTS, rows) != 128 || g->n != 1 || g->implicit != KILN__IMPLICIT_NONE ||
+      pool->op != KILN__OP_MAX_POOL)
+    return false;
+  const kiln_tensor *Y = pool->out, *x = m->in[0], *k = m->in[1];
+  int64_t C = Y->ndim == 4 ? Y->shape[3] : 0;
+  bool fours = C % 4 == 0 && 256 % (C / 4) == 0 && Y->offset % 4 == 0 &&
+               pool->in[0]->offset % 4 == 0 && kiln__is_contiguous(pool->in[0]);
+  return fours && through_views(ctx, p, x) == g->node && through_views(ctx, p, k) == g->node &&
+         x->ndim == 2 && x->shape[1] == C && x->shape[0] * C == kiln_tensor_numel(Y) &&
+         kiln__is_contiguous(x) && x->offset == Y->offset && k->ndim == 2 && k->shape[0] == 1 &&
+         k->shape[1] == C && k->offset == Y->offset && k->stride[1] == 1;
+}
+
 /* The implicit forward product and weight gradient (fusion/device/conv.cuh, wgmma: bf16 on
  * sm_90) replace im2col and the two products that read its columns where the columns are large
  * against the products: few output channels. H200, batch 1024 (dev/README.md): air's 31x31x24->64

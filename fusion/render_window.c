@@ -269,6 +269,56 @@ static void emit_loop(kiln__sb *b, const kiln__node *n, bool tiled, int out, int
   kiln__sb_printf(b, "  });\n");
 }
 
+/* A max pool that also sums batch norm's statistics of its output (kiln__pool_moments): block b
+ * pools rows [128 b, 128 b + 128) of the output, a thread keeping its lane group's four channels
+ * (C / 4 of them a row, a divisor of 256), and sums x - k and its square over them, k the pooled
+ * row 0 at its channels, pooled again here (the value the moments kernel would read back, as a
+ * max of the input's values is one of them); then the block's sums into the moments node's
+ * partial sums, operand mout (moments.cuh's kiln_block_moments). */
+static void emit_pool_moments(kiln__sb *b, const kiln__node *n, int out, int y, int mout) {
+  const int64_t *o = n->out->shape;
+  const char *T = kiln__ctype(n->in[0]->dtype);
+  bool index = pool_index(n);
+  kiln__sb_printf(
+      b,
+      "  typedef G::ix ix;\n"
+      "  const int V = G::V;\n"
+      "  constexpr int CHUNKS = (int)(G::C / 4);\n"
+      "  static_assert(V == 4 && 256 %% CHUNKS == 0, \"a thread keeps its lane group\");\n"
+      "  const %s *x = (const %s *)a.ptr[0];\n"
+      "  float kiln_k[4];\n"
+      "  kiln_max_pool<G>(x, (ix)(threadIdx.x %% CHUNKS), [&](ix, ix, ix, ix, const "
+      "float(&lanes)[V]) {\n"
+      "#pragma unroll\n"
+      "    for (int l = 0; l < 4; l++)\n"
+      "      kiln_k[l] = lanes[l];\n"
+      "  });\n"
+      "  float kiln_ms[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};\n"
+      "  const ix e0 = (ix)blockIdx.x * 128 * CHUNKS;\n"
+      "  const ix e1 = e0 + 128 * CHUNKS < (ix)a.n ? e0 + 128 * CHUNKS : (ix)a.n;\n"
+      "  for (ix e = e0 + (ix)threadIdx.x; e < e1; e += 256)\n"
+      "    kiln_max_pool%s<G>(x, ",
+      T, T, index ? "_at" : "");
+  if (index)
+    kiln__sb_printf(b, "(unsigned char *)((%s *)a.ptr[%d] + %lldLL), ", kiln__ctype(n->out->dtype),
+                    y, (long long)kiln_tensor_numel(n->out));
+  kiln__sb_printf(
+      b,
+      "e, [&](ix n, ix oh, ix ow, ix c, const float(&lanes)[V]) {\n"
+      "      kiln_win_put<V>((%s *)a.ptr[%d], ((n * %lld + oh) * %lld + ow) * %lld + c, "
+      "lanes);\n"
+      "#pragma unroll\n"
+      "      for (int l = 0; l < 4; l++) {\n"
+      "        const float d = lanes[l] - kiln_k[l];\n"
+      "        kiln_ms[l] += d;\n"
+      "        kiln_ms[4 + l] += d * d;\n"
+      "      }\n"
+      "    });\n"
+      "  __shared__ float kiln_red[8 * 256];\n"
+      "  kiln_block_moments<CHUNKS>(kiln_ms, kiln_red, (float *)a.ptr[%d], 0, (int)G::C);\n",
+      kiln__ctype(n->out->dtype), out, (long long)o[1], (long long)o[2], (long long)o[3], mout);
+}
+
 /* Four lanes (V = 4) when the channels of a lane group allow it and every operand's first element
  * is aligned to four elements, else one; with few (an im2col of 2 or 3 channels, tg->im2col_lanes:
  * KILN_IM2COL_LANES=1) all of a tap's channels, so that a thread decodes its tap once for them:
@@ -301,7 +351,8 @@ bool kiln__epilogue_fours(const kiln__ew_prog *p, const kiln__operands *o, const
 
 /* A window op, alone (p->n == 1) or with the elementwise nodes that follow it in its group as an
  * epilogue computed per lane (p->nodes[0] is the op). */
-bool kiln__render_window(const kiln__target *tg, const kiln__ew_prog *p, kiln__rendered *r) {
+bool kiln__render_window(const kiln__target *tg, const kiln__ew_prog *p, const kiln__node *mom,
+                         kiln__rendered *r) {
   const kiln__node *n = p->nodes[0];
   bool image_out = kiln__ops[n->op].space == KILN__SPACE_IMAGE;
   const kiln_tensor *img = image_out ? n->out : n->in[0], *win = image_out ? n->in[0] : n->out;
@@ -313,6 +364,7 @@ bool kiln__render_window(const kiln__target *tg, const kiln__ew_prog *p, kiln__r
   /* the operand of the op's own output (stored: a max pool's with positions always is) */
   int y = out >= 0 ? out : wr.store_slot[0];
   KILN_ASSERT(!(pool_index(n) && n->op == KILN__OP_MAX_POOL) || y >= 0);
+  int mout = mom ? kiln__operand(&o, mom->out, true, NULL) : -1;
   int64_t sz[7] = {img->shape[0], img->shape[1], img->shape[2], img->shape[3],
                    win->shape[1], win->shape[2], win->shape[3]};
   int V = lanes_of(n, sz[3], sz[6], tg->im2col_lanes);
@@ -331,7 +383,13 @@ bool kiln__render_window(const kiln__target *tg, const kiln__ew_prog *p, kiln__r
   epi.vec = p->n > 1 && V == 4 && kiln__epilogue_fours(p, &o, &wr);
   kiln__sb pre = {0}, b = {0};
   emit_geometry(&pre, n, &w, sz, V, kiln__wide_index(most));
-  emit_loop(&b, n, tiled, out, y, p->n > 1 ? &epi : NULL);
+  if (mom) {
+    KILN_ASSERT(n->op == KILN__OP_MAX_POOL && p->n == 1 && V == 4 && out >= 0);
+    kiln__sb_printf(&pre, "#include \"moments.cuh\"\n");
+    emit_pool_moments(&b, n, out, y, mout);
+  } else {
+    emit_loop(&b, n, tiled, out, y, p->n > 1 ? &epi : NULL);
+  }
   char stem[80], suffix[48];
   snprintf(suffix, sizeof suffix, "_%lldx%lld_s%lld_%s%s%s%s", (long long)w.kh, (long long)w.kw,
            (long long)w.sh, kiln_dtype_name(n->in[0]->dtype),
@@ -339,9 +397,13 @@ bool kiln__render_window(const kiln__target *tg, const kiln__ew_prog *p, kiln__r
            : V == 3 ? "_v3"
            : V == 2 ? "_v2"
                     : "",
-           tiled ? "_tiled" : "", pool_index(n) ? "_at" : "");
+           tiled ? "_tiled" : "",
+           pool_index(n) ? (mom ? "_at_moments" : "_at")
+           : mom         ? "_moments"
+                         : "");
   kiln__stem_of(p, "k", suffix, stem, sizeof stem);
   if (!kiln__finish_loop(&b, &pre, stem, &o, tg, r)) return false;
+  if (mom) r->grid = (unsigned)mom->out->shape[0]; /* a block a partial sum */
   if (pool_index(n)) { /* the positions: a byte a value, written, or read instead of the values */
     if (n->op == KILN__OP_MAX_POOL)
       r->bytes_written += (uint64_t)kiln_tensor_numel(n->out);

@@ -544,3 +544,52 @@ Test(conv_tma, data_gradients_prefetch_their_epilogue_rows_with_the_switch) {
   cr_assert_str_neq(names[0], names[1], "the switch changes the data gradient's kernel");
   cr_assert_eq(others[0], others[1]);
 }
+
+/* Batch norm's statistics after a max pool join the pool's kernel (plan_conv.c's
+ * kiln__pool_moments): a bf16 2x2 pool of 64 or 256 channels then batch norm in training, the
+ * pool's group ends with the moments node (stored: the sum over its blocks reads it) and its
+ * kernel, named _moments, renders and compiles (NVRTC); not with KILN_CONV_MOMENTS=0, not over 48
+ * channels (12 lane groups a row do not divide a block of 256 threads). */
+Test(conv_tma, max_pools_sum_the_batch_norm_after_them) {
+  struct {
+    int64_t c;
+    bool on, want;
+  } cases[] = {{64, true, true}, {256, true, true}, {64, false, false}, {48, true, false}};
+  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+    char what[64];
+    snprintf(what, sizeof what, "%lld channels, switch %d", (long long)cases[i].c, cases[i].on);
+    kiln_ctx *ctx = th_cpu_ctx();
+    ctx->conv_moments = cases[i].on;
+    kiln_step_begin(ctx);
+    kiln_tensor *x = th_param(ctx, KILN_SHAPE(8, 10, 11, cases[i].c));
+    kiln_tensor *gamma = th_param(ctx, KILN_SHAPE(cases[i].c));
+    kiln_autocast_begin(ctx, KILN_DTYPE_BF16);
+    kiln_tensor *h = kiln_cast(x, KILN_DTYPE_BF16);
+    h = kiln_max_pool2d(h, &(kiln_pool2d_options){.kernel_h = 2, .kernel_w = 2});
+    h = kiln_batch_norm(h, gamma, NULL, NULL, NULL, 1, 0, 0);
+    kiln_autocast_end(ctx);
+    cr_assert_eq(kiln_backward(kiln_cast(kiln_sum(h, KILN_ALL_AXES, 0), KILN_DTYPE_F32)), KILN_OK,
+                 "%s: %s", what, th_err(ctx));
+    kiln__program pg;
+    cr_assert(kiln__program_build(ctx, ctx->trace.done, ctx->trace.n, &pg), "%s: %s", what,
+              th_err(ctx));
+    int fused = 0;
+    for (int g = 0; g < pg.plan.ng; g++) {
+      const kiln__group *gr = &pg.plan.g[g];
+      if (!gr->moments) continue;
+      fused++;
+      const kiln__node *m = &ctx->trace.nodes[pg.plan.members[gr->first + gr->n - 1]];
+      cr_assert_eq(gr->n, 2, "%s", what);
+      cr_assert_eq(ctx->trace.nodes[gr->node].op, KILN__OP_MAX_POOL, "%s", what);
+      cr_assert(m->op == KILN__OP_MOMENTS && KILN__I(m, MOMENTS, mode) == 0, "%s", what);
+      cr_assert(pg.plan.store[pg.plan.members[gr->first + 1] - pg.plan.first], "%s", what);
+      cr_assert(strstr(pg.call[g].name, "_moments_"), "%s: %s", what, pg.call[g].name);
+      cr_assert_eq(pg.call[g].grid, (unsigned)m->out->shape[0], "%s: a block a partial sum", what);
+    }
+    cr_assert_eq(fused, cases[i].want ? 1 : 0, "%s: %d pools sum", what, fused);
+    kiln__program_free(&pg);
+    cr_assert_eq(kiln_step_end(ctx), KILN_OK, "%s: %s", what, th_err(ctx));
+    th_free_scratch();
+    th_ctx_free(ctx);
+  }
+}

@@ -234,6 +234,50 @@ Test(bf16, batch_norm_of_many_channels_against_float64) {
   th_ctx_free(ctx);
 }
 
+/* A 2x2 max pool then batch norm, bf16, 64 and 256 channels (the pool's kernel sums the norm's
+ * statistics as it writes its output: plan_conv.c's kiln__pool_moments), 8 x 5 x 5 pooled
+ * pixels of 200 images... 1,000 rows of them, past a block of 128 and short in the last: the
+ * pooled image exactly and the norm's output within bf16's rounding against float64, and the same
+ * with KILN_CONV_MOMENTS=0 (the statistics a kernel of their own). */
+Test(bf16, max_pool_then_batch_norm_against_float64) {
+  const int64_t chans[2] = {64, 256};
+  for (int fused = 1; fused >= 0; fused--) {
+    setenv("KILN_CONV_MOMENTS", fused ? "1" : "0", 1); /* read when the context is made */
+    TH_GPU_CTX(ctx);
+    unsetenv("KILN_CONV_MOMENTS");
+    for (int i = 0; i < 2; i++) {
+      int64_t C = chans[i];
+      kiln_shape xs = KILN_SHAPE(40, 10, 11, C); /* pooled: 40 x 5 x 5 = 1,000 rows */
+      int64_t nx = ref_numel(xs);
+      char what[128];
+      snprintf(what, sizeof what, "max pool then batch norm, bf16, %lld channels, fused %d",
+               (long long)C, fused);
+      float *xh = bf16_values(nx, 9200 + (uint64_t)i, 1.f, 5.f);
+      double *xd = ref_to_double(xh, nx);
+      ref_win pw2 = {.kh = 2, .kw = 2, .sh = 2, .sw = 2, .dh = 1, .dw = 1, .groups = 1};
+      kiln_shape ms = ref_win_out(xs, &pw2, C);
+      int64_t nm = ref_numel(ms);
+      double *pooled = ref_dalloc(nm), *want = ref_dalloc(nm);
+      ref_max_pool2d(xd, xs, &pw2, pooled);
+      ref_batch_norm(pooled, nm / C, C, NULL, NULL, NULL, NULL, 1, 0.1, 1e-5, want);
+      for (int64_t j = 0; j < nm; j++)
+        want[j] = round_bf16(want[j]);
+      kiln_tensor *x = upload_bf16(ctx, xs, xh);
+      kiln_step_begin(ctx);
+      kiln_tensor *p = kiln_max_pool2d(x, &(kiln_pool2d_options){.kernel_h = 2, .kernel_w = 2});
+      kiln_tensor *y = kiln_batch_norm(p, NULL, NULL, NULL, NULL, 1, 0.1f, 1e-5f);
+      char wp[160];
+      snprintf(wp, sizeof wp, "%s: the pooled image", what);
+      expect_bf16_close(ctx, p, pooled, nm, 0, 0, wp);
+      expect_bf16_close(ctx, y, want, nm, 1e-3, 1.01 * BF16_ULP, what);
+      cr_assert_eq(kiln_step_end(ctx), KILN_OK, "%s: %s", what, th_err(ctx));
+      free(xh), free(xd), free(pooled), free(want);
+      kiln_tensor_free(x);
+    }
+    th_ctx_free(ctx);
+  }
+}
+
 /* ---------------------------------------------------------------- training */
 
 /* A small conv net: conv 3->8 3x3, batch norm, GELU, max pool 2, conv 8->16 3x3, batch norm,

@@ -25,6 +25,7 @@
 #define KILN_CONV_TMA_CUH
 
 #include "conv.cuh"
+#include "moments.cuh"
 
 /* CUtensorMap: 128 opaque bytes, 64-byte aligned. */
 struct __align__(64) kiln_tmap {
@@ -300,31 +301,14 @@ KILN__FN void kiln_tma_prefetch_l2(const void *p, unsigned bytes) {
 }
 
 /* Batch norm's gradient sums over a staged epilogue's block of 128 rows (render_conv.c): each
- * of the 256 threads summed, over the rows it took, four channels from column (threadIdx.x %
- * (BN / 4)) * 4 (the epilogue's q = threadIdx.x + 256 k keeps a thread's chunk), s[l] the sum of
- * g and s[4 + l] of g xhat for channel l. The threads that share a chunk are added in a fixed
- * order (the same result every run), through the tile (free once every thread has read it), and
- * the block writes its row of out's partial sums (P, 2, C), P blocks of 128 rows: out[(blockIdx.x
- * * 2 + t) * C + c] for its channels c in [n0, n0 + BN) below C. */
+ * thread summed, over the rows it took, the four channels of its chunk (the epilogue's
+ * q = threadIdx.x + 256 k keeps it), reduced through the tile, free once every thread has read it
+ * (moments.cuh's kiln_block_moments). */
 template <int BN>
 KILN__FN void kiln_tma_tile_moments(const float (&s)[8], unsigned char *tile, float *out, int n0,
                                     int C) {
-  constexpr int CHUNKS = BN / 4, SHARE = 256 / CHUNKS; /* threads a chunk */
-  static_assert(256 % CHUNKS == 0 && 8 * 256 * 4 <= 128 * KILN_TMA_PITCH(BN), "the tile's room");
-  float *red = (float *)tile; /* [8][256]: term k of thread t at red[k * 256 + t] */
-  kiln_named_sync(1, 256);    /* every thread has read its values from the tile */
-#pragma unroll
-  for (int k = 0; k < 8; k++)
-    red[k * 256 + threadIdx.x] = s[k];
-  kiln_named_sync(1, 256);
-  for (int t = threadIdx.x; t < 2 * BN; t += 256) {
-    const int col = t % BN, which = t / BN, chunk = col / 4, l = col % 4;
-    float v = 0.f;
-#pragma unroll
-    for (int j = 0; j < SHARE; j++)
-      v += red[(which * 4 + l) * 256 + chunk + j * CHUNKS];
-    if (n0 + col < C) out[((long long)blockIdx.x * 2 + which) * C + n0 + col] = v;
-  }
+  static_assert(8 * 256 * 4 <= 128 * KILN_TMA_PITCH(BN), "the tile's room");
+  kiln_block_moments<BN / 4>(s, (float *)tile, out, n0, C);
 }
 
 /* Stores a two-warpgroup block's accumulators d (128 rows from m0, BN columns from n0) as bf16
