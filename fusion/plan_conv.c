@@ -110,7 +110,8 @@ bool kiln__dgrad_moments(const kiln_ctx *ctx, const kiln__plan *p, const kiln__g
          kiln_tensor_numel(mean) == ci && kiln_tensor_numel(invstd) == ci;
 }
 
-/* Batch norm's statistics after a max pool (air's pooled layers) sum the pooled image x - k and
+/* (KILN_POOL_MOMENTS=1, off until it has run on a GPU.) Batch norm's statistics after a max pool
+ * (air's pooled layers) sum the pooled image x - k and
  * its square, k x's first row (a moments node of mode 0), in a pass of their own over x. The pool
  * kernel holds x as it writes it: with four channels a lane group and 256 threads a block each
  * keeping its lane group's channels (C / 4 divides 256), a block pools 128 rows and sums them,
@@ -119,7 +120,7 @@ bool kiln__dgrad_moments(const kiln_ctx *ctx, const kiln__plan *p, const kiln__g
 bool kiln__pool_moments(const kiln_ctx *ctx, const kiln__plan *p, const kiln__group *g, int32_t i,
                         bool fits) {
   const kiln__node *nodes = ctx->trace.nodes, *m = &nodes[i], *pool = &nodes[g->node];
-  if (!ctx->conv_moments || !fits || m->op != KILN__OP_MOMENTS || KILN__I(m, MOMENTS, mode) != 0 ||
+  if (!ctx->pool_moments || !fits || m->op != KILN__OP_MOMENTS || KILN__I(m, MOMENTS, mode) != 0 ||
       KILN__I(m, MOMENTS, rows) != 128 || g->n != 1 || g->implicit != KILN__IMPLICIT_NONE ||
       pool->op != KILN__OP_MAX_POOL)
     return false;

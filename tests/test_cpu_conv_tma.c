@@ -545,10 +545,11 @@ Test(conv_tma, data_gradients_prefetch_their_epilogue_rows_with_the_switch) {
   cr_assert_eq(others[0], others[1]);
 }
 
-/* Batch norm's statistics after a max pool join the pool's kernel (plan_conv.c's
- * kiln__pool_moments): a bf16 2x2 pool of 64 or 256 channels then batch norm in training, the
+/* With KILN_POOL_MOMENTS=1 batch norm's statistics after a max pool join the pool's kernel
+ * (plan_conv.c's kiln__pool_moments): a bf16 2x2 pool of 64 or 256 channels then batch norm in
+ * training, the
  * pool's group ends with the moments node (stored: the sum over its blocks reads it) and its
- * kernel, named _moments, renders and compiles (NVRTC); not with KILN_CONV_MOMENTS=0, not over 48
+ * kernel, named _moments, renders and compiles (NVRTC); not without the switch, not over 48
  * channels (12 lane groups a row do not divide a block of 256 threads). */
 Test(conv_tma, max_pools_sum_the_batch_norm_after_them) {
   struct {
@@ -559,7 +560,7 @@ Test(conv_tma, max_pools_sum_the_batch_norm_after_them) {
     char what[64];
     snprintf(what, sizeof what, "%lld channels, switch %d", (long long)cases[i].c, cases[i].on);
     kiln_ctx *ctx = th_cpu_ctx();
-    ctx->conv_moments = cases[i].on;
+    ctx->pool_moments = cases[i].on;
     kiln_step_begin(ctx);
     kiln_tensor *x = th_param(ctx, KILN_SHAPE(8, 10, 11, cases[i].c));
     kiln_tensor *gamma = th_param(ctx, KILN_SHAPE(cases[i].c));

@@ -234,17 +234,18 @@ Test(bf16, batch_norm_of_many_channels_against_float64) {
   th_ctx_free(ctx);
 }
 
-/* A 2x2 max pool then batch norm, bf16, 64 and 256 channels (the pool's kernel sums the norm's
- * statistics as it writes its output: plan_conv.c's kiln__pool_moments), 8 x 5 x 5 pooled
- * pixels of 200 images... 1,000 rows of them, past a block of 128 and short in the last: the
- * pooled image exactly and the norm's output within bf16's rounding against float64, and the same
- * with KILN_CONV_MOMENTS=0 (the statistics a kernel of their own). */
+/* A 2x2 max pool then batch norm, bf16, 64 and 256 channels, with KILN_POOL_MOMENTS=1 (the pool's
+ * kernel sums the norm's statistics as it writes its output: plan_conv.c's kiln__pool_moments)
+ * and without (a kernel of their own), 40 x 5 x 5 pooled pixels, 1,000 rows, past a block of 128
+ * and short in the last; no step graphs (the values are read inside the step): the pooled image
+ * exactly and the norm's output within bf16's rounding against float64. */
 Test(bf16, max_pool_then_batch_norm_against_float64) {
   const int64_t chans[2] = {64, 256};
   for (int fused = 1; fused >= 0; fused--) {
-    setenv("KILN_CONV_MOMENTS", fused ? "1" : "0", 1); /* read when the context is made */
+    setenv("KILN_POOL_MOMENTS", fused ? "1" : "0", 1); /* read when the context is made */
     TH_GPU_CTX(ctx);
-    unsetenv("KILN_CONV_MOMENTS");
+    unsetenv("KILN_POOL_MOMENTS");
+    kiln_set_graphs(ctx, 0);
     for (int i = 0; i < 2; i++) {
       int64_t C = chans[i];
       kiln_shape xs = KILN_SHAPE(40, 10, 11, C); /* pooled: 40 x 5 x 5 = 1,000 rows */
