@@ -23,7 +23,8 @@
 #   switches          the air and resnet18 steps (graph mode) at the defaults, with KILN_CONV_KPAD=0,
 #                     with KILN_CONV_DGRAD_BN=256, with both (what the defaults were before the
 #                     H100 run of 2026-12-05), with KILN_CONV_MOMENTS=0 (batch norm's sums in
-#                     kernels of their own), with KILN_CONV_PREFETCH=1 and with KILN_CONV_HOIST=0,
+#                     kernels of their own), with KILN_CONV_PREFETCH=1, with KILN_CONV_HOIST=0 and
+#                     with KILN_POOL_MOMENTS=1 (its test first: test_gpu_bf16 sets it),
 #                     and the air step's
 #                     convolutions at the defaults
 #                     (bench/conv_compare.py beside cuDNN)
@@ -92,9 +93,10 @@ step sanitize 380 "for w in cnn air; do for t in initcheck racecheck; do
     grep -E '^=+ +at ' \$f | sort | uniq -c | sort -rn | head -n 3
   done"
 step stem 120 "python3 bench/stem_gemm.py"
-step switches 500 "for w in air resnet18; do
+step switches 500 "ctest --test-dir $build -R 'test_gpu_bf16|test_gpu_ops_conv' --output-on-failure | tail -n 3
+  for w in air resnet18; do
   for sw in '' KILN_CONV_KPAD=0 KILN_CONV_DGRAD_BN=256 'KILN_CONV_KPAD=0 KILN_CONV_DGRAD_BN=256' \
-    KILN_CONV_MOMENTS=0 KILN_CONV_PREFETCH=1 KILN_CONV_HOIST=0; do
+    KILN_CONV_MOMENTS=0 KILN_CONV_PREFETCH=1 KILN_CONV_HOIST=0 KILN_POOL_MOMENTS=1; do
     printf '%s %s: ' \$w \"\${sw:-default}\"
     env \$sw timeout 120 $build/profile_step --workload \$w --mode graph --json |
       grep -o '\"ms_per_step\": *[0-9.]*\|\"peak_mib\": *[0-9.]*' | tr '\n' ' '
