@@ -428,6 +428,23 @@ Test(conv_tma, tiny_convolutions_without_gradients_run_direct) {
   }
 }
 
+/* Records, in a new step, a bf16 conv (64 -> 64, 3x3 pad 1) -> batch norm -> GELU -> conv
+ * (64 -> 64) block over x (8, 9, 7, 64); returns its output. */
+static kiln_tensor *record_bn_block(kiln_ctx *ctx) {
+  kiln_step_begin(ctx);
+  kiln_tensor *x = th_f32(ctx, KILN_SHAPE(8, 9, 7, 64));
+  kiln_tensor *k1 = th_param(ctx, KILN_SHAPE(64, 64, 3, 3)),
+              *k2 = th_param(ctx, KILN_SHAPE(64, 64, 3, 3));
+  kiln_tensor *gamma = th_param(ctx, KILN_SHAPE(64)), *beta = th_param(ctx, KILN_SHAPE(64));
+  kiln_conv2d_options o = {.pad_h = 1, .pad_w = 1};
+  kiln_autocast_begin(ctx, KILN_DTYPE_BF16);
+  kiln_tensor *h = kiln_conv2d(x, k1, NULL, &o);
+  h = kiln_gelu(kiln_batch_norm(h, gamma, beta, NULL, NULL, 1, 0, 0), KILN_GELU_ERF);
+  kiln_tensor *y = kiln_conv2d(h, k2, NULL, &o);
+  kiln_autocast_end(ctx);
+  return y;
+}
+
 /* Batch norm's backward sums (a moments node of mode 1) over what a data gradient's epilogue
  * computes join that kernel (plan_conv.c's kiln__dgrad_moments): in a bf16 conv (64 -> 64) ->
  * batch norm -> GELU -> conv (64 -> 64) block, the second conv's data gradient (its epilogue
@@ -451,17 +468,7 @@ Test(conv_tma, data_gradients_sum_the_batch_norm_before_them) {
     ctx->conv_moments = cases[i].moments;
     ctx->conv_staged = cases[i].staged;
     ctx->conv_tma = cases[i].tma;
-    kiln_step_begin(ctx);
-    kiln_tensor *x = th_f32(ctx, KILN_SHAPE(8, 9, 7, 64));
-    kiln_tensor *k1 = th_param(ctx, KILN_SHAPE(64, 64, 3, 3)),
-                *k2 = th_param(ctx, KILN_SHAPE(64, 64, 3, 3));
-    kiln_tensor *gamma = th_param(ctx, KILN_SHAPE(64)), *beta = th_param(ctx, KILN_SHAPE(64));
-    kiln_conv2d_options o = {.pad_h = 1, .pad_w = 1};
-    kiln_autocast_begin(ctx, KILN_DTYPE_BF16);
-    kiln_tensor *h = kiln_conv2d(x, k1, NULL, &o);
-    h = kiln_gelu(kiln_batch_norm(h, gamma, beta, NULL, NULL, 1, 0, 0), KILN_GELU_ERF);
-    kiln_tensor *y = kiln_conv2d(h, k2, NULL, &o);
-    kiln_autocast_end(ctx);
+    kiln_tensor *y = record_bn_block(ctx);
     cr_assert_not_null(y, "%s: %s", what, th_err(ctx));
     cr_assert_eq(kiln_backward(kiln_cast(kiln_sum(y, KILN_ALL_AXES, 0), KILN_DTYPE_F32)), KILN_OK,
                  "%s: %s", what, th_err(ctx));
@@ -511,17 +518,7 @@ Test(conv_tma, data_gradients_prefetch_their_epilogue_rows_with_the_switch) {
     kiln_ctx *ctx = th_cpu_ctx();
     ctx->conv_tma = true;
     ctx->conv_prefetch = on;
-    kiln_step_begin(ctx);
-    kiln_tensor *x = th_f32(ctx, KILN_SHAPE(8, 9, 7, 64));
-    kiln_tensor *k1 = th_param(ctx, KILN_SHAPE(64, 64, 3, 3)),
-                *k2 = th_param(ctx, KILN_SHAPE(64, 64, 3, 3));
-    kiln_tensor *gamma = th_param(ctx, KILN_SHAPE(64)), *beta = th_param(ctx, KILN_SHAPE(64));
-    kiln_conv2d_options o = {.pad_h = 1, .pad_w = 1};
-    kiln_autocast_begin(ctx, KILN_DTYPE_BF16);
-    kiln_tensor *h = kiln_conv2d(x, k1, NULL, &o);
-    h = kiln_gelu(kiln_batch_norm(h, gamma, beta, NULL, NULL, 1, 0, 0), KILN_GELU_ERF);
-    kiln_tensor *y = kiln_conv2d(h, k2, NULL, &o);
-    kiln_autocast_end(ctx);
+    kiln_tensor *y = record_bn_block(ctx);
     cr_assert_eq(kiln_backward(kiln_cast(kiln_sum(y, KILN_ALL_AXES, 0), KILN_DTYPE_F32)), KILN_OK,
                  "%s", th_err(ctx));
     kiln__program pg;

@@ -706,6 +706,15 @@ Test(gpu_ops, conv2d_of_a_view) {
   th_ctx_free(ctx);
 }
 
+/* Skips the test on a device other than sm_90 (the TMA-fed kernels are sm_90a's). */
+static void skip_unless_sm90a(void) {
+  int major = 0, minor = 0;
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0);
+  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0);
+  if (major != 9 || minor != 0)
+    cr_skip_test("the TMA-fed kernels are sm_90a's; this device is sm_%d%d", major, minor);
+}
+
 /* The gradients of a bf16 conv (c -> c, 3x3 pad 1) -> batch norm -> GELU -> conv (c -> c) block
  * for loss = sum(y gy), x (16, 9, 7, c): 1,008 rows, 7 blocks of 128 and one of 112, in a context
  * made with KILN_CONV_MOMENTS, KILN_CONV_PREFETCH and KILN_CONV_HOIST set to sw[0..2], eagerly:
@@ -758,11 +767,7 @@ static void bn_block_gradients(int64_t c, const char *const sw[3], uint64_t seed
  * value by one bf16 step (H100: x's by 0.0078 where its largest is 4.78): to 1/128 of their
  * largest, two such steps. */
 Test(gpu_ops, conv2d_data_gradients_sum_the_batch_norm_before_them) {
-  int major = 0, minor = 0;
-  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0);
-  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0);
-  if (major != 9 || minor != 0)
-    cr_skip_test("the TMA-fed kernels are sm_90a's; this device is sm_%d%d", major, minor);
+  skip_unless_sm90a();
   const int64_t chans[2] = {64, 256};
   const char *names[4] = {"the weight's", "the bias's", "x's", "the first filters'"};
   for (int i = 0; i < 2; i++) {
@@ -791,11 +796,7 @@ Test(gpu_ops, conv2d_data_gradients_sum_the_batch_norm_before_them) {
  * KILN_CONV_HOIST=0 (the per-channel operands loaded in every row) change no value: the block's
  * gradients bitwise the defaults', at 64 and 256 channels. */
 Test(gpu_ops, conv2d_data_gradients_prefetching_or_not_hoisting_their_epilogue_loads) {
-  int major = 0, minor = 0;
-  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0);
-  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0);
-  if (major != 9 || minor != 0)
-    cr_skip_test("the TMA-fed kernels are sm_90a's; this device is sm_%d%d", major, minor);
+  skip_unless_sm90a();
   const int64_t chans[2] = {64, 256};
   for (int i = 0; i < 2; i++) {
     float *base[4], *pre[4], *cold[4];
