@@ -28,6 +28,10 @@
 #                     and the air step's
 #                     convolutions at the defaults
 #                     (bench/conv_compare.py beside cuDNN)
+#   attribution       every default workload traced in all three modes in one process
+#                     (profile_step --trace: contexts made and freed one after another, where CUPTI
+#                     has named replayed kernels after ones of freed contexts) and each trace's count
+#                     of unattributed records and of records CUPTI misnamed (issue 26)
 # Every step has a time limit; a summary line per step is printed last. Naming steps after BUILD
 # runs those alone (bench/gpu_figures.sh build-gpu tma recompute).
 set -u
@@ -93,6 +97,12 @@ step sanitize 380 "for w in cnn air; do for t in initcheck racecheck; do
     grep -E '^=+ +at ' \$f | sort | uniq -c | sort -rn | head -n 3
   done"
 step stem 120 "python3 bench/stem_gemm.py"
+step attribution 200 "rm -rf /tmp/kiln-attribution && $build/profile_step --trace /tmp/kiln-attribution > /dev/null &&
+  for f in /tmp/kiln-attribution/*.json; do
+    python3 tools/trace_summary.py \$f 2>/dev/null | head -n 1
+    printf '  misnamed by CUPTI, kept in place: '
+    grep -o 'CUPTI names this kernel' \$f | wc -l
+  done"
 step switches 500 "ctest --test-dir $build -R 'test_gpu_bf16|test_gpu_ops_conv' --output-on-failure | tail -n 3
   for w in air resnet18; do
   for sw in '' KILN_CONV_KPAD=0 KILN_CONV_DGRAD_BN=256 'KILN_CONV_KPAD=0 KILN_CONV_DGRAD_BN=256' \
