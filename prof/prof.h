@@ -16,8 +16,9 @@
  * records through their correlation ids; a replay's records, all of one cudaGraphLaunch, in
  * order on the stream, the first group's count of them to the first group and so on (a graph
  * captured from one stream runs its nodes in capture order), each checked against the kernel's
- * name. cupti.c loads CUPTI with dlopen, holds the process's one active session (CUPTI's buffer
- * callbacks take no user pointer), and starts and ends traces for runtime/.
+ * name (a misnamed record keeps its place and says so: session.c's by_count). cupti.c loads CUPTI
+ * with dlopen, holds the process's one active session (CUPTI's buffer callbacks take no user
+ * pointer), and starts and ends traces for runtime/.
  *
  * Tracing off (ctx->prof NULL), none of this runs: every hook is behind that test.
  */
