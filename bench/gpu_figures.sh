@@ -24,7 +24,8 @@
 #                     with KILN_CONV_DGRAD_BN=256, with both (what the defaults were before the
 #                     H100 run of 2026-12-05), with KILN_CONV_MOMENTS=0 (batch norm's sums in
 #                     kernels of their own), with KILN_CONV_PREFETCH=1, with KILN_CONV_HOIST=0 and
-#                     with KILN_POOL_MOMENTS=1 (its test first: test_gpu_bf16 sets it),
+#                     with KILN_POOL_MOMENTS=1 and with KILN_POOL_PROLOGUE=1 (their tests first:
+#                     test_gpu_bf16 sets them),
 #                     and the air step's
 #                     convolutions at the defaults
 #                     (bench/conv_compare.py beside cuDNN)
@@ -106,7 +107,8 @@ step attribution 200 "rm -rf /tmp/kiln-attribution && $build/profile_step --trac
 step switches 500 "ctest --test-dir $build -R 'test_gpu_bf16|test_gpu_ops_conv' --output-on-failure | tail -n 3
   for w in air resnet18; do
   for sw in '' KILN_CONV_KPAD=0 KILN_CONV_DGRAD_BN=256 'KILN_CONV_KPAD=0 KILN_CONV_DGRAD_BN=256' \
-    KILN_CONV_MOMENTS=0 KILN_CONV_PREFETCH=1 KILN_CONV_HOIST=0 KILN_POOL_MOMENTS=1; do
+    KILN_CONV_MOMENTS=0 KILN_CONV_PREFETCH=1 KILN_CONV_HOIST=0 KILN_POOL_MOMENTS=1 \
+    KILN_POOL_PROLOGUE=1; do
     printf '%s %s: ' \$w \"\${sw:-default}\"
     env \$sw timeout 120 $build/profile_step --workload \$w --mode graph --json |
       grep -o '\"ms_per_step\": *[0-9.]*\|\"peak_mib\": *[0-9.]*' | tr '\n' ' '

@@ -150,6 +150,7 @@ kiln_ctx *kiln__ctx_create(const kiln_ctx_options *opts) {
   ctx->conv_kpad = !env_off("KILN_CONV_KPAD");
   ctx->conv_moments = !env_off("KILN_CONV_MOMENTS");
   ctx->pool_moments = env_on("KILN_POOL_MOMENTS");   /* off until it has run on a GPU */
+  ctx->pool_prologue = env_on("KILN_POOL_PROLOGUE"); /* off until it has run on a GPU */
   ctx->conv_prefetch = env_on("KILN_CONV_PREFETCH"); /* off until it has run on a GPU */
   ctx->conv_hoist = !env_off("KILN_CONV_HOIST");
   ctx->conv_dgrad_bn = 128; /* KILN_CONV_DGRAD_BN=256: one tile as wide as the channels (0) */

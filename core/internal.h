@@ -379,6 +379,7 @@ struct kiln_ctx {
   bool conv_kpad;     /* zero columns to a multiple of 8 (kiln_conv2d); KILN_CONV_KPAD=0: none */
   bool conv_moments;  /* batch norm's gradient sums in a data gradient's epilogue (=0: not) */
   bool pool_moments;  /* KILN_POOL_MOMENTS=1: batch norm's statistics in a max pool's kernel */
+  bool pool_prologue; /* KILN_POOL_PROLOGUE=1: a pool gradient computes its dy as it reads it */
   bool conv_prefetch; /* KILN_CONV_PREFETCH=1: TMA data gradients prefetch their epilogue's rows */
   bool conv_hoist;    /* staged epilogues load per-channel operands once (KILN_CONV_HOIST=0: not) */
   int conv_dgrad_bn;  /* TMA data gradients' widest tile: 128, or KILN_CONV_DGRAD_BN (64; 256: 0) */

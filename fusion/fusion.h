@@ -78,6 +78,9 @@ typedef struct kiln__group {
    * staged epilogue (kiln__dgrad_moments), or its statistics (mode 0) in a max pool's
    * (kiln__pool_moments) */
   bool moments;
+  /* a max pool's gradient (g->node, the last member) whose first `prologue` members, the
+   * elementwise run that computes its dy, run where it reads dy (kiln__pool_grad_prologue) */
+  int prologue;
 } kiln__group;
 
 /* In a row program, the view `view` of a per-row value is read as `value` itself. */
@@ -127,6 +130,9 @@ bool kiln__dgrad_moments(const kiln_ctx *ctx, const kiln__plan *p, const kiln__g
  * (g->moments). */
 bool kiln__pool_moments(const kiln_ctx *ctx, const kiln__plan *p, const kiln__group *g, int32_t i,
                         bool fits);
+/* Whether the open elementwise run g can become the prologue of max pool gradient node i. */
+bool kiln__pool_grad_prologue(const kiln_ctx *ctx, const kiln__plan *p, const kiln__group *g,
+                              int32_t i, bool fits);
 /* Whether col2im node cn's implicit data gradient (dt, co output and ci input channels) runs on
  * wgmma (device/conv.cuh or conv_tma.cuh) rather than mma.sync. */
 bool kiln__dgrad_on_wgmma(const kiln_ctx *ctx, const kiln__node *cn, kiln_dtype dt, int64_t co,
@@ -184,6 +190,7 @@ typedef struct kiln__spec {
   kiln__implicit conv; /* CONV: which product; red is col2im (DGRAD) or im2col (FPROP, WGRAD) */
   bool wgmma;          /* CONV, DGRAD: on wgmma (the group's) */
   const kiln__node *moments; /* CONV (DGRAD), WINDOW (a max pool): batch norm's sums it writes */
+  kiln__ew_prog pro; /* WINDOW: the elementwise run computing the op's first input (n may be 0) */
   /* a concat input's copy into its slice of the output: a node and a view that lowering owns */
   kiln__node copy;
   kiln_tensor slice;

@@ -135,8 +135,11 @@ static void lower_group(const kiln_ctx *ctx, const kiln__plan *p, const kiln__gr
   case KILN__RENDER_WINDOW: /* a window op and its elementwise epilogue */
     s->kind = KILN__SPEC_WINDOW;
     s->red = n;
-    /* batch norm's sums (its last member) are no part of the epilogue's program */
-    prog_of(ctx, p, g, g->implicit == KILN__IMPLICIT_DGRAD, g->n - g->moments, &s->prog);
+    /* batch norm's sums (its last member) are no part of the epilogue's program, the run that
+     * computes the op's input (its first members) is the prologue's */
+    prog_of(ctx, p, g, g->implicit == KILN__IMPLICIT_DGRAD ? 1 : g->prologue, g->n - g->moments,
+            &s->prog);
+    prog_of(ctx, p, g, 0, g->prologue, &s->pro);
     s->moments = g->moments ? &ctx->trace.nodes[p->members[g->first + g->n - 1]] : NULL;
     if (g->implicit == KILN__IMPLICIT_DGRAD) { /* col2im of dY Wk, the product in the same kernel */
       const kiln__node *mm = &ctx->trace.nodes[p->members[g->first]];

@@ -585,6 +585,14 @@ static bool phase_groups(kiln_ctx *ctx, kiln__plan *p, bool fuse) {
       open = NULL;
       continue;
     }
+    if (fuse && open && kiln__pool_grad_prologue(ctx, p, open, i, fits(ctx, p, open, i, 0))) {
+      open->prologue = open->n; /* the run computes dy where the pool's gradient reads it */
+      open->kind = kind;
+      open->node = i;
+      if (!add_member(ctx, p, open, i)) return false;
+      open = NULL;
+      continue;
+    }
     open = NULL;
     if (kind == KILN__KIND_UPDATE && fuse && p->ng > 0 && can_batch(ctx, p, &p->g[p->ng - 1], i)) {
       if (!add_member(ctx, p, &p->g[p->ng - 1], i)) return false;

@@ -134,6 +134,55 @@ bool kiln__pool_moments(const kiln_ctx *ctx, const kiln__plan *p, const kiln__gr
          k->shape[1] == C && k->offset == Y->offset && k->stride[1] == 1;
 }
 
+/* (KILN_POOL_PROLOGUE=1, off until it has run on a GPU.) A max pool's gradient over windows that
+ * tile the image (stride = window, no padding or dilation), from the positions its forward pass
+ * wrote, reads each value of dy once, where the elementwise run before it wrote it: batch norm's
+ * dx after air's pooled layers (its per-channel terms, and the cast to bf16). That run can be the
+ * gradient's prologue, dy computed where it is read and never written: each of its values read
+ * only inside the run (the last only by the gradient), its inputs from outside dense like dy, one
+ * value a channel or one in all, float, no op reading coordinates, four channels a lane group. */
+bool kiln__pool_grad_prologue(const kiln_ctx *ctx, const kiln__plan *p, const kiln__group *g,
+                              int32_t i, bool fits) {
+  const kiln__node *nodes = ctx->trace.nodes, *pg = &nodes[i];
+  if (!ctx->pool_prologue || !fits || pg->op != KILN__OP_MAX_POOL_GRAD ||
+      !KILN__I(pg, MAX_POOL_GRAD, index) || g->kind != KILN__KIND_EW || g->full || g->n < 1 ||
+      g->n >= KILN__MAX_GROUP)
+    return false;
+  kiln__win w = kiln__win_of(pg);
+  const kiln_tensor *dy = pg->in[0];
+  int64_t C = dy->ndim == 4 ? dy->shape[3] : 0;
+  int32_t last = p->members[g->first + g->n - 1];
+  if (w.sh != w.kh || w.sw != w.kw || w.ph || w.pw || w.dh != 1 || w.dw != 1 || C % 4 != 0 ||
+      nodes[last].out != dy || dy->keep || dy->offset % 4 != 0 || !kiln__is_contiguous(dy) ||
+      pg->out->offset % 4 != 0 || pg->in[1]->offset % 4 != 0)
+    return false;
+  int32_t gi = (int32_t)(g - p->g);
+  for (int m = 0; m < g->n; m++) {
+    int32_t j = p->members[g->first + m];
+    const kiln__node *nd = &nodes[j];
+    if (strstr(kiln__ops[nd->op].expr, "$c") || nd->out->keep || !kiln__same_shape(nd->out, dy))
+      return false;
+    int inside = j == last; /* the gradient reads the last */
+    for (int q = m + 1; q < g->n; q++)
+      for (int k = 0; k < nodes[p->members[g->first + q]].nin; k++)
+        inside += nodes[p->members[g->first + q]].in[k] == nd->out;
+    if (p->readers[j - p->first] != inside) return false;
+    for (int k = 0; k < nd->nin; k++) {
+      const kiln_tensor *x = nd->in[k];
+      int32_t from = kiln__plan_producer(ctx, p, x);
+      if (from >= 0 && p->group_of[from - p->first] == gi) continue; /* a value of the run */
+      int32_t seen = through_views(ctx, p, x);
+      if (seen >= 0 && p->group_of[seen - p->first] == gi) return false; /* a view of one */
+      int64_t n = kiln_tensor_numel(x);
+      bool dense = kiln__same_shape(x, dy) && kiln__is_contiguous(x) && x->offset % 4 == 0;
+      bool channel =
+          n == C && x->shape[x->ndim - 1] == C && kiln__is_contiguous(x) && x->offset % 4 == 0;
+      if (!kiln__is_float(x->dtype) || !(dense || channel || n == 1)) return false;
+    }
+  }
+  return true;
+}
+
 /* The implicit forward product and weight gradient (fusion/device/conv.cuh, wgmma: bf16 on
  * sm_90) replace im2col and the two products that read its columns where the columns are large
  * against the products: few output channels. H200, batch 1024 (dev/README.md): air's 31x31x24->64

@@ -236,17 +236,16 @@ static bool pool_index(const kiln__node *n) {
  * to operand out or through the epilogue e. A max pool with positions passes where they go: behind
  * the values of its output, operand y; its gradient, where they are: behind its second input's. */
 static void emit_loop(kiln__sb *b, const kiln__node *n, bool tiled, int out, int y,
-                      const kiln__win_epi *e) {
+                      const kiln__win_epi *e, bool prologue) {
   bool image = kiln__ops[n->op].space == KILN__SPACE_IMAGE, index = pool_index(n);
   const int64_t *o = n->out->shape;
   kiln__sb_printf(b,
-                  "  typedef G::ix ix;\n"
-                  "  const int V = G::V;\n"
                   "  for (ix e = (ix)blockIdx.x * blockDim.x + threadIdx.x; e < (ix)a.n;\n"
                   "       e += (ix)gridDim.x * blockDim.x)\n"
-                  "    kiln_%s%s%s<G>(",
-                  kiln__ops[n->op].name, tiled ? "_tiled" : "", index ? "_at" : "");
-  for (int q = 0; q < n->nin; q++)
+                  "    kiln_%s%s%s%s<G>(%s",
+                  kiln__ops[n->op].name, tiled ? "_tiled" : "", index ? "_at" : "",
+                  prologue ? "_by" : "", prologue ? "kiln_dy, " : "");
+  for (int q = prologue ? 1 : 0; q < n->nin; q++)
     if (index && q == 1) /* the gradient's positions, behind the pool's output */
       kiln__sb_printf(b, "(const unsigned char *)((const %s *)a.ptr[1] + %lldLL), ",
                       kiln__ctype(n->in[1]->dtype), (long long)kiln_tensor_numel(n->in[1]));
@@ -267,6 +266,48 @@ static void emit_loop(kiln__sb *b, const kiln__node *n, bool tiled, int out, int
         kiln__ctype(n->out->dtype), out, (long long)o[1], image ? "h" : "oh", (long long)o[2],
         image ? "w" : "ow", (long long)o[3]);
   kiln__sb_printf(b, "  });\n");
+}
+
+/* The loader of a window op's first input computed by an elementwise prologue (pro, over the
+ * input's shape: the operands it reads, the op's own among them, classified here as dense like it,
+ * one value a channel, or one in all): kiln_dy(o, c, gv) gives the four lanes from element o
+ * (channel c). */
+static void emit_prologue(kiln__sb *b, const kiln__ew_prog *pro, kiln__operands *o,
+                          const kiln__wiring *w, kiln__argplan *ap) {
+  const kiln_tensor *dy = pro->nodes[pro->n - 1]->out;
+  bool used[KILN__KMAX_PTR] = {0};
+  for (int j = 0; j < pro->n; j++)
+    for (int q = 0; q < pro->nodes[j]->nin; q++)
+      if (w->opnd[j][q] >= 0) used[w->opnd[j][q]] = true;
+  kiln__sb_printf(b, "  auto kiln_dy = [&](ix i0, ix c, float(&gv)[4]) {\n");
+  for (int k = 0; k < o->n; k++) {
+    if (!used[k]) continue;
+    long long *st = ap->args.st[k];
+    kiln__align_strides(o->t[k], 4, dy->shape, st);
+    bool lin = kiln__dense(o->t[k], kiln_tensor_numel(dy));
+    bool chan = !lin && st[0] == 0 && st[1] == 0 && st[2] == 0 && st[3] == 1;
+    KILN_ASSERT(lin || chan || kiln_tensor_numel(o->t[k]) == 1); /* the planner's condition */
+    const char *T = kiln__ctype(o->t[k]->dtype);
+    if (lin || chan)
+      kiln__sb_printf(b, "    float X%d[4];\n    kiln_load4((const %s *)a.ptr[%d] + %s, X%d);\n", k,
+                      T, k, lin ? "i0" : "c", k);
+    else
+      kiln__sb_printf(b, "    const float X%d0 = (float)((const %s *)a.ptr[%d])[0];\n", k, T, k);
+  }
+  kiln__sb_printf(b, "#pragma unroll\n"
+                     "    for (int l = 0; l < 4; l++) {\n"
+                     "      const ix i = i0 + l;\n"
+                     "      (void)i;\n");
+  for (int k = 0; k < o->n; k++)
+    if (used[k])
+      kiln__sb_printf(b,
+                      kiln_tensor_numel(o->t[k]) == 1 && kiln_tensor_numel(dy) != 1
+                          ? "      const float x%d = X%d0;\n"
+                          : "      const float x%d = X%d[l];\n",
+                      k, k);
+  for (int j = 0; j < pro->n; j++)
+    kiln__emit_node_value(b, "      ", w, j, pro->nodes[j]);
+  kiln__sb_printf(b, "      gv[l] = v%d;\n    }\n  };\n", pro->n - 1);
 }
 
 /* A max pool that also sums batch norm's statistics of its output (kiln__pool_moments): block b
@@ -351,8 +392,8 @@ bool kiln__epilogue_fours(const kiln__ew_prog *p, const kiln__operands *o, const
 
 /* A window op, alone (p->n == 1) or with the elementwise nodes that follow it in its group as an
  * epilogue computed per lane (p->nodes[0] is the op). */
-bool kiln__render_window(const kiln__target *tg, const kiln__ew_prog *p, const kiln__node *mom,
-                         kiln__rendered *r) {
+bool kiln__render_window(const kiln__target *tg, const kiln__ew_prog *p, const kiln__ew_prog *pro,
+                         const kiln__node *mom, kiln__rendered *r) {
   const kiln__node *n = p->nodes[0];
   bool image_out = kiln__ops[n->op].space == KILN__SPACE_IMAGE;
   const kiln_tensor *img = image_out ? n->out : n->in[0], *win = image_out ? n->in[0] : n->out;
@@ -365,6 +406,12 @@ bool kiln__render_window(const kiln__target *tg, const kiln__ew_prog *p, const k
   int y = out >= 0 ? out : wr.store_slot[0];
   KILN_ASSERT(!(pool_index(n) && n->op == KILN__OP_MAX_POOL) || y >= 0);
   int mout = mom ? kiln__operand(&o, mom->out, true, NULL) : -1;
+  kiln__wiring pw;
+  if (pro && pro->n > 0) {
+    int nf = 0, ni = 0, nu = 0;
+    KILN_ASSERT(p->n == 1 && !mom); /* the op alone: no epilogue's attribute slots taken */
+    kiln__wire(pro, NULL, &o, &pw, &r->arg, &nf, &ni, &nu);
+  }
   int64_t sz[7] = {img->shape[0], img->shape[1], img->shape[2], img->shape[3],
                    win->shape[1], win->shape[2], win->shape[3]};
   int V = lanes_of(n, sz[3], sz[6], tg->im2col_lanes);
@@ -383,12 +430,16 @@ bool kiln__render_window(const kiln__target *tg, const kiln__ew_prog *p, const k
   epi.vec = p->n > 1 && V == 4 && kiln__epilogue_fours(p, &o, &wr);
   kiln__sb pre = {0}, b = {0};
   emit_geometry(&pre, n, &w, sz, V, kiln__wide_index(most));
+  bool prologue = pro && pro->n > 0;
   if (mom) {
     KILN_ASSERT(n->op == KILN__OP_MAX_POOL && p->n == 1 && V == 4 && out >= 0);
     kiln__sb_printf(&pre, "#include \"moments.cuh\"\n");
     emit_pool_moments(&b, n, out, y, mout);
   } else {
-    emit_loop(&b, n, tiled, out, y, p->n > 1 ? &epi : NULL);
+    KILN_ASSERT(!prologue || (tiled && pool_index(n) && V == 4));
+    kiln__sb_printf(&b, "  typedef G::ix ix;\n  const int V = G::V;\n");
+    if (prologue) emit_prologue(&b, pro, &o, &pw, &r->arg);
+    emit_loop(&b, n, tiled, out, y, p->n > 1 ? &epi : NULL, prologue);
   }
   char stem[80], suffix[48];
   snprintf(suffix, sizeof suffix, "_%lldx%lld_s%lld_%s%s%s%s", (long long)w.kh, (long long)w.kw,
@@ -398,12 +449,15 @@ bool kiln__render_window(const kiln__target *tg, const kiln__ew_prog *p, const k
            : V == 2 ? "_v2"
                     : "",
            tiled ? "_tiled" : "",
-           pool_index(n) ? (mom ? "_at_moments" : "_at")
+           pool_index(n) ? (mom        ? "_at_moments"
+                            : prologue ? "_at_pro"
+                                       : "_at")
            : mom         ? "_moments"
                          : "");
   kiln__stem_of(p, "k", suffix, stem, sizeof stem);
   if (!kiln__finish_loop(&b, &pre, stem, &o, tg, r)) return false;
-  if (mom) r->grid = (unsigned)mom->out->shape[0]; /* a block a partial sum */
+  if (mom) r->grid = (unsigned)mom->out->shape[0];        /* a block a partial sum */
+  if (prologue) r->bytes_read -= kiln__footprint(o.t[0]); /* dy: computed, never read */
   if (pool_index(n)) { /* the positions: a byte a value, written, or read instead of the values */
     if (n->op == KILN__OP_MAX_POOL)
       r->bytes_written += (uint64_t)kiln_tensor_numel(n->out);

@@ -591,3 +591,48 @@ Test(conv_tma, max_pools_sum_the_batch_norm_after_them) {
     th_ctx_free(ctx);
   }
 }
+
+/* With KILN_POOL_PROLOGUE=1 the elementwise run that computes a max pool gradient's dy (batch
+ * norm's dx, after a bf16 2x2 pool of 64 channels then batch norm in training) becomes that
+ * gradient's prologue (plan_conv.c's kiln__pool_grad_prologue): one group, the run's nodes first
+ * and none of them written, the gradient last; its kernel, named _at_pro, renders and compiles
+ * (NVRTC). Without the switch, the run is a kernel of its own. */
+Test(conv_tma, pool_gradients_compute_their_dy_as_they_read_it_with_the_switch) {
+  for (int on = 0; on < 2; on++) {
+    kiln_ctx *ctx = th_cpu_ctx();
+    ctx->pool_prologue = on;
+    kiln_step_begin(ctx);
+    kiln_tensor *x = th_param(ctx, KILN_SHAPE(8, 10, 11, 64));
+    kiln_tensor *gamma = th_param(ctx, KILN_SHAPE(64));
+    kiln_autocast_begin(ctx, KILN_DTYPE_BF16);
+    kiln_tensor *h = kiln_cast(x, KILN_DTYPE_BF16);
+    h = kiln_max_pool2d(h, &(kiln_pool2d_options){.kernel_h = 2, .kernel_w = 2});
+    h = kiln_gelu(kiln_batch_norm(h, gamma, NULL, NULL, NULL, 1, 0, 0), KILN_GELU_ERF);
+    kiln_autocast_end(ctx);
+    cr_assert_eq(kiln_backward(kiln_cast(kiln_sum(h, KILN_ALL_AXES, 0), KILN_DTYPE_F32)), KILN_OK,
+                 "switch %d: %s", on, th_err(ctx));
+    kiln__program pg;
+    cr_assert(kiln__program_build(ctx, ctx->trace.done, ctx->trace.n, &pg), "switch %d: %s", on,
+              th_err(ctx));
+    int fused = 0;
+    for (int g = 0; g < pg.plan.ng; g++) {
+      const kiln__group *gr = &pg.plan.g[g];
+      if (!gr->prologue) continue;
+      fused++;
+      cr_assert_eq(ctx->trace.nodes[gr->node].op, KILN__OP_MAX_POOL_GRAD);
+      cr_assert_eq(gr->n, gr->prologue + 1, "the gradient last");
+      cr_assert_eq(pg.plan.members[gr->first + gr->prologue], gr->node);
+      for (int m = 0; m < gr->prologue; m++) {
+        int32_t j = pg.plan.members[gr->first + m];
+        cr_assert_eq(kiln__ops[ctx->trace.nodes[j].op].kind, KILN__KIND_EW);
+        cr_assert_not(pg.plan.store[j - pg.plan.first], "#%d is in registers", j);
+      }
+      cr_assert(strstr(pg.call[g].name, "_at_pro_"), "%s", pg.call[g].name);
+    }
+    cr_assert_eq(fused, on, "switch %d: %d prologues", on, fused);
+    kiln__program_free(&pg);
+    cr_assert_eq(kiln_step_end(ctx), KILN_OK, "switch %d: %s", on, th_err(ctx));
+    th_free_scratch();
+    th_ctx_free(ctx);
+  }
+}

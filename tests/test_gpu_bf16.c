@@ -279,6 +279,56 @@ Test(bf16, max_pool_then_batch_norm_against_float64) {
   }
 }
 
+/* x's gradient (malloc'd f32) through a bf16 2x2 max pool, batch norm in training and GELU of x
+ * (40, 10, 11, c), loss sum(y gy), in a context made with KILN_POOL_PROLOGUE set to `on`. */
+static float *pool_bn_gradient(int64_t c, const char *on) {
+  setenv("KILN_POOL_PROLOGUE", on, 1); /* read when the context is made */
+  kiln_ctx *ctx = kiln_ctx_new(NULL);
+  unsetenv("KILN_POOL_PROLOGUE");
+  cr_assert(ctx && kiln_ctx_has_gpu(ctx));
+  kiln_set_graphs(ctx, 0);
+  kiln_shape xs = KILN_SHAPE(40, 10, 11, c), ys = KILN_SHAPE(40, 5, 5, c);
+  kiln_tensor *x = ref_rand_tensor(ctx, xs, 9300, &REF_GEN(-2, 2), 1, NULL);
+  kiln_tensor *gamma = ref_rand_tensor(ctx, KILN_SHAPE(c), 9301, &REF_GEN(0.5, 1.5), 1, NULL);
+  kiln_tensor *gy = ref_rand_tensor(ctx, ys, 9302, &REF_GEN(-1, 1), 0, NULL);
+  kiln_step_begin(ctx);
+  kiln_autocast_begin(ctx, KILN_DTYPE_BF16);
+  kiln_tensor *h = kiln_max_pool2d(kiln_cast(x, KILN_DTYPE_BF16),
+                                   &(kiln_pool2d_options){.kernel_h = 2, .kernel_w = 2});
+  h = kiln_gelu(kiln_batch_norm(h, gamma, NULL, NULL, NULL, 1, 0.1f, 1e-5f), KILN_GELU_ERF);
+  kiln_autocast_end(ctx);
+  cr_assert_eq(
+      kiln_backward(kiln_sum(kiln_mul(kiln_cast(h, KILN_DTYPE_F32), gy), KILN_ALL_AXES, 0)),
+      KILN_OK, "%s", th_err(ctx));
+  cr_assert_eq(kiln_step_end(ctx), KILN_OK, "%s", th_err(ctx));
+  float *dx = ref_read_f32(ctx, kiln_tensor_grad(x), "x's gradient");
+  kiln_tensor_free(x), kiln_tensor_free(gamma), kiln_tensor_free(gy);
+  th_ctx_free(ctx);
+  return dx;
+}
+
+/* KILN_POOL_PROLOGUE=1 (the pool gradient computes batch norm's dx where it reads it) against the
+ * run as a kernel of its own, 64 and 256 channels: x's gradient within one bf16 step of dx
+ * (1/128 of the largest; the same expressions, compiled in two kernels). */
+Test(bf16, pool_gradient_prologue_equals_its_own_kernel) {
+  TH_GPU_CTX(probe); /* skips without a GPU */
+  th_ctx_free(probe);
+  const int64_t chans[2] = {64, 256};
+  for (int i = 0; i < 2; i++) {
+    int64_t n = 40 * 10 * 11 * chans[i];
+    float *on = pool_bn_gradient(chans[i], "1"), *off = pool_bn_gradient(chans[i], "0");
+    double most = 0, diff = 0;
+    for (int64_t j = 0; j < n; j++) {
+      most = fmax(most, fabs(off[j]));
+      diff = fmax(diff, fabs((double)on[j] - off[j]));
+    }
+    cr_assert_gt(most, 1e-3, "%lld channels: x's gradient is not all small", (long long)chans[i]);
+    cr_assert_leq(diff, most / 128, "%lld channels: x's gradient differs by %g (largest %g)",
+                  (long long)chans[i], diff, most);
+    free(on), free(off);
+  }
+}
+
 /* ---------------------------------------------------------------- training */
 
 /* A small conv net: conv 3->8 3x3, batch norm, GELU, max pool 2, conv 8->16 3x3, batch norm,

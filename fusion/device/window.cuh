@@ -261,16 +261,17 @@ KILN__FN void kiln_max_pool_grad_from(const T *dy, F find, typename G::ix e, S s
 
 /* max pooling's gradient over windows that tile the image (stride = kernel, no padding or
  * dilation): e over the windows; each finds its maximum once and writes its own pixels, the last
- * window of a row or column also the zeros of the pixels no window covers. */
-template <class G, typename T, class F, class S>
-KILN__FN void kiln_max_pool_grad_tiled_from(const T *dy, F find, typename G::ix e, S store) {
+ * window of a row or column also the zeros of the pixels no window covers. load(o, c, gv) gives
+ * the lanes of dy at its element o (channel c). */
+template <class G, class L, class F, class S>
+KILN__FN void kiln_max_pool_grad_tiled_by(L load, F find, typename G::ix e, S store) {
   typedef typename G::ix ix;
   ix n, oh, ow, c;
   kiln_win_split<G>(e, G::OH, G::OW, n, oh, ow, c);
   float gv[G::V];
   int at[G::V];
   find(n, oh, ow, c, at);
-  kiln_win_load<G::V>(dy, ((n * G::OH + oh) * G::OW + ow) * G::C + c, gv);
+  load(((n * G::OH + oh) * G::OW + ow) * G::C + c, c, gv);
   const ix hend = G::H == G::OH * G::KH || oh < G::OH - 1 ? oh * G::KH + G::KH : G::H;
   const ix wend = G::W == G::OW * G::KW || ow < G::OW - 1 ? ow * G::KW + G::KW : G::W;
   for (ix h = oh * G::KH; h < hend; h++)
@@ -282,6 +283,14 @@ KILN__FN void kiln_max_pool_grad_tiled_from(const T *dy, F find, typename G::ix 
         d[l] = p < G::KH && q < G::KW && at[l] == p * G::KW + q ? gv[l] : 0.f;
       store(n, h, w, c, d);
     }
+}
+
+/* The same with dy read from memory. */
+template <class G, typename T, class F, class S>
+KILN__FN void kiln_max_pool_grad_tiled_from(const T *dy, F find, typename G::ix e, S store) {
+  kiln_max_pool_grad_tiled_by<G>(
+      [&](typename G::ix o, typename G::ix, float(&gv)[G::V]) { kiln_win_load<G::V>(dy, o, gv); },
+      find, e, store);
 }
 
 /* The gradient from the pooled image x, whose windows it searches again (the unfused reference,
@@ -305,6 +314,14 @@ template <class G, typename T, class S>
 KILN__FN void kiln_max_pool_grad_tiled_at(const T *dy, const unsigned char *at, typename G::ix e,
                                           S store) {
   kiln_max_pool_grad_tiled_from<G>(dy, kiln_win_positions<G>{at}, e, store);
+}
+
+/* ... with dy computed where it is read: load(o, c, gv) gives the lanes of dy's element o, channel
+ * c (an elementwise prologue, render_window.c). */
+template <class G, class L, class S>
+KILN__FN void kiln_max_pool_grad_tiled_at_by(L load, const unsigned char *at, typename G::ix e,
+                                             S store) {
+  kiln_max_pool_grad_tiled_by<G>(load, kiln_win_positions<G>{at}, e, store);
 }
 
 /* average pooling: e over the windows, divided by the window's size, or with EXCLUDE_PAD by its
