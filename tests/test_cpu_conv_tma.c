@@ -164,6 +164,23 @@ static void record_image(kiln_ctx *ctx, const char *what, int64_t n, int64_t h, 
                "%s: %s", what, th_err(ctx));
 }
 
+/* Frees a program built for the open step, then ends the step and frees the context. */
+static void finish_program(kiln_ctx *ctx, kiln__program *pg, const char *what) {
+  kiln__program_free(pg);
+  cr_assert_eq(kiln_step_end(ctx), KILN_OK, "%s: %s", what, th_err(ctx));
+  th_free_scratch();
+  th_ctx_free(ctx);
+}
+
+/* The backward pass of sum(y) recorded, then the open step's program built into pg. */
+static void backward_program(kiln_ctx *ctx, kiln_tensor *y, kiln__program *pg, const char *what) {
+  cr_assert_not_null(y, "%s: %s", what, th_err(ctx));
+  cr_assert_eq(kiln_backward(kiln_cast(kiln_sum(y, KILN_ALL_AXES, 0), KILN_DTYPE_F32)), KILN_OK,
+               "%s: %s", what, th_err(ctx));
+  cr_assert(kiln__program_build(ctx, ctx->trace.done, ctx->trace.n, pg), "%s: %s", what,
+            th_err(ctx));
+}
+
 /* record_image of x (4, 9, 7, cin). */
 static void record(kiln_ctx *ctx, const char *what, int64_t cin, int64_t cout, int s) {
   record_image(ctx, what, 4, 9, 7, cin, cout, s);
@@ -307,10 +324,7 @@ static void each_product(const image_case *cases, size_t ncases, kiln__implicit 
         check(what, ctx, &pg.call[g]);
       }
     cr_assert_eq(found, 1, "%s: %d products of the kind", what, found);
-    kiln__program_free(&pg);
-    cr_assert_eq(kiln_step_end(ctx), KILN_OK, "%s: %s", what, th_err(ctx));
-    th_free_scratch();
-    th_ctx_free(ctx);
+    finish_program(ctx, &pg, what);
   }
 }
 
@@ -421,10 +435,7 @@ Test(conv_tma, tiny_convolutions_without_gradients_run_direct) {
         cr_assert_eq(pg.call[g].ntmap, 0, "%s", what);
       }
     cr_assert_eq(direct, cases[i].want ? 1 : 0, "%s: %d direct kernels", what, direct);
-    kiln__program_free(&pg);
-    cr_assert_eq(kiln_step_end(ctx), KILN_OK, "%s: %s", what, th_err(ctx));
-    th_free_scratch();
-    th_ctx_free(ctx);
+    finish_program(ctx, &pg, what);
   }
 }
 
@@ -443,6 +454,21 @@ static kiln_tensor *record_bn_block(kiln_ctx *ctx) {
   kiln_tensor *y = kiln_conv2d(h, k2, NULL, &o);
   kiln_autocast_end(ctx);
   return y;
+}
+
+/* Records, in a new step, a bf16 2x2 max pool of x (8, 10, 11, c) then batch norm in training
+ * (and GELU); returns its output. */
+static kiln_tensor *record_pool_bn(kiln_ctx *ctx, int64_t c, bool gelu) {
+  kiln_step_begin(ctx);
+  kiln_tensor *x = th_param(ctx, KILN_SHAPE(8, 10, 11, c));
+  kiln_tensor *gamma = th_param(ctx, KILN_SHAPE(c));
+  kiln_autocast_begin(ctx, KILN_DTYPE_BF16);
+  kiln_tensor *h = kiln_cast(x, KILN_DTYPE_BF16);
+  h = kiln_max_pool2d(h, &(kiln_pool2d_options){.kernel_h = 2, .kernel_w = 2});
+  h = kiln_batch_norm(h, gamma, NULL, NULL, NULL, 1, 0, 0);
+  if (gelu) h = kiln_gelu(h, KILN_GELU_ERF);
+  kiln_autocast_end(ctx);
+  return h;
 }
 
 /* Batch norm's backward sums (a moments node of mode 1) over what a data gradient's epilogue
@@ -501,10 +527,7 @@ Test(conv_tma, data_gradients_sum_the_batch_norm_before_them) {
     }
     cr_assert_eq(fused, cases[i].want ? 1 : 0, "%s: %d data gradients sum", what, fused);
     cr_assert_eq(alone, cases[i].want ? 0 : 1, "%s: %d moments kernels", what, alone);
-    kiln__program_free(&pg);
-    cr_assert_eq(kiln_step_end(ctx), KILN_OK, "%s: %s", what, th_err(ctx));
-    th_free_scratch();
-    th_ctx_free(ctx);
+    finish_program(ctx, &pg, what);
   }
 }
 
@@ -558,19 +581,8 @@ Test(conv_tma, max_pools_sum_the_batch_norm_after_them) {
     snprintf(what, sizeof what, "%lld channels, switch %d", (long long)cases[i].c, cases[i].on);
     kiln_ctx *ctx = th_cpu_ctx();
     ctx->pool_moments = cases[i].on;
-    kiln_step_begin(ctx);
-    kiln_tensor *x = th_param(ctx, KILN_SHAPE(8, 10, 11, cases[i].c));
-    kiln_tensor *gamma = th_param(ctx, KILN_SHAPE(cases[i].c));
-    kiln_autocast_begin(ctx, KILN_DTYPE_BF16);
-    kiln_tensor *h = kiln_cast(x, KILN_DTYPE_BF16);
-    h = kiln_max_pool2d(h, &(kiln_pool2d_options){.kernel_h = 2, .kernel_w = 2});
-    h = kiln_batch_norm(h, gamma, NULL, NULL, NULL, 1, 0, 0);
-    kiln_autocast_end(ctx);
-    cr_assert_eq(kiln_backward(kiln_cast(kiln_sum(h, KILN_ALL_AXES, 0), KILN_DTYPE_F32)), KILN_OK,
-                 "%s: %s", what, th_err(ctx));
     kiln__program pg;
-    cr_assert(kiln__program_build(ctx, ctx->trace.done, ctx->trace.n, &pg), "%s: %s", what,
-              th_err(ctx));
+    backward_program(ctx, record_pool_bn(ctx, cases[i].c, false), &pg, what);
     int fused = 0;
     for (int g = 0; g < pg.plan.ng; g++) {
       const kiln__group *gr = &pg.plan.g[g];
@@ -585,10 +597,7 @@ Test(conv_tma, max_pools_sum_the_batch_norm_after_them) {
       cr_assert_eq(pg.call[g].grid, (unsigned)m->out->shape[0], "%s: a block a partial sum", what);
     }
     cr_assert_eq(fused, cases[i].want ? 1 : 0, "%s: %d pools sum", what, fused);
-    kiln__program_free(&pg);
-    cr_assert_eq(kiln_step_end(ctx), KILN_OK, "%s: %s", what, th_err(ctx));
-    th_free_scratch();
-    th_ctx_free(ctx);
+    finish_program(ctx, &pg, what);
   }
 }
 
@@ -601,19 +610,10 @@ Test(conv_tma, pool_gradients_compute_their_dy_as_they_read_it_with_the_switch) 
   for (int on = 0; on < 2; on++) {
     kiln_ctx *ctx = th_cpu_ctx();
     ctx->pool_prologue = on;
-    kiln_step_begin(ctx);
-    kiln_tensor *x = th_param(ctx, KILN_SHAPE(8, 10, 11, 64));
-    kiln_tensor *gamma = th_param(ctx, KILN_SHAPE(64));
-    kiln_autocast_begin(ctx, KILN_DTYPE_BF16);
-    kiln_tensor *h = kiln_cast(x, KILN_DTYPE_BF16);
-    h = kiln_max_pool2d(h, &(kiln_pool2d_options){.kernel_h = 2, .kernel_w = 2});
-    h = kiln_gelu(kiln_batch_norm(h, gamma, NULL, NULL, NULL, 1, 0, 0), KILN_GELU_ERF);
-    kiln_autocast_end(ctx);
-    cr_assert_eq(kiln_backward(kiln_cast(kiln_sum(h, KILN_ALL_AXES, 0), KILN_DTYPE_F32)), KILN_OK,
-                 "switch %d: %s", on, th_err(ctx));
+    char what[32];
+    snprintf(what, sizeof what, "switch %d", on);
     kiln__program pg;
-    cr_assert(kiln__program_build(ctx, ctx->trace.done, ctx->trace.n, &pg), "switch %d: %s", on,
-              th_err(ctx));
+    backward_program(ctx, record_pool_bn(ctx, 64, true), &pg, what);
     int fused = 0;
     for (int g = 0; g < pg.plan.ng; g++) {
       const kiln__group *gr = &pg.plan.g[g];
@@ -629,10 +629,7 @@ Test(conv_tma, pool_gradients_compute_their_dy_as_they_read_it_with_the_switch) 
       }
       cr_assert(strstr(pg.call[g].name, "_at_pro_"), "%s", pg.call[g].name);
     }
-    cr_assert_eq(fused, on, "switch %d: %d prologues", on, fused);
-    kiln__program_free(&pg);
-    cr_assert_eq(kiln_step_end(ctx), KILN_OK, "switch %d: %s", on, th_err(ctx));
-    th_free_scratch();
-    th_ctx_free(ctx);
+    cr_assert_eq(fused, on, "%s: %d prologues", what, fused);
+    finish_program(ctx, &pg, what);
   }
 }
