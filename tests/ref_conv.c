@@ -365,3 +365,25 @@ void ref_flatten_nhwc(const double *x, kiln_shape xs, double *y) {
         for (int64_t ch = 0; ch < C; ch++)
           y[in * C * h * wd + (ch * h + r) * wd + c] = x[((in * h + r) * wd + c) * C + ch];
 }
+
+/* ---------------------------------------------------------------- gradients */
+
+void ref_expect_grad(kiln_ctx *ctx, kiln_tensor *t, kiln_shape s, const double *want, double atol,
+                     double rtol, const char *what, const char *which) {
+  char w[1200];
+  snprintf(w, sizeof w, "%s: gradient of %s", what, which);
+  ref_expect_close(ctx, kiln_tensor_grad(t), s, want, atol, rtol, w);
+}
+
+double *ref_backward_weighted(kiln_ctx *ctx, kiln_tensor *y, uint64_t seed, const char *what) {
+  kiln_shape s = kiln_tensor_shape(y);
+  float *gh;
+  kiln_tensor *g = ref_rand_tensor(ctx, s, seed, &REF_GEN(-1, 1), 0, &gh);
+  kiln_status st = kiln_backward(kiln_sum(kiln_mul(y, g), KILN_ALL_AXES, 0));
+  cr_assert_eq(st, KILN_OK, "%s: kiln_backward: %s", what, th_err(ctx));
+  cr_assert_eq(kiln_sync(ctx), KILN_OK, "%s: running the backward pass: %s", what, th_err(ctx));
+  double *gd = ref_to_double(gh, ref_numel(s));
+  free(gh);
+  kiln_tensor_free(g);
+  return gd;
+}

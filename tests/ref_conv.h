@@ -90,4 +90,11 @@ void ref_layer_norm_backward(const double *x, int64_t m, int64_t c, const double
 /* (N, H, W, C) to (N, C * H * W) in PyTorch's order: y[n, (c H + h) W + w] = x[n, h, w, c]. */
 void ref_flatten_nhwc(const double *x, kiln_shape xs, double *y);
 
+/* ref_expect_close of the gradient kiln accumulated in t (shape s); which names t in messages. */
+void ref_expect_grad(kiln_ctx *ctx, kiln_tensor *t, kiln_shape s, const double *want, double atol,
+                     double rtol, const char *what, const char *which);
+/* Records loss = sum(y * g) for a g of y's shape with values in [-1, 1) from seed, and its
+ * backward pass, and runs it; returns g's values as doubles (malloc'd) and frees g. */
+double *ref_backward_weighted(kiln_ctx *ctx, kiln_tensor *y, uint64_t seed, const char *what);
+
 #endif

@@ -3,11 +3,11 @@
  * ref_conv.h (checked against PyTorch's definitions): kiln_conv2d over a grid of geometries
  * (strides 1 and 2, padding 0 to 2, dilation, groups 1, 2 and depthwise, odd sizes, batch 1,
  * channel counts that are not multiples of 8, with and without bias, NULL options, a viewed
- * input), followed by a ReLU as networks use it; max and average pooling (padding, dilation,
- * count_include_pad and exclude_pad, ties), global pooling and flatten. Every op's gradients are
- * checked twice: tightly against the analytic float64 gradients of sum(y * g), and against
- * central finite differences (kiln_gradcheck) on the small cases. Without a GPU every test
- * skips, saying why.
+ * input), followed by a ReLU as networks use it, and the kernels that serve it (implicit GEMMs,
+ * TMA-fed, direct; their epilogues and switches); pooling is test_gpu_ops_pool.c's. Every op's
+ * gradients are checked twice: tightly against the analytic float64 gradients of sum(y * g), and
+ * against central finite differences (kiln_gradcheck) on the small cases. Without a GPU every
+ * test skips, saying why.
  */
 #include <cuda_runtime_api.h>
 #include <math.h>
@@ -19,29 +19,6 @@
 
 #define GRAD_ATOL 5e-4 /* gradients sum up to ~1000 products: float32 accumulation */
 #define GRAD_RTOL 1e-4
-
-/* The gradient kiln accumulated in t against want (shape s). */
-static void expect_grad(kiln_ctx *ctx, kiln_tensor *t, kiln_shape s, const double *want,
-                        double atol, double rtol, const char *what, const char *which) {
-  char w[1200];
-  snprintf(w, sizeof w, "%s: gradient of %s", what, which);
-  ref_expect_close(ctx, kiln_tensor_grad(t), s, want, atol, rtol, w);
-}
-
-/* Records loss = sum(y * g) for a g of y's shape with values from seed, and its backward pass;
- * returns g's values as doubles (malloc'd) and frees g. */
-static double *backward_weighted(kiln_ctx *ctx, kiln_tensor *y, uint64_t seed, const char *what) {
-  kiln_shape s = kiln_tensor_shape(y);
-  float *gh;
-  kiln_tensor *g = ref_rand_tensor(ctx, s, seed, &REF_GEN(-1, 1), 0, &gh);
-  kiln_status st = kiln_backward(kiln_sum(kiln_mul(y, g), KILN_ALL_AXES, 0));
-  cr_assert_eq(st, KILN_OK, "%s: kiln_backward: %s", what, th_err(ctx));
-  cr_assert_eq(kiln_sync(ctx), KILN_OK, "%s: running the backward pass: %s", what, th_err(ctx));
-  double *gd = ref_to_double(gh, ref_numel(s));
-  free(gh);
-  kiln_tensor_free(g);
-  return gd;
-}
 
 /* ---------------------------------------------------------------- convolution */
 
@@ -149,16 +126,16 @@ static void check_conv(kiln_ctx *ctx, const conv_case *c, int relu, uint64_t see
       want[i] = want[i] > 0 ? want[i] : 0;
   ref_expect_close(ctx, y, os, want, 1e-4, 1e-4, what);
 
-  double *gy = backward_weighted(ctx, y, seed + 3, what);
+  double *gy = ref_backward_weighted(ctx, y, seed + 3, what);
   if (relu) /* relu's derivative: through where the output is positive */
     for (int64_t i = 0; i < ref_numel(os); i++)
       gy[i] = want[i] > 0 ? gy[i] : 0;
   double *dx = ref_dalloc(ref_numel(xs)), *dw = ref_dalloc(ref_numel(ws)),
          *db = ref_dalloc(c->cout);
   ref_conv2d_backward(xd, xs, wdd, c->cout, &g, gy, dx, dw, db);
-  expect_grad(ctx, x, xs, dx, GRAD_ATOL, GRAD_RTOL, what, "x");
-  expect_grad(ctx, w, ws, dw, GRAD_ATOL, GRAD_RTOL, what, "the weight");
-  if (b) expect_grad(ctx, b, bs, db, GRAD_ATOL, GRAD_RTOL, what, "the bias");
+  ref_expect_grad(ctx, x, xs, dx, GRAD_ATOL, GRAD_RTOL, what, "x");
+  ref_expect_grad(ctx, w, ws, dw, GRAD_ATOL, GRAD_RTOL, what, "the weight");
+  if (b) ref_expect_grad(ctx, b, bs, db, GRAD_ATOL, GRAD_RTOL, what, "the bias");
 
   if (c->gc && !relu) {
     kiln_tensor *in[3] = {x, w, b};
@@ -261,7 +238,7 @@ static void check_igemm(kiln_ctx *ctx, const conv_case *c, int bf16, int relu, u
   if (bf16) kiln_autocast_begin(ctx, KILN_DTYPE_BF16);
   kiln_tensor *y = kiln_conv2d(relu ? kiln_relu(x) : x, w, b, &c->o);
   if (bf16) kiln_autocast_end(ctx);
-  double *gy = backward_weighted(ctx, y, seed + 3, what);
+  double *gy = ref_backward_weighted(ctx, y, seed + 3, what);
   int64_t nx = ref_numel(xs), nw = ref_numel(ws), no = ref_numel(os);
   double *xd = ref_to_double(xh, nx), *wdd = ref_to_double(wh, nw), *dx = ref_dalloc(nx);
   if (bf16) { /* y's gradient and the weight as bf16 */
@@ -277,9 +254,9 @@ static void check_igemm(kiln_ctx *ctx, const conv_case *c, int bf16, int relu, u
     if (relu && xh[i] <= 0) dx[i] = 0;
   }
   if (bf16) /* f32 sums and float64 ones may round to neighbouring bf16 values */
-    expect_grad(ctx, x, xs, dx, 1e-5, 8e-3, what, "x");
+    ref_expect_grad(ctx, x, xs, dx, 1e-5, 8e-3, what, "x");
   else
-    expect_grad(ctx, x, xs, dx, 4 * sqrt(k) * 0.25 * 1e-3, 1e-3, what, "x");
+    ref_expect_grad(ctx, x, xs, dx, 4 * sqrt(k) * 0.25 * 1e-3, 1e-3, what, "x");
   free(gy);
   free(xd);
   free(wdd);
@@ -370,7 +347,8 @@ static void check_bf16_conv(kiln_ctx *ctx, const conv_case *c, uint64_t seed, bo
   kiln_autocast_begin(ctx, KILN_DTYPE_BF16);
   kiln_tensor *y = kiln_conv2d(x, w, NULL, &c->o);
   kiln_autocast_end(ctx);
-  double *gy = grads ? backward_weighted(ctx, kiln_cast(y, KILN_DTYPE_F32), seed + 3, what) : NULL;
+  double *gy =
+      grads ? ref_backward_weighted(ctx, kiln_cast(y, KILN_DTYPE_F32), seed + 3, what) : NULL;
   int64_t nx = ref_numel(xs), nw = ref_numel(ws), no = ref_numel(os);
   double *xd = ref_to_double(xh, nx), *wdd = ref_to_double(wh, nw), *want = ref_dalloc(no);
   for (int64_t i = 0; i < nx; i++) /* the operands the tensor cores multiply */
@@ -396,8 +374,8 @@ static void check_bf16_conv(kiln_ctx *ctx, const conv_case *c, uint64_t seed, bo
      * (conv2d_data_gradient_as_an_implicit_gemm and the bf16 tests cover that path); a weight
      * gradient sums up to 18432 products */
     if (dgrad_implicit(c) || (tma_on && dgrad_tma(c)))
-      expect_grad(ctx, x, xs, dx, 1e-3, 8e-3, what, "x");
-    expect_grad(ctx, w, ws, dw, 1e-2, 8e-3, what, "the weight");
+      ref_expect_grad(ctx, x, xs, dx, 1e-3, 8e-3, what, "x");
+    ref_expect_grad(ctx, w, ws, dw, 1e-2, 8e-3, what, "the weight");
     free(dx);
     free(dw);
   }
@@ -683,7 +661,7 @@ Test(gpu_ops, conv2d_of_a_view) {
   const char *what = "conv2d 3->5 3x3 pad 1 of a view (columns 1::2, channels 0:3)";
   ref_expect_close(ctx, y, os, want, 1e-4, 1e-4, what);
   /* the gradient reaches the viewed elements of the base and only them */
-  double *gy = backward_weighted(ctx, y, 2902, what);
+  double *gy = ref_backward_weighted(ctx, y, 2902, what);
   double *dx = ref_dalloc(ref_numel(xs)), *dbase = ref_dalloc(2 * 7 * 10 * 4);
   ref_conv2d_backward(xd, xs, wdd, 5, &g, gy, dx, NULL, NULL);
   memset(dbase, 0, 2 * 7 * 10 * 4 * sizeof *dbase);
@@ -692,7 +670,8 @@ Test(gpu_ops, conv2d_of_a_view) {
       for (int64_t c = 0; c < 5; c++)
         for (int64_t ch = 0; ch < 3; ch++)
           dbase[((n * 7 + r) * 10 + 2 * c + 1) * 4 + ch] = dx[((n * 7 + r) * 5 + c) * 3 + ch];
-  expect_grad(ctx, base, KILN_SHAPE(2, 7, 10, 4), dbase, GRAD_ATOL, GRAD_RTOL, what, "the base");
+  ref_expect_grad(ctx, base, KILN_SHAPE(2, 7, 10, 4), dbase, GRAD_ATOL, GRAD_RTOL, what,
+                  "the base");
   free(bh);
   free(wh);
   free(xd);
@@ -814,507 +793,4 @@ Test(gpu_ops, conv2d_data_gradients_prefetching_or_not_hoisting_their_epilogue_l
       free(cold[q]);
     }
   }
-}
-
-/* ---------------------------------------------------------------- pooling */
-
-typedef enum pkind { P_MAX, P_AVG } pkind;
-
-typedef struct pool_case {
-  const char *desc;
-  pkind k;
-  kiln_shape x;
-  kiln_pool2d_options o; /* zero fields: kiln's defaults */
-  int gc;
-} pool_case;
-
-static ref_win pool_win(const kiln_pool2d_options *o) {
-  return (ref_win){.kh = o->kernel_h,
-                   .kw = o->kernel_w,
-                   .sh = o->stride_h ? o->stride_h : o->kernel_h,
-                   .sw = o->stride_w ? o->stride_w : o->kernel_w,
-                   .ph = o->pad_h,
-                   .pw = o->pad_w,
-                   .dh = o->dilation_h ? o->dilation_h : 1,
-                   .dw = o->dilation_w ? o->dilation_w : 1,
-                   .groups = 1};
-}
-
-#define PO(...)                                                                                    \
-  { __VA_ARGS__ }
-#define S4(d0, d1, d2, d3)                                                                         \
-  {                                                                                                \
-    .ndim = 4, .d = { d0, d1, d2, d3 }                                                             \
-  }
-
-static const pool_case pool_cases[] = {
-    {"max 2x2 stride 2", P_MAX, S4(2, 7, 5, 3),
-     PO(.kernel_h = 2, .kernel_w = 2, .stride_h = 2, .stride_w = 2), 1},
-    {"max 2x2, default stride", P_MAX, S4(2, 7, 5, 6), PO(.kernel_h = 2, .kernel_w = 2), 1},
-    {"max 3x3 stride 2 pad 1", P_MAX, S4(2, 7, 5, 5),
-     PO(.kernel_h = 3, .kernel_w = 3, .stride_h = 2, .stride_w = 2, .pad_h = 1, .pad_w = 1), 1},
-    {"max 3x3 stride 1 pad 1 dilation 2", P_MAX, S4(2, 7, 5, 6),
-     PO(.kernel_h = 3, .kernel_w = 3, .stride_h = 1, .stride_w = 1, .pad_h = 1, .pad_w = 1,
-        .dilation_h = 2, .dilation_w = 2),
-     1},
-    {"max 3x2 stride (2,1) pad (1,0) dilation (1,2)", P_MAX, S4(1, 7, 5, 5),
-     PO(.kernel_h = 3, .kernel_w = 2, .stride_h = 2, .stride_w = 1, .pad_h = 1, .dilation_w = 2),
-     1},
-    {"max 3x3 stride 3 (rows and columns left over)", P_MAX, S4(2, 7, 5, 3),
-     PO(.kernel_h = 3, .kernel_w = 3), 1},
-    {"max 2x2 of 64 channels", P_MAX, S4(4, 12, 12, 64), PO(.kernel_h = 2, .kernel_w = 2), 0},
-    {"avg 2x2 stride 2", P_AVG, S4(2, 7, 5, 3),
-     PO(.kernel_h = 2, .kernel_w = 2, .stride_h = 2, .stride_w = 2), 1},
-    {"avg 3x3 stride 2 pad 1 (padding counted)", P_AVG, S4(2, 7, 5, 5),
-     PO(.kernel_h = 3, .kernel_w = 3, .stride_h = 2, .stride_w = 2, .pad_h = 1, .pad_w = 1), 1},
-    {"avg 3x3 stride 2 pad 1 exclude_pad", P_AVG, S4(2, 7, 5, 5),
-     PO(.kernel_h = 3, .kernel_w = 3, .stride_h = 2, .stride_w = 2, .pad_h = 1, .pad_w = 1,
-        .exclude_pad = 1),
-     1},
-    {"avg 3x3 stride 1 pad 1 exclude_pad", P_AVG, S4(1, 7, 5, 6),
-     PO(.kernel_h = 3, .kernel_w = 3, .stride_h = 1, .stride_w = 1, .pad_h = 1, .pad_w = 1,
-        .exclude_pad = 1),
-     1},
-    {"avg 2x3 stride (1,2) pad 1 exclude_pad", P_AVG, S4(2, 7, 5, 6),
-     PO(.kernel_h = 2, .kernel_w = 3, .stride_h = 1, .stride_w = 2, .pad_h = 1, .pad_w = 1,
-        .exclude_pad = 1),
-     1},
-    {"avg 2x3 stride (1,2) pad 1", P_AVG, S4(2, 7, 5, 6),
-     PO(.kernel_h = 2, .kernel_w = 3, .stride_h = 1, .stride_w = 2, .pad_h = 1, .pad_w = 1), 1},
-    {"avg 2x2 of 64 channels", P_AVG, S4(4, 12, 12, 64), PO(.kernel_h = 2, .kernel_w = 2), 0},
-};
-
-typedef struct pool_gc {
-  pkind k;
-  kiln_pool2d_options o;
-} pool_gc;
-
-static kiln_tensor *gc_pool(kiln_tensor *const *in, void *user) {
-  const pool_gc *u = user;
-  return u->k == P_MAX ? kiln_max_pool2d(in[0], &u->o) : kiln_avg_pool2d(in[0], &u->o);
-}
-
-/* One pooling case; max pooling's inputs are distinct values 0.1 apart (no ties, even after a
- * finite-difference step), or, with ties, quantised values that repeat in most windows. */
-static void check_pool(kiln_ctx *ctx, const pool_case *c, int ties, uint64_t seed) {
-  ref_win g = pool_win(&c->o);
-  kiln_shape xs = c->x, os = ref_win_out(xs, &g, xs.d[3]);
-  int64_t nx = ref_numel(xs), no = ref_numel(os);
-  char what[1024], wd[96];
-  ref_win_str(&g, wd, sizeof wd);
-  snprintf(what, sizeof what, "%s (%s%s)%s of [%lld,%lld,%lld,%lld]", c->desc, wd,
-           c->o.exclude_pad ? ", exclude_pad" : "", ties ? " with ties" : "", (long long)xs.d[0],
-           (long long)xs.d[1], (long long)xs.d[2], (long long)xs.d[3]);
-  kiln_step_begin(ctx);
-  float *xh = ref_falloc(nx);
-  if (c->k == P_MAX && !ties)
-    ref_distinct_fill(xh, nx, seed);
-  else if (ties)
-    ref_gen_fill(xh, nx, seed, &(ref_gen){.lo = -1, .hi = 1, .quant = 0.5f});
-  else
-    ref_gen_fill(xh, nx, seed, &REF_GEN(-1, 1));
-  kiln_tensor *x = ref_upload(ctx, xs, xh);
-  ref_set_grad(ctx, x);
-  double *xd = ref_to_double(xh, nx), *want = ref_dalloc(no), *dx = ref_dalloc(nx);
-  kiln_tensor *y;
-  if (c->k == P_MAX) {
-    y = kiln_max_pool2d(x, &c->o);
-    ref_max_pool2d(xd, xs, &g, want);
-  } else {
-    y = kiln_avg_pool2d(x, &c->o);
-    ref_avg_pool2d(xd, xs, &g, c->o.exclude_pad, want);
-  }
-  double tol = c->k == P_MAX ? 0 : 1e-5;
-  ref_expect_close(ctx, y, os, want, tol, tol, what);
-  double *gy = backward_weighted(ctx, y, seed + 1, what);
-  if (c->k == P_MAX)
-    ref_max_pool2d_backward(xd, xs, &g, gy, dx);
-  else
-    ref_avg_pool2d_backward(xs, &g, c->o.exclude_pad, gy, dx);
-  expect_grad(ctx, x, xs, dx, 1e-5, 1e-5, what, "x");
-  if (c->gc && !ties) {
-    pool_gc u = {.k = c->k, .o = c->o};
-    ref_expect_gradcheck(ctx, what, gc_pool, 1, &x, &u);
-  }
-  free(xh);
-  free(xd);
-  free(want);
-  free(dx);
-  free(gy);
-  kiln_tensor_free(x);
-  th_assert_ok(ctx);
-}
-
-Test(gpu_ops, max_pool2d) {
-  TH_GPU_CTX_EAGER(ctx);
-  for (size_t i = 0; i < sizeof pool_cases / sizeof *pool_cases; i++)
-    if (pool_cases[i].k == P_MAX) check_pool(ctx, &pool_cases[i], 0, 3000 + 10 * i);
-  th_ctx_free(ctx);
-}
-
-/* Equal values in a window: the gradient goes to the first of them (rows, then columns), as
- * PyTorch's; overlapping windows add up. */
-Test(gpu_ops, max_pool2d_ties_go_to_the_first_maximum) {
-  TH_GPU_CTX_EAGER(ctx);
-  for (size_t i = 0; i < sizeof pool_cases / sizeof *pool_cases; i++)
-    if (pool_cases[i].k == P_MAX) check_pool(ctx, &pool_cases[i], 1, 3200 + 10 * i);
-  /* all zeros, as after a ReLU: every window ties everywhere */
-  kiln_step_begin(ctx);
-  kiln_tensor *x = kiln_tensor_new(ctx, KILN_DTYPE_F32, KILN_SHAPE(1, 4, 4, 2));
-  cr_assert_not_null(x, "%s", th_err(ctx));
-  ref_set_grad(ctx, x);
-  kiln_pool2d_options o = {
-      .kernel_h = 3, .kernel_w = 3, .stride_h = 2, .stride_w = 2, .pad_h = 1, .pad_w = 1};
-  kiln_tensor *y = kiln_max_pool2d(x, &o);
-  cr_assert_eq(kiln_backward(kiln_sum(y, KILN_ALL_AXES, 0)), KILN_OK, "%s", th_err(ctx));
-  /* windows start at rows and columns -1 and 1: their first in-image elements are (0,0), (0,1),
-   * (1,0) and (1,1) */
-  double want[32] = {0};
-  for (int ch = 0; ch < 2; ch++) {
-    want[(0 * 4 + 0) * 2 + ch] = 1;
-    want[(0 * 4 + 1) * 2 + ch] = 1;
-    want[(1 * 4 + 0) * 2 + ch] = 1;
-    want[(1 * 4 + 1) * 2 + ch] = 1;
-  }
-  expect_grad(ctx, x, KILN_SHAPE(1, 4, 4, 2), want, 0, 0, "max_pool2d 3x3 stride 2 pad 1 of zeros",
-              "x");
-  kiln_tensor_free(x);
-  th_ctx_free(ctx);
-}
-
-/* ReLU then max pooling whose windows tile the image (stride = kernel, with rows and columns
- * left over or not): the backward pass runs the pooling gradient with the ReLU's derivative as
- * its epilogue, one thread a window; forward and gradient against float64. The ReLU's zeros tie
- * in every window that has no positive value. */
-Test(gpu_ops, relu_then_tiling_max_pool2d_fused) {
-  TH_GPU_CTX_EAGER(ctx);
-  struct {
-    kiln_shape x;
-    int k;
-  } cases[] = {{S4(2, 8, 6, 8), 2}, {S4(2, 7, 5, 8), 2}, {S4(3, 9, 11, 4), 3}, {S4(2, 7, 5, 3), 2}};
-  for (size_t ci = 0; ci < sizeof cases / sizeof *cases; ci++) {
-    kiln_pool2d_options o = {.kernel_h = cases[ci].k, .kernel_w = cases[ci].k};
-    ref_win g = pool_win(&o);
-    kiln_shape xs = cases[ci].x, os = ref_win_out(xs, &g, xs.d[3]);
-    int64_t nx = ref_numel(xs), no = ref_numel(os);
-    char what[160];
-    snprintf(what, sizeof what, "relu then max_pool2d %dx%d of [%lld,%lld,%lld,%lld]", cases[ci].k,
-             cases[ci].k, (long long)xs.d[0], (long long)xs.d[1], (long long)xs.d[2],
-             (long long)xs.d[3]);
-    kiln_step_begin(ctx);
-    float *xh = ref_falloc(nx);
-    ref_distinct_fill(xh, nx, 4000 + ci); /* half of them negative */
-    kiln_tensor *x = ref_upload(ctx, xs, xh);
-    ref_set_grad(ctx, x);
-    double *r = ref_dalloc(nx), *want = ref_dalloc(no), *dr = ref_dalloc(nx);
-    for (int64_t i = 0; i < nx; i++)
-      r[i] = xh[i] > 0 ? xh[i] : 0;
-    kiln_tensor *y = kiln_max_pool2d(kiln_relu(x), &o);
-    ref_max_pool2d(r, xs, &g, want);
-    ref_expect_close(ctx, y, os, want, 0, 0, what);
-    double *gy = backward_weighted(ctx, y, 4100 + ci, what);
-    ref_max_pool2d_backward(r, xs, &g, gy, dr);
-    for (int64_t i = 0; i < nx; i++)
-      dr[i] = xh[i] > 0 ? dr[i] : 0;
-    expect_grad(ctx, x, xs, dr, 1e-6, 1e-6, what, "x");
-    free(xh);
-    free(r);
-    free(want);
-    free(dr);
-    free(gy);
-    kiln_tensor_free(x);
-    th_assert_ok(ctx);
-  }
-  th_ctx_free(ctx);
-}
-
-/* The gradients of x and w for loss = sum(conv2d(x, w) g), in a context made with
- * KILN_CONV_RECOMPUTE set to `on`, under bf16 autocast or not, two steps (a step graph's capture
- * and replay): the second step's, as f32 (malloc'd). */
-static void conv_grads(int on, int bf16, float **dx, float **dw) {
-  setenv("KILN_CONV_RECOMPUTE", on ? "1" : "0", 1);
-  kiln_ctx *ctx = kiln_ctx_new(NULL);
-  unsetenv("KILN_CONV_RECOMPUTE");
-  cr_assert(ctx && kiln_ctx_has_gpu(ctx));
-  kiln_set_tf32(ctx, 0);
-  kiln_shape xs = KILN_SHAPE(8, 13, 11, 32), ws = KILN_SHAPE(96, 32, 3, 3);
-  kiln_tensor *x = ref_rand_tensor(ctx, xs, 6100, &REF_GEN(-1, 1), 1, NULL);
-  kiln_tensor *w = ref_rand_tensor(ctx, ws, 6101, &REF_GEN(-0.2f, 0.2f), 1, NULL);
-  kiln_tensor *g = ref_rand_tensor(ctx, KILN_SHAPE(8, 13, 11, 96), 6102, &REF_GEN(-1, 1), 0, NULL);
-  for (int s = 0; s < 2; s++) {
-    kiln_tensor_zero_grad(x);
-    kiln_tensor_zero_grad(w);
-    kiln_step_begin(ctx);
-    if (bf16) kiln_autocast_begin(ctx, KILN_DTYPE_BF16);
-    kiln_tensor *y = kiln_conv2d(x, w, NULL, &(kiln_conv2d_options){.pad_h = 1, .pad_w = 1});
-    if (bf16) kiln_autocast_end(ctx);
-    kiln_tensor *loss = kiln_sum(kiln_mul(kiln_cast(y, KILN_DTYPE_F32), g), KILN_ALL_AXES, 0);
-    cr_assert_eq(kiln_backward(loss), KILN_OK, "%s", th_err(ctx));
-    cr_assert_eq(kiln_step_end(ctx), KILN_OK, "%s", th_err(ctx));
-  }
-  *dx = ref_read_f32(ctx, kiln_tensor_grad(x), "x's gradient");
-  *dw = ref_read_f32(ctx, kiln_tensor_grad(w), "w's gradient");
-  kiln_tensor_free(x);
-  kiln_tensor_free(w);
-  kiln_tensor_free(g);
-  th_ctx_free(ctx);
-}
-
-/* KILN_CONV_RECOMPUTE=1: a convolution of 96 output channels (its products on the BLAS library)
- * gathers its columns again for the weight gradient; both gradients equal those from the forward
- * pass's columns bit for bit, in f32 and in bf16. */
-Test(gpu_ops, conv2d_recomputed_columns_give_the_same_gradients) {
-  TH_GPU_CTX(probe); /* skips without a GPU */
-  th_ctx_free(probe);
-  for (int bf16 = 0; bf16 < 2; bf16++) {
-    float *dx[2], *dw[2];
-    for (int on = 0; on < 2; on++)
-      conv_grads(on, bf16, &dx[on], &dw[on]);
-    cr_assert(memcmp(dx[0], dx[1], 8 * 13 * 11 * 32 * sizeof(float)) == 0,
-              "%s: x's gradient differs with recomputed columns", bf16 ? "bf16" : "f32");
-    cr_assert(memcmp(dw[0], dw[1], 96 * 32 * 3 * 3 * sizeof(float)) == 0,
-              "%s: w's gradient differs with recomputed columns", bf16 ? "bf16" : "f32");
-    for (int on = 0; on < 2; on++) {
-      free(dx[on]);
-      free(dw[on]);
-    }
-  }
-}
-
-/* One step of y = max_pool(x) in dt and loss = sum(y g), twice (a step graph's capture, then its
- * replay): y's values and x's gradient after the second, as f32 (malloc'd). Fusion on records
- * the pool with its windows' positions behind y's values and the gradient reads them; off, the
- * gradient searches x's windows again. */
-static void pool_twice(kiln_ctx *ctx, kiln_tensor *x, kiln_tensor *g, const kiln_pool2d_options *o,
-                       kiln_dtype dt, int fuse, float **y, float **dx, const char *what) {
-  kiln_set_fusion(ctx, fuse);
-  /* y kept by an assignment: a step graph's plan gives a consumed value's memory away */
-  kiln_tensor *yk = kiln_tensor_new(ctx, KILN_DTYPE_F32, kiln_tensor_shape(g));
-  cr_assert_not_null(yk, "%s: %s", what, th_err(ctx));
-  for (int s = 0; s < 2; s++) {
-    kiln_tensor_zero_grad(x);
-    kiln_step_begin(ctx);
-    kiln_tensor *p = kiln_max_pool2d(dt == KILN_DTYPE_F32 ? x : kiln_cast(x, dt), o);
-    kiln_tensor *pf = dt == KILN_DTYPE_F32 ? p : kiln_cast(p, KILN_DTYPE_F32);
-    cr_assert_not_null(pf, "%s: %s", what, th_err(ctx));
-    cr_assert_eq(kiln_assign(yk, pf), KILN_OK, "%s: %s", what, th_err(ctx));
-    cr_assert_eq(kiln_backward(kiln_sum(kiln_mul(pf, g), KILN_ALL_AXES, 0)), KILN_OK, "%s: %s",
-                 what, th_err(ctx));
-    cr_assert_eq(kiln_step_end(ctx), KILN_OK, "%s: %s", what, th_err(ctx));
-  }
-  *y = ref_read_f32(ctx, yk, what);
-  *dx = ref_read_f32(ctx, kiln_tensor_grad(x), what);
-  kiln_tensor_free(yk);
-}
-
-/* Max pooling's gradient from the positions its forward pass wrote agrees bit for bit with the
- * gradient that searches the input's windows again (the unfused reference): ties, NaN and
- * -infinity in the windows, overlapping, padded and dilated windows, rows left over, four lanes
- * and one, f32 and bf16, eager and replayed from a step graph. */
-Test(gpu_ops, max_pool2d_positions_match_the_search_bitwise) {
-  TH_GPU_CTX(ctx);
-  struct {
-    kiln_shape x;
-    kiln_pool2d_options o;
-    kiln_dtype dt;
-  } cases[] = {
-      {S4(4, 16, 16, 64), PO(.kernel_h = 2, .kernel_w = 2), KILN_DTYPE_BF16},
-      {S4(3, 7, 9, 8), PO(.kernel_h = 2, .kernel_w = 2), KILN_DTYPE_BF16},
-      {S4(2, 9, 11, 3),
-       PO(.kernel_h = 3, .kernel_w = 3, .stride_h = 2, .stride_w = 2, .pad_h = 1, .pad_w = 1),
-       KILN_DTYPE_F32},
-      {S4(2, 9, 11, 4),
-       PO(.kernel_h = 3, .kernel_w = 3, .pad_h = 1, .pad_w = 1, .dilation_h = 2, .dilation_w = 2),
-       KILN_DTYPE_BF16},
-      {S4(2, 8, 8, 5), PO(.kernel_h = 3, .kernel_w = 3, .stride_h = 2, .stride_w = 2),
-       KILN_DTYPE_F32},
-  };
-  for (size_t ci = 0; ci < sizeof cases / sizeof *cases; ci++) {
-    kiln_shape xs = cases[ci].x;
-    int64_t nx = ref_numel(xs);
-    float *xh = ref_falloc(nx);
-    /* values of four levels: most windows tie; some NaN and -infinity */
-    ref_gen_fill(xh, nx, 5000 + ci, &(ref_gen){.lo = -1, .hi = 1, .quant = 0.5f});
-    for (int64_t i = 0; i < nx; i += 37)
-      xh[i] = NAN;
-    for (int64_t i = 5; i < nx; i += 41)
-      xh[i] = -INFINITY;
-    kiln_tensor *x = ref_upload(ctx, xs, xh);
-    ref_set_grad(ctx, x);
-    ref_win gw = pool_win(&cases[ci].o);
-    kiln_shape os = ref_win_out(xs, &gw, xs.d[3]);
-    kiln_tensor *g = ref_rand_tensor(ctx, os, 5100 + ci, &REF_GEN(-1, 1), 0, NULL);
-    for (int graphs = 0; graphs < 2; graphs++) {
-      kiln_set_graphs(ctx, graphs);
-      char what[160];
-      snprintf(what, sizeof what, "max_pool2d case %zu (%s, [%lld,%lld,%lld,%lld]), graphs %d", ci,
-               kiln_dtype_name(cases[ci].dt), (long long)xs.d[0], (long long)xs.d[1],
-               (long long)xs.d[2], (long long)xs.d[3], graphs);
-      float *y[2], *dx[2];
-      for (int fuse = 0; fuse < 2; fuse++)
-        pool_twice(ctx, x, g, &cases[ci].o, cases[ci].dt, fuse, &y[fuse], &dx[fuse], what);
-      cr_assert(memcmp(y[0], y[1], (size_t)ref_numel(os) * sizeof(float)) == 0,
-                "%s: the pooled values differ with positions", what);
-      for (int64_t i = 0; i < nx; i++)
-        cr_assert(memcmp(&dx[0][i], &dx[1][i], sizeof(float)) == 0,
-                  "%s: the gradient at %lld is %.9g from the search, %.9g from the positions", what,
-                  (long long)i, dx[0][i], dx[1][i]);
-      for (int fuse = 0; fuse < 2; fuse++) {
-        free(y[fuse]);
-        free(dx[fuse]);
-      }
-    }
-    kiln_set_fusion(ctx, 1);
-    free(xh);
-    kiln_tensor_free(x);
-    kiln_tensor_free(g);
-    th_assert_ok(ctx);
-  }
-  th_ctx_free(ctx);
-}
-
-Test(gpu_ops, avg_pool2d) {
-  TH_GPU_CTX_EAGER(ctx);
-  for (size_t i = 0; i < sizeof pool_cases / sizeof *pool_cases; i++)
-    if (pool_cases[i].k == P_AVG) check_pool(ctx, &pool_cases[i], 0, 3400 + 10 * i);
-  th_ctx_free(ctx);
-}
-
-/* A pooled view: the image transposed (H and W swapped) before pooling. */
-Test(gpu_ops, max_pool2d_of_a_view) {
-  TH_GPU_CTX_EAGER(ctx);
-  float xh[2 * 5 * 7 * 3];
-  ref_distinct_fill(xh, 2 * 5 * 7 * 3, 3600);
-  kiln_tensor *base = ref_upload(ctx, KILN_SHAPE(2, 5, 7, 3), xh); /* (N, W, H, C) */
-  kiln_shape xs = KILN_SHAPE(2, 7, 5, 3);
-  double xd[2 * 7 * 5 * 3];
-  for (int64_t n = 0; n < 2; n++)
-    for (int64_t r = 0; r < 7; r++)
-      for (int64_t c = 0; c < 5; c++)
-        for (int64_t ch = 0; ch < 3; ch++)
-          xd[((n * 7 + r) * 5 + c) * 3 + ch] = xh[((n * 5 + c) * 7 + r) * 3 + ch];
-  kiln_pool2d_options o = {
-      .kernel_h = 3, .kernel_w = 3, .stride_h = 2, .stride_w = 2, .pad_h = 1, .pad_w = 1};
-  ref_win g = pool_win(&o);
-  kiln_shape os = ref_win_out(xs, &g, 3);
-  double want[2 * 4 * 3 * 3];
-  cr_assert_eq(ref_numel(os), 2 * 4 * 3 * 3);
-  ref_max_pool2d(xd, xs, &g, want);
-  kiln_step_begin(ctx);
-  ref_expect_close(ctx, kiln_max_pool2d(kiln_transpose(base, 1, 2), &o), os, want, 0, 0,
-                   "max_pool2d 3x3 stride 2 pad 1 of a transposed (N, W, H, C) image");
-  kiln_tensor_free(base);
-  th_ctx_free(ctx);
-}
-
-/* ---------------------------------------------------------------- global pooling */
-
-typedef struct gpool_gc {
-  int max;
-} gpool_gc;
-
-static kiln_tensor *gc_gpool(kiln_tensor *const *in, void *user) {
-  const gpool_gc *u = user;
-  return u->max ? kiln_global_max_pool2d(in[0]) : kiln_global_avg_pool2d(in[0]);
-}
-
-static void check_gpool(kiln_ctx *ctx, kiln_shape xs, int max, int gc, uint64_t seed) {
-  int64_t nx = ref_numel(xs);
-  kiln_shape os = KILN_SHAPE(xs.d[0], xs.d[3]);
-  char what[512];
-  snprintf(what, sizeof what, "global_%s_pool2d of [%lld,%lld,%lld,%lld]", max ? "max" : "avg",
-           (long long)xs.d[0], (long long)xs.d[1], (long long)xs.d[2], (long long)xs.d[3]);
-  kiln_step_begin(ctx);
-  float *xh = ref_falloc(nx);
-  if (max)
-    ref_distinct_fill(xh, nx, seed);
-  else
-    ref_gen_fill(xh, nx, seed, &REF_GEN(-1, 1));
-  kiln_tensor *x = ref_upload(ctx, xs, xh);
-  ref_set_grad(ctx, x);
-  double *xd = ref_to_double(xh, nx), *want = ref_dalloc(ref_numel(os)), *dx = ref_dalloc(nx);
-  ref_global_pool(xd, xs, max, want);
-  kiln_tensor *y = max ? kiln_global_max_pool2d(x) : kiln_global_avg_pool2d(x);
-  ref_expect_close(ctx, y, os, want, max ? 0 : 1e-5, max ? 0 : 1e-5, what);
-  double *gy = backward_weighted(ctx, y, seed + 1, what);
-  ref_global_pool_backward(xd, xs, max, gy, dx);
-  expect_grad(ctx, x, xs, dx, 1e-6, 1e-5, what, "x");
-  if (gc) {
-    gpool_gc u = {.max = max};
-    ref_expect_gradcheck(ctx, what, gc_gpool, 1, &x, &u);
-  }
-  free(xh);
-  free(xd);
-  free(want);
-  free(dx);
-  free(gy);
-  kiln_tensor_free(x);
-}
-
-Test(gpu_ops, global_pool2d) {
-  TH_GPU_CTX_EAGER(ctx);
-  for (int max = 0; max < 2; max++) {
-    uint64_t seed = 3700 + 100 * (uint64_t)max;
-    check_gpool(ctx, KILN_SHAPE(2, 7, 5, 6), max, 1, seed);
-    check_gpool(ctx, KILN_SHAPE(1, 1, 1, 3), max, 1, seed + 10);
-    check_gpool(ctx, KILN_SHAPE(3, 2, 3, 5), max, 1, seed + 20);
-    check_gpool(ctx, KILN_SHAPE(4, 16, 16, 64), max, 0, seed + 30);
-    check_gpool(ctx, KILN_SHAPE(2, 9, 9, 130), max, 0, seed + 40);
-    check_gpool(ctx, KILN_SHAPE(2, 33, 31, 3), max, 0, seed + 50);
-  }
-  th_ctx_free(ctx);
-}
-
-/* ---------------------------------------------------------------- flatten */
-
-static kiln_tensor *gc_flatten(kiln_tensor *const *in, void *user) {
-  (void)user;
-  return kiln_flatten(in[0]);
-}
-
-/* A 4-D image flattens in PyTorch's (C, H, W) order, its gradient back to (H, W, C); other ranks
- * keep their row-major order. */
-Test(gpu_ops, flatten) {
-  TH_GPU_CTX_EAGER(ctx);
-  kiln_shape xs = KILN_SHAPE(2, 3, 4, 5);
-  float *xh;
-  kiln_tensor *x = ref_rand_tensor(ctx, xs, 3900, &REF_GEN(-1, 1), 1, &xh);
-  double *xd = ref_to_double(xh, 120), want[120], dx[120];
-  ref_flatten_nhwc(xd, xs, want);
-  kiln_step_begin(ctx);
-  kiln_tensor *y = kiln_flatten(x);
-  const char *what = "flatten of an (N, H, W, C) [2,3,4,5] image";
-  ref_expect_close(ctx, y, KILN_SHAPE(2, 60), want, 0, 0, what);
-  double *gy = backward_weighted(ctx, y, 3901, what);
-  for (int64_t n = 0; n < 2; n++)
-    for (int64_t r = 0; r < 3; r++)
-      for (int64_t c = 0; c < 4; c++)
-        for (int64_t ch = 0; ch < 5; ch++)
-          dx[((n * 3 + r) * 4 + c) * 5 + ch] = gy[n * 60 + (ch * 3 + r) * 4 + c];
-  expect_grad(ctx, x, xs, dx, 0, 0, what, "x");
-  ref_expect_gradcheck(ctx, what, gc_flatten, 1, &x, NULL);
-  /* a sliced image: the view's elements in (C, H, W) order */
-  kiln_step_begin(ctx);
-  kiln_tensor *v = kiln_slice(x, 2, 1, 4, 2); /* (2, 3, 2, 5): columns 1 and 3 */
-  double wv[60];
-  for (int64_t n = 0; n < 2; n++)
-    for (int64_t ch = 0; ch < 5; ch++)
-      for (int64_t r = 0; r < 3; r++)
-        for (int64_t c = 0; c < 2; c++)
-          wv[n * 30 + (ch * 3 + r) * 2 + c] = xd[((n * 3 + r) * 4 + 2 * c + 1) * 5 + ch];
-  ref_expect_close(ctx, kiln_flatten(v), KILN_SHAPE(2, 30), wv, 0, 0,
-                   "flatten of a [2,3,2,5] slice (columns 1::2)");
-  /* other ranks: row-major */
-  kiln_step_begin(ctx);
-  ref_expect_close(ctx, kiln_flatten(kiln_reshape(x, KILN_SHAPE(2, 60))), KILN_SHAPE(2, 60), xd, 0,
-                   0, "flatten of [2,60]");
-  ref_expect_close(ctx, kiln_flatten(kiln_reshape(x, KILN_SHAPE(2, 12, 5))), KILN_SHAPE(2, 60), xd,
-                   0, 0, "flatten of [2,12,5]");
-  ref_expect_close(ctx, kiln_flatten(kiln_reshape(x, KILN_SHAPE(2, 3, 2, 2, 5))), KILN_SHAPE(2, 60),
-                   xd, 0, 0, "flatten of [2,3,2,2,5]");
-  free(xh);
-  free(xd);
-  free(gy);
-  kiln_tensor_free(x);
-  th_ctx_free(ctx);
 }

@@ -20,26 +20,10 @@
 #define GRAD_ATOL 5e-4
 #define GRAD_RTOL 1e-4
 
-/* Asserts the gradient of t (shape s) against want. */
+/* Asserts the gradient of t (shape s) against want, within this file's tolerances. */
 static void expect_grad(kiln_ctx *ctx, kiln_tensor *t, kiln_shape s, const double *want,
                         const char *what, const char *which) {
-  char w[1200];
-  snprintf(w, sizeof w, "%s: gradient of %s", what, which);
-  ref_expect_close(ctx, kiln_tensor_grad(t), s, want, GRAD_ATOL, GRAD_RTOL, w);
-}
-
-/* Records loss = sum(y * g), g from seed, and its backward pass; returns g as doubles. */
-static double *backward_weighted(kiln_ctx *ctx, kiln_tensor *y, uint64_t seed, const char *what) {
-  kiln_shape s = kiln_tensor_shape(y);
-  float *gh;
-  kiln_tensor *g = ref_rand_tensor(ctx, s, seed, &REF_GEN(-1, 1), 0, &gh);
-  kiln_status st = kiln_backward(kiln_sum(kiln_mul(y, g), KILN_ALL_AXES, 0));
-  cr_assert_eq(st, KILN_OK, "%s: kiln_backward: %s", what, th_err(ctx));
-  cr_assert_eq(kiln_sync(ctx), KILN_OK, "%s: running the backward pass: %s", what, th_err(ctx));
-  double *gd = ref_to_double(gh, ref_numel(s));
-  free(gh);
-  kiln_tensor_free(g);
-  return gd;
+  ref_expect_grad(ctx, t, s, want, GRAD_ATOL, GRAD_RTOL, what, which);
 }
 
 /* ---------------------------------------------------------------- batch norm */
@@ -136,7 +120,7 @@ static void check_bn(kiln_ctx *ctx, const bn_case *c, uint64_t seed) {
     }
     kiln_tensor *y = kiln_batch_norm(x, w, b, rm, rv, c->training, c->momentum, c->eps);
     ref_expect_close(ctx, y, xs, want, FWD_TOL, FWD_TOL, wc);
-    double *gy = backward_weighted(ctx, y, seed + 20 + (uint64_t)call, wc);
+    double *gy = ref_backward_weighted(ctx, y, seed + 20 + (uint64_t)call, wc);
     ref_batch_norm_backward(xd, M, C, wd, rmd ? rm0 : NULL, rvd ? rv0 : NULL, c->training, c->eps,
                             gy, dx, dw, db);
     expect_grad(ctx, x, xs, dx, wc, "x");
@@ -427,7 +411,7 @@ static void check_ln(kiln_ctx *ctx, const ln_case *c, uint64_t seed) {
   ref_layer_norm(xd, M, C, wd, bd, c->eps, want);
   kiln_tensor *y = kiln_layer_norm(x, w, b, c->eps);
   ref_expect_close(ctx, y, xs, want, FWD_TOL, FWD_TOL, what);
-  double *gy = backward_weighted(ctx, y, seed + 3, what);
+  double *gy = ref_backward_weighted(ctx, y, seed + 3, what);
   ref_layer_norm_backward(xd, M, C, wd, c->eps, gy, dx, dw, db);
   expect_grad(ctx, x, xs, dx, what, "x");
   if (w) {
