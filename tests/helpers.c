@@ -8,6 +8,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <zlib.h>
 
 #include "internal.h"
 
@@ -257,4 +258,24 @@ void th_truncate_half(const char *path) {
   struct stat sb;
   cr_assert_eq(stat(path, &sb), 0);
   cr_assert_eq(truncate(path, sb.st_size / 2), 0);
+}
+
+uint8_t *th_gunzip(const char *path, size_t *n) {
+  gzFile in = gzopen(path, "rb");
+  cr_assert_not_null(in, "gzopen %s", path);
+  size_t cap = 1 << 22, len = 0;
+  uint8_t *p = malloc(cap);
+  cr_assert_not_null(p);
+  int k;
+  while ((k = gzread(in, p + len, (unsigned)(cap - len))) > 0) {
+    len += (size_t)k;
+    if (len == cap) {
+      p = realloc(p, cap *= 2);
+      cr_assert_not_null(p);
+    }
+  }
+  cr_assert_eq(k, 0, "gzread %s", path);
+  gzclose(in);
+  *n = len;
+  return p;
 }

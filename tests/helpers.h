@@ -108,6 +108,8 @@ void th_remove_dir(const char *dir);
 int th_list_files(const char *dir, const char *suffix, char paths[][1200], int max);
 /* A whole file, malloc'd and NUL-terminated; *len (if given) gets its length. */
 char *th_read_whole(const char *path, size_t *len);
+/* A whole gzip file, decompressed with zlib alone (malloc'd; *n its length). */
+uint8_t *th_gunzip(const char *path, size_t *n);
 void th_write_whole(const char *path, const void *p, size_t n);
 /* Truncates a file to half its length. */
 void th_truncate_half(const char *path);

@@ -494,27 +494,6 @@ static const char *dir_or_skip(const char *var, const char *what) {
   return dir;
 }
 
-/* A whole gzip file, decompressed with zlib (malloc'd; *n its length). */
-static uint8_t *gunzip_whole(const char *path, size_t *n) {
-  gzFile in = gzopen(path, "rb");
-  cr_assert_not_null(in, "gzopen %s", path);
-  size_t cap = 1 << 22, len = 0;
-  uint8_t *p = malloc(cap);
-  cr_assert_not_null(p);
-  int k;
-  while ((k = gzread(in, p + len, (unsigned)(cap - len))) > 0) {
-    len += (size_t)k;
-    if (len == cap) {
-      p = realloc(p, cap *= 2);
-      cr_assert_not_null(p);
-    }
-  }
-  cr_assert_eq(k, 0, "gzread %s", path);
-  gzclose(in);
-  *n = len;
-  return p;
-}
-
 /* Asserts that c holds exactly the records of the file layout raw (n records), channels last. */
 static void assert_matches_raw(const kiln_cifar10 *c, const uint8_t *raw, size_t n) {
   cr_assert_eq(c->n, (int64_t)n);
@@ -557,7 +536,7 @@ Test(cifar10, sample_files) {
     char path[1200];
     snprintf(path, sizeof path, "%s/%s.bin.gz", dir, file[s]);
     size_t n;
-    uint8_t *raw = gunzip_whole(path, &n);
+    uint8_t *raw = th_gunzip(path, &n);
     cr_assert_eq(n, 1000 * REC);
     assert_matches_raw(&c, raw, 1000);
     /* a pixel by hand: record 0's red, green and blue at (row 5, column 7) */
@@ -599,7 +578,7 @@ Test(cifar10, sample_cut_copy) {
   free(p);
   EXPECT_ERROR(tmp, "test", KILN_ERR_FORMAT, "test_batch.bin.gz: ", "truncated");
   /* the decompressed records with one label changed */
-  uint8_t *raw = gunzip_whole(src, &n);
+  uint8_t *raw = th_gunzip(src, &n);
   raw[123 * REC] = 42;
   cr_assert_eq(unlink(dst), 0);
   put_batch(tmp, "test_batch", raw, n, XZ);

@@ -297,18 +297,8 @@ Test(mnist, real_files) {
 
 /* The bytes of a gzip file from offset skip on, read with zlib alone (malloc'd; *n their count). */
 static uint8_t *gunzip_from(const char *path, long skip, size_t *n) {
-  gzFile in = gzopen(path, "rb");
-  cr_assert_not_null(in, "gzopen %s", path);
-  size_t cap = 1 << 20, len = 0;
-  uint8_t *buf = malloc(cap);
-  cr_assert_not_null(buf);
-  int k;
-  while ((k = gzread(in, buf + len, (unsigned)(cap - len))) > 0) {
-    len += (size_t)k;
-    if (len == cap) cr_assert_not_null(buf = realloc(buf, cap *= 2));
-  }
-  cr_assert_eq(k, 0, "gzread %s", path);
-  gzclose(in);
+  size_t len;
+  uint8_t *buf = th_gunzip(path, &len);
   cr_assert_geq(len, (size_t)skip);
   memmove(buf, buf + skip, len - (size_t)skip);
   *n = len - (size_t)skip;
@@ -362,17 +352,10 @@ Test(mnist, fashion_mnist_reads_exactly) {
 
 /* Decompresses src (gzip) into dst (raw). */
 static void gunzip_file(const char *src, const char *dst) {
-  gzFile in = gzopen(src, "rb");
-  cr_assert_not_null(in, "gzopen %s", src);
-  FILE *out = fopen(dst, "wb");
-  cr_assert_not_null(out);
-  char buf[1 << 16];
-  int k;
-  while ((k = gzread(in, buf, sizeof buf)) > 0)
-    cr_assert_eq(fwrite(buf, 1, (size_t)k, out), (size_t)k);
-  cr_assert_eq(k, 0, "gzread %s", src);
-  gzclose(in);
-  cr_assert_eq(fclose(out), 0);
+  size_t n;
+  uint8_t *raw = th_gunzip(src, &n);
+  th_write_whole(dst, raw, n);
+  free(raw);
 }
 
 Test(mnist, real_files_raw_copy_and_cut_copy) {
