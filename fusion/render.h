@@ -147,6 +147,8 @@ int kiln__window_operands(const kiln__ew_prog *p, kiln__operands *o, kiln__wirin
 /* Writes float name[V], a window op's lanes (of dtype dt), through the epilogue e. The code
  * reads the element's coordinates n, h and w (or oh and ow), c, and V and ix. */
 void kiln__store_lanes(kiln__sb *b, const char *name, kiln_dtype dt, const kiln__win_epi *e);
+/* Marks used[k] for each operand k that nodes [from, p->n) of p read (render_window.c). */
+void kiln__prog_reads(const kiln__ew_prog *p, const kiln__wiring *w, int from, bool *used);
 /* For an epilogue with hoist: loads each operand it reads one value a channel into X<k>[4] at
  * channels [c, c + 4) (c an expression; zeros where c is not below `limit`), indented by ind. */
 void kiln__hoist_channel_loads(kiln__sb *b, const kiln__win_epi *e, const char *c,

@@ -73,9 +73,7 @@ static void tma_maps(kiln__sb *b, int slot, int nmap) {
 static void prefetch_rows(kiln__sb *b, const kiln__ew_prog *p, const kiln__operands *o,
                           const kiln__wiring *wr, const kiln__win_epi *epi, const kiln_tensor *X) {
   bool want[KILN__KMAX_PTR] = {0};
-  for (int j = 1; j < p->n; j++)
-    for (int q = 0; q < p->nodes[j]->nin; q++)
-      if (wr->opnd[j][q] >= 0) want[wr->opnd[j][q]] = true;
+  kiln__prog_reads(p, wr, 1, want); /* the epilogue's, after col2im */
   if (epi->mom.value > 0) want[epi->mom.x] = true;
   for (int k = 0; k < o->n; k++) {
     const kiln_tensor *t = o->t[k];

@@ -126,11 +126,15 @@ static void epilogue_lanes(kiln__sb *b, const char *name, bool bf16, const kiln_
   kiln__sb_printf(b, "    }\n");
 }
 
-/* The operands epilogue e reads (used[k]). */
+void kiln__prog_reads(const kiln__ew_prog *p, const kiln__wiring *w, int from, bool *used) {
+  for (int j = from; j < p->n; j++)
+    for (int q = 0; q < p->nodes[j]->nin; q++)
+      if (w->opnd[j][q] >= 0) used[w->opnd[j][q]] = true;
+}
+
+/* The operands epilogue e reads (used[k]): its nodes after the window op's. */
 static void epilogue_reads(const kiln__win_epi *e, bool *used) {
-  for (int j = 1; j < e->p->n; j++)
-    for (int q = 0; q < e->p->nodes[j]->nin; q++)
-      if (e->w->opnd[j][q] >= 0) used[e->w->opnd[j][q]] = true;
+  kiln__prog_reads(e->p, e->w, 1, used);
 }
 
 void kiln__hoist_channel_loads(kiln__sb *b, const kiln__win_epi *e, const char *c,
@@ -276,9 +280,7 @@ static void emit_prologue(kiln__sb *b, const kiln__ew_prog *pro, kiln__operands 
                           const kiln__wiring *w, kiln__argplan *ap) {
   const kiln_tensor *dy = pro->nodes[pro->n - 1]->out;
   bool used[KILN__KMAX_PTR] = {0};
-  for (int j = 0; j < pro->n; j++)
-    for (int q = 0; q < pro->nodes[j]->nin; q++)
-      if (w->opnd[j][q] >= 0) used[w->opnd[j][q]] = true;
+  kiln__prog_reads(pro, w, 0, used);
   kiln__sb_printf(b, "  auto kiln_dy = [&](ix i0, ix c, float(&gv)[4]) {\n");
   for (int k = 0; k < o->n; k++) {
     if (!used[k]) continue;
