@@ -122,17 +122,16 @@ static inline int32_t kiln__plan_producer(const kiln_ctx *ctx, const kiln__plan 
  * (the forward product *f and the weight gradient *w, or -1), the caller asking that the forward
  * product takes no epilogue. */
 int32_t kiln__implicit_dgrad(const kiln_ctx *ctx, const kiln__plan *p, int32_t c);
-/* Whether moments node i can join the implicit data gradient group g as its last member
- * (g->moments); fits says whether g's kernel has the operands for it. */
-bool kiln__dgrad_moments(const kiln_ctx *ctx, const kiln__plan *p, const kiln__group *g, int32_t i,
-                         bool fits);
-/* Whether moments node i (mode 0) can join the max pool group g, whose output it sums
- * (g->moments). */
-bool kiln__pool_moments(const kiln_ctx *ctx, const kiln__plan *p, const kiln__group *g, int32_t i,
-                        bool fits);
-/* Whether the open elementwise run g can become the prologue of max pool gradient node i. */
+/* The planner's fusions into a group's kernel (plan_conv.c), each asked once the caller has
+ * checked that the kernel has the operands for node i: whether moments node i can join the
+ * implicit data gradient group g as its last member (g->moments); ... */
+bool kiln__dgrad_moments(const kiln_ctx *ctx, const kiln__plan *p, const kiln__group *g, int32_t i);
+/* ... whether moments node i (mode 0) can join the max pool group g, whose output it sums
+ * (g->moments); ... */
+bool kiln__pool_moments(const kiln_ctx *ctx, const kiln__plan *p, const kiln__group *g, int32_t i);
+/* ... whether the open elementwise run g can become the prologue of max pool gradient node i. */
 bool kiln__pool_grad_prologue(const kiln_ctx *ctx, const kiln__plan *p, const kiln__group *g,
-                              int32_t i, bool fits);
+                              int32_t i);
 /* Whether col2im node cn's implicit data gradient (dt, co output and ci input channels) runs on
  * wgmma (device/conv.cuh or conv_tma.cuh) rather than mma.sync. */
 bool kiln__dgrad_on_wgmma(const kiln_ctx *ctx, const kiln__node *cn, kiln_dtype dt, int64_t co,

@@ -577,15 +577,14 @@ static bool phase_groups(kiln_ctx *ctx, kiln__plan *p, bool fuse) {
         continue;
       }
     }
-    if (fuse && open &&
-        (kiln__dgrad_moments(ctx, p, open, i, fits(ctx, p, open, i, 0)) ||
-         kiln__pool_moments(ctx, p, open, i, fits(ctx, p, open, i, 0)))) {
+    bool room = fuse && open && fits(ctx, p, open, i, 0); /* for i in open's kernel */
+    if (room && (kiln__dgrad_moments(ctx, p, open, i) || kiln__pool_moments(ctx, p, open, i))) {
       if (!add_member(ctx, p, open, i)) return false; /* the group's kernel sums its block's rows */
       open->moments = true;
       open = NULL;
       continue;
     }
-    if (fuse && open && kiln__pool_grad_prologue(ctx, p, open, i, fits(ctx, p, open, i, 0))) {
+    if (room && kiln__pool_grad_prologue(ctx, p, open, i)) {
       open->prologue = open->n; /* the run computes dy where the pool's gradient reads it */
       open->kind = kind;
       open->node = i;

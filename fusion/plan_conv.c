@@ -85,10 +85,10 @@ static int32_t through_views(const kiln_ctx *ctx, const kiln__plan *p, const kil
  * hand, sums its block's 128 rows instead and writes the moments node's partial sums (P, 2, C),
  * P blocks of 128 rows (KILN__MOMENTS_ROWS): the pass over g and x is saved (H100, air: the six
  * moments kernels took 113 us a step). x must not be the group's own value; all dense. */
-bool kiln__dgrad_moments(const kiln_ctx *ctx, const kiln__plan *p, const kiln__group *g, int32_t i,
-                         bool fits) {
+bool kiln__dgrad_moments(const kiln_ctx *ctx, const kiln__plan *p, const kiln__group *g,
+                         int32_t i) {
   const kiln__node *nodes = ctx->trace.nodes, *m = &nodes[i];
-  if (!ctx->conv_moments || !fits || m->op != KILN__OP_MOMENTS || KILN__I(m, MOMENTS, mode) != 1 ||
+  if (!ctx->conv_moments || m->op != KILN__OP_MOMENTS || KILN__I(m, MOMENTS, mode) != 1 ||
       KILN__I(m, MOMENTS, rows) != 128 || g->implicit != KILN__IMPLICIT_DGRAD || !g->wgmma ||
       g->n < 3 || ctx->arch != 90 || !ctx->conv_tma || !ctx->conv_staged)
     return false;
@@ -117,10 +117,9 @@ bool kiln__dgrad_moments(const kiln_ctx *ctx, const kiln__plan *p, const kiln__g
  * keeping its lane group's channels (C / 4 divides 256), a block pools 128 rows and sums them,
  * every thread taking k from pooling row 0 at its channels again (render_window.c). The pool
  * alone in its group, x its output seen through views, k that view's first row. */
-bool kiln__pool_moments(const kiln_ctx *ctx, const kiln__plan *p, const kiln__group *g, int32_t i,
-                        bool fits) {
+bool kiln__pool_moments(const kiln_ctx *ctx, const kiln__plan *p, const kiln__group *g, int32_t i) {
   const kiln__node *nodes = ctx->trace.nodes, *m = &nodes[i], *pool = &nodes[g->node];
-  if (!ctx->pool_moments || !fits || m->op != KILN__OP_MOMENTS || KILN__I(m, MOMENTS, mode) != 0 ||
+  if (!ctx->pool_moments || m->op != KILN__OP_MOMENTS || KILN__I(m, MOMENTS, mode) != 0 ||
       KILN__I(m, MOMENTS, rows) != 128 || g->n != 1 || g->implicit != KILN__IMPLICIT_NONE ||
       pool->op != KILN__OP_MAX_POOL)
     return false;
@@ -142,9 +141,9 @@ bool kiln__pool_moments(const kiln_ctx *ctx, const kiln__plan *p, const kiln__gr
  * only inside the run (the last only by the gradient), its inputs from outside dense like dy, one
  * value a channel or one in all, float, no op reading coordinates, four channels a lane group. */
 bool kiln__pool_grad_prologue(const kiln_ctx *ctx, const kiln__plan *p, const kiln__group *g,
-                              int32_t i, bool fits) {
+                              int32_t i) {
   const kiln__node *nodes = ctx->trace.nodes, *pg = &nodes[i];
-  if (!ctx->pool_prologue || !fits || pg->op != KILN__OP_MAX_POOL_GRAD ||
+  if (!ctx->pool_prologue || pg->op != KILN__OP_MAX_POOL_GRAD ||
       !KILN__I(pg, MAX_POOL_GRAD, index) || g->kind != KILN__KIND_EW || g->full || g->n < 1 ||
       g->n >= KILN__MAX_GROUP)
     return false;
@@ -200,14 +199,8 @@ static bool dense_bf16(const kiln_tensor *t) {
 
 /* The im2col node of the flush whose columns x shows through views, or -1. */
 static int32_t columns_of(const kiln_ctx *ctx, const kiln__plan *p, const kiln_tensor *x) {
-  for (;;) {
-    int32_t v = kiln__plan_producer(ctx, p, x);
-    if (v < 0) return -1;
-    const kiln__node *n = &ctx->trace.nodes[v];
-    if (n->op == KILN__OP_IM2COL) return v;
-    if (kiln__ops[n->op].kind != KILN__KIND_VIEW) return -1;
-    x = n->in[0];
-  }
+  int32_t v = through_views(ctx, p, x);
+  return v >= 0 && ctx->trace.nodes[v].op == KILN__OP_IM2COL ? v : -1;
 }
 
 /* Whether the weight gradient w = dY^T cols of im2col node c (image X) can gather its columns
