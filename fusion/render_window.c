@@ -237,16 +237,18 @@ static bool pool_index(const kiln__node *n) {
 
 /* The kernel's loop over lane groups: window.cuh's function of the op (kiln_<op name>, ops.def),
  * given the op's inputs, and the lambda that stores its lanes at the output's coordinates, plainly
- * to operand out or through the epilogue e. A max pool with positions passes where they go: behind
- * the values of its output, operand y; its gradient, where they are: behind its second input's. */
+ * to operand out or through the epilogue e, then the code tail (or none). A max pool with positions
+ * passes where they go: behind the values of its output, operand y; its gradient, where they are:
+ * behind its second input's; with prologue, the gradient's dy comes from kiln_dy. The loop is a
+ * grid-stride one over a.n lane groups, or `range` (its header, or NULL). */
 static void emit_loop(kiln__sb *b, const kiln__node *n, bool tiled, int out, int y,
-                      const kiln__win_epi *e, bool prologue) {
+                      const kiln__win_epi *e, bool prologue, const char *range, const char *tail) {
   bool image = kiln__ops[n->op].space == KILN__SPACE_IMAGE, index = pool_index(n);
   const int64_t *o = n->out->shape;
-  kiln__sb_printf(b,
-                  "  for (ix e = (ix)blockIdx.x * blockDim.x + threadIdx.x; e < (ix)a.n;\n"
-                  "       e += (ix)gridDim.x * blockDim.x)\n"
-                  "    kiln_%s%s%s%s<G>(%s",
+  kiln__sb_printf(b, "%s    kiln_%s%s%s%s<G>(%s",
+                  range ? range
+                        : "  for (ix e = (ix)blockIdx.x * blockDim.x + threadIdx.x; e < (ix)a.n;\n"
+                          "       e += (ix)gridDim.x * blockDim.x)\n",
                   kiln__ops[n->op].name, tiled ? "_tiled" : "", index ? "_at" : "",
                   prologue ? "_by" : "", prologue ? "kiln_dy, " : "");
   for (int q = prologue ? 1 : 0; q < n->nin; q++)
@@ -269,7 +271,7 @@ static void emit_loop(kiln__sb *b, const kiln__node *n, bool tiled, int out, int
         "lanes);\n",
         kiln__ctype(n->out->dtype), out, (long long)o[1], image ? "h" : "oh", (long long)o[2],
         image ? "w" : "ow", (long long)o[3]);
-  kiln__sb_printf(b, "  });\n");
+  kiln__sb_printf(b, "%s  });\n", tail ? tail : "");
 }
 
 /* The loader of a window op's first input computed by an elementwise prologue (pro, over the
@@ -319,47 +321,37 @@ static void emit_prologue(kiln__sb *b, const kiln__ew_prog *pro, kiln__operands 
  * max of the input's values is one of them); then the block's sums into the moments node's
  * partial sums, operand mout (moments.cuh's kiln_block_moments). */
 static void emit_pool_moments(kiln__sb *b, const kiln__node *n, int out, int y, int mout) {
-  const int64_t *o = n->out->shape;
   const char *T = kiln__ctype(n->in[0]->dtype);
-  bool index = pool_index(n);
   kiln__sb_printf(
       b,
       "  typedef G::ix ix;\n"
       "  const int V = G::V;\n"
       "  constexpr int CHUNKS = (int)(G::C / 4);\n"
       "  static_assert(V == 4 && 256 %% CHUNKS == 0, \"a thread keeps its lane group\");\n"
-      "  const %s *x = (const %s *)a.ptr[0];\n"
       "  float kiln_k[4];\n"
-      "  kiln_max_pool<G>(x, (ix)(threadIdx.x %% CHUNKS), [&](ix, ix, ix, ix, const "
-      "float(&lanes)[V]) {\n"
+      "  kiln_max_pool<G>((const %s *)a.ptr[0], (ix)(threadIdx.x %% CHUNKS), [&](ix, ix, ix, ix, "
+      "const float(&lanes)[V]) {\n"
       "#pragma unroll\n"
       "    for (int l = 0; l < 4; l++)\n"
       "      kiln_k[l] = lanes[l];\n"
       "  });\n"
       "  float kiln_ms[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};\n"
       "  const ix e0 = (ix)blockIdx.x * 128 * CHUNKS;\n"
-      "  const ix e1 = e0 + 128 * CHUNKS < (ix)a.n ? e0 + 128 * CHUNKS : (ix)a.n;\n"
-      "  for (ix e = e0 + (ix)threadIdx.x; e < e1; e += 256)\n"
-      "    kiln_max_pool%s<G>(x, ",
-      T, T, index ? "_at" : "");
-  if (index)
-    kiln__sb_printf(b, "(unsigned char *)((%s *)a.ptr[%d] + %lldLL), ", kiln__ctype(n->out->dtype),
-                    y, (long long)kiln_tensor_numel(n->out));
-  kiln__sb_printf(
-      b,
-      "e, [&](ix n, ix oh, ix ow, ix c, const float(&lanes)[V]) {\n"
-      "      kiln_win_put<V>((%s *)a.ptr[%d], ((n * %lld + oh) * %lld + ow) * %lld + c, "
-      "lanes);\n"
-      "#pragma unroll\n"
-      "      for (int l = 0; l < 4; l++) {\n"
-      "        const float d = lanes[l] - kiln_k[l];\n"
-      "        kiln_ms[l] += d;\n"
-      "        kiln_ms[4 + l] += d * d;\n"
-      "      }\n"
-      "    });\n"
-      "  __shared__ float kiln_red[8 * 256];\n"
-      "  kiln_block_moments<CHUNKS>(kiln_ms, kiln_red, (float *)a.ptr[%d], 0, (int)G::C);\n",
-      kiln__ctype(n->out->dtype), out, (long long)o[1], (long long)o[2], (long long)o[3], mout);
+      "  const ix e1 = e0 + 128 * CHUNKS < (ix)a.n ? e0 + 128 * CHUNKS : (ix)a.n;\n",
+      T);
+  emit_loop(b, n, false, out, y, NULL, false,
+            "  for (ix e = e0 + (ix)threadIdx.x; e < e1; e += 256)\n",
+            "#pragma unroll\n"
+            "    for (int l = 0; l < 4; l++) {\n"
+            "      const float d = lanes[l] - kiln_k[l];\n"
+            "      kiln_ms[l] += d;\n"
+            "      kiln_ms[4 + l] += d * d;\n"
+            "    }\n");
+  kiln__sb_printf(b,
+                  "  __shared__ float kiln_red[8 * 256];\n"
+                  "  kiln_block_moments<CHUNKS>(kiln_ms, kiln_red, (float *)a.ptr[%d], 0, "
+                  "(int)G::C);\n",
+                  mout);
 }
 
 /* Four lanes (V = 4) when the channels of a lane group allow it and every operand's first element
@@ -441,7 +433,7 @@ bool kiln__render_window(const kiln__target *tg, const kiln__ew_prog *p, const k
     KILN_ASSERT(!prologue || (tiled && pool_index(n) && V == 4));
     kiln__sb_printf(&b, "  typedef G::ix ix;\n  const int V = G::V;\n");
     if (prologue) emit_prologue(&b, pro, &o, &pw, &r->arg);
-    emit_loop(&b, n, tiled, out, y, p->n > 1 ? &epi : NULL, prologue);
+    emit_loop(&b, n, tiled, out, y, p->n > 1 ? &epi : NULL, prologue, NULL, NULL);
   }
   char stem[80], suffix[48];
   snprintf(suffix, sizeof suffix, "_%lldx%lld_s%lld_%s%s%s%s", (long long)w.kh, (long long)w.kw,
