@@ -20,12 +20,10 @@
 #                     it names most (issue 24; the H100 run of 2026-12-05 is in dev/README.md)
 #   stem              bench/stem_gemm.py: ResNet-18's stem products on cuBLAS with K = 147 and K padded
 #                     to a multiple of 8, beside cuDNN (issue 27)
-#   switches          the air and resnet18 steps (graph mode) at the defaults, with KILN_CONV_KPAD=0,
-#                     with KILN_CONV_DGRAD_BN=256, with both (what the defaults were before the
-#                     H100 run of 2026-12-05), with KILN_CONV_MOMENTS=0 (batch norm's sums in
-#                     kernels of their own), with KILN_CONV_PREFETCH=1, with KILN_CONV_HOIST=0 and
-#                     with KILN_POOL_MOMENTS=1 and with KILN_POOL_PROLOGUE=1 (their tests first:
-#                     test_gpu_bf16 sets them),
+#   switches          the air and resnet18 steps (graph mode) at the defaults and with the
+#                     switches under trial (bench/ab_steps.sh, three rounds interleaved; their
+#                     tests first: test_gpu_bf16 and test_gpu_ops_conv set them; the earlier
+#                     switches' timings are in dev/README.md),
 #                     and the air step's
 #                     convolutions at the defaults
 #                     (bench/conv_compare.py beside cuDNN)
@@ -105,15 +103,11 @@ step attribution 200 "rm -rf /tmp/kiln-attribution && $build/profile_step --trac
     grep -o 'CUPTI names this kernel' \$f | wc -l
   done"
 step switches 500 "ctest --test-dir $build -R 'test_gpu_bf16|test_gpu_ops_conv' --output-on-failure | tail -n 3
-  for w in air resnet18; do
-  for sw in '' KILN_CONV_KPAD=0 KILN_CONV_DGRAD_BN=256 'KILN_CONV_KPAD=0 KILN_CONV_DGRAD_BN=256' \
-    KILN_CONV_MOMENTS=0 KILN_CONV_PREFETCH=1 KILN_CONV_HOIST=0 KILN_POOL_MOMENTS=1 \
-    KILN_POOL_PROLOGUE=1; do
-    printf '%s %s: ' \$w \"\${sw:-default}\"
-    env \$sw timeout 120 $build/profile_step --workload \$w --mode graph --json |
-      grep -o '\"ms_per_step\": *[0-9.]*\|\"peak_mib\": *[0-9.]*' | tr '\n' ' '
-    echo
-  done; done
+  bash bench/ab_steps.sh $build 3 air resnet18 -- '' 'KILN_CONV_PREFETCH=1 KILN_POOL_PROLOGUE=1' \
+    'KILN_CONV_PREFETCH=1 KILN_POOL_PROLOGUE=1 KILN_CONV_HOIST=2' \
+    'KILN_CONV_PREFETCH=1 KILN_POOL_PROLOGUE=1 KILN_CONV_HOIST=4' \
+    'KILN_CONV_PREFETCH=1 KILN_POOL_PROLOGUE=1 KILN_CONV_HOIST=8' \
+    'KILN_POOL_PROLOGUE=1 KILN_CONV_HOIST=4' 'KILN_CONV_PREFETCH=1 KILN_POOL_PROLOGUE=1 KILN_CONV_HOIST=0'
   python3 bench/conv_bench.py --json > $out/cudnn_sw.jsonl && mkdir -p $out/trace_sw &&
   $build/profile_step --workload air --mode graph --trace $out/trace_sw > /dev/null &&
   python3 bench/conv_compare.py $out/trace_sw/air_graph.json $out/cudnn_sw.jsonl"

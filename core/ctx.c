@@ -152,7 +152,10 @@ kiln_ctx *kiln__ctx_create(const kiln_ctx_options *opts) {
   ctx->pool_moments = env_on("KILN_POOL_MOMENTS");   /* off until it has run on a GPU */
   ctx->pool_prologue = env_on("KILN_POOL_PROLOGUE"); /* off until it has run on a GPU */
   ctx->conv_prefetch = env_on("KILN_CONV_PREFETCH"); /* off until it has run on a GPU */
-  ctx->conv_hoist = !env_off("KILN_CONV_HOIST");
+  const char *hoist = getenv("KILN_CONV_HOIST");     /* 0 to 16 (internal.h); others: the default */
+  char *end = NULL;
+  long depth = hoist ? strtol(hoist, &end, 10) : -1;
+  ctx->conv_hoist = hoist && *hoist && !*end && depth >= 0 && depth <= 16 ? (int)depth : 1;
   ctx->conv_dgrad_bn = 128; /* KILN_CONV_DGRAD_BN=256: one tile as wide as the channels (0) */
   const char *dgrad_bn = getenv("KILN_CONV_DGRAD_BN");
   if (dgrad_bn && (strcmp(dgrad_bn, "64") == 0 || strcmp(dgrad_bn, "128") == 0))

@@ -381,8 +381,11 @@ struct kiln_ctx {
   bool pool_moments;  /* KILN_POOL_MOMENTS=1: batch norm's statistics in a max pool's kernel */
   bool pool_prologue; /* KILN_POOL_PROLOGUE=1: a pool gradient computes its dy as it reads it */
   bool conv_prefetch; /* KILN_CONV_PREFETCH=1: TMA data gradients prefetch their epilogue's rows */
-  bool conv_hoist;    /* staged epilogues load per-channel operands once (KILN_CONV_HOIST=0: not) */
-  int conv_dgrad_bn;  /* TMA data gradients' widest tile: 128, or KILN_CONV_DGRAD_BN (64; 256: 0) */
+  /* the staged epilogues of TMA data gradients (KILN_CONV_HOIST=0 to 16): 0, each operand loaded
+   * in the row that reads it; d > 0, per-channel ones once before the loop, and the others d rows
+   * ahead of the row that reads them */
+  int conv_hoist;
+  int conv_dgrad_bn; /* TMA data gradients' widest tile: 128, or KILN_CONV_DGRAD_BN (64; 256: 0) */
   struct CUstream_st *stream;
 
   kiln_status status;

@@ -45,15 +45,17 @@
  * sources are written there.
  * --trace DIR records, for each workload and mode, a timeline trace (kiln_trace_begin) of
  * --steps steps (10 by default) after the first step and 20 more to warm up and as many timed
- * untraced: DIR/<workload>_<mode>.json, for ui.perfetto.dev, with the ms/step of the traced and
- * the untraced steps by CUDA events; then DIR/<workload>.html, the report that puts the modes'
- * steps one above the other with their kernels by time (kiln_trace_report). --report writes
- * that report from traces given on the command line (no GPU needed).
+ * untraced: DIR/<workload>_<mode>.json (DIR is made if missing), for ui.perfetto.dev, with the
+ * ms/step of the traced and the untraced steps by CUDA events; then DIR/<workload>.html, the report
+ * that puts the modes' steps one above the other with their kernels by time (kiln_trace_report).
+ * --report writes that report from traces given on the command line (no GPU needed).
  */
 #include <cuda_runtime_api.h>
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 
 #include "kiln.h"
@@ -611,6 +613,11 @@ int main(int argc, char **argv) {
   if ((steps_given && steps < 1) || blocks < 1 || blocks > 1000) {
     fprintf(stderr, "profile_step: --steps and --blocks must be positive (blocks <= 1000)\n");
     return 2;
+  }
+  if (trace_dir && !compile && mkdir(trace_dir, 0777) != 0 && errno != EEXIST) {
+    fprintf(stderr, "profile_step: --trace %s: the folder cannot be made: %s\n", trace_dir,
+            strerror(errno));
+    return 1;
   }
   static const char *const titles[NWORKLOADS] = {
       "mlp step (784-512-512-10, batch 128, SGD Nesterov)",

@@ -210,7 +210,7 @@ typedef struct kiln__target {
   bool im2col_lanes;  /* im2col of 2 or 3 channels a tap a thread (KILN_IM2COL_LANES=1) */
   int conv_dgrad_bn;  /* TMA data gradients' widest tile (KILN_CONV_DGRAD_BN; 0: 256) */
   bool conv_prefetch; /* TMA data gradients prefetch their epilogue's rows (KILN_CONV_PREFETCH=1) */
-  bool conv_hoist;    /* staged epilogues load per-channel operands once (KILN_CONV_HOIST=0: not) */
+  int conv_hoist;     /* staged epilogues' rows loaded ahead: KILN_CONV_HOIST (ctx.c), 0-16 */
   kiln_custom_op *const *customs; /* the context's custom ops, by id */
   int ncustom;
 } kiln__target;

@@ -61,8 +61,8 @@ typedef struct kiln__win_epi {
              * and written four values at a time */
   /* with vec: the operands read one value a channel are in X<k>[4] already, loaded before the
    * caller's loop at the four channels every lane group of the thread has
-   * (kiln__hoist_channel_loads), and those read element by element too, loaded one row ahead
-   * (kiln__ahead_loads) */
+   * (kiln__hoist_channel_loads), and those read element by element too, loaded rows ahead
+   * (kiln__ahead_rows) */
   bool hoist;
   /* batch norm's gradient sums over the epilogue's node `value` (g), at most four lanes: lane l
    * adds g to kiln_ms[l] and g (x - mean) invstd to kiln_ms[4 + l], x read at the lane's element
@@ -153,12 +153,16 @@ void kiln__prog_reads(const kiln__ew_prog *p, const kiln__wiring *w, int from, b
  * channels [c, c + 4) (c an expression; zeros where c is not below `limit`), indented by ind. */
 void kiln__hoist_channel_loads(kiln__sb *b, const kiln__win_epi *e, const char *c,
                                const char *limit, const char *ind);
-/* For an epilogue with hoist over an image (rows of shape[3] channels): X<k>[4] of each operand it
- * reads element by element, at row `row` and channels [c, c + 4), loaded into XN<k> a row ahead:
- * with first, XN<k> declared and loaded for the loop's first row; else X<k> taken from XN<k>
- * and XN<k> loaded for row `row` (the next), where `cond` holds (zeros never read otherwise). */
-void kiln__ahead_loads(kiln__sb *b, const kiln__win_epi *e, bool first, const char *row,
-                       const char *c, const char *cond, const char *ind);
+/* For an epilogue with hoist over an image (rows of shape[3] channels), in the caller's loop over
+ * rows kiln_r = 0 .. `rows` - 1 (unrolled, so that the ring stays in registers): X<k>[4] of each
+ * operand it reads element by element, at row row(kiln_r) (row a function-like name the caller
+ * defines) and channels [c, c + 4), `depth` rows of it in flight in the ring XR<k>[depth] (as
+ * loaded: kiln_fetch4), each loaded where ok(r) holds (zeros, never read, otherwise). With first,
+ * the ring declared and its first `depth` rows issued, before the loop; else, in the loop's row
+ * kiln_r, X<k> taken from the ring and row kiln_r + depth issued into its place. */
+void kiln__ahead_rows(kiln__sb *b, const kiln__win_epi *e, bool first, const char *depth,
+                      const char *rows, const char *row, const char *ok, const char *c,
+                      const char *ind);
 /* Whether a window epilogue may read and write four lanes at once (render_window.c). */
 bool kiln__epilogue_fours(const kiln__ew_prog *p, const kiln__operands *o, const kiln__wiring *wr);
 

@@ -133,9 +133,10 @@ static bool render_dgrad(const kiln__target *t, const kiln__spec *s, kiln__rende
   KILN_ASSERT(!staged || X->offset % 4 == 0); /* its epilogue stores four channels at once */
   KILN_ASSERT(!mom || staged);
   /* staged, a thread keeps its four channels from one row to the next: their per-channel
-   * operands are loaded once, before the loop (KILN_CONV_HOIST=0: in every row) */
+   * operands are loaded once, before the loop, and those read element by element KILN_CONV_HOIST
+   * rows ahead (0: both in the row that reads them) */
   epi.vec = staged && p->n > 1 && kiln__epilogue_fours(p, &o, &wr);
-  epi.hoist = epi.vec && t->conv_hoist;
+  epi.hoist = epi.vec && t->conv_hoist > 0;
   ws = ws && !tma;
   int BN = wg ? wgmma_width(CI, ws) : (CI <= 32 ? 32 : 64);
   bool narrowed = tma && most && BN > most; /* 128 unless KILN_CONV_DGRAD_BN says */
@@ -206,12 +207,19 @@ static bool render_dgrad(const kiln__target *t, const kiln__spec *s, kiln__rende
                       ws ? "true" : "false", ka, kb);
     }
     kiln__sb hoisted = {0}, ahead = {0};
-    if (epi.hoist) {
+    if (epi.hoist) { /* the loop unrolled over its BN / 8 rows, KILN_D of them loaded ahead */
       kiln__hoist_channel_loads(&hoisted, &epi, "kiln_c", "G::CI", "  ");
-      kiln__ahead_loads(&hoisted, &epi, true, "m0 + threadIdx.x / (BN / 4)", "kiln_c",
-                        "m0 + threadIdx.x / (BN / 4) < M && kiln_c < G::CI", "  ");
-      kiln__ahead_loads(&ahead, &epi, false, "m + 256 / (BN / 4)", "c",
-                        "q + 256 < 128 * (BN / 4) && m + 256 / (BN / 4) < M && c < G::CI", "    ");
+      kiln__sb_printf(&hoisted,
+                      "  constexpr int KILN_D = BN / 8 < %d ? BN / 8 : %d;\n"
+                      "  auto kiln_row = [&](int r) { return m0 + (threadIdx.x + 256 * r) / (BN / "
+                      "4); };\n"
+                      "  auto kiln_row_ok = [&](int r) { return kiln_row(r) < M && kiln_c < G::CI; "
+                      "};\n",
+                      t->conv_hoist, t->conv_hoist);
+      kiln__ahead_rows(&hoisted, &epi, true, "KILN_D", "BN / 8", "kiln_row", "kiln_row_ok",
+                       "kiln_c", "  ");
+      kiln__ahead_rows(&ahead, &epi, false, "KILN_D", "BN / 8", "kiln_row", "kiln_row_ok", "c",
+                       "    ");
     }
     if (staged) /* through shared memory: a thread's four channels of a row, a row's chunks by
                  * neighbouring threads, each operand read and written four values at a time */
@@ -223,13 +231,18 @@ static bool render_dgrad(const kiln__target *t, const kiln__spec *s, kiln__rende
                       "  const ix kiln_c = n0 + threadIdx.x %% (BN / 4) * 4;\n"
                       "  (void)kiln_c;\n"
                       "%s"
-                      "  for (int q = threadIdx.x; q < 128 * (BN / 4); q += 256) {\n"
+                      "%s"
                       "    const ix m = m0 + q / (BN / 4), c = n0 + q %% (BN / 4) * 4;\n"
                       "    float d[4];\n"
                       "    kiln_tma_tile_get4<BN>(tile, q / (BN / 4), q %% (BN / 4) * 4, d);\n"
                       "%s",
                       mom ? "  float kiln_ms[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};\n" : "",
-                      hoisted.s ? hoisted.s : "", ahead.s ? ahead.s : "");
+                      hoisted.s ? hoisted.s : "",
+                      epi.hoist ? "#pragma unroll\n"
+                                  "  for (int kiln_r = 0; kiln_r < BN / 8; kiln_r++) {\n"
+                                  "    const int q = threadIdx.x + 256 * kiln_r;\n"
+                                : "  for (int q = threadIdx.x; q < 128 * (BN / 4); q += 256) {\n",
+                      ahead.s ? ahead.s : "");
     else
       kiln__sb_printf(&b,
                       "  const int r0 = kiln_conv_row0<%s>();\n"

@@ -150,21 +150,40 @@ void kiln__hoist_channel_loads(kiln__sb *b, const kiln__win_epi *e, const char *
                       ind, k, ind, c, limit, kiln__ctype(e->o->t[k]->dtype), k, c, k);
 }
 
-void kiln__ahead_loads(kiln__sb *b, const kiln__win_epi *e, bool first, const char *row,
-                       const char *c, const char *cond, const char *ind) {
+void kiln__ahead_rows(kiln__sb *b, const kiln__win_epi *e, bool first, const char *depth,
+                      const char *rows, const char *row, const char *ok, const char *c,
+                      const char *ind) {
   KILN_ASSERT(e->hoist && e->vec && e->image);
   bool used[KILN__KMAX_PTR] = {0};
   epilogue_reads(e, used);
   for (int k = 0; k < e->o->n; k++) {
     if (!used[k] || e->o->store[k] || !e->o->lin[k] || e->o->bcast[k]) continue;
+    const char *T = kiln__ctype(e->o->t[k]->dtype), *zero = e->o->t[k]->dtype == KILN_DTYPE_BF16
+                                                                ? "make_uint2(0u, 0u)"
+                                                                : "make_float4(0.f, 0.f, 0.f, 0.f)";
+    long long C = (long long)e->shape[3];
     if (first)
-      kiln__sb_printf(b, "%sfloat XN%d[4] = {0.f, 0.f, 0.f, 0.f};\n", ind, k);
+      kiln__sb_printf(b,
+                      "%s%s XR%d[%s];\n"
+                      "#pragma unroll\n"
+                      "%sfor (int kiln_r = 0; kiln_r < %s; kiln_r++) {\n"
+                      "%s  XR%d[kiln_r] = %s;\n"
+                      "%s  if (%s(kiln_r)) kiln_fetch4((const %s *)a.ptr[%d] + %s(kiln_r) * %lld + "
+                      "%s, XR%d[kiln_r]);\n"
+                      "%s}\n",
+                      ind, e->o->t[k]->dtype == KILN_DTYPE_BF16 ? "uint2" : "float4", k, depth, ind,
+                      depth, ind, k, zero, ind, ok, T, k, row, C, c, k, ind);
     else
-      kiln__sb_printf(b, "%sfloat X%d[4] = {XN%d[0], XN%d[1], XN%d[2], XN%d[3]};\n", ind, k, k, k,
-                      k, k);
-    kiln__sb_printf(b, "%sif (%s) kiln_load4((const %s *)a.ptr[%d] + (%s) * %lld + %s, XN%d);\n",
-                    ind, cond, kiln__ctype(e->o->t[k]->dtype), k, row, (long long)e->shape[3], c,
-                    k);
+      kiln__sb_printf(b,
+                      "%sfloat X%d[4];\n"
+                      "%skiln_unpack4(XR%d[kiln_r %% %s], X%d);\n"
+                      "%sif (kiln_r + %s < %s) {\n"
+                      "%s  XR%d[kiln_r %% %s] = %s;\n"
+                      "%s  if (%s(kiln_r + %s)) kiln_fetch4((const %s *)a.ptr[%d] + %s(kiln_r + "
+                      "%s) * %lld + %s, XR%d[kiln_r %% %s]);\n"
+                      "%s}\n",
+                      ind, k, ind, k, depth, k, ind, depth, rows, ind, k, depth, zero, ind, ok,
+                      depth, T, k, row, depth, C, c, k, depth, ind);
   }
 }
 

@@ -12,7 +12,10 @@
 
 #include "ref_conv.h"
 
-#define BF16_ULP (1.0 / 256.0) /* a bf16 rounding step, relative: 8 significant bits */
+/* A bf16 rounding step at its largest relative to the value: 8 significant bits make the step
+ * 2^-7 of the power of two at or below the value, so 2^-7 of values just above it (2^-8 was
+ * half of that, and failed a result one step off at 1.52). */
+#define BF16_ULP (1.0 / 128.0)
 
 static double round_bf16(double v) { return kiln_bf16_to_f32(kiln_bf16_from_f32((float)v)); }
 

@@ -772,25 +772,31 @@ Test(gpu_ops, conv2d_data_gradients_sum_the_batch_norm_before_them) {
 }
 
 /* KILN_CONV_PREFETCH=1 (the producer thread asks L2 for the epilogue's rows of x) and
- * KILN_CONV_HOIST=0 (the per-channel operands loaded in every row) change no value: the block's
- * gradients bitwise the defaults', at 64 and 256 channels. */
+ * KILN_CONV_HOIST=0 (the per-channel operands loaded in every row), 2, 4 and 16 (x's rows loaded
+ * that many ahead: 16 is all of a thread's rows at 256 channels, past them at 64) change no
+ * value: the block's gradients bitwise those of one row ahead without the prefetch, at 64 and
+ * 256 channels. */
 Test(gpu_ops, conv2d_data_gradients_prefetching_or_not_hoisting_their_epilogue_loads) {
   skip_unless_sm90a();
   const int64_t chans[2] = {64, 256};
+  const char *const variants[5][2] = {{"1", "1"}, {"0", "0"}, {"0", "2"}, {"0", "4"}, {"1", "16"}};
   for (int i = 0; i < 2; i++) {
-    float *base[4], *pre[4], *cold[4];
-    bn_block_gradients(chans[i], (const char *[]){"1", "0", "1"}, 7500 + 10 * (uint64_t)i, base);
-    bn_block_gradients(chans[i], (const char *[]){"1", "1", "1"}, 7500 + 10 * (uint64_t)i, pre);
-    bn_block_gradients(chans[i], (const char *[]){"1", "0", "0"}, 7500 + 10 * (uint64_t)i, cold);
     int64_t c = chans[i], n[4] = {c, c, 16 * 9 * 7 * c, c * c * 9};
-    for (int q = 0; q < 4; q++) {
-      cr_assert_eq(memcmp(pre[q], base[q], (size_t)n[q] * sizeof(float)), 0,
-                   "%lld channels: gradient %d differs with the prefetch", (long long)c, q);
-      cr_assert_eq(memcmp(cold[q], base[q], (size_t)n[q] * sizeof(float)), 0,
-                   "%lld channels: gradient %d differs unhoisted", (long long)c, q);
-      free(base[q]);
-      free(pre[q]);
-      free(cold[q]);
+    float *base[4];
+    bn_block_gradients(c, (const char *[]){"1", "0", "1"}, 7500 + 10 * (uint64_t)i, base);
+    for (int v = 0; v < 5; v++) {
+      float *g[4];
+      bn_block_gradients(c, (const char *[]){"1", variants[v][0], variants[v][1]},
+                         7500 + 10 * (uint64_t)i, g);
+      for (int q = 0; q < 4; q++) {
+        cr_assert_eq(memcmp(g[q], base[q], (size_t)n[q] * sizeof(float)), 0,
+                     "%lld channels: gradient %d differs with KILN_CONV_PREFETCH=%s "
+                     "KILN_CONV_HOIST=%s",
+                     (long long)c, q, variants[v][0], variants[v][1]);
+        free(g[q]);
+      }
     }
+    for (int q = 0; q < 4; q++)
+      free(base[q]);
   }
 }

@@ -34,14 +34,27 @@ struct kiln_bf16 {
 };
 static_assert(sizeof(kiln_bf16) == 2, "kiln_bf16 is two bytes");
 
-KILN__FN void kiln_load4(const float *p, float *v) {
-  const float4 t = *(const float4 *)p;
+/* kiln_load4 in two halves: kiln_fetch4 loads the four values as they are in memory (float4,
+ * or uint2 for bf16), kiln_unpack4 widens them, so that a thread can have many loads in flight
+ * before it waits on the first. */
+KILN__FN void kiln_fetch4(const float *p, float4 &t) { t = *(const float4 *)p; }
+KILN__FN void kiln_fetch4(const kiln_bf16 *p, uint2 &t) { t = *(const uint2 *)p; }
+KILN__FN void kiln_unpack4(const float4 &t, float *v) {
   v[0] = t.x, v[1] = t.y, v[2] = t.z, v[3] = t.w;
 }
-KILN__FN void kiln_load4(const kiln_bf16 *p, float *v) {
-  const uint2 t = *(const uint2 *)p;
+KILN__FN void kiln_unpack4(const uint2 &t, float *v) {
   v[0] = __uint_as_float(t.x << 16), v[1] = __uint_as_float(t.x & 0xffff0000u);
   v[2] = __uint_as_float(t.y << 16), v[3] = __uint_as_float(t.y & 0xffff0000u);
+}
+KILN__FN void kiln_load4(const float *p, float *v) {
+  float4 t;
+  kiln_fetch4(p, t);
+  kiln_unpack4(t, v);
+}
+KILN__FN void kiln_load4(const kiln_bf16 *p, float *v) {
+  uint2 t;
+  kiln_fetch4(p, t);
+  kiln_unpack4(t, v);
 }
 KILN__FN void kiln_store4(float *p, const float *v) {
   *(float4 *)p = make_float4(v[0], v[1], v[2], v[3]);
