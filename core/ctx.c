@@ -149,13 +149,16 @@ kiln_ctx *kiln__ctx_create(const kiln_ctx_options *opts) {
    * 3.06 */
   ctx->conv_kpad = !env_off("KILN_CONV_KPAD");
   ctx->conv_moments = !env_off("KILN_CONV_MOMENTS");
-  ctx->pool_moments = env_on("KILN_POOL_MOMENTS");   /* off until it has run on a GPU */
-  ctx->pool_prologue = env_on("KILN_POOL_PROLOGUE"); /* off until it has run on a GPU */
-  ctx->conv_prefetch = env_on("KILN_CONV_PREFETCH"); /* off until it has run on a GPU */
-  const char *hoist = getenv("KILN_CONV_HOIST");     /* 0 to 16 (internal.h); others: the default */
+  ctx->pool_moments = env_on("KILN_POOL_MOMENTS"); /* off until it has run on a GPU */
+  /* on since the H100 run of 2026-12-05 (bench/ab_steps.sh, medians of three): air 2.839 ms with
+   * both against 2.894, resnet18 8.268 against 8.338; KILN_CONV_HOIST=2 took them to 2.830 and
+   * 8.261 (4: 2.965 and 8.240) */
+  ctx->pool_prologue = !env_off("KILN_POOL_PROLOGUE");
+  ctx->conv_prefetch = !env_off("KILN_CONV_PREFETCH");
+  const char *hoist = getenv("KILN_CONV_HOIST"); /* 0 to 16 (internal.h); others: the default */
   char *end = NULL;
   long depth = hoist ? strtol(hoist, &end, 10) : -1;
-  ctx->conv_hoist = hoist && *hoist && !*end && depth >= 0 && depth <= 16 ? (int)depth : 1;
+  ctx->conv_hoist = hoist && *hoist && !*end && depth >= 0 && depth <= 16 ? (int)depth : 2;
   ctx->conv_dgrad_bn = 128; /* KILN_CONV_DGRAD_BN=256: one tile as wide as the channels (0) */
   const char *dgrad_bn = getenv("KILN_CONV_DGRAD_BN");
   if (dgrad_bn && (strcmp(dgrad_bn, "64") == 0 || strcmp(dgrad_bn, "128") == 0))
