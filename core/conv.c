@@ -523,23 +523,14 @@ bool kiln__conv_direct_image(const kiln_ctx *ctx, const kiln__node *c) {
          x->ndim == 4 && !kiln__columns_padded(c);
 }
 
-/* Whether an im2col tensor map holds window w's geometry. */
-static bool tma_geometry(const kiln__win *w) {
+bool kiln__conv_tma_window(const kiln__win *w, int64_t ci) {
   int64_t lo[2] = {-w->ph, -w->pw},
           hi[2] = {w->ph - w->dh * (w->kh - 1), w->pw - w->dw * (w->kw - 1)};
   for (int i = 0; i < 2; i++)
     if (lo[i] < -128 || lo[i] > 127 || hi[i] < -128 || hi[i] > 127) return false;
   /* a 4-D im2col copy's tap offsets are 8 bits (PTX ISA, im2col mode) */
-  return w->sh >= 1 && w->sh <= 8 && w->sw >= 1 && w->sw <= 8 && w->dh * (w->kh - 1) <= 255 &&
-         w->dw * (w->kw - 1) <= 255;
-}
-
-bool kiln__conv_tma_window(const kiln__win *w, int64_t ci) {
-  return ci % 64 == 0 && tma_geometry(w);
-}
-
-bool kiln__conv_tma_fprop_window(const kiln__win *w, int64_t ci) {
-  return (ci % 64 == 0 || (ci < 64 && ci % 8 == 0)) && tma_geometry(w);
+  return ci % 64 == 0 && w->sh >= 1 && w->sh <= 8 && w->sw >= 1 && w->sw <= 8 &&
+         w->dh * (w->kh - 1) <= 255 && w->dw * (w->kw - 1) <= 255;
 }
 
 kiln__win kiln__dgrad_window(const kiln__win *w) {

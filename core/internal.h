@@ -650,10 +650,6 @@ bool kiln__training_flag(kiln_ctx *ctx, const char *fn, int *training);
  * whole stages of 64 channels, and the geometry an im2col tensor map can hold (strides 1 to 8,
  * box corners within [-128, 127], tap offsets d (k - 1) of at most 255). */
 bool kiln__conv_tma_window(const kiln__win *w, int64_t ci);
-/* As kiln__conv_tma_window for the forward product, which also takes fewer than 64 channels in
- * 16-byte pixels (8, 16, ... 56: one zero-filled stage a tap; the air step's 24 after its
- * whitening layer). */
-bool kiln__conv_tma_fprop_window(const kiln__win *w, int64_t ci);
 /* The window of a stride-1 convolution's data gradient as a forward product of dY (the filters
  * flipped): padding d (k - 1) - p, stride 1. */
 kiln__win kiln__dgrad_window(const kiln__win *w);

@@ -434,7 +434,7 @@ static bool render_fprop(const kiln__node *n, const kiln__gemm *mm, bool ws, boo
   int64_t M = Y->shape[0], CO = Y->shape[1];
   if (kiln__conv_direct_shape(mm->b->shape[0], X->shape[3], CO)) return render_direct(n, mm, r);
   kiln__win w = kiln__win_of(n);
-  tma = tma && kiln__conv_tma_fprop_window(&w, X->shape[3]);
+  tma = tma && kiln__conv_tma_window(&w, X->shape[3]);
   int BN = wgmma_width(CO, ws && !tma), stage = tma ? (128 + BN) * 128 : 0;
   int S = tma ? tma_stages(stage) : wgmma_stages(BN, ws);
   kiln__operands o = {0};
@@ -453,12 +453,9 @@ static bool render_fprop(const kiln__node *n, const kiln__gemm *mm, bool ws, boo
     kiln__sb_printf(&b, "  if (!kiln_conv_fprop_tma<G, BN, S>(tm, tm + 1, m0, n0, kiln_smem, d))\n"
                         "    return;\n");
     const int64_t nhwc[4] = {X->shape[0], X->shape[1], X->shape[2], X->shape[3]};
-    const int64_t wk[2] = {mm->b->shape[0], CO};           /* Wk (CO, K): K innermost */
-    const int64_t wk3[3] = {X->shape[3], w.kh * w.kw, CO}; /* and (CO, taps, CI) */
+    const int64_t wk[2] = {mm->b->shape[0], CO}; /* Wk (CO, K): K innermost */
     r->tmap[0] = kiln__tmap_im2col(slot[0], nhwc, &w, 128);
-    r->tmap[1] = X->shape[3] % 64 == 0
-                     ? kiln__tmap_tiled(slot[1], 2, wk, (const uint32_t[]){64, (uint32_t)BN})
-                     : kiln__tmap_tiled(slot[1], 3, wk3, (const uint32_t[]){64, 1, (uint32_t)BN});
+    r->tmap[1] = kiln__tmap_tiled(slot[1], 2, wk, (const uint32_t[]){64, (uint32_t)BN});
     r->ntmap = 2;
   } else {
     kiln__sb_printf(&b,

@@ -109,18 +109,11 @@ Test(conv_tma, windows_and_channels_the_kernels_take) {
   cr_assert(kiln__conv_tma_window(&same, 512));
   cr_assert_not(kiln__conv_tma_window(&same, 24), "a stage is 64 channels of one tap");
   cr_assert_not(kiln__conv_tma_window(&same, 96));
-  /* the forward product also takes fewer than 64 channels in 16-byte pixels, zero-filled */
-  const int64_t fprop_yes[] = {8, 24, 56, 64, 128}, fprop_no[] = {4, 20, 60, 72, 96};
-  for (int i = 0; i < 5; i++) {
-    cr_assert(kiln__conv_tma_fprop_window(&same, fprop_yes[i]), "%lld", (long long)fprop_yes[i]);
-    cr_assert_not(kiln__conv_tma_fprop_window(&same, fprop_no[i]), "%lld", (long long)fprop_no[i]);
-  }
   kiln__win s2 = same;
   s2.sh = s2.sw = 2;
   cr_assert(kiln__conv_tma_window(&s2, 64));
   s2.sh = s2.sw = 9;
   cr_assert_not(kiln__conv_tma_window(&s2, 64), "traversal strides are 1 to 8");
-  cr_assert_not(kiln__conv_tma_fprop_window(&s2, 24), "traversal strides are 1 to 8");
   kiln__win wide = same;
   wide.ph = 129;
   cr_assert_not(kiln__conv_tma_window(&wide, 64), "box corners within [-128, 127]");
@@ -243,9 +236,8 @@ static products program_products(kiln_ctx *ctx, const char *what) {
 /* With KILN_CONV_TMA=1 a bf16 convolution with input channels in whole stages of 64 runs its
  * forward product and weight gradient on the TMA-fed kernels whatever its output channels (the
  * 64-channel cap is the cp.async kernels'), and its data gradient too at stride 1 with output
- * channels in stages of 64; every kernel renders with its two maps and compiles for sm_90a. A
- * forward product of fewer input channels (a multiple of 8) is TMA-fed too, as one zero-filled
- * stage a tap. Other shapes keep the kernels they had; without the switch nothing is TMA-fed. */
+ * channels in stages of 64; every kernel renders with its two maps and compiles for sm_90a.
+ * Other shapes keep the kernels they had; without the switch nothing is TMA-fed. */
 Test(conv_tma, the_planner_gives_the_tma_kernels_what_they_take) {
   struct {
     const char *what;
@@ -263,12 +255,7 @@ Test(conv_tma, the_planner_gives_the_tma_kernels_what_they_take) {
        1,
        true,
        {1, 1, 1, 1, 1, 0}},
-      {"24->64 (24 input channels: the forward product zero-filled to 64, the others conv.cuh's)",
-       24,
-       64,
-       1,
-       true,
-       {1, 1, 1, 1, 0, 0}},
+      {"24->64 (24 input channels: conv.cuh's kernels)", 24, 64, 1, true, {1, 1, 1, 0, 0, 0}},
       {"24->256 (24 input channels, 256 output: cuBLAS)", 24, 256, 1, true, {0, 0, 0, 0, 0, 0}},
       {"64->256 without the switch", 64, 256, 1, false, {0, 0, 0, 0, 0, 0}},
   };

@@ -283,9 +283,7 @@ Test(gpu_ops, conv2d_data_gradient_as_an_implicit_gemm) {
  * gradient */
 
 /* bf16 convolutions with at most 64 output channels, whose forward product and weight gradient
- * run as implicit GEMMs on sm_90 (fusion/device/conv.cuh; elsewhere im2col and cuBLAS; the
- * forward products of fewer than 64 input channels on conv_tma.cuh's, zero-filled to 64, unless
- * KILN_CONV_TMA=0: the test runs both), and two
+ * run as implicit GEMMs on sm_90 (fusion/device/conv.cuh; elsewhere im2col and cuBLAS), and two
  * wider ones whose data gradient does (the forward product of dY with the filters flipped): pixel
  * counts and reductions that are not multiples of the tiles, output channels that fill part of a
  * tile, stride 2, padding 0 to 2, dilation, batch 1, and two cases with enough pixels for the
@@ -393,14 +391,10 @@ static void check_bf16_conv(kiln_ctx *ctx, const conv_case *c, uint64_t seed, bo
 }
 
 Test(gpu_ops, conv2d_forward_and_weight_gradient_as_implicit_gemms) {
-  for (int tma = 1; tma >= 0; tma--) {
-    setenv("KILN_CONV_TMA", tma ? "1" : "0", 1); /* read when the context is made */
-    TH_GPU_CTX_EAGER(ctx);
-    unsetenv("KILN_CONV_TMA");
-    for (size_t i = 0; i < sizeof wgmma_cases / sizeof *wgmma_cases; i++)
-      check_bf16_conv(ctx, &wgmma_cases[i], 3700 + 10 * i, true);
-    th_ctx_free(ctx);
-  }
+  TH_GPU_CTX_EAGER(ctx);
+  for (size_t i = 0; i < sizeof wgmma_cases / sizeof *wgmma_cases; i++)
+    check_bf16_conv(ctx, &wgmma_cases[i], 3700 + 10 * i, true);
+  th_ctx_free(ctx);
 }
 
 /* KILN_CONV_TMA=1: bf16 convolutions with input channels in stages of 64 run all three products

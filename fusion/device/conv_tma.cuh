@@ -12,15 +12,14 @@
  * the air workload's 256-channel shapes (dev/README.md).
  *
  * The geometry G is conv.cuh's (NHWC images, filters Wk (CO, K), k = tap CI + c of tap (i, j) =
- * i KW + j). A stage is one tap's 64 channels, so CI % 64 == 0 (the forward product also takes
- * fewer, zero-filled to 64), and for the data gradient also CO % 64 == 0 and stride 1. The tensor
- * maps (kiln_tmap, CUtensorMap's 128 bytes) are made on the host (fusion/tmap.c says what each
- * holds): the image's im2col map, whose box corners make its positions, stepped by the stride,
- * exactly the output pixels; a copy names the first pixel's window origin (c, w, h, n) and the
- * tap's offsets (w, h), and walks along W, then H, then into the next image, past the last one into
- * zeros. The maps live in global memory (the lab passes them as kernel parameters instead);
- * kiln_tma_acquire orders their bytes, written before the launch, before the copy engine reads
- * them.
+ * i KW + j). A stage is one tap's 64 channels, so CI % 64 == 0, and for the data gradient also
+ * CO % 64 == 0 and stride 1. The tensor maps (kiln_tmap, CUtensorMap's 128 bytes) are made on the
+ * host (fusion/tmap.c says what each holds): the image's im2col map, whose box corners make its
+ * positions, stepped by the stride, exactly the output pixels; a copy names the first pixel's
+ * window origin (c, w, h, n) and the tap's offsets (w, h), and walks along W, then H, then into
+ * the next image, past the last one into zeros. The maps live in global memory (the lab passes
+ * them as kernel parameters instead); kiln_tma_acquire orders their bytes, written before the
+ * launch, before the copy engine reads them.
  */
 #ifndef KILN_CONV_TMA_CUH
 #define KILN_CONV_TMA_CUH
@@ -174,17 +173,12 @@ KILN__FN bool kiln_tma_run(int KT, unsigned char *base, int stage, float (&d)[N]
 }
 
 /* The forward product Y (M, CO) of pixels [m0, m0 + 128) and channels [n0, n0 + BN): ta the
- * image's im2col map (128 pixels a copy), tb the filters' tiled map (box 64 x BN). Fewer than 64
- * channels (a multiple of 8) make one stage a tap, its channels past CI filled with zeros by the
- * copy engine in both operands: tb is then the filters as a 3-D map {CI, taps, CO}, box
- * {64, 1, BN} (the same bytes in shared memory as the 2-D box at 64 channels). */
+ * image's im2col map (128 pixels a copy), tb the filters' tiled map (box 64 x BN). */
 template <class G, int BN, int S>
 KILN__FN bool kiln_conv_fprop_tma(const kiln_tmap *ta, const kiln_tmap *tb, int m0, int n0,
                                   unsigned char *smem, float (&d)[BN / 2]) {
-  constexpr int STAGE = (128 + BN) * 128, CH = (G::CI + 63) / 64, KT = G::KH * G::KW * CH;
-  static_assert((G::CI % 64 == 0 || (G::CI < 64 && G::CI % 8 == 0)) && BN % 64 == 0 && BN <= 256 &&
-                    S >= 2,
-                "kiln_conv_fprop_tma");
+  constexpr int STAGE = (128 + BN) * 128, CH = G::CI / 64, KT = G::KH * G::KW * CH;
+  static_assert(G::CI % 64 == 0 && BN % 64 == 0 && BN <= 256 && S >= 2, "kiln_conv_fprop_tma");
   unsigned char *base = kiln_tma_align1024(smem);
   int w, h, n;
   kiln_tma_origin<G>(m0, w, h, n);
@@ -194,10 +188,7 @@ KILN__FN bool kiln_conv_fprop_tma(const kiln_tmap *ta, const kiln_tmap *tb, int 
         unsigned char *as = base + st * STAGE;
         const int tap = kt / CH, c = (kt % CH) * 64;
         kiln_tma_im2col4(as, ta, bar, c, w, h, n, (tap % G::KW) * G::DW, (tap / G::KW) * G::DH);
-        if (G::CI % 64 == 0)
-          kiln_tma_tile2(as + 128 * 128, tb, bar, kt * 64, n0);
-        else
-          kiln_tma_tile3(as + 128 * 128, tb, bar, 0, tap, n0);
+        kiln_tma_tile2(as + 128 * 128, tb, bar, kt * 64, n0);
       },
       [&](const unsigned char *t, int wg) {
 #pragma unroll
