@@ -27,6 +27,9 @@
 #                     and the air step's
 #                     convolutions at the defaults
 #                     (bench/conv_compare.py beside cuDNN)
+#   dgrad_depth       Nsight Compute on air's data gradients (the col2im kernels, ten launches) with
+#                     KILN_CONV_HOIST=2 and 4: time, registers, and the blocks an SM that registers
+#                     and shared memory allow (depth 4 lost 135 us a step on the H100, unexplained)
 #   attribution       every default workload traced in all three modes in one process
 #                     (profile_step --trace: contexts made and freed one after another, where CUPTI
 #                     has named replayed kernels after ones of freed contexts) and each trace's count
@@ -96,6 +99,12 @@ step sanitize 380 "for w in cnn air; do for t in initcheck racecheck; do
     grep -E '^=+ +at ' \$f | sort | uniq -c | sort -rn | head -n 3
   done"
 step stem 120 "python3 bench/stem_gemm.py"
+step dgrad_depth 300 "for h in 2 4; do echo KILN_CONV_HOIST=\$h
+    KILN_CONV_HOIST=\$h ncu --graph-profiling node --kernel-name regex:k_matmul_col2im --launch-count 10 \
+      --csv --metrics gpu__time_duration.sum,launch__registers_per_thread,launch__occupancy_limit_registers,launch__occupancy_limit_shared_mem,sm__warps_active.avg.pct_of_peak_sustained_active \
+      $build/profile_step --workload air --mode graph --steps 1 --blocks 1 2>/dev/null | grep -E '^\"[0-9]' |
+      awk -F'\",\"' '{sub(/\"$/, \"\", \$NF); print \$5, \$(NF-2), \$NF}' | cut -c1-150
+  done"
 step attribution 200 "rm -rf /tmp/kiln-attribution && $build/profile_step --trace /tmp/kiln-attribution > /dev/null &&
   for f in /tmp/kiln-attribution/*.json; do
     python3 tools/trace_summary.py \$f 2>/dev/null | head -n 1
