@@ -112,11 +112,7 @@ step attribution 200 "rm -rf /tmp/kiln-attribution && $build/profile_step --trac
     grep -o 'CUPTI names this kernel' \$f | wc -l
   done"
 step switches 500 "ctest --test-dir $build -R 'test_gpu_bf16|test_gpu_ops_conv' --output-on-failure | tail -n 3
-  bash bench/ab_steps.sh $build 3 air resnet18 -- '' 'KILN_CONV_PREFETCH=1 KILN_POOL_PROLOGUE=1' \
-    'KILN_CONV_PREFETCH=1 KILN_POOL_PROLOGUE=1 KILN_CONV_HOIST=2' \
-    'KILN_CONV_PREFETCH=1 KILN_POOL_PROLOGUE=1 KILN_CONV_HOIST=4' \
-    'KILN_CONV_PREFETCH=1 KILN_POOL_PROLOGUE=1 KILN_CONV_HOIST=8' \
-    'KILN_POOL_PROLOGUE=1 KILN_CONV_HOIST=4' 'KILN_CONV_PREFETCH=1 KILN_POOL_PROLOGUE=1 KILN_CONV_HOIST=0'
+  bash bench/ab_steps.sh $build 3 air resnet18 -- '' KILN_CONV_AHEAD=1
   python3 bench/conv_bench.py --json > $out/cudnn_sw.jsonl && mkdir -p $out/trace_sw &&
   $build/profile_step --workload air --mode graph --trace $out/trace_sw > /dev/null &&
   python3 bench/conv_compare.py $out/trace_sw/air_graph.json $out/cudnn_sw.jsonl"

@@ -385,6 +385,9 @@ struct kiln_ctx {
    * in the row that reads it; d > 0, per-channel ones once before the loop, and the others d rows
    * ahead of the row that reads them */
   int conv_hoist;
+  /* KILN_CONV_AHEAD=1: the cp.async forward products (and data gradients) whose reduction fits
+   * their stages issue all its copies before their first product (conv.cuh's mainloop) */
+  bool conv_ahead;
   int conv_dgrad_bn; /* TMA data gradients' widest tile: 128, or KILN_CONV_DGRAD_BN (64; 256: 0) */
   struct CUstream_st *stream;
 

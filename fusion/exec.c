@@ -62,6 +62,7 @@ static bool build_calls(kiln_ctx *ctx, kiln__program *pg) {
                          .conv_dgrad_bn = ctx->conv_dgrad_bn,
                          .conv_prefetch = ctx->conv_prefetch,
                          .conv_hoist = ctx->conv_hoist,
+                         .conv_ahead = ctx->conv_ahead,
                          .customs = ctx->customs,
                          .ncustom = ctx->ncustom};
   int ng = pg->plan.ng, nr = 0;

@@ -211,6 +211,7 @@ typedef struct kiln__target {
   int conv_dgrad_bn;  /* TMA data gradients' widest tile (KILN_CONV_DGRAD_BN; 0: 256) */
   bool conv_prefetch; /* TMA data gradients prefetch their epilogue's rows (KILN_CONV_PREFETCH=1) */
   int conv_hoist;     /* staged epilogues' rows loaded ahead: KILN_CONV_HOIST (ctx.c), 0-16 */
+  bool conv_ahead;    /* cp.async products issue a short reduction at once (KILN_CONV_AHEAD=1) */
   kiln_custom_op *const *customs; /* the context's custom ops, by id */
   int ncustom;
 } kiln__target;

@@ -201,10 +201,11 @@ static bool render_dgrad(const kiln__target *t, const kiln__spec *s, kiln__rende
       r->tmap[1] = kiln__tmap_tiled(kb, 3, wk, (const uint32_t[]){64, 1, 64});
       r->ntmap = 2;
     } else {
-      kiln__sb_printf(&b,
-                      "  if (!kiln_conv_fprop<GD, BN, S, true, %s>((const kiln_bf16 *)a.ptr[%d], "
-                      "(const kiln_bf16 *)a.ptr[%d], m0, n0, kiln_smem, acc))\n    return;\n",
-                      ws ? "true" : "false", ka, kb);
+      kiln__sb_printf(
+          &b,
+          "  if (!kiln_conv_fprop<GD, BN, S, true, %s, %s>((const kiln_bf16 *)a.ptr[%d], "
+          "(const kiln_bf16 *)a.ptr[%d], m0, n0, kiln_smem, acc))\n    return;\n",
+          ws ? "true" : "false", t->conv_ahead ? "true" : "false", ka, kb);
     }
     kiln__sb hoisted = {0}, ahead = {0};
     if (epi.hoist) { /* the loop unrolled over its BN / 8 rows, KILN_D of them loaded ahead */
@@ -428,8 +429,9 @@ static bool render_direct(const kiln__node *n, const kiln__gemm *mm, kiln__rende
 
 /* The forward product Y (M, CO) = im2col(X) Wk^T: a block of 128 pixels by BN channels; TMA-fed
  * with tma, through X's im2col map (128 pixels a copy) and Wk's tiled one (64 x BN boxes). */
-static bool render_fprop(const kiln__node *n, const kiln__gemm *mm, bool ws, bool tma,
+static bool render_fprop(const kiln__target *t, const kiln__node *n, const kiln__gemm *mm,
                          kiln__rendered *r) {
+  bool ws = t->conv_warp_spec, tma = t->conv_tma;
   const kiln_tensor *Y = mm->d, *X = n->in[0];
   int64_t M = Y->shape[0], CO = Y->shape[1];
   if (kiln__conv_direct_shape(mm->b->shape[0], X->shape[3], CO)) return render_direct(n, mm, r);
@@ -459,10 +461,10 @@ static bool render_fprop(const kiln__node *n, const kiln__gemm *mm, bool ws, boo
     r->ntmap = 2;
   } else {
     kiln__sb_printf(&b,
-                    "  if (!kiln_conv_fprop<G, BN, S, false, %s>((const kiln_bf16 *)a.ptr[%d], "
+                    "  if (!kiln_conv_fprop<G, BN, S, false, %s, %s>((const kiln_bf16 *)a.ptr[%d], "
                     "(const kiln_bf16 *)a.ptr[%d], m0, n0, kiln_smem, d))\n"
                     "    return;\n",
-                    ws ? "true" : "false", slot[0], slot[1]);
+                    ws ? "true" : "false", t->conv_ahead ? "true" : "false", slot[0], slot[1]);
   }
   if (tma && BN == 256) /* through shared memory: kiln_tma_store_tile says why at 256 alone */
     kiln__sb_printf(&b,
@@ -570,8 +572,7 @@ static bool render_wgrad(const kiln__target *t, const kiln__node *n, const kiln_
 bool kiln__render_conv(const kiln__target *t, const kiln__spec *s, kiln__rendered *r) {
   switch (s->conv) {
   case KILN__IMPLICIT_DGRAD: return render_dgrad(t, s, r);
-  case KILN__IMPLICIT_FPROP:
-    return render_fprop(s->red, &s->gemm, t->conv_warp_spec, t->conv_tma, r);
+  case KILN__IMPLICIT_FPROP: return render_fprop(t, s->red, &s->gemm, r);
   case KILN__IMPLICIT_WGRAD: return render_wgrad(t, s->red, &s->gemm, r);
   case KILN__IMPLICIT_NONE: break;
   }

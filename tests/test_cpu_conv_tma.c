@@ -531,6 +531,35 @@ Test(conv_tma, data_gradients_sum_the_batch_norm_before_them) {
   }
 }
 
+/* KILN_CONV_AHEAD=1 gives the forward product of a 24->64 conv (four steps of the reduction, on
+ * the cp.async kernel) a kernel of its own, which renders and compiles (NVRTC), and leaves its
+ * TMA-fed products (64 channels: 64->64) as they are. */
+Test(conv_tma, short_reductions_issue_their_copies_at_once_with_the_switch) {
+  const int64_t cin[2] = {24, 64};
+  for (int i = 0; i < 2; i++) {
+    char names[2][96] = {"", ""};
+    for (int on = 0; on < 2; on++) {
+      kiln_ctx *ctx = th_cpu_ctx();
+      ctx->conv_ahead = on;
+      record(ctx, "ahead", cin[i], 64, 1);
+      kiln__program pg;
+      cr_assert(kiln__program_build(ctx, ctx->trace.done, ctx->trace.n, &pg), "%s", th_err(ctx));
+      for (int g = 0; g < pg.plan.ng; g++)
+        if (pg.plan.g[g].implicit == KILN__IMPLICIT_FPROP)
+          snprintf(names[on], sizeof names[on], "%s", pg.call[g].name);
+      kiln__program_free(&pg);
+      cr_assert_eq(kiln_step_end(ctx), KILN_OK, "%s", th_err(ctx));
+      th_free_scratch();
+      th_ctx_free(ctx);
+    }
+    cr_assert(names[0][0] && names[1][0], "%lld channels: a forward product", (long long)cin[i]);
+    if (cin[i] == 24)
+      cr_assert_str_neq(names[0], names[1], "the switch changes the cp.async forward product");
+    else
+      cr_assert_str_eq(names[0], names[1], "the TMA-fed forward product keeps its kernel");
+  }
+}
+
 /* KILN_CONV_PREFETCH=1 gives the data gradient of the block above a kernel of its own (its
  * producer thread asks L2 for the epilogue's rows), which renders and compiles (NVRTC); the
  * other kernels stay as they are. */

@@ -397,6 +397,53 @@ Test(gpu_ops, conv2d_forward_and_weight_gradient_as_implicit_gemms) {
   th_ctx_free(ctx);
 }
 
+/* y (as f32) and x's and w's gradients (malloc'd f32, in that order, n[3] values) for
+ * loss = sum(y g) of case c in bf16, in an eager context made with KILN_CONV_AHEAD set to
+ * `ahead`. */
+static void conv_results(const conv_case *c, const char *ahead, uint64_t seed, float *out[3],
+                         int64_t n[3]) {
+  setenv("KILN_CONV_AHEAD", ahead, 1); /* read when the context is made */
+  TH_GPU_CTX_EAGER(ctx);
+  unsetenv("KILN_CONV_AHEAD");
+  ref_win g = conv_win(c);
+  kiln_shape xs = KILN_SHAPE(c->n, c->h, c->w, c->cin);
+  kiln_shape ws = KILN_SHAPE(c->cout, c->cin, c->kh, c->kw);
+  kiln_step_begin(ctx);
+  kiln_tensor *x = ref_rand_tensor(ctx, xs, seed, &REF_GEN(-1, 1), 1, NULL);
+  kiln_tensor *w = ref_rand_tensor(ctx, ws, seed + 1, &REF_GEN(-1, 1), 1, NULL);
+  kiln_autocast_begin(ctx, KILN_DTYPE_BF16);
+  kiln_tensor *y = kiln_cast(kiln_conv2d(x, w, NULL, &c->o), KILN_DTYPE_F32);
+  kiln_autocast_end(ctx);
+  free(ref_backward_weighted(ctx, y, seed + 2, c->desc));
+  out[0] = ref_read_f32(ctx, y, "y");
+  out[1] = ref_read_f32(ctx, kiln_tensor_grad(x), "x's gradient");
+  out[2] = ref_read_f32(ctx, kiln_tensor_grad(w), "w's gradient");
+  n[0] = ref_numel(ref_win_out(xs, &g, c->cout)), n[1] = ref_numel(xs), n[2] = ref_numel(ws);
+  cr_assert_eq(kiln_step_end(ctx), KILN_OK, "%s: %s", c->desc, th_err(ctx));
+  kiln_tensor_free(x);
+  kiln_tensor_free(w);
+  th_ctx_free(ctx);
+}
+
+/* KILN_CONV_AHEAD=1 (a cp.async product whose reduction fits its stages issues every step's
+ * copies before its first product: 24->64 3x3's four steps, 8->32's two) changes no value: the
+ * forward product and both gradients of the implicit-GEMM cases bitwise those without it. */
+Test(gpu_ops, conv2d_short_reductions_issued_at_once) {
+  for (size_t i = 0; i < sizeof wgmma_cases / sizeof *wgmma_cases; i++) {
+    float *off[3], *on[3];
+    int64_t n[3];
+    conv_results(&wgmma_cases[i], "0", 5300 + 10 * i, off, n);
+    conv_results(&wgmma_cases[i], "1", 5300 + 10 * i, on, n);
+    const char *names[3] = {"y", "x's gradient", "w's gradient"};
+    for (int q = 0; q < 3; q++) {
+      cr_assert_eq(memcmp(on[q], off[q], (size_t)n[q] * sizeof(float)), 0, "%s: %s differs",
+                   wgmma_cases[i].desc, names[q]);
+      free(on[q]);
+      free(off[q]);
+    }
+  }
+}
+
 /* KILN_CONV_TMA=1: bf16 convolutions with input channels in stages of 64 run all three products
  * on the TMA-fed kernels (fusion/device/conv_tma.cuh), whatever their output channels; the data
  * gradient at stride 1 with output channels in stages of 64. Wide and narrow tiles, tiles that

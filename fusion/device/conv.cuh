@@ -80,12 +80,38 @@ template <class G> KILN__FN kiln_conv_px kiln_conv_pixel(int m) {
 
 /* The main loop both products share: d zeroed, then KT steps of 64 of the reduction through S
  * stages. load(kt, st) fills stage st with step kt (its cp.async copies; steps come in order),
- * mma(st) issues the warpgroup's products on stage st. */
-template <int S, int N, class L, class M>
+ * mma(st) issues the warpgroup's products on stage st. With AHEAD and KT <= S no stage is used
+ * twice, so every step's copies are issued before the first product (a short reduction, such as
+ * 3x3 over 24 channels, is otherwise four waits on memory a tile, S - 2 steps ahead). */
+template <int S, bool AHEAD = false, int N, class L, class M>
 KILN__FN void kiln_conv_mainloop(int KT, float (&d)[N], L load, M mma) {
 #pragma unroll
   for (int i = 0; i < N; i++)
     d[i] = 0.f;
+  if (AHEAD && KT <= S) {
+#pragma unroll
+    for (int s = 0; s < S; s++)
+      if (s < KT) {
+        load(s, s);
+        kiln_cp_commit();
+      }
+#pragma unroll
+    for (int kt = 0; kt < S; kt++) {
+      if (kt >= KT) break;
+      kiln_cp_wait_upto(KT - 1 - kt); /* step kt's copies, the later ones may fly on */
+      kiln_fence_async_smem();
+      __syncthreads();
+      kiln_wg_pin(d);
+      kiln_wg_fence();
+      mma(kt);
+      kiln_wg_commit();
+      kiln_wg_wait<1>();
+      kiln_wg_pin(d);
+    }
+    kiln_wg_wait<0>();
+    kiln_wg_pin(d);
+    return;
+  }
 #pragma unroll
   for (int s = 0; s < S - 2; s++) {
     if (s < KT) load(s, s);
@@ -157,14 +183,15 @@ KILN__FN bool kiln_conv_mainloop_ws(int KT, float (&d)[N], unsigned long long *b
   return true;
 }
 
-/* Either main loop: WS's, or the one every thread both loads and multiplies in. */
-template <int S, bool WS, int N, class L, class M>
+/* Either main loop: WS's, or the one every thread both loads and multiplies in (with AHEAD, a
+ * reduction that fits the stages issued all at once). */
+template <int S, bool WS, bool AHEAD = false, int N, class L, class M>
 KILN__FN bool kiln_conv_run(int KT, float (&d)[N], unsigned char *base, int stage_bytes, L load,
                             M mma) {
   if constexpr (WS)
     return kiln_conv_mainloop_ws<S>(KT, d, (unsigned long long *)(base + S * stage_bytes), load,
                                     mma);
-  kiln_conv_mainloop<S>(KT, d, load, mma);
+  kiln_conv_mainloop<S, AHEAD>(KT, d, load, mma);
   return true;
 }
 
@@ -176,7 +203,7 @@ KILN__FN bool kiln_conv_run(int KT, float (&d)[N], unsigned char *base, int stag
  * then that product's geometry (the image dY, CI the forward's output channels, CO its input
  * channels, the padding PH'), and wk the forward's filters, read as they are: row k' = tap' CI +
  * c of the flipped filters is a row of CO contiguous values of Wk, so its B tile is MN-major. */
-template <class G, int BN, int S, bool FLIP = false, bool WS = false>
+template <class G, int BN, int S, bool FLIP = false, bool WS = false, bool AHEAD = false>
 KILN__FN bool kiln_conv_fprop(const kiln_bf16 *__restrict__ x, const kiln_bf16 *__restrict__ wk,
                               int m0, int n0, unsigned char *smem, float (&d)[BN / 2]) {
   /* NT threads load (all, or WS's gatherers) */
@@ -221,7 +248,7 @@ KILN__FN bool kiln_conv_fprop(const kiln_bf16 *__restrict__ x, const kiln_bf16 *
       }
     }
   };
-  return kiln_conv_run<S, WS>(KT, d, base, STAGE, load, [&](int st) {
+  return kiln_conv_run<S, WS, AHEAD>(KT, d, base, STAGE, load, [&](int st) {
     const unsigned char *a = base + st * STAGE + wg * 64 * 128, *b = base + st * STAGE + BM * 128;
 #pragma unroll
     for (int ks = 0; ks < 4; ks++) /* 16 of the reduction: 32 bytes along A's rows */

@@ -21,6 +21,20 @@ KILN__FN void kiln_cp_commit() { asm volatile("cp.async.commit_group;\n"); }
 template <int N> KILN__FN void kiln_cp_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
+/* kiln_cp_wait<n> for n known only at run time (an unrolled loop's makes it a constant): more
+ * than 7 waits as 7 does, for more of the groups. */
+KILN__FN void kiln_cp_wait_upto(int n) {
+  switch (n < 0 ? 0 : n) {
+  case 0: kiln_cp_wait<0>(); break;
+  case 1: kiln_cp_wait<1>(); break;
+  case 2: kiln_cp_wait<2>(); break;
+  case 3: kiln_cp_wait<3>(); break;
+  case 4: kiln_cp_wait<4>(); break;
+  case 5: kiln_cp_wait<5>(); break;
+  case 6: kiln_cp_wait<6>(); break;
+  default: kiln_cp_wait<7>(); break;
+  }
+}
 
 KILN__FN unsigned kiln_tf32(float f) {
   unsigned r;
