@@ -201,11 +201,10 @@ static bool render_dgrad(const kiln__target *t, const kiln__spec *s, kiln__rende
       r->tmap[1] = kiln__tmap_tiled(kb, 3, wk, (const uint32_t[]){64, 1, 64});
       r->ntmap = 2;
     } else {
-      kiln__sb_printf(
-          &b,
-          "  if (!kiln_conv_fprop<GD, BN, S, true, %s, %s>((const kiln_bf16 *)a.ptr[%d], "
-          "(const kiln_bf16 *)a.ptr[%d], m0, n0, kiln_smem, acc))\n    return;\n",
-          ws ? "true" : "false", t->conv_ahead ? "true" : "false", ka, kb);
+      kiln__sb_printf(&b,
+                      "  if (!kiln_conv_fprop<GD, BN, S, true, %s%s>((const kiln_bf16 *)a.ptr[%d], "
+                      "(const kiln_bf16 *)a.ptr[%d], m0, n0, kiln_smem, acc))\n    return;\n",
+                      ws ? "true" : "false", t->conv_ahead ? ", true" : "", ka, kb);
     }
     kiln__sb hoisted = {0}, ahead = {0};
     if (epi.hoist) { /* the loop unrolled over its BN / 8 rows, KILN_D of them loaded ahead */
@@ -461,10 +460,10 @@ static bool render_fprop(const kiln__target *t, const kiln__node *n, const kiln_
     r->ntmap = 2;
   } else {
     kiln__sb_printf(&b,
-                    "  if (!kiln_conv_fprop<G, BN, S, false, %s, %s>((const kiln_bf16 *)a.ptr[%d], "
+                    "  if (!kiln_conv_fprop<G, BN, S, false, %s%s>((const kiln_bf16 *)a.ptr[%d], "
                     "(const kiln_bf16 *)a.ptr[%d], m0, n0, kiln_smem, d))\n"
                     "    return;\n",
-                    ws ? "true" : "false", t->conv_ahead ? "true" : "false", slot[0], slot[1]);
+                    ws ? "true" : "false", t->conv_ahead ? ", true" : "", slot[0], slot[1]);
   }
   if (tma && BN == 256) /* through shared memory: kiln_tma_store_tile says why at 256 alone */
     kiln__sb_printf(&b,
