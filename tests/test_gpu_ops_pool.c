@@ -142,10 +142,15 @@ static void check_pool(kiln_ctx *ctx, const pool_case *c, int ties, uint64_t see
   th_assert_ok(ctx);
 }
 
+/* check_pool over the cases of kind k, case i seeded seed + 10 i. */
+static void check_pools(kiln_ctx *ctx, pkind k, int ties, uint64_t seed) {
+  for (size_t i = 0; i < sizeof pool_cases / sizeof *pool_cases; i++)
+    if (pool_cases[i].k == k) check_pool(ctx, &pool_cases[i], ties, seed + 10 * i);
+}
+
 Test(gpu_ops, max_pool2d) {
   TH_GPU_CTX_EAGER(ctx);
-  for (size_t i = 0; i < sizeof pool_cases / sizeof *pool_cases; i++)
-    if (pool_cases[i].k == P_MAX) check_pool(ctx, &pool_cases[i], 0, 3000 + 10 * i);
+  check_pools(ctx, P_MAX, 0, 3000);
   th_ctx_free(ctx);
 }
 
@@ -153,8 +158,7 @@ Test(gpu_ops, max_pool2d) {
  * PyTorch's; overlapping windows add up. */
 Test(gpu_ops, max_pool2d_ties_go_to_the_first_maximum) {
   TH_GPU_CTX_EAGER(ctx);
-  for (size_t i = 0; i < sizeof pool_cases / sizeof *pool_cases; i++)
-    if (pool_cases[i].k == P_MAX) check_pool(ctx, &pool_cases[i], 1, 3200 + 10 * i);
+  check_pools(ctx, P_MAX, 1, 3200);
   /* all zeros, as after a ReLU: every window ties everywhere */
   kiln_step_begin(ctx);
   kiln_tensor *x = kiln_tensor_new(ctx, KILN_DTYPE_F32, KILN_SHAPE(1, 4, 4, 2));
@@ -372,8 +376,7 @@ Test(gpu_ops, max_pool2d_positions_match_the_search_bitwise) {
 
 Test(gpu_ops, avg_pool2d) {
   TH_GPU_CTX_EAGER(ctx);
-  for (size_t i = 0; i < sizeof pool_cases / sizeof *pool_cases; i++)
-    if (pool_cases[i].k == P_AVG) check_pool(ctx, &pool_cases[i], 0, 3400 + 10 * i);
+  check_pools(ctx, P_AVG, 0, 3400);
   th_ctx_free(ctx);
 }
 

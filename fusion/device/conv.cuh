@@ -88,6 +88,15 @@ KILN__FN void kiln_conv_mainloop(int KT, float (&d)[N], L load, M mma) {
 #pragma unroll
   for (int i = 0; i < N; i++)
     d[i] = 0.f;
+  auto product = [&](int st) { /* stage st's copies landed and seen by every thread */
+                               kiln_wg_pin(d);
+                               kiln_wg_fence();
+                               mma(st);
+                               kiln_wg_commit();
+                               kiln_wg_wait<1>(); /* this stage's products may run on; the previous
+                                                     stage's are done */
+                               kiln_wg_pin(d);
+  };
   if (AHEAD && KT <= S) {
 #pragma unroll
     for (int s = 0; s < S; s++)
@@ -101,34 +110,22 @@ KILN__FN void kiln_conv_mainloop(int KT, float (&d)[N], L load, M mma) {
       kiln_cp_wait_upto(KT - 1 - kt); /* step kt's copies, the later ones may fly on */
       kiln_fence_async_smem();
       __syncthreads();
-      kiln_wg_pin(d);
-      kiln_wg_fence();
-      mma(kt);
-      kiln_wg_commit();
-      kiln_wg_wait<1>();
-      kiln_wg_pin(d);
+      product(kt);
     }
-    kiln_wg_wait<0>();
-    kiln_wg_pin(d);
-    return;
-  }
+  } else {
 #pragma unroll
-  for (int s = 0; s < S - 2; s++) {
-    if (s < KT) load(s, s);
-    kiln_cp_commit();
-  }
-  for (int kt = 0; kt < KT; kt++) {
-    kiln_cp_wait<S - 3>();
-    kiln_fence_async_smem();
-    __syncthreads();
-    if (kt + S - 2 < KT) load(kt + S - 2, (kt + S - 2) % S);
-    kiln_cp_commit();
-    kiln_wg_pin(d);
-    kiln_wg_fence();
-    mma(kt % S);
-    kiln_wg_commit();
-    kiln_wg_wait<1>(); /* this stage's products may run on; the previous stage's are done */
-    kiln_wg_pin(d);
+    for (int s = 0; s < S - 2; s++) {
+      if (s < KT) load(s, s);
+      kiln_cp_commit();
+    }
+    for (int kt = 0; kt < KT; kt++) {
+      kiln_cp_wait<S - 3>();
+      kiln_fence_async_smem();
+      __syncthreads();
+      if (kt + S - 2 < KT) load(kt + S - 2, (kt + S - 2) % S);
+      kiln_cp_commit();
+      product(kt % S);
+    }
   }
   kiln_wg_wait<0>();
   kiln_wg_pin(d);
