@@ -381,28 +381,29 @@ void kiln__grad_bn_apply(kiln__bw *b, const kiln__node *n, kiln_tensor *g, kiln_
   kiln_tensor *x = n->in[0], *w = n->in[1], *mean = n->in[2], *invstd = n->in[3];
   int64_t C = x->shape[x->ndim - 1], R = C ? kiln_tensor_numel(x) / C : 0;
   bool batch = KILN__I(n, BN_APPLY, batch) != 0;
-  kiln_tensor *s = NULL;
+  kiln_tensor *s[2] = {NULL, NULL}; /* (1, C): sum g, sum g xhat */
   if (NEED(1) || NEED(4) || (NEED(0) && batch)) {
     kiln_tensor *in[4] = {kiln_reshape(g, KILN_SHAPE(R, C)), kiln_reshape(x, KILN_SHAPE(R, C)),
                           mean, invstd};
-    s = kiln__moments("kiln_backward", 1, in); /* (2, C): sum g, sum g xhat */
+    kiln__moments("kiln_backward", 1, in, s);
   }
-  kiln_tensor *sg = s ? kiln_reshape(kiln_slice(s, 0, 0, 1, 1), KILN_SHAPE(C)) : NULL;
-  kiln_tensor *sgx = s ? kiln_reshape(kiln_slice(s, 0, 1, 2, 1), KILN_SHAPE(C)) : NULL;
-  if (NEED(4)) gin[4] = ub(sg, n->in[4]);
-  if (NEED(1)) gin[1] = ub(sgx, w);
+  if (NEED(4)) gin[4] = s[0] ? ub(kiln_reshape(s[0], KILN_SHAPE(C)), n->in[4]) : NULL;
+  if (NEED(1)) gin[1] = s[1] ? ub(kiln_reshape(s[1], KILN_SHAPE(C)), w) : NULL;
   if (NEED(0)) {
-    kiln_tensor *scale = kiln_mul(invstd, w); /* (C) or broadcast */
     if (batch) {
-      /* the per-channel terms first, then the full-size chain in one run of trace nodes, which
-       * the planner fuses into one kernel (xhat never written) */
+      /* the per-channel terms over (1, C) first, where they join the sums' kernel, then the
+       * full-size chain over their (C) views in one run of trace nodes, which the planner fuses
+       * into one kernel (xhat never written) */
       float inv_r = (float)(1.0 / (double)R);
-      kiln_tensor *mg = kiln_mul_scalar(sg, inv_r), *mgx = kiln_mul_scalar(sgx, inv_r);
+      kiln_tensor *mg = kiln_mul_scalar(s[0], inv_r), *mgx = kiln_mul_scalar(s[1], inv_r);
+      kiln_tensor *scale = kiln_mul(kiln_reshape(invstd, KILN_SHAPE(1, C)),
+                                    kiln_reshape(w, KILN_SHAPE(1, -1))); /* (1, C) or (1, 1) */
       kiln_tensor *xhat = kiln_mul(kiln_sub(x, mean), invstd);
-      kiln_tensor *d = kiln_sub(kiln_sub(g, mg), kiln_mul(xhat, mgx));
-      gin[0] = kiln_mul(d, scale);
+      kiln_tensor *d = kiln_sub(kiln_sub(g, kiln_reshape(mg, KILN_SHAPE(C))),
+                                kiln_mul(xhat, kiln_reshape(mgx, KILN_SHAPE(C))));
+      gin[0] = kiln_mul(d, kiln_reshape(scale, KILN_SHAPE(-1)));
     } else {
-      gin[0] = kiln_mul(g, scale);
+      gin[0] = kiln_mul(g, kiln_mul(invstd, w)); /* w (C) or broadcast */
     }
   }
 }

@@ -436,16 +436,18 @@ static kiln_tensor *affine(kiln_tensor *y, kiln_tensor *weight, kiln_tensor *bia
 
 /* running = (1 - m) running + m scale batch for the running mean (scale 1) and variance (scale
  * n / (n - 1), the unbiased estimate; batch computed without gradients), recorded in place: both
- * new values
- * first, where they fuse with the statistics' kernel, then the two assignments, which run as one
- * multi-tensor update. */
+ * new values first, over the batch values' shape (1, C), where they fuse with the statistics'
+ * kernel, then the two assignments, which run as one multi-tensor update. */
 static bool running_update(const char *fn, kiln_tensor *const running[2],
                            kiln_tensor *const batch[2], float m, const float scale[2]) {
   kiln_ctx *ctx = running[0]->ctx;
   kiln_no_grad_begin(ctx);
   kiln_tensor *v[2];
-  for (int k = 0; k < 2; k++)
-    v[k] = kiln_add(kiln_mul_scalar(running[k], 1.f - m), kiln_mul_scalar(batch[k], m * scale[k]));
+  for (int k = 0; k < 2; k++) {
+    kiln_tensor *r = batch[k] ? kiln_reshape(running[k], kiln_tensor_shape(batch[k])) : NULL;
+    v[k] = kiln_add(kiln_mul_scalar(r, 1.f - m), kiln_mul_scalar(batch[k], m * scale[k]));
+    v[k] = kiln_reshape(v[k], kiln_tensor_shape(running[k]));
+  }
   bool ok = v[0] && v[1];
   for (int k = 0; k < 2 && ok; k++)
     ok = kiln__update(KILN__OP_ASSIGN, fn, 2, (kiln_tensor *[]){running[k], v[k]}) != NULL;
@@ -453,13 +455,14 @@ static bool running_update(const char *fn, kiln_tensor *const running[2],
   return ok;
 }
 
-kiln_tensor *kiln__moments(const char *fn, int mode, kiln_tensor *const *in) {
+bool kiln__moments(const char *fn, int mode, kiln_tensor *const *in, kiln_tensor *s[2]) {
   kiln_ctx *ctx = in[0] ? in[0]->ctx : NULL;
-  if (!ctx || !kiln__ok(ctx)) return NULL;
+  s[0] = s[1] = NULL;
+  if (!ctx || !kiln__ok(ctx)) return false;
   int nin = mode ? 4 : 2;
   kiln_tensor *c[4];
   for (int q = 0; q < nin; q++)
-    if (!(c[q] = kiln_contiguous(in[q]))) return NULL;
+    if (!(c[q] = kiln_contiguous(in[q]))) return false;
   int64_t R = c[0]->shape[0], C = c[0]->shape[1], rows = KILN__MOMENTS_ROWS;
   while ((R + rows - 1) / rows > KILN__MAX_GRID_Y) /* the blocks of rows are a grid's y */
     rows *= 2;
@@ -467,10 +470,23 @@ kiln_tensor *kiln__moments(const char *fn, int mode, kiln_tensor *const *in) {
   int64_t shape[3] = {P, 2, C};
   kiln_tensor *parts = kiln__tensor_intermediate(ctx, fn, KILN_DTYPE_F32, 3, shape);
   kiln__node *n = parts ? kiln__record(ctx, KILN__OP_MOMENTS, nin, c, parts) : NULL;
-  if (!n) return NULL;
+  if (!n) return false;
   KILN__I(n, MOMENTS, mode) = mode;
   KILN__I(n, MOMENTS, rows) = rows;
-  return kiln__reduce(KILN__OP_SUM, fn, parts, 1u, 0, 1.f); /* (2, C) */
+  if (ctx->bn_rows && P > 1 && P <= KILN__MOMENTS_ROW_PARTS) {
+    /* each channel's P partial sums a row of a (2, C, P) view: two reductions over the last
+     * axis, which start a row program that the per-channel values after them join */
+    kiln_tensor *t = kiln_permute(parts, KILN_AXES(1, 2, 0));
+    for (int j = 0; j < 2; j++) {
+      kiln_tensor *half = kiln_slice(t, 0, j, j + 1, 1); /* (1, C, P) */
+      s[j] = half ? kiln__reduce(KILN__OP_SUM, fn, half, 1u << 2, 0, 1.f) : NULL;
+    }
+  } else {
+    kiln_tensor *all = kiln__reduce(KILN__OP_SUM, fn, parts, 1u, 0, 1.f); /* (2, C) */
+    for (int j = 0; j < 2 && all; j++)
+      s[j] = kiln_slice(all, 0, j, j + 1, 1);
+  }
+  return s[0] && s[1];
 }
 
 /* y = (x - mean) invstd weight + bias, over the last axis (the bn_apply op); NULL weight and bias
@@ -656,16 +672,14 @@ kiln_tensor *kiln_batch_norm(kiln_tensor *x, kiln_tensor *weight, kiln_tensor *b
   kiln_no_grad_begin(ctx);
   kiln_tensor *xr = kiln_reshape(x, KILN_SHAPE(n, C));
   kiln_tensor *k = kiln_slice(xr, 0, 0, 1, 1); /* (1, C) */
-  kiln_tensor *mi[2] = {xr, k};
-  kiln_tensor *s = kiln__moments(fn, 0, mi); /* (2, C) */
-  /* every per-channel value over (C), so that they are one kernel with the running statistics'
-   * new values */
-  kiln_tensor *s0 = kiln_reshape(kiln_slice(s, 0, 0, 1, 1), KILN_SHAPE(C));
-  kiln_tensor *s1 = kiln_reshape(kiln_slice(s, 0, 1, 2, 1), KILN_SHAPE(C));
+  kiln_tensor *mi[2] = {xr, k}, *s[2];
+  kiln__moments(fn, 0, mi, s); /* (1, C) each */
+  /* every per-channel value over (1, C), so that they are one kernel with the sums and the
+   * running statistics' new values */
   float inv_n = (float)(1.0 / (double)n);
-  kiln_tensor *d = kiln_mul_scalar(s0, inv_n); /* mean - k */
-  kiln_tensor *mean = kiln_add(kiln_reshape(k, KILN_SHAPE(C)), d);
-  kiln_tensor *var = kiln_sub(kiln_mul_scalar(s1, inv_n), kiln_mul(d, d));
+  kiln_tensor *d = kiln_mul_scalar(s[0], inv_n); /* mean - k */
+  kiln_tensor *mean = kiln_add(k, d);
+  kiln_tensor *var = kiln_sub(kiln_mul_scalar(s[1], inv_n), kiln_mul(d, d));
   var = kiln_clamp(var, 0.f, INFINITY); /* biased */
   kiln_tensor *invstd = kiln_rsqrt(kiln_add_scalar(var, eps));
   kiln_no_grad_end(ctx);
@@ -675,7 +689,8 @@ kiln_tensor *kiln_batch_norm(kiln_tensor *x, kiln_tensor *weight, kiln_tensor *b
                       (kiln_tensor *[]){mean, var}, momentum,
                       (float[]){1.f, (float)((double)n / (double)(n - 1))}))
     return NULL;
-  return bn_apply(fn, x, weight, bias, mean, invstd, true);
+  return bn_apply(fn, x, weight, bias, kiln_reshape(mean, KILN_SHAPE(C)),
+                  kiln_reshape(invstd, KILN_SHAPE(C)), true);
 }
 
 kiln_tensor *kiln_layer_norm(kiln_tensor *x, kiln_tensor *weight, kiln_tensor *bias, float eps) {

@@ -388,6 +388,9 @@ struct kiln_ctx {
   /* KILN_CONV_AHEAD=1: the cp.async forward products (and data gradients) whose reduction fits
    * their stages issue all its copies before their first product (conv.cuh's mainloop) */
   bool conv_ahead;
+  /* batch norm's partial sums summed as rows, one kernel with the per-channel values after them
+   * (kiln__moments; KILN_BN_ROWS=0: one column sum, the values in a kernel of their own) */
+  bool bn_rows;
   int conv_dgrad_bn; /* TMA data gradients' widest tile: 128, or KILN_CONV_DGRAD_BN (64; 256: 0) */
   struct CUstream_st *stream;
 
@@ -617,8 +620,18 @@ kiln_tensor *kiln__window(kiln__op op, const char *fn, kiln_tensor *x, kiln_tens
 
 /* Column sums of an (R, C) matrix in one pass (the moments op): mode 0, in = {x, k}: the sums of
  * x - k and (x - k)^2; mode 1, in = {g, x, mean, invstd}: the sums of g and g (x - mean) invstd.
- * x and g are (R, C), k (1, C), mean and invstd (C). Gives (2, C). */
-kiln_tensor *kiln__moments(const char *fn, int mode, kiln_tensor *const *in);
+ * x and g are (R, C), k (1, C), mean and invstd (C). Gives the two sums in s, (1, C) each: the
+ * partial sums of the moments op's blocks (P of them) summed as the rows of a (2, C, P) view
+ * where ctx->bn_rows and 1 < P <= KILN__MOMENTS_ROW_PARTS (a row program's reductions, which the
+ * per-channel values computed from the sums join: one kernel), else as one column sum (2, C).
+ * Returns false (s NULL) on error. */
+bool kiln__moments(const char *fn, int mode, kiln_tensor *const *in, kiln_tensor *s[2]);
+/* The most partial sums in a row of kiln__moments's row sums (at most a row program's longest
+ * row, fusion/plan.c's KILN__MAX_ROW). The row program takes a block a channel for both sums
+ * where the column sum took one a sum, each thread striding over the partial sums: half the
+ * blocks, twice the passes. Above 4096 partial sums a channel (ResNet-18's stem at batch 128 has
+ * 12,544) the column sum stays (a guess, not measured: one launch is worth a few us). */
+#define KILN__MOMENTS_ROW_PARTS 4096
 /* The most output channels an implicit forward product and weight gradient take (fusion/plan.c
  * says why): the context's (KILN_IMPLICIT_CONV_MAX_CO, to measure), else 64. */
 #ifndef KILN__IMPLICIT_CONV_MAX_CO /* a build may set it, to measure */

@@ -139,6 +139,7 @@ static bool can_join(const kiln_ctx *ctx, const kiln__plan *p, const kiln__group
  * over the row once per pass (recomputing its prologue each time), so a longer row (more than 64
  * elements a thread) is better reduced by the column-or-block reduction kernel. */
 #define KILN__MAX_ROW 16384
+_Static_assert(KILN__MOMENTS_ROW_PARTS <= KILN__MAX_ROW, "batch norm's partial sums make a row");
 
 /* A reduction that can start or extend a row program: a sum or max over the last axis alone,
  * of a row long enough to share among a block's threads and short enough for one block. */

@@ -542,33 +542,112 @@ Test(images, conv_bn_relu_block_plans_and_compiles) {
   th_ctx_free(ctx);
 }
 
-/* Batch norm's forward in training with running statistics: one pass for the sums (moments, and
- * the sum of its partial rows), the per-channel values and the running statistics' new values in
- * at most two kernels that write the new running values into their buffers (no assignment: each
- * thread reads a channel's old value before it writes its new one), and the normalisation with
- * the ReLU after it in one kernel: five launches at most. */
-Test(images, batch_norm_forward_is_at_most_five_launches) {
+/* The group of the plan that holds node `op` (the first such node), or NULL. */
+static const kiln__group *group_with(kiln_ctx *ctx, const kiln__plan *p, kiln__op op) {
+  for (int32_t i = p->first; i < p->last; i++)
+    if (th_node(ctx, i)->op == op && p->group_of[i - p->first] >= 0)
+      return &p->g[p->group_of[i - p->first]];
+  return NULL;
+}
+
+/* How many members of group g are op. */
+static int members_of(kiln_ctx *ctx, const kiln__plan *p, const kiln__group *g, kiln__op op) {
+  int n = 0;
+  for (int m = 0; m < g->n; m++)
+    n += th_node(ctx, p->members[g->first + m])->op == op;
+  return n;
+}
+
+/* Batch norm's forward in training with running statistics: one pass for the partial sums
+ * (moments); their sums over the blocks as two reductions of a row program, each channel a row,
+ * which the per-channel values and the running statistics' new values join, writing the new
+ * running values into their buffers (no assignment: the thread that writes a channel's new value
+ * has read its old one); the normalisation with the ReLU after it in one kernel: three launches.
+ * With bn_rows off (KILN_BN_ROWS=0), the partial sums are one column sum and the values a kernel
+ * of their own: four. */
+Test(images, batch_norm_forward_is_three_launches) {
+  for (int rows = 1; rows >= 0; rows--) {
+    kiln_ctx *ctx = th_cpu_ctx();
+    ctx->bn_rows = rows;
+    kiln_tensor *x = th_f32(ctx, KILN_SHAPE(8, 6, 6, 16)), *w = th_param(ctx, KILN_SHAPE(16)),
+                *b = th_param(ctx, KILN_SHAPE(16)), *rm = th_f32(ctx, KILN_SHAPE(16)),
+                *rv = th_f32(ctx, KILN_SHAPE(16));
+    kiln_step_begin(ctx);
+    cr_assert_not_null(kiln_relu(kiln_batch_norm(x, w, b, rm, rv, 1, 0.1f, 1e-5f)), "%s",
+                       th_err(ctx));
+    kiln__plan p = checked_plan(ctx, true, "batch norm forward");
+    cr_assert_eq(p.ng, rows ? 3 : 4, "bn_rows %d: %d launches", rows, p.ng);
+    int updates = 0, through = 0;
+    for (int k = 0; k < p.ng; k++)
+      updates += p.g[k].kind == KILN__KIND_UPDATE;
+    for (int32_t i = p.first; i < p.last; i++)
+      through += p.write_to[i - p.first] == rm || p.write_to[i - p.first] == rv;
+    cr_assert_eq(updates, 0, "the running statistics are not assigned by a kernel of their own");
+    cr_assert_eq(through, 2, "both new running values are written into their buffers");
+    const kiln__group *sums = group_with(ctx, &p, KILN__OP_SUM);
+    cr_assert_not_null(sums);
+    if (rows) {
+      cr_assert(sums->rows && members_of(ctx, &p, sums, KILN__OP_SUM) == 2 &&
+                    members_of(ctx, &p, sums, KILN__OP_RSQRT) == 1,
+                "the two sums and the per-channel values in one row program");
+      for (int32_t i = p.first; i < p.last; i++)
+        if (p.write_to[i - p.first])
+          cr_assert_eq(&p.g[p.group_of[i - p.first]], sums, "the row program writes #%d through",
+                       i);
+    } else {
+      cr_assert(!sums->rows && sums->n == 1, "one column sum alone");
+    }
+    const kiln__group *last = &p.g[p.ng - 1];
+    cr_assert(last->n == 2 && th_node(ctx, p.members[last->first])->op == KILN__OP_BN_APPLY &&
+                  th_node(ctx, p.members[last->first + 1])->op == KILN__OP_RELU,
+              "the normalisation and the ReLU in one kernel");
+    kiln__plan_free(&p);
+    cr_assert_eq(kiln__engine_compile(ctx, ctx->trace.done, ctx->trace.n), KILN_OK, "%s",
+                 th_err(ctx));
+    kiln_step_end(ctx);
+    th_free_scratch();
+    th_ctx_free(ctx);
+  }
+}
+
+/* Batch norm's backward with the batch's statistics: its sums of g and g xhat (a moments pass,
+ * then the row program's two reductions) and the per-channel terms of dx (the means, invstd w)
+ * in one kernel, which writes the bias's and the weight's gradients (the sums) into their .grad
+ * buffers; dx's kernel writes x's: no assignment runs in a kernel of its own. */
+Test(images, batch_norm_backward_sums_and_terms_are_one_kernel) {
   kiln_ctx *ctx = th_cpu_ctx();
-  kiln_tensor *x = th_f32(ctx, KILN_SHAPE(8, 6, 6, 16)), *w = th_param(ctx, KILN_SHAPE(16)),
+  kiln_tensor *x = th_param(ctx, KILN_SHAPE(8, 6, 6, 16)), *w = th_param(ctx, KILN_SHAPE(16)),
               *b = th_param(ctx, KILN_SHAPE(16)), *rm = th_f32(ctx, KILN_SHAPE(16)),
               *rv = th_f32(ctx, KILN_SHAPE(16));
   kiln_step_begin(ctx);
-  cr_assert_not_null(kiln_relu(kiln_batch_norm(x, w, b, rm, rv, 1, 0.1f, 1e-5f)), "%s",
-                     th_err(ctx));
-  kiln__plan p = checked_plan(ctx, true, "batch norm forward");
-  cr_assert_leq(p.ng, 5, "%d launches", p.ng);
-  int updates = 0, through = 0;
-  for (int k = 0; k < p.ng; k++)
-    updates += p.g[k].kind == KILN__KIND_UPDATE;
-  for (int32_t i = p.first; i < p.last; i++)
-    through += p.write_to[i - p.first] == rm || p.write_to[i - p.first] == rv;
-  cr_assert_eq(updates, 0, "the running statistics are not assigned by a kernel of their own");
-  cr_assert_eq(through, 2, "both new running values are written into their buffers");
-  const kiln__group *last = &p.g[p.ng - 1];
-  cr_assert(last->n == 2 && th_node(ctx, p.members[last->first])->op == KILN__OP_BN_APPLY &&
-                th_node(ctx, p.members[last->first + 1])->op == KILN__OP_RELU,
-            "the normalisation and the ReLU in one kernel");
+  kiln_tensor *y = kiln_relu(kiln_batch_norm(x, w, b, rm, rv, 1, 0.1f, 1e-5f));
+  cr_assert_not_null(y, "%s", th_err(ctx));
+  int32_t from = ctx->trace.n;
+  cr_assert_eq(kiln_backward(kiln_sum(y, KILN_ALL_AXES, 0)), KILN_OK, "%s", th_err(ctx));
+  kiln__plan p = checked_plan(ctx, true, "batch norm forward and backward");
+  const kiln__group *terms = NULL;
+  for (int32_t i = from; i < p.last && !terms; i++)
+    if (th_node(ctx, i)->op == KILN__OP_SUM && p.group_of[i - p.first] >= 0 &&
+        p.g[p.group_of[i - p.first]].rows)
+      terms = &p.g[p.group_of[i - p.first]];
+  cr_assert_not_null(terms, "the backward sums are a row program");
+  cr_assert_eq(members_of(ctx, &p, terms, KILN__OP_SUM), 2);
+  cr_assert_eq(members_of(ctx, &p, terms, KILN__OP_MUL_SCALAR), 2, "the means of g and g xhat");
+  cr_assert_eq(members_of(ctx, &p, terms, KILN__OP_MUL), 1, "invstd w");
+  int through = 0, assigns = 0;
+  for (int32_t i = p.first; i < p.last; i++) {
+    const kiln_tensor *d = p.write_to[i - p.first];
+    if (d == kiln_tensor_grad(w) || d == kiln_tensor_grad(b)) {
+      through++;
+      cr_assert_eq(&p.g[p.group_of[i - p.first]], terms, "#%d writes a gradient elsewhere", i);
+    }
+    assigns += th_node(ctx, i)->op == KILN__OP_ASSIGN && p.group_of[i - p.first] >= 0;
+  }
+  cr_assert_eq(through, 2, "the weight's and the bias's gradients written by the row program");
+  cr_assert_eq(assigns, 0, "%d gradients assigned by a kernel of their own", assigns);
   kiln__plan_free(&p);
+  cr_assert_eq(kiln__engine_compile(ctx, ctx->trace.done, ctx->trace.n), KILN_OK, "%s",
+               th_err(ctx));
   kiln_step_end(ctx);
   th_free_scratch();
   th_ctx_free(ctx);
