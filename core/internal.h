@@ -391,6 +391,9 @@ struct kiln_ctx {
   /* batch norm's partial sums summed as rows, one kernel with the per-channel values after them
    * (kiln__moments; KILN_BN_ROWS=0: one column sum, the values in a kernel of their own) */
   bool bn_rows;
+  /* KILN_CONV_WGRAD_INTO=1: an implicit weight gradient writes the weight's f32 gradient itself
+   * (fusion/plan_conv.c's kiln__wgrad_into_grad) */
+  bool conv_wgrad_into;
   int conv_dgrad_bn; /* TMA data gradients' widest tile: 128, or KILN_CONV_DGRAD_BN (64; 256: 0) */
   struct CUstream_st *stream;
 

@@ -73,6 +73,10 @@ typedef struct kiln__group {
   kiln__implicit implicit;
   int32_t window;
   bool wgmma;
+  /* WGRAD: the weight's f32 gradient buffer (CO, CI, KH, KW) it writes in place of its bf16
+   * result, the cast and assignment that did so its second and third members
+   * (kiln__wgrad_into_grad) */
+  const kiln_tensor *grad;
   /* its last member is a moments node over the group's result, each block's 128 rows summed in
    * the group's kernel: batch norm's gradient sums (mode 1) in a DGRAD on the TMA kernel with a
    * staged epilogue (kiln__dgrad_moments), or its statistics (mode 0) in a max pool's
@@ -137,6 +141,11 @@ bool kiln__pool_grad_prologue(const kiln_ctx *ctx, const kiln__plan *p, const ki
 bool kiln__dgrad_on_wgmma(const kiln_ctx *ctx, const kiln__node *cn, kiln_dtype dt, int64_t co,
                           int64_t ci);
 bool kiln__implicit_conv(kiln_ctx *ctx, const kiln__plan *p, int32_t c, int32_t *f, int32_t *w);
+/* Whether implicit weight gradient w stores the weight's f32 gradient itself, taking the cast
+ * and the assignment that turn its result into it (*cast, *assign) into its group (plan_conv.c;
+ * KILN_CONV_WGRAD_INTO=1). */
+bool kiln__wgrad_into_grad(const kiln_ctx *ctx, const kiln__plan *p, int32_t w, int32_t *cast,
+                           int32_t *assign);
 void kiln__plan_free(kiln__plan *p);
 /* The first broken invariant of a plan, written to why (NULL: none). */
 const char *kiln__plan_verify(const kiln_ctx *ctx, const kiln__plan *p, char *why, size_t n);
@@ -189,6 +198,7 @@ typedef struct kiln__spec {
   kiln__implicit conv; /* CONV: which product; red is col2im (DGRAD) or im2col (FPROP, WGRAD) */
   bool wgmma;          /* CONV, DGRAD: on wgmma (the group's) */
   const kiln__node *moments; /* CONV (DGRAD), WINDOW (a max pool): batch norm's sums it writes */
+  const kiln_tensor *grad;   /* CONV (WGRAD): the f32 gradient it writes (kiln__group's grad) */
   kiln__ew_prog pro; /* WINDOW: the elementwise run computing the op's first input (n may be 0) */
   /* a concat input's copy into its slice of the output: a node and a view that lowering owns */
   kiln__node copy;

@@ -110,6 +110,7 @@ static void lower_group(const kiln_ctx *ctx, const kiln__plan *p, const kiln__gr
       s->conv = g->implicit;
       s->red = &ctx->trace.nodes[g->window];
       s->gemm = (kiln__gemm){.a = n->in[0], .b = n->in[1], .d = n->out};
+      s->grad = g->grad;
       return;
     }
     s->kind = KILN__SPEC_BLAS;

@@ -616,6 +616,11 @@ static bool phase_groups(kiln_ctx *ctx, kiln__plan *p, bool fuse) {
       if ((g->implicit == KILN__IMPLICIT_FPROP && !add_member(ctx, p, g, c)) ||
           !add_member(ctx, p, g, i))
         return false;
+      int32_t cast, assign; /* the weight's f32 gradient written by the kernel */
+      if (g->implicit == KILN__IMPLICIT_WGRAD && kiln__wgrad_into_grad(ctx, p, i, &cast, &assign)) {
+        g->grad = ctx->trace.nodes[assign].in[0];
+        if (!add_member(ctx, p, g, cast) || !add_member(ctx, p, g, assign)) return false;
+      }
       continue;
     }
     kiln__group *g = new_group(ctx, p, kind, i);
@@ -687,7 +692,10 @@ static bool phase_product_outputs(kiln_ctx *ctx, kiln__plan *p, bool fuse) {
       p->store[p->members[g->first] - p->first] = false;
       p->store[p->members[g->first + g->n - 1] - p->first] |= g->implicit != KILN__IMPLICIT_DGRAD;
     }
-    if (g->implicit == KILN__IMPLICIT_WGRAD) p->store[g->node - p->first] = true;
+    if (g->implicit == KILN__IMPLICIT_WGRAD) { /* its result, or the gradient made of it */
+      p->store[g->node - p->first] = !g->grad;
+      if (g->grad) p->store[p->members[g->first + 1] - p->first] = false;
+    }
     if (g->kind != KILN__KIND_MATMUL) continue;
     /* the product's own result is written, or only its epilogue's, and what the epilogue
      * writes beside it: a GELU's input, a bias gradient */

@@ -272,3 +272,69 @@ bool kiln__implicit_conv(kiln_ctx *ctx, const kiln__plan *p, int32_t c, int32_t 
   if (*w >= 0 && !implicit_wgrad(ctx, p, c, *w, co)) return false;
   return *w >= 0 || !Y->requires_grad;
 }
+
+/* The one node of the flush after i that reads node i's output, if i has one reader and is not
+ * kept; else -1. */
+static int32_t sole_reader(const kiln_ctx *ctx, const kiln__plan *p, int32_t i) {
+  const kiln__node *nodes = ctx->trace.nodes;
+  if (p->readers[i - p->first] != 1 || nodes[i].out->keep) return -1;
+  for (int32_t j = i + 1; j < p->last; j++)
+    for (int q = 0; q < nodes[j].nin; q++)
+      if (nodes[j].in[q] == nodes[i].out) return j;
+  return -1;
+}
+
+/* The first node that is no view reached from node i through sole readers (views between), or
+ * -1. */
+static int32_t sole_use(const kiln_ctx *ctx, const kiln__plan *p, int32_t i) {
+  int32_t j = sole_reader(ctx, p, i);
+  while (j >= 0 && kiln__ops[ctx->trace.nodes[j].op].kind == KILN__KIND_VIEW)
+    j = sole_reader(ctx, p, j);
+  return j;
+}
+
+/* (KILN_CONV_WGRAD_INTO=1, off until it has run on a GPU.) An implicit weight gradient w, whose
+ * bf16 result D (CO, K) kiln_conv2d's autocast rules turn into the weight's f32 gradient as
+ * D seen as (CO, KH, KW, CI), cast to f32, seen permuted as the weight's (CO, CI, KH, KW) and
+ * assigned to its gradient buffer G, can store that itself: each value rounded to bf16 as D's
+ * store does, widened, and written at its place in G, the cast and the assignment members of its
+ * group (two launches fewer, and D never written). The views between are checked by what they
+ * show (storage, offset, shape and strides), each value has that one reader, G is dense f32, and
+ * no node between w and the assignment reads or writes G (the group writes it at w's place in the
+ * flush). Sets *cast and *assign. */
+bool kiln__wgrad_into_grad(const kiln_ctx *ctx, const kiln__plan *p, int32_t w, int32_t *cast,
+                           int32_t *assign) {
+  const kiln__node *nodes = ctx->trace.nodes;
+  *cast = *assign = -1;
+  int32_t c = p->window[w - p->first];
+  if (!ctx->conv_wgrad_into || c < 0) return false;
+  kiln__win win = kiln__win_of(&nodes[c]);
+  const kiln_tensor *X = nodes[c].in[0], *D = nodes[w].out;
+  int64_t CO = D->shape[0], CI = X->shape[3];
+  int32_t cv = sole_use(ctx, p, w), a = cv >= 0 ? sole_use(ctx, p, cv) : -1;
+  if (a < 0 || nodes[cv].op != KILN__OP_CAST || nodes[a].op != KILN__OP_ASSIGN ||
+      p->claim[a - p->first] >= 0 || p->group_of[cv - p->first] >= 0 ||
+      p->group_of[a - p->first] >= 0)
+    return false;
+  /* the cast reads D's bytes as (CO, KH, KW, CI); the assignment its result as (CO, CI, KH, KW) */
+  const kiln_tensor *R = nodes[cv].in[0], *F = nodes[cv].out, *T = nodes[a].in[1],
+                    *G = nodes[a].in[0];
+  const int64_t r[4] = {CO, win.kh, win.kw, CI}, g[4] = {CO, CI, win.kh, win.kw};
+  const int order[4] = {0, 3, 1, 2};
+  bool shapes = R->ndim == 4 && T->ndim == 4 && G->ndim == 4 && R->st == D->st &&
+                R->offset == D->offset && kiln__is_contiguous(R) && kiln__is_contiguous(D) &&
+                F->dtype == KILN_DTYPE_F32 && kiln__is_contiguous(F) && F->offset == 0 &&
+                T->st == F->st && T->offset == 0 && G->dtype == KILN_DTYPE_F32 && G->persistent &&
+                kiln__is_contiguous(G) && G->offset == 0;
+  for (int d = 0; d < 4 && shapes; d++)
+    shapes = R->shape[d] == r[d] && T->shape[d] == g[d] && G->shape[d] == g[d] &&
+             T->stride[d] == F->stride[order[d]];
+  if (!shapes) return false;
+  for (int32_t j = w + 1; j < a; j++) /* G keeps its old value until the assignment */
+    for (int q = 0; q < nodes[j].nin; q++)
+      if (nodes[j].in[q]->st == G->st && kiln__ops[nodes[j].op].kind != KILN__KIND_VIEW)
+        return false;
+  *cast = cv;
+  *assign = a;
+  return true;
+}

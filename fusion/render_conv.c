@@ -375,6 +375,29 @@ static void store_tile(kiln__sb *b, int out, const char *row0, const char *col0,
                      "    }\n");
 }
 
+/* Stores the block's accumulators d (rows [k0, ...) of dWt (K, CO), columns [n0, ...)) as the
+ * weight's f32 gradient (CO, CI, KH, KW) at a.ptr[out] (kiln__wgrad_into_grad): each value rounded
+ * to bf16 first, as the bf16 result's store would, so that it is the value the cast of that
+ * result made. Row r of dWt is tap r / CI, channel r % CI. */
+static void store_grad(kiln__sb *b, int out, bool ws) {
+  kiln__sb_printf(
+      b,
+      "  const int lane = threadIdx.x & 31, r0 = kiln_conv_row0<%s>();\n"
+      "  float *out = (float *)a.ptr[%d];\n"
+      "#pragma unroll\n"
+      "  for (int j = 0; j < BN / 8; j++)\n"
+      "#pragma unroll\n"
+      "    for (int h = 0; h < 2; h++) {\n"
+      "      const int r = k0 + r0 + 8 * h, c = n0 + 8 * j + 2 * (lane & 3);\n"
+      "      if (r < K && c < G::CO) {\n"
+      "        const int tap = r / G::CI, at = (r - tap * G::CI) * (G::KH * G::KW) + tap;\n"
+      "        out[c * K + at] = (float)kiln_bf16(d[4 * j + 2 * h]);\n"
+      "        out[(c + 1) * K + at] = (float)kiln_bf16(d[4 * j + 2 * h + 1]);\n"
+      "      }\n"
+      "    }\n",
+      ws ? "true" : "false", out);
+}
+
 /* Names, wraps and launches a conv.cuh kernel (256 threads, 384 warp-specialized) or, with
  * stage > 0, a conv_tma.cuh one (tma_launch: stages of `stage` bytes, its maps at a.ptr[slot]):
  * BN-wide tiles, S stages of dynamic shared memory, sm_90a. */
@@ -499,9 +522,10 @@ static int64_t wgrad_splits(int64_t tiles, int64_t M, int64_t sms, int BN) {
 /* The weight gradient dW (CO, K) = dY^T im2col(X), computed as its transpose (K rows, CO
  * columns) and stored transposed: a block of 128 rows by BN columns over a split of the pixels
  * (wgrad_splits), summed inside the kernel: the last block of a tile adds every split's partial
- * tile alone. mm->a is dY^T, a transpose of the dense dY (M, CO). */
+ * tile alone. mm->a is dY^T, a transpose of the dense dY (M, CO). With grad, the weight's f32
+ * gradient (CO, CI, KH, KW) is stored instead (store_grad). */
 static bool render_wgrad(const kiln__target *t, const kiln__node *n, const kiln__gemm *mm,
-                         kiln__rendered *r) {
+                         const kiln_tensor *grad, kiln__rendered *r) {
   const kiln_tensor *dY = mm->a, *D = mm->d, *X = n->in[0];
   int64_t CO = D->shape[0], K = D->shape[1], M = dY->shape[1];
   kiln__win w = kiln__win_of(n);
@@ -518,7 +542,8 @@ static bool render_wgrad(const kiln__target *t, const kiln__node *n, const kiln_
   kiln__operands o = {0};
   int slot[3];
   char pre[640];
-  conv_operands(n, dY, D, CO, tma ? "conv_tma.cuh" : "conv.cuh", &o, slot, pre, sizeof pre);
+  conv_operands(n, dY, grad ? grad : D, CO, tma ? "conv_tma.cuh" : "conv.cuh", &o, slot, pre,
+                sizeof pre);
   int maps = splits > 1 ? o.n + 2 : o.n; /* after the split-K workspace's two */
   kiln__sb b = {0};
   kiln__sb_printf(
@@ -559,20 +584,23 @@ static bool render_wgrad(const kiln__target *t, const kiln__node *n, const kiln_
         "  if (!kiln_conv_split_sum<BN, %s>(d, (float *)a.ptr[%d], (unsigned *)a.ptr[%d]))\n"
         "    return;\n",
         ws ? "true" : "false", o.n, o.n + 1);
-  store_tile(&b, slot[2], "k0", "n0", "K", "G::CO", true, ws);
+  if (grad)
+    store_grad(&b, slot[2], ws);
+  else
+    store_tile(&b, slot[2], "k0", "n0", "K", "G::CO", true, ws);
   r->arg.args.n = M;
   r->grid = (unsigned)((K + 127) / 128);
   r->grid_y = (unsigned)((CO + BN - 1) / BN);
   r->grid_z = (unsigned)splits;
   r->ws_slot = splits > 1 ? o.n : 0;
-  return finish_wgmma(&b, "wgrad", n, pre, &o, BN, S, ws, stage, maps, r);
+  return finish_wgmma(&b, grad ? "wgrad_into" : "wgrad", n, pre, &o, BN, S, ws, stage, maps, r);
 }
 
 bool kiln__render_conv(const kiln__target *t, const kiln__spec *s, kiln__rendered *r) {
   switch (s->conv) {
   case KILN__IMPLICIT_DGRAD: return render_dgrad(t, s, r);
   case KILN__IMPLICIT_FPROP: return render_fprop(t, s->red, &s->gemm, r);
-  case KILN__IMPLICIT_WGRAD: return render_wgrad(t, s->red, &s->gemm, r);
+  case KILN__IMPLICIT_WGRAD: return render_wgrad(t, s->red, &s->gemm, s->grad, r);
   case KILN__IMPLICIT_NONE: break;
   }
   KILN_ASSERT(!"a convolution spec without its product");

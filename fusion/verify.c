@@ -174,14 +174,24 @@ static const char *check_group(const kiln_ctx *ctx, const kiln__plan *p, int k, 
       return bad(why, n, "group %d: an implicit convolution product over padded columns", k);
     if (g->implicit == KILN__IMPLICIT_FPROP || g->implicit == KILN__IMPLICIT_WGRAD) {
       /* im2col (not written) and the forward product it feeds, or a weight gradient alone */
-      bool fprop = g->implicit == KILN__IMPLICIT_FPROP;
-      int32_t c = g->window, mm = p->members[g->first + g->n - 1];
-      if (g->n != (fprop ? 2 : 1) || mm != g->node || nodes[mm].op != KILN__OP_MATMUL ||
-          c < p->first || c >= mm || nodes[c].op != KILN__OP_IM2COL ||
-          (fprop && (p->members[g->first] != c || p->claim[c - p->first] != mm)) ||
-          p->store[c - p->first] || !p->store[mm - p->first] ||
+      bool fprop = g->implicit == KILN__IMPLICIT_FPROP, into = g->grad != NULL;
+      int32_t c = g->window, mm = p->members[g->first + (fprop ? 1 : 0)];
+      if (g->n != (fprop  ? 2
+                   : into ? 3
+                          : 1) ||
+          mm != g->node || nodes[mm].op != KILN__OP_MATMUL || c < p->first || c >= mm ||
+          nodes[c].op != KILN__OP_IM2COL ||
+          (fprop && (into || p->members[g->first] != c || p->claim[c - p->first] != mm)) ||
+          p->store[c - p->first] || p->store[mm - p->first] == into ||
           owner(ctx, p, nodes[mm].in[fprop ? 0 : 1]) != c)
         return bad(why, n, "group %d: an implicit convolution product that is not im2col's", k);
+      /* a weight gradient that writes the weight's f32 gradient: its cast and assignment */
+      int32_t cv = into ? p->members[g->first + 1] : -1, a = into ? p->members[g->first + 2] : -1;
+      if (into && (nodes[cv].op != KILN__OP_CAST || nodes[a].op != KILN__OP_ASSIGN ||
+                   nodes[a].in[0] != g->grad || p->store[cv - p->first] ||
+                   owner(ctx, p, nodes[a].in[1]) != cv || owner(ctx, p, nodes[cv].in[0]) != mm))
+        return bad(why, n,
+                   "group %d: a weight gradient writing .grad without its cast and assignment", k);
       break;
     }
     /* an implicit product first: col2im's, which it claims */
@@ -241,7 +251,8 @@ static const char *check_group(const kiln_ctx *ctx, const kiln__plan *p, int k, 
 
 /* Whether view node v is how product group gi's epilogue reads its own value (a bias add's
  * output reshaped into the image its ReLU or GELU reads, an implicit product's columns as
- * col2im's input): only that group's nodes read it. */
+ * col2im's input, a weight gradient's result as its cast reads it): only that group's nodes
+ * read it, directly or through further views. */
 static bool epilogue_view(const kiln_ctx *ctx, const kiln__plan *p, int32_t v, int32_t gi) {
   if (p->g[gi].kind != KILN__KIND_MATMUL && !p->g[gi].implicit) return false;
   const kiln_tensor *t = ctx->trace.nodes[v].out;
@@ -250,7 +261,8 @@ static bool epilogue_view(const kiln_ctx *ctx, const kiln__plan *p, int32_t v, i
     const kiln__node *r = &ctx->trace.nodes[j];
     for (int q = 0; q < r->nin; q++) {
       if (r->in[q] != t) continue;
-      if (kiln__ops[r->op].kind == KILN__KIND_VIEW || p->group_of[j - p->first] != gi) return false;
+      bool view = kiln__ops[r->op].kind == KILN__KIND_VIEW;
+      if (view ? !epilogue_view(ctx, p, j, gi) : p->group_of[j - p->first] != gi) return false;
       read = true;
     }
   }

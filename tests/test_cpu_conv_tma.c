@@ -560,6 +560,54 @@ Test(conv_tma, short_reductions_issue_their_copies_at_once_with_the_switch) {
   }
 }
 
+/* KILN_CONV_WGRAD_INTO=1: the implicit weight gradient of a bf16 convolution (cp.async over 24
+ * channels, TMA over 64, stride 1 and 2) takes the cast of its result to f32 and the assignment
+ * of that, permuted, to the weight's gradient into its group: its kernel (renamed wgrad_into,
+ * which renders and compiles) writes the weight's (64, cin, 3, 3) f32 gradient, and no
+ * assignment is left to launch. Without the switch the three stay apart. */
+Test(conv_tma, weight_gradients_write_the_gradient_with_the_switch) {
+  const int64_t cin[2] = {24, 64};
+  for (int i = 0; i < 2; i++)
+    for (int s = 1; s <= 2; s++)
+      for (int on = 0; on < 2; on++) {
+        char what[96];
+        snprintf(what, sizeof what, "%lld->64 stride %d, switch %d", (long long)cin[i], s, on);
+        kiln_ctx *ctx = th_cpu_ctx();
+        ctx->conv_wgrad_into = on;
+        record(ctx, what, cin[i], 64, s);
+        kiln__program pg;
+        cr_assert(kiln__program_build(ctx, ctx->trace.done, ctx->trace.n, &pg), "%s: %s", what,
+                  th_err(ctx));
+        int wgrads = 0, assigns = 0;
+        for (int g = 0; g < pg.plan.ng; g++) {
+          const kiln__group *grp = &pg.plan.g[g];
+          for (int m = 0; m < grp->n; m++)
+            assigns +=
+                grp->n == 1 && th_node(ctx, pg.plan.members[grp->first + m])->op == KILN__OP_ASSIGN;
+          if (grp->implicit != KILN__IMPLICIT_WGRAD) continue;
+          wgrads++;
+          cr_assert_eq(grp->n, on ? 3 : 1, "%s: %d members", what, grp->n);
+          cr_assert_eq(strstr(pg.call[g].name, "k_conv_wgrad_into_") != NULL, on, "%s: %s", what,
+                       pg.call[g].name);
+          if (!on) {
+            cr_assert_null(grp->grad, "%s", what);
+            continue;
+          }
+          const kiln_tensor *G = grp->grad;
+          cr_assert(G && G->persistent && G->dtype == KILN_DTYPE_F32 && G->ndim == 4 &&
+                        G->shape[0] == 64 && G->shape[1] == cin[i] && G->shape[2] == 3 &&
+                        G->shape[3] == 3,
+                    "%s: the weight's gradient", what);
+          cr_assert(!pg.plan.store[grp->node - pg.plan.first] &&
+                        !pg.plan.store[pg.plan.members[grp->first + 1] - pg.plan.first],
+                    "%s: the bf16 result and its cast are never written", what);
+        }
+        cr_assert_eq(wgrads, 1, "%s: %d implicit weight gradients", what, wgrads);
+        cr_assert_eq(assigns, on ? 0 : 1, "%s: %d assignments of their own", what, assigns);
+        finish_program(ctx, &pg, what);
+      }
+}
+
 /* KILN_CONV_PREFETCH=1 gives the data gradient of the block above a kernel of its own (its
  * producer thread asks L2 for the epilogue's rows), which renders and compiles (NVRTC); the
  * other kernels stay as they are. */

@@ -398,13 +398,13 @@ Test(gpu_ops, conv2d_forward_and_weight_gradient_as_implicit_gemms) {
 }
 
 /* y (as f32) and x's and w's gradients (malloc'd f32, in that order, n[3] values) for
- * loss = sum(y g) of case c in bf16, in an eager context made with KILN_CONV_AHEAD set to
- * `ahead`. */
-static void conv_results(const conv_case *c, const char *ahead, uint64_t seed, float *out[3],
-                         int64_t n[3]) {
-  setenv("KILN_CONV_AHEAD", ahead, 1); /* read when the context is made */
+ * loss = sum(y g) of case c in bf16, in an eager context made with the environment variable
+ * `var` set to `value`. */
+static void conv_results(const conv_case *c, const char *var, const char *value, uint64_t seed,
+                         float *out[3], int64_t n[3]) {
+  setenv(var, value, 1); /* read when the context is made */
   TH_GPU_CTX_EAGER(ctx);
-  unsetenv("KILN_CONV_AHEAD");
+  unsetenv(var);
   ref_win g = conv_win(c);
   kiln_shape xs = KILN_SHAPE(c->n, c->h, c->w, c->cin);
   kiln_shape ws = KILN_SHAPE(c->cout, c->cin, c->kh, c->kw);
@@ -428,20 +428,24 @@ static void conv_results(const conv_case *c, const char *ahead, uint64_t seed, f
 /* KILN_CONV_AHEAD=1 (a cp.async product whose reduction fits its stages issues every step's
  * copies before its first product: 24->64 3x3's four steps, 8->32's two) changes no value: the
  * forward product and both gradients of the implicit-GEMM cases bitwise those without it. */
-Test(gpu_ops, conv2d_short_reductions_issued_at_once) {
-  for (size_t i = 0; i < sizeof wgmma_cases / sizeof *wgmma_cases; i++) {
-    float *off[3], *on[3];
-    int64_t n[3];
-    conv_results(&wgmma_cases[i], "0", 5300 + 10 * i, off, n);
-    conv_results(&wgmma_cases[i], "1", 5300 + 10 * i, on, n);
-    const char *names[3] = {"y", "x's gradient", "w's gradient"};
-    for (int q = 0; q < 3; q++) {
-      cr_assert_eq(memcmp(on[q], off[q], (size_t)n[q] * sizeof(float)), 0, "%s: %s differs",
-                   wgmma_cases[i].desc, names[q]);
-      free(on[q]);
-      free(off[q]);
-    }
+/* Asserts that switch `var` (0 or 1) changes none of case c's three results (conv_results). */
+static void switch_changes_nothing(const conv_case *c, const char *var, uint64_t seed) {
+  float *off[3], *on[3];
+  int64_t n[3];
+  conv_results(c, var, "0", seed, off, n);
+  conv_results(c, var, "1", seed, on, n);
+  const char *names[3] = {"y", "x's gradient", "w's gradient"};
+  for (int q = 0; q < 3; q++) {
+    cr_assert_eq(memcmp(on[q], off[q], (size_t)n[q] * sizeof(float)), 0, "%s, %s: %s differs",
+                 c->desc, var, names[q]);
+    free(on[q]);
+    free(off[q]);
   }
+}
+
+Test(gpu_ops, conv2d_short_reductions_issued_at_once) {
+  for (size_t i = 0; i < sizeof wgmma_cases / sizeof *wgmma_cases; i++)
+    switch_changes_nothing(&wgmma_cases[i], "KILN_CONV_AHEAD", 5300 + 10 * i);
 }
 
 /* KILN_CONV_TMA=1: bf16 convolutions with input channels in stages of 64 run all three products
@@ -470,6 +474,17 @@ static const conv_case tma_cases[] = {
     {"64->192 3x3 pad 1 (a weight gradient tile's second dY panel past the channels)", 3, 10, 9, 64,
      192, 3, 3, CO(.pad_h = 1, .pad_w = 1), 0, 0, 0},
 };
+
+/* KILN_CONV_WGRAD_INTO=1 (an implicit weight gradient stores the weight's f32 gradient itself,
+ * in place of its bf16 result, the cast of that and the assignment to .grad) changes no value:
+ * the implicit-GEMM cases' (cp.async) and the TMA cases' three results bitwise those without it,
+ * split reductions included. */
+Test(gpu_ops, conv2d_weight_gradients_written_into_grad) {
+  for (size_t i = 0; i < sizeof wgmma_cases / sizeof *wgmma_cases; i++)
+    switch_changes_nothing(&wgmma_cases[i], "KILN_CONV_WGRAD_INTO", 5400 + 10 * i);
+  for (size_t i = 0; i < sizeof tma_cases / sizeof *tma_cases; i++)
+    switch_changes_nothing(&tma_cases[i], "KILN_CONV_WGRAD_INTO", 5600 + 10 * i);
+}
 
 /* Whether the TMA-fed data gradient takes case c (kiln__conv_tma_dgrad): stride 1, input and
  * output channels in stages of 64, its window's padding d (k - 1) - p not negative. */
