@@ -619,6 +619,8 @@ static bool phase_groups(kiln_ctx *ctx, kiln__plan *p, bool fuse) {
       int32_t cast, assign; /* the weight's f32 gradient written by the kernel */
       if (g->implicit == KILN__IMPLICIT_WGRAD && kiln__wgrad_into_grad(ctx, p, i, &cast, &assign)) {
         g->grad = ctx->trace.nodes[assign].in[0];
+        p->claim[assign - first] = -1; /* no longer the cast's to write through */
+        p->write_to[cast - first] = NULL;
         if (!add_member(ctx, p, g, cast) || !add_member(ctx, p, g, assign)) return false;
       }
       continue;

@@ -301,7 +301,8 @@ static int32_t sole_use(const kiln_ctx *ctx, const kiln__plan *p, int32_t i) {
  * group (two launches fewer, and D never written). The views between are checked by what they
  * show (storage, offset, shape and strides), each value has that one reader, G is dense f32, and
  * no node between w and the assignment reads or writes G (the group writes it at w's place in the
- * flush). Sets *cast and *assign. */
+ * flush). Sets *cast and *assign; where the cast was to write through to G (a 1x1 window), the
+ * caller takes that back. */
 bool kiln__wgrad_into_grad(const kiln_ctx *ctx, const kiln__plan *p, int32_t w, int32_t *cast,
                            int32_t *assign) {
   const kiln__node *nodes = ctx->trace.nodes;
@@ -312,9 +313,12 @@ bool kiln__wgrad_into_grad(const kiln_ctx *ctx, const kiln__plan *p, int32_t w, 
   const kiln_tensor *X = nodes[c].in[0], *D = nodes[w].out;
   int64_t CO = D->shape[0], CI = X->shape[3];
   int32_t cv = sole_use(ctx, p, w), a = cv >= 0 ? sole_use(ctx, p, cv) : -1;
+  /* the assignment may have been given to the cast to write through (a 1x1 window: the permuted
+   * view shows the cast's bytes in their order), which the group then takes over */
   if (a < 0 || nodes[cv].op != KILN__OP_CAST || nodes[a].op != KILN__OP_ASSIGN ||
-      p->claim[a - p->first] >= 0 || p->group_of[cv - p->first] >= 0 ||
-      p->group_of[a - p->first] >= 0)
+      p->group_of[cv - p->first] >= 0 || p->group_of[a - p->first] >= 0 ||
+      (p->claim[a - p->first] >= 0 &&
+       (p->claim[a - p->first] != cv || p->write_to[cv - p->first] != nodes[a].in[0])))
     return false;
   /* the cast reads D's bytes as (CO, KH, KW, CI); the assignment its result as (CO, CI, KH, KW) */
   const kiln_tensor *R = nodes[cv].in[0], *F = nodes[cv].out, *T = nodes[a].in[1],
@@ -328,7 +332,7 @@ bool kiln__wgrad_into_grad(const kiln_ctx *ctx, const kiln__plan *p, int32_t w, 
                 kiln__is_contiguous(G) && G->offset == 0;
   for (int d = 0; d < 4 && shapes; d++)
     shapes = R->shape[d] == r[d] && T->shape[d] == g[d] && G->shape[d] == g[d] &&
-             T->stride[d] == F->stride[order[d]];
+             (T->stride[d] == F->stride[order[d]] || g[d] == 1); /* any stride along 1 */
   if (!shapes) return false;
   for (int32_t j = w + 1; j < a; j++) /* G keeps its old value until the assignment */
     for (int q = 0; q < nodes[j].nin; q++)

@@ -560,21 +560,36 @@ Test(conv_tma, short_reductions_issue_their_copies_at_once_with_the_switch) {
   }
 }
 
-/* KILN_CONV_WGRAD_INTO=1: the implicit weight gradient of a bf16 convolution (cp.async over 24
- * channels, TMA over 64, stride 1 and 2) takes the cast of its result to f32 and the assignment
- * of that, permuted, to the weight's gradient into its group: its kernel (renamed wgrad_into,
- * which renders and compiles) writes the weight's (64, cin, 3, 3) f32 gradient, and no
- * assignment is left to launch. Without the switch the three stay apart. */
+/* KILN_CONV_WGRAD_INTO=1: the implicit weight gradient of a bf16 convolution (3x3 by cp.async
+ * over 24 channels, by TMA over 64, stride 1 and 2; ResNet's 1x1 stride-2 shortcut, whose cast
+ * would write through to .grad without the switch) takes the cast of its result to f32 and the
+ * assignment of that, permuted, to the weight's gradient into its group: its kernel (renamed
+ * wgrad_into, which renders and compiles) writes the weight's (64, cin, k, k) f32 gradient, and
+ * no assignment is left to launch. Without the switch they stay apart. */
 Test(conv_tma, weight_gradients_write_the_gradient_with_the_switch) {
-  const int64_t cin[2] = {24, 64};
-  for (int i = 0; i < 2; i++)
-    for (int s = 1; s <= 2; s++)
+  const int64_t cin[3] = {24, 64, 64}, k[3] = {3, 3, 1};
+  for (int i = 0; i < 3; i++)
+    for (int s = k[i] == 1 ? 2 : 1; s <= 2; s++) /* 1x1 at stride 1: a plain product */
       for (int on = 0; on < 2; on++) {
         char what[96];
-        snprintf(what, sizeof what, "%lld->64 stride %d, switch %d", (long long)cin[i], s, on);
+        snprintf(what, sizeof what, "%lld->64 %lldx%lld stride %d, switch %d", (long long)cin[i],
+                 (long long)k[i], (long long)k[i], s, on);
         kiln_ctx *ctx = th_cpu_ctx();
         ctx->conv_wgrad_into = on;
-        record(ctx, what, cin[i], 64, s);
+        if (k[i] == 3) {
+          record(ctx, what, cin[i], 64, s);
+        } else {
+          kiln_step_begin(ctx);
+          kiln_tensor *x = th_param(ctx, KILN_SHAPE(4, 9, 7, cin[i]));
+          kiln_tensor *wt = th_param(ctx, KILN_SHAPE(64, cin[i], 1, 1));
+          kiln_conv2d_options o = {.stride_h = s, .stride_w = s};
+          kiln_autocast_begin(ctx, KILN_DTYPE_BF16);
+          kiln_tensor *y = kiln_conv2d(kiln_relu(x), wt, NULL, &o);
+          kiln_autocast_end(ctx);
+          cr_assert_not_null(y, "%s: %s", what, th_err(ctx));
+          cr_assert_eq(kiln_backward(kiln_cast(kiln_sum(y, KILN_ALL_AXES, 0), KILN_DTYPE_F32)),
+                       KILN_OK, "%s: %s", what, th_err(ctx));
+        }
         kiln__program pg;
         cr_assert(kiln__program_build(ctx, ctx->trace.done, ctx->trace.n, &pg), "%s: %s", what,
                   th_err(ctx));
@@ -595,15 +610,17 @@ Test(conv_tma, weight_gradients_write_the_gradient_with_the_switch) {
           }
           const kiln_tensor *G = grp->grad;
           cr_assert(G && G->persistent && G->dtype == KILN_DTYPE_F32 && G->ndim == 4 &&
-                        G->shape[0] == 64 && G->shape[1] == cin[i] && G->shape[2] == 3 &&
-                        G->shape[3] == 3,
+                        G->shape[0] == 64 && G->shape[1] == cin[i] && G->shape[2] == k[i] &&
+                        G->shape[3] == k[i],
                     "%s: the weight's gradient", what);
           cr_assert(!pg.plan.store[grp->node - pg.plan.first] &&
                         !pg.plan.store[pg.plan.members[grp->first + 1] - pg.plan.first],
                     "%s: the bf16 result and its cast are never written", what);
         }
         cr_assert_eq(wgrads, 1, "%s: %d implicit weight gradients", what, wgrads);
-        cr_assert_eq(assigns, on ? 0 : 1, "%s: %d assignments of their own", what, assigns);
+        /* off, the 1x1 window's cast writes through to .grad */
+        cr_assert_eq(assigns, on || k[i] == 1 ? 0 : 1, "%s: %d assignments of their own", what,
+                     assigns);
         finish_program(ctx, &pg, what);
       }
 }
