@@ -23,7 +23,9 @@
 #   switches          the air and resnet18 steps (graph mode) at the defaults and with the
 #                     switches under trial (bench/ab_steps.sh, three rounds interleaved; their
 #                     tests first: test_gpu_bf16, test_gpu_ops_conv and test_gpu_ops_norm set
-#                     them: KILN_CONV_AHEAD=1, KILN_BN_ROWS=0, KILN_CONV_WGRAD_INTO=1; the earlier
+#                     them: KILN_CONV_AHEAD=1, KILN_BN_ROWS=0, KILN_CONV_WGRAD_INTO=1,
+#                     KILN_CAST_BATCH=1, KILN_CONV_DIRECT_EPI=1, and those three together;
+#                     the earlier
 #                     switches' timings are in dev/README.md),
 #                     and the air step's
 #                     convolutions at the defaults
@@ -113,7 +115,9 @@ step attribution 200 "rm -rf /tmp/kiln-attribution && $build/profile_step --trac
     grep -o 'CUPTI names this kernel' \$f | wc -l
   done"
 step switches 500 "ctest --test-dir $build -R 'test_gpu_bf16|test_gpu_ops_conv|test_gpu_ops_norm' --output-on-failure | tail -n 3
-  bash bench/ab_steps.sh $build 3 air resnet18 -- '' KILN_CONV_AHEAD=1 KILN_BN_ROWS=0 KILN_CONV_WGRAD_INTO=1
+  bash bench/ab_steps.sh $build 3 air resnet18 -- '' KILN_CONV_AHEAD=1 KILN_BN_ROWS=0 KILN_CONV_WGRAD_INTO=1 \
+    KILN_CAST_BATCH=1 KILN_CONV_DIRECT_EPI=1 \
+    'KILN_CONV_WGRAD_INTO=1 KILN_CAST_BATCH=1 KILN_CONV_DIRECT_EPI=1' 
   python3 bench/conv_bench.py --json > $out/cudnn_sw.jsonl && mkdir -p $out/trace_sw &&
   $build/profile_step --workload air --mode graph --trace $out/trace_sw > /dev/null &&
   python3 bench/conv_compare.py $out/trace_sw/air_graph.json $out/cudnn_sw.jsonl"

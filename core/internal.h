@@ -394,6 +394,12 @@ struct kiln_ctx {
   /* KILN_CONV_WGRAD_INTO=1: an implicit weight gradient writes the weight's f32 gradient itself
    * (fusion/plan_conv.c's kiln__wgrad_into_grad) */
   bool conv_wgrad_into;
+  /* KILN_CAST_BATCH=1: casts of parameters (through views) that only products read run as one
+   * multi-tensor launch (fusion/plan.c's batch_casts) */
+  bool cast_batch;
+  /* KILN_CONV_DIRECT_EPI=1: a direct forward product applies the unary elementwise chain after it
+   * before it stores (fusion/plan_conv.c's kiln__direct_epilogue) */
+  bool conv_direct_epi;
   int conv_dgrad_bn; /* TMA data gradients' widest tile: 128, or KILN_CONV_DGRAD_BN (64; 256: 0) */
   struct CUstream_st *stream;
 

@@ -85,7 +85,13 @@ typedef struct kiln__group {
   /* a max pool's gradient (g->node, the last member) whose first `prologue` members, the
    * elementwise run that computes its dy, run where it reads dy (kiln__pool_grad_prologue) */
   int prologue;
+  /* EW: casts of parameters, each over its own shape, in one multi-tensor launch (plan.c's
+   * batch_casts; KILN_CAST_BATCH=1) */
+  bool batch;
 } kiln__group;
+
+/* The most casts one multi-tensor cast takes: two pointers each. */
+#define KILN__MAX_CASTS (KILN__KMAX_UPDATE / 2)
 
 /* In a row program, the view `view` of a per-row value is read as `value` itself. */
 typedef struct kiln__alias {
@@ -141,6 +147,14 @@ bool kiln__pool_grad_prologue(const kiln_ctx *ctx, const kiln__plan *p, const ki
 bool kiln__dgrad_on_wgmma(const kiln_ctx *ctx, const kiln__node *cn, kiln_dtype dt, int64_t co,
                           int64_t ci);
 bool kiln__implicit_conv(kiln_ctx *ctx, const kiln__plan *p, int32_t c, int32_t *f, int32_t *w);
+/* (KILN_CONV_DIRECT_EPI=1, off until it has run on a GPU.) The unary elementwise chain that the
+ * direct forward product of group g (conv_direct.cuh: a thread an output pixel, its channels in
+ * registers) applies before it stores (air's whitening conv and its GELU): nodes without
+ * attributes or coordinates, the first reading the product's result as the image, each the only
+ * reader of the one before, the last's value bf16 (stored in the product's stead). Returns how
+ * many nodes (at most `most`) in take[]; they join the group after the product. */
+int kiln__direct_epilogue(const kiln_ctx *ctx, const kiln__plan *p, const kiln__group *g,
+                          int32_t *take, int most);
 /* Whether implicit weight gradient w stores the weight's f32 gradient itself, taking the cast
  * and the assignment that turn its result into it (*cast, *assign) into its group (plan_conv.c;
  * KILN_CONV_WGRAD_INTO=1). */
@@ -176,6 +190,7 @@ typedef enum kiln__spec_kind {
   KILN__SPEC_REDUCE,  /* a reduction, its input computed by an elementwise prologue */
   KILN__SPEC_ROWS,    /* a row program */
   KILN__SPEC_UPDATES, /* one update over several tensors */
+  KILN__SPEC_CASTS,   /* several casts, each over its own shape (ups: the cast nodes) */
   KILN__SPEC_GATHER,  /* rows picked by index */
   KILN__SPEC_WINDOW,  /* a sliding-window op over an image (im2col, col2im, pooling) */
   KILN__SPEC_CONV,    /* a convolution's product as an implicit GEMM (spec.conv says which) */
@@ -192,7 +207,7 @@ typedef struct kiln__spec {
   const kiln__node *red; /* REDUCE: the reduction; GATHER: the index_select; WINDOW, CONV, MOMENTS,
                           * AUGMENT: the op (CONV: the col2im) */
   const kiln_tensor *full; /* ROWS: the iteration space whose last axis is reduced */
-  int nups;                /* UPDATES */
+  int nups;                /* UPDATES, CASTS */
   const kiln__node *ups[KILN__KMAX_UPDATE];
   kiln__gemm gemm;     /* BLAS; CONV: the product (a, b and d set) */
   kiln__implicit conv; /* CONV: which product; red is col2im (DGRAD) or im2col (FPROP, WGRAD) */

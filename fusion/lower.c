@@ -81,6 +81,13 @@ static void lower_group(const kiln_ctx *ctx, const kiln__plan *p, const kiln__gr
   describe(ctx, p, g, s->comment, sizeof s->comment);
   switch (kiln__ops[n->op].renderer) { /* the op table's kernel family of the group's main node */
   case KILN__RENDER_EW:
+    if (g->batch) { /* casts over shapes of their own */
+      s->kind = KILN__SPEC_CASTS;
+      s->nups = g->n;
+      for (int m = 0; m < g->n; m++)
+        s->ups[m] = &ctx->trace.nodes[p->members[g->first + m]];
+      return;
+    }
     if (g->kind == KILN__KIND_UPDATE && (g->n > 1 || multi_form(n))) {
       s->kind = KILN__SPEC_UPDATES;
       s->nups = g->n;
@@ -111,6 +118,7 @@ static void lower_group(const kiln_ctx *ctx, const kiln__plan *p, const kiln__gr
       s->red = &ctx->trace.nodes[g->window];
       s->gemm = (kiln__gemm){.a = n->in[0], .b = n->in[1], .d = n->out};
       s->grad = g->grad;
+      if (g->implicit == KILN__IMPLICIT_FPROP) prog_of(ctx, p, g, 2, g->n, &s->prog); /* epilogue */
       return;
     }
     s->kind = KILN__SPEC_BLAS;

@@ -15,7 +15,8 @@
  *                   gradients) takes the elementwise nodes after it over its output (an
  *                   epilogue: dropout after pooling, a ReLU's derivative after col2im);
  *                   consecutive in-place updates of the same kind and settings become one
- *                   multi-tensor launch;
+ *                   multi-tensor launch; with KILN_CAST_BATCH=1 the casts of parameters that
+ *                   only products read become one, at the first of them;
  *   stores          what is written to memory: a value read outside its group (or through a
  *                   view), one nothing in the flush reads, one the backward pass will read (the
  *                   op table's saves column), one the caller asked to keep; the rest stays in
@@ -254,6 +255,71 @@ static bool can_batch(const kiln_ctx *ctx, const kiln__plan *p, const kiln__grou
     }
   }
   return true;
+}
+
+/* The persistent tensor whose memory t shows (through views of the flush), or NULL. */
+static const kiln_tensor *param_root(const kiln_ctx *ctx, const kiln__plan *p,
+                                     const kiln_tensor *t) {
+  for (;;) {
+    int32_t v = producer(ctx, p, t);
+    if (v < 0) return t->persistent ? t : NULL;
+    if (kiln__ops[ctx->trace.nodes[v].op].kind != KILN__KIND_VIEW) return NULL;
+    t = ctx->trace.nodes[v].in[0];
+  }
+}
+
+/* Whether node i's output is read, and only by products and library calls (directly or through
+ * views): no elementwise node or reduction would fuse with i. */
+static bool products_read(const kiln_ctx *ctx, const kiln__plan *p, int32_t i) {
+  const kiln__node *nodes = ctx->trace.nodes;
+  bool read = false;
+  for (int32_t j = i + 1; j < p->last; j++)
+    for (int q = 0; q < nodes[j].nin; q++) {
+      if (nodes[j].in[q] != nodes[i].out) continue;
+      kiln__kind kind = kiln__ops[nodes[j].op].kind;
+      if (kind == KILN__KIND_VIEW ? !products_read(ctx, p, j)
+                                  : kind != KILN__KIND_MATMUL && kind != KILN__KIND_LIB)
+        return false;
+      read = true;
+    }
+  return read;
+}
+
+/* (KILN_CAST_BATCH=1, off until it has run on a GPU.) Whether node i is a cast that a
+ * multi-tensor cast takes: f32 or bf16 to either, of a parameter (through views: a convolution's
+ * filters permuted, as autocast casts them before their product), its result dense and read only
+ * by products and library calls, so that it would have been a launch of its own. */
+static bool batch_cast(const kiln_ctx *ctx, const kiln__plan *p, int32_t i) {
+  const kiln__node *n = &ctx->trace.nodes[i];
+  return n->op == KILN__OP_CAST && kiln__is_float(n->in[0]->dtype) &&
+         kiln__is_float(n->out->dtype) && !n->out->keep && kiln__is_contiguous(n->out) &&
+         p->group_of[i - p->first] < 0 && p->claim[i - p->first] < 0 &&
+         !p->write_to[i - p->first] && param_root(ctx, p, n->in[0]) && products_read(ctx, p, i);
+}
+
+/* Whether a node of the flush in [i, j) writes the memory of t (an update or an assignment, or
+ * a value written through to it). */
+static bool written_between(const kiln_ctx *ctx, const kiln__plan *p, int32_t i, int32_t j,
+                            const kiln_tensor *t) {
+  for (int32_t k = i; k < j; k++) {
+    const kiln__node *n = &ctx->trace.nodes[k];
+    const kiln_tensor *to = p->write_to[k - p->first];
+    if (to && to->st == t->st) return true;
+    for (int q = 0; q < n->nin; q++)
+      if ((kiln__ops[n->op].stores & (1u << q)) && n->in[q]->st == t->st) return true;
+  }
+  return false;
+}
+
+/* Casts that batch_cast takes from node i on, up to KILN__MAX_CASTS, each of a parameter that
+ * nothing writes between i and it: the group runs them all at i. Returns how many (take[]). */
+static int batch_casts(const kiln_ctx *ctx, const kiln__plan *p, int32_t i, int32_t *take) {
+  int n = 0;
+  for (int32_t j = i; j < p->last && n < KILN__MAX_CASTS; j++)
+    if (batch_cast(ctx, p, j) &&
+        !written_between(ctx, p, i, j, param_root(ctx, p, ctx->trace.nodes[j].in[0])))
+      take[n++] = j;
+  return n;
 }
 
 /* The first node of the flush after i that reads t, or -1. */
@@ -557,6 +623,17 @@ static bool phase_groups(kiln_ctx *ctx, kiln__plan *p, bool fuse) {
       }
       open = NULL;
     }
+    int32_t casts[KILN__MAX_CASTS];
+    int nc = kind == KILN__KIND_EW && fuse && ctx->cast_batch ? batch_casts(ctx, p, i, casts) : 0;
+    if (nc >= 2 && casts[0] == i) { /* parameters' casts, each over its own shape, at once */
+      open = NULL;
+      kiln__group *g = new_group(ctx, p, KILN__KIND_EW, i);
+      if (!g) return false;
+      g->batch = true;
+      for (int k = 0; k < nc; k++)
+        if (!add_member(ctx, p, g, casts[k])) return false;
+      continue;
+    }
     if (kind == KILN__KIND_EW) {
       if (fuse && open && can_join(ctx, p, open, i)) {
         if (!add_member(ctx, p, open, i)) return false;
@@ -616,6 +693,10 @@ static bool phase_groups(kiln_ctx *ctx, kiln__plan *p, bool fuse) {
       if ((g->implicit == KILN__IMPLICIT_FPROP && !add_member(ctx, p, g, c)) ||
           !add_member(ctx, p, g, i))
         return false;
+      int32_t epi[8]; /* a direct forward product's unary epilogue */
+      int ne = kiln__direct_epilogue(ctx, p, g, epi, 8);
+      for (int k = 0; k < ne; k++)
+        if (!add_member(ctx, p, g, epi[k])) return false;
       int32_t cast, assign; /* the weight's f32 gradient written by the kernel */
       if (g->implicit == KILN__IMPLICIT_WGRAD && kiln__wgrad_into_grad(ctx, p, i, &cast, &assign)) {
         g->grad = ctx->trace.nodes[assign].in[0];
@@ -690,9 +771,11 @@ static bool phase_product_outputs(kiln_ctx *ctx, kiln__plan *p, bool fuse) {
   for (int k = 0; k < p->ng; k++) {
     kiln__group *g = &p->g[k];
     if (g->implicit == KILN__IMPLICIT_DGRAD || g->implicit == KILN__IMPLICIT_FPROP) {
-      /* the column matrix exists only in the kernel's tiles; the product is written */
+      /* the column matrix exists only in the kernel's tiles; the product is written, or its
+       * epilogue's last value (a direct product's) */
       p->store[p->members[g->first] - p->first] = false;
       p->store[p->members[g->first + g->n - 1] - p->first] |= g->implicit != KILN__IMPLICIT_DGRAD;
+      if (g->implicit == KILN__IMPLICIT_FPROP && g->n > 2) p->store[g->node - p->first] = false;
     }
     if (g->implicit == KILN__IMPLICIT_WGRAD) { /* its result, or the gradient made of it */
       p->store[g->node - p->first] = !g->grad;

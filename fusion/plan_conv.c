@@ -342,3 +342,42 @@ bool kiln__wgrad_into_grad(const kiln_ctx *ctx, const kiln__plan *p, int32_t w, 
   *assign = a;
   return true;
 }
+
+/* Whether op's expression reads its one input ($0) and nothing else: no attribute, coordinate
+ * or index. */
+static bool reads_only_its_input(kiln__op op) {
+  int nf, ni, nu;
+  kiln__kernel_slots(op, &nf, &ni, &nu);
+  if (nf || ni || nu || kiln__ops[op].nin != 1 || kiln__ops[op].kind != KILN__KIND_EW) return false;
+  for (const char *e = kiln__ops[op].expr; (e = strchr(e, '$')) != NULL; e++)
+    if (e[1] != '0') return false;
+  return true;
+}
+
+int kiln__direct_epilogue(const kiln_ctx *ctx, const kiln__plan *p, const kiln__group *g,
+                          int32_t *take, int most) {
+  const kiln__node *nodes = ctx->trace.nodes;
+  if (!ctx->conv_direct_epi || g->implicit != KILN__IMPLICIT_FPROP || g->window < 0 ||
+      kiln__implicit_conv_image(ctx, &nodes[g->window]))
+    return 0; /* not the direct kernel */
+  const kiln_tensor *Y = nodes[g->node].out, *prev = NULL;
+  int n = 0;
+  for (int32_t i = g->node; n < most;) {
+    int32_t j = n == 0 ? sole_use(ctx, p, i) : sole_reader(ctx, p, i);
+    if (j < 0 || !reads_only_its_input(nodes[j].op) || p->group_of[j - p->first] >= 0 ||
+        p->claim[j - p->first] >= 0 || p->write_to[j - p->first] ||
+        !kiln__is_float(nodes[j].out->dtype))
+      break;
+    const kiln_tensor *in = nodes[j].in[0];
+    bool image = n == 0 ? in->st == Y->st && in->offset == Y->offset && kiln__is_contiguous(in) &&
+                              kiln_tensor_numel(in) == kiln_tensor_numel(Y)
+                        : in == prev;
+    if (!image || !kiln__same_shape(nodes[j].out, in)) break;
+    take[n++] = j;
+    prev = nodes[j].out;
+    i = j;
+  }
+  while (n > 0 && nodes[take[n - 1]].out->dtype != KILN_DTYPE_BF16) /* the kernel stores bf16 */
+    n--;
+  return n;
+}

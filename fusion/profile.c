@@ -23,6 +23,7 @@ static const char *kind_name(const kiln__program *pg, int k) {
   case KILN__SPEC_REDUCE: return "reduction";
   case KILN__SPEC_ROWS: return "rows";
   case KILN__SPEC_UPDATES: return "update";
+  case KILN__SPEC_CASTS: return "elementwise";
   case KILN__SPEC_GATHER: return "gather";
   case KILN__SPEC_WINDOW: return "window";
   case KILN__SPEC_CONV: return "conv";

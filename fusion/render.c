@@ -13,6 +13,7 @@ bool kiln__render(const kiln__target *t, const kiln__spec *s, kiln__rendered *r)
   case KILN__SPEC_REDUCE: return kiln__render_reduce(t, &s->prog, s->red, r);
   case KILN__SPEC_ROWS: return kiln__render_rows(t, &s->prog, s->full, r);
   case KILN__SPEC_UPDATES: return kiln__render_updates(t, s->ups, s->nups, r);
+  case KILN__SPEC_CASTS: return kiln__render_casts(t, s->ups, s->nups, r);
   case KILN__SPEC_GATHER: return kiln__render_gather(t, s->red, r);
   case KILN__SPEC_WINDOW: return kiln__render_window(t, &s->prog, &s->pro, s->moments, r);
   case KILN__SPEC_CONV: return kiln__render_conv(t, s, r);

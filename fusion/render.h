@@ -171,6 +171,10 @@ bool kiln__epilogue_fours(const kiln__ew_prog *p, const kiln__operands *o, const
 bool kiln__render_ew(const kiln__target *t, const kiln__ew_prog *p, kiln__rendered *r);
 bool kiln__render_updates(const kiln__target *t, const kiln__node *const *nodes, int T,
                           kiln__rendered *r);
+/* Casts (f32 and bf16) each over its own shape, its input read through its view's strides, in
+ * one launch: blockIdx.y picks the cast (render_ew.c). */
+bool kiln__render_casts(const kiln__target *t, const kiln__node *const *nodes, int T,
+                        kiln__rendered *r);
 bool kiln__render_gather(const kiln__target *t, const kiln__node *n, kiln__rendered *r);
 bool kiln__render_reduce(const kiln__target *t, const kiln__ew_prog *pro, const kiln__node *rn,
                          kiln__rendered *r);

@@ -421,28 +421,64 @@ static bool finish_wgmma(kiln__sb *b, const char *what, const kiln__node *n, con
   return ok;
 }
 
+/* expr (an op-table expression that reads its one input, $0) with var for $0. */
+static void expand_input(kiln__sb *b, const char *expr, const char *var) {
+  for (const char *e = expr; *e; e++) {
+    if (e[0] == '$' && e[1] == '0') {
+      kiln__sb_printf(b, "%s", var);
+      e++;
+    } else {
+      kiln__sb_printf(b, "%c", *e);
+    }
+  }
+}
+
 /* The forward product of a tiny convolution (kiln__conv_direct_shape) without the column matrix
- * or tensor cores: conv_direct.cuh, a thread an output pixel, 256 a block. */
-static bool render_direct(const kiln__node *n, const kiln__gemm *mm, kiln__rendered *r) {
-  const kiln_tensor *Y = mm->d;
+ * or tensor cores: conv_direct.cuh, a thread an output pixel, 256 a block; with epi (n > 0, the
+ * unary chain of kiln__direct_epilogue) each value goes through epi's nodes before the store,
+ * rounded as each of their stores would round it, and epi's last value is stored. */
+static bool render_direct(const kiln__node *n, const kiln__gemm *mm, const kiln__ew_prog *epi,
+                          kiln__rendered *r) {
+  const kiln_tensor *Y = mm->d, *out = epi->n ? epi->nodes[epi->n - 1]->out : Y;
   int64_t M = Y->shape[0], CO = Y->shape[1];
+  KILN_ASSERT(out->dtype == KILN_DTYPE_BF16 && kiln_tensor_numel(out) == M * CO);
   kiln__operands o = {0};
   int slot[3];
-  char pre[640];
-  conv_operands(n, mm->b, Y, CO, "conv_direct.cuh", &o, slot, pre, sizeof pre);
+  char geometry[640];
+  conv_operands(n, mm->b, out, CO, "conv_direct.cuh", &o, slot, geometry, sizeof geometry);
+  kiln__sb pre = {0};
+  kiln__sb_printf(&pre, "%s", geometry);
+  if (epi->n) {
+    kiln__sb_printf(&pre, "struct kiln_epi { /* the elementwise nodes after the product */\n"
+                          "  static constexpr bool on = true;\n"
+                          "  __device__ __forceinline__ float operator()(float v0) const {\n");
+    for (int j = 0; j < epi->n; j++) {
+      const kiln__node *e = epi->nodes[j];
+      bool bf16 = e->out->dtype == KILN_DTYPE_BF16;
+      char var[16];
+      snprintf(var, sizeof var, "v%d", j);
+      kiln__sb_printf(&pre, "    const float v%d = %s", j + 1, bf16 ? "(float)(kiln_bf16)(" : "");
+      expand_input(&pre, kiln__ops[e->op].expr, var);
+      kiln__sb_printf(&pre, "%s; // #%d %s\n", bf16 ? ")" : "", e->out->node,
+                      kiln__ops[e->op].name);
+    }
+    kiln__sb_printf(&pre, "    return v%d;\n  }\n};\n", epi->n);
+  }
   kiln__sb b = {0};
   kiln__sb_printf(
       &b,
-      "  kiln_conv_direct<G>((const kiln_bf16 *)a.ptr[%d], (const kiln_bf16 *)a.ptr[%d], "
+      "  kiln_conv_direct<G%s>((const kiln_bf16 *)a.ptr[%d], (const kiln_bf16 *)a.ptr[%d], "
       "(kiln_bf16 *)a.ptr[%d]);\n",
-      slot[0], slot[1], slot[2]);
+      epi->n ? ", kiln_epi" : "", slot[0], slot[1], slot[2]);
   kiln__win w = kiln__win_of(n);
-  char stem[80];
-  snprintf(stem, sizeof stem, "k_conv_direct_%lldx%lld_s%lld_bf16", (long long)w.kh,
-           (long long)w.kw, (long long)w.sh);
+  char stem[80], suffix[48];
+  snprintf(suffix, sizeof suffix, "_%lldx%lld_s%lld_bf16", (long long)w.kh, (long long)w.kw,
+           (long long)w.sh);
+  kiln__stem_of(epi, "k_conv_direct", suffix, stem, sizeof stem);
   r->block = KILN__BLOCK;
   r->arg.args.n = M;
-  bool ok = kiln__finish_with(&b, stem, &o, r, pre);
+  bool ok = !pre.oom && kiln__finish_with(&b, stem, &o, r, pre.s);
+  kiln__sb_free(&pre);
   kiln__sb_free(&b);
   r->grid = (unsigned)((M + KILN__BLOCK - 1) / KILN__BLOCK);
   kiln__tally_bytes(&o, r);
@@ -452,11 +488,13 @@ static bool render_direct(const kiln__node *n, const kiln__gemm *mm, kiln__rende
 /* The forward product Y (M, CO) = im2col(X) Wk^T: a block of 128 pixels by BN channels; TMA-fed
  * with tma, through X's im2col map (128 pixels a copy) and Wk's tiled one (64 x BN boxes). */
 static bool render_fprop(const kiln__target *t, const kiln__node *n, const kiln__gemm *mm,
-                         kiln__rendered *r) {
+                         const kiln__ew_prog *epi, kiln__rendered *r) {
   bool ws = t->conv_warp_spec, tma = t->conv_tma;
   const kiln_tensor *Y = mm->d, *X = n->in[0];
   int64_t M = Y->shape[0], CO = Y->shape[1];
-  if (kiln__conv_direct_shape(mm->b->shape[0], X->shape[3], CO)) return render_direct(n, mm, r);
+  if (kiln__conv_direct_shape(mm->b->shape[0], X->shape[3], CO))
+    return render_direct(n, mm, epi, r);
+  KILN_ASSERT(epi->n == 0); /* kiln__direct_epilogue's alone */
   kiln__win w = kiln__win_of(n);
   tma = tma && kiln__conv_tma_window(&w, X->shape[3]);
   int BN = wgmma_width(CO, ws && !tma), stage = tma ? (128 + BN) * 128 : 0;
@@ -599,7 +637,7 @@ static bool render_wgrad(const kiln__target *t, const kiln__node *n, const kiln_
 bool kiln__render_conv(const kiln__target *t, const kiln__spec *s, kiln__rendered *r) {
   switch (s->conv) {
   case KILN__IMPLICIT_DGRAD: return render_dgrad(t, s, r);
-  case KILN__IMPLICIT_FPROP: return render_fprop(t, s->red, &s->gemm, r);
+  case KILN__IMPLICIT_FPROP: return render_fprop(t, s->red, &s->gemm, &s->prog, r);
   case KILN__IMPLICIT_WGRAD: return render_wgrad(t, s->red, &s->gemm, s->grad, r);
   case KILN__IMPLICIT_NONE: break;
   }

@@ -248,6 +248,60 @@ bool kiln__render_updates(const kiln__target *tg, const kiln__node *const *nodes
   return ok;
 }
 
+/* ---------------------------------------------------------------- multi-tensor casts */
+
+bool kiln__render_casts(const kiln__target *tg, const kiln__node *const *nodes, int T,
+                        kiln__rendered *r) {
+  KILN_ASSERT(T >= 1 && T <= KILN__MAX_CASTS);
+  int64_t most = 0;
+  kiln__sb b = {0};
+  kiln__sb_printf(&b, "  typedef long long ix;\n  switch (blockIdx.y) {\n");
+  for (int t = 0; t < T; t++) {
+    const kiln_tensor *x = nodes[t]->in[0], *y = nodes[t]->out;
+    KILN_ASSERT(kiln__is_float(x->dtype) && kiln__is_float(y->dtype) && kiln__is_contiguous(y) &&
+                kiln__same_shape(x, y));
+    int64_t n = kiln_tensor_numel(y);
+    if (n > most) most = n;
+    r->arg.ptr[2 * t] = x;
+    r->arg.ptr[2 * t + 1] = y;
+    r->bytes_read += kiln__footprint(x);
+    r->bytes_written += kiln__footprint(y);
+    /* the output dense, the input through its strides: the shape and strides as constants */
+    const char *xt = kiln__ctype(x->dtype), *yt = kiln__ctype(y->dtype);
+    kiln__sb_printf(&b,
+                    "  case %d: { /* #%d cast to %s */\n"
+                    "    const %s *x = (const %s *)a.ptr[%d];\n"
+                    "    %s *y = (%s *)a.ptr[%d];\n"
+                    "    for (ix i = (ix)blockIdx.x * blockDim.x + threadIdx.x; i < %lldll;\n"
+                    "         i += (ix)gridDim.x * blockDim.x) {\n",
+                    t, nodes[t]->out->node, kiln_dtype_name(y->dtype), xt, xt, 2 * t, yt, yt,
+                    2 * t + 1, (long long)n);
+    if (kiln__is_contiguous(x)) {
+      kiln__sb_printf(&b, "      const ix at = i;\n");
+    } else {
+      kiln__sb_printf(&b, "      ix r = i, at = 0;\n");
+      for (int d = y->ndim - 1; d >= 0; d--)
+        kiln__sb_printf(&b, "      at += r %% %lldll * %lldll; r /= %lldll;\n",
+                        (long long)y->shape[d], (long long)x->stride[d], (long long)y->shape[d]);
+    }
+    kiln__sb_printf(&b,
+                    "      y[i] = (%s)(float)x[at];\n"
+                    "    }\n"
+                    "  } break;\n",
+                    yt);
+  }
+  kiln__sb_printf(&b, "  }\n");
+  r->arg.nptr = 2 * T;
+  char stem[64];
+  snprintf(stem, sizeof stem, "k_cast_x%d", T);
+  bool ok = kiln__finish(&b, stem, NULL, r);
+  kiln__sb_free(&b);
+  r->block = KILN__BLOCK;
+  r->grid = kiln__grid_for(tg, most);
+  r->grid_y = (unsigned)T;
+  return ok;
+}
+
 /* ---------------------------------------------------------------- row gathers */
 
 /* index_add, index_select's gradient: the rows of g (K, ...) added into the rows of y (V, ...)

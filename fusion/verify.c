@@ -21,6 +21,7 @@ void kiln__plan_describe(const kiln_ctx *ctx, const kiln__plan *p, kiln__sb *out
                       nd->out && !p->store[j - p->first] ? "*" : "");
     }
     if (g->epi != KILN__EPI_NONE) kiln__sb_printf(out, " [%s]", kiln__epi_name(g->epi));
+    if (g->batch) kiln__sb_printf(out, " [multi-tensor]");
     if (g->implicit == KILN__IMPLICIT_FPROP || g->implicit == KILN__IMPLICIT_WGRAD)
       kiln__sb_printf(out, " [implicit %s]",
                       g->implicit == KILN__IMPLICIT_FPROP ? "fprop" : "wgrad");
@@ -125,6 +126,15 @@ static const char *check_group(const kiln_ctx *ctx, const kiln__plan *p, int k, 
   const kiln__node *first = &nodes[p->members[g->first]];
   switch (g->kind) {
   case KILN__KIND_EW:
+    if (g->batch) { /* casts of parameters, each over its own shape */
+      if (g->n < 2 || g->n > KILN__MAX_CASTS)
+        return bad(why, n, "multi-tensor cast %d of %d casts", k, g->n);
+      for (int m = 0; m < g->n; m++)
+        if (nodes[p->members[g->first + m]].op != KILN__OP_CAST)
+          return bad(why, n, "multi-tensor cast %d holds #%d (%s)", k, p->members[g->first + m],
+                     kiln__ops[nodes[p->members[g->first + m]].op].name);
+      break;
+    }
     for (int m = 0; m < g->n; m++) {
       const kiln__node *x = &nodes[p->members[g->first + m]];
       if (kiln__ops[x->op].kind != KILN__KIND_EW || !kiln__same_shape(x->out, first->out))
@@ -176,15 +186,23 @@ static const char *check_group(const kiln_ctx *ctx, const kiln__plan *p, int k, 
       /* im2col (not written) and the forward product it feeds, or a weight gradient alone */
       bool fprop = g->implicit == KILN__IMPLICIT_FPROP, into = g->grad != NULL;
       int32_t c = g->window, mm = p->members[g->first + (fprop ? 1 : 0)];
-      if (g->n != (fprop  ? 2
-                   : into ? 3
-                          : 1) ||
-          mm != g->node || nodes[mm].op != KILN__OP_MATMUL || c < p->first || c >= mm ||
+      /* a forward product may have a unary epilogue after it (a direct one's), not written */
+      bool epi = fprop && g->n > 2;
+      if ((fprop ? g->n < 2 : g->n != (into ? 3 : 1)) || mm != g->node ||
+          nodes[mm].op != KILN__OP_MATMUL || c < p->first || c >= mm ||
           nodes[c].op != KILN__OP_IM2COL ||
           (fprop && (into || p->members[g->first] != c || p->claim[c - p->first] != mm)) ||
-          p->store[c - p->first] || p->store[mm - p->first] == into ||
+          p->store[c - p->first] || p->store[mm - p->first] == (into || epi) ||
           owner(ctx, p, nodes[mm].in[fprop ? 0 : 1]) != c)
         return bad(why, n, "group %d: an implicit convolution product that is not im2col's", k);
+      for (int m = 2; epi && m < g->n; m++) {
+        int32_t e = p->members[g->first + m];
+        if (kiln__ops[nodes[e].op].kind != KILN__KIND_EW || nodes[e].nin != 1 ||
+            owner(ctx, p, nodes[e].in[0]) != p->members[g->first + m - 1] ||
+            p->store[e - p->first] != (m == g->n - 1))
+          return bad(why, n, "group %d: #%d (%s) is no unary epilogue of its product", k, e,
+                     kiln__ops[nodes[e].op].name);
+      }
       /* a weight gradient that writes the weight's f32 gradient: its cast and assignment */
       int32_t cv = into ? p->members[g->first + 1] : -1, a = into ? p->members[g->first + 2] : -1;
       if (into && (nodes[cv].op != KILN__OP_CAST || nodes[a].op != KILN__OP_ASSIGN ||

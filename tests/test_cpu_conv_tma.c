@@ -439,6 +439,46 @@ Test(conv_tma, tiny_convolutions_without_gradients_run_direct) {
   }
 }
 
+/* KILN_CONV_DIRECT_EPI=1: a direct forward product (air's whitening conv) takes the unary
+ * elementwise chain that reads its result (GELU, then ReLU) into its kernel, which stores only
+ * the chain's last value (renamed k_conv_direct_gelu_relu_, rendered and compiled); the product
+ * is never written. Not where the product has another reader, nor without the switch. */
+Test(conv_tma, direct_products_apply_the_unary_chain_after_them_with_the_switch) {
+  for (int c = 0; c < 3; c++) {
+    bool on = c != 0, shared = c == 2;
+    char what[64];
+    snprintf(what, sizeof what, "switch %d, product read twice %d", on, shared);
+    kiln_ctx *ctx = th_cpu_ctx();
+    ctx->conv_direct_epi = on;
+    kiln_step_begin(ctx);
+    kiln_tensor *x = th_f32(ctx, KILN_SHAPE(4, 9, 7, 3)), *k = th_f32(ctx, KILN_SHAPE(24, 3, 2, 2));
+    kiln_autocast_begin(ctx, KILN_DTYPE_BF16);
+    kiln_tensor *y = kiln_conv2d(x, k, NULL, NULL);
+    kiln_tensor *z = kiln_relu(kiln_gelu(y, KILN_GELU_ERF));
+    if (shared) z = kiln_add(z, y);
+    kiln_autocast_end(ctx);
+    cr_assert_not_null(kiln_cast(kiln_sum(z, KILN_ALL_AXES, 0), KILN_DTYPE_F32), "%s: %s", what,
+                       th_err(ctx));
+    kiln__program pg;
+    cr_assert(kiln__program_build(ctx, ctx->trace.done, ctx->trace.n, &pg), "%s: %s", what,
+              th_err(ctx));
+    int direct = 0;
+    for (int g = 0; g < pg.plan.ng; g++) {
+      const kiln__group *grp = &pg.plan.g[g];
+      if (!strstr(pg.call[g].name, "k_conv_direct_")) continue;
+      direct++;
+      bool chain = on && !shared;
+      cr_assert_eq(grp->n, chain ? 4 : 2, "%s: %d members", what, grp->n);
+      cr_assert_eq(strstr(pg.call[g].name, "k_conv_direct_gelu_relu_") != NULL, chain, "%s: %s",
+                   what, pg.call[g].name);
+      cr_assert_eq(pg.plan.store[grp->node - pg.plan.first], !chain,
+                   "%s: the product is written only without the chain", what);
+    }
+    cr_assert_eq(direct, 1, "%s", what);
+    finish_program(ctx, &pg, what);
+  }
+}
+
 /* Records, in a new step, a bf16 conv (64 -> 64, 3x3 pad 1) -> batch norm -> GELU -> conv
  * (64 -> 64) block over x (8, 9, 7, 64); returns its output. */
 static kiln_tensor *record_bn_block(kiln_ctx *ctx) {

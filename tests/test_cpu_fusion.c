@@ -507,3 +507,43 @@ Test(fusion, a_step_graphs_memory_plan_packs_a_chain_into_what_is_live) {
   th_free_scratch();
   th_ctx_free(ctx);
 }
+
+/* KILN_CAST_BATCH=1: the casts of parameters that only products read (autocast's casts of two
+ * linear layers' weights, one permuted by a transpose) run as one multi-tensor launch at the
+ * first of them, which renders and compiles; a cast an elementwise node reads (it fuses with it)
+ * and a cast of a parameter assigned between stay out, and so does all of it without the
+ * switch. */
+Test(fusion, parameters_cast_in_one_launch_with_the_switch) {
+  for (int on = 0; on < 2; on++) {
+    kiln_ctx *ctx = th_cpu_ctx();
+    ctx->cast_batch = on;
+    kiln_tensor *x = th_f32(ctx, KILN_SHAPE(8, 32)), *w1 = th_f32(ctx, KILN_SHAPE(32, 16)),
+                *w2 = th_f32(ctx, KILN_SHAPE(24, 16)), *w3 = th_f32(ctx, KILN_SHAPE(24, 16)),
+                *w4 = th_f32(ctx, KILN_SHAPE(24, 16));
+    kiln_tensor *bf = kiln_cast(x, KILN_DTYPE_BF16);
+    kiln_tensor *h = kiln_matmul(bf, kiln_cast(w1, KILN_DTYPE_BF16));
+    h = kiln_matmul(h, kiln_cast(kiln_transpose(w2, 0, 1), KILN_DTYPE_BF16)); /* (8, 24) */
+    cr_assert_not_null(h, "%s", th_err(ctx));
+    cr_assert_not_null(kiln_matmul(h, kiln_relu(kiln_cast(w3, KILN_DTYPE_BF16))), "%s",
+                       th_err(ctx));
+    cr_assert_eq(kiln_assign(w4, kiln_mul_scalar(w4, 0.5f)), KILN_OK, "%s", th_err(ctx));
+    cr_assert_not_null(kiln_matmul(h, kiln_cast(w4, KILN_DTYPE_BF16)), "%s", th_err(ctx));
+    kiln__plan p = plan(ctx, true);
+    char why[512], got[1024];
+    const char *bad = kiln__plan_verify(ctx, &p, why, sizeof why);
+    cr_assert_null(bad, "the plan breaks an invariant: %s", bad);
+    describe(ctx, &p, got, sizeof got);
+    int batches = 0;
+    for (int k = 0; k < p.ng; k++)
+      if (p.g[k].batch) {
+        batches++;
+        cr_assert_eq(p.g[k].n, 3, "%s: x, w1 and w2 in one launch", got);
+        cr_assert_eq(k, 0, "%s: at the first cast", got);
+      }
+    cr_assert_eq(batches, on, "switch %d: %s", on, got);
+    kiln__plan_free(&p);
+    cr_assert_eq(compile_pending(ctx), KILN_OK, "%s", th_err(ctx));
+    th_free_scratch();
+    th_ctx_free(ctx);
+  }
+}

@@ -486,6 +486,16 @@ Test(gpu_ops, conv2d_weight_gradients_written_into_grad) {
     switch_changes_nothing(&tma_cases[i], "KILN_CONV_WGRAD_INTO", 5600 + 10 * i);
 }
 
+/* KILN_CAST_BATCH=1 (autocast's casts of the parameters, x and the filters, in one multi-tensor
+ * launch) changes no value: the implicit-GEMM and TMA cases' three results bitwise those without
+ * it. */
+Test(gpu_ops, conv2d_parameters_cast_in_one_launch) {
+  for (size_t i = 0; i < sizeof wgmma_cases / sizeof *wgmma_cases; i++)
+    switch_changes_nothing(&wgmma_cases[i], "KILN_CAST_BATCH", 5800 + 10 * i);
+  for (size_t i = 0; i < sizeof tma_cases / sizeof *tma_cases; i++)
+    switch_changes_nothing(&tma_cases[i], "KILN_CAST_BATCH", 5900 + 10 * i);
+}
+
 /* Whether the TMA-fed data gradient takes case c (kiln__conv_tma_dgrad): stride 1, input and
  * output channels in stages of 64, its window's padding d (k - 1) - p not negative. */
 static bool dgrad_tma(const conv_case *c) {
@@ -630,6 +640,46 @@ Test(gpu_ops, tiny_conv2d_forward_products_run_direct) {
   for (size_t i = 0; i < sizeof direct_cases / sizeof *direct_cases; i++)
     check_bf16_conv(ctx, &direct_cases[i], 5700 + 10 * i, false);
   th_ctx_free(ctx);
+}
+
+/* act(conv2d(x, w)) (malloc'd f32, *n values) for direct case c in bf16, act 0 GELU, 1 SiLU then
+ * ReLU, in an eager context made with KILN_CONV_DIRECT_EPI set to `on`. */
+static float *direct_chain(const conv_case *c, int act, const char *on, uint64_t seed, int64_t *n) {
+  setenv("KILN_CONV_DIRECT_EPI", on, 1); /* read when the context is made */
+  TH_GPU_CTX_EAGER(ctx);
+  unsetenv("KILN_CONV_DIRECT_EPI");
+  ref_win g = conv_win(c);
+  kiln_shape xs = KILN_SHAPE(c->n, c->h, c->w, c->cin);
+  kiln_tensor *x = ref_rand_tensor(ctx, xs, seed, &REF_GEN(-2, 2), 0, NULL);
+  kiln_tensor *w = ref_rand_tensor(ctx, KILN_SHAPE(c->cout, c->cin, c->kh, c->kw), seed + 1,
+                                   &REF_GEN(-1, 1), 0, NULL);
+  kiln_step_begin(ctx);
+  kiln_autocast_begin(ctx, KILN_DTYPE_BF16);
+  kiln_tensor *y = kiln_conv2d(x, w, NULL, &c->o);
+  y = act == 0 ? kiln_gelu(y, KILN_GELU_ERF) : kiln_relu(kiln_silu(y));
+  kiln_autocast_end(ctx);
+  float *out = ref_read_f32(ctx, kiln_cast(y, KILN_DTYPE_F32), c->desc);
+  *n = ref_numel(ref_win_out(xs, &g, c->cout));
+  cr_assert_eq(kiln_step_end(ctx), KILN_OK, "%s: %s", c->desc, th_err(ctx));
+  kiln_tensor_free(x);
+  kiln_tensor_free(w);
+  th_ctx_free(ctx);
+  return out;
+}
+
+/* KILN_CONV_DIRECT_EPI=1 (a direct forward product applies the GELU, or the SiLU and ReLU, after
+ * it before it stores) changes no value: bitwise the results without it, on the direct cases. */
+Test(gpu_ops, tiny_conv2d_direct_products_apply_their_activation) {
+  for (size_t i = 0; i < sizeof direct_cases / sizeof *direct_cases; i++)
+    for (int act = 0; act < 2; act++) {
+      int64_t n;
+      float *off = direct_chain(&direct_cases[i], act, "0", 6000 + 10 * i, &n);
+      float *on = direct_chain(&direct_cases[i], act, "1", 6000 + 10 * i, &n);
+      cr_assert_eq(memcmp(on, off, (size_t)n * sizeof(float)), 0, "%s, activation %d differs",
+                   direct_cases[i].desc, act);
+      free(on);
+      free(off);
+    }
 }
 
 /* By default (KILN_CONV_KPAD=0 turns it off) bf16 convolutions whose windows hold K >= 64 values, K

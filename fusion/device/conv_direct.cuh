@@ -10,7 +10,9 @@
  * as floats (K x CO, read by every thread at the same address: a broadcast), in f32 in the order
  * of K as a product of the columns would, and stores its CO channels as bf16, 16 bytes at a time.
  * G is conv.cuh's geometry (render_conv.c's conv_operands): N, H, W, CI, OH, OW, CO, the window,
- * M = N OH OW and K. wk is Wk (CO, K), K innermost; y is (M, CO).
+ * M = N OH OW and K. wk is Wk (CO, K), K innermost; y is (M, CO). E, an epilogue (E::on), maps
+ * each value, rounded to bf16 as the product's store would round it, before the store: the
+ * generated kernel's unary elementwise chain (render_conv.c's render_direct).
  */
 #ifndef KILN_CONV_DIRECT_CUH
 #define KILN_CONV_DIRECT_CUH
@@ -18,7 +20,13 @@
 #include "bf16.cuh"
 #include "defs.cuh"
 
-template <class G>
+/* No epilogue. */
+struct kiln_direct_none {
+  static constexpr bool on = false;
+  __device__ __forceinline__ float operator()(float v) const { return v; }
+};
+
+template <class G, class E = kiln_direct_none>
 KILN__FN void kiln_conv_direct(const kiln_bf16 *x, const kiln_bf16 *wk, kiln_bf16 *y) {
   static_assert(G::K <= 32 && G::CO <= 64 && G::CO % 8 == 0, "kiln_conv_direct");
   __shared__ float wt[G::K * G::CO]; /* wt[k CO + co] = Wk[co, k] */
@@ -49,6 +57,12 @@ KILN__FN void kiln_conv_direct(const kiln_bf16 *x, const kiln_bf16 *wk, kiln_bf1
 #pragma unroll
     for (int co = 0; co < G::CO; co++)
       acc[co] = fmaf(col[k], wt[k * G::CO + co], acc[co]);
+  if constexpr (E::on) {
+    const E epi;
+#pragma unroll
+    for (int co = 0; co < G::CO; co++)
+      acc[co] = epi((float)kiln_bf16(acc[co]));
+  }
   kiln_bf16 *out = y + (long long)m * G::CO;
 #pragma unroll
   for (int co = 0; co < G::CO; co += 8) {
