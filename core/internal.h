@@ -400,6 +400,9 @@ struct kiln_ctx {
   /* KILN_CONV_DIRECT_EPI=1: a direct forward product applies the unary elementwise chain after it
    * before it stores (fusion/plan_conv.c's kiln__direct_epilogue) */
   bool conv_direct_epi;
+  /* an elementwise run read only by a later one of its space runs in its kernel (fusion/plan.c's
+   * phase_sink; KILN_EW_SINK=0: not) */
+  bool ew_sink;
   int conv_dgrad_bn; /* TMA data gradients' widest tile: 128, or KILN_CONV_DGRAD_BN (64; 256: 0) */
   struct CUstream_st *stream;
 

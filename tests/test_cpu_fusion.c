@@ -547,3 +547,27 @@ Test(fusion, parameters_cast_in_one_launch_with_the_switch) {
     th_ctx_free(ctx);
   }
 }
+
+/* An elementwise run read only by a later run of its space, with other nodes between (a ResNet
+ * block's main-branch batch norm and the add after its shortcut), runs inside the later run's
+ * kernel, at its place, its values never written; not when another group reads one of its
+ * values, nor when a node between writes what it reads, nor with KILN_EW_SINK=0. */
+Test(fusion, a_run_read_only_by_a_later_run_joins_it) {
+  for (int c = 0; c < 4; c++) {
+    kiln_ctx *ctx = th_cpu_ctx();
+    ctx->ew_sink = c != 3;
+    kiln_tensor *x1 = th_f32(ctx, KILN_SHAPE(64, 32)), *x2 = th_f32(ctx, KILN_SHAPE(64, 32));
+    kiln_tensor *z = th_f32(ctx, KILN_SHAPE(16, 8)), *w = th_f32(ctx, KILN_SHAPE(64, 32));
+    kiln_tensor *a = kiln_relu(kiln_mul(x1, w));
+    cr_assert_not_null(kiln_sum(z, KILN_AXES(1), 0));
+    if (c == 1) cr_assert_not_null(kiln_sum(a, KILN_AXES(1), 0));
+    if (c == 2) cr_assert_eq(kiln_assign(w, x2), KILN_OK, "%s", th_err(ctx));
+    cr_assert_not_null(kiln_add(a, x2), "%s", th_err(ctx));
+    const char *want[4] = {"sum | mul* relu* add", "mul* relu | sum | sum add",
+                           "mul* relu | sum | assign | add", "mul* relu | sum | add"};
+    expect_plan(ctx, true, want[c]);
+    cr_assert_eq(compile_pending(ctx), KILN_OK, "%s", th_err(ctx));
+    th_free_scratch();
+    th_ctx_free(ctx);
+  }
+}

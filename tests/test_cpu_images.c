@@ -610,6 +610,39 @@ Test(images, batch_norm_forward_is_three_launches) {
   }
 }
 
+/* A residual sum of two batch norms in training (a ResNet block with a downsampling shortcut:
+ * the main branch's norm applied before the shortcut's statistics are recorded): both
+ * applications, the add and the ReLU in one kernel (fusion/plan.c's sink phase), the first
+ * application's output never written; two with KILN_EW_SINK=0. */
+Test(images, a_residual_sums_two_batch_norms_in_one_kernel) {
+  for (int sink = 1; sink >= 0; sink--) {
+    kiln_ctx *ctx = th_cpu_ctx();
+    ctx->ew_sink = sink;
+    kiln_tensor *x1 = th_f32(ctx, KILN_SHAPE(8, 6, 6, 16)),
+                *x2 = th_f32(ctx, KILN_SHAPE(8, 6, 6, 16));
+    kiln_tensor *w = th_param(ctx, KILN_SHAPE(16)), *b = th_param(ctx, KILN_SHAPE(16));
+    kiln_step_begin(ctx);
+    kiln_tensor *a = kiln_batch_norm(x1, w, b, NULL, NULL, 1, 0.1f, 1e-5f);
+    kiln_tensor *s = kiln_batch_norm(x2, w, b, NULL, NULL, 1, 0.1f, 1e-5f);
+    cr_assert_not_null(kiln_relu(kiln_add(a, s)), "%s", th_err(ctx));
+    kiln__plan p = checked_plan(ctx, true, "a residual sum of two batch norms");
+    const kiln__group *add = group_with(ctx, &p, KILN__OP_RELU); /* the add's */
+    cr_assert_not_null(add);
+    cr_assert_eq(members_of(ctx, &p, add, KILN__OP_BN_APPLY), sink ? 2 : 1,
+                 "sink %d: the applications in the add's kernel", sink);
+    int applies = 0;
+    for (int k = 0; k < p.ng; k++)
+      applies += members_of(ctx, &p, &p.g[k], KILN__OP_BN_APPLY) > 0;
+    cr_assert_eq(applies, sink ? 1 : 2, "sink %d: %d kernels apply a batch norm", sink, applies);
+    kiln__plan_free(&p);
+    cr_assert_eq(kiln__engine_compile(ctx, ctx->trace.done, ctx->trace.n), KILN_OK, "%s",
+                 th_err(ctx));
+    kiln_step_end(ctx);
+    th_free_scratch();
+    th_ctx_free(ctx);
+  }
+}
+
 /* Batch norm's backward with the batch's statistics: its sums of g and g xhat (a moments pass,
  * then the row program's two reductions) and the per-channel terms of dx (the means, invstd w)
  * in one kernel, which writes the bias's and the weight's gradients (the sums) into their .grad

@@ -344,6 +344,52 @@ Test(gpu_ops, batch_norm_sums_as_rows_in_fused_steps) {
       }
 }
 
+/* relu(bn(x1) + bn(x2)) and the gradients of x1 and x2 (malloc'd f32, n values each) in a fused
+ * step of a context made with KILN_EW_SINK set to `on`: the first batch norm's application,
+ * recorded before the second's statistics, runs in the add's kernel with it set. */
+static void residual_sum(const char *on, float *out[3], int64_t *n) {
+  setenv("KILN_EW_SINK", on, 1); /* read when the context is made */
+  TH_GPU_CTX(ctx);
+  unsetenv("KILN_EW_SINK");
+  kiln_set_graphs(ctx, 0);
+  kiln_shape xs = KILN_SHAPE(8, 6, 6, 16), cs = KILN_SHAPE(16);
+  kiln_tensor *x1 = ref_rand_tensor(ctx, xs, 6200, &REF_GEN(-1, 3), 1, NULL);
+  kiln_tensor *x2 = ref_rand_tensor(ctx, xs, 6201, &REF_GEN(-2, 1), 1, NULL);
+  kiln_tensor *w = ref_rand_tensor(ctx, cs, 6202, &REF_GEN(0.5f, 1.5f), 0, NULL);
+  kiln_tensor *b = ref_rand_tensor(ctx, cs, 6203, &REF_GEN(-1, 1), 0, NULL);
+  kiln_tensor *g = ref_rand_tensor(ctx, xs, 6204, &REF_GEN(-1, 1), 0, NULL);
+  kiln_step_begin(ctx);
+  kiln_tensor *a = kiln_batch_norm(x1, w, b, NULL, NULL, 1, 0.1f, 1e-5f);
+  kiln_tensor *s = kiln_batch_norm(x2, w, b, NULL, NULL, 1, 0.1f, 1e-5f);
+  kiln_tensor *y = kiln_relu(kiln_add(a, s));
+  cr_assert_eq(kiln_backward(kiln_sum(kiln_mul(y, g), KILN_ALL_AXES, 0)), KILN_OK, "%s",
+               th_err(ctx));
+  out[0] = ref_read_f32(ctx, y, "y");
+  out[1] = ref_read_f32(ctx, kiln_tensor_grad(x1), "x1's gradient");
+  out[2] = ref_read_f32(ctx, kiln_tensor_grad(x2), "x2's gradient");
+  *n = ref_numel(xs);
+  cr_assert_eq(kiln_step_end(ctx), KILN_OK, "%s", th_err(ctx));
+  kiln_tensor *ts[] = {x1, x2, w, b, g};
+  for (size_t k = 0; k < sizeof ts / sizeof *ts; k++)
+    kiln_tensor_free(ts[k]);
+  th_ctx_free(ctx);
+}
+
+/* KILN_EW_SINK (on by default) changes no value: a residual sum of two batch norms, its output
+ * and both inputs' gradients bitwise those with the switch off. */
+Test(gpu_ops, batch_norm_applied_in_the_residual_adds_kernel) {
+  float *on[3], *off[3];
+  int64_t n;
+  residual_sum("1", on, &n);
+  residual_sum("0", off, &n);
+  const char *names[3] = {"y", "x1's gradient", "x2's gradient"};
+  for (int q = 0; q < 3; q++) {
+    cr_assert_eq(memcmp(on[q], off[q], (size_t)n * sizeof(float)), 0, "%s differs", names[q]);
+    free(on[q]);
+    free(off[q]);
+  }
+}
+
 Test(gpu_ops, batch_norm_eval) {
   TH_GPU_CTX_EAGER(ctx);
   for (size_t i = 0; i < sizeof bn_cases / sizeof *bn_cases; i++)
