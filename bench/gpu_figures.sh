@@ -22,12 +22,13 @@
 #                     to a multiple of 8, beside cuDNN (issue 27)
 #   switches          the tests that set the switches under trial (test_gpu_bf16, test_gpu_ops_conv,
 #                     test_gpu_ops_norm), the air and resnet18 steps (graph mode) at the defaults
-#                     and with KILN_CONV_AHEAD=1, KILN_BN_ROWS=0 and KILN_EW_SINK=0
+#                     and with KILN_CONV_AHEAD=1, KILN_BN_ROWS=1 and KILN_EW_SINK=1
 #                     (bench/ab_steps.sh, three rounds interleaved; the earlier switches' timings
 #                     are in dev/README.md), and the air step's convolutions at the defaults
 #                     (bench/conv_compare.py beside cuDNN)
 #   launches          the same A/B for the switches that take launches out of the step (2026-12-05):
-#                     KILN_CONV_WGRAD_INTO=1, KILN_CAST_BATCH=1, KILN_CONV_DIRECT_EPI=1, all three
+#                     KILN_CONV_WGRAD_INTO=1, KILN_CAST_BATCH=1, KILN_CONV_DIRECT_EPI=1, and all five
+#                     (with KILN_BN_ROWS=1 KILN_EW_SINK=1)
 #   dgrad_depth       Nsight Compute on air's data gradients (the col2im kernels, ten launches) with
 #                     KILN_CONV_HOIST=2 and 4: time, registers, and the blocks an SM that registers
 #                     and shared memory allow (depth 4 lost 135 us a step on the H100, unexplained)
@@ -113,12 +114,13 @@ step attribution 200 "rm -rf /tmp/kiln-attribution && $build/profile_step --trac
     grep -o 'CUPTI names this kernel' \$f | wc -l
   done"
 step switches 500 "ctest --test-dir $build -R 'test_gpu_bf16|test_gpu_ops_conv|test_gpu_ops_norm' --output-on-failure | tail -n 3
-  bash bench/ab_steps.sh $build 3 air resnet18 -- '' KILN_CONV_AHEAD=1 KILN_BN_ROWS=0 KILN_EW_SINK=0
+  bash bench/ab_steps.sh $build 3 air resnet18 -- '' KILN_CONV_AHEAD=1 KILN_BN_ROWS=1 KILN_EW_SINK=1
   python3 bench/conv_bench.py --json > $out/cudnn_sw.jsonl && mkdir -p $out/trace_sw &&
   $build/profile_step --workload air --mode graph --trace $out/trace_sw > /dev/null &&
   python3 bench/conv_compare.py $out/trace_sw/air_graph.json $out/cudnn_sw.jsonl"
 step launches 450 "bash bench/ab_steps.sh $build 3 air resnet18 -- '' KILN_CONV_WGRAD_INTO=1 \
-  KILN_CAST_BATCH=1 KILN_CONV_DIRECT_EPI=1 'KILN_CONV_WGRAD_INTO=1 KILN_CAST_BATCH=1 KILN_CONV_DIRECT_EPI=1'"
+  KILN_CAST_BATCH=1 KILN_CONV_DIRECT_EPI=1 \
+  'KILN_BN_ROWS=1 KILN_EW_SINK=1 KILN_CONV_WGRAD_INTO=1 KILN_CAST_BATCH=1 KILN_CONV_DIRECT_EPI=1'"
 # a device call returns at most 8 files: everything in one archive, as .gpu/check.sh does
 tar -czf "${OUT:-/tmp/out}/figures.tgz" -C "$out" . && rm -rf "$out"
 printf '%s\n' "${summary[@]}"

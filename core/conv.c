@@ -486,7 +486,9 @@ bool kiln__moments(const char *fn, int mode, kiln_tensor *const *in, kiln_tensor
     for (int j = 0; j < 2 && all; j++)
       s[j] = kiln_slice(all, 0, j, j + 1, 1);
   }
-  return s[0] && s[1];
+  if (s[0] && s[1]) return true;
+  s[0] = s[1] = NULL; /* the context holds the error */
+  return false;
 }
 
 /* y = (x - mean) invstd weight + bias, over the last axis (the bn_apply op); NULL weight and bias

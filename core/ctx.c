@@ -159,9 +159,9 @@ kiln_ctx *kiln__ctx_create(const kiln_ctx_options *opts) {
   char *end = NULL;
   long depth = hoist ? strtol(hoist, &end, 10) : -1;
   ctx->conv_hoist = hoist && *hoist && !*end && depth >= 0 && depth <= 16 ? (int)depth : 2;
-  ctx->conv_ahead = env_on("KILN_CONV_AHEAD"); /* off until it has run on a GPU */
-  ctx->bn_rows = !env_off("KILN_BN_ROWS");
-  ctx->ew_sink = !env_off("KILN_EW_SINK");
+  ctx->conv_ahead = env_on("KILN_CONV_AHEAD");           /* off until it has run on a GPU */
+  ctx->bn_rows = env_on("KILN_BN_ROWS");                 /* off until it has run on a GPU */
+  ctx->ew_sink = env_on("KILN_EW_SINK");                 /* off until it has run on a GPU */
   ctx->conv_wgrad_into = env_on("KILN_CONV_WGRAD_INTO"); /* off until it has run on a GPU */
   ctx->cast_batch = env_on("KILN_CAST_BATCH");           /* off until it has run on a GPU */
   ctx->conv_direct_epi = env_on("KILN_CONV_DIRECT_EPI"); /* off until it has run on a GPU */

@@ -388,8 +388,8 @@ struct kiln_ctx {
   /* KILN_CONV_AHEAD=1: the cp.async forward products (and data gradients) whose reduction fits
    * their stages issue all its copies before their first product (conv.cuh's mainloop) */
   bool conv_ahead;
-  /* batch norm's partial sums summed as rows, one kernel with the per-channel values after them
-   * (kiln__moments; KILN_BN_ROWS=0: one column sum, the values in a kernel of their own) */
+  /* KILN_BN_ROWS=1: batch norm's partial sums summed as rows, one kernel with the per-channel
+   * values after them (kiln__moments; else one column sum, the values in a kernel of their own) */
   bool bn_rows;
   /* KILN_CONV_WGRAD_INTO=1: an implicit weight gradient writes the weight's f32 gradient itself
    * (fusion/plan_conv.c's kiln__wgrad_into_grad) */
@@ -400,8 +400,8 @@ struct kiln_ctx {
   /* KILN_CONV_DIRECT_EPI=1: a direct forward product applies the unary elementwise chain after it
    * before it stores (fusion/plan_conv.c's kiln__direct_epilogue) */
   bool conv_direct_epi;
-  /* an elementwise run read only by a later one of its space runs in its kernel (fusion/plan.c's
-   * phase_sink; KILN_EW_SINK=0: not) */
+  /* KILN_EW_SINK=1: an elementwise run read only by a later one of its space runs in its kernel
+   * (fusion/plan.c's phase_sink) */
   bool ew_sink;
   int conv_dgrad_bn; /* TMA data gradients' widest tile: 128, or KILN_CONV_DGRAD_BN (64; 256: 0) */
   struct CUstream_st *stream;

@@ -625,7 +625,9 @@ static bool phase_groups(kiln_ctx *ctx, kiln__plan *p, bool fuse) {
       open = NULL;
     }
     int32_t casts[KILN__MAX_CASTS];
-    int nc = kind == KILN__KIND_EW && fuse && ctx->cast_batch ? batch_casts(ctx, p, i, casts) : 0;
+    int nc = kind == KILN__KIND_EW && fuse && ctx->cast_batch && batch_cast(ctx, p, i)
+                 ? batch_casts(ctx, p, i, casts)
+                 : 0;
     if (nc >= 2 && casts[0] == i) { /* parameters' casts, each over its own shape, at once */
       open = NULL;
       kiln__group *g = new_group(ctx, p, KILN__KIND_EW, i);
@@ -807,7 +809,7 @@ static bool can_sink(const kiln_ctx *ctx, const kiln__plan *p, int ka, int kb) {
 /* Elementwise runs that a later run of the same space reads, and nothing else: a ResNet block's
  * main-branch batch norm, applied before its shortcut's convolution and batch norm are recorded
  * and read only by the add after them, runs inside the add's kernel, so that its output is never
- * written (KILN_EW_SINK=0: each run a kernel of its own). The group moves to the later one's
+ * written (KILN_EW_SINK=1, off until it has run on a GPU). The group moves to the later one's
  * place; groups after it shift down. */
 static bool phase_sink(kiln_ctx *ctx, kiln__plan *p, bool fuse) {
   if (!fuse || !ctx->ew_sink) return true;

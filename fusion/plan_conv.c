@@ -300,9 +300,9 @@ static int32_t sole_use(const kiln_ctx *ctx, const kiln__plan *p, int32_t i) {
  * store does, widened, and written at its place in G, the cast and the assignment members of its
  * group (two launches fewer, and D never written). The views between are checked by what they
  * show (storage, offset, shape and strides), each value has that one reader, G is dense f32, and
- * no node between w and the assignment reads or writes G (the group writes it at w's place in the
- * flush). Sets *cast and *assign; where the cast was to write through to G (a 1x1 window), the
- * caller takes that back. */
+ * no node of the flush before the assignment reads or writes G (the group writes it at w's place
+ * in the flush). Sets *cast and *assign; where the cast was to write through to G (a 1x1 window),
+ * the caller takes that back. */
 bool kiln__wgrad_into_grad(const kiln_ctx *ctx, const kiln__plan *p, int32_t w, int32_t *cast,
                            int32_t *assign) {
   const kiln__node *nodes = ctx->trace.nodes;
@@ -317,6 +317,7 @@ bool kiln__wgrad_into_grad(const kiln_ctx *ctx, const kiln__plan *p, int32_t w, 
    * view shows the cast's bytes in their order), which the group then takes over */
   if (a < 0 || nodes[cv].op != KILN__OP_CAST || nodes[a].op != KILN__OP_ASSIGN ||
       p->group_of[cv - p->first] >= 0 || p->group_of[a - p->first] >= 0 ||
+      p->claim[cv - p->first] >= 0 ||
       (p->claim[a - p->first] >= 0 &&
        (p->claim[a - p->first] != cv || p->write_to[cv - p->first] != nodes[a].in[0])))
     return false;
@@ -334,7 +335,9 @@ bool kiln__wgrad_into_grad(const kiln_ctx *ctx, const kiln__plan *p, int32_t w, 
     shapes = R->shape[d] == r[d] && T->shape[d] == g[d] && G->shape[d] == g[d] &&
              (T->stride[d] == F->stride[order[d]] || g[d] == 1); /* any stride along 1 */
   if (!shapes) return false;
-  for (int32_t j = w + 1; j < a; j++) /* G keeps its old value until the assignment */
+  /* G keeps its old value until the assignment: nothing of the flush before it reads or writes
+   * G (a reader before w could otherwise be moved after it, by the sink phase) */
+  for (int32_t j = p->first; j < a; j++)
     for (int q = 0; q < nodes[j].nin; q++)
       if (nodes[j].in[q]->st == G->st && kiln__ops[nodes[j].op].kind != KILN__KIND_VIEW)
         return false;

@@ -126,13 +126,29 @@ static const char *check_group(const kiln_ctx *ctx, const kiln__plan *p, int k, 
   const kiln__node *first = &nodes[p->members[g->first]];
   switch (g->kind) {
   case KILN__KIND_EW:
-    if (g->batch) { /* casts of parameters, each over its own shape */
+    if (g->batch) { /* casts of parameters, each over its own shape, all at the first's place */
       if (g->n < 2 || g->n > KILN__MAX_CASTS)
         return bad(why, n, "multi-tensor cast %d of %d casts", k, g->n);
-      for (int m = 0; m < g->n; m++)
-        if (nodes[p->members[g->first + m]].op != KILN__OP_CAST)
-          return bad(why, n, "multi-tensor cast %d holds #%d (%s)", k, p->members[g->first + m],
-                     kiln__ops[nodes[p->members[g->first + m]].op].name);
+      for (int m = 0; m < g->n; m++) {
+        int32_t i = p->members[g->first + m];
+        const kiln_tensor *root = nodes[i].in[0];
+        for (int32_t v = direct_producer(ctx, p, root); v >= 0; v = direct_producer(ctx, p, root)) {
+          if (kiln__ops[nodes[v].op].kind != KILN__KIND_VIEW) break;
+          root = nodes[v].in[0];
+        }
+        if (nodes[i].op != KILN__OP_CAST || !root->persistent)
+          return bad(why, n, "multi-tensor cast %d holds #%d (%s), no cast of a parameter", k, i,
+                     kiln__ops[nodes[i].op].name);
+        for (int32_t j = p->members[g->first]; j < i; j++) {
+          const kiln_tensor *to = p->write_to[j - p->first];
+          bool writes = to && to->st == root->st;
+          for (int q = 0; q < nodes[j].nin; q++)
+            writes |= (kiln__ops[nodes[j].op].stores & (1u << q)) && nodes[j].in[q]->st == root->st;
+          if (writes)
+            return bad(why, n, "multi-tensor cast %d reads #%d's parameter before #%d writes it", k,
+                       i, j);
+        }
+      }
       break;
     }
     for (int m = 0; m < g->n; m++) {
@@ -207,9 +223,23 @@ static const char *check_group(const kiln_ctx *ctx, const kiln__plan *p, int k, 
       int32_t cv = into ? p->members[g->first + 1] : -1, a = into ? p->members[g->first + 2] : -1;
       if (into && (nodes[cv].op != KILN__OP_CAST || nodes[a].op != KILN__OP_ASSIGN ||
                    nodes[a].in[0] != g->grad || p->store[cv - p->first] ||
+                   p->write_to[cv - p->first] || p->claim[a - p->first] >= 0 ||
                    owner(ctx, p, nodes[a].in[1]) != cv || owner(ctx, p, nodes[cv].in[0]) != mm))
         return bad(why, n,
                    "group %d: a weight gradient writing .grad without its cast and assignment", k);
+      if (into) { /* the weight's gradient, (CO, CI, KH, KW), unread before the assignment */
+        kiln__win w = kiln__win_of(&nodes[c]);
+        const int64_t want[4] = {nodes[mm].out->shape[0], nodes[c].in[0]->shape[3], w.kh, w.kw};
+        for (int d = 0; d < 4; d++)
+          if (g->grad->ndim != 4 || g->grad->shape[d] != want[d])
+            return bad(why, n, "group %d: a weight gradient writing .grad of another shape", k);
+        for (int32_t j = p->first; j < a; j++)
+          for (int q = 0; q < nodes[j].nin; q++)
+            if (nodes[j].in[q]->st == g->grad->st && kiln__ops[nodes[j].op].kind != KILN__KIND_VIEW)
+              return bad(why, n,
+                         "group %d writes .grad, which #%d (%s) reads before its assignment", k, j,
+                         kiln__ops[nodes[j].op].name);
+      }
       break;
     }
     /* an implicit product first: col2im's, which it claims */

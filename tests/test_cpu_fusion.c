@@ -551,7 +551,7 @@ Test(fusion, parameters_cast_in_one_launch_with_the_switch) {
 /* An elementwise run read only by a later run of its space, with other nodes between (a ResNet
  * block's main-branch batch norm and the add after its shortcut), runs inside the later run's
  * kernel, at its place, its values never written; not when another group reads one of its
- * values, nor when a node between writes what it reads, nor with KILN_EW_SINK=0. */
+ * values, nor when a node between writes what it reads, nor without KILN_EW_SINK=1. */
 Test(fusion, a_run_read_only_by_a_later_run_joins_it) {
   for (int c = 0; c < 4; c++) {
     kiln_ctx *ctx = th_cpu_ctx();

@@ -563,8 +563,8 @@ static int members_of(kiln_ctx *ctx, const kiln__plan *p, const kiln__group *g, 
  * which the per-channel values and the running statistics' new values join, writing the new
  * running values into their buffers (no assignment: the thread that writes a channel's new value
  * has read its old one); the normalisation with the ReLU after it in one kernel: three launches.
- * With bn_rows off (KILN_BN_ROWS=0), the partial sums are one column sum and the values a kernel
- * of their own: four. */
+ * With bn_rows off (without KILN_BN_ROWS=1), the partial sums are one column sum and the values a
+ * kernel of their own: four. */
 Test(images, batch_norm_forward_is_three_launches) {
   for (int rows = 1; rows >= 0; rows--) {
     kiln_ctx *ctx = th_cpu_ctx();
@@ -613,7 +613,7 @@ Test(images, batch_norm_forward_is_three_launches) {
 /* A residual sum of two batch norms in training (a ResNet block with a downsampling shortcut:
  * the main branch's norm applied before the shortcut's statistics are recorded): both
  * applications, the add and the ReLU in one kernel (fusion/plan.c's sink phase), the first
- * application's output never written; two with KILN_EW_SINK=0. */
+ * application's output never written (KILN_EW_SINK=1); two without. */
 Test(images, a_residual_sums_two_batch_norms_in_one_kernel) {
   for (int sink = 1; sink >= 0; sink--) {
     kiln_ctx *ctx = th_cpu_ctx();
@@ -649,6 +649,7 @@ Test(images, a_residual_sums_two_batch_norms_in_one_kernel) {
  * buffers; dx's kernel writes x's: no assignment runs in a kernel of its own. */
 Test(images, batch_norm_backward_sums_and_terms_are_one_kernel) {
   kiln_ctx *ctx = th_cpu_ctx();
+  ctx->bn_rows = true; /* KILN_BN_ROWS=1 */
   kiln_tensor *x = th_param(ctx, KILN_SHAPE(8, 6, 6, 16)), *w = th_param(ctx, KILN_SHAPE(16)),
               *b = th_param(ctx, KILN_SHAPE(16)), *rm = th_f32(ctx, KILN_SHAPE(16)),
               *rv = th_f32(ctx, KILN_SHAPE(16));

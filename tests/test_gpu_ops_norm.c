@@ -279,42 +279,50 @@ Test(gpu_ops, activation_after_batch_norm_from_a_recomputed_input) {
 
 /* Batch norm in fused steps (training, running statistics, affine), its partial sums summed as
  * the rows of a row program that also computes the per-channel values and writes the running
- * statistics and the weight's and bias's gradients (the default), or as one column sum with the
- * values in a kernel of their own (KILN_BN_ROWS=0); without step graphs, then with them (two
+ * statistics and the weight's and bias's gradients (KILN_BN_ROWS=1), or as one column sum with the
+ * values in a kernel of their own (without it); without step graphs, then with them (two
  * steps: the second replays). The output, the running statistics after each step and the
- * gradients of x, the weight and the bias against float64; 3 and 32 partial sums a channel. */
+ * gradients of x, the weight and the bias against float64; 3 and 32 partial sums a channel, and
+ * without affine parameters (the scale of dx then invstd times a (1, 1) one). */
 Test(gpu_ops, batch_norm_sums_as_rows_in_fused_steps) {
-  const kiln_shape shapes[2] = {KILN_SHAPE(8, 6, 6, 16), KILN_SHAPE(16, 16, 16, 64)};
+  const kiln_shape shapes[3] = {KILN_SHAPE(8, 6, 6, 16), KILN_SHAPE(16, 16, 16, 64),
+                                KILN_SHAPE(8, 6, 6, 16)};
   for (int rows = 1; rows >= 0; rows--)
-    for (int s = 0; s < 2; s++)
+    for (int s = 0; s < 3; s++) /* the third without affine parameters */
       for (int graphs = 0; graphs < 2; graphs++) {
         setenv("KILN_BN_ROWS", rows ? "1" : "0", 1); /* read when the context is made */
         TH_GPU_CTX(ctx);
         unsetenv("KILN_BN_ROWS");
         kiln_set_graphs(ctx, graphs);
+        bool affine = s < 2;
         kiln_shape xs = shapes[s], cs = KILN_SHAPE(xs.d[3]);
         int64_t nx = ref_numel(xs), C = cs.d[0], M = nx / C;
         uint64_t seed = 6100 + 10 * (uint64_t)s;
-        float *xh, *wh, *bh, *rmh, *rvh, *gh;
+        float *xh, *wh = NULL, *bh = NULL, *rmh, *rvh, *gh;
         kiln_tensor *x = ref_rand_tensor(ctx, xs, seed, &REF_GEN(-1, 3), 1, &xh);
-        kiln_tensor *w = ref_rand_tensor(ctx, cs, seed + 1, &REF_GEN(0.5f, 1.5f), 1, &wh);
-        kiln_tensor *b = ref_rand_tensor(ctx, cs, seed + 2, &REF_GEN(-1, 1), 1, &bh);
+        kiln_tensor *w =
+            affine ? ref_rand_tensor(ctx, cs, seed + 1, &REF_GEN(0.5f, 1.5f), 1, &wh) : NULL;
+        kiln_tensor *b =
+            affine ? ref_rand_tensor(ctx, cs, seed + 2, &REF_GEN(-1, 1), 1, &bh) : NULL;
         kiln_tensor *rm = ref_rand_tensor(ctx, cs, seed + 3, &REF_GEN(-0.5f, 0.5f), 0, &rmh);
         kiln_tensor *rv = ref_rand_tensor(ctx, cs, seed + 4, &REF_GEN(0.5f, 2), 0, &rvh);
         kiln_tensor *g = ref_rand_tensor(ctx, xs, seed + 5, &REF_GEN(-1, 1), 0, &gh);
-        double *xd = ref_to_double(xh, nx), *wd = ref_to_double(wh, C), *bd = ref_to_double(bh, C);
+        double *xd = ref_to_double(xh, nx), *wd = wh ? ref_to_double(wh, C) : NULL;
+        double *bd = bh ? ref_to_double(bh, C) : NULL;
         double *rmd = ref_to_double(rmh, C), *rvd = ref_to_double(rvh, C);
         double *gd = ref_to_double(gh, nx), *y = ref_dalloc(nx), *dx = ref_dalloc(nx);
         double *dw = ref_dalloc(C), *db = ref_dalloc(C);
         for (int step = 0; step < 2; step++) {
           char what[200], sh[96];
-          snprintf(what, sizeof what, "batch norm of %s, bn_rows %d, graphs %d, step %d",
-                   kiln_shape_str(xs, sh, sizeof sh), rows, graphs, step + 1);
+          snprintf(what, sizeof what, "batch norm of %s, affine %d, bn_rows %d, graphs %d, step %d",
+                   kiln_shape_str(xs, sh, sizeof sh), affine, rows, graphs, step + 1);
           ref_batch_norm(xd, M, C, wd, bd, rmd, rvd, 1, 0.1, 1e-5, y); /* updates rmd, rvd */
           ref_batch_norm_backward(xd, M, C, wd, NULL, NULL, 1, 1e-5, gd, dx, dw, db);
           kiln_tensor_zero_grad(x);
-          kiln_tensor_zero_grad(w);
-          kiln_tensor_zero_grad(b);
+          if (affine) {
+            kiln_tensor_zero_grad(w);
+            kiln_tensor_zero_grad(b);
+          }
           kiln_step_begin(ctx);
           kiln_tensor *out = kiln_batch_norm(x, w, b, rm, rv, 1, 0.1f, 1e-5f);
           cr_assert_eq(kiln_backward(kiln_sum(kiln_mul(out, g), KILN_ALL_AXES, 0)), KILN_OK,
@@ -323,8 +331,10 @@ Test(gpu_ops, batch_norm_sums_as_rows_in_fused_steps) {
           if (!graphs) /* a step graph's intermediates may share memory with later ones */
             ref_expect_close(ctx, out, xs, y, FWD_TOL, FWD_TOL, what);
           expect_grad(ctx, x, xs, dx, what, "x");
-          expect_grad(ctx, w, cs, dw, what, "the weight");
-          expect_grad(ctx, b, cs, db, what, "the bias");
+          if (affine) {
+            expect_grad(ctx, w, cs, dw, what, "the weight");
+            expect_grad(ctx, b, cs, db, what, "the bias");
+          }
           char wr[260];
           snprintf(wr, sizeof wr, "%s: running mean", what);
           ref_expect_close(ctx, rm, cs, rmd, 1e-5, 1e-5, wr);
@@ -375,7 +385,7 @@ static void residual_sum(const char *on, float *out[3], int64_t *n) {
   th_ctx_free(ctx);
 }
 
-/* KILN_EW_SINK (on by default) changes no value: a residual sum of two batch norms, its output
+/* KILN_EW_SINK=1 changes no value: a residual sum of two batch norms, its output
  * and both inputs' gradients bitwise those with the switch off. */
 Test(gpu_ops, batch_norm_applied_in_the_residual_adds_kernel) {
   float *on[3], *off[3];
