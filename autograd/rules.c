@@ -395,9 +395,9 @@ void kiln__grad_bn_apply(kiln__bw *b, const kiln__node *n, kiln_tensor *g, kiln_
        * full-size chain over their (C) views in one run of trace nodes, which the planner fuses
        * into one kernel (xhat never written) */
       float inv_r = (float)(1.0 / (double)R);
-      kiln_tensor *mg = kiln_mul_scalar(s[0], inv_r), *mgx = kiln_mul_scalar(s[1], inv_r);
       kiln_tensor *scale = kiln_mul(kiln_reshape(invstd, KILN_SHAPE(1, C)),
                                     kiln_reshape(w, KILN_SHAPE(1, -1))); /* (1, C) or (1, 1) */
+      kiln_tensor *mg = kiln_mul_scalar(s[0], inv_r), *mgx = kiln_mul_scalar(s[1], inv_r);
       kiln_tensor *xhat = kiln_mul(kiln_sub(x, mean), invstd);
       kiln_tensor *d = kiln_sub(kiln_sub(g, kiln_reshape(mg, KILN_SHAPE(C))),
                                 kiln_mul(xhat, kiln_reshape(mgx, KILN_SHAPE(C))));
