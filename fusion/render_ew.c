@@ -188,6 +188,18 @@ bool kiln__render_ew(const kiln__target *t, const kiln__ew_prog *p, kiln__render
  * a guarded update's flag and count) is read at its element 0; one that is also written
  * (found_inf's flag) is stored only by the elements whose expression changed it, all of which
  * store the same value. */
+/* Names and wraps a multi-tensor kernel's body b (freed): blockIdx.y picks one of its T tensors,
+ * the largest of `most` elements, which a grid-stride loop covers. */
+static bool finish_multi(kiln__sb *b, const char *stem, const kiln__target *tg, int64_t most, int T,
+                         kiln__rendered *r) {
+  bool ok = kiln__finish(b, stem, NULL, r);
+  kiln__sb_free(b);
+  r->block = KILN__BLOCK;
+  r->grid = kiln__grid_for(tg, most);
+  r->grid_y = (unsigned)T;
+  return ok;
+}
+
 bool kiln__render_updates(const kiln__target *tg, const kiln__node *const *nodes, int T,
                           kiln__rendered *r) {
   const kiln__node *n0 = nodes[0];
@@ -240,12 +252,7 @@ bool kiln__render_updates(const kiln__target *tg, const kiln__node *const *nodes
   kiln__sb_printf(&b, "  }\n");
   char stem[64];
   snprintf(stem, sizeof stem, "k_%s_f32_x%d", info->name, T);
-  bool ok = kiln__finish(&b, stem, NULL, r);
-  kiln__sb_free(&b);
-  r->block = KILN__BLOCK;
-  r->grid = kiln__grid_for(tg, most);
-  r->grid_y = (unsigned)T;
-  return ok;
+  return finish_multi(&b, stem, tg, most, T, r);
 }
 
 /* ---------------------------------------------------------------- multi-tensor casts */
@@ -294,12 +301,7 @@ bool kiln__render_casts(const kiln__target *tg, const kiln__node *const *nodes, 
   r->arg.nptr = 2 * T;
   char stem[64];
   snprintf(stem, sizeof stem, "k_cast_x%d", T);
-  bool ok = kiln__finish(&b, stem, NULL, r);
-  kiln__sb_free(&b);
-  r->block = KILN__BLOCK;
-  r->grid = kiln__grid_for(tg, most);
-  r->grid_y = (unsigned)T;
-  return ok;
+  return finish_multi(&b, stem, tg, most, T, r);
 }
 
 /* ---------------------------------------------------------------- row gathers */

@@ -148,20 +148,27 @@ Test(conv_tma, windows_and_channels_the_kernels_take) {
 
 /* ---------------------------------------------------------------- plans and kernels */
 
-/* Records, in a new step, the bf16 y = conv2d(relu(x)) of x (n, h, w, cin), a 3x3 weight with
- * cout filters, padding 1, stride s, and the backward pass of sum(y). */
-static void record_image(kiln_ctx *ctx, const char *what, int64_t n, int64_t h, int64_t w,
-                         int64_t cin, int64_t cout, int s) {
+/* Records, in a new step, the bf16 y = conv2d(relu(x)) of x (n, h, w, cin), a kxk weight with
+ * cout filters, padding k / 2, stride s, and the backward pass of sum(y). */
+static void record_window(kiln_ctx *ctx, const char *what, int64_t n, int64_t h, int64_t w,
+                          int64_t cin, int64_t cout, int64_t kk, int s) {
   kiln_step_begin(ctx);
   kiln_tensor *x = th_param(ctx, KILN_SHAPE(n, h, w, cin));
-  kiln_tensor *k = th_param(ctx, KILN_SHAPE(cout, cin, 3, 3));
-  kiln_conv2d_options o = {.pad_h = 1, .pad_w = 1, .stride_h = s, .stride_w = s};
+  kiln_tensor *k = th_param(ctx, KILN_SHAPE(cout, cin, kk, kk));
+  int pad = (int)(kk / 2);
+  kiln_conv2d_options o = {.pad_h = pad, .pad_w = pad, .stride_h = s, .stride_w = s};
   kiln_autocast_begin(ctx, KILN_DTYPE_BF16);
   kiln_tensor *y = kiln_conv2d(kiln_relu(x), k, NULL, &o);
   kiln_autocast_end(ctx);
   cr_assert_not_null(y, "%s: %s", what, th_err(ctx));
   cr_assert_eq(kiln_backward(kiln_cast(kiln_sum(y, KILN_ALL_AXES, 0), KILN_DTYPE_F32)), KILN_OK,
                "%s: %s", what, th_err(ctx));
+}
+
+/* record_window with a 3x3 weight, padding 1. */
+static void record_image(kiln_ctx *ctx, const char *what, int64_t n, int64_t h, int64_t w,
+                         int64_t cin, int64_t cout, int s) {
+  record_window(ctx, what, n, h, w, cin, cout, 3, s);
 }
 
 /* Frees a program built for the open step, then ends the step and frees the context. */
@@ -616,20 +623,7 @@ Test(conv_tma, weight_gradients_write_the_gradient_with_the_switch) {
                  (long long)k[i], (long long)k[i], s, on);
         kiln_ctx *ctx = th_cpu_ctx();
         ctx->conv_wgrad_into = on;
-        if (k[i] == 3) {
-          record(ctx, what, cin[i], 64, s);
-        } else {
-          kiln_step_begin(ctx);
-          kiln_tensor *x = th_param(ctx, KILN_SHAPE(4, 9, 7, cin[i]));
-          kiln_tensor *wt = th_param(ctx, KILN_SHAPE(64, cin[i], 1, 1));
-          kiln_conv2d_options o = {.stride_h = s, .stride_w = s};
-          kiln_autocast_begin(ctx, KILN_DTYPE_BF16);
-          kiln_tensor *y = kiln_conv2d(kiln_relu(x), wt, NULL, &o);
-          kiln_autocast_end(ctx);
-          cr_assert_not_null(y, "%s: %s", what, th_err(ctx));
-          cr_assert_eq(kiln_backward(kiln_cast(kiln_sum(y, KILN_ALL_AXES, 0), KILN_DTYPE_F32)),
-                       KILN_OK, "%s: %s", what, th_err(ctx));
-        }
+        record_window(ctx, what, 4, 9, 7, cin[i], 64, k[i], s);
         kiln__program pg;
         cr_assert(kiln__program_build(ctx, ctx->trace.done, ctx->trace.n, &pg), "%s: %s", what,
                   th_err(ctx));

@@ -542,6 +542,16 @@ Test(images, conv_bn_relu_block_plans_and_compiles) {
   th_ctx_free(ctx);
 }
 
+/* Frees plan p, compiles the open step's kernels (NVRTC), ends the step and frees the context. */
+static void compile_and_finish(kiln_ctx *ctx, kiln__plan *p) {
+  kiln__plan_free(p);
+  cr_assert_eq(kiln__engine_compile(ctx, ctx->trace.done, ctx->trace.n), KILN_OK, "%s",
+               th_err(ctx));
+  kiln_step_end(ctx);
+  th_free_scratch();
+  th_ctx_free(ctx);
+}
+
 /* The group of the plan that holds node `op` (the first such node), or NULL. */
 static const kiln__group *group_with(kiln_ctx *ctx, const kiln__plan *p, kiln__op op) {
   for (int32_t i = p->first; i < p->last; i++)
@@ -601,12 +611,7 @@ Test(images, batch_norm_forward_is_three_launches) {
     cr_assert(last->n == 2 && th_node(ctx, p.members[last->first])->op == KILN__OP_BN_APPLY &&
                   th_node(ctx, p.members[last->first + 1])->op == KILN__OP_RELU,
               "the normalisation and the ReLU in one kernel");
-    kiln__plan_free(&p);
-    cr_assert_eq(kiln__engine_compile(ctx, ctx->trace.done, ctx->trace.n), KILN_OK, "%s",
-                 th_err(ctx));
-    kiln_step_end(ctx);
-    th_free_scratch();
-    th_ctx_free(ctx);
+    compile_and_finish(ctx, &p);
   }
 }
 
@@ -634,12 +639,7 @@ Test(images, a_residual_sums_two_batch_norms_in_one_kernel) {
     for (int k = 0; k < p.ng; k++)
       applies += members_of(ctx, &p, &p.g[k], KILN__OP_BN_APPLY) > 0;
     cr_assert_eq(applies, sink ? 1 : 2, "sink %d: %d kernels apply a batch norm", sink, applies);
-    kiln__plan_free(&p);
-    cr_assert_eq(kiln__engine_compile(ctx, ctx->trace.done, ctx->trace.n), KILN_OK, "%s",
-                 th_err(ctx));
-    kiln_step_end(ctx);
-    th_free_scratch();
-    th_ctx_free(ctx);
+    compile_and_finish(ctx, &p);
   }
 }
 
@@ -679,12 +679,7 @@ Test(images, batch_norm_backward_sums_and_terms_are_one_kernel) {
   }
   cr_assert_eq(through, 2, "the weight's and the bias's gradients written by the row program");
   cr_assert_eq(assigns, 0, "%d gradients assigned by a kernel of their own", assigns);
-  kiln__plan_free(&p);
-  cr_assert_eq(kiln__engine_compile(ctx, ctx->trace.done, ctx->trace.n), KILN_OK, "%s",
-               th_err(ctx));
-  kiln_step_end(ctx);
-  th_free_scratch();
-  th_ctx_free(ctx);
+  compile_and_finish(ctx, &p);
 }
 
 /* Whether the fused plan of the pending nodes computes a col2im together with its product (an
