@@ -26,6 +26,10 @@
 #                     (bench/ab_steps.sh, three rounds interleaved; the earlier switches' timings
 #                     are in dev/README.md), and the air step's convolutions at the defaults
 #                     (bench/conv_compare.py beside cuDNN)
+#   suite_switches    the whole GPU suite (ctest, fuzzers aside) with every switch prepared without a
+#                     GPU on: KILN_BN_ROWS=1 KILN_EW_SINK=1 KILN_CONV_WGRAD_INTO=1 KILN_CAST_BATCH=1
+#                     KILN_CONV_DIRECT_EPI=1 KILN_CONV_AHEAD=1 (each test's own setting aside, the
+#                     suite's every plan takes them), before they are turned on
 #   launches          the same A/B for the switches that take launches out of the step (2026-12-05):
 #                     KILN_CONV_WGRAD_INTO=1, KILN_CAST_BATCH=1, KILN_CONV_DIRECT_EPI=1, and all five
 #                     (with KILN_BN_ROWS=1 KILN_EW_SINK=1)
@@ -118,6 +122,8 @@ step switches 500 "ctest --test-dir $build -R 'test_gpu_bf16|test_gpu_ops_conv|t
   python3 bench/conv_bench.py --json > $out/cudnn_sw.jsonl && mkdir -p $out/trace_sw &&
   $build/profile_step --workload air --mode graph --trace $out/trace_sw > /dev/null &&
   python3 bench/conv_compare.py $out/trace_sw/air_graph.json $out/cudnn_sw.jsonl"
+step suite_switches 420 "KILN_BN_ROWS=1 KILN_EW_SINK=1 KILN_CONV_WGRAD_INTO=1 KILN_CAST_BATCH=1 \
+  KILN_CONV_DIRECT_EPI=1 KILN_CONV_AHEAD=1 ctest --test-dir $build -E '^fuzz_' --output-on-failure | tail -n 25"
 step launches 450 "bash bench/ab_steps.sh $build 3 air resnet18 -- '' KILN_CONV_WGRAD_INTO=1 \
   KILN_CAST_BATCH=1 KILN_CONV_DIRECT_EPI=1 \
   'KILN_BN_ROWS=1 KILN_EW_SINK=1 KILN_CONV_WGRAD_INTO=1 KILN_CAST_BATCH=1 KILN_CONV_DIRECT_EPI=1'"
