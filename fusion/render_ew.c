@@ -269,6 +269,7 @@ bool kiln__render_casts(const kiln__target *tg, const kiln__node *const *nodes, 
                 kiln__same_shape(x, y));
     int64_t n = kiln_tensor_numel(y);
     if (n > most) most = n;
+    r->arg.args.n += n; /* the executor launches nothing for 0 */
     r->arg.ptr[2 * t] = x;
     r->arg.ptr[2 * t + 1] = y;
     r->bytes_read += kiln__footprint(x);
