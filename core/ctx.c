@@ -159,12 +159,17 @@ kiln_ctx *kiln__ctx_create(const kiln_ctx_options *opts) {
   char *end = NULL;
   long depth = hoist ? strtol(hoist, &end, 10) : -1;
   ctx->conv_hoist = hoist && *hoist && !*end && depth >= 0 && depth <= 16 ? (int)depth : 2;
-  ctx->conv_ahead = env_on("KILN_CONV_AHEAD");           /* off until it has run on a GPU */
-  ctx->bn_rows = env_on("KILN_BN_ROWS");                 /* off until it has run on a GPU */
-  ctx->ew_sink = env_on("KILN_EW_SINK");                 /* off until it has run on a GPU */
-  ctx->conv_wgrad_into = env_on("KILN_CONV_WGRAD_INTO"); /* off until it has run on a GPU */
-  ctx->cast_batch = env_on("KILN_CAST_BATCH");           /* off until it has run on a GPU */
-  ctx->conv_direct_epi = env_on("KILN_CONV_DIRECT_EPI"); /* off until it has run on a GPU */
+  /* the H200 run of 2026-12-05 (bench/ab_steps.sh, medians of three rounds; README's table of
+   * switches): the multi-tensor casts took the air step from 2.696 ms to 2.681, the whitening
+   * conv's GELU in its kernel to 2.678, so they are on; the others stay off: KILN_CONV_AHEAD and
+   * KILN_BN_ROWS no faster (2.702 and 2.696 against 2.689), KILN_CONV_WGRAD_INTO slower (2.723),
+   * KILN_EW_SINK no faster on resnet18 and one ulp off in a gradient-clipping test */
+  ctx->conv_ahead = env_on("KILN_CONV_AHEAD");
+  ctx->bn_rows = env_on("KILN_BN_ROWS");
+  ctx->ew_sink = env_on("KILN_EW_SINK");
+  ctx->conv_wgrad_into = env_on("KILN_CONV_WGRAD_INTO");
+  ctx->cast_batch = !env_off("KILN_CAST_BATCH");
+  ctx->conv_direct_epi = !env_off("KILN_CONV_DIRECT_EPI");
   ctx->conv_dgrad_bn = 128; /* KILN_CONV_DGRAD_BN=256: one tile as wide as the channels (0) */
   const char *dgrad_bn = getenv("KILN_CONV_DGRAD_BN");
   if (dgrad_bn && (strcmp(dgrad_bn, "64") == 0 || strcmp(dgrad_bn, "128") == 0))

@@ -394,11 +394,11 @@ struct kiln_ctx {
   /* KILN_CONV_WGRAD_INTO=1: an implicit weight gradient writes the weight's f32 gradient itself
    * (fusion/plan_conv.c's kiln__wgrad_into_grad) */
   bool conv_wgrad_into;
-  /* KILN_CAST_BATCH=1: casts of parameters (through views) that only products read run as one
-   * multi-tensor launch (fusion/plan.c's batch_casts) */
+  /* casts of parameters (through views) that only products read run as one multi-tensor launch
+   * (fusion/plan.c's batch_casts; KILN_CAST_BATCH=0: not) */
   bool cast_batch;
-  /* KILN_CONV_DIRECT_EPI=1: a direct forward product applies the unary elementwise chain after it
-   * before it stores (fusion/plan_conv.c's kiln__direct_epilogue) */
+  /* a direct forward product applies the unary elementwise chain after it before it stores
+   * (fusion/plan_conv.c's kiln__direct_epilogue; KILN_CONV_DIRECT_EPI=0: not) */
   bool conv_direct_epi;
   /* KILN_EW_SINK=1: an elementwise run read only by a later one of its space runs in its kernel
    * (fusion/plan.c's phase_sink) */

@@ -86,7 +86,7 @@ typedef struct kiln__group {
    * elementwise run that computes its dy, run where it reads dy (kiln__pool_grad_prologue) */
   int prologue;
   /* EW: casts of parameters, each over its own shape, in one multi-tensor launch (plan.c's
-   * batch_casts; KILN_CAST_BATCH=1) */
+   * batch_casts; KILN_CAST_BATCH=0: not) */
   bool batch;
 } kiln__group;
 
@@ -147,7 +147,7 @@ bool kiln__pool_grad_prologue(const kiln_ctx *ctx, const kiln__plan *p, const ki
 bool kiln__dgrad_on_wgmma(const kiln_ctx *ctx, const kiln__node *cn, kiln_dtype dt, int64_t co,
                           int64_t ci);
 bool kiln__implicit_conv(kiln_ctx *ctx, const kiln__plan *p, int32_t c, int32_t *f, int32_t *w);
-/* (KILN_CONV_DIRECT_EPI=1, off until it has run on a GPU.) The unary elementwise chain that the
+/* (KILN_CONV_DIRECT_EPI=0 turns it off.) The unary elementwise chain that the
  * direct forward product of group g (conv_direct.cuh: a thread an output pixel, its channels in
  * registers) applies before it stores (air's whitening conv and its GELU): nodes without
  * attributes or coordinates, the first reading the product's result as the image, each the only

@@ -293,7 +293,8 @@ static int32_t sole_use(const kiln_ctx *ctx, const kiln__plan *p, int32_t i) {
   return j;
 }
 
-/* (KILN_CONV_WGRAD_INTO=1, off until it has run on a GPU.) An implicit weight gradient w, whose
+/* (KILN_CONV_WGRAD_INTO=1; off: slower on the H200, its scattered stores.) An implicit weight
+ * gradient w, whose
  * bf16 result D (CO, K) kiln_conv2d's autocast rules turn into the weight's f32 gradient as
  * D seen as (CO, KH, KW, CI), cast to f32, seen permuted as the weight's (CO, CI, KH, KW) and
  * assigned to its gradient buffer G, can store that itself: each value rounded to bf16 as D's
