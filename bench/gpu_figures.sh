@@ -21,7 +21,7 @@
 #   stem              bench/stem_gemm.py: ResNet-18's stem products on cuBLAS with K = 147 and K padded
 #                     to a multiple of 8, beside cuDNN (issue 27)
 #   switches          the tests that set the switches (test_gpu_bf16, test_gpu_ops_conv,
-#                     test_gpu_ops_norm), the air and resnet18 steps (graph mode) at the defaults
+#                     test_gpu_conv_switches, test_gpu_ops_norm), the air and resnet18 steps (graph mode) at the defaults
 #                     and with KILN_CONV_AHEAD=1, KILN_BN_ROWS=1 and KILN_EW_SINK=1
 #                     (bench/ab_steps.sh, three rounds interleaved; all three no faster on the H200
 #                     on 2026-12-05: dev/README.md), and the air step's convolutions at the
@@ -117,7 +117,7 @@ step attribution 200 "rm -rf /tmp/kiln-attribution && $build/profile_step --trac
     printf '  misnamed by CUPTI, kept in place: '
     grep -o 'CUPTI names this kernel' \$f | wc -l
   done"
-step switches 500 "ctest --test-dir $build -R 'test_gpu_bf16|test_gpu_ops_conv|test_gpu_ops_norm' --output-on-failure | tail -n 3
+step switches 500 "ctest --test-dir $build -R 'test_gpu_bf16|test_gpu_ops_conv|test_gpu_conv_switches|test_gpu_ops_norm' --output-on-failure | tail -n 3
   bash bench/ab_steps.sh $build 3 air resnet18 -- '' KILN_CONV_AHEAD=1 KILN_BN_ROWS=1 KILN_EW_SINK=1
   python3 bench/conv_bench.py --json > $out/cudnn_sw.jsonl && mkdir -p $out/trace_sw &&
   $build/profile_step --workload air --mode graph --trace $out/trace_sw > /dev/null &&

@@ -161,6 +161,17 @@ int kiln__direct_epilogue(const kiln_ctx *ctx, const kiln__plan *p, const kiln__
 bool kiln__wgrad_into_grad(const kiln_ctx *ctx, const kiln__plan *p, int32_t w, int32_t *cast,
                            int32_t *assign);
 void kiln__plan_free(kiln__plan *p);
+/* The planner's merges across the trace (plan_merge.c): the persistent tensor whose memory t
+ * shows through views of the flush, or NULL; whether node j of the flush writes storage st (its
+ * update's stored input, or the buffer its value is written through to); whether node i is a
+ * cast a multi-tensor cast takes, and the casts one takes from node i on (at most
+ * KILN__MAX_CASTS, into take[]); the sink phase. */
+const kiln_tensor *kiln__param_root(const kiln_ctx *ctx, const kiln__plan *p, const kiln_tensor *t);
+bool kiln__writes_storage(const kiln_ctx *ctx, const kiln__plan *p, int32_t j,
+                          const kiln__storage *st);
+bool kiln__batch_cast(const kiln_ctx *ctx, const kiln__plan *p, int32_t i);
+int kiln__batch_casts(const kiln_ctx *ctx, const kiln__plan *p, int32_t i, int32_t *take);
+bool kiln__phase_sink(kiln_ctx *ctx, kiln__plan *p, bool fuse);
 /* The first broken invariant of a plan, written to why (NULL: none). */
 const char *kiln__plan_verify(const kiln_ctx *ctx, const kiln__plan *p, char *why, size_t n);
 /* "add* relu* mul | sum": each group's ops in order, '*' for values kept in registers, a

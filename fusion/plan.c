@@ -16,8 +16,9 @@
  *                   epilogue: dropout after pooling, a ReLU's derivative after col2im);
  *                   consecutive in-place updates of the same kind and settings become one
  *                   multi-tensor launch; so do the casts of parameters that
- *                   only products read become one, at the first of them;
- *   sink            an elementwise run read only by a later run of its space joins that run;
+ *                   only products read become one, at the first of them (plan_merge.c);
+ *   sink            an elementwise run read only by a later run of its space joins that run
+ *                   (plan_merge.c);
  *   stores          what is written to memory: a value read outside its group (or through a
  *                   view), one nothing in the flush reads, one the backward pass will read (the
  *                   op table's saves column), one the caller asked to keep; the rest stays in
@@ -256,71 +257,6 @@ static bool can_batch(const kiln_ctx *ctx, const kiln__plan *p, const kiln__grou
     }
   }
   return true;
-}
-
-/* The persistent tensor whose memory t shows (through views of the flush), or NULL. */
-static const kiln_tensor *param_root(const kiln_ctx *ctx, const kiln__plan *p,
-                                     const kiln_tensor *t) {
-  for (;;) {
-    int32_t v = producer(ctx, p, t);
-    if (v < 0) return t->persistent ? t : NULL;
-    if (kiln__ops[ctx->trace.nodes[v].op].kind != KILN__KIND_VIEW) return NULL;
-    t = ctx->trace.nodes[v].in[0];
-  }
-}
-
-/* Whether node i's output is read, and only by products and library calls (directly or through
- * views): no elementwise node or reduction would fuse with i. */
-static bool products_read(const kiln_ctx *ctx, const kiln__plan *p, int32_t i) {
-  const kiln__node *nodes = ctx->trace.nodes;
-  bool read = false;
-  for (int32_t j = i + 1; j < p->last; j++)
-    for (int q = 0; q < nodes[j].nin; q++) {
-      if (nodes[j].in[q] != nodes[i].out) continue;
-      kiln__kind kind = kiln__ops[nodes[j].op].kind;
-      if (kind == KILN__KIND_VIEW ? !products_read(ctx, p, j)
-                                  : kind != KILN__KIND_MATMUL && kind != KILN__KIND_LIB)
-        return false;
-      read = true;
-    }
-  return read;
-}
-
-/* (KILN_CAST_BATCH=0 turns it off.) Whether node i is a cast that a
- * multi-tensor cast takes: f32 or bf16 to either, of a parameter (through views: a convolution's
- * filters permuted, as autocast casts them before their product), its result dense and read only
- * by products and library calls, so that it would have been a launch of its own. */
-static bool batch_cast(const kiln_ctx *ctx, const kiln__plan *p, int32_t i) {
-  const kiln__node *n = &ctx->trace.nodes[i];
-  return n->op == KILN__OP_CAST && kiln__is_float(n->in[0]->dtype) &&
-         kiln__is_float(n->out->dtype) && !n->out->keep && kiln__is_contiguous(n->out) &&
-         p->group_of[i - p->first] < 0 && p->claim[i - p->first] < 0 &&
-         !p->write_to[i - p->first] && param_root(ctx, p, n->in[0]) && products_read(ctx, p, i);
-}
-
-/* Whether a node of the flush in [i, j) writes the memory of t (an update or an assignment, or
- * a value written through to it). */
-static bool written_between(const kiln_ctx *ctx, const kiln__plan *p, int32_t i, int32_t j,
-                            const kiln_tensor *t) {
-  for (int32_t k = i; k < j; k++) {
-    const kiln__node *n = &ctx->trace.nodes[k];
-    const kiln_tensor *to = p->write_to[k - p->first];
-    if (to && to->st == t->st) return true;
-    for (int q = 0; q < n->nin; q++)
-      if ((kiln__ops[n->op].stores & (1u << q)) && n->in[q]->st == t->st) return true;
-  }
-  return false;
-}
-
-/* Casts that batch_cast takes from node i on, up to KILN__MAX_CASTS, each of a parameter that
- * nothing writes between i and it: the group runs them all at i. Returns how many (take[]). */
-static int batch_casts(const kiln_ctx *ctx, const kiln__plan *p, int32_t i, int32_t *take) {
-  int n = 0;
-  for (int32_t j = i; j < p->last && n < KILN__MAX_CASTS; j++)
-    if (batch_cast(ctx, p, j) &&
-        !written_between(ctx, p, i, j, param_root(ctx, p, ctx->trace.nodes[j].in[0])))
-      take[n++] = j;
-  return n;
 }
 
 /* The first node of the flush after i that reads t, or -1. */
@@ -625,8 +561,8 @@ static bool phase_groups(kiln_ctx *ctx, kiln__plan *p, bool fuse) {
       open = NULL;
     }
     int32_t casts[KILN__MAX_CASTS];
-    int nc = kind == KILN__KIND_EW && fuse && ctx->cast_batch && batch_cast(ctx, p, i)
-                 ? batch_casts(ctx, p, i, casts)
+    int nc = kind == KILN__KIND_EW && fuse && ctx->cast_batch && kiln__batch_cast(ctx, p, i)
+                 ? kiln__batch_casts(ctx, p, i, casts)
                  : 0;
     if (nc >= 2 && casts[0] == i) { /* parameters' casts, each over its own shape, at once */
       open = NULL;
@@ -744,111 +680,6 @@ static bool phase_groups(kiln_ctx *ctx, kiln__plan *p, bool fuse) {
   return kiln__ok(ctx);
 }
 
-/* The trace index of group g's last member. */
-static int32_t last_member(const kiln__plan *p, const kiln__group *g) {
-  return p->members[g->first + g->n - 1];
-}
-
-/* Whether the plain elementwise group a (not a multi-tensor cast) can run inside the later
- * elementwise group b, over the same space: every value of a is read only inside a or by b's
- * nodes (no view, no other group), a's and b's operands fit one kernel, and no node between
- * them, nor b's write-throughs, writes what a reads from memory (a then reads it at b's place
- * in the flush, after those nodes). */
-static bool can_sink(const kiln_ctx *ctx, const kiln__plan *p, int ka, int kb) {
-  const kiln__node *nodes = ctx->trace.nodes;
-  const kiln__group *a = &p->g[ka], *b = &p->g[kb];
-  if (a->kind != KILN__KIND_EW || b->kind != KILN__KIND_EW || a->batch || b->batch || a->n < 1 ||
-      b->n < 1 || a->n + b->n > KILN__MAX_GROUP || last_member(p, a) >= p->members[b->first] ||
-      !kiln__same_shape(nodes[p->members[a->first]].out, nodes[p->members[b->first]].out))
-    return false;
-  int ops = 0, nf = 0, ni = 0, nu = 0;
-  const kiln_tensor *seen[2 * KILN__MAX_GROUP * (KILN__MAX_IN + 1)];
-  for (int m = 0; m < a->n + b->n; m++) {
-    int32_t i = m < a->n ? p->members[a->first + m] : p->members[b->first + m - a->n];
-    const kiln__node *x = &nodes[i];
-    int f, k, u;
-    kiln__kernel_slots(x->op, &f, &k, &u);
-    nf += f, ni += k, nu += u;
-    ops++; /* its output, if it is stored */
-    for (int q = 0; q < x->nin; q++) {
-      int32_t pr = producer(ctx, p, x->in[q]);
-      if (pr >= 0 && (p->group_of[pr - p->first] == ka || p->group_of[pr - p->first] == kb))
-        continue;
-      int s = 0;
-      while (s < ops && seen[s] != x->in[q])
-        s++;
-      if (s == ops) seen[ops++] = x->in[q];
-      if (m >= a->n) continue;
-      /* what a reads from memory stays as it is until b runs */
-      for (int32_t j = last_member(p, a) + 1; j < p->members[b->first]; j++) {
-        const kiln_tensor *to = p->write_to[j - p->first];
-        if (to && to->st == x->in[q]->st) return false;
-        for (int r = 0; r < nodes[j].nin; r++)
-          if ((kiln__ops[nodes[j].op].stores & (1u << r)) && nodes[j].in[r]->st == x->in[q]->st)
-            return false;
-      }
-      for (int mb = 0; mb < b->n; mb++) {
-        const kiln_tensor *to = p->write_to[p->members[b->first + mb] - p->first];
-        if (to && to->st == x->in[q]->st) return false;
-      }
-    }
-  }
-  if (ops > KILN__KMAX_PTR || nf > KILN__KMAX_F || ni > KILN__KMAX_I || nu > KILN__KMAX_U)
-    return false;
-  for (int m = 0; m < a->n; m++) { /* a's values: read by a or b alone */
-    const kiln_tensor *t = nodes[p->members[a->first + m]].out;
-    for (int32_t j = p->members[a->first + m] + 1; j < p->last; j++)
-      for (int q = 0; q < nodes[j].nin; q++)
-        if (nodes[j].in[q] == t && p->group_of[j - p->first] != ka &&
-            p->group_of[j - p->first] != kb)
-          return false;
-  }
-  return true;
-}
-
-/* Elementwise runs that a later run of the same space reads, and nothing else: a ResNet block's
- * main-branch batch norm, applied before its shortcut's convolution and batch norm are recorded
- * and read only by the add after them, runs inside the add's kernel, so that its output is never
- * written (KILN_EW_SINK=1; off: no faster on the H200, and one ulp off in a clipping test). The
- * group moves to the later one's place; groups after it shift down. */
-static bool phase_sink(kiln_ctx *ctx, kiln__plan *p, bool fuse) {
-  if (!fuse || !ctx->ew_sink) return true;
-  const kiln__node *nodes = ctx->trace.nodes;
-  for (int ka = 0; ka < p->ng; ka++) {
-    const kiln__group *a = &p->g[ka];
-    if (a->kind != KILN__KIND_EW || a->batch || a->n < 1) continue;
-    /* the group of the first node outside a that reads a's last value */
-    int kb = -1;
-    const kiln_tensor *t = nodes[last_member(p, a)].out;
-    for (int32_t j = last_member(p, a) + 1; j < p->last && kb < 0; j++)
-      for (int q = 0; q < nodes[j].nin && kb < 0; q++)
-        if (nodes[j].in[q] == t && p->group_of[j - p->first] != ka) kb = p->group_of[j - p->first];
-    if (kb <= ka || !can_sink(ctx, p, ka, kb)) continue;
-    /* b's members become a's then b's (a's all come first in the trace), at the end of the
-     * members array; a's group goes */
-    kiln__group *b = &p->g[kb];
-    int n = a->n + b->n, first = p->nm;
-    if (!KILN__GROW(p->members, p->capm, p->nm + n)) return oom(ctx);
-    memcpy(p->members + first, p->members + a->first, (size_t)a->n * sizeof *p->members);
-    memcpy(p->members + first + a->n, p->members + b->first, (size_t)b->n * sizeof *p->members);
-    p->nm += n;
-    b->first = first;
-    b->n = n;
-    b->node = p->members[first];
-    memmove(&p->g[ka], &p->g[ka + 1], (size_t)(p->ng - ka - 1) * sizeof *p->g);
-    p->ng--;
-    for (int32_t i = p->first; i < p->last; i++) {
-      int32_t *gi = &p->group_of[i - p->first];
-      if (*gi == ka)
-        *gi = kb - 1;
-      else if (*gi > ka)
-        (*gi)--;
-    }
-    ka--; /* the group now at ka is the next one */
-  }
-  return true;
-}
-
 static bool phase_stores(kiln_ctx *ctx, kiln__plan *p, bool fuse) {
   const kiln__node *nodes = ctx->trace.nodes;
   int32_t first = p->first;
@@ -914,7 +745,7 @@ static const struct {
     {"bias gradients", phase_bias_gradients},
     {"implicit products", phase_implicit},
     {"groups", phase_groups},
-    {"sink", phase_sink},
+    {"sink", kiln__phase_sink},
     {"stores", phase_stores},
     {"product outputs", phase_product_outputs},
 };

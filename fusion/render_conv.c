@@ -421,18 +421,6 @@ static bool finish_wgmma(kiln__sb *b, const char *what, const kiln__node *n, con
   return ok;
 }
 
-/* expr (an op-table expression that reads its one input, $0) with var for $0. */
-static void expand_input(kiln__sb *b, const char *expr, const char *var) {
-  for (const char *e = expr; *e; e++) {
-    if (e[0] == '$' && e[1] == '0') {
-      kiln__sb_printf(b, "%s", var);
-      e++;
-    } else {
-      kiln__sb_printf(b, "%c", *e);
-    }
-  }
-}
-
 /* The forward product of a tiny convolution (kiln__conv_direct_shape) without the column matrix
  * or tensor cores: conv_direct.cuh, a thread an output pixel, 256 a block; with epi (n > 0, the
  * unary chain of kiln__direct_epilogue) each value goes through epi's nodes before the store,
@@ -452,15 +440,11 @@ static bool render_direct(const kiln__node *n, const kiln__gemm *mm, const kiln_
     kiln__sb_printf(&pre, "struct kiln_epi { /* the elementwise nodes after the product */\n"
                           "  static constexpr bool on = true;\n"
                           "  __device__ __forceinline__ float operator()(float v0) const {\n");
-    for (int j = 0; j < epi->n; j++) {
-      const kiln__node *e = epi->nodes[j];
-      bool bf16 = e->out->dtype == KILN_DTYPE_BF16;
-      char var[16];
-      snprintf(var, sizeof var, "v%d", j);
-      kiln__sb_printf(&pre, "    const float v%d = %s", j + 1, bf16 ? "(float)(kiln_bf16)(" : "");
-      expand_input(&pre, kiln__ops[e->op].expr, var);
-      kiln__sb_printf(&pre, "%s; // #%d %s\n", bf16 ? ")" : "", e->out->node,
-                      kiln__ops[e->op].name);
+    kiln__wiring w; /* the product's value is v0, epi's node j - 1 makes vj from v(j - 1) */
+    memset(&w, 0, sizeof w);
+    for (int j = 1; j <= epi->n; j++) {
+      w.val[j][0] = j - 1;
+      kiln__emit_node_value(&pre, "    ", &w, j, epi->nodes[j - 1]);
     }
     kiln__sb_printf(&pre, "    return v%d;\n  }\n};\n", epi->n);
   }

@@ -131,23 +131,14 @@ static const char *check_group(const kiln_ctx *ctx, const kiln__plan *p, int k, 
         return bad(why, n, "multi-tensor cast %d of %d casts", k, g->n);
       for (int m = 0; m < g->n; m++) {
         int32_t i = p->members[g->first + m];
-        const kiln_tensor *root = nodes[i].in[0];
-        for (int32_t v = direct_producer(ctx, p, root); v >= 0; v = direct_producer(ctx, p, root)) {
-          if (kiln__ops[nodes[v].op].kind != KILN__KIND_VIEW) break;
-          root = nodes[v].in[0];
-        }
-        if (nodes[i].op != KILN__OP_CAST || !root->persistent)
+        const kiln_tensor *root = kiln__param_root(ctx, p, nodes[i].in[0]);
+        if (nodes[i].op != KILN__OP_CAST || !root)
           return bad(why, n, "multi-tensor cast %d holds #%d (%s), no cast of a parameter", k, i,
                      kiln__ops[nodes[i].op].name);
-        for (int32_t j = p->members[g->first]; j < i; j++) {
-          const kiln_tensor *to = p->write_to[j - p->first];
-          bool writes = to && to->st == root->st;
-          for (int q = 0; q < nodes[j].nin; q++)
-            writes |= (kiln__ops[nodes[j].op].stores & (1u << q)) && nodes[j].in[q]->st == root->st;
-          if (writes)
+        for (int32_t j = p->members[g->first]; j < i; j++)
+          if (kiln__writes_storage(ctx, p, j, root->st))
             return bad(why, n, "multi-tensor cast %d reads #%d's parameter before #%d writes it", k,
                        i, j);
-        }
       }
       break;
     }

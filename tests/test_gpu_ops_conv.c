@@ -4,10 +4,11 @@
  * (strides 1 and 2, padding 0 to 2, dilation, groups 1, 2 and depthwise, odd sizes, batch 1,
  * channel counts that are not multiples of 8, with and without bias, NULL options, a viewed
  * input), followed by a ReLU as networks use it, and the kernels that serve it (implicit GEMMs,
- * TMA-fed, direct; their epilogues and switches); pooling is test_gpu_ops_pool.c's. Every op's
- * gradients are checked twice: tightly against the analytic float64 gradients of sum(y * g), and
- * against central finite differences (kiln_gradcheck) on the small cases. Without a GPU every
- * test skips, saying why.
+ * TMA-fed, direct; their epilogues and switches; the switches that must change no value are
+ * test_gpu_conv_switches.c's, the cases both share conv_cases.h's); pooling is
+ * test_gpu_ops_pool.c's. Every op's gradients are checked twice: tightly against the analytic
+ * float64 gradients of sum(y * g), and against central finite differences (kiln_gradcheck) on the
+ * small cases. Without a GPU every test skips, saying why.
  */
 #include <cuda_runtime_api.h>
 #include <math.h>
@@ -15,40 +16,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "ref_conv.h"
+#include "conv_cases.h"
 
 #define GRAD_ATOL 5e-4 /* gradients sum up to ~1000 products: float32 accumulation */
 #define GRAD_RTOL 1e-4
 
 /* ---------------------------------------------------------------- convolution */
-
-typedef struct conv_case {
-  const char *desc;
-  int64_t n, h, w, cin, cout;
-  int kh, kw;
-  kiln_conv2d_options o; /* zero fields: kiln's defaults */
-  int bias;
-  int null_opts; /* pass NULL for the options (o all zeros) */
-  int gc;        /* also check against finite differences (small cases) */
-} conv_case;
-
-/* The explicit geometry of a case, the defaults of kiln.h filled in. */
-static ref_win conv_win(const conv_case *c) {
-  const kiln_conv2d_options *o = &c->o;
-  return (ref_win){.kh = c->kh,
-                   .kw = c->kw,
-                   .sh = o->stride_h ? o->stride_h : 1,
-                   .sw = o->stride_w ? o->stride_w : 1,
-                   .ph = o->pad_h,
-                   .pw = o->pad_w,
-                   .dh = o->dilation_h ? o->dilation_h : 1,
-                   .dw = o->dilation_w ? o->dilation_w : 1,
-                   .groups = o->groups ? o->groups : 1};
-}
-
-/* brace lists, so that the tables below are constant initializers */
-#define CO(...)                                                                                    \
-  { __VA_ARGS__ }
 
 static const conv_case conv_cases[] = {
     {"3->5 3x3", 2, 7, 5, 3, 5, 3, 3, CO(0), 1, 0, 1},
@@ -282,33 +255,6 @@ Test(gpu_ops, conv2d_data_gradient_as_an_implicit_gemm) {
 /* ---------------------------------------------------------------- implicit forward and weight
  * gradient */
 
-/* bf16 convolutions with at most 64 output channels, whose forward product and weight gradient
- * run as implicit GEMMs on sm_90 (fusion/device/conv.cuh; elsewhere im2col and cuBLAS), and two
- * wider ones whose data gradient does (the forward product of dY with the filters flipped): pixel
- * counts and reductions that are not multiples of the tiles, output channels that fill part of a
- * tile, stride 2, padding 0 to 2, dilation, batch 1, and two cases with enough pixels for the
- * weight gradient to split its reduction across blocks (summed inside the kernel). */
-static const conv_case wgmma_cases[] = {
-    {"24->64 3x3 pad 1 (air's first group)", 3, 11, 9, 24, 64, 3, 3, CO(.pad_h = 1, .pad_w = 1), 0,
-     0, 0},
-    {"8->32 3x3 stride 2 pad 1", 2, 9, 7, 8, 32, 3, 3,
-     CO(.stride_h = 2, .stride_w = 2, .pad_h = 1, .pad_w = 1), 0, 0, 0},
-    {"40->32 3x2 dilation (2,1) pad (2,1)", 2, 8, 9, 40, 32, 3, 2,
-     CO(.dilation_h = 2, .pad_h = 2, .pad_w = 1), 0, 0, 0},
-    {"64->64 2x2 stride 2", 3, 10, 10, 64, 64, 2, 2, CO(.stride_h = 2, .stride_w = 2), 0, 0, 0},
-    {"16->40 5x5 pad 2, batch 1", 1, 13, 11, 16, 40, 5, 5, CO(.pad_h = 2, .pad_w = 2), 0, 0, 0},
-    {"32->64 3x3 pad 1, 18432 pixels (split reduction)", 32, 24, 24, 32, 64, 3, 3,
-     CO(.pad_h = 1, .pad_w = 1), 0, 0, 0},
-    {"24->16 3x3 (no padding), 14415 pixels (split reduction)", 15, 33, 33, 24, 16, 3, 3, CO(0), 0,
-     0, 0},
-    {"8->16 3x3 pad 1, 6x6 images, batch 32 (8 channels of a 64-wide tile)", 32, 6, 6, 8, 16, 3, 3,
-     CO(.pad_h = 1, .pad_w = 1), 0, 0, 0},
-    /* more output channels: im2col and cuBLAS forward, the data gradient on wgmma (sm_90) */
-    {"128->96 3x3 pad 1", 4, 7, 7, 128, 96, 3, 3, CO(.pad_h = 1, .pad_w = 1), 0, 0, 0},
-    {"256->256 3x3 pad 1 on 3x3 images (air's last conv)", 8, 3, 3, 256, 256, 3, 3,
-     CO(.pad_h = 1, .pad_w = 1), 0, 0, 0},
-};
-
 /* Whether the planner computes the data gradient of case c as one implicit GEMM, which rounds
  * it to bf16 once: on mma.sync (at most 64 output channels, a multiple of 32), or on wgmma on an
  * sm_90 device (stride 1, dilation 1, channels in multiples of 8, at most 64 output channels or
@@ -395,105 +341,6 @@ Test(gpu_ops, conv2d_forward_and_weight_gradient_as_implicit_gemms) {
   for (size_t i = 0; i < sizeof wgmma_cases / sizeof *wgmma_cases; i++)
     check_bf16_conv(ctx, &wgmma_cases[i], 3700 + 10 * i, true);
   th_ctx_free(ctx);
-}
-
-/* y (as f32) and x's and w's gradients (malloc'd f32, in that order, n[3] values) for
- * loss = sum(y g) of case c in bf16, in an eager context made with the environment variable
- * `var` set to `value`. */
-static void conv_results(const conv_case *c, const char *var, const char *value, uint64_t seed,
-                         float *out[3], int64_t n[3]) {
-  setenv(var, value, 1); /* read when the context is made */
-  TH_GPU_CTX_EAGER(ctx);
-  unsetenv(var);
-  ref_win g = conv_win(c);
-  kiln_shape xs = KILN_SHAPE(c->n, c->h, c->w, c->cin);
-  kiln_shape ws = KILN_SHAPE(c->cout, c->cin, c->kh, c->kw);
-  kiln_step_begin(ctx);
-  kiln_tensor *x = ref_rand_tensor(ctx, xs, seed, &REF_GEN(-1, 1), 1, NULL);
-  kiln_tensor *w = ref_rand_tensor(ctx, ws, seed + 1, &REF_GEN(-1, 1), 1, NULL);
-  kiln_autocast_begin(ctx, KILN_DTYPE_BF16);
-  kiln_tensor *y = kiln_cast(kiln_conv2d(x, w, NULL, &c->o), KILN_DTYPE_F32);
-  kiln_autocast_end(ctx);
-  free(ref_backward_weighted(ctx, y, seed + 2, c->desc));
-  out[0] = ref_read_f32(ctx, y, "y");
-  out[1] = ref_read_f32(ctx, kiln_tensor_grad(x), "x's gradient");
-  out[2] = ref_read_f32(ctx, kiln_tensor_grad(w), "w's gradient");
-  n[0] = ref_numel(ref_win_out(xs, &g, c->cout)), n[1] = ref_numel(xs), n[2] = ref_numel(ws);
-  cr_assert_eq(kiln_step_end(ctx), KILN_OK, "%s: %s", c->desc, th_err(ctx));
-  kiln_tensor_free(x);
-  kiln_tensor_free(w);
-  th_ctx_free(ctx);
-}
-
-/* KILN_CONV_AHEAD=1 (a cp.async product whose reduction fits its stages issues every step's
- * copies before its first product: 24->64 3x3's four steps, 8->32's two) changes no value: the
- * forward product and both gradients of the implicit-GEMM cases bitwise those without it. */
-/* Asserts that switch `var` (0 or 1) changes none of case c's three results (conv_results). */
-static void switch_changes_nothing(const conv_case *c, const char *var, uint64_t seed) {
-  float *off[3], *on[3];
-  int64_t n[3];
-  conv_results(c, var, "0", seed, off, n);
-  conv_results(c, var, "1", seed, on, n);
-  const char *names[3] = {"y", "x's gradient", "w's gradient"};
-  for (int q = 0; q < 3; q++) {
-    cr_assert_eq(memcmp(on[q], off[q], (size_t)n[q] * sizeof(float)), 0, "%s, %s: %s differs",
-                 c->desc, var, names[q]);
-    free(on[q]);
-    free(off[q]);
-  }
-}
-
-Test(gpu_ops, conv2d_short_reductions_issued_at_once) {
-  for (size_t i = 0; i < sizeof wgmma_cases / sizeof *wgmma_cases; i++)
-    switch_changes_nothing(&wgmma_cases[i], "KILN_CONV_AHEAD", 5300 + 10 * i);
-}
-
-/* KILN_CONV_TMA=1: bf16 convolutions with input channels in stages of 64 run all three products
- * on the TMA-fed kernels (fusion/device/conv_tma.cuh), whatever their output channels; the data
- * gradient at stride 1 with output channels in stages of 64. Wide and narrow tiles, tiles that
- * the pixels or the channels fill in part, stride 2 (ResNet's downsampling and its 1x1
- * shortcut), dilation, no padding (the data gradient's window padded by 2), batch 1, several
- * stages a tap (192 and 256 channels) and a reduction split across blocks. */
-static const conv_case tma_cases[] = {
-    {"64->256 3x3 pad 1 (air's 15x15 conv)", 4, 15, 15, 64, 256, 3, 3, CO(.pad_h = 1, .pad_w = 1),
-     0, 0, 0},
-    {"256->256 3x3 pad 1 on 3x3 images (air's last conv)", 8, 3, 3, 256, 256, 3, 3,
-     CO(.pad_h = 1, .pad_w = 1), 0, 0, 0},
-    {"64->128 3x3 stride 2 pad 1 (ResNet's downsampling)", 4, 14, 14, 64, 128, 3, 3,
-     CO(.stride_h = 2, .stride_w = 2, .pad_h = 1, .pad_w = 1), 0, 0, 0},
-    {"128->64 1x1 stride 2 (ResNet's shortcut)", 4, 14, 13, 128, 64, 1, 1,
-     CO(.stride_h = 2, .stride_w = 2), 0, 0, 0},
-    {"64->64 3x3 dilation 2 pad 2", 2, 9, 11, 64, 64, 3, 3,
-     CO(.dilation_h = 2, .dilation_w = 2, .pad_h = 2, .pad_w = 2), 0, 0, 0},
-    {"192->128 3x3 (no padding) on 9x11 images", 3, 9, 11, 192, 128, 3, 3, CO(0), 0, 0, 0},
-    {"64->72 3x3 pad 1 (72 output channels)", 2, 7, 9, 64, 72, 3, 3, CO(.pad_h = 1, .pad_w = 1), 0,
-     0, 0},
-    {"64->64 5x5 pad 2, batch 1", 1, 13, 11, 64, 64, 5, 5, CO(.pad_h = 2, .pad_w = 2), 0, 0, 0},
-    {"64->64 3x3 pad 1, 18432 pixels (split reduction)", 32, 24, 24, 64, 64, 3, 3,
-     CO(.pad_h = 1, .pad_w = 1), 0, 0, 0},
-    {"64->192 3x3 pad 1 (a weight gradient tile's second dY panel past the channels)", 3, 10, 9, 64,
-     192, 3, 3, CO(.pad_h = 1, .pad_w = 1), 0, 0, 0},
-};
-
-/* KILN_CONV_WGRAD_INTO=1 (an implicit weight gradient stores the weight's f32 gradient itself,
- * in place of its bf16 result, the cast of that and the assignment to .grad) changes no value:
- * the implicit-GEMM cases' (cp.async) and the TMA cases' three results bitwise those without it,
- * split reductions included. */
-Test(gpu_ops, conv2d_weight_gradients_written_into_grad) {
-  for (size_t i = 0; i < sizeof wgmma_cases / sizeof *wgmma_cases; i++)
-    switch_changes_nothing(&wgmma_cases[i], "KILN_CONV_WGRAD_INTO", 5400 + 10 * i);
-  for (size_t i = 0; i < sizeof tma_cases / sizeof *tma_cases; i++)
-    switch_changes_nothing(&tma_cases[i], "KILN_CONV_WGRAD_INTO", 5600 + 10 * i);
-}
-
-/* KILN_CAST_BATCH=1 (autocast's casts of the parameters, x and the filters, in one multi-tensor
- * launch) changes no value: the implicit-GEMM and TMA cases' three results bitwise those without
- * it. */
-Test(gpu_ops, conv2d_parameters_cast_in_one_launch) {
-  for (size_t i = 0; i < sizeof wgmma_cases / sizeof *wgmma_cases; i++)
-    switch_changes_nothing(&wgmma_cases[i], "KILN_CAST_BATCH", 5800 + 10 * i);
-  for (size_t i = 0; i < sizeof tma_cases / sizeof *tma_cases; i++)
-    switch_changes_nothing(&tma_cases[i], "KILN_CAST_BATCH", 5900 + 10 * i);
 }
 
 /* Whether the TMA-fed data gradient takes case c (kiln__conv_tma_dgrad): stride 1, input and
@@ -620,66 +467,12 @@ Test(gpu_ops, conv2d_tma_step_graph_replays_match_eager_steps) {
 }
 
 /* The input as a view: every other column of a wider image, and a crop of the channels. */
-/* bf16 convolutions of few values a window over channels that are not in
- * 16-byte chunks, nothing taking a gradient through them (a whitening layer), run their forward
- * product as one direct kernel (fusion/device/conv_direct.cuh; test_cpu_conv_tma's
- * tiny_convolutions_without_gradients_run_direct checks that the planner gives it these four
- * geometries), against float64 of the bf16 operands. */
-static const conv_case direct_cases[] = {
-    {"3->24 2x2 (airbench's whitening) on 32x32 images, 64 of them", 64, 32, 32, 3, 24, 2, 2, CO(0),
-     0, 0, 0},
-    {"3->16 3x3 stride 2 pad 1", 3, 13, 10, 3, 16, 3, 3,
-     CO(.stride_h = 2, .stride_w = 2, .pad_h = 1, .pad_w = 1), 0, 0, 0},
-    {"5->64 2x3 dilation 2 pad 1", 2, 9, 11, 5, 64, 2, 3,
-     CO(.dilation_h = 2, .dilation_w = 2, .pad_h = 1, .pad_w = 1), 0, 0, 0},
-    {"3->8 1x3 pad (0, 1), batch 1", 1, 7, 5, 3, 8, 1, 3, CO(.pad_w = 1), 0, 0, 0},
-};
 
 Test(gpu_ops, tiny_conv2d_forward_products_run_direct) {
   TH_GPU_CTX_EAGER(ctx);
   for (size_t i = 0; i < sizeof direct_cases / sizeof *direct_cases; i++)
     check_bf16_conv(ctx, &direct_cases[i], 5700 + 10 * i, false);
   th_ctx_free(ctx);
-}
-
-/* act(conv2d(x, w)) (malloc'd f32, *n values) for direct case c in bf16, act 0 GELU, 1 SiLU then
- * ReLU, in an eager context made with KILN_CONV_DIRECT_EPI set to `on`. */
-static float *direct_chain(const conv_case *c, int act, const char *on, uint64_t seed, int64_t *n) {
-  setenv("KILN_CONV_DIRECT_EPI", on, 1); /* read when the context is made */
-  TH_GPU_CTX_EAGER(ctx);
-  unsetenv("KILN_CONV_DIRECT_EPI");
-  ref_win g = conv_win(c);
-  kiln_shape xs = KILN_SHAPE(c->n, c->h, c->w, c->cin);
-  kiln_tensor *x = ref_rand_tensor(ctx, xs, seed, &REF_GEN(-2, 2), 0, NULL);
-  kiln_tensor *w = ref_rand_tensor(ctx, KILN_SHAPE(c->cout, c->cin, c->kh, c->kw), seed + 1,
-                                   &REF_GEN(-1, 1), 0, NULL);
-  kiln_step_begin(ctx);
-  kiln_autocast_begin(ctx, KILN_DTYPE_BF16);
-  kiln_tensor *y = kiln_conv2d(x, w, NULL, &c->o);
-  y = act == 0 ? kiln_gelu(y, KILN_GELU_ERF) : kiln_relu(kiln_silu(y));
-  kiln_autocast_end(ctx);
-  float *out = ref_read_f32(ctx, kiln_cast(y, KILN_DTYPE_F32), c->desc);
-  *n = ref_numel(ref_win_out(xs, &g, c->cout));
-  cr_assert_eq(kiln_step_end(ctx), KILN_OK, "%s: %s", c->desc, th_err(ctx));
-  kiln_tensor_free(x);
-  kiln_tensor_free(w);
-  th_ctx_free(ctx);
-  return out;
-}
-
-/* KILN_CONV_DIRECT_EPI=1 (a direct forward product applies the GELU, or the SiLU and ReLU, after
- * it before it stores) changes no value: bitwise the results without it, on the direct cases. */
-Test(gpu_ops, tiny_conv2d_direct_products_apply_their_activation) {
-  for (size_t i = 0; i < sizeof direct_cases / sizeof *direct_cases; i++)
-    for (int act = 0; act < 2; act++) {
-      int64_t n;
-      float *off = direct_chain(&direct_cases[i], act, "0", 6000 + 10 * i, &n);
-      float *on = direct_chain(&direct_cases[i], act, "1", 6000 + 10 * i, &n);
-      cr_assert_eq(memcmp(on, off, (size_t)n * sizeof(float)), 0, "%s, activation %d differs",
-                   direct_cases[i].desc, act);
-      free(on);
-      free(off);
-    }
 }
 
 /* By default (KILN_CONV_KPAD=0 turns it off) bf16 convolutions whose windows hold K >= 64 values, K

@@ -1,0 +1,108 @@
+/*
+ * conv_cases.h: the convolution cases the GPU tests share (test_gpu_ops_conv.c checks each against
+ * float64, test_gpu_conv_switches.c each switch against its absence): a case's geometry and its
+ * explicit window, and the tables of the implicit-GEMM, TMA-fed and direct kernels' cases.
+ */
+#ifndef KILN_TESTS_CONV_CASES_H
+#define KILN_TESTS_CONV_CASES_H
+
+#include "ref_conv.h"
+
+typedef struct conv_case {
+  const char *desc;
+  int64_t n, h, w, cin, cout;
+  int kh, kw;
+  kiln_conv2d_options o; /* zero fields: kiln's defaults */
+  int bias;
+  int null_opts; /* pass NULL for the options (o all zeros) */
+  int gc;        /* also check against finite differences (small cases) */
+} conv_case;
+
+/* The explicit geometry of a case, the defaults of kiln.h filled in. */
+static inline ref_win conv_win(const conv_case *c) {
+  const kiln_conv2d_options *o = &c->o;
+  return (ref_win){.kh = c->kh,
+                   .kw = c->kw,
+                   .sh = o->stride_h ? o->stride_h : 1,
+                   .sw = o->stride_w ? o->stride_w : 1,
+                   .ph = o->pad_h,
+                   .pw = o->pad_w,
+                   .dh = o->dilation_h ? o->dilation_h : 1,
+                   .dw = o->dilation_w ? o->dilation_w : 1,
+                   .groups = o->groups ? o->groups : 1};
+}
+
+/* brace lists, so that the tables below are constant initializers */
+#define CO(...)                                                                                    \
+  { __VA_ARGS__ }
+
+/* bf16 convolutions with at most 64 output channels, whose forward product and weight gradient
+ * run as implicit GEMMs on sm_90 (fusion/device/conv.cuh; elsewhere im2col and cuBLAS), and two
+ * wider ones whose data gradient does (the forward product of dY with the filters flipped): pixel
+ * counts and reductions that are not multiples of the tiles, output channels that fill part of a
+ * tile, stride 2, padding 0 to 2, dilation, batch 1, and two cases with enough pixels for the
+ * weight gradient to split its reduction across blocks (summed inside the kernel). */
+static const conv_case wgmma_cases[] = {
+    {"24->64 3x3 pad 1 (air's first group)", 3, 11, 9, 24, 64, 3, 3, CO(.pad_h = 1, .pad_w = 1), 0,
+     0, 0},
+    {"8->32 3x3 stride 2 pad 1", 2, 9, 7, 8, 32, 3, 3,
+     CO(.stride_h = 2, .stride_w = 2, .pad_h = 1, .pad_w = 1), 0, 0, 0},
+    {"40->32 3x2 dilation (2,1) pad (2,1)", 2, 8, 9, 40, 32, 3, 2,
+     CO(.dilation_h = 2, .pad_h = 2, .pad_w = 1), 0, 0, 0},
+    {"64->64 2x2 stride 2", 3, 10, 10, 64, 64, 2, 2, CO(.stride_h = 2, .stride_w = 2), 0, 0, 0},
+    {"16->40 5x5 pad 2, batch 1", 1, 13, 11, 16, 40, 5, 5, CO(.pad_h = 2, .pad_w = 2), 0, 0, 0},
+    {"32->64 3x3 pad 1, 18432 pixels (split reduction)", 32, 24, 24, 32, 64, 3, 3,
+     CO(.pad_h = 1, .pad_w = 1), 0, 0, 0},
+    {"24->16 3x3 (no padding), 14415 pixels (split reduction)", 15, 33, 33, 24, 16, 3, 3, CO(0), 0,
+     0, 0},
+    {"8->16 3x3 pad 1, 6x6 images, batch 32 (8 channels of a 64-wide tile)", 32, 6, 6, 8, 16, 3, 3,
+     CO(.pad_h = 1, .pad_w = 1), 0, 0, 0},
+    /* more output channels: im2col and cuBLAS forward, the data gradient on wgmma (sm_90) */
+    {"128->96 3x3 pad 1", 4, 7, 7, 128, 96, 3, 3, CO(.pad_h = 1, .pad_w = 1), 0, 0, 0},
+    {"256->256 3x3 pad 1 on 3x3 images (air's last conv)", 8, 3, 3, 256, 256, 3, 3,
+     CO(.pad_h = 1, .pad_w = 1), 0, 0, 0},
+};
+
+/* KILN_CONV_TMA=1: bf16 convolutions with input channels in stages of 64 run all three products
+ * on the TMA-fed kernels (fusion/device/conv_tma.cuh), whatever their output channels; the data
+ * gradient at stride 1 with output channels in stages of 64. Wide and narrow tiles, tiles that
+ * the pixels or the channels fill in part, stride 2 (ResNet's downsampling and its 1x1
+ * shortcut), dilation, no padding (the data gradient's window padded by 2), batch 1, several
+ * stages a tap (192 and 256 channels) and a reduction split across blocks. */
+static const conv_case tma_cases[] = {
+    {"64->256 3x3 pad 1 (air's 15x15 conv)", 4, 15, 15, 64, 256, 3, 3, CO(.pad_h = 1, .pad_w = 1),
+     0, 0, 0},
+    {"256->256 3x3 pad 1 on 3x3 images (air's last conv)", 8, 3, 3, 256, 256, 3, 3,
+     CO(.pad_h = 1, .pad_w = 1), 0, 0, 0},
+    {"64->128 3x3 stride 2 pad 1 (ResNet's downsampling)", 4, 14, 14, 64, 128, 3, 3,
+     CO(.stride_h = 2, .stride_w = 2, .pad_h = 1, .pad_w = 1), 0, 0, 0},
+    {"128->64 1x1 stride 2 (ResNet's shortcut)", 4, 14, 13, 128, 64, 1, 1,
+     CO(.stride_h = 2, .stride_w = 2), 0, 0, 0},
+    {"64->64 3x3 dilation 2 pad 2", 2, 9, 11, 64, 64, 3, 3,
+     CO(.dilation_h = 2, .dilation_w = 2, .pad_h = 2, .pad_w = 2), 0, 0, 0},
+    {"192->128 3x3 (no padding) on 9x11 images", 3, 9, 11, 192, 128, 3, 3, CO(0), 0, 0, 0},
+    {"64->72 3x3 pad 1 (72 output channels)", 2, 7, 9, 64, 72, 3, 3, CO(.pad_h = 1, .pad_w = 1), 0,
+     0, 0},
+    {"64->64 5x5 pad 2, batch 1", 1, 13, 11, 64, 64, 5, 5, CO(.pad_h = 2, .pad_w = 2), 0, 0, 0},
+    {"64->64 3x3 pad 1, 18432 pixels (split reduction)", 32, 24, 24, 64, 64, 3, 3,
+     CO(.pad_h = 1, .pad_w = 1), 0, 0, 0},
+    {"64->192 3x3 pad 1 (a weight gradient tile's second dY panel past the channels)", 3, 10, 9, 64,
+     192, 3, 3, CO(.pad_h = 1, .pad_w = 1), 0, 0, 0},
+};
+
+/* bf16 convolutions of few values a window over channels that are not in
+ * 16-byte chunks, nothing taking a gradient through them (a whitening layer), run their forward
+ * product as one direct kernel (fusion/device/conv_direct.cuh; test_cpu_conv_tma's
+ * tiny_convolutions_without_gradients_run_direct checks that the planner gives it these four
+ * geometries), against float64 of the bf16 operands. */
+static const conv_case direct_cases[] = {
+    {"3->24 2x2 (airbench's whitening) on 32x32 images, 64 of them", 64, 32, 32, 3, 24, 2, 2, CO(0),
+     0, 0, 0},
+    {"3->16 3x3 stride 2 pad 1", 3, 13, 10, 3, 16, 3, 3,
+     CO(.stride_h = 2, .stride_w = 2, .pad_h = 1, .pad_w = 1), 0, 0, 0},
+    {"5->64 2x3 dilation 2 pad 1", 2, 9, 11, 5, 64, 2, 3,
+     CO(.dilation_h = 2, .dilation_w = 2, .pad_h = 1, .pad_w = 1), 0, 0, 0},
+    {"3->8 1x3 pad (0, 1), batch 1", 1, 7, 5, 3, 8, 1, 3, CO(.pad_w = 1), 0, 0, 0},
+};
+
+#endif

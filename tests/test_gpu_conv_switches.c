@@ -1,0 +1,123 @@
+/*
+ * test_gpu_conv_switches.c: the convolution switches that must change no value, each against its
+ * absence on conv_cases.h's cases, bitwise: KILN_CONV_AHEAD (short reductions issued at once),
+ * KILN_CONV_WGRAD_INTO (weight gradients written into .grad), KILN_CAST_BATCH (the parameters'
+ * casts in one launch), KILN_CONV_DIRECT_EPI (a direct product's activation in its kernel).
+ * Without a GPU every test skips, saying why.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "conv_cases.h"
+
+/* y (as f32) and x's and w's gradients (malloc'd f32, in that order, n[3] values) for
+ * loss = sum(y g) of case c in bf16, in an eager context made with the environment variable
+ * `var` set to `value`. */
+static void conv_results(const conv_case *c, const char *var, const char *value, uint64_t seed,
+                         float *out[3], int64_t n[3]) {
+  setenv(var, value, 1); /* read when the context is made */
+  TH_GPU_CTX_EAGER(ctx);
+  unsetenv(var);
+  ref_win g = conv_win(c);
+  kiln_shape xs = KILN_SHAPE(c->n, c->h, c->w, c->cin);
+  kiln_shape ws = KILN_SHAPE(c->cout, c->cin, c->kh, c->kw);
+  kiln_step_begin(ctx);
+  kiln_tensor *x = ref_rand_tensor(ctx, xs, seed, &REF_GEN(-1, 1), 1, NULL);
+  kiln_tensor *w = ref_rand_tensor(ctx, ws, seed + 1, &REF_GEN(-1, 1), 1, NULL);
+  kiln_autocast_begin(ctx, KILN_DTYPE_BF16);
+  kiln_tensor *y = kiln_cast(kiln_conv2d(x, w, NULL, &c->o), KILN_DTYPE_F32);
+  kiln_autocast_end(ctx);
+  free(ref_backward_weighted(ctx, y, seed + 2, c->desc));
+  out[0] = ref_read_f32(ctx, y, "y");
+  out[1] = ref_read_f32(ctx, kiln_tensor_grad(x), "x's gradient");
+  out[2] = ref_read_f32(ctx, kiln_tensor_grad(w), "w's gradient");
+  n[0] = ref_numel(ref_win_out(xs, &g, c->cout)), n[1] = ref_numel(xs), n[2] = ref_numel(ws);
+  cr_assert_eq(kiln_step_end(ctx), KILN_OK, "%s: %s", c->desc, th_err(ctx));
+  kiln_tensor_free(x);
+  kiln_tensor_free(w);
+  th_ctx_free(ctx);
+}
+
+/* KILN_CONV_AHEAD=1 (a cp.async product whose reduction fits its stages issues every step's
+ * copies before its first product: 24->64 3x3's four steps, 8->32's two) changes no value: the
+ * forward product and both gradients of the implicit-GEMM cases bitwise those without it. */
+/* Asserts that switch `var` (0 or 1) changes none of case c's three results (conv_results). */
+static void switch_changes_nothing(const conv_case *c, const char *var, uint64_t seed) {
+  float *off[3], *on[3];
+  int64_t n[3];
+  conv_results(c, var, "0", seed, off, n);
+  conv_results(c, var, "1", seed, on, n);
+  const char *names[3] = {"y", "x's gradient", "w's gradient"};
+  for (int q = 0; q < 3; q++) {
+    cr_assert_eq(memcmp(on[q], off[q], (size_t)n[q] * sizeof(float)), 0, "%s, %s: %s differs",
+                 c->desc, var, names[q]);
+    free(on[q]);
+    free(off[q]);
+  }
+}
+
+Test(gpu_ops, conv2d_short_reductions_issued_at_once) {
+  for (size_t i = 0; i < sizeof wgmma_cases / sizeof *wgmma_cases; i++)
+    switch_changes_nothing(&wgmma_cases[i], "KILN_CONV_AHEAD", 5300 + 10 * i);
+}
+
+/* KILN_CONV_WGRAD_INTO=1 (an implicit weight gradient stores the weight's f32 gradient itself,
+ * in place of its bf16 result, the cast of that and the assignment to .grad) changes no value:
+ * the implicit-GEMM cases' (cp.async) and the TMA cases' three results bitwise those without it,
+ * split reductions included. */
+Test(gpu_ops, conv2d_weight_gradients_written_into_grad) {
+  for (size_t i = 0; i < sizeof wgmma_cases / sizeof *wgmma_cases; i++)
+    switch_changes_nothing(&wgmma_cases[i], "KILN_CONV_WGRAD_INTO", 5400 + 10 * i);
+  for (size_t i = 0; i < sizeof tma_cases / sizeof *tma_cases; i++)
+    switch_changes_nothing(&tma_cases[i], "KILN_CONV_WGRAD_INTO", 5600 + 10 * i);
+}
+
+/* KILN_CAST_BATCH=1 (autocast's casts of the parameters, x and the filters, in one multi-tensor
+ * launch) changes no value: the implicit-GEMM and TMA cases' three results bitwise those without
+ * it. */
+Test(gpu_ops, conv2d_parameters_cast_in_one_launch) {
+  for (size_t i = 0; i < sizeof wgmma_cases / sizeof *wgmma_cases; i++)
+    switch_changes_nothing(&wgmma_cases[i], "KILN_CAST_BATCH", 5800 + 10 * i);
+  for (size_t i = 0; i < sizeof tma_cases / sizeof *tma_cases; i++)
+    switch_changes_nothing(&tma_cases[i], "KILN_CAST_BATCH", 5900 + 10 * i);
+}
+
+/* act(conv2d(x, w)) (malloc'd f32, *n values) for direct case c in bf16, act 0 GELU, 1 SiLU then
+ * ReLU, in an eager context made with KILN_CONV_DIRECT_EPI set to `on`. */
+static float *direct_chain(const conv_case *c, int act, const char *on, uint64_t seed, int64_t *n) {
+  setenv("KILN_CONV_DIRECT_EPI", on, 1); /* read when the context is made */
+  TH_GPU_CTX_EAGER(ctx);
+  unsetenv("KILN_CONV_DIRECT_EPI");
+  ref_win g = conv_win(c);
+  kiln_shape xs = KILN_SHAPE(c->n, c->h, c->w, c->cin);
+  kiln_tensor *x = ref_rand_tensor(ctx, xs, seed, &REF_GEN(-2, 2), 0, NULL);
+  kiln_tensor *w = ref_rand_tensor(ctx, KILN_SHAPE(c->cout, c->cin, c->kh, c->kw), seed + 1,
+                                   &REF_GEN(-1, 1), 0, NULL);
+  kiln_step_begin(ctx);
+  kiln_autocast_begin(ctx, KILN_DTYPE_BF16);
+  kiln_tensor *y = kiln_conv2d(x, w, NULL, &c->o);
+  y = act == 0 ? kiln_gelu(y, KILN_GELU_ERF) : kiln_relu(kiln_silu(y));
+  kiln_autocast_end(ctx);
+  float *out = ref_read_f32(ctx, kiln_cast(y, KILN_DTYPE_F32), c->desc);
+  *n = ref_numel(ref_win_out(xs, &g, c->cout));
+  cr_assert_eq(kiln_step_end(ctx), KILN_OK, "%s: %s", c->desc, th_err(ctx));
+  kiln_tensor_free(x);
+  kiln_tensor_free(w);
+  th_ctx_free(ctx);
+  return out;
+}
+
+/* KILN_CONV_DIRECT_EPI=1 (a direct forward product applies the GELU, or the SiLU and ReLU, after
+ * it before it stores) changes no value: bitwise the results without it, on the direct cases. */
+Test(gpu_ops, tiny_conv2d_direct_products_apply_their_activation) {
+  for (size_t i = 0; i < sizeof direct_cases / sizeof *direct_cases; i++)
+    for (int act = 0; act < 2; act++) {
+      int64_t n;
+      float *off = direct_chain(&direct_cases[i], act, "0", 6000 + 10 * i, &n);
+      float *on = direct_chain(&direct_cases[i], act, "1", 6000 + 10 * i, &n);
+      cr_assert_eq(memcmp(on, off, (size_t)n * sizeof(float)), 0, "%s, activation %d differs",
+                   direct_cases[i].desc, act);
+      free(on);
+      free(off);
+    }
+}
