@@ -297,9 +297,14 @@ void kiln__grad_expand(kiln__bw *b, const kiln__node *n, kiln_tensor *g, kiln_te
   gin[0] = ub(g, n->in[0]);
 }
 
+/* Zeros of shape s in g's dtype (a bf16 gradient's padding is bf16: concat takes one dtype). */
+static kiln_tensor *zeros_as(const kiln_tensor *g, kiln_shape s) {
+  kiln_tensor *z = kiln_full(g->ctx, s, 0.f);
+  return g->dtype == KILN_DTYPE_F32 ? z : kiln_cast(z, g->dtype);
+}
+
 void kiln__grad_slice(kiln__bw *b, const kiln__node *n, kiln_tensor *g, kiln_tensor **gin) {
   (void)b;
-  kiln_ctx *ctx = g->ctx;
   const kiln_tensor *x = n->in[0];
   int axis = (int)KILN__I(n, SLICE, axis);
   int64_t start = KILN__I(n, SLICE, start), step = KILN__I(n, SLICE, step);
@@ -315,7 +320,7 @@ void kiln__grad_slice(kiln__bw *b, const kiln__node *n, kiln_tensor *g, kiln_ten
     /* step-1 zeros after every element: (outer, len, step, inner), merged to (outer, len*step,
      * inner), then cut to what fits after start */
     kiln_tensor *parts[2] = {kiln_reshape(g3, KILN_SHAPE(outer, len, 1, inner)),
-                             kiln_full(ctx, KILN_SHAPE(outer, len, step - 1, inner), 0.f)};
+                             zeros_as(g, KILN_SHAPE(outer, len, step - 1, inner))};
     g3 = kiln_reshape(kiln_concat(2, parts, 2), KILN_SHAPE(outer, len * step, inner));
     int64_t keep = full - start < len * step ? full - start : len * step;
     g3 = kiln_slice(g3, 1, 0, keep, 1);
@@ -323,10 +328,10 @@ void kiln__grad_slice(kiln__bw *b, const kiln__node *n, kiln_tensor *g, kiln_ten
   int64_t have = g3 ? g3->shape[1] : 0;
   kiln_tensor *parts[3];
   int np = 0;
-  if (start > 0) parts[np++] = kiln_full(ctx, KILN_SHAPE(outer, start, inner), 0.f);
+  if (start > 0) parts[np++] = zeros_as(g, KILN_SHAPE(outer, start, inner));
   parts[np++] = g3;
   if (full - start - have > 0)
-    parts[np++] = kiln_full(ctx, KILN_SHAPE(outer, full - start - have, inner), 0.f);
+    parts[np++] = zeros_as(g, KILN_SHAPE(outer, full - start - have, inner));
   kiln_tensor *whole = np == 1 ? g3 : kiln_concat(np, parts, 1);
   gin[0] = kiln_reshape(whole, kiln_tensor_shape(x));
 }

@@ -110,6 +110,84 @@ static int64_t padded_columns(const kiln_ctx *ctx, kiln_dtype dtype, int64_t G, 
 
 /* ---------------------------------------------------------------- convolution */
 
+/* A strided convolution over few channels, such as ResNet's 7x7 stem over 3 channels at stride
+ * 2, as a stride-1 convolution over the image's s x s blocks (KILN_CONV_S2D=1). With r zero
+ * taps before the window (r = -k mod s, so that k + r is a multiple of s), tap i = s a + b - r
+ * of the window at output o reads pixel s (o + a) + b - (p + r): row b of block o + a of the
+ * image padded by p + r. So the blocks X = im2col(x) over s x s windows at stride s, padded by
+ * p + r (each block's s s C values in im2col's order, then zero columns up to a multiple of 8),
+ * are an image whose channels the implicit GEMMs take, and the convolution is X's over windows
+ * of a = (k + r) / s blocks at stride 1, no padding, with the filters' own blocks W'(a, b) =
+ * W(s a + b - r): their im2col over s x s windows at stride s, padded by r, which has exactly
+ * a blocks a side. X has OH + a - 1 blocks down (and OW + a - 1 across): the image padded by
+ * p + r before and by what those blocks reach after (im2col's output sets its grid; every tap
+ * past the image reads zero). ResNet-18's stem then keeps a 54 MB image for its weight gradient
+ * instead of 514.5 MiB of columns, and its products run on wgmma with K = 4 x 4 x 16 (256)
+ * instead of on cuBLAS with K = 147. */
+
+/* The weight's columns in im2col's order: (Cout, kh, kw, Cin / groups) as (Cout, Kg), gathered by
+ * the cast to ac where there is one (one kernel: the permuted view cast, then a view of it). */
+static kiln_tensor *weight_columns(kiln_tensor *weight, kiln_dtype ac, int64_t Kg) {
+  kiln_tensor *wp = kiln_permute(weight, KILN_AXES(0, 2, 3, 1));
+  if (ac != KILN_DTYPE_F32) wp = kiln_cast(wp, ac);
+  return kiln_reshape(wp, KILN_SHAPE(weight->shape[0], Kg));
+}
+
+/* The blocks of a convolution (window w, output grid ohw, C input channels): the blocks'
+ * product's window (a x a, stride 1), X's geometry and shape (blocks down, across, and their
+ * channels), and the filters' blocks' geometry. */
+typedef struct {
+  kiln__win product, image, filters;
+  int64_t rows, cols, channels;
+} blocks;
+
+/* Whether kiln_conv2d takes its convolution as blocks: the switch, a Hopper device, bf16 (the
+ * compute dtype dt), one group, C channels not in 16-byte chunks and s s C at most 256, stride
+ * s of 2 to 8 on both axes, no dilation, a window of at most 64 a side and at least two blocks,
+ * and Cout channels the implicit kernels take. Not where the direct kernel takes it (a product
+ * nothing takes a gradient through: grad false). Fills *b. */
+static bool blocks_fit(const kiln_ctx *ctx, kiln_dtype dt, int64_t G, int64_t C, int64_t Cout,
+                       const kiln__win *w, int64_t OH, int64_t OW, bool grad, blocks *b) {
+  int64_t s = w->sh, k[2] = {w->kh, w->kw}, r[2], a[2];
+  if (!ctx->conv_s2d || ctx->arch != 90 || dt != KILN_DTYPE_BF16 || G != 1 || C % 8 == 0 || s < 2 ||
+      s > 8 || w->sw != s || s * s * C > 256 || w->dh != 1 || w->dw != 1 || Cout % 8 != 0 ||
+      Cout > kiln__implicit_conv_max_co(ctx) ||
+      (ctx->conv_direct && !grad && kiln__conv_direct_shape(k[0] * k[1] * C, C, Cout)))
+    return false;
+  for (int d = 0; d < 2; d++) {
+    r[d] = (s - k[d] % s) % s;
+    a[d] = (k[d] + r[d]) / s;
+    if (k[d] > 64 || a[d] < 2) return false;
+  }
+  b->product = (kiln__win){.kh = a[0], .kw = a[1], .sh = 1, .sw = 1, .dh = 1, .dw = 1};
+  b->image = (kiln__win){
+      .kh = s, .kw = s, .sh = s, .sw = s, .ph = w->ph + r[0], .pw = w->pw + r[1], .dh = 1, .dw = 1};
+  b->filters = b->image;
+  b->filters.ph = r[0], b->filters.pw = r[1];
+  b->rows = OH + a[0] - 1, b->cols = OW + a[1] - 1, b->channels = (s * s * C + 7) / 8 * 8;
+  return true;
+}
+
+/* The blocks of blocks_fit: the image *xc (N, H, W, C) becomes X (N, rows, cols, channels), the
+ * filters *wk (Cout, kh kw C) W' (Cout, a a channels), dense. False with the context's error. */
+static bool to_blocks(const char *fn, const kiln__win *w, const blocks *b, kiln_tensor **xc,
+                      kiln_tensor **wk) {
+  int64_t Cout = (*wk)->shape[0], C = (*xc)->shape[3];
+  int64_t xshape[4] = {(*xc)->shape[0], b->rows, b->cols, b->channels};
+  int64_t fshape[4] = {Cout, b->product.kh, b->product.kw, b->channels};
+  kiln_tensor *X = kiln__window(KILN__OP_IM2COL, fn, *xc, NULL, xshape, &b->image);
+  kiln_tensor *f = X ? kiln_reshape(*wk, KILN_SHAPE(Cout, w->kh, w->kw, C)) : NULL;
+  if (f) f = kiln__window(KILN__OP_IM2COL, fn, f, NULL, fshape, &b->filters);
+  if (!f) return false;
+  KILN__I(kiln__producer(X), IM2COL, groups) = 1;
+  KILN__I(kiln__producer(f), IM2COL, groups) = 1;
+  f = kiln_reshape(f, KILN_SHAPE(Cout, fshape[1] * fshape[2] * fshape[3]));
+  if (!f) return false;
+  *xc = X;
+  *wk = f;
+  return true;
+}
+
 kiln_tensor *kiln_conv2d(kiln_tensor *x, kiln_tensor *weight, kiln_tensor *bias,
                          const kiln_conv2d_options *o) {
   const char *fn = __func__;
@@ -168,10 +246,19 @@ kiln_tensor *kiln_conv2d(kiln_tensor *x, kiln_tensor *weight, kiln_tensor *bias,
       !out_size(ctx, fn, "width", W, w.kw, w.sw, w.pw, w.dw, &OW))
     return NULL;
   int64_t K = w.kh * w.kw * C, Kg = K / G, M = N * OH * OW; /* rows and columns of the product */
+  kiln_dtype dt = ac == KILN_DTYPE_F32 ? x->dtype : ac;
+  blocks b = {.product = w, .rows = H, .cols = W, .channels = C};
+  bool blk =
+      blocks_fit(ctx, dt, G, C, Cout, &w, OH, OW, x->requires_grad || weight->requires_grad, &b);
   bool pointwise = w.kh == 1 && w.kw == 1 && w.sh == 1 && w.sw == 1 && w.ph == 0 && w.pw == 0;
-  int64_t Kp = pointwise ? K : padded_columns(ctx, ac == KILN_DTYPE_F32 ? x->dtype : ac, G, C, K);
-  int64_t cshape[4] = {N, OH, OW, Kp}, yshape[4] = {N, OH, OW, Cout};
-  if (!kiln__valid_shape(ctx, fn, 4, cshape) || !kiln__valid_shape(ctx, fn, 4, yshape)) return NULL;
+  int64_t Kp = blk         ? b.product.kh * b.product.kw * b.channels
+               : pointwise ? K
+                           : padded_columns(ctx, dt, G, C, K);
+  int64_t cshape[4] = {N, OH, OW, Kp}, yshape[4] = {N, OH, OW, Cout},
+          xshape[4] = {N, b.rows, b.cols, b.channels};
+  if (!kiln__valid_shape(ctx, fn, 4, cshape) || !kiln__valid_shape(ctx, fn, 4, yshape) ||
+      !kiln__valid_shape(ctx, fn, 4, xshape))
+    return NULL;
   /* checked here, before anything is recorded, rather than by the product's own checks */
   if (M > INT32_MAX || Kg > INT32_MAX || Kp > INT32_MAX || Cout > INT32_MAX)
     return kiln__error(ctx, KILN_ERR_SHAPE,
@@ -183,19 +270,19 @@ kiln_tensor *kiln_conv2d(kiln_tensor *x, kiln_tensor *weight, kiln_tensor *bias,
            NULL;
   kiln_tensor *xc = kiln_contiguous(ac == KILN_DTYPE_F32 ? x : kiln_cast(x, ac));
   if (!xc) return NULL;
+  kiln_tensor *wk = NULL; /* blocks: the filters first, as to_blocks takes them */
+  if (blk && !((wk = weight_columns(weight, ac, Kg)) && to_blocks(fn, &w, &b, &xc, &wk)))
+    return NULL;
   kiln_tensor *cols = xc;
   if (!pointwise) {
-    cols = kiln__window(KILN__OP_IM2COL, fn, xc, NULL, cshape, &w);
+    cols = kiln__window(KILN__OP_IM2COL, fn, xc, NULL, cshape, &b.product);
     if (!cols) return NULL;
     KILN__I(kiln__producer(cols), IM2COL, groups) = G;
   }
   cols = kiln_reshape(cols, KILN_SHAPE(M, Kp));
-  /* the weight's columns in im2col's order: (Cout, kh, kw, Cin / groups), gathered by the cast
-   * where there is one (one kernel: the permuted view cast, then a view of it) */
-  kiln_tensor *wp = kiln_permute(weight, KILN_AXES(0, 2, 3, 1));
-  if (ac != KILN_DTYPE_F32) wp = kiln_cast(wp, ac);
-  kiln_tensor *wk = kiln_reshape(wp, KILN_SHAPE(Cout, Kg));
-  if (Kp > K && wk) { /* the padded columns' zero filters (the concat's gradient is wk's, sliced) */
+  if (!blk) wk = weight_columns(weight, ac, Kg);
+  if (Kp > K && !blk && wk) { /* the padded columns' zero filters (the concat's gradient is
+                                   wk's, sliced) */
     kiln_tensor *zero = kiln_cast(kiln_full(ctx, KILN_SHAPE(Cout, Kp - K), 0.f), wk->dtype);
     wk = kiln_concat(2, (kiln_tensor *const[]){wk, zero}, 1);
   }

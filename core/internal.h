@@ -400,6 +400,9 @@ struct kiln_ctx {
   /* a direct forward product applies the unary elementwise chain after it before it stores
    * (fusion/plan_conv.c's kiln__direct_epilogue; KILN_CONV_DIRECT_EPI=0: not) */
   bool conv_direct_epi;
+  /* KILN_CONV_S2D=1: a strided convolution over few channels (ResNet's stem) as a stride-1 one
+   * over the image's blocks, which the implicit GEMMs take (core/conv.c's to_blocks) */
+  bool conv_s2d;
   /* KILN_EW_SINK=1: an elementwise run read only by a later one of its space runs in its kernel
    * (fusion/plan.c's phase_sink) */
   bool ew_sink;

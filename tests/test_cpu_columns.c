@@ -76,6 +76,7 @@ Test(images, wide_windows_pad_their_columns_to_multiples_of_8) {
     kiln_ctx *ctx = th_cpu_ctx();
     ctx->conv_kpad = cases[i].on;
     ctx->conv_direct = false; /* the 27 values' product stays on im2col too */
+    ctx->conv_s2d = false;    /* the stem's product on the columns, not on blocks */
     kiln_step_begin(ctx);
     /* x takes a gradient too: col2im sums rows of the padded width */
     kiln_tensor *x = th_param(ctx, KILN_SHAPE(2, 17, 15, cases[i].cin));
@@ -126,6 +127,89 @@ Test(images, wide_windows_pad_their_columns_to_multiples_of_8) {
                            pg.call[g].name);
       }
     cr_assert_eq(found, cases[i].lanes ? 1 : 0, "%s: %d im2col kernels", what, found);
+    kiln__program_free(&pg);
+    cr_assert_eq(kiln_step_end(ctx), KILN_OK, "%s: %s", what, th_err(ctx));
+    th_free_scratch();
+    th_ctx_free(ctx);
+  }
+}
+
+/* With KILN_CONV_S2D=1 a bf16 convolution at stride s over channels not in 16-byte chunks is a
+ * stride-1 convolution over the image's s x s blocks (core/conv.c's to_blocks): the image's
+ * im2col over s x s windows at stride s (each block's s s C values and zero columns up to a
+ * multiple of 8) and the filters' likewise, then a product the implicit GEMMs run, forward and
+ * weight gradient, over a x a blocks. ResNet's stem (7x7, stride 2, padding 3, 3 channels into
+ * 64: 4x4 blocks of 16 values, K = 256), 3x3 at stride 2 (2x2 blocks), 8x8 at stride 4 over 3
+ * channels (2x2 blocks of 48 values), 7x5 with paddings (3, 2); not without the switch, not in
+ * f32, not over 8 channels (the implicit GEMMs take those as they are), not with 96 output
+ * channels (more than they take), not at stride 1, not with dilation. Each renders and compiles
+ * (NVRTC). */
+Test(images, strided_convolutions_over_few_channels_run_on_blocks) {
+  struct {
+    int64_t cin, cout, kh, kw;
+    kiln_conv2d_options o;
+    kiln_dtype dtype;
+    bool on;
+    int64_t channels, ah, aw; /* the blocks' channels and window; 0: none */
+  } cases[] = {
+      {3, 64, 7, 7, {2, 2, 3, 3, 0, 0, 0}, KILN_DTYPE_BF16, true, 16, 4, 4},
+      {3, 32, 3, 3, {2, 2, 1, 1, 0, 0, 0}, KILN_DTYPE_BF16, true, 16, 2, 2},
+      {3, 32, 8, 8, {4, 4, 2, 2, 0, 0, 0}, KILN_DTYPE_BF16, true, 48, 2, 2},
+      {3, 16, 7, 5, {2, 2, 3, 2, 0, 0, 0}, KILN_DTYPE_BF16, true, 16, 4, 3},
+      {3, 64, 7, 7, {2, 2, 3, 3, 0, 0, 0}, KILN_DTYPE_BF16, false, 0, 0, 0},
+      {3, 64, 7, 7, {2, 2, 3, 3, 0, 0, 0}, KILN_DTYPE_F32, true, 0, 0, 0},
+      {8, 64, 7, 7, {2, 2, 3, 3, 0, 0, 0}, KILN_DTYPE_BF16, true, 0, 0, 0},
+      {3, 96, 7, 7, {2, 2, 3, 3, 0, 0, 0}, KILN_DTYPE_BF16, true, 0, 0, 0},
+      {3, 64, 7, 7, {1, 1, 3, 3, 0, 0, 0}, KILN_DTYPE_BF16, true, 0, 0, 0},
+      {3, 64, 7, 7, {2, 2, 3, 3, 2, 2, 0}, KILN_DTYPE_BF16, true, 0, 0, 0},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+    const kiln_conv2d_options *o = &cases[i].o;
+    char what[128];
+    snprintf(what, sizeof what, "%lld->%lld %lldx%lld stride %d dilation %d, %s, switch %d",
+             (long long)cases[i].cin, (long long)cases[i].cout, (long long)cases[i].kh,
+             (long long)cases[i].kw, o->stride_h, o->dilation_h, kiln_dtype_name(cases[i].dtype),
+             cases[i].on);
+    kiln_ctx *ctx = th_cpu_ctx();
+    ctx->conv_s2d = cases[i].on;
+    kiln_step_begin(ctx);
+    kiln_tensor *x = th_f32(ctx, KILN_SHAPE(2, 21, 18, cases[i].cin));
+    kiln_tensor *k =
+        th_param(ctx, KILN_SHAPE(cases[i].cout, cases[i].cin, cases[i].kh, cases[i].kw));
+    bool bf16 = cases[i].dtype == KILN_DTYPE_BF16;
+    if (bf16) kiln_autocast_begin(ctx, KILN_DTYPE_BF16);
+    kiln_tensor *y = kiln_conv2d(x, k, NULL, o);
+    if (bf16) kiln_autocast_end(ctx);
+    cr_assert_not_null(y, "%s: %s", what, th_err(ctx));
+    cr_assert_eq(kiln_backward(kiln_sum(kiln_cast(y, KILN_DTYPE_F32), KILN_ALL_AXES, 0)), KILN_OK,
+                 "%s: %s", what, th_err(ctx));
+    th_assert_shape(kiln_tensor_grad(k), kiln_tensor_shape(k));
+    int im2col = 0; /* blocks: the image's, the filters' and the product's */
+    for (int32_t j = 0; j < ctx->trace.n; j++)
+      im2col += ctx->trace.nodes[j].op == KILN__OP_IM2COL;
+    cr_assert_eq(im2col, cases[i].channels ? 3 : 1, "%s: %d im2col nodes", what, im2col);
+    kiln__program pg;
+    cr_assert(kiln__program_build(ctx, ctx->trace.done, ctx->trace.n, &pg), "%s", th_err(ctx));
+    int fprop = 0, wgrad = 0;
+    for (int g = 0; g < pg.plan.ng && cases[i].channels; g++) {
+      const kiln__group *gr = &pg.plan.g[g];
+      if (gr->implicit != KILN__IMPLICIT_FPROP && gr->implicit != KILN__IMPLICIT_WGRAD) continue;
+      const kiln__node *c = &ctx->trace.nodes[gr->window];
+      kiln__win w = kiln__win_of(c);
+      fprop += gr->implicit == KILN__IMPLICIT_FPROP;
+      wgrad += gr->implicit == KILN__IMPLICIT_WGRAD;
+      cr_assert_eq(c->in[0]->shape[3], cases[i].channels, "%s: %s over %lld channels", what,
+                   pg.call[g].name, (long long)c->in[0]->shape[3]);
+      cr_assert(w.kh == cases[i].ah && w.kw == cases[i].aw && w.sh == 1 && w.sw == 1 && w.ph == 0 &&
+                    w.pw == 0,
+                "%s: %s over %lldx%lld windows at stride %lld", what, pg.call[g].name,
+                (long long)w.kh, (long long)w.kw, (long long)w.sh);
+    }
+    int want = cases[i].channels ? 1 : 0;
+    cr_assert(fprop == want && wgrad == want,
+              "%s: %d implicit forward products, %d weight "
+              "gradients",
+              what, fprop, wgrad);
     kiln__program_free(&pg);
     cr_assert_eq(kiln_step_end(ctx), KILN_OK, "%s: %s", what, th_err(ctx));
     th_free_scratch();

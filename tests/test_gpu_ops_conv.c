@@ -487,6 +487,35 @@ static const conv_case kpad_cases[] = {
      0},
 };
 
+/* KILN_CONV_S2D=1: strided convolutions over channels not in 16-byte chunks run on the image's
+ * blocks (core/conv.c's to_blocks: the blocks' im2col, then implicit GEMMs over them), their
+ * three products against float64 as any other (32 or 64 output channels: x's gradient is one
+ * implicit data gradient over the blocks, whose col2im moves each value once). ResNet's stem on
+ * sizes whose padded image is odd, 3x3 at stride 2 on odd sizes, 8x8 at stride 4 (48 values a
+ * block), 7x5 with paddings (3, 2) over 5 channels, and a batch whose weight gradient splits its
+ * reduction. */
+static const conv_case block_cases[] = {
+    {"3->64 7x7 stride 2 pad 3 (ResNet's stem) on 21x18 images", 2, 21, 18, 3, 64, 7, 7,
+     CO(.stride_h = 2, .stride_w = 2, .pad_h = 3, .pad_w = 3), 0, 0, 0},
+    {"3->32 3x3 stride 2 pad 1 on 13x11 images", 3, 13, 11, 3, 32, 3, 3,
+     CO(.stride_h = 2, .stride_w = 2, .pad_h = 1, .pad_w = 1), 0, 0, 0},
+    {"3->32 8x8 stride 4 pad 2", 2, 22, 19, 3, 32, 8, 8,
+     CO(.stride_h = 4, .stride_w = 4, .pad_h = 2, .pad_w = 2), 0, 0, 0},
+    {"5->64 7x5 stride 2 pad (3, 2)", 2, 15, 12, 5, 64, 7, 5,
+     CO(.stride_h = 2, .stride_w = 2, .pad_h = 3, .pad_w = 2), 0, 0, 0},
+    {"3->64 7x7 stride 2 pad 3 on 64x64 images, batch 8 (split reduction)", 8, 64, 64, 3, 64, 7, 7,
+     CO(.stride_h = 2, .stride_w = 2, .pad_h = 3, .pad_w = 3), 0, 0, 0},
+};
+
+Test(gpu_ops, conv2d_on_blocks_of_the_image) {
+  setenv("KILN_CONV_S2D", "1", 1); /* read when the context is made */
+  TH_GPU_CTX_EAGER(ctx);
+  unsetenv("KILN_CONV_S2D");
+  for (size_t i = 0; i < sizeof block_cases / sizeof *block_cases; i++)
+    check_bf16_conv(ctx, &block_cases[i], 7300 + 10 * i, true);
+  th_ctx_free(ctx);
+}
+
 /* x's gradient (malloc'd f32) of sum(conv2d(x, w) g) for case c in bf16, in a context made with
  * KILN_CONV_KPAD set to `on`. */
 static float *kpad_data_gradient(const conv_case *c, const char *on, uint64_t seed) {
