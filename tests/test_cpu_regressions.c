@@ -85,6 +85,25 @@ Test(regressions, backward_of_a_stepped_slice_of_a_6d_tensor) {
 }
 
 /*
+ * Regression (autograd/rules.c, kiln__grad_slice, fixed): the gradient of a slice of a bf16 tensor
+ * pads the sliced gradient with f32 zeros, and kiln_concat refuses the mix ("input 1 is ... bf16,
+ * input 0 ... f32"), so kiln_backward fails through any bf16 slice that takes a gradient (an
+ * autocast region's view of a parameter, stepped or not). Fix: zeros in the gradient's dtype.
+ */
+Test(regressions, backward_of_a_slice_of_a_bf16_tensor) {
+  kiln_ctx *ctx = th_cpu_ctx();
+  kiln_tensor *w = th_param(ctx, KILN_SHAPE(4, 6));
+  kiln_tensor *h = kiln_cast(w, KILN_DTYPE_BF16);
+  kiln_tensor *s = kiln_slice(kiln_slice(h, 1, 1, 5, 1), 0, 0, 4, 2);
+  kiln_tensor *loss = th_sum_all(kiln_cast(s, KILN_DTYPE_F32));
+  cr_assert_not_null(loss, "%s", kiln_ctx_error(ctx));
+  cr_assert_eq(kiln_backward(loss), KILN_OK, "kiln_backward: %s", kiln_ctx_error(ctx));
+  th_assert_shape(kiln_tensor_grad(w), KILN_SHAPE(4, 6));
+  th_free_scratch();
+  th_ctx_free(ctx);
+}
+
+/*
  * Regression (data/mnist.c, read_idx, fixed): bytes appended after the gzip stream (a .gz file with
  * trailing garbage) are accepted: zlib's gzread silently ignores non-gzip data after a member, so
  * the "trailing bytes" check never sees them. Fix: decode with inflate() (windowBits 16 +
