@@ -201,9 +201,26 @@ void kiln__grad_clamp(kiln__bw *b, const kiln__node *n, kiln_tensor *g, kiln_ten
 }
 /* A cast's gradient is the output's, cast back to the input's dtype (f32 and bf16 only: an i32
  * value never requires a gradient). */
+/* The cast of a permuted view of a dense tensor (autocast's cast of a convolution's filters into
+ * im2col's order) casts its gradient in the order of that tensor: seen through the inverse
+ * permutation, cast, then permuted back. The gradient the dense tensor gets is then dense (the
+ * two permutations' composition is none): a parameter's .grad assignment is written through by
+ * the cast's kernel itself, rather than copied from an f32 temporary by a kernel of its own. */
 void kiln__grad_cast(kiln__bw *b, const kiln__node *n, kiln_tensor *g, kiln_tensor **gin) {
   (void)b;
-  if (NEED(0)) gin[0] = kiln_cast(g, n->in[0]->dtype);
+  if (!NEED(0)) return;
+  const kiln__node *p = kiln__producer(n->in[0]);
+  if (p && p->op == KILN__OP_PERMUTE && kiln__is_contiguous(p->in[0]) &&
+      !kiln__is_contiguous(n->in[0])) {
+    kiln_axes order = {.n = p->out->ndim}, inv = {.n = p->out->ndim};
+    for (int i = 0; i < order.n; i++) {
+      order.a[i] = (int)KILN__IA(p, PERMUTE, order, i);
+      inv.a[order.a[i]] = i;
+    }
+    gin[0] = kiln_permute(kiln_cast(kiln_permute(g, inv), n->in[0]->dtype), order);
+    return;
+  }
+  gin[0] = kiln_cast(g, n->in[0]->dtype);
 }
 
 void kiln__grad_copy(kiln__bw *b, const kiln__node *n, kiln_tensor *g, kiln_tensor **gin) {

@@ -234,8 +234,11 @@ static bool prologue_ok(const kiln_ctx *ctx, const kiln__plan *p, const kiln__gr
  * and attributes, dense operands, room for their pointers, and no operand that an update of
  * the group writes (but found_inf's flag, which its members share: they only ever set it to 1). */
 static bool can_batch(const kiln_ctx *ctx, const kiln__plan *p, const kiln__group *g, int32_t i) {
-  int32_t before = i - 1; /* the node before i, past views (they run nothing) */
-  while (before > p->first && kiln__ops[ctx->trace.nodes[before].op].kind == KILN__KIND_VIEW)
+  /* the node before i, past views and assignments written through (they run nothing) */
+  int32_t before = i - 1;
+  while (before > p->first &&
+         (kiln__ops[ctx->trace.nodes[before].op].kind == KILN__KIND_VIEW ||
+          (ctx->trace.nodes[before].op == KILN__OP_ASSIGN && p->claim[before - p->first] >= 0)))
     before--;
   if (g->kind != KILN__KIND_UPDATE || p->members[g->first + g->n - 1] != before) return false;
   const kiln__node *n = &ctx->trace.nodes[i], *first = &ctx->trace.nodes[p->members[g->first]];

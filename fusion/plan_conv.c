@@ -295,15 +295,23 @@ static int32_t sole_use(const kiln_ctx *ctx, const kiln__plan *p, int32_t i) {
 
 /* (KILN_CONV_WGRAD_INTO=1; off: slower on the H200, its scattered stores.) An implicit weight
  * gradient w, whose
- * bf16 result D (CO, K) kiln_conv2d's autocast rules turn into the weight's f32 gradient as
- * D seen as (CO, KH, KW, CI), cast to f32, seen permuted as the weight's (CO, CI, KH, KW) and
- * assigned to its gradient buffer G, can store that itself: each value rounded to bf16 as D's
- * store does, widened, and written at its place in G, the cast and the assignment members of its
- * group (two launches fewer, and D never written). The views between are checked by what they
- * show (storage, offset, shape and strides), each value has that one reader, G is dense f32, and
- * no node of the flush before the assignment reads or writes G (the group writes it at w's place
- * in the flush). Sets *cast and *assign; where the cast was to write through to G (a 1x1 window),
- * the caller takes that back. */
+ * bf16 result D (CO, K) kiln_conv2d's autocast rules turn into the weight's f32 gradient (D seen
+ * permuted as the weight's (CO, CI, KH, KW), cast to f32 and assigned to its gradient buffer G;
+ * or, in a trace of before the cast's gradient rule read permuted views, D seen as (CO, KH, KW,
+ * CI), cast, and that seen permuted assigned), can store that itself: each value rounded to bf16
+ * as D's store does, widened, and written at its place in G, the cast and the assignment members
+ * of its group (D never written). The views between are checked by what they show (storage,
+ * offset, shape and strides), each value has that one reader, G is dense f32, and no node of the
+ * flush before the assignment reads or writes G (the group writes it at w's place in the flush).
+ * Sets *cast and *assign; where the cast was to write through to G, the caller takes that back. */
+static bool shows(const kiln_tensor *t, const int64_t shape[4], const int64_t stride[4]) {
+  if (t->ndim != 4) return false;
+  for (int d = 0; d < 4; d++)
+    if (t->shape[d] != shape[d] || (t->stride[d] != stride[d] && shape[d] != 1))
+      return false; /* any stride along 1 */
+  return true;
+}
+
 bool kiln__wgrad_into_grad(const kiln_ctx *ctx, const kiln__plan *p, int32_t w, int32_t *cast,
                            int32_t *assign) {
   const kiln__node *nodes = ctx->trace.nodes;
@@ -326,15 +334,15 @@ bool kiln__wgrad_into_grad(const kiln_ctx *ctx, const kiln__plan *p, int32_t w, 
   const kiln_tensor *R = nodes[cv].in[0], *F = nodes[cv].out, *T = nodes[a].in[1],
                     *G = nodes[a].in[0];
   const int64_t r[4] = {CO, win.kh, win.kw, CI}, g[4] = {CO, CI, win.kh, win.kw};
-  const int order[4] = {0, 3, 1, 2};
-  bool shapes = R->ndim == 4 && T->ndim == 4 && G->ndim == 4 && R->st == D->st &&
-                R->offset == D->offset && kiln__is_contiguous(R) && kiln__is_contiguous(D) &&
-                F->dtype == KILN_DTYPE_F32 && kiln__is_contiguous(F) && F->offset == 0 &&
-                T->st == F->st && T->offset == 0 && G->dtype == KILN_DTYPE_F32 && G->persistent &&
-                kiln__is_contiguous(G) && G->offset == 0;
-  for (int d = 0; d < 4 && shapes; d++)
-    shapes = R->shape[d] == r[d] && T->shape[d] == g[d] && G->shape[d] == g[d] &&
-             (T->stride[d] == F->stride[order[d]] || g[d] == 1); /* any stride along 1 */
+  /* dense strides over r and over g; r's seen permuted as g */
+  const int64_t rs[4] = {win.kh * win.kw * CI, win.kw * CI, CI, 1},
+                gs[4] = {CI * win.kh * win.kw, win.kh * win.kw, win.kw, 1},
+                ps[4] = {rs[0], rs[3], rs[1], rs[2]};
+  bool shapes = R->st == D->st && R->offset == D->offset && kiln__is_contiguous(D) &&
+                F->dtype == KILN_DTYPE_F32 && F->offset == 0 && T->st == F->st && T->offset == 0 &&
+                G->dtype == KILN_DTYPE_F32 && G->persistent && shows(G, g, gs) && G->offset == 0 &&
+                ((shows(R, g, ps) && shows(F, g, gs) && shows(T, g, gs)) ||
+                 (shows(R, r, rs) && shows(F, r, rs) && shows(T, g, ps)));
   if (!shapes) return false;
   /* G keeps its old value until the assignment: nothing of the flush before it reads or writes
    * G (a reader before w could otherwise be moved after it, by the sink phase) */
