@@ -213,3 +213,50 @@ Test(gpu_ops, argmax) {
   check_argmax_case(ctx, KILN_SHAPE(7, 600), REF_PLAIN, 1, 1, &REF_GEN(-1, 1), seed++);
   th_ctx_free(ctx);
 }
+
+/* Sums and means of bf16 over the leading axes of tall, narrow tensors (a bias gradient over a
+ * batch of images' pixels), which kiln sums in two steps, the partial sums in f32, the total
+ * rounded to bf16 once: against float64 of the bf16 values, the result rounded to bf16 (either
+ * neighbour: f32 sums in another order), including a reduction whose rows no block size divides
+ * (one sum) and a 4-D one as a conv's bias gradient has. */
+Test(gpu_ops, bf16_sums_of_tall_tensors) {
+  TH_GPU_CTX_EAGER(ctx);
+  struct {
+    kiln_shape s;
+    kiln_axes ax;
+    int mean;
+  } cases[] = {
+      {KILN_SHAPE(64, 31, 31, 24), KILN_AXES(0, 1, 2), 0},
+      {KILN_SHAPE(20000, 10), KILN_AXES(0), 0},
+      {KILN_SHAPE(20000, 10), KILN_AXES(0), 1},
+      {KILN_SHAPE(9001, 3), KILN_AXES(0), 0}, /* 9001 is prime: no block of rows divides it */
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+    kiln_shape s = cases[i].s;
+    unsigned mask = ref_axes_mask(cases[i].ax, s.ndim);
+    kiln_shape os = ref_reduced_shape(s, mask, 0);
+    int64_t n = ref_numel(s), no = ref_numel(os);
+    char what[160], sh[96];
+    kiln_shape_str(s, sh, sizeof sh);
+    snprintf(what, sizeof what, "bf16 %s over the leading axes of %s",
+             cases[i].mean ? "mean" : "sum", sh);
+    kiln_step_begin(ctx);
+    float *h;
+    kiln_tensor *x = ref_rand_tensor(ctx, s, 9100 + 10 * i, &REF_GEN(-1, 1), 0, &h);
+    kiln_tensor *xb = kiln_cast(x, KILN_DTYPE_BF16);
+    kiln_tensor *y = cases[i].mean ? kiln_mean(xb, cases[i].ax, 0) : kiln_sum(xb, cases[i].ax, 0);
+    cr_assert(y && kiln_tensor_dtype(y) == KILN_DTYPE_BF16, "%s: %s", what, th_err(ctx));
+    double *want = ref_dalloc(no);
+    for (int64_t j = 0; j < n; j++) /* over leading axes: output j mod no */
+      want[j % no] += kiln_bf16_to_f32(kiln_bf16_from_f32(h[j]));
+    for (int64_t o = 0; o < no; o++)
+      want[o] = kiln_bf16_to_f32(
+          kiln_bf16_from_f32((float)(cases[i].mean ? want[o] / (double)(n / no) : want[o])));
+    /* a bf16 result: one ulp (2^-8 relative) either way */
+    ref_expect_close(ctx, kiln_cast(y, KILN_DTYPE_F32), os, want, 1e-6, 8e-3, what);
+    free(want);
+    free(h);
+    kiln_tensor_free(x);
+  }
+  th_ctx_free(ctx);
+}
