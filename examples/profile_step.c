@@ -28,14 +28,16 @@
  * step (host clock, from a synchronised device to kiln_sync after the step: recording, planning,
  * NVRTC compiles or cache loads, the run and, in graph mode, the capture).
  *
- *   profile_step [--workload mlp|cnn|air|resnet18|all] [--steps N] [--blocks N]
+ *   profile_step [--workload mlp|cnn|air|resnet18|all] [--steps N] [--blocks N] [--batch N]
  *                [--mode unfused|fused|graph] [--json] [--compile-only] [--trace DIR]
  *   profile_step --report OUT.html TRACE.json...
  *
  * --workload defaults to all, which is mlp, cnn, then air: resnet18 runs only when named (its
  * three modes take tens of seconds more, a cold kernel cache longer, and some 5 GiB of device
  * memory). --steps is the steps per block, 100 by default (20 for air and 10 for resnet18, whose
- * steps take milliseconds), --blocks the blocks, 21 by default. --json prints one JSON line per
+ * steps take milliseconds), --blocks the blocks, 21 by default. --batch replaces every workload's
+ * batch (128 for mlp, cnn and resnet18, 1024 for air), for runs under compute-sanitizer, whose
+ * tools take minutes a step at full size. --json prints one JSON line per
  * workload and mode (bench/compare.py reads them). To see the steps in Nsight
  * Systems, run it under `nsys profile --trace=cuda,nvtx` with KILN_NVTX=1 (see the README).
  * --compile-only needs no GPU: it records one step per mode in a context without one, which
@@ -173,8 +175,11 @@ static int air_select_frozen(const char *name, const kiln_tensor *t, void *user)
 }
 
 /* air: the model (random filters, the whitening's too, frozen), the batch and the optimizer. */
+/* --batch: every workload's batch (0: each one's own). */
+static int64_t batch_flag;
+
 static void air_init(model *m, kiln_ctx *ctx) {
-  const int64_t B = AIR_BATCH, C = 10;
+  const int64_t B = batch_flag ? batch_flag : AIR_BATCH, C = 10;
   int32_t *yh = malloc((size_t)B * sizeof *yh);
   float *xh = random_inputs(B * 32 * 32 * 3);
   if (!yh || !xh) die(ctx, "out of host memory");
@@ -256,7 +261,7 @@ static kiln_tensor *air_forward(const model *m) {
 
 /* resnet18: the model, random images and labels, and the optimizer. */
 static void rn_init(model *m, kiln_ctx *ctx) {
-  const int64_t B = RN_BATCH, S = RN_IMAGE;
+  const int64_t B = batch_flag ? batch_flag : RN_BATCH, S = RN_IMAGE;
   int32_t *yh = malloc((size_t)B * sizeof *yh);
   float *xh = random_inputs(B * S * S * 3);
   if (!yh || !xh) die(ctx, "out of host memory");
@@ -305,17 +310,18 @@ static void model_init(model *m, kiln_ctx *ctx, int workload) {
     rn_init(m, ctx);
     return;
   }
-  const int64_t B = 128, C = 10;
-  int32_t yh[128];
-  for (int64_t i = 0; i < B; i++)
-    yh[i] = (int32_t)((i * 7 + 3) % C);
+  const int64_t B = batch_flag ? batch_flag : 128, C = 10;
+  int32_t *yh = malloc((size_t)B * sizeof *yh);
   /* the same B * 784 values for both: (B, 784) rows or (B, 28, 28, 1) images */
   float *xh = random_inputs(B * 784);
-  if (!xh) die(ctx, "out of host memory");
+  if (!yh || !xh) die(ctx, "out of host memory");
+  for (int64_t i = 0; i < B; i++)
+    yh[i] = (int32_t)((i * 7 + 3) % C);
   kiln_shape xs = workload == WORKLOAD_MLP ? KILN_SHAPE(B, 784) : KILN_SHAPE(B, 28, 28, 1);
   m->x = kiln_tensor_from_host(ctx, KILN_DTYPE_F32, xs, xh);
   free(xh);
   m->y = kiln_tensor_from_host(ctx, KILN_DTYPE_I32, KILN_SHAPE(B), yh);
+  free(yh);
   m->p = kiln_params_new(ctx);
   if (workload == WORKLOAD_MLP) {
     kiln_linear_init(&m->l1, m->p, &(kiln_linear_options){.name = "fc1", .in = 784, .out = 512});
@@ -576,6 +582,14 @@ int main(int argc, char **argv) {
       steps_given = 1;
     } else if (strcmp(argv[i], "--blocks") == 0 && i + 1 < argc) {
       blocks = atoi(argv[++i]);
+    } else if (strcmp(argv[i], "--batch") == 0 && i + 1 < argc) {
+      char *end;
+      long long b = strtoll(argv[++i], &end, 10);
+      if (*end || b < 1 || b > 65536) {
+        fprintf(stderr, "profile_step: --batch is 1 to 65536, not %s\n", argv[i]);
+        return 2;
+      }
+      batch_flag = b;
     } else if (strcmp(argv[i], "--json") == 0) {
       json = 1;
     } else if (strcmp(argv[i], "--compile-only") == 0) {
@@ -603,7 +617,7 @@ int main(int argc, char **argv) {
     } else {
       fprintf(stderr,
               "usage: %s [--workload mlp|cnn|air|resnet18|all] [--steps N] [--blocks N] "
-              "[--mode unfused|fused|graph] [--json] [--compile-only] [--trace DIR]\n"
+              "[--batch N] [--mode unfused|fused|graph] [--json] [--compile-only] [--trace DIR]\n"
               "       %s --report OUT.html TRACE.json...\n"
               "  all (the default) is mlp, cnn and air; resnet18 runs only when named\n",
               argv[0], argv[0]);
@@ -614,6 +628,8 @@ int main(int argc, char **argv) {
     fprintf(stderr, "profile_step: --steps and --blocks must be positive (blocks <= 1000)\n");
     return 2;
   }
+  if (batch_flag && !json) /* the titles below give each workload's own */
+    printf("every workload's batch: %lld (--batch)\n\n", (long long)batch_flag);
   if (trace_dir && !compile && mkdir(trace_dir, 0777) != 0 && errno != EEXIST) {
     fprintf(stderr, "profile_step: --trace %s: the folder cannot be made: %s\n", trace_dir,
             strerror(errno));
