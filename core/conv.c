@@ -289,15 +289,20 @@ kiln_tensor *kiln_conv2d(kiln_tensor *x, kiln_tensor *weight, kiln_tensor *bias,
   kiln_tensor *y;
   if (G == 1) {
     y = kiln_matmul(cols, kiln_transpose(wk, 0, 1)); /* (M, Cout) */
-    if (bias && y) y = kiln_add(y, kiln_cast(bias, y->dtype));
   } else {
     kiln_tensor *cg = kiln_permute(kiln_reshape(cols, KILN_SHAPE(M, G, Kg)), KILN_AXES(1, 0, 2));
     kiln_tensor *wg = kiln_transpose(kiln_reshape(wk, KILN_SHAPE(G, Cout / G, Kg)), 1, 2);
     y = kiln_matmul(cg, wg); /* (G, M, Cout / G) */
     y = kiln_reshape(kiln_permute(y, KILN_AXES(1, 0, 2)), KILN_SHAPE(M, Cout));
-    if (bias && y) y = kiln_add(y, kiln_cast(bias, y->dtype));
   }
-  return kiln_reshape(y, KILN_SHAPE(N, OH, OW, Cout));
+  /* the bias: an f32 one added to the product's rows, where the BLAS library's epilogue may take
+   * it (fusion/plan.c's forward_epilogue); a bf16 one, which no epilogue takes, to the image, so
+   * that it joins the elementwise run after it (an activation) in one kernel */
+  bool rows = y && y->dtype == KILN_DTYPE_F32;
+  if (bias && rows) y = kiln_add(y, kiln_cast(bias, y->dtype));
+  y = kiln_reshape(y, KILN_SHAPE(N, OH, OW, Cout));
+  if (bias && !rows && y) y = kiln_add(y, kiln_cast(bias, y->dtype));
+  return y;
 }
 
 /* ---------------------------------------------------------------- pooling */

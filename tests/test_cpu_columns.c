@@ -216,3 +216,55 @@ Test(images, strided_convolutions_over_few_channels_run_on_blocks) {
     th_ctx_free(ctx);
   }
 }
+
+/* A bf16 convolution's bias (autocast casts it to bf16, which no BLAS epilogue takes) is added to
+ * the image rather than to the product's rows, so that the activation after it shares its
+ * iteration space and runs in the same kernel: the whitening layer of the CIFAR-10 example while
+ * its bias trains (a direct product, then one kernel for the bias and GELU), and a 3x3 over 16
+ * channels (an implicit product). In f32 the bias stays on the rows, where the BLAS library's
+ * epilogue takes it with the ReLU. */
+Test(images, a_bf16_convolution_s_bias_joins_its_activation) {
+  struct {
+    int64_t cin, cout, k;
+    bool bf16;
+  } cases[] = {{3, 24, 2, true}, {16, 32, 3, true}, {16, 32, 3, false}};
+  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+    char what[64];
+    snprintf(what, sizeof what, "%lld->%lld %lldx%lld, %s", (long long)cases[i].cin,
+             (long long)cases[i].cout, (long long)cases[i].k, (long long)cases[i].k,
+             cases[i].bf16 ? "bf16" : "f32");
+    kiln_ctx *ctx = th_cpu_ctx();
+    kiln_step_begin(ctx);
+    kiln_tensor *x = th_f32(ctx, KILN_SHAPE(4, 9, 7, cases[i].cin));
+    kiln_tensor *k = th_f32(ctx, KILN_SHAPE(cases[i].cout, cases[i].cin, cases[i].k, cases[i].k));
+    kiln_tensor *b = th_param(ctx, KILN_SHAPE(cases[i].cout));
+    if (cases[i].bf16) kiln_autocast_begin(ctx, KILN_DTYPE_BF16);
+    kiln_tensor *y = kiln_conv2d(x, k, b, NULL);
+    y = cases[i].bf16 ? kiln_gelu(y, KILN_GELU_ERF) : kiln_relu(y);
+    if (cases[i].bf16) kiln_autocast_end(ctx);
+    kiln_tensor *s = kiln_cast(kiln_sum(y, KILN_ALL_AXES, 0), KILN_DTYPE_F32);
+    cr_assert_eq(kiln_backward(s), KILN_OK, "%s: %s", what, th_err(ctx));
+    kiln__program pg;
+    cr_assert(kiln__program_build(ctx, ctx->trace.done, ctx->trace.n, &pg), "%s", th_err(ctx));
+    int together = 0, epilogue = 0;
+    for (int g = 0; g < pg.plan.ng; g++) {
+      const kiln__group *gr = &pg.plan.g[g];
+      bool add = false, act = false;
+      for (int m = 0; m < gr->n; m++) {
+        kiln__op op = th_node(ctx, pg.plan.members[gr->first + m])->op;
+        add |= op == KILN__OP_ADD;
+        act |= op == KILN__OP_GELU_ERF || op == KILN__OP_RELU;
+      }
+      together += add && act;
+      epilogue += gr->bias != NULL;
+    }
+    if (cases[i].bf16)
+      cr_assert_eq(together, 1, "%s: %d kernels with the bias and the activation", what, together);
+    else
+      cr_assert_eq(epilogue, 1, "%s: %d products with a bias epilogue", what, epilogue);
+    kiln__program_free(&pg);
+    cr_assert_eq(kiln_step_end(ctx), KILN_OK, "%s: %s", what, th_err(ctx));
+    th_free_scratch();
+    th_ctx_free(ctx);
+  }
+}
