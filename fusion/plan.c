@@ -231,8 +231,9 @@ static bool prologue_ok(const kiln_ctx *ctx, const kiln__plan *p, const kiln__gr
 }
 
 /* Whether update node i can join the update group g in one multi-tensor launch: the same op
- * and attributes, dense operands, room for their pointers, and no operand that an update of
- * the group writes (but found_inf's flag, which its members share: they only ever set it to 1). */
+ * and attributes, dense operands, room for their pointers, no operand that an update of the
+ * group writes (but found_inf's flag, which its members share: they only ever set it to 1), and
+ * nothing i writes that an update of the group reads (the launch orders none of them). */
 static bool can_batch(const kiln_ctx *ctx, const kiln__plan *p, const kiln__group *g, int32_t i) {
   /* the node before i, past views and assignments written through (they run nothing) */
   int32_t before = i - 1;
@@ -257,6 +258,11 @@ static bool can_batch(const kiln_ctx *ctx, const kiln__plan *p, const kiln__grou
       if (!(kiln__ops[x->op].stores & (1u << j))) continue;
       for (int q = 0; q < n->nin; q++)
         if (n->in[q]->st == x->in[j]->st && !(n->op == KILN__OP_FOUND_INF && q == j)) return false;
+    }
+    for (int q = 0; q < n->nin; q++) {
+      if (!(kiln__ops[n->op].stores & (1u << q))) continue;
+      for (int j = 0; j < x->nin; j++)
+        if (x->in[j]->st == n->in[q]->st && !(n->op == KILN__OP_FOUND_INF && q == j)) return false;
     }
   }
   return true;

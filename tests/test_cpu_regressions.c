@@ -137,6 +137,34 @@ Test(regressions, bf16_sums_of_tall_tensors_split) {
 }
 
 /*
+ * Regression (fusion/plan.c, can_batch, fixed): consecutive updates of one kind run as one
+ * multi-tensor launch unless a later one reads or writes what an earlier one writes; a later one
+ * that writes what an earlier one reads was let in, so kiln_assign(a, b) then kiln_assign(b, c)
+ * ran in one launch, whose threads may write b before others read it (a then holds c's values).
+ * Fix: the later update must not write anything the group reads either.
+ */
+Test(regressions, an_update_writing_what_an_earlier_one_reads_is_not_batched) {
+  kiln_ctx *ctx = th_cpu_ctx();
+  kiln_tensor *t[3];
+  for (int k = 0; k < 3; k++)
+    t[k] = th_f32(ctx, KILN_SHAPE(64));
+  kiln_step_begin(ctx);
+  cr_assert_eq(kiln_assign(t[0], t[1]), KILN_OK, "%s", kiln_ctx_error(ctx));
+  cr_assert_eq(kiln_assign(t[1], t[2]), KILN_OK, "%s", kiln_ctx_error(ctx));
+  kiln__program pg;
+  cr_assert(kiln__program_build(ctx, ctx->trace.done, ctx->trace.n, &pg), "%s",
+            kiln_ctx_error(ctx));
+  int groups = 0;
+  for (int g = 0; g < pg.plan.ng; g++)
+    groups += th_node(ctx, pg.plan.members[pg.plan.g[g].first])->op == KILN__OP_ASSIGN;
+  cr_assert_eq(groups, 2, "the two assignments in %d launches", groups);
+  kiln__program_free(&pg);
+  cr_assert_eq(kiln_step_end(ctx), KILN_OK, "%s", kiln_ctx_error(ctx));
+  th_free_scratch();
+  th_ctx_free(ctx);
+}
+
+/*
  * Regression (data/mnist.c, read_idx, fixed): bytes appended after the gzip stream (a .gz file with
  * trailing garbage) are accepted: zlib's gzread silently ignores non-gzip data after a member, so
  * the "trailing bytes" check never sees them. Fix: decode with inflate() (windowBits 16 +
