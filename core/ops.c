@@ -281,9 +281,12 @@ static bool axes_mask(kiln_ctx *ctx, const char *fn, const kiln_tensor *a, kiln_
 
 static kiln_tensor *record_reduce(kiln__op op, const char *fn, kiln_tensor *a, unsigned mask,
                                   int keepdim, float scale, kiln_dtype dt);
+static kiln_tensor *sum_as(const char *fn, kiln_tensor *a, unsigned mask, int keepdim, float scale,
+                           kiln_dtype dt);
 
+/* The sum of split_sum, its result in dt; NULL where it does not split a's sum. */
 static kiln_tensor *split_sum(const char *fn, kiln_tensor *a, unsigned mask, int keepdim,
-                              float scale) {
+                              float scale, kiln_dtype dt) {
   int lead = 0;
   while (lead < a->ndim && (mask & (1u << lead)))
     lead++;
@@ -299,24 +302,28 @@ static kiln_tensor *split_sum(const char *fn, kiln_tensor *a, unsigned mask, int
   /* (R / blk, C), f32 */
   kiln_tensor *parts = record_reduce(KILN__OP_SUM, fn, kiln_reshape(a, KILN_SHAPE(R / blk, blk, C)),
                                      2u, 0, 1.f, KILN_DTYPE_F32);
-  kiln_tensor *sum = kiln__reduce(KILN__OP_SUM, fn, parts, 1u, 0, scale);
-  if (a->dtype != KILN_DTYPE_F32) sum = kiln_cast(sum, a->dtype);
+  kiln_tensor *sum = sum_as(fn, parts, 1u, 0, scale, dt); /* the total rounded to dt there */
   kiln_shape out = {.ndim = 0};
   for (int d = 0; d < a->ndim; d++)
     if (d >= lead || keepdim) out.d[out.ndim++] = d < lead ? 1 : a->shape[d];
   return kiln_reshape(sum, out);
 }
 
+/* A sum of a, split where split_sum splits it, its result in dt. */
+static kiln_tensor *sum_as(const char *fn, kiln_tensor *a, unsigned mask, int keepdim, float scale,
+                           kiln_dtype dt) {
+  kiln_tensor *s = split_sum(fn, a, mask, keepdim, scale, dt);
+  if (s || !kiln__ok(a->ctx)) return s;
+  return record_reduce(KILN__OP_SUM, fn, a, mask, keepdim, scale, dt);
+}
+
 kiln_tensor *kiln__reduce(kiln__op op, const char *fn, kiln_tensor *a, unsigned mask, int keepdim,
                           float scale) {
   kiln_ctx *ctx = begin(fn, 1, &a);
   if (!ctx) return NULL;
-  if (op == KILN__OP_SUM) {
-    kiln_tensor *s = split_sum(fn, a, mask, keepdim, scale);
-    if (s || !kiln__ok(ctx)) return s;
-  }
   /* argmax gives indices; a sum of i32 values is an exact i32 (accumulated in 64 bits); bf16
    * values are reduced in f32 and the result rounded to bf16 */
+  if (op == KILN__OP_SUM) return sum_as(fn, a, mask, keepdim, scale, a->dtype);
   return record_reduce(op, fn, a, mask, keepdim, scale,
                        op == KILN__OP_ARGMAX ? KILN_DTYPE_I32 : a->dtype);
 }
