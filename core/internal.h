@@ -499,6 +499,15 @@ void kiln__anchor_release(kiln__anchor *a);
 bool kiln__check(kiln_ctx *ctx, const kiln_tensor *t, const char *fn);
 /* The context of the first tensor handle among ts that names one (live or stale), or NULL. */
 kiln_ctx *kiln__ctx_of(int n, kiln_tensor *const *ts);
+/* The ops' first step (core/ops.c, core/reduce.c): the context of in[0..n), every one checked
+ * (kiln__check); NULL when one is bad or the context has failed already (then nothing is
+ * recorded). */
+kiln_ctx *kiln__op_begin(const char *fn, int n, kiln_tensor *const *in);
+/* Whether every one of in[0..n) is f32 or bf16; else an error naming fn and the input. */
+bool kiln__need_float(kiln_ctx *ctx, const char *fn, int n, kiln_tensor *const *in);
+/* in[0..n) as f32: ops that compute in f32 whatever their inputs (softmax, the losses, the
+ * normalisations) cast bf16 inputs first, a cast that fuses into their kernels. */
+bool kiln__as_f32(int n, kiln_tensor **in);
 /* The context of t, live or stale (NULL for NULL, freed or foreign memory). */
 kiln_ctx *kiln__handle_ctx(const kiln_tensor *t);
 /* A zeroed handle for an intermediate or a view (handles.c); NULL with the error set. */

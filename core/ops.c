@@ -9,9 +9,7 @@
 
 #include "internal.h"
 
-/* Returns the context of the inputs and checks every one; NULL when any is bad or the context
- * has failed already (then nothing is recorded). */
-static kiln_ctx *begin(const char *fn, int n, kiln_tensor *const *in) {
+kiln_ctx *kiln__op_begin(const char *fn, int n, kiln_tensor *const *in) {
   kiln_ctx *ctx = kiln__ctx_of(n, in);
   if (!ctx || !kiln__ok(ctx)) return NULL;
   for (int i = 0; i < n; i++)
@@ -19,7 +17,7 @@ static kiln_ctx *begin(const char *fn, int n, kiln_tensor *const *in) {
   return ctx;
 }
 
-static bool need_float(kiln_ctx *ctx, const char *fn, int n, kiln_tensor *const *in) {
+bool kiln__need_float(kiln_ctx *ctx, const char *fn, int n, kiln_tensor *const *in) {
   for (int i = 0; i < n; i++)
     if (!kiln__is_float(in[i]->dtype))
       return kiln__error(ctx, KILN_ERR_DTYPE, "%s: input %d is %s; this op takes f32 or bf16", fn,
@@ -28,9 +26,7 @@ static bool need_float(kiln_ctx *ctx, const char *fn, int n, kiln_tensor *const 
   return true;
 }
 
-/* in[0..n) as f32: ops that compute in f32 whatever their inputs (softmax, the losses, the
- * normalisations) cast bf16 inputs first, a cast that fuses into their kernels. */
-static bool as_f32(int n, kiln_tensor **in) {
+bool kiln__as_f32(int n, kiln_tensor **in) {
   for (int i = 0; i < n; i++)
     if (!(in[i] = kiln_cast(in[i], KILN_DTYPE_F32))) return false;
   return true;
@@ -44,7 +40,7 @@ static bool comparison(kiln__op op) {
 }
 
 static bool ew_dtypes(kiln_ctx *ctx, kiln__op op, const char *fn, int n, kiln_tensor *const *in) {
-  if (!comparison(op)) return need_float(ctx, fn, n, in);
+  if (!comparison(op)) return kiln__need_float(ctx, fn, n, in);
   for (int i = 0; i < n; i++)
     if (!kiln__is_float(in[i]->dtype) && in[i]->dtype != KILN_DTYPE_I32)
       return kiln__error(ctx, KILN_ERR_DTYPE,
@@ -68,7 +64,7 @@ static kiln_dtype ew_out_dtype(kiln__op op, int n, kiln_tensor *const *in) {
 }
 
 kiln_tensor *kiln__ew(kiln__op op, const char *fn, int nin, kiln_tensor *const *in) {
-  kiln_ctx *ctx = begin(fn, nin, in);
+  kiln_ctx *ctx = kiln__op_begin(fn, nin, in);
   if (!ctx || !ew_dtypes(ctx, op, fn, nin, in)) return NULL;
   int nd;
   int64_t shape[KILN_MAX_DIMS];
@@ -223,7 +219,7 @@ kiln_tensor *kiln_randn(kiln_ctx *ctx, kiln_shape shape) {
 
 kiln_tensor *kiln_cast(kiln_tensor *a, kiln_dtype dtype) {
   const char *fn = __func__;
-  kiln_ctx *ctx = begin(fn, 1, &a);
+  kiln_ctx *ctx = kiln__op_begin(fn, 1, &a);
   if (!ctx) return NULL;
   bool ok_in = kiln__is_float(a->dtype) || a->dtype == KILN_DTYPE_I32;
   bool ok_out = kiln__is_float(dtype) || dtype == KILN_DTYPE_I32;
@@ -239,182 +235,6 @@ kiln_tensor *kiln_cast(kiln_tensor *a, kiln_dtype dtype) {
   return out;
 }
 
-/* ---------------------------------------------------------------- reductions */
-
-/* Turns axes into a bit mask over ndim dims; an empty set means all. */
-static bool axes_mask(kiln_ctx *ctx, const char *fn, const kiln_tensor *a, kiln_axes axes,
-                      unsigned *mask) {
-  char sh[96];
-  if (axes.n < 0 || axes.n > KILN_MAX_DIMS)
-    return kiln__error(ctx, KILN_ERR_INVALID, "%s: %d axes given", fn, axes.n), false;
-  if (axes.n == 0) {
-    *mask = (1u << a->ndim) - 1;
-    return true;
-  }
-  unsigned m = 0;
-  for (int i = 0; i < axes.n; i++) {
-    int ax = axes.a[i] < 0 ? axes.a[i] + a->ndim : axes.a[i];
-    if (ax < 0 || ax >= a->ndim)
-      return kiln__error(ctx, KILN_ERR_SHAPE, "%s: axis %d out of range for %s (%d dims)", fn,
-                         axes.a[i], kiln__shape_of(a, sh, sizeof sh), a->ndim),
-             false;
-    if (m & (1u << ax))
-      return kiln__error(ctx, KILN_ERR_INVALID, "%s: axis %d given twice", fn, axes.a[i]), false;
-    m |= 1u << ax;
-  }
-  *mask = m;
-  return true;
-}
-
-/* A sum over the leading axes of a tall, narrow tensor (R rows of C columns: a bias gradient
- * over the pixels of a batch of images, a batch norm's statistics) as two sums, each of which
- * spreads over the whole device: partial sums of blocks of rows, then their sum. One sum over R
- * rows has only C outputs to share among threads (measured on the H200: 57-68 us for cuBLASLt's
- * bias-gradient kernel over 73728 x 64, where reading the 19 MB takes 5; on the H100 a bf16 bias
- * gradient over 1,922,000 x 24, a block an output, added 3.8 ms to each step of the CIFAR-10
- * example's first epochs). bf16 values are summed in f32 (the partial sums are f32) and the total
- * rounded once, as one sum would. */
-#define KILN__SPLIT_MIN_ROWS 8192 /* fewer rows: one sum */
-#define KILN__SPLIT_MAX_COLS 4096 /* more columns: one sum has outputs enough */
-#define KILN__SPLIT_BLOCK 64      /* rows per partial sum, at least (a divisor of R) */
-#define KILN__SPLIT_MAX_BLOCK 1024
-
-static kiln_tensor *record_reduce(kiln__op op, const char *fn, kiln_tensor *a, unsigned mask,
-                                  int keepdim, float scale, kiln_dtype dt);
-static kiln_tensor *sum_as(const char *fn, kiln_tensor *a, unsigned mask, int keepdim, float scale,
-                           kiln_dtype dt);
-
-/* The sum of split_sum, its result in dt; NULL where it does not split a's sum. */
-static kiln_tensor *split_sum(const char *fn, kiln_tensor *a, unsigned mask, int keepdim,
-                              float scale, kiln_dtype dt) {
-  int lead = 0;
-  while (lead < a->ndim && (mask & (1u << lead)))
-    lead++;
-  if (lead == 0 || mask != (1u << lead) - 1 || !kiln__is_contiguous(a) ||
-      (a->dtype != KILN_DTYPE_F32 && a->dtype != KILN_DTYPE_BF16))
-    return NULL;
-  int64_t R = kiln__numel(lead, a->shape), C = kiln__numel(a->ndim - lead, a->shape + lead);
-  if (R < KILN__SPLIT_MIN_ROWS || C > KILN__SPLIT_MAX_COLS || C == 0) return NULL;
-  int64_t blk = KILN__SPLIT_BLOCK;
-  while (blk <= KILN__SPLIT_MAX_BLOCK && R % blk != 0)
-    blk++;
-  if (blk > KILN__SPLIT_MAX_BLOCK) return NULL;
-  /* (R / blk, C), f32 */
-  kiln_tensor *parts = record_reduce(KILN__OP_SUM, fn, kiln_reshape(a, KILN_SHAPE(R / blk, blk, C)),
-                                     2u, 0, 1.f, KILN_DTYPE_F32);
-  kiln_tensor *sum = sum_as(fn, parts, 1u, 0, scale, dt); /* the total rounded to dt there */
-  kiln_shape out = {.ndim = 0};
-  for (int d = 0; d < a->ndim; d++)
-    if (d >= lead || keepdim) out.d[out.ndim++] = d < lead ? 1 : a->shape[d];
-  return kiln_reshape(sum, out);
-}
-
-/* A sum of a, split where split_sum splits it, its result in dt. */
-static kiln_tensor *sum_as(const char *fn, kiln_tensor *a, unsigned mask, int keepdim, float scale,
-                           kiln_dtype dt) {
-  kiln_tensor *s = split_sum(fn, a, mask, keepdim, scale, dt);
-  if (s || !kiln__ok(a->ctx)) return s;
-  return record_reduce(KILN__OP_SUM, fn, a, mask, keepdim, scale, dt);
-}
-
-kiln_tensor *kiln__reduce(kiln__op op, const char *fn, kiln_tensor *a, unsigned mask, int keepdim,
-                          float scale) {
-  kiln_ctx *ctx = begin(fn, 1, &a);
-  if (!ctx) return NULL;
-  /* argmax gives indices; a sum of i32 values is an exact i32 (accumulated in 64 bits); bf16
-   * values are reduced in f32 and the result rounded to bf16 */
-  if (op == KILN__OP_SUM) return sum_as(fn, a, mask, keepdim, scale, a->dtype);
-  return record_reduce(op, fn, a, mask, keepdim, scale,
-                       op == KILN__OP_ARGMAX ? KILN_DTYPE_I32 : a->dtype);
-}
-
-/* Records reduction op of a over the axes in mask, its result in dt (a's, or f32 for bf16 sums'
- * partial sums, or i32 for argmax). */
-static kiln_tensor *record_reduce(kiln__op op, const char *fn, kiln_tensor *a, unsigned mask,
-                                  int keepdim, float scale, kiln_dtype dt) {
-  kiln_ctx *ctx = begin(fn, 1, &a);
-  if (!ctx) return NULL;
-  int nd = 0;
-  int64_t shape[KILN_MAX_DIMS];
-  for (int d = 0; d < a->ndim; d++) {
-    if (mask & (1u << d)) {
-      if (op != KILN__OP_SUM && a->shape[d] == 0) {
-        char sh[96];
-        return kiln__error(ctx, KILN_ERR_SHAPE, "%s: cannot reduce over the empty axis %d of %s",
-                           fn, d, kiln__shape_of(a, sh, sizeof sh)),
-               NULL;
-      }
-      if (keepdim) shape[nd++] = 1;
-    } else {
-      shape[nd++] = a->shape[d];
-    }
-  }
-  kiln_tensor *out = kiln__tensor_intermediate(ctx, fn, dt, nd, shape);
-  if (!out) return NULL;
-  kiln__node *n = kiln__record(ctx, op, 1, &a, out);
-  if (!n) return NULL;
-  KILN__RF(n, scale) = scale;
-  KILN__RI(n, mask) = mask;
-  KILN__RI(n, keepdim) = keepdim != 0;
-  return out;
-}
-
-static kiln_tensor *reduction(kiln__op op, const char *fn, kiln_tensor *a, kiln_axes axes,
-                              int keepdim, bool mean) {
-  kiln_ctx *ctx = begin(fn, 1, &a);
-  if (!ctx) return NULL;
-  bool isum = op == KILN__OP_SUM && !mean && a->dtype == KILN_DTYPE_I32; /* an exact count */
-  if (!isum && !need_float(ctx, fn, 1, &a)) return NULL;
-  unsigned mask;
-  if (!axes_mask(ctx, fn, a, axes, &mask)) return NULL;
-  int64_t r = 1;
-  for (int d = 0; d < a->ndim; d++)
-    if (mask & (1u << d)) r *= a->shape[d];
-  float scale = mean ? (r > 0 ? (float)(1.0 / (double)r) : NAN) : 1.f;
-  return kiln__reduce(op, fn, a, mask, keepdim, scale);
-}
-
-kiln_tensor *kiln_sum(kiln_tensor *a, kiln_axes axes, int keepdim) {
-  return reduction(KILN__OP_SUM, __func__, a, axes, keepdim, false);
-}
-kiln_tensor *kiln_mean(kiln_tensor *a, kiln_axes axes, int keepdim) {
-  return reduction(KILN__OP_SUM, __func__, a, axes, keepdim, true);
-}
-kiln_tensor *kiln_max(kiln_tensor *a, kiln_axes axes, int keepdim) {
-  return reduction(KILN__OP_MAX, __func__, a, axes, keepdim, false);
-}
-
-/* The variance about the mean over axes: sum((a - mean)^2) / max(0, count - correction). The
- * mean only centres the values: the gradient through it is zero (the deviations sum to zero),
- * so it is recorded without one. A count not above the correction divides by zero, as PyTorch
- * does: inf, or NaN where every deviation is zero. */
-static kiln_tensor *variance(const char *fn, kiln_tensor *a, kiln_axes axes, int correction,
-                             int keepdim) {
-  kiln_ctx *ctx = begin(fn, 1, &a);
-  if (!ctx || !need_float(ctx, fn, 1, &a) || !as_f32(1, &a)) return NULL;
-  unsigned mask;
-  if (!axes_mask(ctx, fn, a, axes, &mask)) return NULL;
-  int64_t r = 1;
-  for (int d = 0; d < a->ndim; d++)
-    if (mask & (1u << d)) r *= a->shape[d];
-  double dof = (double)r - (double)correction;
-  float scale = dof > 0 ? (float)(1.0 / dof) : INFINITY;
-  kiln_no_grad_begin(ctx);
-  kiln_tensor *m =
-      kiln__reduce(KILN__OP_SUM, fn, a, mask, 1, r > 0 ? (float)(1.0 / (double)r) : NAN);
-  kiln_no_grad_end(ctx);
-  kiln_tensor *d = kiln_sub(a, m);
-  if (!d) return NULL;
-  return kiln__reduce(KILN__OP_SUM, fn, kiln_mul(d, d), mask, keepdim, scale);
-}
-
-kiln_tensor *kiln_var(kiln_tensor *a, kiln_axes axes, int correction, int keepdim) {
-  return variance(__func__, a, axes, correction, keepdim);
-}
-kiln_tensor *kiln_std(kiln_tensor *a, kiln_axes axes, int correction, int keepdim) {
-  return kiln_sqrt(variance(__func__, a, axes, correction, keepdim));
-}
-
 static bool norm_axis(kiln_ctx *ctx, const char *fn, const kiln_tensor *a, int *axis) {
   int ax = *axis < 0 ? *axis + a->ndim : *axis;
   if (ax < 0 || ax >= a->ndim) {
@@ -428,15 +248,16 @@ static bool norm_axis(kiln_ctx *ctx, const char *fn, const kiln_tensor *a, int *
 }
 
 kiln_tensor *kiln_argmax(kiln_tensor *a, int axis, int keepdim) {
-  kiln_ctx *ctx = begin(__func__, 1, &a);
-  if (!ctx || !need_float(ctx, __func__, 1, &a) || !norm_axis(ctx, __func__, a, &axis)) return NULL;
+  kiln_ctx *ctx = kiln__op_begin(__func__, 1, &a);
+  if (!ctx || !kiln__need_float(ctx, __func__, 1, &a) || !norm_axis(ctx, __func__, a, &axis))
+    return NULL;
   return kiln__reduce(KILN__OP_ARGMAX, __func__, a, 1u << axis, keepdim, 1.f);
 }
 
 kiln_tensor *kiln_softmax(kiln_tensor *a, int axis) {
-  kiln_ctx *ctx = begin(__func__, 1, &a);
-  if (!ctx || !need_float(ctx, __func__, 1, &a) || !norm_axis(ctx, __func__, a, &axis) ||
-      !as_f32(1, &a))
+  kiln_ctx *ctx = kiln__op_begin(__func__, 1, &a);
+  if (!ctx || !kiln__need_float(ctx, __func__, 1, &a) || !norm_axis(ctx, __func__, a, &axis) ||
+      !kiln__as_f32(1, &a))
     return NULL;
   /* the max only steadies the exponent: it carries no gradient */
   kiln_no_grad_begin(ctx);
@@ -447,9 +268,9 @@ kiln_tensor *kiln_softmax(kiln_tensor *a, int axis) {
 }
 
 kiln_tensor *kiln_log_softmax(kiln_tensor *a, int axis) {
-  kiln_ctx *ctx = begin(__func__, 1, &a);
-  if (!ctx || !need_float(ctx, __func__, 1, &a) || !norm_axis(ctx, __func__, a, &axis) ||
-      !as_f32(1, &a))
+  kiln_ctx *ctx = kiln__op_begin(__func__, 1, &a);
+  if (!ctx || !kiln__need_float(ctx, __func__, 1, &a) || !norm_axis(ctx, __func__, a, &axis) ||
+      !kiln__as_f32(1, &a))
     return NULL;
   kiln_no_grad_begin(ctx);
   kiln_tensor *m = kiln__reduce(KILN__OP_MAX, __func__, a, 1u << axis, 1, 1.f);
@@ -462,8 +283,8 @@ kiln_tensor *kiln_cross_entropy(kiln_tensor *logits, kiln_tensor *labels, kiln_r
                                 float label_smoothing) {
   kiln_tensor *in[2] = {logits, labels};
   const char *fn = __func__;
-  kiln_ctx *ctx = begin(fn, 2, in);
-  if (!ctx || !need_float(ctx, fn, 1, &logits)) return NULL;
+  kiln_ctx *ctx = kiln__op_begin(fn, 2, in);
+  if (!ctx || !kiln__need_float(ctx, fn, 1, &logits)) return NULL;
   char s1[96], s2[96];
   if (logits->ndim != 2 || labels->ndim != 1 || labels->shape[0] != logits->shape[0])
     return kiln__error(
@@ -520,8 +341,8 @@ static kiln_tensor *reduce_loss(kiln_tensor *loss, kiln_reduction red) {
 static kiln_ctx *loss_pair(const char *fn, kiln_tensor **xp, kiln_tensor **tp, const char *xname,
                            kiln_reduction red) {
   kiln_tensor *x = *xp, *t = *tp, *in[2] = {x, t};
-  kiln_ctx *ctx = begin(fn, 2, in);
-  if (!ctx || !need_float(ctx, fn, 2, in)) return NULL;
+  kiln_ctx *ctx = kiln__op_begin(fn, 2, in);
+  if (!ctx || !kiln__need_float(ctx, fn, 2, in)) return NULL;
   bool same = x->ndim == t->ndim;
   for (int d = 0; same && d < x->ndim; d++)
     same = x->shape[d] == t->shape[d];
@@ -531,7 +352,7 @@ static kiln_ctx *loss_pair(const char *fn, kiln_tensor **xp, kiln_tensor **tp, c
                        xname, kiln__shape_of(x, s1, sizeof s1), kiln__shape_of(t, s2, sizeof s2)),
            NULL;
   }
-  if (!check_reduction(ctx, fn, red) || !as_f32(2, in)) return NULL;
+  if (!check_reduction(ctx, fn, red) || !kiln__as_f32(2, in)) return NULL;
   *xp = in[0];
   *tp = in[1];
   return ctx;
@@ -581,8 +402,8 @@ kiln_tensor *kiln_cross_entropy_soft(kiln_tensor *logits, kiln_tensor *target, k
 kiln_tensor *kiln_matmul(kiln_tensor *a, kiln_tensor *b) {
   kiln_tensor *in[2] = {a, b};
   const char *fn = __func__;
-  kiln_ctx *ctx = begin(fn, 2, in);
-  if (!ctx || !need_float(ctx, fn, 2, in)) return NULL;
+  kiln_ctx *ctx = kiln__op_begin(fn, 2, in);
+  if (!ctx || !kiln__need_float(ctx, fn, 2, in)) return NULL;
   char s1[96], s2[96];
   kiln_dtype ac = kiln__autocast_dtype(ctx);
   if (a->dtype != b->dtype && ac == KILN_DTYPE_F32)
@@ -650,7 +471,7 @@ static kiln_tensor *view(const char *fn, kiln__op op, kiln_tensor *a, int nd, co
 
 kiln_tensor *kiln_contiguous(kiln_tensor *a) {
   const char *fn = __func__;
-  kiln_ctx *ctx = begin(fn, 1, &a);
+  kiln_ctx *ctx = kiln__op_begin(fn, 1, &a);
   if (!ctx) return NULL;
   if (kiln__is_contiguous(a)) return a;
   kiln_tensor *out = kiln__tensor_intermediate(ctx, fn, a->dtype, a->ndim, a->shape);
@@ -660,7 +481,7 @@ kiln_tensor *kiln_contiguous(kiln_tensor *a) {
 
 kiln_tensor *kiln_reshape(kiln_tensor *a, kiln_shape shape) {
   const char *fn = __func__;
-  kiln_ctx *ctx = begin(fn, 1, &a);
+  kiln_ctx *ctx = kiln__op_begin(fn, 1, &a);
   if (!ctx) return NULL;
   char s1[96], s2[96];
   if (shape.ndim < 0 || shape.ndim > KILN_MAX_DIMS)
@@ -716,7 +537,7 @@ kiln_tensor *kiln_reshape(kiln_tensor *a, kiln_shape shape) {
 
 kiln_tensor *kiln_permute(kiln_tensor *a, kiln_axes order) {
   const char *fn = __func__;
-  kiln_ctx *ctx = begin(fn, 1, &a);
+  kiln_ctx *ctx = kiln__op_begin(fn, 1, &a);
   if (!ctx) return NULL;
   char sh[96];
   if (order.n != a->ndim)
@@ -747,7 +568,7 @@ kiln_tensor *kiln_permute(kiln_tensor *a, kiln_axes order) {
 }
 
 kiln_tensor *kiln_transpose(kiln_tensor *a, int axis0, int axis1) {
-  kiln_ctx *ctx = begin(__func__, 1, &a);
+  kiln_ctx *ctx = kiln__op_begin(__func__, 1, &a);
   if (!ctx || !norm_axis(ctx, __func__, a, &axis0) || !norm_axis(ctx, __func__, a, &axis1))
     return NULL;
   kiln_axes order = {.n = a->ndim};
@@ -760,7 +581,7 @@ kiln_tensor *kiln_transpose(kiln_tensor *a, int axis0, int axis1) {
 
 kiln_tensor *kiln_slice(kiln_tensor *a, int axis, int64_t start, int64_t end, int64_t step) {
   const char *fn = __func__;
-  kiln_ctx *ctx = begin(fn, 1, &a);
+  kiln_ctx *ctx = kiln__op_begin(fn, 1, &a);
   if (!ctx || !norm_axis(ctx, fn, a, &axis)) return NULL;
   if (step <= 0)
     return kiln__error(ctx, KILN_ERR_INVALID, "%s: step %" PRId64 " must be positive", fn, step),
@@ -790,7 +611,7 @@ kiln_tensor *kiln_slice(kiln_tensor *a, int axis, int64_t start, int64_t end, in
 
 kiln_tensor *kiln_expand(kiln_tensor *a, kiln_shape shape) {
   const char *fn = __func__;
-  kiln_ctx *ctx = begin(fn, 1, &a);
+  kiln_ctx *ctx = kiln__op_begin(fn, 1, &a);
   if (!ctx) return NULL;
   char s1[96], s2[96];
   if (shape.ndim < a->ndim || shape.ndim > KILN_MAX_DIMS)
@@ -824,7 +645,7 @@ bad:
 
 kiln_tensor *kiln_detach(kiln_tensor *a) {
   const char *fn = __func__;
-  kiln_ctx *ctx = begin(fn, 1, &a);
+  kiln_ctx *ctx = kiln__op_begin(fn, 1, &a);
   if (!ctx) return NULL;
   return view(fn, KILN__OP_DETACH, a, a->ndim, a->shape, a->stride, a->offset);
 }
@@ -832,7 +653,7 @@ kiln_tensor *kiln_detach(kiln_tensor *a) {
 kiln_tensor *kiln_concat(int n, kiln_tensor *const *ts, int axis) {
   const char *fn = __func__;
   if (n <= 0 || !ts) return NULL;
-  kiln_ctx *ctx = begin(fn, n, ts);
+  kiln_ctx *ctx = kiln__op_begin(fn, n, ts);
   if (!ctx) return NULL;
   kiln_tensor *a = ts[0];
   if (!norm_axis(ctx, fn, a, &axis)) return NULL;
@@ -881,7 +702,7 @@ kiln_tensor *kiln_concat(int n, kiln_tensor *const *ts, int axis) {
 kiln_tensor *kiln__index_select_at(kiln_tensor *a, kiln_tensor *idx, int64_t start, int64_t count,
                                    const char *fn) {
   kiln_tensor *in[2] = {a, idx};
-  kiln_ctx *ctx = begin(fn, 2, in);
+  kiln_ctx *ctx = kiln__op_begin(fn, 2, in);
   if (!ctx) return NULL;
   char s1[96], s2[96];
   if (a->ndim < 1 || idx->ndim != 1 || idx->dtype != KILN_DTYPE_I32)
@@ -910,8 +731,8 @@ kiln_tensor *kiln__index_select_at(kiln_tensor *a, kiln_tensor *idx, int64_t sta
 kiln_tensor *kiln__index_add(kiln_tensor *g, kiln_tensor *idx, uint64_t start, int64_t rows,
                              const char *fn) {
   kiln_tensor *in[2] = {g, idx};
-  kiln_ctx *ctx = begin(fn, 2, in);
-  if (!ctx || !need_float(ctx, fn, 1, in)) return NULL;
+  kiln_ctx *ctx = kiln__op_begin(fn, 2, in);
+  if (!ctx || !kiln__need_float(ctx, fn, 1, in)) return NULL;
   KILN_ASSERT(idx->dtype == KILN_DTYPE_I32 && kiln__is_contiguous(idx) && g->ndim >= 1);
   in[0] = kiln_contiguous(kiln_cast(g, KILN_DTYPE_F32)); /* f32 atomic adds */
   if (!in[0]) return NULL;
@@ -940,8 +761,8 @@ bool kiln__training_flag(kiln_ctx *ctx, const char *fn, int *training) {
 }
 
 kiln_tensor *kiln_dropout(kiln_tensor *a, float p, int training) {
-  kiln_ctx *ctx = begin(__func__, 1, &a);
-  if (!ctx || !need_float(ctx, __func__, 1, &a)) return NULL;
+  kiln_ctx *ctx = kiln__op_begin(__func__, 1, &a);
+  if (!ctx || !kiln__need_float(ctx, __func__, 1, &a)) return NULL;
   if (!(p >= 0.f && p <= 1.f))
     return kiln__error(ctx, KILN_ERR_INVALID, "kiln_dropout: p %g is not in [0, 1]", p), NULL;
   if (!kiln__training_flag(ctx, "kiln_dropout", &training)) return NULL;
@@ -964,7 +785,7 @@ kiln_status kiln_assign(kiln_tensor *dst, kiln_tensor *src) {
   if (!kiln__ok(ctx)) return ctx->status;
   if (!dst || !src)
     return kiln__error(ctx, KILN_ERR_INVALID, "%s: %s is NULL", fn, !dst ? "dst" : "src");
-  if (!begin(fn, 2, in)) return ctx->status;
+  if (!kiln__op_begin(fn, 2, in)) return ctx->status;
   char s1[96], s2[96];
   if (!kiln__same_shape(dst, src) || dst->dtype != KILN_DTYPE_F32 || !kiln__is_float(src->dtype))
     return kiln__error(ctx, KILN_ERR_SHAPE,
@@ -977,7 +798,7 @@ kiln_status kiln_assign(kiln_tensor *dst, kiln_tensor *src) {
 }
 
 kiln__node *kiln__update(kiln__op op, const char *fn, int nin, kiln_tensor *const *in) {
-  kiln_ctx *ctx = begin(fn, nin, in);
+  kiln_ctx *ctx = kiln__op_begin(fn, nin, in);
   if (!ctx) return NULL;
   for (int i = 0; i < nin; i++) {
     bool store = kiln__ops[op].stores & (1u << i);
