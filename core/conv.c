@@ -111,7 +111,7 @@ static int64_t padded_columns(const kiln_ctx *ctx, kiln_dtype dtype, int64_t G, 
 /* ---------------------------------------------------------------- convolution */
 
 /* A strided convolution over few channels, such as ResNet's 7x7 stem over 3 channels at stride
- * 2, as a stride-1 convolution over the image's s x s blocks (KILN_CONV_S2D=1). With r zero
+ * 2, as a stride-1 convolution over the image's s x s blocks (KILN_CONV_S2D=0: not). With r zero
  * taps before the window (r = -k mod s, so that k + r is a multiple of s), tap i = s a + b - r
  * of the window at output o reads pixel s (o + a) + b - (p + r): row b of block o + a of the
  * image padded by p + r. So the blocks X = im2col(x) over s x s windows at stride s, padded by
@@ -133,9 +133,9 @@ static kiln_tensor *weight_columns(kiln_tensor *weight, kiln_dtype ac, int64_t K
   return kiln_reshape(wp, KILN_SHAPE(weight->shape[0], Kg));
 }
 
-/* The blocks of a convolution (window w, output grid ohw, C input channels): the blocks'
- * product's window (a x a, stride 1), X's geometry and shape (blocks down, across, and their
- * channels), and the filters' blocks' geometry. */
+/* A convolution's blocks: the product's window over them (a x a, stride 1), the geometry of the
+ * image's im2col that writes them and their shape (blocks down, across, and their channels), and
+ * the geometry of the filters' im2col. */
 typedef struct {
   kiln__win product, image, filters;
   int64_t rows, cols, channels;
@@ -150,7 +150,7 @@ static bool blocks_fit(const kiln_ctx *ctx, kiln_dtype dt, int64_t G, int64_t C,
                        const kiln__win *w, int64_t OH, int64_t OW, bool grad, blocks *b) {
   int64_t s = w->sh, k[2] = {w->kh, w->kw}, r[2], a[2];
   if (!ctx->conv_s2d || ctx->arch != 90 || dt != KILN_DTYPE_BF16 || G != 1 || C % 8 == 0 || s < 2 ||
-      s > 8 || w->sw != s || s * s * C > 256 || w->dh != 1 || w->dw != 1 || Cout % 8 != 0 ||
+      s > 8 || w->sw != s || C > 256 / (s * s) || w->dh != 1 || w->dw != 1 || Cout % 8 != 0 ||
       Cout > kiln__implicit_conv_max_co(ctx) ||
       (ctx->conv_direct && !grad && kiln__conv_direct_shape(k[0] * k[1] * C, C, Cout)))
     return false;
