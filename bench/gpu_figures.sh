@@ -42,11 +42,12 @@
 #                     (profile_step --trace: contexts made and freed one after another, where CUPTI
 #                     has named replayed kernels after ones of freed contexts) and each trace's count
 #                     of unattributed records and of records CUPTI misnamed (issue 26)
-#   blocks            KILN_CONV_S2D=1 (strided convolutions over few channels on the image's blocks:
-#                     ResNet's stem): test_gpu_ops_conv (its blocks cases against float64), the
-#                     resnet18 step at the defaults and with the switch (bench/ab_steps.sh, three
-#                     rounds), each one's peak and arena MiB, and both steps' stem kernels in a
-#                     timeline trace beside bench/stem_gemm.py's cuBLAS and cuDNN figures (issue 27)
+#   blocks            strided convolutions over few channels on the image's blocks (ResNet's stem;
+#                     the default since 2026-12-06, KILN_CONV_S2D=0: on columns): test_gpu_ops_conv
+#                     (its blocks cases against float64), the resnet18 step with the switch off and
+#                     at the defaults (bench/ab_steps.sh, three rounds), each one's peak and arena
+#                     MiB, and both steps' stem kernels in a timeline trace beside
+#                     bench/stem_gemm.py's cuBLAS and cuDNN figures (issue 27)
 # Every step has a time limit; a summary line per step is printed last. Naming steps after BUILD
 # runs those alone (bench/gpu_figures.sh build-gpu tma recompute).
 set -u
@@ -135,7 +136,7 @@ step suite_switches 420 "KILN_BN_ROWS=1 KILN_CONV_WGRAD_INTO=1 KILN_CONV_AHEAD=1
 step launches 450 "bash bench/ab_steps.sh $build 3 air resnet18 -- '' KILN_CONV_WGRAD_INTO=1 \
   KILN_CAST_BATCH=0 KILN_CONV_DIRECT_EPI=0"
 step blocks 560 "ctest --test-dir $build -R 'test_gpu_ops_conv|test_gpu_conv_switches' --output-on-failure | tail -n 3
-  bash bench/ab_steps.sh $build 3 resnet18 -- '' KILN_CONV_S2D=1
+  bash bench/ab_steps.sh $build 3 resnet18 -- KILN_CONV_S2D=0 ''
   for s in 0 1; do printf 'resnet18 KILN_CONV_S2D=%s: ' \$s
     KILN_CONV_S2D=\$s timeout 120 $build/profile_step --workload resnet18 --mode graph --json |
       grep -o '\"ms_per_step\": *[0-9.]*\|\"peak_mib\": *[0-9.]*\|\"arena_mib\": *[0-9.]*' | tr '\n' ' '
