@@ -128,8 +128,9 @@ kiln_status kiln_backward(kiln_tensor *loss) {
     ctx->bw_from = -1;
   }
   /* the leaves whose gradients are dense first, one after another, so that their assignments
-   * run as multi-tensor launches (the planner batches consecutive updates); then the others (a
-   * convolution weight's, a permuted view, each copied by a kernel of its own) */
+   * run as multi-tensor launches (the planner batches consecutive updates; under autocast a
+   * convolution weight's too, whose cast writes it); then the others (an f32 convolution weight's,
+   * a permuted view, each copied by a kernel of its own) */
   for (int pass = 0; pass < 2; pass++)
     for (int k = 0; k < b.nleaves && kiln__ok(ctx); k++)
       if (b.leaves[k]->bw_acc && kiln__is_contiguous(b.leaves[k]->bw_acc) == (pass == 0))

@@ -199,24 +199,30 @@ void kiln__grad_clamp(kiln__bw *b, const kiln__node *n, kiln_tensor *g, kiln_ten
   }
   gin[0] = out;
 }
+/* The order of permute node p and its inverse. */
+static void permutation(const kiln__node *p, kiln_axes *order, kiln_axes *inv) {
+  order->n = inv->n = p->in[0]->ndim;
+  for (int i = 0; i < order->n; i++) {
+    order->a[i] = (int)KILN__IA(p, PERMUTE, order, i);
+    inv->a[order->a[i]] = i;
+  }
+}
+
 /* A cast's gradient is the output's, cast back to the input's dtype (f32 and bf16 only: an i32
- * value never requires a gradient). */
-/* The cast of a permuted view of a dense tensor (autocast's cast of a convolution's filters into
- * im2col's order) casts its gradient in the order of that tensor: seen through the inverse
- * permutation, cast, then permuted back. The gradient the dense tensor gets is then dense (the
- * two permutations' composition is none): a parameter's .grad assignment is written through by
- * the cast's kernel itself, rather than copied from an f32 temporary by a kernel of its own. */
+ * value never requires a gradient). The cast of a permuted view of a dense tensor (autocast's
+ * cast of a convolution's filters into im2col's order) casts its gradient in the order of that
+ * tensor: seen through the inverse permutation, cast, then permuted back. The gradient the dense
+ * tensor gets is then dense (the two permutations' composition is none): a parameter's .grad
+ * assignment is written through by the cast's kernel itself, rather than copied from an f32
+ * temporary by a kernel of its own. */
 void kiln__grad_cast(kiln__bw *b, const kiln__node *n, kiln_tensor *g, kiln_tensor **gin) {
   (void)b;
   if (!NEED(0)) return;
   const kiln__node *p = kiln__producer(n->in[0]);
   if (p && p->op == KILN__OP_PERMUTE && kiln__is_contiguous(p->in[0]) &&
       !kiln__is_contiguous(n->in[0])) {
-    kiln_axes order = {.n = p->out->ndim}, inv = {.n = p->out->ndim};
-    for (int i = 0; i < order.n; i++) {
-      order.a[i] = (int)KILN__IA(p, PERMUTE, order, i);
-      inv.a[order.a[i]] = i;
-    }
+    kiln_axes order, inv;
+    permutation(p, &order, &inv);
     gin[0] = kiln_permute(kiln_cast(kiln_permute(g, inv), n->in[0]->dtype), order);
     return;
   }
@@ -303,9 +309,8 @@ void kiln__grad_reshape(kiln__bw *b, const kiln__node *n, kiln_tensor *g, kiln_t
 
 void kiln__grad_permute(kiln__bw *b, const kiln__node *n, kiln_tensor *g, kiln_tensor **gin) {
   (void)b;
-  kiln_axes inv = {.n = n->in[0]->ndim};
-  for (int i = 0; i < inv.n; i++)
-    inv.a[KILN__IA(n, PERMUTE, order, i)] = i;
+  kiln_axes order, inv;
+  permutation(n, &order, &inv);
   gin[0] = kiln_permute(g, inv);
 }
 

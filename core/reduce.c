@@ -34,6 +34,37 @@ static bool axes_mask(kiln_ctx *ctx, const char *fn, const kiln_tensor *a, kiln_
   return true;
 }
 
+/* Records reduction op of a over the axes in mask, its result in dt (a's, or f32 for bf16 sums'
+ * partial sums, or i32 for argmax). */
+static kiln_tensor *record_reduce(kiln__op op, const char *fn, kiln_tensor *a, unsigned mask,
+                                  int keepdim, float scale, kiln_dtype dt) {
+  kiln_ctx *ctx = kiln__op_begin(fn, 1, &a);
+  if (!ctx) return NULL;
+  int nd = 0;
+  int64_t shape[KILN_MAX_DIMS];
+  for (int d = 0; d < a->ndim; d++) {
+    if (mask & (1u << d)) {
+      if (op != KILN__OP_SUM && a->shape[d] == 0) {
+        char sh[96];
+        return kiln__error(ctx, KILN_ERR_SHAPE, "%s: cannot reduce over the empty axis %d of %s",
+                           fn, d, kiln__shape_of(a, sh, sizeof sh)),
+               NULL;
+      }
+      if (keepdim) shape[nd++] = 1;
+    } else {
+      shape[nd++] = a->shape[d];
+    }
+  }
+  kiln_tensor *out = kiln__tensor_intermediate(ctx, fn, dt, nd, shape);
+  if (!out) return NULL;
+  kiln__node *n = kiln__record(ctx, op, 1, &a, out);
+  if (!n) return NULL;
+  KILN__RF(n, scale) = scale;
+  KILN__RI(n, mask) = mask;
+  KILN__RI(n, keepdim) = keepdim != 0;
+  return out;
+}
+
 /* A sum over the leading axes of a tall, narrow tensor (R rows of C columns: a bias gradient
  * over the pixels of a batch of images, a batch norm's statistics) as two sums, each of which
  * spreads over the whole device: partial sums of blocks of rows, then their sum. One sum over R
@@ -47,8 +78,6 @@ static bool axes_mask(kiln_ctx *ctx, const char *fn, const kiln_tensor *a, kiln_
 #define KILN__SPLIT_BLOCK 64      /* rows per partial sum, at least (a divisor of R) */
 #define KILN__SPLIT_MAX_BLOCK 1024
 
-static kiln_tensor *record_reduce(kiln__op op, const char *fn, kiln_tensor *a, unsigned mask,
-                                  int keepdim, float scale, kiln_dtype dt);
 static kiln_tensor *sum_as(const char *fn, kiln_tensor *a, unsigned mask, int keepdim, float scale,
                            kiln_dtype dt);
 
@@ -94,37 +123,6 @@ kiln_tensor *kiln__reduce(kiln__op op, const char *fn, kiln_tensor *a, unsigned 
   if (op == KILN__OP_SUM) return sum_as(fn, a, mask, keepdim, scale, a->dtype);
   return record_reduce(op, fn, a, mask, keepdim, scale,
                        op == KILN__OP_ARGMAX ? KILN_DTYPE_I32 : a->dtype);
-}
-
-/* Records reduction op of a over the axes in mask, its result in dt (a's, or f32 for bf16 sums'
- * partial sums, or i32 for argmax). */
-static kiln_tensor *record_reduce(kiln__op op, const char *fn, kiln_tensor *a, unsigned mask,
-                                  int keepdim, float scale, kiln_dtype dt) {
-  kiln_ctx *ctx = kiln__op_begin(fn, 1, &a);
-  if (!ctx) return NULL;
-  int nd = 0;
-  int64_t shape[KILN_MAX_DIMS];
-  for (int d = 0; d < a->ndim; d++) {
-    if (mask & (1u << d)) {
-      if (op != KILN__OP_SUM && a->shape[d] == 0) {
-        char sh[96];
-        return kiln__error(ctx, KILN_ERR_SHAPE, "%s: cannot reduce over the empty axis %d of %s",
-                           fn, d, kiln__shape_of(a, sh, sizeof sh)),
-               NULL;
-      }
-      if (keepdim) shape[nd++] = 1;
-    } else {
-      shape[nd++] = a->shape[d];
-    }
-  }
-  kiln_tensor *out = kiln__tensor_intermediate(ctx, fn, dt, nd, shape);
-  if (!out) return NULL;
-  kiln__node *n = kiln__record(ctx, op, 1, &a, out);
-  if (!n) return NULL;
-  KILN__RF(n, scale) = scale;
-  KILN__RI(n, mask) = mask;
-  KILN__RI(n, keepdim) = keepdim != 0;
-  return out;
 }
 
 static kiln_tensor *reduction(kiln__op op, const char *fn, kiln_tensor *a, kiln_axes axes,
