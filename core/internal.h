@@ -508,6 +508,8 @@ bool kiln__need_float(kiln_ctx *ctx, const char *fn, int n, kiln_tensor *const *
 /* in[0..n) as f32: ops that compute in f32 whatever their inputs (softmax, the losses, the
  * normalisations) cast bf16 inputs first, a cast that fuses into their kernels. */
 bool kiln__as_f32(int n, kiln_tensor **in);
+/* *axis (negative from the end) as an axis of a; an error naming fn when it is out of range. */
+bool kiln__norm_axis(kiln_ctx *ctx, const char *fn, const kiln_tensor *a, int *axis);
 /* The context of t, live or stale (NULL for NULL, freed or foreign memory). */
 kiln_ctx *kiln__handle_ctx(const kiln_tensor *t);
 /* A zeroed handle for an intermediate or a view (handles.c); NULL with the error set. */

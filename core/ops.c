@@ -235,168 +235,6 @@ kiln_tensor *kiln_cast(kiln_tensor *a, kiln_dtype dtype) {
   return out;
 }
 
-static bool norm_axis(kiln_ctx *ctx, const char *fn, const kiln_tensor *a, int *axis) {
-  int ax = *axis < 0 ? *axis + a->ndim : *axis;
-  if (ax < 0 || ax >= a->ndim) {
-    char sh[96];
-    return kiln__error(ctx, KILN_ERR_SHAPE, "%s: axis %d out of range for %s (%d dims)", fn, *axis,
-                       kiln__shape_of(a, sh, sizeof sh), a->ndim),
-           false;
-  }
-  *axis = ax;
-  return true;
-}
-
-kiln_tensor *kiln_argmax(kiln_tensor *a, int axis, int keepdim) {
-  kiln_ctx *ctx = kiln__op_begin(__func__, 1, &a);
-  if (!ctx || !kiln__need_float(ctx, __func__, 1, &a) || !norm_axis(ctx, __func__, a, &axis))
-    return NULL;
-  return kiln__reduce(KILN__OP_ARGMAX, __func__, a, 1u << axis, keepdim, 1.f);
-}
-
-kiln_tensor *kiln_softmax(kiln_tensor *a, int axis) {
-  kiln_ctx *ctx = kiln__op_begin(__func__, 1, &a);
-  if (!ctx || !kiln__need_float(ctx, __func__, 1, &a) || !norm_axis(ctx, __func__, a, &axis) ||
-      !kiln__as_f32(1, &a))
-    return NULL;
-  /* the max only steadies the exponent: it carries no gradient */
-  kiln_no_grad_begin(ctx);
-  kiln_tensor *m = kiln__reduce(KILN__OP_MAX, __func__, a, 1u << axis, 1, 1.f);
-  kiln_no_grad_end(ctx);
-  kiln_tensor *e = kiln_exp(kiln_sub(a, m));
-  return kiln_div(e, kiln_sum(e, KILN_AXES(axis), 1));
-}
-
-kiln_tensor *kiln_log_softmax(kiln_tensor *a, int axis) {
-  kiln_ctx *ctx = kiln__op_begin(__func__, 1, &a);
-  if (!ctx || !kiln__need_float(ctx, __func__, 1, &a) || !norm_axis(ctx, __func__, a, &axis) ||
-      !kiln__as_f32(1, &a))
-    return NULL;
-  kiln_no_grad_begin(ctx);
-  kiln_tensor *m = kiln__reduce(KILN__OP_MAX, __func__, a, 1u << axis, 1, 1.f);
-  kiln_no_grad_end(ctx);
-  kiln_tensor *z = kiln_sub(a, m);
-  return kiln_sub(z, kiln_log(kiln_sum(kiln_exp(z), KILN_AXES(axis), 1)));
-}
-
-kiln_tensor *kiln_cross_entropy(kiln_tensor *logits, kiln_tensor *labels, kiln_reduction red,
-                                float label_smoothing) {
-  kiln_tensor *in[2] = {logits, labels};
-  const char *fn = __func__;
-  kiln_ctx *ctx = kiln__op_begin(fn, 2, in);
-  if (!ctx || !kiln__need_float(ctx, fn, 1, &logits)) return NULL;
-  char s1[96], s2[96];
-  if (logits->ndim != 2 || labels->ndim != 1 || labels->shape[0] != logits->shape[0])
-    return kiln__error(
-               ctx, KILN_ERR_SHAPE, "%s: logits must be (N, C) and labels (N); got %s and %s", fn,
-               kiln__shape_of(logits, s1, sizeof s1), kiln__shape_of(labels, s2, sizeof s2)),
-           NULL;
-  if (labels->dtype != KILN_DTYPE_I32)
-    return kiln__error(ctx, KILN_ERR_DTYPE, "%s: labels are %s; they must be i32", fn,
-                       kiln_dtype_name(labels->dtype)),
-           NULL;
-  if (!(label_smoothing >= 0.f && label_smoothing <= 1.f))
-    return kiln__error(ctx, KILN_ERR_INVALID, "%s: label_smoothing %g is not in [0, 1]", fn,
-                       label_smoothing),
-           NULL;
-  if (red != KILN_REDUCTION_MEAN && red != KILN_REDUCTION_SUM && red != KILN_REDUCTION_NONE)
-    return kiln__error(ctx, KILN_ERR_INVALID, "%s: unknown reduction %d", fn, red), NULL;
-  int64_t n = logits->shape[0], c = logits->shape[1];
-  kiln_tensor *logp = kiln_log_softmax(logits, 1); /* f32, whatever the logits' dtype */
-  /* the target distribution: one-hot labels, smoothed towards uniform */
-  kiln_tensor *lab = kiln_reshape(labels, KILN_SHAPE(n, 1));
-  if (!lab) return NULL;
-  int64_t oshape[2] = {n, c};
-  kiln_tensor *target = kiln__tensor_intermediate(ctx, fn, KILN_DTYPE_F32, 2, oshape);
-  if (!target) return NULL;
-  kiln__node *nd = kiln__record(ctx, KILN__OP_ONEHOT, 1, &lab, target);
-  if (!nd) return NULL;
-  KILN__I(nd, ONEHOT, axis) = 1;
-  KILN__I(nd, ONEHOT, classes) = c; /* labels outside [0, c) are an error, found on the device */
-  if (label_smoothing > 0.f)
-    target =
-        kiln_add_scalar(kiln_mul_scalar(target, 1.f - label_smoothing), label_smoothing / (float)c);
-  kiln_tensor *loss = kiln_neg(kiln_sum(kiln_mul(target, logp), KILN_AXES(1), 0)); /* (N) */
-  if (red == KILN_REDUCTION_MEAN) return kiln_mean(loss, KILN_ALL_AXES, 0);
-  if (red == KILN_REDUCTION_SUM) return kiln_sum(loss, KILN_ALL_AXES, 0);
-  return loss;
-}
-
-/* ---------------------------------------------------------------- more losses */
-
-static bool check_reduction(kiln_ctx *ctx, const char *fn, kiln_reduction red) {
-  if (red == KILN_REDUCTION_MEAN || red == KILN_REDUCTION_SUM || red == KILN_REDUCTION_NONE)
-    return true;
-  return kiln__error(ctx, KILN_ERR_INVALID, "%s: unknown reduction %d", fn, red), false;
-}
-
-static kiln_tensor *reduce_loss(kiln_tensor *loss, kiln_reduction red) {
-  if (red == KILN_REDUCTION_MEAN) return kiln_mean(loss, KILN_ALL_AXES, 0);
-  if (red == KILN_REDUCTION_SUM) return kiln_sum(loss, KILN_ALL_AXES, 0);
-  return loss;
-}
-
-/* Checks a loss's two float operands of one shape and its reduction, and makes them f32 (*x,
- * *t: losses compute in f32); the context or NULL. */
-static kiln_ctx *loss_pair(const char *fn, kiln_tensor **xp, kiln_tensor **tp, const char *xname,
-                           kiln_reduction red) {
-  kiln_tensor *x = *xp, *t = *tp, *in[2] = {x, t};
-  kiln_ctx *ctx = kiln__op_begin(fn, 2, in);
-  if (!ctx || !kiln__need_float(ctx, fn, 2, in)) return NULL;
-  bool same = x->ndim == t->ndim;
-  for (int d = 0; same && d < x->ndim; d++)
-    same = x->shape[d] == t->shape[d];
-  if (!same) {
-    char s1[96], s2[96];
-    return kiln__error(ctx, KILN_ERR_SHAPE, "%s: %s %s and target %s must have one shape", fn,
-                       xname, kiln__shape_of(x, s1, sizeof s1), kiln__shape_of(t, s2, sizeof s2)),
-           NULL;
-  }
-  if (!check_reduction(ctx, fn, red) || !kiln__as_f32(2, in)) return NULL;
-  *xp = in[0];
-  *tp = in[1];
-  return ctx;
-}
-
-kiln_tensor *kiln_mse_loss(kiln_tensor *input, kiln_tensor *target, kiln_reduction red) {
-  if (!loss_pair(__func__, &input, &target, "input", red)) return NULL;
-  kiln_tensor *d = kiln_sub(input, target);
-  return reduce_loss(kiln_mul(d, d), red);
-}
-
-kiln_tensor *kiln_bce_with_logits(kiln_tensor *logits, kiln_tensor *target, kiln_reduction red) {
-  if (!loss_pair(__func__, &logits, &target, "logits", red)) return NULL;
-  /* softplus(x) - x t is max(x, 0) - x t + log(1 + exp(-|x|)): softplus is log1p(exp(x)) up to
-   * its threshold of 20 and x above it, where log(1 + exp(-x)) is below float's precision of x.
-   * Its gradient is sigmoid(x) - t, with no kink at 0. */
-  kiln_tensor *sp = kiln_softplus(logits, 1.f, 20.f);
-  return reduce_loss(kiln_sub(sp, kiln_mul(logits, target)), red);
-}
-
-kiln_tensor *kiln_cross_entropy_soft(kiln_tensor *logits, kiln_tensor *target, kiln_reduction red,
-                                     float label_smoothing) {
-  const char *fn = __func__;
-  kiln_ctx *ctx = loss_pair(fn, &logits, &target, "logits", red);
-  if (!ctx) return NULL;
-  if (logits->ndim != 2) {
-    char s1[96];
-    return kiln__error(ctx, KILN_ERR_SHAPE, "%s: logits and target must be (N, C); got %s", fn,
-                       kiln__shape_of(logits, s1, sizeof s1)),
-           NULL;
-  }
-  if (!(label_smoothing >= 0.f && label_smoothing <= 1.f))
-    return kiln__error(ctx, KILN_ERR_INVALID, "%s: label_smoothing %g is not in [0, 1]", fn,
-                       label_smoothing),
-           NULL;
-  int64_t c = logits->shape[1];
-  kiln_tensor *logp = kiln_log_softmax(logits, 1);
-  if (label_smoothing > 0.f)
-    target =
-        kiln_add_scalar(kiln_mul_scalar(target, 1.f - label_smoothing), label_smoothing / (float)c);
-  kiln_tensor *loss = kiln_neg(kiln_sum(kiln_mul(target, logp), KILN_AXES(1), 0)); /* (N) */
-  return reduce_loss(loss, red);
-}
-
 /* ---------------------------------------------------------------- matmul */
 
 kiln_tensor *kiln_matmul(kiln_tensor *a, kiln_tensor *b) {
@@ -460,6 +298,18 @@ kiln_tensor *kiln_matmul(kiln_tensor *a, kiln_tensor *b) {
 }
 
 /* ---------------------------------------------------------------- views and movement */
+
+bool kiln__norm_axis(kiln_ctx *ctx, const char *fn, const kiln_tensor *a, int *axis) {
+  int ax = *axis < 0 ? *axis + a->ndim : *axis;
+  if (ax < 0 || ax >= a->ndim) {
+    char sh[96];
+    return kiln__error(ctx, KILN_ERR_SHAPE, "%s: axis %d out of range for %s (%d dims)", fn, *axis,
+                       kiln__shape_of(a, sh, sizeof sh), a->ndim),
+           false;
+  }
+  *axis = ax;
+  return true;
+}
 
 static kiln_tensor *view(const char *fn, kiln__op op, kiln_tensor *a, int nd, const int64_t *shape,
                          const int64_t *stride, int64_t offset) {
@@ -569,7 +419,8 @@ kiln_tensor *kiln_permute(kiln_tensor *a, kiln_axes order) {
 
 kiln_tensor *kiln_transpose(kiln_tensor *a, int axis0, int axis1) {
   kiln_ctx *ctx = kiln__op_begin(__func__, 1, &a);
-  if (!ctx || !norm_axis(ctx, __func__, a, &axis0) || !norm_axis(ctx, __func__, a, &axis1))
+  if (!ctx || !kiln__norm_axis(ctx, __func__, a, &axis0) ||
+      !kiln__norm_axis(ctx, __func__, a, &axis1))
     return NULL;
   kiln_axes order = {.n = a->ndim};
   for (int i = 0; i < a->ndim; i++)
@@ -582,7 +433,7 @@ kiln_tensor *kiln_transpose(kiln_tensor *a, int axis0, int axis1) {
 kiln_tensor *kiln_slice(kiln_tensor *a, int axis, int64_t start, int64_t end, int64_t step) {
   const char *fn = __func__;
   kiln_ctx *ctx = kiln__op_begin(fn, 1, &a);
-  if (!ctx || !norm_axis(ctx, fn, a, &axis)) return NULL;
+  if (!ctx || !kiln__norm_axis(ctx, fn, a, &axis)) return NULL;
   if (step <= 0)
     return kiln__error(ctx, KILN_ERR_INVALID, "%s: step %" PRId64 " must be positive", fn, step),
            NULL;
@@ -656,7 +507,7 @@ kiln_tensor *kiln_concat(int n, kiln_tensor *const *ts, int axis) {
   kiln_ctx *ctx = kiln__op_begin(fn, n, ts);
   if (!ctx) return NULL;
   kiln_tensor *a = ts[0];
-  if (!norm_axis(ctx, fn, a, &axis)) return NULL;
+  if (!kiln__norm_axis(ctx, fn, a, &axis)) return NULL;
   if (n == 1) return a;
   if (n > KILN__MAX_IN) {
     /* in pieces of at most KILN__MAX_IN inputs */
