@@ -191,28 +191,27 @@ kiln_tensor *kiln_argmax(kiln_tensor *a, int axis, int keepdim) {
   return kiln__reduce(KILN__OP_ARGMAX, __func__, a, 1u << axis, keepdim, 1.f);
 }
 
-kiln_tensor *kiln_softmax(kiln_tensor *a, int axis) {
-  kiln_ctx *ctx = kiln__op_begin(__func__, 1, &a);
-  if (!ctx || !kiln__need_float(ctx, __func__, 1, &a) ||
-      !kiln__norm_axis(ctx, __func__, a, &axis) || !kiln__as_f32(1, &a))
+/* softmax's and log_softmax's common start: a (checked, in f32) less its max along *axis (made
+ * non-negative), or NULL with the context's error. */
+static kiln_tensor *less_max(const char *fn, kiln_tensor *a, int *axis) {
+  kiln_ctx *ctx = kiln__op_begin(fn, 1, &a);
+  if (!ctx || !kiln__need_float(ctx, fn, 1, &a) || !kiln__norm_axis(ctx, fn, a, axis) ||
+      !kiln__as_f32(1, &a))
     return NULL;
   /* the max only steadies the exponent: it carries no gradient */
   kiln_no_grad_begin(ctx);
-  kiln_tensor *m = kiln__reduce(KILN__OP_MAX, __func__, a, 1u << axis, 1, 1.f);
+  kiln_tensor *m = kiln__reduce(KILN__OP_MAX, fn, a, 1u << *axis, 1, 1.f);
   kiln_no_grad_end(ctx);
-  kiln_tensor *e = kiln_exp(kiln_sub(a, m));
+  return kiln_sub(a, m);
+}
+
+kiln_tensor *kiln_softmax(kiln_tensor *a, int axis) {
+  kiln_tensor *e = kiln_exp(less_max(__func__, a, &axis));
   return kiln_div(e, kiln_sum(e, KILN_AXES(axis), 1));
 }
 
 kiln_tensor *kiln_log_softmax(kiln_tensor *a, int axis) {
-  kiln_ctx *ctx = kiln__op_begin(__func__, 1, &a);
-  if (!ctx || !kiln__need_float(ctx, __func__, 1, &a) ||
-      !kiln__norm_axis(ctx, __func__, a, &axis) || !kiln__as_f32(1, &a))
-    return NULL;
-  kiln_no_grad_begin(ctx);
-  kiln_tensor *m = kiln__reduce(KILN__OP_MAX, __func__, a, 1u << axis, 1, 1.f);
-  kiln_no_grad_end(ctx);
-  kiln_tensor *z = kiln_sub(a, m);
+  kiln_tensor *z = less_max(__func__, a, &axis);
   return kiln_sub(z, kiln_log(kiln_sum(kiln_exp(z), KILN_AXES(axis), 1)));
 }
 
