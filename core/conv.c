@@ -677,9 +677,31 @@ bool kiln__recomputes_columns(const kiln__node *mm) {
            kiln__implicit_conv_channels(ctx, c, mm->out->shape[1]));
 }
 
+/* The image of im2col node c recorded again for the weight gradient (kiln__gathers_again), or
+ * NULL where it is not. */
+bool kiln__gathers_again(const kiln__node *c) {
+  const kiln__node *a = kiln__producer(c->in[0]);
+  return c->op == KILN__OP_IM2COL && c->out->ctx->conv_recompute_input && a &&
+         a->op == KILN__OP_RELU && kiln__recomputes_input(a);
+}
+
+static kiln_tensor *image_again(const kiln__node *c) {
+  if (!kiln__gathers_again(c)) return NULL;
+  const kiln__node *a = kiln__producer(c->in[0]);
+  kiln_tensor *in = kiln__activation_input(a);
+  return in ? kiln__record_again_with(a, &in) : NULL;
+}
+
 kiln_tensor *kiln__columns_for_gradient(const kiln__node *mm) {
-  if (!kiln__recomputes_columns(mm)) return mm->in[0];
-  kiln_tensor *cols = kiln__record_again(columns_node(mm));
+  const kiln__node *c = columns_node(mm);
+  kiln_tensor *cols = NULL;
+  if (kiln__recomputes_columns(mm)) {
+    cols = kiln__record_again(c);
+  } else {
+    kiln_tensor *x = c ? image_again(c) : NULL;
+    if (!x) return mm->in[0];
+    cols = kiln__record_again_with(c, &x);
+  }
   return cols ? kiln_reshape(cols, kiln_tensor_shape(mm->in[0])) : NULL;
 }
 

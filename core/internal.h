@@ -376,6 +376,9 @@ struct kiln_ctx {
   bool im2col_lanes;        /* im2col of 2 or 3 channels a tap a thread (KILN_IM2COL_LANES=1) */
   int implicit_conv_max_co; /* KILN_IMPLICIT_CONV_MAX_CO, to measure; 0: the planner's default */
   bool conv_recompute;      /* KILN_CONV_RECOMPUTE=1: kiln__recomputes_columns */
+  /* a weight gradient's image that an activation's rule recomputes anyway is recomputed for it
+   * too, not kept (core/conv.c's image_again; KILN_CONV_RECOMPUTE_INPUT=0: kept) */
+  bool conv_recompute_input;
   bool conv_kpad;     /* zero columns to a multiple of 8 (kiln_conv2d); KILN_CONV_KPAD=0: none */
   bool conv_moments;  /* batch norm's gradient sums in a data gradient's epilogue (=0: not) */
   bool pool_moments;  /* KILN_POOL_MOMENTS=1: batch norm's statistics in a max pool's kernel */
@@ -578,6 +581,8 @@ kiln__node *kiln__record(kiln_ctx *ctx, kiln__op op, int nin, kiln_tensor *const
 /* Records node n again (the backward pass recomputing a forward value instead of keeping it):
  * the same op, inputs and attributes, a new output like n's. Returns that output, or NULL. */
 kiln_tensor *kiln__record_again(const kiln__node *n);
+/* The same with other inputs in (n->nin of them, in n's order). */
+kiln_tensor *kiln__record_again_with(const kiln__node *n, kiln_tensor *const *in);
 
 /* Elementwise op helpers used by the public ops and the backward rules. */
 kiln_tensor *kiln__ew(kiln__op op, const char *fn, int nin, kiln_tensor *const *in);
@@ -704,8 +709,16 @@ bool kiln__conv_tma_dgrad(const kiln__win *w, int64_t co, int64_t ci);
  * that those need not be kept (KILN_CONV_RECOMPUTE=1, for products on the BLAS library: those
  * that kiln__implicit_conv_image and _channels refuse; the implicit ones keep no columns). */
 bool kiln__recomputes_columns(const kiln__node *mm);
-/* The columns for mm's weight gradient: gathered again where kiln__recomputes_columns, else
- * the forward's. */
+/* Whether the weight gradient of a product over im2col node c's columns reads columns gathered
+ * again from an image recorded again, from values the backward pass reads anyway: where that
+ * image is a ReLU whose own rule recomputes its input (kiln__recomputes_input: a batch norm's
+ * output), so that it is not kept from the forward pass: one elementwise pass over the norm's
+ * input instead, which the planner mostly fuses into the kernel before the weight gradient
+ * (KILN_CONV_RECOMPUTE_INPUT=0: kept). Not a GELU or SiLU, whose second pass costs more (the air
+ * step's after its pools would be kernels of their own). */
+bool kiln__gathers_again(const kiln__node *c);
+/* The columns for mm's weight gradient: gathered again where kiln__recomputes_columns or
+ * kiln__gathers_again (from the image recorded again), else the forward's. */
 kiln_tensor *kiln__columns_for_gradient(const kiln__node *mm);
 
 /* Whether the backward rule of n, an activation that reads its input (GELU, SiLU, leaky ReLU)

@@ -35,12 +35,16 @@ kiln__node *kiln__record(kiln_ctx *ctx, kiln__op op, int nin, kiln_tensor *const
   return n;
 }
 
-kiln_tensor *kiln__record_again(const kiln__node *n) {
+kiln_tensor *kiln__record_again(const kiln__node *n) { return kiln__record_again_with(n, n->in); }
+
+kiln_tensor *kiln__record_again_with(const kiln__node *n, kiln_tensor *const *in) {
   const kiln__node src = *n; /* a copy: recording moves the trace when it grows */
+  kiln_tensor *args[KILN__MAX_IN];
+  memcpy(args, in, (size_t)src.nin * sizeof *args); /* in may be n's own, which may move too */
   kiln_ctx *ctx = src.out->ctx;
   kiln_tensor *y = kiln__tensor_intermediate(ctx, "kiln_backward", src.out->dtype, src.out->ndim,
                                              src.out->shape);
-  kiln__node *r = y ? kiln__record(ctx, src.op, src.nin, src.in, y) : NULL;
+  kiln__node *r = y ? kiln__record(ctx, src.op, src.nin, args, y) : NULL;
   if (!r) return NULL;
   memcpy(r->i, src.i, sizeof r->i);
   memcpy(r->f, src.f, sizeof r->f);

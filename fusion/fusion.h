@@ -147,6 +147,9 @@ bool kiln__pool_grad_prologue(const kiln_ctx *ctx, const kiln__plan *p, const ki
 bool kiln__dgrad_on_wgmma(const kiln_ctx *ctx, const kiln__node *cn, kiln_dtype dt, int64_t co,
                           int64_t ci);
 bool kiln__implicit_conv(kiln_ctx *ctx, const kiln__plan *p, int32_t c, int32_t *f, int32_t *w);
+/* Whether node i, which the implicit GEMMs take (p->window), is a forward product (its columns its
+ * first operand), not a weight gradient. */
+bool kiln__implicit_fprop(const kiln_ctx *ctx, const kiln__plan *p, int32_t i);
 /* (KILN_CONV_DIRECT_EPI=0 turns it off.) The unary elementwise chain that the
  * direct forward product of group g (conv_direct.cuh: a thread an output pixel, its channels in
  * registers) applies before it stores (air's whitening conv and its GELU): nodes without

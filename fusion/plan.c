@@ -538,9 +538,11 @@ static bool phase_implicit(kiln_ctx *ctx, kiln__plan *p, bool fuse) {
     int32_t mm = kiln__implicit_dgrad(ctx, p, i), f, w;
     if (mm >= 0) p->claim[mm - p->first] = i; /* col2im's group computes the product */
     kiln__group none = {0};
-    if (kiln__implicit_conv(ctx, p, i, &f, &w) && forward_epilogue(ctx, p, f, &none) == 0) {
-      p->claim[i - p->first] = f; /* the forward product's group computes im2col */
-      p->window[f - p->first] = i;
+    if (kiln__implicit_conv(ctx, p, i, &f, &w) &&
+        (f < 0 || forward_epilogue(ctx, p, f, &none) == 0)) {
+      /* the forward product's group computes im2col; without one, the weight gradient's */
+      p->claim[i - p->first] = f >= 0 ? f : w;
+      if (f >= 0) p->window[f - p->first] = i;
       if (w >= 0) p->window[w - p->first] = i;
     }
   }
@@ -637,7 +639,7 @@ static bool phase_groups(kiln_ctx *ctx, kiln__plan *p, bool fuse) {
       kiln__group *g = new_group(ctx, p, KILN__KIND_LIB, i);
       if (!g) return false;
       g->window = c;
-      g->implicit = p->claim[c - first] == i ? KILN__IMPLICIT_FPROP : KILN__IMPLICIT_WGRAD;
+      g->implicit = kiln__implicit_fprop(ctx, p, i) ? KILN__IMPLICIT_FPROP : KILN__IMPLICIT_WGRAD;
       if ((g->implicit == KILN__IMPLICIT_FPROP && !add_member(ctx, p, g, c)) ||
           !add_member(ctx, p, g, i))
         return false;
@@ -726,6 +728,7 @@ static bool phase_product_outputs(kiln_ctx *ctx, kiln__plan *p, bool fuse) {
       if (g->implicit == KILN__IMPLICIT_FPROP && g->n > 2) p->store[g->node - p->first] = false;
     }
     if (g->implicit == KILN__IMPLICIT_WGRAD) { /* its result, or the gradient made of it */
+      if (p->claim[g->window - p->first] == g->node) p->store[g->window - p->first] = false;
       p->store[g->node - p->first] = !g->grad;
       if (g->grad) p->store[p->members[g->first + 1] - p->first] = false;
     }

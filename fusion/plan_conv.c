@@ -258,7 +258,11 @@ bool kiln__implicit_conv(kiln_ctx *ctx, const kiln__plan *p, int32_t c, int32_t 
       *slot = j;
     }
   }
-  if (*f < 0) return false;
+  if (*f < 0) { /* columns gathered again for a weight gradient alone (core/conv.c's image_again) */
+    int64_t co = *w >= 0 ? nodes[*w].in[0]->shape[0] : 0;
+    return !direct && *w >= 0 && K * co < INT32_MAX && kiln__implicit_conv_channels(ctx, cn, co) &&
+           implicit_wgrad(ctx, p, c, *w, co);
+  }
   const kiln__node *fn = &nodes[*f];
   const kiln_tensor *B = fn->in[1], *Y = fn->out;
   int64_t co = Y->shape[1];
@@ -270,7 +274,12 @@ bool kiln__implicit_conv(kiln_ctx *ctx, const kiln__plan *p, int32_t c, int32_t 
     return false;
   if (direct) return *w < 0 && !Y->requires_grad;
   if (*w >= 0 && !implicit_wgrad(ctx, p, c, *w, co)) return false;
-  return *w >= 0 || !Y->requires_grad;
+  return *w >= 0 || !Y->requires_grad || kiln__gathers_again(cn);
+}
+
+bool kiln__implicit_fprop(const kiln_ctx *ctx, const kiln__plan *p, int32_t i) {
+  int32_t c = p->window[i - p->first];
+  return c >= 0 && columns_of(ctx, p, ctx->trace.nodes[i].in[0]) == c;
 }
 
 /* The one node of the flush after i that reads node i's output, if i has one reader and is not

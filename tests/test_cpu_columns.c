@@ -268,3 +268,87 @@ Test(images, a_bf16_convolution_s_bias_joins_its_activation) {
     th_ctx_free(ctx);
   }
 }
+
+/* A convolution's input that is the ReLU of a batch norm in training (ResNet's blocks) is recorded
+ * again in the backward pass for the convolution's weight gradient, from the norm's input, weight
+ * and statistics that the norm's gradient keeps anyway, so that the ReLU's output dies at the
+ * forward product (one reader, not two) and the step's arena shrinks by at least one of them
+ * (KILN_CONV_RECOMPUTE_INPUT; off: kept). Both ways every product runs implicit (forward and
+ * weight gradient), the recomputed columns included; each kernel renders and compiles (NVRTC). */
+Test(images, a_weight_gradient_s_image_recomputed_from_its_batch_norm) {
+  enum { L = 3 };                                   /* conv, norm, ReLU; then a last conv */
+  const uint64_t relu_bytes = 4 * 10 * 10 * 64 * 2; /* one ReLU's output, bf16 */
+  uint64_t arena[2];
+  for (int on = 0; on < 2; on++) {
+    kiln_ctx *ctx = th_cpu_ctx();
+    ctx->conv_recompute_input = on;
+    kiln_conv2d_options same = {.pad_h = 1, .pad_w = 1};
+    kiln_step_begin(ctx);
+    kiln_tensor *h = th_f32(ctx, KILN_SHAPE(4, 10, 10, 64)), *relu[L];
+    kiln_autocast_begin(ctx, KILN_DTYPE_BF16);
+    for (int l = 0; l < L; l++) {
+      h = kiln_conv2d(h, th_param(ctx, KILN_SHAPE(64, 64, 3, 3)), NULL, &same);
+      h = kiln_batch_norm(h, th_param(ctx, KILN_SHAPE(64)), th_param(ctx, KILN_SHAPE(64)), NULL,
+                          NULL, 1, 0.1f, 1e-5f);
+      h = relu[l] = kiln_relu(h);
+    }
+    kiln_tensor *y = kiln_conv2d(h, th_param(ctx, KILN_SHAPE(64, 64, 3, 3)), NULL, &same);
+    kiln_autocast_end(ctx);
+    cr_assert_not_null(y, "switch %d: %s", on, th_err(ctx));
+    int32_t back = ctx->trace.n;
+    cr_assert_eq(kiln_backward(kiln_sum(kiln_cast(y, KILN_DTYPE_F32), KILN_ALL_AXES, 0)), KILN_OK,
+                 "switch %d: %s", on, th_err(ctx));
+    int again =
+        0; /* im2col nodes of the backward pass: over a ReLU of a norm, both recorded there */
+    for (int32_t i = back; i < ctx->trace.n; i++) {
+      const kiln__node *n = &ctx->trace.nodes[i];
+      if (n->op != KILN__OP_IM2COL) continue;
+      const kiln__node *r = kiln__producer(n->in[0]);
+      cr_assert(r && r->op == KILN__OP_RELU && r->out->node >= back, "switch %d: im2col over %s",
+                on, r ? th_op_name(r->op) : "a leaf");
+      const kiln__node *a = kiln__producer(r->in[0]);
+      cr_assert(a && a->op == KILN__OP_BN_APPLY && a->out->node >= back);
+      again++;
+    }
+    cr_assert_eq(again, on ? L : 0, "switch %d: %d im2col nodes in the backward pass", on, again);
+    for (int l = 0; l < L; l++) { /* the backward nodes that read ReLU l's forward columns */
+      const kiln_tensor *cols[2] = {NULL, NULL}; /* im2col's, and their (M, K) reshape */
+      int readers = 0;
+      for (int32_t i = 0; i < ctx->trace.n; i++) {
+        const kiln__node *n = &ctx->trace.nodes[i];
+        if (n->op == KILN__OP_IM2COL && n->in[0] == relu[l]) cols[0] = n->out;
+        if (n->op == KILN__OP_RESHAPE && cols[0] && n->in[0] == cols[0]) cols[1] = n->out;
+        for (int q = 0; q < n->nin && i >= back; q++)
+          readers += cols[0] && (n->in[q] == cols[0] || n->in[q] == cols[1]);
+      }
+      cr_assert_eq(readers, on ? 0 : 1, "switch %d: %d backward nodes read ReLU %d's columns", on,
+                   readers, l);
+    }
+    kiln__program pg;
+    cr_assert(kiln__program_build(ctx, ctx->trace.done, ctx->trace.n, &pg), "%s", th_err(ctx));
+    int fprop = 0, wgrad = 0, gathered = 0;
+    for (int g = 0; g < pg.plan.ng; g++) {
+      const kiln__group *gr = &pg.plan.g[g];
+      fprop += gr->implicit == KILN__IMPLICIT_FPROP;
+      wgrad += gr->implicit == KILN__IMPLICIT_WGRAD;
+      gathered += gr->n > 0 && th_node(ctx, pg.plan.members[gr->first])->op == KILN__OP_IM2COL &&
+                  gr->implicit != KILN__IMPLICIT_FPROP;
+    }
+    cr_assert(fprop == L + 1 && wgrad == L + 1 && gathered == 0,
+              "switch %d: %d implicit forward products, %d weight gradients, %d im2col kernels", on,
+              fprop, wgrad, gathered);
+    kiln__program_free(&pg);
+    cr_assert_eq(kiln__engine_compile(ctx, ctx->trace.done, ctx->trace.n), KILN_OK, "%s",
+                 th_err(ctx));
+    cr_assert_eq(kiln_step_end(ctx), KILN_OK, "switch %d: %s", on, th_err(ctx));
+    kiln_exec_stats st;
+    kiln_stats(ctx, &st);
+    arena[on] = st.arena_bytes;
+    th_free_scratch();
+    th_ctx_free(ctx);
+  }
+  cr_log_info("arena %llu bytes recomputing, %llu keeping", (unsigned long long)arena[1],
+              (unsigned long long)arena[0]);
+  cr_assert_leq(arena[1] + relu_bytes, arena[0], "arena %llu bytes recomputing, %llu keeping",
+                (unsigned long long)arena[1], (unsigned long long)arena[0]);
+}

@@ -2,8 +2,9 @@
  * test_gpu_conv_switches.c: the convolution switches that must change no value, each against its
  * absence on conv_cases.h's cases, bitwise: KILN_CONV_AHEAD (short reductions issued at once),
  * KILN_CONV_WGRAD_INTO (weight gradients written into .grad), KILN_CAST_BATCH (the parameters'
- * casts in one launch), KILN_CONV_DIRECT_EPI (a direct product's activation in its kernel).
- * Without a GPU every test skips, saying why.
+ * casts in one launch), KILN_CONV_DIRECT_EPI (a direct product's activation in its kernel),
+ * KILN_CONV_RECOMPUTE_INPUT (a block's ReLU recorded again for the weight gradient, on a conv,
+ * norm, ReLU, conv block). Without a GPU every test skips, saying why.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -120,4 +121,63 @@ Test(gpu_ops, tiny_conv2d_direct_products_apply_their_activation) {
       free(on);
       free(off);
     }
+}
+
+/* The gradients of x, both filters and the norm's weight and bias (malloc'd f32, in that order)
+ * for loss = sum(conv2d(relu(batch_norm(conv2d(x, w1))), w2) g) under bf16 autocast, C channels
+ * throughout, after the second of two steps (a step graph's capture, then its replay), in a fused
+ * context made with KILN_CONV_RECOMPUTE_INPUT set to `on`. */
+static void block_grads(int64_t C, const char *on, uint64_t seed, float *out[5]) {
+  setenv("KILN_CONV_RECOMPUTE_INPUT", on, 1); /* read when the context is made */
+  TH_GPU_CTX(ctx);
+  unsetenv("KILN_CONV_RECOMPUTE_INPUT");
+  kiln_shape xs = KILN_SHAPE(8, 12, 10, C), fs = KILN_SHAPE(C, C, 3, 3);
+  kiln_tensor *p[5] = {
+      ref_rand_tensor(ctx, xs, seed, &REF_GEN(-1, 1), 1, NULL),
+      ref_rand_tensor(ctx, fs, seed + 1, &REF_GEN(-0.2f, 0.2f), 1, NULL),
+      ref_rand_tensor(ctx, fs, seed + 2, &REF_GEN(-0.2f, 0.2f), 1, NULL),
+      ref_rand_tensor(ctx, KILN_SHAPE(C), seed + 3, &REF_GEN(0.5f, 1.5f), 1, NULL),
+      ref_rand_tensor(ctx, KILN_SHAPE(C), seed + 4, &REF_GEN(-1, 1), 1, NULL)};
+  kiln_tensor *g = ref_rand_tensor(ctx, xs, seed + 5, &REF_GEN(-1, 1), 0, NULL);
+  kiln_conv2d_options same = {.pad_h = 1, .pad_w = 1};
+  for (int s = 0; s < 2; s++) {
+    for (int q = 0; q < 5; q++)
+      kiln_tensor_zero_grad(p[q]);
+    kiln_step_begin(ctx);
+    kiln_autocast_begin(ctx, KILN_DTYPE_BF16);
+    kiln_tensor *h = kiln_conv2d(p[0], p[1], NULL, &same);
+    h = kiln_relu(kiln_batch_norm(h, p[3], p[4], NULL, NULL, 1, 0.1f, 1e-5f));
+    kiln_tensor *y = kiln_cast(kiln_conv2d(h, p[2], NULL, &same), KILN_DTYPE_F32);
+    kiln_autocast_end(ctx);
+    kiln_tensor *loss = kiln_sum(kiln_mul(y, g), KILN_ALL_AXES, 0);
+    cr_assert_eq(kiln_backward(loss), KILN_OK, "%lld channels: %s", (long long)C, th_err(ctx));
+    cr_assert_eq(kiln_step_end(ctx), KILN_OK, "%lld channels: %s", (long long)C, th_err(ctx));
+  }
+  for (int q = 0; q < 5; q++) {
+    out[q] = ref_read_f32(ctx, kiln_tensor_grad(p[q]), "a gradient");
+    kiln_tensor_free(p[q]);
+  }
+  kiln_tensor_free(g);
+  th_ctx_free(ctx);
+}
+
+/* KILN_CONV_RECOMPUTE_INPUT=1 (a convolution's input that is the ReLU of a batch norm is recorded
+ * again for its weight gradient, from the norm's input, instead of kept from the forward pass)
+ * changes no value: the five gradients of a conv, norm, ReLU, conv block bitwise those without it,
+ * over 32 channels (cp.async products) and 64 (TMA-fed), in a replayed step graph. */
+Test(gpu_ops, conv2d_input_recomputed_from_its_batch_norm) {
+  const char *names[5] = {"x", "w1", "w2", "the norm's weight", "the norm's bias"};
+  const int64_t channels[2] = {32, 64};
+  for (int c = 0; c < 2; c++) {
+    int64_t C = channels[c], n[5] = {8 * 12 * 10 * C, C * C * 9, C * C * 9, C, C};
+    float *off[5], *on[5];
+    block_grads(C, "0", 6200 + 10 * c, off);
+    block_grads(C, "1", 6200 + 10 * c, on);
+    for (int q = 0; q < 5; q++) {
+      cr_assert_eq(memcmp(on[q], off[q], (size_t)n[q] * sizeof(float)), 0,
+                   "%lld channels: %s's gradient differs", (long long)C, names[q]);
+      free(on[q]);
+      free(off[q]);
+    }
+  }
 }
