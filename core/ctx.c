@@ -28,8 +28,8 @@ static bool env_on(const char *name) {
   return v && strcmp(v, "1") == 0;
 }
 
-/* KILN_DEBUG: "plan", "verify", "nan", "memory", "traffic", comma-separated. Debug builds verify
- * every plan.
+/* KILN_DEBUG: "plan", "verify", "nan", "memory", "traffic", "initcheck", comma-separated. Debug
+ * builds verify every plan.
  */
 static unsigned debug_flags(void) {
   unsigned f = 0;
@@ -44,6 +44,7 @@ static unsigned debug_flags(void) {
     if (n == 3 && strncmp(v, "nan", 3) == 0) f |= KILN__DEBUG_NAN;
     if (n == 6 && strncmp(v, "memory", 6) == 0) f |= KILN__DEBUG_MEMORY;
     if (n == 7 && strncmp(v, "traffic", 7) == 0) f |= KILN__DEBUG_TRAFFIC;
+    if (n == 9 && strncmp(v, "initcheck", 9) == 0) f |= KILN__DEBUG_INITCHECK;
     v += n + (v[n] == ',');
   }
   return f;

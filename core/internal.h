@@ -355,7 +355,11 @@ enum {
   KILN__DEBUG_VERIFY = 2,
   KILN__DEBUG_NAN = 4,
   KILN__DEBUG_MEMORY = 8,
-  KILN__DEBUG_TRAFFIC = 16
+  KILN__DEBUG_TRAFFIC = 16,
+  /* every product on the BLAS library zeroes its output first (cudaMemsetAsync), which
+   * compute-sanitizer's initcheck counts as written: it does not count the TMA stores of Hopper's
+   * cuBLAS kernels (dev/README.md, "initcheck"), whose every output byte the product writes */
+  KILN__DEBUG_INITCHECK = 32
 };
 
 struct CUstream_st;                               /* a cudaStream_t, without the CUDA headers */

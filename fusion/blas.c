@@ -263,6 +263,18 @@ static bool set_ptr(kiln_ctx *ctx, lt_plan *q, cublasLtMatmulDescAttributes_t at
   return !KILN_CUBLAS_FAILED(ctx, cublasLtMatmulDescSetAttribute(q->desc, attr, &ptr, sizeof ptr));
 }
 
+/* KILN_DEBUG=initcheck: D's bytes, from its first element to its last, zeroed before the product
+ * writes them all, so that compute-sanitizer's initcheck, blind to the TMA stores of Hopper's
+ * cuBLAS kernels, sees them written. Else nothing. */
+static bool zero_for_initcheck(kiln_ctx *ctx, const kiln_tensor *D) {
+  if (!(ctx->debug & KILN__DEBUG_INITCHECK)) return true;
+  int64_t span = 1; /* elements from the first to the last, strides included */
+  for (int d = 0; d < D->ndim; d++)
+    span += (D->shape[d] - 1) * D->stride[d];
+  size_t bytes = (size_t)span * kiln_dtype_size(D->dtype);
+  return !KILN_CUDA_FAILED(ctx, cudaMemsetAsync(kiln__data_ptr(D), 0, bytes, ctx->stream));
+}
+
 /* A 2-D product with an epilogue through cuBLASLt. */
 static bool run_lt(kiln_ctx *ctx, const kiln__gemm *m) {
   kiln__blas *bl = blas_of(ctx);
@@ -286,6 +298,7 @@ static bool run_lt(kiln_ctx *ctx, const kiln__gemm *m) {
     if (!set_ptr(ctx, q, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, aux)) return false;
   }
   const float one = 1.f, zero = 0.f;
+  if (!zero_for_initcheck(ctx, D)) return false;
   ctx->stats.kernels_launched++;
   cudaStream_t stream = ctx->stream;
   return !KILN_CUBLAS_FAILED(ctx, cublasLtMatmul(bl->lt, q->desc, &one, kiln__data_ptr(B), q->lb,
@@ -319,6 +332,7 @@ bool kiln__blas_run(kiln_ctx *ctx, const kiln__gemm *g) {
   /* bf16 operands: tensor cores with f32 accumulation; f32: TF32 when the context allows it */
   bool f32 = A->dtype == KILN_DTYPE_F32;
   cublasComputeType_t ct = f32 && ctx->tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+  if (!zero_for_initcheck(ctx, C)) return false;
   ctx->stats.kernels_launched++;
   return !KILN_CUBLAS_FAILED(
       ctx, cublasGemmStridedBatchedEx(

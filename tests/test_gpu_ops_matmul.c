@@ -165,3 +165,25 @@ Test(gpu_ops, matmul_grad) {
   }
   th_ctx_free(ctx);
 }
+
+/* KILN_DEBUG=initcheck (every product on cuBLAS zeroes its output first, for compute-sanitizer's
+ * initcheck) changes no product: 2-D and batched, plain and transposed operands, against float64
+ * as without it. */
+Test(gpu_ops, matmul_outputs_zeroed_first_for_initcheck) {
+  const char *was = getenv("KILN_DEBUG");
+  char *saved = was ? strdup(was) : NULL;
+  setenv("KILN_DEBUG", "initcheck,verify", 1); /* read when the context is made */
+  TH_GPU_CTX_EAGER(ctx);
+  if (saved)
+    setenv("KILN_DEBUG", saved, 1);
+  else
+    unsetenv("KILN_DEBUG");
+  free(saved);
+  ref_layout pairs[][2] = {{REF_PLAIN, REF_PLAIN}, {REF_TRANS, REF_TRANS}};
+  for (size_t p = 0; p < 2; p++) {
+    check_mm(ctx, KILN_SHAPE(33, 70), pairs[p][0], KILN_SHAPE(70, 17), pairs[p][1], 990 + 2 * p);
+    check_mm(ctx, KILN_SHAPE(3, 9, 70), pairs[p][0], KILN_SHAPE(3, 70, 17), pairs[p][1],
+             994 + 2 * p);
+  }
+  th_ctx_free(ctx);
+}
