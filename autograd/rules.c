@@ -283,6 +283,7 @@ void kiln__grad_matmul(kiln__bw *b, const kiln__node *n, kiln_tensor *g, kiln_te
   if (NEED(0) && !again) gin[0] = ub(kiln_matmul(g, kiln_transpose(c, -1, -2)), a);
   if (NEED(1)) {
     a = kiln__columns_for_gradient(n);
+    if (!a) return; /* the context's error says why */
     bool c_transposed = c->ndim == 2 && c->stride[0] == 1 && c->stride[1] == c->shape[0] &&
                         c->shape[0] > 1 && c->shape[1] > 1;
     if (a->ndim == 2 && c_transposed) {

@@ -677,30 +677,75 @@ bool kiln__recomputes_columns(const kiln__node *mm) {
            kiln__implicit_conv_channels(ctx, c, mm->out->shape[1]));
 }
 
-/* The image of im2col node c recorded again for the weight gradient (kiln__gathers_again), or
- * NULL where it is not. */
-bool kiln__gathers_again(const kiln__node *c) {
-  const kiln__node *a = kiln__producer(c->in[0]);
-  return c->op == KILN__OP_IM2COL && c->out->ctx->conv_recompute_input && a &&
-         a->op == KILN__OP_RELU && kiln__recomputes_input(a);
+/* The persistent tensor (no view) whose windows im2col node b gathers, itself or through its cast
+ * (*cast: that node, else NULL): an image's blocks (to_blocks), read by another im2col. Else NULL.
+ */
+static kiln_tensor *blocks_source(const kiln__node *b, const kiln__node **cast) {
+  *cast = NULL;
+  if (!b || b->op != KILN__OP_IM2COL) return NULL;
+  kiln_tensor *x = b->in[0];
+  const kiln__node *p = kiln__producer(x);
+  if (p && p->op == KILN__OP_CAST) *cast = p, x = p->in[0];
+  return x->persistent && !kiln__producer(x) ? x : NULL;
 }
 
-static kiln_tensor *image_again(const kiln__node *c) {
-  if (!kiln__gathers_again(c)) return NULL;
-  const kiln__node *a = kiln__producer(c->in[0]);
-  kiln_tensor *in = kiln__activation_input(a);
-  return in ? kiln__record_again_with(a, &in) : NULL;
+bool kiln__gathers_again(const kiln__node *c) {
+  if (c->op != KILN__OP_IM2COL || !c->out->ctx->conv_recompute_input) return false;
+  const kiln__node *a = kiln__producer(c->in[0]), *cast;
+  if (a && a->op == KILN__OP_RELU) return kiln__recomputes_input(a);
+  return blocks_source(a, &cast) != NULL;
+}
+
+/* Whether persistent x is as node `reader` of the open step read it: no copy from the host since
+ * (kiln_tensor_copy_from_host runs what was recorded, then writes) and no recorded assignment into
+ * it or update that touches it. Else false with the context's error, which says what to do. */
+static bool unchanged_since(const kiln_tensor *x, int32_t reader) {
+  kiln_ctx *ctx = x->ctx;
+  bool same = !(x->st->host_step == ctx->gen && x->st->host_at > reader);
+  for (int32_t i = reader + 1; i < ctx->trace.n && same; i++) {
+    const kiln__node *n = &ctx->trace.nodes[i];
+    bool update = kiln__ops[n->op].kind == KILN__KIND_UPDATE;
+    for (int q = 0; q < (update ? n->nin : n->op == KILN__OP_ASSIGN); q++)
+      same = same && n->in[q]->st != x->st;
+  }
+  char sh[96];
+  if (!same)
+    kiln__error(ctx, KILN_ERR_STATE,
+                "kiln_backward: the %s tensor %s that node #%d read was written after it; the "
+                "weight gradient of the convolution over its blocks gathers them from it again: "
+                "write it after kiln_backward, or set KILN_CONV_RECOMPUTE_INPUT=0 to keep them",
+                kiln_dtype_name(x->dtype), kiln__shape_of(x, sh, sizeof sh), reader);
+  return same;
+}
+
+/* The image of im2col node c recorded again for the weight gradient where kiln__gathers_again (a
+ * ReLU over its batch norm's application recorded again; an image's blocks gathered again from
+ * their unchanged source, through its cast); *again false and NULL where it is not; NULL with the
+ * context's error where it is but cannot be. */
+static kiln_tensor *image_again(const kiln__node *c, bool *again) {
+  *again = kiln__gathers_again(c);
+  if (!*again) return NULL;
+  const kiln__node *a = kiln__producer(c->in[0]), *cast;
+  if (a->op == KILN__OP_RELU) {
+    kiln_tensor *in = kiln__activation_input(a);
+    return in ? kiln__record_again_with(a, &in) : NULL;
+  }
+  kiln_tensor *src = blocks_source(a, &cast);
+  if (!unchanged_since(src, cast ? cast->out->node : a->out->node)) return NULL;
+  kiln_tensor *xc = cast ? kiln__record_again(cast) : src;
+  return xc ? kiln__record_again_with(a, &xc) : NULL;
 }
 
 kiln_tensor *kiln__columns_for_gradient(const kiln__node *mm) {
   const kiln__node *c = columns_node(mm);
   kiln_tensor *cols = NULL;
+  bool again = false;
   if (kiln__recomputes_columns(mm)) {
     cols = kiln__record_again(c);
   } else {
-    kiln_tensor *x = c ? image_again(c) : NULL;
-    if (!x) return mm->in[0];
-    cols = kiln__record_again_with(c, &x);
+    kiln_tensor *x = c ? image_again(c, &again) : NULL;
+    if (!again) return mm->in[0];
+    cols = x ? kiln__record_again_with(c, &x) : NULL;
   }
   return cols ? kiln_reshape(cols, kiln_tensor_shape(mm->in[0])) : NULL;
 }

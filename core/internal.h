@@ -275,11 +275,15 @@ typedef struct kiln__storage {
   void *ptr; /* device memory, NULL until allocated */
   size_t bytes;
   size_t tail; /* of the bytes, those past the values: a max pool's window positions (ops.def) */
-  bool persistent;            /* owned by a persistent tensor; else freed at step begin */
-  bool fused;                 /* it lived in a fused kernel's registers and was never written */
-  void *relu_mask;            /* a ReLU output's bit mask from a product's epilogue, or NULL */
-  bool borrowed;              /* ptr and relu_mask point into a step graph's arena: not freed */
-  bool clobbered;             /* in that arena a later value of the step reused its memory */
+  bool persistent; /* owned by a persistent tensor; else freed at step begin */
+  bool fused;      /* it lived in a fused kernel's registers and was never written */
+  void *relu_mask; /* a ReLU output's bit mask from a product's epilogue, or NULL */
+  bool borrowed;   /* ptr and relu_mask point into a step graph's arena: not freed */
+  bool clobbered;  /* in that arena a later value of the step reused its memory */
+  /* persistent: the step generation and trace position of its last copy from the host
+   * (kiln_tensor_copy_from_host), which core/conv.c's unchanged_since checks */
+  uint64_t host_step;
+  int32_t host_at;
   struct kiln__storage *next; /* intermediates of a generation, for release */
 } kiln__storage;
 
@@ -714,12 +718,15 @@ bool kiln__conv_tma_dgrad(const kiln__win *w, int64_t co, int64_t ci);
  * that kiln__implicit_conv_image and _channels refuse; the implicit ones keep no columns). */
 bool kiln__recomputes_columns(const kiln__node *mm);
 /* Whether the weight gradient of a product over im2col node c's columns reads columns gathered
- * again from an image recorded again, from values the backward pass reads anyway: where that
- * image is a ReLU whose own rule recomputes its input (kiln__recomputes_input: a batch norm's
- * output), so that it is not kept from the forward pass: one elementwise pass over the norm's
- * input instead, which the planner mostly fuses into the kernel before the weight gradient
- * (KILN_CONV_RECOMPUTE_INPUT=0: kept). Not a GELU or SiLU, whose second pass costs more (the air
- * step's after its pools would be kernels of their own). */
+ * again from an image recorded again, from values the backward pass reads anyway, so that the
+ * image is not kept from the forward pass (KILN_CONV_RECOMPUTE_INPUT=0: kept): where that image
+ * is a ReLU whose own rule recomputes its input (kiln__recomputes_input: a batch norm's output;
+ * one elementwise pass over the norm's input instead, which the planner mostly fuses into the
+ * kernel before the weight gradient), or the blocks of a persistent tensor (core/conv.c's
+ * to_blocks, over the tensor or its cast: ResNet's stem; one more im2col, and an error from
+ * kiln_backward if the tensor was written since the forward pass read it). Not a GELU or SiLU,
+ * whose second pass costs more (the air step's after its pools would be kernels of their
+ * own). */
 bool kiln__gathers_again(const kiln__node *c);
 /* The columns for mm's weight gradient: gathered again where kiln__recomputes_columns or
  * kiln__gathers_again (from the image recorded again), else the forward's. */

@@ -38,10 +38,12 @@ static bool products_read(const kiln_ctx *ctx, const kiln__plan *p, int32_t i) {
 /* (KILN_CAST_BATCH=0 turns it off.) Whether node i is a cast that a
  * multi-tensor cast takes: f32 or bf16 to either, of a parameter (through views: a convolution's
  * filters permuted, as autocast casts them before their product), its result dense and read only
- * by products and library calls, so that it would have been a launch of its own. */
+ * by products and library calls, so that it would have been a launch of its own. Not one the
+ * backward pass records (a recomputation, core/conv.c's image_again: at the batch's first cast
+ * it would live from there on). */
 bool kiln__batch_cast(const kiln_ctx *ctx, const kiln__plan *p, int32_t i) {
   const kiln__node *n = &ctx->trace.nodes[i];
-  return n->op == KILN__OP_CAST && kiln__is_float(n->in[0]->dtype) &&
+  return n->op == KILN__OP_CAST && n->from < 0 && kiln__is_float(n->in[0]->dtype) &&
          kiln__is_float(n->out->dtype) && !n->out->keep && kiln__is_contiguous(n->out) &&
          p->group_of[i - p->first] < 0 && p->claim[i - p->first] < 0 &&
          !p->write_to[i - p->first] && kiln__param_root(ctx, p, n->in[0]) &&

@@ -166,11 +166,13 @@ kiln_status kiln_tensor_copy_from_host(kiln_tensor *t, const void *src, size_t b
     return kiln__error(ctx, KILN_ERR_INVALID, "%s: %zu bytes given for a %s %s tensor of %zu bytes",
                        __func__, bytes, kiln__shape_of(t, sh, sizeof sh), kiln_dtype_name(t->dtype),
                        need);
-  if (!ctx->has_gpu) return KILN_OK; /* a no-GPU context records and plans; it keeps no data */
   /* what was recorded before runs first (nothing, when the copy opens a step: its graph stays
-   * whole); the copy is queued after it on the stream, and nothing waits for the device */
-  kiln_status s = kiln__flush(ctx);
+   * whole); the copy is queued after it on the stream, and nothing waits for the device. A no-GPU
+   * context records and plans; it keeps no data */
+  kiln_status s = ctx->has_gpu ? kiln__flush(ctx) : KILN_OK;
   if (s != KILN_OK) return s;
+  t->st->host_step = ctx->gen, t->st->host_at = ctx->trace.n;
+  if (!ctx->has_gpu) return KILN_OK;
   if (need == 0) return KILN_OK;
   return stage_copy(ctx, t->st->ptr, src, need, __func__) ? KILN_OK : ctx->status;
 }

@@ -172,6 +172,7 @@ Test(images, strided_convolutions_over_few_channels_run_on_blocks) {
              cases[i].on);
     kiln_ctx *ctx = th_cpu_ctx();
     ctx->conv_s2d = cases[i].on;
+    ctx->conv_recompute_input = false; /* the blocks gathered again: the test below */
     kiln_step_begin(ctx);
     kiln_tensor *x = th_f32(ctx, KILN_SHAPE(2, 21, 18, cases[i].cin));
     kiln_tensor *k =
@@ -350,5 +351,85 @@ Test(images, a_weight_gradient_s_image_recomputed_from_its_batch_norm) {
   cr_log_info("arena %llu bytes recomputing, %llu keeping", (unsigned long long)arena[1],
               (unsigned long long)arena[0]);
   cr_assert_leq(arena[1] + relu_bytes, arena[0], "arena %llu bytes recomputing, %llu keeping",
+                (unsigned long long)arena[1], (unsigned long long)arena[0]);
+}
+
+/* The blocks of a persistent image that a strided convolution over few channels runs on (ResNet's
+ * stem) are gathered again for its weight gradient, through the image's cast, instead of kept
+ * (KILN_CONV_RECOMPUTE_INPUT; off: kept): two im2col nodes and the cast recorded by the backward
+ * pass, the products implicit, and a smaller arena (a ReLU and a 3x3 convolution after the stem,
+ * whose backward pass runs while the blocks would be kept). The image copied from the host before
+ * the forward pass (a training loop's next batch) is fine; copied after it, before kiln_backward,
+ * the blocks cannot be gathered again and kiln_backward says so (KILN_ERR_STATE), naming the
+ * switch. */
+Test(images, a_strided_stem_s_blocks_gathered_again_from_its_image) {
+  const size_t bytes = 4 * 32 * 32 * 3 * sizeof(float);
+  float *data = calloc(1, bytes);
+  cr_assert_not_null(data);
+  uint64_t arena[2];
+  for (int mode = 0; mode < 3; mode++) { /* off, on, on with a copy between */
+    int on = mode > 0;
+    kiln_ctx *ctx = th_cpu_ctx();
+    ctx->conv_recompute_input = on;
+    kiln_tensor *x = th_f32(ctx, KILN_SHAPE(4, 32, 32, 3));
+    kiln_tensor *k = th_param(ctx, KILN_SHAPE(64, 3, 7, 7)),
+                *k2 = th_param(ctx, KILN_SHAPE(64, 64, 3, 3));
+    kiln_step_begin(ctx);
+    cr_assert_eq(kiln_tensor_copy_from_host(x, data, bytes), KILN_OK, "%s", th_err(ctx));
+    kiln_autocast_begin(ctx, KILN_DTYPE_BF16);
+    kiln_conv2d_options o = {.stride_h = 2, .stride_w = 2, .pad_h = 3, .pad_w = 3};
+    kiln_tensor *y = kiln_conv2d(kiln_relu(kiln_conv2d(x, k, NULL, &o)), k2, NULL,
+                                 &(kiln_conv2d_options){.pad_h = 1, .pad_w = 1});
+    kiln_autocast_end(ctx);
+    cr_assert_not_null(y, "mode %d: %s", mode, th_err(ctx));
+    kiln_tensor *loss = kiln_sum(kiln_cast(y, KILN_DTYPE_F32), KILN_ALL_AXES, 0);
+    if (mode == 2) {
+      cr_assert_eq(kiln_tensor_copy_from_host(x, data, bytes), KILN_OK, "%s", th_err(ctx));
+      cr_assert_eq(kiln_backward(loss), KILN_ERR_STATE, "a copy after the forward pass");
+      const char *e = kiln_ctx_error(ctx);
+      cr_assert(e && strstr(e, "kiln_backward") && strstr(e, "[4,32,32,3]") &&
+                    strstr(e, "KILN_CONV_RECOMPUTE_INPUT=0"),
+                "the error: %s", e ? e : "none");
+      th_free_scratch();
+      th_ctx_free(ctx);
+      continue;
+    }
+    int32_t back = ctx->trace.n;
+    cr_assert_eq(kiln_backward(loss), KILN_OK, "mode %d: %s", mode, th_err(ctx));
+    int im2col = 0, cast = 0;
+    for (int32_t i = back; i < ctx->trace.n; i++) {
+      const kiln__node *n = &ctx->trace.nodes[i];
+      im2col += n->op == KILN__OP_IM2COL;
+      cast += n->op == KILN__OP_CAST && n->in[0] == x;
+    }
+    cr_assert(im2col == 2 * on && cast == on,
+              "switch %d: %d im2col nodes and %d casts of x in the "
+              "backward pass",
+              on, im2col, cast);
+    kiln__program pg;
+    cr_assert(kiln__program_build(ctx, ctx->trace.done, ctx->trace.n, &pg), "%s", th_err(ctx));
+    int fprop = 0, wgrad = 0;
+    for (int g = 0; g < pg.plan.ng; g++) {
+      fprop += pg.plan.g[g].implicit == KILN__IMPLICIT_FPROP;
+      wgrad += pg.plan.g[g].implicit == KILN__IMPLICIT_WGRAD;
+    }
+    cr_assert(fprop == 2 && wgrad == 2,
+              "switch %d: %d implicit forward products, %d weight "
+              "gradients",
+              on, fprop, wgrad);
+    kiln__program_free(&pg);
+    cr_assert_eq(kiln__engine_compile(ctx, ctx->trace.done, ctx->trace.n), KILN_OK, "%s",
+                 th_err(ctx));
+    cr_assert_eq(kiln_step_end(ctx), KILN_OK, "switch %d: %s", on, th_err(ctx));
+    kiln_exec_stats st;
+    kiln_stats(ctx, &st);
+    arena[on] = st.arena_bytes;
+    th_free_scratch();
+    th_ctx_free(ctx);
+  }
+  free(data);
+  /* the blocks: 2 x 14 x 12 (11 x 9 outputs and 3 more blocks a side) x 16 bf16 */
+  const uint64_t blocks = 2 * 14 * 12 * 16 * 2;
+  cr_assert_leq(arena[1] + blocks / 2, arena[0], "arena %llu bytes gathering again, %llu keeping",
                 (unsigned long long)arena[1], (unsigned long long)arena[0]);
 }

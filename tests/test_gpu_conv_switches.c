@@ -132,12 +132,11 @@ static void block_grads(int64_t C, const char *on, uint64_t seed, float *out[5])
   TH_GPU_CTX(ctx);
   unsetenv("KILN_CONV_RECOMPUTE_INPUT");
   kiln_shape xs = KILN_SHAPE(8, 12, 10, C), fs = KILN_SHAPE(C, C, 3, 3);
-  kiln_tensor *p[5] = {
-      ref_rand_tensor(ctx, xs, seed, &REF_GEN(-1, 1), 1, NULL),
-      ref_rand_tensor(ctx, fs, seed + 1, &REF_GEN(-0.2f, 0.2f), 1, NULL),
-      ref_rand_tensor(ctx, fs, seed + 2, &REF_GEN(-0.2f, 0.2f), 1, NULL),
-      ref_rand_tensor(ctx, KILN_SHAPE(C), seed + 3, &REF_GEN(0.5f, 1.5f), 1, NULL),
-      ref_rand_tensor(ctx, KILN_SHAPE(C), seed + 4, &REF_GEN(-1, 1), 1, NULL)};
+  kiln_tensor *p[5] = {ref_rand_tensor(ctx, xs, seed, &REF_GEN(-1, 1), 1, NULL),
+                       ref_rand_tensor(ctx, fs, seed + 1, &REF_GEN(-0.2f, 0.2f), 1, NULL),
+                       ref_rand_tensor(ctx, fs, seed + 2, &REF_GEN(-0.2f, 0.2f), 1, NULL),
+                       ref_rand_tensor(ctx, KILN_SHAPE(C), seed + 3, &REF_GEN(0.5f, 1.5f), 1, NULL),
+                       ref_rand_tensor(ctx, KILN_SHAPE(C), seed + 4, &REF_GEN(-1, 1), 1, NULL)};
   kiln_tensor *g = ref_rand_tensor(ctx, xs, seed + 5, &REF_GEN(-1, 1), 0, NULL);
   kiln_conv2d_options same = {.pad_h = 1, .pad_w = 1};
   for (int s = 0; s < 2; s++) {
