@@ -50,9 +50,10 @@
 #                     at the defaults (bench/ab_steps.sh, three rounds), each one's peak and arena
 #                     MiB, and both steps' stem kernels in a timeline trace beside
 #                     bench/stem_gemm.py's cuBLAS and cuDNN figures (issue 27)
-#   remat             the resnet18 step with KILN_CONV_RECOMPUTE_INPUT=0 and at the defaults (a
-#                     block's ReLU and the stem's blocks gathered again for the weight gradients,
-#                     not kept): bench/ab_steps.sh's three rounds, each one's peak and arena MiB,
+#   remat             the resnet18 step with KILN_CONV_RECOMPUTE_INPUT=0 and _BLOCKS=0, with
+#                     _BLOCKS=0 alone, and at the defaults (a block's ReLU and the stem's blocks
+#                     gathered again for the weight gradients, not kept): bench/ab_steps.sh's three
+#                     rounds, each one's peak and arena MiB,
 #                     and the default step's 40 costliest kernels in a timeline trace (issue 27)
 # Every step has a time limit; a summary line per step is printed last. Naming steps after BUILD
 # runs those alone (bench/gpu_figures.sh build-gpu tma recompute).
@@ -154,9 +155,10 @@ step blocks 560 "ctest --test-dir $build -R 'test_gpu_ops_conv|test_gpu_conv_swi
     rm -rf $out/trace_s2d\$s
   done
   timeout 100 python3 bench/stem_gemm.py"
-step remat 400 "bash bench/ab_steps.sh $build 3 resnet18 -- KILN_CONV_RECOMPUTE_INPUT=0 ''
-  for s in 0 1; do printf 'resnet18 KILN_CONV_RECOMPUTE_INPUT=%s: ' \$s
-    KILN_CONV_RECOMPUTE_INPUT=\$s timeout 120 $build/profile_step --workload resnet18 --mode graph --json |
+step remat 400 "off='KILN_CONV_RECOMPUTE_INPUT=0 KILN_CONV_RECOMPUTE_BLOCKS=0'
+  bash bench/ab_steps.sh $build 3 resnet18 -- \"\$off\" KILN_CONV_RECOMPUTE_BLOCKS=0 ''
+  for s in \"\$off\" KILN_CONV_RECOMPUTE_BLOCKS=0 ''; do printf 'resnet18 %s: ' \"\$s\"
+    env \$s timeout 120 $build/profile_step --workload resnet18 --mode graph --json |
       grep -o '\"ms_per_step\": *[0-9.]*\|\"peak_mib\": *[0-9.]*\|\"arena_mib\": *[0-9.]*' | tr '\n' ' '
     echo
   done

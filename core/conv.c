@@ -690,31 +690,30 @@ static kiln_tensor *blocks_source(const kiln__node *b, const kiln__node **cast) 
 }
 
 bool kiln__gathers_again(const kiln__node *c) {
-  if (c->op != KILN__OP_IM2COL || !c->out->ctx->conv_recompute_input) return false;
+  const kiln_ctx *ctx = c->out->ctx;
+  if (c->op != KILN__OP_IM2COL) return false;
   const kiln__node *a = kiln__producer(c->in[0]), *cast;
-  if (a && a->op == KILN__OP_RELU) return kiln__recomputes_input(a);
-  return blocks_source(a, &cast) != NULL;
+  if (a && a->op == KILN__OP_RELU) return ctx->conv_recompute_input && kiln__recomputes_input(a);
+  return ctx->conv_recompute_blocks && blocks_source(a, &cast) != NULL;
 }
 
-/* Whether persistent x is as node `reader` of the open step read it: no copy from the host since
- * (kiln_tensor_copy_from_host runs what was recorded, then writes) and no recorded assignment into
- * it or update that touches it. Else false with the context's error, which says what to do. */
-static bool unchanged_since(const kiln_tensor *x, int32_t reader) {
-  kiln_ctx *ctx = x->ctx;
-  bool same = !(x->st->host_step == ctx->gen && x->st->host_at > reader);
+/* Whether persistent x is as node `reader` of the open step read it: not freed, no copy from the
+ * host since (kiln_tensor_copy_from_host runs what was recorded, then writes) and no recorded
+ * update that stores into it. Else false with the context's error, which says what to do. */
+static bool unchanged_since(kiln_ctx *ctx, const kiln_tensor *x, int32_t reader) {
+  bool freed = x->magic != KILN__TENSOR_MAGIC || !x->st;
+  bool same = !freed && !(x->st->host_step == ctx->gen && x->st->host_at > reader);
   for (int32_t i = reader + 1; i < ctx->trace.n && same; i++) {
     const kiln__node *n = &ctx->trace.nodes[i];
-    bool update = kiln__ops[n->op].kind == KILN__KIND_UPDATE;
-    for (int q = 0; q < (update ? n->nin : n->op == KILN__OP_ASSIGN); q++)
-      same = same && n->in[q]->st != x->st;
+    for (int q = 0; q < n->nin; q++)
+      same = same && !((kiln__ops[n->op].stores & (1u << q)) && n->in[q]->st == x->st);
   }
-  char sh[96];
   if (!same)
     kiln__error(ctx, KILN_ERR_STATE,
-                "kiln_backward: the %s tensor %s that node #%d read was written after it; the "
+                "kiln_backward: the persistent tensor that node #%d read was %s after it; the "
                 "weight gradient of the convolution over its blocks gathers them from it again: "
-                "write it after kiln_backward, or set KILN_CONV_RECOMPUTE_INPUT=0 to keep them",
-                kiln_dtype_name(x->dtype), kiln__shape_of(x, sh, sizeof sh), reader);
+                "%s it after kiln_backward, or set KILN_CONV_RECOMPUTE_BLOCKS=0 to keep them",
+                reader, freed ? "freed" : "written", freed ? "free" : "write");
   return same;
 }
 
@@ -725,15 +724,18 @@ static bool unchanged_since(const kiln_tensor *x, int32_t reader) {
 static kiln_tensor *image_again(const kiln__node *c, bool *again) {
   *again = kiln__gathers_again(c);
   if (!*again) return NULL;
-  const kiln__node *a = kiln__producer(c->in[0]), *cast;
-  if (a->op == KILN__OP_RELU) {
-    kiln_tensor *in = kiln__activation_input(a);
-    return in ? kiln__record_again_with(a, &in) : NULL;
+  /* copies: recording moves the trace when it grows */
+  const kiln__node a = *kiln__producer(c->in[0]), *cp;
+  kiln_ctx *ctx = c->out->ctx;
+  if (a.op == KILN__OP_RELU) {
+    kiln_tensor *in = kiln__activation_input(&a);
+    return in ? kiln__record_again_with(&a, &in) : NULL;
   }
-  kiln_tensor *src = blocks_source(a, &cast);
-  if (!unchanged_since(src, cast ? cast->out->node : a->out->node)) return NULL;
-  kiln_tensor *xc = cast ? kiln__record_again(cast) : src;
-  return xc ? kiln__record_again_with(a, &xc) : NULL;
+  kiln_tensor *src = blocks_source(&a, &cp);
+  kiln__node cast = cp ? *cp : a;
+  if (!unchanged_since(ctx, src, cp ? cast.out->node : a.out->node)) return NULL;
+  kiln_tensor *xc = cp ? kiln__record_again(&cast) : src;
+  return xc ? kiln__record_again_with(&a, &xc) : NULL;
 }
 
 kiln_tensor *kiln__columns_for_gradient(const kiln__node *mm) {
@@ -742,10 +744,13 @@ kiln_tensor *kiln__columns_for_gradient(const kiln__node *mm) {
   bool again = false;
   if (kiln__recomputes_columns(mm)) {
     cols = kiln__record_again(c);
-  } else {
-    kiln_tensor *x = c ? image_again(c, &again) : NULL;
+  } else if (c) {
+    const kiln__node cn = *c; /* a copy: image_again records */
+    kiln_tensor *x = image_again(&cn, &again);
     if (!again) return mm->in[0];
-    cols = x ? kiln__record_again_with(c, &x) : NULL;
+    cols = x ? kiln__record_again_with(&cn, &x) : NULL;
+  } else {
+    return mm->in[0];
   }
   return cols ? kiln_reshape(cols, kiln_tensor_shape(mm->in[0])) : NULL;
 }

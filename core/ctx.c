@@ -146,6 +146,7 @@ kiln_ctx *kiln__ctx_create(const kiln_ctx_options *opts) {
   if (max_co) ctx->implicit_conv_max_co = (int)strtol(max_co, NULL, 10);
   ctx->conv_recompute = env_on("KILN_CONV_RECOMPUTE"); /* off: one more im2col a layer */
   ctx->conv_recompute_input = !env_off("KILN_CONV_RECOMPUTE_INPUT");
+  ctx->conv_recompute_blocks = !env_off("KILN_CONV_RECOMPUTE_BLOCKS");
   /* on since their first GPU run (H100, 2026-12-05, the GPU tests passed with both): resnet18's
    * step 8.72 ms with both against 9.16 without (peak 1,819 MiB against 1,754), air's 3.03 against
    * 3.06 */

@@ -387,6 +387,8 @@ struct kiln_ctx {
   /* a weight gradient's image that an activation's rule recomputes anyway is recomputed for it
    * too, not kept (core/conv.c's image_again; KILN_CONV_RECOMPUTE_INPUT=0: kept) */
   bool conv_recompute_input;
+  /* the same for the blocks of a persistent image (KILN_CONV_RECOMPUTE_BLOCKS=0: kept) */
+  bool conv_recompute_blocks;
   bool conv_kpad;     /* zero columns to a multiple of 8 (kiln_conv2d); KILN_CONV_KPAD=0: none */
   bool conv_moments;  /* batch norm's gradient sums in a data gradient's epilogue (=0: not) */
   bool pool_moments;  /* KILN_POOL_MOMENTS=1: batch norm's statistics in a max pool's kernel */
@@ -724,7 +726,8 @@ bool kiln__recomputes_columns(const kiln__node *mm);
  * one elementwise pass over the norm's input instead, which the planner mostly fuses into the
  * kernel before the weight gradient), or the blocks of a persistent tensor (core/conv.c's
  * to_blocks, over the tensor or its cast: ResNet's stem; one more im2col, and an error from
- * kiln_backward if the tensor was written since the forward pass read it). Not a GELU or SiLU,
+ * kiln_backward if the tensor was written or freed since the forward pass read it;
+ * KILN_CONV_RECOMPUTE_BLOCKS=0: kept). Not a GELU or SiLU,
  * whose second pass costs more (the air step's after its pools would be kernels of their
  * own). */
 bool kiln__gathers_again(const kiln__node *c);

@@ -324,8 +324,17 @@ const char *kiln__plan_verify(const kiln_ctx *ctx, const kiln__plan *p, char *wh
     }
     int32_t cg = c >= 0 ? p->group_of[c - p->first] : -1;
     if (c >= 0 && gi < 0 && nd->op == KILN__OP_IM2COL && cg >= 0 &&
-        p->g[cg].implicit == KILN__IMPLICIT_WGRAD && p->g[cg].window == i)
-      continue;             /* columns gathered again for a weight gradient alone, in its kernel */
+        p->g[cg].implicit == KILN__IMPLICIT_WGRAD && p->g[cg].window == i) {
+      /* columns gathered again for a weight gradient alone, in its kernel: from an image that an
+       * earlier group computes (or one from outside the flush) */
+      int32_t o = owner(ctx, p, nd->in[0]), go = o >= 0 ? p->group_of[o - p->first] : -1;
+      if (o >= 0 && (go < 0 || go >= cg))
+        return bad(why, n,
+                   "weight gradient #%d gathers the image of #%d, which no earlier group "
+                   "computes",
+                   c, i);
+      continue;
+    }
     if (c >= 0 && gi < 0) { /* an assignment that its value's producer writes through */
       if (nd->op != KILN__OP_ASSIGN || p->write_to[c - p->first] != nd->in[0])
         return bad(why, n, "node #%d is claimed by #%d but not written through", i, c);
