@@ -55,6 +55,9 @@
 #                     gathered again for the weight gradients, not kept): bench/ab_steps.sh's three
 #                     rounds, each one's peak and arena MiB,
 #                     and the default step's 40 costliest kernels in a timeline trace (issue 27)
+#   rows              KILN_IM2COL_ROWS=1 (the stem's blocks gathered a row a thread, not a value):
+#                     its tests (test_gpu_conv_switches, test_gpu_ops_conv), then the resnet18 step
+#                     without and with it (bench/ab_steps.sh, three rounds; issue 27)
 # Every step has a time limit; a summary line per step is printed last. Naming steps after BUILD
 # runs those alone (bench/gpu_figures.sh build-gpu tma recompute).
 set -u
@@ -166,6 +169,8 @@ step remat 400 "off='KILN_CONV_RECOMPUTE_INPUT=0 KILN_CONV_RECOMPUTE_BLOCKS=0'
     --trace $out/trace_remat > /dev/null &&
     python3 tools/trace_summary.py --top 40 $out/trace_remat/resnet18_graph.json | head -n 60
   rm -rf $out/trace_remat"
+step rows 300 "ctest --test-dir $build -R 'test_gpu_conv_switches|test_gpu_ops_conv' --output-on-failure | tail -n 3
+  bash bench/ab_steps.sh $build 3 resnet18 -- '' KILN_IM2COL_ROWS=1"
 # a device call returns at most 8 files: everything in one archive, as .gpu/check.sh does
 tar -czf "${OUT:-/tmp/out}/figures.tgz" -C "$out" . && rm -rf "$out"
 printf '%s\n' "${summary[@]}"

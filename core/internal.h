@@ -381,7 +381,9 @@ struct kiln_ctx {
   bool conv_tma;       /* conv_tma.cuh's TMA-fed products where they serve (KILN_CONV_TMA=0: off) */
   bool conv_staged; /* their data gradients' epilogues through shared memory (KILN_CONV_STAGED=1) */
   bool conv_direct; /* direct forward products of tiny convolutions (KILN_CONV_DIRECT=1) */
-  bool im2col_lanes;        /* im2col of 2 or 3 channels a tap a thread (KILN_IM2COL_LANES=1) */
+  bool im2col_lanes; /* im2col of 2 or 3 channels a tap a thread (KILN_IM2COL_LANES=1) */
+  bool
+      im2col_rows; /* im2col of a few channels a row a thread (KILN_IM2COL_ROWS=1; off until run) */
   int implicit_conv_max_co; /* KILN_IMPLICIT_CONV_MAX_CO, to measure; 0: the planner's default */
   bool conv_recompute;      /* KILN_CONV_RECOMPUTE=1: kiln__recomputes_columns */
   /* a weight gradient's image that an activation's rule recomputes anyway is recomputed for it

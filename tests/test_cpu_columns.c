@@ -472,3 +472,40 @@ Test(images, recomputed_images_survive_the_trace_growing) {
     th_ctx_free(ctx);
   }
 }
+
+/* KILN_IM2COL_ROWS=1: an im2col of one group over fewer than 8 channels whose rows hold 8 to 32
+ * values (a multiple of 8) takes a row a thread (its kernel named _row): the blocks of ResNet's
+ * stem, the image's and the filters'. Not without the switch, and not the stem's columns without
+ * blocks (KILN_CONV_S2D=0: 168 values a row). Each kernel renders and compiles (NVRTC). */
+Test(images, blocks_gathered_a_row_a_thread) {
+  for (int c = 0; c < 3; c++) { /* rows on blocks, off on blocks, on on columns */
+    kiln_ctx *ctx = th_cpu_ctx();
+    ctx->im2col_rows = c != 1;
+    ctx->conv_s2d = c != 2;
+    kiln_step_begin(ctx);
+    kiln_tensor *x = th_f32(ctx, KILN_SHAPE(2, 21, 18, 3));
+    kiln_tensor *k = th_param(ctx, KILN_SHAPE(64, 3, 7, 7));
+    kiln_autocast_begin(ctx, KILN_DTYPE_BF16);
+    kiln_tensor *y = kiln_conv2d(
+        x, k, NULL, &(kiln_conv2d_options){.stride_h = 2, .stride_w = 2, .pad_h = 3, .pad_w = 3});
+    kiln_autocast_end(ctx);
+    cr_assert_eq(kiln_backward(kiln_sum(kiln_cast(y, KILN_DTYPE_F32), KILN_ALL_AXES, 0)), KILN_OK,
+                 "case %d: %s", c, th_err(ctx));
+    kiln__program pg;
+    cr_assert(kiln__program_build(ctx, ctx->trace.done, ctx->trace.n, &pg), "%s", th_err(ctx));
+    int rows = 0, im2col = 0;
+    for (int g = 0; g < pg.plan.ng; g++) {
+      if (!strstr(pg.call[g].name, "k_im2col")) continue;
+      im2col++;
+      rows += strstr(pg.call[g].name, "_row_") != NULL;
+    }
+    cr_assert(im2col >= (c == 2 ? 1 : 2) && rows == (c == 0 ? im2col : 0),
+              "case %d: %d of %d im2col kernels a row a thread", c, rows, im2col);
+    kiln__program_free(&pg);
+    cr_assert_eq(kiln__engine_compile(ctx, ctx->trace.done, ctx->trace.n), KILN_OK, "%s",
+                 th_err(ctx));
+    cr_assert_eq(kiln_step_end(ctx), KILN_OK, "case %d: %s", c, th_err(ctx));
+    th_free_scratch();
+    th_ctx_free(ctx);
+  }
+}

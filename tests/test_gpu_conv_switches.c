@@ -4,7 +4,8 @@
  * KILN_CONV_WGRAD_INTO (weight gradients written into .grad), KILN_CAST_BATCH (the parameters'
  * casts in one launch), KILN_CONV_DIRECT_EPI (a direct product's activation in its kernel),
  * KILN_CONV_RECOMPUTE_INPUT (a block's ReLU recorded again for the weight gradient, on a conv,
- * norm, ReLU, conv block). Without a GPU every test skips, saying why.
+ * norm, ReLU, conv block), KILN_IM2COL_ROWS (blocks gathered a row a thread). Without a GPU every
+ * test skips, saying why.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -179,4 +180,18 @@ Test(gpu_ops, conv2d_input_recomputed_from_its_batch_norm) {
       free(off[q]);
     }
   }
+}
+
+/* KILN_IM2COL_ROWS=1 (the image's blocks, and the filters', gathered a row a thread: 2x2 taps of
+ * 3 channels and 4 zeros, instead of a value a thread) changes no value: two strided convolutions
+ * over RGB on blocks (ResNet's stem, 7x7 at stride 2, and a 3x3), their three results bitwise
+ * those without it. */
+Test(gpu_ops, conv2d_blocks_gathered_a_row_a_thread) {
+  static const conv_case stems[] = {
+      {"3->64 7x7 stride 2 pad 3 (ResNet's stem)", 2, 21, 18, 3, 64, 7, 7,
+       CO(.stride_h = 2, .stride_w = 2, .pad_h = 3, .pad_w = 3), 0, 0, 0},
+      {"3->32 3x3 stride 2 pad 1", 3, 15, 17, 3, 32, 3, 3,
+       CO(.stride_h = 2, .stride_w = 2, .pad_h = 1, .pad_w = 1), 0, 0, 0}};
+  for (size_t i = 0; i < sizeof stems / sizeof *stems; i++)
+    switch_changes_nothing(&stems[i], "KILN_IM2COL_ROWS", 6300 + 10 * i);
 }

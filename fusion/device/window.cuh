@@ -37,6 +37,10 @@ KILN__FN void kiln_win_load(const T *p, ix off, float (&v)[V]) {
 template <int V, typename T, typename ix> KILN__FN void kiln_win_put(T *p, ix off, const float *v) {
   if constexpr (V == 4)
     kiln_store4(&p[off], v);
+  else if constexpr (V % 8 == 0) /* a row of kiln_im2col_row's, off a multiple of 8 */
+#pragma unroll
+    for (int l = 0; l < V; l += 4)
+      kiln_store4(&p[off + l], v + l);
   else
 #pragma unroll
     for (int l = 0; l < V; l++)
@@ -114,11 +118,45 @@ KILN__FN void kiln_win_argmax(const T *x, typename G::ix n, typename G::ix oh, t
   });
 }
 
+/* im2col with a thread a row (V = KP, one group): e over (N, OH, OW); every tap's C values,
+ * then the zero columns, stored at once (a few channels: an image's blocks, core/conv.c's
+ * to_blocks, 12 values and 4 zeros a row, written a bf16 a thread before). */
+template <class G, typename T, class S>
+KILN__FN void kiln_im2col_row(const T *x, typename G::ix e, S store) {
+  typedef typename G::ix ix;
+  const ix ow = e % G::OW, m = e / G::OW, oh = m % G::OH, n = m / G::OH;
+  float y[G::KP];
+#pragma unroll
+  for (int i = 0; i < G::KH; i++)
+#pragma unroll
+    for (int j = 0; j < G::KW; j++) {
+      const ix h = oh * G::SH - G::PH + i * G::DH, w = ow * G::SW - G::PW + j * G::DW;
+      const int k = (i * G::KW + j) * G::C;
+      if (h >= 0 && h < G::H && w >= 0 && w < G::W) {
+#pragma unroll
+        for (int c = 0; c < G::C; c++)
+          y[k + c] = (float)x[((n * G::H + h) * G::W + w) * G::C + c];
+      } else {
+#pragma unroll
+        for (int c = 0; c < G::C; c++)
+          y[k + c] = 0.f;
+      }
+    }
+#pragma unroll
+  for (int k = G::KH * G::KW * G::C; k < G::KP; k++)
+    y[k] = 0.f;
+  store(n, oh, ow, (ix)0, y);
+}
+
 /* im2col: e over (N, OH, OW, KP / V), K = KH KW C values in the order (group, i, j, channel of
  * the group), then KP - K zero columns (a product's K padded to a multiple of 8: kiln_conv2d). */
 template <class G, typename T, class S>
 KILN__FN void kiln_im2col(const T *x, typename G::ix e, S store) {
   typedef typename G::ix ix;
+  if constexpr (G::V == G::KP && G::GROUPS == 1 && G::KP > 4) {
+    kiln_im2col_row<G>(x, e, store);
+    return;
+  }
   const ix CG = G::C / G::GROUPS, K = G::KH * G::KW * G::C;
   static_assert(G::KP >= K && G::KP % G::V == 0, "kiln_im2col: the columns' count");
   const ix k0 = (e % (G::KP / G::V)) * G::V;
