@@ -270,6 +270,17 @@ Test(images, a_bf16_convolution_s_bias_joins_its_activation) {
   }
 }
 
+/* Compiles what the open step recorded (NVRTC, every kernel), ends it, and returns its step
+ * graph's planned arena; `which` names the case in a failure. */
+static uint64_t compiled_arena(kiln_ctx *ctx, int which) {
+  cr_assert_eq(kiln__engine_compile(ctx, ctx->trace.done, ctx->trace.n), KILN_OK, "case %d: %s",
+               which, th_err(ctx));
+  cr_assert_eq(kiln_step_end(ctx), KILN_OK, "case %d: %s", which, th_err(ctx));
+  kiln_exec_stats st;
+  kiln_stats(ctx, &st);
+  return st.arena_bytes;
+}
+
 /* A convolution's input that is the ReLU of a batch norm in training (ResNet's blocks) is recorded
  * again in the backward pass for the convolution's weight gradient, from the norm's input, weight
  * and statistics that the norm's gradient keeps anyway, so that the ReLU's output dies at the
@@ -339,12 +350,7 @@ Test(images, a_weight_gradient_s_image_recomputed_from_its_batch_norm) {
               "switch %d: %d implicit forward products, %d weight gradients, %d im2col kernels", on,
               fprop, wgrad, gathered);
     kiln__program_free(&pg);
-    cr_assert_eq(kiln__engine_compile(ctx, ctx->trace.done, ctx->trace.n), KILN_OK, "%s",
-                 th_err(ctx));
-    cr_assert_eq(kiln_step_end(ctx), KILN_OK, "switch %d: %s", on, th_err(ctx));
-    kiln_exec_stats st;
-    kiln_stats(ctx, &st);
-    arena[on] = st.arena_bytes;
+    arena[on] = compiled_arena(ctx, on);
     th_free_scratch();
     th_ctx_free(ctx);
   }
@@ -422,12 +428,8 @@ Test(images, a_strided_stem_s_blocks_gathered_again_from_its_image) {
     cr_assert(fprop == 2 && wgrad == 2,
               "mode %d: %d implicit forward products, %d weight gradients", mode, fprop, wgrad);
     kiln__program_free(&pg);
-    cr_assert_eq(kiln__engine_compile(ctx, ctx->trace.done, ctx->trace.n), KILN_OK, "%s",
-                 th_err(ctx));
-    cr_assert_eq(kiln_step_end(ctx), KILN_OK, "mode %d: %s", mode, th_err(ctx));
-    kiln_exec_stats st;
-    kiln_stats(ctx, &st);
-    if (mode < 2) arena[on] = st.arena_bytes;
+    uint64_t planned = compiled_arena(ctx, mode);
+    if (mode < 2) arena[on] = planned;
     kiln_tensor_free(x);
     th_free_scratch();
     th_ctx_free(ctx);
@@ -502,9 +504,7 @@ Test(images, blocks_gathered_a_row_a_thread) {
     cr_assert(im2col >= (c == 2 ? 1 : 2) && rows == (c == 0 ? im2col : 0),
               "case %d: %d of %d im2col kernels a row a thread", c, rows, im2col);
     kiln__program_free(&pg);
-    cr_assert_eq(kiln__engine_compile(ctx, ctx->trace.done, ctx->trace.n), KILN_OK, "%s",
-                 th_err(ctx));
-    cr_assert_eq(kiln_step_end(ctx), KILN_OK, "case %d: %s", c, th_err(ctx));
+    compiled_arena(ctx, c);
     th_free_scratch();
     th_ctx_free(ctx);
   }
