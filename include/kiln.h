@@ -299,7 +299,10 @@ kiln_status kiln_tensor_to_host(kiln_tensor *t, void *dst, size_t bytes);
  * is queued on the context's stream through a pinned staging buffer and the call returns without
  * waiting for the device (src may be reused at once). In a graph-mode step, copy before recording
  * the step's ops (the next batch into an input tensor, say): the step then still runs whole as
- * its graph; a copy after recorded ops runs them first, and the step runs without its graph. */
+ * its graph; a copy after recorded ops runs them first, and the step runs without its graph. A
+ * copy into an image that a strided convolution over few channels read (a ResNet stem's input),
+ * after that read and before kiln_backward, makes kiln_backward fail (KILN_ERR_STATE): its weight
+ * gradient gathers the image's blocks from it again (KILN_CONV_RECOMPUTE_BLOCKS=0 keeps them). */
 kiln_status kiln_tensor_copy_from_host(kiln_tensor *t, const void *src, size_t bytes);
 /* The value of a one-element f32, bf16 or i32 tensor (an i32 converted to float: exact up to 2^24);
  * NAN (and an error on the context) on failure. */
