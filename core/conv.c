@@ -703,11 +703,8 @@ bool kiln__gathers_again(const kiln__node *c) {
 static bool unchanged_since(kiln_ctx *ctx, const kiln_tensor *x, int32_t reader) {
   bool freed = x->magic != KILN__TENSOR_MAGIC || !x->st;
   bool same = !freed && !(x->st->host_step == ctx->gen && x->st->host_at > reader);
-  for (int32_t i = reader + 1; i < ctx->trace.n && same; i++) {
-    const kiln__node *n = &ctx->trace.nodes[i];
-    for (int q = 0; q < n->nin; q++)
-      same = same && !((kiln__ops[n->op].stores & (1u << q)) && n->in[q]->st == x->st);
-  }
+  for (int32_t i = reader + 1; i < ctx->trace.n && same; i++)
+    same = !kiln__node_stores_into(&ctx->trace.nodes[i], x->st);
   if (!same)
     kiln__error(ctx, KILN_ERR_STATE,
                 "kiln_backward: the persistent tensor that node #%d read was %s after it; the "

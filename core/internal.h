@@ -590,6 +590,9 @@ void *kiln__arena_alloc(kiln__arena *a, size_t bytes);
 /* Appends a node; out may be NULL (UPDATE). Returns the node or NULL when the trace cannot grow. */
 kiln__node *kiln__record(kiln_ctx *ctx, kiln__op op, int nin, kiln_tensor *const *in,
                          kiln_tensor *out);
+/* Whether node n stores into memory st through one of its inputs (ops.def's stores: an update's
+ * or an assignment's target). */
+bool kiln__node_stores_into(const kiln__node *n, const kiln__storage *st);
 /* Records node n again (the backward pass recomputing a forward value instead of keeping it):
  * the same op, inputs and attributes, a new output like n's. Returns that output, or NULL. */
 kiln_tensor *kiln__record_again(const kiln__node *n);

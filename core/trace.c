@@ -35,6 +35,12 @@ kiln__node *kiln__record(kiln_ctx *ctx, kiln__op op, int nin, kiln_tensor *const
   return n;
 }
 
+bool kiln__node_stores_into(const kiln__node *n, const kiln__storage *st) {
+  for (int q = 0; q < n->nin; q++)
+    if ((kiln__ops[n->op].stores & (1u << q)) && n->in[q]->st == st) return true;
+  return false;
+}
+
 kiln_tensor *kiln__record_again(const kiln__node *n) { return kiln__record_again_with(n, n->in); }
 
 kiln_tensor *kiln__record_again_with(const kiln__node *n, kiln_tensor *const *in) {

@@ -52,12 +52,8 @@ bool kiln__batch_cast(const kiln_ctx *ctx, const kiln__plan *p, int32_t i) {
 
 bool kiln__writes_storage(const kiln_ctx *ctx, const kiln__plan *p, int32_t j,
                           const kiln__storage *st) {
-  const kiln__node *n = &ctx->trace.nodes[j];
   const kiln_tensor *to = p->write_to[j - p->first];
-  if (to && to->st == st) return true;
-  for (int q = 0; q < n->nin; q++)
-    if ((kiln__ops[n->op].stores & (1u << q)) && n->in[q]->st == st) return true;
-  return false;
+  return (to && to->st == st) || kiln__node_stores_into(&ctx->trace.nodes[j], st);
 }
 
 /* Whether a node of the flush in [i, j) writes the memory of t. */
