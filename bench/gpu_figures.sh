@@ -55,9 +55,20 @@
 #                     gathered again for the weight gradients, not kept): bench/ab_steps.sh's three
 #                     rounds, each one's peak and arena MiB,
 #                     and the default step's 40 costliest kernels in a timeline trace (issue 27)
-#   rows              KILN_IM2COL_ROWS=1 (the stem's blocks gathered a row a thread, not a value):
+#   rows              KILN_IM2COL_ROWS (the stem's blocks gathered a row a thread, not a value):
 #                     its tests (test_gpu_conv_switches, test_gpu_ops_conv), then the resnet18 step
-#                     without and with it (bench/ab_steps.sh, three rounds; issue 27)
+#                     without and with it (bench/ab_steps.sh, three rounds; issue 27; on the H100
+#                     on 2026-12-06 8.102 ms with it against 8.189: on by default since)
+#   pool_blocks       KILN_POOL_GRAD_BLOCKS=1 (max pooling's gradient at stride 2 a block of 2x2
+#                     pixels a thread): its test (test_gpu_ops_pool), the resnet18 step without and
+#                     with it (bench/ab_steps.sh, three rounds), and the stem pool's gradient kernel
+#                     in a timeline trace of each (issue 27)
+#   racecheck         compute-sanitizer's racecheck on kiln's own kernels (--kernel-name
+#                     regex=^k_: not cuBLAS's) over two graph-mode steps of cnn (batch 16), then of
+#                     air (32), one at a time, and the most host memory in use. The sanitize step's
+#                     racecheck runs (four tools at once, every kernel) ended with exit 9: Linux's
+#                     OOM killer had stopped profile_step at 124 GiB resident (H100,
+#                     2026-12-06); mlp's graph step alone passed with 0 hazards (issue 24)
 # Every step has a time limit; a summary line per step is printed last. Naming steps after BUILD
 # runs those alone (bench/gpu_figures.sh build-gpu tma recompute).
 set -u
@@ -170,7 +181,22 @@ step remat 400 "off='KILN_CONV_RECOMPUTE_INPUT=0 KILN_CONV_RECOMPUTE_BLOCKS=0'
     python3 tools/trace_summary.py --top 40 $out/trace_remat/resnet18_graph.json | head -n 60
   rm -rf $out/trace_remat"
 step rows 300 "ctest --test-dir $build -R 'test_gpu_conv_switches|test_gpu_ops_conv' --output-on-failure | tail -n 3
-  bash bench/ab_steps.sh $build 3 resnet18 -- '' KILN_IM2COL_ROWS=1"
+  bash bench/ab_steps.sh $build 3 resnet18 -- KILN_IM2COL_ROWS=0 ''"
+step pool_blocks 300 "ctest --test-dir $build -R test_gpu_ops_pool --output-on-failure | tail -n 3
+  bash bench/ab_steps.sh $build 3 resnet18 -- '' KILN_POOL_GRAD_BLOCKS=1
+  for s in 0 1; do mkdir -p $out/trace_pb\$s && KILN_POOL_GRAD_BLOCKS=\$s timeout 120 $build/profile_step \
+      --workload resnet18 --mode graph --trace $out/trace_pb\$s > /dev/null &&
+      python3 tools/trace_summary.py --top 40 $out/trace_pb\$s/resnet18_graph.json | grep -i 'pool\|kernel'
+    rm -rf $out/trace_pb\$s
+  done"
+step racecheck 300 "(while sleep 5; do free -m | awk '/Mem/{print \$3}'; done > $out/host_mib.txt) & mon=\$!
+  for r in 'cnn 16' 'air 32'; do set -- \$r; f=$out/racecheck_\$1.txt; t0=\$SECONDS
+    timeout 140 compute-sanitizer --tool racecheck --kernel-name regex=^k_ --print-limit 20 \
+      $build/profile_step --workload \$1 --mode graph --steps 2 --blocks 1 --batch \$2 > \$f 2>&1
+    echo \"== \$1 (batch \$2, kiln's kernels): exit \$? after \$((SECONDS - t0)) s\"
+    grep -E 'RACECHECK SUMMARY|Error|^=+ +(Error|Warning)' \$f | sort | uniq -c | head -n 8
+  done
+  kill \$mon; echo \"most host memory in use: \$(sort -n $out/host_mib.txt | tail -n 1) MiB\""
 # a device call returns at most 8 files: everything in one archive, as .gpu/check.sh does
 tar -czf "${OUT:-/tmp/out}/figures.tgz" -C "$out" . && rm -rf "$out"
 printf '%s\n' "${summary[@]}"

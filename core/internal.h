@@ -382,8 +382,10 @@ struct kiln_ctx {
   bool conv_staged; /* their data gradients' epilogues through shared memory (KILN_CONV_STAGED=1) */
   bool conv_direct; /* direct forward products of tiny convolutions (KILN_CONV_DIRECT=1) */
   bool im2col_lanes; /* im2col of 2 or 3 channels a tap a thread (KILN_IM2COL_LANES=1) */
-  bool
-      im2col_rows; /* im2col of a few channels a row a thread (KILN_IM2COL_ROWS=1; off until run) */
+  bool im2col_rows;  /* im2col of a few channels a row a thread (KILN_IM2COL_ROWS=0: a value) */
+  /* max pooling's gradient a block of stride x stride pixels a thread, each window reaching it
+   * read once (KILN_POOL_GRAD_BLOCKS=1; off until it has run on a GPU) */
+  bool pool_grad_blocks;
   int implicit_conv_max_co; /* KILN_IMPLICIT_CONV_MAX_CO, to measure; 0: the planner's default */
   bool conv_recompute;      /* KILN_CONV_RECOMPUTE=1: kiln__recomputes_columns */
   /* a weight gradient's image that an activation's rule recomputes anyway is recomputed for it

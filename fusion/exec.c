@@ -60,6 +60,7 @@ static bool build_calls(kiln_ctx *ctx, kiln__program *pg) {
                          .conv_staged = ctx->conv_staged,
                          .im2col_lanes = ctx->im2col_lanes,
                          .im2col_rows = ctx->im2col_rows,
+                         .pool_grad_blocks = ctx->pool_grad_blocks,
                          .conv_dgrad_bn = ctx->conv_dgrad_bn,
                          .conv_prefetch = ctx->conv_prefetch,
                          .conv_hoist = ctx->conv_hoist,

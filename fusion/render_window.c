@@ -260,7 +260,7 @@ static bool pool_index(const kiln__node *n) {
  * passes where they go: behind the values of its output, operand y; its gradient, where they are:
  * behind its second input's; with prologue, the gradient's dy comes from kiln_dy. The loop is a
  * grid-stride one over a.n lane groups, or `range` (its header, or NULL). */
-static void emit_loop(kiln__sb *b, const kiln__node *n, bool tiled, int out, int y,
+static void emit_loop(kiln__sb *b, const kiln__node *n, const char *variant, int out, int y,
                       const kiln__win_epi *e, bool prologue, const char *range, const char *tail) {
   bool image = kiln__ops[n->op].space == KILN__SPACE_IMAGE, index = pool_index(n);
   const int64_t *o = n->out->shape;
@@ -268,8 +268,8 @@ static void emit_loop(kiln__sb *b, const kiln__node *n, bool tiled, int out, int
                   range ? range
                         : "  for (ix e = (ix)blockIdx.x * blockDim.x + threadIdx.x; e < (ix)a.n;\n"
                           "       e += (ix)gridDim.x * blockDim.x)\n",
-                  kiln__ops[n->op].name, tiled ? "_tiled" : "", index ? "_at" : "",
-                  prologue ? "_by" : "", prologue ? "kiln_dy, " : "");
+                  kiln__ops[n->op].name, variant, index ? "_at" : "", prologue ? "_by" : "",
+                  prologue ? "kiln_dy, " : "");
   for (int q = prologue ? 1 : 0; q < n->nin; q++)
     if (index && q == 1) /* the gradient's positions, behind the pool's output */
       kiln__sb_printf(b, "(const unsigned char *)((const %s *)a.ptr[1] + %lldLL), ",
@@ -358,7 +358,7 @@ static void emit_pool_moments(kiln__sb *b, const kiln__node *n, int out, int y, 
       "  const ix e0 = (ix)blockIdx.x * 128 * CHUNKS;\n"
       "  const ix e1 = e0 + 128 * CHUNKS < (ix)a.n ? e0 + 128 * CHUNKS : (ix)a.n;\n",
       T);
-  emit_loop(b, n, false, out, y, NULL, false,
+  emit_loop(b, n, "", out, y, NULL, false,
             "  for (ix e = e0 + (ix)threadIdx.x; e < e1; e += 256)\n",
             "#pragma unroll\n"
             "    for (int l = 0; l < 4; l++) {\n"
@@ -377,9 +377,10 @@ static void emit_pool_moments(kiln__sb *b, const kiln__node *n, int out, int y, 
  * is aligned to four elements, else one; with few (an im2col of 2 or 3 channels, tg->im2col_lanes:
  * KILN_IM2COL_LANES=1) all of a tap's channels, so that a thread decodes its tap once for them:
  * ResNet-18's 3-channel stem wrote its 472 MB of columns a bf16 a thread in 744 us on the H100.
- * With rows (tg->im2col_rows: KILN_IM2COL_ROWS=1), an im2col of one group over fewer than 8
- * channels whose rows are 8 to 32 values, a multiple of 8, takes a whole row a thread (V = kp):
- * the stem's blocks, 54 MB written a bf16 a thread in 84.5 us on the H100 (1.1 TB/s). */
+ * With rows (tg->im2col_rows, on unless KILN_IM2COL_ROWS=0), an im2col of one group over fewer
+ * than 8 channels whose rows are 8 to 32 values, a multiple of 8, takes a whole row a thread
+ * (V = kp): the stem's blocks, 54 MB written a bf16 a thread in 84.5 us on the H100 (1.1 TB/s),
+ * took 87 us less a step (twice) a row a thread. */
 static int lanes_of(const kiln__node *n, int64_t channels, int64_t kp, bool few, bool rows) {
   int64_t span = kiln__has_attr(n->op, "groups") ? channels / KILN__I_NAMED(n, "groups") : channels;
   bool aligned = n->out->offset % 4 == 0;
@@ -445,7 +446,13 @@ bool kiln__render_window(const kiln__target *tg, const kiln__ew_prog *p, const k
    * the pixels past the last window are zeros): a thread per window finds its maximum once */
   bool tiled = n->op == KILN__OP_MAX_POOL_GRAD && w.sh == w.kh && w.sw == w.kw && w.ph == 0 &&
                w.pw == 0 && w.dh == 1 && w.dw == 1;
-  r->arg.args.n = kiln_tensor_numel(tiled ? win : n->out) / V;
+  /* ... or overlapping windows at stride 2 (ResNet's 3x3 stem pool): a thread a block of stride
+   * x stride pixels reads each window that reaches them once (tg->pool_grad_blocks) */
+  bool blocks = !tiled && tg->pool_grad_blocks && n->op == KILN__OP_MAX_POOL_GRAD && w.dh == 1 &&
+                w.dw == 1 && w.sh <= 2 && w.sw <= 2 && w.sh * w.sw > 1 && sz[1] % w.sh == 0 &&
+                sz[2] % w.sw == 0;
+  r->arg.args.n = kiln_tensor_numel(tiled ? win : n->out) / V / (blocks ? w.sh * w.sw : 1);
+  const char *variant = tiled ? "_tiled" : blocks ? "_blocks" : "";
   kiln__win_epi epi = {.p = p, .o = &o, .w = &wr, .shape = n->out->shape, .image = image_out};
   epi.vec = p->n > 1 && V == 4 && kiln__epilogue_fours(p, &o, &wr);
   kiln__sb pre = {0}, b = {0};
@@ -459,7 +466,7 @@ bool kiln__render_window(const kiln__target *tg, const kiln__ew_prog *p, const k
     KILN_ASSERT(!prologue || (tiled && pool_index(n) && V == 4));
     kiln__sb_printf(&b, "  typedef G::ix ix;\n  const int V = G::V;\n");
     if (prologue) emit_prologue(&b, pro, &o, &pw, &r->arg);
-    emit_loop(&b, n, tiled, out, y, p->n > 1 ? &epi : NULL, prologue, NULL, NULL);
+    emit_loop(&b, n, variant, out, y, p->n > 1 ? &epi : NULL, prologue, NULL, NULL);
   }
   char stem[80], suffix[48];
   snprintf(suffix, sizeof suffix, "_%lldx%lld_s%lld_%s%s%s%s", (long long)w.kh, (long long)w.kw,
@@ -469,7 +476,7 @@ bool kiln__render_window(const kiln__target *tg, const kiln__ew_prog *p, const k
            : V == 2 ? "_v2"
            : V > 4  ? "_row"
                     : "",
-           tiled ? "_tiled" : "",
+           variant,
            pool_index(n) ? (mom        ? "_at_moments"
                             : prologue ? "_at_pro"
                                        : "_at")

@@ -475,10 +475,10 @@ Test(images, recomputed_images_survive_the_trace_growing) {
   }
 }
 
-/* KILN_IM2COL_ROWS=1: an im2col of one group over fewer than 8 channels whose rows hold 8 to 32
- * values (a multiple of 8) takes a row a thread (its kernel named _row): the blocks of ResNet's
- * stem, the image's and the filters'. Not without the switch, and not the stem's columns without
- * blocks (KILN_CONV_S2D=0: 168 values a row). Each kernel renders and compiles (NVRTC). */
+/* KILN_IM2COL_ROWS (on by default): an im2col of one group over fewer than 8 channels whose rows
+ * hold 8 to 32 values (a multiple of 8) takes a row a thread (its kernel named _row): the blocks of
+ * ResNet's stem, the image's and the filters'. Not without the switch, and not the stem's columns
+ * without blocks (KILN_CONV_S2D=0: 168 values a row). Each kernel renders and compiles (NVRTC). */
 Test(images, blocks_gathered_a_row_a_thread) {
   for (int c = 0; c < 3; c++) { /* rows on blocks, off on blocks, on on columns */
     kiln_ctx *ctx = th_cpu_ctx();
@@ -505,6 +505,50 @@ Test(images, blocks_gathered_a_row_a_thread) {
               "case %d: %d of %d im2col kernels a row a thread", c, rows, im2col);
     kiln__program_free(&pg);
     compiled_arena(ctx, c);
+    th_free_scratch();
+    th_ctx_free(ctx);
+  }
+}
+
+/* KILN_POOL_GRAD_BLOCKS=1: max pooling's gradient over overlapping windows at stride 2 (ResNet's
+ * 3x3 stem pool, padding 1), on an image whose sides are multiples of the stride, takes a block
+ * of 2 x 2 pixels a thread (its kernel named _blocks), with the positions the forward pass wrote
+ * (fusion on) or searching the windows again (off). Not without the switch, not for windows
+ * that tile the image (their own kernel), at stride 1, or on an odd side. Each kernel renders and
+ * compiles (NVRTC). */
+Test(images, max_pool_gradient_a_block_of_pixels_a_thread) {
+  struct {
+    int on, fuse, h, k, s, blocks;
+  } cases[] = {{1, 1, 12, 3, 2, 1}, {1, 0, 12, 3, 2, 1}, {0, 1, 12, 3, 2, 0},
+               {1, 1, 11, 3, 2, 0}, {1, 1, 12, 2, 2, 0}, {1, 1, 12, 3, 1, 0}};
+  for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+    kiln_ctx *ctx = th_cpu_ctx();
+    ctx->pool_grad_blocks = cases[c].on;
+    kiln_set_fusion(ctx, cases[c].fuse);
+    kiln_step_begin(ctx);
+    kiln_tensor *x = th_param(ctx, KILN_SHAPE(2, cases[c].h, 10, 8));
+    const int pad = cases[c].k == 3;
+    kiln_tensor *y = kiln_max_pool2d(kiln_cast(kiln_mul(x, x), KILN_DTYPE_BF16),
+                                     &(kiln_pool2d_options){.kernel_h = cases[c].k,
+                                                            .kernel_w = cases[c].k,
+                                                            .stride_h = cases[c].s,
+                                                            .stride_w = cases[c].s,
+                                                            .pad_h = pad,
+                                                            .pad_w = pad});
+    cr_assert_eq(kiln_backward(kiln_sum(kiln_cast(y, KILN_DTYPE_F32), KILN_ALL_AXES, 0)), KILN_OK,
+                 "case %zu: %s", c, th_err(ctx));
+    kiln__program pg;
+    cr_assert(kiln__program_build(ctx, ctx->trace.done, ctx->trace.n, &pg), "%s", th_err(ctx));
+    int grads = 0, blocks = 0;
+    for (int g = 0; g < pg.plan.ng; g++) {
+      if (!strstr(pg.call[g].name, "k_max_pool_grad")) continue;
+      grads++;
+      blocks += strstr(pg.call[g].name, "_blocks") != NULL;
+    }
+    cr_assert(grads == 1 && blocks == cases[c].blocks,
+              "case %zu: %d of %d max pooling gradients a block a thread", c, blocks, grads);
+    kiln__program_free(&pg);
+    compiled_arena(ctx, (int)c);
     th_free_scratch();
     th_ctx_free(ctx);
   }

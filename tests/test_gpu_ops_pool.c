@@ -374,6 +374,85 @@ Test(gpu_ops, max_pool2d_positions_match_the_search_bitwise) {
   th_ctx_free(ctx);
 }
 
+/* KILN_POOL_GRAD_BLOCKS=1: max pooling's gradient over overlapping windows at stride 2, a block of
+ * 2 x 2 pixels a thread (window.cuh's kiln_max_pool_grad_blocks_from). Against float64 (with and
+ * without ties; finite differences on the small cases), then bit for bit against the gradient a
+ * pixel a thread: ties, NaN and -infinity in the windows, padded windows and unpadded ones that
+ * leave a row uncovered, four lanes and one, f32 and bf16, fused (positions) and unfused
+ * (search), eager and replayed from a step graph. */
+Test(gpu_ops, max_pool2d_gradient_a_block_of_pixels_a_thread) {
+  static const pool_case cases[] = {
+      {"max 3x3 stride 2 pad 1 (ResNet's stem pool)", P_MAX, S4(2, 12, 10, 64),
+       PO(.kernel_h = 3, .kernel_w = 3, .stride_h = 2, .stride_w = 2, .pad_h = 1, .pad_w = 1), 0},
+      {"max 3x3 stride 2 pad 1 of 3 channels", P_MAX, S4(2, 6, 8, 3),
+       PO(.kernel_h = 3, .kernel_w = 3, .stride_h = 2, .stride_w = 2, .pad_h = 1, .pad_w = 1), 1},
+      {"max 2x2 stride 2 pad 1", P_MAX, S4(2, 8, 6, 4),
+       PO(.kernel_h = 2, .kernel_w = 2, .stride_h = 2, .stride_w = 2, .pad_h = 1, .pad_w = 1), 1},
+      {"max 3x3 stride 2 (a row and a column uncovered)", P_MAX, S4(3, 10, 12, 8),
+       PO(.kernel_h = 3, .kernel_w = 3, .stride_h = 2, .stride_w = 2), 1},
+      {"max 3x3 stride (2,1) pad 1", P_MAX, S4(2, 8, 7, 4),
+       PO(.kernel_h = 3, .kernel_w = 3, .stride_h = 2, .stride_w = 1, .pad_h = 1, .pad_w = 1), 1},
+  };
+  const size_t nc = sizeof cases / sizeof *cases;
+  setenv("KILN_POOL_GRAD_BLOCKS", "1", 1); /* read when the context is made */
+  TH_GPU_CTX_EAGER(ctx);
+  unsetenv("KILN_POOL_GRAD_BLOCKS");
+  for (size_t i = 0; i < nc; i++)
+    for (int ties = 0; ties < 2; ties++)
+      check_pool(ctx, &cases[i], ties, 7000 + 10 * i + ties);
+  th_ctx_free(ctx);
+
+  for (size_t ci = 0; ci < nc; ci++) {
+    kiln_shape xs = cases[ci].x;
+    int64_t nx = ref_numel(xs);
+    ref_win gw = pool_win(&cases[ci].o);
+    kiln_shape os = ref_win_out(xs, &gw, xs.d[3]);
+    float *xh = ref_falloc(nx);
+    ref_gen_fill(xh, nx, 7200 + ci, &(ref_gen){.lo = -1, .hi = 1, .quant = 0.5f});
+    for (int64_t i = 0; i < nx; i += 37)
+      xh[i] = NAN;
+    for (int64_t i = 5; i < nx; i += 41)
+      xh[i] = -INFINITY;
+    float *dx[2][2][2][2]; /* [blocks][bf16][graphs][fuse] */
+    for (int blocks = 0; blocks < 2; blocks++) {
+      setenv("KILN_POOL_GRAD_BLOCKS", blocks ? "1" : "0", 1);
+      kiln_ctx *bc = kiln_ctx_new(NULL);
+      unsetenv("KILN_POOL_GRAD_BLOCKS");
+      cr_assert(bc && kiln_ctx_has_gpu(bc));
+      kiln_tensor *x = ref_upload(bc, xs, xh);
+      ref_set_grad(bc, x);
+      kiln_tensor *g = ref_rand_tensor(bc, os, 7300 + ci, &REF_GEN(-1, 1), 0, NULL);
+      for (int bf16 = 0; bf16 < 2; bf16++)
+        for (int graphs = 0; graphs < 2; graphs++) {
+          kiln_set_graphs(bc, graphs);
+          for (int fuse = 0; fuse < 2; fuse++) {
+            float *y;
+            pool_twice(bc, x, g, &cases[ci].o, bf16 ? KILN_DTYPE_BF16 : KILN_DTYPE_F32, fuse, &y,
+                       &dx[blocks][bf16][graphs][fuse], cases[ci].desc);
+            free(y);
+          }
+        }
+      kiln_tensor_free(x);
+      kiln_tensor_free(g);
+      th_ctx_free(bc);
+    }
+    for (int bf16 = 0; bf16 < 2; bf16++)
+      for (int graphs = 0; graphs < 2; graphs++)
+        for (int fuse = 0; fuse < 2; fuse++) {
+          const float *a = dx[0][bf16][graphs][fuse], *b = dx[1][bf16][graphs][fuse];
+          for (int64_t i = 0; i < nx; i++)
+            cr_assert(memcmp(&a[i], &b[i], sizeof(float)) == 0,
+                      "%s, %s, graphs %d, fusion %d: the gradient at %lld is %.9g a pixel a "
+                      "thread, %.9g a block a thread",
+                      cases[ci].desc, bf16 ? "bf16" : "f32", graphs, fuse, (long long)i, a[i],
+                      b[i]);
+          free(dx[0][bf16][graphs][fuse]);
+          free(dx[1][bf16][graphs][fuse]);
+        }
+    free(xh);
+  }
+}
+
 Test(gpu_ops, avg_pool2d) {
   TH_GPU_CTX_EAGER(ctx);
   check_pools(ctx, P_AVG, 0, 3400);

@@ -297,6 +297,49 @@ KILN__FN void kiln_max_pool_grad_from(const T *dy, F find, typename G::ix e, S s
   store(n, h, w, c, acc);
 }
 
+/* max pooling's gradient a block of SH x SW pixels a thread (stride 2 or less, no dilation, H and
+ * W multiples of the stride): e over the blocks; each window that reaches the block finds its
+ * maximum and loads its gradient once, not once for each of the block's pixels it covers, and
+ * adds it to the pixel of its maximum if that is in the block. The windows come last first, the
+ * order in which kiln_max_pool_grad_from sums a pixel's: the sums are the same bit for bit. */
+template <class G, typename T, class F, class S>
+KILN__FN void kiln_max_pool_grad_blocks_from(const T *dy, F find, typename G::ix e, S store) {
+  typedef typename G::ix ix;
+  static_assert(G::DH == 1 && G::DW == 1 && G::H % G::SH == 0 && G::W % G::SW == 0 && G::SH <= 2 &&
+                    G::SW <= 2,
+                "kiln_max_pool_grad_blocks: the windows' geometry");
+  ix n, bh, bw, c;
+  kiln_win_split<G>(e, G::H / G::SH, G::W / G::SW, n, bh, bw, c);
+  const ix h0 = bh * G::SH, w0 = bw * G::SW;
+  float acc[G::SH][G::SW][G::V] = {};
+  /* the last window whose first row (column) is in the block or above (left of) it, back to the
+   * first whose last row (column) is in the block */
+  const ix oh1 = (h0 + G::SH - 1 + G::PH) / G::SH, ow1 = (w0 + G::SW - 1 + G::PW) / G::SW;
+  for (ix oh = oh1 < G::OH ? oh1 : G::OH - 1; oh >= 0 && oh * G::SH - G::PH + G::KH > h0; oh--)
+    for (ix ow = ow1 < G::OW ? ow1 : G::OW - 1; ow >= 0 && ow * G::SW - G::PW + G::KW > w0; ow--) {
+      float gv[G::V];
+      int at[G::V];
+      find(n, oh, ow, c, at);
+      kiln_win_load<G::V>(dy, ((n * G::OH + oh) * G::OW + ow) * G::C + c, gv);
+#pragma unroll
+      for (int l = 0; l < G::V; l++) {
+        /* the maximum's pixel, relative to the block (none: outside it) */
+        const int p = at[l] < 0 ? -1 : (int)(oh * G::SH - G::PH - h0) + at[l] / G::KW;
+        const int q = at[l] < 0 ? -1 : (int)(ow * G::SW - G::PW - w0) + at[l] % G::KW;
+#pragma unroll
+        for (int i = 0; i < G::SH; i++)
+#pragma unroll
+          for (int j = 0; j < G::SW; j++)
+            if (p == i && q == j) acc[i][j][l] += gv[l];
+      }
+    }
+#pragma unroll
+  for (int i = 0; i < G::SH; i++)
+#pragma unroll
+    for (int j = 0; j < G::SW; j++)
+      store(n, h0 + i, w0 + j, c, acc[i][j]);
+}
+
 /* max pooling's gradient over windows that tile the image (stride = kernel, no padding or
  * dilation): e over the windows; each finds its maximum once and writes its own pixels, the last
  * window of a row or column also the zeros of the pixels no window covers. load(o, c, gv) gives
@@ -342,6 +385,11 @@ KILN__FN void kiln_max_pool_grad_tiled(const T *dy, const TX *x, typename G::ix 
   kiln_max_pool_grad_tiled_from<G>(dy, kiln_win_search<G, TX>{x}, e, store);
 }
 
+template <class G, typename T, typename TX, class S>
+KILN__FN void kiln_max_pool_grad_blocks(const T *dy, const TX *x, typename G::ix e, S store) {
+  kiln_max_pool_grad_blocks_from<G>(dy, kiln_win_search<G, TX>{x}, e, store);
+}
+
 /* ... or from the positions the forward pass wrote (kiln_max_pool_at). */
 template <class G, typename T, class S>
 KILN__FN void kiln_max_pool_grad_at(const T *dy, const unsigned char *at, typename G::ix e,
@@ -352,6 +400,12 @@ template <class G, typename T, class S>
 KILN__FN void kiln_max_pool_grad_tiled_at(const T *dy, const unsigned char *at, typename G::ix e,
                                           S store) {
   kiln_max_pool_grad_tiled_from<G>(dy, kiln_win_positions<G>{at}, e, store);
+}
+
+template <class G, typename T, class S>
+KILN__FN void kiln_max_pool_grad_blocks_at(const T *dy, const unsigned char *at, typename G::ix e,
+                                           S store) {
+  kiln_max_pool_grad_blocks_from<G>(dy, kiln_win_positions<G>{at}, e, store);
 }
 
 /* ... with dy computed where it is read: load(o, c, gv) gives the lanes of dy's element o, channel
