@@ -59,10 +59,11 @@
 #                     its tests (test_gpu_conv_switches, test_gpu_ops_conv), then the resnet18 step
 #                     without and with it (bench/ab_steps.sh, three rounds; issue 27; on the H100
 #                     on 2026-12-06 8.102 ms with it against 8.189: on by default since)
-#   pool_blocks       KILN_POOL_GRAD_BLOCKS=1 (max pooling's gradient at stride 2 a block of 2x2
+#   pool_blocks       KILN_POOL_GRAD_BLOCKS (max pooling's gradient at stride 2 a block of 2x2
 #                     pixels a thread): its test (test_gpu_ops_pool), the resnet18 step without and
 #                     with it (bench/ab_steps.sh, three rounds), and the stem pool's gradient kernel
-#                     in a timeline trace of each (issue 27)
+#                     in a timeline trace of each (issue 27; H100, 2026-12-06: 8.054 ms with it
+#                     against 8.142, the kernel 300 us against 395; on by default since)
 #   racecheck         compute-sanitizer's racecheck on kiln's own kernels (--kernel-name
 #                     regex=^k_: not cuBLAS's) over two graph-mode steps of cnn (batch 16), then of
 #                     air (32), one at a time, and the most host memory in use. The sanitize step's
@@ -183,7 +184,7 @@ step remat 400 "off='KILN_CONV_RECOMPUTE_INPUT=0 KILN_CONV_RECOMPUTE_BLOCKS=0'
 step rows 300 "ctest --test-dir $build -R 'test_gpu_conv_switches|test_gpu_ops_conv' --output-on-failure | tail -n 3
   bash bench/ab_steps.sh $build 3 resnet18 -- KILN_IM2COL_ROWS=0 ''"
 step pool_blocks 300 "ctest --test-dir $build -R test_gpu_ops_pool --output-on-failure | tail -n 3
-  bash bench/ab_steps.sh $build 3 resnet18 -- '' KILN_POOL_GRAD_BLOCKS=1
+  bash bench/ab_steps.sh $build 3 resnet18 -- KILN_POOL_GRAD_BLOCKS=0 ''
   for s in 0 1; do mkdir -p $out/trace_pb\$s && KILN_POOL_GRAD_BLOCKS=\$s timeout 120 $build/profile_step \
       --workload resnet18 --mode graph --trace $out/trace_pb\$s > /dev/null &&
       python3 tools/trace_summary.py --top 40 $out/trace_pb\$s/resnet18_graph.json | grep -i 'pool\|kernel'

@@ -384,7 +384,7 @@ struct kiln_ctx {
   bool im2col_lanes; /* im2col of 2 or 3 channels a tap a thread (KILN_IM2COL_LANES=1) */
   bool im2col_rows;  /* im2col of a few channels a row a thread (KILN_IM2COL_ROWS=0: a value) */
   /* max pooling's gradient a block of stride x stride pixels a thread, each window reaching it
-   * read once (KILN_POOL_GRAD_BLOCKS=1; off until it has run on a GPU) */
+   * read once (KILN_POOL_GRAD_BLOCKS=0: a pixel a thread) */
   bool pool_grad_blocks;
   int implicit_conv_max_co; /* KILN_IMPLICIT_CONV_MAX_CO, to measure; 0: the planner's default */
   bool conv_recompute;      /* KILN_CONV_RECOMPUTE=1: kiln__recomputes_columns */

@@ -248,7 +248,7 @@ typedef struct kiln__target {
   bool conv_staged;  /* TMA data gradients' epilogues through shared memory (KILN_CONV_STAGED=1) */
   bool im2col_lanes; /* im2col of 2 or 3 channels a tap a thread (KILN_IM2COL_LANES=1) */
   bool im2col_rows;  /* im2col of a few channels a row a thread (KILN_IM2COL_ROWS=0: off) */
-  bool pool_grad_blocks; /* max pooling's gradient a block of pixels a thread (=1: on) */
+  bool pool_grad_blocks; /* max pooling's gradient a block of pixels a thread (=0: off) */
   int conv_dgrad_bn;     /* TMA data gradients' widest tile (KILN_CONV_DGRAD_BN; 0: 256) */
   bool conv_prefetch; /* TMA data gradients prefetch their epilogue's rows (KILN_CONV_PREFETCH=1) */
   int conv_hoist;     /* staged epilogues' rows loaded ahead: KILN_CONV_HOIST (ctx.c), 0-16 */

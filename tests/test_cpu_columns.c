@@ -510,10 +510,10 @@ Test(images, blocks_gathered_a_row_a_thread) {
   }
 }
 
-/* KILN_POOL_GRAD_BLOCKS=1: max pooling's gradient over overlapping windows at stride 2 (ResNet's
- * 3x3 stem pool, padding 1), on an image whose sides are multiples of the stride, takes a block
- * of 2 x 2 pixels a thread (its kernel named _blocks), with the positions the forward pass wrote
- * (fusion on) or searching the windows again (off). Not without the switch, not for windows
+/* KILN_POOL_GRAD_BLOCKS (on by default): max pooling's gradient over overlapping windows at stride
+ * 2 (ResNet's 3x3 stem pool, padding 1), on an image whose sides are multiples of the stride, takes
+ * a block of 2 x 2 pixels a thread (its kernel named _blocks), with the positions the forward pass
+ * wrote (fusion on) or searching the windows again (off). Not without the switch, not for windows
  * that tile the image (their own kernel), at stride 1, or on an odd side. Each kernel renders and
  * compiles (NVRTC). */
 Test(images, max_pool_gradient_a_block_of_pixels_a_thread) {

@@ -374,12 +374,12 @@ Test(gpu_ops, max_pool2d_positions_match_the_search_bitwise) {
   th_ctx_free(ctx);
 }
 
-/* KILN_POOL_GRAD_BLOCKS=1: max pooling's gradient over overlapping windows at stride 2, a block of
- * 2 x 2 pixels a thread (window.cuh's kiln_max_pool_grad_blocks_from). Against float64 (with and
- * without ties; finite differences on the small cases), then bit for bit against the gradient a
- * pixel a thread: ties, NaN and -infinity in the windows, padded windows and unpadded ones that
- * leave a row uncovered, four lanes and one, f32 and bf16, fused (positions) and unfused
- * (search), eager and replayed from a step graph. */
+/* KILN_POOL_GRAD_BLOCKS (on by default): max pooling's gradient over overlapping windows at stride
+ * 2, a block of 2 x 2 pixels a thread (window.cuh's kiln_max_pool_grad_blocks_from). Against
+ * float64 (with and without ties; finite differences on the small cases), then bit for bit against
+ * the gradient a pixel a thread: ties, NaN and -infinity in the windows, padded windows and
+ * unpadded ones that leave a row uncovered, four lanes and one, f32 and bf16, fused (positions) and
+ * unfused (search), eager and replayed from a step graph. */
 Test(gpu_ops, max_pool2d_gradient_a_block_of_pixels_a_thread) {
   static const pool_case cases[] = {
       {"max 3x3 stride 2 pad 1 (ResNet's stem pool)", P_MAX, S4(2, 12, 10, 64),
