@@ -1112,6 +1112,15 @@ void kiln_meta_free(kiln_meta *m);
 kiln_status kiln_checkpoint_save(const char *path, const kiln_params *p, const kiln_optim *o,
                                  const kiln_meta *user);
 kiln_status kiln_checkpoint_load(const char *path, kiln_params *p, kiln_optim *o, kiln_meta *user);
+/* The same for several optimizers over p, each updating its own parameters (exclude groups: Muon
+ * for the filters beside SGD or AdamW for the rest): o[0] .. o[n-1], n up to 16, each one's
+ * state, rate and counts under its place in the list. Loading takes as many optimizers as the
+ * file holds, of the same kinds in the same order (else an error naming the difference, and
+ * nothing loaded); n 0 is o NULL above. Each optimizer must have been made over p. */
+kiln_status kiln_checkpoint_save_optims(const char *path, const kiln_params *p,
+                                        const kiln_optim *const *o, int n, const kiln_meta *user);
+kiln_status kiln_checkpoint_load_optims(const char *path, kiln_params *p, kiln_optim *const *o,
+                                        int n, kiln_meta *user);
 
 /* ---------------------------------------------------------------- data */
 

@@ -1,7 +1,9 @@
 /*
  * checkpoint.c: parameters in safetensors (F32 or BF16, by name) and training checkpoints:
  * parameters, optimizer state, step counts, learning rate, RNG state and the caller's metadata in
- * one safetensors file. A load checks the whole file against the model first and changes nothing
+ * one safetensors file, of one optimizer or several over the same parameters (Muon beside SGD):
+ * optimizer k's tensors under "optim/" (k = 0) or "optim<k>/", its metadata under "kiln.optim"
+ * or "kiln.optim<k>". A load checks the whole file against the model first and changes nothing
  * unless everything fits.
  */
 #include <errno.h>
@@ -118,25 +120,45 @@ static const char *shared_name(const slots *ss) {
   return dup;
 }
 
-/* The tensors a checkpoint of (p, o) holds, in a fixed order. */
-static bool gather(const kiln_params *p, const kiln_optim *o, slots *ss) {
+/* The prefix of optimizer k's tensors: "optim/" for the first, "optim<k>/" for the others. */
+static void state_prefix(int k, char *buf, size_t n) {
+  if (k == 0)
+    snprintf(buf, n, "optim/");
+  else
+    snprintf(buf, n, "optim%d/", k);
+}
+
+/* Whether a tensor's name is an optimizer's state: "optim", digits or none, then '/'. */
+static bool is_state_name(const char *nm) {
+  if (strncmp(nm, "optim", 5) != 0) return false;
+  nm += 5;
+  while (*nm >= '0' && *nm <= '9')
+    nm++;
+  return *nm == '/';
+}
+
+/* The tensors a checkpoint of p and the nopt optimizers o holds, in a fixed order. */
+static bool gather(const kiln_params *p, const kiln_optim *const *o, int nopt, slots *ss) {
   for (int i = 0; i < kiln_params_count(p); i++)
     if (!slots_add(ss, "", kiln_params_name(p, i), "", kiln_params_get(p, i))) return false;
-  for (int i = 0; o && i < kiln_params_count(p); i++) {
-    for (int w = 0; w < 2; w++) {
-      const char *what;
-      kiln_tensor *t = kiln__optim_state(o, i, w, &what);
-      if (!t) continue;
-      char suffix[32];
-      snprintf(suffix, sizeof suffix, "/%s", what);
-      if (!slots_add(ss, "optim/", kiln_params_name(p, i), suffix, t)) return false;
-    }
+  for (int k = 0; k < nopt; k++) {
+    char prefix[24];
+    state_prefix(k, prefix, sizeof prefix);
+    for (int i = 0; i < kiln_params_count(p); i++)
+      for (int w = 0; w < 2; w++) {
+        const char *what;
+        kiln_tensor *t = kiln__optim_state(o[k], i, w, &what);
+        if (!t) continue;
+        char suffix[32];
+        snprintf(suffix, sizeof suffix, "/%s", what);
+        if (!slots_add(ss, prefix, kiln_params_name(p, i), suffix, t)) return false;
+      }
   }
   return true;
 }
 
-static kiln_status save(const char *fn, const char *path, const kiln_params *p, const kiln_optim *o,
-                        kiln_dtype dtype, const cJSON *meta) {
+static kiln_status save(const char *fn, const char *path, const kiln_params *p,
+                        const kiln_optim *const *o, int nopt, kiln_dtype dtype, const cJSON *meta) {
   kiln_ctx *ctx = kiln_params_ctx(p);
   if (!ctx) return KILN_ERR_INVALID;
   if (!kiln__ok(ctx)) return ctx->status;
@@ -146,7 +168,7 @@ static kiln_status save(const char *fn, const char *path, const kiln_params *p, 
                        kiln_dtype_name(dtype));
   slots ss = {0};
   kiln__st_out *out = NULL;
-  if (!gather(p, o, &ss) || !(out = calloc((size_t)ss.n + 1, sizeof *out))) {
+  if (!gather(p, o, nopt, &ss) || !(out = calloc((size_t)ss.n + 1, sizeof *out))) {
     kiln__error(ctx, KILN_ERR_OOM, "%s: out of host memory", fn);
     goto done;
   }
@@ -232,7 +254,7 @@ static kiln_status match(kiln_ctx *ctx, const char *fn, const char *path, const 
     const char *nm = f->e[k].name, *tail = ".num_batches_tracked";
     size_t ln = strlen(nm), lt = strlen(tail);
     bool known = (f->e[k].i64 && ln >= lt && strcmp(nm + ln - lt, tail) == 0) ||
-                 (rule->skip_state && strncmp(nm, "optim/", 6) == 0);
+                 (rule->skip_state && is_state_name(nm));
     for (int i = 0; i < ss->n && !known; i++)
       known = strcmp(ss->s[i].name, nm) == 0;
     if (!known && !rule->strict)
@@ -275,7 +297,7 @@ static kiln_status upload(slots *ss) {
 }
 
 kiln_status kiln_params_save(const kiln_params *p, const char *path, kiln_dtype dtype) {
-  return save(__func__, path, p, NULL, dtype, NULL);
+  return save(__func__, path, p, NULL, 0, dtype, NULL);
 }
 
 /* Opens and checks path's header for fn; NULL (the error set, when there is a context) on
@@ -304,7 +326,7 @@ static kiln_status params_load(const char *fn, kiln_params *p, const char *path,
   /* a training checkpoint's weights: its optimizer state and RNG are passed over */
   names_rule rule = {.strict = !o || !o->non_strict, .skip_state = is_checkpoint(&f)};
   slots ss = {0};
-  if (!gather(p, NULL, &ss))
+  if (!gather(p, NULL, 0, &ss))
     kiln__error(ctx, KILN_ERR_OOM, "%s: out of host memory", fn);
   else if (match(ctx, fn, path, &f, &ss, ss.n, &rule) == KILN_OK && upload(&ss) == KILN_OK && o) {
     o->missing = rule.missing;
@@ -331,12 +353,36 @@ static void meta_u64(cJSON *m, const char *k, uint64_t v) {
   cJSON_AddStringToObject(m, k, buf);
 }
 
-kiln_status kiln_checkpoint_save(const char *path, const kiln_params *p, const kiln_optim *o,
-                                 const kiln_meta *user) {
-  const char *fn = __func__;
+/* Whether o[0 .. n-1] are n distinct optimizers over p (with n in range); else the error. */
+static bool optims_ok(const char *fn, const kiln_params *p, const kiln_optim *const *o, int n) {
+  kiln_ctx *ctx = kiln_params_ctx(p);
+  if (n < 0 || n > KILN__CKPT_MAX_OPTIMS || (n > 0 && !o))
+    return kiln__error(ctx, KILN_ERR_INVALID, "%s: %d optimizers at %p (0 to %d, and a list)", fn,
+                       n, (const void *)o, KILN__CKPT_MAX_OPTIMS),
+           false;
+  for (int k = 0; k < n; k++) {
+    if (!o[k]) return kiln__error(ctx, KILN_ERR_INVALID, "%s: optimizer %d is NULL", fn, k), false;
+    if (kiln__optim_params(o[k]) != p)
+      return kiln__error(ctx, KILN_ERR_INVALID,
+                         "%s: optimizer %d (%s) updates another parameter list than the one "
+                         "given",
+                         fn, k, kiln__optim_kind(o[k])),
+             false;
+    for (int j = 0; j < k; j++)
+      if (o[j] == o[k])
+        return kiln__error(ctx, KILN_ERR_INVALID, "%s: optimizers %d and %d are the same one", fn,
+                           j, k),
+               false;
+  }
+  return true;
+}
+
+static kiln_status checkpoint_save(const char *fn, const char *path, const kiln_params *p,
+                                   const kiln_optim *const *o, int nopt, const kiln_meta *user) {
   kiln_ctx *ctx = kiln_params_ctx(p);
   if (!ctx) return KILN_ERR_INVALID;
   if (!kiln__ok(ctx)) return ctx->status;
+  if (!optims_ok(fn, p, o, nopt)) return ctx->status;
   cJSON *m = cJSON_CreateObject();
   if (!m) return kiln__error(ctx, KILN_ERR_OOM, "%s: out of host memory", fn);
   cJSON_AddStringToObject(m, "kiln.format", KILN__CKPT_FORMAT);
@@ -344,20 +390,24 @@ kiln_status kiln_checkpoint_save(const char *path, const kiln_params *p, const k
   meta_u64(m, "kiln.rng.seed", ctx->seed);
   meta_u64(m, "kiln.rng.philox_offset", ctx->philox_offset);
   meta_u64(m, "kiln.rng.host", ctx->host_rng);
-  if (o) {
-    char buf[64];
-    cJSON_AddStringToObject(m, "kiln.optim", kiln__optim_kind(o));
-    meta_u64(m, "kiln.optim.steps", (uint64_t)kiln_optim_steps(o));
-    snprintf(buf, sizeof buf, "%.9g", kiln_optim_lr(o));
-    cJSON_AddStringToObject(m, "kiln.optim.lr", buf);
+  if (nopt > 1) meta_u64(m, "kiln.optims", (uint64_t)nopt);
+  for (int k = 0; k < nopt; k++) {
+    char buf[64], key[64];
+    kiln__ckpt_key(k, NULL, key, sizeof key);
+    cJSON_AddStringToObject(m, key, kiln__optim_kind(o[k]));
+    kiln__ckpt_key(k, "steps", key, sizeof key);
+    meta_u64(m, key, (uint64_t)kiln_optim_steps(o[k]));
+    snprintf(buf, sizeof buf, "%.9g", kiln_optim_lr(o[k]));
+    kiln__ckpt_key(k, "lr", key, sizeof key);
+    cJSON_AddStringToObject(m, key, buf);
     for (int i = 0; i < kiln_params_count(p); i++) {
-      char *key = kiln__ckpt_count_key(kiln_params_name(p, i));
-      if (!key) {
+      char *ck = kiln__ckpt_count_key(k, kiln_params_name(p, i));
+      if (!ck) {
         cJSON_Delete(m);
         return kiln__error(ctx, KILN_ERR_OOM, "%s: out of host memory", fn);
       }
-      meta_u64(m, key, (uint64_t)kiln__optim_count(o, i));
-      free(key);
+      meta_u64(m, ck, (uint64_t)kiln__optim_count(o[k], i));
+      free(ck);
     }
   }
   for (int i = 0; i < kiln_meta_count(user); i++) {
@@ -369,16 +419,29 @@ kiln_status kiln_checkpoint_save(const char *path, const kiln_params *p, const k
     }
     cJSON_AddStringToObject(m, k, kiln_meta_get(user, k));
   }
-  kiln_status s = save(fn, path, p, o, KILN_DTYPE_F32, m);
+  kiln_status s = save(fn, path, p, o, nopt, KILN_DTYPE_F32, m);
   cJSON_Delete(m);
   return s;
 }
 
-kiln_status kiln_checkpoint_load(const char *path, kiln_params *p, kiln_optim *o, kiln_meta *user) {
-  const char *fn = __func__;
+kiln_status kiln_checkpoint_save(const char *path, const kiln_params *p, const kiln_optim *o,
+                                 const kiln_meta *user) {
+  return checkpoint_save(__func__, path, p, &o, o ? 1 : 0, user);
+}
+
+kiln_status kiln_checkpoint_save_optims(const char *path, const kiln_params *p,
+                                        const kiln_optim *const *o, int n, const kiln_meta *user) {
+  return checkpoint_save(__func__, path, p, o, n, user);
+}
+
+static kiln_status checkpoint_load(const char *fn, const char *path, kiln_params *p,
+                                   kiln_optim *const *o, int nopt, kiln_meta *user) {
+  kiln_ctx *pctx = kiln_params_ctx(p);
+  if (pctx && kiln__ok(pctx) && !optims_ok(fn, p, (const kiln_optim *const *)o, nopt))
+    return pctx->status;
   kiln__st_file f;
   kiln_ctx *ctx = open_checked(fn, p, path, &f);
-  if (!ctx) return kiln_params_ctx(p) ? kiln_ctx_status(kiln_params_ctx(p)) : KILN_ERR_INVALID;
+  if (!ctx) return pctx ? kiln_ctx_status(pctx) : KILN_ERR_INVALID;
   slots ss = {0};
   int np = kiln_params_count(p);
   kiln__ckpt_meta cm = {0};
@@ -391,9 +454,11 @@ kiln_status kiln_checkpoint_load(const char *path, kiln_params *p, kiln_optim *o
   /* every piece is parsed and checked before anything changes: metadata, then tensors */
   for (int i = 0; i < np; i++)
     names[i] = kiln_params_name(p, i);
+  const char *kinds[KILN__CKPT_MAX_OPTIMS];
+  for (int k = 0; k < nopt; k++)
+    kinds[k] = kiln__optim_kind(o[k]);
   char why[512];
-  if (kiln__ckpt_meta_parse(f.metadata, o ? kiln__optim_kind(o) : NULL, np, names, &cm, why,
-                            sizeof why)) {
+  if (kiln__ckpt_meta_parse(f.metadata, kinds, nopt, np, names, &cm, why, sizeof why)) {
     kiln__error(ctx, strstr(why, "out of host memory") ? KILN_ERR_OOM : KILN_ERR_FORMAT,
                 "%s: %s: %s", fn, path, why);
     goto done;
@@ -403,20 +468,20 @@ kiln_status kiln_checkpoint_load(const char *path, kiln_params *p, kiln_optim *o
       kiln__error(ctx, KILN_ERR_OOM, "%s: out of host memory", fn);
       goto done;
     }
-  if (!gather(p, o, &ss)) {
+  if (!gather(p, (const kiln_optim *const *)o, nopt, &ss)) {
     kiln__error(ctx, KILN_ERR_OOM, "%s: out of host memory", fn);
     goto done;
   }
   /* without an optimizer, the weights (and the RNG): the file's optimizer state is passed over */
-  names_rule rule = {.strict = true, .skip_state = !o};
+  names_rule rule = {.strict = true, .skip_state = nopt == 0};
   if (match(ctx, fn, path, &f, &ss, np, &rule) != KILN_OK || upload(&ss) != KILN_OK) goto done;
   /* all tensors are in: now the scalars */
   ctx->seed = cm.seed;
   ctx->philox_offset = cm.philox_offset;
   ctx->host_rng = cm.host_rng;
-  if (o) {
-    kiln_optim_set_lr(o, cm.lr);
-    kiln__optim_restore(o, (int64_t)cm.steps, cm.counts);
+  for (int k = 0; k < nopt; k++) {
+    kiln_optim_set_lr(o[k], cm.opt[k].lr);
+    kiln__optim_restore(o[k], (int64_t)cm.opt[k].steps, cm.opt[k].counts);
   }
   for (int i = 0; user && i < kiln_meta_count(got); i++) {
     const char *k = kiln_meta_key(got, i);
@@ -428,6 +493,15 @@ done:
   slots_free(&ss);
   kiln_meta_free(got);
   free(names);
-  free(cm.counts);
+  kiln__ckpt_meta_free(&cm);
   return ctx->status;
+}
+
+kiln_status kiln_checkpoint_load(const char *path, kiln_params *p, kiln_optim *o, kiln_meta *user) {
+  return checkpoint_load(__func__, path, p, &o, o ? 1 : 0, user);
+}
+
+kiln_status kiln_checkpoint_load_optims(const char *path, kiln_params *p, kiln_optim *const *o,
+                                        int n, kiln_meta *user) {
+  return checkpoint_load(__func__, path, p, o, n, user);
 }

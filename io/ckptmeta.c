@@ -29,7 +29,24 @@ static bool meta_num(const cJSON *m, const char *k, uint64_t max, uint64_t *v) {
   return true;
 }
 
-char *kiln__ckpt_count_key(const char *name) { return kiln__strf("kiln.optim.count/%s", name); }
+void kiln__ckpt_key(int k, const char *field, char *buf, size_t n) {
+  char idx[16] = "";
+  if (k > 0) snprintf(idx, sizeof idx, "%d", k);
+  snprintf(buf, n, "kiln.optim%s%s%s", idx, field ? "." : "", field ? field : "");
+}
+
+char *kiln__ckpt_count_key(int k, const char *name) {
+  char key[64];
+  kiln__ckpt_key(k, "count", key, sizeof key);
+  return kiln__strf("%s/%s", key, name);
+}
+
+void kiln__ckpt_meta_free(kiln__ckpt_meta *m) {
+  for (int k = 0; k < KILN__CKPT_MAX_OPTIMS; k++) {
+    free(m->opt[k].counts);
+    m->opt[k].counts = NULL;
+  }
+}
 
 /* Fills why and returns it. */
 static const char *bad(char *why, size_t n, const char *what, const char *key, const char *val) {
@@ -37,7 +54,52 @@ static const char *bad(char *why, size_t n, const char *what, const char *key, c
   return why;
 }
 
-const char *kiln__ckpt_meta_parse(const cJSON *m, const char *optim, int np,
+/* Optimizer k's kind, rate, steps and counts (kind optim) into o. */
+static const char *parse_optim(const cJSON *m, int k, const char *optim, int np,
+                               const char *const *names, kiln__ckpt_optim *o, char *why, size_t n) {
+  char kk[64], lk[64], sk[64];
+  kiln__ckpt_key(k, NULL, kk, sizeof kk);
+  kiln__ckpt_key(k, "lr", lk, sizeof lk);
+  kiln__ckpt_key(k, "steps", sk, sizeof sk);
+  const char *kind = meta_str(m, kk), *lrs = meta_str(m, lk);
+  if (!kind || strcmp(kind, optim) != 0) {
+    if (k == 0)
+      snprintf(why, n, "it holds %.20s optimizer state; the optimizer is %s", kind ? kind : "no",
+               optim);
+    else
+      snprintf(why, n, "its optimizer %d holds %.20s state; the optimizer given there is %s", k,
+               kind ? kind : "no", optim);
+    return why;
+  }
+  char *end = NULL;
+  if (lrs) o->lr = strtof(lrs, &end);
+  if (!lrs || !*lrs || *end != 0 || !(o->lr >= 0.f) || !isfinite(o->lr))
+    return bad(why, n, "a finite rate >= 0", lk, lrs);
+  if (!meta_num(m, sk, INT64_MAX, &o->steps))
+    return bad(why, n, "a step count", sk, meta_str(m, sk));
+  o->counts = calloc((size_t)np + 1, sizeof *o->counts);
+  if (!o->counts) {
+    snprintf(why, n, "out of host memory");
+    return why;
+  }
+  for (int i = 0; i < np; i++) {
+    char *key = kiln__ckpt_count_key(k, names[i]);
+    uint64_t c;
+    /* a parameter has had no more updates than the optimizer has made steps */
+    bool ok = key && meta_num(m, key, o->steps, &c);
+    if (!ok) {
+      snprintf(why, n, "metadata %.64s is no update count (at most the steps)",
+               key ? key : "(out of host memory)");
+      free(key);
+      return why;
+    }
+    free(key);
+    o->counts[i] = (int64_t)c;
+  }
+  return NULL;
+}
+
+const char *kiln__ckpt_meta_parse(const cJSON *m, const char *const *optims, int nopt, int np,
                                   const char *const *names, kiln__ckpt_meta *out, char *why,
                                   size_t n) {
   memset(out, 0, sizeof *out);
@@ -53,37 +115,25 @@ const char *kiln__ckpt_meta_parse(const cJSON *m, const char *optim, int np,
     return bad(why, n, number, "kiln.rng.philox_offset", meta_str(m, "kiln.rng.philox_offset"));
   if (!meta_num(m, "kiln.rng.host", UINT64_MAX, &out->host_rng))
     return bad(why, n, number, "kiln.rng.host", meta_str(m, "kiln.rng.host"));
-  if (!optim) return NULL;
-  const char *kind = meta_str(m, "kiln.optim"), *lrs = meta_str(m, "kiln.optim.lr");
-  if (!kind || strcmp(kind, optim) != 0) {
-    snprintf(why, n, "it holds %.20s optimizer state; the optimizer is %s", kind ? kind : "no",
-             optim);
+  if (nopt <= 0) return NULL;
+  /* how many optimizers' state the file holds: kiln.optims where several (one: kiln.optim) */
+  uint64_t held = meta_str(m, "kiln.optim") ? 1 : 0;
+  if (meta_str(m, "kiln.optims") && !meta_num(m, "kiln.optims", KILN__CKPT_MAX_OPTIMS, &held))
+    return bad(why, n, "a count of optimizers (at most 16)", "kiln.optims",
+               meta_str(m, "kiln.optims"));
+  if (nopt == 1 && held > 1) {
+    snprintf(why, n,
+             "it holds the state of %llu optimizers; one is given (kiln_checkpoint_load_optims "
+             "takes them all)",
+             (unsigned long long)held);
     return why;
   }
-  char *end = NULL;
-  if (lrs) out->lr = strtof(lrs, &end);
-  if (!lrs || !*lrs || *end != 0 || !(out->lr >= 0.f) || !isfinite(out->lr))
-    return bad(why, n, "a finite rate >= 0", "kiln.optim.lr", lrs);
-  if (!meta_num(m, "kiln.optim.steps", INT64_MAX, &out->steps))
-    return bad(why, n, "a step count", "kiln.optim.steps", meta_str(m, "kiln.optim.steps"));
-  out->counts = calloc((size_t)np + 1, sizeof *out->counts);
-  if (!out->counts) {
-    snprintf(why, n, "out of host memory");
+  if (nopt > 1 && held != (uint64_t)nopt) {
+    snprintf(why, n, "it holds the state of %llu optimizer%s; %d are given",
+             (unsigned long long)held, held == 1 ? "" : "s", nopt);
     return why;
   }
-  for (int i = 0; i < np; i++) {
-    char *key = kiln__ckpt_count_key(names[i]);
-    uint64_t c;
-    /* a parameter has had no more updates than the optimizer has made steps */
-    bool ok = key && meta_num(m, key, out->steps, &c);
-    if (!ok) {
-      snprintf(why, n, "metadata kiln.optim.count/%.200s is no update count (at most the steps)",
-               names[i]);
-      free(key);
-      return why;
-    }
-    free(key);
-    out->counts[i] = (int64_t)c;
-  }
+  for (int k = 0; k < nopt && k < KILN__CKPT_MAX_OPTIMS; k++)
+    if (parse_optim(m, k, optims[k], np, names, &out->opt[k], why, n)) return why;
   return NULL;
 }

@@ -63,20 +63,35 @@ kiln_status kiln__st_write(kiln_ctx *ctx, const char *fn, const char *path, int 
 
 #define KILN__CKPT_FORMAT "kiln-checkpoint-1"
 
-typedef struct kiln__ckpt_meta {
-  uint64_t seed, philox_offset, host_rng;
+/* The most optimizers one checkpoint holds (kiln_checkpoint_save_optims). */
+#define KILN__CKPT_MAX_OPTIMS 16
+
+/* One optimizer's scalars in a checkpoint. */
+typedef struct kiln__ckpt_optim {
   float lr;
   uint64_t steps;
-  int64_t *counts; /* per parameter (malloc'd; the caller frees it) */
+  int64_t *counts; /* per parameter (malloc'd) */
+} kiln__ckpt_optim;
+
+typedef struct kiln__ckpt_meta {
+  uint64_t seed, philox_offset, host_rng;
+  kiln__ckpt_optim opt[KILN__CKPT_MAX_OPTIMS];
 } kiln__ckpt_meta;
 
-/* Parses and checks a checkpoint's metadata m: the format, the RNG state and, for an optimizer of
- * kind optim (NULL: none), its rate, step count and the update count of each of the np
- * parameters called names. NULL when it all checks out, else why (written there). */
-const char *kiln__ckpt_meta_parse(const cJSON *m, const char *optim, int np,
+/* Parses and checks a checkpoint's metadata m: the format, the RNG state and, for the nopt
+ * optimizers of kinds optims[0 .. nopt-1] (none: their state is not asked for), that the file
+ * holds as many, of those kinds in that order, and each one's rate, step count and the update
+ * count of each of the np parameters called names. NULL when it all checks out, else why (written
+ * there). kiln__ckpt_meta_free frees what it allocated, either way. */
+const char *kiln__ckpt_meta_parse(const cJSON *m, const char *const *optims, int nopt, int np,
                                   const char *const *names, kiln__ckpt_meta *out, char *why,
                                   size_t n);
-/* "kiln.optim.count/<name>", malloc'd. */
-char *kiln__ckpt_count_key(const char *name);
+void kiln__ckpt_meta_free(kiln__ckpt_meta *m);
+/* The metadata key of optimizer k's field ("kiln.optim" and "kiln.optim.<field>" for the first,
+ * the one kiln_checkpoint_save writes; "kiln.optim<k>..." for the others; field NULL: its kind),
+ * written to buf (64 bytes are enough). */
+void kiln__ckpt_key(int k, const char *field, char *buf, size_t n);
+/* "kiln.optim.count/<name>" (k = 0) or "kiln.optim<k>.count/<name>", malloc'd. */
+char *kiln__ckpt_count_key(int k, const char *name);
 
 #endif

@@ -824,6 +824,8 @@ void kiln_optim_free(kiln_optim *o) {
 
 /* ---------------------------------------------------------------- for checkpoints (optim.h) */
 
+const kiln_params *kiln__optim_params(const kiln_optim *o) { return o->params; }
+
 const char *kiln__optim_kind(const kiln_optim *o) {
   static const char *const names[] = {[KILN__OPTIM_SGD] = "sgd",
                                       [KILN__OPTIM_ADAM] = "adam",

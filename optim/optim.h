@@ -6,6 +6,8 @@
 
 #include "../core/internal.h"
 
+/* The parameter list the optimizer updates. */
+const kiln_params *kiln__optim_params(const kiln_optim *o);
 /* "sgd", "adam", "adamw" or "muon". */
 const char *kiln__optim_kind(const kiln_optim *o);
 /* State tensor which (0, 1) of parameter i, or NULL; *name is its name in a checkpoint. */

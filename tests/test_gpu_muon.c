@@ -540,6 +540,72 @@ Test(gpu_muon, checkpoint_round_trip_of_the_momentum_buffers) {
   th_ctx_free(ctx);
 }
 
+static int select_not_bias(const char *name, const kiln_tensor *t, void *user) {
+  return !select_bias(name, t, user);
+}
+
+/* Muon for the matrices beside SGD for the bias, both in one checkpoint
+ * (kiln_checkpoint_save_optims): loaded after three more steps, with other rates set meanwhile,
+ * each optimizer gets back its buffers, rate and step count, and the three steps repeat bitwise.
+ * The list in the other order is refused and loads nothing. */
+Test(gpu_muon, muon_and_sgd_resume_bitwise_from_one_checkpoint) {
+  TH_GPU_CTX(ctx);
+  setup s;
+  setup_init(&s, ctx);
+  kiln_optim *mu = muon_of(&s, &(kiln_muon_options){.lr = 0.03f, .momentum = 0.9f});
+  kiln_optim *sgd =
+      kiln_sgd_new(s.params, &(kiln_sgd_options){.lr = 0.1f, .momentum = 0.9f, .nesterov = 1});
+  cr_assert_not_null(sgd, "%s", th_err(ctx));
+  cr_assert_eq(kiln_optim_add_group(sgd, select_not_bias, NULL, &(kiln_param_group){.exclude = 1}),
+               NP - 1, "%s", th_err(ctx));
+  kiln_optim *both[2] = {mu, sgd}, *swapped[2] = {sgd, mu};
+  char dir[256], path[300];
+  th_tmpdir(dir, sizeof dir, "muon-sgd");
+  snprintf(path, sizeof path, "%s/ckpt.safetensors", dir);
+  for (int t = 0; t < 3; t++)
+    cr_assert_eq(setup_step(&s, both, 2), KILN_OK, "%s", th_err(ctx));
+  kiln_optim_set_lr(sgd, 0.05f); /* the rate the checkpoint holds, not the one made with */
+  cr_assert_eq(
+      kiln_checkpoint_save_optims(path, s.params, (const kiln_optim *const *)both, 2, NULL),
+      KILN_OK, "%s", th_err(ctx));
+  for (int t = 0; t < 3; t++)
+    cr_assert_eq(setup_step(&s, both, 2), KILN_OK, "%s", th_err(ctx));
+  float *want[NP];
+  for (int k = 0; k < NP; k++)
+    want[k] = th_read(s.p[k]);
+
+  cr_assert_neq(kiln_checkpoint_load_optims(path, s.params, swapped, 2, NULL), KILN_OK);
+  cr_assert(strstr(th_err(ctx), "muon") && strstr(th_err(ctx), "sgd"), "%s", th_err(ctx));
+  kiln_ctx_clear_error(ctx);
+  cr_assert(kiln_optim_steps(mu) == 6 && kiln_optim_steps(sgd) == 6, "a refused load changed "
+                                                                     "the step counts");
+  float *still = th_read(s.p[0]);
+  cr_assert(memcmp(still, want[0], (size_t)s.n[0] * sizeof *still) == 0);
+  free(still);
+
+  kiln_optim_set_lr(mu, 1.f);
+  kiln_optim_set_lr(sgd, 1.f);
+  cr_assert_eq(kiln_checkpoint_load_optims(path, s.params, both, 2, NULL), KILN_OK, "%s",
+               th_err(ctx));
+  cr_assert(kiln_optim_steps(mu) == 3 && kiln_optim_steps(sgd) == 3);
+  cr_assert(kiln_optim_lr(mu) == 0.03f && kiln_optim_lr(sgd) == 0.05f, "rates %g and %g",
+            kiln_optim_lr(mu), kiln_optim_lr(sgd));
+  for (int t = 0; t < 3; t++)
+    cr_assert_eq(setup_step(&s, both, 2), KILN_OK, "%s", th_err(ctx));
+  for (int k = 0; k < NP; k++) {
+    float *got = th_read(s.p[k]);
+    for (int64_t i = 0; i < s.n[k]; i++)
+      cr_assert(memcmp(&got[i], &want[k][i], 4) == 0, "%s[%lld]: resumed %.9g, straight %.9g",
+                names[k], (long long)i, got[i], want[k][i]);
+    free(got);
+    free(want[k]);
+  }
+  kiln_optim_free(mu);
+  kiln_optim_free(sgd);
+  setup_free(&s);
+  th_ctx_free(ctx);
+}
+
 /* ---------------------------------------------------------------- errors */
 
 Test(gpu_muon, bad_options_and_a_refused_step_change_nothing) {

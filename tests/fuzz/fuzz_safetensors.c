@@ -23,15 +23,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
       if (!kiln__st_find(&f, f.e[i].name)) abort();
     }
     (void)sum;
-    /* the checkpoint metadata parser, with and without an optimizer: it answers or says why */
-    static const char *const names[2] = {"w", "b"};
-    for (int k = 0; k < 2; k++) {
+    /* the checkpoint metadata parser, without an optimizer, with one and with two: it answers
+     * or says why */
+    static const char *const names[2] = {"w", "b"}, *const kinds[2] = {"adam", "muon"};
+    for (int k = 0; k < 3; k++) {
       kiln__ckpt_meta cm;
       char why[512] = "";
-      const char *e =
-          kiln__ckpt_meta_parse(f.metadata, k ? "adam" : NULL, 2, names, &cm, why, sizeof why);
+      const char *e = kiln__ckpt_meta_parse(f.metadata, kinds, k, 2, names, &cm, why, sizeof why);
       if (e && !e[0]) abort();
-      free(cm.counts);
+      kiln__ckpt_meta_free(&cm);
     }
     kiln__st_free(&f);
   } else if (ctx->status == KILN_OK || ctx->error[0] == 0) {
