@@ -3,8 +3,9 @@
  * bf16 mixed precision (or f32), and reports test accuracy, plain and with airbench94's test-time
  * augmentation (the mirror image and two views translated by a pixel), and training time.
  *
- *   cifar10 [DATA_DIR] [--epochs F] [--batch N] [--seed N] [--seeds N] [--save PATH]
- *           [--resume PATH] [--eval-only PATH] [--log PATH] [--cache DIR] [--no-cache] [--f32]
+ *   cifar10 [DATA_DIR] [--recipe muon|sgd] [--epochs F] [--batch N] [--seed N] [--seeds N]
+ *           [--save PATH] [--resume PATH] [--eval-only PATH] [--log PATH] [--cache DIR]
+ *           [--no-cache] [--f32]
  *
  * DATA_DIR defaults to $KILN_CIFAR10: the official binary batches, raw, .gz or .xz (a folder
  * with fewer than five training batches, such as the sample, trains on those it holds). The
@@ -20,21 +21,22 @@
  *     identity, torch.nn.init.dirac_); batch norm's weight is fixed at 1, only its bias is trained
  *   global max pool (airbench's MaxPool2d(3) of the 3x3 map), linear 256->10 without bias, times
  *     1/9
- * trained with cross-entropy (label smoothing 0.2) summed over the batch, SGD with Nesterov
- * momentum and airbench94's rates and weight decays, on its triangular schedule (the constants
- * below say where each comes from), the batches augmented on the GPU (a random translation of
- * up to 2 pixels, reflected at the borders, and airbench's alternating flip). The forward pass
- * runs in a bf16 autocast region: convolutions and the head on bf16 tensor cores, parameters,
- * gradients, optimizer state and batch-norm statistics in f32.
+ * trained (--recipe sgd) with cross-entropy (label smoothing 0.2) summed over the batch, SGD with
+ * Nesterov momentum and airbench94's rates and weight decays, on its triangular schedule (the
+ * constants below say where each comes from), the batches augmented on the GPU (a random
+ * translation of up to 2 pixels, reflected at the borders, and airbench's alternating flip). The
+ * forward pass runs in a bf16 autocast region: convolutions and the head on bf16 tensor cores,
+ * parameters, gradients, optimizer state and batch-norm statistics in f32.
  *
  * As airbench94, the whitening layer's bias trains for the first 3 epochs only, and every 5 steps
  * a lookahead pulls the weights towards their running average (the model ends on the averages).
- * --recipe muon is airbench94_muon's instead (KellerJordan/cifar10-airbench, airbench94_muon.py):
- * the same net, its output scaled by 1/256 and its head's weight scaled to unit deviation at
- * init, batch 2000 for 8 epochs, Muon (Newton-Schulz in bf16, three steps, weights normalised)
- * for the convolution filters, SGD with Nesterov momentum for the norms' biases and the head (and,
- * with a rate of its own that falls to 0 in 3 epochs, the whitening's bias), every rate falling
- * linearly to 0, and no lookahead. Its constants are below the SGD recipe's, marked by source.
+ * --recipe muon, the default, is airbench94_muon's (KellerJordan/cifar10-airbench,
+ * airbench94_muon.py): the same net, its output scaled by 1/256 and its head's weight scaled to
+ * unit deviation at init, batch 2000 for 8 epochs, Muon (Newton-Schulz in bf16, three steps,
+ * weights normalised) for the convolution filters, SGD with Nesterov momentum for the norms' biases
+ * and the head (and, with a rate of its own that falls to 0 in 3 epochs, the whitening's bias),
+ * every rate falling linearly to 0, and no lookahead. Its constants are below the SGD recipe's,
+ * marked by source. Its checkpoints hold the three optimizers' state (kiln_checkpoint_save_optims).
  * Whatever this prints was measured.
  *
  * The training time printed is the wall time of the training steps, synchronised with the GPU,
@@ -162,9 +164,9 @@ static void usage(const char *argv0, int status) {
           "\n"
           "  DATA_DIR          the CIFAR-10 binary batches, raw, .gz or .xz (default "
           "$KILN_CIFAR10)\n"
-          "  --recipe R        sgd (airbench94's, the default) or muon (airbench94_muon's)\n"
-          "  --epochs F        epochs, a fraction allowed (default %g, airbench94's; muon %g)\n"
-          "  --batch N         training batch (default %d; muon %d)\n"
+          "  --recipe R        muon (airbench94_muon's, the default) or sgd (airbench94's)\n"
+          "  --epochs F        epochs, a fraction allowed (default %g, airbench94_muon's; sgd %g)\n"
+          "  --batch N         training batch (default %d; sgd %d)\n"
           "  --seed N          seeds initialisation and shuffling (default 0)\n"
           "  --seeds N         train N times (seeds seed .. seed+N-1); print the medians\n"
           "  --save PATH       write a training checkpoint after every epoch\n"
@@ -175,7 +177,7 @@ static void usage(const char *argv0, int status) {
           "                    else ~/.cache/kiln)\n"
           "  --no-cache        decode the files every time\n"
           "  --f32             train in f32 (default: the forward pass in bf16 autocast)\n",
-          argv0, EPOCHS, MUON_EPOCHS, BATCH, MUON_BATCH);
+          argv0, MUON_EPOCHS, EPOCHS, MUON_BATCH, BATCH);
   exit(status);
 }
 
@@ -578,6 +580,20 @@ static double evaluate(kiln_ctx *ctx, const model *m, kiln_loader *test, int64_t
 
 /* ---------------------------------------------------------------- training */
 
+/* The recipe's name in a checkpoint's metadata. */
+static const char *recipe_name(recipe r) {
+  return r == RECIPE_MUON ? "airbench94_muon" : "airbench94";
+}
+
+/* The optimizers a checkpoint holds, in their order there (three at most); returns how many. */
+static int optim_list(const optimizers *o, kiln_optim **list) {
+  list[0] = o->sgd;
+  if (o->recipe != RECIPE_MUON) return 1;
+  list[1] = o->whiten_sgd;
+  list[2] = o->muon;
+  return 3;
+}
+
 static void save_checkpoint(kiln_ctx *ctx, const config *c, const model *m, const optimizers *o,
                             int epoch, int64_t step) {
   kiln_meta *meta = kiln_meta_new();
@@ -590,8 +606,12 @@ static void save_checkpoint(kiln_ctx *ctx, const config *c, const model *m, cons
   kiln_meta_set(meta, "batch", buf);
   snprintf(buf, sizeof buf, "%.17g", c->epochs);
   kiln_meta_set(meta, "epochs", buf);
-  kiln_meta_set(meta, "recipe", "airbench94");
-  if (kiln_checkpoint_save(c->save, m->params, o->sgd, meta) != KILN_OK) die(ctx, "saving");
+  kiln_meta_set(meta, "recipe", recipe_name(c->recipe));
+  kiln_optim *list[3];
+  int n = optim_list(o, list);
+  if (kiln_checkpoint_save_optims(c->save, m->params, (const kiln_optim *const *)list, n, meta) !=
+      KILN_OK)
+    die(ctx, "saving");
   kiln_meta_free(meta);
   printf("saved %s\n", c->save);
 }
@@ -619,7 +639,9 @@ static int load(kiln_ctx *ctx, const config *c, model *m, optimizers *o, int64_t
     const char *e = kiln_meta_get(meta, "epoch");
     if (e && atoi(e) >= WHITEN_BIAS_EPOCHS + 1) freeze_whiten_bias(ctx, m, o);
   }
-  if (kiln_checkpoint_load(path, m->params, o->sgd, meta) != KILN_OK) {
+  kiln_optim *list[3];
+  int n = optim_list(o, list);
+  if (kiln_checkpoint_load_optims(path, m->params, list, n, meta) != KILN_OK) {
     if (!c->eval_only) die(ctx, "resuming");
     kiln_ctx_clear_error(ctx); /* not a checkpoint: a weights file */
     if (kiln_params_load(m->params, path) != KILN_OK) die(ctx, "loading the weights");
@@ -628,9 +650,10 @@ static int load(kiln_ctx *ctx, const config *c, model *m, optimizers *o, int64_t
     const char *b = kiln_meta_get(meta, "batch"), *ep = kiln_meta_get(meta, "epochs");
     const char *rc = kiln_meta_get(meta, "recipe");
     if (!e || !st || !b || atoll(b) != c->batch || !ep || strtod(ep, NULL) != c->epochs || !rc ||
-        strcmp(rc, "airbench94") != 0) {
-      fprintf(stderr, "cifar10: %s was not written by this recipe with batch %lld and %g epochs\n",
-              path, (long long)c->batch, c->epochs);
+        strcmp(rc, recipe_name(c->recipe)) != 0) {
+      fprintf(stderr,
+              "cifar10: %s was not written by this recipe (%s) with batch %lld and %g epochs\n",
+              path, recipe_name(c->recipe), (long long)c->batch, c->epochs);
       exit(1);
     }
     first_epoch = atoi(e) + 1;
@@ -791,7 +814,7 @@ static double median(double *v, int n) {
 int main(int argc, char **argv) {
   const char *dir = NULL, *cache = NULL, *log_path = NULL;
   int no_cache = 0;
-  config c = {.epochs = 0, .batch = 0, .nseeds = 1};
+  config c = {.recipe = RECIPE_MUON, .epochs = 0, .batch = 0, .nseeds = 1};
   uint64_t seed = 0;
   int epochs_given = 0, batch_given = 0;
   for (int i = 1; i < argc; i++) {
@@ -832,11 +855,6 @@ int main(int argc, char **argv) {
   }
   if (!epochs_given) c.epochs = c.recipe == RECIPE_MUON ? MUON_EPOCHS : EPOCHS;
   if (!batch_given) c.batch = c.recipe == RECIPE_MUON ? MUON_BATCH : BATCH;
-  if (c.recipe == RECIPE_MUON && (c.save || c.resume)) {
-    fprintf(stderr, "cifar10: --save and --resume take --recipe sgd: a checkpoint holds one "
-                    "optimizer, and --recipe muon has three (--eval-only reads its weights)\n");
-    return 2;
-  }
   if (!(c.epochs > 0 && c.epochs <= 1000) || c.batch < 1 || c.nseeds < 1 || c.nseeds > 1000) {
     fprintf(stderr,
             "cifar10: epochs %g (at most 1000), batch %lld and seeds %d (at most 1000) must be "
