@@ -66,6 +66,10 @@
 #                     with it (bench/ab_steps.sh, three rounds), and the stem pool's gradient kernel
 #                     in a timeline trace of each (issue 27; H100, 2026-12-06: 8.054 ms with it
 #                     against 8.142, the kernel 300 us against 395; on by default since)
+#   pdl               KILN_PDL=1 (kiln's kernels launched as programmatic dependents: each lets the
+#                     next one launch at once and waits first for the one before it): the whole GPU
+#                     suite with it (fuzzers aside), then the mlp, cnn, air and resnet18 steps
+#                     without and with it (bench/ab_steps.sh, three rounds interleaved)
 #   racecheck         compute-sanitizer's racecheck on kiln's own kernels (--kernel-name
 #                     regex=^k_: not cuBLAS's) over two graph-mode steps of cnn (batch 16), then of
 #                     air (32), one at a time, and the most host memory in use. The sanitize step's
@@ -204,6 +208,9 @@ step pool_blocks 300 "ctest --test-dir $build -R test_gpu_ops_pool --output-on-f
       python3 tools/trace_summary.py --top 40 $out/trace_pb\$s/resnet18_graph.json | grep -i 'pool\|kernel'
     rm -rf $out/trace_pb\$s
   done"
+step pdl 560 "KILN_PDL=1 ctest --test-dir $build -E '^fuzz_' --output-on-failure |
+    grep -E 'Assertion|FAIL|tests passed|Failed' | tail -n 25
+  bash bench/ab_steps.sh $build 3 mlp cnn air resnet18 -- '' KILN_PDL=1"
 step racecheck 300 "(while sleep 5; do free -m | awk '/Mem/{print \$3}'; done > $out/host_mib.txt) & mon=\$!
   for r in 'cnn 16' 'air 32'; do set -- \$r; f=$out/racecheck_\$1.txt; t0=\$SECONDS
     timeout 140 compute-sanitizer --tool racecheck --kernel-name regex=^k_ --print-limit 20 \

@@ -291,20 +291,28 @@ void kiln__stem_of(const kiln__ew_prog *p, const char *prefix, const char *suffi
   if (k < n) snprintf(stem + k, n - k, "%s", suffix);
 }
 
+/* The first statement of a kernel launched as a programmatic dependent (r->pdl), else "". */
+const char *kiln__pdl_line(const kiln__rendered *r) {
+  return r->pdl ? "  kiln_pdl_begin();\n" : "";
+}
+
 /* Names the kernel after its stem, the text pre and its body, and wraps the body into the kernel's
- * source, after the prelude and pre (declarations at file scope; NULL: none). Its launch bounds
- * are KILN__BLOCK threads, or r->block set beforehand above that (one block an SM). */
+ * source, after the prelude and pre (declarations at file scope; NULL: none), the body after
+ * kiln__pdl_line. Its launch bounds are KILN__BLOCK threads, or r->block set beforehand above
+ * that (one block an SM). */
 bool kiln__finish_with(kiln__sb *body, const char *stem, const kiln__operands *o, kiln__rendered *r,
                        const char *pre) {
   if (body->oom) return false;
+  const char *first = kiln__pdl_line(r);
   uint64_t h = kiln__hash(body->s, body->n, pre ? kiln__hash(pre, strlen(pre), 0) : 0);
+  h = kiln__hash(first, strlen(first), h);
   snprintf(r->name, sizeof r->name, "%s_%08" PRIx64, stem, h & 0xffffffffu);
   kiln__sb_printf(&r->src,
                   "#include \"prelude.cuh\"\n%s"
                   "extern \"C\" __global__ void __launch_bounds__(%d%s) %s(const kiln__kargs a) {\n"
-                  "%s}\n",
+                  "%s%s}\n",
                   pre ? pre : "", r->block > KILN__BLOCK ? r->block : KILN__BLOCK,
-                  r->block > KILN__BLOCK ? ", 1" : "", r->name, body->s);
+                  r->block > KILN__BLOCK ? ", 1" : "", r->name, first, body->s);
   if (o) {
     r->arg.nptr = o->n;
     for (int k = 0; k < o->n; k++)

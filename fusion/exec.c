@@ -42,6 +42,7 @@ static void fill_call(const kiln__trace *tr, kiln__call *c, const kiln__rendered
   c->ntmap = r->ntmap;
   c->tma_slot = r->tma_slot;
   memcpy(c->tmap, r->tmap, sizeof c->tmap);
+  c->pdl = r->pdl;
   snprintf(c->name, sizeof c->name, "%s", r->name);
   /* attribute sources are trace nodes (lowering's stand-ins carry no attributes) */
   for (int q = 0; q < KILN__KMAX_F; q++)
@@ -61,6 +62,7 @@ static bool build_calls(kiln_ctx *ctx, kiln__program *pg) {
                          .im2col_lanes = ctx->im2col_lanes,
                          .im2col_rows = ctx->im2col_rows,
                          .pool_grad_blocks = ctx->pool_grad_blocks,
+                         .pdl = ctx->pdl && ctx->arch >= 90,
                          .conv_dgrad_bn = ctx->conv_dgrad_bn,
                          .conv_prefetch = ctx->conv_prefetch,
                          .conv_hoist = ctx->conv_hoist,
@@ -354,8 +356,19 @@ static bool launch(kiln_ctx *ctx, kiln__call *c) {
   if (c->zero_bytes > 0 && KILN_CUDA_FAILED(ctx, cudaMemsetAsync(c->arg.args.ptr[c->zero_slot], 0,
                                                                  c->zero_bytes, stream)))
     return false;
-  return !KILN_CUDA_FAILED(
-      ctx, cudaLaunchKernel(kiln__kernel_fn(c->k), grid, block, params, c->smem, stream));
+  if (!c->pdl)
+    return !KILN_CUDA_FAILED(
+        ctx, cudaLaunchKernel(kiln__kernel_fn(c->k), grid, block, params, c->smem, stream));
+  /* a programmatic dependent of the kernel before it (its first statement waits for that one) */
+  cudaLaunchAttribute attr = {.id = cudaLaunchAttributeProgrammaticStreamSerialization,
+                              .val = {.programmaticStreamSerializationAllowed = 1}};
+  cudaLaunchConfig_t cfg = {.gridDim = grid,
+                            .blockDim = block,
+                            .dynamicSmemBytes = c->smem,
+                            .stream = stream,
+                            .attrs = &attr,
+                            .numAttrs = 1};
+  return !KILN_CUDA_FAILED(ctx, cudaLaunchKernelExC(&cfg, kiln__kernel_fn(c->k), params));
 }
 
 bool kiln__run_calls(kiln_ctx *ctx, kiln__program *pg, kiln__run_how how, int32_t *records) {

@@ -8,6 +8,7 @@
 
 bool kiln__render(const kiln__target *t, const kiln__spec *s, kiln__rendered *r) {
   memset(r, 0, sizeof *r);
+  r->pdl = t->pdl;
   switch (s->kind) {
   case KILN__SPEC_EW: return kiln__render_ew(t, &s->prog, r);
   case KILN__SPEC_REDUCE: return kiln__render_reduce(t, &s->prog, s->red, r);

@@ -124,6 +124,8 @@ void kiln__emit_index_type(kiln__sb *b, bool wide);
 /* A kernel name from the ops it runs, like k_add_relu_f32, kept short. */
 void kiln__stem_of(const kiln__ew_prog *p, const char *prefix, const char *suffix, char *stem,
                    size_t n);
+/* The first statement of a kernel launched as a programmatic dependent (r->pdl), else "". */
+const char *kiln__pdl_line(const kiln__rendered *r);
 /* Names the kernel after its stem, the text pre and its body, and wraps the body into the
  * kernel's source, after the prelude and pre (declarations at file scope; NULL: none); binds the
  * operands o to the pointer slots. */

@@ -28,16 +28,19 @@ bool kiln__custom_source(const kiln_custom_op *op, kiln__rendered *r) {
                   "%s\n"
                   "#line 1 \"kiln_custom_wrapper\"\n",
                   name, op->o.source);
+  const char *first = kiln__pdl_line(r);
   uint64_t h = kiln__hash(body.s ? body.s : "", body.n, (uint64_t)op->max_block);
+  h = kiln__hash(first, strlen(first), h);
   snprintf(r->name, sizeof r->name, "k_custom_%s_%08" PRIx64, name, h & 0xffffffffu);
   kiln__sb_printf(&r->src,
                   "#include \"prelude.cuh\"\n%s"
                   "extern \"C\" __global__ void __launch_bounds__(%d) %s(const kiln__kargs a) {\n"
+                  "%s"
                   "  kiln_custom_args c;\n"
                   "  kiln__custom_unpack(a, c);\n"
                   "  %s(c);\n"
                   "}\n",
-                  body.s ? body.s : "", op->max_block, r->name, op->o.entry);
+                  body.s ? body.s : "", op->max_block, r->name, first, op->o.entry);
   bool ok = !body.oom && !r->src.oom;
   kiln__sb_free(&body);
   return ok;

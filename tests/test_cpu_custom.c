@@ -361,6 +361,18 @@ Test(custom, kernels_compile_and_render_the_call, .timeout = 600) {
   cr_assert_eq(r.arg.args.n, 320);
   cr_assert(r.grid == 1 && r.grid_y == 2 && r.grid_z == 1 && r.block == 256 && r.smem == 0);
   cr_assert_eq(r.zero_bytes, 0u);
+  cr_assert_null(strstr(r.src.s, "kiln_pdl_begin"));
+  /* launched as a programmatic dependent (KILN_PDL=1): the wrapper waits first; another kernel */
+  kiln__target tp = t;
+  tp.pdl = true;
+  kiln__rendered rp;
+  memset(&rp, 0, sizeof rp);
+  rp.pdl = true;
+  cr_assert(kiln__render_custom(&tp, n, &rp));
+  cr_assert(strstr(rp.src.s, "(const kiln__kargs a) {\n  kiln_pdl_begin();\n  kiln_custom_args c;"),
+            "%s", rp.src.s);
+  cr_assert_str_neq(rp.name, r.name);
+  kiln__sb_free(&rp.src);
   kiln__sb_free(&r.src);
   cr_assert_eq(kiln_backward(th_sum_all(y)), KILN_OK, "%s", th_err(ctx));
   cr_assert_eq(kiln__engine_compile(ctx, ctx->trace.done, ctx->trace.n), KILN_OK, "%s",

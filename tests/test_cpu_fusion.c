@@ -571,3 +571,67 @@ Test(fusion, a_run_read_only_by_a_later_run_joins_it) {
     th_ctx_free(ctx);
   }
 }
+
+/* KILN_PDL=1 (sm_90): every kiln kernel of a training step (a convolution with batch norm, ReLU
+ * and max pooling, a linear head, cross-entropy, the backward pass and SGD) begins with
+ * kiln_pdl_begin, which waits for the kernel before it, and its call launches it as a
+ * programmatic dependent; the BLAS library's calls are left as they are. Without the switch, no
+ * kernel has it. The kernels are named apart from the others (the line is in their hash) and
+ * compile (NVRTC). */
+Test(fusion, kernels_wait_first_when_launched_as_dependents) {
+  const char *line = "(const kiln__kargs a) {\n  kiln_pdl_begin();\n";
+  for (int on = 0; on < 2; on++) {
+    kiln_ctx *ctx = th_cpu_ctx();
+    ctx->pdl = on;
+    static const char *const names[4] = {"w", "g", "b", "fc"};
+    const kiln_shape shapes[4] = {KILN_SHAPE(16, 8, 3, 3), KILN_SHAPE(16), KILN_SHAPE(16),
+                                  KILN_SHAPE(10, 16 * 4 * 4)};
+    kiln_params *p = kiln_params_new(ctx);
+    kiln_tensor *ps[4];
+    for (int k = 0; k < 4; k++) {
+      ps[k] = th_new(ctx, KILN_DTYPE_F32, shapes[k]);
+      kiln_tensor_set_requires_grad(ps[k], 1);
+      cr_assert_eq(kiln_params_add(p, names[k], ps[k]), KILN_OK);
+    }
+    kiln_tensor *w = ps[0], *g = ps[1], *b = ps[2], *fc = ps[3];
+    kiln_optim *o = kiln_sgd_new(p, &(kiln_sgd_options){.lr = 0.1f, .momentum = 0.9f});
+    cr_assert_not_null(o, "%s", th_err(ctx));
+    kiln_step_begin(ctx);
+    kiln_tensor *x = th_f32(ctx, KILN_SHAPE(4, 8, 8, 8));
+    kiln_tensor *h = kiln_conv2d(x, w, NULL, &(kiln_conv2d_options){.pad_h = 1, .pad_w = 1});
+    h = kiln_relu(kiln_batch_norm(h, g, b, NULL, NULL, 1, 0.1f, 1e-5f));
+    h = kiln_max_pool2d(h, &(kiln_pool2d_options){.kernel_h = 2, .kernel_w = 2});
+    kiln_tensor *logits =
+        kiln_matmul(kiln_reshape(h, KILN_SHAPE(4, 16 * 4 * 4)), kiln_transpose(fc, 0, 1));
+    kiln_tensor *y = th_i32(ctx, KILN_SHAPE(4));
+    cr_assert_eq(kiln_backward(kiln_cross_entropy(logits, y, KILN_REDUCTION_MEAN, 0)), KILN_OK,
+                 "%s", th_err(ctx));
+    kiln_optim_step(o);
+    kiln__program pg;
+    cr_assert(kiln__program_build(ctx, ctx->trace.done, ctx->trace.n, &pg), "%s", th_err(ctx));
+    kiln__target t = {.num_sms = 132, .pdl = on};
+    int kernels = 0;
+    for (int k = 0; k < pg.plan.ng; k++) {
+      if (pg.spec[k].kind == KILN__SPEC_BLAS) {
+        cr_assert(!pg.call[k].pdl, "a BLAS call as a dependent");
+        continue;
+      }
+      kernels++;
+      cr_assert_eq(pg.call[k].pdl, on, "%s: launched as a dependent %d", pg.call[k].name,
+                   pg.call[k].pdl);
+      kiln__rendered r;
+      cr_assert(kiln__render(&t, &pg.spec[k], &r));
+      const char *at = strstr(r.src.s, line);
+      cr_assert_eq(at != NULL, on, "%s: %s", r.name, r.src.s);
+      cr_assert(!at || !strstr(at + strlen(line), "kiln_pdl_begin"), "%s: twice", r.name);
+      kiln__sb_free(&r.src);
+    }
+    cr_assert_gt(kernels, 8, "%d kernels", kernels);
+    kiln__program_free(&pg);
+    kiln_step_end(ctx);
+    kiln_optim_free(o);
+    kiln_params_free(p);
+    th_free_scratch();
+    th_ctx_free(ctx);
+  }
+}

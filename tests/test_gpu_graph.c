@@ -4,7 +4,8 @@
  * that change every step and match; a learning-rate schedule and Adam's step count that change
  * without a new capture; new signatures (a partial batch, an evaluation step) captured once each;
  * the arena smaller than the intermediates, and shared by the graphs whose plans fit in it; reading
- * inside an open step an error. Without a GPU every test skips, saying why.
+ * inside an open step an error; kernels launched as programmatic dependents (KILN_PDL=1) bitwise
+ * those launched without. Without a GPU every test skips, saying why.
  */
 #include <math.h>
 #include <string.h>
@@ -588,4 +589,48 @@ Test(gpu_graph, a_bf16_conv_net_replays_bitwise_over_50_steps) {
   }
   th_ctx_free(cg);
   th_ctx_free(ce);
+}
+
+/* A context made with KILN_PDL set to `on` (kiln's kernels launched as programmatic dependents,
+ * each waiting first for the kernel before it), fusion as given. */
+static kiln_ctx *pdl_ctx(const char *on, bool fuse) {
+  setenv("KILN_PDL", on, 1); /* read when the context is made */
+  kiln_ctx *ctx = kiln_ctx_new(NULL);
+  unsetenv("KILN_PDL");
+  cr_assert(ctx && kiln_ctx_has_gpu(ctx));
+  kiln_set_tf32(ctx, 0);
+  kiln_set_fusion(ctx, fuse);
+  return ctx;
+}
+
+/* KILN_PDL=1 changes no value: the bf16 conv net's 30 steps, fused and replayed from a step graph
+ * (the dependents' edges inside it), and unfused and eager (a kernel a node, each reading what the
+ * one before it wrote), bitwise the losses and parameters of the same contexts without it. */
+Test(gpu_graph, kernels_launched_as_dependents_change_nothing) {
+  TH_GPU_CTX(probe); /* skips without a GPU */
+  th_ctx_free(probe);
+  for (int fuse = 1; fuse >= 0; fuse--) {
+    kiln_ctx *c[2] = {pdl_ctx("0", fuse), pdl_ctx("1", fuse)};
+    convnet m[2];
+    for (int k = 0; k < 2; k++)
+      convnet_init(&m[k], c[k], fuse);
+    for (int s = 0; s < 30; s++) {
+      float l0 = convnet_step(&m[0], c[0]), l1 = convnet_step(&m[1], c[1]);
+      cr_assert(memcmp(&l0, &l1, 4) == 0, "fusion %d, step %d: loss %a, %a as dependents", fuse, s,
+                (double)l0, (double)l1);
+    }
+    int64_t n0, n1;
+    float *p0 = th_params_values(m[0].p, &n0), *p1 = th_params_values(m[1].p, &n1);
+    cr_assert_eq(n0, n1);
+    cr_assert_eq(memcmp(p0, p1, (size_t)n0 * sizeof *p0), 0,
+                 "fusion %d: the parameters differ as dependents", fuse);
+    free(p0), free(p1);
+    for (int k = 0; k < 2; k++) {
+      kiln_optim_free(m[k].opt);
+      kiln_params_free(m[k].p);
+      kiln_tensor_free(m[k].x);
+      kiln_tensor_free(m[k].y);
+      th_ctx_free(c[k]);
+    }
+  }
 }

@@ -14,4 +14,16 @@
 #include "philox.cuh"
 #include "reduce.cuh"
 
+/* Programmatic dependent launch (Hopper; KILN_PDL=1 launches kiln's kernels with the attribute
+ * and puts this first in each): the kernel lets the next one in the stream launch now, its blocks
+ * taking the SMs this one leaves while they wait, then waits until the kernel before it has
+ * finished and its writes are visible. Nothing is read or written before the wait. Both are
+ * no-ops in a kernel launched without the attribute. */
+__device__ __forceinline__ void kiln_pdl_begin() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
 #endif
