@@ -609,9 +609,7 @@ static void save_checkpoint(kiln_ctx *ctx, const config *c, const model *m, cons
   kiln_meta_set(meta, "recipe", recipe_name(c->recipe));
   kiln_optim *list[3];
   int n = optim_list(o, list);
-  if (kiln_checkpoint_save_optims(c->save, m->params, (const kiln_optim *const *)list, n, meta) !=
-      KILN_OK)
-    die(ctx, "saving");
+  if (kiln_checkpoint_save_optims(c->save, m->params, list, n, meta) != KILN_OK) die(ctx, "saving");
   kiln_meta_free(meta);
   printf("saved %s\n", c->save);
 }
@@ -632,12 +630,24 @@ static int load(kiln_ctx *ctx, const config *c, model *m, optimizers *o, int64_t
   int first_epoch = 1;
   kiln_meta *meta = kiln_meta_new();
   if (c->resume) {
-    /* a checkpoint from after the whitening's bias stopped training holds no optimizer state
-     * for it: its epoch first (the weights without the optimizer), to freeze it as that run had
-     * (the load below reads everything again) */
+    /* the metadata first (the weights without the optimizers): the run it continues; and a
+     * checkpoint from after the whitening's bias stopped training holds no optimizer state for
+     * it, so it is frozen as that run had it (the load below reads everything again) */
     if (kiln_checkpoint_load(path, m->params, NULL, meta) != KILN_OK) die(ctx, "resuming");
-    const char *e = kiln_meta_get(meta, "epoch");
-    if (e && atoi(e) >= WHITEN_BIAS_EPOCHS + 1) freeze_whiten_bias(ctx, m, o);
+    const char *e = kiln_meta_get(meta, "epoch"), *st = kiln_meta_get(meta, "step");
+    const char *b = kiln_meta_get(meta, "batch"), *ep = kiln_meta_get(meta, "epochs");
+    const char *rc = kiln_meta_get(meta, "recipe");
+    if (!e || !st || !b || atoll(b) != c->batch || !ep || strtod(ep, NULL) != c->epochs || !rc ||
+        strcmp(rc, recipe_name(c->recipe)) != 0) {
+      fprintf(stderr,
+              "cifar10: %s was not written by this recipe (--recipe %s) with batch %lld and %g "
+              "epochs\n",
+              path, c->recipe == RECIPE_MUON ? "muon" : "sgd", (long long)c->batch, c->epochs);
+      exit(1);
+    }
+    first_epoch = atoi(e) + 1;
+    *step = atoll(st);
+    if (first_epoch >= WHITEN_BIAS_EPOCHS + 2) freeze_whiten_bias(ctx, m, o);
   }
   kiln_optim *list[3];
   int n = optim_list(o, list);
@@ -646,18 +656,6 @@ static int load(kiln_ctx *ctx, const config *c, model *m, optimizers *o, int64_t
     kiln_ctx_clear_error(ctx); /* not a checkpoint: a weights file */
     if (kiln_params_load(m->params, path) != KILN_OK) die(ctx, "loading the weights");
   } else if (c->resume) {
-    const char *e = kiln_meta_get(meta, "epoch"), *st = kiln_meta_get(meta, "step");
-    const char *b = kiln_meta_get(meta, "batch"), *ep = kiln_meta_get(meta, "epochs");
-    const char *rc = kiln_meta_get(meta, "recipe");
-    if (!e || !st || !b || atoll(b) != c->batch || !ep || strtod(ep, NULL) != c->epochs || !rc ||
-        strcmp(rc, recipe_name(c->recipe)) != 0) {
-      fprintf(stderr,
-              "cifar10: %s was not written by this recipe (%s) with batch %lld and %g epochs\n",
-              path, recipe_name(c->recipe), (long long)c->batch, c->epochs);
-      exit(1);
-    }
-    first_epoch = atoi(e) + 1;
-    *step = atoll(st);
     printf("resumed %s: epoch %d done, step %lld\n", path, first_epoch - 1, (long long)*step);
   }
   kiln_meta_free(meta);

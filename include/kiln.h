@@ -1106,19 +1106,22 @@ void kiln_meta_free(kiln_meta *m);
 /* A training checkpoint: parameters, the optimizer's state, step counts and learning rate, the
  * context's RNG state and the caller's metadata (user may be NULL), in one safetensors file.
  * Loading restores all of them (user, if given, receives the caller's metadata), so a resumed
- * run continues bitwise as the uninterrupted one; on any mismatch nothing changes. o may be NULL
- * on both sides: saving, a checkpoint without optimizer state; loading, the parameters, the RNG
- * and the metadata, the file's optimizer state passed over. */
+ * run continues bitwise as the uninterrupted one; on any mismatch nothing changes. o must have
+ * been made over p (kiln_sgd_new(p, ...)), else an error. o may be NULL on both sides: saving, a
+ * checkpoint without optimizer state; loading, the parameters, the RNG and the metadata, the
+ * file's optimizer state (every optimizer's) passed over. */
 kiln_status kiln_checkpoint_save(const char *path, const kiln_params *p, const kiln_optim *o,
                                  const kiln_meta *user);
 kiln_status kiln_checkpoint_load(const char *path, kiln_params *p, kiln_optim *o, kiln_meta *user);
 /* The same for several optimizers over p, each updating its own parameters (exclude groups: Muon
- * for the filters beside SGD or AdamW for the rest): o[0] .. o[n-1], n up to 16, each one's
- * state, rate and counts under its place in the list. Loading takes as many optimizers as the
- * file holds, of the same kinds in the same order (else an error naming the difference, and
- * nothing loaded); n 0 is o NULL above. Each optimizer must have been made over p. */
+ * for the filters beside SGD or AdamW for the rest): o[0] .. o[n-1], n from 0 to
+ * KILN_CHECKPOINT_MAX_OPTIMS, distinct, each made over p, each one's state, rate and counts under
+ * its place in the list (n 1 is the call above; a file it writes loads there too). Loading takes
+ * as many optimizers as the file holds, of the same kinds in the same order (else an error
+ * naming the difference, and nothing loaded); n 0 is o NULL above. Saving changes no optimizer. */
+#define KILN_CHECKPOINT_MAX_OPTIMS 16
 kiln_status kiln_checkpoint_save_optims(const char *path, const kiln_params *p,
-                                        const kiln_optim *const *o, int n, const kiln_meta *user);
+                                        kiln_optim *const *o, int n, const kiln_meta *user);
 kiln_status kiln_checkpoint_load_optims(const char *path, kiln_params *p, kiln_optim *const *o,
                                         int n, kiln_meta *user);
 

@@ -357,8 +357,8 @@ static void meta_u64(cJSON *m, const char *k, uint64_t v) {
 static bool optims_ok(const char *fn, const kiln_params *p, const kiln_optim *const *o, int n) {
   kiln_ctx *ctx = kiln_params_ctx(p);
   if (n < 0 || n > KILN__CKPT_MAX_OPTIMS || (n > 0 && !o))
-    return kiln__error(ctx, KILN_ERR_INVALID, "%s: %d optimizers at %p (0 to %d, and a list)", fn,
-                       n, (const void *)o, KILN__CKPT_MAX_OPTIMS),
+    return kiln__error(ctx, KILN_ERR_INVALID, "%s: %d optimizers%s (0 to %d, and a list)", fn, n,
+                       n > 0 && !o ? " in a NULL list" : "", KILN__CKPT_MAX_OPTIMS),
            false;
   for (int k = 0; k < n; k++) {
     if (!o[k]) return kiln__error(ctx, KILN_ERR_INVALID, "%s: optimizer %d is NULL", fn, k), false;
@@ -430,8 +430,8 @@ kiln_status kiln_checkpoint_save(const char *path, const kiln_params *p, const k
 }
 
 kiln_status kiln_checkpoint_save_optims(const char *path, const kiln_params *p,
-                                        const kiln_optim *const *o, int n, const kiln_meta *user) {
-  return checkpoint_save(__func__, path, p, o, n, user);
+                                        kiln_optim *const *o, int n, const kiln_meta *user) {
+  return checkpoint_save(__func__, path, p, (const kiln_optim *const *)o, n, user);
 }
 
 static kiln_status checkpoint_load(const char *fn, const char *path, kiln_params *p,
@@ -459,8 +459,7 @@ static kiln_status checkpoint_load(const char *fn, const char *path, kiln_params
     kinds[k] = kiln__optim_kind(o[k]);
   char why[512];
   if (kiln__ckpt_meta_parse(f.metadata, kinds, nopt, np, names, &cm, why, sizeof why)) {
-    kiln__error(ctx, strstr(why, "out of host memory") ? KILN_ERR_OOM : KILN_ERR_FORMAT,
-                "%s: %s: %s", fn, path, why);
+    kiln__error(ctx, cm.oom ? KILN_ERR_OOM : KILN_ERR_FORMAT, "%s: %s: %s", fn, path, why);
     goto done;
   }
   for (const cJSON *it = f.metadata ? f.metadata->child : NULL; it; it = it->next)

@@ -55,15 +55,16 @@ static const char *bad(char *why, size_t n, const char *what, const char *key, c
 }
 
 /* Optimizer k's kind, rate, steps and counts (kind optim) into o. */
-static const char *parse_optim(const cJSON *m, int k, const char *optim, int np,
-                               const char *const *names, kiln__ckpt_optim *o, char *why, size_t n) {
+static const char *parse_optim(const cJSON *m, int k, bool several, const char *optim, int np,
+                               const char *const *names, kiln__ckpt_optim *o, bool *oom, char *why,
+                               size_t n) {
   char kk[64], lk[64], sk[64];
   kiln__ckpt_key(k, NULL, kk, sizeof kk);
   kiln__ckpt_key(k, "lr", lk, sizeof lk);
   kiln__ckpt_key(k, "steps", sk, sizeof sk);
   const char *kind = meta_str(m, kk), *lrs = meta_str(m, lk);
   if (!kind || strcmp(kind, optim) != 0) {
-    if (k == 0)
+    if (k == 0 && !several)
       snprintf(why, n, "it holds %.20s optimizer state; the optimizer is %s", kind ? kind : "no",
                optim);
     else
@@ -79,17 +80,23 @@ static const char *parse_optim(const cJSON *m, int k, const char *optim, int np,
     return bad(why, n, "a step count", sk, meta_str(m, sk));
   o->counts = calloc((size_t)np + 1, sizeof *o->counts);
   if (!o->counts) {
+    *oom = true;
     snprintf(why, n, "out of host memory");
     return why;
   }
+  char ck[64];
+  kiln__ckpt_key(k, "count", ck, sizeof ck);
   for (int i = 0; i < np; i++) {
     char *key = kiln__ckpt_count_key(k, names[i]);
     uint64_t c;
+    if (!key) {
+      *oom = true;
+      snprintf(why, n, "out of host memory");
+      return why;
+    }
     /* a parameter has had no more updates than the optimizer has made steps */
-    bool ok = key && meta_num(m, key, o->steps, &c);
-    if (!ok) {
-      snprintf(why, n, "metadata %.64s is no update count (at most the steps)",
-               key ? key : "(out of host memory)");
+    if (!meta_num(m, key, o->steps, &c)) {
+      snprintf(why, n, "metadata %s/%.200s is no update count (at most the steps)", ck, names[i]);
       free(key);
       return why;
     }
@@ -118,13 +125,13 @@ const char *kiln__ckpt_meta_parse(const cJSON *m, const char *const *optims, int
   if (nopt <= 0) return NULL;
   /* how many optimizers' state the file holds: kiln.optims where several (one: kiln.optim) */
   uint64_t held = meta_str(m, "kiln.optim") ? 1 : 0;
-  if (meta_str(m, "kiln.optims") && !meta_num(m, "kiln.optims", KILN__CKPT_MAX_OPTIMS, &held))
-    return bad(why, n, "a count of optimizers (at most 16)", "kiln.optims",
+  if (meta_str(m, "kiln.optims") &&
+      (!meta_num(m, "kiln.optims", KILN__CKPT_MAX_OPTIMS, &held) || held < 2))
+    return bad(why, n, "a count of optimizers from 2 to 16", "kiln.optims",
                meta_str(m, "kiln.optims"));
   if (nopt == 1 && held > 1) {
     snprintf(why, n,
-             "it holds the state of %llu optimizers; one is given (kiln_checkpoint_load_optims "
-             "takes them all)",
+             "it holds the state of %llu optimizers; one is given (load it with all of them)",
              (unsigned long long)held);
     return why;
   }
@@ -134,6 +141,7 @@ const char *kiln__ckpt_meta_parse(const cJSON *m, const char *const *optims, int
     return why;
   }
   for (int k = 0; k < nopt && k < KILN__CKPT_MAX_OPTIMS; k++)
-    if (parse_optim(m, k, optims[k], np, names, &out->opt[k], why, n)) return why;
+    if (parse_optim(m, k, nopt > 1, optims[k], np, names, &out->opt[k], &out->oom, why, n))
+      return why;
   return NULL;
 }

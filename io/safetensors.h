@@ -64,7 +64,7 @@ kiln_status kiln__st_write(kiln_ctx *ctx, const char *fn, const char *path, int 
 #define KILN__CKPT_FORMAT "kiln-checkpoint-1"
 
 /* The most optimizers one checkpoint holds (kiln_checkpoint_save_optims). */
-#define KILN__CKPT_MAX_OPTIMS 16
+#define KILN__CKPT_MAX_OPTIMS KILN_CHECKPOINT_MAX_OPTIMS
 
 /* One optimizer's scalars in a checkpoint. */
 typedef struct kiln__ckpt_optim {
@@ -76,6 +76,7 @@ typedef struct kiln__ckpt_optim {
 typedef struct kiln__ckpt_meta {
   uint64_t seed, philox_offset, host_rng;
   kiln__ckpt_optim opt[KILN__CKPT_MAX_OPTIMS];
+  bool oom; /* the parse failed for want of host memory */
 } kiln__ckpt_meta;
 
 /* Parses and checks a checkpoint's metadata m: the format, the RNG state and, for the nopt

@@ -86,7 +86,7 @@ if [ -n "${KILN_CIFAR10_SAMPLE:-}" ]; then
   past_data
   grep -q "not using the cache $cached: 5000 bytes for 1000 images" "$work/out" || fail "cifar10 used a truncated cache"
   # both recipes (airbench94_muon's the default), their batch the sample's 1000 images at most;
-  # either one's checkpoints (muon's hold three optimizers); the flags' errors
+  # with --save (muon's checkpoints hold three optimizers; without a GPU, the flags only)
   for recipe in muon sgd; do
     run cifar10 "$KILN_CIFAR10_SAMPLE" --cache "$work/cache" --recipe $recipe --batch 500 \
       --save "$work/ckpt.safetensors" --eval-only "$work/none.safetensors"
