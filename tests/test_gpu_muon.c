@@ -480,6 +480,18 @@ Test(gpu_muon, muon_and_sgd_train_a_conv_net) {
 
 /* ---------------------------------------------------------------- checkpoints */
 
+/* Every parameter of s bitwise its value in want, the run's without the checkpoint (freed). */
+static void expect_resumed_as_straight(setup *s, float **want) {
+  for (int k = 0; k < NP; k++) {
+    float *got = th_read(s->p[k]);
+    for (int64_t i = 0; i < s->n[k]; i++)
+      cr_assert(memcmp(&got[i], &want[k][i], 4) == 0, "%s[%lld]: resumed %.9g, straight %.9g",
+                names[k], (long long)i, got[i], want[k][i]);
+    free(got);
+    free(want[k]);
+  }
+}
+
 Test(gpu_muon, checkpoint_round_trip_of_the_momentum_buffers) {
   TH_GPU_CTX(ctx);
   setup s;
@@ -527,14 +539,7 @@ Test(gpu_muon, checkpoint_round_trip_of_the_momentum_buffers) {
   }
   for (int t = 0; t < 3; t++)
     cr_assert_eq(setup_step(&s, &o, 1), KILN_OK, "%s", th_err(ctx));
-  for (int k = 0; k < NP; k++) {
-    float *got = th_read(s.p[k]);
-    for (int64_t i = 0; i < s.n[k]; i++)
-      cr_assert(memcmp(&got[i], &want[k][i], 4) == 0, "%s[%lld]: resumed %.9g, straight %.9g",
-                names[k], (long long)i, got[i], want[k][i]);
-    free(got);
-    free(want[k]);
-  }
+  expect_resumed_as_straight(&s, want);
   kiln_optim_free(o);
   setup_free(&s);
   th_ctx_free(ctx);
@@ -591,14 +596,7 @@ Test(gpu_muon, muon_and_sgd_resume_bitwise_from_one_checkpoint) {
             kiln_optim_lr(mu), kiln_optim_lr(sgd));
   for (int t = 0; t < 3; t++)
     cr_assert_eq(setup_step(&s, both, 2), KILN_OK, "%s", th_err(ctx));
-  for (int k = 0; k < NP; k++) {
-    float *got = th_read(s.p[k]);
-    for (int64_t i = 0; i < s.n[k]; i++)
-      cr_assert(memcmp(&got[i], &want[k][i], 4) == 0, "%s[%lld]: resumed %.9g, straight %.9g",
-                names[k], (long long)i, got[i], want[k][i]);
-    free(got);
-    free(want[k]);
-  }
+  expect_resumed_as_straight(&s, want);
   kiln_optim_free(mu);
   kiln_optim_free(sgd);
   setup_free(&s);

@@ -308,6 +308,17 @@ static void pool_twice(kiln_ctx *ctx, kiln_tensor *x, kiln_tensor *g, const kiln
   kiln_tensor_free(yk);
 }
 
+/* n values (malloc'd) of four levels, so that most windows tie, and some NaN and -infinity. */
+static float *tied_values(int64_t n, uint64_t seed) {
+  float *v = ref_falloc(n);
+  ref_gen_fill(v, n, seed, &(ref_gen){.lo = -1, .hi = 1, .quant = 0.5f});
+  for (int64_t i = 0; i < n; i += 37)
+    v[i] = NAN;
+  for (int64_t i = 5; i < n; i += 41)
+    v[i] = -INFINITY;
+  return v;
+}
+
 /* Max pooling's gradient from the positions its forward pass wrote agrees bit for bit with the
  * gradient that searches the input's windows again (the unfused reference): ties, NaN and
  * -infinity in the windows, overlapping, padded and dilated windows, rows left over, four lanes
@@ -333,13 +344,7 @@ Test(gpu_ops, max_pool2d_positions_match_the_search_bitwise) {
   for (size_t ci = 0; ci < sizeof cases / sizeof *cases; ci++) {
     kiln_shape xs = cases[ci].x;
     int64_t nx = ref_numel(xs);
-    float *xh = ref_falloc(nx);
-    /* values of four levels: most windows tie; some NaN and -infinity */
-    ref_gen_fill(xh, nx, 5000 + ci, &(ref_gen){.lo = -1, .hi = 1, .quant = 0.5f});
-    for (int64_t i = 0; i < nx; i += 37)
-      xh[i] = NAN;
-    for (int64_t i = 5; i < nx; i += 41)
-      xh[i] = -INFINITY;
+    float *xh = tied_values(nx, 5000 + ci);
     kiln_tensor *x = ref_upload(ctx, xs, xh);
     ref_set_grad(ctx, x);
     ref_win gw = pool_win(&cases[ci].o);
@@ -407,12 +412,7 @@ Test(gpu_ops, max_pool2d_gradient_a_block_of_pixels_a_thread) {
     int64_t nx = ref_numel(xs);
     ref_win gw = pool_win(&cases[ci].o);
     kiln_shape os = ref_win_out(xs, &gw, xs.d[3]);
-    float *xh = ref_falloc(nx);
-    ref_gen_fill(xh, nx, 7200 + ci, &(ref_gen){.lo = -1, .hi = 1, .quant = 0.5f});
-    for (int64_t i = 0; i < nx; i += 37)
-      xh[i] = NAN;
-    for (int64_t i = 5; i < nx; i += 41)
-      xh[i] = -INFINITY;
+    float *xh = tied_values(nx, 7200 + ci);
     float *dx[2][2][2][2]; /* [blocks][bf16][graphs][fuse] */
     for (int blocks = 0; blocks < 2; blocks++) {
       setenv("KILN_POOL_GRAD_BLOCKS", blocks ? "1" : "0", 1);
