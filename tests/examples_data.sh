@@ -5,8 +5,9 @@
 # loading the missing weights file given to --eval-only with one). Given a folder without the
 # files, they say so first, naming it. cifar10 says so without a folder or with an empty one and,
 # where $KILN_CIFAR10_SAMPLE names the CIFAR-10 sample, gets past it, decoding it into its cache
-# and then reading the cache, and decoding it again when the cache is corrupted; --recipe muon
-# gets as far, and its flags' errors are usage errors. Every message ends with its newline.
+# and then reading the cache, and decoding it again when the cache is corrupted; both recipes
+# (muon, the default, and sgd) get as far with --save, --help names the default, and a recipe's
+# unknown name is a usage error. Every message ends with its newline.
 set -euo pipefail
 build="$(cd "$1" && pwd)"
 work="$(mktemp -d)"
