@@ -15,15 +15,14 @@
 #                     with KILN_CONV_TMA=0 and 1 (resnet18 also with KILN_CONV_RECOMPUTE=1)
 #   initcheck         dev/initcheck/probe.cu under compute-sanitizer's initcheck: whether bytes
 #                     written by TMA stores and by cuBLAS's products count as initialized (issue 24)
-#   sanitize          compute-sanitizer's initcheck over two graph-mode steps of cnn and air
-#                     (profile_step) at batch 32 and 64, both at once, with KILN_DEBUG=initcheck
-#                     (cuBLAS's outputs zeroed before its products, whose TMA stores the tool does
-#                     not count as writes); then racecheck on kiln's own kernels, one run at a time:
-#                     cnn at batch 16, air at 16 without its products (whose racecheck outgrew the
-#                     host's memory), and the products at test_gpu_ops_conv's small shapes; each
-#                     tool's summary and the kernels it names most (issue 24). At the full batches (the H100
-#                     runs of 2026-12-05 and -06, dev/README.md) cnn's two ran past 340 s and
-#                     racecheck on air ended with exit 9 and no word from the application
+#   sanitize          compute-sanitizer's memcheck and initcheck over two graph-mode steps of cnn
+#                     and air (profile_step) at batch 32 and 64, the four at once, initcheck with
+#                     KILN_DEBUG=initcheck (cuBLAS's outputs zeroed before its products, whose TMA
+#                     stores the tool does not count as writes); then racecheck on kiln's own
+#                     kernels, one run at a time: cnn at batch 16, air at 16 without its products
+#                     (on air's products racecheck outgrew the host's 128 GiB: Linux's OOM killer
+#                     ended it, exit 9, H100 2026-12-06), and the products at test_gpu_ops_conv's
+#                     small shapes; each tool's summary and the kernels it names most (issue 24)
 #   stem              bench/stem_gemm.py: ResNet-18's stem products on cuBLAS with K = 147 and K padded
 #                     to a multiple of 8, beside cuDNN (issue 27)
 #   switches          the tests that set the switches (test_gpu_bf16, test_gpu_ops_conv,
@@ -132,12 +131,13 @@ step initcheck 240 "nvcc -O2 -std=c++17 -gencode arch=compute_90a,code=sm_90a -o
     dev/initcheck/probe.cu -lcublas && /tmp/probe_init &&
   compute-sanitizer --tool initcheck /tmp/probe_init 2>&1 |
     grep -E '^[0-9]\\.|Uninitialized|ERROR SUMMARY' | uniq -c  # in order: the reports before each sum"
-step sanitize 560 "for w in cnn air; do
+step sanitize 560 "for w in cnn air; do for t in memcheck initcheck; do
     b=32; [ \$w = air ] && b=64
-    ( KILN_DEBUG=initcheck timeout 300 compute-sanitizer --tool initcheck --print-limit 30 \
+    d=; [ \$t = initcheck ] && d=initcheck # cuBLAS's outputs zeroed first: TMA stores unseen
+    ( KILN_DEBUG=\$d timeout 300 compute-sanitizer --tool \$t --print-limit 30 \
         $build/profile_step --workload \$w --mode graph --steps 2 --blocks 1 --batch \$b \
-        > $out/initcheck_\$w.txt 2>&1; echo \"exit \$?\" >> $out/initcheck_\$w.txt ) &
-  done; wait
+        > $out/\${t}_\$w.txt 2>&1; echo \"exit \$?\" >> $out/\${t}_\$w.txt ) &
+  done; done; wait
   # racecheck one run at a time (four at once, Linux's OOM killer stopped profile_step at 124 GiB),
   # kiln's kernels only, air's products apart: on air's steps racecheck outgrew the host's 128 GiB
   for r in 'cnn 16 -' 'air 16 conv|matmul'; do set -- \$r
@@ -150,7 +150,7 @@ step sanitize 560 "for w in cnn air; do
   timeout 200 compute-sanitizer --tool racecheck --kernel-name regex=^k_ --print-limit 30 \
     $build/tests/test_gpu_ops_conv > $out/racecheck_conv_tests.txt 2>&1
   echo \"exit \$?\" >> $out/racecheck_conv_tests.txt
-  for f in $out/initcheck_*.txt $out/racecheck_*.txt; do
+  for f in $out/memcheck_*.txt $out/initcheck_*.txt $out/racecheck_*.txt; do
     echo \"\$(basename \$f): \$(tail -n 1 \$f); \$(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' \$f | tail -n 1)\"
     grep -E '^=+ +at ' \$f | sort | uniq -c | sort -rn | head -n 3
   done"
