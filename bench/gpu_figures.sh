@@ -67,8 +67,11 @@
 #                     against 8.142, the kernel 300 us against 395; on by default since)
 #   pdl               KILN_PDL=1 (kiln's kernels launched as programmatic dependents: each lets the
 #                     next one launch at once and waits first for the one before it): the whole GPU
-#                     suite with it (fuzzers aside), then the mlp, cnn, air and resnet18 steps
-#                     without and with it (bench/ab_steps.sh, three rounds interleaved)
+#                     suite with it (fuzzers aside), then the mlp, cnn, air, air_muon and resnet18
+#                     steps without and with it (bench/ab_steps.sh, three rounds interleaved)
+#   muon_step         the CIFAR-10 example's default step (profile_step's air_muon: batch 2000,
+#                     Muon for the filters): ms/step, peak, and its 40 costliest kernels in a
+#                     timeline trace, Muon's Newton-Schulz products among them (issue 22)
 #   racecheck         compute-sanitizer's racecheck on kiln's own kernels (--kernel-name
 #                     regex=^k_: not cuBLAS's) over two graph-mode steps of cnn (batch 16), then of
 #                     air (32), one at a time, and the most host memory in use. The sanitize step's
@@ -210,7 +213,12 @@ step pool_blocks 300 "ctest --test-dir $build -R test_gpu_ops_pool --output-on-f
   done"
 step pdl 560 "KILN_PDL=1 ctest --test-dir $build -E '^fuzz_' --output-on-failure |
     grep -E 'Assertion|FAIL|tests passed|Failed' | tail -n 25
-  bash bench/ab_steps.sh $build 3 mlp cnn air resnet18 -- '' KILN_PDL=1"
+  bash bench/ab_steps.sh $build 3 mlp cnn air air_muon resnet18 -- '' KILN_PDL=1"
+step muon_step 200 "$build/profile_step --workload air_muon --mode graph
+  mkdir -p $out/trace_muon && timeout 120 $build/profile_step --workload air_muon --mode graph \
+    --trace $out/trace_muon > /dev/null &&
+    python3 tools/trace_summary.py --top 40 $out/trace_muon/air_muon_graph.json | head -n 60
+  rm -rf $out/trace_muon"
 step racecheck 300 "(while sleep 5; do free -m | awk '/Mem/{print \$3}'; done > $out/host_mib.txt) & mon=\$!
   for r in 'cnn 16' 'air 32'; do set -- \$r; f=$out/racecheck_\$1.txt; t0=\$SECONDS
     timeout 140 compute-sanitizer --tool racecheck --kernel-name regex=^k_ --print-limit 20 \

@@ -11,6 +11,10 @@
  *        without bias, x 1/9), images (1024, 32, 32, 3), the forward in a bf16 autocast region,
  *        cross-entropy (label smoothing 0.2) summed, SGD with Nesterov momentum at airbench94's
  *        rates for batch 1024 (batch norm's biases x64), the frozen parameters left out
+ *   air_muon  the same net as examples/cifar10's default recipe (airbench94_muon's) trains it
+ *        after its first three epochs: images (2000, 32, 32, 3), the logits x 1/256, Muon
+ *        (Newton-Schulz in bf16, three steps, weights normalised) for the six 3x3 filters, SGD
+ *        with Nesterov momentum for batch norm's biases and the head, the whitening frozen
  *   resnet18  torchvision's ResNet-18 (conv 7x7/2 3->64 without bias, batch norm, ReLU, max pool
  *        3x3/2 pad 1; four stages of two BasicBlocks of widths 64/128/256/512, each conv 3x3 ->
  *        batch norm -> ReLU -> conv 3x3 -> batch norm, plus the input (through conv 1x1/2 and
@@ -34,12 +38,13 @@
  *
  * --workload defaults to all, which is mlp, cnn, then air: resnet18 runs only when named (its
  * three modes take tens of seconds more, a cold kernel cache longer, and some 5 GiB of device
- * memory). --steps is the steps per block, 100 by default (20 for air and 10 for resnet18, whose
- * steps take milliseconds), --blocks the blocks, 21 by default. --batch replaces every workload's
- * batch (128 for mlp, cnn and resnet18, 1024 for air), for runs under compute-sanitizer, whose
- * tools take minutes a step at full size. --json prints one JSON line per
- * workload and mode (bench/compare.py reads them). To see the steps in Nsight
- * Systems, run it under `nsys profile --trace=cuda,nvtx` with KILN_NVTX=1 (see the README).
+ * memory), and so does air_muon (no PyTorch side in bench/compare.py). --steps is the steps per
+ * block, 100 by default (20 for air and air_muon and 10 for resnet18, whose steps take
+ * milliseconds), --blocks the blocks, 21 by default. --batch replaces every workload's batch (128
+ * for mlp, cnn and resnet18, 1024 for air, 2000 for air_muon), for runs under compute-sanitizer,
+ * whose tools take minutes a step at full size. --json prints one JSON line per workload and mode
+ * (bench/compare.py reads them). To see the steps in Nsight Systems, run it under `nsys profile
+ * --trace=cuda,nvtx` with KILN_NVTX=1 (see the README).
  * --compile-only needs no GPU: it records one step per mode in a context without one, which
  * plans and compiles it (nothing runs), and prints the groups and kernels, and for the graph mode
  * the step's memory plan: its arena, the sum of the values in it, and the most of them live at
@@ -54,6 +59,7 @@
  */
 #include <cuda_runtime_api.h>
 #include <errno.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -64,10 +70,10 @@
 #include "resnet.h"
 
 static const char *const modes[3] = {"unfused", "fused", "graph"};
-#define NWORKLOADS 4
-static const char *const workloads[NWORKLOADS] = {"mlp", "cnn", "air", "resnet18"};
-enum { WORKLOAD_MLP, WORKLOAD_CNN, WORKLOAD_AIR, WORKLOAD_RESNET18 };
-#define NDEFAULT 3 /* --workload all: mlp, cnn, air (resnet18 only by name) */
+#define NWORKLOADS 5
+static const char *const workloads[NWORKLOADS] = {"mlp", "cnn", "air", "resnet18", "air_muon"};
+enum { WORKLOAD_MLP, WORKLOAD_CNN, WORKLOAD_AIR, WORKLOAD_RESNET18, WORKLOAD_AIR_MUON };
+#define NDEFAULT 3 /* --workload all: mlp, cnn, air (resnet18 and air_muon only by name) */
 
 /* air: airbench94's recipe as examples/cifar10.c has it */
 #define AIR_BATCH 1024
@@ -81,6 +87,16 @@ enum { WORKLOAD_MLP, WORKLOAD_CNN, WORKLOAD_AIR, WORKLOAD_RESNET18 };
 #define AIR_OUTPUT_SCALE (1.f / 9)
 #define AIR_WHITEN_WIDTH 24
 static const int64_t air_widths[3] = {64, 256, 256};
+/* air_muon: airbench94_muon's recipe as examples/cifar10.c has it */
+#define MUON_BATCH 2000
+#define MUON_BIAS_LR 0.053       /* SGD: the norms' biases */
+#define MUON_HEAD_LR 0.67        /* SGD: the head */
+#define MUON_WD_PER_EXAMPLE 2e-6 /* SGD's weight decay wd / lr, wd = 2e-6 batch */
+#define MUON_SGD_MOMENTUM 0.85f
+#define MUON_LR 0.24f
+#define MUON_MOMENTUM 0.6f
+#define MUON_NS_STEPS 3
+#define MUON_OUTPUT_SCALE (1.f / 256)
 
 /* resnet18: torchvision's ResNet-18 on ImageNet-sized random images */
 #define RN_BATCH 128
@@ -104,6 +120,7 @@ typedef struct model {
   kiln_linear head; /* air: head */
   resnet rn;        /* resnet18 (examples/resnet.h) */
   kiln_optim *opt;
+  kiln_optim *muon; /* air_muon: Muon for the filters (opt: SGD for the rest); else NULL */
   /* mlp: x (B, 784); cnn: x (B, 28, 28, 1); air: x (B, 32, 32, 3); resnet18: x (B, 224, 224,
    * 3); y (B) i32 */
   kiln_tensor *x, *y;
@@ -174,12 +191,59 @@ static int air_select_frozen(const char *name, const kiln_tensor *t, void *user)
   return !kiln_tensor_requires_grad(t);
 }
 
-/* air: the model (random filters, the whitening's too, frozen), the batch and the optimizer. */
+/* air_muon: the six 3x3 filters, Muon's ("blockN.convK.weight"). */
+static int air_select_filter(const char *name, const kiln_tensor *t, void *user) {
+  (void)user;
+  size_t n = strlen(name);
+  return kiln_tensor_requires_grad(t) && strstr(name, ".conv") != NULL && n > 7 &&
+         strcmp(name + n - 7, ".weight") == 0;
+}
+
+static int air_select_not_filter(const char *name, const kiln_tensor *t, void *user) {
+  return !air_select_filter(name, t, user);
+}
+
 /* --batch: every workload's batch (0: each one's own). */
 static int64_t batch_flag;
 
-static void air_init(model *m, kiln_ctx *ctx) {
-  const int64_t B = batch_flag ? batch_flag : AIR_BATCH, C = 10;
+/* air_muon: SGD for the norms' biases and the head, Muon for the filters (m->opt, m->muon). */
+static void air_muon_optimizers(model *m, kiln_ctx *ctx, int64_t B) {
+  double wd = MUON_WD_PER_EXAMPLE * (double)B;
+  m->opt = kiln_sgd_new(m->p, &(kiln_sgd_options){.lr = (float)MUON_BIAS_LR,
+                                                  .momentum = MUON_SGD_MOMENTUM,
+                                                  .weight_decay = (float)(wd / MUON_BIAS_LR),
+                                                  .nesterov = 1});
+  m->muon = kiln_muon_new(m->p, &(kiln_muon_options){.lr = MUON_LR,
+                                                     .momentum = MUON_MOMENTUM,
+                                                     .weight_decay = KILN_ZERO,
+                                                     .ns_steps = MUON_NS_STEPS,
+                                                     .adjust_lr = KILN_MUON_ADJUST_NONE,
+                                                     .normalize_weight = 1,
+                                                     .ns_dtype = KILN_DTYPE_BF16});
+  if (!m->opt || !m->muon) die(ctx, "making the optimizers");
+  kiln_param_group exclude = {.exclude = 1};
+  kiln_param_group head = {.lr_scale = (float)(MUON_HEAD_LR / MUON_BIAS_LR),
+                           .weight_decay = (float)(wd / MUON_HEAD_LR)};
+  int nh = kiln_optim_add_group(m->opt, kiln_select_prefix, "head.weight", &head);
+  int nf = kiln_optim_add_group(m->opt, air_select_frozen, NULL, &exclude);
+  int nc = kiln_optim_add_group(m->opt, air_select_filter, NULL, &exclude);
+  int nm = kiln_optim_add_group(m->muon, air_select_not_filter, NULL, &exclude);
+  int others = -6; /* the parameters but the six filters, the norms' running statistics aside */
+  for (int i = 0; i < kiln_params_count(m->p); i++)
+    others += !kiln_params_is_buffer(m->p, i);
+  if (nh != 1 || nf != 7 || nc != 6 || nm != others) {
+    fprintf(stderr,
+            "profile_step: air_muon's groups hold %d head, %d frozen, %d filters and %d "
+            "parameters but the filters: not 1, 7, 6 and %d (%s)\n",
+            nh, nf, nc, nm, others, kiln_ctx_error(ctx) ? kiln_ctx_error(ctx) : "no error");
+    exit(1);
+  }
+}
+
+/* air (and air_muon): the model (random filters, the whitening's too, frozen), the batch and the
+ * optimizers. */
+static void air_init(model *m, kiln_ctx *ctx, bool muon) {
+  const int64_t B = batch_flag ? batch_flag : muon ? MUON_BATCH : AIR_BATCH, C = 10;
   int32_t *yh = malloc((size_t)B * sizeof *yh);
   float *xh = random_inputs(B * 32 * 32 * 3);
   if (!yh || !xh) die(ctx, "out of host memory");
@@ -221,6 +285,12 @@ static void air_init(model *m, kiln_ctx *ctx) {
         &m->head, m->p,
         &(kiln_linear_options){.name = "head", .in = air_widths[2], .out = C, .no_bias = 1});
   if (st != KILN_OK) die(ctx, "making the air model");
+  m->batch = B;
+  m->params = count_params(m->p);
+  if (muon) {
+    air_muon_optimizers(m, ctx, B);
+    return;
+  }
   float lr, wd;
   air_sgd_rates(B, &lr, &wd);
   kiln_sgd_options so = {.lr = lr, .momentum = AIR_MOMENTUM, .weight_decay = wd, .nesterov = 1};
@@ -237,8 +307,6 @@ static void air_init(model *m, kiln_ctx *ctx) {
             nb, nf);
     exit(1);
   }
-  m->batch = B;
-  m->params = count_params(m->p);
 }
 
 /* air: x (B, 32, 32, 3) to (B, 10) logits, in a bf16 autocast region. */
@@ -254,7 +322,8 @@ static kiln_tensor *air_forward(const model *m) {
     h = kiln_gelu(kiln_batch_norm_layer_forward(&m->gnorm[k][1], h), KILN_GELU_ERF);
   }
   h = kiln_global_max_pool2d(h); /* (B, 256) */
-  kiln_tensor *logits = kiln_mul_scalar(kiln_linear_forward(&m->head, h), AIR_OUTPUT_SCALE);
+  kiln_tensor *logits = kiln_mul_scalar(kiln_linear_forward(&m->head, h),
+                                        m->muon ? MUON_OUTPUT_SCALE : AIR_OUTPUT_SCALE);
   kiln_autocast_end(ctx);
   return logits;
 }
@@ -302,8 +371,8 @@ static kiln_tensor *rn_forward(const model *m) {
 static void model_init(model *m, kiln_ctx *ctx, int workload) {
   memset(m, 0, sizeof *m);
   m->workload = workload;
-  if (workload == WORKLOAD_AIR) {
-    air_init(m, ctx);
+  if (workload == WORKLOAD_AIR || workload == WORKLOAD_AIR_MUON) {
+    air_init(m, ctx, workload == WORKLOAD_AIR_MUON);
     return;
   }
   if (workload == WORKLOAD_RESNET18) {
@@ -354,7 +423,7 @@ static void model_step(model *m) {
     kiln_tensor *h = kiln_relu(kiln_linear_forward(&m->l1, m->x));
     h = kiln_relu(kiln_linear_forward(&m->l2, h));
     logits = kiln_linear_forward(&m->l3, h);
-  } else if (m->workload == WORKLOAD_AIR) {
+  } else if (m->workload == WORKLOAD_AIR || m->workload == WORKLOAD_AIR_MUON) {
     logits = air_forward(m);
   } else if (m->workload == WORKLOAD_RESNET18) {
     logits = rn_forward(m);
@@ -368,12 +437,14 @@ static void model_step(model *m) {
     logits = kiln_linear_forward(&m->l2, kiln_dropout(h, 0.5f, training)); /* (B, 10) */
   }
   kiln_tensor *loss =
-      m->workload == WORKLOAD_AIR
+      m->workload == WORKLOAD_AIR || m->workload == WORKLOAD_AIR_MUON
           ? kiln_cross_entropy(logits, m->y, KILN_REDUCTION_SUM, AIR_LABEL_SMOOTHING)
           : kiln_cross_entropy(logits, m->y, KILN_REDUCTION_MEAN, 0.f);
   kiln_optim_zero_grad(m->opt);
+  if (m->muon) kiln_optim_zero_grad(m->muon);
   kiln_backward(loss);
   kiln_optim_step(m->opt);
+  if (m->muon) kiln_optim_step(m->muon);
 }
 
 static result profile(int workload, int mode, int steps, int blocks) {
@@ -442,6 +513,7 @@ static result profile(int workload, int mode, int steps, int blocks) {
   cudaEventDestroy(e0);
   cudaEventDestroy(e1);
   kiln_optim_free(m.opt);
+  kiln_optim_free(m.muon);
   kiln_params_free(m.p);
   kiln_tensor_free(m.x);
   kiln_tensor_free(m.y);
@@ -490,6 +562,7 @@ static void compile_only(int workload, int mode) {
     printf(" - | - | - |\n");
   fflush(stdout);
   kiln_optim_free(m.opt);
+  kiln_optim_free(m.muon);
   kiln_params_free(m.p);
   kiln_tensor_free(m.x);
   kiln_tensor_free(m.y);
@@ -547,6 +620,7 @@ static void trace_mode(int workload, int mode, int steps, const char *path) {
          "blocks of as many): %s\n",
          workloads[workload], modes[mode], traced, untraced, steps, path);
   kiln_optim_free(m.opt);
+  kiln_optim_free(m.muon);
   kiln_params_free(m.p);
   kiln_tensor_free(m.x);
   kiln_tensor_free(m.y);
@@ -565,7 +639,8 @@ static int report(const char *html, const char *title, int n, const char *const 
 }
 
 int main(int argc, char **argv) {
-  /* steps 0: each workload's default (100 steps per block, 20 for air, 10 for resnet18) */
+  /* steps 0: each workload's default (100 steps per block, 20 for air and air_muon, 10 for
+   * resnet18) */
   int steps = 0, steps_given = 0, blocks = 21, only = -1, json = 0, workload = -1; /* -1: all */
   int compile = 0;
   const char *trace_dir = NULL;
@@ -611,16 +686,19 @@ int main(int argc, char **argv) {
         if (strcmp(w, workloads[k]) == 0) workload = k;
       if (strcmp(w, "all") == 0) workload = -1;
       if (workload == -2) {
-        fprintf(stderr, "profile_step: --workload is mlp, cnn, air, resnet18 or all, not %s\n", w);
+        fprintf(stderr,
+                "profile_step: --workload is mlp, cnn, air, resnet18, air_muon or all, not %s\n",
+                w);
         return 2;
       }
     } else {
-      fprintf(stderr,
-              "usage: %s [--workload mlp|cnn|air|resnet18|all] [--steps N] [--blocks N] "
-              "[--batch N] [--mode unfused|fused|graph] [--json] [--compile-only] [--trace DIR]\n"
-              "       %s --report OUT.html TRACE.json...\n"
-              "  all (the default) is mlp, cnn and air; resnet18 runs only when named\n",
-              argv[0], argv[0]);
+      fprintf(
+          stderr,
+          "usage: %s [--workload mlp|cnn|air|resnet18|air_muon|all] [--steps N] [--blocks N] "
+          "[--batch N] [--mode unfused|fused|graph] [--json] [--compile-only] [--trace DIR]\n"
+          "       %s --report OUT.html TRACE.json...\n"
+          "  all (the default) is mlp, cnn and air; resnet18 and air_muon run only when named\n",
+          argv[0], argv[0]);
       return 2;
     }
   }
@@ -641,6 +719,8 @@ int main(int argc, char **argv) {
       "air step (airbench94 net, batch 1024, NHWC, bf16 autocast, SGD Nesterov)",
       "resnet18 step (torchvision ResNet-18, 11,689,512 parameters, batch 128 of 224x224, NHWC, "
       "bf16 autocast, SGD momentum)",
+      "air_muon step (airbench94 net, batch 2000, NHWC, bf16 autocast, Muon for the filters, SGD "
+      "Nesterov for the rest)",
   };
   int nw = workload >= 0 ? NWORKLOADS : NDEFAULT; /* all: the first NDEFAULT */
   for (int w = 0; w < nw && trace_dir && !compile; w++) {
@@ -672,7 +752,10 @@ int main(int argc, char **argv) {
   }
   for (int w = 0; w < nw && !compile; w++) {
     if (workload >= 0 && w != workload) continue;
-    int wsteps = steps_given ? steps : w == WORKLOAD_AIR ? 20 : w == WORKLOAD_RESNET18 ? 10 : 100;
+    int wsteps = steps_given                                   ? steps
+                 : w == WORKLOAD_AIR || w == WORKLOAD_AIR_MUON ? 20
+                 : w == WORKLOAD_RESNET18                      ? 10
+                                                               : 100;
     if (!json)
       printf(
           "%s%s, median of %d blocks of %d steps\n\n| mode | ms/step | kernels/step | peak MiB "
