@@ -35,9 +35,10 @@
  * unit deviation at init, batch 2000 for 8 epochs, Muon (Newton-Schulz in bf16, three steps,
  * weights normalised) for the convolution filters, SGD with Nesterov momentum for the norms' biases
  * and the head (and, with a rate of its own that falls to 0 in 3 epochs, the whitening's bias),
- * every rate falling linearly to 0, and no lookahead. Its constants are below the SGD recipe's,
- * marked by source. Its checkpoints hold the three optimizers' state (kiln_checkpoint_save_optims).
- * Whatever this prints was measured.
+ * every rate falling linearly to 0, and no lookahead. Its constants and optimizers' options are in
+ * examples/airbench_muon.h (shared with profile_step's air_muon), marked by source. Its checkpoints
+ * hold the three optimizers' state (kiln_checkpoint_save_optims). Whatever this prints was
+ * measured.
  *
  * The training time printed is the wall time of the training steps, synchronised with the GPU,
  * without data loading, model set-up and evaluation: "cold" counts every step, "warm" all but the
@@ -55,6 +56,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "airbench_muon.h"
 #include "cifar10_data.h"
 #include "kiln.h"
 
@@ -84,17 +86,8 @@
 #define LOOKAHEAD_EVERY 5      /* the lookahead's period in steps ... */
 #define LOOKAHEAD_DECAY 0.95   /* ... and its decay, 0.95^5 (t / total)^3 at step t */
 static const int64_t widths[3] = {64, 256, 256}; /* widths block1..3 */
-/* airbench94_muon.py's main() and CifarNet (--recipe muon); the rest as above */
-#define MUON_BATCH 2000               /* batch_size */
-#define MUON_EPOCHS 8.0               /* total_train_steps = ceil(8 * len(train_loader)) */
-#define MUON_BIAS_LR 0.053            /* bias_lr: the whitening's and the norms' biases */
-#define MUON_HEAD_LR 0.67             /* head_lr */
-#define MUON_WD_PER_EXAMPLE 2e-6      /* wd = 2e-6 * batch_size, SGD's weight_decay wd / lr */
-#define MUON_SGD_MOMENTUM 0.85f       /* SGD(momentum=0.85, nesterov=True) */
-#define MUON_LR 0.24f                 /* Muon(lr=0.24, momentum=0.6, nesterov=True) */
-#define MUON_MOMENTUM 0.6f            /* ... */
-#define MUON_NS_STEPS 3               /* zeropower_via_newtonschulz5(G, steps=3), in bf16 */
-#define MUON_OUTPUT_SCALE (1.f / 256) /* self.head(x) / x.size(-1) */
+/* airbench94_muon.py's main() and CifarNet (--recipe muon): examples/airbench_muon.h; the rest
+ * as above */
 
 typedef enum recipe { RECIPE_SGD = 0, RECIPE_MUON } recipe;
 /* airbench's CIFAR_MEAN and CIFAR_STD, per channel (red, green, blue) */
@@ -468,25 +461,14 @@ static optimizers make_optimizers(kiln_ctx *ctx, const model *m, int64_t batch, 
   optimizers o = {.recipe = rc};
   kiln_param_group exclude = {.exclude = 1};
   if (rc == RECIPE_MUON) {
-    /* torch.optim.SGD's L2 decay wd / lr per group: the step's decay is lr (wd / lr) = wd */
-    double wd = MUON_WD_PER_EXAMPLE * (double)batch;
-    o.sgd_lr = (float)MUON_BIAS_LR;
-    kiln_sgd_options so = {.lr = o.sgd_lr,
-                           .momentum = MUON_SGD_MOMENTUM,
-                           .weight_decay = (float)(wd / MUON_BIAS_LR),
-                           .nesterov = 1};
+    kiln_sgd_options so = airbench_muon_sgd(batch);
+    kiln_muon_options mo = airbench_muon_muon();
+    kiln_param_group head = airbench_muon_head(batch);
+    o.sgd_lr = so.lr;
     o.sgd = kiln_sgd_new(m->params, &so);
     o.whiten_sgd = kiln_sgd_new(m->params, &so);
-    o.muon = kiln_muon_new(m->params, &(kiln_muon_options){.lr = MUON_LR,
-                                                           .momentum = MUON_MOMENTUM,
-                                                           .weight_decay = KILN_ZERO,
-                                                           .ns_steps = MUON_NS_STEPS,
-                                                           .adjust_lr = KILN_MUON_ADJUST_NONE,
-                                                           .normalize_weight = 1,
-                                                           .ns_dtype = KILN_DTYPE_BF16});
+    o.muon = kiln_muon_new(m->params, &mo);
     if (!o.sgd || !o.whiten_sgd || !o.muon) die(ctx, "making the optimizers");
-    kiln_param_group head = {.lr_scale = (float)(MUON_HEAD_LR / MUON_BIAS_LR),
-                             .weight_decay = (float)(wd / MUON_HEAD_LR)};
     /* SGD: the norms' biases and the head; the whitening's bias has an optimizer of its own (its
      * rate falls to 0 in WHITEN_BIAS_EPOCHS), the filters go to Muon */
     group_holds(ctx, kiln_optim_add_group(o.sgd, kiln_select_prefix, "head.weight", &head), 1,

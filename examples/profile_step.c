@@ -66,6 +66,7 @@
 #include <sys/stat.h>
 #include <time.h>
 
+#include "airbench_muon.h"
 #include "kiln.h"
 #include "resnet.h"
 
@@ -87,16 +88,7 @@ enum { WORKLOAD_MLP, WORKLOAD_CNN, WORKLOAD_AIR, WORKLOAD_RESNET18, WORKLOAD_AIR
 #define AIR_OUTPUT_SCALE (1.f / 9)
 #define AIR_WHITEN_WIDTH 24
 static const int64_t air_widths[3] = {64, 256, 256};
-/* air_muon: airbench94_muon's recipe as examples/cifar10.c has it */
-#define MUON_BATCH 2000
-#define MUON_BIAS_LR 0.053       /* SGD: the norms' biases */
-#define MUON_HEAD_LR 0.67        /* SGD: the head */
-#define MUON_WD_PER_EXAMPLE 2e-6 /* SGD's weight decay wd / lr, wd = 2e-6 batch */
-#define MUON_SGD_MOMENTUM 0.85f
-#define MUON_LR 0.24f
-#define MUON_MOMENTUM 0.6f
-#define MUON_NS_STEPS 3
-#define MUON_OUTPUT_SCALE (1.f / 256)
+/* air_muon: airbench94_muon's recipe as examples/cifar10.c has it: examples/airbench_muon.h */
 
 /* resnet18: torchvision's ResNet-18 on ImageNet-sized random images */
 #define RN_BATCH 128
@@ -208,22 +200,12 @@ static int64_t batch_flag;
 
 /* air_muon: SGD for the norms' biases and the head, Muon for the filters (m->opt, m->muon). */
 static void air_muon_optimizers(model *m, kiln_ctx *ctx, int64_t B) {
-  double wd = MUON_WD_PER_EXAMPLE * (double)B;
-  m->opt = kiln_sgd_new(m->p, &(kiln_sgd_options){.lr = (float)MUON_BIAS_LR,
-                                                  .momentum = MUON_SGD_MOMENTUM,
-                                                  .weight_decay = (float)(wd / MUON_BIAS_LR),
-                                                  .nesterov = 1});
-  m->muon = kiln_muon_new(m->p, &(kiln_muon_options){.lr = MUON_LR,
-                                                     .momentum = MUON_MOMENTUM,
-                                                     .weight_decay = KILN_ZERO,
-                                                     .ns_steps = MUON_NS_STEPS,
-                                                     .adjust_lr = KILN_MUON_ADJUST_NONE,
-                                                     .normalize_weight = 1,
-                                                     .ns_dtype = KILN_DTYPE_BF16});
+  kiln_sgd_options so = airbench_muon_sgd(B);
+  kiln_muon_options mo = airbench_muon_muon();
+  kiln_param_group exclude = {.exclude = 1}, head = airbench_muon_head(B);
+  m->opt = kiln_sgd_new(m->p, &so);
+  m->muon = kiln_muon_new(m->p, &mo);
   if (!m->opt || !m->muon) die(ctx, "making the optimizers");
-  kiln_param_group exclude = {.exclude = 1};
-  kiln_param_group head = {.lr_scale = (float)(MUON_HEAD_LR / MUON_BIAS_LR),
-                           .weight_decay = (float)(wd / MUON_HEAD_LR)};
   int nh = kiln_optim_add_group(m->opt, kiln_select_prefix, "head.weight", &head);
   int nf = kiln_optim_add_group(m->opt, air_select_frozen, NULL, &exclude);
   int nc = kiln_optim_add_group(m->opt, air_select_filter, NULL, &exclude);

@@ -1,0 +1,55 @@
+/*
+ * airbench_muon.h: airbench94_muon's optimizer recipe (KellerJordan/cifar10-airbench,
+ * airbench94_muon.py's main()), shared by examples/cifar10.c (its default recipe) and
+ * examples/profile_step.c (the air_muon workload): the constants, each with its source, and the
+ * options of its two optimizers. SGD with Nesterov momentum for the biases and the head (the head
+ * in a group of its own rate), Muon for the convolution filters.
+ */
+#ifndef KILN_EXAMPLES_AIRBENCH_MUON_H
+#define KILN_EXAMPLES_AIRBENCH_MUON_H
+
+#include <stdint.h>
+
+#include "kiln.h"
+
+#define MUON_BATCH 2000               /* batch_size */
+#define MUON_EPOCHS 8.0               /* total_train_steps = ceil(8 * len(train_loader)) */
+#define MUON_BIAS_LR 0.053            /* bias_lr: the whitening's and the norms' biases */
+#define MUON_HEAD_LR 0.67             /* head_lr */
+#define MUON_WD_PER_EXAMPLE 2e-6      /* wd = 2e-6 * batch_size, SGD's weight_decay wd / lr */
+#define MUON_SGD_MOMENTUM 0.85f       /* SGD(momentum=0.85, nesterov=True) */
+#define MUON_LR 0.24f                 /* Muon(lr=0.24, momentum=0.6, nesterov=True) */
+#define MUON_MOMENTUM 0.6f            /* ... */
+#define MUON_NS_STEPS 3               /* zeropower_via_newtonschulz5(G, steps=3), in bf16 */
+#define MUON_OUTPUT_SCALE (1.f / 256) /* self.head(x) / x.size(-1) */
+
+/* SGD's options for batch: torch.optim.SGD's L2 decay wd / lr per group, so that the step's decay
+ * is lr (wd / lr) = wd. */
+static inline kiln_sgd_options airbench_muon_sgd(int64_t batch) {
+  double wd = MUON_WD_PER_EXAMPLE * (double)batch;
+  return (kiln_sgd_options){.lr = (float)MUON_BIAS_LR,
+                            .momentum = MUON_SGD_MOMENTUM,
+                            .weight_decay = (float)(wd / MUON_BIAS_LR),
+                            .nesterov = 1};
+}
+
+/* The head's group in that SGD: head_lr, and the decay wd / head_lr. */
+static inline kiln_param_group airbench_muon_head(int64_t batch) {
+  double wd = MUON_WD_PER_EXAMPLE * (double)batch;
+  return (kiln_param_group){.lr_scale = (float)(MUON_HEAD_LR / MUON_BIAS_LR),
+                            .weight_decay = (float)(wd / MUON_HEAD_LR)};
+}
+
+/* Muon's options: no decay, torch's rate unadjusted, the weights normalised, the Newton-Schulz
+ * iteration in bf16. */
+static inline kiln_muon_options airbench_muon_muon(void) {
+  return (kiln_muon_options){.lr = MUON_LR,
+                             .momentum = MUON_MOMENTUM,
+                             .weight_decay = KILN_ZERO,
+                             .ns_steps = MUON_NS_STEPS,
+                             .adjust_lr = KILN_MUON_ADJUST_NONE,
+                             .normalize_weight = 1,
+                             .ns_dtype = KILN_DTYPE_BF16};
+}
+
+#endif
