@@ -387,7 +387,7 @@ struct kiln_ctx {
    * read once (KILN_POOL_GRAD_BLOCKS=0: a pixel a thread) */
   bool pool_grad_blocks;
   /* kiln's kernels launched as programmatic dependents of the kernel before them on sm_90, each
-   * first letting the next launch, then waiting (KILN_PDL=1; off until it has run on a GPU) */
+   * waiting first, then letting the next launch (KILN_PDL=1; off: slower on the H100) */
   bool pdl;
   int implicit_conv_max_co; /* KILN_IMPLICIT_CONV_MAX_CO, to measure; 0: the planner's default */
   bool conv_recompute;      /* KILN_CONV_RECOMPUTE=1: kiln__recomputes_columns */

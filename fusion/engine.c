@@ -87,6 +87,7 @@ kiln_status kiln__engine_compile_custom(kiln_ctx *ctx, kiln_custom_op *op) {
     return ctx->status;
   kiln__rendered r;
   memset(&r, 0, sizeof r);
+  r.pdl = kiln__pdl_launch(ctx); /* the kernel the step will launch, so the step finds it cached */
   bool ok = kiln__custom_source(op, &r);
   char comment[96];
   snprintf(comment, sizeof comment, "// custom op %s\n", op->o.name);

@@ -241,6 +241,9 @@ bool kiln__lower(kiln_ctx *ctx, const kiln__plan *p, kiln__spec **specs);
 /* ---------------------------------------------------------------- renderer (render.c) */
 
 /* What the renderer needs of the device: launch grids are sized by its SM count. */
+/* Whether the context's kernels launch as programmatic dependents: KILN_PDL=1 on sm_90 and up. */
+static inline bool kiln__pdl_launch(const kiln_ctx *ctx) { return ctx->pdl && ctx->arch >= 90; }
+
 typedef struct kiln__target {
   int num_sms;
   bool conv_warp_spec; /* the conv.cuh kernels warp-specialized (KILN_CONV_WS=1) */

@@ -384,6 +384,38 @@ Test(custom, kernels_compile_and_render_the_call, .timeout = 600) {
   th_remove_tmpdirs();
 }
 
+/* With KILN_PDL=1 (sm_90) the kernel compiled when the op is made is the one its calls launch,
+ * as a programmatic dependent: the step takes it from the cache (it compiled another before). */
+Test(custom, kernels_made_with_the_op_launch_as_dependents_under_pdl, .timeout = 600) {
+  char dir[256];
+  th_tmpdir(dir, sizeof dir, "cache");
+  cr_assert_eq(setenv("KILN_CACHE_DIR", dir, 1), 0);
+  kiln_ctx *ctx = th_cpu_ctx();
+  const int arch = ctx->arch;
+  if (arch < 90) {
+    th_ctx_free(ctx);
+    cr_skip_test("the build's default architecture is sm_%d: no programmatic launches", arch);
+  }
+  ctx->pdl = true; /* as KILN_PDL=1 makes it */
+  custom_linear_relu ops;
+  cr_assert_eq(custom_linear_relu_new(ctx, &ops), KILN_OK, "%s", th_err(ctx));
+  kiln_tensor *x = th_param(ctx, KILN_SHAPE(32, 20)), *w = th_param(ctx, KILN_SHAPE(10, 20)),
+              *b = th_param(ctx, KILN_SHAPE(10));
+  kiln_tensor *y = kiln_custom(ops.fwd, (kiln_tensor *[]){x, w, b}, (int64_t[]){5, 6, 7, 8});
+  cr_assert_not_null(y);
+  cr_assert_eq(kiln_backward(th_sum_all(y)), KILN_OK, "%s", th_err(ctx));
+  kiln_exec_stats st;
+  kiln_stats(ctx, &st);
+  const uint64_t hits = st.cache_hits;
+  cr_assert_eq(kiln__engine_compile(ctx, ctx->trace.done, ctx->trace.n), KILN_OK, "%s",
+               th_err(ctx));
+  kiln_stats(ctx, &st);
+  cr_assert_geq(st.cache_hits - hits, 4u, "the ops' kernels, as dependents, come from the cache");
+  th_free_scratch();
+  th_ctx_free(ctx);
+  th_remove_tmpdirs();
+}
+
 /* zero_output: the executor zeroes the output before the launch (a kernel that adds into it). */
 Test(custom, zero_output_asks_the_executor_to_zero) {
   kiln_ctx *ctx = th_cpu_ctx();
