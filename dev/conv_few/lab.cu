@@ -1,0 +1,147 @@
+// lab.cu: the forward product of airbench's first 3x3 conv (31x31, 24 channels into 64, padding
+// 1), bf16, from a halo tile (few.cuh), beside the library's kernel for it (fusion/device/conv.cuh's
+// wgmma product, BN 64, 4 stages, as render_conv.c takes it; and with KILN_CONV_AHEAD's loop),
+// at batch 1024 (the air workload) and 2000 (the CIFAR-10 example's muon step). Each kernel is
+// checked first against a float64-accumulating reference on the whole output at batch 8 and at
+// the timed batch; the timed operands are random, never zero.
+//
+//   nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -o /tmp/lab_few dev/conv_few/lab.cu
+//   /tmp/lab_few
+//
+// Prints one line a kernel and batch: us (median of 15 timings of 10 launches), TFLOP/s (2 M CO K),
+// GB/s over the bytes a kernel must move at least (image, filters, output once), the grid, and
+// the largest error against the reference relative to the largest |ref|.
+#include <cuda_runtime.h>
+
+#include "../../fusion/device/conv.cuh" /* the library's wgmma products */
+#include "../conv_engine/lab_util.h"
+#include "few.cuh"
+
+template <class G, int BN, int S, bool AHEAD>
+__global__ void __launch_bounds__(256, 1)
+    fprop_lib(const kiln_bf16 *x, const kiln_bf16 *wk, kiln_bf16 *y) {
+  extern __shared__ unsigned char smem[];
+  float d[BN / 2];
+  const int m0 = (int)blockIdx.x * 128, n0 = (int)blockIdx.y * BN;
+  if (!kiln_conv_fprop<G, BN, S, false, false, AHEAD>(x, wk, m0, n0, smem, d)) return;
+  const int lane = threadIdx.x & 31, r = m0 + kiln_conv_row0<false>();
+#pragma unroll
+  for (int j = 0; j < BN / 8; j++)
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+      const long long m = r + 8 * h;
+      const int c = n0 + 8 * j + 2 * (lane & 3);
+      if (m < G::M && c < G::CO)
+        *(unsigned *)&y[m * G::CO + c] = kiln_bf16x2_bits(d[4 * j + 2 * h], d[4 * j + 2 * h + 1]);
+    }
+}
+
+/* A kernel of the experiment: its launch for shape G, and its name. */
+struct Lib {
+  template <class G, bool AHEAD> static void setup() {
+    CK(cudaFuncSetAttribute(fprop_lib<G, 64, 4, AHEAD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                            KILN_CONV_SMEM(64, 4)));
+  }
+  template <class G, bool AHEAD> static unsigned launch(const kiln_bf16 *x, const kiln_bf16 *wk, kiln_bf16 *y) {
+    const unsigned grid = (unsigned)((G::M + 127) / 128);
+    fprop_lib<G, 64, 4, AHEAD><<<grid, 256, KILN_CONV_SMEM(64, 4)>>>(x, wk, y);
+    return grid;
+  }
+};
+
+static int num_sms() {
+  cudaDeviceProp p;
+  CK(cudaGetDeviceProperties(&p, 0));
+  return p.multiProcessorCount;
+}
+
+/* few_fprop's grid: as many blocks as fit the GPU at once (at most one a tile), or `per_sm` an SM */
+template <class G, int TH, int TW, bool STAGE> static unsigned few_grid(int per_sm) {
+  using F = Few<G, TH, TW>;
+  constexpr int smem = F::smem(STAGE);
+  CK(cudaFuncSetAttribute(few_fprop<G, TH, TW, STAGE>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  int fit = 0;
+  CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&fit, few_fprop<G, TH, TW, STAGE>, 256, smem));
+  if (per_sm > 0 && per_sm < fit) fit = per_sm;
+  const long long g = (long long)fit * num_sms();
+  return (unsigned)(g < F::TILES ? g : F::TILES);
+}
+
+template <class G, int TH, int TW, bool STAGE>
+static unsigned few_launch(const kiln_bf16 *x, const kiln_bf16 *wk, kiln_bf16 *y, int per_sm) {
+  const unsigned grid = few_grid<G, TH, TW, STAGE>(per_sm);
+  few_fprop<G, TH, TW, STAGE><<<grid, 256, Few<G, TH, TW>::smem(STAGE)>>>(x, wk, y);
+  return grid;
+}
+
+/* max |y - ref| / max |ref| of launch's output on random operands of shape G (y starts as NaN) */
+template <class G, class L> static double check(L launch) {
+  kiln_bf16 *x = random_bf16((size_t)G::N * G::H * G::W * G::CI, 1.f, 11);
+  kiln_bf16 *wk = random_bf16((size_t)G::CO * G::K, 0.2f, 12), *y;
+  float *ref;
+  CK(cudaMalloc(&y, G::M * G::CO * 2));
+  CK(cudaMemset(y, 0xff, G::M * G::CO * 2));
+  CK(cudaMalloc(&ref, G::M * G::CO * 4));
+  launch(x, wk, y);
+  ref_fprop<G><<<(unsigned)((G::M * G::CO + 255) / 256), 256>>>(x, wk, ref);
+  CK(cudaDeviceSynchronize());
+  const double e = rel_err(y, ref, (size_t)G::M * G::CO);
+  cudaFree(x), cudaFree(wk), cudaFree(y), cudaFree(ref);
+  return e;
+}
+
+/* checked at batch 8 and at G's, then timed at G's */
+template <class G, class G8, class L, class L8>
+static void run(const char *name, const char *kernel, L launch, L8 launch8) {
+  const double e8 = check<G8>(launch8), e = check<G>(launch);
+  kiln_bf16 *x = random_bf16((size_t)G::N * G::H * G::W * G::CI, 1.f, 3);
+  kiln_bf16 *wk = random_bf16((size_t)G::CO * G::K, 0.2f, 4), *y;
+  CK(cudaMalloc(&y, G::M * G::CO * 2));
+  unsigned grid = 0;
+  const float us = time_us([&] { grid = launch(x, wk, y); });
+  const double tf = 2.0 * G::M * G::CO * G::K / (us * 1e-6) / 1e12;
+  const double bytes = 2.0 * ((double)G::N * G::H * G::W * G::CI + G::CO * G::K + (double)G::M * G::CO);
+  printf("| %s | %s | %.1f | %.1f | %.0f | %u | %.1e, %.1e |\n", name, kernel, us, tf,
+         bytes / (us * 1e-6) / 1e9, grid, e8, e);
+  cudaFree(x), cudaFree(wk), cudaFree(y);
+}
+
+template <int N> static void batch(const char *name) {
+  using G = A1<N>;
+  using G8 = A1<8>;
+  Lib::setup<G, false>(), Lib::setup<G8, false>(), Lib::setup<G, true>(), Lib::setup<G8, true>();
+  run<G, G8>(name, "library: conv.cuh wgmma 128x64, 4 stages",
+             [](const kiln_bf16 *x, const kiln_bf16 *w, kiln_bf16 *y) { return Lib::launch<G, false>(x, w, y); },
+             [](const kiln_bf16 *x, const kiln_bf16 *w, kiln_bf16 *y) { return Lib::launch<G8, false>(x, w, y); });
+  run<G, G8>(name, "library, KILN_CONV_AHEAD's loop",
+             [](const kiln_bf16 *x, const kiln_bf16 *w, kiln_bf16 *y) { return Lib::launch<G, true>(x, w, y); },
+             [](const kiln_bf16 *x, const kiln_bf16 *w, kiln_bf16 *y) { return Lib::launch<G8, true>(x, w, y); });
+#define FEW(TH, TW, STAGE, PER_SM)                                                                 \
+  run<G, G8>(name, "halo " #TH "x" #TW ", stage " #STAGE ", " #PER_SM " an SM (0: all that fit)", \
+             [](const kiln_bf16 *x, const kiln_bf16 *w, kiln_bf16 *y) {                            \
+               return few_launch<G, TH, TW, STAGE>(x, w, y, PER_SM);                               \
+             },                                                                                    \
+             [](const kiln_bf16 *x, const kiln_bf16 *w, kiln_bf16 *y) {                            \
+               return few_launch<G8, TH, TW, STAGE>(x, w, y, PER_SM);                              \
+             })
+  FEW(4, 32, false, 0);
+  FEW(4, 32, true, 0);
+  FEW(8, 16, false, 0);
+  FEW(8, 16, true, 0);
+  FEW(4, 32, false, 2);
+  FEW(8, 16, true, 2);
+#undef FEW
+}
+
+int main() {
+  cudaDeviceProp p;
+  CK(cudaGetDeviceProperties(&p, 0));
+  printf("%s, %d SMs; bf16 dense peak 989.4 TFLOP/s (H200 and H100 SXM), HBM 4.8 TB/s (H200) or "
+         "3.35 (H100)\n\n",
+         p.name, p.multiProcessorCount);
+  printf("| conv 31x31x24->64, 3x3 | kernel | us | TFLOP/s | GB/s (least bytes) | grid | max err / max |ref| (batch 8, timed batch) |\n");
+  printf("| --- | --- | --- | --- | --- | --- | --- |\n");
+  batch<1024>("batch 1024");
+  batch<2000>("batch 2000");
+  return 0;
+}
