@@ -643,6 +643,12 @@ bool kiln__conv_tma_window(const kiln__win *w, int64_t ci) {
          w->dh * (w->kh - 1) <= 255 && w->dw * (w->kw - 1) <= 255;
 }
 
+bool kiln__conv_few_shape(const kiln__win *w, int64_t ci, int64_t co) {
+  return w->sh == 1 && w->sw == 1 && w->dh == 1 && w->dw == 1 && co == 64 && ci > 0 &&
+         ci % 8 == 0 && ci < 64 && w->kh * w->kw * ci <= KILN__CONV_FEW_MAX_K && w->ph >= 0 &&
+         w->pw >= 0;
+}
+
 kiln__win kiln__dgrad_window(const kiln__win *w) {
   return (kiln__win){.kh = w->kh,
                      .kw = w->kw,

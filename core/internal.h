@@ -386,6 +386,9 @@ struct kiln_ctx {
   /* max pooling's gradient a block of stride x stride pixels a thread, each window reaching it
    * read once (KILN_POOL_GRAD_BLOCKS=0: a pixel a thread) */
   bool pool_grad_blocks;
+  /* a forward product with few input channels into 64 (kiln__conv_few_shape) from a halo tile in
+   * shared memory (fusion/device/conv_few.cuh; KILN_CONV_FEW=1) */
+  bool conv_few;
   /* kiln's kernels launched as programmatic dependents of the kernel before them on sm_90, each
    * waiting first, then letting the next launch (KILN_PDL=1; off: slower on the H100) */
   bool pdl;
@@ -717,6 +720,12 @@ bool kiln__training_flag(kiln_ctx *ctx, const char *fn, int *training);
  * whole stages of 64 channels, and the geometry an im2col tensor map can hold (strides 1 to 8,
  * box corners within [-128, 127], tap offsets d (k - 1) of at most 255). */
 bool kiln__conv_tma_window(const kiln__win *w, int64_t ci);
+/* Whether conv_few.cuh's forward product takes a window w over ci channels into co: stride 1, no
+ * dilation, 64 output channels, input channels in 16-byte chunks but fewer than a TMA stage of
+ * 64, and at most KILN__CONV_FEW_MAX_K values a window (its filters, 64 rows of K bf16, in 36 KB
+ * of shared memory, two blocks an SM). */
+#define KILN__CONV_FEW_MAX_K 288
+bool kiln__conv_few_shape(const kiln__win *w, int64_t ci, int64_t co);
 /* The window of a stride-1 convolution's data gradient as a forward product of dY (the filters
  * flipped): padding d (k - 1) - p, stride 1. */
 kiln__win kiln__dgrad_window(const kiln__win *w);

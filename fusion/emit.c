@@ -307,12 +307,15 @@ bool kiln__finish_with(kiln__sb *body, const char *stem, const kiln__operands *o
   uint64_t h = kiln__hash(body->s, body->n, pre ? kiln__hash(pre, strlen(pre), 0) : 0);
   h = kiln__hash(first, strlen(first), h);
   snprintf(r->name, sizeof r->name, "%s_%08" PRIx64, stem, h & 0xffffffffu);
+  char least[16] = ""; /* blocks an SM the registers must leave room for */
+  if (r->block > KILN__BLOCK || r->min_blocks > 0)
+    snprintf(least, sizeof least, ", %u", r->min_blocks > 0 ? r->min_blocks : 1u);
   kiln__sb_printf(&r->src,
                   "#include \"prelude.cuh\"\n%s"
                   "extern \"C\" __global__ void __launch_bounds__(%d%s) %s(const kiln__kargs a) {\n"
                   "%s%s}\n",
-                  pre ? pre : "", r->block > KILN__BLOCK ? r->block : KILN__BLOCK,
-                  r->block > KILN__BLOCK ? ", 1" : "", r->name, first, body->s);
+                  pre ? pre : "", r->block > KILN__BLOCK ? r->block : KILN__BLOCK, least, r->name,
+                  first, body->s);
   if (o) {
     r->arg.nptr = o->n;
     for (int k = 0; k < o->n; k++)

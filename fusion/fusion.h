@@ -252,6 +252,7 @@ typedef struct kiln__target {
   bool im2col_lanes; /* im2col of 2 or 3 channels a tap a thread (KILN_IM2COL_LANES=1) */
   bool im2col_rows;  /* im2col of a few channels a row a thread (KILN_IM2COL_ROWS=0: off) */
   bool pool_grad_blocks; /* max pooling's gradient a block of pixels a thread (=0: off) */
+  bool conv_few; /* few-channel forward products from a halo tile (KILN_CONV_FEW=1, conv_few.cuh) */
   bool pdl; /* kernels begin with kiln_pdl_begin and launch as dependents (KILN_PDL=1, sm_90) */
   int conv_dgrad_bn;  /* TMA data gradients' widest tile (KILN_CONV_DGRAD_BN; 0: 256) */
   bool conv_prefetch; /* TMA data gradients prefetch their epilogue's rows (KILN_CONV_PREFETCH=1) */
@@ -279,7 +280,8 @@ typedef struct kiln__rendered {
   unsigned grid, block, grid_y; /* grid_y: tensors of a multi-tensor update (0: 1) */
   unsigned grid_z;              /* 0: 1 */
   unsigned smem;                /* bytes of dynamic shared memory */
-  bool sm90a;                   /* compiled for sm_90a (wgmma): Hopper only */
+  unsigned min_blocks; /* > 0: blocks an SM its launch bounds ask the registers to leave room for */
+  bool sm90a;          /* compiled for sm_90a (wgmma): Hopper only */
   bool pdl; /* begins with kiln_pdl_begin: launched with programmatic stream serialization */
   /* with ws_slot > 0: the executor binds the split-K workspace (KILN__CONV_WS_BYTES of floats)
    * to a.ptr[ws_slot] and its tile counters (KILN__CONV_COUNTERS, zero between launches) to

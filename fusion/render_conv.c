@@ -7,6 +7,8 @@
  *   - the forward product and the weight gradient (fusion/device/conv.cuh, wgmma, bf16 on
  *     sm_90a): the columns gathered from the image as each stage needs them, the weight
  *     gradient's reduction over the pixels split across blocks and summed inside the kernel;
+ *   - the forward product of a convolution with few input channels into 64 from a halo tile
+ *     (fusion/device/conv_few.cuh, mma.sync; KILN_CONV_FEW=1, kiln__conv_few_shape);
  *   - all three on conv_tma.cuh's kernels where they take the shape (KILN_CONV_TMA=0: never)
  *     (kiln__conv_tma_window, kiln__conv_tma_dgrad): the same products with the tiles copied by
  *     the Tensor Memory Accelerator, through tensor maps (tmap.h) that the executor encodes.
@@ -469,6 +471,48 @@ static bool render_direct(const kiln__node *n, const kiln__gemm *mm, const kiln_
   return ok;
 }
 
+/* The forward product of a few-channel convolution (kiln__conv_few_shape, KILN_CONV_FEW=1) from a
+ * halo tile: conv_few.cuh, persistent blocks of 256 threads, two an SM, each tile 4 x 32 output
+ * pixels (8 x 16 where the output is at most 16 wide). */
+static bool render_few(const kiln__target *t, const kiln__node *n, const kiln__gemm *mm,
+                       kiln__rendered *r) {
+  const kiln_tensor *Y = mm->d, *X = n->in[0], *C = n->out;
+  const int64_t M = Y->shape[0], CO = Y->shape[1], ci = X->shape[3], oh = C->shape[1],
+                ow = C->shape[2];
+  const kiln__win w = kiln__win_of(n);
+  const int TW = ow > 16 ? 32 : 16, TH = 128 / TW;
+  /* kiln_few's SMEM: the filters, a zero chunk, two halos, the staged rows */
+  const int64_t ch = ci / 8, halo = (TH + w.kh - 1) * (TW + w.kw - 1) * ch;
+  const int64_t smem = CO * w.kh * w.kw * ch * 16 + 16 + 2 * halo * 16 + 128 * (CO * 2 + 16);
+  const int64_t tiles = X->shape[0] * ((oh + TH - 1) / TH) * ((ow + TW - 1) / TW);
+  const int64_t most = 2 * (int64_t)(t->num_sms > 0 ? t->num_sms : 132);
+  kiln__operands o = {0};
+  int slot[3];
+  char pre[640];
+  conv_operands(n, mm->b, Y, CO, "conv_few.cuh", &o, slot, pre, sizeof pre);
+  kiln__sb b = {0};
+  kiln__sb_printf(&b,
+                  "  extern __shared__ __align__(16) unsigned char kiln_smem[];\n"
+                  "  static_assert(kiln_few<G, %d, %d>::SMEM == %lld && kiln_few<G, %d, %d>::TILES "
+                  "== %lld, \"the launch's shared memory and tiles\");\n"
+                  "  kiln_conv_few<G, %d, %d>((const kiln_bf16 *)a.ptr[%d], (const kiln_bf16 "
+                  "*)a.ptr[%d], (kiln_bf16 *)a.ptr[%d], kiln_smem);\n",
+                  TH, TW, (long long)smem, TH, TW, (long long)tiles, TH, TW, slot[0], slot[1],
+                  slot[2]);
+  char stem[80];
+  snprintf(stem, sizeof stem, "k_conv_few_%lldx%lld_s1_%dx%d_bf16", (long long)w.kh,
+           (long long)w.kw, TH, TW);
+  r->block = KILN__BLOCK;
+  r->min_blocks = 2;
+  r->smem = (unsigned)smem;
+  r->arg.args.n = M;
+  r->grid = (unsigned)(tiles < most ? tiles : most);
+  bool ok = kiln__finish_with(&b, stem, &o, r, pre);
+  kiln__sb_free(&b);
+  kiln__tally_bytes(&o, r);
+  return ok;
+}
+
 /* The forward product Y (M, CO) = im2col(X) Wk^T: a block of 128 pixels by BN channels; TMA-fed
  * with tma, through X's im2col map (128 pixels a copy) and Wk's tiled one (64 x BN boxes). */
 static bool render_fprop(const kiln__target *t, const kiln__node *n, const kiln__gemm *mm,
@@ -480,6 +524,7 @@ static bool render_fprop(const kiln__target *t, const kiln__node *n, const kiln_
     return render_direct(n, mm, epi, r);
   KILN_ASSERT(epi->n == 0); /* kiln__direct_epilogue's alone */
   kiln__win w = kiln__win_of(n);
+  if (t->conv_few && kiln__conv_few_shape(&w, X->shape[3], CO)) return render_few(t, n, mm, r);
   tma = tma && kiln__conv_tma_window(&w, X->shape[3]);
   int BN = wgmma_width(CO, ws && !tma), stage = tma ? (128 + BN) * 128 : 0;
   int S = tma ? tma_stages(stage) : wgmma_stages(BN, ws);

@@ -285,6 +285,73 @@ Test(conv_tma, the_planner_gives_the_tma_kernels_what_they_take) {
   }
 }
 
+/* KILN_CONV_FEW=1: a bf16 convolution at stride 1 from 8 to 56 input channels (in 16-byte chunks)
+ * into 64, of at most 288 values a window, runs its forward product on conv_few.cuh's kernel
+ * (k_conv_few_: persistent blocks of 256 threads, two an SM, launched over at most two blocks an
+ * SM's worth of tiles, each with the filters, two halos and the staged rows in shared memory),
+ * which renders and compiles; 8 x 16 tiles on an output at most 16 wide, 4 x 32 on a wider one.
+ * Its gradients keep their kernels. Not without the switch, not at stride 2, not into 32
+ * channels, not over 64 (TMA's), not for 600 values a window. */
+Test(conv_tma, few_channel_forward_products_run_from_a_halo_tile) {
+  struct {
+    const char *what;
+    int64_t h, w, cin, cout, k;
+    int s;
+    bool on;
+    int want, th, tw;
+  } cases[] = {
+      {"24->64 3x3 on 9x7 images", 9, 7, 24, 64, 3, 1, true, 1, 8, 16},
+      {"24->64 3x3 on 31x31 images (air's first conv)", 31, 31, 24, 64, 3, 1, true, 1, 4, 32},
+      {"8->64 5x5", 9, 7, 8, 64, 5, 1, true, 1, 8, 16},
+      {"32->64 3x3 on 20x17 images", 20, 17, 32, 64, 3, 1, true, 1, 4, 32},
+      {"24->64 without the switch", 9, 7, 24, 64, 3, 1, false, 0, 0, 0},
+      {"24->64 stride 2", 9, 7, 24, 64, 3, 2, true, 0, 0, 0},
+      {"24->32", 9, 7, 24, 32, 3, 1, true, 0, 0, 0},
+      {"64->64 (TMA's)", 9, 7, 64, 64, 3, 1, true, 0, 0, 0},
+      {"24->64 5x5 (600 values a window)", 9, 7, 24, 64, 5, 1, true, 0, 0, 0},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+    const char *what = cases[i].what;
+    kiln_ctx *ctx = th_cpu_ctx();
+    ctx->conv_few = cases[i].on;
+    record_window(ctx, what, 4, cases[i].h, cases[i].w, cases[i].cin, cases[i].cout, cases[i].k,
+                  cases[i].s);
+    kiln__program pg;
+    cr_assert(kiln__program_build(ctx, ctx->trace.done, ctx->trace.n, &pg), "%s: %s", what,
+              th_err(ctx));
+    int few = 0, fprop = 0;
+    for (int k = 0; k < pg.plan.ng; k++) {
+      const kiln__call *c = &pg.call[k];
+      fprop += pg.plan.g[k].implicit == KILN__IMPLICIT_FPROP;
+      if (!strstr(c->name, "k_conv_few_")) continue;
+      few++;
+      cr_assert_eq(pg.plan.g[k].implicit, KILN__IMPLICIT_FPROP, "%s: %s", what, c->name);
+      cr_assert_eq(c->block, 256, "%s", what);
+      cr_assert_eq(c->ntmap, 0, "%s", what);
+      const int64_t th = cases[i].th, tw = cases[i].tw, k2 = cases[i].k, ch = cases[i].cin / 8;
+      const int64_t tiles = 4 * ((cases[i].h + th - 1) / th) * ((cases[i].w + tw - 1) / tw);
+      cr_assert_eq(c->grid, tiles < 2 * 132 ? tiles : 2 * 132, "%s: grid %u", what, c->grid);
+      cr_assert_eq(c->smem,
+                   (unsigned)(64 * k2 * k2 * ch * 16 + 16 +
+                              2 * (th + k2 - 1) * (tw + k2 - 1) * ch * 16 + 128 * 144),
+                   "%s: %u bytes of shared memory", what, c->smem);
+      kiln__target t = {.num_sms = 132, .conv_few = true};
+      kiln__rendered r;
+      memset(&r, 0, sizeof r);
+      cr_assert(kiln__render(&t, &pg.spec[k], &r), "%s", what);
+      char tiling[48];
+      snprintf(tiling, sizeof tiling, "kiln_conv_few<G, %lld, %lld>", (long long)th, (long long)tw);
+      cr_assert(strstr(r.src.s, "__launch_bounds__(256, 2)"), "%s: %s", what, r.src.s);
+      cr_assert(strstr(r.src.s, tiling), "%s: %s", what, r.src.s);
+      cr_assert_str_eq(r.name, c->name, "%s", what);
+      kiln__sb_free(&r.src);
+    }
+    cr_assert_eq(few, cases[i].want, "%s: %d forward products from a halo", what, few);
+    if (cases[i].want) cr_assert_eq(fprop, 1, "%s", what);
+    finish_program(ctx, &pg, what);
+  }
+}
+
 /* An explicit KILN_IMPLICIT_CONV_MAX_CO still caps the output channels of the implicit
  * forward products and weight gradients, TMA-fed or not (to measure one against the other). */
 Test(conv_tma, an_explicit_channel_cap_still_holds) {

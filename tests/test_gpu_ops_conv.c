@@ -4,8 +4,8 @@
  * (strides 1 and 2, padding 0 to 2, dilation, groups 1, 2 and depthwise, odd sizes, batch 1,
  * channel counts that are not multiples of 8, with and without bias, NULL options, a viewed
  * input), followed by a ReLU as networks use it, and the kernels that serve it (implicit GEMMs,
- * TMA-fed, direct; their epilogues and switches; the switches that must change no value are
- * test_gpu_conv_switches.c's, the cases both share conv_cases.h's); pooling is
+ * TMA-fed, from a halo tile, direct; their epilogues and switches; the switches that must change
+ * no value are test_gpu_conv_switches.c's, the cases both share conv_cases.h's); pooling is
  * test_gpu_ops_pool.c's. Every op's gradients are checked twice: tightly against the analytic
  * float64 gradients of sum(y * g), and against central finite differences (kiln_gradcheck) on the
  * small cases. Without a GPU every test skips, saying why.
@@ -464,6 +464,17 @@ Test(gpu_ops, conv2d_tma_step_graph_replays_match_eager_steps) {
     free(dx[k]);
     free(dw[k]);
   }
+}
+
+/* few_cases (KILN_CONV_FEW=1: the forward product from a halo tile, conv_few.cuh), each against
+ * float64 with its gradients. */
+Test(gpu_ops, conv2d_few_channels_from_a_halo_tile) {
+  setenv("KILN_CONV_FEW", "1", 1); /* read when the context is made */
+  TH_GPU_CTX_EAGER(ctx);
+  unsetenv("KILN_CONV_FEW");
+  for (size_t i = 0; i < sizeof few_cases / sizeof *few_cases; i++)
+    check_bf16_conv(ctx, &few_cases[i], 6100 + 10 * i, true);
+  th_ctx_free(ctx);
 }
 
 /* The input as a view: every other column of a wider image, and a crop of the channels. */

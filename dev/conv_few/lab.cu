@@ -1,6 +1,8 @@
 // lab.cu: the forward product of airbench's first 3x3 conv (31x31, 24 channels into 64, padding
-// 1), bf16, from a halo tile (few.cuh), beside the library's kernel for it (fusion/device/conv.cuh's
-// wgmma product, BN 64, 4 stages, as render_conv.c takes it; and with KILN_CONV_AHEAD's loop),
+// 1), bf16, from a halo tile (fusion/device/conv_few.cuh, KILN_CONV_FEW; first written here as
+// few.cuh, 414c42e, with a variant storing 4 bytes a lane), beside conv.cuh's kernel for it
+// (the wgmma product, BN 64, 4 stages, as render_conv.c takes it without KILN_CONV_FEW; and with
+// KILN_CONV_AHEAD's loop),
 // at batch 1024 (the air workload) and 2000 (the CIFAR-10 example's muon step). Each kernel is
 // checked first against a float64-accumulating reference on the whole output at batch 8 and at
 // the timed batch; the timed operands are random, never zero.
@@ -13,9 +15,16 @@
 // the largest error against the reference relative to the largest |ref|.
 #include <cuda_runtime.h>
 
-#include "../../fusion/device/conv.cuh" /* the library's wgmma products */
+#include "../../fusion/device/conv.cuh"     /* the library's wgmma products */
+#include "../../fusion/device/conv_few.cuh" /* and its halo-tile one */
 #include "../conv_engine/lab_util.h"
-#include "few.cuh"
+
+/* conv_few.cuh's kernel as render_conv.c's render_few wraps it */
+template <class G, int TH, int TW>
+__global__ void __launch_bounds__(256, 2) few_fprop(const kiln_bf16 *x, const kiln_bf16 *wk, kiln_bf16 *y) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  kiln_conv_few<G, TH, TW>(x, wk, y, smem);
+}
 
 template <class G, int BN, int S, bool AHEAD>
 __global__ void __launch_bounds__(256, 1)
@@ -56,21 +65,20 @@ static int num_sms() {
 }
 
 /* few_fprop's grid: as many blocks as fit the GPU at once (at most one a tile), or `per_sm` an SM */
-template <class G, int TH, int TW, bool STAGE> static unsigned few_grid(int per_sm) {
-  using F = Few<G, TH, TW>;
-  constexpr int smem = F::smem(STAGE);
-  CK(cudaFuncSetAttribute(few_fprop<G, TH, TW, STAGE>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+template <class G, int TH, int TW> static unsigned few_grid(int per_sm) {
+  constexpr int smem = kiln_few<G, TH, TW>::SMEM;
+  CK(cudaFuncSetAttribute(few_fprop<G, TH, TW>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   int fit = 0;
-  CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&fit, few_fprop<G, TH, TW, STAGE>, 256, smem));
+  CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&fit, few_fprop<G, TH, TW>, 256, smem));
   if (per_sm > 0 && per_sm < fit) fit = per_sm;
   const long long g = (long long)fit * num_sms();
-  return (unsigned)(g < F::TILES ? g : F::TILES);
+  return (unsigned)(g < kiln_few<G, TH, TW>::TILES ? g : kiln_few<G, TH, TW>::TILES);
 }
 
-template <class G, int TH, int TW, bool STAGE>
+template <class G, int TH, int TW>
 static unsigned few_launch(const kiln_bf16 *x, const kiln_bf16 *wk, kiln_bf16 *y, int per_sm) {
-  const unsigned grid = few_grid<G, TH, TW, STAGE>(per_sm);
-  few_fprop<G, TH, TW, STAGE><<<grid, 256, Few<G, TH, TW>::smem(STAGE)>>>(x, wk, y);
+  const unsigned grid = few_grid<G, TH, TW>(per_sm);
+  few_fprop<G, TH, TW><<<grid, 256, kiln_few<G, TH, TW>::SMEM>>>(x, wk, y);
   return grid;
 }
 
@@ -116,20 +124,17 @@ template <int N> static void batch(const char *name) {
   run<G, G8>(name, "library, KILN_CONV_AHEAD's loop",
              [](const kiln_bf16 *x, const kiln_bf16 *w, kiln_bf16 *y) { return Lib::launch<G, true>(x, w, y); },
              [](const kiln_bf16 *x, const kiln_bf16 *w, kiln_bf16 *y) { return Lib::launch<G8, true>(x, w, y); });
-#define FEW(TH, TW, STAGE, PER_SM)                                                                 \
-  run<G, G8>(name, "halo " #TH "x" #TW ", stage " #STAGE ", " #PER_SM " an SM (0: all that fit)", \
+#define FEW(TH, TW, PER_SM)                                                                        \
+  run<G, G8>(name, "conv_few.cuh, halo " #TH "x" #TW ", " #PER_SM " an SM (0: all that fit)",      \
              [](const kiln_bf16 *x, const kiln_bf16 *w, kiln_bf16 *y) {                            \
-               return few_launch<G, TH, TW, STAGE>(x, w, y, PER_SM);                               \
+               return few_launch<G, TH, TW>(x, w, y, PER_SM);                                      \
              },                                                                                    \
              [](const kiln_bf16 *x, const kiln_bf16 *w, kiln_bf16 *y) {                            \
-               return few_launch<G8, TH, TW, STAGE>(x, w, y, PER_SM);                              \
+               return few_launch<G8, TH, TW>(x, w, y, PER_SM);                                     \
              })
-  FEW(4, 32, false, 0);
-  FEW(4, 32, true, 0);
-  FEW(8, 16, false, 0);
-  FEW(8, 16, true, 0);
-  FEW(4, 32, false, 2);
-  FEW(8, 16, true, 2);
+  FEW(4, 32, 0);
+  FEW(8, 16, 0);
+  FEW(4, 32, 1);
 #undef FEW
 }
 

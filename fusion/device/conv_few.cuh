@@ -1,0 +1,154 @@
+/*
+ * conv_few.cuh: the forward product of a stride-1 convolution with few input channels (in 16-byte
+ * chunks, fewer than a 64-channel stage) into 64 output channels, from a halo tile in shared
+ * memory on mma.sync (bf16, f32 accumulators): airbench's first 3x3 conv, 24 channels into 64.
+ * conv.cuh's kernel gathers every tap of every pixel from L2 (27 chunks of 16 bytes a pixel at
+ * 3x3x24), and on the H100 took 243 us at batch 1024 where this takes 105 (dev/conv_few).
+ *
+ * A block (256 threads, two an SM) is persistent: it keeps the filters in shared memory for every
+ * tile it takes (tiles blockIdx.x, + gridDim.x, ...; a tile is TH x TW output pixels of one
+ * image), loads a tile's window of the image (the halo, (TH + KH - 1) x (TW + KW - 1) pixels, zeros
+ * past the image) once, the next tile's while it multiplies this one (two buffers), and feeds the
+ * products with ldmatrix straight from the halo: lane l gives the address of its pixel's chunk for
+ * the tap, so the A operand of tap (i, j) is the halo shifted by (i, j), never copied.
+ *
+ * The reduction runs over K = KH KW CI in chunks of 8 channels (q: tap q / (CI / 8), channels
+ * 8 (q % (CI / 8)) on), two chunks a k16 step, from one tap or two, the last step's second chunk a
+ * zero chunk when their count is odd: 3x3x24 takes 14 steps (27 chunks). Wk (CO, K), K innermost,
+ * is 64 rows of those chunks, as its copy in shared memory. Each warp computes 32 pixels x 32
+ * channels (warp % 4: pixels, warp / 4: channels); the results go through shared memory (rows
+ * padded to 144 bytes: no bank conflicts) and out 16 bytes a lane. Every output value is one
+ * thread's sum in a fixed order: the same bits every run.
+ *
+ * G is conv.cuh's geometry (render_conv.c's conv_operands). x is (N, H, W, CI), y (M, CO) bf16.
+ * The generated kernel (render_conv.c's render_few) launches 256 threads a block with
+ * kiln_few<G, TH, TW>::SMEM bytes of dynamic shared memory and at most two blocks an SM's
+ * worth of tiles a grid.
+ */
+#ifndef KILN_CONV_FEW_CUH
+#define KILN_CONV_FEW_CUH
+
+#include "bf16.cuh"
+#include "defs.cuh"
+#include "mma.cuh"
+
+template <class G, int TH, int TW> struct kiln_few {
+  static_assert(G::CI % 8 == 0 && G::CO == 64 && G::SH == 1 && G::SW == 1 && G::DH == 1 &&
+                    G::DW == 1 && TH * TW == 128 && TW % 16 == 0,
+                "conv_few.cuh: stride 1, no dilation, 64 output channels, 128-pixel tiles");
+  static constexpr int CH = G::CI / 8;           /* chunks a pixel */
+  static constexpr int NCH = G::KH * G::KW * CH; /* chunks a window: a row of Wk */
+  static constexpr int KS = (NCH + 1) / 2;       /* k16 steps */
+  static constexpr int HH = TH + G::KH - 1, HW = TW + G::KW - 1;
+  static constexpr int HALO = HH * HW * CH; /* chunks of a halo */
+  static constexpr int TILES_W = (G::OW + TW - 1) / TW, TILES_H = (G::OH + TH - 1) / TH;
+  static constexpr int TILES = G::N * TILES_H * TILES_W;
+  static constexpr int ROW = G::CO * 2 + 16; /* bytes of a staged output row */
+  static constexpr int F_BYTES = G::CO * NCH * 16;
+  static constexpr int SMEM = F_BYTES + 16 + 2 * HALO * 16 + 128 * ROW;
+  /* byte offset in the halo of chunk q of a window, from the window's first pixel */
+  __host__ __device__ static constexpr int off(int q) {
+    return ((q / CH / G::KW) * HW + q / CH % G::KW) * CH * 16 + q % CH * 16;
+  }
+};
+
+/* The halo of tile `tile` into buf: its chunks' copies, issued by the block; zeros past the image.
+ */
+template <class G, int TH, int TW>
+KILN__FN void kiln_few_halo(const kiln_bf16 *x, int tile, unsigned char *buf) {
+  using F = kiln_few<G, TH, TW>;
+  const int tw = tile % F::TILES_W, r = tile / F::TILES_W, n = r / F::TILES_H;
+  const int h0 = r % F::TILES_H * TH - G::PH, w0 = tw * TW - G::PW;
+  for (int i = threadIdx.x; i < F::HALO; i += 256) {
+    const int c = i % F::CH, p = i / F::CH, h = h0 + p / F::HW, w = w0 + p % F::HW;
+    const bool in = h >= 0 && h < G::H && w >= 0 && w < G::W;
+    const kiln_bf16 *src = in ? x + (((long long)n * G::H + h) * G::W + w) * G::CI + c * 8 : x;
+    kiln_cp16(buf + i * 16, src, in);
+  }
+}
+
+template <class G, int TH, int TW>
+KILN__FN void kiln_conv_few(const kiln_bf16 *__restrict__ x, const kiln_bf16 *__restrict__ wk,
+                            kiln_bf16 *__restrict__ y, unsigned char *smem) {
+  using F = kiln_few<G, TH, TW>;
+  unsigned char *filt = smem, *zero = smem + F::F_BYTES, *halo = zero + 16;
+  unsigned char *stage = halo + 2 * F::HALO * 16;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  for (int i = tid; i < G::CO * F::NCH; i += 256)
+    kiln_cp16(filt + i * 16, wk + (long long)i * 8, true);
+  if (tid < 4) ((unsigned *)zero)[tid] = 0u;
+  const int wm = warp & 3, wn = warp >> 2, hi = lane >> 4;
+  /* A: lanes 0-15 give rows 0-15 of an m16 tile at the step's first chunk, 16-31 its second */
+  int abase[2];
+#pragma unroll
+  for (int mt = 0; mt < 2; mt++) {
+    const int p = wm * 32 + mt * 16 + (lane & 15);
+    abase[mt] = (p / TW * F::HW + p % TW) * F::CH * 16;
+  }
+  /* B: lanes 0-7 n-tile 0 at the first chunk, 8-15 at the second, 16-31 n-tile 1 likewise */
+  const int bco = wn * 32 + (lane & 7) + 8 * (lane >> 4), bsel = (lane >> 3) & 1;
+  kiln_few_halo<G, TH, TW>(x, blockIdx.x, halo);
+  kiln_cp_commit();
+  int b = 0;
+  for (int tile = blockIdx.x; tile < F::TILES; tile += gridDim.x, b ^= 1) {
+    if (tile + (int)gridDim.x < F::TILES)
+      kiln_few_halo<G, TH, TW>(x, tile + gridDim.x, halo + (b ^ 1) * F::HALO * 16);
+    kiln_cp_commit();
+    kiln_cp_wait<1>(); /* this tile's halo (and, the first time, the filters) landed */
+    __syncthreads();
+    const unsigned char *h = halo + b * F::HALO * 16;
+    float c[2][4][4];
+#pragma unroll
+    for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+      for (int nt = 0; nt < 4; nt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+          c[mt][nt][e] = 0.f;
+#pragma unroll
+    for (int s = 0; s < F::KS; s++) {
+      const int aoff = hi ? F::off(2 * s + 1) : F::off(2 * s);
+      const bool avalid = 2 * s + hi < F::NCH;
+      unsigned a[2][4];
+#pragma unroll
+      for (int mt = 0; mt < 2; mt++)
+        kiln_ldsm4(avalid ? h + abase[mt] + aoff : zero, a[mt]);
+      const int q = 2 * s + bsel;
+#pragma unroll
+      for (int pr = 0; pr < 2; pr++) {
+        unsigned bf[4];
+        kiln_ldsm4(q < F::NCH ? filt + ((bco + 16 * pr) * F::NCH + q) * 16 : zero, bf);
+#pragma unroll
+        for (int mt = 0; mt < 2; mt++) {
+          kiln_mma_bf16(c[mt][2 * pr], a[mt], bf[0], bf[1]);
+          kiln_mma_bf16(c[mt][2 * pr + 1], a[mt], bf[2], bf[3]);
+        }
+      }
+    }
+    /* the warp's 32 x 32 results into its part of the staged rows, then out 16 bytes a lane */
+#pragma unroll
+    for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+      for (int e2 = 0; e2 < 2; e2++) {
+        const int p = wm * 32 + mt * 16 + (lane >> 2) + 8 * e2;
+#pragma unroll
+        for (int nt = 0; nt < 4; nt++)
+          *(unsigned *)(stage + p * F::ROW + (wn * 32 + nt * 8 + 2 * (lane & 3)) * 2) =
+              kiln_bf16x2_bits(c[mt][nt][2 * e2], c[mt][nt][2 * e2 + 1]);
+      }
+    __syncwarp();
+    const int tw = tile % F::TILES_W, r = tile / F::TILES_W, n = r / F::TILES_H;
+    const int oh0 = r % F::TILES_H * TH, ow0 = tw * TW;
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+      const int i = k * 32 + lane, p = wm * 32 + i / 4, ch = i % 4;
+      const int oh = oh0 + p / TW, ow = ow0 + p % TW;
+      if (oh < G::OH && ow < G::OW)
+        *(uint4 *)&y[(((long long)n * G::OH + oh) * G::OW + ow) * G::CO + wn * 32 + ch * 8] =
+            *(const uint4 *)(stage + p * F::ROW + (wn * 32 + ch * 8) * 2);
+    }
+    __syncthreads(); /* every warp is done with this halo and its staged rows */
+  }
+}
+
+#endif
