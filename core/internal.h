@@ -387,7 +387,7 @@ struct kiln_ctx {
    * read once (KILN_POOL_GRAD_BLOCKS=0: a pixel a thread) */
   bool pool_grad_blocks;
   /* a forward product with few input channels into 64 (kiln__conv_few_shape) from a halo tile in
-   * shared memory (fusion/device/conv_few.cuh; KILN_CONV_FEW=1) */
+   * shared memory (fusion/device/conv_few.cuh; KILN_CONV_FEW=0: the cp.async implicit GEMM) */
   bool conv_few;
   /* kiln's kernels launched as programmatic dependents of the kernel before them on sm_90, each
    * waiting first, then letting the next launch (KILN_PDL=1; off: slower on the H100) */

@@ -252,7 +252,8 @@ typedef struct kiln__target {
   bool im2col_lanes; /* im2col of 2 or 3 channels a tap a thread (KILN_IM2COL_LANES=1) */
   bool im2col_rows;  /* im2col of a few channels a row a thread (KILN_IM2COL_ROWS=0: off) */
   bool pool_grad_blocks; /* max pooling's gradient a block of pixels a thread (=0: off) */
-  bool conv_few; /* few-channel forward products from a halo tile (KILN_CONV_FEW=1, conv_few.cuh) */
+  bool conv_few; /* few-channel forward products from a halo tile (conv_few.cuh; KILN_CONV_FEW=0:
+                    off) */
   bool pdl; /* kernels begin with kiln_pdl_begin and launch as dependents (KILN_PDL=1, sm_90) */
   int conv_dgrad_bn;  /* TMA data gradients' widest tile (KILN_CONV_DGRAD_BN; 0: 256) */
   bool conv_prefetch; /* TMA data gradients prefetch their epilogue's rows (KILN_CONV_PREFETCH=1) */

@@ -8,7 +8,7 @@
  *     sm_90a): the columns gathered from the image as each stage needs them, the weight
  *     gradient's reduction over the pixels split across blocks and summed inside the kernel;
  *   - the forward product of a convolution with few input channels into 64 from a halo tile
- *     (fusion/device/conv_few.cuh, mma.sync; KILN_CONV_FEW=1, kiln__conv_few_shape);
+ *     (fusion/device/conv_few.cuh, mma.sync; kiln__conv_few_shape, unless KILN_CONV_FEW=0);
  *   - all three on conv_tma.cuh's kernels where they take the shape (KILN_CONV_TMA=0: never)
  *     (kiln__conv_tma_window, kiln__conv_tma_dgrad): the same products with the tiles copied by
  *     the Tensor Memory Accelerator, through tensor maps (tmap.h) that the executor encodes.
@@ -471,9 +471,9 @@ static bool render_direct(const kiln__node *n, const kiln__gemm *mm, const kiln_
   return ok;
 }
 
-/* The forward product of a few-channel convolution (kiln__conv_few_shape, KILN_CONV_FEW=1) from a
- * halo tile: conv_few.cuh, persistent blocks of 256 threads, two an SM, each tile 4 x 32 output
- * pixels (8 x 16 where the output is at most 16 wide). */
+/* The forward product of a few-channel convolution (kiln__conv_few_shape; KILN_CONV_FEW=0: not)
+ * from a halo tile: conv_few.cuh, persistent blocks of 256 threads, two an SM, each tile 4 x 32
+ * output pixels (8 x 16 where the output is at most 16 wide). */
 static bool render_few(const kiln__target *t, const kiln__node *n, const kiln__gemm *mm,
                        kiln__rendered *r) {
   const kiln_tensor *Y = mm->d, *X = n->in[0], *C = n->out;

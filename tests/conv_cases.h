@@ -37,7 +37,8 @@ static inline ref_win conv_win(const conv_case *c) {
   { __VA_ARGS__ }
 
 /* bf16 convolutions with at most 64 output channels, whose forward product and weight gradient
- * run as implicit GEMMs on sm_90 (fusion/device/conv.cuh; elsewhere im2col and cuBLAS), and two
+ * run as implicit GEMMs on sm_90 (fusion/device/conv.cuh, with KILN_CONV_FEW=0 where a forward
+ * product would come from a halo tile; elsewhere im2col and cuBLAS), and two
  * wider ones whose data gradient does (the forward product of dY with the filters flipped): pixel
  * counts and reductions that are not multiples of the tiles, output channels that fill part of a
  * tile, stride 2, padding 0 to 2, dilation, batch 1, and two cases with enough pixels for the
@@ -105,12 +106,13 @@ static const conv_case direct_cases[] = {
     {"3->8 1x3 pad (0, 1), batch 1", 1, 7, 5, 3, 8, 1, 3, CO(.pad_w = 1), 0, 0, 0},
 };
 
-/* KILN_CONV_FEW=1: bf16 convolutions at stride 1 from few input channels (in 16-byte chunks) into
- * 64 run their forward product on conv_few.cuh's halo-tile kernel (test_cpu_conv_tma's
+/* KILN_CONV_FEW (on by default): bf16 convolutions at stride 1 from few input channels (in 16-byte
+ * chunks) into 64 run their forward product on conv_few.cuh's halo-tile kernel (test_cpu_conv_tma's
  * few_channel_forward_products_run_from_a_halo_tile checks the planner gives it these): air's
  * first conv with more tiles than a grid's blocks (each block takes several), tiles past the
  * image on both sides (8x16 and 4x32), an odd number of 8-channel chunks a window (27, 25: the
- * last step's zero chunk), a 5x5 window, no padding, a 1x3 window two tiles wide, batch 1. */
+ * last step's zero chunk), a 5x5 window, no padding, a 1x3 window two tiles wide, batch 1, and
+ * ResNet-18's stem as kiln runs it (KILN_CONV_S2D: 4x4 over 16 channels, 2-way bank conflicts). */
 static const conv_case few_cases[] = {
     {"24->64 3x3 pad 1 (air's first conv) on 31x31 images, 40 of them", 40, 31, 31, 24, 64, 3, 3,
      CO(.pad_h = 1, .pad_w = 1), 0, 0, 0},
@@ -118,6 +120,8 @@ static const conv_case few_cases[] = {
     {"8->64 5x5 pad 2, batch 1", 1, 13, 11, 8, 64, 5, 5, CO(.pad_h = 2, .pad_w = 2), 0, 0, 0},
     {"32->64 3x3 (no padding) on 20x17 images", 2, 20, 17, 32, 64, 3, 3, CO(0), 0, 0, 0},
     {"16->64 1x3 pad (0, 1) on 5x40 images", 2, 5, 40, 16, 64, 1, 3, CO(.pad_w = 1), 0, 0, 0},
+    {"16->64 4x4 (ResNet's stem on its 2x2 blocks) on 39x37 images", 2, 39, 37, 16, 64, 4, 4, CO(0),
+     0, 0, 0},
 };
 
 #endif

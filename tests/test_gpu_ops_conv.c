@@ -336,11 +336,21 @@ static void check_bf16_conv(kiln_ctx *ctx, const conv_case *c, uint64_t seed, bo
   th_assert_ok(ctx);
 }
 
-Test(gpu_ops, conv2d_forward_and_weight_gradient_as_implicit_gemms) {
+/* The n cases, each against float64 with its gradients (check_bf16_conv, seeds from seed on), in
+ * a context made with KILN_CONV_FEW set to few. */
+static void check_cases_few(const char *few, const conv_case *cases, size_t n, uint64_t seed) {
+  setenv("KILN_CONV_FEW", few, 1); /* read when the context is made */
   TH_GPU_CTX_EAGER(ctx);
-  for (size_t i = 0; i < sizeof wgmma_cases / sizeof *wgmma_cases; i++)
-    check_bf16_conv(ctx, &wgmma_cases[i], 3700 + 10 * i, true);
+  unsetenv("KILN_CONV_FEW");
+  for (size_t i = 0; i < n; i++)
+    check_bf16_conv(ctx, &cases[i], seed + 10 * i, true);
   th_ctx_free(ctx);
+}
+
+/* wgmma_cases on conv.cuh's kernels: KILN_CONV_FEW=0, or 24->64 and 8->64 would take their
+ * forward products from a halo tile (conv2d_few_channels_from_a_halo_tile checks that one) */
+Test(gpu_ops, conv2d_forward_and_weight_gradient_as_implicit_gemms) {
+  check_cases_few("0", wgmma_cases, sizeof wgmma_cases / sizeof *wgmma_cases, 3700);
 }
 
 /* Whether the TMA-fed data gradient takes case c (kiln__conv_tma_dgrad): stride 1, input and
@@ -466,15 +476,10 @@ Test(gpu_ops, conv2d_tma_step_graph_replays_match_eager_steps) {
   }
 }
 
-/* few_cases (KILN_CONV_FEW=1: the forward product from a halo tile, conv_few.cuh), each against
+/* few_cases (KILN_CONV_FEW=1, the default: the forward product from a halo tile), each against
  * float64 with its gradients. */
 Test(gpu_ops, conv2d_few_channels_from_a_halo_tile) {
-  setenv("KILN_CONV_FEW", "1", 1); /* read when the context is made */
-  TH_GPU_CTX_EAGER(ctx);
-  unsetenv("KILN_CONV_FEW");
-  for (size_t i = 0; i < sizeof few_cases / sizeof *few_cases; i++)
-    check_bf16_conv(ctx, &few_cases[i], 6100 + 10 * i, true);
-  th_ctx_free(ctx);
+  check_cases_few("1", few_cases, sizeof few_cases / sizeof *few_cases, 6100);
 }
 
 /* The input as a view: every other column of a wider image, and a crop of the channels. */
