@@ -74,7 +74,8 @@
 #                     in shared memory, conv_few.cuh; ResNet-18's stem too): its test
 #                     (test_gpu_ops_conv), the air, air_muon and resnet18 steps without and with
 #                     it (bench/ab_steps.sh, three rounds), then
-#                     dev/conv_few's lab (the kernel beside conv.cuh's, batch 1024 and 2000)
+#                     dev/conv_few's lab (the kernel beside conv.cuh's, batch 1024 and 2000; then
+#                     the lab's weight gradient from the same halo tiles, not yet in the library)
 #   muon_step         the CIFAR-10 example's default step (profile_step's air_muon: batch 2000,
 #                     Muon for the filters): ms/step, peak, and its 40 costliest kernels in a
 #                     timeline trace, Muon's Newton-Schulz products among them (issue 22)
@@ -223,7 +224,7 @@ step pdl 560 "KILN_PDL=1 ctest --test-dir $build -E '^fuzz_' --output-on-failure
 step few 300 "ctest --test-dir $build -R test_gpu_ops_conv --output-on-failure | tail -n 3
   bash bench/ab_steps.sh $build 3 air air_muon resnet18 -- KILN_CONV_FEW=0 ''
   nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -o /tmp/lab_few dev/conv_few/lab.cu &&
-    /tmp/lab_few"
+    /tmp/lab_few && /tmp/lab_few wgrad"
 step muon_step 200 "$build/profile_step --workload air_muon --mode graph
   mkdir -p $out/trace_muon && timeout 120 $build/profile_step --workload air_muon --mode graph \
     --trace $out/trace_muon > /dev/null &&

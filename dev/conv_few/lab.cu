@@ -8,7 +8,8 @@
 // the timed batch; the timed operands are random, never zero.
 //
 //   nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -o /tmp/lab_few dev/conv_few/lab.cu
-//   /tmp/lab_few
+//   /tmp/lab_few          the forward products
+//   /tmp/lab_few wgrad    wgrad.cuh's weight gradient from the same halo tiles (not in the library)
 //
 // Prints one line a kernel and batch: us (median of 15 timings of 10 launches), TFLOP/s (2 M CO K),
 // GB/s over the bytes a kernel must move at least (image, filters, output once), the grid, and
@@ -18,6 +19,7 @@
 #include "../../fusion/device/conv.cuh"     /* the library's wgmma products */
 #include "../../fusion/device/conv_few.cuh" /* and its halo-tile one */
 #include "../conv_engine/lab_util.h"
+#include "wgrad.cuh" /* the weight gradient from the same halo tiles (not in the library) */
 
 /* conv_few.cuh's kernel as render_conv.c's render_few wraps it */
 template <class G, int TH, int TW>
@@ -138,7 +140,82 @@ template <int N> static void batch(const char *name) {
 #undef FEW
 }
 
-int main() {
+/* ./lab_few wgrad: wgrad.cuh's weight gradient at batch G::N, checked against float64 at batch 8
+ * and at G::N, then timed: the partial products alone, their sum alone, and both */
+template <class G, class G8, int TH, int TW> static void run_wgrad(const char *name) {
+  using W = FewW<G, TH, TW>;
+  CK(cudaFuncSetAttribute(few_wgrad<G, TH, TW>, cudaFuncAttributeMaxDynamicSharedMemorySize, W::SMEM));
+  CK(cudaFuncSetAttribute(few_wgrad<G8, TH, TW>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                          FewW<G8, TH, TW>::SMEM));
+  int fit = 0;
+  CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&fit, few_wgrad<G, TH, TW>, 256, W::SMEM));
+  float *part;
+  CK(cudaMalloc(&part, (size_t)2 * num_sms() * W::KP * G::CO * 4));
+  auto launch = [&](auto g, const kiln_bf16 *x, const kiln_bf16 *dy, kiln_bf16 *dw, bool main, bool sum) {
+    using GG = decltype(g);
+    const long long most = 2LL * num_sms(), tiles = kiln_few<GG, TH, TW>::TILES;
+    const int grid = (int)(tiles < most ? tiles : most);
+    if (main) few_wgrad<GG, TH, TW><<<grid, 256, FewW<GG, TH, TW>::SMEM>>>(x, dy, part);
+    if (sum) few_wgrad_sum<GG, TH, TW><<<(GG::K * GG::CO + 255) / 256, 256>>>(part, grid, dw);
+    return grid;
+  };
+  double err[2];
+  int grid = 0;
+  auto check = [&](auto g, int slot) {
+    using GG = decltype(g);
+    kiln_bf16 *x = random_bf16((size_t)GG::N * GG::H * GG::W * GG::CI, 1.f, 21);
+    kiln_bf16 *dy = random_bf16((size_t)GG::M * GG::CO, 1.f, 22), *dw;
+    float *ref;
+    CK(cudaMalloc(&dw, (size_t)GG::K * GG::CO * 2));
+    CK(cudaMemset(dw, 0xff, (size_t)GG::K * GG::CO * 2));
+    CK(cudaMalloc(&ref, (size_t)GG::K * GG::CO * 4));
+    launch(g, x, dy, dw, true, true);
+    ref_wgrad<GG><<<(GG::K * GG::CO + 255) / 256, 256>>>(x, dy, ref); /* dWt (K, CO) */
+    CK(cudaDeviceSynchronize());
+    /* the reference is (K, CO), the result (CO, K): compare it transposed on the host */
+    std::vector<unsigned short> hd((size_t)GG::K * GG::CO);
+    std::vector<float> hr((size_t)GG::K * GG::CO);
+    CK(cudaMemcpy(hd.data(), dw, hd.size() * 2, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(hr.data(), ref, hr.size() * 4, cudaMemcpyDeviceToHost));
+    double md = 0, mr = 0;
+    for (int k = 0; k < GG::K; k++)
+      for (int co = 0; co < GG::CO; co++) {
+        const float v = bf16_to_f(hd[(size_t)co * GG::K + k]), r = hr[(size_t)k * GG::CO + co];
+        md = std::isfinite(v) ? std::max(md, (double)std::fabs(v - r)) : INFINITY;
+        mr = std::max(mr, (double)std::fabs(r));
+      }
+    err[slot] = mr > 0 ? md / mr : md;
+    cudaFree(x), cudaFree(dy), cudaFree(dw), cudaFree(ref);
+  };
+  check(G8(), 0);
+  check(G(), 1);
+  kiln_bf16 *x = random_bf16((size_t)G::N * G::H * G::W * G::CI, 1.f, 23);
+  kiln_bf16 *dy = random_bf16((size_t)G::M * G::CO, 1.f, 24), *dw;
+  CK(cudaMalloc(&dw, (size_t)G::K * G::CO * 2));
+  const char *what[3] = {"partial products", "their sum", "both"};
+  for (int m = 0; m < 3; m++) {
+    const float us = time_us([&] { grid = launch(G(), x, dy, dw, m != 1, m != 0); });
+    const double tf = 2.0 * G::M * G::CO * G::K / (us * 1e-6) / 1e12;
+    const double bytes = 2.0 * ((double)G::N * G::H * G::W * G::CI + (double)G::M * G::CO);
+    printf("| %s | wgrad.cuh halo %dx%d, %s | %.1f | %.1f | %.0f | %d (%d an SM fit) | %.1e, %.1e |\n",
+           name, TH, TW, what[m], us, tf, bytes / (us * 1e-6) / 1e9, grid, fit, err[0], err[1]);
+  }
+  cudaFree(x), cudaFree(dy), cudaFree(dw), cudaFree(part);
+}
+
+static int main_wgrad() {
+  printf("| conv 31x31x24->64, 3x3, weight gradient | kernel | us | TFLOP/s | GB/s (X and dY once) | grid | max err / max |ref| (batch 8, timed batch) |\n");
+  printf("| --- | --- | --- | --- | --- | --- | --- |\n");
+  run_wgrad<A1<1024>, A1<8>, 4, 32>("batch 1024");
+  run_wgrad<A1<1024>, A1<8>, 8, 16>("batch 1024");
+  run_wgrad<A1<2000>, A1<8>, 4, 32>("batch 2000");
+  printf("(the library's cp.async weight gradient in the steps' traces on the H100: 206.5 us at "
+         "batch 1024, 337.7 at 2000)\n");
+  return 0;
+}
+
+int main(int argc, char **argv) {
+  if (argc > 1 && strcmp(argv[1], "wgrad") == 0) return main_wgrad();
   cudaDeviceProp p;
   CK(cudaGetDeviceProperties(&p, 0));
   printf("%s, %d SMs; bf16 dense peak 989.4 TFLOP/s (H200 and H100 SXM), HBM 4.8 TB/s (H200) or "
