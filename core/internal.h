@@ -389,6 +389,8 @@ struct kiln_ctx {
   /* a forward product with few input channels into 64 (kiln__conv_few_shape) from a halo tile in
    * shared memory (fusion/device/conv_few.cuh; KILN_CONV_FEW=0: the cp.async implicit GEMM) */
   bool conv_few;
+  /* their weight gradients from the same halo tiles (KILN_CONV_FEW_WGRAD=1; off) */
+  bool conv_few_wgrad;
   /* kiln's kernels launched as programmatic dependents of the kernel before them on sm_90, each
    * waiting first, then letting the next launch (KILN_PDL=1; off: slower on the H100) */
   bool pdl;

@@ -8,7 +8,8 @@
  *     sm_90a): the columns gathered from the image as each stage needs them, the weight
  *     gradient's reduction over the pixels split across blocks and summed inside the kernel;
  *   - the forward product of a convolution with few input channels into 64 from a halo tile
- *     (fusion/device/conv_few.cuh, mma.sync; kiln__conv_few_shape, unless KILN_CONV_FEW=0);
+ *     (fusion/device/conv_few.cuh, mma.sync; kiln__conv_few_shape, unless KILN_CONV_FEW=0), and
+ *     with KILN_CONV_FEW_WGRAD=1 its weight gradient from the same tiles;
  *   - all three on conv_tma.cuh's kernels where they take the shape (KILN_CONV_TMA=0: never)
  *     (kiln__conv_tma_window, kiln__conv_tma_dgrad): the same products with the tiles copied by
  *     the Tensor Memory Accelerator, through tensor maps (tmap.h) that the executor encodes.
@@ -471,21 +472,57 @@ static bool render_direct(const kiln__node *n, const kiln__gemm *mm, const kiln_
   return ok;
 }
 
+/* A conv_few.cuh kernel's tiles over im2col node n's output (TH x TW pixels: 4 x 32, or 8 x 16
+ * where the output is at most 16 wide), their count, its halo's 16-byte chunks, and the grid of
+ * persistent blocks (two an SM, at most one a tile). */
+typedef struct {
+  int th, tw;
+  int64_t tiles, halo, grid;
+} few_tiling;
+
+static few_tiling few_tiles(const kiln__target *t, const kiln__node *n) {
+  const kiln_tensor *X = n->in[0], *C = n->out;
+  const kiln__win w = kiln__win_of(n);
+  few_tiling f = {.tw = C->shape[2] > 16 ? 32 : 16};
+  f.th = 128 / f.tw;
+  f.tiles = X->shape[0] * ((C->shape[1] + f.th - 1) / f.th) * ((C->shape[2] + f.tw - 1) / f.tw);
+  f.halo = (f.th + w.kh - 1) * (f.tw + w.kw - 1) * (X->shape[3] / 8);
+  const int64_t most = 2 * (int64_t)(t->num_sms > 0 ? t->num_sms : 132);
+  f.grid = f.tiles < most ? f.tiles : most;
+  return f;
+}
+
+/* Names, wraps and launches a conv_few.cuh kernel: 256 threads a block and two blocks an SM
+ * (the launch bounds' least), smem bytes of dynamic shared memory, f's grid. */
+static bool finish_few(kiln__sb *b, const char *what, const kiln__node *n, const char *pre,
+                       const kiln__operands *o, const few_tiling *f, int64_t smem, int64_t M,
+                       kiln__rendered *r) {
+  const kiln__win w = kiln__win_of(n);
+  char stem[80];
+  snprintf(stem, sizeof stem, "k_conv_%s_%lldx%lld_s1_%dx%d_bf16", what, (long long)w.kh,
+           (long long)w.kw, f->th, f->tw);
+  r->block = KILN__BLOCK;
+  r->min_blocks = 2;
+  r->smem = (unsigned)smem;
+  r->arg.args.n = M;
+  r->grid = (unsigned)f->grid;
+  bool ok = kiln__finish_with(b, stem, o, r, pre);
+  kiln__sb_free(b);
+  kiln__tally_bytes(o, r);
+  return ok;
+}
+
 /* The forward product of a few-channel convolution (kiln__conv_few_shape; KILN_CONV_FEW=0: not)
- * from a halo tile: conv_few.cuh, persistent blocks of 256 threads, two an SM, each tile 4 x 32
- * output pixels (8 x 16 where the output is at most 16 wide). */
+ * from a halo tile: conv_few.cuh's kiln_conv_few, persistent blocks. */
 static bool render_few(const kiln__target *t, const kiln__node *n, const kiln__gemm *mm,
                        kiln__rendered *r) {
-  const kiln_tensor *Y = mm->d, *X = n->in[0], *C = n->out;
-  const int64_t M = Y->shape[0], CO = Y->shape[1], ci = X->shape[3], oh = C->shape[1],
-                ow = C->shape[2];
+  const kiln_tensor *Y = mm->d, *X = n->in[0];
+  const int64_t CO = Y->shape[1];
   const kiln__win w = kiln__win_of(n);
-  const int TW = ow > 16 ? 32 : 16, TH = 128 / TW;
+  const few_tiling f = few_tiles(t, n);
   /* kiln_few's SMEM: the filters, a zero chunk, two halos, the staged rows */
-  const int64_t ch = ci / 8, halo = (TH + w.kh - 1) * (TW + w.kw - 1) * ch;
-  const int64_t smem = CO * w.kh * w.kw * ch * 16 + 16 + 2 * halo * 16 + 128 * (CO * 2 + 16);
-  const int64_t tiles = X->shape[0] * ((oh + TH - 1) / TH) * ((ow + TW - 1) / TW);
-  const int64_t most = 2 * (int64_t)(t->num_sms > 0 ? t->num_sms : 132);
+  const int64_t smem =
+      CO * w.kh * w.kw * (X->shape[3] / 8) * 16 + 16 + 2 * f.halo * 16 + 128 * (CO * 2 + 16);
   kiln__operands o = {0};
   int slot[3];
   char pre[640];
@@ -497,20 +534,42 @@ static bool render_few(const kiln__target *t, const kiln__node *n, const kiln__g
                   "== %lld, \"the launch's shared memory and tiles\");\n"
                   "  kiln_conv_few<G, %d, %d>((const kiln_bf16 *)a.ptr[%d], (const kiln_bf16 "
                   "*)a.ptr[%d], (kiln_bf16 *)a.ptr[%d], kiln_smem);\n",
-                  TH, TW, (long long)smem, TH, TW, (long long)tiles, TH, TW, slot[0], slot[1],
-                  slot[2]);
-  char stem[80];
-  snprintf(stem, sizeof stem, "k_conv_few_%lldx%lld_s1_%dx%d_bf16", (long long)w.kh,
-           (long long)w.kw, TH, TW);
-  r->block = KILN__BLOCK;
-  r->min_blocks = 2;
-  r->smem = (unsigned)smem;
-  r->arg.args.n = M;
-  r->grid = (unsigned)(tiles < most ? tiles : most);
-  bool ok = kiln__finish_with(&b, stem, &o, r, pre);
-  kiln__sb_free(&b);
-  kiln__tally_bytes(&o, r);
-  return ok;
+                  f.th, f.tw, (long long)smem, f.th, f.tw, (long long)f.tiles, f.th, f.tw, slot[0],
+                  slot[1], slot[2]);
+  return finish_few(&b, "few", n, pre, &o, &f, smem, Y->shape[0], r);
+}
+
+/* The weight gradient dW (CO, K) of a few-channel convolution (KILN_CONV_FEW_WGRAD=1) from the
+ * forward product's halo tiles: conv_few.cuh's kiln_conv_few_wgrad, the blocks' partial dWt in
+ * the split-K workspace (a.ptr[o.n]) and summed inside the kernel, its two counters the
+ * workspace's (a.ptr[o.n + 1]). mm->a is dY^T, a transpose of the dense dY (M, CO). */
+static bool render_few_wgrad(const kiln__target *t, const kiln__node *n, const kiln__gemm *mm,
+                             kiln__rendered *r) {
+  const kiln_tensor *dY = mm->a, *D = mm->d, *X = n->in[0];
+  const int64_t CO = D->shape[0];
+  const kiln__win w = kiln__win_of(n);
+  few_tiling f = few_tiles(t, n);
+  /* kiln_few_w's: K padded to 16-row tiles; a zero chunk, two halos, two tiles' dY rows */
+  const int64_t kp = (w.kh * w.kw * (X->shape[3] / 8) + 1) / 2 * 16;
+  const int64_t smem = 16 + 2 * f.halo * 16 + 2 * 128 * (CO * 2 + 16);
+  while (f.grid > 1 && f.grid * kp * CO * (int64_t)sizeof(float) > (int64_t)KILN__CONV_WS_BYTES)
+    f.grid--;
+  kiln__operands o = {0};
+  int slot[3];
+  char pre[640];
+  conv_operands(n, dY, D, CO, "conv_few.cuh", &o, slot, pre, sizeof pre);
+  kiln__sb b = {0};
+  kiln__sb_printf(&b,
+                  "  extern __shared__ __align__(16) unsigned char kiln_smem[];\n"
+                  "  static_assert(kiln_few_w<G, %d, %d>::SMEM == %lld && kiln_few_w<G, %d, "
+                  "%d>::KP == %lld, \"the launch's shared memory and workspace\");\n"
+                  "  kiln_conv_few_wgrad<G, %d, %d>((const kiln_bf16 *)a.ptr[%d], (const kiln_bf16 "
+                  "*)a.ptr[%d], (kiln_bf16 *)a.ptr[%d], (float *)a.ptr[%d], (unsigned *)a.ptr[%d], "
+                  "kiln_smem);\n",
+                  f.th, f.tw, (long long)smem, f.th, f.tw, (long long)kp, f.th, f.tw, slot[0],
+                  slot[1], slot[2], o.n, o.n + 1);
+  r->ws_slot = o.n;
+  return finish_few(&b, "few_wgrad", n, pre, &o, &f, smem, dY->shape[1], r);
 }
 
 /* The forward product Y (M, CO) = im2col(X) Wk^T: a block of 128 pixels by BN channels; TMA-fed
@@ -596,6 +655,8 @@ static bool render_wgrad(const kiln__target *t, const kiln__node *n, const kiln_
   const kiln_tensor *dY = mm->a, *D = mm->d, *X = n->in[0];
   int64_t CO = D->shape[0], K = D->shape[1], M = dY->shape[1];
   kiln__win w = kiln__win_of(n);
+  if (t->conv_few_wgrad && !grad && kiln__conv_few_shape(&w, X->shape[3], CO))
+    return render_few_wgrad(t, n, mm, r);
   bool tma = t->conv_tma && kiln__conv_tma_window(&w, X->shape[3]);
   bool ws = t->conv_warp_spec && !tma;
   /* TMA: 4 stages, not the 6 that fill 192 KB (the lab's 7x7x256->256 weight gradient: 126.8 us

@@ -352,6 +352,52 @@ Test(conv_tma, few_channel_forward_products_run_from_a_halo_tile) {
   }
 }
 
+/* KILN_CONV_FEW_WGRAD=1: the weight gradient of a convolution whose forward product comes from a
+ * halo tile runs on conv_few.cuh's kiln_conv_few_wgrad from the same tiles (k_conv_few_wgrad_,
+ * 256 threads, two blocks an SM, the split-K workspace after its operands, no maps), which renders
+ * and compiles; not without the switch, not where the forward product does not take the shape
+ * (stride 2), and not with KILN_CONV_WGRAD_INTO (that kernel writes the f32 gradient itself). */
+Test(conv_tma, few_channel_weight_gradients_from_the_same_tiles_with_the_switch) {
+  struct {
+    const char *what;
+    int64_t h, w, cin, k;
+    int s;
+    bool on, into;
+    int want;
+  } cases[] = {
+      {"24->64 3x3 on 31x31 images", 31, 31, 24, 3, 1, true, false, 1},
+      {"8->64 5x5 on 9x7 images", 9, 7, 8, 5, 1, true, false, 1},
+      {"24->64 without the switch", 31, 31, 24, 3, 1, false, false, 0},
+      {"24->64 stride 2", 31, 31, 24, 3, 2, true, false, 0},
+      {"24->64 written into .grad", 31, 31, 24, 3, 1, true, true, 0},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+    const char *what = cases[i].what;
+    kiln_ctx *ctx = th_cpu_ctx();
+    ctx->conv_few_wgrad = cases[i].on;
+    ctx->conv_wgrad_into = cases[i].into;
+    record_window(ctx, what, 4, cases[i].h, cases[i].w, cases[i].cin, 64, cases[i].k, cases[i].s);
+    kiln__program pg;
+    cr_assert(kiln__program_build(ctx, ctx->trace.done, ctx->trace.n, &pg), "%s: %s", what,
+              th_err(ctx));
+    int few = 0, wgrad = 0;
+    for (int k = 0; k < pg.plan.ng; k++) {
+      const kiln__call *c = &pg.call[k];
+      wgrad += pg.plan.g[k].implicit == KILN__IMPLICIT_WGRAD;
+      if (!strstr(c->name, "k_conv_few_wgrad_")) continue;
+      few++;
+      cr_assert_eq(pg.plan.g[k].implicit, KILN__IMPLICIT_WGRAD, "%s: %s", what, c->name);
+      cr_assert_eq(c->block, 256, "%s", what);
+      cr_assert_eq(c->ntmap, 0, "%s", what);
+      cr_assert_eq(c->ws_slot, c->arg.nptr, "%s: the workspace after the operands", what);
+      cr_assert_leq(c->grid, 2 * 132, "%s", what);
+    }
+    cr_assert_eq(few, cases[i].want, "%s: %d weight gradients from halo tiles", what, few);
+    cr_assert_eq(wgrad, 1, "%s: %d implicit weight gradients", what, wgrad);
+    finish_program(ctx, &pg, what);
+  }
+}
+
 /* An explicit KILN_IMPLICIT_CONV_MAX_CO still caps the output channels of the implicit
  * forward products and weight gradients, TMA-fed or not (to measure one against the other). */
 Test(conv_tma, an_explicit_channel_cap_still_holds) {

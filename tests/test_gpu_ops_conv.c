@@ -482,6 +482,15 @@ Test(gpu_ops, conv2d_few_channels_from_a_halo_tile) {
   check_cases_few("1", few_cases, sizeof few_cases / sizeof *few_cases, 6100);
 }
 
+/* few_cases with KILN_CONV_FEW_WGRAD=1 too: their weight gradients from the same halo tiles,
+ * summed inside the kernel through the workspace's counters, which each launch leaves zero for
+ * the next (the cases run one after another in one context). */
+Test(gpu_ops, conv2d_few_channel_weight_gradients_from_the_same_tiles) {
+  setenv("KILN_CONV_FEW_WGRAD", "1", 1); /* read when the context is made */
+  check_cases_few("1", few_cases, sizeof few_cases / sizeof *few_cases, 6200);
+  unsetenv("KILN_CONV_FEW_WGRAD");
+}
+
 /* The input as a view: every other column of a wider image, and a crop of the channels. */
 
 Test(gpu_ops, tiny_conv2d_forward_products_run_direct) {

@@ -9,7 +9,8 @@
 //
 //   nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -o /tmp/lab_few dev/conv_few/lab.cu
 //   /tmp/lab_few          the forward products
-//   /tmp/lab_few wgrad    wgrad.cuh's weight gradient from the same halo tiles (not in the library)
+//   /tmp/lab_few wgrad    conv_few.cuh's weight gradient from the same halo tiles
+//   (KILN_CONV_FEW_WGRAD)
 //
 // Prints one line a kernel and batch: us (median of 15 timings of 10 launches), TFLOP/s (2 M CO K),
 // GB/s over the bytes a kernel must move at least (image, filters, output once), the grid, and
@@ -19,11 +20,20 @@
 #include "../../fusion/device/conv.cuh"     /* the library's wgmma products */
 #include "../../fusion/device/conv_few.cuh" /* and its halo-tile one */
 #include "../conv_engine/lab_util.h"
-#include "wgrad.cuh" /* the weight gradient from the same halo tiles (not in the library) */
 
-/* conv_few.cuh's kernel as render_conv.c's render_few wraps it */
+/* conv_few.cuh's weight gradient as render_conv.c's render_few_wgrad wraps it: part holds the
+ * blocks' partial dWt, cnt two counters, zero between launches */
 template <class G, int TH, int TW>
-__global__ void __launch_bounds__(256, 2) few_fprop(const kiln_bf16 *x, const kiln_bf16 *wk, kiln_bf16 *y) {
+__global__ void __launch_bounds__(256, 2)
+    few_wgrad(const kiln_bf16 *x, const kiln_bf16 *dy, kiln_bf16 *dw, float *part, unsigned *cnt) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  kiln_conv_few_wgrad<G, TH, TW>(x, dy, dw, part, cnt, smem);
+}
+
+/* conv_few.cuh's forward product as render_conv.c's render_few wraps it */
+template <class G, int TH, int TW>
+__global__ void __launch_bounds__(256, 2)
+    few_fprop(const kiln_bf16 *x, const kiln_bf16 *wk, kiln_bf16 *y) {
   extern __shared__ __align__(16) unsigned char smem[];
   kiln_conv_few<G, TH, TW>(x, wk, y, smem);
 }
@@ -53,7 +63,8 @@ struct Lib {
     CK(cudaFuncSetAttribute(fprop_lib<G, 64, 4, AHEAD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                             KILN_CONV_SMEM(64, 4)));
   }
-  template <class G, bool AHEAD> static unsigned launch(const kiln_bf16 *x, const kiln_bf16 *wk, kiln_bf16 *y) {
+  template <class G, bool AHEAD>
+  static unsigned launch(const kiln_bf16 *x, const kiln_bf16 *wk, kiln_bf16 *y) {
     const unsigned grid = (unsigned)((G::M + 127) / 128);
     fprop_lib<G, 64, 4, AHEAD><<<grid, 256, KILN_CONV_SMEM(64, 4)>>>(x, wk, y);
     return grid;
@@ -66,7 +77,8 @@ static int num_sms() {
   return p.multiProcessorCount;
 }
 
-/* few_fprop's grid: as many blocks as fit the GPU at once (at most one a tile), or `per_sm` an SM */
+/* few_fprop's grid: as many blocks as fit the GPU at once (at most one a tile), or `per_sm` an SM
+ */
 template <class G, int TH, int TW> static unsigned few_grid(int per_sm) {
   constexpr int smem = kiln_few<G, TH, TW>::SMEM;
   CK(cudaFuncSetAttribute(few_fprop<G, TH, TW>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
@@ -110,7 +122,8 @@ static void run(const char *name, const char *kernel, L launch, L8 launch8) {
   unsigned grid = 0;
   const float us = time_us([&] { grid = launch(x, wk, y); });
   const double tf = 2.0 * G::M * G::CO * G::K / (us * 1e-6) / 1e12;
-  const double bytes = 2.0 * ((double)G::N * G::H * G::W * G::CI + G::CO * G::K + (double)G::M * G::CO);
+  const double bytes =
+      2.0 * ((double)G::N * G::H * G::W * G::CI + G::CO * G::K + (double)G::M * G::CO);
   printf("| %s | %s | %.1f | %.1f | %.0f | %u | %.1e, %.1e |\n", name, kernel, us, tf,
          bytes / (us * 1e-6) / 1e9, grid, e8, e);
   cudaFree(x), cudaFree(wk), cudaFree(y);
@@ -120,95 +133,105 @@ template <int N> static void batch(const char *name) {
   using G = A1<N>;
   using G8 = A1<8>;
   Lib::setup<G, false>(), Lib::setup<G8, false>(), Lib::setup<G, true>(), Lib::setup<G8, true>();
-  run<G, G8>(name, "library: conv.cuh wgmma 128x64, 4 stages",
-             [](const kiln_bf16 *x, const kiln_bf16 *w, kiln_bf16 *y) { return Lib::launch<G, false>(x, w, y); },
-             [](const kiln_bf16 *x, const kiln_bf16 *w, kiln_bf16 *y) { return Lib::launch<G8, false>(x, w, y); });
-  run<G, G8>(name, "library, KILN_CONV_AHEAD's loop",
-             [](const kiln_bf16 *x, const kiln_bf16 *w, kiln_bf16 *y) { return Lib::launch<G, true>(x, w, y); },
-             [](const kiln_bf16 *x, const kiln_bf16 *w, kiln_bf16 *y) { return Lib::launch<G8, true>(x, w, y); });
+  run<G, G8>(
+      name, "library: conv.cuh wgmma 128x64, 4 stages",
+      [](const kiln_bf16 *x, const kiln_bf16 *w, kiln_bf16 *y) {
+        return Lib::launch<G, false>(x, w, y);
+      },
+      [](const kiln_bf16 *x, const kiln_bf16 *w, kiln_bf16 *y) {
+        return Lib::launch<G8, false>(x, w, y);
+      });
+  run<G, G8>(
+      name, "library, KILN_CONV_AHEAD's loop",
+      [](const kiln_bf16 *x, const kiln_bf16 *w, kiln_bf16 *y) {
+        return Lib::launch<G, true>(x, w, y);
+      },
+      [](const kiln_bf16 *x, const kiln_bf16 *w, kiln_bf16 *y) {
+        return Lib::launch<G8, true>(x, w, y);
+      });
 #define FEW(TH, TW, PER_SM)                                                                        \
-  run<G, G8>(name, "conv_few.cuh, halo " #TH "x" #TW ", " #PER_SM " an SM (0: all that fit)",      \
-             [](const kiln_bf16 *x, const kiln_bf16 *w, kiln_bf16 *y) {                            \
-               return few_launch<G, TH, TW>(x, w, y, PER_SM);                                      \
-             },                                                                                    \
-             [](const kiln_bf16 *x, const kiln_bf16 *w, kiln_bf16 *y) {                            \
-               return few_launch<G8, TH, TW>(x, w, y, PER_SM);                                     \
-             })
+  run<G, G8>(                                                                                      \
+      name, "conv_few.cuh, halo " #TH "x" #TW ", " #PER_SM " an SM (0: all that fit)",             \
+      [](const kiln_bf16 *x, const kiln_bf16 *w, kiln_bf16 *y) {                                   \
+        return few_launch<G, TH, TW>(x, w, y, PER_SM);                                             \
+      },                                                                                           \
+      [](const kiln_bf16 *x, const kiln_bf16 *w, kiln_bf16 *y) {                                   \
+        return few_launch<G8, TH, TW>(x, w, y, PER_SM);                                            \
+      })
   FEW(4, 32, 0);
   FEW(8, 16, 0);
   FEW(4, 32, 1);
 #undef FEW
 }
 
-/* ./lab_few wgrad: wgrad.cuh's weight gradient at batch G::N, checked against float64 at batch 8
- * and at G::N, then timed: the partial products alone, their sum alone, and both */
-template <class G, class G8, int TH, int TW> static void run_wgrad(const char *name) {
-  using W = FewW<G, TH, TW>;
-  CK(cudaFuncSetAttribute(few_wgrad<G, TH, TW>, cudaFuncAttributeMaxDynamicSharedMemorySize, W::SMEM));
-  CK(cudaFuncSetAttribute(few_wgrad<G8, TH, TW>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                          FewW<G8, TH, TW>::SMEM));
-  int fit = 0;
-  CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&fit, few_wgrad<G, TH, TW>, 256, W::SMEM));
+/* ./lab_few wgrad: conv_few.cuh's weight gradient (its partial products and their sum in one
+ * kernel) at batch G::N, checked against float64 at batch 8 and at G::N, then timed */
+template <class G, int TH, int TW>
+static unsigned wgrad_launch(const kiln_bf16 *x, const kiln_bf16 *dy, kiln_bf16 *dw, float *part,
+                             unsigned *cnt) {
+  constexpr int smem = kiln_few_w<G, TH, TW>::SMEM;
+  CK(cudaFuncSetAttribute(few_wgrad<G, TH, TW>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  const long long most = 2LL * num_sms(), tiles = kiln_few<G, TH, TW>::TILES;
+  const unsigned grid = (unsigned)(tiles < most ? tiles : most);
+  few_wgrad<G, TH, TW><<<grid, 256, smem>>>(x, dy, dw, part, cnt);
+  return grid;
+}
+
+/* max |dW - ref| / max |ref| of the weight gradient on random operands of shape G (dW starts as
+ * NaN; the reference is dWt (K, CO), the result dW (CO, K)) */
+template <class G, int TH, int TW> static double check_wgrad(float *part, unsigned *cnt) {
+  kiln_bf16 *x = random_bf16((size_t)G::N * G::H * G::W * G::CI, 1.f, 21);
+  kiln_bf16 *dy = random_bf16((size_t)G::M * G::CO, 1.f, 22), *dw;
+  float *ref;
+  CK(cudaMalloc(&dw, (size_t)G::K * G::CO * 2));
+  CK(cudaMemset(dw, 0xff, (size_t)G::K * G::CO * 2));
+  CK(cudaMalloc(&ref, (size_t)G::K * G::CO * 4));
+  wgrad_launch<G, TH, TW>(x, dy, dw, part, cnt);
+  ref_wgrad<G><<<(G::K * G::CO + 255) / 256, 256>>>(x, dy, ref);
+  CK(cudaDeviceSynchronize());
+  std::vector<unsigned short> hd((size_t)G::K * G::CO);
+  std::vector<float> hr((size_t)G::K * G::CO);
+  CK(cudaMemcpy(hd.data(), dw, hd.size() * 2, cudaMemcpyDeviceToHost));
+  CK(cudaMemcpy(hr.data(), ref, hr.size() * 4, cudaMemcpyDeviceToHost));
+  double md = 0, mr = 0;
+  for (int k = 0; k < G::K; k++)
+    for (int co = 0; co < G::CO; co++) {
+      const float v = bf16_to_f(hd[(size_t)co * G::K + k]), r = hr[(size_t)k * G::CO + co];
+      md = std::isfinite(v) ? std::max(md, (double)std::fabs(v - r)) : INFINITY;
+      mr = std::max(mr, (double)std::fabs(r));
+    }
+  cudaFree(x), cudaFree(dy), cudaFree(dw), cudaFree(ref);
+  return mr > 0 ? md / mr : md;
+}
+
+template <class G, int TH, int TW> static void run_wgrad(const char *name) {
   float *part;
-  CK(cudaMalloc(&part, (size_t)2 * num_sms() * W::KP * G::CO * 4));
-  auto launch = [&](auto g, const kiln_bf16 *x, const kiln_bf16 *dy, kiln_bf16 *dw, bool main, bool sum) {
-    using GG = decltype(g);
-    const long long most = 2LL * num_sms(), tiles = kiln_few<GG, TH, TW>::TILES;
-    const int grid = (int)(tiles < most ? tiles : most);
-    if (main) few_wgrad<GG, TH, TW><<<grid, 256, FewW<GG, TH, TW>::SMEM>>>(x, dy, part);
-    if (sum) few_wgrad_sum<GG, TH, TW><<<(GG::K * GG::CO + 255) / 256, 256>>>(part, grid, dw);
-    return grid;
-  };
-  double err[2];
-  int grid = 0;
-  auto check = [&](auto g, int slot) {
-    using GG = decltype(g);
-    kiln_bf16 *x = random_bf16((size_t)GG::N * GG::H * GG::W * GG::CI, 1.f, 21);
-    kiln_bf16 *dy = random_bf16((size_t)GG::M * GG::CO, 1.f, 22), *dw;
-    float *ref;
-    CK(cudaMalloc(&dw, (size_t)GG::K * GG::CO * 2));
-    CK(cudaMemset(dw, 0xff, (size_t)GG::K * GG::CO * 2));
-    CK(cudaMalloc(&ref, (size_t)GG::K * GG::CO * 4));
-    launch(g, x, dy, dw, true, true);
-    ref_wgrad<GG><<<(GG::K * GG::CO + 255) / 256, 256>>>(x, dy, ref); /* dWt (K, CO) */
-    CK(cudaDeviceSynchronize());
-    /* the reference is (K, CO), the result (CO, K): compare it transposed on the host */
-    std::vector<unsigned short> hd((size_t)GG::K * GG::CO);
-    std::vector<float> hr((size_t)GG::K * GG::CO);
-    CK(cudaMemcpy(hd.data(), dw, hd.size() * 2, cudaMemcpyDeviceToHost));
-    CK(cudaMemcpy(hr.data(), ref, hr.size() * 4, cudaMemcpyDeviceToHost));
-    double md = 0, mr = 0;
-    for (int k = 0; k < GG::K; k++)
-      for (int co = 0; co < GG::CO; co++) {
-        const float v = bf16_to_f(hd[(size_t)co * GG::K + k]), r = hr[(size_t)k * GG::CO + co];
-        md = std::isfinite(v) ? std::max(md, (double)std::fabs(v - r)) : INFINITY;
-        mr = std::max(mr, (double)std::fabs(r));
-      }
-    err[slot] = mr > 0 ? md / mr : md;
-    cudaFree(x), cudaFree(dy), cudaFree(dw), cudaFree(ref);
-  };
-  check(G8(), 0);
-  check(G(), 1);
+  unsigned *cnt;
+  CK(cudaMalloc(&part, (size_t)32 << 20)); /* the library's KILN__CONV_WS_BYTES */
+  CK(cudaMalloc(&cnt, 64));
+  CK(cudaMemset(cnt, 0, 64));
+  const double e8 = check_wgrad<A1<8>, TH, TW>(part, cnt), e = check_wgrad<G, TH, TW>(part, cnt);
+  unsigned left[2];
+  CK(cudaMemcpy(left, cnt, sizeof left, cudaMemcpyDeviceToHost));
   kiln_bf16 *x = random_bf16((size_t)G::N * G::H * G::W * G::CI, 1.f, 23);
   kiln_bf16 *dy = random_bf16((size_t)G::M * G::CO, 1.f, 24), *dw;
   CK(cudaMalloc(&dw, (size_t)G::K * G::CO * 2));
-  const char *what[3] = {"partial products", "their sum", "both"};
-  for (int m = 0; m < 3; m++) {
-    const float us = time_us([&] { grid = launch(G(), x, dy, dw, m != 1, m != 0); });
-    const double tf = 2.0 * G::M * G::CO * G::K / (us * 1e-6) / 1e12;
-    const double bytes = 2.0 * ((double)G::N * G::H * G::W * G::CI + (double)G::M * G::CO);
-    printf("| %s | wgrad.cuh halo %dx%d, %s | %.1f | %.1f | %.0f | %d (%d an SM fit) | %.1e, %.1e |\n",
-           name, TH, TW, what[m], us, tf, bytes / (us * 1e-6) / 1e9, grid, fit, err[0], err[1]);
-  }
-  cudaFree(x), cudaFree(dy), cudaFree(dw), cudaFree(part);
+  unsigned grid = 0;
+  const float us = time_us([&] { grid = wgrad_launch<G, TH, TW>(x, dy, dw, part, cnt); });
+  const double tf = 2.0 * G::M * G::CO * G::K / (us * 1e-6) / 1e12;
+  const double bytes = 2.0 * ((double)G::N * G::H * G::W * G::CI + (double)G::M * G::CO);
+  printf("| %s | conv_few.cuh halo %dx%d | %.1f | %.1f | %.0f | %u | %.1e, %.1e | %u %u |\n", name,
+         TH, TW, us, tf, bytes / (us * 1e-6) / 1e9, grid, e8, e, left[0], left[1]);
+  cudaFree(x), cudaFree(dy), cudaFree(dw), cudaFree(part), cudaFree(cnt);
 }
 
 static int main_wgrad() {
-  printf("| conv 31x31x24->64, 3x3, weight gradient | kernel | us | TFLOP/s | GB/s (X and dY once) | grid | max err / max |ref| (batch 8, timed batch) |\n");
-  printf("| --- | --- | --- | --- | --- | --- | --- |\n");
-  run_wgrad<A1<1024>, A1<8>, 4, 32>("batch 1024");
-  run_wgrad<A1<1024>, A1<8>, 8, 16>("batch 1024");
-  run_wgrad<A1<2000>, A1<8>, 4, 32>("batch 2000");
+  printf("| conv 31x31x24->64, 3x3, weight gradient | kernel | us | TFLOP/s | GB/s (X and dY once) "
+         "| grid | max err / max |ref| (batch 8, timed batch) | counters after (0 0) |\n");
+  printf("| --- | --- | --- | --- | --- | --- | --- | --- |\n");
+  run_wgrad<A1<1024>, 4, 32>("batch 1024");
+  run_wgrad<A1<1024>, 8, 16>("batch 1024");
+  run_wgrad<A1<2000>, 4, 32>("batch 2000");
   printf("(the library's cp.async weight gradient in the steps' traces on the H100: 206.5 us at "
          "batch 1024, 337.7 at 2000)\n");
   return 0;
@@ -221,7 +244,8 @@ int main(int argc, char **argv) {
   printf("%s, %d SMs; bf16 dense peak 989.4 TFLOP/s (H200 and H100 SXM), HBM 4.8 TB/s (H200) or "
          "3.35 (H100)\n\n",
          p.name, p.multiProcessorCount);
-  printf("| conv 31x31x24->64, 3x3 | kernel | us | TFLOP/s | GB/s (least bytes) | grid | max err / max |ref| (batch 8, timed batch) |\n");
+  printf("| conv 31x31x24->64, 3x3 | kernel | us | TFLOP/s | GB/s (least bytes) | grid | max err / "
+         "max |ref| (batch 8, timed batch) |\n");
   printf("| --- | --- | --- | --- | --- | --- | --- |\n");
   batch<1024>("batch 1024");
   batch<2000>("batch 2000");

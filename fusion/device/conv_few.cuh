@@ -24,6 +24,18 @@
  * The generated kernel (render_conv.c's render_few) launches 256 threads a block with
  * kiln_few<G, TH, TW>::SMEM bytes of dynamic shared memory and at most two blocks an SM's
  * worth of tiles a grid.
+ *
+ * The weight gradient of the same convolutions (kiln_conv_few_wgrad, KILN_CONV_FEW_WGRAD=1; not
+ * yet run on a GPU) takes the same tiles: dWt (K, CO) = im2col(X)^T dY, a sum over the pixels.
+ * Each persistent block loads a tile's halo and its 128 rows of dY (both double buffered) and
+ * adds the tile's products into accumulators that hold the block's whole dWt (K padded to whole
+ * 16-row tiles, x 64): warp w takes the 16-row tiles w % 4, + 4, ... and 32 of the columns
+ * (w / 4). A product step is 16 pixels: A (16 rows of K = two chunks, by 16 pixels) is the
+ * halo's chunks of those pixels read transposed by ldmatrix.trans, B their rows of dY, transposed
+ * too. Then each block stores its partial dWt (f32) to the workspace and takes a ticket; the last
+ * KILN_FEW_SLICES blocks to arrive wait for the others' partials and each adds one slice of all of
+ * them, in block order (the same sum every run), into dW (CO, K) bf16; the last of those resets
+ * the two counters for the next launch. Only those few blocks wait: they never hold every SM.
  */
 #ifndef KILN_CONV_FEW_CUH
 #define KILN_CONV_FEW_CUH
@@ -149,6 +161,130 @@ KILN__FN void kiln_conv_few(const kiln_bf16 *__restrict__ x, const kiln_bf16 *__
     }
     __syncthreads(); /* every warp is done with this halo and its staged rows */
   }
+}
+
+/* Blocks that add a slice each of a weight gradient's partial sums (kiln_conv_few_wgrad). */
+#define KILN_FEW_SLICES 32
+
+template <class G, int TH, int TW> struct kiln_few_w {
+  using F = kiln_few<G, TH, TW>;
+  static constexpr int KT = (F::NCH + 1) / 2; /* 16-row tiles of K */
+  static constexpr int KP = KT * 16;          /* K padded: the rows of a partial dWt */
+  static constexpr int DY_ROW = G::CO * 2 + 16;
+  static constexpr int SMEM = 16 + 2 * F::HALO * 16 + 2 * 128 * DY_ROW;
+};
+
+/* The weight gradient dW (CO, K) of x (N, H, W, CI) and dy (M, CO) into dw, bf16; part holds
+ * gridDim.x partial dWt of kiln_few_w::KP x CO floats, cnt two counters, zero at the launch. */
+template <class G, int TH, int TW>
+KILN__FN void kiln_conv_few_wgrad(const kiln_bf16 *__restrict__ x, const kiln_bf16 *__restrict__ dy,
+                                  kiln_bf16 *__restrict__ dw, float *part, unsigned *cnt,
+                                  unsigned char *smem) {
+  using F = kiln_few<G, TH, TW>;
+  using W = kiln_few_w<G, TH, TW>;
+  unsigned char *zero = smem, *halo = smem + 16, *dys = halo + 2 * F::HALO * 16;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, wk = warp & 3, wn = warp >> 2;
+  if (tid < 4) ((unsigned *)zero)[tid] = 0u;
+  /* the tile's dY rows into buf: row p is the tile's output pixel p, zeros past the image */
+  auto load_dy = [&](int tile, unsigned char *buf) {
+    const int tw = tile % F::TILES_W, r = tile / F::TILES_W, n = r / F::TILES_H;
+    const int oh0 = r % F::TILES_H * TH, ow0 = tw * TW;
+    for (int i = tid; i < 128 * (G::CO / 8); i += 256) {
+      const int p = i / (G::CO / 8), c = i % (G::CO / 8), oh = oh0 + p / TW, ow = ow0 + p % TW;
+      const bool in = oh < G::OH && ow < G::OW;
+      const kiln_bf16 *src =
+          in ? dy + (((long long)n * G::OH + oh) * G::OW + ow) * G::CO + c * 8 : dy;
+      kiln_cp16(buf + p * W::DY_ROW + c * 16, src, in);
+    }
+  };
+  float acc[4][4][4];
+#pragma unroll
+  for (int i = 0; i < 4; i++)
+#pragma unroll
+    for (int j = 0; j < 4; j++)
+#pragma unroll
+      for (int e = 0; e < 4; e++)
+        acc[i][j][e] = 0.f;
+  kiln_few_halo<G, TH, TW>(x, blockIdx.x, halo);
+  load_dy(blockIdx.x, dys);
+  kiln_cp_commit();
+  /* A: lanes 0-7 pixels 0-7 of the step at the tile's first chunk, 8-15 at its second, 16-31
+   * pixels 8-15 likewise; B: lanes 0-7 pixels 0-7 of n-tile 0, 8-15 pixels 8-15, 16-31 n-tile 1 */
+  const int apx = (lane & 7) + 8 * (lane >> 4), asel = (lane >> 3) & 1;
+  const int bpx = (lane & 7) + 8 * ((lane >> 3) & 1), bsel = lane >> 4;
+  int b = 0;
+  for (int tile = blockIdx.x; tile < F::TILES; tile += gridDim.x, b ^= 1) {
+    if (tile + (int)gridDim.x < F::TILES) {
+      kiln_few_halo<G, TH, TW>(x, tile + gridDim.x, halo + (b ^ 1) * F::HALO * 16);
+      load_dy(tile + gridDim.x, dys + (b ^ 1) * 128 * W::DY_ROW);
+    }
+    kiln_cp_commit();
+    kiln_cp_wait<1>();
+    __syncthreads();
+    const unsigned char *h = halo + b * F::HALO * 16, *d = dys + b * 128 * W::DY_ROW;
+#pragma unroll 1
+    for (int s = 0; s < 8; s++) {
+      unsigned bf[2][4]; /* n-tiles 4 wn + 2 pr and the next: b0 and b1 of each */
+#pragma unroll
+      for (int pr = 0; pr < 2; pr++)
+        kiln_ldsm4_trans(d + (16 * s + bpx) * W::DY_ROW + (4 * wn + 2 * pr + bsel) * 16, bf[pr]);
+      const int p = 16 * s + apx, abase = (p / TW * F::HW + p % TW) * F::CH * 16;
+#pragma unroll
+      for (int i = 0; i < 4; i++) {
+        const int kt = wk + 4 * i;
+        if (kt >= W::KT) break;
+        const int q = 2 * kt + asel;
+        unsigned a[4]; /* k 0-7 and 8-15 of pixels 0-7, then of pixels 8-15 */
+        kiln_ldsm4_trans(q < F::NCH ? h + abase + F::off(q) : zero, a);
+#pragma unroll
+        for (int pr = 0; pr < 2; pr++) {
+          kiln_mma_bf16(acc[i][2 * pr], a, bf[pr][0], bf[pr][1]);
+          kiln_mma_bf16(acc[i][2 * pr + 1], a, bf[pr][2], bf[pr][3]);
+        }
+      }
+    }
+    __syncthreads(); /* every warp is done with this tile's buffers */
+  }
+  /* the block's partial dWt: row 16 kt + lane / 4 (+ 8), column 32 wn + 8 j + 2 (lane % 4) */
+  float *mine = part + (long long)blockIdx.x * W::KP * G::CO;
+#pragma unroll
+  for (int i = 0; i < 4; i++) {
+    const int kt = wk + 4 * i;
+    if (kt >= W::KT) break;
+#pragma unroll
+    for (int j = 0; j < 4; j++)
+#pragma unroll
+      for (int e2 = 0; e2 < 2; e2++) {
+        const int k = 16 * kt + (lane >> 2) + 8 * e2, co = 32 * wn + 8 * j + 2 * (lane & 3);
+        *(float2 *)&mine[k * G::CO + co] = make_float2(acc[i][j][2 * e2], acc[i][j][2 * e2 + 1]);
+      }
+  }
+  __threadfence();
+  __syncthreads();
+  __shared__ unsigned ticket;
+  if (tid == 0) ticket = atomicAdd(&cnt[0], 1u);
+  __syncthreads();
+  const unsigned blocks = gridDim.x, slices = blocks < KILN_FEW_SLICES ? blocks : KILN_FEW_SLICES;
+  if (ticket < blocks - slices) return;
+  if (tid == 0)
+    while (*(volatile unsigned *)&cnt[0] < blocks)
+      __nanosleep(256);
+  __syncthreads();
+  __threadfence();
+  constexpr int TOTAL = G::K * G::CO;
+  const int per = (TOTAL + (int)slices - 1) / (int)slices,
+            slice = (int)(ticket - (blocks - slices));
+  const int end = (slice + 1) * per < TOTAL ? (slice + 1) * per : TOTAL;
+  for (int i = slice * per + tid; i < end; i += 256) {
+    const int k = i / G::CO, co = i % G::CO;
+    float sum = 0.f;
+    for (unsigned z = 0; z < blocks; z++)
+      sum += __ldcg(&part[(long long)z * W::KP * G::CO + k * G::CO + co]);
+    dw[co * G::K + k] = kiln_bf16(sum);
+  }
+  __syncthreads();
+  if (tid == 0 && atomicAdd(&cnt[1], 1u) == slices - 1) /* the last slice: counters to zero */
+    cnt[0] = 0u, cnt[1] = 0u;
 }
 
 #endif
