@@ -401,6 +401,16 @@ static void store_grad(kiln__sb *b, int out, bool ws) {
       ws ? "true" : "false", out);
 }
 
+/* The kernel of body b (freed) named after stem, with o's operands and pre before it; its bytes
+ * counted. */
+static bool finish_conv(kiln__sb *b, const char *stem, const kiln__operands *o, kiln__rendered *r,
+                        const char *pre) {
+  bool ok = kiln__finish_with(b, stem, o, r, pre);
+  kiln__sb_free(b);
+  kiln__tally_bytes(o, r);
+  return ok;
+}
+
 /* Names, wraps and launches a conv.cuh kernel (256 threads, 384 warp-specialized) or, with
  * stage > 0, a conv_tma.cuh one (tma_launch: stages of `stage` bytes, its maps at a.ptr[slot]):
  * BN-wide tiles, S stages of dynamic shared memory, sm_90a. */
@@ -418,10 +428,7 @@ static bool finish_wgmma(kiln__sb *b, const char *what, const kiln__node *n, con
     tma_launch(stage, S, slot, r);
   else
     wgmma_launch(BN, S, ws, r);
-  bool ok = kiln__finish_with(b, stem, o, r, pre);
-  kiln__sb_free(b);
-  kiln__tally_bytes(o, r);
-  return ok;
+  return finish_conv(b, stem, o, r, pre);
 }
 
 /* The forward product of a tiny convolution (kiln__conv_direct_shape) without the column matrix
@@ -506,10 +513,7 @@ static bool finish_few(kiln__sb *b, const char *what, const kiln__node *n, const
   r->smem = (unsigned)smem;
   r->arg.args.n = M;
   r->grid = (unsigned)f->grid;
-  bool ok = kiln__finish_with(b, stem, o, r, pre);
-  kiln__sb_free(b);
-  kiln__tally_bytes(o, r);
-  return ok;
+  return finish_conv(b, stem, o, r, pre);
 }
 
 /* The forward product of a few-channel convolution (kiln__conv_few_shape; KILN_CONV_FEW=0: not)
