@@ -728,6 +728,9 @@ bool kiln__conv_tma_window(const kiln__win *w, int64_t ci);
  * of shared memory, two blocks an SM). */
 #define KILN__CONV_FEW_MAX_K 288
 bool kiln__conv_few_shape(const kiln__win *w, int64_t ci, int64_t co);
+/* Its weight gradient (KILN_CONV_FEW_WGRAD=1) holds a block's whole dWt in registers: at most
+ * 256 values a window (16 tiles of 16 rows, four a warp). */
+#define KILN__CONV_FEW_WGRAD_MAX_K 256
 /* The window of a stride-1 convolution's data gradient as a forward product of dY (the filters
  * flipped): padding d (k - 1) - p, stride 1. */
 kiln__win kiln__dgrad_window(const kiln__win *w);

@@ -659,7 +659,8 @@ static bool render_wgrad(const kiln__target *t, const kiln__node *n, const kiln_
   const kiln_tensor *dY = mm->a, *D = mm->d, *X = n->in[0];
   int64_t CO = D->shape[0], K = D->shape[1], M = dY->shape[1];
   kiln__win w = kiln__win_of(n);
-  if (t->conv_few_wgrad && !grad && kiln__conv_few_shape(&w, X->shape[3], CO))
+  if (t->conv_few_wgrad && !grad && kiln__conv_few_shape(&w, X->shape[3], CO) &&
+      w.kh * w.kw * X->shape[3] <= KILN__CONV_FEW_WGRAD_MAX_K)
     return render_few_wgrad(t, n, mm, r);
   bool tma = t->conv_tma && kiln__conv_tma_window(&w, X->shape[3]);
   bool ws = t->conv_warp_spec && !tma;

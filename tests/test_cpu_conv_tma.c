@@ -356,7 +356,8 @@ Test(conv_tma, few_channel_forward_products_run_from_a_halo_tile) {
  * halo tile runs on conv_few.cuh's kiln_conv_few_wgrad from the same tiles (k_conv_few_wgrad_,
  * 256 threads, two blocks an SM, the split-K workspace after its operands, no maps), which renders
  * and compiles; not without the switch, not where the forward product does not take the shape
- * (stride 2), and not with KILN_CONV_WGRAD_INTO (that kernel writes the f32 gradient itself). */
+ * (stride 2), not past 256 values a window, and not with KILN_CONV_WGRAD_INTO (that kernel writes
+ * the f32 gradient itself). */
 Test(conv_tma, few_channel_weight_gradients_from_the_same_tiles_with_the_switch) {
   struct {
     const char *what;
@@ -370,6 +371,10 @@ Test(conv_tma, few_channel_weight_gradients_from_the_same_tiles_with_the_switch)
       {"24->64 without the switch", 31, 31, 24, 3, 1, false, false, 0},
       {"24->64 stride 2", 31, 31, 24, 3, 2, true, false, 0},
       {"24->64 written into .grad", 31, 31, 24, 3, 1, true, true, 0},
+      {"16->64 4x4 (ResNet's stem on its blocks: 256 values a window)", 23, 23, 16, 4, 1, true,
+       false, 1},
+      {"32->64 3x3 (288 values a window: a block's dWt past its registers)", 20, 17, 32, 3, 1, true,
+       false, 0},
   };
   for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
     const char *what = cases[i].what;

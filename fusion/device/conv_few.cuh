@@ -169,7 +169,8 @@ KILN__FN void kiln_conv_few(const kiln_bf16 *__restrict__ x, const kiln_bf16 *__
 template <class G, int TH, int TW> struct kiln_few_w {
   using F = kiln_few<G, TH, TW>;
   static constexpr int KT = (F::NCH + 1) / 2; /* 16-row tiles of K */
-  static constexpr int KP = KT * 16;          /* K padded: the rows of a partial dWt */
+  static_assert(KT <= 16, "conv_few.cuh: a weight gradient's K of at most 256 (4 tiles a warp)");
+  static constexpr int KP = KT * 16; /* K padded: the rows of a partial dWt */
   static constexpr int DY_ROW = G::CO * 2 + 16;
   static constexpr int SMEM = 16 + 2 * F::HALO * 16 + 2 * 128 * DY_ROW;
 };
@@ -266,9 +267,11 @@ KILN__FN void kiln_conv_few_wgrad(const kiln_bf16 *__restrict__ x, const kiln_bf
   __syncthreads();
   const unsigned blocks = gridDim.x, slices = blocks < KILN_FEW_SLICES ? blocks : KILN_FEW_SLICES;
   if (ticket < blocks - slices) return;
-  if (tid == 0)
+  if (tid == 0) {
     while (*(volatile unsigned *)&cnt[0] < blocks)
       __nanosleep(256);
+    __threadfence(); /* the partials the count stands for, before the block reads them */
+  }
   __syncthreads();
   __threadfence();
   constexpr int TOTAL = G::K * G::CO;
