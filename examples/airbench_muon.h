@@ -3,12 +3,14 @@
  * airbench94_muon.py's main()), shared by examples/cifar10.c (its default recipe) and
  * examples/profile_step.c (the air_muon workload): the constants, each with its source, and the
  * options of its two optimizers. SGD with Nesterov momentum for the biases and the head (the head
- * in a group of its own rate), Muon for the convolution filters.
+ * in a group of its own rate), Muon for the convolution filters. Also the selectors of airbench94's
+ * parameter groups (kiln_optim_add_group), which both recipes and both examples use.
  */
 #ifndef KILN_EXAMPLES_AIRBENCH_MUON_H
 #define KILN_EXAMPLES_AIRBENCH_MUON_H
 
 #include <stdint.h>
+#include <string.h>
 
 #include "kiln.h"
 
@@ -38,6 +40,36 @@ static inline kiln_param_group airbench_muon_head(int64_t batch) {
   double wd = MUON_WD_PER_EXAMPLE * (double)batch;
   return (kiln_param_group){.lr_scale = (float)(MUON_HEAD_LR / MUON_BIAS_LR),
                             .weight_decay = (float)(wd / MUON_HEAD_LR)};
+}
+
+/* airbench94's net names its parameters "whiten.weight" and "whiten.bias", "blockN.convK.weight",
+ * "blockN.normK.weight" and "blockN.normK.bias", and "head.weight". */
+
+/* Selects batch norm's biases ("blockN.normK.bias"). */
+static inline int airbench_select_norm_bias(const char *name, const kiln_tensor *t, void *user) {
+  (void)t;
+  (void)user;
+  size_t n = strlen(name);
+  return strstr(name, ".norm") != NULL && n > 5 && strcmp(name + n - 5, ".bias") == 0;
+}
+
+/* Selects the frozen parameters (the whitening filters, batch norm's weights). */
+static inline int airbench_select_frozen(const char *name, const kiln_tensor *t, void *user) {
+  (void)name;
+  (void)user;
+  return !kiln_tensor_requires_grad(t);
+}
+
+/* Selects the trained convolution filters, Muon's ("blockN.convK.weight"). */
+static inline int airbench_select_filter(const char *name, const kiln_tensor *t, void *user) {
+  (void)user;
+  size_t n = strlen(name);
+  return kiln_tensor_requires_grad(t) && strstr(name, ".conv") != NULL && n > 7 &&
+         strcmp(name + n - 7, ".weight") == 0;
+}
+
+static inline int airbench_select_not_filter(const char *name, const kiln_tensor *t, void *user) {
+  return !airbench_select_filter(name, t, user);
 }
 
 /* Muon's options: no decay, torch's rate unadjusted, the weights normalised, the Newton-Schulz

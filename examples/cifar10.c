@@ -413,32 +413,6 @@ static void sgd_rates(int64_t batch, float *lr, float *wd) {
   *wd = (float)(WEIGHT_DECAY * (double)batch / kilostep / (LR / kilostep));
 }
 
-/* Selects batch norm's biases ("blockN.normK.bias"). */
-static int select_norm_bias(const char *name, const kiln_tensor *t, void *user) {
-  (void)t;
-  (void)user;
-  size_t n = strlen(name);
-  return strstr(name, ".norm") && n > 5 && strcmp(name + n - 5, ".bias") == 0;
-}
-
-/* Selects the frozen parameters (the whitening filters, batch norm's weights). */
-static int select_frozen(const char *name, const kiln_tensor *t, void *user) {
-  (void)name;
-  (void)user;
-  return !kiln_tensor_requires_grad(t);
-}
-
-/* Selects the trained convolution filters (4-D: the whitening's are frozen). */
-static int select_filter(const char *name, const kiln_tensor *t, void *user) {
-  (void)name;
-  (void)user;
-  return kiln_tensor_requires_grad(t) && kiln_tensor_shape(t).ndim == 4;
-}
-
-static int select_not_filter(const char *name, const kiln_tensor *t, void *user) {
-  return !select_filter(name, t, user);
-}
-
 static int select_not_whiten_bias(const char *name, const kiln_tensor *t, void *user) {
   (void)t;
   (void)user;
@@ -473,13 +447,15 @@ static optimizers make_optimizers(kiln_ctx *ctx, const model *m, int64_t batch, 
      * rate falls to 0 in WHITEN_BIAS_EPOCHS), the filters go to Muon */
     group_holds(ctx, kiln_optim_add_group(o.sgd, kiln_select_prefix, "head.weight", &head), 1,
                 "the head");
-    group_holds(ctx, kiln_optim_add_group(o.sgd, select_frozen, NULL, &exclude), 7, "frozen");
-    group_holds(ctx, kiln_optim_add_group(o.sgd, select_filter, NULL, &exclude), 6, "filters");
+    group_holds(ctx, kiln_optim_add_group(o.sgd, airbench_select_frozen, NULL, &exclude), 7,
+                "frozen");
+    group_holds(ctx, kiln_optim_add_group(o.sgd, airbench_select_filter, NULL, &exclude), 6,
+                "filters");
     group_holds(ctx, kiln_optim_add_group(o.sgd, kiln_select_prefix, "whiten.bias", &exclude), 1,
                 "the whitening's bias");
     group_holds(ctx, kiln_optim_add_group(o.whiten_sgd, select_not_whiten_bias, NULL, &exclude),
                 kiln_params_count(m->params) - 1 - 12, "all but the whitening's bias");
-    group_holds(ctx, kiln_optim_add_group(o.muon, select_not_filter, NULL, &exclude),
+    group_holds(ctx, kiln_optim_add_group(o.muon, airbench_select_not_filter, NULL, &exclude),
                 kiln_params_count(m->params) - 6 - 12, "all but the filters");
     o.whiten_steps = WHITEN_BIAS_EPOCHS * steps_per_epoch;
     return o;
@@ -491,8 +467,10 @@ static optimizers make_optimizers(kiln_ctx *ctx, const model *m, int64_t batch, 
   if (!o.sgd) die(ctx, "making the optimizer");
   kiln_param_group biases = {.lr_scale = BIAS_SCALER, .weight_decay = wd / BIAS_SCALER};
   /* the six norms' biases; the whitening and the norms' weights */
-  group_holds(ctx, kiln_optim_add_group(o.sgd, select_norm_bias, NULL, &biases), 6, "norm biases");
-  group_holds(ctx, kiln_optim_add_group(o.sgd, select_frozen, NULL, &exclude), 7, "frozen");
+  group_holds(ctx, kiln_optim_add_group(o.sgd, airbench_select_norm_bias, NULL, &biases), 6,
+              "norm biases");
+  group_holds(ctx, kiln_optim_add_group(o.sgd, airbench_select_frozen, NULL, &exclude), 7,
+              "frozen");
   return o;
 }
 

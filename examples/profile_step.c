@@ -168,33 +168,6 @@ static void air_sgd_rates(int64_t batch, float *lr, float *wd) {
   *wd = (float)(AIR_WEIGHT_DECAY * (double)batch / kilostep / (AIR_LR / kilostep));
 }
 
-/* air: batch norm's biases ("blockN.normK.bias"). */
-static int air_select_norm_bias(const char *name, const kiln_tensor *t, void *user) {
-  (void)t;
-  (void)user;
-  size_t n = strlen(name);
-  return strstr(name, ".norm") != NULL && n > 5 && strcmp(name + n - 5, ".bias") == 0;
-}
-
-/* air: the frozen parameters (the whitening filters, batch norm's weights). */
-static int air_select_frozen(const char *name, const kiln_tensor *t, void *user) {
-  (void)name;
-  (void)user;
-  return !kiln_tensor_requires_grad(t);
-}
-
-/* air_muon: the six 3x3 filters, Muon's ("blockN.convK.weight"). */
-static int air_select_filter(const char *name, const kiln_tensor *t, void *user) {
-  (void)user;
-  size_t n = strlen(name);
-  return kiln_tensor_requires_grad(t) && strstr(name, ".conv") != NULL && n > 7 &&
-         strcmp(name + n - 7, ".weight") == 0;
-}
-
-static int air_select_not_filter(const char *name, const kiln_tensor *t, void *user) {
-  return !air_select_filter(name, t, user);
-}
-
 /* --batch: every workload's batch (0: each one's own). */
 static int64_t batch_flag;
 
@@ -207,9 +180,9 @@ static void air_muon_optimizers(model *m, kiln_ctx *ctx, int64_t B) {
   m->muon = kiln_muon_new(m->p, &mo);
   if (!m->opt || !m->muon) die(ctx, "making the optimizers");
   int nh = kiln_optim_add_group(m->opt, kiln_select_prefix, "head.weight", &head);
-  int nf = kiln_optim_add_group(m->opt, air_select_frozen, NULL, &exclude);
-  int nc = kiln_optim_add_group(m->opt, air_select_filter, NULL, &exclude);
-  int nm = kiln_optim_add_group(m->muon, air_select_not_filter, NULL, &exclude);
+  int nf = kiln_optim_add_group(m->opt, airbench_select_frozen, NULL, &exclude);
+  int nc = kiln_optim_add_group(m->opt, airbench_select_filter, NULL, &exclude);
+  int nm = kiln_optim_add_group(m->muon, airbench_select_not_filter, NULL, &exclude);
   int others = -6; /* the parameters but the six filters, the norms' running statistics aside */
   for (int i = 0; i < kiln_params_count(m->p); i++)
     others += !kiln_params_is_buffer(m->p, i);
@@ -279,8 +252,9 @@ static void air_init(model *m, kiln_ctx *ctx, bool muon) {
   m->opt = kiln_sgd_new(m->p, &so);
   if (!m->opt) die(ctx, "making the optimizer");
   kiln_param_group biases = {.lr_scale = AIR_BIAS_SCALER, .weight_decay = wd / AIR_BIAS_SCALER};
-  int nb = kiln_optim_add_group(m->opt, air_select_norm_bias, NULL, &biases);
-  int nf = kiln_optim_add_group(m->opt, air_select_frozen, NULL, &(kiln_param_group){.exclude = 1});
+  int nb = kiln_optim_add_group(m->opt, airbench_select_norm_bias, NULL, &biases);
+  int nf =
+      kiln_optim_add_group(m->opt, airbench_select_frozen, NULL, &(kiln_param_group){.exclude = 1});
   if (nb < 0 || nf < 0) die(ctx, "making the optimizer's groups");
   if (nb != 6 || nf != 7) { /* the six norms' biases; the whitening and the norms' weights */
     fprintf(stderr,
