@@ -30,9 +30,10 @@ __global__ void __launch_bounds__(256, 2)
   kiln_conv_few_wgrad<G, TH, TW>(x, dy, dw, part, cnt, smem);
 }
 
-/* conv_few.cuh's forward product as render_conv.c's render_few wraps it */
-template <class G, int TH, int TW>
-__global__ void __launch_bounds__(256, 2)
+/* conv_few.cuh's forward product as render_conv.c's render_few wraps it (MINB 2; 3: the registers
+ * cut to 85 a thread, to see whether a third block an SM pays) */
+template <class G, int TH, int TW, int MINB = 2>
+__global__ void __launch_bounds__(256, MINB)
     few_fprop(const kiln_bf16 *x, const kiln_bf16 *wk, kiln_bf16 *y) {
   extern __shared__ __align__(16) unsigned char smem[];
   kiln_conv_few<G, TH, TW>(x, wk, y, smem);
@@ -79,20 +80,21 @@ static int num_sms() {
 
 /* few_fprop's grid: as many blocks as fit the GPU at once (at most one a tile), or `per_sm` an SM
  */
-template <class G, int TH, int TW> static unsigned few_grid(int per_sm) {
+template <class G, int TH, int TW, int MINB> static unsigned few_grid(int per_sm) {
   constexpr int smem = kiln_few<G, TH, TW>::SMEM;
-  CK(cudaFuncSetAttribute(few_fprop<G, TH, TW>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  CK(cudaFuncSetAttribute(few_fprop<G, TH, TW, MINB>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                          smem));
   int fit = 0;
-  CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&fit, few_fprop<G, TH, TW>, 256, smem));
+  CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&fit, few_fprop<G, TH, TW, MINB>, 256, smem));
   if (per_sm > 0 && per_sm < fit) fit = per_sm;
   const long long g = (long long)fit * num_sms();
   return (unsigned)(g < kiln_few<G, TH, TW>::TILES ? g : kiln_few<G, TH, TW>::TILES);
 }
 
-template <class G, int TH, int TW>
+template <class G, int TH, int TW, int MINB>
 static unsigned few_launch(const kiln_bf16 *x, const kiln_bf16 *wk, kiln_bf16 *y, int per_sm) {
-  const unsigned grid = few_grid<G, TH, TW>(per_sm);
-  few_fprop<G, TH, TW><<<grid, 256, kiln_few<G, TH, TW>::SMEM>>>(x, wk, y);
+  const unsigned grid = few_grid<G, TH, TW, MINB>(per_sm);
+  few_fprop<G, TH, TW, MINB><<<grid, 256, kiln_few<G, TH, TW>::SMEM>>>(x, wk, y);
   return grid;
 }
 
@@ -149,18 +151,20 @@ template <int N> static void batch(const char *name) {
       [](const kiln_bf16 *x, const kiln_bf16 *w, kiln_bf16 *y) {
         return Lib::launch<G8, true>(x, w, y);
       });
-#define FEW(TH, TW, PER_SM)                                                                        \
+#define FEW(TH, TW, PER_SM, MINB)                                                                  \
   run<G, G8>(                                                                                      \
-      name, "conv_few.cuh, halo " #TH "x" #TW ", " #PER_SM " an SM (0: all that fit)",             \
+      name,                                                                                        \
+      "conv_few.cuh, halo " #TH "x" #TW ", " #PER_SM " an SM (0: all that fit), bounds " #MINB,    \
       [](const kiln_bf16 *x, const kiln_bf16 *w, kiln_bf16 *y) {                                   \
-        return few_launch<G, TH, TW>(x, w, y, PER_SM);                                             \
+        return few_launch<G, TH, TW, MINB>(x, w, y, PER_SM);                                       \
       },                                                                                           \
       [](const kiln_bf16 *x, const kiln_bf16 *w, kiln_bf16 *y) {                                   \
-        return few_launch<G8, TH, TW>(x, w, y, PER_SM);                                            \
+        return few_launch<G8, TH, TW, MINB>(x, w, y, PER_SM);                                      \
       })
-  FEW(4, 32, 0);
-  FEW(8, 16, 0);
-  FEW(4, 32, 1);
+  FEW(4, 32, 0, 2);
+  FEW(8, 16, 0, 2);
+  FEW(4, 32, 1, 2);
+  FEW(4, 32, 0, 3);
 #undef FEW
 }
 
