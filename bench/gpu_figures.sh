@@ -70,13 +70,13 @@
 #                     with it (fuzzers aside), then the mlp, cnn, air, air_muon and resnet18 steps
 #                     without and with it (bench/ab_steps.sh, three rounds interleaved; H100,
 #                     2026-12-06: 4-5.5% slower on air, air_muon and resnet18, so off)
-#   few               KILN_CONV_FEW (on: airbench's first conv, 24 channels into 64, from a halo
+#   few               KILN_CONV_FEW (airbench's first conv, 24 channels into 64, from a halo
 #                     tile in shared memory, conv_few.cuh; ResNet-18's stem too) and
-#                     KILN_CONV_FEW_WGRAD=1 (their weight gradients from the same tiles, off): their
-#                     tests (test_gpu_ops_conv; the graph, bf16 and resume tests with the second),
-#                     the air, air_muon and resnet18 steps with neither, the first, both
+#                     KILN_CONV_FEW_WGRAD (their weight gradients from the same tiles), both on:
+#                     their tests (test_gpu_ops_conv; the graph, bf16 and resume tests), the air,
+#                     air_muon and resnet18 steps with neither, the first alone, both
 #                     (bench/ab_steps.sh, three rounds), then dev/conv_few's lab (both kernels
-#                     beside conv.cuh's forward product, batch 1024 and 2000)
+#                     beside conv.cuh's forward product, batch 1024 and 2000, and ResNet's stem)
 #   muon_step         the CIFAR-10 example's default step (profile_step's air_muon: batch 2000,
 #                     Muon for the filters): ms/step, peak, and its 40 costliest kernels in a
 #                     timeline trace, Muon's Newton-Schulz products among them (issue 22)
@@ -223,9 +223,9 @@ step pdl 560 "KILN_PDL=1 ctest --test-dir $build -E '^fuzz_' --output-on-failure
     grep -E 'Assertion|FAIL|tests passed|Failed' | tail -n 25
   bash bench/ab_steps.sh $build 3 mlp cnn air air_muon resnet18 -- '' KILN_PDL=1"
 step few 400 "ctest --test-dir $build -R test_gpu_ops_conv --output-on-failure | tail -n 3
-  KILN_CONV_FEW_WGRAD=1 ctest --test-dir $build -R 'test_gpu_graph|test_gpu_bf16|examples_resume' \
+  ctest --test-dir $build -R 'test_gpu_graph|test_gpu_bf16|examples_resume' \
     --output-on-failure | tail -n 3
-  bash bench/ab_steps.sh $build 3 air air_muon resnet18 -- KILN_CONV_FEW=0 '' KILN_CONV_FEW_WGRAD=1
+  bash bench/ab_steps.sh $build 3 air air_muon resnet18 -- KILN_CONV_FEW=0 KILN_CONV_FEW_WGRAD=0 ''
   nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -o /tmp/lab_few dev/conv_few/lab.cu &&
     /tmp/lab_few && /tmp/lab_few wgrad"
 step muon_step 200 "$build/profile_step --workload air_muon --mode graph

@@ -389,7 +389,8 @@ struct kiln_ctx {
   /* a forward product with few input channels into 64 (kiln__conv_few_shape) from a halo tile in
    * shared memory (fusion/device/conv_few.cuh; KILN_CONV_FEW=0: the cp.async implicit GEMM) */
   bool conv_few;
-  /* their weight gradients from the same halo tiles (KILN_CONV_FEW_WGRAD=1; off) */
+  /* their weight gradients from the same halo tiles (KILN_CONV_FEW_WGRAD=0: the cp.async kernel's;
+   * only with conv_few) */
   bool conv_few_wgrad;
   /* kiln's kernels launched as programmatic dependents of the kernel before them on sm_90, each
    * waiting first, then letting the next launch (KILN_PDL=1; off: slower on the H100) */
@@ -728,7 +729,7 @@ bool kiln__conv_tma_window(const kiln__win *w, int64_t ci);
  * of shared memory, two blocks an SM). */
 #define KILN__CONV_FEW_MAX_K 288
 bool kiln__conv_few_shape(const kiln__win *w, int64_t ci, int64_t co);
-/* Its weight gradient (KILN_CONV_FEW_WGRAD=1) holds a block's whole dWt in registers: at most
+/* Its weight gradient (KILN_CONV_FEW_WGRAD) holds a block's whole dWt in registers: at most
  * 256 values a window (16 tiles of 16 rows, four a warp). */
 #define KILN__CONV_FEW_WGRAD_MAX_K 256
 /* The window of a stride-1 convolution's data gradient as a forward product of dY (the filters

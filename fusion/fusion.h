@@ -254,7 +254,8 @@ typedef struct kiln__target {
   bool pool_grad_blocks; /* max pooling's gradient a block of pixels a thread (=0: off) */
   bool conv_few; /* few-channel forward products from a halo tile (conv_few.cuh; KILN_CONV_FEW=0:
                     off) */
-  /* their weight gradients from the same tiles (KILN_CONV_FEW_WGRAD=1, conv_few.cuh) */
+  /* their weight gradients from the same tiles (conv_few.cuh; KILN_CONV_FEW_WGRAD=0: not; only
+   * with conv_few) */
   bool conv_few_wgrad;
   bool pdl; /* kernels begin with kiln_pdl_begin and launch as dependents (KILN_PDL=1, sm_90) */
   int conv_dgrad_bn;  /* TMA data gradients' widest tile (KILN_CONV_DGRAD_BN; 0: 256) */

@@ -9,7 +9,7 @@
  *     gradient's reduction over the pixels split across blocks and summed inside the kernel;
  *   - the forward product of a convolution with few input channels into 64 from a halo tile
  *     (fusion/device/conv_few.cuh, mma.sync; kiln__conv_few_shape, unless KILN_CONV_FEW=0), and
- *     with KILN_CONV_FEW_WGRAD=1 its weight gradient from the same tiles;
+ *     its weight gradient from the same tiles (KILN_CONV_FEW_WGRAD=0: not);
  *   - all three on conv_tma.cuh's kernels where they take the shape (KILN_CONV_TMA=0: never)
  *     (kiln__conv_tma_window, kiln__conv_tma_dgrad): the same products with the tiles copied by
  *     the Tensor Memory Accelerator, through tensor maps (tmap.h) that the executor encodes.
@@ -480,8 +480,9 @@ static bool render_direct(const kiln__node *n, const kiln__gemm *mm, const kiln_
 }
 
 /* A conv_few.cuh kernel's tiles over im2col node n's output (TH x TW pixels: 4 x 32, or 8 x 16
- * where the output is at most 16 wide), their count, its halo's 16-byte chunks, and the grid of
- * persistent blocks (two an SM, at most one a tile). */
+ * where those cover fewer pixels past the output's edges: 15 wide, or ResNet's stem, 112), their
+ * count, its halo's 16-byte chunks (kiln_few::HALO, a pixel's padded to an odd count), and the
+ * grid of persistent blocks (two an SM, at most one a tile). */
 typedef struct {
   int th, tw;
   int64_t tiles, halo, grid;
@@ -490,10 +491,13 @@ typedef struct {
 static few_tiling few_tiles(const kiln__target *t, const kiln__node *n) {
   const kiln_tensor *X = n->in[0], *C = n->out;
   const kiln__win w = kiln__win_of(n);
-  few_tiling f = {.tw = C->shape[2] > 16 ? 32 : 16};
+  const int64_t oh = C->shape[1], ow = C->shape[2];
+  /* tiles a 4 x 32 tiling takes against an 8 x 16 one; the same pixels: 4 x 32 (airbench's 31) */
+  const int64_t wide = ((oh + 3) / 4) * ((ow + 31) / 32), tall = ((oh + 7) / 8) * ((ow + 15) / 16);
+  few_tiling f = {.tw = wide <= tall ? 32 : 16};
   f.th = 128 / f.tw;
-  f.tiles = X->shape[0] * ((C->shape[1] + f.th - 1) / f.th) * ((C->shape[2] + f.tw - 1) / f.tw);
-  f.halo = (f.th + w.kh - 1) * (f.tw + w.kw - 1) * (X->shape[3] / 8);
+  f.tiles = X->shape[0] * (f.tw == 32 ? wide : tall);
+  f.halo = (f.th + w.kh - 1) * (f.tw + w.kw - 1) * ((X->shape[3] / 8) | 1);
   const int64_t most = 2 * (int64_t)(t->num_sms > 0 ? t->num_sms : 132);
   f.grid = f.tiles < most ? f.tiles : most;
   return f;
@@ -524,9 +528,10 @@ static bool render_few(const kiln__target *t, const kiln__node *n, const kiln__g
   const int64_t CO = Y->shape[1];
   const kiln__win w = kiln__win_of(n);
   const few_tiling f = few_tiles(t, n);
-  /* kiln_few's SMEM: the filters, a zero chunk, two halos, the staged rows */
-  const int64_t smem =
-      CO * w.kh * w.kw * (X->shape[3] / 8) * 16 + 16 + 2 * f.halo * 16 + 128 * (CO * 2 + 16);
+  /* kiln_few's SMEM: the filters (rows of an odd count of chunks), a zero chunk, two halos, the
+   * staged rows */
+  const int64_t smem = CO * ((w.kh * w.kw * (X->shape[3] / 8)) | 1) * 16 + 16 + 2 * f.halo * 16 +
+                       128 * (CO * 2 + 16);
   kiln__operands o = {0};
   int slot[3];
   char pre[640];
@@ -543,7 +548,7 @@ static bool render_few(const kiln__target *t, const kiln__node *n, const kiln__g
   return finish_few(&b, "few", n, pre, &o, &f, smem, Y->shape[0], r);
 }
 
-/* The weight gradient dW (CO, K) of a few-channel convolution (KILN_CONV_FEW_WGRAD=1) from the
+/* The weight gradient dW (CO, K) of a few-channel convolution (KILN_CONV_FEW_WGRAD=0: not) from the
  * forward product's halo tiles: conv_few.cuh's kiln_conv_few_wgrad, the blocks' partial dWt in
  * the split-K workspace (a.ptr[o.n]) and summed inside the kernel, its two counters the
  * workspace's (a.ptr[o.n + 1]). mm->a is dY^T, a transpose of the dense dY (M, CO). */
@@ -659,7 +664,7 @@ static bool render_wgrad(const kiln__target *t, const kiln__node *n, const kiln_
   const kiln_tensor *dY = mm->a, *D = mm->d, *X = n->in[0];
   int64_t CO = D->shape[0], K = D->shape[1], M = dY->shape[1];
   kiln__win w = kiln__win_of(n);
-  if (t->conv_few_wgrad && !grad && kiln__conv_few_shape(&w, X->shape[3], CO) &&
+  if (t->conv_few && t->conv_few_wgrad && !grad && kiln__conv_few_shape(&w, X->shape[3], CO) &&
       w.kh * w.kw * X->shape[3] <= KILN__CONV_FEW_WGRAD_MAX_K)
     return render_few_wgrad(t, n, mm, r);
   bool tma = t->conv_tma && kiln__conv_tma_window(&w, X->shape[3]);

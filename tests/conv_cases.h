@@ -112,7 +112,8 @@ static const conv_case direct_cases[] = {
  * first conv with more tiles than a grid's blocks (each block takes several), tiles past the
  * image on both sides (8x16 and 4x32), an odd number of 8-channel chunks a window (27, 25: the
  * last step's zero chunk), a 5x5 window, no padding, a 1x3 window two tiles wide, batch 1, and
- * ResNet-18's stem as kiln runs it (KILN_CONV_S2D: 4x4 over 16 channels, 2-way bank conflicts). */
+ * ResNet-18's stem as kiln runs it (KILN_CONV_S2D: 4x4 over 16 channels, a pixel's halo stride
+ * padded to three chunks, and 32 channels: five). */
 static const conv_case few_cases[] = {
     {"24->64 3x3 pad 1 (air's first conv) on 31x31 images, 40 of them", 40, 31, 31, 24, 64, 3, 3,
      CO(.pad_h = 1, .pad_w = 1), 0, 0, 0},

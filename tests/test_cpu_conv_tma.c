@@ -289,9 +289,13 @@ Test(conv_tma, the_planner_gives_the_tma_kernels_what_they_take) {
  * into 64, of at most 288 values a window, runs its forward product on conv_few.cuh's kernel
  * (k_conv_few_: persistent blocks of 256 threads, two an SM, launched over at most two blocks an
  * SM's worth of tiles, each with the filters, two halos and the staged rows in shared memory),
- * which renders and compiles; 8 x 16 tiles on an output at most 16 wide, 4 x 32 on a wider one.
- * Its gradients keep their kernels. Not without the switch, not at stride 2, not into 32
- * channels, not over 64 (TMA's), not for 600 values a window. */
+ * which renders and compiles; 4 x 32 tiles, or 8 x 16 where those leave fewer pixels past the
+ * output's edges (an output at most 16 wide; ResNet's stem, 112 wide); a pixel's halo stride an
+ * odd count of 16-byte chunks (16 channels: three, one of them padding), and a filter's row too
+ * (ResNet's stem: 33 of 32). With
+ * KILN_CONV_FEW_WGRAD=0 its gradients keep their kernels (the next test takes the weight's). Not
+ * without the switch, not at stride 2, not into 32 channels, not over 64 (TMA's), not for 600
+ * values a window. */
 Test(conv_tma, few_channel_forward_products_run_from_a_halo_tile) {
   struct {
     const char *what;
@@ -304,6 +308,8 @@ Test(conv_tma, few_channel_forward_products_run_from_a_halo_tile) {
       {"24->64 3x3 on 31x31 images (air's first conv)", 31, 31, 24, 64, 3, 1, true, 1, 4, 32},
       {"8->64 5x5", 9, 7, 8, 64, 5, 1, true, 1, 8, 16},
       {"32->64 3x3 on 20x17 images", 20, 17, 32, 64, 3, 1, true, 1, 4, 32},
+      {"16->64 4x4 pad 2 on 111x111 images (112x112 out, as ResNet's stem on its blocks)", 111, 111,
+       16, 64, 4, 1, true, 1, 8, 16},
       {"24->64 without the switch", 9, 7, 24, 64, 3, 1, false, 0, 0, 0},
       {"24->64 stride 2", 9, 7, 24, 64, 3, 2, true, 0, 0, 0},
       {"24->32", 9, 7, 24, 32, 3, 1, true, 0, 0, 0},
@@ -314,6 +320,7 @@ Test(conv_tma, few_channel_forward_products_run_from_a_halo_tile) {
     const char *what = cases[i].what;
     kiln_ctx *ctx = th_cpu_ctx();
     ctx->conv_few = cases[i].on;
+    ctx->conv_few_wgrad = false;
     record_window(ctx, what, 4, cases[i].h, cases[i].w, cases[i].cin, cases[i].cout, cases[i].k,
                   cases[i].s);
     kiln__program pg;
@@ -329,11 +336,12 @@ Test(conv_tma, few_channel_forward_products_run_from_a_halo_tile) {
       cr_assert_eq(c->block, 256, "%s", what);
       cr_assert_eq(c->ntmap, 0, "%s", what);
       const int64_t th = cases[i].th, tw = cases[i].tw, k2 = cases[i].k, ch = cases[i].cin / 8;
+      const int64_t px = ch % 2 ? ch : ch + 1; /* a pixel's chunks in the halo */
       const int64_t tiles = 4 * ((cases[i].h + th - 1) / th) * ((cases[i].w + tw - 1) / tw);
       cr_assert_eq(c->grid, tiles < 2 * 132 ? tiles : 2 * 132, "%s: grid %u", what, c->grid);
       cr_assert_eq(c->smem,
-                   (unsigned)(64 * k2 * k2 * ch * 16 + 16 +
-                              2 * (th + k2 - 1) * (tw + k2 - 1) * ch * 16 + 128 * 144),
+                   (unsigned)(64 * ((k2 * k2 * ch) | 1) * 16 + 16 +
+                              2 * (th + k2 - 1) * (tw + k2 - 1) * px * 16 + 128 * 144),
                    "%s: %u bytes of shared memory", what, c->smem);
       kiln__target t = {.num_sms = 132, .conv_few = true};
       kiln__rendered r;

@@ -476,19 +476,20 @@ Test(gpu_ops, conv2d_tma_step_graph_replays_match_eager_steps) {
   }
 }
 
-/* few_cases (KILN_CONV_FEW=1, the default: the forward product from a halo tile), each against
- * float64 with its gradients. */
+/* few_cases with KILN_CONV_FEW_WGRAD=0: the forward product from a halo tile (KILN_CONV_FEW, on
+ * by default), the weight gradient on the cp.async kernel, each against float64 with its
+ * gradients. */
 Test(gpu_ops, conv2d_few_channels_from_a_halo_tile) {
+  setenv("KILN_CONV_FEW_WGRAD", "0", 1); /* read when the context is made */
   check_cases_few("1", few_cases, sizeof few_cases / sizeof *few_cases, 6100);
+  unsetenv("KILN_CONV_FEW_WGRAD");
 }
 
-/* few_cases with KILN_CONV_FEW_WGRAD=1 too: their weight gradients from the same halo tiles,
- * summed inside the kernel through the workspace's counters, which each launch leaves zero for
- * the next (the cases run one after another in one context). */
+/* few_cases as kiln runs them by default: their weight gradients too from the same halo tiles
+ * (KILN_CONV_FEW_WGRAD), summed inside the kernel through the workspace's counters, which each
+ * launch leaves zero for the next (the cases run one after another in one context). */
 Test(gpu_ops, conv2d_few_channel_weight_gradients_from_the_same_tiles) {
-  setenv("KILN_CONV_FEW_WGRAD", "1", 1); /* read when the context is made */
   check_cases_few("1", few_cases, sizeof few_cases / sizeof *few_cases, 6200);
-  unsetenv("KILN_CONV_FEW_WGRAD");
 }
 
 /* The input as a view: every other column of a wider image, and a crop of the channels. */

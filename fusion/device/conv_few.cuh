@@ -25,8 +25,9 @@
  * kiln_few<G, TH, TW>::SMEM bytes of dynamic shared memory and at most two blocks an SM's
  * worth of tiles a grid.
  *
- * The weight gradient of the same convolutions (kiln_conv_few_wgrad, KILN_CONV_FEW_WGRAD=1; not
- * yet run on a GPU) takes the same tiles: dWt (K, CO) = im2col(X)^T dY, a sum over the pixels.
+ * The weight gradient of the same convolutions (kiln_conv_few_wgrad; KILN_CONV_FEW_WGRAD=0: not;
+ * on the H100 131 us at batch 1024 where conv.cuh's cp.async kernel takes 206.5) takes the same
+ * tiles: dWt (K, CO) = im2col(X)^T dY, a sum over the pixels.
  * Each persistent block loads a tile's halo and its 128 rows of dY (both double buffered) and
  * adds the tile's products into accumulators that hold the block's whole dWt (K padded to whole
  * 16-row tiles, x 64): warp w takes the 16-row tiles w % 4, + 4, ... and 32 of the columns
@@ -52,15 +53,23 @@ template <class G, int TH, int TW> struct kiln_few {
   static constexpr int NCH = G::KH * G::KW * CH; /* chunks a window: a row of Wk */
   static constexpr int KS = (NCH + 1) / 2;       /* k16 steps */
   static constexpr int HH = TH + G::KH - 1, HW = TW + G::KW - 1;
-  static constexpr int HALO = HH * HW * CH; /* chunks of a halo */
+  /* a pixel's stride in the halo, in chunks: odd (CH, or CH + 1 with a chunk of padding), so the
+   * eight rows an ldmatrix reads, one chunk of eight pixels in a row, fall in eight different
+   * 16-byte bank groups (at 16 channels, a 32-byte stride had two pixels share each) */
+  static constexpr int PX = CH | 1;
+  static constexpr int HALO = HH * HW * PX; /* chunks of a halo, padding included */
   static constexpr int TILES_W = (G::OW + TW - 1) / TW, TILES_H = (G::OH + TH - 1) / TH;
   static constexpr int TILES = G::N * TILES_H * TILES_W;
   static constexpr int ROW = G::CO * 2 + 16; /* bytes of a staged output row */
-  static constexpr int F_BYTES = G::CO * NCH * 16;
+  /* a filter's row in shared memory, in chunks: odd too (NCH, or NCH + 1), for the eight rows of
+   * an ldmatrix of B (at ResNet's stem, 32 chunks, 512-byte rows put all eight in one bank group:
+   * 543 us against 265 on the cp.async kernel, dev/conv_few) */
+  static constexpr int FR = NCH | 1;
+  static constexpr int F_BYTES = G::CO * FR * 16;
   static constexpr int SMEM = F_BYTES + 16 + 2 * HALO * 16 + 128 * ROW;
   /* byte offset in the halo of chunk q of a window, from the window's first pixel */
   __host__ __device__ static constexpr int off(int q) {
-    return ((q / CH / G::KW) * HW + q / CH % G::KW) * CH * 16 + q % CH * 16;
+    return ((q / CH / G::KW) * HW + q / CH % G::KW) * PX * 16 + q % CH * 16;
   }
 };
 
@@ -71,11 +80,11 @@ KILN__FN void kiln_few_halo(const kiln_bf16 *x, int tile, unsigned char *buf) {
   using F = kiln_few<G, TH, TW>;
   const int tw = tile % F::TILES_W, r = tile / F::TILES_W, n = r / F::TILES_H;
   const int h0 = r % F::TILES_H * TH - G::PH, w0 = tw * TW - G::PW;
-  for (int i = threadIdx.x; i < F::HALO; i += 256) {
+  for (int i = threadIdx.x; i < F::HH * F::HW * F::CH; i += 256) {
     const int c = i % F::CH, p = i / F::CH, h = h0 + p / F::HW, w = w0 + p % F::HW;
     const bool in = h >= 0 && h < G::H && w >= 0 && w < G::W;
     const kiln_bf16 *src = in ? x + (((long long)n * G::H + h) * G::W + w) * G::CI + c * 8 : x;
-    kiln_cp16(buf + i * 16, src, in);
+    kiln_cp16(buf + (p * F::PX + c) * 16, src, in);
   }
 }
 
@@ -87,7 +96,7 @@ KILN__FN void kiln_conv_few(const kiln_bf16 *__restrict__ x, const kiln_bf16 *__
   unsigned char *stage = halo + 2 * F::HALO * 16;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   for (int i = tid; i < G::CO * F::NCH; i += 256)
-    kiln_cp16(filt + i * 16, wk + (long long)i * 8, true);
+    kiln_cp16(filt + (i / F::NCH * F::FR + i % F::NCH) * 16, wk + (long long)i * 8, true);
   if (tid < 4) ((unsigned *)zero)[tid] = 0u;
   const int wm = warp & 3, wn = warp >> 2, hi = lane >> 4;
   /* A: lanes 0-15 give rows 0-15 of an m16 tile at the step's first chunk, 16-31 its second */
@@ -95,7 +104,7 @@ KILN__FN void kiln_conv_few(const kiln_bf16 *__restrict__ x, const kiln_bf16 *__
 #pragma unroll
   for (int mt = 0; mt < 2; mt++) {
     const int p = wm * 32 + mt * 16 + (lane & 15);
-    abase[mt] = (p / TW * F::HW + p % TW) * F::CH * 16;
+    abase[mt] = (p / TW * F::HW + p % TW) * F::PX * 16;
   }
   /* B: lanes 0-7 n-tile 0 at the first chunk, 8-15 at the second, 16-31 n-tile 1 likewise */
   const int bco = wn * 32 + (lane & 7) + 8 * (lane >> 4), bsel = (lane >> 3) & 1;
@@ -129,7 +138,7 @@ KILN__FN void kiln_conv_few(const kiln_bf16 *__restrict__ x, const kiln_bf16 *__
 #pragma unroll
       for (int pr = 0; pr < 2; pr++) {
         unsigned bf[4];
-        kiln_ldsm4(q < F::NCH ? filt + ((bco + 16 * pr) * F::NCH + q) * 16 : zero, bf);
+        kiln_ldsm4(q < F::NCH ? filt + ((bco + 16 * pr) * F::FR + q) * 16 : zero, bf);
 #pragma unroll
         for (int mt = 0; mt < 2; mt++) {
           kiln_mma_bf16(c[mt][2 * pr], a[mt], bf[0], bf[1]);
@@ -229,7 +238,7 @@ KILN__FN void kiln_conv_few_wgrad(const kiln_bf16 *__restrict__ x, const kiln_bf
 #pragma unroll
       for (int pr = 0; pr < 2; pr++)
         kiln_ldsm4_trans(d + (16 * s + bpx) * W::DY_ROW + (4 * wn + 2 * pr + bsel) * 16, bf[pr]);
-      const int p = 16 * s + apx, abase = (p / TW * F::HW + p % TW) * F::CH * 16;
+      const int p = 16 * s + apx, abase = (p / TW * F::HW + p % TW) * F::PX * 16;
 #pragma unroll
       for (int i = 0; i < 4; i++) {
         const int kt = wk + 4 * i;
