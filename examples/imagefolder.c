@@ -19,7 +19,8 @@
  * weight decay 5e-5, the forward pass in bf16 autocast (--f32: f32 throughout).
  *
  * Each epoch prints the training loss, the images per second of training (the steps' wall time,
- * synchronised with the GPU) and what loading could give (images decoded per second of the
+ * synchronised with the GPU; and of the steps after its first, timed apart: the run's first step
+ * records, compiles and captures the step) and what loading could give (images decoded per second of the
  * decoding threads' time, times the threads), the seconds the steps waited for decoding, and the
  * evaluation accuracy. --steps N stops after N training steps. --save writes a checkpoint after
  * every epoch, --resume continues one, --eval-only evaluates a checkpoint or a weights file,
@@ -325,8 +326,9 @@ int main(int argc, char **argv) {
   for (int epoch = first; !c.eval_only && epoch < c.epochs && step < total; epoch++) {
     kiln_image_loader_stats s0 = kiln_image_loader_stats_get(tl);
     kiln_image_loader_start(tl, epoch);
-    double t0 = now(), loss_sum = 0;
-    int64_t images = 0, losses = 0;
+    /* the epoch's first step (the run's first records, compiles and captures) timed apart */
+    double t0 = now(), loss_sum = 0, first_s = NAN;
+    int64_t images = 0, losses = 0, first_images = 0;
     kiln_tensor *x, *y;
     for (;;) {
       kiln_step_begin(ctx);
@@ -341,6 +343,10 @@ int main(int argc, char **argv) {
       if (kiln_step_end(ctx) != KILN_OK) die(ctx, "training");
       step++;
       images += kiln_tensor_shape(y).d[0];
+      if (!first_images) {
+        if (kiln_sync(ctx) != KILN_OK) die(ctx, "training");
+        first_s = now() - t0, first_images = images;
+      }
       if (!c.no_gpu && (step % LOSS_EVERY == 0 || step == total)) {
         loss_sum += kiln_tensor_item(loss); /* a read waits for the step */
         losses++;
@@ -350,6 +356,8 @@ int main(int argc, char **argv) {
     if (kiln_ctx_error(ctx)) die(ctx, "training");
     if (kiln_sync(ctx) != KILN_OK) die(ctx, "training");
     double seconds = now() - t0;
+    /* the steps after the first: what training keeps up once compiled */
+    double rest = images > first_images ? (images - first_images) / (seconds - first_s) : NAN;
     kiln_image_loader_stats s = kiln_image_loader_stats_get(tl);
     double decoded = (double)(s.decoded - s0.decoded);
     double cpu = s.decode_seconds - s0.decode_seconds, waited = s.wait_seconds - s0.wait_seconds;
@@ -360,19 +368,23 @@ int main(int argc, char **argv) {
       printf("epoch %d (no GPU: no loss):", epoch + 1);
     else
       printf("epoch %d: loss %.4f;", epoch + 1, losses ? loss_sum / (double)losses : NAN);
-    printf(" training %lld images in %.2f s: %.0f images/s; loading could give %.0f images/s (%d "
-           "threads, %.0f files decoded in %.2f thread-seconds), the steps waited %.2f s for it",
-           (long long)images, seconds, images / seconds, can, s.threads, decoded, cpu, waited);
+    printf(" training %lld images in %.2f s: %.0f images/s, %.0f after the first step (%.2f s); "
+           "loading could give %.0f images/s (%d threads, %.0f files decoded in %.2f "
+           "thread-seconds), the steps waited %.2f s for it",
+           (long long)images, seconds, images / seconds, rest, first_s, can, s.threads, decoded,
+           cpu, waited);
     if (vl && !c.no_gpu) printf("; accuracy %.2f%%", 100 * acc);
     printf("\n");
     if (log) {
       fprintf(log,
               "{\"epoch\": %d, \"step\": %lld, \"loss\": %.6g, \"images\": %lld, \"seconds\": "
-              "%.4f, \"images_per_s\": %.1f, \"decoded\": %.0f, \"decode_thread_s\": %.4f, "
-              "\"loading_images_per_s\": %.1f, \"waited_s\": %.4f, \"accuracy\": %.6g}\n",
+              "%.4f, \"images_per_s\": %.1f, \"first_step_s\": %.4f, \"images_per_s_after_first\": "
+              "%.1f, \"decoded\": %.0f, \"decode_thread_s\": %.4f, \"loading_images_per_s\": %.1f, "
+              "\"waited_s\": %.4f, \"accuracy\": %.6g}\n",
               epoch + 1, (long long)step, losses ? loss_sum / (double)losses : -1.0,
-              (long long)images, seconds, images / seconds, decoded, cpu, cpu > 0 ? can : -1.0,
-              waited, vl && !c.no_gpu ? acc : -1.0);
+              (long long)images, seconds, images / seconds, first_images ? first_s : -1.0,
+              isnan(rest) ? -1.0 : rest, decoded, cpu, cpu > 0 ? can : -1.0, waited,
+              vl && !c.no_gpu ? acc : -1.0);
       fflush(log);
     }
     if (c.save) save(ctx, &c, p, opt, epoch, step, classes);
