@@ -105,7 +105,13 @@ kiln__blas *kiln__blas_new(kiln_ctx *ctx) {
       KILN_CUBLAS_FAILED(ctx, cublasSetStream(b->cublas, stream)) ||
       KILN_CUBLAS_FAILED(ctx, cublasLtCreate(&b->lt)) ||
       KILN_CUDA_FAILED(ctx, cudaMalloc(&b->workspace, KILN__BLAS_WORKSPACE)) ||
-      KILN_CUBLAS_FAILED(ctx, cublasSetWorkspace(b->cublas, b->workspace, KILN__BLAS_WORKSPACE))) {
+      KILN_CUBLAS_FAILED(ctx, cublasSetWorkspace(b->cublas, b->workspace, KILN__BLAS_WORKSPACE)) ||
+      /* KILN_DEBUG=initcheck: the workspace zeroed once, so that initcheck sees written the
+       * split-K partials that cuBLAS's products store there (as its outputs: zero_for_initcheck)
+       * and its splitKreduce kernels read (H100, 2026-12-06: the first of 235,008 reports in
+       * test_gpu_ops_conv's few-channel tests; not yet run with this) */
+      ((ctx->debug & KILN__DEBUG_INITCHECK) &&
+       KILN_CUDA_FAILED(ctx, cudaMemset(b->workspace, 0, KILN__BLAS_WORKSPACE)))) {
     kiln__blas_free(b);
     return NULL;
   }
