@@ -8,7 +8,8 @@
 // the timed batch; the timed operands are random, never zero.
 //
 //   nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -o /tmp/lab_few dev/conv_few/lab.cu
-//   /tmp/lab_few          the forward products
+//   /tmp/lab_few          the forward products (air's first conv, ResNet-18's stem, and two 3x3
+//                         convs over 64 channels, which the library leaves to its TMA kernel)
 //   /tmp/lab_few wgrad    conv_few.cuh's weight gradient from the same halo tiles
 //   (KILN_CONV_FEW_WGRAD)
 //
@@ -134,6 +135,9 @@ static void run(const char *name, const char *kernel, L launch, L8 launch8) {
 /* ResNet-18's stem as kiln runs it (KILN_CONV_S2D): 4x4 over the 16 channels of the image's 2x2
  * blocks, 115x115 into 112x112, no padding (profile_step's batch 128) */
 template <int N> using Stem = Shape<N, 115, 16, 64, 4, 0>;
+
+/* ResNet-18's first stage (layer1): 3x3 over 64 channels into 64 at 56x56 */
+template <int N> using L1 = Shape<N, 56, 64, 64, 3, 1>;
 
 /* every kernel on shape G (checked at G8's batch and G's), under name */
 template <class G, class G8> static void shape(const char *name) {
@@ -268,5 +272,15 @@ int main(int argc, char **argv) {
          "grid | max err / max |ref| (batch 8, timed batch) |\n");
   printf("| --- | --- | --- | --- | --- | --- | --- |\n");
   shape<Stem<128>, Stem<8>>("batch 128");
+  /* 64 input channels, past the library's gate (kiln__conv_few_shape: fewer than 64; the TMA
+   * kernel takes these): whether a halo tile pays there too, with 152 KB of shared memory a
+   * block (filters of 576 values, two halos, the staged rows): one block an SM */
+  printf("\n| 3x3 64->64, padding 1 | kernel | us | TFLOP/s | GB/s (least bytes) | grid | max err / "
+         "max |ref| (batch 8, timed batch) |\n");
+  printf("| --- | --- | --- | --- | --- | --- | --- |\n");
+  shape<B1<1024>, B1<8>>("air's 15x15, batch 1024");
+  shape<L1<128>, L1<8>>("ResNet-18's 56x56, batch 128");
+  printf("(the library's TMA kernel on air's 15x15x64->64 in the step's trace on the H100, "
+         "2026-12-06: 76.5 us; cuDNN 51.2)\n");
   return 0;
 }
