@@ -113,7 +113,7 @@ static const conv_case direct_cases[] = {
  * image on both sides (8x16 and 4x32), an odd number of 8-channel chunks a window (27, 25: the
  * last step's zero chunk), a 5x5 window, no padding, a 1x3 window two tiles wide, batch 1, and
  * ResNet-18's stem as kiln runs it (KILN_CONV_S2D: 4x4 over 16 channels, a pixel's halo stride
- * padded to three chunks, and 32 channels: five). */
+ * padded to three chunks; 32 channels: five; 48: seven). */
 static const conv_case few_cases[] = {
     {"24->64 3x3 pad 1 (air's first conv) on 31x31 images, 40 of them", 40, 31, 31, 24, 64, 3, 3,
      CO(.pad_h = 1, .pad_w = 1), 0, 0, 0},
@@ -123,6 +123,8 @@ static const conv_case few_cases[] = {
     {"16->64 1x3 pad (0, 1) on 5x40 images", 2, 5, 40, 16, 64, 1, 3, CO(.pad_w = 1), 0, 0, 0},
     {"16->64 4x4 (ResNet's stem on its 2x2 blocks) on 39x37 images", 2, 39, 37, 16, 64, 4, 4, CO(0),
      0, 0, 0},
+    {"48->64 2x2 pad 1 on 9x7 images (six chunks a pixel, padded to seven)", 2, 9, 7, 48, 64, 2, 2,
+     CO(.pad_h = 1, .pad_w = 1), 0, 0, 0},
 };
 
 #endif

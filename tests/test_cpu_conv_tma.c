@@ -310,6 +310,9 @@ Test(conv_tma, few_channel_forward_products_run_from_a_halo_tile) {
       {"32->64 3x3 on 20x17 images", 20, 17, 32, 64, 3, 1, true, 1, 4, 32},
       {"16->64 4x4 pad 2 on 111x111 images (112x112 out, as ResNet's stem on its blocks)", 111, 111,
        16, 64, 4, 1, true, 1, 8, 16},
+      {"48->64 2x2 pad 1 on 9x7 images (six chunks a pixel, padded to seven)", 9, 7, 48, 64, 2, 1,
+       true, 1, 8, 16},
+      {"56->64 2x2 pad 1 on 9x7 images (seven chunks a pixel)", 9, 7, 56, 64, 2, 1, true, 1, 8, 16},
       {"24->64 without the switch", 9, 7, 24, 64, 3, 1, false, 0, 0, 0},
       {"24->64 stride 2", 9, 7, 24, 64, 3, 2, true, 0, 0, 0},
       {"24->32", 9, 7, 24, 32, 3, 1, true, 0, 0, 0},
@@ -381,6 +384,7 @@ Test(conv_tma, few_channel_weight_gradients_from_the_same_tiles_with_the_switch)
       {"24->64 written into .grad", 31, 31, 24, 3, 1, true, true, 0},
       {"16->64 4x4 (ResNet's stem on its blocks: 256 values a window)", 23, 23, 16, 4, 1, true,
        false, 1},
+      {"48->64 2x2 (six chunks a pixel, padded to seven)", 9, 7, 48, 2, 1, true, false, 1},
       {"32->64 3x3 (288 values a window: a block's dWt past its registers)", 20, 17, 32, 3, 1, true,
        false, 0},
   };
