@@ -20,12 +20,12 @@
  *
  * Each epoch prints the training loss, the images per second of training (the steps' wall time,
  * synchronised with the GPU; and of the steps after its first, timed apart: the run's first step
- * records, compiles and captures the step) and what loading could give (images decoded per second of the
- * decoding threads' time, times the threads), the seconds the steps waited for decoding, and the
- * evaluation accuracy. --steps N stops after N training steps. --save writes a checkpoint after
- * every epoch, --resume continues one, --eval-only evaluates a checkpoint or a weights file,
- * --log appends each epoch's figures as a JSON line. --no-gpu runs the data path and records,
- * plans and compiles every step without a GPU (nothing is computed: no loss, no accuracy).
+ * records, compiles and captures the step) and what loading could give (images decoded per
+ * second of the decoding threads' time, times the threads), the seconds the steps waited for
+ * decoding, and the evaluation accuracy. --steps N stops after N training steps. --save writes a
+ * checkpoint after every epoch, --resume continues one, --eval-only evaluates a checkpoint or a
+ * weights file, --log appends each epoch's figures as a JSON line. --no-gpu runs the data path and
+ * records, plans and compiles every step without a GPU (nothing is computed: no loss, no accuracy).
  */
 #include <math.h>
 #include <stdbool.h>
