@@ -256,28 +256,30 @@ static int main_wgrad() {
   return 0;
 }
 
+/* A forward-product table's header, for the shapes named by what */
+static void table(const char *what) {
+  printf("\n| %s | kernel | us | TFLOP/s | GB/s (least bytes) | grid | max err / max |ref| (batch "
+         "8, timed batch) |\n",
+         what);
+  printf("| --- | --- | --- | --- | --- | --- | --- |\n");
+}
+
 int main(int argc, char **argv) {
   if (argc > 1 && strcmp(argv[1], "wgrad") == 0) return main_wgrad();
   cudaDeviceProp p;
   CK(cudaGetDeviceProperties(&p, 0));
   printf("%s, %d SMs; bf16 dense peak 989.4 TFLOP/s (H200 and H100 SXM), HBM 4.8 TB/s (H200) or "
-         "3.35 (H100)\n\n",
+         "3.35 (H100)\n",
          p.name, p.multiProcessorCount);
-  printf("| conv 31x31x24->64, 3x3 | kernel | us | TFLOP/s | GB/s (least bytes) | grid | max err / "
-         "max |ref| (batch 8, timed batch) |\n");
-  printf("| --- | --- | --- | --- | --- | --- | --- |\n");
+  table("conv 31x31x24->64, 3x3");
   shape<A1<1024>, A1<8>>("batch 1024");
   shape<A1<2000>, A1<8>>("batch 2000");
-  printf("\n| ResNet-18's stem, 115x115x16->64 4x4 | kernel | us | TFLOP/s | GB/s (least bytes) | "
-         "grid | max err / max |ref| (batch 8, timed batch) |\n");
-  printf("| --- | --- | --- | --- | --- | --- | --- |\n");
+  table("ResNet-18's stem, 115x115x16->64 4x4");
   shape<Stem<128>, Stem<8>>("batch 128");
   /* 64 input channels, past the library's gate (kiln__conv_few_shape: fewer than 64; the TMA
    * kernel takes these): whether a halo tile pays there too, with 152 KB of shared memory a
    * block (filters of 576 values, two halos, the staged rows): one block an SM */
-  printf("\n| 3x3 64->64, padding 1 | kernel | us | TFLOP/s | GB/s (least bytes) | grid | max err / "
-         "max |ref| (batch 8, timed batch) |\n");
-  printf("| --- | --- | --- | --- | --- | --- | --- |\n");
+  table("3x3 64->64, padding 1");
   shape<B1<1024>, B1<8>>("air's 15x15, batch 1024");
   shape<L1<128>, L1<8>>("ResNet-18's 56x56, batch 128");
   printf("(the library's TMA kernel on air's 15x15x64->64 in the step's trace on the H100, "
