@@ -66,17 +66,7 @@ __global__ void __launch_bounds__(WG_THREADS(WS), 1)
   const long long m0 = (long long)blockIdx.x * 128;
   const int n0 = blockIdx.y * BN;
   if (!kiln_conv_fprop<G, BN, S, false, WS>(x, wk, (int)m0, n0, smem, d)) return;
-  const int lane = threadIdx.x & 31;
-  const long long r = m0 + kiln_conv_row0<WS>();
-#pragma unroll
-  for (int j = 0; j < BN / 8; j++)
-#pragma unroll
-    for (int h = 0; h < 2; h++) {
-      const long long m = r + 8 * h;
-      const int c = n0 + 8 * j + 2 * (lane & 3);
-      if (m < G::M && c < G::CO)
-        *(unsigned *)&y[m * G::CO + c] = kiln_bf16x2_bits(d[4 * j + 2 * h], d[4 * j + 2 * h + 1]);
-    }
+  store_rows<BN>(y, m0 + kiln_conv_row0<WS>(), n0, G::M, G::CO, d);
 }
 
 template <class G, class T>
@@ -180,17 +170,7 @@ __global__ void __launch_bounds__(WG_THREADS(WS), 1)
   const int p0 = blockIdx.z * chunk, p1 = p0 + chunk < G::M ? p0 + chunk : (int)G::M;
   if (!kiln_conv_wgrad<G, BN, S, WS>(x, dy, k0, n0, p0, p1, smem, d)) return;
   if (!kiln_conv_split_sum<BN, WS>(d, part, cnt)) return;
-  const int lane = threadIdx.x & 31;
-  const int r0 = kiln_conv_row0<WS>();
-#pragma unroll
-  for (int j = 0; j < BN / 8; j++)
-#pragma unroll
-    for (int h = 0; h < 2; h++) {
-      const int k = k0 + r0 + 8 * h, c = n0 + 8 * j + 2 * (lane & 3);
-      if (k < G::K && c < G::CO)
-        *(unsigned *)&dwt[(long long)k * G::CO + c] =
-            kiln_bf16x2_bits(d[4 * j + 2 * h], d[4 * j + 2 * h + 1]);
-    }
+  store_rows<BN>(dwt, k0 + kiln_conv_row0<WS>(), n0, G::K, G::CO, d);
 }
 
 /* kiln's path today, for comparison: im2col into a column matrix (16 bytes a thread), then
@@ -395,16 +375,7 @@ template <template <int> class S> static void shape_ws(const char *name, bool wi
 template <int BN>
 __device__ void store_tile(kiln_bf16 *out, long long m0, int n0, long long rows, int cols,
                            const float (&d)[BN / 2]) {
-  const long long r = m0 + kiln_conv_row0<false>();
-#pragma unroll
-  for (int j = 0; j < BN / 8; j++)
-#pragma unroll
-    for (int h = 0; h < 2; h++) {
-      const long long m = r + 8 * h;
-      const int c = n0 + 8 * j + 2 * (threadIdx.x & 3);
-      if (m < rows && c < cols)
-        *(unsigned *)&out[m * cols + c] = kiln_bf16x2_bits(d[4 * j + 2 * h], d[4 * j + 2 * h + 1]);
-    }
+  store_rows<BN>(out, m0 + kiln_conv_row0<false>(), n0, rows, cols, d);
 }
 
 template <class G, int BN, int S, bool SE>

@@ -29,6 +29,23 @@ template <int N_, int H_, int CI_, int CO_, int K_, int P_, int S_ = 1> struct S
   static constexpr int K = KH * KW * CI;
 };
 
+/* Stores a thread's accumulators of a 128 x BN tile (the wgmma fragment: rows r and r + 8, two
+ * columns of each 8-wide group from n0) as bf16 into a (rows, cols) matrix; r is the thread's
+ * first row (the tile's first plus kiln_conv_row0). */
+template <int BN>
+__device__ void store_rows(kiln_bf16 *out, long long r, int n0, long long rows, int cols,
+                           const float (&d)[BN / 2]) {
+#pragma unroll
+  for (int j = 0; j < BN / 8; j++)
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+      const long long m = r + 8 * h;
+      const int c = n0 + 8 * j + 2 * (threadIdx.x & 3);
+      if (m < rows && c < cols)
+        *(unsigned *)&out[m * cols + c] = kiln_bf16x2_bits(d[4 * j + 2 * h], d[4 * j + 2 * h + 1]);
+    }
+}
+
 template <class G> __global__ void ref_fprop(const kiln_bf16 *x, const kiln_bf16 *wk, float *y) {
   long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= G::M * G::CO) return;

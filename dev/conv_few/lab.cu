@@ -47,16 +47,7 @@ __global__ void __launch_bounds__(256, 1)
   float d[BN / 2];
   const int m0 = (int)blockIdx.x * 128, n0 = (int)blockIdx.y * BN;
   if (!kiln_conv_fprop<G, BN, S, false, false, AHEAD>(x, wk, m0, n0, smem, d)) return;
-  const int lane = threadIdx.x & 31, r = m0 + kiln_conv_row0<false>();
-#pragma unroll
-  for (int j = 0; j < BN / 8; j++)
-#pragma unroll
-    for (int h = 0; h < 2; h++) {
-      const long long m = r + 8 * h;
-      const int c = n0 + 8 * j + 2 * (lane & 3);
-      if (m < G::M && c < G::CO)
-        *(unsigned *)&y[m * G::CO + c] = kiln_bf16x2_bits(d[4 * j + 2 * h], d[4 * j + 2 * h + 1]);
-    }
+  store_rows<BN>(y, m0 + kiln_conv_row0<false>(), n0, G::M, G::CO, d);
 }
 
 /* A kernel of the experiment: its launch for shape G, and its name. */
@@ -139,25 +130,23 @@ template <int N> using Stem = Shape<N, 115, 16, 64, 4, 0>;
 /* ResNet-18's first stage (layer1): 3x3 over 64 channels into 64 at 56x56 */
 template <int N> using L1 = Shape<N, 56, 64, 64, 3, 1>;
 
+/* conv.cuh's forward product on shape G (checked at G8's batch and G's), under name */
+template <class G, class G8, bool AHEAD> static void run_lib(const char *name, const char *kernel) {
+  Lib::setup<G, AHEAD>(), Lib::setup<G8, AHEAD>();
+  run<G, G8>(
+      name, kernel,
+      [](const kiln_bf16 *x, const kiln_bf16 *w, kiln_bf16 *y) {
+        return Lib::launch<G, AHEAD>(x, w, y);
+      },
+      [](const kiln_bf16 *x, const kiln_bf16 *w, kiln_bf16 *y) {
+        return Lib::launch<G8, AHEAD>(x, w, y);
+      });
+}
+
 /* every kernel on shape G (checked at G8's batch and G's), under name */
 template <class G, class G8> static void shape(const char *name) {
-  Lib::setup<G, false>(), Lib::setup<G8, false>(), Lib::setup<G, true>(), Lib::setup<G8, true>();
-  run<G, G8>(
-      name, "library: conv.cuh wgmma 128x64, 4 stages",
-      [](const kiln_bf16 *x, const kiln_bf16 *w, kiln_bf16 *y) {
-        return Lib::launch<G, false>(x, w, y);
-      },
-      [](const kiln_bf16 *x, const kiln_bf16 *w, kiln_bf16 *y) {
-        return Lib::launch<G8, false>(x, w, y);
-      });
-  run<G, G8>(
-      name, "library, KILN_CONV_AHEAD's loop",
-      [](const kiln_bf16 *x, const kiln_bf16 *w, kiln_bf16 *y) {
-        return Lib::launch<G, true>(x, w, y);
-      },
-      [](const kiln_bf16 *x, const kiln_bf16 *w, kiln_bf16 *y) {
-        return Lib::launch<G8, true>(x, w, y);
-      });
+  run_lib<G, G8, false>(name, "library: conv.cuh wgmma 128x64, 4 stages");
+  run_lib<G, G8, true>(name, "library, KILN_CONV_AHEAD's loop");
 #define FEW(TH, TW, PER_SM, MINB)                                                                  \
   run<G, G8>(                                                                                      \
       name,                                                                                        \
