@@ -392,6 +392,9 @@ struct kiln_ctx {
   /* their weight gradients from the same halo tiles (KILN_CONV_FEW_WGRAD=0: the cp.async kernel's;
    * only with conv_few) */
   bool conv_few_wgrad;
+  /* a 2x2 max pool (stride 2) after such a forward product pooled in its epilogue, the product's
+   * own output never written (kiln__few_pool; KILN_CONV_FEW_POOL=0: a kernel of its own) */
+  bool conv_few_pool;
   /* kiln's kernels launched as programmatic dependents of the kernel before them on sm_90, each
    * waiting first, then letting the next launch (KILN_PDL=1; off: slower on the H100) */
   bool pdl;

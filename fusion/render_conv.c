@@ -521,10 +521,12 @@ static bool finish_few(kiln__sb *b, const char *what, const kiln__node *n, const
 }
 
 /* The forward product of a few-channel convolution (kiln__conv_few_shape; KILN_CONV_FEW=0: not)
- * from a halo tile: conv_few.cuh's kiln_conv_few, persistent blocks. */
+ * from a halo tile: conv_few.cuh's kiln_conv_few, persistent blocks; with pool (kiln__few_pool's
+ * node) the product's 2x2 max pool is written instead, and the pool's window positions behind its
+ * values where its gradient reads them (ops.def's index, as render_window.c's pools). */
 static bool render_few(const kiln__target *t, const kiln__node *n, const kiln__gemm *mm,
-                       kiln__rendered *r) {
-  const kiln_tensor *Y = mm->d, *X = n->in[0];
+                       const kiln__node *pool, kiln__rendered *r) {
+  const kiln_tensor *Y = mm->d, *X = n->in[0], *out = pool ? pool->out : Y;
   const int64_t CO = Y->shape[1];
   const kiln__win w = kiln__win_of(n);
   const few_tiling f = few_tiles(t, n);
@@ -535,17 +537,21 @@ static bool render_few(const kiln__target *t, const kiln__node *n, const kiln__g
   kiln__operands o = {0};
   int slot[3];
   char pre[640];
-  conv_operands(n, mm->b, Y, CO, "conv_few.cuh", &o, slot, pre, sizeof pre);
+  conv_operands(n, mm->b, out, CO, "conv_few.cuh", &o, slot, pre, sizeof pre);
+  char at[96] = "";
+  if (pool && KILN__I(pool, MAX_POOL, index))
+    snprintf(at, sizeof at, ", (unsigned char *)((kiln_bf16 *)a.ptr[%d] + %lldLL)", slot[2],
+             (long long)kiln_tensor_numel(out));
   kiln__sb b = {0};
   kiln__sb_printf(&b,
                   "  extern __shared__ __align__(16) unsigned char kiln_smem[];\n"
                   "  static_assert(kiln_few<G, %d, %d>::SMEM == %lld && kiln_few<G, %d, %d>::TILES "
                   "== %lld, \"the launch's shared memory and tiles\");\n"
-                  "  kiln_conv_few<G, %d, %d>((const kiln_bf16 *)a.ptr[%d], (const kiln_bf16 "
-                  "*)a.ptr[%d], (kiln_bf16 *)a.ptr[%d], kiln_smem);\n",
-                  f.th, f.tw, (long long)smem, f.th, f.tw, (long long)f.tiles, f.th, f.tw, slot[0],
-                  slot[1], slot[2]);
-  return finish_few(&b, "few", n, pre, &o, &f, smem, Y->shape[0], r);
+                  "  kiln_conv_few<G, %d, %d, %s>((const kiln_bf16 *)a.ptr[%d], (const kiln_bf16 "
+                  "*)a.ptr[%d], (kiln_bf16 *)a.ptr[%d], kiln_smem%s);\n",
+                  f.th, f.tw, (long long)smem, f.th, f.tw, (long long)f.tiles, f.th, f.tw,
+                  pool ? "true" : "false", slot[0], slot[1], slot[2], at);
+  return finish_few(&b, pool ? "few_pool" : "few", n, pre, &o, &f, smem, Y->shape[0], r);
 }
 
 /* The weight gradient dW (CO, K) of a few-channel convolution (KILN_CONV_FEW_WGRAD=0: not) from the
@@ -590,9 +596,11 @@ static bool render_fprop(const kiln__target *t, const kiln__node *n, const kiln_
   int64_t M = Y->shape[0], CO = Y->shape[1];
   if (kiln__conv_direct_shape(mm->b->shape[0], X->shape[3], CO))
     return render_direct(n, mm, epi, r);
-  KILN_ASSERT(epi->n == 0); /* kiln__direct_epilogue's alone */
   kiln__win w = kiln__win_of(n);
-  if (t->conv_few && kiln__conv_few_shape(&w, X->shape[3], CO)) return render_few(t, n, mm, r);
+  bool few = t->conv_few && kiln__conv_few_shape(&w, X->shape[3], CO);
+  /* an epilogue is kiln__direct_epilogue's chain, or a halo-tile product's max pool */
+  KILN_ASSERT(epi->n == 0 || (few && epi->n == 1 && epi->nodes[0]->op == KILN__OP_MAX_POOL));
+  if (few) return render_few(t, n, mm, epi->n ? epi->nodes[0] : NULL, r);
   tma = tma && kiln__conv_tma_window(&w, X->shape[3]);
   int BN = wgmma_width(CO, ws && !tma), stage = tma ? (128 + BN) * 128 : 0;
   int S = tma ? tma_stages(stage) : wgmma_stages(BN, ws);

@@ -350,8 +350,9 @@ Test(conv_tma, few_channel_forward_products_run_from_a_halo_tile) {
       kiln__rendered r;
       memset(&r, 0, sizeof r);
       cr_assert(kiln__render(&t, &pg.spec[k], &r), "%s", what);
-      char tiling[48];
-      snprintf(tiling, sizeof tiling, "kiln_conv_few<G, %lld, %lld>", (long long)th, (long long)tw);
+      char tiling[64];
+      snprintf(tiling, sizeof tiling, "kiln_conv_few<G, %lld, %lld, false>", (long long)th,
+               (long long)tw);
       cr_assert(strstr(r.src.s, "__launch_bounds__(256, 2)"), "%s: %s", what, r.src.s);
       cr_assert(strstr(r.src.s, tiling), "%s: %s", what, r.src.s);
       cr_assert_str_eq(r.name, c->name, "%s", what);

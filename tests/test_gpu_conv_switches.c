@@ -4,7 +4,8 @@
  * KILN_CONV_WGRAD_INTO (weight gradients written into .grad), KILN_CAST_BATCH (the parameters'
  * casts in one launch), KILN_CONV_DIRECT_EPI (a direct product's activation in its kernel),
  * KILN_CONV_RECOMPUTE_INPUT (a block's ReLU recorded again for the weight gradient, on a conv,
- * norm, ReLU, conv block), KILN_IM2COL_ROWS (blocks gathered a row a thread). Without a GPU every
+ * norm, ReLU, conv block), KILN_IM2COL_ROWS (blocks gathered a row a thread), KILN_CONV_FEW_POOL
+ * (a max pool in a halo-tile product's epilogue). Without a GPU every
  * test skips, saying why.
  */
 #include <stdlib.h>
@@ -196,4 +197,70 @@ Test(gpu_ops, conv2d_blocks_gathered_a_row_a_thread) {
        CO(.stride_h = 2, .stride_w = 2, .pad_h = 1, .pad_w = 1), 0, 0, 0}};
   for (size_t i = 0; i < sizeof stems / sizeof *stems; i++)
     switch_changes_nothing(&stems[i], "KILN_IM2COL_ROWS", 6300 + 10 * i);
+}
+
+/* For few case c in bf16, in a context made with KILN_CONV_FEW_POOL set to `on`: the second of two
+ * steps (a step graph's capture, then its replay) of y = max_pool2d(conv2d(x, w)), 2x2 windows at
+ * stride 2, and loss = sum(y g): y as f32 and x's and w's gradients (out[0..2]), then a forward
+ * step without gradients (no window positions written): its y (out[3]). malloc'd, n[q] values. */
+static void pooled_results(const conv_case *c, const char *on, uint64_t seed, float *out[4],
+                           int64_t n[4]) {
+  setenv("KILN_CONV_FEW_POOL", on, 1); /* read when the context is made */
+  TH_GPU_CTX(ctx);
+  unsetenv("KILN_CONV_FEW_POOL");
+  ref_win g = conv_win(c);
+  kiln_shape xs = KILN_SHAPE(c->n, c->h, c->w, c->cin);
+  kiln_shape ws = KILN_SHAPE(c->cout, c->cin, c->kh, c->kw), os = ref_win_out(xs, &g, c->cout);
+  kiln_shape ps = KILN_SHAPE(c->n, os.d[1] / 2, os.d[2] / 2, c->cout);
+  kiln_tensor *x = ref_rand_tensor(ctx, xs, seed, &REF_GEN(-1, 1), 1, NULL);
+  kiln_tensor *w = ref_rand_tensor(ctx, ws, seed + 1, &REF_GEN(-1, 1), 1, NULL);
+  kiln_tensor *gy = ref_rand_tensor(ctx, ps, seed + 2, &REF_GEN(-1, 1), 0, NULL);
+  kiln_pool2d_options two = {.kernel_h = 2, .kernel_w = 2};
+  for (int s = 0; s < 3; s++) {
+    bool grads = s < 2;
+    kiln_tensor_set_requires_grad(x, grads);
+    kiln_tensor_set_requires_grad(w, grads);
+    if (grads) {
+      kiln_tensor_zero_grad(x);
+      kiln_tensor_zero_grad(w);
+    }
+    kiln_step_begin(ctx);
+    kiln_autocast_begin(ctx, KILN_DTYPE_BF16);
+    kiln_tensor *y =
+        kiln_cast(kiln_max_pool2d(kiln_conv2d(x, w, NULL, &c->o), &two), KILN_DTYPE_F32);
+    kiln_autocast_end(ctx);
+    cr_assert_not_null(y, "%s: %s", c->desc, th_err(ctx));
+    if (grads)
+      cr_assert_eq(kiln_backward(kiln_sum(kiln_mul(y, gy), KILN_ALL_AXES, 0)), KILN_OK, "%s: %s",
+                   c->desc, th_err(ctx));
+    if (s > 0) out[s == 1 ? 0 : 3] = ref_read_f32(ctx, y, "y");
+    cr_assert_eq(kiln_step_end(ctx), KILN_OK, "%s: %s", c->desc, th_err(ctx));
+  }
+  out[1] = ref_read_f32(ctx, kiln_tensor_grad(x), "x's gradient");
+  out[2] = ref_read_f32(ctx, kiln_tensor_grad(w), "w's gradient");
+  n[0] = n[3] = ref_numel(ps), n[1] = ref_numel(xs), n[2] = ref_numel(ws);
+  kiln_tensor_free(x);
+  kiln_tensor_free(w);
+  kiln_tensor_free(gy);
+  th_ctx_free(ctx);
+}
+
+/* KILN_CONV_FEW_POOL=1 (a 2x2 max pool after a halo-tile forward product pooled in its epilogue,
+ * its window positions written there for its gradient) changes no value: the pooled image, both
+ * gradients and a forward pass without gradients bitwise the pool's own kernel's, on the few
+ * cases (odd sizes: the last row or column dropped; both tilings), in a replayed step graph. */
+Test(gpu_ops, conv2d_few_channel_products_pool_in_their_epilogue) {
+  const char *names[4] = {"y", "x's gradient", "w's gradient", "y without gradients"};
+  for (size_t i = 0; i < sizeof few_cases / sizeof *few_cases; i++) {
+    float *off[4], *on[4];
+    int64_t n[4];
+    pooled_results(&few_cases[i], "0", 6400 + 10 * i, off, n);
+    pooled_results(&few_cases[i], "1", 6400 + 10 * i, on, n);
+    for (int q = 0; q < 4; q++) {
+      cr_assert_eq(memcmp(on[q], off[q], (size_t)n[q] * sizeof(float)), 0, "%s: %s differs",
+                   few_cases[i].desc, names[q]);
+      free(on[q]);
+      free(off[q]);
+    }
+  }
 }

@@ -88,9 +88,50 @@ KILN__FN void kiln_few_halo(const kiln_bf16 *x, int tile, unsigned char *buf) {
   }
 }
 
+/* The 2x2 windows (stride 2) of a staged tile of TH x TW output pixels from (oh0, ow0) of image n,
+ * max-pooled into y (N, OH / 2, OW / 2, CO): a window's 8-channel chunk a thread, its 32 windows
+ * by the block's 256 threads, the rows and columns past the last whole window dropped. With at,
+ * each value's window position p * 2 + q (its first maximum, NaN winning) as a byte indexed like
+ * y, as window.cuh's kiln_max_pool_at writes them; the values the same as its, bit for bit. */
 template <class G, int TH, int TW>
+KILN__FN void kiln_few_pool(const unsigned char *stage, int n, int oh0, int ow0,
+                            kiln_bf16 *__restrict__ y, unsigned char *__restrict__ at) {
+  using F = kiln_few<G, TH, TW>;
+  constexpr int POH = G::OH / 2, POW = G::OW / 2, CH = G::CO / 8;
+  static_assert(TH % 2 == 0 && (TH / 2) * (TW / 2) * CH == 256, "a window's chunk a thread");
+  const int q = threadIdx.x / CH, ch = threadIdx.x % CH;
+  const int r = q / (TW / 2), c = q % (TW / 2), ph = oh0 / 2 + r, pw = ow0 / 2 + c;
+  if (ph >= POH || pw >= POW) return;
+  float best[8];
+  int pos[8];
+#pragma unroll
+  for (int t = 0; t < 4; t++) {
+    const int p = (2 * r + t / 2) * TW + 2 * c + t % 2;
+    float v[8];
+    kiln_load4((const kiln_bf16 *)(stage + p * F::ROW + ch * 16), v);
+    kiln_load4((const kiln_bf16 *)(stage + p * F::ROW + ch * 16 + 8), v + 4);
+#pragma unroll
+    for (int l = 0; l < 8; l++)
+      if (t == 0 || v[l] > best[l] || isnan(v[l])) best[l] = v[l], pos[l] = t;
+  }
+  const long long o = (((long long)n * POH + ph) * POW + pw) * G::CO + ch * 8;
+  kiln_store4(y + o, best);
+  kiln_store4(y + o + 4, best + 4);
+  if (at) {
+    unsigned lo = 0, hi = 0;
+#pragma unroll
+    for (int l = 0; l < 4; l++)
+      lo |= (unsigned)pos[l] << (8 * l), hi |= (unsigned)pos[l + 4] << (8 * l);
+    *(uint2 *)(at + o) = make_uint2(lo, hi);
+  }
+}
+
+/* With POOL, y is the 2x2 max pool of the product (kiln_few_pool, at its positions or NULL), the
+ * product itself never written. */
+template <class G, int TH, int TW, bool POOL = false>
 KILN__FN void kiln_conv_few(const kiln_bf16 *__restrict__ x, const kiln_bf16 *__restrict__ wk,
-                            kiln_bf16 *__restrict__ y, unsigned char *smem) {
+                            kiln_bf16 *__restrict__ y, unsigned char *smem,
+                            unsigned char *at = nullptr) {
   using F = kiln_few<G, TH, TW>;
   unsigned char *filt = smem, *zero = smem + F::F_BYTES, *halo = zero + 16;
   unsigned char *stage = halo + 2 * F::HALO * 16;
@@ -157,9 +198,15 @@ KILN__FN void kiln_conv_few(const kiln_bf16 *__restrict__ x, const kiln_bf16 *__
           *(unsigned *)(stage + p * F::ROW + (wn * 32 + nt * 8 + 2 * (lane & 3)) * 2) =
               kiln_bf16x2_bits(c[mt][nt][2 * e2], c[mt][nt][2 * e2 + 1]);
       }
-    __syncwarp();
     const int tw = tile % F::TILES_W, r = tile / F::TILES_W, n = r / F::TILES_H;
     const int oh0 = r % F::TILES_H * TH, ow0 = tw * TW;
+    if constexpr (POOL) {
+      __syncthreads(); /* a window's two rows were staged by two warps */
+      kiln_few_pool<G, TH, TW>(stage, n, oh0, ow0, y, at);
+      __syncthreads();
+      continue;
+    }
+    __syncwarp();
 #pragma unroll
     for (int k = 0; k < 4; k++) {
       const int i = k * 32 + lane, p = wm * 32 + i / 4, ch = i % 4;
