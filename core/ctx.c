@@ -154,6 +154,7 @@ kiln_ctx *kiln__ctx_create(const kiln_ctx_options *opts) {
    * against 5.146 (bench/ab_steps.sh, medians of three); its test passed */
   ctx->conv_few_wgrad = !env_off("KILN_CONV_FEW_WGRAD");
   ctx->conv_few_pool = !env_off("KILN_CONV_FEW_POOL");
+  ctx->conv_tma_pool = env_on("KILN_CONV_TMA_POOL"); /* off until it has run on a GPU */
   ctx->pdl = env_on("KILN_PDL"); /* off: the H100's steps 4-5.5% slower with it (README) */
   ctx->conv_tma =
       !env_off("KILN_CONV_TMA"); /* H100: air 3.86 ms at 387 MiB, against 3.89 at 1,004 */

@@ -158,11 +158,16 @@ bool kiln__implicit_fprop(const kiln_ctx *ctx, const kiln__plan *p, int32_t i);
  * many nodes (at most `most`) in take[]; they join the group after the product. */
 int kiln__direct_epilogue(const kiln_ctx *ctx, const kiln__plan *p, const kiln__group *g,
                           int32_t *take, int most);
-/* (KILN_CONV_FEW_POOL=0 turns it off.) The max pool that the forward product of group g, on
- * conv_few.cuh's halo tiles, pools in its epilogue: 2x2 windows at stride 2 over the product's
- * image, its one reader, the pooled image bf16; the pool's window positions too where its
- * gradient reads them. Returns the pool's node, or -1; it joins the group after the product. */
-int32_t kiln__few_pool(const kiln_ctx *ctx, const kiln__plan *p, const kiln__group *g);
+/* The max pool that the forward product of group g pools in its epilogue: 2x2 windows at stride 2
+ * over the product's image, its one reader, the pooled image bf16; the pool's window positions
+ * too where its gradient reads them. On conv_few.cuh's halo tiles (KILN_CONV_FEW_POOL=0: not), or
+ * on conv_tma.cuh's kernel with tiles of pairs of whole rows (KILN_CONV_TMA_POOL=1; off until it
+ * has run on a GPU) where kiln__conv_pool_rows takes the width. Returns the pool's node, or -1;
+ * it joins the group after the product. */
+int32_t kiln__conv_pool(const kiln_ctx *ctx, const kiln__plan *p, const kiln__group *g);
+/* The pixels a TMA copy takes of an output row for kiln__conv_pool (ow: the product's width): a
+ * power of two from 8 to 64 that holds the row's pooled columns, or 0 where none does. */
+int kiln__conv_pool_rows(int64_t ow);
 /* Whether implicit weight gradient w stores the weight's f32 gradient itself, taking the cast
  * and the assignment that turn its result into it (*cast, *assign) into its group (plan_conv.c;
  * KILN_CONV_WGRAD_INTO=1). */

@@ -647,7 +647,7 @@ static bool phase_groups(kiln_ctx *ctx, kiln__plan *p, bool fuse) {
       int ne = kiln__direct_epilogue(ctx, p, g, epi, 8);
       for (int k = 0; k < ne; k++)
         if (!add_member(ctx, p, g, epi[k])) return false;
-      int32_t pool = kiln__few_pool(ctx, p, g); /* pooled in a halo-tile product's epilogue */
+      int32_t pool = kiln__conv_pool(ctx, p, g); /* pooled in the product's epilogue */
       if (pool >= 0 && !add_member(ctx, p, g, pool)) return false;
       int32_t cast, assign; /* the weight's f32 gradient written by the kernel */
       if (g->implicit == KILN__IMPLICIT_WGRAD && kiln__wgrad_into_grad(ctx, p, i, &cast, &assign)) {

@@ -403,17 +403,28 @@ int kiln__direct_epilogue(const kiln_ctx *ctx, const kiln__plan *p, const kiln__
   return n;
 }
 
-int32_t kiln__few_pool(const kiln_ctx *ctx, const kiln__plan *p, const kiln__group *g) {
+int kiln__conv_pool_rows(int64_t ow) {
+  int b = 8;
+  while (b < 64 && b < ow / 2 * 2)
+    b *= 2;
+  return ow >= 2 && ow / 2 * 2 <= b ? b : 0;
+}
+
+int32_t kiln__conv_pool(const kiln_ctx *ctx, const kiln__plan *p, const kiln__group *g) {
   const kiln__node *nodes = ctx->trace.nodes;
-  if (!ctx->conv_few || !ctx->conv_few_pool || g->implicit != KILN__IMPLICIT_FPROP ||
-      g->window < 0 || g->n != 2)
-    return -1;
+  if (g->implicit != KILN__IMPLICIT_FPROP || g->window < 0 || g->n != 2) return -1;
   const kiln__node *cn = &nodes[g->window];
   const kiln_tensor *X = cn->in[0], *C = cn->out, *Y = nodes[g->node].out;
   kiln__win w = kiln__win_of(cn);
   int64_t ci = X->shape[3], co = Y->shape[1];
-  /* the kernel render_conv.c gives the product: conv_few.cuh's, not the direct one */
-  if (kiln__conv_direct_shape(C->shape[3], ci, co) || !kiln__conv_few_shape(&w, ci, co)) return -1;
+  /* the kernel render_conv.c gives the product: conv_few.cuh's (not the direct one), or the
+   * TMA-fed one, whose tile then takes pairs of whole rows */
+  if (kiln__conv_direct_shape(C->shape[3], ci, co)) return -1;
+  bool few = ctx->conv_few && kiln__conv_few_shape(&w, ci, co);
+  if (few ? !ctx->conv_few_pool
+          : !ctx->conv_tma_pool || !ctx->conv_tma || !kiln__conv_tma_window(&w, ci) ||
+                kiln__conv_pool_rows(C->shape[2]) == 0 || co % 8 != 0)
+    return -1;
   int32_t j = sole_use(ctx, p, g->node);
   if (j < 0 || nodes[j].op != KILN__OP_MAX_POOL || p->group_of[j - p->first] >= 0 ||
       p->claim[j - p->first] >= 0 || p->write_to[j - p->first])
@@ -423,7 +434,8 @@ int32_t kiln__few_pool(const kiln_ctx *ctx, const kiln__plan *p, const kiln__gro
   const int64_t image[4] = {C->shape[0], C->shape[1], C->shape[2], co};
   bool seen = in->st == Y->st && in->offset == Y->offset && in->ndim == 4 &&
               kiln__is_contiguous(in) && memcmp(in->shape, image, sizeof image) == 0;
-  /* 2x2 windows at stride 2 tile the tiles (TH and TW even), the pixels past them dropped */
+  /* 2x2 windows at stride 2 tile the tiles (TH and TW even; pairs of rows), the pixels past them
+   * dropped */
   bool windows = pw.kh == 2 && pw.kw == 2 && pw.sh == 2 && pw.sw == 2 && pw.ph == 0 && pw.pw == 0 &&
                  pw.dh == 1 && pw.dw == 1;
   return seen && windows && dense_bf16(out) ? j : -1;

@@ -521,7 +521,7 @@ static bool finish_few(kiln__sb *b, const char *what, const kiln__node *n, const
 }
 
 /* The forward product of a few-channel convolution (kiln__conv_few_shape; KILN_CONV_FEW=0: not)
- * from a halo tile: conv_few.cuh's kiln_conv_few, persistent blocks; with pool (kiln__few_pool's
+ * from a halo tile: conv_few.cuh's kiln_conv_few, persistent blocks; with pool (kiln__conv_pool's
  * node) the product's 2x2 max pool is written instead, and the pool's window positions behind its
  * values where its gradient reads them (ops.def's index, as render_window.c's pools). */
 static bool render_few(const kiln__target *t, const kiln__node *n, const kiln__gemm *mm,
@@ -587,8 +587,49 @@ static bool render_few_wgrad(const kiln__target *t, const kiln__node *n, const k
   return finish_few(&b, "few_wgrad", n, pre, &o, &f, smem, dY->shape[1], r);
 }
 
+/* The rest of render_fprop with a max pool (b: its body's start, m0 unused): B-pixel copies a row,
+ * 128 / (2 B) pairs of rows a block (conv_tma.cuh's kiln_conv_fprop_tma_pairs, the grid over the
+ * pooled image's N x OH / 2 rows), the pool in the epilogue (kiln_tma_pool_tile). */
+static bool render_pooled(const kiln__node *n, const kiln_tensor *X, const kiln__node *pool,
+                          kiln__sb *b, kiln__operands *o, const int slot[3], const char *pre,
+                          int BN, int S, int stage, kiln__rendered *r) {
+  const kiln_tensor *Y = pool->out, *Wk = n->out; /* Wk: for K alone */
+  const int64_t oh = n->out->shape[1], ow = n->out->shape[2], CO = Y->shape[3];
+  const int B = kiln__conv_pool_rows(ow), pairs = 128 / B / 2;
+  KILN_ASSERT(B > 0 && Y->shape[1] == oh / 2 && Y->shape[2] == ow / 2);
+  char at[96] = "nullptr";
+  if (KILN__I(pool, MAX_POOL, index))
+    snprintf(at, sizeof at, "(unsigned char *)((kiln_bf16 *)a.ptr[%d] + %lldLL)", slot[2],
+             (long long)kiln_tensor_numel(Y));
+  tma_maps(b, o->n, 2);
+  kiln__sb_printf(
+      b,
+      "  constexpr int B = %d;\n"
+      "  const int q0 = (int)blockIdx.x * (128 / B / 2);\n"
+      "  (void)m0;\n"
+      "  if (!kiln_conv_fprop_tma_pairs<G, BN, S, B>(tm, tm + 1, q0, n0, kiln_smem, d))\n"
+      "    return;\n"
+      "  kiln_tma_pool_tile<G, BN, B>(d, kiln_tma_align1024(kiln_smem), q0, n0, "
+      "(kiln_bf16 *)a.ptr[%d], %s);\n",
+      B, slot[2], at);
+  kiln__win w = kiln__win_of(n);
+  const int64_t nhwc[4] = {X->shape[0], X->shape[1], X->shape[2], X->shape[3]};
+  const int64_t wk[2] = {Wk->shape[3], CO}; /* Wk (CO, K): K innermost */
+  r->tmap[0] = kiln__tmap_im2col(slot[0], nhwc, &w, B);
+  r->tmap[1] = kiln__tmap_tiled(slot[1], 2, wk, (const uint32_t[]){64, (uint32_t)BN});
+  r->ntmap = 2;
+  const int64_t rows = X->shape[0] * (oh / 2); /* pairs of output rows */
+  r->arg.args.n = rows;
+  r->grid = (unsigned)((rows + pairs - 1) / pairs);
+  r->grid_y = (unsigned)((CO + BN - 1) / BN);
+  return finish_wgmma(b, "fprop_pool", n, pre, o, BN, S, false, stage, o->n, r);
+}
+
 /* The forward product Y (M, CO) = im2col(X) Wk^T: a block of 128 pixels by BN channels; TMA-fed
- * with tma, through X's im2col map (128 pixels a copy) and Wk's tiled one (64 x BN boxes). */
+ * with tma, through X's im2col map (128 pixels a copy) and Wk's tiled one (64 x BN boxes). With a
+ * max pool in epi (kiln__conv_pool's; TMA-fed), a block's 128 rows are pairs of whole output rows
+ * (copies of kiln__conv_pool_rows pixels) and it writes their 2x2 max pool instead, with the
+ * window positions behind the pooled values where the pool's gradient reads them. */
 static bool render_fprop(const kiln__target *t, const kiln__node *n, const kiln__gemm *mm,
                          const kiln__ew_prog *epi, kiln__rendered *r) {
   bool ws = t->conv_warp_spec, tma = t->conv_tma;
@@ -598,16 +639,19 @@ static bool render_fprop(const kiln__target *t, const kiln__node *n, const kiln_
     return render_direct(n, mm, epi, r);
   kiln__win w = kiln__win_of(n);
   bool few = t->conv_few && kiln__conv_few_shape(&w, X->shape[3], CO);
-  /* an epilogue is kiln__direct_epilogue's chain, or a halo-tile product's max pool */
-  KILN_ASSERT(epi->n == 0 || (few && epi->n == 1 && epi->nodes[0]->op == KILN__OP_MAX_POOL));
-  if (few) return render_few(t, n, mm, epi->n ? epi->nodes[0] : NULL, r);
+  /* an epilogue is kiln__direct_epilogue's chain, or kiln__conv_pool's max pool */
+  KILN_ASSERT(epi->n == 0 || (epi->n == 1 && epi->nodes[0]->op == KILN__OP_MAX_POOL));
+  const kiln__node *pool = epi->n ? epi->nodes[0] : NULL;
+  if (few) return render_few(t, n, mm, pool, r);
   tma = tma && kiln__conv_tma_window(&w, X->shape[3]);
+  KILN_ASSERT(!pool || tma);
   int BN = wgmma_width(CO, ws && !tma), stage = tma ? (128 + BN) * 128 : 0;
   int S = tma ? tma_stages(stage) : wgmma_stages(BN, ws);
   kiln__operands o = {0};
   int slot[3];
   char pre[640];
-  conv_operands(n, mm->b, Y, CO, tma ? "conv_tma.cuh" : "conv.cuh", &o, slot, pre, sizeof pre);
+  conv_operands(n, mm->b, pool ? pool->out : Y, CO, tma ? "conv_tma.cuh" : "conv.cuh", &o, slot,
+                pre, sizeof pre);
   kiln__sb b = {0};
   kiln__sb_printf(&b,
                   "  constexpr int BN = %d, S = %d, M = %lld;\n"
@@ -615,6 +659,7 @@ static bool render_fprop(const kiln__target *t, const kiln__node *n, const kiln_
                   "  float d[BN / 2];\n"
                   "  const int m0 = (int)blockIdx.x * 128, n0 = (int)blockIdx.y * BN;\n",
                   BN, S, (long long)M);
+  if (pool) return render_pooled(n, X, pool, &b, &o, slot, pre, BN, S, stage, r);
   if (tma) {
     tma_maps(&b, o.n, 2);
     kiln__sb_printf(&b, "  if (!kiln_conv_fprop_tma<G, BN, S>(tm, tm + 1, m0, n0, kiln_smem, d))\n"

@@ -204,7 +204,7 @@ static const char *check_group(const kiln_ctx *ctx, const kiln__plan *p, int k, 
         return bad(why, n, "group %d: an implicit convolution product that is not im2col's", k);
       for (int m = 2; epi && m < g->n; m++) {
         int32_t e = p->members[g->first + m];
-        /* or a max pool, alone (a halo-tile product's: kiln__few_pool) */
+        /* or a max pool, alone (kiln__conv_pool's) */
         bool pool = nodes[e].op == KILN__OP_MAX_POOL && g->n == 3;
         if ((kiln__ops[nodes[e].op].kind != KILN__KIND_EW && !pool) || nodes[e].nin != 1 ||
             owner(ctx, p, nodes[e].in[0]) != p->members[g->first + m - 1] ||

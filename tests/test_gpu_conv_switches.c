@@ -5,9 +5,10 @@
  * casts in one launch), KILN_CONV_DIRECT_EPI (a direct product's activation in its kernel),
  * KILN_CONV_RECOMPUTE_INPUT (a block's ReLU recorded again for the weight gradient, on a conv,
  * norm, ReLU, conv block), KILN_IM2COL_ROWS (blocks gathered a row a thread), KILN_CONV_FEW_POOL
- * (a max pool in a halo-tile product's epilogue). Without a GPU every
- * test skips, saying why.
+ * and KILN_CONV_TMA_POOL (a max pool in a halo-tile or TMA-fed product's epilogue). Without a GPU
+ * every test skips, saying why.
  */
+#include <cuda_runtime_api.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -199,15 +200,15 @@ Test(gpu_ops, conv2d_blocks_gathered_a_row_a_thread) {
     switch_changes_nothing(&stems[i], "KILN_IM2COL_ROWS", 6300 + 10 * i);
 }
 
-/* For few case c in bf16, in a context made with KILN_CONV_FEW_POOL set to `on`: the second of two
+/* For case c in bf16, in a context made with switch `var` set to `on`: the second of two
  * steps (a step graph's capture, then its replay) of y = max_pool2d(conv2d(x, w)), 2x2 windows at
  * stride 2, and loss = sum(y g): y as f32 and x's and w's gradients (out[0..2]), then a forward
  * step without gradients (no window positions written): its y (out[3]). malloc'd, n[q] values. */
-static void pooled_results(const conv_case *c, const char *on, uint64_t seed, float *out[4],
-                           int64_t n[4]) {
-  setenv("KILN_CONV_FEW_POOL", on, 1); /* read when the context is made */
+static void pooled_results(const conv_case *c, const char *var, const char *on, uint64_t seed,
+                           float *out[4], int64_t n[4]) {
+  setenv(var, on, 1); /* read when the context is made */
   TH_GPU_CTX(ctx);
-  unsetenv("KILN_CONV_FEW_POOL");
+  unsetenv(var);
   ref_win g = conv_win(c);
   kiln_shape xs = KILN_SHAPE(c->n, c->h, c->w, c->cin);
   kiln_shape ws = KILN_SHAPE(c->cout, c->cin, c->kh, c->kw), os = ref_win_out(xs, &g, c->cout);
@@ -245,22 +246,43 @@ static void pooled_results(const conv_case *c, const char *on, uint64_t seed, fl
   th_ctx_free(ctx);
 }
 
+/* Asserts that switch `var` changes none of pooled_results' four results on the n cases. */
+static void pooling_changes_nothing(const conv_case *cases, size_t ncases, const char *var,
+                                    uint64_t seed) {
+  const char *names[4] = {"y", "x's gradient", "w's gradient", "y without gradients"};
+  for (size_t i = 0; i < ncases; i++) {
+    float *off[4], *on[4];
+    int64_t n[4];
+    pooled_results(&cases[i], var, "0", seed + 10 * i, off, n);
+    pooled_results(&cases[i], var, "1", seed + 10 * i, on, n);
+    for (int q = 0; q < 4; q++) {
+      cr_assert_eq(memcmp(on[q], off[q], (size_t)n[q] * sizeof(float)), 0, "%s, %s: %s differs",
+                   cases[i].desc, var, names[q]);
+      free(on[q]);
+      free(off[q]);
+    }
+  }
+}
+
 /* KILN_CONV_FEW_POOL=1 (a 2x2 max pool after a halo-tile forward product pooled in its epilogue,
  * its window positions written there for its gradient) changes no value: the pooled image, both
  * gradients and a forward pass without gradients bitwise the pool's own kernel's, on the few
  * cases (odd sizes: the last row or column dropped; both tilings), in a replayed step graph. */
 Test(gpu_ops, conv2d_few_channel_products_pool_in_their_epilogue) {
-  const char *names[4] = {"y", "x's gradient", "w's gradient", "y without gradients"};
-  for (size_t i = 0; i < sizeof few_cases / sizeof *few_cases; i++) {
-    float *off[4], *on[4];
-    int64_t n[4];
-    pooled_results(&few_cases[i], "0", 6400 + 10 * i, off, n);
-    pooled_results(&few_cases[i], "1", 6400 + 10 * i, on, n);
-    for (int q = 0; q < 4; q++) {
-      cr_assert_eq(memcmp(on[q], off[q], (size_t)n[q] * sizeof(float)), 0, "%s: %s differs",
-                   few_cases[i].desc, names[q]);
-      free(on[q]);
-      free(off[q]);
-    }
-  }
+  pooling_changes_nothing(few_cases, sizeof few_cases / sizeof *few_cases, "KILN_CONV_FEW_POOL",
+                          6400);
+}
+
+/* KILN_CONV_TMA_POOL=1 (the same after a TMA-fed forward product, its blocks pairs of whole
+ * output rows) changes no value either, on the TMA cases (strides, dilation, 72 channels, 3x3
+ * and 7x7 outputs, rows of 8 to 16 pixels). The TMA-fed kernels are sm_90a's. */
+Test(gpu_ops, conv2d_tma_products_pool_in_their_epilogue) {
+  TH_GPU_CTX(probe); /* skips without a GPU */
+  th_ctx_free(probe);
+  int major = 0, minor = 0;
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0);
+  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0);
+  if (major != 9 || minor != 0) cr_skip_test("the TMA-fed kernels are sm_90a's");
+  pooling_changes_nothing(tma_cases, sizeof tma_cases / sizeof *tma_cases, "KILN_CONV_TMA_POOL",
+                          6600);
 }

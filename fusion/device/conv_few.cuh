@@ -44,6 +44,7 @@
 #include "bf16.cuh"
 #include "defs.cuh"
 #include "mma.cuh"
+#include "pool2.cuh"
 
 template <class G, int TH, int TW> struct kiln_few {
   static_assert(G::CI % 8 == 0 && G::CO == 64 && G::SH == 1 && G::SW == 1 && G::DH == 1 &&
@@ -110,20 +111,9 @@ KILN__FN void kiln_few_pool(const unsigned char *stage, int n, int oh0, int ow0,
     float v[8];
     kiln_load4((const kiln_bf16 *)(stage + p * F::ROW + ch * 16), v);
     kiln_load4((const kiln_bf16 *)(stage + p * F::ROW + ch * 16 + 8), v + 4);
-#pragma unroll
-    for (int l = 0; l < 8; l++)
-      if (t == 0 || v[l] > best[l] || isnan(v[l])) best[l] = v[l], pos[l] = t;
+    kiln_pool2_tap(t, v, best, pos);
   }
-  const long long o = (((long long)n * POH + ph) * POW + pw) * G::CO + ch * 8;
-  kiln_store4(y + o, best);
-  kiln_store4(y + o + 4, best + 4);
-  if (at) {
-    unsigned lo = 0, hi = 0;
-#pragma unroll
-    for (int l = 0; l < 4; l++)
-      lo |= (unsigned)pos[l] << (8 * l), hi |= (unsigned)pos[l + 4] << (8 * l);
-    *(uint2 *)(at + o) = make_uint2(lo, hi);
-  }
+  kiln_pool2_store(y, at, (((long long)n * POH + ph) * POW + pw) * G::CO + ch * 8, best, pos);
 }
 
 /* With POOL, y is the 2x2 max pool of the product (kiln_few_pool, at its positions or NULL), the

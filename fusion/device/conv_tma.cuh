@@ -26,6 +26,7 @@
 
 #include "conv.cuh"
 #include "moments.cuh"
+#include "pool2.cuh"
 
 /* CUtensorMap: 128 opaque bytes, 64-byte aligned. */
 struct __align__(64) kiln_tmap {
@@ -198,6 +199,43 @@ KILN__FN bool kiln_conv_fprop_tma(const kiln_tmap *ta, const kiln_tmap *tb, int 
       });
 }
 
+/* The forward product of whole rows for a 2x2 max pool at stride 2 after it (kiln_tma_pool_tile):
+ * the block's 128 rows are 128 / (2 B) pairs of output rows (2 r, 2 r + 1) of an image, from pair
+ * q0 on (pairs numbered (n, r) over the pooled image's N x OH / 2 rows), each output row B pixels
+ * from column 0 (a copy of B pixels a row: B >= OW / 2 * 2, the rest unused; pairs past the last
+ * one copy the last one's again, never stored). The rows' values are those the forward product
+ * computes for the same pixels. */
+template <class G, int BN, int S, int B>
+KILN__FN bool kiln_conv_fprop_tma_pairs(const kiln_tmap *ta, const kiln_tmap *tb, int q0, int n0,
+                                        unsigned char *smem, float (&d)[BN / 2]) {
+  constexpr int STAGE = (128 + BN) * 128, CH = G::CI / 64, KT = G::KH * G::KW * CH;
+  constexpr int POH = G::OH / 2, PAIRS = G::N * POH;
+  static_assert(G::CI % 64 == 0 && BN % 64 == 0 && BN <= 256 && S >= 2 && B >= 8 && B <= 64 &&
+                    (B & (B - 1)) == 0 && G::OW / 2 * 2 <= B,
+                "kiln_conv_fprop_tma_pairs");
+  unsigned char *base = kiln_tma_align1024(smem);
+  return kiln_tma_run<S>(
+      KT, base, STAGE, d,
+      [&](int kt, int st, unsigned long long *bar) {
+        unsigned char *as = base + st * STAGE;
+        const int tap = kt / CH, c = (kt % CH) * 64;
+#pragma unroll 1
+        for (int q = 0; q < 128 / B; q++) {
+          const int pr = q0 + q / 2 < PAIRS ? q0 + q / 2 : PAIRS - 1;
+          const int oh = pr % POH * 2 + q % 2;
+          kiln_tma_im2col4(as + q * B * 128, ta, bar, c, -G::PW, oh * G::SH - G::PH, pr / POH,
+                           (tap % G::KW) * G::DW, (tap / G::KW) * G::DH);
+        }
+        kiln_tma_tile2(as + 128 * 128, tb, bar, kt * 64, n0);
+      },
+      [&](const unsigned char *t, int wg) {
+#pragma unroll
+        for (int ks = 0; ks < 4; ks++)
+          kiln_wgmma<BN, 0, 0>(d, kiln_wg_desc<16, 1024>(t + wg * 64 * 128 + ks * 32),
+                               kiln_wg_desc<16, 1024>(t + 128 * 128 + ks * 32));
+      });
+}
+
 /* The data gradient of a stride-1 convolution, dX (N H W, CI) for pixels [m0, m0 + 128) of dX
  * and channels [n0, n0 + BN): the forward product of dY with the filters flipped, whose tap t'
  * reads dY at offset t' of a window padded by D (k - 1) - P. ta: dY's im2col map for that
@@ -293,6 +331,37 @@ template <int BN> KILN__FN void kiln_tma_stage_tile(const float (&d)[BN / 2], un
 template <int BN>
 KILN__FN void kiln_tma_tile_get4(const unsigned char *tile, int row, int col, float *v) {
   kiln_load4((const kiln_bf16 *)(tile + row * KILN_TMA_PITCH(BN)) + col, v);
+}
+
+/* A kiln_conv_fprop_tma_pairs block's accumulators d, staged as bf16 through the freed stages at
+ * tile (kiln_tma_stage_tile), max-pooled over 2x2 windows at stride 2 into y (N, OH / 2, OW / 2,
+ * CO) at columns [n0, n0 + BN): a window's 8-channel chunk a thread at a time. With at, each
+ * value's window position p * 2 + q (its first maximum, NaN winning) as a byte indexed like y, as
+ * window.cuh's kiln_max_pool_at writes them; the values the same as its, bit for bit. */
+template <class G, int BN, int B>
+KILN__FN void kiln_tma_pool_tile(const float (&d)[BN / 2], unsigned char *tile, int q0, int n0,
+                                 kiln_bf16 *__restrict__ y, unsigned char *__restrict__ at) {
+  constexpr int POH = G::OH / 2, POW = G::OW / 2, CHUNKS = BN / 8, WINDOWS = 128 / B / 2 * POW;
+  static_assert(G::CO % 8 == 0, "kiln_tma_pool_tile: whole chunks");
+  kiln_tma_stage_tile<BN>(d, tile);
+  for (int i = threadIdx.x; i < WINDOWS * CHUNKS; i += 256) {
+    const int ch = i % CHUNKS, win = i / CHUNKS, pair = win / POW, pc = win % POW;
+    const int pr = q0 + pair, c = n0 + ch * 8;
+    if (pr >= G::N * POH || c >= G::CO) continue;
+    const int rows[4] = {2 * pair * B + 2 * pc, 2 * pair * B + 2 * pc + 1,
+                         (2 * pair + 1) * B + 2 * pc, (2 * pair + 1) * B + 2 * pc + 1};
+    float best[8];
+    int pos[8];
+#pragma unroll
+    for (int t = 0; t < 4; t++) {
+      float v[8];
+      kiln_tma_tile_get4<BN>(tile, rows[t], ch * 8, v);
+      kiln_tma_tile_get4<BN>(tile, rows[t], ch * 8 + 4, v + 4);
+      kiln_pool2_tap(t, v, best, pos);
+    }
+    /* pr = n POH + the pooled row */
+    kiln_pool2_store(y, at, ((long long)pr * POW + pc) * G::CO + c, best, pos);
+  }
 }
 
 /* Asks L2 for `bytes` (a multiple of 16) from p (16-byte aligned), without waiting. */
