@@ -6,6 +6,8 @@
 #ifndef KILN_TESTS_CONV_CASES_H
 #define KILN_TESTS_CONV_CASES_H
 
+#include <cuda_runtime_api.h>
+
 #include "ref_conv.h"
 
 typedef struct conv_case {
@@ -30,6 +32,18 @@ static inline ref_win conv_win(const conv_case *c) {
                    .dh = o->dilation_h ? o->dilation_h : 1,
                    .dw = o->dilation_w ? o->dilation_w : 1,
                    .groups = o->groups ? o->groups : 1};
+}
+
+/* Skips the calling test without a GPU, or on a device other than sm_90 (the TMA-fed kernels are
+ * sm_90a's). */
+static inline void skip_unless_sm90(void) {
+  TH_GPU_CTX(probe); /* skips without a GPU */
+  th_ctx_free(probe);
+  int major = 0, minor = 0;
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0);
+  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0);
+  if (major != 9 || minor != 0)
+    cr_skip_test("the TMA-fed kernels are sm_90a's; this device is sm_%d%d", major, minor);
 }
 
 /* brace lists, so that the tables below are constant initializers */

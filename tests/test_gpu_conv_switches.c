@@ -8,7 +8,6 @@
  * and KILN_CONV_TMA_POOL (a max pool in a halo-tile or TMA-fed product's epilogue). Without a GPU
  * every test skips, saying why.
  */
-#include <cuda_runtime_api.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -277,12 +276,7 @@ Test(gpu_ops, conv2d_few_channel_products_pool_in_their_epilogue) {
  * output rows) changes no value either, on the TMA cases (strides, dilation, 72 channels, 3x3
  * and 7x7 outputs, rows of 8 to 16 pixels). The TMA-fed kernels are sm_90a's. */
 Test(gpu_ops, conv2d_tma_products_pool_in_their_epilogue) {
-  TH_GPU_CTX(probe); /* skips without a GPU */
-  th_ctx_free(probe);
-  int major = 0, minor = 0;
-  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0);
-  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0);
-  if (major != 9 || minor != 0) cr_skip_test("the TMA-fed kernels are sm_90a's");
+  skip_unless_sm90();
   pooling_changes_nothing(tma_cases, sizeof tma_cases / sizeof *tma_cases, "KILN_CONV_TMA_POOL",
                           6600);
 }

@@ -440,12 +440,7 @@ static void tma_step_twice(int on, int graphs, float **y, float **dx, float **dw
  * what two eager steps give (maps encoded at every flush), bit for bit; and both agree with the
  * cp.async kernels' step within bf16's rounding. */
 Test(gpu_ops, conv2d_tma_step_graph_replays_match_eager_steps) {
-  TH_GPU_CTX(probe); /* skips without a GPU */
-  th_ctx_free(probe);
-  int major = 0, minor = 0;
-  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0);
-  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0);
-  if (major != 9 || minor != 0) cr_skip_test("the TMA-fed kernels are sm_90a's");
+  skip_unless_sm90();
   const int64_t ny = 6 * 13 * 11 * 128, nx = 6 * 13 * 11 * 64, nw = 128 * 64 * 9;
   float *y[3], *dx[3], *dw[3];
   tma_step_twice(1, 1, &y[0], &dx[0], &dw[0]);
