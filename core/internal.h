@@ -393,7 +393,8 @@ struct kiln_ctx {
    * only with conv_few) */
   bool conv_few_wgrad;
   /* a 2x2 max pool (stride 2) after such a forward product pooled in its epilogue, the product's
-   * own output never written (kiln__few_pool; KILN_CONV_FEW_POOL=0: a kernel of its own) */
+   * own output never written (kiln__conv_pool; KILN_CONV_FEW_POOL=1, off until it has run on a
+   * GPU: a kernel of its own) */
   bool conv_few_pool;
   /* the same after a TMA-fed forward product, its tiles pairs of whole output rows
    * (kiln__conv_pool; KILN_CONV_TMA_POOL=1, off until it has run on a GPU) */

@@ -160,10 +160,10 @@ int kiln__direct_epilogue(const kiln_ctx *ctx, const kiln__plan *p, const kiln__
                           int32_t *take, int most);
 /* The max pool that the forward product of group g pools in its epilogue: 2x2 windows at stride 2
  * over the product's image, its one reader, the pooled image bf16; the pool's window positions
- * too where its gradient reads them. On conv_few.cuh's halo tiles (KILN_CONV_FEW_POOL=0: not), or
- * on conv_tma.cuh's kernel with tiles of pairs of whole rows (KILN_CONV_TMA_POOL=1; off until it
- * has run on a GPU) where kiln__conv_pool_rows takes the width. Returns the pool's node, or -1;
- * it joins the group after the product. */
+ * too where its gradient reads them. On conv_few.cuh's halo tiles (KILN_CONV_FEW_POOL=1), or
+ * on conv_tma.cuh's kernel with tiles of pairs of whole rows (KILN_CONV_TMA_POOL=1; both off until
+ * they have run on a GPU) where kiln__conv_pool_rows takes the width. Returns the pool's node, or
+ * -1; it joins the group after the product. */
 int32_t kiln__conv_pool(const kiln_ctx *ctx, const kiln__plan *p, const kiln__group *g);
 /* The pixels a TMA copy takes of an output row for kiln__conv_pool (ow: the product's width): a
  * power of two from 8 to 64 that holds the row's pooled columns, or 0 where none does. */

@@ -48,7 +48,7 @@ static void record_pooled(kiln_ctx *ctx, const pool_case *c) {
 /* A 2x2 max pool at stride 2 read from a forward product's result, its only reader, joins the
  * product's group as its last member: the product's result is never written, the pooled image is
  * (and the window positions too, behind its values, where the pool's gradient reads them). After
- * a halo-tile product with KILN_CONV_FEW_POOL (on by default): k_conv_few_pool_,
+ * a halo-tile product with KILN_CONV_FEW_POOL=1: k_conv_few_pool_,
  * kiln_conv_few<G, TH, TW, true>. After a TMA-fed one with KILN_CONV_TMA_POOL=1:
  * k_conv_fprop_pool_, tiles of pairs of whole rows copied B pixels a row (kiln__conv_pool_rows: 16
  * for a 15-wide output, 8 for 7), two maps. Not without the switches, not for other windows or
