@@ -93,7 +93,7 @@ KILN__FN void kiln_few_halo(const kiln_bf16 *x, int tile, unsigned char *buf) {
  * max-pooled into y (N, OH / 2, OW / 2, CO): a window's 8-channel chunk a thread, its 32 windows
  * by the block's 256 threads, the rows and columns past the last whole window dropped. With at,
  * each value's window position p * 2 + q (its first maximum, NaN winning) as a byte indexed like
- * y, as window.cuh's kiln_max_pool_at writes them; the values the same as its, bit for bit. */
+ * y, as window.cuh's kiln_max_pool_at writes them; by construction the same values (pool2.cuh). */
 template <class G, int TH, int TW>
 KILN__FN void kiln_few_pool(const unsigned char *stage, int n, int oh0, int ow0,
                             kiln_bf16 *__restrict__ y, unsigned char *__restrict__ at) {

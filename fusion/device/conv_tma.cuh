@@ -337,7 +337,7 @@ KILN__FN void kiln_tma_tile_get4(const unsigned char *tile, int row, int col, fl
  * tile (kiln_tma_stage_tile), max-pooled over 2x2 windows at stride 2 into y (N, OH / 2, OW / 2,
  * CO) at columns [n0, n0 + BN): a window's 8-channel chunk a thread at a time. With at, each
  * value's window position p * 2 + q (its first maximum, NaN winning) as a byte indexed like y, as
- * window.cuh's kiln_max_pool_at writes them; the values the same as its, bit for bit. */
+ * window.cuh's kiln_max_pool_at writes them; by construction the same values (pool2.cuh). */
 template <class G, int BN, int B>
 KILN__FN void kiln_tma_pool_tile(const float (&d)[BN / 2], unsigned char *tile, int q0, int n0,
                                  kiln_bf16 *__restrict__ y, unsigned char *__restrict__ at) {

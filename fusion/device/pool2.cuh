@@ -2,7 +2,7 @@
  * pool2.cuh: a 2x2 max pool at stride 2 in a convolution kernel's epilogue (conv_few.cuh's halo
  * tiles, conv_tma.cuh's pairs of rows), over a window's 8 channels: the taps visited in the order
  * window.cuh's kiln_win_argmax visits them, so the maxima and positions are the pool kernel's,
- * bit for bit.
+ * bit for bit, by construction (test_gpu_conv_switches.c checks it).
  */
 #ifndef KILN_POOL2_CUH
 #define KILN_POOL2_CUH
