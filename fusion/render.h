@@ -146,6 +146,9 @@ unsigned kiln__grid_for(const kiln__target *t, int64_t threads);
  * output's operand, -1 when the epilogue stores. */
 int kiln__window_operands(const kiln__ew_prog *p, kiln__operands *o, kiln__wiring *wr,
                           kiln__rendered *r);
+/* Into buf, the address of a max pool's window positions (ops.def's index: a byte a value, behind
+ * the values of the pool's output y, operand `slot`), read (const) or written; returns buf. */
+const char *kiln__pool_positions(char *buf, size_t len, const kiln_tensor *y, int slot, bool read);
 /* Writes float name[V], a window op's lanes (of dtype dt), through the epilogue e. The code
  * reads the element's coordinates n, h and w (or oh and ow), c, and V and ix. */
 void kiln__store_lanes(kiln__sb *b, const char *name, kiln_dtype dt, const kiln__win_epi *e);

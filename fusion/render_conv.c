@@ -538,19 +538,18 @@ static bool render_few(const kiln__target *t, const kiln__node *n, const kiln__g
   int slot[3];
   char pre[640];
   conv_operands(n, mm->b, out, CO, "conv_few.cuh", &o, slot, pre, sizeof pre);
-  char at[96] = "";
-  if (pool && KILN__I(pool, MAX_POOL, index))
-    snprintf(at, sizeof at, ", (unsigned char *)((kiln_bf16 *)a.ptr[%d] + %lldLL)", slot[2],
-             (long long)kiln_tensor_numel(out));
+  char at[96];
+  bool index = pool && KILN__I(pool, MAX_POOL, index);
   kiln__sb b = {0};
   kiln__sb_printf(&b,
                   "  extern __shared__ __align__(16) unsigned char kiln_smem[];\n"
                   "  static_assert(kiln_few<G, %d, %d>::SMEM == %lld && kiln_few<G, %d, %d>::TILES "
                   "== %lld, \"the launch's shared memory and tiles\");\n"
                   "  kiln_conv_few<G, %d, %d, %s>((const kiln_bf16 *)a.ptr[%d], (const kiln_bf16 "
-                  "*)a.ptr[%d], (kiln_bf16 *)a.ptr[%d], kiln_smem%s);\n",
+                  "*)a.ptr[%d], (kiln_bf16 *)a.ptr[%d], kiln_smem%s%s);\n",
                   f.th, f.tw, (long long)smem, f.th, f.tw, (long long)f.tiles, f.th, f.tw,
-                  pool ? "true" : "false", slot[0], slot[1], slot[2], at);
+                  pool ? "true" : "false", slot[0], slot[1], slot[2], index ? ", " : "",
+                  index ? kiln__pool_positions(at, sizeof at, out, slot[2], false) : "");
   return finish_few(&b, pool ? "few_pool" : "few", n, pre, &o, &f, smem, Y->shape[0], r);
 }
 
@@ -587,20 +586,29 @@ static bool render_few_wgrad(const kiln__target *t, const kiln__node *n, const k
   return finish_few(&b, "few_wgrad", n, pre, &o, &f, smem, dY->shape[1], r);
 }
 
+/* A TMA-fed forward product's two maps (X's im2col map, `pixels` a copy; Wk (CO, K) tiled in
+ * 64 x BN boxes) for operands slot[0] and slot[1]. */
+static void fprop_maps(kiln__rendered *r, const int slot[3], const kiln_tensor *X,
+                       const kiln__win *w, int64_t K, int64_t CO, int BN, int pixels) {
+  const int64_t nhwc[4] = {X->shape[0], X->shape[1], X->shape[2], X->shape[3]};
+  const int64_t wk[2] = {K, CO}; /* Wk (CO, K): K innermost */
+  r->tmap[0] = kiln__tmap_im2col(slot[0], nhwc, w, pixels);
+  r->tmap[1] = kiln__tmap_tiled(slot[1], 2, wk, (const uint32_t[]){64, (uint32_t)BN});
+  r->ntmap = 2;
+}
+
 /* The rest of render_fprop with a max pool (b: its body's start, m0 unused): B-pixel copies a row,
  * 128 / (2 B) pairs of rows a block (conv_tma.cuh's kiln_conv_fprop_tma_pairs, the grid over the
  * pooled image's N x OH / 2 rows), the pool in the epilogue (kiln_tma_pool_tile). */
 static bool render_pooled(const kiln__node *n, const kiln_tensor *X, const kiln__node *pool,
                           kiln__sb *b, kiln__operands *o, const int slot[3], const char *pre,
                           int BN, int S, int stage, kiln__rendered *r) {
-  const kiln_tensor *Y = pool->out, *Wk = n->out; /* Wk: for K alone */
-  const int64_t oh = n->out->shape[1], ow = n->out->shape[2], CO = Y->shape[3];
+  const kiln_tensor *Y = pool->out;
+  const int64_t oh = n->out->shape[1], ow = n->out->shape[2], K = n->out->shape[3],
+                CO = Y->shape[3];
   const int B = kiln__conv_pool_rows(ow), pairs = 128 / B / 2;
   KILN_ASSERT(B > 0 && Y->shape[1] == oh / 2 && Y->shape[2] == ow / 2);
-  char at[96] = "nullptr";
-  if (KILN__I(pool, MAX_POOL, index))
-    snprintf(at, sizeof at, "(unsigned char *)((kiln_bf16 *)a.ptr[%d] + %lldLL)", slot[2],
-             (long long)kiln_tensor_numel(Y));
+  char at[96];
   tma_maps(b, o->n, 2);
   kiln__sb_printf(
       b,
@@ -611,13 +619,11 @@ static bool render_pooled(const kiln__node *n, const kiln_tensor *X, const kiln_
       "    return;\n"
       "  kiln_tma_pool_tile<G, BN, B>(d, kiln_tma_align1024(kiln_smem), q0, n0, "
       "(kiln_bf16 *)a.ptr[%d], %s);\n",
-      B, slot[2], at);
+      B, slot[2],
+      KILN__I(pool, MAX_POOL, index) ? kiln__pool_positions(at, sizeof at, Y, slot[2], false)
+                                     : "nullptr");
   kiln__win w = kiln__win_of(n);
-  const int64_t nhwc[4] = {X->shape[0], X->shape[1], X->shape[2], X->shape[3]};
-  const int64_t wk[2] = {Wk->shape[3], CO}; /* Wk (CO, K): K innermost */
-  r->tmap[0] = kiln__tmap_im2col(slot[0], nhwc, &w, B);
-  r->tmap[1] = kiln__tmap_tiled(slot[1], 2, wk, (const uint32_t[]){64, (uint32_t)BN});
-  r->ntmap = 2;
+  fprop_maps(r, slot, X, &w, K, CO, BN, B);
   const int64_t rows = X->shape[0] * (oh / 2); /* pairs of output rows */
   r->arg.args.n = rows;
   r->grid = (unsigned)((rows + pairs - 1) / pairs);
@@ -664,11 +670,7 @@ static bool render_fprop(const kiln__target *t, const kiln__node *n, const kiln_
     tma_maps(&b, o.n, 2);
     kiln__sb_printf(&b, "  if (!kiln_conv_fprop_tma<G, BN, S>(tm, tm + 1, m0, n0, kiln_smem, d))\n"
                         "    return;\n");
-    const int64_t nhwc[4] = {X->shape[0], X->shape[1], X->shape[2], X->shape[3]};
-    const int64_t wk[2] = {mm->b->shape[0], CO}; /* Wk (CO, K): K innermost */
-    r->tmap[0] = kiln__tmap_im2col(slot[0], nhwc, &w, 128);
-    r->tmap[1] = kiln__tmap_tiled(slot[1], 2, wk, (const uint32_t[]){64, (uint32_t)BN});
-    r->ntmap = 2;
+    fprop_maps(r, slot, X, &w, mm->b->shape[0], CO, BN, 128);
   } else {
     kiln__sb_printf(&b,
                     "  if (!kiln_conv_fprop<G, BN, S, false, %s%s>((const kiln_bf16 *)a.ptr[%d], "

@@ -254,6 +254,13 @@ static bool pool_index(const kiln__node *n) {
          KILN__I_NAMED(n, "index") != 0;
 }
 
+const char *kiln__pool_positions(char *buf, size_t len, const kiln_tensor *y, int slot, bool read) {
+  const char *c = read ? "const " : "";
+  snprintf(buf, len, "(%sunsigned char *)((%s%s *)a.ptr[%d] + %lldLL)", c, c, kiln__ctype(y->dtype),
+           slot, (long long)kiln_tensor_numel(y));
+  return buf;
+}
+
 /* The kernel's loop over lane groups: window.cuh's function of the op (kiln_<op name>, ops.def),
  * given the op's inputs, and the lambda that stores its lanes at the output's coordinates, plainly
  * to operand out or through the epilogue e, then the code tail (or none). A max pool with positions
@@ -270,15 +277,14 @@ static void emit_loop(kiln__sb *b, const kiln__node *n, const char *variant, int
                           "       e += (ix)gridDim.x * blockDim.x)\n",
                   kiln__ops[n->op].name, variant, index ? "_at" : "", prologue ? "_by" : "",
                   prologue ? "kiln_dy, " : "");
+  char at[96];
   for (int q = prologue ? 1 : 0; q < n->nin; q++)
     if (index && q == 1) /* the gradient's positions, behind the pool's output */
-      kiln__sb_printf(b, "(const unsigned char *)((const %s *)a.ptr[1] + %lldLL), ",
-                      kiln__ctype(n->in[1]->dtype), (long long)kiln_tensor_numel(n->in[1]));
+      kiln__sb_printf(b, "%s, ", kiln__pool_positions(at, sizeof at, n->in[1], 1, true));
     else
       kiln__sb_printf(b, "(const %s *)a.ptr[%d], ", kiln__ctype(n->in[q]->dtype), q);
   if (index && n->op == KILN__OP_MAX_POOL)
-    kiln__sb_printf(b, "(unsigned char *)((%s *)a.ptr[%d] + %lldLL), ", kiln__ctype(n->out->dtype),
-                    y, (long long)kiln_tensor_numel(n->out));
+    kiln__sb_printf(b, "%s, ", kiln__pool_positions(at, sizeof at, n->out, y, false));
   kiln__sb_printf(b, "e, [&](ix n, ix %s, ix %s, ix c, const float(&lanes)[V]) {\n",
                   image ? "h" : "oh", image ? "w" : "ow");
   if (e)

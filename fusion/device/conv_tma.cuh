@@ -173,6 +173,17 @@ KILN__FN bool kiln_tma_run(int KT, unsigned char *base, int stage, float (&d)[N]
   return true;
 }
 
+/* A forward product's stage t multiplied into d by warpgroup wg: its 64 of the 128 rows of A
+ * (pixels x one tap's 64 channels) by the BN columns of B (the filters), 16 of the reduction at a
+ * time, 32 bytes along the rows. */
+template <int BN>
+KILN__FN void kiln_tma_fprop_mma(float (&d)[BN / 2], const unsigned char *t, int wg) {
+#pragma unroll
+  for (int ks = 0; ks < 4; ks++)
+    kiln_wgmma<BN, 0, 0>(d, kiln_wg_desc<16, 1024>(t + wg * 64 * 128 + ks * 32),
+                         kiln_wg_desc<16, 1024>(t + 128 * 128 + ks * 32));
+}
+
 /* The forward product Y (M, CO) of pixels [m0, m0 + 128) and channels [n0, n0 + BN): ta the
  * image's im2col map (128 pixels a copy), tb the filters' tiled map (box 64 x BN). */
 template <class G, int BN, int S>
@@ -191,12 +202,7 @@ KILN__FN bool kiln_conv_fprop_tma(const kiln_tmap *ta, const kiln_tmap *tb, int 
         kiln_tma_im2col4(as, ta, bar, c, w, h, n, (tap % G::KW) * G::DW, (tap / G::KW) * G::DH);
         kiln_tma_tile2(as + 128 * 128, tb, bar, kt * 64, n0);
       },
-      [&](const unsigned char *t, int wg) {
-#pragma unroll
-        for (int ks = 0; ks < 4; ks++) /* 16 of the reduction: 32 bytes along the rows */
-          kiln_wgmma<BN, 0, 0>(d, kiln_wg_desc<16, 1024>(t + wg * 64 * 128 + ks * 32),
-                               kiln_wg_desc<16, 1024>(t + 128 * 128 + ks * 32));
-      });
+      [&](const unsigned char *t, int wg) { kiln_tma_fprop_mma<BN>(d, t, wg); });
 }
 
 /* The forward product of whole rows for a 2x2 max pool at stride 2 after it (kiln_tma_pool_tile):
@@ -228,12 +234,7 @@ KILN__FN bool kiln_conv_fprop_tma_pairs(const kiln_tmap *ta, const kiln_tmap *tb
         }
         kiln_tma_tile2(as + 128 * 128, tb, bar, kt * 64, n0);
       },
-      [&](const unsigned char *t, int wg) {
-#pragma unroll
-        for (int ks = 0; ks < 4; ks++)
-          kiln_wgmma<BN, 0, 0>(d, kiln_wg_desc<16, 1024>(t + wg * 64 * 128 + ks * 32),
-                               kiln_wg_desc<16, 1024>(t + 128 * 128 + ks * 32));
-      });
+      [&](const unsigned char *t, int wg) { kiln_tma_fprop_mma<BN>(d, t, wg); });
 }
 
 /* The data gradient of a stride-1 convolution, dX (N H W, CI) for pixels [m0, m0 + 128) of dX
