@@ -66,6 +66,7 @@ static bool build_calls(kiln_ctx *ctx, kiln__program *pg) {
                          .conv_few_wgrad = ctx->conv_few_wgrad,
                          .pdl = kiln__pdl_launch(ctx),
                          .conv_dgrad_bn = ctx->conv_dgrad_bn,
+                         .conv_fprop_bn = ctx->conv_fprop_bn,
                          .conv_prefetch = ctx->conv_prefetch,
                          .conv_hoist = ctx->conv_hoist,
                          .conv_ahead = ctx->conv_ahead,

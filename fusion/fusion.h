@@ -269,6 +269,7 @@ typedef struct kiln__target {
   bool conv_few_wgrad;
   bool pdl; /* kernels begin with kiln_pdl_begin and launch as dependents (KILN_PDL=1, sm_90) */
   int conv_dgrad_bn;  /* TMA data gradients' widest tile (KILN_CONV_DGRAD_BN; 0: 256) */
+  int conv_fprop_bn;  /* TMA forward products' widest tile, two blocks an SM (KILN_CONV_FPROP_BN) */
   bool conv_prefetch; /* TMA data gradients prefetch their epilogue's rows (KILN_CONV_PREFETCH=1) */
   int conv_hoist;     /* staged epilogues' rows loaded ahead: KILN_CONV_HOIST (ctx.c), 0-16 */
   bool conv_ahead;    /* cp.async products issue a short reduction at once (KILN_CONV_AHEAD=1) */

@@ -651,8 +651,13 @@ static bool render_fprop(const kiln__target *t, const kiln__node *n, const kiln_
   if (few) return render_few(t, n, mm, pool, r);
   tma = tma && kiln__conv_tma_window(&w, X->shape[3]);
   KILN_ASSERT(!pool || tma);
-  int BN = wgmma_width(CO, ws && !tma), stage = tma ? (128 + BN) * 128 : 0;
-  int S = tma ? tma_stages(stage) : wgmma_stages(BN, ws);
+  int BN = wgmma_width(CO, ws && !tma), most = tma ? t->conv_fprop_bn : 0;
+  if (most && BN > most) BN = most;
+  int stage = tma ? (128 + BN) * 128 : 0;
+  /* KILN_CONV_FPROP_BN: tiles of at most 128 take 96 KB of stages (4 of 64 wide, 3 of 128), two
+   * blocks an SM, one's epilogue and first copies beside the other's products, as the data
+   * gradients' do; else about 192 KB, one block an SM */
+  int S = !tma ? wgmma_stages(BN, ws) : most && BN <= 128 ? 98304 / stage : tma_stages(stage);
   kiln__operands o = {0};
   int slot[3];
   char pre[640];

@@ -437,10 +437,10 @@ typedef struct {
   int64_t n, hw, cin, cout;
 } image_case;
 
-/* For each case, the program of record_image's step in a context whose data gradients' widest
- * tile is dgrad_bn (0: as wide as the channels); check() sees each group of `kind` in it (one a
- * case). */
-static void each_product(const image_case *cases, size_t ncases, kiln__implicit kind, int dgrad_bn,
+/* For each case, the program of record_image's step in a context whose widest tile for products
+ * of `kind` is bn (data gradients: 0 as wide as the channels; forward products: 0 the default,
+ * KILN_CONV_FPROP_BN's field); check() sees each group of `kind` in it (one a case). */
+static void each_product(const image_case *cases, size_t ncases, kiln__implicit kind, int bn,
                          void (*check)(const char *what, const kiln_ctx *ctx,
                                        const kiln__call *c)) {
   for (size_t i = 0; i < ncases; i++) {
@@ -450,7 +450,8 @@ static void each_product(const image_case *cases, size_t ncases, kiln__implicit 
              (long long)cases[i].n);
     kiln_ctx *ctx = th_cpu_ctx();
     ctx->conv_tma = true;
-    ctx->conv_dgrad_bn = dgrad_bn;
+    ctx->conv_dgrad_bn = kind == KILN__IMPLICIT_DGRAD ? bn : ctx->conv_dgrad_bn;
+    ctx->conv_fprop_bn = kind == KILN__IMPLICIT_FPROP ? bn : 0;
     record_image(ctx, what, cases[i].n, cases[i].hw, cases[i].hw, cases[i].cin, cases[i].cout, 1);
     kiln__program pg;
     cr_assert(kiln__program_build(ctx, ctx->trace.done, ctx->trace.n, &pg), "%s: %s", what,
@@ -502,11 +503,15 @@ Test(conv_tma, narrow_data_gradients_run_two_blocks_an_sm) {
   each_product(cases, sizeof cases / sizeof *cases, KILN__IMPLICIT_DGRAD, 0, check_two_blocks);
 }
 
-static void check_one_block(const char *what, const kiln_ctx *ctx, const kiln__call *c) {
+static void check_one_sm(const char *what, const kiln_ctx *ctx, const kiln__call *c) {
   (void)ctx;
   cr_assert_gt(c->ntmap, 0, "%s: %s: TMA-fed", what, c->name);
-  cr_assert_eq(c->grid_y, 1, "%s: %s: one tile of 256 channels", what, c->name);
   cr_assert_gt(c->smem, 128 * 1024, "%s: %s: %u bytes, one block an SM", what, c->name, c->smem);
+}
+
+static void check_one_block(const char *what, const kiln_ctx *ctx, const kiln__call *c) {
+  check_one_sm(what, ctx, c);
+  cr_assert_eq(c->grid_y, 1, "%s: %s: one tile of 256 channels", what, c->name);
 }
 
 static void check_halves(const char *what, const kiln_ctx *ctx, const kiln__call *c) {
@@ -521,6 +526,19 @@ Test(conv_tma, data_gradient_tiles_are_128_wide_unless_the_switch_says_256) {
   const image_case cases[] = {{64, 7, 256, 256}, {64, 3, 256, 256}};
   each_product(cases, 2, KILN__IMPLICIT_DGRAD, 0, check_one_block);
   each_product(cases, 2, KILN__IMPLICIT_DGRAD, 128, check_halves);
+}
+
+/* A TMA-fed forward product takes about 192 KB of stages, one block an SM, in tiles up to 256
+ * wide (the default); with KILN_CONV_FPROP_BN=256 its tiles of at most 128 take 96 KB, two
+ * blocks an SM, and with 128 the 256-channel ones are narrowed to two such tiles. Air's and
+ * ResNet-18's shapes; each renders and compiles (NVRTC). */
+Test(conv_tma, forward_product_tiles_run_two_blocks_an_sm_with_the_switch) {
+  const image_case narrow[] = {{1024, 15, 64, 64}, {128, 56, 64, 64}, {128, 28, 128, 128}};
+  const image_case wide[] = {{64, 7, 256, 256}, {64, 15, 64, 256}};
+  each_product(narrow, 3, KILN__IMPLICIT_FPROP, 0, check_one_sm);
+  each_product(narrow, 3, KILN__IMPLICIT_FPROP, 256, check_two_blocks);
+  each_product(wide, 2, KILN__IMPLICIT_FPROP, 256, check_one_block);
+  each_product(wide, 2, KILN__IMPLICIT_FPROP, 128, check_halves);
 }
 
 /* A tiny convolution that nothing takes a gradient through runs its forward product as one

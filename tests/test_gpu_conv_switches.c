@@ -5,8 +5,9 @@
  * casts in one launch), KILN_CONV_DIRECT_EPI (a direct product's activation in its kernel),
  * KILN_CONV_RECOMPUTE_INPUT (a block's ReLU recorded again for the weight gradient, on a conv,
  * norm, ReLU, conv block), KILN_IM2COL_ROWS (blocks gathered a row a thread), KILN_CONV_FEW_POOL
- * and KILN_CONV_TMA_POOL (a max pool in a halo-tile or TMA-fed product's epilogue). Without a GPU
- * every test skips, saying why.
+ * and KILN_CONV_TMA_POOL (a max pool in a halo-tile or TMA-fed product's epilogue),
+ * KILN_CONV_FPROP_BN (TMA-fed forward products two blocks an SM). Without a GPU every test skips,
+ * saying why.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -44,19 +45,26 @@ static void conv_results(const conv_case *c, const char *var, const char *value,
 /* KILN_CONV_AHEAD=1 (a cp.async product whose reduction fits its stages issues every step's
  * copies before its first product: 24->64 3x3's four steps, 8->32's two) changes no value: the
  * forward product and both gradients of the implicit-GEMM cases bitwise those without it. */
-/* Asserts that switch `var` (0 or 1) changes none of case c's three results (conv_results). */
-static void switch_changes_nothing(const conv_case *c, const char *var, uint64_t seed) {
+/* Asserts that `var` set to `value` changes none of case c's three results (conv_results) from
+ * those with `var` at `base`. */
+static void value_changes_nothing(const conv_case *c, const char *var, const char *base,
+                                  const char *value, uint64_t seed) {
   float *off[3], *on[3];
   int64_t n[3];
-  conv_results(c, var, "0", seed, off, n);
-  conv_results(c, var, "1", seed, on, n);
+  conv_results(c, var, base, seed, off, n);
+  conv_results(c, var, value, seed, on, n);
   const char *names[3] = {"y", "x's gradient", "w's gradient"};
   for (int q = 0; q < 3; q++) {
-    cr_assert_eq(memcmp(on[q], off[q], (size_t)n[q] * sizeof(float)), 0, "%s, %s: %s differs",
-                 c->desc, var, names[q]);
+    cr_assert_eq(memcmp(on[q], off[q], (size_t)n[q] * sizeof(float)), 0, "%s, %s=%s: %s differs",
+                 c->desc, var, value, names[q]);
     free(on[q]);
     free(off[q]);
   }
+}
+
+/* Asserts that switch `var` (0 or 1) changes none of case c's three results. */
+static void switch_changes_nothing(const conv_case *c, const char *var, uint64_t seed) {
+  value_changes_nothing(c, var, "0", "1", seed);
 }
 
 Test(gpu_ops, conv2d_short_reductions_issued_at_once) {
@@ -64,6 +72,18 @@ Test(gpu_ops, conv2d_short_reductions_issued_at_once) {
   for (size_t i = 0; i < sizeof wgmma_cases / sizeof *wgmma_cases; i++)
     switch_changes_nothing(&wgmma_cases[i], "KILN_CONV_AHEAD", 5300 + 10 * i);
   unsetenv("KILN_CONV_FEW");
+}
+
+/* KILN_CONV_FPROP_BN=256 (TMA-fed forward products' tiles of at most 128 channels in 96 KB of
+ * stages, two blocks an SM) and 128 (the wider ones narrowed to tiles of 128 too) change no
+ * value: the TMA cases' three results bitwise the default's (tiles up to 256 wide, one block an
+ * SM). */
+Test(gpu_ops, conv2d_forward_tiles_two_blocks_an_sm) {
+  skip_unless_sm90();
+  for (size_t i = 0; i < sizeof tma_cases / sizeof *tma_cases; i++) {
+    value_changes_nothing(&tma_cases[i], "KILN_CONV_FPROP_BN", "0", "256", 6800 + 10 * i);
+    value_changes_nothing(&tma_cases[i], "KILN_CONV_FPROP_BN", "0", "128", 6900 + 10 * i);
+  }
 }
 
 /* KILN_CONV_WGRAD_INTO=1 (an implicit weight gradient stores the weight's f32 gradient itself,
@@ -274,9 +294,13 @@ Test(gpu_ops, conv2d_few_channel_products_pool_in_their_epilogue) {
 
 /* KILN_CONV_TMA_POOL=1 (the same after a TMA-fed forward product, its blocks pairs of whole
  * output rows) changes no value either, on the TMA cases (strides, dilation, 72 channels, 3x3
- * and 7x7 outputs, rows of 8 to 16 pixels). The TMA-fed kernels are sm_90a's. */
+ * and 7x7 outputs, rows of 8 to 16 pixels), in tiles up to 256 wide and, with
+ * KILN_CONV_FPROP_BN=128, of 128. The TMA-fed kernels are sm_90a's. */
 Test(gpu_ops, conv2d_tma_products_pool_in_their_epilogue) {
   skip_unless_sm90();
-  pooling_changes_nothing(tma_cases, sizeof tma_cases / sizeof *tma_cases, "KILN_CONV_TMA_POOL",
-                          6600);
+  const size_t n = sizeof tma_cases / sizeof *tma_cases;
+  pooling_changes_nothing(tma_cases, n, "KILN_CONV_TMA_POOL", 6600);
+  setenv("KILN_CONV_FPROP_BN", "128", 1); /* read when each context is made */
+  pooling_changes_nothing(tma_cases, n, "KILN_CONV_TMA_POOL", 6700);
+  unsetenv("KILN_CONV_FPROP_BN");
 }
