@@ -550,7 +550,9 @@ static bool render_few(const kiln__target *t, const kiln__node *n, const kiln__g
                   f.th, f.tw, (long long)smem, f.th, f.tw, (long long)f.tiles, f.th, f.tw,
                   pool ? "true" : "false", slot[0], slot[1], slot[2], index ? ", " : "",
                   index ? kiln__pool_positions(at, sizeof at, out, slot[2], false) : "");
-  return finish_few(&b, pool ? "few_pool" : "few", n, pre, &o, &f, smem, Y->shape[0], r);
+  bool ok = finish_few(&b, pool ? "few_pool" : "few", n, pre, &o, &f, smem, Y->shape[0], r);
+  if (index) r->bytes_written += (uint64_t)kiln_tensor_numel(out); /* a position byte a value */
+  return ok;
 }
 
 /* The weight gradient dW (CO, K) of a few-channel convolution (KILN_CONV_FEW_WGRAD=0: not) from the
@@ -628,7 +630,10 @@ static bool render_pooled(const kiln__node *n, const kiln_tensor *X, const kiln_
   r->arg.args.n = rows;
   r->grid = (unsigned)((rows + pairs - 1) / pairs);
   r->grid_y = (unsigned)((CO + BN - 1) / BN);
-  return finish_wgmma(b, "fprop_pool", n, pre, o, BN, S, false, stage, o->n, r);
+  bool ok = finish_wgmma(b, "fprop_pool", n, pre, o, BN, S, false, stage, o->n, r);
+  if (KILN__I(pool, MAX_POOL, index)) /* a position byte a value */
+    r->bytes_written += (uint64_t)kiln_tensor_numel(Y);
+  return ok;
 }
 
 /* The forward product Y (M, CO) = im2col(X) Wk^T: a block of 128 pixels by BN channels; TMA-fed

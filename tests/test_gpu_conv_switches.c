@@ -294,13 +294,22 @@ Test(gpu_ops, conv2d_few_channel_products_pool_in_their_epilogue) {
 
 /* KILN_CONV_TMA_POOL=1 (the same after a TMA-fed forward product, its blocks pairs of whole
  * output rows) changes no value either, on the TMA cases (strides, dilation, 72 channels, 3x3
- * and 7x7 outputs, rows of 8 to 16 pixels), in tiles up to 256 wide and, with
- * KILN_CONV_FPROP_BN=128, of 128. The TMA-fed kernels are sm_90a's. */
+ * and 7x7 outputs, copies of 8 or 16 pixels a row) and on rows copied 32 and 64 pixels at a time
+ * (one or two pairs of rows a block), in tiles up to 256 wide and, with KILN_CONV_FPROP_BN=128,
+ * of 128. The TMA-fed kernels are sm_90a's. */
 Test(gpu_ops, conv2d_tma_products_pool_in_their_epilogue) {
   skip_unless_sm90();
+  const conv_case wide[] = {
+      {"64->64 3x3 pad 1 on 6x33 images (copies of 32 pixels)", 2, 6, 33, 64, 64, 3, 3,
+       CO(.pad_h = 1, .pad_w = 1), 0, 0, 0},
+      {"64->128 3x3 pad 1 on 5x40 images (copies of 64 pixels)", 3, 5, 40, 64, 128, 3, 3,
+       CO(.pad_h = 1, .pad_w = 1), 0, 0, 0},
+  };
   const size_t n = sizeof tma_cases / sizeof *tma_cases;
   pooling_changes_nothing(tma_cases, n, "KILN_CONV_TMA_POOL", 6600);
+  pooling_changes_nothing(wide, 2, "KILN_CONV_TMA_POOL", 6650);
   setenv("KILN_CONV_FPROP_BN", "128", 1); /* read when each context is made */
   pooling_changes_nothing(tma_cases, n, "KILN_CONV_TMA_POOL", 6700);
+  pooling_changes_nothing(wide, 2, "KILN_CONV_TMA_POOL", 6750);
   unsetenv("KILN_CONV_FPROP_BN");
 }
