@@ -1,13 +1,19 @@
 #!/usr/bin/env python3
-"""conv_bench.py: every distinct convolution of the cnn and air workloads in PyTorch (cuDNN),
-each product on its own: the forward (Y = X * W), the data gradient (dX) and the weight gradient
-(dW), channels_last, in the workload's dtype (cnn: f32 with TF32 allowed, as PyTorch's default
-for convolutions; air: bf16). Prints microseconds, TFLOP/s (2 M N K of the product, M the output
-pixels, N the output channels, K = kh kw Cin) and the share of the H200's dense peak (989 TFLOP/s
-bf16, 494 TF32): the figures kiln's convolution engine is measured against (docs/design.md,
-"Images"). Median of --reps launches timed with CUDA events after a warm-up, on random data.
+"""conv_bench.py: every distinct convolution of the cnn, air and resnet18 workloads in PyTorch
+(cuDNN), each product on its own: the forward (Y = X * W), the data gradient (dX) and the weight
+gradient (dW), channels_last, in the workload's dtype (cnn: f32 with TF32 allowed, as PyTorch's
+default for convolutions; air and resnet18: bf16). Prints microseconds, TFLOP/s (2 M N K of the
+product, M the output pixels, N the output channels, K = kh kw Cin) and the share of the H200's
+dense peak (989 TFLOP/s bf16, 494 TF32): the figures kiln's convolution engine is measured
+against (docs/design.md, "Images"). Median of --reps launches timed with CUDA events after a
+warm-up, on random data. --only PREFIX keeps the convolutions whose name starts with it.
 
-  python3 bench/conv_bench.py [--reps 200] [--json]
+A JSON line also says how many layers of the workload have the shape ("layers": ResNet-18's
+stages repeat theirs) and, where kiln runs the layer as another product, the reduction kiln's
+product has ("kiln_k": ResNet-18's 7x7 stride-2 stem over RGB runs as a 4x4 convolution over the
+image's 2x2 blocks of 16 channels, KILN_CONV_S2D, K = 256); bench/conv_compare.py reads both.
+
+  python3 bench/conv_bench.py [--reps 200] [--json] [--only resnet18.]
 """
 import argparse
 import json
@@ -16,7 +22,9 @@ import torch
 
 PEAK = {"bf16": 989.4, "tf32": 494.7}
 
-# name, batch, H, W, Cin, Cout, kernel, padding, dtype, which products the workload runs
+# name, batch, H, W, Cin, Cout, kernel, padding, dtype, which products the workload runs, and
+# optionally a dict of: stride (1), layers (1), kiln_k (None)
+FDW = ("fwd", "dx", "dw")
 SHAPES = [
     ("cnn.conv1", 128, 28, 28, 1, 32, 3, 0, "tf32", ("fwd", "dw")),
     ("cnn.conv2", 128, 26, 26, 32, 64, 3, 0, "tf32", ("fwd", "dx", "dw")),
@@ -27,6 +35,18 @@ SHAPES = [
     ("air.block2.conv2", 1024, 7, 7, 256, 256, 3, 1, "bf16", ("fwd", "dx", "dw")),
     ("air.block3.conv1", 1024, 7, 7, 256, 256, 3, 1, "bf16", ("fwd", "dx", "dw")),
     ("air.block3.conv2", 1024, 3, 3, 256, 256, 3, 1, "bf16", ("fwd", "dx", "dw")),
+    ("resnet18.stem", 128, 224, 224, 3, 64, 7, 3, "bf16", ("fwd", "dw"),
+     {"stride": 2, "kiln_k": 256}),
+    ("resnet18.layer1", 128, 56, 56, 64, 64, 3, 1, "bf16", FDW, {"layers": 4}),
+    ("resnet18.layer2.down3x3", 128, 56, 56, 64, 128, 3, 1, "bf16", FDW, {"stride": 2}),
+    ("resnet18.layer2.shortcut", 128, 56, 56, 64, 128, 1, 0, "bf16", FDW, {"stride": 2}),
+    ("resnet18.layer2", 128, 28, 28, 128, 128, 3, 1, "bf16", FDW, {"layers": 3}),
+    ("resnet18.layer3.down3x3", 128, 28, 28, 128, 256, 3, 1, "bf16", FDW, {"stride": 2}),
+    ("resnet18.layer3.shortcut", 128, 28, 28, 128, 256, 1, 0, "bf16", FDW, {"stride": 2}),
+    ("resnet18.layer3", 128, 14, 14, 256, 256, 3, 1, "bf16", FDW, {"layers": 3}),
+    ("resnet18.layer4.down3x3", 128, 14, 14, 256, 512, 3, 1, "bf16", FDW, {"stride": 2}),
+    ("resnet18.layer4.shortcut", 128, 14, 14, 256, 512, 1, 0, "bf16", FDW, {"stride": 2}),
+    ("resnet18.layer4", 128, 7, 7, 512, 512, 3, 1, "bf16", FDW, {"layers": 3}),
 ]
 
 
@@ -47,22 +67,24 @@ def timed(fn, reps):
 
 
 def bench(shape, reps):
-    name, n, h, w, cin, cout, k, pad, dt, products = shape
+    name, n, h, w, cin, cout, k, pad, dt, products = shape[:10]
+    extra = shape[10] if len(shape) > 10 else {}
+    s = extra.get("stride", 1)
     dtype = torch.bfloat16 if dt == "bf16" else torch.float32
     dev = torch.device("cuda")
     x = torch.randn(n, cin, h, w, device=dev, dtype=dtype).to(memory_format=torch.channels_last)
     wt = torch.randn(cout, cin, k, k, device=dev, dtype=dtype).to(memory_format=torch.channels_last)
     wt *= (cin * k * k) ** -0.5
-    y = torch.nn.functional.conv2d(x, wt, padding=pad)
+    y = torch.nn.functional.conv2d(x, wt, stride=s, padding=pad)
     oh, ow = y.shape[2], y.shape[3]
     dy = torch.randn_like(y)
     flops = 2.0 * n * oh * ow * cout * k * k * cin
     conv_bwd = torch.ops.aten.convolution_backward
     run = {
-        "fwd": lambda: torch.nn.functional.conv2d(x, wt, padding=pad),
-        "dx": lambda: conv_bwd(dy, x, wt, None, (1, 1), (pad, pad), (1, 1), False, (0, 0), 1,
+        "fwd": lambda: torch.nn.functional.conv2d(x, wt, stride=s, padding=pad),
+        "dx": lambda: conv_bwd(dy, x, wt, None, (s, s), (pad, pad), (1, 1), False, (0, 0), 1,
                                (True, False, False)),
-        "dw": lambda: conv_bwd(dy, x, wt, None, (1, 1), (pad, pad), (1, 1), False, (0, 0), 1,
+        "dw": lambda: conv_bwd(dy, x, wt, None, (s, s), (pad, pad), (1, 1), False, (0, 0), 1,
                                (False, True, False)),
     }
     rows = []
@@ -70,7 +92,9 @@ def bench(shape, reps):
         ms = timed(run[p], reps)
         tflops = flops / (ms * 1e-3) / 1e12
         rows.append({"conv": name, "product": p, "dtype": dt, "batch": n,
-                     "shape": f"{h}x{w}x{cin}->{oh}x{ow}x{cout} {k}x{k} pad {pad}",
+                     "shape": f"{h}x{w}x{cin}->{oh}x{ow}x{cout} {k}x{k} pad {pad}"
+                              + (f" stride {s}" if s != 1 else ""),
+                     "layers": extra.get("layers", 1), "kiln_k": extra.get("kiln_k"),
                      "us": ms * 1e3, "tflops": tflops, "peak_pct": 100 * tflops / PEAK[dt]})
     return rows
 
@@ -79,22 +103,23 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--reps", type=int, default=200)
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--only", default="", help="the convolutions whose name starts with it")
     args = ap.parse_args()
     torch.backends.cudnn.benchmark = True
     torch.backends.cudnn.allow_tf32 = True
     torch.backends.cuda.matmul.allow_tf32 = True
-    rows = [r for s in SHAPES for r in bench(s, args.reps)]
+    rows = [r for s in SHAPES if s[0].startswith(args.only) for r in bench(s, args.reps)]
     if args.json:
         for r in rows:
             print(json.dumps(r))
         return
     print(f"PyTorch {torch.__version__}, cuDNN {torch.backends.cudnn.version()}, "
           f"{torch.cuda.get_device_name()}; median of {args.reps} launches\n")
-    print("| conv | shape (batch) | product | dtype | us | TFLOP/s | % of peak |")
-    print("| --- | --- | --- | --- | --- | --- | --- |")
+    print("| conv | shape (batch) | layers | product | dtype | us | TFLOP/s | % of peak |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in rows:
-        print(f"| {r['conv']} | {r['shape']} ({r['batch']}) | {r['product']} | {r['dtype']} | "
-              f"{r['us']:.1f} | {r['tflops']:.1f} | {r['peak_pct']:.1f} |")
+        print(f"| {r['conv']} | {r['shape']} ({r['batch']}) | {r['layers']} | {r['product']} | "
+              f"{r['dtype']} | {r['us']:.1f} | {r['tflops']:.1f} | {r['peak_pct']:.1f} |")
 
 
 if __name__ == "__main__":

@@ -16,10 +16,14 @@ Cin window values and Cout channels:
   dw   the weight gradient [Cout,M] x [M,K], and an im2col kernel of its own that the next product
        reading [M,K] columns as its second operand is this one (KILN_CONV_RECOMPUTE=1)
 The product's operands tell layers of one image shape apart (air's 15x15x64->64 and ->256); a
-kernel's time per step is the median over the trace's steps; two layers of one shape (air's
-7x7 256->256 convolutions) share their kernels, whose time is split evenly between them. Prints
-microseconds, TFLOP/s, the share of the H200's dense peak and the ratio to cuDNN's time. Only the
-standard library.
+kernel's time per step is the median over the trace's steps; layers of one shape (air's two
+7x7 256->256 convolutions, two rows; ResNet-18's stages, a row whose "layers" says how many)
+share their kernels, whose time is split evenly between them. A row's "kiln_k" is the reduction
+of the product kiln runs for the layer where it is another (ResNet-18's stem over 2x2 blocks);
+its TFLOP/s count the layer's own. Prints microseconds a layer, TFLOP/s, the share of the H200's
+dense peak and the ratio to cuDNN's time. Only the standard library.
+
+  python3 bench/conv_compare.py DIR/resnet18_graph.json cudnn.jsonl --prefix resnet18.
 """
 import argparse
 import json
@@ -53,14 +57,16 @@ def layers(cudnn_path, prefix):
             h, w, cin, oh, ow, cout, kh, kw, _ = map(int, m.groups())
             n = r["batch"]
             r["dims"] = {"N": n, "H": h, "W": w, "Cin": cin, "OH": oh, "OW": ow, "Cout": cout,
-                         "M": n * oh * ow, "K": kh * kw * cin}
+                         "M": n * oh * ow, "K": kh * kw * cin,
+                         "kiln_K": r.get("kiln_k") or kh * kw * cin}
+            r["layers"] = r.get("layers", 1)
             rows.append(r)
     return rows
 
 
 def products(d):
-    """The (operand, operand) shapes of a layer's three products, by product."""
-    M, K, co = d["M"], d["K"], d["Cout"]
+    """The (operand, operand) shapes of a layer's three products in kiln, by product."""
+    M, K, co = d["M"], d["kiln_K"], d["Cout"]
     return {"fwd": ((M, K), (K, co)), "dx": ((M, co), (co, K)), "dw": ((co, M), (M, K))}
 
 
@@ -139,11 +145,11 @@ def main():
     sharing = {}
     for r in rows:
         key = products(r["dims"])[r["product"]]
-        sharing[key] = sharing.get(key, 0) + 1
+        sharing[key] = sharing.get(key, 0) + r["layers"]
     print(f"{args.trace}: {len(steps)} steps; cuDNN from {args.cudnn}\n")
-    print("| conv | product | kiln us | kiln TFLOP/s | % of peak | kiln kernels | cuDNN us | "
-          "kiln / cuDNN |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    print("| conv | layers | product | kiln us | kiln TFLOP/s | % of peak | kiln kernels | "
+          "cuDNN us | kiln / cuDNN |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in rows:
         want = products(r["dims"])[r["product"]]
         share = sharing[want]
@@ -155,7 +161,7 @@ def main():
         tflops = flops / (us * 1e-6) / 1e12 if mine and us > 0 else float("nan")
         names = sorted({k["name"] for k in mine})
         shown = ", ".join(n if len(n) <= 40 else n[:37] + "..." for n in names) or "none found"
-        print(f"| {r['conv']} | {r['product']} | {us:.1f} | {tflops:.1f} | "
+        print(f"| {r['conv']} | {r['layers']} | {r['product']} | {us:.1f} | {tflops:.1f} | "
               f"{100 * tflops / PEAK[r['dtype']]:.1f} | {shown} | {r['us']:.1f} | "
               f"{us / r['us']:.2f} |")
 
