@@ -47,6 +47,8 @@ static int wgmma_width(int64_t n, bool ws) { return n <= 64 ? 64 : (n <= 128 || 
  * block an SM. Its tensor maps go to a.ptr[slot], after its operands. */
 #define TMA_THREADS 288
 static int tma_stages(int stage) { return 196608 / stage < 8 ? 196608 / stage : 8; }
+/* Stages of 96 KB in all instead: two blocks an SM, one's epilogue beside the other's products. */
+static int tma_half_stages(int stage) { return 98304 / stage; }
 static void tma_launch(int stage, int S, int slot, kiln__rendered *r) {
   /* the planner's fits() counts a group's every output as an operand, the product's too, which
    * a conv kernel does not take: a slot is left for the maps (and wgrad's workspace has two) */
@@ -147,7 +149,8 @@ static bool render_dgrad(const kiln__target *t, const kiln__spec *s, kiln__rende
   int stage = tma ? (128 + BN) * 128 : 0;
   /* 64 wide, or narrowed: stages of 96 KB in all (4 of 64 wide, 3 of 128), two blocks an SM, one's
    * epilogue beside the other's products */
-  int S = tma ? (BN == 64 || narrowed ? 98304 / stage : tma_stages(stage)) : wgmma_stages(BN, ws);
+  int S = tma ? (BN == 64 || narrowed ? tma_half_stages(stage) : tma_stages(stage))
+              : wgmma_stages(BN, ws);
   bool bf16 = X->dtype == KILN_DTYPE_BF16;
   const char *T = kiln__ctype(X->dtype);
   a->n = N * H * W; /* image pixels: the rows of dX */
@@ -659,10 +662,12 @@ static bool render_fprop(const kiln__target *t, const kiln__node *n, const kiln_
   int BN = wgmma_width(CO, ws && !tma), most = tma ? t->conv_fprop_bn : 0;
   if (most && BN > most) BN = most;
   int stage = tma ? (128 + BN) * 128 : 0;
-  /* KILN_CONV_FPROP_BN: tiles of at most 128 take 96 KB of stages (4 of 64 wide, 3 of 128), two
-   * blocks an SM, one's epilogue and first copies beside the other's products, as the data
-   * gradients' do; else about 192 KB, one block an SM */
-  int S = !tma ? wgmma_stages(BN, ws) : most && BN <= 128 ? 98304 / stage : tma_stages(stage);
+  /* KILN_CONV_FPROP_BN: tiles of at most 128 take 96 KB of stages (4 of 64 wide, 3 of 128), as
+   * the data gradients' do, so that a block's first copies and stores run beside the other's
+   * products; else about 192 KB, one block an SM */
+  int S = !tma                ? wgmma_stages(BN, ws)
+          : most && BN <= 128 ? tma_half_stages(stage)
+                              : tma_stages(stage);
   kiln__operands o = {0};
   int slot[3];
   char pre[640];

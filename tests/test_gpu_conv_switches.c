@@ -42,9 +42,6 @@ static void conv_results(const conv_case *c, const char *var, const char *value,
   th_ctx_free(ctx);
 }
 
-/* KILN_CONV_AHEAD=1 (a cp.async product whose reduction fits its stages issues every step's
- * copies before its first product: 24->64 3x3's four steps, 8->32's two) changes no value: the
- * forward product and both gradients of the implicit-GEMM cases bitwise those without it. */
 /* Asserts that `var` set to `value` changes none of case c's three results (conv_results) from
  * those with `var` at `base`. */
 static void value_changes_nothing(const conv_case *c, const char *var, const char *base,
@@ -67,6 +64,9 @@ static void switch_changes_nothing(const conv_case *c, const char *var, uint64_t
   value_changes_nothing(c, var, "0", "1", seed);
 }
 
+/* KILN_CONV_AHEAD=1 (a cp.async product whose reduction fits its stages issues every step's
+ * copies before its first product: 24->64 3x3's four steps, 8->32's two) changes no value: the
+ * forward product and both gradients of the implicit-GEMM cases bitwise those without it. */
 Test(gpu_ops, conv2d_short_reductions_issued_at_once) {
   setenv("KILN_CONV_FEW", "0", 1); /* 24->64 on the cp.async kernel, not from a halo tile */
   for (size_t i = 0; i < sizeof wgmma_cases / sizeof *wgmma_cases; i++)
