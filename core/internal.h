@@ -440,8 +440,8 @@ struct kiln_ctx {
    * (fusion/plan.c's phase_sink) */
   bool ew_sink;
   int conv_dgrad_bn; /* TMA data gradients' widest tile: 128, or KILN_CONV_DGRAD_BN (64; 256: 0) */
-  /* KILN_CONV_FPROP_BN=64, 128 or 256: TMA forward products' widest tile, and those of at most
-   * 128 take 96 KB of stages, two blocks an SM (0, the default: 256, and 192 KB, one) */
+  /* KILN_CONV_FPROP_BN (256, the default, 128 or 64): TMA forward products' widest tile, and those
+   * of at most 128 take 96 KB of stages, two blocks an SM (0: 256, and 192 KB, one) */
   int conv_fprop_bn;
   struct CUstream_st *stream;
 

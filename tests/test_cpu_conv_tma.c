@@ -347,8 +347,9 @@ typedef struct {
 } image_case;
 
 /* For each case, the program of record_image's step in a context whose widest tile for products
- * of `kind` is bn (data gradients: 0 as wide as the channels; forward products: 0 the default,
- * KILN_CONV_FPROP_BN's field); check() sees each group of `kind` in it (one a case). */
+ * of `kind` is bn (data gradients: 0 as wide as the channels; forward products:
+ * KILN_CONV_FPROP_BN's field, 0 for one block an SM); check() sees each group of `kind` in it (one
+ * a case). */
 static void each_product(const image_case *cases, size_t ncases, kiln__implicit kind, int bn,
                          void (*check)(const char *what, const kiln_ctx *ctx,
                                        const kiln__call *c)) {
@@ -437,8 +438,8 @@ Test(conv_tma, data_gradient_tiles_are_128_wide_unless_the_switch_says_256) {
   each_product(cases, 2, KILN__IMPLICIT_DGRAD, 128, check_halves);
 }
 
-/* A TMA-fed forward product takes about 192 KB of stages, one block an SM, in tiles up to 256
- * wide (the default); with KILN_CONV_FPROP_BN=256 its tiles of at most 128 take 96 KB, two
+/* With KILN_CONV_FPROP_BN=0 a TMA-fed forward product takes about 192 KB of stages, one block an
+ * SM, in tiles up to 256 wide; with 256 (the default) its tiles of at most 128 take 96 KB, two
  * blocks an SM, and with 128 the 256-channel ones are narrowed to two such tiles. Air's and
  * ResNet-18's shapes; each renders and compiles (NVRTC). */
 Test(conv_tma, forward_product_tiles_run_two_blocks_an_sm_with_the_switch) {
