@@ -74,10 +74,10 @@ Test(gpu_ops, conv2d_short_reductions_issued_at_once) {
   unsetenv("KILN_CONV_FEW");
 }
 
-/* KILN_CONV_FPROP_BN=256 (TMA-fed forward products' tiles of at most 128 channels in 96 KB of
- * stages, two blocks an SM) and 128 (the wider ones narrowed to tiles of 128 too) change no
- * value: the TMA cases' three results bitwise the default's (tiles up to 256 wide, one block an
- * SM). */
+/* KILN_CONV_FPROP_BN=256 (the default: TMA-fed forward products' tiles of at most 128 channels
+ * in 96 KB of stages, two blocks an SM) and 128 (the wider ones narrowed to tiles of 128 too)
+ * change no value: the TMA cases' three results bitwise those with 0 (tiles up to 256 wide, one
+ * block an SM). */
 Test(gpu_ops, conv2d_forward_tiles_two_blocks_an_sm) {
   skip_unless_sm90();
   for (size_t i = 0; i < sizeof tma_cases / sizeof *tma_cases; i++) {
@@ -221,8 +221,10 @@ Test(gpu_ops, conv2d_blocks_gathered_a_row_a_thread) {
 
 /* For case c in bf16, in a context made with switch `var` set to `on`: the second of two
  * steps (a step graph's capture, then its replay) of y = max_pool2d(conv2d(x, w)), 2x2 windows at
- * stride 2, and loss = sum(y g): y as f32 and x's and w's gradients (out[0..2]), then a forward
- * step without gradients (no window positions written): its y (out[3]). malloc'd, n[q] values. */
+ * stride 2, and loss = sum(y g): y as f32 (read as g's gradient: the loss consumes y, whose memory
+ * the step graph's plan gives to later values) and x's and w's gradients (out[0..2]), then a
+ * forward step without gradients (no window positions written): its y (out[3]). malloc'd, n[q]
+ * values. */
 static void pooled_results(const conv_case *c, const char *var, const char *on, uint64_t seed,
                            float *out[4], int64_t n[4]) {
   setenv(var, on, 1); /* read when the context is made */
@@ -240,9 +242,11 @@ static void pooled_results(const conv_case *c, const char *var, const char *on, 
     bool grads = s < 2;
     kiln_tensor_set_requires_grad(x, grads);
     kiln_tensor_set_requires_grad(w, grads);
+    kiln_tensor_set_requires_grad(gy, grads);
     if (grads) {
       kiln_tensor_zero_grad(x);
       kiln_tensor_zero_grad(w);
+      kiln_tensor_zero_grad(gy);
     }
     kiln_step_begin(ctx);
     kiln_autocast_begin(ctx, KILN_DTYPE_BF16);
@@ -253,8 +257,9 @@ static void pooled_results(const conv_case *c, const char *var, const char *on, 
     if (grads)
       cr_assert_eq(kiln_backward(kiln_sum(kiln_mul(y, gy), KILN_ALL_AXES, 0)), KILN_OK, "%s: %s",
                    c->desc, th_err(ctx));
-    if (s > 0) out[s == 1 ? 0 : 3] = ref_read_f32(ctx, y, "y");
     cr_assert_eq(kiln_step_end(ctx), KILN_OK, "%s: %s", c->desc, th_err(ctx));
+    if (s == 1) out[0] = ref_read_f32(ctx, kiln_tensor_grad(gy), "y (g's gradient)");
+    if (s == 2) out[3] = ref_read_f32(ctx, y, "y"); /* the step's output: read after its end */
   }
   out[1] = ref_read_f32(ctx, kiln_tensor_grad(x), "x's gradient");
   out[2] = ref_read_f32(ctx, kiln_tensor_grad(w), "w's gradient");
@@ -295,8 +300,9 @@ Test(gpu_ops, conv2d_few_channel_products_pool_in_their_epilogue) {
 /* KILN_CONV_TMA_POOL=1 (the same after a TMA-fed forward product, its blocks pairs of whole
  * output rows) changes no value either, on the TMA cases (strides, dilation, 72 channels, 3x3
  * and 7x7 outputs, copies of 8 or 16 pixels a row) and on rows copied 32 and 64 pixels at a time
- * (one or two pairs of rows a block), in tiles up to 256 wide and, with KILN_CONV_FPROP_BN=128,
- * of 128. The TMA-fed kernels are sm_90a's. */
+ * (one or two pairs of rows a block), with KILN_CONV_FPROP_BN at its default (tiles of at most
+ * 128 two blocks an SM), at 0 (one block an SM) and at 128 (tiles of 128). The TMA-fed kernels are
+ * sm_90a's. */
 Test(gpu_ops, conv2d_tma_products_pool_in_their_epilogue) {
   skip_unless_sm90();
   const conv_case wide[] = {
@@ -308,8 +314,11 @@ Test(gpu_ops, conv2d_tma_products_pool_in_their_epilogue) {
   const size_t n = sizeof tma_cases / sizeof *tma_cases;
   pooling_changes_nothing(tma_cases, n, "KILN_CONV_TMA_POOL", 6600);
   pooling_changes_nothing(wide, 2, "KILN_CONV_TMA_POOL", 6650);
-  setenv("KILN_CONV_FPROP_BN", "128", 1); /* read when each context is made */
-  pooling_changes_nothing(tma_cases, n, "KILN_CONV_TMA_POOL", 6700);
-  pooling_changes_nothing(wide, 2, "KILN_CONV_TMA_POOL", 6750);
+  const char *widths[2] = {"0", "128"};
+  for (int i = 0; i < 2; i++) {
+    setenv("KILN_CONV_FPROP_BN", widths[i], 1); /* read when each context is made */
+    pooling_changes_nothing(tma_cases, n, "KILN_CONV_TMA_POOL", 6700 + 100 * i);
+    pooling_changes_nothing(wide, 2, "KILN_CONV_TMA_POOL", 6750 + 100 * i);
+  }
   unsetenv("KILN_CONV_FPROP_BN");
 }
