@@ -12,7 +12,8 @@ Cin window values and Cout channels:
   fwd  the product [M,K] x [K,Cout] (an implicit GEMM's group, or cuBLAS's), and an im2col kernel
        of its own that the next product reading its columns as [M,K] x ... is this one
   dx   the column gradient [M,Cout] x [Cout,K] (with the col2im that sums it, in an implicit
-       kernel), and a col2im kernel of its own after it
+       kernel), and a col2im kernel of its own that writes the layer's input image (of the
+       layer's kernel size, by its name)
   dw   the weight gradient [Cout,M] x [M,K], and an im2col kernel of its own that the next product
        reading [M,K] columns as its second operand is this one (KILN_CONV_RECOMPUTE=1)
 The product's operands tell layers of one image shape apart (air's 15x15x64->64 and ->256); a
@@ -33,6 +34,7 @@ import sys
 
 PEAK = {"bf16": 989.4, "tf32": 494.7}
 SHAPE = re.compile(r"(\d+)x(\d+)x(\d+)->(\d+)x(\d+)x(\d+) (\d+)x(\d+) pad (\d+)")
+STRIDE = re.compile(r" stride (\d+)")
 NODE = re.compile(r"#(\d+) (\w+) \[([\d,]*)\][^\n]*?(?: from \[([\d,]*)\] \[([\d,]*)\])?$")
 
 
@@ -57,6 +59,7 @@ def layers(cudnn_path, prefix):
             h, w, cin, oh, ow, cout, kh, kw, _ = map(int, m.groups())
             n = r["batch"]
             r["dims"] = {"N": n, "H": h, "W": w, "Cin": cin, "OH": oh, "OW": ow, "Cout": cout,
+                         "KH": kh, "KW": kw, "S": int((STRIDE.search(r["shape"]) or [0, 1])[1]),
                          "M": n * oh * ow, "K": kh * kw * cin,
                          "kiln_K": r.get("kiln_k") or kh * kw * cin}
             r["layers"] = r.get("layers", 1)
@@ -102,10 +105,25 @@ def product_of(k):
     return None
 
 
-def attribute(ks):
+def col2im_owner(k, rows):
+    """For a col2im kernel of its own, the data gradient product of the layer whose input image
+    it writes, of the kernel size and stride in its name (k_col2im_..._3x3_s2_...: a stage's 3x3
+    and 1x1 downsamples read the same image, and so does the stage before's 3x3), or None."""
+    size = re.search(r"_(\d+)x(\d+)_s(\d+)_", k["name"])
+    for r in rows:
+        d = r["dims"]
+        if (k["nodes"][0]["shape"] == (d["N"], d["H"], d["W"], d["Cin"]) and size and
+                tuple(map(int, size.groups())) == (d["KH"], d["KW"], d["S"])):
+            return products(d)["dx"]
+    return None
+
+
+def attribute(ks, rows):
     """Each kernel's product operands: its own, or for an im2col kernel of its own the next
-    product that reads [M,K] columns, for a col2im kernel of its own the last product before it
-    (in the same step)."""
+    product that reads [M,K] columns, for a col2im kernel of its own the data gradient of the
+    layer whose image it writes (col2im_owner), else the last product before it (in the same
+    step: in a replayed graph a weight gradient may start between a data gradient and its
+    col2im)."""
     for i, k in enumerate(ks):
         k["owner"] = product_of(k)
         if k["owner"] or not k["nodes"]:
@@ -122,7 +140,8 @@ def attribute(ks):
                     k["owner"] = ab
                     break
         elif op == "col2im":
-            for earlier in reversed(ks[:i]):
+            k["owner"] = col2im_owner(k, rows)
+            for earlier in reversed(ks[:i]) if not k["owner"] else ():
                 ab = product_of(earlier)
                 if earlier["step"] != k["step"]:
                     break
@@ -139,7 +158,7 @@ def main():
     args = ap.parse_args()
     rows = layers(args.cudnn, args.prefix)
     ks = kernels(args.trace)
-    attribute(ks)
+    attribute(ks, rows)
     steps = sorted({k["step"] for k in ks if k["step"] >= 0}) or [-1]
     # the layers of each product's operands: kernels shared by layers of one shape
     sharing = {}
