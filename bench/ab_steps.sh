@@ -6,6 +6,11 @@
 # workload and setting: the median of the repeats' ms/step, their range, and the ratio to the
 # first setting's median.
 #   bench/ab_steps.sh build-gpu 3 air resnet18 -- '' KILN_CONV_HOIST=4 'KILN_CONV_HOIST=4 KILN_CONV_PREFETCH=1'
+# A word @DIR in a setting runs DIR/profile_step instead of BUILD's: another revision built beside
+# this one, for a change no switch turns off. Here: git archive REV > bench/.old.tar (carried);
+# there: mkdir /tmp/old && tar -xf bench/.old.tar -C /tmp/old && cmake -S /tmp/old -B /tmp/old/b
+# -G Ninja && cmake --build /tmp/old/b --target profile_step, then
+#   bench/ab_steps.sh build-gpu 3 air resnet18 -- '' @/tmp/old/b
 set -u
 build=${1:?usage: bench/ab_steps.sh BUILD REPEATS WORKLOAD... -- SETTING...}
 reps=${2:?repeats}
@@ -20,7 +25,11 @@ declare -A ms
 for ((r = 0; r < reps; r++)); do
   for w in "${workloads[@]}"; do
     for s in "${!settings[@]}"; do
-      v=$(env ${settings[$s]} timeout 120 "$build/profile_step" --workload "$w" --mode graph --json |
+      bin=$build vars=()
+      for word in ${settings[$s]}; do
+        case $word in @*) bin=${word#@} ;; *) vars+=("$word") ;; esac
+      done
+      v=$(env "${vars[@]}" timeout 120 "$bin/profile_step" --workload "$w" --mode graph --json |
         grep -o '"ms_per_step": *[0-9.]*' | grep -o '[0-9.]*$')
       ms[$w,$s]="${ms[$w,$s]:-} ${v:-nan}"
     done
