@@ -58,8 +58,9 @@ def layers(cudnn_path, prefix):
                 sys.exit(f"conv_compare: cannot read the shape '{r['shape']}' of {r['conv']}")
             h, w, cin, oh, ow, cout, kh, kw, _ = map(int, m.groups())
             n = r["batch"]
+            stride = STRIDE.search(r["shape"])
             r["dims"] = {"N": n, "H": h, "W": w, "Cin": cin, "OH": oh, "OW": ow, "Cout": cout,
-                         "KH": kh, "KW": kw, "S": int((STRIDE.search(r["shape"]) or [0, 1])[1]),
+                         "KH": kh, "KW": kw, "S": int(stride.group(1)) if stride else 1,
                          "M": n * oh * ow, "K": kh * kw * cin,
                          "kiln_K": r.get("kiln_k") or kh * kw * cin}
             r["layers"] = r.get("layers", 1)
@@ -141,7 +142,9 @@ def attribute(ks, rows):
                     break
         elif op == "col2im":
             k["owner"] = col2im_owner(k, rows)
-            for earlier in reversed(ks[:i]) if not k["owner"] else ():
+            if k["owner"]:
+                continue
+            for earlier in reversed(ks[:i]):
                 ab = product_of(earlier)
                 if earlier["step"] != k["step"]:
                     break
