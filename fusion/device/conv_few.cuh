@@ -324,26 +324,11 @@ KILN__FN void kiln_conv_few_wgrad(const kiln_bf16 *__restrict__ x, const kiln_bf
   const int per = (TOTAL + (int)slices - 1) / (int)slices,
             slice = (int)(ticket - (blocks - slices));
   const int end = (slice + 1) * per < TOTAL ? (slice + 1) * per : TOTAL;
-  constexpr long long STRIDE = (long long)W::KP * G::CO; /* from a block's partial to the next */
-  constexpr unsigned RUN = 16;
   for (int i = slice * per + tid; i < end; i += 256) {
     const int k = i / G::CO, co = i % G::CO;
-    const float *p = part + k * G::CO + co;
-    /* a run of RUN blocks' partials loaded at once, then added in block order: one L2 round trip
-     * a run instead of one a partial, and the same sum */
     float sum = 0.f;
-    unsigned z = 0;
-    for (; z + RUN <= blocks; z += RUN) {
-      float v[RUN];
-#pragma unroll
-      for (unsigned u = 0; u < RUN; u++)
-        v[u] = __ldcg(p + (z + u) * STRIDE);
-#pragma unroll
-      for (unsigned u = 0; u < RUN; u++)
-        sum += v[u];
-    }
-    for (; z < blocks; z++)
-      sum += __ldcg(p + z * STRIDE);
+    for (unsigned z = 0; z < blocks; z++)
+      sum += __ldcg(&part[(long long)z * W::KP * G::CO + k * G::CO + co]);
     dw[co * G::K + k] = kiln_bf16(sum);
   }
   __syncthreads();
