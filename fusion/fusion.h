@@ -139,6 +139,10 @@ bool kiln__dgrad_moments(const kiln_ctx *ctx, const kiln__plan *p, const kiln__g
 /* ... whether moments node i (mode 0) can join the max pool group g, whose output it sums
  * (g->moments); ... */
 bool kiln__pool_moments(const kiln_ctx *ctx, const kiln__plan *p, const kiln__group *g, int32_t i);
+/* ... whether moments node i (mode 1) can join the window group g (a col2im, or max pooling's
+ * gradient a block of pixels a thread) whose epilogue computes its g (g->moments); ... */
+bool kiln__window_moments(const kiln_ctx *ctx, const kiln__plan *p, const kiln__group *g,
+                          int32_t i);
 /* ... whether the open elementwise run g can become the prologue of max pool gradient node i. */
 bool kiln__pool_grad_prologue(const kiln_ctx *ctx, const kiln__plan *p, const kiln__group *g,
                               int32_t i);

@@ -606,7 +606,8 @@ static bool phase_groups(kiln_ctx *ctx, kiln__plan *p, bool fuse) {
       }
     }
     bool room = fuse && open && fits(ctx, p, open, i, 0); /* for i in open's kernel */
-    if (room && (kiln__dgrad_moments(ctx, p, open, i) || kiln__pool_moments(ctx, p, open, i))) {
+    if (room && (kiln__dgrad_moments(ctx, p, open, i) || kiln__pool_moments(ctx, p, open, i) ||
+                 kiln__window_moments(ctx, p, open, i))) {
       if (!add_member(ctx, p, open, i)) return false; /* the group's kernel sums its block's rows */
       open->moments = true;
       open = NULL;

@@ -110,6 +110,50 @@ bool kiln__dgrad_moments(const kiln_ctx *ctx, const kiln__plan *p, const kiln__g
          kiln_tensor_numel(mean) == ci && kiln_tensor_numel(invstd) == ci;
 }
 
+/* Batch norm's backward sums (a moments node of mode 1: g, x, mean, invstd) where g is what a
+ * window op's elementwise epilogue computes: the gradient of ResNet's stem pool (at stride 2, a
+ * block of 2x2 pixels a thread: render_window.c's blocks) or a col2im (a strided convolution's data
+ * gradient on columns), times an activation's derivative at the recomputed batch norm before it.
+ * The kernel holds g and reads x already: each of its blocks sums 128 pixels of g and g xhat, its
+ * threads keeping their four channels (C / 4 divides 256), and writes the moments node's partial
+ * sums, the pass of their own over g and x saved (H100, resnet18: 143 us after the stem pool's
+ * gradient). KILN_WINDOW_MOMENTS=0: not. x not the group's own value; all dense. */
+bool kiln__window_moments(const kiln_ctx *ctx, const kiln__plan *p, const kiln__group *g,
+                          int32_t i) {
+  const kiln__node *nodes = ctx->trace.nodes, *m = &nodes[i], *op = &nodes[g->node];
+  if (!ctx->window_moments || m->op != KILN__OP_MOMENTS || KILN__I(m, MOMENTS, mode) != 1 ||
+      KILN__I(m, MOMENTS, rows) != 128 || g->implicit != KILN__IMPLICIT_NONE || g->prologue ||
+      g->n < 2 || p->members[g->first] != g->node ||
+      (op->op != KILN__OP_COL2IM && op->op != KILN__OP_MAX_POOL_GRAD))
+    return false;
+  const kiln_tensor *Y = op->out, *gv = m->in[0], *x = m->in[1], *mean = m->in[2],
+                    *invstd = m->in[3];
+  if (Y->ndim != 4 || (op->op == KILN__OP_COL2IM && KILN__I(op, COL2IM, groups) != 1)) return false;
+  const int64_t C = Y->shape[3];
+  if (C % 4 != 0 || 256 % (C / 4) != 0 || Y->offset % 4 != 0) return false;
+  for (int q = 0; q < op->nin; q++) /* the op's four lanes (render_window.c's lanes_of) */
+    if (op->in[q]->offset % 4 != 0 || !kiln__is_contiguous(op->in[q])) return false;
+  if (op->in[0]->ndim != 4 || op->in[0]->shape[3] % 4 != 0) return false;
+  if (op->op == KILN__OP_MAX_POOL_GRAD) { /* render_window.c's blocks, 4 pixels a thread */
+    kiln__win w = kiln__win_of(op);
+    if (!ctx->pool_grad_blocks || (w.sh == w.kh && w.sw == w.kw && w.ph == 0 && w.pw == 0) ||
+        w.dh != 1 || w.dw != 1 || w.sh != 2 || w.sw != 2 || Y->shape[1] % 2 != 0 ||
+        Y->shape[2] % 2 != 0)
+      return false;
+  }
+  int32_t last = p->members[g->first + g->n - 1], gx = through_views(ctx, p, x);
+  if (through_views(ctx, p, gv) != last || (gx >= 0 && p->group_of[gx - p->first] == g - p->g) ||
+      !kiln__same_shape(nodes[last].out, Y))
+    return false;
+  int64_t R = gv->ndim == 2 ? gv->shape[0] : 0;
+  return gv->shape[1] == C && R * C == kiln_tensor_numel(Y) && kiln__is_contiguous(gv) &&
+         kiln__is_contiguous(x) && x->ndim == 2 && x->shape[0] == R && x->shape[1] == C &&
+         x->offset % 4 == 0 && (x->dtype == KILN_DTYPE_BF16 || x->dtype == KILN_DTYPE_F32) &&
+         mean->dtype == KILN_DTYPE_F32 && invstd->dtype == KILN_DTYPE_F32 &&
+         kiln__is_contiguous(mean) && kiln__is_contiguous(invstd) && kiln_tensor_numel(mean) == C &&
+         kiln_tensor_numel(invstd) == C;
+}
+
 /* (KILN_POOL_MOMENTS=1, off until it has run on a GPU.) Batch norm's statistics after a max pool
  * (air's pooled layers) sum the pooled image x - k and
  * its square, k x's first row (a moments node of mode 0), in a pass of their own over x. The pool

@@ -379,6 +379,33 @@ static void emit_pool_moments(kiln__sb *b, const kiln__node *n, int out, int y, 
                   mout);
 }
 
+/* A window op whose epilogue computes batch norm's g (kiln__window_moments: a col2im, or max
+ * pooling's gradient a block of `pixels` pixels a thread) that also sums g and g xhat: block b
+ * takes the lane groups of 128 pixels from the b-th on (128 / pixels of the op's own, each C / 4
+ * lane groups, a thread keeping its lane group's channels), the epilogue adding each lane's share
+ * (moments_lane), then the block's sums into the moments node's partial sums, e's operand mom.out
+ * (moments.cuh's kiln_block_moments). */
+static void emit_window_moments(kiln__sb *b, const kiln__node *n, const char *variant, int out,
+                                int y, const kiln__win_epi *e, int pixels) {
+  kiln__sb_printf(
+      b,
+      "  typedef G::ix ix;\n"
+      "  const int V = G::V;\n"
+      "  constexpr int CHUNKS = (int)(G::C / 4), PER = 128 / %d * CHUNKS;\n"
+      "  static_assert(V == 4 && 256 %% CHUNKS == 0, \"a thread keeps its lane group\");\n"
+      "  float kiln_ms[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};\n"
+      "  const ix e0 = (ix)blockIdx.x * PER;\n"
+      "  const ix e1 = e0 + PER < (ix)a.n ? e0 + PER : (ix)a.n;\n",
+      pixels);
+  emit_loop(b, n, variant, out, y, e, false,
+            "  for (ix e = e0 + (ix)threadIdx.x; e < e1; e += 256)\n", NULL);
+  kiln__sb_printf(b,
+                  "  __shared__ float kiln_red[8 * 256];\n"
+                  "  kiln_block_moments<CHUNKS>(kiln_ms, kiln_red, (float *)a.ptr[%d], 0, "
+                  "(int)G::C);\n",
+                  e->mom.out);
+}
+
 /* Four lanes (V = 4) when the channels of a lane group allow it and every operand's first element
  * is aligned to four elements, else one; with few (an im2col of 2 or 3 channels, tg->im2col_lanes:
  * KILN_IM2COL_LANES=1) all of a tap's channels, so that a thread decodes its tap once for them:
@@ -464,10 +491,20 @@ bool kiln__render_window(const kiln__target *tg, const kiln__ew_prog *p, const k
   kiln__sb pre = {0}, b = {0};
   emit_geometry(&pre, n, &w, sz, V, kiln__wide_index(most));
   bool prologue = pro && pro->n > 0;
-  if (mom) {
-    KILN_ASSERT(n->op == KILN__OP_MAX_POOL && p->n == 1 && V == 4 && out >= 0);
+  if (mom && n->op == KILN__OP_MAX_POOL) {
+    KILN_ASSERT(p->n == 1 && V == 4 && out >= 0);
     kiln__sb_printf(&pre, "#include \"moments.cuh\"\n");
     emit_pool_moments(&b, n, out, y, mout);
+  } else if (mom) { /* g the epilogue's last value (kiln__window_moments) */
+    KILN_ASSERT(p->n > 1 && V == 4 && !prologue && (n->op == KILN__OP_COL2IM || blocks) &&
+                mom->op == KILN__OP_MOMENTS);
+    epi.mom.value = p->n - 1;
+    epi.mom.x = kiln__operand(&o, mom->in[1], false, NULL);
+    epi.mom.mean = kiln__operand(&o, mom->in[2], false, NULL);
+    epi.mom.invstd = kiln__operand(&o, mom->in[3], false, NULL);
+    epi.mom.out = mout;
+    kiln__sb_printf(&pre, "#include \"moments.cuh\"\n");
+    emit_window_moments(&b, n, variant, out, y, &epi, blocks ? (int)(w.sh * w.sw) : 1);
   } else {
     KILN_ASSERT(!prologue || (tiled && pool_index(n) && V == 4));
     kiln__sb_printf(&b, "  typedef G::ix ix;\n  const int V = G::V;\n");

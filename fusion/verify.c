@@ -257,13 +257,17 @@ static const char *check_group(const kiln_ctx *ctx, const kiln__plan *p, int k, 
               p->claim[p->members[g->first] - p->first] != g->node ||
               p->store[p->members[g->first] - p->first]))
       return bad(why, n, "group %d: an implicit product that is not col2im's, or is written", k);
-    /* batch norm's sums last: a data gradient's with an epilogue, or a max pool's alone */
-    if (g->moments && ((h ? !g->wgmma || g->n < 4 : g->n != 2 || head->op != KILN__OP_MAX_POOL) ||
-                       nodes[p->members[g->first + g->n - 1]].op != KILN__OP_MOMENTS ||
+    /* batch norm's sums last: a data gradient's with an epilogue, a max pool's alone, or a
+     * col2im's or a pool gradient's with an epilogue */
+    bool sums_of =
+        h ? g->wgmma && g->n >= 4
+          : (g->n == 2 && head->op == KILN__OP_MAX_POOL) ||
+                (g->n >= 3 && (head->op == KILN__OP_COL2IM || head->op == KILN__OP_MAX_POOL_GRAD));
+    if (g->moments && (!sums_of || nodes[p->members[g->first + g->n - 1]].op != KILN__OP_MOMENTS ||
                        !p->store[p->members[g->first + g->n - 1] - p->first]))
       return bad(why, n,
-                 "group %d: batch norm sums that are not a data gradient's or a max pool's, or "
-                 "unwritten",
+                 "group %d: batch norm sums that are not a data gradient's, a max pool's, a "
+                 "col2im's or a pool gradient's, or unwritten",
                  k);
     for (int m = h + 1; m < g->n - g->moments; m++) { /* a window op's elementwise epilogue */
       const kiln__node *x = &nodes[p->members[g->first + m]];

@@ -787,6 +787,77 @@ Test(conv_tma, max_pools_sum_the_batch_norm_after_them) {
   }
 }
 
+/* x (8, 12, 12, c) through batch norm (training) and a ReLU in bf16, then ResNet's stem pool (3x3
+ * at stride 2, padding 1) or a 3x3 convolution at stride 2 (c -> 64, its data gradient on columns:
+ * a col2im), open for the backward pass. */
+static kiln_tensor *record_bn_relu_then(kiln_ctx *ctx, int64_t c, bool pool) {
+  kiln_step_begin(ctx);
+  kiln_tensor *x = th_param(ctx, KILN_SHAPE(8, 12, 12, c));
+  kiln_tensor *gamma = th_param(ctx, KILN_SHAPE(c));
+  kiln_tensor *k = pool ? NULL : th_param(ctx, KILN_SHAPE(128, c, 3, 3));
+  kiln_autocast_begin(ctx, KILN_DTYPE_BF16);
+  kiln_tensor *h = kiln_batch_norm(kiln_cast(x, KILN_DTYPE_BF16), gamma, NULL, NULL, NULL, 1, 0, 0);
+  h = kiln_relu(h);
+  if (pool)
+    h = kiln_max_pool2d(
+        h, &(kiln_pool2d_options){
+               .kernel_h = 3, .kernel_w = 3, .stride_h = 2, .stride_w = 2, .pad_h = 1, .pad_w = 1});
+  else
+    h = kiln_conv2d(h, k, NULL,
+                    &(kiln_conv2d_options){.pad_h = 1, .pad_w = 1, .stride_h = 2, .stride_w = 2});
+  kiln_autocast_end(ctx);
+  return h;
+}
+
+/* Batch norm's backward sums (a moments node of mode 1) over what a window op's epilogue computes
+ * join that kernel (plan_conv.c's kiln__window_moments): after batch norm and a ReLU, the stem
+ * pool's gradient (a block of 2x2 pixels a thread) and a stride-2 convolution's col2im each end
+ * their group with the moments node, stored (the sum over its blocks reads it), after an epilogue
+ * that computes g (the ReLU's derivative at the recomputed batch norm); their kernels, named
+ * _moments, render and compile (NVRTC), a block a partial sum. Not with KILN_WINDOW_MOMENTS=0, not
+ * over 48 channels (12 lane groups a row do not divide a block of 256 threads). */
+Test(conv_tma, window_gradients_sum_the_batch_norm_before_them) {
+  struct {
+    int64_t c;
+    bool pool, on, want;
+  } cases[] = {{64, true, true, true},  {64, true, false, false}, {48, true, true, false},
+               {64, false, true, true}, {128, false, true, true}, {64, false, false, false}};
+  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+    char what[80];
+    snprintf(what, sizeof what, "%s, %lld channels, switch %d", cases[i].pool ? "pool" : "conv",
+             (long long)cases[i].c, cases[i].on);
+    kiln_ctx *ctx = th_cpu_ctx();
+    ctx->window_moments = cases[i].on;
+    kiln__program pg;
+    backward_program(ctx, record_bn_relu_then(ctx, cases[i].c, cases[i].pool), &pg, what);
+    int fused = 0, left = 0;
+    for (int g = 0; g < pg.plan.ng; g++) {
+      const kiln__group *gr = &pg.plan.g[g];
+      const kiln__node *m = &ctx->trace.nodes[pg.plan.members[gr->first + gr->n - 1]];
+      if (!gr->moments) {
+        left += m->op == KILN__OP_MOMENTS && KILN__I(m, MOMENTS, mode) == 1;
+        continue;
+      }
+      fused++;
+      const kiln__node *head = &ctx->trace.nodes[gr->node];
+      cr_assert_eq(head->op, cases[i].pool ? KILN__OP_MAX_POOL_GRAD : KILN__OP_COL2IM, "%s", what);
+      cr_assert_eq(pg.plan.members[gr->first], gr->node, "%s: the window op first", what);
+      cr_assert_geq(gr->n, 3, "%s: an epilogue computes g", what);
+      cr_assert_eq(ctx->trace.nodes[pg.plan.members[gr->first + gr->n - 2]].op, KILN__OP_RELU_GRAD,
+                   "%s", what);
+      cr_assert(m->op == KILN__OP_MOMENTS && KILN__I(m, MOMENTS, mode) == 1, "%s", what);
+      cr_assert(pg.plan.store[pg.plan.members[gr->first + gr->n - 1] - pg.plan.first], "%s", what);
+      cr_assert(strstr(pg.call[g].name, "_moments_") &&
+                    (!cases[i].pool || strstr(pg.call[g].name, "_blocks")),
+                "%s: %s", what, pg.call[g].name);
+      cr_assert_eq(pg.call[g].grid, (unsigned)m->out->shape[0], "%s: a block a partial sum", what);
+    }
+    cr_assert_eq(fused, cases[i].want ? 1 : 0, "%s: %d window kernels sum", what, fused);
+    cr_assert_eq(left, cases[i].want ? 0 : 1, "%s: %d moments kernels of mode 1", what, left);
+    finish_program(ctx, &pg, what);
+  }
+}
+
 /* With KILN_POOL_PROLOGUE=1 the elementwise run that computes a max pool gradient's dy (batch
  * norm's dx, after a bf16 2x2 pool of 64 channels then batch norm in training) becomes that
  * gradient's prologue (plan_conv.c's kiln__pool_grad_prologue): one group, the run's nodes first

@@ -332,6 +332,93 @@ Test(bf16, pool_gradient_prologue_equals_its_own_kernel) {
   }
 }
 
+/* The gradients of x and of batch norm's weight (malloc'd f32, *dx and *dgamma) through batch norm
+ * in training, a ReLU and then ResNet's stem pool (3x3 at stride 2, padding 1; x (40, 10, 10, c))
+ * or a 3x3 convolution at stride 2 into 128 channels (its data gradient on columns and a col2im;
+ * x (16, 10, 10, c)), bf16, loss sum(y gy), in a context made with KILN_WINDOW_MOMENTS set to on.
+ */
+static void window_moments_gradients(int64_t c, bool pool, const char *on, float **dx,
+                                     float **dgamma) {
+  setenv("KILN_WINDOW_MOMENTS", on, 1); /* read when the context is made */
+  kiln_ctx *ctx = kiln_ctx_new(NULL);
+  unsetenv("KILN_WINDOW_MOMENTS");
+  cr_assert(ctx && kiln_ctx_has_gpu(ctx));
+  kiln_set_graphs(ctx, 0);
+  kiln_shape xs = pool ? KILN_SHAPE(40, 10, 10, c) : KILN_SHAPE(16, 10, 10, c);
+  kiln_shape ys = pool ? KILN_SHAPE(40, 5, 5, c) : KILN_SHAPE(16, 5, 5, 128);
+  kiln_tensor *x = ref_rand_tensor(ctx, xs, 9400, &REF_GEN(-2, 2), 1, NULL);
+  kiln_tensor *gamma = ref_rand_tensor(ctx, KILN_SHAPE(c), 9401, &REF_GEN(0.5, 1.5), 1, NULL);
+  kiln_tensor *k =
+      pool ? NULL
+           : ref_rand_tensor(ctx, KILN_SHAPE(128, c, 3, 3), 9402, &REF_GEN(-0.1, 0.1), 0, NULL);
+  kiln_tensor *gy = ref_rand_tensor(ctx, ys, 9403, &REF_GEN(-1, 1), 0, NULL);
+  kiln_step_begin(ctx);
+  kiln_autocast_begin(ctx, KILN_DTYPE_BF16);
+  kiln_tensor *h =
+      kiln_batch_norm(kiln_cast(x, KILN_DTYPE_BF16), gamma, NULL, NULL, NULL, 1, 0.1f, 1e-5f);
+  h = kiln_relu(h);
+  if (pool)
+    h = kiln_max_pool2d(
+        h, &(kiln_pool2d_options){
+               .kernel_h = 3, .kernel_w = 3, .stride_h = 2, .stride_w = 2, .pad_h = 1, .pad_w = 1});
+  else
+    h = kiln_conv2d(h, k, NULL,
+                    &(kiln_conv2d_options){.pad_h = 1, .pad_w = 1, .stride_h = 2, .stride_w = 2});
+  kiln_autocast_end(ctx);
+  cr_assert_eq(
+      kiln_backward(kiln_sum(kiln_mul(kiln_cast(h, KILN_DTYPE_F32), gy), KILN_ALL_AXES, 0)),
+      KILN_OK, "%s", th_err(ctx));
+  cr_assert_eq(kiln_step_end(ctx), KILN_OK, "%s", th_err(ctx));
+  *dx = ref_read_f32(ctx, kiln_tensor_grad(x), "x's gradient");
+  *dgamma = ref_read_f32(ctx, kiln_tensor_grad(gamma), "the weight's gradient");
+  kiln_tensor_free(x), kiln_tensor_free(gamma), kiln_tensor_free(gy);
+  if (k) kiln_tensor_free(k);
+  th_ctx_free(ctx);
+}
+
+/* The largest difference of n values a and b, and the largest magnitude of b, for a message. */
+static void largest_difference(const float *a, const float *b, int64_t n, double *diff,
+                               double *most) {
+  *diff = 0, *most = 0;
+  for (int64_t j = 0; j < n; j++) {
+    *most = fmax(*most, fabs(b[j]));
+    *diff = fmax(*diff, fabs((double)a[j] - b[j]));
+  }
+}
+
+/* Batch norm's backward sums in the kernel of the window op whose epilogue computes g
+ * (KILN_WINDOW_MOMENTS, on: plan_conv.c's kiln__window_moments; the stem pool's gradient, a
+ * stride-2 convolution's col2im) against their kernel of their own, 64 and 128 channels, pixels
+ * past a block of 128 and short in the last: the sums are the same values added in another order,
+ * so the weight's gradient (those sums) agrees within 1e-4 of its largest, x's (bf16 values
+ * computed from them) within 1/128 of its largest. */
+Test(bf16, window_gradients_sum_batch_norm_as_their_own_kernel) {
+  TH_GPU_CTX(probe); /* skips without a GPU */
+  th_ctx_free(probe);
+  const int64_t chans[2] = {64, 128};
+  for (int pool = 0; pool < 2; pool++)
+    for (int i = 0; i < 2; i++) {
+      int64_t c = chans[i], n = (pool ? 40 : 16) * 10 * 10 * c;
+      float *dx[2], *dg[2];
+      window_moments_gradients(c, pool, "1", &dx[1], &dg[1]);
+      window_moments_gradients(c, pool, "0", &dx[0], &dg[0]);
+      double diff, most;
+      largest_difference(dg[1], dg[0], c, &diff, &most);
+      cr_assert_gt(most, 1e-3, "%s, %lld channels: the weight's gradient is not all small",
+                   pool ? "pool" : "conv", (long long)c);
+      cr_assert_leq(diff, most * 1e-4,
+                    "%s, %lld channels: the weight's gradient differs by %g "
+                    "(largest %g)",
+                    pool ? "pool" : "conv", (long long)c, diff, most);
+      largest_difference(dx[1], dx[0], n, &diff, &most);
+      cr_assert_gt(most, 1e-3, "%s, %lld channels: x's gradient is not all small",
+                   pool ? "pool" : "conv", (long long)c);
+      cr_assert_leq(diff, most / 128, "%s, %lld channels: x's gradient differs by %g (largest %g)",
+                    pool ? "pool" : "conv", (long long)c, diff, most);
+      free(dx[0]), free(dx[1]), free(dg[0]), free(dg[1]);
+    }
+}
+
 /* ---------------------------------------------------------------- training */
 
 /* A small conv net: conv 3->8 3x3, batch norm, GELU, max pool 2, conv 8->16 3x3, batch norm,
