@@ -279,3 +279,20 @@ uint8_t *th_gunzip(const char *path, size_t *n) {
   *n = len;
   return p;
 }
+
+kiln_tensor *th_bn_relu_then_stride2(kiln_tensor *x, kiln_tensor *gamma, kiln_tensor *k) {
+  kiln_ctx *ctx = kiln_tensor_ctx(x);
+  kiln_autocast_begin(ctx, KILN_DTYPE_BF16);
+  kiln_tensor *h =
+      kiln_batch_norm(kiln_cast(x, KILN_DTYPE_BF16), gamma, NULL, NULL, NULL, 1, 0.1f, 1e-5f);
+  h = kiln_relu(h);
+  if (k)
+    h = kiln_conv2d(h, k, NULL,
+                    &(kiln_conv2d_options){.pad_h = 1, .pad_w = 1, .stride_h = 2, .stride_w = 2});
+  else
+    h = kiln_max_pool2d(
+        h, &(kiln_pool2d_options){
+               .kernel_h = 3, .kernel_w = 3, .stride_h = 2, .stride_w = 2, .pad_h = 1, .pad_w = 1});
+  kiln_autocast_end(ctx);
+  return h;
+}

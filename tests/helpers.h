@@ -89,6 +89,11 @@ typedef struct th_mlp {
   kiln_linear l1, l2, l3;
   kiln_optim *opt;
 } th_mlp;
+/* Under bf16 autocast: batch norm (training, weight gamma, no bias or running statistics) of x cast
+ * to bf16, a ReLU, then ResNet's stem pool (3x3 at stride 2, padding 1) where k is NULL, else a
+ * 3x3 convolution by k at stride 2, padding 1. */
+kiln_tensor *th_bn_relu_then_stride2(kiln_tensor *x, kiln_tensor *gamma, kiln_tensor *k);
+
 void th_mlp_init(kiln_ctx *ctx, th_mlp *m);
 kiln_tensor *th_mlp_logits(const th_mlp *m, kiln_tensor *x); /* (B, 10) */
 /* Records one training step on (x, y): forward, loss, backward, update; returns the loss. */

@@ -794,19 +794,7 @@ static kiln_tensor *record_bn_relu_then(kiln_ctx *ctx, int64_t c, bool pool) {
   kiln_step_begin(ctx);
   kiln_tensor *x = th_param(ctx, KILN_SHAPE(8, 12, 12, c));
   kiln_tensor *gamma = th_param(ctx, KILN_SHAPE(c));
-  kiln_tensor *k = pool ? NULL : th_param(ctx, KILN_SHAPE(128, c, 3, 3));
-  kiln_autocast_begin(ctx, KILN_DTYPE_BF16);
-  kiln_tensor *h = kiln_batch_norm(kiln_cast(x, KILN_DTYPE_BF16), gamma, NULL, NULL, NULL, 1, 0, 0);
-  h = kiln_relu(h);
-  if (pool)
-    h = kiln_max_pool2d(
-        h, &(kiln_pool2d_options){
-               .kernel_h = 3, .kernel_w = 3, .stride_h = 2, .stride_w = 2, .pad_h = 1, .pad_w = 1});
-  else
-    h = kiln_conv2d(h, k, NULL,
-                    &(kiln_conv2d_options){.pad_h = 1, .pad_w = 1, .stride_h = 2, .stride_w = 2});
-  kiln_autocast_end(ctx);
-  return h;
+  return th_bn_relu_then_stride2(x, gamma, pool ? NULL : th_param(ctx, KILN_SHAPE(128, c, 3, 3)));
 }
 
 /* Batch norm's backward sums (a moments node of mode 1) over what a window op's epilogue computes

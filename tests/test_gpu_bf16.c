@@ -353,18 +353,7 @@ static void window_moments_gradients(int64_t c, bool pool, const char *on, float
            : ref_rand_tensor(ctx, KILN_SHAPE(128, c, 3, 3), 9402, &REF_GEN(-0.1, 0.1), 0, NULL);
   kiln_tensor *gy = ref_rand_tensor(ctx, ys, 9403, &REF_GEN(-1, 1), 0, NULL);
   kiln_step_begin(ctx);
-  kiln_autocast_begin(ctx, KILN_DTYPE_BF16);
-  kiln_tensor *h =
-      kiln_batch_norm(kiln_cast(x, KILN_DTYPE_BF16), gamma, NULL, NULL, NULL, 1, 0.1f, 1e-5f);
-  h = kiln_relu(h);
-  if (pool)
-    h = kiln_max_pool2d(
-        h, &(kiln_pool2d_options){
-               .kernel_h = 3, .kernel_w = 3, .stride_h = 2, .stride_w = 2, .pad_h = 1, .pad_w = 1});
-  else
-    h = kiln_conv2d(h, k, NULL,
-                    &(kiln_conv2d_options){.pad_h = 1, .pad_w = 1, .stride_h = 2, .stride_w = 2});
-  kiln_autocast_end(ctx);
+  kiln_tensor *h = th_bn_relu_then_stride2(x, gamma, k);
   cr_assert_eq(
       kiln_backward(kiln_sum(kiln_mul(kiln_cast(h, KILN_DTYPE_F32), gy), KILN_ALL_AXES, 0)),
       KILN_OK, "%s", th_err(ctx));
