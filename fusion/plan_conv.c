@@ -117,7 +117,8 @@ bool kiln__dgrad_moments(const kiln_ctx *ctx, const kiln__plan *p, const kiln__g
  * The kernel holds g and reads x already: each of its blocks sums 128 pixels of g and g xhat, its
  * threads keeping their four channels (C / 4 divides 256), and writes the moments node's partial
  * sums, the pass of their own over g and x saved (H100, resnet18: 143 us after the stem pool's
- * gradient). KILN_WINDOW_MOMENTS=0: not. x not the group's own value; all dense. */
+ * gradient). (KILN_WINDOW_MOMENTS=1, off until it has run on a GPU.) x not the group's own value;
+ * all dense. */
 bool kiln__window_moments(const kiln_ctx *ctx, const kiln__plan *p, const kiln__group *g,
                           int32_t i) {
   const kiln__node *nodes = ctx->trace.nodes, *m = &nodes[i], *op = &nodes[g->node];

@@ -802,7 +802,7 @@ static kiln_tensor *record_bn_relu_then(kiln_ctx *ctx, int64_t c, bool pool) {
  * pool's gradient (a block of 2x2 pixels a thread) and a stride-2 convolution's col2im each end
  * their group with the moments node, stored (the sum over its blocks reads it), after an epilogue
  * that computes g (the ReLU's derivative at the recomputed batch norm); their kernels, named
- * _moments, render and compile (NVRTC), a block a partial sum. Not with KILN_WINDOW_MOMENTS=0, not
+ * _moments, render and compile (NVRTC), a block a partial sum. Not with the switch off, not
  * over 48 channels (12 lane groups a row do not divide a block of 256 threads). */
 Test(conv_tma, window_gradients_sum_the_batch_norm_before_them) {
   struct {
