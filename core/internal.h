@@ -412,8 +412,7 @@ struct kiln_ctx {
   bool conv_kpad;      /* zero columns to a multiple of 8 (kiln_conv2d); KILN_CONV_KPAD=0: none */
   bool conv_moments;   /* batch norm's gradient sums in a data gradient's epilogue (=0: not) */
   bool pool_moments;   /* KILN_POOL_MOMENTS=1: batch norm's statistics in a max pool's kernel */
-  bool window_moments; /* KILN_WINDOW_MOMENTS=1: batch norm's gradient sums in a col2im's or pool
-                        * gradient's kernel */
+  bool window_moments; /* batch norm's gradient sums in a col2im's or pool gradient's (=0: not) */
   bool pool_prologue;  /* KILN_POOL_PROLOGUE=1: a pool gradient computes its dy as it reads it */
   bool conv_prefetch;  /* KILN_CONV_PREFETCH=1: TMA data gradients prefetch their epilogue's rows */
   /* the staged epilogues of TMA data gradients (KILN_CONV_HOIST=0 to 16): 0, each operand loaded

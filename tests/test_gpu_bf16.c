@@ -376,7 +376,7 @@ static void largest_difference(const float *a, const float *b, int64_t n, double
 }
 
 /* Batch norm's backward sums in the kernel of the window op whose epilogue computes g
- * (KILN_WINDOW_MOMENTS=1: plan_conv.c's kiln__window_moments; the stem pool's gradient, a
+ * (KILN_WINDOW_MOMENTS, on: plan_conv.c's kiln__window_moments; the stem pool's gradient, a
  * stride-2 convolution's col2im) against their kernel of their own, 64 and 128 channels, pixels
  * past a block of 128 and short in the last: the sums are the same values added in another order,
  * so the weight's gradient (those sums) agrees within 1e-4 of its largest, x's (bf16 values
