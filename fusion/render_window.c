@@ -372,38 +372,57 @@ static void emit_pool_moments(kiln__sb *b, const kiln__node *n, int out, int y, 
             "      kiln_ms[l] += d;\n"
             "      kiln_ms[4 + l] += d * d;\n"
             "    }\n");
-  kiln__sb_printf(b,
-                  "  __shared__ float kiln_red[8 * 256];\n"
-                  "  kiln_block_moments<CHUNKS>(kiln_ms, kiln_red, (float *)a.ptr[%d], 0, "
-                  "(int)G::C);\n",
-                  mout);
+  kiln__sb_printf(
+      b,
+      "  __shared__ float kiln_red[8 * 256];\n"
+      "  kiln_block_moments<CHUNKS>(kiln_ms, kiln_red, (float *)a.ptr[%d], blockIdx.x, 0, "
+      "(int)G::C);\n",
+      mout);
 }
 
 /* A window op whose epilogue computes batch norm's g (kiln__window_moments: a col2im, or max
- * pooling's gradient a block of `pixels` pixels a thread) that also sums g and g xhat: block b
- * takes the lane groups of 128 pixels from the b-th on (128 / pixels of the op's own, each C / 4
- * lane groups, a thread keeping its lane group's channels), the epilogue adding each lane's share
- * (moments_lane), then the block's sums into the moments node's partial sums, e's operand mom.out
- * (moments.cuh's kiln_block_moments). */
-static void emit_window_moments(kiln__sb *b, const kiln__node *n, const char *variant, int out,
-                                int y, const kiln__win_epi *e, int pixels) {
+ * pooling's gradient a block of `pixels` pixels a thread) that also sums g and g xhat into the
+ * moments node mom's partial sums (e's operand mom.out), each of 128 pixels: a block takes a slice
+ * of 64 channels (16 lane groups; all where fewer) of GP partials in a row, a thread keeping its
+ * lane group, the epilogue adding each lane's share (moments_lane); then the block's sums go into
+ * the first of its partials (moments.cuh's kiln_block_moments) and zeros into the others, the sum
+ * over the partials being what the next kernel reads. GP makes about 2,048 blocks, at least one
+ * partial each. Returns the grid. */
+static unsigned emit_window_moments(kiln__sb *b, const kiln__node *n, const char *variant, int out,
+                                    int y, const kiln__win_epi *e, const kiln__node *mom,
+                                    int pixels) {
+  const int64_t P = mom->out->shape[0], chunks = n->out->shape[3] / 4;
+  const int64_t cs = chunks < 16 ? chunks : 16, slices = chunks / cs;
+  const int64_t gp = P * slices / 2048 > 1 ? P * slices / 2048 : 1;
   kiln__sb_printf(
       b,
       "  typedef G::ix ix;\n"
       "  const int V = G::V;\n"
-      "  constexpr int CHUNKS = (int)(G::C / 4), PER = 128 / %d * CHUNKS;\n"
-      "  static_assert(V == 4 && 256 %% CHUNKS == 0, \"a thread keeps its lane group\");\n"
+      "  constexpr int CHUNKS = (int)(G::C / 4), CS = %lld, SLICES = CHUNKS / CS, Q = 128 / %d;\n"
+      "  constexpr long long P = %lldLL, GP = %lldLL;\n"
+      "  static_assert(V == 4 && CHUNKS %% CS == 0 && 256 %% CS == 0, \"a thread keeps its lane "
+      "group\");\n"
       "  float kiln_ms[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};\n"
-      "  const ix e0 = (ix)blockIdx.x * PER;\n"
-      "  const ix e1 = e0 + PER < (ix)a.n ? e0 + PER : (ix)a.n;\n",
-      pixels);
+      "  const int slice = (int)(blockIdx.x %% SLICES);\n"
+      "  const long long p0 = (long long)(blockIdx.x / SLICES) * GP, p1 = p0 + GP < P ? p0 + GP : "
+      "P;\n"
+      "  const ix q1 = (ix)(a.n / CHUNKS) < (ix)(p1 * Q) ? (ix)(a.n / CHUNKS) : (ix)(p1 * Q);\n"
+      "  const ix chunk = (ix)(slice * CS) + (ix)threadIdx.x %% CS;\n",
+      (long long)cs, pixels, (long long)P, (long long)gp);
   emit_loop(b, n, variant, out, y, e, false,
-            "  for (ix e = e0 + (ix)threadIdx.x; e < e1; e += 256)\n", NULL);
+            "  for (ix q = (ix)(p0 * Q) + (ix)threadIdx.x / CS, e = q * CHUNKS + chunk; q < q1;\n"
+            "       q += 256 / CS, e = q * CHUNKS + chunk)\n",
+            NULL);
   kiln__sb_printf(b,
                   "  __shared__ float kiln_red[8 * 256];\n"
-                  "  kiln_block_moments<CHUNKS>(kiln_ms, kiln_red, (float *)a.ptr[%d], 0, "
-                  "(int)G::C);\n",
+                  "  float *kiln_out = (float *)a.ptr[%d];\n"
+                  "  kiln_block_moments<CS>(kiln_ms, kiln_red, kiln_out, p0, slice * CS * 4, "
+                  "(int)G::C);\n"
+                  "  for (int t = (int)threadIdx.x; t < (int)(p1 - p0 - 1) * 8 * CS; t += 256)\n"
+                  "    kiln_out[((p0 + 1 + t / (8 * CS)) * 2 + t / (4 * CS) %% 2) * G::C + slice * "
+                  "CS * 4 + t %% (4 * CS)] = 0.f;\n",
                   e->mom.out);
+  return (unsigned)((P + gp - 1) / gp * slices);
 }
 
 /* Four lanes (V = 4) when the channels of a lane group allow it and every operand's first element
@@ -491,6 +510,7 @@ bool kiln__render_window(const kiln__target *tg, const kiln__ew_prog *p, const k
   kiln__sb pre = {0}, b = {0};
   emit_geometry(&pre, n, &w, sz, V, kiln__wide_index(most));
   bool prologue = pro && pro->n > 0;
+  unsigned grid = 0; /* set where the kernel does not take a block a partial sum */
   if (mom && n->op == KILN__OP_MAX_POOL) {
     KILN_ASSERT(p->n == 1 && V == 4 && out >= 0);
     kiln__sb_printf(&pre, "#include \"moments.cuh\"\n");
@@ -504,7 +524,7 @@ bool kiln__render_window(const kiln__target *tg, const kiln__ew_prog *p, const k
     epi.mom.invstd = kiln__operand(&o, mom->in[3], false, NULL);
     epi.mom.out = mout;
     kiln__sb_printf(&pre, "#include \"moments.cuh\"\n");
-    emit_window_moments(&b, n, variant, out, y, &epi, blocks ? (int)(w.sh * w.sw) : 1);
+    grid = emit_window_moments(&b, n, variant, out, y, &epi, mom, blocks ? (int)(w.sh * w.sw) : 1);
   } else {
     KILN_ASSERT(!prologue || (tiled && pool_index(n) && V == 4));
     kiln__sb_printf(&b, "  typedef G::ix ix;\n  const int V = G::V;\n");
@@ -527,8 +547,8 @@ bool kiln__render_window(const kiln__target *tg, const kiln__ew_prog *p, const k
                          : "");
   kiln__stem_of(p, "k", suffix, stem, sizeof stem);
   if (!kiln__finish_loop(&b, &pre, stem, &o, tg, r)) return false;
-  if (mom) r->grid = (unsigned)mom->out->shape[0];        /* a block a partial sum */
-  if (prologue) r->bytes_read -= kiln__footprint(o.t[0]); /* dy: computed, never read */
+  if (mom) r->grid = grid ? grid : (unsigned)mom->out->shape[0]; /* else a block a partial sum */
+  if (prologue) r->bytes_read -= kiln__footprint(o.t[0]);        /* dy: computed, never read */
   if (pool_index(n)) { /* the positions: a byte a value, written, or read instead of the values */
     if (n->op == KILN__OP_MAX_POOL)
       r->bytes_written += (uint64_t)kiln_tensor_numel(n->out);

@@ -333,19 +333,24 @@ Test(bf16, pool_gradient_prologue_equals_its_own_kernel) {
 }
 
 /* The gradients of x and of batch norm's weight (malloc'd f32, *dx and *dgamma) through batch norm
- * in training, a ReLU and then ResNet's stem pool (3x3 at stride 2, padding 1; x (40, 10, 10, c))
- * or a 3x3 convolution at stride 2 into 128 channels (its data gradient on columns and a col2im;
- * x (16, 10, 10, c)), bf16, loss sum(y gy), in a context made with KILN_WINDOW_MOMENTS set to on.
+ * in training, a ReLU and then ResNet's stem pool (3x3 at stride 2, padding 1; x (40, 10, 10, c),
+ * or with big (64, 96, 96, c)) or a 3x3 convolution at stride 2 into 128 channels (its data
+ * gradient on columns and a col2im; x (16, 10, 10, c)), bf16, loss sum(y gy), in a context made
+ * with KILN_WINDOW_MOMENTS set to on.
  */
-static void window_moments_gradients(int64_t c, bool pool, const char *on, float **dx,
+static void window_moments_gradients(int64_t c, bool pool, bool big, const char *on, float **dx,
                                      float **dgamma) {
   setenv("KILN_WINDOW_MOMENTS", on, 1); /* read when the context is made */
   kiln_ctx *ctx = kiln_ctx_new(NULL);
   unsetenv("KILN_WINDOW_MOMENTS");
   cr_assert(ctx && kiln_ctx_has_gpu(ctx));
   kiln_set_graphs(ctx, 0);
-  kiln_shape xs = pool ? KILN_SHAPE(40, 10, 10, c) : KILN_SHAPE(16, 10, 10, c);
-  kiln_shape ys = pool ? KILN_SHAPE(40, 5, 5, c) : KILN_SHAPE(16, 5, 5, 128);
+  kiln_shape xs = big    ? KILN_SHAPE(64, 96, 96, c)
+                  : pool ? KILN_SHAPE(40, 10, 10, c)
+                         : KILN_SHAPE(16, 10, 10, c);
+  kiln_shape ys = big    ? KILN_SHAPE(64, 48, 48, c)
+                  : pool ? KILN_SHAPE(40, 5, 5, c)
+                         : KILN_SHAPE(16, 5, 5, 128);
   kiln_tensor *x = ref_rand_tensor(ctx, xs, 9400, &REF_GEN(-2, 2), 1, NULL);
   kiln_tensor *gamma = ref_rand_tensor(ctx, KILN_SHAPE(c), 9401, &REF_GEN(0.5, 1.5), 1, NULL);
   kiln_tensor *k =
@@ -377,20 +382,22 @@ static void largest_difference(const float *a, const float *b, int64_t n, double
 
 /* Batch norm's backward sums in the kernel of the window op whose epilogue computes g
  * (KILN_WINDOW_MOMENTS, on: plan_conv.c's kiln__window_moments; the stem pool's gradient, a
- * stride-2 convolution's col2im) against their kernel of their own, 64 and 128 channels, pixels
- * past a block of 128 and short in the last: the sums are the same values added in another order,
+ * stride-2 convolution's col2im) against their kernel of their own, 64 and 128 channels (two
+ * slices of 64), pixels past a block of 128 and short in the last, and a pool's gradient whose
+ * blocks take two partial sums each: the sums are the same values added in another order,
  * so the weight's gradient (those sums) agrees within 1e-4 of its largest, x's (bf16 values
  * computed from them) within 1/128 of its largest. */
 Test(bf16, window_gradients_sum_batch_norm_as_their_own_kernel) {
   TH_GPU_CTX(probe); /* skips without a GPU */
   th_ctx_free(probe);
-  const int64_t chans[2] = {64, 128};
+  const int64_t chans[3] = {64, 128, 64};
   for (int pool = 0; pool < 2; pool++)
-    for (int i = 0; i < 2; i++) {
-      int64_t c = chans[i], n = (pool ? 40 : 16) * 10 * 10 * c;
+    for (int i = 0; i < 2 + pool; i++) {
+      bool big = i == 2; /* the stem pool's: 4,608 partials, two a block */
+      int64_t c = chans[i], n = (big ? 64 * 96 * 96 : (pool ? 40 : 16) * 10 * 10) * c;
       float *dx[2], *dg[2];
-      window_moments_gradients(c, pool, "1", &dx[1], &dg[1]);
-      window_moments_gradients(c, pool, "0", &dx[0], &dg[0]);
+      window_moments_gradients(c, pool, big, "1", &dx[1], &dg[1]);
+      window_moments_gradients(c, pool, big, "0", &dx[0], &dg[0]);
       double diff, most;
       largest_difference(dg[1], dg[0], c, &diff, &most);
       cr_assert_gt(most, 1e-3, "%s, %lld channels: the weight's gradient is not all small",

@@ -378,7 +378,7 @@ template <int BN>
 KILN__FN void kiln_tma_tile_moments(const float (&s)[8], unsigned char *tile, float *out, int n0,
                                     int C) {
   static_assert(8 * 256 * 4 <= 128 * KILN_TMA_PITCH(BN), "the tile's room");
-  kiln_block_moments<BN / 4>(s, (float *)tile, out, n0, C);
+  kiln_block_moments<BN / 4>(s, (float *)tile, out, blockIdx.x, n0, C);
 }
 
 /* Stores a two-warpgroup block's accumulators d (128 rows from m0, BN columns from n0) as bf16

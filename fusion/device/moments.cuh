@@ -70,13 +70,14 @@ KILN__FN void kiln_moments(ix R, ix C, float *out, F value) {
 }
 
 /* The partial sums of a block of 256 threads that summed rows of four channels each, in a kernel
- * that writes the moments op's output itself (its rows' block blockIdx.x of out's (P, 2, C)):
+ * that writes the moments op's output itself (its rows' block `row` of out's (P, 2, C)):
  * thread t took channels [c0 + (t % CHUNKS) 4, + 4), s[l] the sum of its first terms and s[4 + l]
  * of its second for channel l; the threads that share a chunk are added in a fixed order (the
  * same result every run) through red, 8 x 256 floats of shared memory free until the first
  * barrier (a named one of the block's 256 threads: a TMA kernel's producer warp has left). */
 template <int CHUNKS>
-KILN__FN void kiln_block_moments(const float (&s)[8], float *red, float *out, int c0, int C) {
+KILN__FN void kiln_block_moments(const float (&s)[8], float *red, float *out, long long row, int c0,
+                                 int C) {
   static_assert(256 % CHUNKS == 0, "a thread keeps its chunk");
   constexpr int SHARE = 256 / CHUNKS;
   asm volatile("bar.sync 1, 256;\n" ::: "memory"); /* red is free: every thread is past it */
@@ -90,7 +91,7 @@ KILN__FN void kiln_block_moments(const float (&s)[8], float *red, float *out, in
 #pragma unroll
     for (int j = 0; j < SHARE; j++)
       v += red[(which * 4 + l) * 256 + chunk + j * CHUNKS];
-    if (c0 + col < C) out[((long long)blockIdx.x * 2 + which) * C + c0 + col] = v;
+    if (c0 + col < C) out[(row * 2 + which) * C + c0 + col] = v;
   }
 }
 
