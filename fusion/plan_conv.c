@@ -117,9 +117,8 @@ bool kiln__dgrad_moments(const kiln_ctx *ctx, const kiln__plan *p, const kiln__g
  * The kernel holds g and reads x already: each of its blocks sums 128 pixels of g and g xhat, its
  * threads keeping their four channels (C / 4 divides 256), and writes the moments node's partial
  * sums, the pass of their own over g and x saved. KILN_WINDOW_MOMENTS=0: not. H100, resnet18: the
- * step 7.350 ms against 7.422, four moments kernels (220 us) gone, the stem pool's gradient 62 us
- * slower and the three col2im 70 us (their 196 to 784 blocks, one a partial sum, are few). x not
- * the group's own value; all dense. */
+ * step 7.340 ms against 7.428, four moments kernels (220 us) gone, the stem pool's gradient 75 us
+ * slower and the three col2im 47 us (dev/README.md). x not the group's own value; all dense. */
 bool kiln__window_moments(const kiln_ctx *ctx, const kiln__plan *p, const kiln__group *g,
                           int32_t i) {
   const kiln__node *nodes = ctx->trace.nodes, *m = &nodes[i], *op = &nodes[g->node];
