@@ -78,6 +78,24 @@ static int32_t through_views(const kiln_ctx *ctx, const kiln__plan *p, const kil
   }
 }
 
+/* Whether moments node m (mode 1: g, x, mean, invstd) sums what group g computes last: g its last
+ * member's value seen through views, (R, C) and dense, R C = n; x (R, C) dense, bf16 or f32, and
+ * not the group's own value; mean and invstd C f32 values. */
+static bool sums_group_value(const kiln_ctx *ctx, const kiln__plan *p, const kiln__group *g,
+                             const kiln__node *m, int64_t C, int64_t n) {
+  const kiln_tensor *gv = m->in[0], *x = m->in[1], *mean = m->in[2], *invstd = m->in[3];
+  int32_t last = p->members[g->first + g->n - 1], gx = through_views(ctx, p, x);
+  if (through_views(ctx, p, gv) != last || (gx >= 0 && p->group_of[gx - p->first] == g - p->g))
+    return false;
+  int64_t R = gv->ndim == 2 ? gv->shape[0] : 0;
+  return gv->ndim == 2 && gv->shape[1] == C && R * C == n && kiln__is_contiguous(gv) &&
+         kiln__is_contiguous(x) && x->ndim == 2 && x->shape[0] == R && x->shape[1] == C &&
+         (x->dtype == KILN_DTYPE_BF16 || x->dtype == KILN_DTYPE_F32) &&
+         mean->dtype == KILN_DTYPE_F32 && invstd->dtype == KILN_DTYPE_F32 &&
+         kiln__is_contiguous(mean) && kiln__is_contiguous(invstd) && kiln_tensor_numel(mean) == C &&
+         kiln_tensor_numel(invstd) == C;
+}
+
 /* Batch norm's backward sums the gradient g of its output and g xhat over each channel (a moments
  * node of mode 1: g, x, mean, invstd), in a pass of its own over g and x. Where g is what a data
  * gradient's epilogue computes (a convolution's dX times an activation's derivative at the
@@ -93,30 +111,21 @@ bool kiln__dgrad_moments(const kiln_ctx *ctx, const kiln__plan *p, const kiln__g
       g->n < 3 || ctx->arch != 90 || !ctx->conv_tma || !ctx->conv_staged)
     return false;
   const kiln__node *cn = &nodes[g->node], *mm = &nodes[p->members[g->first]];
-  const kiln_tensor *X = cn->out, *gv = m->in[0], *x = m->in[1], *mean = m->in[2],
-                    *invstd = m->in[3];
+  const kiln_tensor *X = cn->out;
   int64_t co = mm->in[0]->shape[1], ci = X->shape[3];
   kiln__win w = kiln__win_of(cn);
   if (!kiln__conv_tma_dgrad(&w, co, ci) || X->offset % 4 != 0) return false; /* not staged */
-  int32_t last = p->members[g->first + g->n - 1], gx = through_views(ctx, p, x);
-  if (through_views(ctx, p, gv) != last || (gx >= 0 && p->group_of[gx - p->first] == g - p->g))
-    return false;
-  int64_t R = gv->shape[0];
-  return gv->ndim == 2 && gv->shape[1] == ci && R * ci == kiln_tensor_numel(X) &&
-         kiln__is_contiguous(gv) && kiln__is_contiguous(x) && x->ndim == 2 && x->shape[0] == R &&
-         x->shape[1] == ci && (x->dtype == KILN_DTYPE_BF16 || x->dtype == KILN_DTYPE_F32) &&
-         mean->dtype == KILN_DTYPE_F32 && invstd->dtype == KILN_DTYPE_F32 &&
-         kiln__is_contiguous(mean) && kiln__is_contiguous(invstd) &&
-         kiln_tensor_numel(mean) == ci && kiln_tensor_numel(invstd) == ci;
+  return sums_group_value(ctx, p, g, m, ci, kiln_tensor_numel(X));
 }
 
 /* Batch norm's backward sums (a moments node of mode 1: g, x, mean, invstd) where g is what a
  * window op's elementwise epilogue computes: the gradient of ResNet's stem pool (at stride 2, a
  * block of 2x2 pixels a thread: render_window.c's blocks) or a col2im (a strided convolution's data
  * gradient on columns), times an activation's derivative at the recomputed batch norm before it.
- * The kernel holds g and reads x already: each of its blocks sums 128 pixels of g and g xhat, its
- * threads keeping their four channels (C / 4 divides 256), and writes the moments node's partial
- * sums, the pass of their own over g and x saved. KILN_WINDOW_MOMENTS=0: not. H100, resnet18: the
+ * The kernel holds g and reads x: a block sums g and g xhat over a slice of 64 channels of runs of
+ * 128 pixels (render_window.c's emit_window_moments), its threads keeping their four channels (C /
+ * 4 divides 256), and writes the moments node's partial sums, the pass of their own over g and x
+ * saved. KILN_WINDOW_MOMENTS=0: not. H100, resnet18: the
  * step 7.340 ms against 7.428, four moments kernels (220 us) gone, the stem pool's gradient 75 us
  * slower and the three col2im 47 us (dev/README.md). x not the group's own value; all dense. */
 bool kiln__window_moments(const kiln_ctx *ctx, const kiln__plan *p, const kiln__group *g,
@@ -127,8 +136,7 @@ bool kiln__window_moments(const kiln_ctx *ctx, const kiln__plan *p, const kiln__
       g->n < 2 || p->members[g->first] != g->node ||
       (op->op != KILN__OP_COL2IM && op->op != KILN__OP_MAX_POOL_GRAD))
     return false;
-  const kiln_tensor *Y = op->out, *gv = m->in[0], *x = m->in[1], *mean = m->in[2],
-                    *invstd = m->in[3];
+  const kiln_tensor *Y = op->out;
   if (Y->ndim != 4 || (op->op == KILN__OP_COL2IM && KILN__I(op, COL2IM, groups) != 1)) return false;
   const int64_t C = Y->shape[3];
   if (C % 4 != 0 || 256 % (C / 4) != 0 || Y->offset % 4 != 0) return false;
@@ -142,17 +150,8 @@ bool kiln__window_moments(const kiln_ctx *ctx, const kiln__plan *p, const kiln__
         Y->shape[2] % 2 != 0)
       return false;
   }
-  int32_t last = p->members[g->first + g->n - 1], gx = through_views(ctx, p, x);
-  if (through_views(ctx, p, gv) != last || (gx >= 0 && p->group_of[gx - p->first] == g - p->g) ||
-      !kiln__same_shape(nodes[last].out, Y))
-    return false;
-  int64_t R = gv->ndim == 2 ? gv->shape[0] : 0;
-  return gv->shape[1] == C && R * C == kiln_tensor_numel(Y) && kiln__is_contiguous(gv) &&
-         kiln__is_contiguous(x) && x->ndim == 2 && x->shape[0] == R && x->shape[1] == C &&
-         x->offset % 4 == 0 && (x->dtype == KILN_DTYPE_BF16 || x->dtype == KILN_DTYPE_F32) &&
-         mean->dtype == KILN_DTYPE_F32 && invstd->dtype == KILN_DTYPE_F32 &&
-         kiln__is_contiguous(mean) && kiln__is_contiguous(invstd) && kiln_tensor_numel(mean) == C &&
-         kiln_tensor_numel(invstd) == C;
+  return kiln__same_shape(nodes[p->members[g->first + g->n - 1]].out, Y) &&
+         m->in[1]->offset % 4 == 0 && sums_group_value(ctx, p, g, m, C, kiln_tensor_numel(Y));
 }
 
 /* (KILN_POOL_MOMENTS=1, off until it has run on a GPU.) Batch norm's statistics after a max pool
