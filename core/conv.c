@@ -649,6 +649,10 @@ bool kiln__conv_few_shape(const kiln__win *w, int64_t ci, int64_t co) {
          w->pw >= 0;
 }
 
+bool kiln__few_wgrad_shape(const kiln__win *w, int64_t ci, int64_t co) {
+  return kiln__conv_few_shape(w, ci, co) && w->kh * w->kw * ci <= KILN__CONV_FEW_WGRAD_MAX_K;
+}
+
 kiln__win kiln__dgrad_window(const kiln__win *w) {
   return (kiln__win){.kh = w->kh,
                      .kw = w->kw,

@@ -414,7 +414,10 @@ struct kiln_ctx {
   bool pool_moments;   /* KILN_POOL_MOMENTS=1: batch norm's statistics in a max pool's kernel */
   bool window_moments; /* batch norm's gradient sums in a col2im's or pool gradient's (=0: not) */
   bool pool_prologue;  /* KILN_POOL_PROLOGUE=1: a pool gradient computes its dy as it reads it */
-  bool conv_prefetch;  /* KILN_CONV_PREFETCH=1: TMA data gradients prefetch their epilogue's rows */
+  /* conv_few.cuh's weight gradient computes its dY where it loads it, from the elementwise run
+   * that would have written it (kiln__phase_few_prologue; KILN_CONV_FEW_PROLOGUE=0: not) */
+  bool few_prologue;
+  bool conv_prefetch; /* KILN_CONV_PREFETCH=1: TMA data gradients prefetch their epilogue's rows */
   /* the staged epilogues of TMA data gradients (KILN_CONV_HOIST=0 to 16): 0, each operand loaded
    * in the row that reads it; d > 0, per-channel ones once before the loop, and the others d rows
    * ahead of the row that reads them */
@@ -743,6 +746,8 @@ bool kiln__conv_few_shape(const kiln__win *w, int64_t ci, int64_t co);
 /* Its weight gradient (KILN_CONV_FEW_WGRAD) holds a block's whole dWt in registers: at most
  * 256 values a window (16 tiles of 16 rows, four a warp). */
 #define KILN__CONV_FEW_WGRAD_MAX_K 256
+/* Whether conv_few.cuh's weight gradient takes it: kiln__conv_few_shape, and K at most that. */
+bool kiln__few_wgrad_shape(const kiln__win *w, int64_t ci, int64_t co);
 /* The window of a stride-1 convolution's data gradient as a forward product of dY (the filters
  * flipped): padding d (k - 1) - p, stride 1. */
 kiln__win kiln__dgrad_window(const kiln__win *w);

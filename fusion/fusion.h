@@ -83,7 +83,8 @@ typedef struct kiln__group {
    * (kiln__pool_moments) */
   bool moments;
   /* a max pool's gradient (g->node, the last member) whose first `prologue` members, the
-   * elementwise run that computes its dy, run where it reads dy (kiln__pool_grad_prologue) */
+   * elementwise run that computes its dy, run where it reads dy (kiln__pool_grad_prologue); or
+   * a WGRAD's, the run that computes its dY (kiln__phase_few_prologue), its product after them */
   int prologue;
   /* EW: casts of parameters, each over its own shape, in one multi-tensor launch (plan.c's
    * batch_casts; KILN_CAST_BATCH=0: not) */
@@ -146,6 +147,12 @@ bool kiln__window_moments(const kiln_ctx *ctx, const kiln__plan *p, const kiln__
 /* ... whether the open elementwise run g can become the prologue of max pool gradient node i. */
 bool kiln__pool_grad_prologue(const kiln_ctx *ctx, const kiln__plan *p, const kiln__group *g,
                               int32_t i);
+/* Whether elementwise group g can compute its last value where one reader outside it reads it, as
+ * that reader's prologue (the value never written): each of its values read only inside the run
+ * (the last once, by that reader), all of the last's shape, dense, its channels (last dim) four
+ * at a time; its inputs from outside dense like it, one value a channel or one in all, float; no
+ * op reading coordinates. */
+bool kiln__prologue_run(const kiln_ctx *ctx, const kiln__plan *p, const kiln__group *g);
 /* Whether col2im node cn's implicit data gradient (dt, co output and ci input channels) runs on
  * wgmma (device/conv.cuh or conv_tma.cuh) rather than mma.sync. */
 bool kiln__dgrad_on_wgmma(const kiln_ctx *ctx, const kiln__node *cn, kiln_dtype dt, int64_t co,
@@ -189,6 +196,9 @@ bool kiln__writes_storage(const kiln_ctx *ctx, const kiln__plan *p, int32_t j,
 bool kiln__batch_cast(const kiln_ctx *ctx, const kiln__plan *p, int32_t i);
 int kiln__batch_casts(const kiln_ctx *ctx, const kiln__plan *p, int32_t i, int32_t *take);
 bool kiln__phase_sink(kiln_ctx *ctx, kiln__plan *p, bool fuse);
+/* The few-prologue phase: elementwise runs that conv_few.cuh's weight gradients compute as they
+ * load dY (g->prologue of an implicit WGRAD). */
+bool kiln__phase_few_prologue(kiln_ctx *ctx, kiln__plan *p, bool fuse);
 /* The first broken invariant of a plan, written to why (NULL: none). */
 const char *kiln__plan_verify(const kiln_ctx *ctx, const kiln__plan *p, char *why, size_t n);
 /* "add* relu* mul | sum": each group's ops in order, '*' for values kept in registers, a
@@ -242,7 +252,9 @@ typedef struct kiln__spec {
   bool wgmma;          /* CONV, DGRAD: on wgmma (the group's) */
   const kiln__node *moments; /* CONV (DGRAD), WINDOW (a max pool): batch norm's sums it writes */
   const kiln_tensor *grad;   /* CONV (WGRAD): the f32 gradient it writes (kiln__group's grad) */
-  kiln__ew_prog pro; /* WINDOW: the elementwise run computing the op's first input (n may be 0) */
+  /* WINDOW: the elementwise run computing the op's first input; CONV (WGRAD): the one computing
+   * dY (n may be 0) */
+  kiln__ew_prog pro;
   /* a concat input's copy into its slice of the output: a node and a view that lowering owns */
   kiln__node copy;
   kiln_tensor slice;

@@ -117,6 +117,7 @@ static void lower_group(const kiln_ctx *ctx, const kiln__plan *p, const kiln__gr
       s->conv = g->implicit;
       s->red = &ctx->trace.nodes[g->window];
       s->gemm = (kiln__gemm){.a = n->in[0], .b = n->in[1], .d = n->out};
+      prog_of(ctx, p, g, 0, g->prologue, &s->pro); /* a WGRAD's dY computed as it is loaded */
       s->grad = g->grad;
       if (g->implicit == KILN__IMPLICIT_FPROP) prog_of(ctx, p, g, 2, g->n, &s->prog); /* epilogue */
       return;

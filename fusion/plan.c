@@ -734,6 +734,8 @@ static bool phase_product_outputs(kiln_ctx *ctx, kiln__plan *p, bool fuse) {
       if (p->claim[g->window - p->first] == g->node) p->store[g->window - p->first] = false;
       p->store[g->node - p->first] = !g->grad;
       if (g->grad) p->store[p->members[g->first + 1] - p->first] = false;
+      for (int m = 0; m < g->prologue; m++) /* its dY's run, computed where dY is loaded */
+        p->store[p->members[g->first + m] - p->first] = false;
     }
     if (g->kind != KILN__KIND_MATMUL) continue;
     /* the product's own result is written, or only its epilogue's, and what the epilogue
@@ -761,6 +763,7 @@ static const struct {
     {"implicit products", phase_implicit},
     {"groups", phase_groups},
     {"sink", kiln__phase_sink},
+    {"few prologue", kiln__phase_few_prologue},
     {"stores", phase_stores},
     {"product outputs", phase_product_outputs},
 };

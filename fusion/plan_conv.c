@@ -177,7 +177,7 @@ bool kiln__pool_moments(const kiln_ctx *ctx, const kiln__plan *p, const kiln__gr
          k->shape[1] == C && k->offset == Y->offset && k->stride[1] == 1;
 }
 
-/* (KILN_POOL_PROLOGUE=1, off until it has run on a GPU.) A max pool's gradient over windows that
+/* (KILN_POOL_PROLOGUE=0 turns it off.) A max pool's gradient over windows that
  * tile the image (stride = window, no padding or dilation), from the positions its forward pass
  * wrote, reads each value of dy once, where the elementwise run before it wrote it: batch norm's
  * dx after air's pooled layers (its per-channel terms, and the cast to bf16). That run can be the
@@ -188,24 +188,32 @@ bool kiln__pool_grad_prologue(const kiln_ctx *ctx, const kiln__plan *p, const ki
                               int32_t i) {
   const kiln__node *nodes = ctx->trace.nodes, *pg = &nodes[i];
   if (!ctx->pool_prologue || pg->op != KILN__OP_MAX_POOL_GRAD ||
-      !KILN__I(pg, MAX_POOL_GRAD, index) || g->kind != KILN__KIND_EW || g->full || g->n < 1 ||
-      g->n >= KILN__MAX_GROUP)
+      !KILN__I(pg, MAX_POOL_GRAD, index) || g->kind != KILN__KIND_EW || g->n < 1)
     return false;
   kiln__win w = kiln__win_of(pg);
   const kiln_tensor *dy = pg->in[0];
   int64_t C = dy->ndim == 4 ? dy->shape[3] : 0;
   int32_t last = p->members[g->first + g->n - 1];
-  if (w.sh != w.kh || w.sw != w.kw || w.ph || w.pw || w.dh != 1 || w.dw != 1 || C % 4 != 0 ||
-      nodes[last].out != dy || dy->keep || dy->offset % 4 != 0 || !kiln__is_contiguous(dy) ||
-      pg->out->offset % 4 != 0 || pg->in[1]->offset % 4 != 0)
+  return w.sh == w.kh && w.sw == w.kw && !w.ph && !w.pw && w.dh == 1 && w.dw == 1 && C % 4 == 0 &&
+         nodes[last].out == dy && pg->out->offset % 4 == 0 && pg->in[1]->offset % 4 == 0 &&
+         kiln__prologue_run(ctx, p, g);
+}
+
+bool kiln__prologue_run(const kiln_ctx *ctx, const kiln__plan *p, const kiln__group *g) {
+  const kiln__node *nodes = ctx->trace.nodes;
+  if (g->kind != KILN__KIND_EW || g->full || g->batch || g->n < 1 || g->n >= KILN__MAX_GROUP)
     return false;
+  int32_t last = p->members[g->first + g->n - 1];
+  const kiln_tensor *dy = nodes[last].out;
+  int64_t C = dy->ndim >= 1 ? dy->shape[dy->ndim - 1] : 0;
+  if (C % 4 != 0 || dy->keep || dy->offset % 4 != 0 || !kiln__is_contiguous(dy)) return false;
   int32_t gi = (int32_t)(g - p->g);
   for (int m = 0; m < g->n; m++) {
     int32_t j = p->members[g->first + m];
     const kiln__node *nd = &nodes[j];
     if (strstr(kiln__ops[nd->op].expr, "$c") || nd->out->keep || !kiln__same_shape(nd->out, dy))
       return false;
-    int inside = j == last; /* the gradient reads the last */
+    int inside = j == last; /* the one reader outside the run reads the last */
     for (int q = m + 1; q < g->n; q++)
       for (int k = 0; k < nodes[p->members[g->first + q]].nin; k++)
         inside += nodes[p->members[g->first + q]].in[k] == nd->out;

@@ -114,6 +114,10 @@ void kiln__emit_element(kiln__sb *b, const kiln__ew_prog *p, const kiln__operand
                         const kiln__wiring *w, const char *ind, int nd, bool vec);
 /* The coordinates c0..c<nd-1> of the linear index idx over a.shape. */
 void kiln__emit_coords(kiln__sb *b, const char *ind, int nd, const char *idx);
+/* The lambda kiln_dy(i0, c, gv): the four values of prologue pro's last node from its element i0
+ * (channel c), from the operands w gives it in o, their strides aligned in ap (render_window.c). */
+void kiln__emit_prologue(kiln__sb *b, const kiln__ew_prog *pro, kiln__operands *o,
+                         const kiln__wiring *w, kiln__argplan *ap);
 /* Whether a kernel whose offsets and indices reach span needs 64-bit indices. */
 bool kiln__wide_index(int64_t span);
 /* "typedef int ix;" or "typedef long long ix;" */

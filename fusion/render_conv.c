@@ -561,9 +561,11 @@ static bool render_few(const kiln__target *t, const kiln__node *n, const kiln__g
 /* The weight gradient dW (CO, K) of a few-channel convolution (KILN_CONV_FEW_WGRAD=0: not) from the
  * forward product's halo tiles: conv_few.cuh's kiln_conv_few_wgrad, the blocks' partial dWt in
  * the split-K workspace (a.ptr[o.n]) and summed inside the kernel, its two counters the
- * workspace's (a.ptr[o.n + 1]). mm->a is dY^T, a transpose of the dense dY (M, CO). */
+ * workspace's (a.ptr[o.n + 1]). mm->a is dY^T, a transpose of the dense dY (M, CO). With a
+ * prologue (pro->n > 0, kiln__phase_few_prologue's), dY is computed by it where it is loaded, from
+ * its operands (after the product's), and never read. */
 static bool render_few_wgrad(const kiln__target *t, const kiln__node *n, const kiln__gemm *mm,
-                             kiln__rendered *r) {
+                             const kiln__ew_prog *pro, kiln__rendered *r) {
   const kiln_tensor *dY = mm->a, *D = mm->d, *X = n->in[0];
   const int64_t CO = D->shape[0];
   const kiln__win w = kiln__win_of(n);
@@ -578,17 +580,31 @@ static bool render_few_wgrad(const kiln__target *t, const kiln__node *n, const k
   char pre[640];
   conv_operands(n, dY, D, CO, "conv_few.cuh", &o, slot, pre, sizeof pre);
   kiln__sb b = {0};
+  bool by = pro->n > 0;
+  if (by) {
+    const kiln_tensor *v = pro->nodes[pro->n - 1]->out;
+    KILN_ASSERT(kiln_tensor_numel(v) == kiln_tensor_numel(dY) && v->shape[v->ndim - 1] == CO);
+    kiln__wiring pw;
+    int nf = 0, ni = 0, nu = 0;
+    kiln__wire(pro, NULL, &o, &pw, &r->arg, &nf, &ni, &nu);
+    kiln__emit_index_type(&b, kiln__wide_index(kiln_tensor_numel(v)));
+    kiln__emit_prologue(&b, pro, &o, &pw, &r->arg);
+  }
   kiln__sb_printf(&b,
                   "  extern __shared__ __align__(16) unsigned char kiln_smem[];\n"
                   "  static_assert(kiln_few_w<G, %d, %d>::SMEM == %lld && kiln_few_w<G, %d, "
                   "%d>::KP == %lld, \"the launch's shared memory and workspace\");\n"
                   "  kiln_conv_few_wgrad<G, %d, %d>((const kiln_bf16 *)a.ptr[%d], (const kiln_bf16 "
                   "*)a.ptr[%d], (kiln_bf16 *)a.ptr[%d], (float *)a.ptr[%d], (unsigned *)a.ptr[%d], "
-                  "kiln_smem);\n",
+                  "kiln_smem%s);\n",
                   f.th, f.tw, (long long)smem, f.th, f.tw, (long long)kp, f.th, f.tw, slot[0],
-                  slot[1], slot[2], o.n, o.n + 1);
+                  slot[1], slot[2], o.n, o.n + 1,
+                  by ? ", kiln_few_dy_by<decltype(kiln_dy)>{kiln_dy}" : "");
   r->ws_slot = o.n;
-  return finish_few(&b, "few_wgrad", n, pre, &o, &f, smem, dY->shape[1], r);
+  bool ok =
+      finish_few(&b, by ? "few_wgrad_pro" : "few_wgrad", n, pre, &o, &f, smem, dY->shape[1], r);
+  if (by) r->bytes_read -= kiln__footprint(dY); /* computed, never read */
+  return ok;
 }
 
 /* A TMA-fed forward product's two maps (X's im2col map, `pixels` a copy; Wk (CO, K) tiled in
@@ -730,13 +746,14 @@ static int64_t wgrad_splits(int64_t tiles, int64_t M, int64_t sms, int BN) {
  * tile alone. mm->a is dY^T, a transpose of the dense dY (M, CO). With grad, the weight's f32
  * gradient (CO, CI, KH, KW) is stored instead (store_grad). */
 static bool render_wgrad(const kiln__target *t, const kiln__node *n, const kiln__gemm *mm,
-                         const kiln_tensor *grad, kiln__rendered *r) {
+                         const kiln_tensor *grad, const kiln__ew_prog *pro, kiln__rendered *r) {
   const kiln_tensor *dY = mm->a, *D = mm->d, *X = n->in[0];
   int64_t CO = D->shape[0], K = D->shape[1], M = dY->shape[1];
   kiln__win w = kiln__win_of(n);
-  if (t->conv_few && t->conv_few_wgrad && !grad && kiln__conv_few_shape(&w, X->shape[3], CO) &&
-      w.kh * w.kw * X->shape[3] <= KILN__CONV_FEW_WGRAD_MAX_K)
-    return render_few_wgrad(t, n, mm, r);
+  bool few =
+      t->conv_few && t->conv_few_wgrad && !grad && kiln__few_wgrad_shape(&w, X->shape[3], CO);
+  KILN_ASSERT(few || pro->n == 0); /* the planner's condition */
+  if (few) return render_few_wgrad(t, n, mm, pro, r);
   bool tma = t->conv_tma && kiln__conv_tma_window(&w, X->shape[3]);
   bool ws = t->conv_warp_spec && !tma;
   /* TMA: 4 stages, not the 6 that fill 192 KB (the lab's 7x7x256->256 weight gradient: 126.8 us
@@ -808,7 +825,7 @@ bool kiln__render_conv(const kiln__target *t, const kiln__spec *s, kiln__rendere
   switch (s->conv) {
   case KILN__IMPLICIT_DGRAD: return render_dgrad(t, s, r);
   case KILN__IMPLICIT_FPROP: return render_fprop(t, s->red, &s->gemm, &s->prog, r);
-  case KILN__IMPLICIT_WGRAD: return render_wgrad(t, s->red, &s->gemm, s->grad, r);
+  case KILN__IMPLICIT_WGRAD: return render_wgrad(t, s->red, &s->gemm, s->grad, &s->pro, r);
   case KILN__IMPLICIT_NONE: break;
   }
   KILN_ASSERT(!"a convolution spec without its product");

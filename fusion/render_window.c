@@ -299,12 +299,12 @@ static void emit_loop(kiln__sb *b, const kiln__node *n, const char *variant, int
   kiln__sb_printf(b, "%s  });\n", tail ? tail : "");
 }
 
-/* The loader of a window op's first input computed by an elementwise prologue (pro, over the
- * input's shape: the operands it reads, the op's own among them, classified here as dense like it,
- * one value a channel, or one in all): kiln_dy(o, c, gv) gives the four lanes from element o
- * (channel c). */
-static void emit_prologue(kiln__sb *b, const kiln__ew_prog *pro, kiln__operands *o,
-                          const kiln__wiring *w, kiln__argplan *ap) {
+/* The loader of a value computed by an elementwise prologue (pro, over the value's shape: the
+ * operands it reads, classified here as dense like it, one value a channel, or one in all): a
+ * window op's first input, a few-channel weight gradient's dY (render_conv.c). kiln_dy(o, c, gv)
+ * gives the four lanes from element o (channel c). */
+void kiln__emit_prologue(kiln__sb *b, const kiln__ew_prog *pro, kiln__operands *o,
+                         const kiln__wiring *w, kiln__argplan *ap) {
   const kiln_tensor *dy = pro->nodes[pro->n - 1]->out;
   bool used[KILN__KMAX_PTR] = {0};
   kiln__prog_reads(pro, w, 0, used);
@@ -528,7 +528,7 @@ bool kiln__render_window(const kiln__target *tg, const kiln__ew_prog *p, const k
   } else {
     KILN_ASSERT(!prologue || (tiled && pool_index(n) && V == 4));
     kiln__sb_printf(&b, "  typedef G::ix ix;\n  const int V = G::V;\n");
-    if (prologue) emit_prologue(&b, pro, &o, &pw, &r->arg);
+    if (prologue) kiln__emit_prologue(&b, pro, &o, &pw, &r->arg);
     emit_loop(&b, n, variant, out, y, p->n > 1 ? &epi : NULL, prologue, NULL, NULL);
   }
   char stem[80], suffix[48];

@@ -192,11 +192,12 @@ static const char *check_group(const kiln_ctx *ctx, const kiln__plan *p, int k, 
     if (g->implicit == KILN__IMPLICIT_FPROP || g->implicit == KILN__IMPLICIT_WGRAD) {
       /* im2col (not written) and the forward product it feeds, or a weight gradient alone */
       bool fprop = g->implicit == KILN__IMPLICIT_FPROP, into = g->grad != NULL;
-      int32_t c = g->window, mm = p->members[g->first + (fprop ? 1 : 0)];
+      int pro = g->prologue; /* a weight gradient's dY computed by the run before it */
+      int32_t c = g->window, mm = p->members[g->first + (fprop ? 1 : pro)];
       /* a forward product may have a unary epilogue after it (a direct one's), not written */
       bool epi = fprop && g->n > 2;
-      if ((fprop ? g->n < 2 : g->n != (into ? 3 : 1)) || mm != g->node ||
-          nodes[mm].op != KILN__OP_MATMUL || c < p->first || c >= mm ||
+      if ((fprop && pro) || (pro && into) || (fprop ? g->n < 2 : g->n != pro + (into ? 3 : 1)) ||
+          mm != g->node || nodes[mm].op != KILN__OP_MATMUL || c < p->first || c >= mm ||
           nodes[c].op != KILN__OP_IM2COL ||
           (fprop && (into || p->members[g->first] != c || p->claim[c - p->first] != mm)) ||
           p->store[c - p->first] || p->store[mm - p->first] == (into || epi) ||
@@ -211,6 +212,14 @@ static const char *check_group(const kiln_ctx *ctx, const kiln__plan *p, int k, 
             p->store[e - p->first] != (m == g->n - 1))
           return bad(why, n, "group %d: #%d (%s) is no unary epilogue of its product", k, e,
                      kiln__ops[nodes[e].op].name);
+      }
+      for (int m = 0; m < pro; m++) {
+        int32_t j = p->members[g->first + m];
+        if (kiln__ops[nodes[j].op].kind != KILN__KIND_EW || p->store[j - p->first] ||
+            kiln_tensor_numel(nodes[j].out) != kiln_tensor_numel(nodes[mm].in[0]) ||
+            (m == pro - 1 && owner(ctx, p, nodes[mm].in[0]) != j))
+          return bad(why, n, "group %d: prologue node #%d (%s) is not dY's, or is written", k, j,
+                     kiln__ops[nodes[j].op].name);
       }
       /* a weight gradient that writes the weight's f32 gradient: its cast and assignment */
       int32_t cv = into ? p->members[g->first + 1] : -1, a = into ? p->members[g->first + 2] : -1;

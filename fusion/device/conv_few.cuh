@@ -221,12 +221,26 @@ template <class G, int TH, int TW> struct kiln_few_w {
   static constexpr int SMEM = 16 + 2 * F::HALO * 16 + 2 * 128 * DY_ROW;
 };
 
+/* dY read from memory (kiln_conv_few_wgrad's default) ... */
+struct kiln_few_dy_read {
+  static constexpr bool READ = true;
+};
+/* ... or computed where it is read: f(i0, c, gv) gives dY's four values from element i0 of the
+ * dense (M, CO) dY, channel c (an elementwise prologue, render_window.c's kiln__emit_prologue) */
+template <class F> struct kiln_few_dy_by {
+  static constexpr bool READ = false;
+  F f;
+};
+
 /* The weight gradient dW (CO, K) of x (N, H, W, CI) and dy (M, CO) into dw, bf16; part holds
- * gridDim.x partial dWt of kiln_few_w::KP x CO floats, cnt two counters, zero at the launch. */
-template <class G, int TH, int TW>
+ * gridDim.x partial dWt of kiln_few_w::KP x CO floats, cnt two counters, zero at the launch. With
+ * pro a kiln_few_dy_by, dy is computed where the tile's rows are loaded (its four chunks a thread
+ * computed, then stored to shared memory: the loads of all four in flight at once) and never
+ * read. */
+template <class G, int TH, int TW, class P = kiln_few_dy_read>
 KILN__FN void kiln_conv_few_wgrad(const kiln_bf16 *__restrict__ x, const kiln_bf16 *__restrict__ dy,
                                   kiln_bf16 *__restrict__ dw, float *part, unsigned *cnt,
-                                  unsigned char *smem) {
+                                  unsigned char *smem, P pro = P{}) {
   using F = kiln_few<G, TH, TW>;
   using W = kiln_few_w<G, TH, TW>;
   unsigned char *zero = smem, *halo = smem + 16, *dys = halo + 2 * F::HALO * 16;
@@ -236,12 +250,32 @@ KILN__FN void kiln_conv_few_wgrad(const kiln_bf16 *__restrict__ x, const kiln_bf
   auto load_dy = [&](int tile, unsigned char *buf) {
     const int tw = tile % F::TILES_W, r = tile / F::TILES_W, n = r / F::TILES_H;
     const int oh0 = r % F::TILES_H * TH, ow0 = tw * TW;
-    for (int i = tid; i < 128 * (G::CO / 8); i += 256) {
+    constexpr int PER = 128 * (G::CO / 8) / 256; /* a thread's chunks */
+    uint4 v[PER];
+#pragma unroll
+    for (int k = 0; k < PER; k++) {
+      const int i = tid + 256 * k;
       const int p = i / (G::CO / 8), c = i % (G::CO / 8), oh = oh0 + p / TW, ow = ow0 + p % TW;
       const bool in = oh < G::OH && ow < G::OW;
-      const kiln_bf16 *src =
-          in ? dy + (((long long)n * G::OH + oh) * G::OW + ow) * G::CO + c * 8 : dy;
-      kiln_cp16(buf + p * W::DY_ROW + c * 16, src, in);
+      const long long o = (((long long)n * G::OH + oh) * G::OW + ow) * G::CO + c * 8;
+      if constexpr (P::READ) {
+        kiln_cp16(buf + p * W::DY_ROW + c * 16, in ? dy + o : dy, in);
+      } else {
+        float lo[4] = {0.f, 0.f, 0.f, 0.f}, hi[4] = {0.f, 0.f, 0.f, 0.f};
+        if (in) {
+          pro.f(o, c * 8, lo);
+          pro.f(o + 4, c * 8 + 4, hi);
+        }
+        v[k] = make_uint4(kiln_bf16x2_bits(lo[0], lo[1]), kiln_bf16x2_bits(lo[2], lo[3]),
+                          kiln_bf16x2_bits(hi[0], hi[1]), kiln_bf16x2_bits(hi[2], hi[3]));
+      }
+    }
+    if constexpr (!P::READ) {
+#pragma unroll
+      for (int k = 0; k < PER; k++) {
+        const int i = tid + 256 * k;
+        *(uint4 *)(buf + i / (G::CO / 8) * W::DY_ROW + i % (G::CO / 8) * 16) = v[k];
+      }
     }
   };
   float acc[4][4][4];
