@@ -64,12 +64,6 @@ typedef struct kiln__win_epi {
    * (kiln__hoist_channel_loads), and those read element by element too, loaded rows ahead
    * (kiln__ahead_rows) */
   bool hoist;
-  /* (chans) the operands read one value a channel loaded once before the caller's loop, into
-   * X<k>[4] at the thread's four channels (kiln__hoist_channel_loads), where a thread keeps its
-   * lane group; (ro) the dense ones read with kiln_load4_ro, which the compiler may issue ahead of
-   * the stores before them (a window kernel summing batch norm's gradient: operands no thread of
-   * it writes) */
-  bool chans, ro;
   /* batch norm's gradient sums over the epilogue's node `value` (g), at most four lanes: lane l
    * adds g to kiln_ms[l] and g (x - mean) invstd to kiln_ms[4 + l], x read at the lane's element
    * of a dense operand, mean and invstd at its channel; operand `out`, where the caller writes

@@ -11,42 +11,26 @@
 
 /* ---------------------------------------------------------------- epilogues */
 
-/* The operand the epilogue reads (used[k]) that is batch norm's x for its gradient sums (the
- * same dense memory: batch norm's input, read again by its recomputed apply), or -1. */
-static int moments_x(const kiln__win_epi *e, const bool *used) {
-  const kiln__operands *o = e->o;
-  const kiln_tensor *x = o->t[e->mom.x];
-  for (int k = 0; k < o->n; k++)
-    if (used[k] && !o->store[k] && o->lin[k] && o->t[k]->st == x->st &&
-        o->t[k]->offset == x->offset && o->t[k]->dtype == x->dtype)
-      return k;
-  return -1;
-}
-
 /* Lane l's share of batch norm's gradient sums (kiln__win_epi's mom), in the lane loop: its
  * element i, its channel c + l. x is the lane's value of an operand the epilogue reads already
- * (moments_x), else, four lanes at once where aligned, kiln_xm[l] (loaded before the lane loop:
- * epilogue_vec), else read; mean and invstd kiln_mean[l] and kiln_invstd[l] where the thread keeps
- * its channels (e->chans: loaded before the caller's loop), else the lane's x<k> where the epilogue
- * reads them by channel, else read. */
+ * (x<k>) where one is the same dense memory (batch norm's input, read again by its recomputed
+ * apply), else read. */
 static void moments_lane(kiln__sb *b, const char *in, const kiln__win_epi *e, const bool *used) {
   if (e->mom.value <= 0) return;
   const kiln__operands *o = e->o;
   const kiln_tensor *x = o->t[e->mom.x];
-  int kx = moments_x(e, used);
   char xv[96];
-  if (kx >= 0)
-    snprintf(xv, sizeof xv, "x%d", kx);
-  else if (e->vec && x->offset % 4 == 0)
-    snprintf(xv, sizeof xv, "kiln_xm[l]");
-  else
-    snprintf(xv, sizeof xv, "(float)((const %s *)a.ptr[%d])[i]", kiln__ctype(x->dtype), e->mom.x);
-  char mv[2][64];
+  snprintf(xv, sizeof xv, "(float)((const %s *)a.ptr[%d])[i]", kiln__ctype(x->dtype), e->mom.x);
+  for (int k = 0; k < o->n; k++)
+    if (used[k] && !o->store[k] && o->lin[k] && o->t[k]->st == x->st &&
+        o->t[k]->offset == x->offset && o->t[k]->dtype == x->dtype) {
+      snprintf(xv, sizeof xv, "x%d", k);
+      break;
+    }
+  char mv[2][64]; /* mean and invstd: the lane's x<k> where the epilogue reads them by channel */
   for (int t = 0; t < 2; t++) {
     int k = t ? e->mom.invstd : e->mom.mean;
-    if (e->chans)
-      snprintf(mv[t], sizeof mv[t], t ? "kiln_invstd[l]" : "kiln_mean[l]");
-    else if (used[k] && o->bcast[k] == 'c')
+    if (used[k] && o->bcast[k] == 'c')
       snprintf(mv[t], sizeof mv[t], "x%d", k);
     else
       snprintf(mv[t], sizeof mv[t], "((const float *)a.ptr[%d])[c + l]", k);
@@ -71,17 +55,11 @@ static void epilogue_vec(kiln__sb *b, const char *name, bool bf16, const kiln__w
     else if (used[k] && o->bcast[k] == 's')
       kiln__sb_printf(b, "      const float X%d0 = ((const %s *)a.ptr[%d])[0];\n", k,
                       kiln__ctype(o->t[k]->dtype), k);
-    else if (used[k] && !(e->hoist && (o->bcast[k] == 'c' || o->lin[k])) &&
-             !(e->chans && o->bcast[k] == 'c')) /* else loaded ahead */
+    else if (used[k] && !(e->hoist && (o->bcast[k] == 'c' || o->lin[k]))) /* else loaded ahead */
       kiln__sb_printf(b,
-                      "      float X%d[4];\n      kiln_load4%s((const %s *)a.ptr[%d] + %s, X%d);\n",
-                      k, e->ro && o->bcast[k] != 'c' ? "_ro" : "", kiln__ctype(o->t[k]->dtype), k,
-                      o->bcast[k] == 'c' ? "c" : "i0", k);
+                      "      float X%d[4];\n      kiln_load4((const %s *)a.ptr[%d] + %s, X%d);\n",
+                      k, kiln__ctype(o->t[k]->dtype), k, o->bcast[k] == 'c' ? "c" : "i0", k);
   }
-  if (e->mom.value > 0 && moments_x(e, used) < 0 && o->t[e->mom.x]->offset % 4 == 0)
-    kiln__sb_printf(
-        b, "      float kiln_xm[4];\n      kiln_load4%s((const %s *)a.ptr[%d] + i0, kiln_xm);\n",
-        e->ro ? "_ro" : "", kiln__ctype(o->t[e->mom.x]->dtype), e->mom.x);
   kiln__sb_printf(b,
                   "#pragma unroll\n"
                   "      for (int l = 0; l < 4; l++) {\n"
@@ -161,7 +139,7 @@ static void epilogue_reads(const kiln__win_epi *e, bool *used) {
 
 void kiln__hoist_channel_loads(kiln__sb *b, const kiln__win_epi *e, const char *c,
                                const char *limit, const char *ind) {
-  KILN_ASSERT((e->hoist || e->chans) && e->vec);
+  KILN_ASSERT(e->hoist && e->vec);
   bool used[KILN__KMAX_PTR] = {0};
   epilogue_reads(e, used);
   for (int k = 0; k < e->o->n; k++)
@@ -406,9 +384,7 @@ static void emit_pool_moments(kiln__sb *b, const kiln__node *n, int out, int y, 
  * pooling's gradient a block of `pixels` pixels a thread) that also sums g and g xhat into the
  * moments node mom's partial sums (e's operand mom.out), each of 128 pixels: a block takes a slice
  * of 64 channels (16 lane groups; all where fewer) of GP partials in a row, a thread keeping its
- * lane group (its per-channel operands loaded once, its dense ones with loads that may pass the
- * stores before them: e->chans, e->ro), the epilogue adding each lane's share (moments_lane);
- * then the block's sums go into
+ * lane group, the epilogue adding each lane's share (moments_lane); then the block's sums go into
  * the first of its partials (moments.cuh's kiln_block_moments) and zeros into the others, the sum
  * over the partials being what the next kernel reads. GP makes about 2,048 blocks, at least one
  * partial each. Returns the grid. */
@@ -433,17 +409,7 @@ static unsigned emit_window_moments(kiln__sb *b, const kiln__node *n, const char
       "  const ix q1 = (ix)(a.n / CHUNKS) < (ix)(p1 * Q) ? (ix)(a.n / CHUNKS) : (ix)(p1 * Q);\n"
       "  const ix chunk = (ix)(slice * CS) + (ix)threadIdx.x %% CS;\n",
       (long long)cs, pixels, (long long)P, (long long)gp);
-  kiln__win_epi ep = *e; /* the thread's four channels, chunk's, the same at every pixel */
-  ep.chans = ep.ro = ep.vec;
-  if (ep.chans) { /* and the sums' mean and invstd */
-    kiln__hoist_channel_loads(b, &ep, "chunk * 4", "(ix)G::C", "  ");
-    kiln__sb_printf(b,
-                    "  float kiln_mean[4], kiln_invstd[4];\n"
-                    "  kiln_load4((const float *)a.ptr[%d] + chunk * 4, kiln_mean);\n"
-                    "  kiln_load4((const float *)a.ptr[%d] + chunk * 4, kiln_invstd);\n",
-                    e->mom.mean, e->mom.invstd);
-  }
-  emit_loop(b, n, variant, out, y, &ep, false,
+  emit_loop(b, n, variant, out, y, e, false,
             "  for (ix q = (ix)(p0 * Q) + (ix)threadIdx.x / CS, e = q * CHUNKS + chunk; q < q1;\n"
             "       q += 256 / CS, e = q * CHUNKS + chunk)\n",
             NULL);

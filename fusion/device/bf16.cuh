@@ -56,22 +56,6 @@ KILN__FN void kiln_load4(const kiln_bf16 *p, float *v) {
   kiln_fetch4(p, t);
   kiln_unpack4(t, v);
 }
-/* kiln_load4 of memory that nothing writes while the kernel runs: ld.global.nc in an asm that is
- * neither volatile nor a memory clobber, which the compiler may issue ahead of stores it cannot
- * tell apart from it (a window epilogue's loads of one pixel before the stores of the one before
- * it). */
-KILN__FN void kiln_load4_ro(const float *p, float *v) {
-  float4 t;
-  asm("ld.global.nc.v4.f32 {%0, %1, %2, %3}, [%4];"
-      : "=f"(t.x), "=f"(t.y), "=f"(t.z), "=f"(t.w)
-      : "l"(p));
-  kiln_unpack4(t, v);
-}
-KILN__FN void kiln_load4_ro(const kiln_bf16 *p, float *v) {
-  uint2 t;
-  asm("ld.global.nc.v2.u32 {%0, %1}, [%2];" : "=r"(t.x), "=r"(t.y) : "l"(p));
-  kiln_unpack4(t, v);
-}
 KILN__FN void kiln_store4(float *p, const float *v) {
   *(float4 *)p = make_float4(v[0], v[1], v[2], v[3]);
 }

@@ -313,25 +313,16 @@ KILN__FN void kiln_max_pool_grad_blocks_from(const T *dy, F find, typename G::ix
   const ix h0 = bh * G::SH, w0 = bw * G::SW;
   float acc[G::SH][G::SW][G::V] = {};
   /* the last window whose first row (column) is in the block or above (left of) it, back to the
-   * first whose last row (column) is in the block: at most NH (NW) of them. Each of the NH x NW
-   * is found and loaded, those outside the image or the block's reach at window (0, 0) and
-   * dropped, so that every load is issued before the first sum waits on it. */
-  constexpr int NH = (G::SH + G::KH - 2) / G::SH + 1, NW = (G::SW + G::KW - 2) / G::SW + 1;
+   * first whose last row (column) is in the block */
   const ix oh1 = (h0 + G::SH - 1 + G::PH) / G::SH, ow1 = (w0 + G::SW - 1 + G::PW) / G::SW;
-#pragma unroll
-  for (int a = 0; a < NH; a++)
-#pragma unroll
-    for (int b = 0; b < NW; b++) {
-      const ix oh = oh1 - a, ow = ow1 - b;
-      const bool ok = oh >= 0 && oh < G::OH && oh * G::SH - G::PH + G::KH > h0 && ow >= 0 &&
-                      ow < G::OW && ow * G::SW - G::PW + G::KW > w0;
+  for (ix oh = oh1 < G::OH ? oh1 : G::OH - 1; oh >= 0 && oh * G::SH - G::PH + G::KH > h0; oh--)
+    for (ix ow = ow1 < G::OW ? ow1 : G::OW - 1; ow >= 0 && ow * G::SW - G::PW + G::KW > w0; ow--) {
       float gv[G::V];
       int at[G::V];
-      find(n, ok ? oh : 0, ok ? ow : 0, c, at);
-      kiln_win_load<G::V>(dy, ((n * G::OH + (ok ? oh : 0)) * G::OW + (ok ? ow : 0)) * G::C + c, gv);
+      find(n, oh, ow, c, at);
+      kiln_win_load<G::V>(dy, ((n * G::OH + oh) * G::OW + ow) * G::C + c, gv);
 #pragma unroll
       for (int l = 0; l < G::V; l++) {
-        if (!ok) at[l] = -1;
         /* the maximum's pixel, relative to the block (none: outside it) */
         const int p = at[l] < 0 ? -1 : (int)(oh * G::SH - G::PH - h0) + at[l] / G::KW;
         const int q = at[l] < 0 ? -1 : (int)(ow * G::SW - G::PW - w0) + at[l] % G::KW;
