@@ -415,7 +415,8 @@ struct kiln_ctx {
   bool window_moments; /* batch norm's gradient sums in a col2im's or pool gradient's (=0: not) */
   bool pool_prologue;  /* KILN_POOL_PROLOGUE=1: a pool gradient computes its dy as it reads it */
   /* conv_few.cuh's weight gradient computes its dY where it loads it, from the elementwise run
-   * that would have written it (kiln__phase_few_prologue; KILN_CONV_FEW_PROLOGUE=0: not) */
+   * that would have written it (kiln__phase_few_prologue; KILN_CONV_FEW_PROLOGUE=1, off until it
+   * has run on a GPU) */
   bool few_prologue;
   bool conv_prefetch; /* KILN_CONV_PREFETCH=1: TMA data gradients prefetch their epilogue's rows */
   /* the staged epilogues of TMA data gradients (KILN_CONV_HOIST=0 to 16): 0, each operand loaded

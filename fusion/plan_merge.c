@@ -209,14 +209,14 @@ bool kiln__phase_sink(kiln_ctx *ctx, kiln__plan *p, bool fuse) {
   return true;
 }
 
-/* (KILN_CONV_FEW_PROLOGUE=0 turns it off.) conv_few.cuh's weight gradient (kiln__few_wgrad_shape)
- * reads each value of dY once, as it loads a tile's rows. Where the elementwise run that writes dY
- * has no other reader (ResNet's stem: batch norm's dx, read by the stem's weight gradient alone,
- * the image having no gradient), the run becomes the gradient's prologue (kiln__prologue_run):
- * dY computed as it is loaded, from the run's inputs, and never written. dY^T, the product's
- * operand, reaches the run's last value through views read by nothing else; the run's inputs
- * stay as they are until the gradient runs, and its operands fit the kernel's beside the
- * product's five (the image, dY, dW, the workspace and its counters). */
+/* (KILN_CONV_FEW_PROLOGUE=1, off until it has run on a GPU.) conv_few.cuh's weight gradient
+ * (kiln__few_wgrad_shape) reads each value of dY once, as it loads a tile's rows. Where the
+ * elementwise run that writes dY has no other reader (ResNet's stem: batch norm's dx, read by the
+ * stem's weight gradient alone, the image having no gradient), the run becomes the gradient's
+ * prologue (kiln__prologue_run): dY computed as it is loaded, from the run's inputs, and never
+ * written. dY^T, the product's operand, reaches the run's last value through views read by nothing
+ * else; the run's inputs stay as they are until the gradient runs, and its operands fit the
+ * kernel's beside the product's five (the image, dY, dW, the workspace and its counters). */
 bool kiln__phase_few_prologue(kiln_ctx *ctx, kiln__plan *p, bool fuse) {
   if (!fuse || !ctx->few_prologue || !ctx->conv_few || !ctx->conv_few_wgrad) return true;
   const kiln__node *nodes = ctx->trace.nodes;
