@@ -177,13 +177,14 @@ bool kiln__pool_moments(const kiln_ctx *ctx, const kiln__plan *p, const kiln__gr
          k->shape[1] == C && k->offset == Y->offset && k->stride[1] == 1;
 }
 
-/* (KILN_POOL_PROLOGUE=0 turns it off.) A max pool's gradient over windows that
- * tile the image (stride = window, no padding or dilation), from the positions its forward pass
- * wrote, reads each value of dy once, where the elementwise run before it wrote it: batch norm's
- * dx after air's pooled layers (its per-channel terms, and the cast to bf16). That run can be the
- * gradient's prologue, dy computed where it is read and never written: each of its values read
- * only inside the run (the last only by the gradient), its inputs from outside dense like dy, one
- * value a channel or one in all, float, no op reading coordinates, four channels a lane group. */
+/* (KILN_POOL_PROLOGUE=0 turns it off.) A max pool's gradient over windows that tile the image
+ * (stride = window, no padding or dilation), from the positions its forward pass wrote, reads each
+ * value of dy once, where the elementwise run before it wrote it: batch norm's dx after air's
+ * pooled layers (its per-channel terms, and the cast to bf16). That run can be the gradient's
+ * prologue, dy computed where it is read and never written (kiln__prologue_run: each of its values
+ * read only inside the run, the last only by the gradient, its inputs from outside dense like dy,
+ * one value a channel or one in all, float, no op reading coordinates, four channels a lane
+ * group). */
 bool kiln__pool_grad_prologue(const kiln_ctx *ctx, const kiln__plan *p, const kiln__group *g,
                               int32_t i) {
   const kiln__node *nodes = ctx->trace.nodes, *pg = &nodes[i];
@@ -191,12 +192,9 @@ bool kiln__pool_grad_prologue(const kiln_ctx *ctx, const kiln__plan *p, const ki
       !KILN__I(pg, MAX_POOL_GRAD, index) || g->kind != KILN__KIND_EW || g->n < 1)
     return false;
   kiln__win w = kiln__win_of(pg);
-  const kiln_tensor *dy = pg->in[0];
-  int64_t C = dy->ndim == 4 ? dy->shape[3] : 0;
-  int32_t last = p->members[g->first + g->n - 1];
-  return w.sh == w.kh && w.sw == w.kw && !w.ph && !w.pw && w.dh == 1 && w.dw == 1 && C % 4 == 0 &&
-         nodes[last].out == dy && pg->out->offset % 4 == 0 && pg->in[1]->offset % 4 == 0 &&
-         kiln__prologue_run(ctx, p, g);
+  return w.sh == w.kh && w.sw == w.kw && !w.ph && !w.pw && w.dh == 1 && w.dw == 1 &&
+         nodes[p->members[g->first + g->n - 1]].out == pg->in[0] && pg->out->offset % 4 == 0 &&
+         pg->in[1]->offset % 4 == 0 && kiln__prologue_run(ctx, p, g);
 }
 
 bool kiln__prologue_run(const kiln_ctx *ctx, const kiln__plan *p, const kiln__group *g) {
