@@ -59,6 +59,7 @@ static bool build_calls(kiln_ctx *ctx, kiln__program *pg) {
                          .conv_warp_spec = ctx->conv_warp_spec,
                          .conv_tma = ctx->conv_tma,
                          .conv_staged = ctx->conv_staged,
+                         .conv_phases = ctx->conv_phases,
                          .im2col_lanes = ctx->im2col_lanes,
                          .im2col_rows = ctx->im2col_rows,
                          .pool_grad_blocks = ctx->pool_grad_blocks,

@@ -155,6 +155,16 @@ bool kiln__pool_grad_prologue(const kiln_ctx *ctx, const kiln__plan *p, const ki
 bool kiln__prologue_run(const kiln_ctx *ctx, const kiln__plan *p, const kiln__group *g);
 /* Whether col2im node cn's implicit data gradient (dt, co output and ci input channels) runs on
  * wgmma (device/conv.cuh or conv_tma.cuh) rather than mma.sync. */
+/* A strided convolution's data gradient one phase of dX at a time (conv_tma.cuh's
+ * kiln_conv_dgrad_tma_phase; KILN_CONV_TMA_PHASES=1): whether col2im node cn (dX (N, H, W, CI)
+ * from the columns of dY (N, OH, OW, .) with co channels) takes it: bf16 checked by the caller,
+ * a stride above 1 in some direction (8 at most), dilation 1, H = OH SH and W = OW SW (a phase's
+ * pixels are dY's), co and CI multiples of 64, and every tap's dY offset within a copy's reach. */
+bool kiln__dgrad_phases(const kiln__node *cn, int64_t co);
+/* Along one direction (window k, stride s, padding p): the least dY offset (a + d for dX pixel
+ * s a + r) of any phase's taps, its greatest in *most; and the taps of phase r. */
+int64_t kiln__phase_corner(int64_t k, int64_t s, int64_t p, int64_t *most);
+int kiln__phase_taps(int64_t k, int64_t s, int64_t p, int64_t r);
 bool kiln__dgrad_on_wgmma(const kiln_ctx *ctx, const kiln__node *cn, kiln_dtype dt, int64_t co,
                           int64_t ci);
 bool kiln__implicit_conv(kiln_ctx *ctx, const kiln__plan *p, int32_t c, int32_t *f, int32_t *w);
@@ -275,6 +285,7 @@ typedef struct kiln__target {
   bool conv_warp_spec; /* the conv.cuh kernels warp-specialized (KILN_CONV_WS=1) */
   bool conv_tma;       /* conv_tma.cuh's products where they serve (KILN_CONV_TMA=0: off) */
   bool conv_staged;  /* TMA data gradients' epilogues through shared memory (KILN_CONV_STAGED=1) */
+  bool conv_phases;  /* strided data gradients a phase at a time (KILN_CONV_TMA_PHASES=1) */
   bool im2col_lanes; /* im2col of 2 or 3 channels a tap a thread (KILN_IM2COL_LANES=1) */
   bool im2col_rows;  /* im2col of a few channels a row a thread (KILN_IM2COL_ROWS=0: off) */
   bool pool_grad_blocks; /* max pooling's gradient a block of pixels a thread (=0: off) */

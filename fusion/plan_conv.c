@@ -29,8 +29,42 @@ bool kiln__dgrad_on_wgmma(const kiln_ctx *ctx, const kiln__node *cn, kiln_dtype 
   kiln__win w = kiln__win_of(cn);
   if (ctx->arch != 90 || dt != KILN_DTYPE_BF16) return false;
   if (ctx->conv_tma && kiln__conv_tma_dgrad(&w, co, ci)) return true; /* conv_tma.cuh's */
+  if (ctx->conv_tma && ctx->conv_phases && kiln__dgrad_phases(cn, co)) return true;
   return w.sh == 1 && w.sw == 1 && w.dh == 1 && w.dw == 1 && w.ph <= w.kh - 1 && w.pw <= w.kw - 1 &&
          co % 8 == 0 && ci % 8 == 0 && (co <= KILN__IMPLICIT_MAX_CO || ci >= 128);
+}
+
+int64_t kiln__phase_corner(int64_t k, int64_t s, int64_t p, int64_t *most) {
+  int64_t least = 0;
+  *most = 0;
+  for (int64_t r = 0; r < s; r++)
+    for (int64_t kh = (r + p) % s; kh < k; kh += s) {
+      int64_t d = (r + p - kh) / s; /* exact */
+      least = d < least ? d : least;
+      *most = d > *most ? d : *most;
+    }
+  return least;
+}
+
+int kiln__phase_taps(int64_t k, int64_t s, int64_t p, int64_t r) {
+  int64_t k0 = (r + p) % s;
+  return k0 < k ? (int)((k - k0 + s - 1) / s) : 0;
+}
+
+bool kiln__dgrad_phases(const kiln__node *cn, int64_t co) {
+  if (cn->op != KILN__OP_COL2IM) return false;
+  kiln__win w = kiln__win_of(cn);
+  const kiln_tensor *X = cn->out, *C = cn->in[0];
+  if (X->ndim != 4 || C->ndim != 4 || w.dh != 1 || w.dw != 1 || (w.sh == 1 && w.sw == 1) ||
+      w.sh > 8 || w.sw > 8 || co % 64 != 0 || X->shape[3] % 64 != 0 ||
+      X->shape[1] != C->shape[1] * w.sh || X->shape[2] != C->shape[2] * w.sw)
+    return false;
+  const int64_t k[2] = {w.kh, w.kw}, s[2] = {w.sh, w.sw}, p[2] = {w.ph, w.pw};
+  for (int i = 0; i < 2; i++) {
+    int64_t most, least = kiln__phase_corner(k[i], s[i], p[i], &most);
+    if (least < -128 || most - least > 255) return false; /* corners and offsets of a copy */
+  }
+  return true;
 }
 
 /* Whether col2im node c and the product dcols = dY Wk whose rows it sums (read through a reshape
@@ -114,7 +148,11 @@ bool kiln__dgrad_moments(const kiln_ctx *ctx, const kiln__plan *p, const kiln__g
   const kiln_tensor *X = cn->out;
   int64_t co = mm->in[0]->shape[1], ci = X->shape[3];
   kiln__win w = kiln__win_of(cn);
-  if (!kiln__conv_tma_dgrad(&w, co, ci) || X->offset % 4 != 0) return false; /* not staged */
+  /* by phases, a block's rows are one phase's: every block of 128 rows when a phase's are */
+  bool phased = !kiln__conv_tma_dgrad(&w, co, ci) && ctx->conv_phases &&
+                kiln__dgrad_phases(cn, co) && kiln_tensor_numel(X) / ci / (w.sh * w.sw) % 128 == 0;
+  if (!(phased || kiln__conv_tma_dgrad(&w, co, ci)) || X->offset % 4 != 0)
+    return false; /* not staged */
   return sums_group_value(ctx, p, g, m, ci, kiln_tensor_numel(X));
 }
 

@@ -76,7 +76,8 @@ static void tma_maps(kiln__sb *b, int slot, int nmap) {
  * the H200, Nsight Compute put 44% of air's 7x7x256 data gradient's stalls on such loads (140 us,
  * against 85 for the forward product of the same shape). */
 static void prefetch_rows(kiln__sb *b, const kiln__ew_prog *p, const kiln__operands *o,
-                          const kiln__wiring *wr, const kiln__win_epi *epi, const kiln_tensor *X) {
+                          const kiln__wiring *wr, const kiln__win_epi *epi, const kiln_tensor *X,
+                          bool phased) {
   bool want[KILN__KMAX_PTR] = {0};
   kiln__prog_reads(p, wr, 1, want); /* the epilogue's, after col2im */
   if (epi->mom.value > 0) want[epi->mom.x] = true;
@@ -94,10 +95,18 @@ static void prefetch_rows(kiln__sb *b, const kiln__ew_prog *p, const kiln__opera
         b,
         "    if (threadIdx.x == 256) /* the producer, its copies issued */\n"
         "      for (int r = 0; r < 128 && m0 + r < M; r++)\n"
-        "        kiln_tma_prefetch_l2((const unsigned char *)a.ptr[%d] + ((long long)(m0 + "
-        "r) * G::CI + n0) * %zu, (G::CI - n0 < BN ? G::CI - n0 : BN) * %zu);\n",
-        k, es, es);
+        "        kiln_tma_prefetch_l2((const unsigned char *)a.ptr[%d] + ((long long)%s * "
+        "G::CI + n0) * %zu, (G::CI - n0 < BN ? G::CI - n0 : BN) * %zu);\n",
+        k, phased ? "kiln_drow(m0 + r)" : "(m0 + r)", es, es);
   }
+}
+
+/* The corners of dY's im2col map for a data gradient by phases (kiln_conv_dgrad_tma_phase): the
+ * least dY offsets of any phase's taps, down and across. */
+static void phase_corners(const kiln__win *w, int64_t *lh, int64_t *lw) {
+  int64_t far;
+  *lh = kiln__phase_corner(w->kh, w->sh, w->ph, &far);
+  *lw = kiln__phase_corner(w->kw, w->sw, w->pw, &far);
 }
 
 /* col2im of the product dY Wk as one implicit GEMM: operand 0 is col2im's input (the column
@@ -133,7 +142,11 @@ static bool render_dgrad(const kiln__target *t, const kiln__spec *s, kiln__rende
   kiln__win w = kiln__win_of(n);
   int64_t N = X->shape[0], H = X->shape[1], W = X->shape[2], CI = X->shape[3];
   int64_t OH = n->in[0]->shape[1], OW = n->in[0]->shape[2], CO = A->shape[1];
-  tma = wg && tma && kiln__conv_tma_dgrad(&w, CO, CI);
+  /* strided: a phase of dX at a time (kiln_conv_dgrad_tma_phase), the blocks of the phase with
+   * the most taps first; its rows m, numbered within the phase, are dX's pixels md */
+  bool phased =
+      wg && tma && t->conv_phases && !kiln__conv_tma_dgrad(&w, CO, CI) && kiln__dgrad_phases(n, CO);
+  tma = wg && tma && (phased || kiln__conv_tma_dgrad(&w, CO, CI));
   staged = staged && tma;
   KILN_ASSERT(!staged || X->offset % 4 == 0); /* its epilogue stores four channels at once */
   KILN_ASSERT(!mom || staged);
@@ -154,7 +167,8 @@ static bool render_dgrad(const kiln__target *t, const kiln__spec *s, kiln__rende
   bool bf16 = X->dtype == KILN_DTYPE_BF16;
   const char *T = kiln__ctype(X->dtype);
   a->n = N * H * W; /* image pixels: the rows of dX */
-  char pre[1024];
+  int64_t phases = phased ? w.sh * w.sw : 1, rows = a->n / phases; /* a phase's rows */
+  char pre[1536];
   int k = snprintf(
       pre, sizeof pre,
       "#include \"%s\"\n"
@@ -179,6 +193,28 @@ static bool render_dgrad(const kiln__target *t, const kiln__spec *s, kiln__rende
              "G::PH, PW = G::KW - 1 - G::PW, DH = 1, DW = 1;\n"
              "};\n",
              (long long)N);
+  if (phased) {
+    int64_t lh, lw;
+    phase_corners(&w, &lh, &lw);
+    size_t at = strlen(pre);
+    int q =
+        snprintf(pre + at, sizeof pre - at,
+                 "struct GP : G { /* the phases: dY's box corners, the heaviest first */\n"
+                 "  static constexpr int LH = %lld, LW = %lld, PHASES = %lld, TILES = %lld;\n"
+                 "  static constexpr int ORDER[PHASES] = {",
+                 (long long)lh, (long long)lw, (long long)phases, (long long)((rows + 127) / 128));
+    for (int most_taps = (int)(w.kh * w.kw); most_taps >= 0 && q > 0; most_taps--)
+      for (int64_t ph = 0; ph < phases && q > 0; ph++) {
+        at = strlen(pre);
+        if (kiln__phase_taps(w.kh, w.sh, w.ph, ph / w.sw) *
+                kiln__phase_taps(w.kw, w.sw, w.pw, ph % w.sw) ==
+            most_taps)
+          q = snprintf(pre + at, sizeof pre - at, "%lld, ", (long long)ph);
+      }
+    at = strlen(pre);
+    if (q > 0) q = snprintf(pre + at, sizeof pre - at, "};\n};\n");
+    KILN_ASSERT(q > 0 && strlen(pre) + 1 < sizeof pre);
+  }
   kiln__sb b = {0};
   kiln__sb_printf(&b,
                   "  typedef int ix;\n"
@@ -187,21 +223,48 @@ static bool render_dgrad(const kiln__target *t, const kiln__spec *s, kiln__rende
                   "  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;\n"
                   "  (void)warp;\n",
                   staged ? 4 : 2);
+  const char *md = phased ? "kiln_drow(m)" : "m"; /* dX's row of the block's row m */
   if (wg) {
     kiln__sb_printf(&b,
                     "  constexpr int BN = %d, S = %d;\n"
-                    "  extern __shared__ __align__(1024) unsigned char kiln_smem[];\n"
-                    "  const int M = (int)a.n, m0 = (int)blockIdx.x * 128, n0 = (int)blockIdx.y * "
-                    "BN;\n"
-                    "  float acc[BN / 2];\n",
+                    "  extern __shared__ __align__(1024) unsigned char kiln_smem[];\n",
                     BN, S);
+    if (phased)
+      kiln__sb_printf(
+          &b, "  const int kiln_ph = GP::ORDER[blockIdx.x / GP::TILES], kiln_py = kiln_ph / G::SW, "
+              "kiln_px = kiln_ph %% G::SW;\n"
+              "  const int M = (int)(a.n / GP::PHASES), m0 = (int)(blockIdx.x %% GP::TILES) * "
+              "128, n0 = (int)blockIdx.y * BN;\n"
+              "  auto kiln_drow = [&](int m) { /* the phase's pixel m: (n, a, b) */\n"
+              "    return ((m / (G::OH * G::OW) * G::H + m / G::OW %% G::OH * G::SH + kiln_py) * "
+              "G::W + m %% G::OW * G::SW + kiln_px);\n"
+              "  };\n");
+    else
+      kiln__sb_printf(&b, "  const int M = (int)a.n, m0 = (int)blockIdx.x * 128, n0 = "
+                          "(int)blockIdx.y * BN;\n");
+    kiln__sb_printf(&b, "  float acc[BN / 2];\n");
     if (tma) {
       tma_maps(&b, o.n, 2);
-      kiln__sb_printf(
-          &b, "  if (!kiln_conv_dgrad_tma<G, BN, S>(tm, tm + 1, m0, n0, kiln_smem, acc)) {\n");
-      if (t->conv_prefetch) prefetch_rows(&b, p, &o, &wr, &epi, X);
+      kiln__sb_printf(&b, phased
+                              ? "  if (!kiln_conv_dgrad_tma_phase<GP, BN, S>(tm, tm + 1, kiln_py, "
+                                "kiln_px, m0, n0, kiln_smem, acc)) {\n"
+                              : "  if (!kiln_conv_dgrad_tma<G, BN, S>(tm, tm + 1, m0, n0, "
+                                "kiln_smem, acc)) {\n");
+      if (t->conv_prefetch) prefetch_rows(&b, p, &o, &wr, &epi, X, phased);
       kiln__sb_printf(&b, "    return;\n  }\n");
       kiln__win f = kiln__dgrad_window(&w);
+      if (phased) { /* corners (L, L): OH x OW window origins, each tap's offsets from L */
+        int64_t lh, lw;
+        phase_corners(&w, &lh, &lw);
+        f = (kiln__win){.kh = 1 - 2 * lh,
+                        .kw = 1 - 2 * lw,
+                        .sh = 1,
+                        .sw = 1,
+                        .ph = -lh,
+                        .pw = -lw,
+                        .dh = 1,
+                        .dw = 1};
+      }
       const int64_t nhwc[4] = {N, OH, OW, CO}, wk[3] = {CI, w.kh * w.kw, CO};
       r->tmap[0] = kiln__tmap_im2col(ka, nhwc, &f, 128);
       r->tmap[1] = kiln__tmap_tiled(kb, 3, wk, (const uint32_t[]){64, 1, 64});
@@ -215,13 +278,15 @@ static bool render_dgrad(const kiln__target *t, const kiln__spec *s, kiln__rende
     kiln__sb hoisted = {0}, ahead = {0};
     if (epi.hoist) { /* the loop unrolled over its BN / 8 rows, KILN_D of them loaded ahead */
       kiln__hoist_channel_loads(&hoisted, &epi, "kiln_c", "G::CI", "  ");
-      kiln__sb_printf(&hoisted,
-                      "  constexpr int KILN_D = BN / 8 < %d ? BN / 8 : %d;\n"
-                      "  auto kiln_row = [&](int r) { return m0 + (threadIdx.x + 256 * r) / (BN / "
-                      "4); };\n"
-                      "  auto kiln_row_ok = [&](int r) { return kiln_row(r) < M && kiln_c < G::CI; "
-                      "};\n",
-                      t->conv_hoist, t->conv_hoist);
+      kiln__sb_printf(
+          &hoisted,
+          "  constexpr int KILN_D = BN / 8 < %d ? BN / 8 : %d;\n"
+          "  auto kiln_prow = [&](int r) { return m0 + (threadIdx.x + 256 * r) / (BN / "
+          "4); };\n"
+          "  auto kiln_row = [&](int r) { return %s; };\n"
+          "  auto kiln_row_ok = [&](int r) { return kiln_prow(r) < M && kiln_c < G::CI; "
+          "};\n",
+          t->conv_hoist, t->conv_hoist, phased ? "kiln_drow(kiln_prow(r))" : "kiln_prow(r)");
       kiln__ahead_rows(&hoisted, &epi, true, "KILN_D", "BN / 8", "kiln_row", "kiln_row_ok",
                        "kiln_c", "  ");
       kiln__ahead_rows(&ahead, &epi, false, "KILN_D", "BN / 8", "kiln_row", "kiln_row_ok", "c",
@@ -280,21 +345,24 @@ static bool render_dgrad(const kiln__target *t, const kiln__spec *s, kiln__rende
                     "    const ix c = n0 + (warp & 1) * (G::BN / 2) + ni * 8 + 2 * (lane & 3);\n"
                     "    const float d[2] = {acc[mi][ni][2 * hh], acc[mi][ni][2 * hh + 1]};\n",
                     T, T, ka, T, kb);
-  kiln__sb_printf(&b, "    if (m >= M || c >= G::CI) continue;\n"
-                      "    const ix n = m / (G::H * G::W), h = m / G::W %% G::H, w = m %% G::W;\n"
-                      "    (void)n; (void)h; (void)w;\n");
+  kiln__sb_printf(&b,
+                  "    if (m >= M || c >= G::CI) continue;\n"
+                  "    const ix md = %s;\n"
+                  "    const ix n = md / (G::H * G::W), h = md / G::W %% G::H, w = md %% G::W;\n"
+                  "    (void)n; (void)h; (void)w;\n",
+                  md);
   if (p->n > 1) {
     kiln__store_lanes(&b, "d", X->dtype, &epi);
   } else if (staged) {
-    kiln__sb_printf(&b, "    kiln_store4((kiln_bf16 *)a.ptr[%d] + m * G::CI + c, d);\n", out);
+    kiln__sb_printf(&b, "    kiln_store4((kiln_bf16 *)a.ptr[%d] + md * G::CI + c, d);\n", out);
   } else if (bf16) {
     kiln__sb_printf(&b,
-                    "    ((unsigned *)a.ptr[%d])[(m * G::CI + c) / 2] = kiln_bf16x2_bits(d[0], "
+                    "    ((unsigned *)a.ptr[%d])[(md * G::CI + c) / 2] = kiln_bf16x2_bits(d[0], "
                     "d[1]);\n",
                     out);
   } else {
     kiln__sb_printf(&b,
-                    "    *(float2 *)&((float *)a.ptr[%d])[m * G::CI + c] = make_float2(d[0], "
+                    "    *(float2 *)&((float *)a.ptr[%d])[md * G::CI + c] = make_float2(d[0], "
                     "d[1]);\n",
                     out);
   }
@@ -319,7 +387,7 @@ static bool render_dgrad(const kiln__target *t, const kiln__spec *s, kiln__rende
     r->block = KILN__BLOCK;
   bool ok = kiln__finish_with(&b, stem, &o, r, pre);
   kiln__sb_free(&b);
-  r->grid = (unsigned)((a->n + 127) / 128);
+  r->grid = (unsigned)(phases * ((rows + 127) / 128));
   r->grid_y = (unsigned)((CI + BN - 1) / BN);
   kiln__tally_bytes(&o, r);
   r->bytes_read -= kiln__footprint(o.t[0]); /* operand 0, the column matrix, is never read */

@@ -105,6 +105,31 @@ static const conv_case tma_cases[] = {
      192, 3, 3, CO(.pad_h = 1, .pad_w = 1), 0, 0, 0},
 };
 
+/* KILN_CONV_TMA_PHASES=1: strided bf16 convolutions whose data gradient runs one phase of dX at a
+ * time on the TMA-fed kernel (conv_tma.cuh's kiln_conv_dgrad_tma_phase; plan_conv.c's
+ * kiln__dgrad_phases: H and W the output's times the strides, channels in stages of 64): ResNet's
+ * 3x3 downsampling (phases of 1, 2, 2 and 4 taps; 196 pixels a phase: a short last tile) and its
+ * 1x1 shortcut (three phases without taps: zeros), a 5x5 window whose taps reach back (dY's box
+ * corners at -1), a stride in one direction, a 2x2 window at stride 2 (a tap a phase), a 4x4
+ * one into 256 output channels (four stages a tap), stride 3, and 128 channels both ways over
+ * 1,024 pixels a phase (whole tiles). */
+static const conv_case phase_cases[] = {
+    {"64->128 3x3 stride 2 pad 1 (ResNet's downsampling)", 4, 14, 14, 64, 128, 3, 3,
+     CO(.stride_h = 2, .stride_w = 2, .pad_h = 1, .pad_w = 1), 0, 0, 0},
+    {"64->128 1x1 stride 2 on 14x12 images (ResNet's shortcut)", 3, 14, 12, 64, 128, 1, 1,
+     CO(.stride_h = 2, .stride_w = 2), 0, 0, 0},
+    {"64->64 5x5 stride 2 pad 2", 2, 10, 12, 64, 64, 5, 5,
+     CO(.stride_h = 2, .stride_w = 2, .pad_h = 2, .pad_w = 2), 0, 0, 0},
+    {"64->64 3x3 stride 2 down, 1 across, pad 1", 3, 8, 9, 64, 64, 3, 3,
+     CO(.stride_h = 2, .pad_h = 1, .pad_w = 1), 0, 0, 0},
+    {"64->64 2x2 stride 2", 5, 8, 6, 64, 64, 2, 2, CO(.stride_h = 2, .stride_w = 2), 0, 0, 0},
+    {"64->256 4x4 stride 2 pad 1", 2, 8, 10, 64, 256, 4, 4,
+     CO(.stride_h = 2, .stride_w = 2, .pad_h = 1, .pad_w = 1), 0, 0, 0},
+    {"64->64 3x3 stride 3", 2, 9, 6, 64, 64, 3, 3, CO(.stride_h = 3, .stride_w = 3), 0, 0, 0},
+    {"128->128 3x3 stride 2 pad 1, 1,024 pixels a phase", 16, 16, 16, 128, 128, 3, 3,
+     CO(.stride_h = 2, .stride_w = 2, .pad_h = 1, .pad_w = 1), 0, 0, 0},
+};
+
 /* bf16 convolutions of few values a window over channels that are not in
  * 16-byte chunks, nothing taking a gradient through them (a whitening layer), run their forward
  * product as one direct kernel (fusion/device/conv_direct.cuh; test_cpu_conv_tma's

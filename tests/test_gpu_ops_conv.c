@@ -273,6 +273,8 @@ static bool dgrad_implicit(const conv_case *c) {
 
 static bool tma_on; /* check_bf16_conv's cases run with KILN_CONV_TMA=1 (dgrad_tma says more) */
 static bool dgrad_tma(const conv_case *c);
+static bool phases_on; /* and with KILN_CONV_TMA_PHASES=1 (dgrad_phases) */
+static bool dgrad_phases(const conv_case *c);
 
 /* Forward product, data gradient and weight gradient in bf16, recorded before anything runs (so
  * that one flush holds the forward product and the weight gradient that share the columns),
@@ -319,7 +321,7 @@ static void check_bf16_conv(kiln_ctx *ctx, const conv_case *c, uint64_t seed, bo
      * in bf16 and col2im sums kh kw rounded values, which this reference does not model
      * (conv2d_data_gradient_as_an_implicit_gemm and the bf16 tests cover that path); a weight
      * gradient sums up to 18432 products */
-    if (dgrad_implicit(c) || (tma_on && dgrad_tma(c)))
+    if (dgrad_implicit(c) || (tma_on && dgrad_tma(c)) || (phases_on && dgrad_phases(c)))
       ref_expect_grad(ctx, x, xs, dx, 1e-3, 8e-3, what, "x");
     ref_expect_grad(ctx, w, ws, dw, 1e-2, 8e-3, what, "the weight");
     free(dx);
@@ -359,6 +361,39 @@ static bool dgrad_tma(const conv_case *c) {
   ref_win g = conv_win(c);
   return g.sh == 1 && g.sw == 1 && c->cin % 64 == 0 && c->cout % 64 == 0 &&
          g.dh * (c->kh - 1) >= g.ph && g.dw * (c->kw - 1) >= g.pw;
+}
+
+/* Whether the phased data gradient takes case c (plan_conv.c's kiln__dgrad_phases): a stride
+ * above 1, dilation 1, the image its output times the strides, channels in stages of 64. */
+static bool dgrad_phases(const conv_case *c) {
+  ref_win g = conv_win(c);
+  kiln_shape os = ref_win_out(KILN_SHAPE(c->n, c->h, c->w, c->cin), &g, c->cout);
+  return (g.sh > 1 || g.sw > 1) && g.dh == 1 && g.dw == 1 && c->cin % 64 == 0 &&
+         c->cout % 64 == 0 && c->h == os.d[1] * g.sh && c->w == os.d[2] * g.sw;
+}
+
+/* KILN_CONV_TMA_PHASES=1: phase_cases' strided data gradients one phase of dX at a time
+ * (conv_tma.cuh's kiln_conv_dgrad_tma_phase), each of dX's values one f32 sum of its taps'
+ * products rounded to bf16 once, against float64 with the forward product and the weight
+ * gradient (check_bf16_conv). */
+Test(gpu_ops, conv2d_strided_data_gradients_a_phase_at_a_time) {
+  setenv("KILN_CONV_TMA_PHASES", "1", 1); /* read when the context is made */
+  TH_GPU_CTX_EAGER(ctx);
+  unsetenv("KILN_CONV_TMA_PHASES");
+  int major = 0, minor = 0;
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0);
+  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0);
+  if (major != 9 || minor != 0) {
+    th_ctx_free(ctx);
+    cr_skip_test("the TMA-fed kernels are sm_90a's; this device is sm_%d%d", major, minor);
+  }
+  phases_on = true;
+  for (size_t i = 0; i < sizeof phase_cases / sizeof *phase_cases; i++) {
+    cr_assert(dgrad_phases(&phase_cases[i]), "%s", phase_cases[i].desc);
+    check_bf16_conv(ctx, &phase_cases[i], 5100 + 10 * i, true);
+  }
+  phases_on = false;
+  th_ctx_free(ctx);
 }
 
 /* tma_cases with KILN_CONV_TMA=1, KILN_CONV_STAGED set to `staged` and KILN_CONV_DGRAD_BN to
@@ -653,36 +688,41 @@ static void skip_unless_sm90a(void) {
     cr_skip_test("the TMA-fed kernels are sm_90a's; this device is sm_%d%d", major, minor);
 }
 
-/* The gradients of a bf16 conv (c -> c, 3x3 pad 1) -> batch norm -> GELU -> conv (c -> c) block
- * for loss = sum(y gy), x (16, 9, 7, c): 1,008 rows, 7 blocks of 128 and one of 112, in a context
- * made with KILN_CONV_MOMENTS, KILN_CONV_PREFETCH and KILN_CONV_HOIST set to sw[0..2], eagerly:
- * the batch norm's weight and bias gradients (from its sums), x's and the first filters'
- * (malloc'd f32, in that order in g[4]). */
-static void bn_block_gradients(int64_t c, const char *const sw[3], uint64_t seed, float *g[4]) {
-  static const char *const names[3] = {"KILN_CONV_MOMENTS", "KILN_CONV_PREFETCH",
-                                       "KILN_CONV_HOIST"};
-  for (int q = 0; q < 3; q++) /* read when the context is made */
-    setenv(names[q], sw[q], 1);
+/* The gradients of a bf16 conv (c -> c, 3x3 pad 1) -> batch norm -> GELU -> conv (c -> c, at
+ * stride s, pad 1) block for loss = sum(y gy), x (16, 9, 7, c) (1,008 rows, 7 blocks of 128 and
+ * one of 112), or at stride 2 x (32, 10, 8, c) (2,560 rows, five blocks a phase, the second
+ * conv's data gradient phased: KILN_CONV_TMA_PHASES=1), in a context made with
+ * KILN_CONV_MOMENTS, KILN_CONV_PREFETCH and KILN_CONV_HOIST set to sw[0..2], eagerly: the batch
+ * norm's weight and bias gradients (from its sums), x's and the first filters' (malloc'd f32, in
+ * that order in g[4]). */
+static void bn_block_gradients(int64_t c, int s, const char *const sw[3], uint64_t seed,
+                               float *g[4]) {
+  static const char *const names[4] = {"KILN_CONV_MOMENTS", "KILN_CONV_PREFETCH", "KILN_CONV_HOIST",
+                                       "KILN_CONV_TMA_PHASES"};
+  for (int q = 0; q < 4; q++) /* read when the context is made */
+    setenv(names[q], q < 3 ? sw[q] : s > 1 ? "1" : "0", 1);
   kiln_ctx *ctx = kiln_ctx_new(NULL);
-  for (int q = 0; q < 3; q++)
+  for (int q = 0; q < 4; q++)
     unsetenv(names[q]);
   cr_assert(ctx && kiln_ctx_has_gpu(ctx));
   kiln_set_graphs(ctx, 0);
-  kiln_tensor *x = ref_rand_tensor(ctx, KILN_SHAPE(16, 9, 7, c), seed, &REF_GEN(-1, 1), 1, NULL);
+  kiln_shape xs = s > 1 ? KILN_SHAPE(32, 10, 8, c) : KILN_SHAPE(16, 9, 7, c);
+  kiln_shape ys = s > 1 ? KILN_SHAPE(32, 5, 4, c) : xs;
+  kiln_tensor *x = ref_rand_tensor(ctx, xs, seed, &REF_GEN(-1, 1), 1, NULL);
   kiln_tensor *k1 =
       ref_rand_tensor(ctx, KILN_SHAPE(c, c, 3, 3), seed + 1, &REF_GEN(-0.1, 0.1), 1, NULL);
   kiln_tensor *k2 =
       ref_rand_tensor(ctx, KILN_SHAPE(c, c, 3, 3), seed + 2, &REF_GEN(-0.1, 0.1), 1, NULL);
   kiln_tensor *gamma = ref_rand_tensor(ctx, KILN_SHAPE(c), seed + 3, &REF_GEN(0.5, 1.5), 1, NULL);
   kiln_tensor *beta = ref_rand_tensor(ctx, KILN_SHAPE(c), seed + 4, &REF_GEN(-0.5, 0.5), 1, NULL);
-  kiln_tensor *gy =
-      ref_rand_tensor(ctx, KILN_SHAPE(16, 9, 7, c), seed + 5, &REF_GEN(-1, 1), 0, NULL);
-  kiln_conv2d_options o = {.pad_h = 1, .pad_w = 1};
+  kiln_tensor *gy = ref_rand_tensor(ctx, ys, seed + 5, &REF_GEN(-1, 1), 0, NULL);
+  kiln_conv2d_options o = {.pad_h = 1, .pad_w = 1},
+                      o2 = {.pad_h = 1, .pad_w = 1, .stride_h = s, .stride_w = s};
   kiln_step_begin(ctx);
   kiln_autocast_begin(ctx, KILN_DTYPE_BF16);
   kiln_tensor *h = kiln_conv2d(x, k1, NULL, &o);
   h = kiln_gelu(kiln_batch_norm(h, gamma, beta, NULL, NULL, 1, 0, 0), KILN_GELU_ERF);
-  kiln_tensor *y = kiln_conv2d(h, k2, NULL, &o);
+  kiln_tensor *y = kiln_conv2d(h, k2, NULL, &o2);
   kiln_autocast_end(ctx);
   cr_assert_eq(
       kiln_backward(kiln_sum(kiln_mul(kiln_cast(y, KILN_DTYPE_F32), gy), KILN_ALL_AXES, 0)),
@@ -703,59 +743,64 @@ static void bn_block_gradients(int64_t c, const char *const sw[3], uint64_t seed
  * sums differs: the weight's and bias's gradients agree to 1e-4 of their largest; x's and the
  * filters' come through the batch norm's dx, rounded to bf16, where a sum's last bit can move a
  * value by one bf16 step (H100: x's by 0.0078 where its largest is 4.78): to 1/128 of their
- * largest, two such steps. */
+ * largest, two such steps. At stride 1, and at stride 2 with the second conv's data gradient by
+ * phases (KILN_CONV_TMA_PHASES=1), its blocks' rows one phase's pixels. */
 Test(gpu_ops, conv2d_data_gradients_sum_the_batch_norm_before_them) {
   skip_unless_sm90a();
   const int64_t chans[2] = {64, 256};
   const char *names[4] = {"the weight's", "the bias's", "x's", "the first filters'"};
-  for (int i = 0; i < 2; i++) {
-    float *on[4], *off[4];
-    bn_block_gradients(chans[i], (const char *[]){"1", "0", "1"}, 7400 + 10 * (uint64_t)i, on);
-    bn_block_gradients(chans[i], (const char *[]){"0", "0", "1"}, 7400 + 10 * (uint64_t)i, off);
-    int64_t c = chans[i], n[4] = {c, c, 16 * 9 * 7 * c, c * c * 9};
-    for (int q = 0; q < 4; q++) {
-      double most = 0, diff = 0;
-      for (int64_t j = 0; j < n[q]; j++) {
-        most = fmax(most, fabs(off[q][j]));
-        diff = fmax(diff, fabs((double)on[q][j] - off[q][j]));
+  for (int s = 1; s <= 2; s++)
+    for (int i = 0; i < 2; i++) {
+      float *on[4], *off[4];
+      uint64_t seed = 7400 + 10 * (uint64_t)i + 100 * (uint64_t)s;
+      bn_block_gradients(chans[i], s, (const char *[]){"1", "0", "1"}, seed, on);
+      bn_block_gradients(chans[i], s, (const char *[]){"0", "0", "1"}, seed, off);
+      int64_t c = chans[i], n[4] = {c, c, (s > 1 ? 32 * 10 * 8 : 16 * 9 * 7) * c, c * c * 9};
+      for (int q = 0; q < 4; q++) {
+        double most = 0, diff = 0;
+        for (int64_t j = 0; j < n[q]; j++) {
+          most = fmax(most, fabs(off[q][j]));
+          diff = fmax(diff, fabs((double)on[q][j] - off[q][j]));
+        }
+        cr_assert_gt(most, 1e-3, "%lld channels, stride %d: %s gradient is not all small",
+                     (long long)c, s, names[q]);
+        cr_assert_leq(diff, (q < 2 ? 1e-4 : 1.0 / 128) * most,
+                      "%lld channels, stride %d: %s gradient differs by %g (largest %g)",
+                      (long long)c, s, names[q], diff, most);
+        free(on[q]);
+        free(off[q]);
       }
-      cr_assert_gt(most, 1e-3, "%lld channels: %s gradient is not all small", (long long)c,
-                   names[q]);
-      cr_assert_leq(diff, (q < 2 ? 1e-4 : 1.0 / 128) * most,
-                    "%lld channels: %s gradient differs by %g (largest %g)", (long long)c, names[q],
-                    diff, most);
-      free(on[q]);
-      free(off[q]);
     }
-  }
 }
 
 /* KILN_CONV_PREFETCH=1 (the producer thread asks L2 for the epilogue's rows of x) and
  * KILN_CONV_HOIST=0 (the per-channel operands loaded in every row), 2, 4 and 16 (x's rows loaded
  * that many ahead: 16 is all of a thread's rows at 256 channels, past them at 64) change no
  * value: the block's gradients bitwise those of one row ahead without the prefetch, at 64 and
- * 256 channels. */
+ * 256 channels, at stride 1 and at stride 2 by phases (the rows prefetched and loaded ahead are
+ * a phase's pixels). */
 Test(gpu_ops, conv2d_data_gradients_prefetching_or_not_hoisting_their_epilogue_loads) {
   skip_unless_sm90a();
   const int64_t chans[2] = {64, 256};
   const char *const variants[5][2] = {{"1", "1"}, {"0", "0"}, {"0", "2"}, {"0", "4"}, {"1", "16"}};
-  for (int i = 0; i < 2; i++) {
-    int64_t c = chans[i], n[4] = {c, c, 16 * 9 * 7 * c, c * c * 9};
-    float *base[4];
-    bn_block_gradients(c, (const char *[]){"1", "0", "1"}, 7500 + 10 * (uint64_t)i, base);
-    for (int v = 0; v < 5; v++) {
-      float *g[4];
-      bn_block_gradients(c, (const char *[]){"1", variants[v][0], variants[v][1]},
-                         7500 + 10 * (uint64_t)i, g);
-      for (int q = 0; q < 4; q++) {
-        cr_assert_eq(memcmp(g[q], base[q], (size_t)n[q] * sizeof(float)), 0,
-                     "%lld channels: gradient %d differs with KILN_CONV_PREFETCH=%s "
-                     "KILN_CONV_HOIST=%s",
-                     (long long)c, q, variants[v][0], variants[v][1]);
-        free(g[q]);
+  for (int s = 1; s <= 2; s++)
+    for (int i = 0; i < 2; i++) {
+      int64_t c = chans[i], n[4] = {c, c, (s > 1 ? 32 * 10 * 8 : 16 * 9 * 7) * c, c * c * 9};
+      uint64_t seed = 7500 + 10 * (uint64_t)i + 100 * (uint64_t)s;
+      float *base[4];
+      bn_block_gradients(c, s, (const char *[]){"1", "0", "1"}, seed, base);
+      for (int v = 0; v < 5; v++) {
+        float *g[4];
+        bn_block_gradients(c, s, (const char *[]){"1", variants[v][0], variants[v][1]}, seed, g);
+        for (int q = 0; q < 4; q++) {
+          cr_assert_eq(memcmp(g[q], base[q], (size_t)n[q] * sizeof(float)), 0,
+                       "%lld channels, stride %d: gradient %d differs with KILN_CONV_PREFETCH=%s "
+                       "KILN_CONV_HOIST=%s",
+                       (long long)c, s, q, variants[v][0], variants[v][1]);
+          free(g[q]);
+        }
       }
+      for (int q = 0; q < 4; q++)
+        free(base[q]);
     }
-    for (int q = 0; q < 4; q++)
-      free(base[q]);
-  }
 }

@@ -237,6 +237,17 @@ KILN__FN bool kiln_conv_fprop_tma_pairs(const kiln_tmap *ta, const kiln_tmap *tb
       [&](const unsigned char *t, int wg) { kiln_tma_fprop_mma<BN>(d, t, wg); });
 }
 
+/* A data gradient's stage t multiplied into d by warpgroup wg: its 64 of the 128 rows of A (dY's
+ * pixels x one tap's 64 channels) by BN / 64 panels of the filters (64 rows of the reduction's
+ * co by 64 input channels, MN-major), 16 of the reduction at a time. */
+template <int BN>
+KILN__FN void kiln_tma_dgrad_mma(float (&d)[BN / 2], const unsigned char *t, int wg) {
+#pragma unroll
+  for (int ks = 0; ks < 4; ks++) /* B: 16 rows of 128 bytes */
+    kiln_wgmma<BN, 0, 1>(d, kiln_wg_desc<16, 1024>(t + wg * 64 * 128 + ks * 32),
+                         kiln_wg_desc<8192, 1024>(t + 128 * 128 + ks * 2048));
+}
+
 /* The data gradient of a stride-1 convolution, dX (N H W, CI) for pixels [m0, m0 + 128) of dX
  * and channels [n0, n0 + BN): the forward product of dY with the filters flipped, whose tap t'
  * reads dY at offset t' of a window padded by D (k - 1) - P. ta: dY's im2col map for that
@@ -263,12 +274,57 @@ KILN__FN bool kiln_conv_dgrad_tma(const kiln_tmap *ta, const kiln_tmap *tw, int 
         for (int p = 0; p < BN / 64; p++)
           kiln_tma_tile3(bs + p * 8192, tw, bar, n0 + 64 * p, TAPS - 1 - tap, c);
       },
-      [&](const unsigned char *t, int wg) {
+      [&](const unsigned char *t, int wg) { kiln_tma_dgrad_mma<BN>(d, t, wg); });
+}
+
+/* The taps of one phase (py, px) of a strided convolution's data gradient (dilation 1): dX's
+ * pixels (SH a + py, SW b + px) sum, over the taps (kh, kw) with kh = py + PH and kw = px + PW
+ * modulo the strides, dY at (a + dy, b + dx), dy = (py + PH - kh) / SH, dx likewise: every tap's
+ * product lands on a pixel, none on the zeros a stride-1 product over a dilated dY would add. The
+ * phase's taps are th x tw, from (kh0, kw0) in steps of the strides. */
+struct kiln_tma_phase {
+  int kh0, kw0, th, tw;
+};
+template <class G> KILN__FN kiln_tma_phase kiln_tma_phase_of(int py, int px) {
+  kiln_tma_phase f;
+  f.kh0 = (py + G::PH) % G::SH;
+  f.kw0 = (px + G::PW) % G::SW;
+  f.th = f.kh0 < G::KH ? (G::KH - f.kh0 + G::SH - 1) / G::SH : 0;
+  f.tw = f.kw0 < G::KW ? (G::KW - f.kw0 + G::SW - 1) / G::SW : 0;
+  return f;
+}
+
+/* The data gradient of a convolution at stride SH x SW (dilation 1), one phase at a time: dX's
+ * pixels (SH a + py, SW b + px), numbered (n, a, b) over N x H / SH x W / SW (= OH x OW), for
+ * rows [m0, m0 + 128) of that numbering and channels [n0, n0 + BN), as a product of dY with the
+ * phase's taps (kiln_tma_phase) of the filters, unflipped. ta: dY's im2col map over its own
+ * pixels, both box corners at (G::LH, G::LW) (the least dy and dx of any phase's taps, <= 0), a
+ * tap's offsets dy - LH and dx - LW; tw: kiln_conv_dgrad_tma's filter map. A phase without taps
+ * (a 1x1 filter's odd pixels) has no products: its accumulators stay zero. */
+template <class G, int BN, int S>
+KILN__FN bool kiln_conv_dgrad_tma_phase(const kiln_tmap *ta, const kiln_tmap *tw, int py, int px,
+                                        int m0, int n0, unsigned char *smem, float (&d)[BN / 2]) {
+  constexpr int STAGE = (128 + BN) * 128, CH = G::CO / 64;
+  static_assert(G::CO % 64 == 0 && G::CI % 64 == 0 && G::DH == 1 && G::DW == 1 &&
+                    G::H == G::OH * G::SH && G::W == G::OW * G::SW && G::LH <= 0 && G::LW <= 0 &&
+                    BN % 64 == 0 && BN <= 256 && S >= 2,
+                "kiln_conv_dgrad_tma_phase");
+  unsigned char *base = kiln_tma_align1024(smem);
+  const kiln_tma_phase f = kiln_tma_phase_of<G>(py, px);
+  const int b0 = m0 % G::OW, r = m0 / G::OW, a0 = r % G::OH, n = r / G::OH;
+  return kiln_tma_run<S>(
+      f.th * f.tw * CH, base, STAGE, d,
+      [&](int kt, int st, unsigned long long *bar) {
+        unsigned char *as = base + st * STAGE, *bs = as + 128 * 128;
+        const int j = kt / CH, c = (kt % CH) * 64;
+        const int kh = f.kh0 + G::SH * (j / f.tw), kw = f.kw0 + G::SW * (j % f.tw);
+        const int dy = (py + G::PH - kh) / G::SH, dx = (px + G::PW - kw) / G::SW; /* exact */
+        kiln_tma_im2col4(as, ta, bar, c, b0 + G::LW, a0 + G::LH, n, dx - G::LW, dy - G::LH);
 #pragma unroll
-        for (int ks = 0; ks < 4; ks++) /* B: 16 rows of 128 bytes */
-          kiln_wgmma<BN, 0, 1>(d, kiln_wg_desc<16, 1024>(t + wg * 64 * 128 + ks * 32),
-                               kiln_wg_desc<8192, 1024>(t + 128 * 128 + ks * 2048));
-      });
+        for (int p = 0; p < BN / 64; p++)
+          kiln_tma_tile3(bs + p * 8192, tw, bar, n0 + 64 * p, kh * G::KW + kw, c);
+      },
+      [&](const unsigned char *t, int wg) { kiln_tma_dgrad_mma<BN>(d, t, wg); });
 }
 
 /* The weight gradient's partial sum over pixels [p0, p1) (p0 a multiple of 64) for rows
