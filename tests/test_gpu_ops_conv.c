@@ -377,16 +377,10 @@ static bool dgrad_phases(const conv_case *c) {
  * products rounded to bf16 once, against float64 with the forward product and the weight
  * gradient (check_bf16_conv). */
 Test(gpu_ops, conv2d_strided_data_gradients_a_phase_at_a_time) {
+  skip_unless_sm90();
   setenv("KILN_CONV_TMA_PHASES", "1", 1); /* read when the context is made */
   TH_GPU_CTX_EAGER(ctx);
   unsetenv("KILN_CONV_TMA_PHASES");
-  int major = 0, minor = 0;
-  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0);
-  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0);
-  if (major != 9 || minor != 0) {
-    th_ctx_free(ctx);
-    cr_skip_test("the TMA-fed kernels are sm_90a's; this device is sm_%d%d", major, minor);
-  }
   phases_on = true;
   for (size_t i = 0; i < sizeof phase_cases / sizeof *phase_cases; i++) {
     cr_assert(dgrad_phases(&phase_cases[i]), "%s", phase_cases[i].desc);
@@ -399,6 +393,7 @@ Test(gpu_ops, conv2d_strided_data_gradients_a_phase_at_a_time) {
 /* tma_cases with KILN_CONV_TMA=1, KILN_CONV_STAGED set to `staged` and KILN_CONV_DGRAD_BN to
  * dgrad_bn ("": unset). */
 static void check_tma_cases(const char *staged, const char *dgrad_bn) {
+  skip_unless_sm90();
   setenv("KILN_CONV_TMA", "1", 1); /* all read when the context is made */
   setenv("KILN_CONV_STAGED", staged, 1);
   setenv("KILN_CONV_DGRAD_BN", dgrad_bn, 1);
@@ -406,13 +401,6 @@ static void check_tma_cases(const char *staged, const char *dgrad_bn) {
   unsetenv("KILN_CONV_TMA");
   unsetenv("KILN_CONV_STAGED");
   unsetenv("KILN_CONV_DGRAD_BN");
-  int major = 0, minor = 0;
-  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0);
-  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0);
-  if (major != 9 || minor != 0) {
-    th_ctx_free(ctx);
-    cr_skip_test("the TMA-fed kernels are sm_90a's; this device is sm_%d%d", major, minor);
-  }
   tma_on = true;
   for (size_t i = 0; i < sizeof tma_cases / sizeof *tma_cases; i++)
     check_bf16_conv(ctx, &tma_cases[i], 4700 + 10 * i, true);
