@@ -153,8 +153,6 @@ bool kiln__pool_grad_prologue(const kiln_ctx *ctx, const kiln__plan *p, const ki
  * at a time; its inputs from outside dense like it, one value a channel or one in all, float; no
  * op reading coordinates. */
 bool kiln__prologue_run(const kiln_ctx *ctx, const kiln__plan *p, const kiln__group *g);
-/* Whether col2im node cn's implicit data gradient (dt, co output and ci input channels) runs on
- * wgmma (device/conv.cuh or conv_tma.cuh) rather than mma.sync. */
 /* A strided convolution's data gradient one phase of dX at a time (conv_tma.cuh's
  * kiln_conv_dgrad_tma_phase; KILN_CONV_TMA_PHASES=1): whether col2im node cn (dX (N, H, W, CI)
  * from the columns of dY (N, OH, OW, .) with co channels) takes it: bf16 checked by the caller,
@@ -165,6 +163,9 @@ bool kiln__dgrad_phases(const kiln__node *cn, int64_t co);
  * s a + r) of any phase's taps, its greatest in *most; and the taps of phase r. */
 int64_t kiln__phase_corner(int64_t k, int64_t s, int64_t p, int64_t *most);
 int kiln__phase_taps(int64_t k, int64_t s, int64_t p, int64_t r);
+/* Whether col2im node cn's implicit data gradient (dt, co output and ci input channels) runs on
+ * wgmma (device/conv.cuh or conv_tma.cuh; strided, by phases: kiln__dgrad_phases) rather than
+ * mma.sync. */
 bool kiln__dgrad_on_wgmma(const kiln_ctx *ctx, const kiln__node *cn, kiln_dtype dt, int64_t co,
                           int64_t ci);
 bool kiln__implicit_conv(kiln_ctx *ctx, const kiln__plan *p, int32_t c, int32_t *f, int32_t *w);
