@@ -76,8 +76,7 @@ static void tma_maps(kiln__sb *b, int slot, int nmap) {
  * the H200, Nsight Compute put 44% of air's 7x7x256 data gradient's stalls on such loads (140 us,
  * against 85 for the forward product of the same shape). */
 static void prefetch_rows(kiln__sb *b, const kiln__ew_prog *p, const kiln__operands *o,
-                          const kiln__wiring *wr, const kiln__win_epi *epi, const kiln_tensor *X,
-                          bool phased) {
+                          const kiln__wiring *wr, const kiln__win_epi *epi, const kiln_tensor *X) {
   bool want[KILN__KMAX_PTR] = {0};
   kiln__prog_reads(p, wr, 1, want); /* the epilogue's, after col2im */
   if (epi->mom.value > 0) want[epi->mom.x] = true;
@@ -95,9 +94,9 @@ static void prefetch_rows(kiln__sb *b, const kiln__ew_prog *p, const kiln__opera
         b,
         "    if (threadIdx.x == 256) /* the producer, its copies issued */\n"
         "      for (int r = 0; r < 128 && m0 + r < M; r++)\n"
-        "        kiln_tma_prefetch_l2((const unsigned char *)a.ptr[%d] + ((long long)%s * "
-        "G::CI + n0) * %zu, (G::CI - n0 < BN ? G::CI - n0 : BN) * %zu);\n",
-        k, phased ? "kiln_drow(m0 + r)" : "(m0 + r)", es, es);
+        "        kiln_tma_prefetch_l2((const unsigned char *)a.ptr[%d] + ((long long)(m0 + "
+        "r) * G::CI + n0) * %zu, (G::CI - n0 < BN ? G::CI - n0 : BN) * %zu);\n",
+        k, es, es);
   }
 }
 
@@ -250,7 +249,9 @@ static bool render_dgrad(const kiln__target *t, const kiln__spec *s, kiln__rende
                                 "kiln_px, m0, n0, kiln_smem, acc)) {\n"
                               : "  if (!kiln_conv_dgrad_tma<G, BN, S>(tm, tm + 1, m0, n0, "
                                 "kiln_smem, acc)) {\n");
-      if (t->conv_prefetch) prefetch_rows(&b, p, &o, &wr, &epi, X, phased);
+      /* not by phases: a phase's few stages (2 to 8 in ResNet-18) end long before the producer
+       * has issued its 128 prefetches an operand, and the block holds its SM until it has */
+      if (t->conv_prefetch && !phased) prefetch_rows(&b, p, &o, &wr, &epi, X);
       kiln__sb_printf(&b, "    return;\n  }\n");
       kiln__win f = kiln__dgrad_window(&w);
       if (phased) { /* corners (L, L): OH x OW window origins, each tap's offsets from L */
