@@ -415,8 +415,7 @@ struct kiln_ctx {
   bool window_moments; /* batch norm's gradient sums in a col2im's or pool gradient's (=0: not) */
   bool pool_prologue;  /* KILN_POOL_PROLOGUE=1: a pool gradient computes its dy as it reads it */
   /* conv_few.cuh's weight gradient computes its dY where it loads it, from the elementwise run
-   * that would have written it (kiln__phase_few_prologue; KILN_CONV_FEW_PROLOGUE=1, off until it
-   * has run on a GPU) */
+   * that would have written it (kiln__phase_few_prologue; KILN_CONV_FEW_PROLOGUE=0: not) */
   bool few_prologue;
   /* strided data gradients one phase of dX at a time on the TMA-fed kernel, not cuBLAS's columns
    * and col2im (kiln__dgrad_phases; KILN_CONV_TMA_PHASES=1, off until it has run on a GPU) */

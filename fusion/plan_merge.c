@@ -209,7 +209,7 @@ bool kiln__phase_sink(kiln_ctx *ctx, kiln__plan *p, bool fuse) {
   return true;
 }
 
-/* (KILN_CONV_FEW_PROLOGUE=1, off until it has run on a GPU.) conv_few.cuh's weight gradient
+/* (KILN_CONV_FEW_PROLOGUE=0 turns it off.) conv_few.cuh's weight gradient
  * (kiln__few_wgrad_shape) reads each value of dY once, as it loads a tile's rows. Where the
  * elementwise run that writes dY has no other reader (ResNet's stem: batch norm's dx, read by the
  * stem's weight gradient alone, the image having no gradient), the run becomes the gradient's

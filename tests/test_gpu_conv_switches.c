@@ -365,8 +365,8 @@ static void normed_results(const conv_case *c, const char *on, uint64_t seed, fl
   th_ctx_free(ctx);
 }
 
-/* KILN_CONV_FEW_PROLOGUE=1 (a halo-tile weight gradient computes its dY, batch norm's dx, as it
- * loads it, from the run that would have written it) changes no value: the
+/* KILN_CONV_FEW_PROLOGUE (on: a halo-tile weight gradient computes its dY, batch norm's dx, as
+ * it loads it, from the run that would have written it) changes no value: the
  * filters' and the norm's gradients of a conv, norm, ReLU block over an image bitwise those
  * without it, on the few cases and ResNet's stem (7x7 at stride 2 over RGB, on its blocks), in a
  * replayed step graph. */
