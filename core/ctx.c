@@ -176,7 +176,8 @@ kiln_ctx *kiln__ctx_create(const kiln_ctx_options *opts) {
   ctx->pool_prologue = !env_off("KILN_POOL_PROLOGUE");
   /* H100: resnet18 7.270 ms a step against 7.327 without it */
   ctx->few_prologue = !env_off("KILN_CONV_FEW_PROLOGUE");
-  ctx->conv_phases = env_on("KILN_CONV_TMA_PHASES");    /* off until it has run on a GPU */
+  /* off: slower than cuBLAS and col2im on its first H100 run (dev/README.md) */
+  ctx->conv_phases = env_on("KILN_CONV_TMA_PHASES");
   ctx->conv_prefetch = !env_off("KILN_CONV_PREFETCH");
   const char *hoist = getenv("KILN_CONV_HOIST"); /* 0 to 16 (internal.h); others: the default */
   char *end = NULL;

@@ -418,7 +418,7 @@ struct kiln_ctx {
    * that would have written it (kiln__phase_few_prologue; KILN_CONV_FEW_PROLOGUE=0: not) */
   bool few_prologue;
   /* strided data gradients one phase of dX at a time on the TMA-fed kernel, not cuBLAS's columns
-   * and col2im (kiln__dgrad_phases; KILN_CONV_TMA_PHASES=1, off until it has run on a GPU) */
+   * and col2im (kiln__dgrad_phases; KILN_CONV_TMA_PHASES=1: off, slower on its first run) */
   bool conv_phases;
   bool conv_prefetch; /* KILN_CONV_PREFETCH=1: TMA data gradients prefetch their epilogue's rows */
   /* the staged epilogues of TMA data gradients (KILN_CONV_HOIST=0 to 16): 0, each operand loaded
