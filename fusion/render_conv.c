@@ -100,12 +100,14 @@ static void prefetch_rows(kiln__sb *b, const kiln__ew_prog *p, const kiln__opera
   }
 }
 
-/* The corners of dY's im2col map for a data gradient by phases (kiln_conv_dgrad_tma_phase): the
- * least dY offsets of any phase's taps, down and across. */
-static void phase_corners(const kiln__win *w, int64_t *lh, int64_t *lw) {
-  int64_t far;
-  *lh = kiln__phase_corner(w->kh, w->sh, w->ph, &far);
-  *lw = kiln__phase_corner(w->kw, w->sw, w->pw, &far);
+/* The window of dY's im2col map for a data gradient by phases (kiln_conv_dgrad_tma_phase): both
+ * box corners at the least dY offsets of any phase's taps, L = (-ph, -pw), so that the map walks
+ * dY's own OH x OW pixels and each tap's copy is offset from L. */
+static kiln__win phase_window(const kiln__win *w) {
+  int64_t far, lh = kiln__phase_corner(w->kh, w->sh, w->ph, &far),
+               lw = kiln__phase_corner(w->kw, w->sw, w->pw, &far);
+  return (kiln__win){
+      .kh = 1 - 2 * lh, .kw = 1 - 2 * lw, .sh = 1, .sw = 1, .ph = -lh, .pw = -lw, .dh = 1, .dw = 1};
 }
 
 /* col2im of the product dY Wk as one implicit GEMM: operand 0 is col2im's input (the column
@@ -193,15 +195,14 @@ static bool render_dgrad(const kiln__target *t, const kiln__spec *s, kiln__rende
              "};\n",
              (long long)N);
   if (phased) {
-    int64_t lh, lw;
-    phase_corners(&w, &lh, &lw);
+    kiln__win f = phase_window(&w);
     size_t at = strlen(pre);
-    int q =
-        snprintf(pre + at, sizeof pre - at,
-                 "struct GP : G { /* the phases: dY's box corners, the heaviest first */\n"
-                 "  static constexpr int LH = %lld, LW = %lld, PHASES = %lld, TILES = %lld;\n"
-                 "  static constexpr int ORDER[PHASES] = {",
-                 (long long)lh, (long long)lw, (long long)phases, (long long)((rows + 127) / 128));
+    int q = snprintf(pre + at, sizeof pre - at,
+                     "struct GP : G { /* the phases: dY's box corners, the heaviest first */\n"
+                     "  static constexpr int LH = %lld, LW = %lld, PHASES = %lld, TILES = %lld;\n"
+                     "  static constexpr int ORDER[PHASES] = {",
+                     (long long)-f.ph, (long long)-f.pw, (long long)phases,
+                     (long long)((rows + 127) / 128));
     for (int most_taps = (int)(w.kh * w.kw); most_taps >= 0 && q > 0; most_taps--)
       for (int64_t ph = 0; ph < phases && q > 0; ph++) {
         at = strlen(pre);
@@ -253,19 +254,7 @@ static bool render_dgrad(const kiln__target *t, const kiln__spec *s, kiln__rende
        * has issued its 128 prefetches an operand, and the block holds its SM until it has */
       if (t->conv_prefetch && !phased) prefetch_rows(&b, p, &o, &wr, &epi, X);
       kiln__sb_printf(&b, "    return;\n  }\n");
-      kiln__win f = kiln__dgrad_window(&w);
-      if (phased) { /* corners (L, L): OH x OW window origins, each tap's offsets from L */
-        int64_t lh, lw;
-        phase_corners(&w, &lh, &lw);
-        f = (kiln__win){.kh = 1 - 2 * lh,
-                        .kw = 1 - 2 * lw,
-                        .sh = 1,
-                        .sw = 1,
-                        .ph = -lh,
-                        .pw = -lw,
-                        .dh = 1,
-                        .dw = 1};
-      }
+      kiln__win f = phased ? phase_window(&w) : kiln__dgrad_window(&w);
       const int64_t nhwc[4] = {N, OH, OW, CO}, wk[3] = {CI, w.kh * w.kw, CO};
       r->tmap[0] = kiln__tmap_im2col(ka, nhwc, &f, 128);
       r->tmap[1] = kiln__tmap_tiled(kb, 3, wk, (const uint32_t[]){64, 1, 64});
