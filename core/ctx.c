@@ -174,6 +174,7 @@ kiln_ctx *kiln__ctx_create(const kiln_ctx_options *opts) {
    * both against 2.894, resnet18 8.268 against 8.338; KILN_CONV_HOIST=2 took them to 2.830 and
    * 8.261 (4: 2.965 and 8.240) */
   ctx->pool_prologue = !env_off("KILN_POOL_PROLOGUE");
+  ctx->pool_fwd_prologue = env_on("KILN_POOL_FWD_PROLOGUE"); /* off until it has run on a GPU */
   /* H100: resnet18 7.270 ms a step against 7.327 without it */
   ctx->few_prologue = !env_off("KILN_CONV_FEW_PROLOGUE");
   /* off: slower than cuBLAS and col2im on its first H100 run (dev/README.md) */

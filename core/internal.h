@@ -414,6 +414,9 @@ struct kiln_ctx {
   bool pool_moments;   /* KILN_POOL_MOMENTS=1: batch norm's statistics in a max pool's kernel */
   bool window_moments; /* batch norm's gradient sums in a col2im's or pool gradient's (=0: not) */
   bool pool_prologue;  /* KILN_POOL_PROLOGUE=1: a pool gradient computes its dy as it reads it */
+  /* a max pool computes its image where it reads it, from the elementwise run that would have
+   * written it (kiln__pool_fwd_prologue; KILN_POOL_FWD_PROLOGUE=1: on) */
+  bool pool_fwd_prologue;
   /* conv_few.cuh's weight gradient computes its dY where it loads it, from the elementwise run
    * that would have written it (kiln__phase_few_prologue; KILN_CONV_FEW_PROLOGUE=0: not) */
   bool few_prologue;

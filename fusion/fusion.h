@@ -83,8 +83,9 @@ typedef struct kiln__group {
    * (kiln__pool_moments) */
   bool moments;
   /* a max pool's gradient (g->node, the last member) whose first `prologue` members, the
-   * elementwise run that computes its dy, run where it reads dy (kiln__pool_grad_prologue); or
-   * a WGRAD's, the run that computes its dY (kiln__phase_few_prologue), its product after them */
+   * elementwise run that computes its dy, run where it reads dy (kiln__pool_grad_prologue); a max
+   * pool's, the run that computes its image (kiln__pool_fwd_prologue); or a WGRAD's, the run
+   * that computes its dY (kiln__phase_few_prologue), its product after them */
   int prologue;
   /* EW: casts of parameters, each over its own shape, in one multi-tensor launch (plan.c's
    * batch_casts; KILN_CAST_BATCH=0: not) */
@@ -144,9 +145,13 @@ bool kiln__pool_moments(const kiln_ctx *ctx, const kiln__plan *p, const kiln__gr
  * gradient a block of pixels a thread) whose epilogue computes its g (g->moments); ... */
 bool kiln__window_moments(const kiln_ctx *ctx, const kiln__plan *p, const kiln__group *g,
                           int32_t i);
-/* ... whether the open elementwise run g can become the prologue of max pool gradient node i. */
+/* ... whether the open elementwise run g can become the prologue of max pool gradient node i; ...
+ */
 bool kiln__pool_grad_prologue(const kiln_ctx *ctx, const kiln__plan *p, const kiln__group *g,
                               int32_t i);
+/* ... or of max pool node i. */
+bool kiln__pool_fwd_prologue(const kiln_ctx *ctx, const kiln__plan *p, const kiln__group *g,
+                             int32_t i);
 /* Whether elementwise group g can compute its last value where one reader outside it reads it, as
  * that reader's prologue (the value never written): each of its values read only inside the run
  * (the last once, by that reader), all of the last's shape, dense, its channels (last dim) four

@@ -235,6 +235,23 @@ bool kiln__pool_grad_prologue(const kiln_ctx *ctx, const kiln__plan *p, const ki
          pg->in[1]->offset % 4 == 0 && kiln__prologue_run(ctx, p, g);
 }
 
+/* (KILN_POOL_FWD_PROLOGUE=1 turns it on.) A max pool reads each value of its image up to
+ * (KH / SH) (KW / SW) times, rounded up: ResNet's stem pool (3x3 at stride 2) about 2.25 times,
+ * after the elementwise run that wrote the image: batch norm's application and the ReLU. That run
+ * can be the pool's prologue, the image computed where it is read and never written
+ * (kiln__prologue_run's conditions, the image's channels four a lane group): the run's write and
+ * the pool's read of the image become one read of the run's input. */
+bool kiln__pool_fwd_prologue(const kiln_ctx *ctx, const kiln__plan *p, const kiln__group *g,
+                             int32_t i) {
+  const kiln__node *nodes = ctx->trace.nodes, *pool = &nodes[i];
+  if (!ctx->pool_fwd_prologue || pool->op != KILN__OP_MAX_POOL || g->kind != KILN__KIND_EW ||
+      g->n < 1)
+    return false;
+  const kiln_tensor *x = pool->in[0];
+  return nodes[p->members[g->first + g->n - 1]].out == x && x->ndim == 4 &&
+         pool->out->offset % 4 == 0 && kiln__prologue_run(ctx, p, g);
+}
+
 bool kiln__prologue_run(const kiln_ctx *ctx, const kiln__plan *p, const kiln__group *g) {
   const kiln__node *nodes = ctx->trace.nodes;
   if (g->kind != KILN__KIND_EW || g->full || g->batch || g->n < 1 || g->n >= KILN__MAX_GROUP)

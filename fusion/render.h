@@ -192,7 +192,8 @@ bool kiln__render_rows(const kiln__target *t, const kiln__ew_prog *p, const kiln
 bool kiln__render_moments(const kiln__target *t, const kiln__node *n, kiln__rendered *r);
 /* mom: a moments node of mode 0 over a max pool's output that the kernel computes too
  * (plan_conv.c's kiln__pool_moments), or NULL; pro: the elementwise run that computes a max pool
- * gradient's dy where it reads it (kiln__pool_grad_prologue), or none (pro->n 0). */
+ * gradient's dy where it reads it (kiln__pool_grad_prologue), or a max pool's image
+ * (kiln__pool_fwd_prologue), or none (pro->n 0). */
 bool kiln__render_window(const kiln__target *t, const kiln__ew_prog *p, const kiln__ew_prog *pro,
                          const kiln__node *mom, kiln__rendered *r);
 bool kiln__render_conv(const kiln__target *t, const kiln__spec *s, kiln__rendered *r);

@@ -265,8 +265,9 @@ const char *kiln__pool_positions(char *buf, size_t len, const kiln_tensor *y, in
  * given the op's inputs, and the lambda that stores its lanes at the output's coordinates, plainly
  * to operand out or through the epilogue e, then the code tail (or none). A max pool with positions
  * passes where they go: behind the values of its output, operand y; its gradient, where they are:
- * behind its second input's; with prologue, the gradient's dy comes from kiln_dy. The loop is a
- * grid-stride one over a.n lane groups, or `range` (its header, or NULL). */
+ * behind its second input's; with prologue, the op's first input (the gradient's dy, the pool's
+ * image) comes from kiln_dy. The loop is a grid-stride one over a.n lane groups, or `range` (its
+ * header, or NULL). */
 static void emit_loop(kiln__sb *b, const kiln__node *n, const char *variant, int out, int y,
                       const kiln__win_epi *e, bool prologue, const char *range, const char *tail) {
   bool image = kiln__ops[n->op].space == KILN__SPACE_IMAGE, index = pool_index(n);
@@ -301,8 +302,9 @@ static void emit_loop(kiln__sb *b, const kiln__node *n, const char *variant, int
 
 /* The loader of a value computed by an elementwise prologue (pro, over the value's shape: the
  * operands it reads, classified here as dense like it, one value a channel, or one in all): a
- * window op's first input, a few-channel weight gradient's dY (render_conv.c). kiln_dy(o, c, gv)
- * gives the four lanes from element o (channel c). */
+ * window op's first input (a pool gradient's dy, a max pool's image), a few-channel weight
+ * gradient's dY (render_conv.c). kiln_dy(o, c, gv) gives the four lanes from element o (channel
+ * c). */
 void kiln__emit_prologue(kiln__sb *b, const kiln__ew_prog *pro, kiln__operands *o,
                          const kiln__wiring *w, kiln__argplan *ap) {
   const kiln_tensor *dy = pro->nodes[pro->n - 1]->out;
@@ -526,7 +528,9 @@ bool kiln__render_window(const kiln__target *tg, const kiln__ew_prog *p, const k
     kiln__sb_printf(&pre, "#include \"moments.cuh\"\n");
     grid = emit_window_moments(&b, n, variant, out, y, &epi, mom, blocks ? (int)(w.sh * w.sw) : 1);
   } else {
-    KILN_ASSERT(!prologue || (tiled && pool_index(n) && V == 4));
+    /* a prologue computes a tiled pool gradient's dy, or a max pool's image (the planner's
+     * kiln__pool_grad_prologue and kiln__pool_fwd_prologue) */
+    KILN_ASSERT(!prologue || (V == 4 && ((tiled && pool_index(n)) || n->op == KILN__OP_MAX_POOL)));
     kiln__sb_printf(&b, "  typedef G::ix ix;\n  const int V = G::V;\n");
     if (prologue) kiln__emit_prologue(&b, pro, &o, &pw, &r->arg);
     emit_loop(&b, n, variant, out, y, p->n > 1 ? &epi : NULL, prologue, NULL, NULL);
@@ -544,6 +548,7 @@ bool kiln__render_window(const kiln__target *tg, const kiln__ew_prog *p, const k
                             : prologue ? "_at_pro"
                                        : "_at")
            : mom         ? "_moments"
+           : prologue    ? "_pro"
                          : "");
   kiln__stem_of(p, "k", suffix, stem, sizeof stem);
   if (!kiln__finish_loop(&b, &pre, stem, &o, tg, r)) return false;

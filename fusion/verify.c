@@ -247,17 +247,19 @@ static const char *check_group(const kiln_ctx *ctx, const kiln__plan *p, int k, 
     /* an implicit product first: col2im's, which it claims */
     int h = g->implicit == KILN__IMPLICIT_DGRAD ? 1 : 0;
     const kiln__node *head = &nodes[g->node];
-    if (g->prologue) { /* a pool gradient last, the elementwise run computing its dy before it */
-      if (h || g->moments || head->op != KILN__OP_MAX_POOL_GRAD || g->n != g->prologue + 1 ||
-          p->members[g->first + g->prologue] != g->node ||
+    if (g->prologue) { /* a pool gradient or pool last, the run computing its dy or image first */
+      if (h || g->moments ||
+          (head->op != KILN__OP_MAX_POOL_GRAD && head->op != KILN__OP_MAX_POOL) ||
+          g->n != g->prologue + 1 || p->members[g->first + g->prologue] != g->node ||
           nodes[p->members[g->first + g->prologue - 1]].out != head->in[0])
-        return bad(why, n, "group %d: a prologue that is not its pool gradient's dy", k);
+        return bad(why, n,
+                   "group %d: a prologue that is not its max pool's or pool gradient's input", k);
       for (int m = 0; m < g->prologue; m++) {
         int32_t j = p->members[g->first + m];
         if (kiln__ops[nodes[j].op].kind != KILN__KIND_EW ||
             !kiln__same_shape(nodes[j].out, head->in[0]) || p->store[j - p->first])
-          return bad(why, n, "group %d: prologue node #%d (%s) is not dy's, or is written", k, j,
-                     kiln__ops[nodes[j].op].name);
+          return bad(why, n, "group %d: prologue node #%d (%s) is not the input's, or is written",
+                     k, j, kiln__ops[nodes[j].op].name);
       }
       break;
     }

@@ -850,6 +850,28 @@ Test(conv_tma, window_gradients_sum_the_batch_norm_before_them) {
   }
 }
 
+/* The groups of pg whose elementwise run is op's prologue: each one group, the run's nodes first
+ * and none of them written, op last, its kernel named with `name` in it (rendered and compiled,
+ * NVRTC); their count. */
+static int prologue_groups(const kiln_ctx *ctx, const kiln__program *pg, kiln__op op,
+                           const char *name) {
+  int fused = 0;
+  for (int g = 0; g < pg->plan.ng; g++) {
+    const kiln__group *gr = &pg->plan.g[g];
+    if (!gr->prologue || ctx->trace.nodes[gr->node].op != op) continue;
+    fused++;
+    cr_assert_eq(gr->n, gr->prologue + 1, "%s last", kiln__ops[op].name);
+    cr_assert_eq(pg->plan.members[gr->first + gr->prologue], gr->node);
+    for (int m = 0; m < gr->prologue; m++) {
+      int32_t j = pg->plan.members[gr->first + m];
+      cr_assert_eq(kiln__ops[ctx->trace.nodes[j].op].kind, KILN__KIND_EW);
+      cr_assert_not(pg->plan.store[j - pg->plan.first], "#%d is in registers", j);
+    }
+    cr_assert(strstr(pg->call[g].name, name), "%s", pg->call[g].name);
+  }
+  return fused;
+}
+
 /* With KILN_POOL_PROLOGUE=1 the elementwise run that computes a max pool gradient's dy (batch
  * norm's dx, after a bf16 2x2 pool of 64 channels then batch norm in training) becomes that
  * gradient's prologue (plan_conv.c's kiln__pool_grad_prologue): one group, the run's nodes first
@@ -863,22 +885,59 @@ Test(conv_tma, pool_gradients_compute_their_dy_as_they_read_it_with_the_switch) 
     snprintf(what, sizeof what, "switch %d", on);
     kiln__program pg;
     backward_program(ctx, record_pool_bn(ctx, 64, true), &pg, what);
-    int fused = 0;
-    for (int g = 0; g < pg.plan.ng; g++) {
-      const kiln__group *gr = &pg.plan.g[g];
-      if (!gr->prologue) continue;
-      fused++;
-      cr_assert_eq(ctx->trace.nodes[gr->node].op, KILN__OP_MAX_POOL_GRAD);
-      cr_assert_eq(gr->n, gr->prologue + 1, "the gradient last");
-      cr_assert_eq(pg.plan.members[gr->first + gr->prologue], gr->node);
-      for (int m = 0; m < gr->prologue; m++) {
-        int32_t j = pg.plan.members[gr->first + m];
-        cr_assert_eq(kiln__ops[ctx->trace.nodes[j].op].kind, KILN__KIND_EW);
-        cr_assert_not(pg.plan.store[j - pg.plan.first], "#%d is in registers", j);
-      }
-      cr_assert(strstr(pg.call[g].name, "_at_pro_"), "%s", pg.call[g].name);
-    }
+    int fused = prologue_groups(ctx, &pg, KILN__OP_MAX_POOL_GRAD, "_at_pro_");
     cr_assert_eq(fused, on, "%s: %d prologues", what, fused);
+    finish_program(ctx, &pg, what);
+  }
+}
+
+/* With KILN_POOL_FWD_PROLOGUE=1 the elementwise run that computes a max pool's image (batch norm's
+ * application and the ReLU, bf16, 64 channels, before ResNet's stem pool: 3x3 at stride 2, padding
+ * 1) becomes the pool's prologue (plan_conv.c's kiln__pool_fwd_prologue): with the backward pass
+ * (the pool writes its positions: a kernel named _at_pro) and without it (x and the norm's weight
+ * given no gradient: no positions, _pro); not with the switch off, nor where the ReLU's output is
+ * read again (by the sum beside the pool). */
+Test(conv_tma, max_pools_compute_their_image_as_they_read_it_with_the_switch) {
+  const struct {
+    bool on, train, twice;
+  } cases[] = {{false, true, false}, {true, true, false},  {false, false, false},
+               {true, false, false}, {true, true, true},   {true, false, true}};
+  for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+    bool on = cases[c].on, train = cases[c].train, twice = cases[c].twice;
+    char what[48];
+    snprintf(what, sizeof what, "switch %d, %s%s", on, train ? "training" : "forward only",
+             twice ? ", ReLU read twice" : "");
+    kiln_ctx *ctx = th_cpu_ctx();
+    ctx->pool_fwd_prologue = on;
+    kiln__program pg;
+    kiln_step_begin(ctx);
+    kiln_shape xs = KILN_SHAPE(8, 12, 12, 64), cs = KILN_SHAPE(64);
+    kiln_tensor *x = train ? th_param(ctx, xs) : th_f32(ctx, xs);
+    kiln_tensor *gamma = train ? th_param(ctx, cs) : th_f32(ctx, cs);
+    kiln_tensor *beta = train ? th_param(ctx, cs) : th_f32(ctx, cs);
+    kiln_autocast_begin(ctx, KILN_DTYPE_BF16); /* the norm's bias a parameter, as in a ResNet */
+    kiln_tensor *h = kiln_batch_norm(kiln_cast(x, KILN_DTYPE_BF16), gamma, beta, NULL, NULL, 1,
+                                     0.1f, 1e-5f);
+    kiln_tensor *y = kiln_max_pool2d(kiln_relu(h), &(kiln_pool2d_options){.kernel_h = 3,
+                                                                          .kernel_w = 3,
+                                                                          .stride_h = 2,
+                                                                          .stride_w = 2,
+                                                                          .pad_h = 1,
+                                                                          .pad_w = 1});
+    kiln_autocast_end(ctx);
+    if (twice) { /* the pool's input, reached through its producer's output */
+      const kiln__node *pool = kiln__producer(y);
+      y = kiln_add(th_sum_all(y), th_sum_all(pool->in[0]));
+    }
+    if (train) {
+      backward_program(ctx, y, &pg, what);
+    } else {
+      cr_assert_not_null(y, "%s: %s", what, th_err(ctx));
+      cr_assert(kiln__program_build(ctx, ctx->trace.done, ctx->trace.n, &pg), "%s: %s", what,
+                th_err(ctx));
+    }
+    int fused = prologue_groups(ctx, &pg, KILN__OP_MAX_POOL, train ? "_at_pro_" : "_pro_");
+    cr_assert_eq(fused, on && !twice, "%s: %d prologues", what, fused);
     finish_program(ctx, &pg, what);
   }
 }

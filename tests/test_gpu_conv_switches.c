@@ -7,8 +7,8 @@
  * norm, ReLU, conv block), KILN_IM2COL_ROWS (blocks gathered a row a thread), KILN_CONV_FEW_POOL
  * and KILN_CONV_TMA_POOL (a max pool in a halo-tile or TMA-fed product's epilogue),
  * KILN_CONV_FPROP_BN (TMA-fed forward products two blocks an SM), KILN_CONV_FEW_PROLOGUE (a
- * halo-tile weight gradient computing its dY as it loads it). Without a GPU every test skips,
- * saying why.
+ * halo-tile weight gradient computing its dY as it loads it), KILN_POOL_FWD_PROLOGUE (a max pool
+ * computing its image as it reads it). Without a GPU every test skips, saying why.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -324,69 +324,101 @@ Test(gpu_ops, conv2d_tma_products_pool_in_their_epilogue) {
   unsetenv("KILN_CONV_FPROP_BN");
 }
 
-/* For case c in bf16 with x given no gradient (an image), in a context made with
- * KILN_CONV_FEW_PROLOGUE set to `on`: after the second of two steps (a step graph's capture, then
- * its replay) of loss = sum(relu(batch_norm(conv2d(x, w))) g), training, the gradients of w and of
- * the norm's weight and bias (malloc'd f32, n[q] values). */
-static void normed_results(const conv_case *c, const char *on, uint64_t seed, float *out[3],
-                           int64_t n[3]) {
-  setenv("KILN_CONV_FEW_PROLOGUE", on, 1); /* read when the context is made */
+/* For case c in bf16 with x given no gradient (an image), in a context made with the environment
+ * variable `var` set to `on`: after the second of two steps (a step graph's capture, then its
+ * replay) of loss = sum(y g), y = relu(batch_norm(conv2d(x, w))) in training, with pool then max
+ * pooled as ResNet's stem is (3x3 at stride 2, padding 1), the gradients of w and of the norm's
+ * weight and bias and y (as g's gradient: the loss consumes y, whose memory the step graph's plan
+ * gives to later values), out[0..3]; then y of a forward step without gradients (no window
+ * positions written), out[4]. malloc'd f32, n[q] values. */
+static void normed_results(const conv_case *c, const char *var, const char *on, bool pool,
+                           uint64_t seed, float *out[5], int64_t n[5]) {
+  setenv(var, on, 1); /* read when the context is made */
   TH_GPU_CTX(ctx);
-  unsetenv("KILN_CONV_FEW_PROLOGUE");
+  unsetenv(var);
   ref_win g = conv_win(c);
   kiln_shape xs = KILN_SHAPE(c->n, c->h, c->w, c->cin), os = ref_win_out(xs, &g, c->cout);
+  kiln_pool2d_options stem = {
+      .kernel_h = 3, .kernel_w = 3, .stride_h = 2, .stride_w = 2, .pad_h = 1, .pad_w = 1};
+  if (pool) os = KILN_SHAPE(c->n, (os.d[1] + 1) / 2, (os.d[2] + 1) / 2, c->cout);
   kiln_tensor *x = ref_rand_tensor(ctx, xs, seed, &REF_GEN(-1, 1), 0, NULL);
-  kiln_tensor *p[3] = {
+  kiln_tensor *p[4] = {
       ref_rand_tensor(ctx, KILN_SHAPE(c->cout, c->cin, c->kh, c->kw), seed + 1,
                       &REF_GEN(-0.3f, 0.3f), 1, NULL),
       ref_rand_tensor(ctx, KILN_SHAPE(c->cout), seed + 2, &REF_GEN(0.5f, 1.5f), 1, NULL),
-      ref_rand_tensor(ctx, KILN_SHAPE(c->cout), seed + 3, &REF_GEN(-1, 1), 1, NULL)};
-  kiln_tensor *gy = ref_rand_tensor(ctx, os, seed + 4, &REF_GEN(-1, 1), 0, NULL);
-  for (int s = 0; s < 2; s++) {
-    for (int q = 0; q < 3; q++)
-      kiln_tensor_zero_grad(p[q]);
+      ref_rand_tensor(ctx, KILN_SHAPE(c->cout), seed + 3, &REF_GEN(-1, 1), 1, NULL),
+      ref_rand_tensor(ctx, os, seed + 4, &REF_GEN(-1, 1), 1, NULL)}; /* g */
+  for (int s = 0; s < 3; s++) {
+    bool grads = s < 2;
+    for (int q = 0; q < 4; q++) {
+      kiln_tensor_set_requires_grad(p[q], grads);
+      if (grads) kiln_tensor_zero_grad(p[q]);
+    }
     kiln_step_begin(ctx);
     kiln_autocast_begin(ctx, KILN_DTYPE_BF16);
     kiln_tensor *h = kiln_conv2d(x, p[0], NULL, &c->o);
     h = kiln_relu(kiln_batch_norm(h, p[1], p[2], NULL, NULL, 1, 0.1f, 1e-5f));
+    if (pool) h = kiln_max_pool2d(h, &stem);
     kiln_tensor *y = kiln_cast(h, KILN_DTYPE_F32);
     kiln_autocast_end(ctx);
-    cr_assert_eq(kiln_backward(kiln_sum(kiln_mul(y, gy), KILN_ALL_AXES, 0)), KILN_OK, "%s: %s",
-                 c->desc, th_err(ctx));
+    cr_assert_not_null(y, "%s: %s", c->desc, th_err(ctx));
+    if (grads)
+      cr_assert_eq(kiln_backward(kiln_sum(kiln_mul(y, p[3]), KILN_ALL_AXES, 0)), KILN_OK, "%s: %s",
+                   c->desc, th_err(ctx));
     cr_assert_eq(kiln_step_end(ctx), KILN_OK, "%s: %s", c->desc, th_err(ctx));
+    if (s == 2) out[4] = ref_read_f32(ctx, y, "y"); /* the step's output: read after its end */
   }
-  for (int q = 0; q < 3; q++) {
+  for (int q = 0; q < 4; q++) {
     out[q] = ref_read_f32(ctx, kiln_tensor_grad(p[q]), "a gradient");
     n[q] = kiln_tensor_numel(p[q]);
     kiln_tensor_free(p[q]);
   }
+  n[4] = n[3];
   kiln_tensor_free(x);
-  kiln_tensor_free(gy);
   th_ctx_free(ctx);
 }
 
-/* KILN_CONV_FEW_PROLOGUE (on: a halo-tile weight gradient computes its dY, batch norm's dx, as
- * it loads it, from the run that would have written it) changes no value: the
- * filters' and the norm's gradients of a conv, norm, ReLU block over an image bitwise those
- * without it, on the few cases and ResNet's stem (7x7 at stride 2 over RGB, on its blocks), in a
- * replayed step graph. */
-Test(gpu_ops, conv2d_few_channel_weight_gradients_compute_their_dy) {
-  const char *names[3] = {"w", "the norm's weight", "the norm's bias"};
-  conv_case cases[sizeof few_cases / sizeof *few_cases + 1];
-  memcpy(cases, few_cases, sizeof few_cases);
-  cases[sizeof cases / sizeof *cases - 1] = (conv_case){
-      "3->64 7x7 stride 2 pad 3 (ResNet's stem) on 45x38 images", 3, 45, 38, 3, 64, 7, 7,
-      CO(.stride_h = 2, .stride_w = 2, .pad_h = 3, .pad_w = 3),   0, 0,  0};
-  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
-    float *off[3], *on[3];
-    int64_t n[3];
-    normed_results(&cases[i], "0", 7000 + 10 * i, off, n);
-    normed_results(&cases[i], "1", 7000 + 10 * i, on, n);
-    for (int q = 0; q < 3; q++) {
-      cr_assert_eq(memcmp(on[q], off[q], (size_t)n[q] * sizeof(float)), 0,
-                   "%s: %s's gradient differs", cases[i].desc, names[q]);
+/* Asserts that switch `var` changes none of normed_results' five results on the n cases. */
+static void norm_block_unchanged(const conv_case *cases, size_t ncases, const char *var, bool pool,
+                                 uint64_t seed) {
+  const char *names[5] = {"w's gradient", "the norm's weight's gradient",
+                          "the norm's bias's gradient", "y", "y without gradients"};
+  for (size_t i = 0; i < ncases; i++) {
+    float *off[5], *on[5];
+    int64_t n[5];
+    normed_results(&cases[i], var, "0", pool, seed + 10 * i, off, n);
+    normed_results(&cases[i], var, "1", pool, seed + 10 * i, on, n);
+    for (int q = 0; q < 5; q++) {
+      cr_assert_eq(memcmp(on[q], off[q], (size_t)n[q] * sizeof(float)), 0, "%s, %s: %s differs",
+                   cases[i].desc, var, names[q]);
       free(on[q]);
       free(off[q]);
     }
   }
+}
+
+/* ResNet's stem, 3->64 7x7 at stride 2 (on its blocks), on small odd images. */
+static const conv_case stem_case = {
+    "3->64 7x7 stride 2 pad 3 (ResNet's stem) on 45x38 images", 3, 45, 38, 3, 64, 7, 7,
+    CO(.stride_h = 2, .stride_w = 2, .pad_h = 3, .pad_w = 3),   0, 0,  0};
+
+/* KILN_CONV_FEW_PROLOGUE (on: a halo-tile weight gradient computes its dY, batch norm's dx, as
+ * it loads it, from the run that would have written it) changes no value: the filters' and the
+ * norm's gradients and y of a conv, norm, ReLU block over an image bitwise those without it, on the
+ * few cases and ResNet's stem, in a replayed step graph. */
+Test(gpu_ops, conv2d_few_channel_weight_gradients_compute_their_dy) {
+  conv_case cases[sizeof few_cases / sizeof *few_cases + 1];
+  memcpy(cases, few_cases, sizeof few_cases);
+  cases[sizeof cases / sizeof *cases - 1] = stem_case;
+  norm_block_unchanged(cases, sizeof cases / sizeof *cases, "KILN_CONV_FEW_PROLOGUE", false, 7000);
+}
+
+/* KILN_POOL_FWD_PROLOGUE (on: a max pool computes its image, batch norm's application and the
+ * ReLU, as it reads it, from the run that would have written it) changes no value: the same five
+ * results through ResNet's stem pool (3x3 at stride 2, padding 1) after the block, on ResNet's
+ * stem and two of the few cases (odd and even image sizes), in a replayed step graph, and a
+ * forward step without gradients (a pool without positions). */
+Test(gpu_ops, max_pools_compute_their_image_as_they_read_it) {
+  const conv_case cases[3] = {stem_case, few_cases[1], few_cases[3]};
+  norm_block_unchanged(cases, 3, "KILN_POOL_FWD_PROLOGUE", true, 7500);
 }

@@ -94,12 +94,23 @@ KILN__FN void kiln_win_taps_of_window(typename G::ix oh, typename G::ix ow, F ta
   }
 }
 
+/* The loader of V lanes of element o from x (c, the element's channel, unused). */
+template <class G, typename T> struct kiln_win_reader {
+  const T *x;
+  __device__ __forceinline__ void operator()(typename G::ix o, typename G::ix,
+                                             float (&v)[G::V]) const {
+    kiln_win_load<G::V>(x, o, v);
+  }
+};
+
 /* The position p * KW + q of window (oh, ow)'s first maximum in each lane (-1: no tap inside the
  * image), NaN winning; best gets the maxima (-infinity for no tap), the values kiln_max_pool
- * finds. */
-template <class G, typename T>
-KILN__FN void kiln_win_argmax(const T *x, typename G::ix n, typename G::ix oh, typename G::ix ow,
-                              typename G::ix c, float (&best)[G::V], int (&at)[G::V]) {
+ * finds. load(o, c, lanes) gives the lanes of the image's element o (channel c): an elementwise
+ * prologue's loader in a generated kernel (render_window.c), the image's values computed where
+ * they are read ... */
+template <class G, class L>
+KILN__FN void kiln_win_argmax_by(L load, typename G::ix n, typename G::ix oh, typename G::ix ow,
+                                 typename G::ix c, float (&best)[G::V], int (&at)[G::V]) {
   typedef typename G::ix ix;
 #pragma unroll
   for (int l = 0; l < G::V; l++) {
@@ -108,7 +119,7 @@ KILN__FN void kiln_win_argmax(const T *x, typename G::ix n, typename G::ix oh, t
   }
   kiln_win_taps_of_window<G>(oh, ow, [&](int p, int q, ix h, ix w) {
     float xv[G::V];
-    kiln_win_load<G::V>(x, ((n * G::H + h) * G::W + w) * G::C + c, xv);
+    load(((n * G::H + h) * G::W + w) * G::C + c, c, xv);
 #pragma unroll
     for (int l = 0; l < G::V; l++)
       if (at[l] < 0 || xv[l] > best[l] || isnan(xv[l])) {
@@ -116,6 +127,13 @@ KILN__FN void kiln_win_argmax(const T *x, typename G::ix n, typename G::ix oh, t
         at[l] = p * G::KW + q;
       }
   });
+}
+
+/* ... or read from x. */
+template <class G, typename T>
+KILN__FN void kiln_win_argmax(const T *x, typename G::ix n, typename G::ix oh, typename G::ix ow,
+                              typename G::ix c, float (&best)[G::V], int (&at)[G::V]) {
+  kiln_win_argmax_by<G>(kiln_win_reader<G, T>{x}, n, oh, ow, c, best, at);
 }
 
 /* im2col with a thread a row (V = KP, one group): e over (N, OH, OW); every tap's C values,
@@ -203,9 +221,9 @@ KILN__FN void kiln_col2im(const T *col, typename G::ix e, S store) {
   store(n, h, w, c, acc);
 }
 
-/* max pooling: e over the windows. */
-template <class G, typename T, class S>
-KILN__FN void kiln_max_pool(const T *x, typename G::ix e, S store) {
+/* max pooling: e over the windows, the image's values given by load (kiln_win_argmax_by's) ... */
+template <class G, class L, class S>
+KILN__FN void kiln_max_pool_by(L load, typename G::ix e, S store) {
   typedef typename G::ix ix;
   ix n, oh, ow, c;
   kiln_win_split<G>(e, G::OH, G::OW, n, oh, ow, c);
@@ -215,7 +233,7 @@ KILN__FN void kiln_max_pool(const T *x, typename G::ix e, S store) {
     best[l] = -__int_as_float(0x7f800000);
   kiln_win_taps_of_window<G>(oh, ow, [&](int, int, ix h, ix w) {
     float xv[G::V];
-    kiln_win_load<G::V>(x, ((n * G::H + h) * G::W + w) * G::C + c, xv);
+    load(((n * G::H + h) * G::W + w) * G::C + c, c, xv);
 #pragma unroll
     for (int l = 0; l < G::V; l++)
       if (xv[l] > best[l] || isnan(xv[l])) best[l] = xv[l];
@@ -223,16 +241,23 @@ KILN__FN void kiln_max_pool(const T *x, typename G::ix e, S store) {
   store(n, oh, ow, c, best);
 }
 
-/* max pooling that also writes, for its gradient, each value's window position p * KW + q (255:
- * the window has no tap inside the image) as a byte at `at`, indexed like the output. */
+/* ... or read from x. */
 template <class G, typename T, class S>
-KILN__FN void kiln_max_pool_at(const T *x, unsigned char *at, typename G::ix e, S store) {
+KILN__FN void kiln_max_pool(const T *x, typename G::ix e, S store) {
+  kiln_max_pool_by<G>(kiln_win_reader<G, T>{x}, e, store);
+}
+
+/* max pooling that also writes, for its gradient, each value's window position p * KW + q (255:
+ * the window has no tap inside the image) as a byte at `at`, indexed like the output; the image's
+ * values given by load ... */
+template <class G, class L, class S>
+KILN__FN void kiln_max_pool_at_by(L load, unsigned char *at, typename G::ix e, S store) {
   typedef typename G::ix ix;
   ix n, oh, ow, c;
   kiln_win_split<G>(e, G::OH, G::OW, n, oh, ow, c);
   float best[G::V];
   int pos[G::V];
-  kiln_win_argmax<G>(x, n, oh, ow, c, best, pos);
+  kiln_win_argmax_by<G>(load, n, oh, ow, c, best, pos);
   const ix o = ((n * G::OH + oh) * G::OW + ow) * G::C + c;
   if constexpr (G::V == 4) {
     unsigned int four = 0;
@@ -244,6 +269,12 @@ KILN__FN void kiln_max_pool_at(const T *x, unsigned char *at, typename G::ix e, 
     at[o] = (unsigned char)(pos[0] & 255);
   }
   store(n, oh, ow, c, best);
+}
+
+/* ... or read from x. */
+template <class G, typename T, class S>
+KILN__FN void kiln_max_pool_at(const T *x, unsigned char *at, typename G::ix e, S store) {
+  kiln_max_pool_at_by<G>(kiln_win_reader<G, T>{x}, at, e, store);
 }
 
 /* Where the maxima of window (oh, ow) are, for max pooling's gradient: searched again in the
