@@ -613,8 +613,8 @@ static bool phase_groups(kiln_ctx *ctx, kiln__plan *p, bool fuse) {
       open = NULL;
       continue;
     }
-    if (room && (kiln__pool_grad_prologue(ctx, p, open, i) ||
-                 kiln__pool_fwd_prologue(ctx, p, open, i))) {
+    if (room &&
+        (kiln__pool_grad_prologue(ctx, p, open, i) || kiln__pool_fwd_prologue(ctx, p, open, i))) {
       /* the run computes dy where the pool's gradient reads it, or the image where the pool
        * reads it */
       open->prologue = open->n;

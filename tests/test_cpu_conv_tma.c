@@ -900,8 +900,8 @@ Test(conv_tma, pool_gradients_compute_their_dy_as_they_read_it_with_the_switch) 
 Test(conv_tma, max_pools_compute_their_image_as_they_read_it_with_the_switch) {
   const struct {
     bool on, train, twice;
-  } cases[] = {{false, true, false}, {true, true, false},  {false, false, false},
-               {true, false, false}, {true, true, true},   {true, false, true}};
+  } cases[] = {{false, true, false}, {true, true, false}, {false, false, false},
+               {true, false, false}, {true, true, true},  {true, false, true}};
   for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
     bool on = cases[c].on, train = cases[c].train, twice = cases[c].twice;
     char what[48];
@@ -916,14 +916,12 @@ Test(conv_tma, max_pools_compute_their_image_as_they_read_it_with_the_switch) {
     kiln_tensor *gamma = train ? th_param(ctx, cs) : th_f32(ctx, cs);
     kiln_tensor *beta = train ? th_param(ctx, cs) : th_f32(ctx, cs);
     kiln_autocast_begin(ctx, KILN_DTYPE_BF16); /* the norm's bias a parameter, as in a ResNet */
-    kiln_tensor *h = kiln_batch_norm(kiln_cast(x, KILN_DTYPE_BF16), gamma, beta, NULL, NULL, 1,
-                                     0.1f, 1e-5f);
-    kiln_tensor *y = kiln_max_pool2d(kiln_relu(h), &(kiln_pool2d_options){.kernel_h = 3,
-                                                                          .kernel_w = 3,
-                                                                          .stride_h = 2,
-                                                                          .stride_w = 2,
-                                                                          .pad_h = 1,
-                                                                          .pad_w = 1});
+    kiln_tensor *h =
+        kiln_batch_norm(kiln_cast(x, KILN_DTYPE_BF16), gamma, beta, NULL, NULL, 1, 0.1f, 1e-5f);
+    kiln_tensor *y = kiln_max_pool2d(
+        kiln_relu(h),
+        &(kiln_pool2d_options){
+            .kernel_h = 3, .kernel_w = 3, .stride_h = 2, .stride_w = 2, .pad_h = 1, .pad_w = 1});
     kiln_autocast_end(ctx);
     if (twice) { /* the pool's input, reached through its producer's output */
       const kiln__node *pool = kiln__producer(y);
