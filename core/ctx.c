@@ -194,6 +194,7 @@ kiln_ctx *kiln__ctx_create(const kiln_ctx_options *opts) {
   ctx->ew_sink = env_on("KILN_EW_SINK");
   ctx->conv_wgrad_into = env_on("KILN_CONV_WGRAD_INTO");
   ctx->cast_batch = !env_off("KILN_CAST_BATCH");
+  ctx->cast_tiles = env_on("KILN_CAST_TILES"); /* off until it has run on a GPU */
   ctx->conv_direct_epi = !env_off("KILN_CONV_DIRECT_EPI");
   /* H100, 2026-12-06: resnet18 7.879 ms against 8.161, peak 1,337 MiB against 1,800 */
   ctx->conv_s2d = !env_off("KILN_CONV_S2D");

@@ -440,6 +440,11 @@ struct kiln_ctx {
   /* casts of parameters (through views) that only products read run as one multi-tensor launch
    * (fusion/plan.c's batch_casts; KILN_CAST_BATCH=0: not) */
   bool cast_batch;
+  /* KILN_CAST_TILES=1: a cast whose input is a permutation of dense blocks (a filter's (O, I, KH,
+   * KW) read as (O, KH, KW, I), and back) goes through each block in shared memory, read and
+   * written in order, and a dense one four values at a time (render_ew.c's kiln__render_casts);
+   * lone ones too (lower.c) */
+  bool cast_tiles;
   /* a direct forward product applies the unary elementwise chain after it before it stores
    * (fusion/plan_conv.c's kiln__direct_epilogue; KILN_CONV_DIRECT_EPI=0: not) */
   bool conv_direct_epi;

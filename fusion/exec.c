@@ -71,6 +71,7 @@ static bool build_calls(kiln_ctx *ctx, kiln__program *pg) {
                          .conv_prefetch = ctx->conv_prefetch,
                          .conv_hoist = ctx->conv_hoist,
                          .conv_ahead = ctx->conv_ahead,
+                         .cast_tiles = ctx->cast_tiles,
                          .customs = ctx->customs,
                          .ncustom = ctx->ncustom};
   int ng = pg->plan.ng, nr = 0;

@@ -94,6 +94,12 @@ typedef struct kiln__group {
 
 /* The most casts one multi-tensor cast takes: two pointers each. */
 #define KILN__MAX_CASTS (KILN__KMAX_UPDATE / 2)
+/* Whether cast input x (of the cast's shape, not dense) reads, for each index of its first axis, a
+ * dense block of the other axes' values in an order of its own: its first stride the block's size
+ * and the others, sorted, a dense block's (a filter's (O, I, KH, KW) read as (O, KH, KW, I), and
+ * back); *block its size, at most the 12,288 values a kernel's shared memory takes as floats
+ * (render_ew.c). */
+bool kiln__permuted_blocks(const kiln_tensor *x, int64_t *block);
 
 /* In a row program, the view `view` of a per-row value is read as `value` itself. */
 typedef struct kiln__alias {
@@ -306,6 +312,7 @@ typedef struct kiln__target {
   bool conv_prefetch; /* TMA data gradients prefetch their epilogue's rows (KILN_CONV_PREFETCH=1) */
   int conv_hoist;     /* staged epilogues' rows loaded ahead: KILN_CONV_HOIST (ctx.c), 0-16 */
   bool conv_ahead;    /* cp.async products issue a short reduction at once (KILN_CONV_AHEAD=1) */
+  bool cast_tiles;    /* casts through blocks in shared memory (KILN_CAST_TILES=1) */
   kiln_custom_op *const *customs; /* the context's custom ops, by id */
   int ncustom;
 } kiln__target;

@@ -65,6 +65,16 @@ static void lower_concat(const kiln_ctx *ctx, const kiln__group *g, kiln__spec *
       .n = 1, .nodes = {&s->copy}, .store = {true}, .ndim = s->slice.ndim, .shape = s->slice.shape};
 }
 
+/* Whether a lone cast runs in the multi-tensor form (KILN_CAST_TILES=1): one from a permutation
+ * of dense blocks (render_ew.c's kiln__permuted_blocks: a weight's gradient cast back to the
+ * weight's layout), which that form takes through shared memory. */
+static bool tiled_cast(const kiln_ctx *ctx, const kiln__group *g, const kiln__node *n) {
+  int64_t block;
+  return ctx->cast_tiles && g->n == 1 && n->op == KILN__OP_CAST && kiln__is_contiguous(n->out) &&
+         kiln__is_float(n->in[0]->dtype) && kiln__is_float(n->out->dtype) &&
+         kiln__same_shape(n->in[0], n->out) && kiln__permuted_blocks(n->in[0], &block);
+}
+
 /* Whether a lone update runs in the multi-tensor form: one with a one-value input (a flag, a
  * factor, a count) over dense tensors, which that form reads once (the elementwise form would
  * broadcast it), and where found_inf stores its flag only where it changes. */
@@ -81,7 +91,7 @@ static void lower_group(const kiln_ctx *ctx, const kiln__plan *p, const kiln__gr
   describe(ctx, p, g, s->comment, sizeof s->comment);
   switch (kiln__ops[n->op].renderer) { /* the op table's kernel family of the group's main node */
   case KILN__RENDER_EW:
-    if (g->batch) { /* casts over shapes of their own */
+    if (g->batch || tiled_cast(ctx, g, n)) { /* casts over shapes of their own */
       s->kind = KILN__SPEC_CASTS;
       s->nups = g->n;
       for (int m = 0; m < g->n; m++)

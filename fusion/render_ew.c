@@ -257,51 +257,148 @@ bool kiln__render_updates(const kiln__target *tg, const kiln__node *const *nodes
 
 /* ---------------------------------------------------------------- multi-tensor casts */
 
+/* The most values a block of kiln__render_casts' shared memory holds (48 KB of floats). */
+#define KILN__CAST_BLOCK_MAX 12288
+
+bool kiln__permuted_blocks(const kiln_tensor *x, int64_t *block) {
+  if (x->ndim < 2 || kiln__is_contiguous(x)) return false;
+  int ax[KILN_MAX_DIMS], na = 0;
+  int64_t b = 1;
+  for (int d = 1; d < x->ndim; d++) {
+    b *= x->shape[d];
+    if (x->shape[d] > 1) ax[na++] = d; /* an axis of one value has no stride to keep */
+  }
+  if ((x->shape[0] > 1 && x->stride[0] != b) || b > KILN__CAST_BLOCK_MAX) return false;
+  for (int k = 1; k < na; k++) /* by stride, largest first */
+    for (int j = k; j > 0 && x->stride[ax[j]] > x->stride[ax[j - 1]]; j--) {
+      int t = ax[j];
+      ax[j] = ax[j - 1];
+      ax[j - 1] = t;
+    }
+  int64_t want = 1;
+  for (int k = na - 1; k >= 0; want *= x->shape[ax[k]], k--)
+    if (x->stride[ax[k]] != want) return false;
+  *block = b;
+  return true;
+}
+
+/* The loop of tensor t's case over a cast's lane groups (y dense): through x's blocks in shared
+ * memory (block values each, kiln_blk), four values at a time (`fours`), or one at a time with x's
+ * offset from its strides. A lone cast's blocks (runtime) take their sizes and x's strides from the
+ * arguments (a.shape, a.nred and a.st[0], set here), so that one kernel serves every weight of a
+ * network: a weight's shape would make each its own. */
+static void cast_loop(kiln__sb *b, const kiln_tensor *x, const kiln_tensor *y, int64_t block,
+                      bool fours, bool runtime, kiln__kargs *a) {
+  int64_t n = kiln_tensor_numel(y);
+  const char *yt = kiln__ctype(y->dtype);
+  if (block > 0) { /* each block of x read in order, then written in y's */
+    char O[32], B[32], sz[KILN_MAX_DIMS][32], st[KILN_MAX_DIMS][32];
+    snprintf(O, sizeof O, runtime ? "(ix)a.shape[0]" : "%lldll", (long long)y->shape[0]);
+    snprintf(B, sizeof B, runtime ? "(int)a.nred" : "%lld", (long long)block);
+    for (int d = 1; d < y->ndim; d++) {
+      snprintf(sz[d], sizeof sz[d], runtime ? "(int)a.shape[%lld]" : "%lld",
+               runtime ? (long long)d : (long long)y->shape[d]);
+      snprintf(st[d], sizeof st[d], runtime ? "(int)a.st[0][%lld]" : "%lld",
+               runtime ? (long long)d : (long long)x->stride[d]);
+      a->shape[d] = y->shape[d];
+      a->st[0][d] = x->stride[d];
+    }
+    a->shape[0] = y->shape[0];
+    a->nred = block;
+    kiln__sb_printf(b,
+                    "    for (ix o = blockIdx.x; o < %s; o += gridDim.x) {\n"
+                    "      __syncthreads(); /* the last block's values read */\n"
+                    "      for (int j = threadIdx.x; j < %s; j += blockDim.x)\n"
+                    "        kiln_blk[j] = (float)x[o * %s + j];\n"
+                    "      __syncthreads();\n"
+                    "      for (int i = threadIdx.x; i < %s; i += blockDim.x) {\n"
+                    "        int r = i, at = 0;\n",
+                    O, B, B, B);
+    for (int d = y->ndim - 1; d >= 1; d--)
+      kiln__sb_printf(b, "        at += r %% %s * %s; r /= %s;\n", sz[d], st[d], sz[d]);
+    kiln__sb_printf(b,
+                    "        y[o * %s + i] = (%s)kiln_blk[at];\n"
+                    "      }\n"
+                    "    }\n",
+                    B, yt);
+    return;
+  }
+  if (fours) {
+    kiln__sb_printf(b,
+                    "    for (ix q = (ix)blockIdx.x * blockDim.x + threadIdx.x; q < %lldll;\n"
+                    "         q += (ix)gridDim.x * blockDim.x) {\n"
+                    "      float v[4];\n"
+                    "      kiln_load4(x + 4 * q, v);\n"
+                    "      kiln_store4(y + 4 * q, v);\n"
+                    "    }\n",
+                    (long long)(n / 4));
+    return;
+  }
+  kiln__sb_printf(b,
+                  "    for (ix i = (ix)blockIdx.x * blockDim.x + threadIdx.x; i < %lldll;\n"
+                  "         i += (ix)gridDim.x * blockDim.x) {\n",
+                  (long long)n);
+  if (kiln__is_contiguous(x)) {
+    kiln__sb_printf(b, "      const ix at = i;\n");
+  } else {
+    kiln__sb_printf(b, "      ix r = i, at = 0;\n");
+    for (int d = y->ndim - 1; d >= 0; d--)
+      kiln__sb_printf(b, "      at += r %% %lldll * %lldll; r /= %lldll;\n", (long long)y->shape[d],
+                      (long long)x->stride[d], (long long)y->shape[d]);
+  }
+  kiln__sb_printf(b,
+                  "      y[i] = (%s)(float)x[at];\n"
+                  "    }\n",
+                  yt);
+}
+
+/* T casts in one launch, tensor t in blockIdx.y (its inputs a.ptr[2 t], outputs a.ptr[2 t + 1]),
+ * y dense; with tg->cast_tiles, through x's permuted blocks (kiln__permuted_blocks) in shared
+ * memory, and a dense x of f32 or bf16 four values at a time. The values are the same either way.
+ */
 bool kiln__render_casts(const kiln__target *tg, const kiln__node *const *nodes, int T,
                         kiln__rendered *r) {
   KILN_ASSERT(T >= 1 && T <= KILN__MAX_CASTS);
-  int64_t most = 0;
+  int64_t most = 0, blocks = 0;
   kiln__sb b = {0};
   kiln__sb_printf(&b, "  typedef long long ix;\n  switch (blockIdx.y) {\n");
   for (int t = 0; t < T; t++) {
     const kiln_tensor *x = nodes[t]->in[0], *y = nodes[t]->out;
     KILN_ASSERT(kiln__is_float(x->dtype) && kiln__is_float(y->dtype) && kiln__is_contiguous(y) &&
                 kiln__same_shape(x, y));
-    int64_t n = kiln_tensor_numel(y);
+    int64_t n = kiln_tensor_numel(y), block = 0;
     if (n > most) most = n;
     r->arg.args.n += n; /* the executor launches nothing for 0 */
     r->arg.ptr[2 * t] = x;
     r->arg.ptr[2 * t + 1] = y;
     r->bytes_read += kiln__footprint(x);
     r->bytes_written += kiln__footprint(y);
+    bool wide = x->dtype != KILN_DTYPE_F16 && y->dtype != KILN_DTYPE_F16; /* kiln_load4's types */
+    bool fours = tg->cast_tiles && wide && kiln__is_contiguous(x) && n % 4 == 0 &&
+                 x->offset % 4 == 0 && y->offset % 4 == 0;
+    if (tg->cast_tiles && kiln__permuted_blocks(x, &block) && block > blocks) blocks = block;
     /* the output dense, the input through its strides: the shape and strides as constants */
     const char *xt = kiln__ctype(x->dtype), *yt = kiln__ctype(y->dtype);
     kiln__sb_printf(&b,
-                    "  case %d: { /* #%d cast to %s */\n"
+                    "  case %d: { /* cast to %s (the kernel's comment names its nodes) */\n"
                     "    const %s *x = (const %s *)a.ptr[%d];\n"
-                    "    %s *y = (%s *)a.ptr[%d];\n"
-                    "    for (ix i = (ix)blockIdx.x * blockDim.x + threadIdx.x; i < %lldll;\n"
-                    "         i += (ix)gridDim.x * blockDim.x) {\n",
-                    t, nodes[t]->out->node, kiln_dtype_name(y->dtype), xt, xt, 2 * t, yt, yt,
-                    2 * t + 1, (long long)n);
-    if (kiln__is_contiguous(x)) {
-      kiln__sb_printf(&b, "      const ix at = i;\n");
-    } else {
-      kiln__sb_printf(&b, "      ix r = i, at = 0;\n");
-      for (int d = y->ndim - 1; d >= 0; d--)
-        kiln__sb_printf(&b, "      at += r %% %lldll * %lldll; r /= %lldll;\n",
-                        (long long)y->shape[d], (long long)x->stride[d], (long long)y->shape[d]);
-    }
-    kiln__sb_printf(&b,
-                    "      y[i] = (%s)(float)x[at];\n"
-                    "    }\n"
-                    "  } break;\n",
-                    yt);
+                    "    %s *y = (%s *)a.ptr[%d];\n",
+                    t, kiln_dtype_name(y->dtype), xt, xt, 2 * t, yt, yt, 2 * t + 1);
+    cast_loop(&b, x, y, block, fours, T == 1, &r->arg.args);
+    kiln__sb_printf(&b, "  } break;\n");
   }
   kiln__sb_printf(&b, "  }\n");
   r->arg.nptr = 2 * T;
   char stem[64];
-  snprintf(stem, sizeof stem, "k_cast_x%d", T);
+  snprintf(stem, sizeof stem, "k_cast_x%d%s", T, tg->cast_tiles ? "_tiles" : "");
+  if (blocks > 0) { /* the blocks' room, before the body */
+    kiln__sb head = {0};
+    kiln__sb_printf(&head, "  __shared__ float kiln_blk[%lld];\n%s",
+                    T == 1 ? (long long)KILN__CAST_BLOCK_MAX : (long long)blocks, b.s ? b.s : "");
+    head.oom |= b.oom;
+    kiln__sb_free(&b);
+    b = head;
+  }
   return finish_multi(&b, stem, tg, most, T, r);
 }
 

@@ -548,6 +548,84 @@ Test(fusion, parameters_cast_in_one_launch_with_the_switch) {
   }
 }
 
+/* kiln__permuted_blocks: a filter (O, I, KH, KW) read as (O, KH, KW, I) and one (O, KH, KW, I)
+ * read as (O, I, KH, KW) hold a dense block of I KH KW values an O; a dense tensor, a transpose
+ * (its first stride 1), a block past the shared memory's 12,288 values, and a slice (a block with
+ * holes) do not. */
+Test(fusion, permuted_casts_read_dense_blocks) {
+  kiln_ctx *ctx = th_cpu_ctx();
+  kiln_tensor *w = th_f32(ctx, KILN_SHAPE(64, 32, 3, 3)),
+              *v = th_f32(ctx, KILN_SHAPE(64, 3, 3, 32));
+  kiln_tensor *big = th_f32(ctx, KILN_SHAPE(4, 64, 16, 16));
+  struct {
+    const char *what;
+    kiln_tensor *x;
+    int64_t block;
+  } cases[] = {
+      {"(O, I, KH, KW) as (O, KH, KW, I)", kiln_permute(w, KILN_AXES(0, 2, 3, 1)), 288},
+      {"(O, KH, KW, I) as (O, I, KH, KW)", kiln_permute(v, KILN_AXES(0, 3, 1, 2)), 288},
+      {"a dense tensor", w, 0},
+      {"a transpose", kiln_permute(w, KILN_AXES(1, 0, 2, 3)), 0},
+      {"16,384 values a block", kiln_permute(big, KILN_AXES(0, 2, 3, 1)), 0},
+      {"a slice", kiln_permute(kiln_slice(w, 1, 0, 16, 1), KILN_AXES(0, 2, 3, 1)), 0},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+    cr_assert_not_null(cases[i].x, "%s: %s", cases[i].what, th_err(ctx));
+    int64_t block = -1;
+    bool got = kiln__permuted_blocks(cases[i].x, &block);
+    cr_assert_eq(got, cases[i].block > 0, "%s", cases[i].what);
+    if (got) cr_assert_eq(block, cases[i].block, "%s: %lld", cases[i].what, (long long)block);
+  }
+  th_free_scratch();
+  th_ctx_free(ctx);
+}
+
+/* KILN_CAST_TILES=1: a conv2d's filters cast to bf16 in their (O, KH, KW, I) order and their
+ * gradient cast back to (O, I, KH, KW) in f32 go through dense blocks in shared memory: the
+ * parameters' multi-tensor cast (the image's four values at a time) and the gradient's lone cast,
+ * lowered to the multi-tensor form, whose kernel takes its sizes from its arguments (one kernel
+ * for every filter); all render and compile (NVRTC). Without the switch the lone cast is an
+ * elementwise kernel. */
+Test(fusion, filter_casts_go_through_shared_memory_with_the_switch) {
+  for (int on = 0; on < 2; on++) {
+    kiln_ctx *ctx = th_cpu_ctx();
+    ctx->cast_tiles = on;
+    kiln_step_begin(ctx);
+    kiln_tensor *x = th_f32(ctx, KILN_SHAPE(4, 9, 7, 64)),
+                *k = th_param(ctx, KILN_SHAPE(32, 64, 3, 3));
+    kiln_autocast_begin(ctx, KILN_DTYPE_BF16);
+    kiln_tensor *y = kiln_conv2d(x, k, NULL, &(kiln_conv2d_options){.pad_h = 1, .pad_w = 1});
+    kiln_autocast_end(ctx);
+    cr_assert_not_null(y, "%s", th_err(ctx));
+    cr_assert_eq(kiln_backward(kiln_cast(kiln_sum(y, KILN_ALL_AXES, 0), KILN_DTYPE_F32)), KILN_OK,
+                 "%s", th_err(ctx));
+    kiln__program pg;
+    cr_assert(kiln__program_build(ctx, ctx->trace.done, ctx->trace.n, &pg), "%s", th_err(ctx));
+    int lone = 0, tiles = 0;
+    for (int g = 0; g < pg.plan.ng; g++) {
+      const kiln__group *gr = &pg.plan.g[g];
+      const kiln__node *n = &ctx->trace.nodes[gr->node];
+      tiles += strstr(pg.call[g].name, "_tiles_") != NULL;
+      if (n->op != KILN__OP_CAST || gr->batch || n->out->dtype != KILN_DTYPE_F32 ||
+          n->out->ndim != 4)
+        continue;
+      lone++; /* the filters' gradient, back to f32 */
+      cr_assert_eq(strncmp(pg.call[g].name, on ? "k_cast_x1_tiles_" : "k_cast_f32", 10 + 6 * on), 0,
+                   "switch %d: %s", on, pg.call[g].name);
+      if (on)
+        cr_assert(pg.call[g].arg.args.nred == 64 * 9 && pg.call[g].arg.args.shape[0] == 32,
+                  "%s: a block of %lld values, %lld of them", pg.call[g].name,
+                  pg.call[g].arg.args.nred, pg.call[g].arg.args.shape[0]);
+    }
+    cr_assert_eq(lone, 1, "switch %d: %d casts of the gradient", on, lone);
+    cr_assert_eq(tiles, on ? 2 : 0, "switch %d: %d kernels through tiles", on, tiles);
+    kiln__program_free(&pg);
+    cr_assert_eq(kiln_step_end(ctx), KILN_OK, "%s", th_err(ctx));
+    th_free_scratch();
+    th_ctx_free(ctx);
+  }
+}
+
 /* An elementwise run read only by a later run of its space, with other nodes between (a ResNet
  * block's main-branch batch norm and the add after its shortcut), runs inside the later run's
  * kernel, at its place, its values never written; not when another group reads one of its

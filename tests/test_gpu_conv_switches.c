@@ -2,13 +2,14 @@
  * test_gpu_conv_switches.c: the convolution switches that must change no value, each against its
  * absence on conv_cases.h's cases, bitwise: KILN_CONV_AHEAD (short reductions issued at once),
  * KILN_CONV_WGRAD_INTO (weight gradients written into .grad), KILN_CAST_BATCH (the parameters'
- * casts in one launch), KILN_CONV_DIRECT_EPI (a direct product's activation in its kernel),
- * KILN_CONV_RECOMPUTE_INPUT (a block's ReLU recorded again for the weight gradient, on a conv,
- * norm, ReLU, conv block), KILN_IM2COL_ROWS (blocks gathered a row a thread), KILN_CONV_FEW_POOL
- * and KILN_CONV_TMA_POOL (a max pool in a halo-tile or TMA-fed product's epilogue),
- * KILN_CONV_FPROP_BN (TMA-fed forward products two blocks an SM), KILN_CONV_FEW_PROLOGUE (a
- * halo-tile weight gradient computing its dY as it loads it), KILN_POOL_FWD_PROLOGUE (a max pool
- * computing its image as it reads it). Without a GPU every test skips, saying why.
+ * casts in one launch), KILN_CAST_TILES (filter casts through shared memory), KILN_CONV_DIRECT_EPI
+ * (a direct product's activation in its kernel), KILN_CONV_RECOMPUTE_INPUT (a block's ReLU recorded
+ * again for the weight gradient, on a conv, norm, ReLU, conv block), KILN_IM2COL_ROWS (blocks
+ * gathered a row a thread), KILN_CONV_FEW_POOL and KILN_CONV_TMA_POOL (a max pool in a halo-tile or
+ * TMA-fed product's epilogue), KILN_CONV_FPROP_BN (TMA-fed forward products two blocks an SM),
+ * KILN_CONV_FEW_PROLOGUE (a halo-tile weight gradient computing its dY as it loads it),
+ * KILN_POOL_FWD_PROLOGUE (a max pool computing its image as it reads it). Without a GPU every test
+ * skips, saying why.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -106,6 +107,17 @@ Test(gpu_ops, conv2d_parameters_cast_in_one_launch) {
     switch_changes_nothing(&wgmma_cases[i], "KILN_CAST_BATCH", 5800 + 10 * i);
   for (size_t i = 0; i < sizeof tma_cases / sizeof *tma_cases; i++)
     switch_changes_nothing(&tma_cases[i], "KILN_CAST_BATCH", 5900 + 10 * i);
+}
+
+/* KILN_CAST_TILES=1 (the filters' casts to bf16 in their (O, KH, KW, I) order and their
+ * gradients' back to (O, I, KH, KW) through dense blocks in shared memory, an image's four values
+ * at a time) changes no value: the implicit-GEMM and TMA cases' three results bitwise those
+ * without it. */
+Test(gpu_ops, conv2d_filter_casts_through_shared_memory) {
+  for (size_t i = 0; i < sizeof wgmma_cases / sizeof *wgmma_cases; i++)
+    switch_changes_nothing(&wgmma_cases[i], "KILN_CAST_TILES", 6100 + 10 * i);
+  for (size_t i = 0; i < sizeof tma_cases / sizeof *tma_cases; i++)
+    switch_changes_nothing(&tma_cases[i], "KILN_CAST_TILES", 6200 + 10 * i);
 }
 
 /* act(conv2d(x, w)) (malloc'd f32, *n values) for direct case c in bf16, act 0 GELU, 1 SiLU then
