@@ -840,11 +840,14 @@ kiln_tensor *kiln_batch_norm(kiln_tensor *x, kiln_tensor *weight, kiln_tensor *b
     return invstd ? bn_apply(fn, x, weight, bias, running_mean, invstd, false) : NULL;
   }
   /* the batch's statistics in one pass over x: sums of x - k and of its square, k x's first row
-   * (near the mean, so that the variance does not cancel); bn_apply's rule differentiates
-   * through them */
+   * (near the mean, so that the variance does not cancel), or with KILN_CONV_FPROP_MOMENTS=1 the
+   * running mean where there is one, which a convolution's kernel has before it computes x and
+   * so can sum x as it stores it (fusion/plan_conv.c's kiln__fprop_moments); bn_apply's rule
+   * differentiates through them */
   kiln_no_grad_begin(ctx);
   kiln_tensor *xr = kiln_reshape(x, KILN_SHAPE(n, C));
-  kiln_tensor *k = kiln_slice(xr, 0, 0, 1, 1); /* (1, C) */
+  kiln_tensor *k = running_mean && ctx->fprop_moments ? kiln_reshape(running_mean, KILN_SHAPE(1, C))
+                                                      : kiln_slice(xr, 0, 0, 1, 1); /* (1, C) */
   kiln_tensor *mi[2] = {xr, k}, *s[2];
   kiln__moments(fn, 0, mi, s); /* (1, C) each */
   /* every per-channel value over (1, C), so that they are one kernel with the sums and the

@@ -411,6 +411,9 @@ struct kiln_ctx {
   bool conv_recompute_blocks;
   bool conv_kpad;      /* zero columns to a multiple of 8 (kiln_conv2d); KILN_CONV_KPAD=0: none */
   bool conv_moments;   /* batch norm's gradient sums in a data gradient's epilogue (=0: not) */
+  /* KILN_CONV_FPROP_MOMENTS=1: batch norm's statistics in a TMA-fed forward product's epilogue,
+   * the shift of their sums its running mean (fusion/plan_conv.c's kiln__fprop_moments) */
+  bool fprop_moments;
   bool pool_moments;   /* KILN_POOL_MOMENTS=1: batch norm's statistics in a max pool's kernel */
   bool window_moments; /* batch norm's gradient sums in a col2im's or pool gradient's (=0: not) */
   bool pool_prologue;  /* KILN_POOL_PROLOGUE=1: a pool gradient computes its dy as it reads it */

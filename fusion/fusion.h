@@ -198,6 +198,11 @@ int kiln__direct_epilogue(const kiln_ctx *ctx, const kiln__plan *p, const kiln__
  * they have run on a GPU) where kiln__conv_pool_rows takes the width. Returns the pool's node, or
  * -1; it joins the group after the product. */
 int32_t kiln__conv_pool(const kiln_ctx *ctx, const kiln__plan *p, const kiln__group *g);
+/* The moments node of batch norm's statistics (mode 0) over the result of forward product group g
+ * (g alone) that the TMA-fed kernel's staged epilogue sums instead of a pass of its own, its
+ * shift k a tensor the group does not compute (the running mean: kiln_batch_norm with
+ * KILN_CONV_FPROP_MOMENTS=1); or -1. It joins the group last (g->moments). */
+int32_t kiln__fprop_moments(const kiln_ctx *ctx, const kiln__plan *p, const kiln__group *g);
 /* The pixels a TMA copy takes of an output row for kiln__conv_pool (ow: the product's width): a
  * power of two from 8 to 64 that holds the row's pooled columns, or 0 where none does. */
 int kiln__conv_pool_rows(int64_t ow);

@@ -129,7 +129,9 @@ static void lower_group(const kiln_ctx *ctx, const kiln__plan *p, const kiln__gr
       s->gemm = (kiln__gemm){.a = n->in[0], .b = n->in[1], .d = n->out};
       prog_of(ctx, p, g, 0, g->prologue, &s->pro); /* a WGRAD's dY computed as it is loaded */
       s->grad = g->grad;
-      if (g->implicit == KILN__IMPLICIT_FPROP) prog_of(ctx, p, g, 2, g->n, &s->prog); /* epilogue */
+      if (g->implicit == KILN__IMPLICIT_FPROP) /* its epilogue, then batch norm's statistics */
+        prog_of(ctx, p, g, 2, g->n - g->moments, &s->prog);
+      s->moments = g->moments ? &ctx->trace.nodes[p->members[g->first + g->n - 1]] : NULL;
       return;
     }
     s->kind = KILN__SPEC_BLAS;

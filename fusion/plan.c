@@ -482,13 +482,16 @@ static int32_t write_through(const kiln_ctx *ctx, const kiln__plan *p, int32_t i
    * elementwise nodes before it that read all of D as S's shape (a running statistic's old value
    * in its update): a group grows over consecutive nodes, so such a node runs in a kernel before
    * S's or in S's own, whose space is then S's, each thread reading D's element before it writes
-   * the same element */
+   * the same element; and a moments node before S that reads D as its shift (the running mean,
+   * with KILN_CONV_FPROP_MOMENTS=1), which runs in a kernel of its own or a forward product's,
+   * before S's */
   for (int32_t j = p->first; j < p->last; j++) {
     const kiln__node *n = &nodes[j];
     if (j == i || kiln__ops[n->op].kind == KILN__KIND_VIEW) continue;
     for (int q = 0; q < n->nin; q++) {
       if (j > i && n->in[q]->st == S->st) return -1;
-      if (j < i && n->in[q]->st == D->st && !reads_in_step(n, n->in[q], j < s, &nodes[s]))
+      bool shift = n->op == KILN__OP_MOMENTS && q == 1 && j < s;
+      if (j < i && n->in[q]->st == D->st && !shift && !reads_in_step(n, n->in[q], j < s, &nodes[s]))
         return -1;
     }
   }
@@ -653,6 +656,9 @@ static bool phase_groups(kiln_ctx *ctx, kiln__plan *p, bool fuse) {
         if (!add_member(ctx, p, g, epi[k])) return false;
       int32_t pool = kiln__conv_pool(ctx, p, g); /* pooled in the product's epilogue */
       if (pool >= 0 && !add_member(ctx, p, g, pool)) return false;
+      int32_t mom = kiln__fprop_moments(ctx, p, g); /* batch norm's statistics there too */
+      if (mom >= 0 && !add_member(ctx, p, g, mom)) return false;
+      g->moments = mom >= 0;
       int32_t cast, assign; /* the weight's f32 gradient written by the kernel */
       if (g->implicit == KILN__IMPLICIT_WGRAD && kiln__wgrad_into_grad(ctx, p, i, &cast, &assign)) {
         g->grad = ctx->trace.nodes[assign].in[0];
@@ -731,7 +737,8 @@ static bool phase_product_outputs(kiln_ctx *ctx, kiln__plan *p, bool fuse) {
        * epilogue's last value (a direct product's) */
       p->store[p->members[g->first] - p->first] = false;
       p->store[p->members[g->first + g->n - 1] - p->first] |= g->implicit != KILN__IMPLICIT_DGRAD;
-      if (g->implicit == KILN__IMPLICIT_FPROP && g->n > 2) p->store[g->node - p->first] = false;
+      if (g->implicit == KILN__IMPLICIT_FPROP && g->n - g->moments > 2)
+        p->store[g->node - p->first] = false;
     }
     if (g->implicit == KILN__IMPLICIT_WGRAD) { /* its result, or the gradient made of it */
       if (p->claim[g->window - p->first] == g->node) p->store[g->window - p->first] = false;

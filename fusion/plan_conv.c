@@ -515,6 +515,43 @@ int kiln__conv_pool_rows(int64_t ow) {
   return ow >= 2 && ow / 2 * 2 <= b ? b : 0;
 }
 
+/* (KILN_CONV_FPROP_MOMENTS=1, off until it has run on a GPU.) Batch norm after a convolution reads
+ * the product's image once for its statistics (k_moments_shifted: 20 launches, 252 us of
+ * resnet18's step on the H100) and once more to apply them. The TMA-fed forward product's kernel
+ * holds its block's 128 rows as it stores them: it sums them there, through the staged tile
+ * (conv_tma.cuh's kiln_tma_store_tile_moments), and writes the moments node's partial sums (P, 2,
+ * C), P blocks of 128 rows, which needs the shift k before the product runs: batch norm then takes
+ * its running mean for k (core/conv.c), not the image's first row. */
+int32_t kiln__fprop_moments(const kiln_ctx *ctx, const kiln__plan *p, const kiln__group *g) {
+  const kiln__node *nodes = ctx->trace.nodes;
+  if (!ctx->fprop_moments || g->implicit != KILN__IMPLICIT_FPROP || g->window < 0 || g->n != 2 ||
+      !ctx->conv_tma || ctx->arch != 90)
+    return -1;
+  const kiln__node *cn = &nodes[g->window];
+  const kiln_tensor *X = cn->in[0], *Y = nodes[g->node].out;
+  kiln__win w = kiln__win_of(cn);
+  int64_t ci = X->shape[3], co = Y->ndim == 2 ? Y->shape[1] : 0;
+  /* render_conv.c's TMA-fed product: not the direct nor the halo-tile one */
+  if (kiln__conv_direct_shape(cn->out->shape[3], ci, co) ||
+      (ctx->conv_few && kiln__conv_few_shape(&w, ci, co)) || !kiln__conv_tma_window(&w, ci) ||
+      co % 4 != 0 || !dense_bf16(Y))
+    return -1;
+  for (int32_t j = g->node + 1; j < p->last; j++) { /* its first reader that is a moments node */
+    const kiln__node *m = &nodes[j];
+    if (m->op != KILN__OP_MOMENTS || through_views(ctx, p, m->in[0]) != g->node) continue;
+    const kiln_tensor *x = m->in[0], *k = m->in[1];
+    int32_t kp = through_views(ctx, p, k);
+    bool sums = KILN__I(m, MOMENTS, mode) == 0 && KILN__I(m, MOMENTS, rows) == 128 &&
+                x->ndim == 2 && x->shape[1] == co && kiln_tensor_numel(x) == kiln_tensor_numel(Y) &&
+                x->st == Y->st && x->offset == Y->offset && kiln__is_contiguous(x);
+    bool shift = k->dtype == KILN_DTYPE_F32 && kiln__is_contiguous(k) &&
+                 kiln_tensor_numel(k) == co && k->offset % 4 == 0 && k->st != Y->st &&
+                 (kp < 0 || kp < g->node);
+    return sums && shift && p->group_of[j - p->first] < 0 && p->claim[j - p->first] < 0 ? j : -1;
+  }
+  return -1;
+}
+
 int32_t kiln__conv_pool(const kiln_ctx *ctx, const kiln__plan *p, const kiln__group *g) {
   const kiln__node *nodes = ctx->trace.nodes;
   if (g->implicit != KILN__IMPLICIT_FPROP || g->window < 0 || g->n != 2) return -1;

@@ -717,9 +717,12 @@ static bool render_pooled(const kiln__node *n, const kiln_tensor *X, const kiln_
  * with tma, through X's im2col map (128 pixels a copy) and Wk's tiled one (64 x BN boxes). With a
  * max pool in epi (kiln__conv_pool's; TMA-fed), a block's 128 rows are pairs of whole output rows
  * (copies of kiln__conv_pool_rows pixels) and it writes their 2x2 max pool instead, with the
- * window positions behind the pooled values where the pool's gradient reads them. */
+ * window positions behind the pooled values where the pool's gradient reads them. With mom
+ * (kiln__fprop_moments' moments node; TMA-fed), the block stores its rows through the staged tile
+ * and sums them there as batch norm's statistics, the node's shift and partial sums its operands
+ * after the filters'. */
 static bool render_fprop(const kiln__target *t, const kiln__node *n, const kiln__gemm *mm,
-                         const kiln__ew_prog *epi, kiln__rendered *r) {
+                         const kiln__ew_prog *epi, const kiln__node *mom, kiln__rendered *r) {
   bool ws = t->conv_warp_spec, tma = t->conv_tma;
   const kiln_tensor *Y = mm->d, *X = n->in[0];
   int64_t M = Y->shape[0], CO = Y->shape[1];
@@ -732,7 +735,7 @@ static bool render_fprop(const kiln__target *t, const kiln__node *n, const kiln_
   const kiln__node *pool = epi->n ? epi->nodes[0] : NULL;
   if (few) return render_few(t, n, mm, pool, r);
   tma = tma && kiln__conv_tma_window(&w, X->shape[3]);
-  KILN_ASSERT(!pool || tma);
+  KILN_ASSERT((!pool && !mom) || tma);
   int BN = wgmma_width(CO, ws && !tma), most = tma ? t->conv_fprop_bn : 0;
   if (most && BN > most) BN = most;
   int stage = tma ? (128 + BN) * 128 : 0;
@@ -755,6 +758,8 @@ static bool render_fprop(const kiln__target *t, const kiln__node *n, const kiln_
                   "  const int m0 = (int)blockIdx.x * 128, n0 = (int)blockIdx.y * BN;\n",
                   BN, S, (long long)M);
   if (pool) return render_pooled(n, X, pool, &b, &o, slot, pre, BN, S, stage, r);
+  int ks = mom ? kiln__operand(&o, mom->in[1], false, NULL) : -1, /* before the maps' slot */
+      mo = mom ? kiln__operand(&o, mom->out, true, NULL) : -1;
   if (tma) {
     tma_maps(&b, o.n, 2);
     kiln__sb_printf(&b, "  if (!kiln_conv_fprop_tma<G, BN, S>(tm, tm + 1, m0, n0, kiln_smem, d))\n"
@@ -767,7 +772,13 @@ static bool render_fprop(const kiln__target *t, const kiln__node *n, const kiln_
                     "    return;\n",
                     ws ? "true" : "false", t->conv_ahead ? ", true" : "", slot[0], slot[1]);
   }
-  if (tma && BN == 256) /* through shared memory: kiln_tma_store_tile says why at 256 alone */
+  if (mom)
+    kiln__sb_printf(
+        &b,
+        "  kiln_tma_store_tile_moments<BN>((kiln_bf16 *)a.ptr[%d], m0, n0, M, G::CO, d, "
+        "kiln_tma_align1024(kiln_smem), (const float *)a.ptr[%d], (float *)a.ptr[%d]);\n",
+        slot[2], ks, mo);
+  else if (tma && BN == 256) /* through shared memory: kiln_tma_store_tile says why at 256 alone */
     kiln__sb_printf(&b,
                     "  kiln_tma_store_tile<BN>((kiln_bf16 *)a.ptr[%d], m0, n0, M, G::CO, d, "
                     "kiln_tma_align1024(kiln_smem));\n",
@@ -777,7 +788,8 @@ static bool render_fprop(const kiln__target *t, const kiln__node *n, const kiln_
   r->arg.args.n = M;
   r->grid = (unsigned)((M + 127) / 128);
   r->grid_y = (unsigned)((CO + BN - 1) / BN);
-  return finish_wgmma(&b, "fprop", n, pre, &o, BN, S, ws && !tma, stage, o.n, r);
+  return finish_wgmma(&b, mom ? "fprop_moments" : "fprop", n, pre, &o, BN, S, ws && !tma, stage,
+                      o.n, r);
 }
 
 /* How many splits of the pixels a weight gradient of `tiles` tiles (128 x BN) over M pixels takes:
@@ -882,7 +894,7 @@ static bool render_wgrad(const kiln__target *t, const kiln__node *n, const kiln_
 bool kiln__render_conv(const kiln__target *t, const kiln__spec *s, kiln__rendered *r) {
   switch (s->conv) {
   case KILN__IMPLICIT_DGRAD: return render_dgrad(t, s, r);
-  case KILN__IMPLICIT_FPROP: return render_fprop(t, s->red, &s->gemm, &s->prog, r);
+  case KILN__IMPLICIT_FPROP: return render_fprop(t, s->red, &s->gemm, &s->prog, s->moments, r);
   case KILN__IMPLICIT_WGRAD: return render_wgrad(t, s->red, &s->gemm, s->grad, &s->pro, r);
   case KILN__IMPLICIT_NONE: break;
   }

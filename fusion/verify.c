@@ -194,8 +194,13 @@ static const char *check_group(const kiln_ctx *ctx, const kiln__plan *p, int k, 
       bool fprop = g->implicit == KILN__IMPLICIT_FPROP, into = g->grad != NULL;
       int pro = g->prologue; /* a weight gradient's dY computed by the run before it */
       int32_t c = g->window, mm = p->members[g->first + (fprop ? 1 : pro)];
-      /* a forward product may have a unary epilogue after it (a direct one's), not written */
-      bool epi = fprop && g->n > 2;
+      /* a forward product may have a unary epilogue after it (a direct one's), not written, or
+       * batch norm's statistics of its result, written (kiln__fprop_moments) */
+      int32_t last = p->members[g->first + g->n - 1];
+      if (g->moments && (!fprop || g->n != 3 || nodes[last].op != KILN__OP_MOMENTS ||
+                         !p->store[last - p->first] || owner(ctx, p, nodes[last].in[0]) != mm))
+        return bad(why, n, "group %d: batch norm statistics that are not its product's", k);
+      bool epi = fprop && g->n - g->moments > 2;
       if ((fprop && pro) || (pro && into) || (fprop ? g->n < 2 : g->n != pro + (into ? 3 : 1)) ||
           mm != g->node || nodes[mm].op != KILN__OP_MATMUL || c < p->first || c >= mm ||
           nodes[c].op != KILN__OP_IM2COL ||
@@ -203,7 +208,7 @@ static const char *check_group(const kiln_ctx *ctx, const kiln__plan *p, int k, 
           p->store[c - p->first] || p->store[mm - p->first] == (into || epi) ||
           owner(ctx, p, nodes[mm].in[fprop ? 0 : 1]) != c)
         return bad(why, n, "group %d: an implicit convolution product that is not im2col's", k);
-      for (int m = 2; epi && m < g->n; m++) {
+      for (int m = 2; epi && m < g->n - g->moments; m++) {
         int32_t e = p->members[g->first + m];
         /* or a max pool, alone (kiln__conv_pool's) */
         bool pool = nodes[e].op == KILN__OP_MAX_POOL && g->n == 3;

@@ -939,3 +939,57 @@ Test(conv_tma, max_pools_compute_their_image_as_they_read_it_with_the_switch) {
     finish_program(ctx, &pg, what);
   }
 }
+
+/* With KILN_CONV_FPROP_MOMENTS=1 batch norm's statistics (a moments node of mode 0) after a
+ * TMA-fed forward product join its group, last (plan_conv.c's kiln__fprop_moments), summed in the
+ * kernel's staged epilogue (named _moments; it renders and compiles, NVRTC), their shift the
+ * norm's running mean, whose update the statistics' kernel still writes in place (no assignment
+ * of its own); not without running statistics (the shift is then the image's first row, which the
+ * product computes), nor without the switch. */
+Test(conv_tma, forward_products_sum_the_batch_norm_after_them_with_the_switch) {
+  struct {
+    bool on, running, want;
+  } cases[] = {{true, true, true}, {true, false, false}, {false, true, false}};
+  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+    char what[64];
+    snprintf(what, sizeof what, "switch %d, %s running statistics", cases[i].on,
+             cases[i].running ? "with" : "without");
+    kiln_ctx *ctx = th_cpu_ctx();
+    ctx->fprop_moments = cases[i].on;
+    kiln_step_begin(ctx);
+    kiln_tensor *x = th_param(ctx, KILN_SHAPE(4, 9, 7, 64)),
+                *k = th_param(ctx, KILN_SHAPE(128, 64, 3, 3));
+    kiln_tensor *gamma = th_param(ctx, KILN_SHAPE(128)), *beta = th_param(ctx, KILN_SHAPE(128));
+    kiln_tensor *rm = cases[i].running ? th_f32(ctx, KILN_SHAPE(128)) : NULL;
+    kiln_tensor *rv = cases[i].running ? th_f32(ctx, KILN_SHAPE(128)) : NULL;
+    kiln_autocast_begin(ctx, KILN_DTYPE_BF16);
+    kiln_tensor *y = kiln_conv2d(x, k, NULL, &(kiln_conv2d_options){.pad_h = 1, .pad_w = 1});
+    y = kiln_relu(kiln_batch_norm(y, gamma, beta, rm, rv, 1, 0.1f, 1e-5f));
+    kiln_autocast_end(ctx);
+    kiln__program pg;
+    backward_program(ctx, y, &pg, what);
+    int fused = 0, left = 0, assigns = 0;
+    for (int g = 0; g < pg.plan.ng; g++) {
+      const kiln__group *gr = &pg.plan.g[g];
+      const kiln__node *last = &ctx->trace.nodes[pg.plan.members[gr->first + gr->n - 1]];
+      bool mode0 = last->op == KILN__OP_MOMENTS && KILN__I(last, MOMENTS, mode) == 0;
+      assigns += gr->n == 1 && last->op == KILN__OP_ASSIGN && rm &&
+                 (last->in[0]->st == rm->st || last->in[0]->st == rv->st);
+      if (!gr->moments || gr->implicit != KILN__IMPLICIT_FPROP) {
+        left += mode0;
+        continue;
+      }
+      fused++;
+      cr_assert(mode0 && gr->n == 3, "%s: the statistics last", what);
+      cr_assert_eq(last->in[1]->st, rm->st, "%s: the running mean is the shift", what);
+      cr_assert(pg.plan.store[pg.plan.members[gr->first + 1] - pg.plan.first],
+                "%s: the product is written", what);
+      cr_assert(strstr(pg.call[g].name, "k_conv_fprop_moments_") && pg.call[g].ntmap == 2, "%s: %s",
+                what, pg.call[g].name);
+    }
+    cr_assert_eq(fused, cases[i].want, "%s: %d products sum", what, fused);
+    cr_assert_eq(left, !cases[i].want, "%s: %d moments kernels of mode 0", what, left);
+    cr_assert_eq(assigns, 0, "%s: the running statistics assigned apart", what);
+    finish_program(ctx, &pg, what);
+  }
+}

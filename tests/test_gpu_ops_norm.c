@@ -5,8 +5,9 @@
  * statistics, which then stay), with and without affine parameters and running statistics, on
  * (N, H, W, C) and (N, C) inputs, a constant channel; layer norm over the last axis, with and
  * without affine parameters, narrow and wide rows, a viewed input; a momentum or eps of 0
- * (PyTorch's default) and KILN_ZERO (an exact 0) in both. Gradients of x, weight and bias are
- * checked against the analytic float64 gradients and against central finite differences
+ * (PyTorch's default) and KILN_ZERO (an exact 0) in both; batch norm's sums shifted by the running
+ * mean, and summed in a convolution's kernel, KILN_CONV_FPROP_MOMENTS=1. Gradients of x, weight and
+ * bias are checked against the analytic float64 gradients and against central finite differences
  * (kiln_gradcheck). Without a GPU every test skips, saying why.
  */
 #include <math.h>
@@ -397,6 +398,108 @@ Test(gpu_ops, batch_norm_applied_in_the_residual_adds_kernel) {
     cr_assert_eq(memcmp(on[q], off[q], (size_t)n * sizeof(float)), 0, "%s differs", names[q]);
     free(on[q]);
     free(off[q]);
+  }
+}
+
+/* With KILN_CONV_FPROP_MOMENTS=1 batch norm shifts its sums by the running mean where it has one
+ * (not by the input's first row): the training cases against float64 all the same, the running
+ * statistics' updates included. */
+Test(gpu_ops, batch_norm_training_shifted_by_the_running_mean) {
+  setenv("KILN_CONV_FPROP_MOMENTS", "1", 1); /* read when the context is made */
+  TH_GPU_CTX_EAGER(ctx);
+  unsetenv("KILN_CONV_FPROP_MOMENTS");
+  for (size_t i = 0; i < sizeof bn_cases / sizeof *bn_cases; i++)
+    if (bn_cases[i].training) check_bn(ctx, &bn_cases[i], 4000 + 100 * i);
+  th_ctx_free(ctx);
+}
+
+/* A convolution (bf16, x (n, h, w, ci), k x k filters into co channels, stride s, padding k / 2),
+ * batch norm in training with running statistics (momentum 0.1) and a ReLU, loss sum(y g), two
+ * steps (a step graph's capture, then its replay) in a context made with KILN_CONV_FPROP_MOMENTS
+ * set to `on`: y (as g's gradient: the loss consumes y), the gradients of the filters and of the
+ * norm's weight and bias, then the running mean and variance (malloc'd f32, n[q] values). */
+typedef struct {
+  const char *desc;
+  int64_t n, h, w, ci, co, k, s;
+} conv_bn_case;
+
+static void conv_bn_results(const conv_bn_case *c, const char *on, float *out[6], int64_t n[6]) {
+  setenv("KILN_CONV_FPROP_MOMENTS", on, 1); /* read when the context is made */
+  TH_GPU_CTX(ctx);
+  unsetenv("KILN_CONV_FPROP_MOMENTS");
+  int p = (int)(c->k / 2), s = (int)c->s;
+  int64_t oh = (c->h + 2 * p - c->k) / s + 1, ow = (c->w + 2 * p - c->k) / s + 1;
+  kiln_shape cs = KILN_SHAPE(c->co), ys = KILN_SHAPE(c->n, oh, ow, c->co);
+  kiln_tensor *x =
+      ref_rand_tensor(ctx, KILN_SHAPE(c->n, c->h, c->w, c->ci), 9500, &REF_GEN(-1, 2), 0, NULL);
+  kiln_tensor *t[6] = {
+      ref_rand_tensor(ctx, ys, 9501, &REF_GEN(-1, 1), 1, NULL), /* g */
+      ref_rand_tensor(ctx, KILN_SHAPE(c->co, c->ci, c->k, c->k), 9502, &REF_GEN(-0.1f, 0.1f), 1,
+                      NULL),
+      ref_rand_tensor(ctx, cs, 9503, &REF_GEN(0.5f, 1.5f), 1, NULL),
+      ref_rand_tensor(ctx, cs, 9504, &REF_GEN(-1, 1), 1, NULL),
+      ref_rand_tensor(ctx, cs, 9505, &REF_GEN(-0.5f, 0.5f), 0, NULL), /* running mean */
+      ref_rand_tensor(ctx, cs, 9506, &REF_GEN(0.5f, 2), 0, NULL)};    /* running variance */
+  kiln_conv2d_options o = {.pad_h = p, .pad_w = p, .stride_h = s, .stride_w = s};
+  for (int step = 0; step < 2; step++) {
+    for (int q = 0; q < 4; q++)
+      kiln_tensor_zero_grad(t[q]);
+    kiln_step_begin(ctx);
+    kiln_autocast_begin(ctx, KILN_DTYPE_BF16);
+    kiln_tensor *y =
+        kiln_batch_norm(kiln_conv2d(x, t[1], NULL, &o), t[2], t[3], t[4], t[5], 1, 0.1f, 1e-5f);
+    y = kiln_cast(kiln_relu(y), KILN_DTYPE_F32);
+    kiln_autocast_end(ctx);
+    cr_assert_eq(kiln_backward(kiln_sum(kiln_mul(y, t[0]), KILN_ALL_AXES, 0)), KILN_OK, "%s: %s",
+                 c->desc, th_err(ctx));
+    cr_assert_eq(kiln_step_end(ctx), KILN_OK, "%s: %s", c->desc, th_err(ctx));
+  }
+  for (int q = 0; q < 6; q++) {
+    out[q] = ref_read_f32(ctx, q < 4 ? kiln_tensor_grad(t[q]) : t[q], "a result");
+    n[q] = kiln_tensor_numel(t[q]);
+    kiln_tensor_free(t[q]);
+  }
+  kiln_tensor_free(x);
+  th_ctx_free(ctx);
+}
+
+/* KILN_CONV_FPROP_MOMENTS=1 (batch norm's statistics summed in the TMA-fed forward product's
+ * epilogue, shifted by the running mean) against its absence (a pass of their own over the
+ * product, shifted by its first row): the same sums in another order, so within a bf16 step for
+ * y and the gradients (1/128 of the largest) and 1e-5 for the running statistics, after two steps
+ * of a replayed graph, on 64, 128 and 256 output channels (a tile of 64, 128 and 256 columns),
+ * strides 1 and 2, 1x1 and 3x3 filters, rows in part of a last block of 128. */
+Test(gpu_ops, batch_norm_statistics_in_the_forward_products_kernel) {
+  TH_GPU_CTX(probe); /* skips without a GPU */
+  th_ctx_free(probe);
+  const conv_bn_case cases[] = {
+      {"64->64 3x3 on 6x11x9", 6, 11, 9, 64, 64, 3, 1},
+      {"64->256 3x3 stride 2 on 8x14x14", 8, 14, 14, 64, 256, 3, 2},
+      {"128->128 1x1 stride 2 on 4x16x16", 4, 16, 16, 128, 128, 1, 2},
+  };
+  const char *names[6] = {"y",
+                          "the filters' gradient",
+                          "the weight's gradient",
+                          "the bias's gradient",
+                          "the running mean",
+                          "the running variance"};
+  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+    float *on[6], *off[6];
+    int64_t n[6];
+    conv_bn_results(&cases[i], "1", on, n);
+    conv_bn_results(&cases[i], "0", off, n);
+    for (int q = 0; q < 6; q++) {
+      double most = 0, diff = 0;
+      for (int64_t j = 0; j < n[q]; j++) {
+        most = fmax(most, fabs(off[q][j]));
+        diff = fmax(diff, fabs((double)on[q][j] - off[q][j]));
+      }
+      cr_assert_gt(most, 1e-3, "%s: %s is all small", cases[i].desc, names[q]);
+      cr_assert_leq(diff, q < 4 ? most / 128 : 1e-5 * most, "%s: %s differs by %g (largest %g)",
+                    cases[i].desc, names[q], diff, most);
+      free(on[q]);
+      free(off[q]);
+    }
   }
 }
 

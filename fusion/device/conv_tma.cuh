@@ -437,6 +437,38 @@ KILN__FN void kiln_tma_tile_moments(const float (&s)[8], unsigned char *tile, fl
   kiln_block_moments<BN / 4>(s, (float *)tile, out, blockIdx.x, n0, C);
 }
 
+/* A forward product's accumulators d (128 rows from m0, BN columns from n0) stored as bf16 into y
+ * (rows x cols, row-major, cols a multiple of 4) through the staged tile, a thread's four columns
+ * of a row at a time, the same four in every row it takes (256 % (BN / 4) == 0), which it sums as
+ * batch norm's statistics: the stored values v less k (per column, the shift), and their squares,
+ * over the block's rows, into the moments node's partial sums out (P, 2, cols), row blockIdx.x
+ * (kiln_tma_tile_moments); the values the moments kernel would read back from y. */
+template <int BN>
+KILN__FN void kiln_tma_store_tile_moments(kiln_bf16 *__restrict__ y, int m0, int n0, int rows,
+                                          int cols, const float (&d)[BN / 2], unsigned char *tile,
+                                          const float *__restrict__ k, float *__restrict__ out) {
+  constexpr int CHUNKS = BN / 4;
+  static_assert(256 % CHUNKS == 0, "kiln_tma_store_tile_moments: a thread keeps its columns");
+  kiln_tma_stage_tile<BN>(d, tile);
+  const int ch = threadIdx.x % CHUNKS, c = n0 + ch * 4;
+  float kv[4] = {0.f, 0.f, 0.f, 0.f}, s[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+  if (c < cols) kiln_load4(k + c, kv);
+  for (int q = threadIdx.x; q < 128 * CHUNKS; q += 256) {
+    const int m = m0 + q / CHUNKS;
+    if (m >= rows || c >= cols) continue;
+    float v[4];
+    kiln_tma_tile_get4<BN>(tile, q / CHUNKS, ch * 4, v);
+    kiln_store4(y + (long long)m * cols + c, v);
+#pragma unroll
+    for (int l = 0; l < 4; l++) {
+      const float e = v[l] - kv[l];
+      s[l] += e;
+      s[4 + l] += e * e;
+    }
+  }
+  kiln_tma_tile_moments<BN>(s, tile, out, n0, cols);
+}
+
 /* Stores a two-warpgroup block's accumulators d (128 rows from m0, BN columns from n0) as bf16
  * into out (rows x cols, row-major) through the freed stages at tile (kiln_tma_stage_tile), the
  * block storing whole 16-byte chunks, a row's by neighbouring threads. The 4-byte stores straight
