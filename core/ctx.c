@@ -169,7 +169,7 @@ kiln_ctx *kiln__ctx_create(const kiln_ctx_options *opts) {
   ctx->conv_kpad = !env_off("KILN_CONV_KPAD");
   ctx->conv_moments = !env_off("KILN_CONV_MOMENTS");
   ctx->fprop_moments = env_on("KILN_CONV_FPROP_MOMENTS"); /* off until it has run on a GPU */
-  ctx->pool_moments = env_on("KILN_POOL_MOMENTS"); /* off: the air step slower (README) */
+  ctx->pool_moments = env_on("KILN_POOL_MOMENTS");        /* off: the air step slower (README) */
   ctx->window_moments = !env_off("KILN_WINDOW_MOMENTS");
   /* on since the H100 run of 2026-12-05 (bench/ab_steps.sh, medians of three): air 2.839 ms with
    * both against 2.894, resnet18 8.268 against 8.338; KILN_CONV_HOIST=2 took them to 2.830 and

@@ -409,8 +409,8 @@ struct kiln_ctx {
   bool conv_recompute_input;
   /* the same for the blocks of a persistent image (KILN_CONV_RECOMPUTE_BLOCKS=0: kept) */
   bool conv_recompute_blocks;
-  bool conv_kpad;      /* zero columns to a multiple of 8 (kiln_conv2d); KILN_CONV_KPAD=0: none */
-  bool conv_moments;   /* batch norm's gradient sums in a data gradient's epilogue (=0: not) */
+  bool conv_kpad;    /* zero columns to a multiple of 8 (kiln_conv2d); KILN_CONV_KPAD=0: none */
+  bool conv_moments; /* batch norm's gradient sums in a data gradient's epilogue (=0: not) */
   /* KILN_CONV_FPROP_MOMENTS=1: batch norm's statistics in a TMA-fed forward product's epilogue,
    * the shift of their sums its running mean (fusion/plan_conv.c's kiln__fprop_moments) */
   bool fprop_moments;
