@@ -300,11 +300,9 @@ static void cast_loop(kiln__sb *b, const kiln_tensor *x, const kiln_tensor *y, i
                runtime ? (long long)d : (long long)y->shape[d]);
       snprintf(st[d], sizeof st[d], runtime ? "(int)a.st[0][%lld]" : "%lld",
                runtime ? (long long)d : (long long)x->stride[d]);
-      a->shape[d] = y->shape[d];
-      a->st[0][d] = x->stride[d];
+      if (runtime) a->shape[d] = y->shape[d], a->st[0][d] = x->stride[d];
     }
-    a->shape[0] = y->shape[0];
-    a->nred = block;
+    if (runtime) a->shape[0] = y->shape[0], a->nred = block;
     kiln__sb_printf(b,
                     "    for (ix o = blockIdx.x; o < %s; o += gridDim.x) {\n"
                     "      __syncthreads(); /* the last block's values read */\n"
