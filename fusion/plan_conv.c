@@ -521,20 +521,23 @@ int kiln__conv_pool_rows(int64_t ow) {
  * holds its block's 128 rows as it stores them: it sums them there, through the staged tile
  * (conv_tma.cuh's kiln_tma_store_tile_moments), and writes the moments node's partial sums (P, 2,
  * C), P blocks of 128 rows, which needs the shift k before the product runs: batch norm then takes
- * its running mean for k (core/conv.c), not the image's first row. */
+ * its running mean for k (core/conv.c), not the image's first row. The halo-tile product
+ * (ResNet's stem) sums every tile a persistent block stores into a partial of its own, the
+ * others zero (conv_few.cuh's kiln_few_moments). */
 int32_t kiln__fprop_moments(const kiln_ctx *ctx, const kiln__plan *p, const kiln__group *g) {
   const kiln__node *nodes = ctx->trace.nodes;
   if (!ctx->fprop_moments || g->implicit != KILN__IMPLICIT_FPROP || g->window < 0 || g->n != 2 ||
-      !ctx->conv_tma || ctx->arch != 90)
+      ctx->arch != 90)
     return -1;
   const kiln__node *cn = &nodes[g->window];
   const kiln_tensor *X = cn->in[0], *Y = nodes[g->node].out;
   kiln__win w = kiln__win_of(cn);
   int64_t ci = X->shape[3], co = Y->ndim == 2 ? Y->shape[1] : 0;
-  /* render_conv.c's TMA-fed product: not the direct nor the halo-tile one */
+  /* render_conv.c's TMA-fed product, or the halo-tile one (conv_few.cuh's kiln_few_moments); not
+   * the direct one */
+  bool few = ctx->conv_few && kiln__conv_few_shape(&w, ci, co);
   if (kiln__conv_direct_shape(cn->out->shape[3], ci, co) ||
-      (ctx->conv_few && kiln__conv_few_shape(&w, ci, co)) || !kiln__conv_tma_window(&w, ci) ||
-      co % 4 != 0 || !dense_bf16(Y))
+      !(few || (ctx->conv_tma && kiln__conv_tma_window(&w, ci))) || co % 4 != 0 || !dense_bf16(Y))
     return -1;
   for (int32_t j = g->node + 1; j < p->last; j++) { /* its first reader that is a moments node */
     const kiln__node *m = &nodes[j];

@@ -586,11 +586,11 @@ static bool finish_few(kiln__sb *b, const char *what, const kiln__node *n, const
  * node) the product's 2x2 max pool is written instead, and the pool's window positions behind its
  * values where its gradient reads them (ops.def's index, as render_window.c's pools). */
 static bool render_few(const kiln__target *t, const kiln__node *n, const kiln__gemm *mm,
-                       const kiln__node *pool, kiln__rendered *r) {
+                       const kiln__node *pool, const kiln__node *mom, kiln__rendered *r) {
   const kiln_tensor *Y = mm->d, *X = n->in[0], *out = pool ? pool->out : Y;
   const int64_t CO = Y->shape[1];
   const kiln__win w = kiln__win_of(n);
-  const few_tiling f = few_tiles(t, n);
+  few_tiling f = few_tiles(t, n);
   /* kiln_few's SMEM: the filters (rows of an odd count of chunks), a zero chunk, two halos, the
    * staged rows */
   const int64_t smem = CO * ((w.kh * w.kw * (X->shape[3] / 8)) | 1) * 16 + 16 + 2 * f.halo * 16 +
@@ -599,19 +599,32 @@ static bool render_few(const kiln__target *t, const kiln__node *n, const kiln__g
   int slot[3];
   char pre[640];
   conv_operands(n, mm->b, out, CO, "conv_few.cuh", &o, slot, pre, sizeof pre);
-  char at[96];
+  char at[96], sums[96] = "";
   bool index = pool && KILN__I(pool, MAX_POOL, index);
+  if (mom) { /* batch norm's statistics (kiln__fprop_moments): a block a partial sum */
+    const int64_t P = mom->out->shape[0];
+    int ks = kiln__operand(&o, mom->in[1], false, NULL),
+        mo = kiln__operand(&o, mom->out, true, NULL);
+    snprintf(sums, sizeof sums, ", nullptr, (const float *)a.ptr[%d], (float *)a.ptr[%d], %lld", ks,
+             mo, (long long)P);
+    if (f.grid > P) f.grid = P;
+  }
   kiln__sb b = {0};
-  kiln__sb_printf(&b,
-                  "  extern __shared__ __align__(16) unsigned char kiln_smem[];\n"
-                  "  static_assert(kiln_few<G, %d, %d>::SMEM == %lld && kiln_few<G, %d, %d>::TILES "
-                  "== %lld, \"the launch's shared memory and tiles\");\n"
-                  "  kiln_conv_few<G, %d, %d, %s>((const kiln_bf16 *)a.ptr[%d], (const kiln_bf16 "
-                  "*)a.ptr[%d], (kiln_bf16 *)a.ptr[%d], kiln_smem%s%s);\n",
-                  f.th, f.tw, (long long)smem, f.th, f.tw, (long long)f.tiles, f.th, f.tw,
-                  pool ? "true" : "false", slot[0], slot[1], slot[2], index ? ", " : "",
-                  index ? kiln__pool_positions(at, sizeof at, out, slot[2], false) : "");
-  bool ok = finish_few(&b, pool ? "few_pool" : "few", n, pre, &o, &f, smem, Y->shape[0], r);
+  kiln__sb_printf(
+      &b,
+      "  extern __shared__ __align__(16) unsigned char kiln_smem[];\n"
+      "  static_assert(kiln_few<G, %d, %d>::SMEM == %lld && kiln_few<G, %d, %d>::TILES "
+      "== %lld, \"the launch's shared memory and tiles\");\n"
+      "  kiln_conv_few<G, %d, %d, %s, %s>((const kiln_bf16 *)a.ptr[%d], (const kiln_bf16 "
+      "*)a.ptr[%d], (kiln_bf16 *)a.ptr[%d], kiln_smem%s%s%s);\n",
+      f.th, f.tw, (long long)smem, f.th, f.tw, (long long)f.tiles, f.th, f.tw,
+      pool ? "true" : "false", mom ? "true" : "false", slot[0], slot[1], slot[2], index ? ", " : "",
+      index ? kiln__pool_positions(at, sizeof at, out, slot[2], false) : "", sums);
+  bool ok = finish_few(&b,
+                       pool  ? "few_pool"
+                       : mom ? "few_moments"
+                             : "few",
+                       n, pre, &o, &f, smem, Y->shape[0], r);
   if (index) r->bytes_written += (uint64_t)kiln_tensor_numel(out); /* a position byte a value */
   return ok;
 }
@@ -733,9 +746,9 @@ static bool render_fprop(const kiln__target *t, const kiln__node *n, const kiln_
   /* an epilogue is kiln__direct_epilogue's chain, or kiln__conv_pool's max pool */
   KILN_ASSERT(epi->n == 0 || (epi->n == 1 && epi->nodes[0]->op == KILN__OP_MAX_POOL));
   const kiln__node *pool = epi->n ? epi->nodes[0] : NULL;
-  if (few) return render_few(t, n, mm, pool, r);
+  if (few) return render_few(t, n, mm, pool, mom, r);
   tma = tma && kiln__conv_tma_window(&w, X->shape[3]);
-  KILN_ASSERT((!pool && !mom) || tma);
+  KILN_ASSERT((!pool && !mom) || tma); /* the halo-tile product's returned above */
   int BN = wgmma_width(CO, ws && !tma), most = tma ? t->conv_fprop_bn : 0;
   if (most && BN > most) BN = most;
   int stage = tma ? (128 + BN) * 128 : 0;

@@ -941,27 +941,33 @@ Test(conv_tma, max_pools_compute_their_image_as_they_read_it_with_the_switch) {
 }
 
 /* With KILN_CONV_FPROP_MOMENTS=1 batch norm's statistics (a moments node of mode 0) after a
- * TMA-fed forward product join its group, last (plan_conv.c's kiln__fprop_moments), summed in the
- * kernel's staged epilogue (named _moments; it renders and compiles, NVRTC), their shift the
- * norm's running mean, whose update the statistics' kernel still writes in place (no assignment
- * of its own); not without running statistics (the shift is then the image's first row, which the
- * product computes), nor without the switch. */
+ * TMA-fed or halo-tile forward product join its group, last (plan_conv.c's kiln__fprop_moments),
+ * summed in the kernel's epilogue (named _moments; it renders and compiles, NVRTC), their shift
+ * the norm's running mean, whose update the statistics' kernel still writes in place (no
+ * assignment of its own); the halo-tile kernel's persistent blocks a partial sum each, at most as
+ * many as the partial sums; not without running statistics (the shift is then the image's first
+ * row, which the product computes), nor without the switch. */
 Test(conv_tma, forward_products_sum_the_batch_norm_after_them_with_the_switch) {
   struct {
+    int64_t cin, cout;
     bool on, running, want;
-  } cases[] = {{true, true, true}, {true, false, false}, {false, true, false}};
+  } cases[] = {{64, 128, true, true, true},
+               {24, 64, true, true, true},
+               {64, 128, true, false, false},
+               {64, 128, false, true, false}};
   for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
-    char what[64];
-    snprintf(what, sizeof what, "switch %d, %s running statistics", cases[i].on,
-             cases[i].running ? "with" : "without");
+    char what[80];
+    int64_t ci = cases[i].cin, co = cases[i].cout;
+    snprintf(what, sizeof what, "%lld->%lld, switch %d, %s running statistics", (long long)ci,
+             (long long)co, cases[i].on, cases[i].running ? "with" : "without");
     kiln_ctx *ctx = th_cpu_ctx();
     ctx->fprop_moments = cases[i].on;
     kiln_step_begin(ctx);
-    kiln_tensor *x = th_param(ctx, KILN_SHAPE(4, 9, 7, 64)),
-                *k = th_param(ctx, KILN_SHAPE(128, 64, 3, 3));
-    kiln_tensor *gamma = th_param(ctx, KILN_SHAPE(128)), *beta = th_param(ctx, KILN_SHAPE(128));
-    kiln_tensor *rm = cases[i].running ? th_f32(ctx, KILN_SHAPE(128)) : NULL;
-    kiln_tensor *rv = cases[i].running ? th_f32(ctx, KILN_SHAPE(128)) : NULL;
+    kiln_tensor *x = th_param(ctx, KILN_SHAPE(4, 9, 7, ci)),
+                *k = th_param(ctx, KILN_SHAPE(co, ci, 3, 3));
+    kiln_tensor *gamma = th_param(ctx, KILN_SHAPE(co)), *beta = th_param(ctx, KILN_SHAPE(co));
+    kiln_tensor *rm = cases[i].running ? th_f32(ctx, KILN_SHAPE(co)) : NULL;
+    kiln_tensor *rv = cases[i].running ? th_f32(ctx, KILN_SHAPE(co)) : NULL;
     kiln_autocast_begin(ctx, KILN_DTYPE_BF16);
     kiln_tensor *y = kiln_conv2d(x, k, NULL, &(kiln_conv2d_options){.pad_h = 1, .pad_w = 1});
     y = kiln_relu(kiln_batch_norm(y, gamma, beta, rm, rv, 1, 0.1f, 1e-5f));
@@ -984,8 +990,11 @@ Test(conv_tma, forward_products_sum_the_batch_norm_after_them_with_the_switch) {
       cr_assert_eq(last->in[1]->st, rm->st, "%s: the running mean is the shift", what);
       cr_assert(pg.plan.store[pg.plan.members[gr->first + 1] - pg.plan.first],
                 "%s: the product is written", what);
-      cr_assert(strstr(pg.call[g].name, "k_conv_fprop_moments_") && pg.call[g].ntmap == 2, "%s: %s",
-                what, pg.call[g].name);
+      bool few = ci == 24;
+      cr_assert(strstr(pg.call[g].name, few ? "k_conv_few_moments_" : "k_conv_fprop_moments_") &&
+                    pg.call[g].ntmap == (few ? 0 : 2),
+                "%s: %s", what, pg.call[g].name);
+      if (few) cr_assert_leq(pg.call[g].grid, (unsigned)last->out->shape[0], "%s", what);
     }
     cr_assert_eq(fused, cases[i].want, "%s: %d products sum", what, fused);
     cr_assert_eq(left, !cases[i].want, "%s: %d moments kernels of mode 0", what, left);

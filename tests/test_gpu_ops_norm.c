@@ -468,7 +468,8 @@ static void conv_bn_results(const conv_bn_case *c, const char *on, float *out[6]
  * product, shifted by its first row): the same sums in another order, so within a bf16 step for
  * y and the gradients (1/128 of the largest) and 1e-5 for the running statistics, after two steps
  * of a replayed graph, on 64, 128 and 256 output channels (a tile of 64, 128 and 256 columns),
- * strides 1 and 2, 1x1 and 3x3 filters, rows in part of a last block of 128. */
+ * strides 1 and 2, 1x1 and 3x3 filters, rows in part of a last block of 128; and on the halo-tile
+ * products (24 channels, and ResNet's stem), whose blocks sum a partial each. */
 Test(gpu_ops, batch_norm_statistics_in_the_forward_products_kernel) {
   TH_GPU_CTX(probe); /* skips without a GPU */
   th_ctx_free(probe);
@@ -476,6 +477,8 @@ Test(gpu_ops, batch_norm_statistics_in_the_forward_products_kernel) {
       {"64->64 3x3 on 6x11x9", 6, 11, 9, 64, 64, 3, 1},
       {"64->256 3x3 stride 2 on 8x14x14", 8, 14, 14, 64, 256, 3, 2},
       {"128->128 1x1 stride 2 on 4x16x16", 4, 16, 16, 128, 128, 1, 2},
+      {"24->64 3x3 on 3x9x7 (a halo-tile product)", 3, 9, 7, 24, 64, 3, 1},
+      {"3->64 7x7 stride 2 on 3x45x38 (ResNet's stem, on its blocks)", 3, 45, 38, 3, 64, 7, 2},
   };
   const char *names[6] = {"y",
                           "the filters' gradient",

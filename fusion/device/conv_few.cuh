@@ -116,12 +116,39 @@ KILN__FN void kiln_few_pool(const unsigned char *stage, int n, int oh0, int ow0,
   kiln_pool2_store(y, at, (((long long)n * POH + ph) * POW + pw) * G::CO + ch * 8, best, pos);
 }
 
+/* Batch norm's statistics of the product (kiln_conv_few with MOM): thread t summed, over every
+ * pixel it stored, the stored values of its eight channels less their shift (s[l]) and their
+ * squares (s[8 + l]), channels 32 wn + 8 (lane % 4) + l (kiln_conv_few's store loop); the block's
+ * sums, added through red (16 x 256 floats) in a fixed order, go into row blockIdx.x of the
+ * moments node's partial sums out (P, 2, 64), zeros into its rows blockIdx.x + gridDim.x, ... (a
+ * block a row, P >= gridDim.x): the sum over P is the image's. */
+KILN__FN void kiln_few_moments(const float (&s)[16], float *red, float *__restrict__ out, int P) {
+  __syncthreads(); /* red is free */
+#pragma unroll
+  for (int k = 0; k < 16; k++)
+    red[k * 256 + threadIdx.x] = s[k];
+  __syncthreads();
+  const int t = threadIdx.x, which = t / 64 % 2, c = t % 64, wn = c / 32, ch = c % 32 / 8;
+  if (t < 128) {
+    float v = 0.f;
+    for (int wm = 0; wm < 4; wm++)
+      for (int j = 0; j < 8; j++)
+        v += red[(which * 8 + c % 8) * 256 + (wm + 4 * wn) * 32 + ch + 4 * j];
+    out[(blockIdx.x * 2 + which) * 64 + c] = v;
+  }
+  for (int r = blockIdx.x + gridDim.x; r < P && t < 128; r += gridDim.x)
+    out[(r * 2 + which) * 64 + c] = 0.f;
+}
+
 /* With POOL, y is the 2x2 max pool of the product (kiln_few_pool, at its positions or NULL), the
- * product itself never written. */
-template <class G, int TH, int TW, bool POOL = false>
+ * product itself never written. With MOM, the block also sums batch norm's statistics of the
+ * values it stores, shifted by kshift (64 floats), into the moments node's partial sums mom (P, 2,
+ * 64: kiln_few_moments). */
+template <class G, int TH, int TW, bool POOL = false, bool MOM = false>
 KILN__FN void kiln_conv_few(const kiln_bf16 *__restrict__ x, const kiln_bf16 *__restrict__ wk,
                             kiln_bf16 *__restrict__ y, unsigned char *smem,
-                            unsigned char *at = nullptr) {
+                            unsigned char *at = nullptr, const float *__restrict__ kshift = nullptr,
+                            float *__restrict__ mom = nullptr, int P = 0) {
   using F = kiln_few<G, TH, TW>;
   unsigned char *filt = smem, *zero = smem + F::F_BYTES, *halo = zero + 16;
   unsigned char *stage = halo + 2 * F::HALO * 16;
@@ -139,6 +166,13 @@ KILN__FN void kiln_conv_few(const kiln_bf16 *__restrict__ x, const kiln_bf16 *__
   }
   /* B: lanes 0-7 n-tile 0 at the first chunk, 8-15 at the second, 16-31 n-tile 1 likewise */
   const int bco = wn * 32 + (lane & 7) + 8 * (lane >> 4), bsel = (lane >> 3) & 1;
+  static_assert(!MOM || (!POOL && 128 * F::ROW >= 16 * 256 * 4), "kiln_few_moments' room");
+  float ks[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f}, s[16] = {};
+  (void)ks, (void)s;
+  if constexpr (MOM) { /* the thread's eight channels of the store loop below */
+    kiln_load4(kshift + wn * 32 + (lane & 3) * 8, ks);
+    kiln_load4(kshift + wn * 32 + (lane & 3) * 8 + 4, ks + 4);
+  }
   kiln_few_halo<G, TH, TW>(x, blockIdx.x, halo);
   kiln_cp_commit();
   int b = 0;
@@ -201,12 +235,25 @@ KILN__FN void kiln_conv_few(const kiln_bf16 *__restrict__ x, const kiln_bf16 *__
     for (int k = 0; k < 4; k++) {
       const int i = k * 32 + lane, p = wm * 32 + i / 4, ch = i % 4;
       const int oh = oh0 + p / TW, ow = ow0 + p % TW;
-      if (oh < G::OH && ow < G::OW)
-        *(uint4 *)&y[(((long long)n * G::OH + oh) * G::OW + ow) * G::CO + wn * 32 + ch * 8] =
-            *(const uint4 *)(stage + p * F::ROW + (wn * 32 + ch * 8) * 2);
+      if (oh >= G::OH || ow >= G::OW) continue;
+      const unsigned char *v8 = stage + p * F::ROW + (wn * 32 + ch * 8) * 2;
+      *(uint4 *)&y[(((long long)n * G::OH + oh) * G::OW + ow) * G::CO + wn * 32 + ch * 8] =
+          *(const uint4 *)v8;
+      if constexpr (MOM) {
+        float v[8];
+        kiln_load4((const kiln_bf16 *)v8, v);
+        kiln_load4((const kiln_bf16 *)v8 + 4, v + 4);
+#pragma unroll
+        for (int l = 0; l < 8; l++) {
+          const float e = v[l] - ks[l];
+          s[l] += e;
+          s[8 + l] += e * e;
+        }
+      }
     }
     __syncthreads(); /* every warp is done with this halo and its staged rows */
   }
+  if constexpr (MOM) kiln_few_moments(s, (float *)stage, mom, P);
 }
 
 /* Blocks that add a slice each of a weight gradient's partial sums (kiln_conv_few_wgrad). */
