@@ -610,16 +610,16 @@ static bool render_few(const kiln__target *t, const kiln__node *n, const kiln__g
     if (f.grid > P) f.grid = P;
   }
   kiln__sb b = {0};
-  kiln__sb_printf(
-      &b,
-      "  extern __shared__ __align__(16) unsigned char kiln_smem[];\n"
-      "  static_assert(kiln_few<G, %d, %d>::SMEM == %lld && kiln_few<G, %d, %d>::TILES "
-      "== %lld, \"the launch's shared memory and tiles\");\n"
-      "  kiln_conv_few<G, %d, %d, %s, %s>((const kiln_bf16 *)a.ptr[%d], (const kiln_bf16 "
-      "*)a.ptr[%d], (kiln_bf16 *)a.ptr[%d], kiln_smem%s%s%s);\n",
-      f.th, f.tw, (long long)smem, f.th, f.tw, (long long)f.tiles, f.th, f.tw,
-      pool ? "true" : "false", mom ? "true" : "false", slot[0], slot[1], slot[2], index ? ", " : "",
-      index ? kiln__pool_positions(at, sizeof at, out, slot[2], false) : "", sums);
+  kiln__sb_printf(&b,
+                  "  extern __shared__ __align__(16) unsigned char kiln_smem[];\n"
+                  "  static_assert(kiln_few<G, %d, %d>::SMEM == %lld && kiln_few<G, %d, %d>::TILES "
+                  "== %lld, \"the launch's shared memory and tiles\");\n"
+                  "  kiln_conv_few<G, %d, %d, %s%s>((const kiln_bf16 *)a.ptr[%d], (const kiln_bf16 "
+                  "*)a.ptr[%d], (kiln_bf16 *)a.ptr[%d], kiln_smem%s%s%s);\n",
+                  f.th, f.tw, (long long)smem, f.th, f.tw, (long long)f.tiles, f.th, f.tw,
+                  pool ? "true" : "false", mom ? ", true" : "", slot[0], slot[1], slot[2],
+                  index ? ", " : "",
+                  index ? kiln__pool_positions(at, sizeof at, out, slot[2], false) : "", sums);
   bool ok = finish_few(&b,
                        pool  ? "few_pool"
                        : mom ? "few_moments"
