@@ -840,7 +840,7 @@ kiln_tensor *kiln_batch_norm(kiln_tensor *x, kiln_tensor *weight, kiln_tensor *b
     return invstd ? bn_apply(fn, x, weight, bias, running_mean, invstd, false) : NULL;
   }
   /* the batch's statistics in one pass over x: sums of x - k and of its square, k x's first row
-   * (near the mean, so that the variance does not cancel), or with KILN_CONV_FPROP_MOMENTS=1 the
+   * (near the mean, so that the variance does not cancel), or (KILN_CONV_FPROP_MOMENTS, on) the
    * running mean where there is one, which a convolution's kernel has before it computes x and
    * so can sum x as it stores it (fusion/plan_conv.c's kiln__fprop_moments); bn_apply's rule
    * differentiates through them */

@@ -168,14 +168,16 @@ kiln_ctx *kiln__ctx_create(const kiln_ctx_options *opts) {
    * 3.06 */
   ctx->conv_kpad = !env_off("KILN_CONV_KPAD");
   ctx->conv_moments = !env_off("KILN_CONV_MOMENTS");
-  ctx->fprop_moments = env_on("KILN_CONV_FPROP_MOMENTS"); /* off until it has run on a GPU */
-  ctx->pool_moments = env_on("KILN_POOL_MOMENTS");        /* off: the air step slower (README) */
+  /* the three on since their first GPU run (H100, 2026-12-07: the GPU suite with them on; resnet18
+   * 7.004 ms a step with all three against 7.287 without, dev/README.md) */
+  ctx->fprop_moments = !env_off("KILN_CONV_FPROP_MOMENTS");
+  ctx->pool_moments = env_on("KILN_POOL_MOMENTS"); /* off: the air step slower (README) */
   ctx->window_moments = !env_off("KILN_WINDOW_MOMENTS");
   /* on since the H100 run of 2026-12-05 (bench/ab_steps.sh, medians of three): air 2.839 ms with
    * both against 2.894, resnet18 8.268 against 8.338; KILN_CONV_HOIST=2 took them to 2.830 and
    * 8.261 (4: 2.965 and 8.240) */
   ctx->pool_prologue = !env_off("KILN_POOL_PROLOGUE");
-  ctx->pool_fwd_prologue = env_on("KILN_POOL_FWD_PROLOGUE"); /* off until it has run on a GPU */
+  ctx->pool_fwd_prologue = !env_off("KILN_POOL_FWD_PROLOGUE");
   /* H100: resnet18 7.270 ms a step against 7.327 without it */
   ctx->few_prologue = !env_off("KILN_CONV_FEW_PROLOGUE");
   /* off: slower than cuBLAS and col2im on its first H100 run (dev/README.md) */
@@ -195,7 +197,7 @@ kiln_ctx *kiln__ctx_create(const kiln_ctx_options *opts) {
   ctx->ew_sink = env_on("KILN_EW_SINK");
   ctx->conv_wgrad_into = env_on("KILN_CONV_WGRAD_INTO");
   ctx->cast_batch = !env_off("KILN_CAST_BATCH");
-  ctx->cast_tiles = env_on("KILN_CAST_TILES"); /* off until it has run on a GPU */
+  ctx->cast_tiles = !env_off("KILN_CAST_TILES");
   ctx->conv_direct_epi = !env_off("KILN_CONV_DIRECT_EPI");
   /* H100, 2026-12-06: resnet18 7.879 ms against 8.161, peak 1,337 MiB against 1,800 */
   ctx->conv_s2d = !env_off("KILN_CONV_S2D");

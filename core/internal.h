@@ -411,14 +411,14 @@ struct kiln_ctx {
   bool conv_recompute_blocks;
   bool conv_kpad;    /* zero columns to a multiple of 8 (kiln_conv2d); KILN_CONV_KPAD=0: none */
   bool conv_moments; /* batch norm's gradient sums in a data gradient's epilogue (=0: not) */
-  /* KILN_CONV_FPROP_MOMENTS=1: batch norm's statistics in a TMA-fed forward product's epilogue,
-   * the shift of their sums its running mean (fusion/plan_conv.c's kiln__fprop_moments) */
+  /* batch norm's statistics in a forward product's epilogue, the shift of their sums its running
+   * mean (fusion/plan_conv.c's kiln__fprop_moments; KILN_CONV_FPROP_MOMENTS=0: not) */
   bool fprop_moments;
   bool pool_moments;   /* KILN_POOL_MOMENTS=1: batch norm's statistics in a max pool's kernel */
   bool window_moments; /* batch norm's gradient sums in a col2im's or pool gradient's (=0: not) */
   bool pool_prologue;  /* KILN_POOL_PROLOGUE=1: a pool gradient computes its dy as it reads it */
   /* a max pool computes its image where it reads it, from the elementwise run that would have
-   * written it (kiln__pool_fwd_prologue; KILN_POOL_FWD_PROLOGUE=1: on) */
+   * written it (kiln__pool_fwd_prologue; KILN_POOL_FWD_PROLOGUE=0: not) */
   bool pool_fwd_prologue;
   /* conv_few.cuh's weight gradient computes its dY where it loads it, from the elementwise run
    * that would have written it (kiln__phase_few_prologue; KILN_CONV_FEW_PROLOGUE=0: not) */
@@ -443,8 +443,8 @@ struct kiln_ctx {
   /* casts of parameters (through views) that only products read run as one multi-tensor launch
    * (fusion/plan.c's batch_casts; KILN_CAST_BATCH=0: not) */
   bool cast_batch;
-  /* KILN_CAST_TILES=1: a cast whose input is a permutation of dense blocks (a filter's (O, I, KH,
-   * KW) read as (O, KH, KW, I), and back) goes through each block in shared memory, read and
+  /* (KILN_CAST_TILES=0: not.) A cast whose input is a permutation of dense blocks (a filter's (O,
+   * I, KH, KW) read as (O, KH, KW, I), and back) goes through each block in shared memory, read and
    * written in order, and a dense one four values at a time (render_ew.c's kiln__render_casts);
    * lone ones too (lower.c) */
   bool cast_tiles;

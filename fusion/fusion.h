@@ -201,7 +201,7 @@ int32_t kiln__conv_pool(const kiln_ctx *ctx, const kiln__plan *p, const kiln__gr
 /* The moments node of batch norm's statistics (mode 0) over the result of forward product group g
  * (g alone) that the TMA-fed kernel's staged epilogue sums instead of a pass of its own, its
  * shift k a tensor the group does not compute (the running mean: kiln_batch_norm with
- * KILN_CONV_FPROP_MOMENTS=1); or -1. It joins the group last (g->moments). */
+ * KILN_CONV_FPROP_MOMENTS, on); or -1. It joins the group last (g->moments). */
 int32_t kiln__fprop_moments(const kiln_ctx *ctx, const kiln__plan *p, const kiln__group *g);
 /* The pixels a TMA copy takes of an output row for kiln__conv_pool (ow: the product's width): a
  * power of two from 8 to 64 that holds the row's pooled columns, or 0 where none does. */
@@ -317,7 +317,7 @@ typedef struct kiln__target {
   bool conv_prefetch; /* TMA data gradients prefetch their epilogue's rows (KILN_CONV_PREFETCH=1) */
   int conv_hoist;     /* staged epilogues' rows loaded ahead: KILN_CONV_HOIST (ctx.c), 0-16 */
   bool conv_ahead;    /* cp.async products issue a short reduction at once (KILN_CONV_AHEAD=1) */
-  bool cast_tiles;    /* casts through blocks in shared memory (KILN_CAST_TILES=1) */
+  bool cast_tiles;    /* casts through blocks in shared memory (KILN_CAST_TILES=0: off) */
   kiln_custom_op *const *customs; /* the context's custom ops, by id */
   int ncustom;
 } kiln__target;

@@ -65,7 +65,7 @@ static void lower_concat(const kiln_ctx *ctx, const kiln__group *g, kiln__spec *
       .n = 1, .nodes = {&s->copy}, .store = {true}, .ndim = s->slice.ndim, .shape = s->slice.shape};
 }
 
-/* Whether a lone cast runs in the multi-tensor form (KILN_CAST_TILES=1): one from a permutation
+/* Whether a lone cast runs in the multi-tensor form (KILN_CAST_TILES, on): one from a permutation
  * of dense blocks (render_ew.c's kiln__permuted_blocks: a weight's gradient cast back to the
  * weight's layout), which that form takes through shared memory. */
 static bool tiled_cast(const kiln_ctx *ctx, const kiln__group *g, const kiln__node *n) {

@@ -483,7 +483,7 @@ static int32_t write_through(const kiln_ctx *ctx, const kiln__plan *p, int32_t i
    * in its update): a group grows over consecutive nodes, so such a node runs in a kernel before
    * S's or in S's own, whose space is then S's, each thread reading D's element before it writes
    * the same element; and a moments node before S that reads D as its shift (the running mean,
-   * with KILN_CONV_FPROP_MOMENTS=1), which runs in a kernel of its own or a forward product's,
+   * KILN_CONV_FPROP_MOMENTS' shift), which runs in a kernel of its own or a forward product's,
    * before S's */
   for (int32_t j = p->first; j < p->last; j++) {
     const kiln__node *n = &nodes[j];

@@ -235,7 +235,7 @@ bool kiln__pool_grad_prologue(const kiln_ctx *ctx, const kiln__plan *p, const ki
          pg->in[1]->offset % 4 == 0 && kiln__prologue_run(ctx, p, g);
 }
 
-/* (KILN_POOL_FWD_PROLOGUE=1 turns it on.) A max pool reads each value of its image up to
+/* (KILN_POOL_FWD_PROLOGUE=0 turns it off.) A max pool reads each value of its image up to
  * (KH / SH) (KW / SW) times, rounded up: ResNet's stem pool (3x3 at stride 2) about 2.25 times,
  * after the elementwise run that wrote the image: batch norm's application and the ReLU. That run
  * can be the pool's prologue, the image computed where it is read and never written
@@ -525,7 +525,7 @@ int kiln__conv_pool_rows(int64_t ow) {
   return ow >= 2 && ow / 2 * 2 <= b ? b : 0;
 }
 
-/* (KILN_CONV_FPROP_MOMENTS=1, off until it has run on a GPU.) Batch norm after a convolution reads
+/* (KILN_CONV_FPROP_MOMENTS=0 turns it off.) Batch norm after a convolution reads
  * the product's image once for its statistics (k_moments_shifted: 20 launches, 252 us of
  * resnet18's step on the H100) and once more to apply them. The TMA-fed forward product's kernel
  * holds its block's 128 rows as it stores them: it sums them there, through the staged tile

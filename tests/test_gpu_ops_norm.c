@@ -5,8 +5,9 @@
  * statistics, which then stay), with and without affine parameters and running statistics, on
  * (N, H, W, C) and (N, C) inputs, a constant channel; layer norm over the last axis, with and
  * without affine parameters, narrow and wide rows, a viewed input; a momentum or eps of 0
- * (PyTorch's default) and KILN_ZERO (an exact 0) in both; batch norm's sums shifted by the running
- * mean, and summed in a convolution's kernel, KILN_CONV_FPROP_MOMENTS=1. Gradients of x, weight and
+ * (PyTorch's default) and KILN_ZERO (an exact 0) in both; batch norm's sums shifted by the input's
+ * first row instead of the running mean, and summed in a pass of their own instead of a
+ * convolution's kernel (KILN_CONV_FPROP_MOMENTS=0). Gradients of x, weight and
  * bias are checked against the analytic float64 gradients and against central finite differences
  * (kiln_gradcheck). Without a GPU every test skips, saying why.
  */
@@ -401,11 +402,11 @@ Test(gpu_ops, batch_norm_applied_in_the_residual_adds_kernel) {
   }
 }
 
-/* With KILN_CONV_FPROP_MOMENTS=1 batch norm shifts its sums by the running mean where it has one
- * (not by the input's first row): the training cases against float64 all the same, the running
- * statistics' updates included. */
-Test(gpu_ops, batch_norm_training_shifted_by_the_running_mean) {
-  setenv("KILN_CONV_FPROP_MOMENTS", "1", 1); /* read when the context is made */
+/* Batch norm shifts its sums by the running mean where it has one (KILN_CONV_FPROP_MOMENTS, on:
+ * batch_norm_training above); with KILN_CONV_FPROP_MOMENTS=0 by the input's first row: the
+ * training cases against float64 all the same, the running statistics' updates included. */
+Test(gpu_ops, batch_norm_training_shifted_by_the_first_row) {
+  setenv("KILN_CONV_FPROP_MOMENTS", "0", 1); /* read when the context is made */
   TH_GPU_CTX_EAGER(ctx);
   unsetenv("KILN_CONV_FPROP_MOMENTS");
   for (size_t i = 0; i < sizeof bn_cases / sizeof *bn_cases; i++)
