@@ -197,6 +197,26 @@ bool kiln__render_moments(const kiln__target *t, const kiln__node *n, kiln__rend
 bool kiln__render_window(const kiln__target *t, const kiln__ew_prog *p, const kiln__ew_prog *pro,
                          const kiln__node *mom, kiln__rendered *r);
 bool kiln__render_conv(const kiln__target *t, const kiln__spec *s, kiln__rendered *r);
+/* The operands of a convolution kernel, slot[0..2]: im2col node n's image X, the product's other
+ * operand t and its result out; and into pre the device header and the geometry struct G for co
+ * output channels (render_conv.c). */
+void kiln__conv_operands(const kiln__node *n, const kiln_tensor *t, const kiln_tensor *out,
+                         int64_t co, const char *header, kiln__operands *o, int slot[3], char *pre,
+                         size_t len);
+/* The kernel of body b (freed) named after stem, with o's operands and pre before it; its bytes
+ * counted (render_conv.c). */
+bool kiln__finish_conv(kiln__sb *b, const char *stem, const kiln__operands *o, kiln__rendered *r,
+                       const char *pre);
+/* render_conv_few.c: a tiny convolution's direct forward product (epi: the unary chain after it);
+ * a few-channel convolution's forward product from a halo tile (pool: the max pool in its
+ * epilogue, mom: batch norm's statistics, or NULL) and its weight gradient (pro: the run that
+ * computes its dY, or none). */
+bool kiln__render_conv_direct(const kiln__node *n, const kiln__gemm *mm, const kiln__ew_prog *epi,
+                              kiln__rendered *r);
+bool kiln__render_conv_few(const kiln__target *t, const kiln__node *n, const kiln__gemm *mm,
+                           const kiln__node *pool, const kiln__node *mom, kiln__rendered *r);
+bool kiln__render_conv_few_wgrad(const kiln__target *t, const kiln__node *n, const kiln__gemm *mm,
+                                 const kiln__ew_prog *pro, kiln__rendered *r);
 bool kiln__render_augment(const kiln__target *t, const kiln__node *n, kiln__rendered *r);
 bool kiln__render_custom(const kiln__target *t, const kiln__node *n, kiln__rendered *r);
 
