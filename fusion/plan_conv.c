@@ -560,6 +560,8 @@ int32_t kiln__fprop_moments(const kiln_ctx *ctx, const kiln__plan *p, const kiln
     bool shift = k->dtype == KILN_DTYPE_F32 && kiln__is_contiguous(k) &&
                  kiln_tensor_numel(k) == co && k->offset % 4 == 0 && k->st != Y->st &&
                  (kp < 0 || kp < g->node);
+    for (int32_t q = g->node + 1; q < j && shift; q++) /* read at the product's place: unchanged */
+      shift = !kiln__node_stores_into(&nodes[q], k->st);
     return sums && shift && p->group_of[j - p->first] < 0 && p->claim[j - p->first] < 0 ? j : -1;
   }
   return -1;
