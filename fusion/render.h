@@ -9,7 +9,10 @@
  *   render_ew.c       elementwise programs, multi-tensor updates, row gathers
  *   render_reduce.c   reductions, row programs, batch norm's column sums
  *   render_window.c   sliding windows: im2col, col2im, pooling and its gradients
- *   render_conv.c     convolutions' products as implicit GEMMs (device/igemm.cuh, conv.cuh)
+ *   render_conv.c     convolutions' products as implicit GEMMs (device/igemm.cuh, conv.cuh,
+ *                     conv_tma.cuh)
+ *   render_conv_few.c the direct and halo-tile ones (conv_direct.cuh, conv_few.cuh), and the
+ *                     operands and names of every convolution kernel
  *   render_augment.c  image augmentation (fusion/device/augment.cuh)
  *   render_custom.c   custom ops' kernels: the user's source and a wrapper (device/custom.cuh)
  * The kernel bodies that are the same for every shape live in the device files (fusion/device); a
@@ -199,12 +202,12 @@ bool kiln__render_window(const kiln__target *t, const kiln__ew_prog *p, const ki
 bool kiln__render_conv(const kiln__target *t, const kiln__spec *s, kiln__rendered *r);
 /* The operands of a convolution kernel, slot[0..2]: im2col node n's image X, the product's other
  * operand t and its result out; and into pre the device header and the geometry struct G for co
- * output channels (render_conv.c). */
+ * output channels (render_conv_few.c). */
 void kiln__conv_operands(const kiln__node *n, const kiln_tensor *t, const kiln_tensor *out,
                          int64_t co, const char *header, kiln__operands *o, int slot[3], char *pre,
                          size_t len);
 /* The kernel of body b (freed) named after stem, with o's operands and pre before it; its bytes
- * counted (render_conv.c). */
+ * counted (render_conv_few.c). */
 bool kiln__finish_conv(kiln__sb *b, const char *stem, const kiln__operands *o, kiln__rendered *r,
                        const char *pre);
 /* render_conv_few.c: a tiny convolution's direct forward product (epi: the unary chain after it);

@@ -385,31 +385,6 @@ static bool render_dgrad(const kiln__target *t, const kiln__spec *s, kiln__rende
   return ok;
 }
 
-/* render.h says what these two do; render_conv_few.c's products use them too. */
-void kiln__conv_operands(const kiln__node *n, const kiln_tensor *t, const kiln_tensor *out,
-                         int64_t co, const char *header, kiln__operands *o, int slot[3], char *pre,
-                         size_t len) {
-  const kiln_tensor *X = n->in[0], *C = n->out;
-  slot[0] = kiln__operand(o, X, false, NULL);
-  slot[1] = kiln__operand(o, t, false, NULL);
-  slot[2] = kiln__operand(o, out, true, NULL);
-  kiln__win w = kiln__win_of(n);
-  snprintf(
-      pre, len,
-      "#include \"%s\"\n"
-      "struct G { /* the convolution's geometry */\n"
-      "  static constexpr int N = %lld, H = %lld, W = %lld, CI = %lld, OH = %lld, OW = %lld, "
-      "CO = %lld;\n"
-      "  static constexpr int KH = %lld, KW = %lld, SH = %lld, SW = %lld, PH = %lld, PW = %lld, "
-      "DH = %lld, DW = %lld;\n"
-      "  static constexpr int M = N * OH * OW, K = KH * KW * CI;\n"
-      "};\n",
-      header, (long long)X->shape[0], (long long)X->shape[1], (long long)X->shape[2],
-      (long long)X->shape[3], (long long)C->shape[1], (long long)C->shape[2], (long long)co,
-      (long long)w.kh, (long long)w.kw, (long long)w.sh, (long long)w.sw, (long long)w.ph,
-      (long long)w.pw, (long long)w.dh, (long long)w.dw);
-}
-
 /* Stores the block's accumulators d (its rows from row0, its columns from col0) into the bf16
  * matrix at a.ptr[out] of rows x cols, bounds checked, or into its transpose (cols x rows). */
 static void store_tile(kiln__sb *b, int out, const char *row0, const char *col0, const char *rows,
@@ -459,14 +434,6 @@ static void store_grad(kiln__sb *b, int out, bool ws) {
       "      }\n"
       "    }\n",
       ws ? "true" : "false", out);
-}
-
-bool kiln__finish_conv(kiln__sb *b, const char *stem, const kiln__operands *o, kiln__rendered *r,
-                       const char *pre) {
-  bool ok = kiln__finish_with(b, stem, o, r, pre);
-  kiln__sb_free(b);
-  kiln__tally_bytes(o, r);
-  return ok;
 }
 
 /* Names, wraps and launches a conv.cuh kernel (256 threads, 384 warp-specialized) or, with

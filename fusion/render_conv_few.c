@@ -4,13 +4,47 @@
  * (fusion/device/conv_direct.cuh), and the forward product and weight gradient of a convolution
  * with few input channels into 64 from a halo tile of the image (fusion/device/conv_few.cuh,
  * mma.sync; kiln__conv_few_shape, unless KILN_CONV_FEW=0). render_conv.c's kiln__render_conv
- * calls them; they share its operands and naming (kiln__conv_operands, kiln__finish_conv).
+ * calls them; with the helpers that every convolution kernel takes its operands and name through
+ * (kiln__conv_operands, kiln__finish_conv), here so that render_conv.c alone calls the other.
  */
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "render.h"
+
+/* Every convolution kernel's operands and name (render.h), render_conv.c's too. */
+void kiln__conv_operands(const kiln__node *n, const kiln_tensor *t, const kiln_tensor *out,
+                         int64_t co, const char *header, kiln__operands *o, int slot[3], char *pre,
+                         size_t len) {
+  const kiln_tensor *X = n->in[0], *C = n->out;
+  slot[0] = kiln__operand(o, X, false, NULL);
+  slot[1] = kiln__operand(o, t, false, NULL);
+  slot[2] = kiln__operand(o, out, true, NULL);
+  kiln__win w = kiln__win_of(n);
+  snprintf(
+      pre, len,
+      "#include \"%s\"\n"
+      "struct G { /* the convolution's geometry */\n"
+      "  static constexpr int N = %lld, H = %lld, W = %lld, CI = %lld, OH = %lld, OW = %lld, "
+      "CO = %lld;\n"
+      "  static constexpr int KH = %lld, KW = %lld, SH = %lld, SW = %lld, PH = %lld, PW = %lld, "
+      "DH = %lld, DW = %lld;\n"
+      "  static constexpr int M = N * OH * OW, K = KH * KW * CI;\n"
+      "};\n",
+      header, (long long)X->shape[0], (long long)X->shape[1], (long long)X->shape[2],
+      (long long)X->shape[3], (long long)C->shape[1], (long long)C->shape[2], (long long)co,
+      (long long)w.kh, (long long)w.kw, (long long)w.sh, (long long)w.sw, (long long)w.ph,
+      (long long)w.pw, (long long)w.dh, (long long)w.dw);
+}
+
+bool kiln__finish_conv(kiln__sb *b, const char *stem, const kiln__operands *o, kiln__rendered *r,
+                       const char *pre) {
+  bool ok = kiln__finish_with(b, stem, o, r, pre);
+  kiln__sb_free(b);
+  kiln__tally_bytes(o, r);
+  return ok;
+}
 
 /* The forward product of a tiny convolution (kiln__conv_direct_shape) without the column matrix
  * or tensor cores: conv_direct.cuh, a thread an output pixel, 256 a block; with epi (n > 0, the
