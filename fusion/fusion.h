@@ -164,6 +164,10 @@ bool kiln__pool_fwd_prologue(const kiln_ctx *ctx, const kiln__plan *p, const kil
  * at a time; its inputs from outside dense like it, one value a channel or one in all, float; no
  * op reading coordinates. */
 bool kiln__prologue_run(const kiln_ctx *ctx, const kiln__plan *p, const kiln__group *g);
+/* Whether node nd's backward rule reads its input q from the forward pass, so that the value is
+ * written (the op table's saves, unless the rule records a batch norm's application again:
+ * kiln__recomputes_input); its output likewise: kiln__keeps_output (plan.c's stores). */
+bool kiln__rule_reads_input(const kiln__node *nd, int q);
 /* A strided convolution's data gradient one phase of dX at a time (conv_tma.cuh's
  * kiln_conv_dgrad_tma_phase; KILN_CONV_TMA_PHASES=1): whether col2im node cn (dX (N, H, W, CI)
  * from the columns of dY (N, OH, OW, .) with co channels) takes it: bf16 checked by the caller,

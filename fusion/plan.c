@@ -703,6 +703,11 @@ static bool phase_groups(kiln_ctx *ctx, kiln__plan *p, bool fuse) {
   return kiln__ok(ctx);
 }
 
+bool kiln__rule_reads_input(const kiln__node *nd, int q) {
+  unsigned saves = nd->out && nd->out->requires_grad ? kiln__ops[nd->op].saves : 0;
+  return (saves & (1u << q)) && !(q == 0 && kiln__recomputes_input(nd)); /* else from its inputs */
+}
+
 static bool phase_stores(kiln_ctx *ctx, kiln__plan *p, bool fuse) {
   const kiln__node *nodes = ctx->trace.nodes;
   int32_t first = p->first;
@@ -714,14 +719,12 @@ static bool phase_stores(kiln_ctx *ctx, kiln__plan *p, bool fuse) {
   for (int32_t i = first; i < p->last; i++) {
     const kiln__node *nd = &nodes[i];
     bool view = kiln__ops[nd->op].kind == KILN__KIND_VIEW;
-    unsigned saves = nd->out && nd->out->requires_grad ? kiln__ops[nd->op].saves : 0;
     if (!view && kiln__keeps_output(nd)) p->store[i - first] = true;
     for (int j = 0; j < nd->nin; j++) {
       int32_t pr = producer(ctx, p, nd->in[j]);
       if (pr < 0) continue;
       bool outside = view || p->group_of[i - first] != p->group_of[pr - first];
-      bool recomputed = j == 0 && kiln__recomputes_input(nd); /* by the rule, from its inputs */
-      if (outside || ((saves & (1u << j)) && !recomputed)) p->store[pr - first] = true;
+      if (outside || kiln__rule_reads_input(nd, j)) p->store[pr - first] = true;
     }
   }
   return true;

@@ -271,20 +271,16 @@ bool kiln__prologue_run(const kiln_ctx *ctx, const kiln__plan *p, const kiln__gr
       for (int k = 0; k < nodes[p->members[g->first + q]].nin; k++)
         inside += nodes[p->members[g->first + q]].in[k] == nd->out;
     if (p->readers[j - p->first] != inside) return false;
-    /* nor kept for a backward pass recorded later: a forward run's own rule reading its output (a
-     * ReLU's not recomputed from a batch norm's) or an input from the run (a product's) */
-    unsigned saves = nd->out->requires_grad ? kiln__ops[nd->op].saves : 0;
+    /* nor kept for a backward pass recorded later (plan.c's stores): a forward run's own rule
+     * reading its output (a ReLU's not recomputed from a batch norm's) or an input from the run */
     if (kiln__keeps_output(nd)) return false;
-    for (int k = 0; k < nd->nin; k++) {
-      int32_t from = kiln__plan_producer(ctx, p, nd->in[k]);
-      bool recomputed = k == 0 && kiln__recomputes_input(nd);
-      if (from >= 0 && p->group_of[from - p->first] == gi && (saves & (1u << k)) && !recomputed)
-        return false;
-    }
     for (int k = 0; k < nd->nin; k++) {
       const kiln_tensor *x = nd->in[k];
       int32_t from = kiln__plan_producer(ctx, p, x);
-      if (from >= 0 && p->group_of[from - p->first] == gi) continue; /* a value of the run */
+      if (from >= 0 && p->group_of[from - p->first] == gi) { /* a value of the run */
+        if (kiln__rule_reads_input(nd, k)) return false;
+        continue;
+      }
       int32_t seen = through_views(ctx, p, x);
       if (seen >= 0 && p->group_of[seen - p->first] == gi) return false; /* a view of one */
       int64_t n = kiln_tensor_numel(x);

@@ -357,14 +357,18 @@ static void cast_loop(kiln__sb *b, const kiln_tensor *x, const kiln_tensor *y, i
 bool kiln__render_casts(const kiln__target *tg, const kiln__node *const *nodes, int T,
                         kiln__rendered *r) {
   KILN_ASSERT(T >= 1 && T <= KILN__MAX_CASTS);
-  int64_t most = 0, blocks = 0;
+  int64_t most = 0, blocks = 0, block; /* blocks: the largest block, the shared memory's room */
+  for (int t = 0; t < T && tg->cast_tiles; t++)
+    if (kiln__permuted_blocks(nodes[t]->in[0], &block) && block > blocks) blocks = block;
+  if (T == 1 && blocks > 0) blocks = KILN__CAST_BLOCK_MAX; /* sizes from the arguments */
   kiln__sb b = {0};
+  if (blocks > 0) kiln__sb_printf(&b, "  __shared__ float kiln_blk[%lld];\n", (long long)blocks);
   kiln__sb_printf(&b, "  typedef long long ix;\n  switch (blockIdx.y) {\n");
   for (int t = 0; t < T; t++) {
     const kiln_tensor *x = nodes[t]->in[0], *y = nodes[t]->out;
     KILN_ASSERT(kiln__is_float(x->dtype) && kiln__is_float(y->dtype) && kiln__is_contiguous(y) &&
                 kiln__same_shape(x, y));
-    int64_t n = kiln_tensor_numel(y), block = 0;
+    int64_t n = kiln_tensor_numel(y);
     if (n > most) most = n;
     r->arg.args.n += n; /* the executor launches nothing for 0 */
     r->arg.ptr[2 * t] = x;
@@ -374,7 +378,7 @@ bool kiln__render_casts(const kiln__target *tg, const kiln__node *const *nodes, 
     bool wide = x->dtype != KILN_DTYPE_F16 && y->dtype != KILN_DTYPE_F16; /* kiln_load4's types */
     bool fours = tg->cast_tiles && wide && kiln__is_contiguous(x) && n % 4 == 0 &&
                  x->offset % 4 == 0 && y->offset % 4 == 0;
-    if (tg->cast_tiles && kiln__permuted_blocks(x, &block) && block > blocks) blocks = block;
+    if (!tg->cast_tiles || !kiln__permuted_blocks(x, &block)) block = 0;
     /* the output dense, the input through its strides: the shape and strides as constants */
     const char *xt = kiln__ctype(x->dtype), *yt = kiln__ctype(y->dtype);
     kiln__sb_printf(&b,
@@ -389,14 +393,6 @@ bool kiln__render_casts(const kiln__target *tg, const kiln__node *const *nodes, 
   r->arg.nptr = 2 * T;
   char stem[64];
   snprintf(stem, sizeof stem, "k_cast_x%d%s", T, tg->cast_tiles ? "_tiles" : "");
-  if (blocks > 0) { /* the blocks' room, before the body */
-    kiln__sb head = {0};
-    kiln__sb_printf(&head, "  __shared__ float kiln_blk[%lld];\n%s",
-                    T == 1 ? (long long)KILN__CAST_BLOCK_MAX : (long long)blocks, b.s ? b.s : "");
-    head.oom |= b.oom;
-    kiln__sb_free(&b);
-    b = head;
-  }
   return finish_multi(&b, stem, tg, most, T, r);
 }
 
