@@ -703,11 +703,6 @@ static bool phase_groups(kiln_ctx *ctx, kiln__plan *p, bool fuse) {
   return kiln__ok(ctx);
 }
 
-bool kiln__rule_reads_input(const kiln__node *nd, int q) {
-  unsigned saves = nd->out && nd->out->requires_grad ? kiln__ops[nd->op].saves : 0;
-  return (saves & (1u << q)) && !(q == 0 && kiln__recomputes_input(nd)); /* else from its inputs */
-}
-
 static bool phase_stores(kiln_ctx *ctx, kiln__plan *p, bool fuse) {
   const kiln__node *nodes = ctx->trace.nodes;
   int32_t first = p->first;

@@ -252,6 +252,11 @@ bool kiln__pool_fwd_prologue(const kiln_ctx *ctx, const kiln__plan *p, const kil
          pool->out->offset % 4 == 0 && kiln__prologue_run(ctx, p, g);
 }
 
+bool kiln__rule_reads_input(const kiln__node *nd, int q) {
+  unsigned saves = nd->out && nd->out->requires_grad ? kiln__ops[nd->op].saves : 0;
+  return (saves & (1u << q)) && !(q == 0 && kiln__recomputes_input(nd)); /* else from its inputs */
+}
+
 bool kiln__prologue_run(const kiln_ctx *ctx, const kiln__plan *p, const kiln__group *g) {
   const kiln__node *nodes = ctx->trace.nodes;
   if (g->kind != KILN__KIND_EW || g->full || g->batch || g->n < 1 || g->n >= KILN__MAX_GROUP)
