@@ -386,6 +386,9 @@ struct kiln_ctx {
   /* max pooling's gradient a block of stride x stride pixels a thread, each window reaching it
    * read once (KILN_POOL_GRAD_BLOCKS=0: a pixel a thread) */
   bool pool_grad_blocks;
+  /* the epilogue's operands of a pool gradient a block a thread, or of a col2im, fetched before
+   * the op's own loads (KILN_WINDOW_AHEAD=0: each loaded where the epilogue reads it) */
+  bool window_ahead;
   /* a forward product with few input channels into 64 (kiln__conv_few_shape) from a halo tile in
    * shared memory (fusion/device/conv_few.cuh; KILN_CONV_FEW=0: the cp.async implicit GEMM) */
   bool conv_few;

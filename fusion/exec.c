@@ -63,6 +63,7 @@ static bool build_calls(kiln_ctx *ctx, kiln__program *pg) {
                          .im2col_lanes = ctx->im2col_lanes,
                          .im2col_rows = ctx->im2col_rows,
                          .pool_grad_blocks = ctx->pool_grad_blocks,
+                         .window_ahead = ctx->window_ahead,
                          .conv_few = ctx->conv_few,
                          .conv_few_wgrad = ctx->conv_few_wgrad,
                          .pdl = kiln__pdl_launch(ctx),

@@ -310,6 +310,7 @@ typedef struct kiln__target {
   bool im2col_lanes; /* im2col of 2 or 3 channels a tap a thread (KILN_IM2COL_LANES=1) */
   bool im2col_rows;  /* im2col of a few channels a row a thread (KILN_IM2COL_ROWS=0: off) */
   bool pool_grad_blocks; /* max pooling's gradient a block of pixels a thread (=0: off) */
+  bool window_ahead;     /* window gradients' epilogue operands fetched before their own loads */
   bool conv_few; /* few-channel forward products from a halo tile (conv_few.cuh; KILN_CONV_FEW=0:
                     off) */
   /* their weight gradients from the same tiles (conv_few.cuh; KILN_CONV_FEW_WGRAD=0: not; only

@@ -67,6 +67,10 @@ typedef struct kiln__win_epi {
    * (kiln__hoist_channel_loads), and those read element by element too, loaded rows ahead
    * (kiln__ahead_rows) */
   bool hoist;
+  /* with vec: the index expression (a variable of the caller's, or NULL) of the rings XR<k>[]
+   * from which the operands read element by element are unpacked, fetched by the caller before
+   * the window op's own loads (render_window.c's emit_ahead) */
+  const char *ring;
   /* batch norm's gradient sums over the epilogue's node `value` (g), at most four lanes: lane l
    * adds g to kiln_ms[l] and g (x - mean) invstd to kiln_ms[4 + l], x read at the lane's element
    * of a dense operand, mean and invstd at its channel; operand `out`, where the caller writes

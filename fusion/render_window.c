@@ -55,6 +55,9 @@ static void epilogue_vec(kiln__sb *b, const char *name, bool bf16, const kiln__w
     else if (used[k] && o->bcast[k] == 's')
       kiln__sb_printf(b, "      const float X%d0 = ((const %s *)a.ptr[%d])[0];\n", k,
                       kiln__ctype(o->t[k]->dtype), k);
+    else if (used[k] && e->ring && o->lin[k])
+      kiln__sb_printf(b, "      float X%d[4];\n      kiln_unpack4(XR%d[%s], X%d);\n", k, k, e->ring,
+                      k);
     else if (used[k] && !(e->hoist && (o->bcast[k] == 'c' || o->lin[k]))) /* else loaded ahead */
       kiln__sb_printf(b,
                       "      float X%d[4];\n      kiln_load4((const %s *)a.ptr[%d] + %s, X%d);\n",
@@ -132,9 +135,14 @@ void kiln__prog_reads(const kiln__ew_prog *p, const kiln__wiring *w, int from, b
       if (w->opnd[j][q] >= 0) used[w->opnd[j][q]] = true;
 }
 
-/* The operands epilogue e reads (used[k]): its nodes after the window op's. */
+/* The operands epilogue e reads (used[k]): its nodes after the window op's, and with a ring
+ * batch norm's sums' x (where dense), mean and invstd (one value a channel), fetched with them. */
 static void epilogue_reads(const kiln__win_epi *e, bool *used) {
   kiln__prog_reads(e->p, e->w, 1, used);
+  if (!e->ring || e->mom.value <= 0) return;
+  if (e->o->lin[e->mom.x]) used[e->mom.x] = true;
+  if (e->o->bcast[e->mom.mean] == 'c') used[e->mom.mean] = true;
+  if (e->o->bcast[e->mom.invstd] == 'c') used[e->mom.invstd] = true;
 }
 
 void kiln__hoist_channel_loads(kiln__sb *b, const kiln__win_epi *e, const char *c,
@@ -261,6 +269,41 @@ const char *kiln__pool_positions(char *buf, size_t len, const kiln_tensor *y, in
   return buf;
 }
 
+/* For an epilogue with a ring (tg->window_ahead: a col2im, or a max pool gradient a block of
+ * SH x SW pixels a thread, `blocks`): the loop's header `range`, then, opening its body, the
+ * operands the epilogue reads one value a channel (X<k>) and, for each of the thread's pixels,
+ * those it reads element by element (XR<k>[pixel]), all issued before the op's own loads, so that
+ * a thread waits on one round trip an iteration, not one for the op's loads, then one for the
+ * epilogue's of each pixel: the stores of a pixel's epilogue would keep the next pixel's loads
+ * from starting (the compiler cannot tell the operands apart). The window function stores the
+ * pixels row by row, as they are fetched; the epilogue unpacks pixel kiln_p's. */
+static void emit_ahead(kiln__sb *b, const kiln__win_epi *e, const char *range, bool blocks) {
+  bool used[KILN__KMAX_PTR] = {0};
+  epilogue_reads(e, used);
+  const char *bh = blocks ? "G::SH" : "1", *bw = blocks ? "G::SW" : "1";
+  kiln__sb_printf(b,
+                  "%s  {\n"
+                  "    constexpr int BH = %s, BW = %s; /* the thread's pixels */\n"
+                  "    ix kiln_n, kiln_bh, kiln_bw, kiln_c;\n"
+                  "    kiln_win_split<G>(e, G::H / BH, G::W / BW, kiln_n, kiln_bh, kiln_bw, "
+                  "kiln_c);\n",
+                  range, bh, bw);
+  kiln__hoist_channel_loads(b, e, "kiln_c", "G::C", "    ");
+  for (int k = 0; k < e->o->n; k++) {
+    if (!used[k] || e->o->store[k] || !e->o->lin[k]) continue;
+    bool bf16 = e->o->t[k]->dtype == KILN_DTYPE_BF16;
+    kiln__sb_printf(b,
+                    "    %s XR%d[BH * BW];\n"
+                    "#pragma unroll\n"
+                    "    for (int kiln_i = 0; kiln_i < BH * BW; kiln_i++)\n"
+                    "      kiln_fetch4((const %s *)a.ptr[%d] + ((kiln_n * G::H + kiln_bh * BH + "
+                    "kiln_i / BW) * G::W + kiln_bw * BW + kiln_i %% BW) * G::C + kiln_c, "
+                    "XR%d[kiln_i]);\n",
+                    bf16 ? "uint2" : "float4", k, kiln__ctype(e->o->t[k]->dtype), k, k);
+  }
+  kiln__sb_printf(b, "    int kiln_p = 0;\n");
+}
+
 /* The kernel's loop over lane groups: window.cuh's function of the op (kiln_<op name>, ops.def),
  * given the op's inputs, and the lambda that stores its lanes at the output's coordinates, plainly
  * to operand out or through the epilogue e, then the code tail (or none). A max pool with positions
@@ -272,12 +315,16 @@ static void emit_loop(kiln__sb *b, const kiln__node *n, const char *variant, int
                       const kiln__win_epi *e, bool prologue, const char *range, const char *tail) {
   bool image = kiln__ops[n->op].space == KILN__SPACE_IMAGE, index = pool_index(n);
   const int64_t *o = n->out->shape;
-  kiln__sb_printf(b, "%s    kiln_%s%s%s%s<G>(%s",
-                  range ? range
-                        : "  for (ix e = (ix)blockIdx.x * blockDim.x + threadIdx.x; e < (ix)a.n;\n"
-                          "       e += (ix)gridDim.x * blockDim.x)\n",
-                  kiln__ops[n->op].name, variant, index ? "_at" : "", prologue ? "_by" : "",
-                  prologue ? "kiln_dy, " : "");
+  if (!range)
+    range = "  for (ix e = (ix)blockIdx.x * blockDim.x + threadIdx.x; e < (ix)a.n;\n"
+            "       e += (ix)gridDim.x * blockDim.x)\n";
+  if (e && e->ring) { /* the body opened by the fetches, the pixel counted after each store */
+    emit_ahead(b, e, range, strcmp(variant, "_blocks") == 0);
+    range = "";
+    tail = "      kiln_p++;\n";
+  }
+  kiln__sb_printf(b, "%s    kiln_%s%s%s%s<G>(%s", range, kiln__ops[n->op].name, variant,
+                  index ? "_at" : "", prologue ? "_by" : "", prologue ? "kiln_dy, " : "");
   char at[96];
   for (int q = prologue ? 1 : 0; q < n->nin; q++)
     if (index && q == 1) /* the gradient's positions, behind the pool's output */
@@ -297,7 +344,7 @@ static void emit_loop(kiln__sb *b, const kiln__node *n, const char *variant, int
         "lanes);\n",
         kiln__ctype(n->out->dtype), out, (long long)o[1], image ? "h" : "oh", (long long)o[2],
         image ? "w" : "ow", (long long)o[3]);
-  kiln__sb_printf(b, "%s  });\n", tail ? tail : "");
+  kiln__sb_printf(b, "%s  });\n%s", tail ? tail : "", e && e->ring ? "  }\n" : "");
 }
 
 /* The loader of a value computed by an elementwise prologue (pro, over the value's shape: the
@@ -509,6 +556,10 @@ bool kiln__render_window(const kiln__target *tg, const kiln__ew_prog *p, const k
   const char *variant = tiled ? "_tiled" : blocks ? "_blocks" : "";
   kiln__win_epi epi = {.p = p, .o = &o, .w = &wr, .shape = n->out->shape, .image = image_out};
   epi.vec = p->n > 1 && V == 4 && kiln__epilogue_fours(p, &o, &wr);
+  if ((blocks || n->op == KILN__OP_COL2IM) && epi.vec && tg->window_ahead) {
+    epi.hoist = true;
+    epi.ring = "kiln_p";
+  }
   kiln__sb pre = {0}, b = {0};
   emit_geometry(&pre, n, &w, sz, V, kiln__wide_index(most));
   bool prologue = pro && pro->n > 0;
@@ -525,6 +576,13 @@ bool kiln__render_window(const kiln__target *tg, const kiln__ew_prog *p, const k
     epi.mom.mean = kiln__operand(&o, mom->in[2], false, NULL);
     epi.mom.invstd = kiln__operand(&o, mom->in[3], false, NULL);
     epi.mom.out = mout;
+    if (epi.ring) { /* dense like the output, one value a channel (kiln__window_moments) */
+      o.lin[epi.mom.x] = true;
+      for (int k = 0; k < 2; k++) {
+        int mk = k ? epi.mom.invstd : epi.mom.mean;
+        if (!o.lin[mk]) o.bcast[mk] = 'c';
+      }
+    }
     kiln__sb_printf(&pre, "#include \"moments.cuh\"\n");
     grid = emit_window_moments(&b, n, variant, out, y, &epi, mom, blocks ? (int)(w.sh * w.sw) : 1);
   } else {

@@ -853,6 +853,43 @@ Test(conv_tma, window_gradients_sum_the_batch_norm_before_them) {
   }
 }
 
+/* With KILN_WINDOW_AHEAD (on by default) the epilogue of a window gradient, the stem pool's a
+ * block of 2x2 pixels a thread or a stride-2 convolution's col2im, after batch norm and a ReLU,
+ * fetches what it reads for each of the thread's pixels before the op's own loads
+ * (render_window.c's emit_ahead: rings XR<k> the epilogue unpacks at pixel kiln_p), batch norm's
+ * sums in the kernel or not (KILN_WINDOW_MOMENTS); its kernel renders and compiles (NVRTC). Not
+ * with the switch off. */
+Test(conv_tma, window_gradients_fetch_their_epilogue_operands_ahead_with_the_switch) {
+  for (int i = 0; i < 8; i++) {
+    bool pool = i & 1, moments = i & 2, on = i & 4;
+    char what[80];
+    snprintf(what, sizeof what, "%s, sums %d, switch %d", pool ? "pool" : "conv", moments, on);
+    kiln_ctx *ctx = th_cpu_ctx();
+    ctx->window_moments = moments;
+    ctx->window_ahead = on;
+    kiln__program pg;
+    backward_program(ctx, record_bn_relu_then(ctx, 64, pool), &pg, what);
+    kiln__target t = {.num_sms = 132, .pool_grad_blocks = true, .window_ahead = on};
+    int found = 0;
+    for (int g = 0; g < pg.plan.ng; g++) {
+      const kiln__group *gr = &pg.plan.g[g];
+      kiln__op op = ctx->trace.nodes[gr->node].op;
+      if (gr->n < 2 || op != (pool ? KILN__OP_MAX_POOL_GRAD : KILN__OP_COL2IM)) continue;
+      found++;
+      cr_assert_eq(gr->moments, moments, "%s: %s", what, pg.call[g].name);
+      kiln__rendered r;
+      memset(&r, 0, sizeof r);
+      cr_assert(kiln__render(&t, &pg.spec[g], &r), "%s", what);
+      cr_assert_str_eq(r.name, pg.call[g].name, "%s", what);
+      cr_assert_eq(strstr(r.src.s, "kiln_unpack4(XR") != NULL, on, "%s: %s", what, r.src.s);
+      cr_assert_eq(strstr(r.src.s, "kiln_p++;") != NULL, on, "%s: %s", what, r.src.s);
+      kiln__sb_free(&r.src);
+    }
+    cr_assert_eq(found, 1, "%s: %d window gradients with an epilogue", what, found);
+    finish_program(ctx, &pg, what);
+  }
+}
+
 /* The groups of pg whose elementwise run is op's prologue: each one group, the run's nodes first
  * and none of them written, op last, its kernel named with `name` in it (rendered and compiled,
  * NVRTC); their count. */

@@ -8,7 +8,8 @@
  * gathered a row a thread), KILN_CONV_FEW_POOL and KILN_CONV_TMA_POOL (a max pool in a halo-tile or
  * TMA-fed product's epilogue), KILN_CONV_FPROP_BN (TMA-fed forward products two blocks an SM),
  * KILN_CONV_FEW_PROLOGUE (a halo-tile weight gradient computing its dY as it loads it),
- * KILN_POOL_FWD_PROLOGUE (a max pool computing its image as it reads it). Without a GPU every test
+ * KILN_POOL_FWD_PROLOGUE (a max pool computing its image as it reads it), KILN_WINDOW_AHEAD (a
+ * window gradient's epilogue operands fetched before its own loads). Without a GPU every test
  * skips, saying why.
  */
 #include <stdlib.h>
@@ -162,20 +163,23 @@ Test(gpu_ops, tiny_conv2d_direct_products_apply_their_activation) {
 
 /* The gradients of x, both filters and the norm's weight and bias (malloc'd f32, in that order)
  * for loss = sum(conv2d(relu(batch_norm(conv2d(x, w1))), w2) g) under bf16 autocast, C channels
- * throughout, after the second of two steps (a step graph's capture, then its replay), in a fused
- * context made with KILN_CONV_RECOMPUTE_INPUT set to `on`. */
-static void block_grads(int64_t C, const char *on, uint64_t seed, float *out[5]) {
-  setenv("KILN_CONV_RECOMPUTE_INPUT", on, 1); /* read when the context is made */
+ * throughout, 3x3 filters, the second at `stride` (1 or 2), after the second of two steps (a step
+ * graph's capture, then its replay), in a fused context made with switch `var` set to `on`. */
+static void block_grads(const char *var, int64_t C, int stride, const char *on, uint64_t seed,
+                        float *out[5]) {
+  setenv(var, on, 1); /* read when the context is made */
   TH_GPU_CTX(ctx);
-  unsetenv("KILN_CONV_RECOMPUTE_INPUT");
+  unsetenv(var);
   kiln_shape xs = KILN_SHAPE(8, 12, 10, C), fs = KILN_SHAPE(C, C, 3, 3);
+  kiln_shape ys = KILN_SHAPE(8, 12 / stride, 10 / stride, C); /* 3x3, padding 1 */
   kiln_tensor *p[5] = {ref_rand_tensor(ctx, xs, seed, &REF_GEN(-1, 1), 1, NULL),
                        ref_rand_tensor(ctx, fs, seed + 1, &REF_GEN(-0.2f, 0.2f), 1, NULL),
                        ref_rand_tensor(ctx, fs, seed + 2, &REF_GEN(-0.2f, 0.2f), 1, NULL),
                        ref_rand_tensor(ctx, KILN_SHAPE(C), seed + 3, &REF_GEN(0.5f, 1.5f), 1, NULL),
                        ref_rand_tensor(ctx, KILN_SHAPE(C), seed + 4, &REF_GEN(-1, 1), 1, NULL)};
-  kiln_tensor *g = ref_rand_tensor(ctx, xs, seed + 5, &REF_GEN(-1, 1), 0, NULL);
+  kiln_tensor *g = ref_rand_tensor(ctx, ys, seed + 5, &REF_GEN(-1, 1), 0, NULL);
   kiln_conv2d_options same = {.pad_h = 1, .pad_w = 1};
+  kiln_conv2d_options second = {.stride_h = stride, .stride_w = stride, .pad_h = 1, .pad_w = 1};
   for (int s = 0; s < 2; s++) {
     for (int q = 0; q < 5; q++)
       kiln_tensor_zero_grad(p[q]);
@@ -183,7 +187,7 @@ static void block_grads(int64_t C, const char *on, uint64_t seed, float *out[5])
     kiln_autocast_begin(ctx, KILN_DTYPE_BF16);
     kiln_tensor *h = kiln_conv2d(p[0], p[1], NULL, &same);
     h = kiln_relu(kiln_batch_norm(h, p[3], p[4], NULL, NULL, 1, 0.1f, 1e-5f));
-    kiln_tensor *y = kiln_cast(kiln_conv2d(h, p[2], NULL, &same), KILN_DTYPE_F32);
+    kiln_tensor *y = kiln_cast(kiln_conv2d(h, p[2], NULL, &second), KILN_DTYPE_F32);
     kiln_autocast_end(ctx);
     kiln_tensor *loss = kiln_sum(kiln_mul(y, g), KILN_ALL_AXES, 0);
     cr_assert_eq(kiln_backward(loss), KILN_OK, "%lld channels: %s", (long long)C, th_err(ctx));
@@ -197,25 +201,32 @@ static void block_grads(int64_t C, const char *on, uint64_t seed, float *out[5])
   th_ctx_free(ctx);
 }
 
-/* KILN_CONV_RECOMPUTE_INPUT=1 (a convolution's input that is the ReLU of a batch norm is recorded
- * again for its weight gradient, from the norm's input, instead of kept from the forward pass)
- * changes no value: the five gradients of a conv, norm, ReLU, conv block bitwise those without it,
- * over 32 channels (cp.async products) and 64 (TMA-fed), in a replayed step graph. */
-Test(gpu_ops, conv2d_input_recomputed_from_its_batch_norm) {
+/* Asserts that switch `var` changes none of block_grads' five gradients, over 32 channels
+ * (cp.async products) and 64 (TMA-fed), the second convolution at `stride`. */
+static void block_unchanged(const char *var, int stride, uint64_t seed) {
   const char *names[5] = {"x", "w1", "w2", "the norm's weight", "the norm's bias"};
   const int64_t channels[2] = {32, 64};
   for (int c = 0; c < 2; c++) {
     int64_t C = channels[c], n[5] = {8 * 12 * 10 * C, C * C * 9, C * C * 9, C, C};
     float *off[5], *on[5];
-    block_grads(C, "0", 6200 + 10 * c, off);
-    block_grads(C, "1", 6200 + 10 * c, on);
+    block_grads(var, C, stride, "0", seed + 10 * c, off);
+    block_grads(var, C, stride, "1", seed + 10 * c, on);
     for (int q = 0; q < 5; q++) {
       cr_assert_eq(memcmp(on[q], off[q], (size_t)n[q] * sizeof(float)), 0,
-                   "%lld channels: %s's gradient differs", (long long)C, names[q]);
+                   "%s, %lld channels, stride %d: %s's gradient differs", var, (long long)C, stride,
+                   names[q]);
       free(on[q]);
       free(off[q]);
     }
   }
+}
+
+/* KILN_CONV_RECOMPUTE_INPUT=1 (a convolution's input that is the ReLU of a batch norm is recorded
+ * again for its weight gradient, from the norm's input, instead of kept from the forward pass)
+ * changes no value: the five gradients of a conv, norm, ReLU, conv block bitwise those without it,
+ * over 32 channels (cp.async products) and 64 (TMA-fed), in a replayed step graph. */
+Test(gpu_ops, conv2d_input_recomputed_from_its_batch_norm) {
+  block_unchanged("KILN_CONV_RECOMPUTE_INPUT", 1, 6200);
 }
 
 /* KILN_IM2COL_ROWS=1 (the image's blocks, and the filters', gathered a row a thread: 2x2 taps of
@@ -433,4 +444,24 @@ Test(gpu_ops, conv2d_few_channel_weight_gradients_compute_their_dy) {
 Test(gpu_ops, max_pools_compute_their_image_as_they_read_it) {
   const conv_case cases[3] = {stem_case, few_cases[1], few_cases[3]};
   norm_block_unchanged(cases, 3, "KILN_POOL_FWD_PROLOGUE", true, 7500);
+}
+
+/* KILN_WINDOW_AHEAD (on: the epilogue of a window gradient, a max pool's a block of 2x2 pixels a
+ * thread or a col2im's, fetches what it reads before the op's own loads) changes no value, with
+ * batch norm's backward sums in those kernels (KILN_WINDOW_MOMENTS, on) and without: the five
+ * results of normed_results through ResNet's stem pool over images of even sides (ResNet's stem
+ * and a TMA-fed 3x3), and the five gradients of a conv, norm, ReLU, stride-2 conv block (its data
+ * gradient's col2im), bitwise, in replayed step graphs. */
+Test(gpu_ops, window_gradients_fetch_their_epilogue_operands_ahead) {
+  static const conv_case even[] = {
+      {"3->64 7x7 stride 2 pad 3 (ResNet's stem) on 44x40 images", 3, 44, 40, 3, 64, 7, 7,
+       CO(.stride_h = 2, .stride_w = 2, .pad_h = 3, .pad_w = 3), 0, 0, 0},
+      {"64->64 3x3 pad 1 on 16x12 images", 2, 16, 12, 64, 64, 3, 3, CO(.pad_h = 1, .pad_w = 1), 0,
+       0, 0}};
+  for (int sums = 1; sums >= 0; sums--) {
+    setenv("KILN_WINDOW_MOMENTS", sums ? "1" : "0", 1); /* read when each context is made */
+    norm_block_unchanged(even, 2, "KILN_WINDOW_AHEAD", true, 7700 + 100 * sums);
+    block_unchanged("KILN_WINDOW_AHEAD", 2, 7900 + 100 * sums);
+  }
+  unsetenv("KILN_WINDOW_MOMENTS");
 }

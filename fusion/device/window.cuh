@@ -67,9 +67,11 @@ KILN__FN void kiln_win_split(typename G::ix e, typename G::ix A, typename G::ix 
 template <class G, class F>
 KILN__FN void kiln_win_taps_of_pixel(typename G::ix h, typename G::ix w, F tap) {
   typedef typename G::ix ix;
+#pragma unroll
   for (int i = 0; i < G::KH; i++) {
     const ix th = h + G::PH - i * G::DH;
     if (th < 0 || th % G::SH != 0 || th / G::SH >= G::OH) continue;
+#pragma unroll
     for (int j = 0; j < G::KW; j++) {
       const ix tw = w + G::PW - j * G::DW;
       if (tw < 0 || tw % G::SW != 0 || tw / G::SW >= G::OW) continue;
@@ -201,7 +203,8 @@ KILN__FN void kiln_im2col(const T *x, typename G::ix e, S store) {
 }
 
 /* col2im: e over the image; each pixel sums the columns that read it (rows of KP columns, the
- * zero columns past K read by none). */
+ * zero columns past K read by none). With few taps (at most 64 values) every tap's loads are
+ * issued before the first sum, so that they are in flight at once; the sums in the same order. */
 template <class G, typename T, class S>
 KILN__FN void kiln_col2im(const T *col, typename G::ix e, S store) {
   typedef typename G::ix ix;
@@ -210,14 +213,28 @@ KILN__FN void kiln_col2im(const T *col, typename G::ix e, S store) {
   kiln_win_split<G>(e, G::H, G::W, n, h, w, c);
   const ix g = c / CG, cg = c % CG;
   float acc[G::V] = {};
-  kiln_win_taps_of_pixel<G>(h, w, [&](int i, int j, ix oh, ix ow) {
-    float cv[G::V];
-    kiln_win_load<G::V>(
-        col, ((n * G::OH + oh) * G::OW + ow) * K + ((g * G::KH + i) * G::KW + j) * CG + cg, cv);
+  const auto off = [&](int i, int j, ix oh, ix ow) {
+    return ((n * G::OH + oh) * G::OW + ow) * K + ((g * G::KH + i) * G::KW + j) * CG + cg;
+  };
+  if constexpr (G::KH * G::KW * G::V <= 64) { /* every tap's loads issued, then the sums */
+    float cv[G::KH][G::KW][G::V];
+    kiln_win_taps_of_pixel<G>(h, w, [&](int i, int j, ix oh, ix ow) {
+      kiln_win_load<G::V>(col, off(i, j, oh, ow), cv[i][j]);
+    });
+    kiln_win_taps_of_pixel<G>(h, w, [&](int i, int j, ix, ix) {
 #pragma unroll
-    for (int l = 0; l < G::V; l++)
-      acc[l] += cv[l];
-  });
+      for (int l = 0; l < G::V; l++)
+        acc[l] += cv[i][j][l];
+    });
+  } else {
+    kiln_win_taps_of_pixel<G>(h, w, [&](int i, int j, ix oh, ix ow) {
+      float cv[G::V];
+      kiln_win_load<G::V>(col, off(i, j, oh, ow), cv);
+#pragma unroll
+      for (int l = 0; l < G::V; l++)
+        acc[l] += cv[l];
+    });
+  }
   store(n, h, w, c, acc);
 }
 
@@ -344,26 +361,44 @@ KILN__FN void kiln_max_pool_grad_blocks_from(const T *dy, F find, typename G::ix
   const ix h0 = bh * G::SH, w0 = bw * G::SW;
   float acc[G::SH][G::SW][G::V] = {};
   /* the last window whose first row (column) is in the block or above (left of) it, back to the
-   * first whose last row (column) is in the block */
+   * first whose last row (column) is in the block: at most NH (NW) of them, a fixed count that
+   * unrolls. Every window's maxima and gradient are loaded first (those past the image give no
+   * position), then added, so that all the loads are in flight at once. */
+  constexpr int NH = (G::KH + 2 * G::SH - 2) / G::SH, NW = (G::KW + 2 * G::SW - 2) / G::SW;
   const ix oh1 = (h0 + G::SH - 1 + G::PH) / G::SH, ow1 = (w0 + G::SW - 1 + G::PW) / G::SW;
-  for (ix oh = oh1 < G::OH ? oh1 : G::OH - 1; oh >= 0 && oh * G::SH - G::PH + G::KH > h0; oh--)
-    for (ix ow = ow1 < G::OW ? ow1 : G::OW - 1; ow >= 0 && ow * G::SW - G::PW + G::KW > w0; ow--) {
-      float gv[G::V];
-      int at[G::V];
-      find(n, oh, ow, c, at);
-      kiln_win_load<G::V>(dy, ((n * G::OH + oh) * G::OW + ow) * G::C + c, gv);
+  float gv[NH][NW][G::V];
+  int at[NH][NW][G::V];
+#pragma unroll
+  for (int a = 0; a < NH; a++)
+#pragma unroll
+    for (int b = 0; b < NW; b++) {
+      const ix oh = oh1 - a, ow = ow1 - b;
+      if (oh >= 0 && oh < G::OH && oh * G::SH - G::PH + G::KH > h0 && ow >= 0 && ow < G::OW &&
+          ow * G::SW - G::PW + G::KW > w0) {
+        find(n, oh, ow, c, at[a][b]);
+        kiln_win_load<G::V>(dy, ((n * G::OH + oh) * G::OW + ow) * G::C + c, gv[a][b]);
+      } else {
+#pragma unroll
+        for (int l = 0; l < G::V; l++)
+          at[a][b][l] = -1, gv[a][b][l] = 0.f;
+      }
+    }
+#pragma unroll
+  for (int a = 0; a < NH; a++)
+#pragma unroll
+    for (int b = 0; b < NW; b++)
 #pragma unroll
       for (int l = 0; l < G::V; l++) {
         /* the maximum's pixel, relative to the block (none: outside it) */
-        const int p = at[l] < 0 ? -1 : (int)(oh * G::SH - G::PH - h0) + at[l] / G::KW;
-        const int q = at[l] < 0 ? -1 : (int)(ow * G::SW - G::PW - w0) + at[l] % G::KW;
+        const int t = at[a][b][l];
+        const int p = t < 0 ? -1 : (int)((oh1 - a) * G::SH - G::PH - h0) + t / G::KW;
+        const int q = t < 0 ? -1 : (int)((ow1 - b) * G::SW - G::PW - w0) + t % G::KW;
 #pragma unroll
         for (int i = 0; i < G::SH; i++)
 #pragma unroll
           for (int j = 0; j < G::SW; j++)
-            if (p == i && q == j) acc[i][j][l] += gv[l];
+            if (p == i && q == j) acc[i][j][l] += gv[a][b][l];
       }
-    }
 #pragma unroll
   for (int i = 0; i < G::SH; i++)
 #pragma unroll
