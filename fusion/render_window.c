@@ -559,6 +559,10 @@ bool kiln__render_window(const kiln__target *tg, const kiln__ew_prog *p, const k
   if ((blocks || n->op == KILN__OP_COL2IM) && epi.vec && tg->window_ahead) {
     epi.hoist = true;
     epi.ring = "kiln_p";
+    /* room for the rings' registers, without spills (ptxas, sm_90): the stem pool's gradient took
+     * 87 a thread unbounded (two blocks an SM), 77 with three asked for; ResNet's col2im 63-64
+     * unbounded and with four, 70-72 with three */
+    r->min_blocks = blocks ? 3 : 4;
   }
   kiln__sb pre = {0}, b = {0};
   emit_geometry(&pre, n, &w, sz, V, kiln__wide_index(most));

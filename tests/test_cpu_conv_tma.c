@@ -857,8 +857,8 @@ Test(conv_tma, window_gradients_sum_the_batch_norm_before_them) {
  * block of 2x2 pixels a thread or a stride-2 convolution's col2im, after batch norm and a ReLU,
  * fetches what it reads for each of the thread's pixels before the op's own loads
  * (render_window.c's emit_ahead: rings XR<k> the epilogue unpacks at pixel kiln_p), batch norm's
- * sums in the kernel or not (KILN_WINDOW_MOMENTS); its kernel renders and compiles (NVRTC). Not
- * with the switch off. */
+ * sums in the kernel or not (KILN_WINDOW_MOMENTS), its launch bounds asking for three blocks an SM
+ * (four for a col2im); its kernel renders and compiles (NVRTC). Not with the switch off. */
 Test(conv_tma, window_gradients_fetch_their_epilogue_operands_ahead_with_the_switch) {
   for (int i = 0; i < 8; i++) {
     bool pool = i & 1, moments = i & 2, on = i & 4;
@@ -883,6 +883,9 @@ Test(conv_tma, window_gradients_fetch_their_epilogue_operands_ahead_with_the_swi
       cr_assert_str_eq(r.name, pg.call[g].name, "%s", what);
       cr_assert_eq(strstr(r.src.s, "kiln_unpack4(XR") != NULL, on, "%s: %s", what, r.src.s);
       cr_assert_eq(strstr(r.src.s, "kiln_p++;") != NULL, on, "%s: %s", what, r.src.s);
+      /* room for the rings' registers: three blocks an SM, four for a col2im */
+      const char *bounds = pool ? "__launch_bounds__(256, 3)" : "__launch_bounds__(256, 4)";
+      cr_assert_eq(strstr(r.src.s, bounds) != NULL, on, "%s: %s", what, r.src.s);
       kiln__sb_free(&r.src);
     }
     cr_assert_eq(found, 1, "%s: %d window gradients with an epilogue", what, found);

@@ -39,6 +39,9 @@ static_assert(sizeof(kiln_bf16) == 2, "kiln_bf16 is two bytes");
  * before it waits on the first. */
 KILN__FN void kiln_fetch4(const float *p, float4 &t) { t = *(const float4 *)p; }
 KILN__FN void kiln_fetch4(const kiln_bf16 *p, uint2 &t) { t = *(const uint2 *)p; }
+/* The type kiln_fetch4 loads four values of p's type into (unevaluated: decltype's). */
+__device__ float4 kiln_raw4(const float *p);
+__device__ uint2 kiln_raw4(const kiln_bf16 *p);
 KILN__FN void kiln_unpack4(const float4 &t, float *v) {
   v[0] = t.x, v[1] = t.y, v[2] = t.z, v[3] = t.w;
 }

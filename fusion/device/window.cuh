@@ -33,6 +33,34 @@ KILN__FN void kiln_win_load(const T *p, ix off, float (&v)[V]) {
       v[l] = (float)p[off + l];
 }
 
+/* V lanes of one load, kept as loaded (kiln_fetch4's 8 bytes of bf16, 16 of f32, when V is 4)
+ * and widened where a lane is read: the registers of a thread that holds several loads in flight
+ * at once. */
+template <int V, typename T> struct kiln_win_lanes {
+  float v[V];
+  template <typename ix> __device__ __forceinline__ void load(const T *p, ix off) {
+    kiln_win_load<V>(p, off, v);
+  }
+  __device__ __forceinline__ void zero() {
+#pragma unroll
+    for (int l = 0; l < V; l++)
+      v[l] = 0.f;
+  }
+  __device__ __forceinline__ float operator[](int l) const { return v[l]; }
+};
+template <typename T> struct kiln_win_lanes<4, T> {
+  decltype(kiln_raw4((const T *)nullptr)) r;
+  template <typename ix> __device__ __forceinline__ void load(const T *p, ix off) {
+    kiln_fetch4(&p[off], r);
+  }
+  __device__ __forceinline__ void zero() { r = {}; }
+  __device__ __forceinline__ float operator[](int l) const {
+    float v[4];
+    kiln_unpack4(r, v);
+    return v[l];
+  }
+};
+
 /* V lanes to p[off]. */
 template <int V, typename T, typename ix> KILN__FN void kiln_win_put(T *p, ix off, const float *v) {
   if constexpr (V == 4)
@@ -217,10 +245,9 @@ KILN__FN void kiln_col2im(const T *col, typename G::ix e, S store) {
     return ((n * G::OH + oh) * G::OW + ow) * K + ((g * G::KH + i) * G::KW + j) * CG + cg;
   };
   if constexpr (G::KH * G::KW * G::V <= 64) { /* every tap's loads issued, then the sums */
-    float cv[G::KH][G::KW][G::V];
-    kiln_win_taps_of_pixel<G>(h, w, [&](int i, int j, ix oh, ix ow) {
-      kiln_win_load<G::V>(col, off(i, j, oh, ow), cv[i][j]);
-    });
+    kiln_win_lanes<G::V, T> cv[G::KH][G::KW];
+    kiln_win_taps_of_pixel<G>(
+        h, w, [&](int i, int j, ix oh, ix ow) { cv[i][j].load(col, off(i, j, oh, ow)); });
     kiln_win_taps_of_pixel<G>(h, w, [&](int i, int j, ix, ix) {
 #pragma unroll
       for (int l = 0; l < G::V; l++)
@@ -366,7 +393,7 @@ KILN__FN void kiln_max_pool_grad_blocks_from(const T *dy, F find, typename G::ix
    * position), then added, so that all the loads are in flight at once. */
   constexpr int NH = (G::KH + 2 * G::SH - 2) / G::SH, NW = (G::KW + 2 * G::SW - 2) / G::SW;
   const ix oh1 = (h0 + G::SH - 1 + G::PH) / G::SH, ow1 = (w0 + G::SW - 1 + G::PW) / G::SW;
-  float gv[NH][NW][G::V];
+  kiln_win_lanes<G::V, T> gv[NH][NW];
   int at[NH][NW][G::V];
 #pragma unroll
   for (int a = 0; a < NH; a++)
@@ -376,11 +403,12 @@ KILN__FN void kiln_max_pool_grad_blocks_from(const T *dy, F find, typename G::ix
       if (oh >= 0 && oh < G::OH && oh * G::SH - G::PH + G::KH > h0 && ow >= 0 && ow < G::OW &&
           ow * G::SW - G::PW + G::KW > w0) {
         find(n, oh, ow, c, at[a][b]);
-        kiln_win_load<G::V>(dy, ((n * G::OH + oh) * G::OW + ow) * G::C + c, gv[a][b]);
+        gv[a][b].load(dy, ((n * G::OH + oh) * G::OW + ow) * G::C + c);
       } else {
+        gv[a][b].zero();
 #pragma unroll
         for (int l = 0; l < G::V; l++)
-          at[a][b][l] = -1, gv[a][b][l] = 0.f;
+          at[a][b][l] = -1;
       }
     }
 #pragma unroll
