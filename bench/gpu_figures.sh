@@ -86,6 +86,11 @@
 #                     racecheck runs (four tools at once, every kernel) ended with exit 9: Linux's
 #                     OOM killer had stopped profile_step at 124 GiB resident (H100,
 #                     2026-12-06); mlp's graph step alone passed with 0 hazards (issue 24)
+#   windows           Nsight Compute on ResNet-18's window kernels (its stem pool and the pool's
+#                     gradient, the strided data gradients' col2im) in a replayed step: time, DRAM
+#                     throughput and bytes, achieved occupancy and what limits it, registers, L1 and
+#                     L2 hit rates, the warps' stalls on memory (twenty-fifth session: at 1.4-1.9
+#                     TB/s after their loads were put in flight together, the col2im at 3.0; why?)
 # Every step has a time limit; a summary line per step is printed last. Naming steps after BUILD
 # runs those alone (bench/gpu_figures.sh build-gpu tma recompute).
 set -u
@@ -241,6 +246,12 @@ step racecheck 300 "(while sleep 5; do free -m | awk '/Mem/{print \$3}'; done > 
     grep -E 'RACECHECK SUMMARY|Error|^=+ +(Error|Warning)' \$f | sort | uniq -c | head -n 8
   done
   kill \$mon; echo \"most host memory in use: \$(sort -n $out/host_mib.txt | tail -n 1) MiB\""
+step windows 300 "ncu --graph-profiling node --kernel-name regex:'k_max_pool|k_col2im_add' \
+    --launch-count 8 --section SpeedOfLight --section Occupancy --section MemoryWorkloadAnalysis \
+    --section WarpStateStats --section LaunchStats --csv --page details \
+    $build/profile_step --workload resnet18 --mode graph --steps 1 --blocks 1 2>/dev/null |
+    grep -E 'Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Block Limit|Registers Per|L1/TEX Hit|L2 Hit|Long Scoreboard|Stall' |
+    awk -F'\",\"' '{sub(/\"$/, \"\", \$NF); print substr(\$5, 1, 60), \$(NF-2), \$(NF-1), \$NF}'"
 # a device call returns at most 8 files: everything in one archive, as .gpu/check.sh does
 tar -czf "${OUT:-/tmp/out}/figures.tgz" -C "$out" . && rm -rf "$out"
 printf '%s\n' "${summary[@]}"
