@@ -146,7 +146,9 @@ kiln_ctx *kiln__ctx_create(const kiln_ctx_options *opts) {
   /* on since its first GPU run (H100, 2026-12-06): resnet18's stem pool gradient 300 us against
    * 395 a pixel a thread, the step 8.054 ms against 8.142 (medians of three); its test passed */
   ctx->pool_grad_blocks = !env_off("KILN_POOL_GRAD_BLOCKS");
-  ctx->window_ahead = !env_off("KILN_WINDOW_AHEAD"); /* bitwise the same; not yet timed */
+  /* on since its first GPU run (H100, 2026-12-07): resnet18 6.913 ms a step against 7.024 with
+   * it off (bench/ab_steps.sh, medians of three), the values bitwise the same (its test passed) */
+  ctx->window_ahead = !env_off("KILN_WINDOW_AHEAD");
   /* on since its first GPU run (H100, 2026-12-06): the air step 2.629 ms with it against 2.770,
    * air_muon 5.127 against 5.454 (bench/ab_steps.sh, medians of two); its test passed */
   ctx->conv_few = !env_off("KILN_CONV_FEW");
