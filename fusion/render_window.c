@@ -319,7 +319,7 @@ static void emit_loop(kiln__sb *b, const kiln__node *n, const char *variant, int
     range = "  for (ix e = (ix)blockIdx.x * blockDim.x + threadIdx.x; e < (ix)a.n;\n"
             "       e += (ix)gridDim.x * blockDim.x)\n";
   if (e && e->ring) { /* the body opened by the fetches, the pixel counted after each store */
-    emit_ahead(b, e, range, strcmp(variant, "_blocks") == 0);
+    emit_ahead(b, e, range, n->op == KILN__OP_MAX_POOL_GRAD); /* else a col2im: a pixel */
     range = "";
     tail = "      kiln_p++;\n";
   }
