@@ -751,6 +751,72 @@ Test(conv_tma, data_gradients_prefetch_their_epilogue_rows_with_the_switch) {
   cr_assert_eq(others[0], others[1]);
 }
 
+/* With KILN_CONV_PINGPONG=1 the data gradient of the block above (its epilogue GELU's derivative
+ * at the recomputed batch norm, and batch norm's sums) runs on persistent blocks whose warpgroups
+ * take turns (conv_tma.cuh's kiln_conv_dgrad_tma_pp): a kernel named _tma_pp_moments_, one block
+ * a tile up to one an SM, one block an SM of shared memory (the stages and two staged tiles), its
+ * source rendered and compiled (NVRTC); not with the switch off, not with the epilogue's loads
+ * unhoisted (KILN_CONV_HOIST=0), not with tiles 256 wide (KILN_CONV_DGRAD_BN=256, 256 channels). */
+Test(conv_tma, data_gradients_take_turns_on_persistent_blocks_with_the_switch) {
+  struct {
+    int64_t c;
+    bool on;
+    int hoist, bn;
+    bool want;
+  } cases[] = {{64, true, 2, 128, true},
+               {64, false, 2, 128, false},
+               {64, true, 0, 128, false},
+               {256, true, 2, 128, true},
+               {256, true, 2, 0, false}};
+  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+    char what[96];
+    snprintf(what, sizeof what, "%lld channels, switch %d, hoist %d, widest %d",
+             (long long)cases[i].c, cases[i].on, cases[i].hoist, cases[i].bn);
+    kiln_ctx *ctx = th_cpu_ctx();
+    ctx->conv_tma = true;
+    ctx->conv_pingpong = cases[i].on;
+    ctx->conv_hoist = cases[i].hoist;
+    ctx->conv_dgrad_bn = cases[i].bn;
+    int64_t C = cases[i].c;
+    kiln_step_begin(ctx);
+    kiln_tensor *x = th_f32(ctx, KILN_SHAPE(8, 9, 7, C));
+    kiln_tensor *k1 = th_param(ctx, KILN_SHAPE(C, C, 3, 3)),
+                *k2 = th_param(ctx, KILN_SHAPE(C, C, 3, 3));
+    kiln_tensor *gamma = th_param(ctx, KILN_SHAPE(C)), *beta = th_param(ctx, KILN_SHAPE(C));
+    kiln_conv2d_options o = {.pad_h = 1, .pad_w = 1};
+    kiln_autocast_begin(ctx, KILN_DTYPE_BF16);
+    kiln_tensor *h = kiln_conv2d(x, k1, NULL, &o);
+    h = kiln_gelu(kiln_batch_norm(h, gamma, beta, NULL, NULL, 1, 0, 0), KILN_GELU_ERF);
+    kiln_tensor *y = kiln_conv2d(h, k2, NULL, &o);
+    kiln_autocast_end(ctx);
+    cr_assert_eq(kiln_backward(kiln_cast(kiln_sum(y, KILN_ALL_AXES, 0), KILN_DTYPE_F32)), KILN_OK,
+                 "%s: %s", what, th_err(ctx));
+    kiln__program pg;
+    cr_assert(kiln__program_build(ctx, ctx->trace.done, ctx->trace.n, &pg), "%s: %s", what,
+              th_err(ctx));
+    int found = 0;
+    for (int g = 0; g < pg.plan.ng; g++) {
+      const kiln__call *c = &pg.call[g];
+      if (!pg.plan.g[g].moments || pg.plan.g[g].implicit != KILN__IMPLICIT_DGRAD) continue;
+      found++;
+      bool pp = strstr(c->name, "_tma_pp_moments_") != NULL;
+      cr_assert_eq(pp, cases[i].want, "%s: %s", what, c->name);
+      if (!pp) continue;
+      int64_t tiles = (8 * 9 * 7 + 127) / 128 * (C / (C < 128 ? C : 128)),
+              sms = ctx->num_sms > 0 ? ctx->num_sms : 132;
+      cr_assert_eq(c->grid, (unsigned)(tiles < sms ? tiles : sms), "%s: %s: %u blocks", what,
+                   c->name, c->grid);
+      cr_assert_eq(c->grid_y, 1, "%s: %s", what, c->name);
+      cr_assert_eq(c->block, 288, "%s: %s", what, c->name);
+      /* one block an SM: more than half of an SM's 228 KB, less than a block's 227 */
+      cr_assert(c->smem > 114 * 1024 && c->smem <= 227 * 1024, "%s: %s: %u bytes", what, c->name,
+                c->smem);
+    }
+    cr_assert_eq(found, 1, "%s: %d data gradients with batch norm's sums", what, found);
+    finish_program(ctx, &pg, what);
+  }
+}
+
 /* With KILN_POOL_MOMENTS=1 batch norm's statistics after a max pool join the pool's kernel
  * (plan_conv.c's kiln__pool_moments): a bf16 2x2 pool of 64 or 256 channels then batch norm in
  * training, the

@@ -492,4 +492,147 @@ KILN__FN void kiln_tma_store_tile(kiln_bf16 *out, int m0, int n0, int rows, int 
   }
 }
 
+/* ---------------------------------------------------------------- ping-pong data gradients */
+
+/* KILN_CONV_PINGPONG=1 (render_conv.c): a persistent block (one an SM) takes tiles blockIdx.x,
+ * blockIdx.x + gridDim.x, ... of a data gradient, its two warpgroups every other one, each all
+ * 128 rows of its tile (two 64-row halves of accumulators), and they take turns at the tensor
+ * cores: one multiplies while the other runs its epilogue. In the two-warpgroup kernel above both
+ * warpgroups finish their products together and the tensor cores idle through the epilogue, which
+ * in air's data gradients (batch norm applied again, GELU's derivative, batch norm's backward
+ * sums) took about a third of each tile's time (dev/README.md). The stages carry on from tile to
+ * tile in the producer's order; a warpgroup starts its products only when the other hands over
+ * (its `turn` barrier), so that a stage's barrier is never two phases behind the waiter's count.
+ * Dynamic shared memory: S stages, then 2 S + 2 mbarriers in 1024 bytes, then each warpgroup's
+ * staged tile (128 rows of KILN_TMA_PITCH(BN) bytes), 1024 bytes to align (KILN_TMA_PP_SMEM). */
+#define KILN_TMA_PP_SMEM(stage, S, BN) ((S) * (stage) + 1024 + 2 * 128 * KILN_TMA_PITCH(BN) + 1024)
+
+/* The loop: issue(tile, kt, st, bar) copies stage kt of a tile (the producer), after(tile) once
+ * all of a tile's copies are issued (the producer), epi(tile, d0, d1, staged, wg) stores a tile
+ * (d0 its rows 0-63, d1 rows 64-127, staged the warpgroup's room). */
+template <int S, int BN, class I, class A, class E>
+KILN__FN void kiln_tma_pingpong(int tiles, int KT, unsigned char *base, int stage, I issue, A after,
+                                E epi) {
+  unsigned long long *full = (unsigned long long *)(base + S * stage), *empty = full + S,
+                     *turn = full + 2 * S;
+  static_assert((2 * S + 2) * 8 <= 1024, "kiln_tma_pingpong: the barriers' room");
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < S; s++) {
+      kiln_mbar_init(&full[s], 1);  /* the producer's arrival, with the stage's bytes */
+      kiln_mbar_init(&empty[s], 4); /* the four warps of the warpgroup that multiplied it */
+    }
+    kiln_mbar_init(&turn[0], 4); /* warpgroup 1 hands over to 0 */
+    kiln_mbar_init(&turn[1], 4); /* and 0 to 1 */
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+  if (threadIdx.x >= 256) {
+    if (threadIdx.x == 256)
+      for (int tile = blockIdx.x, it = 0; tile < tiles; tile += gridDim.x) {
+        for (int kt = 0; kt < KT; kt++, it++) {
+          const int st = it % S;
+          if (it >= S) kiln_tma_mbar_wait(&empty[st], (it / S - 1) & 1);
+          kiln_tma_mbar_expect(&full[st], stage);
+          issue(tile, kt, st, &full[st]);
+        }
+        after(tile);
+      }
+    return;
+  }
+  const int wg = threadIdx.x >> 7, lane = threadIdx.x & 31;
+  unsigned char *staged = base + S * stage + 1024 + wg * 128 * KILN_TMA_PITCH(BN);
+  float d0[BN / 2], d1[BN / 2];
+  for (int j = wg, tile = blockIdx.x + wg * gridDim.x; tile < tiles;
+       j += 2, tile += 2 * gridDim.x) {
+    /* this warpgroup's turn j / 2: warpgroup 1's n-th waits for 0's n-th hand-over, 0's for
+     * 1's (n - 1)-th */
+    if (j > 0) kiln_tma_mbar_wait(&turn[wg], (wg ? j / 2 : j / 2 - 1) & 1);
+#pragma unroll
+    for (int i = 0; i < BN / 2; i++)
+      d0[i] = d1[i] = 0.f;
+    for (int kt = 0; kt < KT; kt++) {
+      const int it = j * KT + kt, st = it % S;
+      kiln_tma_mbar_wait(&full[st], (it / S) & 1);
+      kiln_wg_pin(d0);
+      kiln_wg_pin(d1);
+      kiln_wg_fence();
+      const unsigned char *t = base + st * stage;
+      kiln_tma_dgrad_mma<BN>(d0, t, 0);
+      kiln_tma_dgrad_mma<BN>(d1, t, 1);
+      kiln_wg_commit();
+      kiln_wg_wait<1>();
+      kiln_wg_pin(d0);
+      kiln_wg_pin(d1);
+      if (kt > 0 && lane == 0) kiln_mbar_arrive(&empty[(it - 1) % S]);
+    }
+    if (lane == 0) kiln_mbar_arrive(&turn[1 - wg]); /* every product issued: the other's turn */
+    kiln_wg_wait<0>();
+    kiln_wg_pin(d0);
+    kiln_wg_pin(d1);
+    if (lane == 0) kiln_mbar_arrive(&empty[(j * KT + KT - 1) % S]);
+    epi(tile, d0, d1, staged, wg);
+  }
+}
+
+/* A data gradient's tiles by ping-pong: kiln_conv_dgrad_tma's products, tile t of dX's pixels
+ * [128 (t / NT), + 128) and channels [BN (t % NT), + BN), NT = ceil(CI / BN) tiles across.
+ * after(m0, n0) and epi(m0, n0, d0, d1, staged, wg) as kiln_tma_pingpong's, with the tile's corner.
+ */
+template <class G, int BN, int S, class A, class E>
+KILN__FN void kiln_conv_dgrad_tma_pp(const kiln_tmap *ta, const kiln_tmap *tw, int tiles,
+                                     unsigned char *smem, A after, E epi) {
+  constexpr int STAGE = (128 + BN) * 128, CH = G::CO / 64, TAPS = G::KH * G::KW, KT = TAPS * CH;
+  constexpr int PH = G::DH * (G::KH - 1) - G::PH, PW = G::DW * (G::KW - 1) - G::PW;
+  constexpr int NT = (G::CI + BN - 1) / BN;
+  static_assert(G::CO % 64 == 0 && G::CI % 64 == 0 && G::SH == 1 && G::SW == 1 && BN % 64 == 0 &&
+                    BN <= 128 && S >= 2,
+                "kiln_conv_dgrad_tma_pp");
+  unsigned char *base = kiln_tma_align1024(smem);
+  kiln_tma_pingpong<S, BN>(
+      tiles, KT, base, STAGE,
+      [&](int tile, int kt, int st, unsigned long long *bar) {
+        const int m0 = tile / NT * 128, n0 = tile % NT * BN;
+        const int w0 = m0 % G::W, r = m0 / G::W, h0 = r % G::H, n = r / G::H;
+        unsigned char *as = base + st * STAGE, *bs = as + 128 * 128;
+        const int tap = kt / CH, c = (kt % CH) * 64; /* tap t' of the flipped filters */
+        kiln_tma_im2col4(as, ta, bar, c, w0 - PW, h0 - PH, n, (tap % G::KW) * G::DW,
+                         (tap / G::KW) * G::DH);
+#pragma unroll
+        for (int p = 0; p < BN / 64; p++)
+          kiln_tma_tile3(bs + p * 8192, tw, bar, n0 + 64 * p, TAPS - 1 - tap, c);
+      },
+      [&](int tile) { after(tile / NT * 128, tile % NT * BN); },
+      [&](int tile, const float(&d0)[BN / 2], const float(&d1)[BN / 2], unsigned char *staged,
+          int wg) { epi(tile / NT * 128, tile % NT * BN, d0, d1, staged, wg); });
+}
+
+/* A ping-pong warpgroup's accumulators (d0 rows 0-63, d1 rows 64-127) staged as bf16 in its room,
+ * as kiln_tma_stage_tile does for two warpgroups' (named barrier 2 + wg of its 128 threads). */
+template <int BN>
+KILN__FN void kiln_tma_stage_tile_pp(const float (&d0)[BN / 2], const float (&d1)[BN / 2],
+                                     unsigned char *tile, int wg) {
+  kiln_named_sync(2 + wg, 128); /* the warpgroup's last tile read and summed */
+  const int t = threadIdx.x & 127, lane = t & 31, r0 = 16 * (t >> 5) + (lane >> 2);
+#pragma unroll
+  for (int j = 0; j < BN / 8; j++)
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+      unsigned char *at = tile + (r0 + 8 * h) * KILN_TMA_PITCH(BN) + (8 * j + 2 * (lane & 3)) * 2;
+      *(unsigned *)at = kiln_bf16x2_bits(d0[4 * j + 2 * h], d0[4 * j + 2 * h + 1]);
+      *(unsigned *)(at + 64 * KILN_TMA_PITCH(BN)) =
+          kiln_bf16x2_bits(d1[4 * j + 2 * h], d1[4 * j + 2 * h + 1]);
+    }
+  kiln_named_sync(2 + wg, 128);
+}
+
+/* kiln_tma_tile_moments for a ping-pong warpgroup's tile, m-tile `row` of the partial sums: its
+ * thread t summed the rows that threads t and t + 128 of the two-warpgroup kernel sum, in s[0] and
+ * s[1], so the sums are that kernel's, bitwise. */
+template <int BN>
+KILN__FN void kiln_tma_tile_moments_pp(const float (&s)[2][8], unsigned char *tile, float *out,
+                                       int row, int n0, int C, int wg) {
+  static_assert(8 * 256 * 4 <= 128 * KILN_TMA_PITCH(BN), "the tile's room");
+  kiln_block_moments_halves<BN / 4>(s, (float *)tile, out, row, n0, C, 2 + wg);
+}
+
 #endif
