@@ -70,7 +70,6 @@ static bool build_calls(kiln_ctx *ctx, kiln__program *pg) {
                          .conv_dgrad_bn = ctx->conv_dgrad_bn,
                          .conv_fprop_bn = ctx->conv_fprop_bn,
                          .conv_prefetch = ctx->conv_prefetch,
-                         .conv_pingpong = ctx->conv_pingpong,
                          .conv_hoist = ctx->conv_hoist,
                          .conv_ahead = ctx->conv_ahead,
                          .cast_tiles = ctx->cast_tiles,

@@ -50,12 +50,6 @@ static int wgmma_width(int64_t n, bool ws) { return n <= 64 ? 64 : (n <= 128 || 
 static int tma_stages(int stage) { return 196608 / stage < 8 ? 196608 / stage : 8; }
 /* Stages of 96 KB in all instead: two blocks an SM, one's epilogue beside the other's products. */
 static int tma_half_stages(int stage) { return 98304 / stage; }
-/* A ping-pong data gradient's stages (conv_tma.cuh's KILN_TMA_PP_SMEM): what the sm_90's 227 KB
- * of a block leave beside the barriers, the two staged tiles and the alignment, at most 8. */
-static int pp_stages(int stage, int BN) {
-  int left = 232448 - 2048 - 2 * 128 * (2 * BN + 16);
-  return left / stage < 8 ? left / stage : 8;
-}
 static void tma_launch(int stage, int S, int slot, kiln__rendered *r) {
   /* the planner's fits() counts a group's every output as an operand, the product's too, which
    * a conv kernel does not take: a slot is left for the maps (and wgrad's workspace has two) */
@@ -172,13 +166,6 @@ static bool render_dgrad(const kiln__target *t, const kiln__spec *s, kiln__rende
    * epilogue beside the other's products */
   int S = tma ? (BN == 64 || narrowed ? tma_half_stages(stage) : tma_stages(stage))
               : wgmma_stages(BN, ws);
-  /* KILN_CONV_PINGPONG=1: a persistent block, its warpgroups taking turns at the products
-   * (conv_tma.cuh's kiln_conv_dgrad_tma_pp), tiles of at most 128 columns (a warpgroup holds all
-   * 128 rows' accumulators), stages in what the two staged tiles leave */
-  bool pp = tma && staged && epi.hoist && !phased && t->conv_pingpong && BN <= 128;
-  if (pp) S = pp_stages(stage, BN);
-  const char *tid = pp ? "kiln_t" : "threadIdx.x", *rows_per = pp ? "BN / 4" : "BN / 8";
-  int threads = pp ? 128 : 256;
   bool bf16 = X->dtype == KILN_DTYPE_BF16;
   const char *T = kiln__ctype(X->dtype);
   a->n = N * H * W; /* image pixels: the rows of dX */
@@ -253,31 +240,11 @@ static bool render_dgrad(const kiln__target *t, const kiln__spec *s, kiln__rende
               "    return ((m / (G::OH * G::OW) * G::H + m / G::OW %% G::OH * G::SH + kiln_py) * "
               "G::W + m %% G::OW * G::SW + kiln_px);\n"
               "  };\n");
-    else if (pp)
-      kiln__sb_printf(&b, "  const int M = (int)a.n;\n");
     else
       kiln__sb_printf(&b, "  const int M = (int)a.n, m0 = (int)blockIdx.x * 128, n0 = "
                           "(int)blockIdx.y * BN;\n");
-    if (!pp) kiln__sb_printf(&b, "  float acc[BN / 2];\n");
-    if (pp) {
-      tma_maps(&b, o.n, 2);
-      /* the producer's prefetches after each tile's copies, then the epilogue of a tile */
-      kiln__sb_printf(&b,
-                      "  kiln_conv_dgrad_tma_pp<G, BN, S>(\n"
-                      "      tm, tm + 1, (M + 127) / 128 * ((G::CI + BN - 1) / BN), kiln_smem,\n"
-                      "      [&](int m0, int n0) {\n"
-                      "    (void)m0, (void)n0;\n");
-      if (t->conv_prefetch) prefetch_rows(&b, p, &o, &wr, &epi, X);
-      kiln__sb_printf(&b, "      },\n"
-                          "      [&](int m0, int n0, const float(&d0)[BN / 2], const float(&d1)[BN "
-                          "/ 2], unsigned char *tile, int kiln_wg) {\n"
-                          "  const int kiln_t = threadIdx.x & 127;\n");
-      const int64_t nhwc[4] = {N, OH, OW, CO}, wk[3] = {CI, w.kh * w.kw, CO};
-      kiln__win f = kiln__dgrad_window(&w);
-      r->tmap[0] = kiln__tmap_im2col(ka, nhwc, &f, 128);
-      r->tmap[1] = kiln__tmap_tiled(kb, 3, wk, (const uint32_t[]){64, 1, 64});
-      r->ntmap = 2;
-    } else if (tma) {
+    kiln__sb_printf(&b, "  float acc[BN / 2];\n");
+    if (tma) {
       tma_maps(&b, o.n, 2);
       kiln__sb_printf(&b, phased
                               ? "  if (!kiln_conv_dgrad_tma_phase<GP, BN, S>(tm, tm + 1, kiln_py, "
@@ -304,51 +271,41 @@ static bool render_dgrad(const kiln__target *t, const kiln__spec *s, kiln__rende
       kiln__hoist_channel_loads(&hoisted, &epi, "kiln_c", "G::CI", "  ");
       kiln__sb_printf(
           &hoisted,
-          "  constexpr int KILN_D = %s < %d ? %s : %d;\n"
-          "  auto kiln_prow = [&](int r) { return m0 + (%s + %d * r) / (BN / 4); };\n"
+          "  constexpr int KILN_D = BN / 8 < %d ? BN / 8 : %d;\n"
+          "  auto kiln_prow = [&](int r) { return m0 + (threadIdx.x + 256 * r) / (BN / "
+          "4); };\n"
           "  auto kiln_row = [&](int r) { return %s; };\n"
           "  auto kiln_row_ok = [&](int r) { return kiln_prow(r) < M && kiln_c < G::CI; "
           "};\n",
-          rows_per, t->conv_hoist, rows_per, t->conv_hoist, tid, threads,
-          phased ? "kiln_drow(kiln_prow(r))" : "kiln_prow(r)");
-      kiln__ahead_rows(&hoisted, &epi, true, "KILN_D", rows_per, "kiln_row", "kiln_row_ok",
+          t->conv_hoist, t->conv_hoist, phased ? "kiln_drow(kiln_prow(r))" : "kiln_prow(r)");
+      kiln__ahead_rows(&hoisted, &epi, true, "KILN_D", "BN / 8", "kiln_row", "kiln_row_ok",
                        "kiln_c", "  ");
-      kiln__ahead_rows(&ahead, &epi, false, "KILN_D", rows_per, "kiln_row", "kiln_row_ok", "c",
+      kiln__ahead_rows(&ahead, &epi, false, "KILN_D", "BN / 8", "kiln_row", "kiln_row_ok", "c",
                        "    ");
     }
-    if (staged) { /* through shared memory: a thread's four channels of a row, a row's chunks by
-                   * neighbouring threads, each operand read and written four values at a time */
+    if (staged) /* through shared memory: a thread's four channels of a row, a row's chunks by
+                 * neighbouring threads, each operand read and written four values at a time */
       kiln__sb_printf(&b,
+                      "  unsigned char *tile = kiln_tma_align1024(kiln_smem);\n"
+                      "  kiln_tma_stage_tile<BN>(acc, tile);\n"
                       "%s"
-                      "%s"
-                      "  static_assert(%d %% (BN / 4) == 0, \"a thread keeps its channels\");\n"
-                      "  const ix kiln_c = n0 + %s %% (BN / 4) * 4;\n"
+                      "  static_assert(256 %% (BN / 4) == 0, \"a thread keeps its channels\");\n"
+                      "  const ix kiln_c = n0 + threadIdx.x %% (BN / 4) * 4;\n"
                       "  (void)kiln_c;\n"
-                      "%s",
-                      pp ? "  kiln_tma_stage_tile_pp<BN>(d0, d1, tile, kiln_wg);\n"
-                         : "  unsigned char *tile = kiln_tma_align1024(kiln_smem);\n"
-                           "  kiln_tma_stage_tile<BN>(acc, tile);\n",
-                      !mom ? ""
-                      : pp ? "  float kiln_mss[2][8] = {}; /* for threads t and t + 128 of 256 */\n"
-                           : "  float kiln_ms[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};\n",
-                      threads, tid, hoisted.s ? hoisted.s : "");
-      if (epi.hoist)
-        kiln__sb_printf(&b,
-                        "#pragma unroll\n"
-                        "  for (int kiln_r = 0; kiln_r < %s; kiln_r++) {\n"
-                        "    const int q = %s + %d * kiln_r;\n"
-                        "%s",
-                        rows_per, tid, threads,
-                        pp && mom ? "    float(&kiln_ms)[8] = kiln_mss[kiln_r % 2];\n" : "");
-      else
-        kiln__sb_printf(&b, "  for (int q = %s; q < 128 * (BN / 4); q += %d) {\n", tid, threads);
-      kiln__sb_printf(&b,
+                      "%s"
+                      "%s"
                       "    const ix m = m0 + q / (BN / 4), c = n0 + q %% (BN / 4) * 4;\n"
                       "    float d[4];\n"
                       "    kiln_tma_tile_get4<BN>(tile, q / (BN / 4), q %% (BN / 4) * 4, d);\n"
                       "%s",
+                      mom ? "  float kiln_ms[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};\n" : "",
+                      hoisted.s ? hoisted.s : "",
+                      epi.hoist ? "#pragma unroll\n"
+                                  "  for (int kiln_r = 0; kiln_r < BN / 8; kiln_r++) {\n"
+                                  "    const int q = threadIdx.x + 256 * kiln_r;\n"
+                                : "  for (int q = threadIdx.x; q < 128 * (BN / 4); q += 256) {\n",
                       ahead.s ? ahead.s : "");
-    } else
+    else
       kiln__sb_printf(&b,
                       "  const int r0 = kiln_conv_row0<%s>();\n"
                       "#pragma unroll\n"
@@ -401,28 +358,20 @@ static bool render_dgrad(const kiln__target *t, const kiln__spec *s, kiln__rende
                     out);
   }
   kiln__sb_printf(&b, "  }\n");
-  if (mom && pp) /* the warpgroup's sums of its tile's rows */
-    kiln__sb_printf(&b,
-                    "  kiln_tma_tile_moments_pp<BN>(kiln_mss, tile, (float *)a.ptr[%d], m0 / 128, "
-                    "n0, G::CI, kiln_wg);\n",
-                    epi.mom.out);
-  else if (mom) /* the block's sums of its rows, a thread's four channels over the threads that
-                   share them */
+  if (mom) /* the block's sums of its rows, a thread's four channels over the threads that share
+              them */
     kiln__sb_printf(&b,
                     "  kiln_tma_tile_moments<BN>(kiln_ms, tile, (float *)a.ptr[%d], n0, G::CI);\n",
                     epi.mom.out);
-  if (pp) kiln__sb_printf(&b, "      });\n");
   char stem[80], suffix[48];
   snprintf(suffix, sizeof suffix, "_%lldx%lld_s%lld_%s_%s", (long long)w.kh, (long long)w.kw,
            (long long)w.sh, kiln_dtype_name(X->dtype),
-           tma  ? (pp ? (mom ? "tma_pp_moments" : "tma_pp") : (mom ? "tma_moments" : "tma"))
+           tma  ? (mom ? "tma_moments" : "tma")
            : wg ? (ws ? "wgmma_ws" : "wgmma")
                 : "igemm");
   kiln__stem_of(p, "k_matmul", suffix, stem, sizeof stem);
   if (tma) /* before the source is written: its launch bounds follow r->block */
     tma_launch(stage, S, o.n, r);
-  if (pp)
-    r->smem = (unsigned)(S * stage + 1024 + 2 * 128 * (2 * BN + 16) + 1024);
   else if (wg)
     wgmma_launch(BN, S, ws, r);
   else
@@ -431,11 +380,6 @@ static bool render_dgrad(const kiln__target *t, const kiln__spec *s, kiln__rende
   kiln__sb_free(&b);
   r->grid = (unsigned)(phases * ((rows + 127) / 128));
   r->grid_y = (unsigned)((CI + BN - 1) / BN);
-  if (pp) { /* one block an SM, as many as there are tiles at most */
-    int64_t tiles = (int64_t)r->grid * r->grid_y, sms = t->num_sms > 0 ? t->num_sms : 132;
-    r->grid = (unsigned)(tiles < sms ? tiles : sms);
-    r->grid_y = 1;
-  }
   kiln__tally_bytes(&o, r);
   r->bytes_read -= kiln__footprint(o.t[0]); /* operand 0, the column matrix, is never read */
   return ok;

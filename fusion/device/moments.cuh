@@ -69,23 +69,6 @@ KILN__FN void kiln_moments(ix R, ix C, float *out, F value) {
   }
 }
 
-/* The block's sums of red (8 x 256 floats: term k of thread t at k * 256 + t) for its chunks,
- * added in a fixed order, into out's row `row`; this thread takes entries t, t + step, ... */
-template <int CHUNKS>
-KILN__FN void kiln_block_moments_add(const float *red, float *out, long long row, int c0, int C,
-                                     int t, int step) {
-  static_assert(256 % CHUNKS == 0, "a thread keeps its chunk");
-  constexpr int SHARE = 256 / CHUNKS;
-  for (; t < 2 * 4 * CHUNKS; t += step) {
-    const int col = t % (4 * CHUNKS), which = t / (4 * CHUNKS), chunk = col / 4, l = col % 4;
-    float v = 0.f;
-#pragma unroll
-    for (int j = 0; j < SHARE; j++)
-      v += red[(which * 4 + l) * 256 + chunk + j * CHUNKS];
-    if (c0 + col < C) out[(row * 2 + which) * C + c0 + col] = v;
-  }
-}
-
 /* The partial sums of a block of 256 threads that summed rows of four channels each, in a kernel
  * that writes the moments op's output itself (its rows' block `row` of out's (P, 2, C)):
  * thread t took channels [c0 + (t % CHUNKS) 4, + 4), s[l] the sum of its first terms and s[4 + l]
@@ -95,30 +78,21 @@ KILN__FN void kiln_block_moments_add(const float *red, float *out, long long row
 template <int CHUNKS>
 KILN__FN void kiln_block_moments(const float (&s)[8], float *red, float *out, long long row, int c0,
                                  int C) {
+  static_assert(256 % CHUNKS == 0, "a thread keeps its chunk");
+  constexpr int SHARE = 256 / CHUNKS;
   asm volatile("bar.sync 1, 256;\n" ::: "memory"); /* red is free: every thread is past it */
 #pragma unroll
   for (int k = 0; k < 8; k++)
     red[k * 256 + threadIdx.x] = s[k];
   asm volatile("bar.sync 1, 256;\n" ::: "memory");
-  kiln_block_moments_add<CHUNKS>(red, out, row, c0, C, threadIdx.x, 256);
-}
-
-/* The same sums by a warpgroup of 128 threads, thread t (threadIdx.x % 128) summing for threads t
- * (s[0]) and t + 128 (s[1]) of kiln_block_moments's 256, over named barrier `bar` of the 128:
- * the values kiln_block_moments writes, bitwise. */
-template <int CHUNKS>
-KILN__FN void kiln_block_moments_halves(const float (&s)[2][8], float *red, float *out,
-                                        long long row, int c0, int C, int bar) {
-  static_assert(128 % CHUNKS == 0, "threads t and t + 128 keep one chunk");
-  const int t = threadIdx.x % 128;
-  asm volatile("bar.sync %0, 128;\n" ::"r"(bar) : "memory"); /* red is free */
+  for (int t = threadIdx.x; t < 2 * 4 * CHUNKS; t += 256) {
+    const int col = t % (4 * CHUNKS), which = t / (4 * CHUNKS), chunk = col / 4, l = col % 4;
+    float v = 0.f;
 #pragma unroll
-  for (int k = 0; k < 8; k++) {
-    red[k * 256 + t] = s[0][k];
-    red[k * 256 + t + 128] = s[1][k];
+    for (int j = 0; j < SHARE; j++)
+      v += red[(which * 4 + l) * 256 + chunk + j * CHUNKS];
+    if (c0 + col < C) out[(row * 2 + which) * C + c0 + col] = v;
   }
-  asm volatile("bar.sync %0, 128;\n" ::"r"(bar) : "memory");
-  kiln_block_moments_add<CHUNKS>(red, out, row, c0, C, t, 128);
 }
 
 /* Mode 0: the sums of x - k and of its square, k (1, C) a row of x (a shift that keeps the
