@@ -430,6 +430,10 @@ struct kiln_ctx {
    * and col2im (kiln__dgrad_phases; KILN_CONV_TMA_PHASES=1: off, slower on its first run) */
   bool conv_phases;
   bool conv_prefetch; /* KILN_CONV_PREFETCH=1: TMA data gradients prefetch their epilogue's rows */
+  /* stride-1 TMA data gradients with an epilogue on persistent blocks, two warpgroups of their own
+   * running a staged tile's epilogue beside the next tile's products (conv_tma.cuh's
+   * kiln_conv_dgrad_tma_ws; KILN_CONV_DGRAD_WS=1) */
+  bool conv_dgrad_ws;
   /* the staged epilogues of TMA data gradients (KILN_CONV_HOIST=0 to 16): 0, each operand loaded
    * in the row that reads it; d > 0, per-channel ones once before the loop, and the others d rows
    * ahead of the row that reads them */

@@ -70,6 +70,7 @@ static bool build_calls(kiln_ctx *ctx, kiln__program *pg) {
                          .conv_dgrad_bn = ctx->conv_dgrad_bn,
                          .conv_fprop_bn = ctx->conv_fprop_bn,
                          .conv_prefetch = ctx->conv_prefetch,
+                         .conv_dgrad_ws = ctx->conv_dgrad_ws,
                          .conv_hoist = ctx->conv_hoist,
                          .conv_ahead = ctx->conv_ahead,
                          .cast_tiles = ctx->cast_tiles,

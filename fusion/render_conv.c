@@ -50,6 +50,14 @@ static int wgmma_width(int64_t n, bool ws) { return n <= 64 ? 64 : (n <= 128 || 
 static int tma_stages(int stage) { return 196608 / stage < 8 ? 196608 / stage : 8; }
 /* Stages of 96 KB in all instead: two blocks an SM, one's epilogue beside the other's products. */
 static int tma_half_stages(int stage) { return 98304 / stage; }
+/* Stages of a data gradient with warps for its epilogue (conv_tma.cuh's KILN_TMA_WS_SMEM): what
+ * the sm_90's 227 KB of a block leave beside the barriers, the two rooms and the alignment, at
+ * most 8. */
+#define TMA_WS_THREADS 544 /* conv_tma.cuh's KILN_TMA_WS_THREADS */
+static int ws_stages(int stage, int BN) {
+  int left = 232448 - 2048 - 2 * 128 * (2 * BN + 16);
+  return left / stage < 8 ? left / stage : 8;
+}
 static void tma_launch(int stage, int S, int slot, kiln__rendered *r) {
   /* the planner's fits() counts a group's every output as an operand, the product's too, which
    * a conv kernel does not take: a slot is left for the maps (and wgrad's workspace has two) */
@@ -61,13 +69,13 @@ static void tma_launch(int stage, int S, int slot, kiln__rendered *r) {
 }
 
 /* The code that points tm at the kernel's maps and makes them visible to the copy engine. */
-static void tma_maps(kiln__sb *b, int slot, int nmap) {
+static void tma_maps(kiln__sb *b, int slot, int nmap, int producer) {
   kiln__sb_printf(b,
                   "  const kiln_tmap *tm = (const kiln_tmap *)a.ptr[%d];\n"
-                  "  if (threadIdx.x == 256)\n"
+                  "  if (threadIdx.x == %d)\n"
                   "    for (int i = 0; i < %d; i++)\n"
                   "      kiln_tma_acquire(tm + i);\n",
-                  slot, nmap);
+                  slot, producer, nmap);
 }
 
 /* With KILN_CONV_PREFETCH=1, a TMA data gradient's producer thread, its last copies issued (S
@@ -77,7 +85,8 @@ static void tma_maps(kiln__sb *b, int slot, int nmap) {
  * the H200, Nsight Compute put 44% of air's 7x7x256 data gradient's stalls on such loads (140 us,
  * against 85 for the forward product of the same shape). */
 static void prefetch_rows(kiln__sb *b, const kiln__ew_prog *p, const kiln__operands *o,
-                          const kiln__wiring *wr, const kiln__win_epi *epi, const kiln_tensor *X) {
+                          const kiln__wiring *wr, const kiln__win_epi *epi, const kiln_tensor *X,
+                          int producer) {
   bool want[KILN__KMAX_PTR] = {0};
   kiln__prog_reads(p, wr, 1, want); /* the epilogue's, after col2im */
   if (epi->mom.value > 0) want[epi->mom.x] = true;
@@ -93,11 +102,11 @@ static void prefetch_rows(kiln__sb *b, const kiln__ew_prog *p, const kiln__opera
     if (again) continue;
     kiln__sb_printf(
         b,
-        "    if (threadIdx.x == 256) /* the producer, its copies issued */\n"
+        "    if (threadIdx.x == %d) /* the producer, its copies issued */\n"
         "      for (int r = 0; r < 128 && m0 + r < M; r++)\n"
         "        kiln_tma_prefetch_l2((const unsigned char *)a.ptr[%d] + ((long long)(m0 + "
         "r) * G::CI + n0) * %zu, (G::CI - n0 < BN ? G::CI - n0 : BN) * %zu);\n",
-        k, es, es);
+        producer, k, es, es);
   }
 }
 
@@ -166,6 +175,13 @@ static bool render_dgrad(const kiln__target *t, const kiln__spec *s, kiln__rende
    * epilogue beside the other's products */
   int S = tma ? (BN == 64 || narrowed ? tma_half_stages(stage) : tma_stages(stage))
               : wgmma_stages(BN, ws);
+  /* KILN_CONV_DGRAD_WS=1: a persistent block, two warpgroups of its own for the epilogue
+   * (conv_tma.cuh's kiln_conv_dgrad_tma_ws), tiles of at most 128 columns (544 threads: at most
+   * 120 registers a thread), stages in what the two rooms for staged tiles leave; the epilogue's
+   * threads are kiln_t = threadIdx.x - 256, as many as the two-block kernel's */
+  bool ws_epi = tma && staged && epi.hoist && !phased && t->conv_dgrad_ws && BN <= 128;
+  if (ws_epi) S = ws_stages(stage, BN);
+  const char *tid = ws_epi ? "kiln_t" : "threadIdx.x";
   bool bf16 = X->dtype == KILN_DTYPE_BF16;
   const char *T = kiln__ctype(X->dtype);
   a->n = N * H * W; /* image pixels: the rows of dX */
@@ -240,12 +256,31 @@ static bool render_dgrad(const kiln__target *t, const kiln__spec *s, kiln__rende
               "    return ((m / (G::OH * G::OW) * G::H + m / G::OW %% G::OH * G::SH + kiln_py) * "
               "G::W + m %% G::OW * G::SW + kiln_px);\n"
               "  };\n");
+    else if (ws_epi)
+      kiln__sb_printf(&b, "  const int M = (int)a.n;\n");
     else
       kiln__sb_printf(&b, "  const int M = (int)a.n, m0 = (int)blockIdx.x * 128, n0 = "
                           "(int)blockIdx.y * BN;\n");
-    kiln__sb_printf(&b, "  float acc[BN / 2];\n");
-    if (tma) {
-      tma_maps(&b, o.n, 2);
+    if (!ws_epi) kiln__sb_printf(&b, "  float acc[BN / 2];\n");
+    if (ws_epi) {
+      tma_maps(&b, o.n, 2, 512);
+      /* the producer's prefetches after each tile's copies, then the epilogue of a staged tile */
+      kiln__sb_printf(&b,
+                      "  kiln_conv_dgrad_tma_ws<G, BN, S>(\n"
+                      "      tm, tm + 1, (M + 127) / 128 * ((G::CI + BN - 1) / BN), kiln_smem,\n"
+                      "      [&](int m0, int n0) {\n"
+                      "    (void)m0, (void)n0;\n");
+      if (t->conv_prefetch) prefetch_rows(&b, p, &o, &wr, &epi, X, 512);
+      kiln__sb_printf(&b, "      },\n"
+                          "      [&](int m0, int n0, unsigned char *tile) {\n"
+                          "  const int kiln_t = (int)threadIdx.x - 256;\n");
+      const int64_t nhwc[4] = {N, OH, OW, CO}, wk[3] = {CI, w.kh * w.kw, CO};
+      kiln__win f = kiln__dgrad_window(&w);
+      r->tmap[0] = kiln__tmap_im2col(ka, nhwc, &f, 128);
+      r->tmap[1] = kiln__tmap_tiled(kb, 3, wk, (const uint32_t[]){64, 1, 64});
+      r->ntmap = 2;
+    } else if (tma) {
+      tma_maps(&b, o.n, 2, 256);
       kiln__sb_printf(&b, phased
                               ? "  if (!kiln_conv_dgrad_tma_phase<GP, BN, S>(tm, tm + 1, kiln_py, "
                                 "kiln_px, m0, n0, kiln_smem, acc)) {\n"
@@ -253,7 +288,7 @@ static bool render_dgrad(const kiln__target *t, const kiln__spec *s, kiln__rende
                                 "kiln_smem, acc)) {\n");
       /* not by phases: a phase's few stages (2 to 8 in ResNet-18) end long before the producer
        * has issued its 128 prefetches an operand, and the block holds its SM until it has */
-      if (t->conv_prefetch && !phased) prefetch_rows(&b, p, &o, &wr, &epi, X);
+      if (t->conv_prefetch && !phased) prefetch_rows(&b, p, &o, &wr, &epi, X, 256);
       kiln__sb_printf(&b, "    return;\n  }\n");
       kiln__win f = phased ? phase_window(&w) : kiln__dgrad_window(&w);
       const int64_t nhwc[4] = {N, OH, OW, CO}, wk[3] = {CI, w.kh * w.kw, CO};
@@ -272,40 +307,45 @@ static bool render_dgrad(const kiln__target *t, const kiln__spec *s, kiln__rende
       kiln__sb_printf(
           &hoisted,
           "  constexpr int KILN_D = BN / 8 < %d ? BN / 8 : %d;\n"
-          "  auto kiln_prow = [&](int r) { return m0 + (threadIdx.x + 256 * r) / (BN / "
-          "4); };\n"
+          "  auto kiln_prow = [&](int r) { return m0 + (%s + 256 * r) / (BN / 4); };\n"
           "  auto kiln_row = [&](int r) { return %s; };\n"
           "  auto kiln_row_ok = [&](int r) { return kiln_prow(r) < M && kiln_c < G::CI; "
           "};\n",
-          t->conv_hoist, t->conv_hoist, phased ? "kiln_drow(kiln_prow(r))" : "kiln_prow(r)");
+          t->conv_hoist, t->conv_hoist, tid, phased ? "kiln_drow(kiln_prow(r))" : "kiln_prow(r)");
       kiln__ahead_rows(&hoisted, &epi, true, "KILN_D", "BN / 8", "kiln_row", "kiln_row_ok",
                        "kiln_c", "  ");
       kiln__ahead_rows(&ahead, &epi, false, "KILN_D", "BN / 8", "kiln_row", "kiln_row_ok", "c",
                        "    ");
     }
-    if (staged) /* through shared memory: a thread's four channels of a row, a row's chunks by
-                 * neighbouring threads, each operand read and written four values at a time */
+    if (staged) { /* through shared memory: a thread's four channels of a row, a row's chunks by
+                   * neighbouring threads, each operand read and written four values at a time */
       kiln__sb_printf(&b,
-                      "  unsigned char *tile = kiln_tma_align1024(kiln_smem);\n"
-                      "  kiln_tma_stage_tile<BN>(acc, tile);\n"
+                      "%s"
                       "%s"
                       "  static_assert(256 %% (BN / 4) == 0, \"a thread keeps its channels\");\n"
-                      "  const ix kiln_c = n0 + threadIdx.x %% (BN / 4) * 4;\n"
+                      "  const ix kiln_c = n0 + %s %% (BN / 4) * 4;\n"
                       "  (void)kiln_c;\n"
-                      "%s"
-                      "%s"
+                      "%s",
+                      ws_epi ? "" /* staged by the multiplying warps */
+                             : "  unsigned char *tile = kiln_tma_align1024(kiln_smem);\n"
+                               "  kiln_tma_stage_tile<BN>(acc, tile);\n",
+                      mom ? "  float kiln_ms[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};\n" : "",
+                      tid, hoisted.s ? hoisted.s : "");
+      if (epi.hoist)
+        kiln__sb_printf(&b,
+                        "#pragma unroll\n"
+                        "  for (int kiln_r = 0; kiln_r < BN / 8; kiln_r++) {\n"
+                        "    const int q = %s + 256 * kiln_r;\n",
+                        tid);
+      else
+        kiln__sb_printf(&b, "  for (int q = %s; q < 128 * (BN / 4); q += 256) {\n", tid);
+      kiln__sb_printf(&b,
                       "    const ix m = m0 + q / (BN / 4), c = n0 + q %% (BN / 4) * 4;\n"
                       "    float d[4];\n"
                       "    kiln_tma_tile_get4<BN>(tile, q / (BN / 4), q %% (BN / 4) * 4, d);\n"
                       "%s",
-                      mom ? "  float kiln_ms[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};\n" : "",
-                      hoisted.s ? hoisted.s : "",
-                      epi.hoist ? "#pragma unroll\n"
-                                  "  for (int kiln_r = 0; kiln_r < BN / 8; kiln_r++) {\n"
-                                  "    const int q = threadIdx.x + 256 * kiln_r;\n"
-                                : "  for (int q = threadIdx.x; q < 128 * (BN / 4); q += 256) {\n",
                       ahead.s ? ahead.s : "");
-    else
+    } else
       kiln__sb_printf(&b,
                       "  const int r0 = kiln_conv_row0<%s>();\n"
                       "#pragma unroll\n"
@@ -358,15 +398,21 @@ static bool render_dgrad(const kiln__target *t, const kiln__spec *s, kiln__rende
                     out);
   }
   kiln__sb_printf(&b, "  }\n");
-  if (mom) /* the block's sums of its rows, a thread's four channels over the threads that share
-              them */
+  if (mom && ws_epi) /* the epilogue warps' sums of the tile's rows */
+    kiln__sb_printf(&b,
+                    "  kiln_tma_tile_moments_ws<BN>(kiln_ms, tile, (float *)a.ptr[%d], m0 / 128, "
+                    "n0, G::CI);\n",
+                    epi.mom.out);
+  else if (mom) /* the block's sums of its rows, a thread's four channels over the threads that
+                   share them */
     kiln__sb_printf(&b,
                     "  kiln_tma_tile_moments<BN>(kiln_ms, tile, (float *)a.ptr[%d], n0, G::CI);\n",
                     epi.mom.out);
+  if (ws_epi) kiln__sb_printf(&b, "      });\n");
   char stem[80], suffix[48];
   snprintf(suffix, sizeof suffix, "_%lldx%lld_s%lld_%s_%s", (long long)w.kh, (long long)w.kw,
            (long long)w.sh, kiln_dtype_name(X->dtype),
-           tma  ? (mom ? "tma_moments" : "tma")
+           tma  ? (ws_epi ? (mom ? "tma_ws_moments" : "tma_ws") : (mom ? "tma_moments" : "tma"))
            : wg ? (ws ? "wgmma_ws" : "wgmma")
                 : "igemm");
   kiln__stem_of(p, "k_matmul", suffix, stem, sizeof stem);
@@ -376,10 +422,19 @@ static bool render_dgrad(const kiln__target *t, const kiln__spec *s, kiln__rende
     wgmma_launch(BN, S, ws, r);
   else
     r->block = KILN__BLOCK;
+  if (ws_epi) { /* conv_tma.cuh's KILN_TMA_WS_THREADS and KILN_TMA_WS_SMEM */
+    r->block = TMA_WS_THREADS;
+    r->smem = (unsigned)(S * stage + 1024 + 2 * 128 * (2 * BN + 16) + 1024);
+  }
   bool ok = kiln__finish_with(&b, stem, &o, r, pre);
   kiln__sb_free(&b);
   r->grid = (unsigned)(phases * ((rows + 127) / 128));
   r->grid_y = (unsigned)((CI + BN - 1) / BN);
+  if (ws_epi) { /* one block an SM, as many as there are tiles at most */
+    int64_t tiles = (int64_t)r->grid * r->grid_y, sms = t->num_sms > 0 ? t->num_sms : 132;
+    r->grid = (unsigned)(tiles < sms ? tiles : sms);
+    r->grid_y = 1;
+  }
   kiln__tally_bytes(&o, r);
   r->bytes_read -= kiln__footprint(o.t[0]); /* operand 0, the column matrix, is never read */
   return ok;
@@ -479,7 +534,7 @@ static bool render_pooled(const kiln__node *n, const kiln_tensor *X, const kiln_
   const int B = kiln__conv_pool_rows(ow), pairs = 128 / B / 2;
   KILN_ASSERT(B > 0 && Y->shape[1] == oh / 2 && Y->shape[2] == ow / 2);
   char at[96];
-  tma_maps(b, o->n, 2);
+  tma_maps(b, o->n, 2, 256);
   kiln__sb_printf(
       b,
       "  constexpr int B = %d;\n"
@@ -552,7 +607,7 @@ static bool render_fprop(const kiln__target *t, const kiln__node *n, const kiln_
   int ks = mom ? kiln__operand(&o, mom->in[1], false, NULL) : -1, /* before the maps' slot */
       mo = mom ? kiln__operand(&o, mom->out, true, NULL) : -1;
   if (tma) {
-    tma_maps(&b, o.n, 2);
+    tma_maps(&b, o.n, 2, 256);
     kiln__sb_printf(&b, "  if (!kiln_conv_fprop_tma<G, BN, S>(tm, tm + 1, m0, n0, kiln_smem, d))\n"
                         "    return;\n");
     fprop_maps(r, slot, X, &w, mm->b->shape[0], CO, BN, 128);
@@ -641,7 +696,7 @@ static bool render_wgrad(const kiln__target *t, const kiln__node *n, const kiln_
       "  const int p0 = (int)blockIdx.z * CHUNK, p1 = p0 + CHUNK < M ? p0 + CHUNK : M;\n",
       BN, S, (long long)M, (long long)K, (long long)chunk);
   if (tma) {
-    tma_maps(&b, maps, 2);
+    tma_maps(&b, maps, 2, 256);
     kiln__sb_printf(&b,
                     "  if (!kiln_conv_wgrad_tma<G, BN, S>(tm, tm + 1, k0, n0, p0, p1, kiln_smem, "
                     "d))\n"

@@ -751,6 +751,91 @@ Test(conv_tma, data_gradients_prefetch_their_epilogue_rows_with_the_switch) {
   cr_assert_eq(others[0], others[1]);
 }
 
+/* With KILN_CONV_DGRAD_WS=1 the data gradient of a bf16 conv -> batch norm -> GELU -> conv block
+ * (its epilogue GELU's derivative at the recomputed batch norm, and batch norm's sums) runs on
+ * persistent blocks with two warpgroups of their own for the epilogue (conv_tma.cuh's
+ * kiln_conv_dgrad_tma_ws): a kernel named _tma_ws_moments_ of 544 threads (launch bounds saying
+ * so), one block a tile up to one an SM, one block an SM of shared memory (the stages and two
+ * rooms for staged tiles), its producer thread 512, its source rendered and compiled (NVRTC);
+ * not with the switch off (288 threads, producer 256: 4e7f019 launched those with 256, no
+ * producer, and they hung), not with the epilogue's loads unhoisted (KILN_CONV_HOIST=0), not with
+ * tiles 256 wide (KILN_CONV_DGRAD_BN=256, 256 channels). */
+Test(conv_tma, data_gradients_store_on_warps_of_their_own_with_the_switch) {
+  struct {
+    int64_t c;
+    bool on;
+    int hoist, bn;
+    bool want;
+  } cases[] = {{64, true, 2, 128, true},
+               {64, false, 2, 128, false},
+               {64, true, 0, 128, false},
+               {256, true, 2, 128, true},
+               {256, true, 2, 0, false}};
+  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+    char what[96];
+    snprintf(what, sizeof what, "%lld channels, switch %d, hoist %d, widest %d",
+             (long long)cases[i].c, cases[i].on, cases[i].hoist, cases[i].bn);
+    kiln_ctx *ctx = th_cpu_ctx();
+    ctx->conv_tma = true;
+    ctx->conv_dgrad_ws = cases[i].on;
+    ctx->conv_hoist = cases[i].hoist;
+    ctx->conv_dgrad_bn = cases[i].bn;
+    int64_t C = cases[i].c;
+    kiln_step_begin(ctx);
+    kiln_tensor *x = th_f32(ctx, KILN_SHAPE(8, 9, 7, C));
+    kiln_tensor *k1 = th_param(ctx, KILN_SHAPE(C, C, 3, 3)),
+                *k2 = th_param(ctx, KILN_SHAPE(C, C, 3, 3));
+    kiln_tensor *gamma = th_param(ctx, KILN_SHAPE(C)), *beta = th_param(ctx, KILN_SHAPE(C));
+    kiln_conv2d_options o = {.pad_h = 1, .pad_w = 1};
+    kiln_autocast_begin(ctx, KILN_DTYPE_BF16);
+    kiln_tensor *h = kiln_conv2d(x, k1, NULL, &o);
+    h = kiln_gelu(kiln_batch_norm(h, gamma, beta, NULL, NULL, 1, 0, 0), KILN_GELU_ERF);
+    kiln_tensor *y = kiln_conv2d(h, k2, NULL, &o);
+    kiln_autocast_end(ctx);
+    cr_assert_eq(kiln_backward(kiln_cast(kiln_sum(y, KILN_ALL_AXES, 0), KILN_DTYPE_F32)), KILN_OK,
+                 "%s: %s", what, th_err(ctx));
+    kiln__program pg;
+    cr_assert(kiln__program_build(ctx, ctx->trace.done, ctx->trace.n, &pg), "%s: %s", what,
+              th_err(ctx));
+    kiln__target t = {.num_sms = 132,
+                      .conv_tma = true,
+                      .conv_staged = ctx->conv_staged,
+                      .conv_dgrad_bn = cases[i].bn,
+                      .conv_prefetch = ctx->conv_prefetch,
+                      .conv_hoist = cases[i].hoist,
+                      .conv_dgrad_ws = cases[i].on};
+    int found = 0;
+    for (int g = 0; g < pg.plan.ng; g++) {
+      const kiln__call *c = &pg.call[g];
+      if (c->ntmap > 0) /* every TMA-fed kernel has its producer warp */
+        cr_assert_geq(c->block, 288, "%s: %s: %u threads", what, c->name, c->block);
+      if (!pg.plan.g[g].moments || pg.plan.g[g].implicit != KILN__IMPLICIT_DGRAD) continue;
+      found++;
+      bool ws = strstr(c->name, "_tma_ws_moments_") != NULL;
+      cr_assert_eq(ws, cases[i].want, "%s: %s", what, c->name);
+      kiln__rendered r;
+      memset(&r, 0, sizeof r);
+      cr_assert(kiln__render(&t, &pg.spec[g], &r), "%s", what);
+      const char *bounds = ws ? "__launch_bounds__(544, 1)" : "__launch_bounds__(288, 1)";
+      const char *producer = ws ? "if (threadIdx.x == 512)" : "if (threadIdx.x == 256)";
+      cr_assert(strstr(r.src.s, bounds) && strstr(r.src.s, producer), "%s: %s", what, r.src.s);
+      kiln__sb_free(&r.src);
+      cr_assert_eq(c->block, ws ? 544u : 288u, "%s: %s: %u threads", what, c->name, c->block);
+      if (!ws) continue;
+      int64_t tiles = (8 * 9 * 7 + 127) / 128 * (C / (C < 128 ? C : 128)),
+              sms = ctx->num_sms > 0 ? ctx->num_sms : 132;
+      cr_assert_eq(c->grid, (unsigned)(tiles < sms ? tiles : sms), "%s: %s: %u blocks", what,
+                   c->name, c->grid);
+      cr_assert_eq(c->grid_y, 1, "%s: %s", what, c->name);
+      /* one block an SM: more than half of an SM's 228 KB, at most a block's 227 */
+      cr_assert(c->smem > 114 * 1024 && c->smem <= 227 * 1024, "%s: %s: %u bytes", what, c->name,
+                c->smem);
+    }
+    cr_assert_eq(found, 1, "%s: %d data gradients with batch norm's sums", what, found);
+    finish_program(ctx, &pg, what);
+  }
+}
+
 /* With KILN_POOL_MOMENTS=1 batch norm's statistics after a max pool join the pool's kernel
  * (plan_conv.c's kiln__pool_moments): a bf16 2x2 pool of 64 or 256 channels then batch norm in
  * training, the

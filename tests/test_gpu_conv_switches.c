@@ -9,8 +9,9 @@
  * TMA-fed product's epilogue), KILN_CONV_FPROP_BN (TMA-fed forward products two blocks an SM),
  * KILN_CONV_FEW_PROLOGUE (a halo-tile weight gradient computing its dY as it loads it),
  * KILN_POOL_FWD_PROLOGUE (a max pool computing its image as it reads it), KILN_WINDOW_AHEAD (a
- * window gradient's epilogue operands fetched before its own loads). Without a GPU every test
- * skips, saying why.
+ * window gradient's epilogue operands fetched before its own loads), KILN_CONV_DGRAD_WS (data
+ * gradients with warps of their own for the epilogue). Without a GPU every test skips,
+ * saying why.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -162,16 +163,17 @@ Test(gpu_ops, tiny_conv2d_direct_products_apply_their_activation) {
 }
 
 /* The gradients of x, both filters and the norm's weight and bias (malloc'd f32, in that order)
- * for loss = sum(conv2d(relu(batch_norm(conv2d(x, w1))), w2) g) under bf16 autocast, C channels
- * throughout, 3x3 filters, the second at `stride` (1 or 2), after the second of two steps (a step
- * graph's capture, then its replay), in a fused context made with switch `var` set to `on`. */
-static void block_grads(const char *var, int64_t C, int stride, const char *on, uint64_t seed,
-                        float *out[5]) {
+ * for loss = sum(conv2d(relu(batch_norm(conv2d(x, w1))), w2) g) under bf16 autocast, x
+ * (img[0], img[1], img[2], C), C channels throughout, 3x3 filters, the second at `stride` (1 or 2,
+ * which divides the image's sides), after the second of two steps (a step graph's capture, then
+ * its replay), in a fused context made with switch `var` set to `on`. */
+static void block_grads(const char *var, int64_t C, const int64_t img[3], int stride,
+                        const char *on, uint64_t seed, float *out[5]) {
   setenv(var, on, 1); /* read when the context is made */
   TH_GPU_CTX(ctx);
   unsetenv(var);
-  kiln_shape xs = KILN_SHAPE(8, 12, 10, C), fs = KILN_SHAPE(C, C, 3, 3);
-  kiln_shape ys = KILN_SHAPE(8, 12 / stride, 10 / stride, C); /* 3x3, padding 1 */
+  kiln_shape xs = KILN_SHAPE(img[0], img[1], img[2], C), fs = KILN_SHAPE(C, C, 3, 3);
+  kiln_shape ys = KILN_SHAPE(img[0], img[1] / stride, img[2] / stride, C); /* 3x3, padding 1 */
   kiln_tensor *p[5] = {ref_rand_tensor(ctx, xs, seed, &REF_GEN(-1, 1), 1, NULL),
                        ref_rand_tensor(ctx, fs, seed + 1, &REF_GEN(-0.2f, 0.2f), 1, NULL),
                        ref_rand_tensor(ctx, fs, seed + 2, &REF_GEN(-0.2f, 0.2f), 1, NULL),
@@ -201,16 +203,16 @@ static void block_grads(const char *var, int64_t C, int stride, const char *on, 
   th_ctx_free(ctx);
 }
 
-/* Asserts that switch `var` changes none of block_grads' five gradients, over 32 channels
- * (cp.async products) and 64 (TMA-fed), the second convolution at `stride`. */
-static void block_unchanged(const char *var, int stride, uint64_t seed) {
+/* Asserts that switch `var` changes none of block_grads' five gradients over images img, at each
+ * of the nc channel counts, the second convolution at `stride`. */
+static void block_unchanged_over(const char *var, const int64_t img[3], const int64_t *channels,
+                                 int nc, int stride, uint64_t seed) {
   const char *names[5] = {"x", "w1", "w2", "the norm's weight", "the norm's bias"};
-  const int64_t channels[2] = {32, 64};
-  for (int c = 0; c < 2; c++) {
-    int64_t C = channels[c], n[5] = {8 * 12 * 10 * C, C * C * 9, C * C * 9, C, C};
+  for (int c = 0; c < nc; c++) {
+    int64_t C = channels[c], n[5] = {img[0] * img[1] * img[2] * C, C * C * 9, C * C * 9, C, C};
     float *off[5], *on[5];
-    block_grads(var, C, stride, "0", seed + 10 * c, off);
-    block_grads(var, C, stride, "1", seed + 10 * c, on);
+    block_grads(var, C, img, stride, "0", seed + 10 * c, off);
+    block_grads(var, C, img, stride, "1", seed + 10 * c, on);
     for (int q = 0; q < 5; q++) {
       cr_assert_eq(memcmp(on[q], off[q], (size_t)n[q] * sizeof(float)), 0,
                    "%s, %lld channels, stride %d: %s's gradient differs", var, (long long)C, stride,
@@ -219,6 +221,25 @@ static void block_unchanged(const char *var, int stride, uint64_t seed) {
       free(off[q]);
     }
   }
+}
+
+/* block_unchanged_over 8 images of 12x10, over 32 channels (cp.async products) and 64 (TMA-fed). */
+static void block_unchanged(const char *var, int stride, uint64_t seed) {
+  block_unchanged_over(var, (const int64_t[]){8, 12, 10}, (const int64_t[]){32, 64}, 2, stride,
+                       seed);
+}
+
+/* KILN_CONV_DGRAD_WS=1 (a stride-1 TMA data gradient with an epilogue on persistent blocks, one
+ * an SM, two warpgroups multiplying, two more running the epilogue of the tile staged before,
+ * numbered as the two-block kernel's threads) changes no value: the five gradients of the conv,
+ * norm, ReLU, conv block bitwise those without it, over 64 channels (tiles 64 wide) and 256 (two
+ * tiles of 128 across), on 64 images of 24x24 (288 and 576 tiles: every block takes two or more,
+ * its stages and rooms carried from tile to tile) and 8 of 12x10 (8 and 16 tiles: one a block),
+ * in replayed step graphs. */
+Test(gpu_ops, conv2d_data_gradients_store_on_warps_of_their_own) {
+  const int64_t channels[2] = {64, 256};
+  block_unchanged_over("KILN_CONV_DGRAD_WS", (const int64_t[]){64, 24, 24}, channels, 2, 1, 8100);
+  block_unchanged_over("KILN_CONV_DGRAD_WS", (const int64_t[]){8, 12, 10}, channels, 2, 1, 8200);
 }
 
 /* KILN_CONV_RECOMPUTE_INPUT=1 (a convolution's input that is the ReLU of a batch norm is recorded

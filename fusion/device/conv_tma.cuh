@@ -492,4 +492,135 @@ KILN__FN void kiln_tma_store_tile(kiln_bf16 *out, int m0, int n0, int rows, int 
   }
 }
 
+/* ----------------------------------------------- data gradients with warps for their epilogue */
+
+/* KILN_CONV_DGRAD_WS=1 (render_conv.c): a persistent block (one an SM) takes tiles blockIdx.x,
+ * blockIdx.x + gridDim.x, ... of a stride-1 data gradient; its two multiplying warpgroups
+ * (threads 0-255) compute a tile as kiln_conv_dgrad_tma's do, stage it as bf16 in one of two
+ * rooms and go on to the next tile's products, while two warpgroups of their own (threads
+ * 256-511) run the staged tile's epilogue; warp 16 copies the stages. In the two-block kernel
+ * both blocks of an SM multiply together and store together, and the tensor cores idle through
+ * their epilogues (batch norm applied again, an activation's derivative, batch norm's backward
+ * sums: about 75 instructions a value in air's); with warpgroups taking turns (4e7f019, reverted)
+ * one warp a scheduler ran the epilogue, which then outlasted the products (dev/README.md). The
+ * epilogue threads are numbered as the two-block kernel's (threadIdx.x - 256), so its values and
+ * sums are that kernel's, bitwise. Dynamic shared memory: S stages, 2 S + 4 mbarriers in 1024
+ * bytes, two rooms of 128 rows of KILN_TMA_PITCH(BN) bytes, 1024 to align (KILN_TMA_WS_SMEM). */
+#define KILN_TMA_WS_THREADS 544 /* warps 0-7 multiply, 8-15 store, 16 produces */
+#define KILN_TMA_WS_SMEM(stage, S, BN) ((S) * (stage) + 1024 + 2 * 128 * KILN_TMA_PITCH(BN) + 1024)
+
+/* The loop: issue(tile, kt, st, bar) copies stage kt of a tile (the producer), after(tile) once
+ * all of a tile's copies are issued (the producer), mma(d, stage, wg) multiplies a stage into a
+ * multiplying warpgroup's accumulators, epi(tile, room) stores a staged tile (the epilogue's
+ * threads). The stages carry on from tile to tile in the producer's order; room j % 2 takes the
+ * block's tile j once its epilogue has freed it from tile j - 2. */
+template <int S, int BN, class I, class A, class M, class E>
+KILN__FN void kiln_tma_epilogue_ws(int tiles, int KT, unsigned char *base, int stage, I issue,
+                                   A after, M mma, E epi) {
+  unsigned long long *full = (unsigned long long *)(base + S * stage), *empty = full + S,
+                     *ready = full + 2 * S, *freed = ready + 2;
+  static_assert((2 * S + 4) * 8 <= 1024, "kiln_tma_epilogue_ws: the barriers' room");
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < S; s++) {
+      kiln_mbar_init(&full[s], 1);  /* the producer's arrival, with the stage's bytes */
+      kiln_mbar_init(&empty[s], 8); /* every multiplying warp */
+    }
+    for (int r = 0; r < 2; r++) {
+      kiln_mbar_init(&ready[r], 8); /* the multiplying warps, a tile staged */
+      kiln_mbar_init(&freed[r], 8); /* the epilogue's warps, done with it */
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+  const int lane = threadIdx.x & 31;
+  unsigned char *rooms = base + S * stage + 1024;
+  if (threadIdx.x >= 512) {
+    if (threadIdx.x == 512)
+      for (int tile = blockIdx.x, it = 0; tile < tiles; tile += gridDim.x) {
+        for (int kt = 0; kt < KT; kt++, it++) {
+          const int st = it % S;
+          if (it >= S) kiln_tma_mbar_wait(&empty[st], (it / S - 1) & 1);
+          kiln_tma_mbar_expect(&full[st], stage);
+          issue(tile, kt, st, &full[st]);
+        }
+        after(tile);
+      }
+    return;
+  }
+  if (threadIdx.x >= 256) { /* the epilogue's warps */
+    for (int j = 0, tile = blockIdx.x; tile < tiles; j++, tile += gridDim.x) {
+      kiln_tma_mbar_wait(&ready[j & 1], (j >> 1) & 1);
+      epi(tile, rooms + (j & 1) * 128 * KILN_TMA_PITCH(BN));
+      __syncwarp();
+      if (lane == 0) kiln_mbar_arrive(&freed[j & 1]);
+    }
+    return;
+  }
+  const int wg = threadIdx.x >> 7;
+  float d[BN / 2];
+  for (int j = 0, tile = blockIdx.x; tile < tiles; j++, tile += gridDim.x) {
+#pragma unroll
+    for (int i = 0; i < BN / 2; i++)
+      d[i] = 0.f;
+    for (int kt = 0; kt < KT; kt++) {
+      const int it = j * KT + kt, st = it % S;
+      kiln_tma_mbar_wait(&full[st], (it / S) & 1);
+      kiln_wg_pin(d);
+      kiln_wg_fence();
+      mma(d, base + st * stage, wg);
+      kiln_wg_commit();
+      kiln_wg_wait<1>();
+      kiln_wg_pin(d);
+      if (kt > 0 && lane == 0) kiln_mbar_arrive(&empty[(it - 1) % S]);
+    }
+    kiln_wg_wait<0>();
+    kiln_wg_pin(d);
+    if (lane == 0) kiln_mbar_arrive(&empty[(j * KT + KT - 1) % S]);
+    if (j >= 2) kiln_tma_mbar_wait(&freed[j & 1], ((j >> 1) - 1) & 1);
+    kiln_tma_stage_tile<BN>(d, rooms + (j & 1) * 128 * KILN_TMA_PITCH(BN));
+    if (lane == 0) kiln_mbar_arrive(&ready[j & 1]); /* after the stage's closing barrier */
+  }
+}
+
+/* A stride-1 data gradient's tiles with warps for their epilogue: kiln_conv_dgrad_tma's products,
+ * tile t of dX's pixels [128 (t / NT), + 128) and channels [BN (t % NT), + BN), NT = ceil(CI / BN)
+ * tiles across. after(m0, n0) and epi(m0, n0, room) as kiln_tma_epilogue_ws's, with the tile's
+ * corner. */
+template <class G, int BN, int S, class A, class E>
+KILN__FN void kiln_conv_dgrad_tma_ws(const kiln_tmap *ta, const kiln_tmap *tw, int tiles,
+                                     unsigned char *smem, A after, E epi) {
+  constexpr int STAGE = (128 + BN) * 128, CH = G::CO / 64, TAPS = G::KH * G::KW, KT = TAPS * CH;
+  constexpr int PH = G::DH * (G::KH - 1) - G::PH, PW = G::DW * (G::KW - 1) - G::PW;
+  constexpr int NT = (G::CI + BN - 1) / BN;
+  static_assert(G::CO % 64 == 0 && G::CI % 64 == 0 && G::SH == 1 && G::SW == 1 && BN % 64 == 0 &&
+                    BN <= 128 && S >= 2,
+                "kiln_conv_dgrad_tma_ws");
+  unsigned char *base = kiln_tma_align1024(smem);
+  kiln_tma_epilogue_ws<S, BN>(
+      tiles, KT, base, STAGE,
+      [&](int tile, int kt, int st, unsigned long long *bar) {
+        const int m0 = tile / NT * 128, n0 = tile % NT * BN;
+        const int w0 = m0 % G::W, r = m0 / G::W, h0 = r % G::H, n = r / G::H;
+        unsigned char *as = base + st * STAGE, *bs = as + 128 * 128;
+        const int tap = kt / CH, c = (kt % CH) * 64; /* tap t' of the flipped filters */
+        kiln_tma_im2col4(as, ta, bar, c, w0 - PW, h0 - PH, n, (tap % G::KW) * G::DW,
+                         (tap / G::KW) * G::DH);
+#pragma unroll
+        for (int p = 0; p < BN / 64; p++)
+          kiln_tma_tile3(bs + p * 8192, tw, bar, n0 + 64 * p, TAPS - 1 - tap, c);
+      },
+      [&](int tile) { after(tile / NT * 128, tile % NT * BN); },
+      [&](float(&d)[BN / 2], const unsigned char *t, int wg) { kiln_tma_dgrad_mma<BN>(d, t, wg); },
+      [&](int tile, unsigned char *room) { epi(tile / NT * 128, tile % NT * BN, room); });
+}
+
+/* kiln_tma_tile_moments for the epilogue's warps of kiln_tma_epilogue_ws (threads 256-511, named
+ * barrier 2), m-tile `row` of the partial sums. */
+template <int BN>
+KILN__FN void kiln_tma_tile_moments_ws(const float (&s)[8], unsigned char *tile, float *out,
+                                       int row, int n0, int C) {
+  static_assert(8 * 256 * 4 <= 128 * KILN_TMA_PITCH(BN), "the tile's room");
+  kiln_block_moments_at<BN / 4>(s, (float *)tile, out, row, n0, C, (int)threadIdx.x - 256, 2);
+}
+
 #endif

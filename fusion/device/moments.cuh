@@ -69,6 +69,23 @@ KILN__FN void kiln_moments(ix R, ix C, float *out, F value) {
   }
 }
 
+/* The block's sums of red (8 x 256 floats: term k of thread t at k * 256 + t) for its chunks,
+ * added in a fixed order, into out's row `row`; this thread takes entries t, t + step, ... */
+template <int CHUNKS>
+KILN__FN void kiln_block_moments_add(const float *red, float *out, long long row, int c0, int C,
+                                     int t, int step) {
+  static_assert(256 % CHUNKS == 0, "a thread keeps its chunk");
+  constexpr int SHARE = 256 / CHUNKS;
+  for (; t < 2 * 4 * CHUNKS; t += step) {
+    const int col = t % (4 * CHUNKS), which = t / (4 * CHUNKS), chunk = col / 4, l = col % 4;
+    float v = 0.f;
+#pragma unroll
+    for (int j = 0; j < SHARE; j++)
+      v += red[(which * 4 + l) * 256 + chunk + j * CHUNKS];
+    if (c0 + col < C) out[(row * 2 + which) * C + c0 + col] = v;
+  }
+}
+
 /* The partial sums of a block of 256 threads that summed rows of four channels each, in a kernel
  * that writes the moments op's output itself (its rows' block `row` of out's (P, 2, C)):
  * thread t took channels [c0 + (t % CHUNKS) 4, + 4), s[l] the sum of its first terms and s[4 + l]
@@ -78,21 +95,26 @@ KILN__FN void kiln_moments(ix R, ix C, float *out, F value) {
 template <int CHUNKS>
 KILN__FN void kiln_block_moments(const float (&s)[8], float *red, float *out, long long row, int c0,
                                  int C) {
-  static_assert(256 % CHUNKS == 0, "a thread keeps its chunk");
-  constexpr int SHARE = 256 / CHUNKS;
   asm volatile("bar.sync 1, 256;\n" ::: "memory"); /* red is free: every thread is past it */
 #pragma unroll
   for (int k = 0; k < 8; k++)
     red[k * 256 + threadIdx.x] = s[k];
   asm volatile("bar.sync 1, 256;\n" ::: "memory");
-  for (int t = threadIdx.x; t < 2 * 4 * CHUNKS; t += 256) {
-    const int col = t % (4 * CHUNKS), which = t / (4 * CHUNKS), chunk = col / 4, l = col % 4;
-    float v = 0.f;
+  kiln_block_moments_add<CHUNKS>(red, out, row, c0, C, threadIdx.x, 256);
+}
+
+/* kiln_block_moments for 256 threads that are not the block's first (a TMA data gradient's
+ * epilogue warps, render_conv.c's KILN_CONV_DGRAD_WS): this thread is t of them, and they meet
+ * at named barrier `bar`; the same sums, in the same order. */
+template <int CHUNKS>
+KILN__FN void kiln_block_moments_at(const float (&s)[8], float *red, float *out, long long row,
+                                    int c0, int C, int t, int bar) {
+  asm volatile("bar.sync %0, 256;\n" ::"r"(bar) : "memory"); /* red is free */
 #pragma unroll
-    for (int j = 0; j < SHARE; j++)
-      v += red[(which * 4 + l) * 256 + chunk + j * CHUNKS];
-    if (c0 + col < C) out[(row * 2 + which) * C + c0 + col] = v;
-  }
+  for (int k = 0; k < 8; k++)
+    red[k * 256 + t] = s[k];
+  asm volatile("bar.sync %0, 256;\n" ::"r"(bar) : "memory");
+  kiln_block_moments_add<CHUNKS>(red, out, row, c0, C, t, 256);
 }
 
 /* Mode 0: the sums of x - k and of its square, k (1, C) a row of x (a shift that keeps the
