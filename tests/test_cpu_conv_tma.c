@@ -545,14 +545,14 @@ Test(conv_tma, direct_products_apply_the_unary_chain_after_them_with_the_switch)
   }
 }
 
-/* Records, in a new step, a bf16 conv (64 -> 64, 3x3 pad 1) -> batch norm -> GELU -> conv
- * (64 -> 64) block over x (8, 9, 7, 64); returns its output. */
-static kiln_tensor *record_bn_block(kiln_ctx *ctx) {
+/* Records, in a new step, a bf16 conv (C -> C, 3x3 pad 1) -> batch norm -> GELU -> conv (C -> C)
+ * block over x (8, 9, 7, C); returns its output. */
+static kiln_tensor *record_bn_block_of(kiln_ctx *ctx, int64_t C) {
   kiln_step_begin(ctx);
-  kiln_tensor *x = th_f32(ctx, KILN_SHAPE(8, 9, 7, 64));
-  kiln_tensor *k1 = th_param(ctx, KILN_SHAPE(64, 64, 3, 3)),
-              *k2 = th_param(ctx, KILN_SHAPE(64, 64, 3, 3));
-  kiln_tensor *gamma = th_param(ctx, KILN_SHAPE(64)), *beta = th_param(ctx, KILN_SHAPE(64));
+  kiln_tensor *x = th_f32(ctx, KILN_SHAPE(8, 9, 7, C));
+  kiln_tensor *k1 = th_param(ctx, KILN_SHAPE(C, C, 3, 3)),
+              *k2 = th_param(ctx, KILN_SHAPE(C, C, 3, 3));
+  kiln_tensor *gamma = th_param(ctx, KILN_SHAPE(C)), *beta = th_param(ctx, KILN_SHAPE(C));
   kiln_conv2d_options o = {.pad_h = 1, .pad_w = 1};
   kiln_autocast_begin(ctx, KILN_DTYPE_BF16);
   kiln_tensor *h = kiln_conv2d(x, k1, NULL, &o);
@@ -561,6 +561,8 @@ static kiln_tensor *record_bn_block(kiln_ctx *ctx) {
   kiln_autocast_end(ctx);
   return y;
 }
+
+static kiln_tensor *record_bn_block(kiln_ctx *ctx) { return record_bn_block_of(ctx, 64); }
 
 /* Records, in a new step, a bf16 2x2 max pool of x (8, 10, 11, c) then batch norm in training
  * (and GELU); returns its output. */
@@ -781,17 +783,7 @@ Test(conv_tma, data_gradients_store_on_warps_of_their_own_with_the_switch) {
     ctx->conv_hoist = cases[i].hoist;
     ctx->conv_dgrad_bn = cases[i].bn;
     int64_t C = cases[i].c;
-    kiln_step_begin(ctx);
-    kiln_tensor *x = th_f32(ctx, KILN_SHAPE(8, 9, 7, C));
-    kiln_tensor *k1 = th_param(ctx, KILN_SHAPE(C, C, 3, 3)),
-                *k2 = th_param(ctx, KILN_SHAPE(C, C, 3, 3));
-    kiln_tensor *gamma = th_param(ctx, KILN_SHAPE(C)), *beta = th_param(ctx, KILN_SHAPE(C));
-    kiln_conv2d_options o = {.pad_h = 1, .pad_w = 1};
-    kiln_autocast_begin(ctx, KILN_DTYPE_BF16);
-    kiln_tensor *h = kiln_conv2d(x, k1, NULL, &o);
-    h = kiln_gelu(kiln_batch_norm(h, gamma, beta, NULL, NULL, 1, 0, 0), KILN_GELU_ERF);
-    kiln_tensor *y = kiln_conv2d(h, k2, NULL, &o);
-    kiln_autocast_end(ctx);
+    kiln_tensor *y = record_bn_block_of(ctx, C);
     cr_assert_eq(kiln_backward(kiln_cast(kiln_sum(y, KILN_ALL_AXES, 0), KILN_DTYPE_F32)), KILN_OK,
                  "%s: %s", what, th_err(ctx));
     kiln__program pg;

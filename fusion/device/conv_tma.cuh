@@ -248,6 +248,23 @@ KILN__FN void kiln_tma_dgrad_mma(float (&d)[BN / 2], const unsigned char *t, int
                          kiln_wg_desc<8192, 1024>(t + 128 * 128 + ks * 2048));
 }
 
+/* Stage kt's copies of a stride-1 data gradient's tile (kiln_conv_dgrad_tma) into as, behind its
+ * barrier bar: dY's 128 pixels from window origin (w0 - PW, h0 - PH) of image n, one tap's 64
+ * channels, and the flipped filters' panels of that tap for columns [n0, n0 + BN). */
+template <class G, int BN>
+KILN__FN void kiln_tma_dgrad_issue(unsigned char *as, const kiln_tmap *ta, const kiln_tmap *tw,
+                                   unsigned long long *bar, int kt, int w0, int h0, int n, int n0) {
+  constexpr int CH = G::CO / 64, TAPS = G::KH * G::KW;
+  constexpr int PH = G::DH * (G::KH - 1) - G::PH, PW = G::DW * (G::KW - 1) - G::PW;
+  unsigned char *bs = as + 128 * 128;
+  const int tap = kt / CH, c = (kt % CH) * 64; /* tap t' of the flipped filters */
+  kiln_tma_im2col4(as, ta, bar, c, w0 - PW, h0 - PH, n, (tap % G::KW) * G::DW,
+                   (tap / G::KW) * G::DH);
+#pragma unroll
+  for (int p = 0; p < BN / 64; p++)
+    kiln_tma_tile3(bs + p * 8192, tw, bar, n0 + 64 * p, TAPS - 1 - tap, c);
+}
+
 /* The data gradient of a stride-1 convolution, dX (N H W, CI) for pixels [m0, m0 + 128) of dX
  * and channels [n0, n0 + BN): the forward product of dY with the filters flipped, whose tap t'
  * reads dY at offset t' of a window padded by D (k - 1) - P. ta: dY's im2col map for that
@@ -256,8 +273,7 @@ KILN__FN void kiln_tma_dgrad_mma(float (&d)[BN / 2], const unsigned char *t, int
 template <class G, int BN, int S>
 KILN__FN bool kiln_conv_dgrad_tma(const kiln_tmap *ta, const kiln_tmap *tw, int m0, int n0,
                                   unsigned char *smem, float (&d)[BN / 2]) {
-  constexpr int STAGE = (128 + BN) * 128, CH = G::CO / 64, TAPS = G::KH * G::KW, KT = TAPS * CH;
-  constexpr int PH = G::DH * (G::KH - 1) - G::PH, PW = G::DW * (G::KW - 1) - G::PW;
+  constexpr int STAGE = (128 + BN) * 128, KT = G::KH * G::KW * (G::CO / 64);
   static_assert(G::CO % 64 == 0 && G::CI % 64 == 0 && G::SH == 1 && G::SW == 1 && BN % 64 == 0 &&
                     BN <= 256 && S >= 2,
                 "kiln_conv_dgrad_tma");
@@ -266,13 +282,7 @@ KILN__FN bool kiln_conv_dgrad_tma(const kiln_tmap *ta, const kiln_tmap *tw, int 
   return kiln_tma_run<S>(
       KT, base, STAGE, d,
       [&](int kt, int st, unsigned long long *bar) {
-        unsigned char *as = base + st * STAGE, *bs = as + 128 * 128;
-        const int tap = kt / CH, c = (kt % CH) * 64; /* tap t' of the flipped filters */
-        kiln_tma_im2col4(as, ta, bar, c, w0 - PW, h0 - PH, n, (tap % G::KW) * G::DW,
-                         (tap / G::KW) * G::DH);
-#pragma unroll
-        for (int p = 0; p < BN / 64; p++)
-          kiln_tma_tile3(bs + p * 8192, tw, bar, n0 + 64 * p, TAPS - 1 - tap, c);
+        kiln_tma_dgrad_issue<G, BN>(base + st * STAGE, ta, tw, bar, kt, w0, h0, n, n0);
       },
       [&](const unsigned char *t, int wg) { kiln_tma_dgrad_mma<BN>(d, t, wg); });
 }
@@ -589,8 +599,7 @@ KILN__FN void kiln_tma_epilogue_ws(int tiles, int KT, unsigned char *base, int s
 template <class G, int BN, int S, class A, class E>
 KILN__FN void kiln_conv_dgrad_tma_ws(const kiln_tmap *ta, const kiln_tmap *tw, int tiles,
                                      unsigned char *smem, A after, E epi) {
-  constexpr int STAGE = (128 + BN) * 128, CH = G::CO / 64, TAPS = G::KH * G::KW, KT = TAPS * CH;
-  constexpr int PH = G::DH * (G::KH - 1) - G::PH, PW = G::DW * (G::KW - 1) - G::PW;
+  constexpr int STAGE = (128 + BN) * 128, KT = G::KH * G::KW * (G::CO / 64);
   constexpr int NT = (G::CI + BN - 1) / BN;
   static_assert(G::CO % 64 == 0 && G::CI % 64 == 0 && G::SH == 1 && G::SW == 1 && BN % 64 == 0 &&
                     BN <= 128 && S >= 2,
@@ -601,13 +610,7 @@ KILN__FN void kiln_conv_dgrad_tma_ws(const kiln_tmap *ta, const kiln_tmap *tw, i
       [&](int tile, int kt, int st, unsigned long long *bar) {
         const int m0 = tile / NT * 128, n0 = tile % NT * BN;
         const int w0 = m0 % G::W, r = m0 / G::W, h0 = r % G::H, n = r / G::H;
-        unsigned char *as = base + st * STAGE, *bs = as + 128 * 128;
-        const int tap = kt / CH, c = (kt % CH) * 64; /* tap t' of the flipped filters */
-        kiln_tma_im2col4(as, ta, bar, c, w0 - PW, h0 - PH, n, (tap % G::KW) * G::DW,
-                         (tap / G::KW) * G::DH);
-#pragma unroll
-        for (int p = 0; p < BN / 64; p++)
-          kiln_tma_tile3(bs + p * 8192, tw, bar, n0 + 64 * p, TAPS - 1 - tap, c);
+        kiln_tma_dgrad_issue<G, BN>(base + st * STAGE, ta, tw, bar, kt, w0, h0, n, n0);
       },
       [&](int tile) { after(tile / NT * 128, tile % NT * BN); },
       [&](float(&d)[BN / 2], const unsigned char *t, int wg) { kiln_tma_dgrad_mma<BN>(d, t, wg); },
