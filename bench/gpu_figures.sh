@@ -91,6 +91,11 @@
 #                     throughput and bytes, achieved occupancy and what limits it, registers, L1 and
 #                     L2 hit rates, the warps' stalls on memory (twenty-fifth session: at 1.4-1.9
 #                     TB/s after their loads were put in flight together, the col2im at 3.0; why?)
+#   dgrad_ws          KILN_CONV_DGRAD_WS=1 (stride-1 TMA data gradients with warps of their own for
+#                     the epilogue, twenty-sixth session, not yet run): its tests (test_gpu_conv_switches,
+#                     bitwise against the switch off; test_cpu_conv_tma), the air and resnet18 steps
+#                     without and with it (bench/ab_steps.sh, three rounds), and air's data gradients
+#                     in a timeline trace of each (issue 21: 134 us for the 7x7x256 one on the H100)
 # Every step has a time limit; a summary line per step is printed last. Naming steps after BUILD
 # runs those alone (bench/gpu_figures.sh build-gpu tma recompute).
 set -u
@@ -252,6 +257,12 @@ step windows 300 "ncu --graph-profiling node --kernel-name regex:'k_max_pool|k_c
     $build/profile_step --workload resnet18 --mode graph --steps 1 --blocks 1 2>/dev/null |
     grep -E 'Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Block Limit|Registers Per|L1/TEX Hit|L2 Hit|Long Scoreboard|Stall' |
     awk -F'\",\"' '{sub(/\"$/, \"\", \$NF); print substr(\$5, 1, 60), \$(NF-2), \$(NF-1), \$NF}'"
+step dgrad_ws 450 "ctest --test-dir $build -R 'test_gpu_conv_switches|test_cpu_conv_tma' --output-on-failure | tail -n 3
+  bash bench/ab_steps.sh $build 3 air resnet18 -- '' KILN_CONV_DGRAD_WS=1
+  for ws in 0 1; do mkdir -p $out/trace_ws\$ws
+    KILN_CONV_DGRAD_WS=\$ws $build/profile_step --workload air --mode graph --trace $out/trace_ws\$ws > /dev/null &&
+      python3 tools/trace_summary.py --top 40 $out/trace_ws\$ws/air_graph.json | grep -E 'median span|k_matmul_col2im'
+  done"
 # a device call returns at most 8 files: everything in one archive, as .gpu/check.sh does
 tar -czf "${OUT:-/tmp/out}/figures.tgz" -C "$out" . && rm -rf "$out"
 printf '%s\n' "${summary[@]}"
