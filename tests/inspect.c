@@ -166,3 +166,18 @@ void th_net_free(th_net *m) {
   kiln_tensor_free(m->x);
   kiln_tensor_free(m->y);
 }
+
+void th_backward_program(kiln_ctx *ctx, kiln_tensor *y, kiln__program *pg, const char *what) {
+  cr_assert_not_null(y, "%s: %s", what, th_err(ctx));
+  cr_assert_eq(kiln_backward(kiln_cast(kiln_sum(y, KILN_ALL_AXES, 0), KILN_DTYPE_F32)), KILN_OK,
+               "%s: %s", what, th_err(ctx));
+  cr_assert(kiln__program_build(ctx, ctx->trace.done, ctx->trace.n, pg), "%s: %s", what,
+            th_err(ctx));
+}
+
+void th_finish_program(kiln_ctx *ctx, kiln__program *pg, const char *what) {
+  kiln__program_free(pg);
+  cr_assert_eq(kiln_step_end(ctx), KILN_OK, "%s: %s", what, th_err(ctx));
+  th_free_scratch();
+  th_ctx_free(ctx);
+}

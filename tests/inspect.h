@@ -6,6 +6,7 @@
 #ifndef KILN_TEST_INSPECT_H
 #define KILN_TEST_INSPECT_H
 
+#include "fusion/fusion.h"
 #include "helpers.h"
 #include "internal.h"
 
@@ -87,5 +88,13 @@ kiln_tensor *th_net_loss(th_net *m);
 /* Records the forward pass and kiln_backward, so that every parameter has a gradient. */
 void th_net_backward(th_net *m);
 void th_net_free(th_net *m);
+
+/* ---------------------------------------------------------------- programs */
+
+/* The backward pass of sum(y) (cast to f32) recorded, then the open step's program built into pg
+ * (its kernels rendered and compiled: NVRTC); asserts each. */
+void th_backward_program(kiln_ctx *ctx, kiln_tensor *y, kiln__program *pg, const char *what);
+/* Frees pg, ends the step (asserting it ends cleanly), frees the scratch operands and ctx. */
+void th_finish_program(kiln_ctx *ctx, kiln__program *pg, const char *what);
 
 #endif

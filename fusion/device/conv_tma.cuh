@@ -115,36 +115,40 @@ template <class G> KILN__FN void kiln_tma_origin(int m, int &w, int &h, int &n) 
 }
 
 /* The producer's loop: KT stages, stage kt's copies issued by issue(kt, st) once the stage is
- * free, after the barrier is told the stage's bytes. */
+ * free, after the barrier is told the stage's bytes; the KT stages are the it0-th on (a persistent
+ * block's later tiles, kiln_tma_consume's). */
 template <int S, class F>
-KILN__FN void kiln_tma_produce(int KT, unsigned long long *full, int bytes, F issue) {
+KILN__FN void kiln_tma_produce(int KT, unsigned long long *full, int bytes, F issue, int it0 = 0) {
   unsigned long long *empty = full + S;
   for (int kt = 0; kt < KT; kt++) {
-    const int st = kt % S;
-    if (kt >= S) kiln_tma_mbar_wait(&empty[st], (kt / S - 1) & 1);
+    const int it = it0 + kt, st = it % S;
+    if (it >= S) kiln_tma_mbar_wait(&empty[st], (it / S - 1) & 1);
     kiln_tma_mbar_expect(&full[st], bytes);
     issue(kt, st);
   }
 }
 
 /* The multipliers' loop: d zeroed, then each stage's products once its bytes have landed; a
- * stage is given back when the products after it have been issued and its own are done. */
+ * stage is given back when the products after it have been issued and its own are done (the
+ * last one is not: the caller's, where more tiles follow). The KT stages are the producer's
+ * it0-th to (it0 + KT - 1)-th (a persistent block's later tiles start past 0). */
 template <int S, int N, class F>
-KILN__FN void kiln_tma_consume(int KT, unsigned long long *full, float (&d)[N], F mma) {
+KILN__FN void kiln_tma_consume(int KT, unsigned long long *full, float (&d)[N], F mma,
+                               int it0 = 0) {
   unsigned long long *empty = full + S;
 #pragma unroll
   for (int i = 0; i < N; i++)
     d[i] = 0.f;
   for (int kt = 0; kt < KT; kt++) {
-    const int st = kt % S;
-    kiln_tma_mbar_wait(&full[st], (kt / S) & 1);
+    const int it = it0 + kt, st = it % S;
+    kiln_tma_mbar_wait(&full[st], (it / S) & 1);
     kiln_wg_pin(d);
     kiln_wg_fence();
     mma(st);
     kiln_wg_commit();
     kiln_wg_wait<1>();
     kiln_wg_pin(d);
-    if (kt > 0 && (threadIdx.x & 31) == 0) kiln_mbar_arrive(&empty[(kt - 1) % S]);
+    if (kt > 0 && (threadIdx.x & 31) == 0) kiln_mbar_arrive(&empty[(it - 1) % S]);
   }
   kiln_wg_wait<0>();
   kiln_wg_pin(d);
@@ -546,13 +550,9 @@ KILN__FN void kiln_tma_epilogue_ws(int tiles, int KT, unsigned char *base, int s
   unsigned char *rooms = base + S * stage + 1024;
   if (threadIdx.x >= 512) {
     if (threadIdx.x == 512)
-      for (int tile = blockIdx.x, it = 0; tile < tiles; tile += gridDim.x) {
-        for (int kt = 0; kt < KT; kt++, it++) {
-          const int st = it % S;
-          if (it >= S) kiln_tma_mbar_wait(&empty[st], (it / S - 1) & 1);
-          kiln_tma_mbar_expect(&full[st], stage);
-          issue(tile, kt, st, &full[st]);
-        }
+      for (int j = 0, tile = blockIdx.x; tile < tiles; j++, tile += gridDim.x) {
+        kiln_tma_produce<S>(
+            KT, full, stage, [&](int kt, int st) { issue(tile, kt, st, &full[st]); }, j * KT);
         after(tile);
       }
     return;
@@ -569,23 +569,9 @@ KILN__FN void kiln_tma_epilogue_ws(int tiles, int KT, unsigned char *base, int s
   const int wg = threadIdx.x >> 7;
   float d[BN / 2];
   for (int j = 0, tile = blockIdx.x; tile < tiles; j++, tile += gridDim.x) {
-#pragma unroll
-    for (int i = 0; i < BN / 2; i++)
-      d[i] = 0.f;
-    for (int kt = 0; kt < KT; kt++) {
-      const int it = j * KT + kt, st = it % S;
-      kiln_tma_mbar_wait(&full[st], (it / S) & 1);
-      kiln_wg_pin(d);
-      kiln_wg_fence();
-      mma(d, base + st * stage, wg);
-      kiln_wg_commit();
-      kiln_wg_wait<1>();
-      kiln_wg_pin(d);
-      if (kt > 0 && lane == 0) kiln_mbar_arrive(&empty[(it - 1) % S]);
-    }
-    kiln_wg_wait<0>();
-    kiln_wg_pin(d);
-    if (lane == 0) kiln_mbar_arrive(&empty[(j * KT + KT - 1) % S]);
+    kiln_tma_consume<S>(
+        KT, full, d, [&](int st) { mma(d, base + st * stage, wg); }, j * KT);
+    if (lane == 0) kiln_mbar_arrive(&empty[(j * KT + KT - 1) % S]); /* the tile's last stage */
     if (j >= 2) kiln_tma_mbar_wait(&freed[j & 1], ((j >> 1) - 1) & 1);
     kiln_tma_stage_tile<BN>(d, rooms + (j & 1) * 128 * KILN_TMA_PITCH(BN));
     if (lane == 0) kiln_mbar_arrive(&ready[j & 1]); /* after the stage's closing barrier */
