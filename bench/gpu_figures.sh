@@ -92,10 +92,17 @@
 #                     L2 hit rates, the warps' stalls on memory (twenty-fifth session: at 1.4-1.9
 #                     TB/s after their loads were put in flight together, the col2im at 3.0; why?)
 #   dgrad_ws          KILN_CONV_DGRAD_WS=1 (stride-1 TMA data gradients with warps of their own for
-#                     the epilogue, twenty-sixth session, not yet run): its tests (test_gpu_conv_switches,
+#                     the epilogue, twenty-sixth session): its tests (test_gpu_conv_switches,
 #                     bitwise against the switch off; test_cpu_conv_tma), the air and resnet18 steps
 #                     without and with it (bench/ab_steps.sh, three rounds), and air's data gradients
-#                     in a timeline trace of each (issue 21: 134 us for the 7x7x256 one on the H100)
+#                     in a timeline trace of each (H100, twenty-seventh session: bitwise, but air
+#                     1.019x and resnet18 1.034x; the 7x7x256 one 133.0 us against 135.2)
+#   dgrad_ncu         Nsight Compute on air's 7x7x256->256 data gradient (issue 21: 133-135 us, its
+#                     forward product of the same GEMM shape 84), the two-block kernel and
+#                     KILN_CONV_DGRAD_WS=1's: speed of light, warp states, scheduler, occupancy,
+#                     and each kernel's stall samples by SASS line (ncu_src_ws*.txt.gz): do the
+#                     epilogue's warps or the products set the pace? The kernels' names from a
+#                     compile-only dump of each (their hashes follow the source)
 # Every step has a time limit; a summary line per step is printed last. Naming steps after BUILD
 # runs those alone (bench/gpu_figures.sh build-gpu tma recompute).
 set -u
@@ -262,6 +269,21 @@ step dgrad_ws 450 "ctest --test-dir $build -R 'test_gpu_conv_switches|test_cpu_c
   for ws in 0 1; do mkdir -p $out/trace_ws\$ws
     KILN_CONV_DGRAD_WS=\$ws $build/profile_step --workload air --mode graph --trace $out/trace_ws\$ws > /dev/null &&
       python3 tools/trace_summary.py --top 40 $out/trace_ws\$ws/air_graph.json | grep -E 'median span|k_matmul_col2im'
+  done"
+step dgrad_ncu 420 "for ws in 0 1; do
+    rm -rf /tmp/dump_ws\$ws && KILN_CONV_DGRAD_WS=\$ws KILN_DUMP_KERNELS=/tmp/dump_ws\$ws \
+      $build/profile_step --workload air --compile-only > /dev/null || exit 1
+    k=\$(grep -l 'H = 7, W = 7, OH = 7, OW = 7, CO = 256, CI = 256' /tmp/dump_ws\$ws/*gelu_grad_3x3_s1*.cu |
+      head -n 1 | xargs -r basename | sed 's/[.]cu\$//')
+    echo \"KILN_CONV_DGRAD_WS=\$ws: \${k:?no 7x7x256 data gradient in the dump}\"
+    KILN_CONV_DGRAD_WS=\$ws timeout 150 ncu --graph-profiling node -k \$k -c 1 --section SpeedOfLight \
+      --section WarpStateStats --section SchedulerStats --section Occupancy --section LaunchStats \
+      --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
+      $build/profile_step --workload air --mode graph --steps 1 --blocks 1 > $out/ncu_ws\$ws.txt 2>&1
+    KILN_CONV_DGRAD_WS=\$ws timeout 150 ncu --graph-profiling node -k \$k -c 1 --section SourceCounters \
+      --section WarpStateStats --page source --print-source sass \
+      $build/profile_step --workload air --mode graph --steps 1 --blocks 1 2>&1 | gzip > $out/ncu_src_ws\$ws.txt.gz
+    grep -E 'Duration|Issued Ipc Active|No Eligible|Warp Cycles Per Issued' $out/ncu_ws\$ws.txt
   done"
 # a device call returns at most 8 files: everything in one archive, as .gpu/check.sh does
 tar -czf "${OUT:-/tmp/out}/figures.tgz" -C "$out" . && rm -rf "$out"
