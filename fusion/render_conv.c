@@ -54,8 +54,9 @@ static int tma_half_stages(int stage) { return 98304 / stage; }
  * the sm_90's 227 KB of a block leave beside the barriers, the two rooms and the alignment, at
  * most 8. */
 #define TMA_WS_THREADS 544 /* conv_tma.cuh's KILN_TMA_WS_THREADS */
+static int ws_rooms(int BN) { return 2 * 128 * (2 * BN + 16); } /* KILN_TMA_PITCH(BN) rows */
 static int ws_stages(int stage, int BN) {
-  int left = 232448 - 2048 - 2 * 128 * (2 * BN + 16);
+  int left = 232448 - 2048 - ws_rooms(BN);
   return left / stage < 8 ? left / stage : 8;
 }
 static void tma_launch(int stage, int S, int slot, kiln__rendered *r) {
@@ -274,11 +275,6 @@ static bool render_dgrad(const kiln__target *t, const kiln__spec *s, kiln__rende
       kiln__sb_printf(&b, "      },\n"
                           "      [&](int m0, int n0, unsigned char *tile) {\n"
                           "  const int kiln_t = (int)threadIdx.x - 256;\n");
-      const int64_t nhwc[4] = {N, OH, OW, CO}, wk[3] = {CI, w.kh * w.kw, CO};
-      kiln__win f = kiln__dgrad_window(&w);
-      r->tmap[0] = kiln__tmap_im2col(ka, nhwc, &f, 128);
-      r->tmap[1] = kiln__tmap_tiled(kb, 3, wk, (const uint32_t[]){64, 1, 64});
-      r->ntmap = 2;
     } else if (tma) {
       tma_maps(&b, o.n, 2, 256);
       kiln__sb_printf(&b, phased
@@ -290,16 +286,18 @@ static bool render_dgrad(const kiln__target *t, const kiln__spec *s, kiln__rende
        * has issued its 128 prefetches an operand, and the block holds its SM until it has */
       if (t->conv_prefetch && !phased) prefetch_rows(&b, p, &o, &wr, &epi, X, 256);
       kiln__sb_printf(&b, "    return;\n  }\n");
-      kiln__win f = phased ? phase_window(&w) : kiln__dgrad_window(&w);
-      const int64_t nhwc[4] = {N, OH, OW, CO}, wk[3] = {CI, w.kh * w.kw, CO};
-      r->tmap[0] = kiln__tmap_im2col(ka, nhwc, &f, 128);
-      r->tmap[1] = kiln__tmap_tiled(kb, 3, wk, (const uint32_t[]){64, 1, 64});
-      r->ntmap = 2;
     } else {
       kiln__sb_printf(&b,
                       "  if (!kiln_conv_fprop<GD, BN, S, true, %s%s>((const kiln_bf16 *)a.ptr[%d], "
                       "(const kiln_bf16 *)a.ptr[%d], m0, n0, kiln_smem, acc))\n    return;\n",
                       ws ? "true" : "false", t->conv_ahead ? ", true" : "", ka, kb);
+    }
+    if (tma) { /* dY's im2col map for the window (a phase's, by phases), the filters' panels */
+      kiln__win f = phased ? phase_window(&w) : kiln__dgrad_window(&w);
+      const int64_t nhwc[4] = {N, OH, OW, CO}, wk[3] = {CI, w.kh * w.kw, CO};
+      r->tmap[0] = kiln__tmap_im2col(ka, nhwc, &f, 128);
+      r->tmap[1] = kiln__tmap_tiled(kb, 3, wk, (const uint32_t[]){64, 1, 64});
+      r->ntmap = 2;
     }
     kiln__sb hoisted = {0}, ahead = {0};
     if (epi.hoist) { /* the loop unrolled over its BN / 8 rows, KILN_D of them loaded ahead */
@@ -424,7 +422,7 @@ static bool render_dgrad(const kiln__target *t, const kiln__spec *s, kiln__rende
     r->block = KILN__BLOCK;
   if (ws_epi) { /* conv_tma.cuh's KILN_TMA_WS_THREADS and KILN_TMA_WS_SMEM */
     r->block = TMA_WS_THREADS;
-    r->smem = (unsigned)(S * stage + 1024 + 2 * 128 * (2 * BN + 16) + 1024);
+    r->smem = (unsigned)(S * stage + 1024 + ws_rooms(BN) + 1024);
   }
   bool ok = kiln__finish_with(&b, stem, &o, r, pre);
   kiln__sb_free(&b);
