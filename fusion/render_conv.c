@@ -325,7 +325,7 @@ static bool render_dgrad(const kiln__target *t, const kiln__spec *s, kiln__rende
                       "  (void)kiln_c;\n"
                       "%s",
                       ws_epi ? "" /* staged by the multiplying warps */
-                             : "  unsigned char *tile = kiln_tma_align1024(kiln_smem);\n"
+                             : "  unsigned char *tile = kiln_align1024(kiln_smem);\n"
                                "  kiln_tma_stage_tile<BN>(acc, tile);\n",
                       mom ? "  float kiln_ms[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};\n" : "",
                       tid, hoisted.s ? hoisted.s : "");
@@ -540,7 +540,7 @@ static bool render_pooled(const kiln__node *n, const kiln_tensor *X, const kiln_
       "  (void)m0;\n"
       "  if (!kiln_conv_fprop_tma_pairs<G, BN, S, B>(tm, tm + 1, q0, n0, kiln_smem, d))\n"
       "    return;\n"
-      "  kiln_tma_pool_tile<G, BN, B>(d, kiln_tma_align1024(kiln_smem), q0, n0, "
+      "  kiln_tma_pool_tile<G, BN, B>(d, kiln_align1024(kiln_smem), q0, n0, "
       "(kiln_bf16 *)a.ptr[%d], %s);\n",
       B, slot[2],
       KILN__I(pool, MAX_POOL, index) ? kiln__pool_positions(at, sizeof at, Y, slot[2], false)
@@ -620,12 +620,12 @@ static bool render_fprop(const kiln__target *t, const kiln__node *n, const kiln_
     kiln__sb_printf(
         &b,
         "  kiln_tma_store_tile_moments<BN>((kiln_bf16 *)a.ptr[%d], m0, n0, M, G::CO, d, "
-        "kiln_tma_align1024(kiln_smem), (const float *)a.ptr[%d], (float *)a.ptr[%d]);\n",
+        "kiln_align1024(kiln_smem), (const float *)a.ptr[%d], (float *)a.ptr[%d]);\n",
         slot[2], ks, mo);
   else if (tma && BN == 256) /* through shared memory: kiln_tma_store_tile says why at 256 alone */
     kiln__sb_printf(&b,
                     "  kiln_tma_store_tile<BN>((kiln_bf16 *)a.ptr[%d], m0, n0, M, G::CO, d, "
-                    "kiln_tma_align1024(kiln_smem));\n",
+                    "kiln_align1024(kiln_smem));\n",
                     slot[2]);
   else
     store_tile(&b, slot[2], "m0", "n0", "M", "G::CO", false, ws && !tma);

@@ -101,7 +101,7 @@ KILN__FN bool conv_wgrad_tma_pair(const kiln_tmap *tx, const kiln_tmap *ty, int 
                                   int p1, unsigned char *smem, float (&d)[BN / 2]) {
   constexpr int STAGE = (2 + BN / 64) * 8192;
   static_assert(G::CI % 64 == 0 && BN % 64 == 0 && BN <= 256 && S >= 2, "conv_wgrad_tma_pair");
-  unsigned char *base = kiln_tma_align1024(smem);
+  unsigned char *base = kiln_align1024(smem);
   unsigned long long *full = (unsigned long long *)(base + S * STAGE), *empty = full + S,
                      *pair = full + 2 * S;
   const int KT = (p1 - p0 + 63) / 64;

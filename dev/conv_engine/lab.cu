@@ -389,7 +389,7 @@ __global__ void __launch_bounds__(KILN_TMA_THREADS, 1)
                                      smem, d))
     return;
   if constexpr (SE)
-    kiln_tma_store_tile<BN>(y, m0, n0, G::M, G::CO, d, kiln_tma_align1024(smem)); /* the library's */
+    kiln_tma_store_tile<BN>(y, m0, n0, G::M, G::CO, d, kiln_align1024(smem)); /* the library's */
   else
     store_tile<BN>(y, m0, n0, G::M, G::CO, d);
 }

@@ -57,7 +57,7 @@ KILN__FN void kiln_conv_fprop_tma_tiles(const kiln_tmap *ta, const kiln_tmap *tb
   constexpr int STAGE = (128 + BN) * 128, CH = G::CI / 64, KT = G::KH * G::KW * CH;
   constexpr int NT = (G::CO + BN - 1) / BN, TILES = (G::M + 127) / 128 * NT;
   static_assert(G::CI % 64 == 0 && BN % 64 == 0 && BN <= 256 && S >= 2, "kiln_conv_fprop_tma");
-  unsigned char *base = kiln_tma_align1024(smem);
+  unsigned char *base = kiln_align1024(smem);
   kiln_tma_run_tiles<S>(
       TILES, KT, base, STAGE, d,
       [&](int tile, int kt, int st, unsigned long long *bar) {

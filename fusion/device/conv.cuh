@@ -209,7 +209,7 @@ KILN__FN bool kiln_conv_fprop(const kiln_bf16 *__restrict__ x, const kiln_bf16 *
   constexpr int STAGE = (BM + BN) * 128;
   static_assert(G::CI % 8 == 0 && G::CO % 8 == 0 && S >= 3 && BN % 64 == 0 && BN <= 256,
                 "kiln_conv_fprop");
-  unsigned char *base = (unsigned char *)(((unsigned long long)smem + 1023) & ~1023ull);
+  unsigned char *base = kiln_align1024(smem);
   const int tid = threadIdx.x, wg = (tid >> 7) - WS, chunk = tid & 7, row = tid >> 3;
   kiln_conv_px px[AP];
 #pragma unroll
@@ -271,7 +271,7 @@ KILN__FN bool kiln_conv_wgrad(const kiln_bf16 *__restrict__ x, const kiln_bf16 *
   constexpr int STAGE = (PA + PB) * 8192, CB = BN / 8, RB = NT / CB; /* dY: chunks a row, rows */
   static_assert(G::CI % 8 == 0 && G::CO % 8 == 0 && S >= 3 && BN % 64 == 0 && BN <= 256,
                 "kiln_conv_wgrad");
-  unsigned char *base = (unsigned char *)(((unsigned long long)smem + 1023) & ~1023ull);
+  unsigned char *base = kiln_align1024(smem);
   const int tid = threadIdx.x, wg = (tid >> 7) - WS;
   /* this thread's chunk q of im2col(X)'s 16 a row: one tap and 8 channels, every stage */
   const int q = tid & 15, ka = k0 + q * 8, tap = ka / G::CI, ch = ka - tap * G::CI;

@@ -154,10 +154,6 @@ KILN__FN void kiln_tma_consume(int KT, unsigned long long *full, float (&d)[N], 
   kiln_wg_pin(d);
 }
 
-KILN__FN unsigned char *kiln_tma_align1024(unsigned char *p) {
-  return (unsigned char *)(((unsigned long long)p + 1023) & ~1023ull);
-}
-
 /* What the three products share: KT stages of `stage` bytes from base (1024-aligned), their
  * barriers behind them; thread 256 issues stage kt's copies with issue(kt, st, bar) (bar the
  * stage's `full` barrier, armed with its bytes), threads 0-255 multiply with mma(tile, wg) (tile
@@ -195,7 +191,7 @@ KILN__FN bool kiln_conv_fprop_tma(const kiln_tmap *ta, const kiln_tmap *tb, int 
                                   unsigned char *smem, float (&d)[BN / 2]) {
   constexpr int STAGE = (128 + BN) * 128, CH = G::CI / 64, KT = G::KH * G::KW * CH;
   static_assert(G::CI % 64 == 0 && BN % 64 == 0 && BN <= 256 && S >= 2, "kiln_conv_fprop_tma");
-  unsigned char *base = kiln_tma_align1024(smem);
+  unsigned char *base = kiln_align1024(smem);
   int w, h, n;
   kiln_tma_origin<G>(m0, w, h, n);
   return kiln_tma_run<S>(
@@ -223,7 +219,7 @@ KILN__FN bool kiln_conv_fprop_tma_pairs(const kiln_tmap *ta, const kiln_tmap *tb
   static_assert(G::CI % 64 == 0 && BN % 64 == 0 && BN <= 256 && S >= 2 && B >= 8 && B <= 64 &&
                     (B & (B - 1)) == 0 && G::OW / 2 * 2 <= B,
                 "kiln_conv_fprop_tma_pairs");
-  unsigned char *base = kiln_tma_align1024(smem);
+  unsigned char *base = kiln_align1024(smem);
   return kiln_tma_run<S>(
       KT, base, STAGE, d,
       [&](int kt, int st, unsigned long long *bar) {
@@ -281,7 +277,7 @@ KILN__FN bool kiln_conv_dgrad_tma(const kiln_tmap *ta, const kiln_tmap *tw, int 
   static_assert(G::CO % 64 == 0 && G::CI % 64 == 0 && G::SH == 1 && G::SW == 1 && BN % 64 == 0 &&
                     BN <= 256 && S >= 2,
                 "kiln_conv_dgrad_tma");
-  unsigned char *base = kiln_tma_align1024(smem);
+  unsigned char *base = kiln_align1024(smem);
   const int w0 = m0 % G::W, r = m0 / G::W, h0 = r % G::H, n = r / G::H;
   return kiln_tma_run<S>(
       KT, base, STAGE, d,
@@ -323,7 +319,7 @@ KILN__FN bool kiln_conv_dgrad_tma_phase(const kiln_tmap *ta, const kiln_tmap *tw
                     G::H == G::OH * G::SH && G::W == G::OW * G::SW && G::LH <= 0 && G::LW <= 0 &&
                     BN % 64 == 0 && BN <= 256 && S >= 2,
                 "kiln_conv_dgrad_tma_phase");
-  unsigned char *base = kiln_tma_align1024(smem);
+  unsigned char *base = kiln_align1024(smem);
   const kiln_tma_phase f = kiln_tma_phase_of<G>(py, px);
   const int b0 = m0 % G::OW, r = m0 / G::OW, a0 = r % G::OH, n = r / G::OH;
   return kiln_tma_run<S>(
@@ -350,7 +346,7 @@ KILN__FN bool kiln_conv_wgrad_tma(const kiln_tmap *tx, const kiln_tmap *ty, int 
                                   int p1, unsigned char *smem, float (&d)[BN / 2]) {
   constexpr int STAGE = (2 + BN / 64) * 8192;
   static_assert(G::CI % 64 == 0 && BN % 64 == 0 && BN <= 256 && S >= 2, "kiln_conv_wgrad_tma");
-  unsigned char *base = kiln_tma_align1024(smem);
+  unsigned char *base = kiln_align1024(smem);
   int tap[2], ch[2];
   for (int q = 0; q < 2; q++) {
     const int k = k0 + 64 * q < G::K ? k0 + 64 * q : G::K - 64; /* past K: any tap, unused */
@@ -590,7 +586,7 @@ KILN__FN void kiln_conv_dgrad_tma_ws(const kiln_tmap *ta, const kiln_tmap *tw, i
   static_assert(G::CO % 64 == 0 && G::CI % 64 == 0 && G::SH == 1 && G::SW == 1 && BN % 64 == 0 &&
                     BN <= 128 && S >= 2,
                 "kiln_conv_dgrad_tma_ws");
-  unsigned char *base = kiln_tma_align1024(smem);
+  unsigned char *base = kiln_align1024(smem);
   kiln_tma_epilogue_ws<S, BN>(
       tiles, KT, base, STAGE,
       [&](int tile, int kt, int st, unsigned long long *bar) {

@@ -51,6 +51,12 @@ template <int N> KILN__FN void kiln_wg_pin(float (&d)[N]) {
 
 /* mbarriers in shared memory (64-bit words) for the warp-specialized main loop of conv.cuh. */
 KILN__FN unsigned kiln_smem_addr(const void *p) { return (unsigned)__cvta_generic_to_shared(p); }
+
+/* p rounded up to 1,024 bytes by adding to it (not through an integer), so that the compiler still
+   knows the result points into shared memory and emits ld.shared/st.shared for what reads it */
+KILN__FN unsigned char *kiln_align1024(unsigned char *p) {
+  return p + ((1024u - (kiln_smem_addr(p) & 1023u)) & 1023u);
+}
 KILN__FN void kiln_mbar_init(unsigned long long *bar, unsigned count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(kiln_smem_addr(bar)), "r"(count)
                : "memory");
