@@ -142,7 +142,8 @@ static bool render_dgrad(const kiln__target *t, const kiln__spec *s, kiln__rende
   kiln__wiring wr;
   int out = kiln__window_operands(p, &o, &wr, r);
   int ka = kiln__operand(&o, A, false, NULL), kb = kiln__operand(&o, B, false, NULL);
-  kiln__win_epi epi = {.p = p, .o = &o, .w = &wr, .shape = X->shape, .image = true, .vec = false};
+  kiln__win_epi epi = {
+      .p = p, .o = &o, .w = &wr, .shape = X->shape, .image = true, .vec = false, .pixel = "md"};
   if (mom) { /* g is the epilogue's last value (the planner's condition) */
     KILN_ASSERT(p->n > 1 && mom->op == KILN__OP_MOMENTS);
     epi.mom.value = p->n - 1;

@@ -45,9 +45,13 @@ static void epilogue_vec(kiln__sb *b, const char *name, bool bf16, const kiln__w
                          const bool *used) {
   const kiln__operands *o = e->o;
   const kiln__wiring *w = e->w;
-  kiln__sb_printf(b, "    {\n      const ix i0 = ((n * %lld + %s) * %lld + %s) * %lld + c;\n",
-                  (long long)e->shape[1], e->image ? "h" : "oh", (long long)e->shape[2],
-                  e->image ? "w" : "ow", (long long)e->shape[3]);
+  if (e->image && e->pixel)
+    kiln__sb_printf(b, "    {\n      const ix i0 = %s * %lld + c;\n", e->pixel,
+                    (long long)e->shape[3]);
+  else
+    kiln__sb_printf(b, "    {\n      const ix i0 = ((n * %lld + %s) * %lld + %s) * %lld + c;\n",
+                    (long long)e->shape[1], e->image ? "h" : "oh", (long long)e->shape[2],
+                    e->image ? "w" : "ow", (long long)e->shape[3]);
   for (int k = 0; k < o->n; k++) {
     if (o->store[k] && e->mom.value > 0 && k == e->mom.out) continue;
     if (o->store[k])
