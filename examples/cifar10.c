@@ -32,13 +32,13 @@
  * a lookahead pulls the weights towards their running average (the model ends on the averages).
  * --recipe muon, the default, is airbench94_muon's (KellerJordan/cifar10-airbench,
  * airbench94_muon.py): the same net, its output scaled by 1/256 and its head's weight scaled to
- * unit deviation at init, batch 2000 for 8 epochs, Muon (Newton-Schulz in bf16, three steps,
- * weights normalised) for the convolution filters, SGD with Nesterov momentum for the norms' biases
- * and the head (and, with a rate of its own that falls to 0 in 3 epochs, the whitening's bias),
- * every rate falling linearly to 0, and no lookahead. Its constants and optimizers' options are in
- * examples/airbench_muon.h (shared with profile_step's air_muon), marked by source. Its checkpoints
- * hold the three optimizers' state (kiln_checkpoint_save_optims). Whatever this prints was
- * measured.
+ * unit deviation at init, batch 2000 for 9 epochs (its 8 and one more: airbench_muon.h says why),
+ * Muon (Newton-Schulz in bf16, three steps, weights normalised) for the convolution filters, SGD
+ * with Nesterov momentum for the norms' biases and the head (and, with a rate of its own that falls
+ * to 0 in 3 epochs, the whitening's bias), every rate falling linearly to 0, and no lookahead. Its
+ * constants and optimizers' options are in examples/airbench_muon.h (shared with profile_step's
+ * air_muon), marked by source. Its checkpoints hold the three optimizers' state
+ * (kiln_checkpoint_save_optims). Whatever this prints was measured.
  *
  * The training time printed is the wall time of the training steps, synchronised with the GPU,
  * without data loading, model set-up and evaluation: "cold" counts every step, "warm" all but the
