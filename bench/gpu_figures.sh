@@ -20,9 +20,12 @@
 #                     KILN_DEBUG=initcheck (cuBLAS's outputs zeroed before its products, whose TMA
 #                     stores the tool does not count as writes); then racecheck on kiln's own
 #                     kernels, one run at a time: cnn at batch 16, air at 16 without its products
-#                     (on air's products racecheck outgrew the host's 128 GiB: Linux's OOM killer
-#                     ended it, exit 9, H100 2026-12-06), and the products at test_gpu_ops_conv's
-#                     small shapes; each tool's summary and the kernels it names most (issue 24)
+#                     and with KILN_CAST_TILES=0 (on air's products, and on its tiled casts, racecheck
+#                     outgrew the host's 128 GiB: Linux's OOM killer ended it, exit 9, H100
+#                     2026-12-06, H200 2026-12-07), the tiled casts at test_gpu_conv_switches' shapes,
+#                     and one TMA-fed test of test_gpu_ops_conv (under racecheck every such test
+#                     failed with "failed to handle a hardware exception", H200 2026-12-07); each
+#                     tool's summary and the kernels it names most (issue 24)
 #   stem              bench/stem_gemm.py: ResNet-18's stem products on cuBLAS with K = 147 and K padded
 #                     to a multiple of 8, beside cuDNN (issue 27)
 #   switches          the tests that set the switches (test_gpu_bf16, test_gpu_ops_conv,
@@ -167,16 +170,24 @@ step sanitize 560 "for w in cnn air; do for t in memcheck initcheck; do
         > $out/\${t}_\$w.txt 2>&1; echo \"exit \$?\" >> $out/\${t}_\$w.txt ) &
   done; done; wait
   # racecheck one run at a time (four at once, Linux's OOM killer stopped profile_step at 124 GiB),
-  # kiln's kernels only, air's products apart: on air's steps racecheck outgrew the host's 128 GiB
-  for r in 'cnn 16 -' 'air 16 conv|matmul'; do set -- \$r
+  # kiln's kernels only, air's products apart: on air's steps racecheck outgrew the host's 128 GiB;
+  # air with KILN_CAST_TILES=0 (H200, 2026-12-07: the tiled casts alone took the tool past 128 GiB
+  # within 15 s, every other family of air's kernels 0 hazards), the tiled casts at the tests' shapes
+  for r in 'cnn 16 - -' 'air 16 conv|matmul KILN_CAST_TILES=0'; do set -- \$r
     x=; [ \$3 = - ] || x=\"--kernel-name-exclude regex=\$3\"
-    timeout 150 compute-sanitizer --tool racecheck --kernel-name regex=^k_ \$x --print-limit 30 \
+    e=; [ \$4 = - ] || e=\$4
+    env \$e timeout 180 compute-sanitizer --tool racecheck --kernel-name regex=^k_ \$x --print-limit 30 \
       $build/profile_step --workload \$1 --mode graph --steps 2 --blocks 1 --batch \$2 \
       > $out/racecheck_\$1.txt 2>&1; echo \"exit \$?\" >> $out/racecheck_\$1.txt
   done
-  # the products' kernels at the convolution tests' small shapes
-  timeout 200 compute-sanitizer --tool racecheck --kernel-name regex=^k_ --print-limit 30 \
-    $build/tests/test_gpu_ops_conv > $out/racecheck_conv_tests.txt 2>&1
+  timeout 60 compute-sanitizer --tool racecheck --kernel-name regex=^k_cast_x --print-limit 30 \
+    $build/tests/test_gpu_conv_switches --filter 'gpu_ops/conv2d_filter_casts*' \
+    > $out/racecheck_cast_tiles.txt 2>&1; echo \"exit \$?\" >> $out/racecheck_cast_tiles.txt
+  # the products' kernels at the convolution tests' small shapes, one test (every TMA-fed and
+  # wgmma test failed under the tool with 'failed to handle a hardware exception', H200 2026-12-07)
+  timeout 120 compute-sanitizer --tool racecheck --kernel-name regex=^k_ --print-limit 30 \
+    $build/tests/test_gpu_ops_conv --filter 'gpu_ops/conv2d_products_fed_by_the_tensor_memory_accelerator' \
+    > $out/racecheck_conv_tests.txt 2>&1
   echo \"exit \$?\" >> $out/racecheck_conv_tests.txt
   for f in $out/memcheck_*.txt $out/initcheck_*.txt $out/racecheck_*.txt; do
     echo \"\$(basename \$f): \$(tail -n 1 \$f); \$(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' \$f | tail -n 1)\"
