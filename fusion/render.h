@@ -60,8 +60,9 @@ typedef struct kiln__win_epi {
   const kiln__wiring *w;
   const int64_t *shape; /* the output's */
   bool image;
-  /* image-side: the caller's variable that holds the lanes' pixel (n, h, w) as one index, from
-   * which the epilogue's elements are indexed (pixel * C + c); NULL: from n, h and w */
+  /* image-side, with vec: the caller's variable that holds the lanes' pixel (n, h, w) as one
+   * index, from which the four lanes' elements are indexed (pixel * C + c); NULL, or lane by
+   * lane: from n, h and w */
   const char *pixel;
   bool vec; /* four lanes, and every operand of the epilogue dense like the output: each read
              * and written four values at a time */
