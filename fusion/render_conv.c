@@ -54,9 +54,9 @@ static int tma_half_stages(int stage) { return 98304 / stage; }
  * the sm_90's 227 KB of a block leave beside the barriers, the two rooms and the alignment, at
  * most 8. */
 #define TMA_WS_THREADS 544 /* conv_tma.cuh's KILN_TMA_WS_THREADS */
-static int ws_rooms(int BN) { return 2 * 128 * (2 * BN + 16); } /* KILN_TMA_PITCH(BN) rows */
-static int ws_stages(int stage, int BN) {
-  int left = 232448 - 2048 - ws_rooms(BN);
+static int ws_rooms(int BN, int R) { return R * 128 * (2 * BN + 16); } /* KILN_TMA_PITCH rows */
+static int ws_stages(int stage, int BN, int R) {
+  int left = 232448 - 2048 - ws_rooms(BN, R);
   return left / stage < 8 ? left / stage : 8;
 }
 static void tma_launch(int stage, int S, int slot, kiln__rendered *r) {
@@ -182,7 +182,8 @@ static bool render_dgrad(const kiln__target *t, const kiln__spec *s, kiln__rende
    * 120 registers a thread), stages in what the two rooms for staged tiles leave; the epilogue's
    * threads are kiln_t = threadIdx.x - 256, as many as the two-block kernel's */
   bool ws_epi = tma && staged && epi.hoist && !phased && t->conv_dgrad_ws && BN <= 128;
-  if (ws_epi) S = ws_stages(stage, BN);
+  int rooms = t->conv_dgrad_ws == 2 ? 2 : 1; /* the staged tiles' rooms */
+  if (ws_epi) S = ws_stages(stage, BN, rooms);
   const char *tid = ws_epi ? "kiln_t" : "threadIdx.x";
   bool bf16 = X->dtype == KILN_DTYPE_BF16;
   const char *T = kiln__ctype(X->dtype);
@@ -268,10 +269,11 @@ static bool render_dgrad(const kiln__target *t, const kiln__spec *s, kiln__rende
       tma_maps(&b, o.n, 2, 512);
       /* the producer's prefetches after each tile's copies, then the epilogue of a staged tile */
       kiln__sb_printf(&b,
-                      "  kiln_conv_dgrad_tma_ws<G, BN, S>(\n"
+                      "  kiln_conv_dgrad_tma_ws<G, BN, S, %d>(\n"
                       "      tm, tm + 1, (M + 127) / 128 * ((G::CI + BN - 1) / BN), kiln_smem,\n"
                       "      [&](int m0, int n0) {\n"
-                      "    (void)m0, (void)n0;\n");
+                      "    (void)m0, (void)n0;\n",
+                      rooms);
       if (t->conv_prefetch) prefetch_rows(&b, p, &o, &wr, &epi, X, 512);
       kiln__sb_printf(&b, "      },\n"
                           "      [&](int m0, int n0, unsigned char *tile) {\n"
@@ -423,7 +425,7 @@ static bool render_dgrad(const kiln__target *t, const kiln__spec *s, kiln__rende
     r->block = KILN__BLOCK;
   if (ws_epi) { /* conv_tma.cuh's KILN_TMA_WS_THREADS and KILN_TMA_WS_SMEM */
     r->block = TMA_WS_THREADS;
-    r->smem = (unsigned)(S * stage + 1024 + ws_rooms(BN) + 1024);
+    r->smem = (unsigned)(S * stage + 1024 + ws_rooms(BN, rooms) + 1024);
   }
   bool ok = kiln__finish_with(&b, stem, &o, r, pre);
   kiln__sb_free(&b);
