@@ -168,6 +168,7 @@ static bool render_dgrad(const kiln__target *t, const kiln__spec *s, kiln__rende
    * rows ahead (0: both in the row that reads them) */
   epi.vec = staged && p->n > 1 && kiln__epilogue_fours(p, &o, &wr);
   epi.hoist = epi.vec && t->conv_hoist > 0;
+  epi.rounded = epi.vec; /* the staged tile's values: bf16 (kiln_tma_stage_tile) */
   ws = ws && !tma;
   int BN = wg ? wgmma_width(CI, ws) : (CI <= 32 ? 32 : 64);
   bool narrowed = tma && most && BN > most; /* 128 unless KILN_CONV_DGRAD_BN says */
