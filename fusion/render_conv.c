@@ -84,10 +84,12 @@ static void tma_maps(kiln__sb *b, int slot, int nmap, int producer) {
  * its epilogue reads at each element (dense like dX, not written by it: a batch norm's input,
  * read again by its recomputed apply), so that the epilogue's loads wait on L2, not on DRAM: on
  * the H200, Nsight Compute put 44% of air's 7x7x256 data gradient's stalls on such loads (140 us,
- * against 85 for the forward product of the same shape). */
+ * against 85 for the forward product of the same shape). Rows [r0, r1) of the tile (expressions):
+ * all 128 at once in the two-block kernel, a few after each stage's copies in the
+ * warp-specialized one (kiln_tma_epilogue_ws). */
 static void prefetch_rows(kiln__sb *b, const kiln__ew_prog *p, const kiln__operands *o,
                           const kiln__wiring *wr, const kiln__win_epi *epi, const kiln_tensor *X,
-                          int producer) {
+                          int producer, const char *r0, const char *r1) {
   bool want[KILN__KMAX_PTR] = {0};
   kiln__prog_reads(p, wr, 1, want); /* the epilogue's, after col2im */
   if (epi->mom.value > 0) want[epi->mom.x] = true;
@@ -104,10 +106,10 @@ static void prefetch_rows(kiln__sb *b, const kiln__ew_prog *p, const kiln__opera
     kiln__sb_printf(
         b,
         "    if (threadIdx.x == %d) /* the producer, its copies issued */\n"
-        "      for (int r = 0; r < 128 && m0 + r < M; r++)\n"
+        "      for (int r = %s; r < %s && m0 + r < M; r++)\n"
         "        kiln_tma_prefetch_l2((const unsigned char *)a.ptr[%d] + ((long long)(m0 + "
         "r) * G::CI + n0) * %zu, (G::CI - n0 < BN ? G::CI - n0 : BN) * %zu);\n",
-        producer, k, es, es);
+        producer, r0, r1, k, es, es);
   }
 }
 
@@ -272,10 +274,10 @@ static bool render_dgrad(const kiln__target *t, const kiln__spec *s, kiln__rende
       kiln__sb_printf(&b,
                       "  kiln_conv_dgrad_tma_ws<G, BN, S, %d>(\n"
                       "      tm, tm + 1, (M + 127) / 128 * ((G::CI + BN - 1) / BN), kiln_smem,\n"
-                      "      [&](int m0, int n0) {\n"
-                      "    (void)m0, (void)n0;\n",
+                      "      [&](int m0, int n0, int r0, int r1) {\n"
+                      "    (void)m0, (void)n0, (void)r0, (void)r1;\n",
                       rooms);
-      if (t->conv_prefetch) prefetch_rows(&b, p, &o, &wr, &epi, X, 512);
+      if (t->conv_prefetch) prefetch_rows(&b, p, &o, &wr, &epi, X, 512, "r0", "r1");
       kiln__sb_printf(&b, "      },\n"
                           "      [&](int m0, int n0, unsigned char *tile) {\n"
                           "  const int kiln_t = (int)threadIdx.x - 256;\n");
@@ -288,7 +290,7 @@ static bool render_dgrad(const kiln__target *t, const kiln__spec *s, kiln__rende
                                 "kiln_smem, acc)) {\n");
       /* not by phases: a phase's few stages (2 to 8 in ResNet-18) end long before the producer
        * has issued its 128 prefetches an operand, and the block holds its SM until it has */
-      if (t->conv_prefetch && !phased) prefetch_rows(&b, p, &o, &wr, &epi, X, 256);
+      if (t->conv_prefetch && !phased) prefetch_rows(&b, p, &o, &wr, &epi, X, 256, "0", "128");
       kiln__sb_printf(&b, "    return;\n  }\n");
     } else {
       kiln__sb_printf(&b,

@@ -528,8 +528,11 @@ KILN__FN void kiln_tma_store_tile(kiln_bf16 *out, int m0, int n0, int rows, int 
 #define KILN_TMA_WS_SMEM(stage, S, BN, R)                                                          \
   ((S) * (stage) + 1024 + (R)*128 * KILN_TMA_PITCH(BN) + 1024)
 
-/* The loop: issue(tile, kt, st, bar) copies stage kt of a tile (the producer), after(tile) once
- * all of a tile's copies are issued (the producer), mma(d, stage, wg) multiplies a stage into a
+/* The loop: issue(tile, kt, st, bar) copies stage kt of a tile (the producer), after(tile, r0, r1)
+ * follows each stage's copies with the producer's requests for rows [r0, r1) of the tile's
+ * epilogue operands, a few a stage (all 128 after the tile's last copies, about 1,000
+ * instructions of the one thread, can hold the next tile's first copies back), mma(d, stage, wg)
+ * multiplies a stage into a
  * multiplying warpgroup's accumulators, epi(tile, room) stores a staged tile (the epilogue's
  * threads). The stages carry on from tile to tile in the producer's order; room j % R takes the
  * block's tile j once its epilogue has freed it from tile j - R. */
@@ -557,8 +560,12 @@ KILN__FN void kiln_tma_epilogue_ws(int tiles, int KT, unsigned char *base, int s
     if (threadIdx.x == 512)
       for (int j = 0, tile = blockIdx.x; tile < tiles; j++, tile += gridDim.x) {
         kiln_tma_produce<S>(
-            KT, full, stage, [&](int kt, int st) { issue(tile, kt, st, &full[st]); }, j * KT);
-        after(tile);
+            KT, full, stage,
+            [&](int kt, int st) {
+              issue(tile, kt, st, &full[st]);
+              after(tile, kt * 128 / KT, (kt + 1) * 128 / KT);
+            },
+            j * KT);
       }
     return;
   }
@@ -585,8 +592,8 @@ KILN__FN void kiln_tma_epilogue_ws(int tiles, int KT, unsigned char *base, int s
 
 /* A stride-1 data gradient's tiles with warps for their epilogue: kiln_conv_dgrad_tma's products,
  * tile t of dX's pixels [128 (t / NT), + 128) and channels [BN (t % NT), + BN), NT = ceil(CI / BN)
- * tiles across. after(m0, n0) and epi(m0, n0, room) as kiln_tma_epilogue_ws's, with the tile's
- * corner. */
+ * tiles across. after(m0, n0, r0, r1) and epi(m0, n0, room) as kiln_tma_epilogue_ws's, with the
+ * tile's corner. */
 template <class G, int BN, int S, int R, class A, class E>
 KILN__FN void kiln_conv_dgrad_tma_ws(const kiln_tmap *ta, const kiln_tmap *tw, int tiles,
                                      unsigned char *smem, A after, E epi) {
@@ -603,7 +610,7 @@ KILN__FN void kiln_conv_dgrad_tma_ws(const kiln_tmap *ta, const kiln_tmap *tw, i
         const int w0 = m0 % G::W, r = m0 / G::W, h0 = r % G::H, n = r / G::H;
         kiln_tma_dgrad_issue<G, BN>(base + st * STAGE, ta, tw, bar, kt, w0, h0, n, n0);
       },
-      [&](int tile) { after(tile / NT * 128, tile % NT * BN); },
+      [&](int tile, int r0, int r1) { after(tile / NT * 128, tile % NT * BN, r0, r1); },
       [&](float(&d)[BN / 2], const unsigned char *t, int wg) { kiln_tma_dgrad_mma<BN>(d, t, wg); },
       [&](int tile, unsigned char *room) { epi(tile / NT * 128, tile % NT * BN, room); });
 }
