@@ -94,12 +94,15 @@
 #                     throughput and bytes, achieved occupancy and what limits it, registers, L1 and
 #                     L2 hit rates, the warps' stalls on memory (twenty-fifth session: at 1.4-1.9
 #                     TB/s after their loads were put in flight together, the col2im at 3.0; why?)
-#   dgrad_ws          KILN_CONV_DGRAD_WS=1 (stride-1 TMA data gradients with warps of their own for
-#                     the epilogue, twenty-sixth session): its tests (test_gpu_conv_switches,
+#   dgrad_ws          KILN_CONV_DGRAD_WS=1 and =2 (stride-1 TMA data gradients with warps of their
+#                     own for the epilogue, its staged tiles in one room and five stages, or in two
+#                     and four as in the twenty-sixth session): the tests (test_gpu_conv_switches,
 #                     bitwise against the switch off; test_cpu_conv_tma), the air and resnet18 steps
-#                     without and with it (bench/ab_steps.sh, three rounds), and air's data gradients
-#                     in a timeline trace of each (H100, twenty-seventh session: bitwise, but air
-#                     1.019x and resnet18 1.034x; the 7x7x256 one 133.0 us against 135.2)
+#                     without and with each (bench/ab_steps.sh, three rounds; with @/tmp/old/b too
+#                     where that build of an older revision exists: the descriptors' change, the
+#                     twenty-ninth session's, against 5e58ebe), and air's data gradients in a
+#                     timeline trace of each (H100, twenty-seventh session, two rooms: bitwise, but
+#                     air 1.019x and resnet18 1.034x; the 7x7x256 one 133.0 us against 135.2)
 #   dgrad_ncu         Nsight Compute on air's 7x7x256->256 data gradient (issue 21: 133-135 us, its
 #                     forward product of the same GEMM shape 84), the two-block kernel and
 #                     KILN_CONV_DGRAD_WS=1's: speed of light, warp states, scheduler, occupancy,
@@ -275,9 +278,10 @@ step windows 300 "ncu --graph-profiling node --kernel-name regex:'k_max_pool|k_c
     $build/profile_step --workload resnet18 --mode graph --steps 1 --blocks 1 2>/dev/null |
     grep -E 'Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Block Limit|Registers Per|L1/TEX Hit|L2 Hit|Long Scoreboard|Stall' |
     awk -F'\",\"' '{sub(/\"$/, \"\", \$NF); print substr(\$5, 1, 60), \$(NF-2), \$(NF-1), \$NF}'"
-step dgrad_ws 450 "ctest --test-dir $build -R 'test_gpu_conv_switches|test_cpu_conv_tma' --output-on-failure | tail -n 3
-  bash bench/ab_steps.sh $build 3 air resnet18 -- '' KILN_CONV_DGRAD_WS=1
-  for ws in 0 1; do mkdir -p $out/trace_ws\$ws
+step dgrad_ws 540 "ctest --test-dir $build -R 'test_gpu_conv_switches|test_cpu_conv_tma' --output-on-failure | tail -n 3
+  old=; [ -x /tmp/old/b/profile_step ] && old=@/tmp/old/b
+  bash bench/ab_steps.sh $build 3 air resnet18 -- '' KILN_CONV_DGRAD_WS=1 KILN_CONV_DGRAD_WS=2 \$old
+  for ws in 0 1 2; do mkdir -p $out/trace_ws\$ws
     KILN_CONV_DGRAD_WS=\$ws $build/profile_step --workload air --mode graph --trace $out/trace_ws\$ws > /dev/null &&
       python3 tools/trace_summary.py --top 40 $out/trace_ws\$ws/air_graph.json | grep -E 'median span|k_matmul_col2im'
   done"

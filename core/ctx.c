@@ -187,7 +187,9 @@ kiln_ctx *kiln__ctx_create(const kiln_ctx_options *opts) {
   ctx->conv_phases = env_on("KILN_CONV_TMA_PHASES");
   ctx->conv_prefetch = !env_off("KILN_CONV_PREFETCH");
   /* off: bitwise, but no faster on its first H100 run (air 1.019x, resnet18 1.034x; README) */
-  ctx->conv_dgrad_ws = env_on("KILN_CONV_DGRAD_WS");
+  const char *dgrad_ws =
+      getenv("KILN_CONV_DGRAD_WS"); /* 1: one room for the staged tiles, 2: two */
+  ctx->conv_dgrad_ws = dgrad_ws && strcmp(dgrad_ws, "2") == 0 ? 2 : env_on("KILN_CONV_DGRAD_WS");
   const char *hoist = getenv("KILN_CONV_HOIST"); /* 0 to 16 (internal.h); others: the default */
   char *end = NULL;
   long depth = hoist ? strtol(hoist, &end, 10) : -1;

@@ -432,8 +432,8 @@ struct kiln_ctx {
   bool conv_prefetch; /* KILN_CONV_PREFETCH=1: TMA data gradients prefetch their epilogue's rows */
   /* stride-1 TMA data gradients with an epilogue on persistent blocks, two warpgroups of their own
    * running a staged tile's epilogue beside the next tile's products (conv_tma.cuh's
-   * kiln_conv_dgrad_tma_ws; KILN_CONV_DGRAD_WS=1) */
-  bool conv_dgrad_ws;
+   * kiln_conv_dgrad_tma_ws; KILN_CONV_DGRAD_WS=1: the staged tiles in one room, =2: in two) */
+  int conv_dgrad_ws;
   /* the staged epilogues of TMA data gradients (KILN_CONV_HOIST=0 to 16): 0, each operand loaded
    * in the row that reads it; d > 0, per-channel ones once before the loop, and the others d rows
    * ahead of the row that reads them */

@@ -320,7 +320,7 @@ typedef struct kiln__target {
   int conv_dgrad_bn;  /* TMA data gradients' widest tile (KILN_CONV_DGRAD_BN; 0: 256) */
   int conv_fprop_bn;  /* TMA forward products' widest tile, two blocks an SM (KILN_CONV_FPROP_BN) */
   bool conv_prefetch; /* TMA data gradients prefetch their epilogue's rows (KILN_CONV_PREFETCH=1) */
-  bool conv_dgrad_ws; /* ... with warpgroups for their epilogue (KILN_CONV_DGRAD_WS=1) */
+  int conv_dgrad_ws;  /* ... with warpgroups for their epilogue: KILN_CONV_DGRAD_WS, 1 or 2 rooms */
   int conv_hoist;     /* staged epilogues' rows loaded ahead: KILN_CONV_HOIST (ctx.c), 0-16 */
   bool conv_ahead;    /* cp.async products issue a short reduction at once (KILN_CONV_AHEAD=1) */
   bool cast_tiles;    /* casts through blocks in shared memory (KILN_CAST_TILES=0: off) */

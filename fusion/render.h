@@ -82,6 +82,9 @@ typedef struct kiln__win_epi {
   struct {
     int value, x, mean, invstd, out;
   } mom;
+  /* with vec: the window op's values are bf16 already (a product's tile staged as bf16), taken as
+   * they are, not rounded to bf16 again (a conversion and a shift a value saved) */
+  bool rounded;
 } kiln__win_epi;
 
 /* ---------------------------------------------------------------- operands and wiring */

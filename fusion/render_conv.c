@@ -54,9 +54,9 @@ static int tma_half_stages(int stage) { return 98304 / stage; }
  * the sm_90's 227 KB of a block leave beside the barriers, the two rooms and the alignment, at
  * most 8. */
 #define TMA_WS_THREADS 544 /* conv_tma.cuh's KILN_TMA_WS_THREADS */
-static int ws_rooms(int BN) { return 2 * 128 * (2 * BN + 16); } /* KILN_TMA_PITCH(BN) rows */
-static int ws_stages(int stage, int BN) {
-  int left = 232448 - 2048 - ws_rooms(BN);
+static int ws_rooms(int BN, int R) { return R * 128 * (2 * BN + 16); } /* KILN_TMA_PITCH rows */
+static int ws_stages(int stage, int BN, int R) {
+  int left = 232448 - 2048 - ws_rooms(BN, R);
   return left / stage < 8 ? left / stage : 8;
 }
 static void tma_launch(int stage, int S, int slot, kiln__rendered *r) {
@@ -84,10 +84,12 @@ static void tma_maps(kiln__sb *b, int slot, int nmap, int producer) {
  * its epilogue reads at each element (dense like dX, not written by it: a batch norm's input,
  * read again by its recomputed apply), so that the epilogue's loads wait on L2, not on DRAM: on
  * the H200, Nsight Compute put 44% of air's 7x7x256 data gradient's stalls on such loads (140 us,
- * against 85 for the forward product of the same shape). */
+ * against 85 for the forward product of the same shape). Rows [r0, r1) of the tile (expressions):
+ * all 128 at once in the two-block kernel, a few after each stage's copies in the
+ * warp-specialized one (kiln_tma_epilogue_ws). */
 static void prefetch_rows(kiln__sb *b, const kiln__ew_prog *p, const kiln__operands *o,
                           const kiln__wiring *wr, const kiln__win_epi *epi, const kiln_tensor *X,
-                          int producer) {
+                          int producer, const char *r0, const char *r1) {
   bool want[KILN__KMAX_PTR] = {0};
   kiln__prog_reads(p, wr, 1, want); /* the epilogue's, after col2im */
   if (epi->mom.value > 0) want[epi->mom.x] = true;
@@ -104,10 +106,10 @@ static void prefetch_rows(kiln__sb *b, const kiln__ew_prog *p, const kiln__opera
     kiln__sb_printf(
         b,
         "    if (threadIdx.x == %d) /* the producer, its copies issued */\n"
-        "      for (int r = 0; r < 128 && m0 + r < M; r++)\n"
+        "      for (int r = %s; r < %s && m0 + r < M; r++)\n"
         "        kiln_tma_prefetch_l2((const unsigned char *)a.ptr[%d] + ((long long)(m0 + "
         "r) * G::CI + n0) * %zu, (G::CI - n0 < BN ? G::CI - n0 : BN) * %zu);\n",
-        producer, k, es, es);
+        producer, r0, r1, k, es, es);
   }
 }
 
@@ -168,6 +170,7 @@ static bool render_dgrad(const kiln__target *t, const kiln__spec *s, kiln__rende
    * rows ahead (0: both in the row that reads them) */
   epi.vec = staged && p->n > 1 && kiln__epilogue_fours(p, &o, &wr);
   epi.hoist = epi.vec && t->conv_hoist > 0;
+  epi.rounded = epi.vec; /* the staged tile's values: bf16 (kiln_tma_stage_tile) */
   ws = ws && !tma;
   int BN = wg ? wgmma_width(CI, ws) : (CI <= 32 ? 32 : 64);
   bool narrowed = tma && most && BN > most; /* 128 unless KILN_CONV_DGRAD_BN says */
@@ -182,7 +185,8 @@ static bool render_dgrad(const kiln__target *t, const kiln__spec *s, kiln__rende
    * 120 registers a thread), stages in what the two rooms for staged tiles leave; the epilogue's
    * threads are kiln_t = threadIdx.x - 256, as many as the two-block kernel's */
   bool ws_epi = tma && staged && epi.hoist && !phased && t->conv_dgrad_ws && BN <= 128;
-  if (ws_epi) S = ws_stages(stage, BN);
+  int rooms = t->conv_dgrad_ws == 2 ? 2 : 1; /* the staged tiles' rooms */
+  if (ws_epi) S = ws_stages(stage, BN, rooms);
   const char *tid = ws_epi ? "kiln_t" : "threadIdx.x";
   bool bf16 = X->dtype == KILN_DTYPE_BF16;
   const char *T = kiln__ctype(X->dtype);
@@ -268,11 +272,12 @@ static bool render_dgrad(const kiln__target *t, const kiln__spec *s, kiln__rende
       tma_maps(&b, o.n, 2, 512);
       /* the producer's prefetches after each tile's copies, then the epilogue of a staged tile */
       kiln__sb_printf(&b,
-                      "  kiln_conv_dgrad_tma_ws<G, BN, S>(\n"
+                      "  kiln_conv_dgrad_tma_ws<G, BN, S, %d>(\n"
                       "      tm, tm + 1, (M + 127) / 128 * ((G::CI + BN - 1) / BN), kiln_smem,\n"
-                      "      [&](int m0, int n0) {\n"
-                      "    (void)m0, (void)n0;\n");
-      if (t->conv_prefetch) prefetch_rows(&b, p, &o, &wr, &epi, X, 512);
+                      "      [&](int m0, int n0, int r0, int r1) {\n"
+                      "    (void)m0, (void)n0, (void)r0, (void)r1;\n",
+                      rooms);
+      if (t->conv_prefetch) prefetch_rows(&b, p, &o, &wr, &epi, X, 512, "r0", "r1");
       kiln__sb_printf(&b, "      },\n"
                           "      [&](int m0, int n0, unsigned char *tile) {\n"
                           "  const int kiln_t = (int)threadIdx.x - 256;\n");
@@ -285,7 +290,7 @@ static bool render_dgrad(const kiln__target *t, const kiln__spec *s, kiln__rende
                                 "kiln_smem, acc)) {\n");
       /* not by phases: a phase's few stages (2 to 8 in ResNet-18) end long before the producer
        * has issued its 128 prefetches an operand, and the block holds its SM until it has */
-      if (t->conv_prefetch && !phased) prefetch_rows(&b, p, &o, &wr, &epi, X, 256);
+      if (t->conv_prefetch && !phased) prefetch_rows(&b, p, &o, &wr, &epi, X, 256, "0", "128");
       kiln__sb_printf(&b, "    return;\n  }\n");
     } else {
       kiln__sb_printf(&b,
@@ -423,7 +428,7 @@ static bool render_dgrad(const kiln__target *t, const kiln__spec *s, kiln__rende
     r->block = KILN__BLOCK;
   if (ws_epi) { /* conv_tma.cuh's KILN_TMA_WS_THREADS and KILN_TMA_WS_SMEM */
     r->block = TMA_WS_THREADS;
-    r->smem = (unsigned)(S * stage + 1024 + ws_rooms(BN) + 1024);
+    r->smem = (unsigned)(S * stage + 1024 + ws_rooms(BN, rooms) + 1024);
   }
   bool ok = kiln__finish_with(&b, stem, &o, r, pre);
   kiln__sb_free(&b);

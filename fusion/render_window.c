@@ -73,7 +73,7 @@ static void epilogue_vec(kiln__sb *b, const char *name, bool bf16, const kiln__w
                   "        const ix i = i0 + l;\n"
                   "        (void)i;\n"
                   "        const float v0 = %s%s[l];\n",
-                  bf16 ? "(float)(kiln_bf16)" : "", name);
+                  bf16 && !e->rounded ? "(float)(kiln_bf16)" : "", name);
   for (int k = 0; k < o->n; k++)
     if (used[k] && !o->store[k])
       kiln__sb_printf(b,

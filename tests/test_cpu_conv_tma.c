@@ -726,22 +726,20 @@ Test(conv_tma, data_gradients_prefetch_their_epilogue_rows_with_the_switch) {
  * (its epilogue GELU's derivative at the recomputed batch norm, and batch norm's sums) runs on
  * persistent blocks with two warpgroups of their own for the epilogue (conv_tma.cuh's
  * kiln_conv_dgrad_tma_ws): a kernel named _tma_ws_moments_ of 544 threads (launch bounds saying
- * so), one block a tile up to one an SM, one block an SM of shared memory (the stages and two
- * rooms for staged tiles), its producer thread 512, its source rendered and compiled (NVRTC);
- * not with the switch off (288 threads, producer 256: 4e7f019 launched those with 256, no
- * producer, and they hung), not with the epilogue's loads unhoisted (KILN_CONV_HOIST=0), not with
- * tiles 256 wide (KILN_CONV_DGRAD_BN=256, 256 channels). */
+ * so), one block a tile up to one an SM, one block an SM of shared memory (the stages and one
+ * room for staged tiles, two with KILN_CONV_DGRAD_WS=2, which the source names), its producer
+ * thread 512, its source rendered and compiled (NVRTC); not with the switch off (288 threads,
+ * producer 256: 4e7f019 launched those with 256, no producer, and they hung), not with the
+ * epilogue's loads unhoisted (KILN_CONV_HOIST=0), not with tiles 256 wide (KILN_CONV_DGRAD_BN=256,
+ * 256 channels). */
 Test(conv_tma, data_gradients_store_on_warps_of_their_own_with_the_switch) {
   struct {
     int64_t c;
-    bool on;
-    int hoist, bn;
+    int on, hoist, bn;
     bool want;
-  } cases[] = {{64, true, 2, 128, true},
-               {64, false, 2, 128, false},
-               {64, true, 0, 128, false},
-               {256, true, 2, 128, true},
-               {256, true, 2, 0, false}};
+  } cases[] = {{64, 1, 2, 128, true},  {64, 2, 2, 128, true},  {64, 0, 2, 128, false},
+               {64, 1, 0, 128, false}, {256, 1, 2, 128, true}, {256, 2, 2, 128, true},
+               {256, 1, 2, 0, false}};
   for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
     char what[96];
     snprintf(what, sizeof what, "%lld channels, switch %d, hoist %d, widest %d",
@@ -780,6 +778,9 @@ Test(conv_tma, data_gradients_store_on_warps_of_their_own_with_the_switch) {
       const char *bounds = ws ? "__launch_bounds__(544, 1)" : "__launch_bounds__(288, 1)";
       const char *producer = ws ? "if (threadIdx.x == 512)" : "if (threadIdx.x == 256)";
       cr_assert(strstr(r.src.s, bounds) && strstr(r.src.s, producer), "%s: %s", what, r.src.s);
+      char rooms[48];
+      snprintf(rooms, sizeof rooms, "kiln_conv_dgrad_tma_ws<G, BN, S, %d>", cases[i].on);
+      cr_assert_eq(strstr(r.src.s, rooms) != NULL, ws, "%s: %s", what, r.src.s);
       kiln__sb_free(&r.src);
       cr_assert_eq(c->block, ws ? 544u : 288u, "%s: %s: %u threads", what, c->name, c->block);
       if (!ws) continue;

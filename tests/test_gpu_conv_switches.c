@@ -203,43 +203,49 @@ static void block_grads(const char *var, int64_t C, const int64_t img[3], int st
   th_ctx_free(ctx);
 }
 
-/* Asserts that switch `var` changes none of block_grads' five gradients over images img, at each
- * of the nc channel counts, the second convolution at `stride`. */
-static void block_unchanged_over(const char *var, const int64_t img[3], const int64_t *channels,
-                                 int nc, int stride, uint64_t seed) {
+/* Asserts that switch `var` set to `on` changes none of block_grads' five gradients over images
+ * img, at each of the nc channel counts, the second convolution at `stride`. */
+static void block_unchanged_at(const char *var, const char *on, const int64_t img[3],
+                               const int64_t *channels, int nc, int stride, uint64_t seed) {
   const char *names[5] = {"x", "w1", "w2", "the norm's weight", "the norm's bias"};
   for (int c = 0; c < nc; c++) {
     int64_t C = channels[c], n[5] = {img[0] * img[1] * img[2] * C, C * C * 9, C * C * 9, C, C};
-    float *off[5], *on[5];
+    float *off[5], *got[5];
     block_grads(var, C, img, stride, "0", seed + 10 * c, off);
-    block_grads(var, C, img, stride, "1", seed + 10 * c, on);
+    block_grads(var, C, img, stride, on, seed + 10 * c, got);
     for (int q = 0; q < 5; q++) {
-      cr_assert_eq(memcmp(on[q], off[q], (size_t)n[q] * sizeof(float)), 0,
-                   "%s, %lld channels, stride %d: %s's gradient differs", var, (long long)C, stride,
-                   names[q]);
-      free(on[q]);
+      cr_assert_eq(memcmp(got[q], off[q], (size_t)n[q] * sizeof(float)), 0,
+                   "%s=%s, %lld channels, stride %d: %s's gradient differs", var, on, (long long)C,
+                   stride, names[q]);
+      free(got[q]);
       free(off[q]);
     }
   }
 }
 
-/* block_unchanged_over 8 images of 12x10, over 32 channels (cp.async products) and 64 (TMA-fed). */
+/* block_unchanged_at "1" on 8 images of 12x10, over 32 channels (cp.async products) and 64
+ * (TMA-fed). */
 static void block_unchanged(const char *var, int stride, uint64_t seed) {
-  block_unchanged_over(var, (const int64_t[]){8, 12, 10}, (const int64_t[]){32, 64}, 2, stride,
-                       seed);
+  block_unchanged_at(var, "1", (const int64_t[]){8, 12, 10}, (const int64_t[]){32, 64}, 2, stride,
+                     seed);
 }
 
-/* KILN_CONV_DGRAD_WS=1 (a stride-1 TMA data gradient with an epilogue on persistent blocks, one
- * an SM, two warpgroups multiplying, two more running the epilogue of the tile staged before,
- * numbered as the two-block kernel's threads) changes no value: the five gradients of the conv,
- * norm, ReLU, conv block bitwise those without it, over 64 channels (tiles 64 wide) and 256 (two
- * tiles of 128 across), on 64 images of 24x24 (288 and 576 tiles: every block takes two or more,
- * its stages and rooms carried from tile to tile) and 8 of 12x10 (8 and 16 tiles: one a block),
- * in replayed step graphs. */
+/* KILN_CONV_DGRAD_WS=1 and =2 (a stride-1 TMA data gradient with an epilogue on persistent
+ * blocks, one an SM, two warpgroups multiplying, two more running the epilogue of the tile staged
+ * before in one room or in one of two, numbered as the two-block kernel's threads) change no value:
+ * the five gradients of the conv, norm, ReLU, conv block bitwise those without it, over 64
+ * channels (tiles 64 wide) and 256 (two tiles of 128 across), on 64 images of 24x24 (288 and 576
+ * tiles: every block takes two or more, its stages and rooms carried from tile to tile) and 8 of
+ * 12x10 (8 and 16 tiles: one a block), in replayed step graphs. */
 Test(gpu_ops, conv2d_data_gradients_store_on_warps_of_their_own) {
   const int64_t channels[2] = {64, 256};
-  block_unchanged_over("KILN_CONV_DGRAD_WS", (const int64_t[]){64, 24, 24}, channels, 2, 1, 8100);
-  block_unchanged_over("KILN_CONV_DGRAD_WS", (const int64_t[]){8, 12, 10}, channels, 2, 1, 8200);
+  for (int rooms = 1; rooms <= 2; rooms++) {
+    const char *on = rooms == 1 ? "1" : "2";
+    block_unchanged_at("KILN_CONV_DGRAD_WS", on, (const int64_t[]){64, 24, 24}, channels, 2, 1,
+                       8100);
+    block_unchanged_at("KILN_CONV_DGRAD_WS", on, (const int64_t[]){8, 12, 10}, channels, 2, 1,
+                       8200);
+  }
 }
 
 /* KILN_CONV_RECOMPUTE_INPUT=1 (a convolution's input that is the ReLU of a batch norm is recorded

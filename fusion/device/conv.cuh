@@ -247,14 +247,14 @@ KILN__FN bool kiln_conv_fprop(const kiln_bf16 *__restrict__ x, const kiln_bf16 *
   };
   return kiln_conv_run<S, WS, AHEAD>(KT, d, base, STAGE, load, [&](int st) {
     const unsigned char *a = base + st * STAGE + wg * 64 * 128, *b = base + st * STAGE + BM * 128;
+    const unsigned long long da = kiln_wg_desc<16, 1024>(a),
+                             db = FLIP ? kiln_wg_desc<8192, 1024>(b) : kiln_wg_desc<16, 1024>(b);
 #pragma unroll
     for (int ks = 0; ks < 4; ks++) /* 16 of the reduction: 32 bytes along A's rows */
       if constexpr (!FLIP)
-        kiln_wgmma<BN, 0, 0>(d, kiln_wg_desc<16, 1024>(a + ks * 32),
-                             kiln_wg_desc<16, 1024>(b + ks * 32));
+        kiln_wgmma<BN, 0, 0>(d, kiln_wg_desc_plus(da, ks * 32), kiln_wg_desc_plus(db, ks * 32));
       else /* B: 16 rows of 128 bytes */
-        kiln_wgmma<BN, 0, 1>(d, kiln_wg_desc<16, 1024>(a + ks * 32),
-                             kiln_wg_desc<8192, 1024>(b + ks * 2048));
+        kiln_wgmma<BN, 0, 1>(d, kiln_wg_desc_plus(da, ks * 32), kiln_wg_desc_plus(db, ks * 2048));
   });
 }
 
@@ -323,10 +323,10 @@ KILN__FN bool kiln_conv_wgrad(const kiln_bf16 *__restrict__ x, const kiln_bf16 *
       };
   return kiln_conv_run<S, WS>(KT, d, base, STAGE, load, [&](int st) {
     const unsigned char *a = base + st * STAGE + wg * 8192, *b = base + st * STAGE + PA * 8192;
+    const unsigned long long da = kiln_wg_desc<8192, 1024>(a), db = kiln_wg_desc<8192, 1024>(b);
 #pragma unroll
     for (int ks = 0; ks < BK / 16; ks++) /* 16 pixels: 16 rows of 128 bytes */
-      kiln_wgmma<BN, 1, 1>(d, kiln_wg_desc<8192, 1024>(a + ks * 2048),
-                           kiln_wg_desc<8192, 1024>(b + ks * 2048));
+      kiln_wgmma<BN, 1, 1>(d, kiln_wg_desc_plus(da, ks * 2048), kiln_wg_desc_plus(db, ks * 2048));
   });
 }
 

@@ -120,11 +120,12 @@ template <class G> KILN__FN void kiln_tma_origin(int m, int &w, int &h, int &n) 
 template <int S, class F>
 KILN__FN void kiln_tma_produce(int KT, unsigned long long *full, int bytes, F issue, int it0 = 0) {
   unsigned long long *empty = full + S;
+  int st = it0 % S, ph = (it0 / S) & 1; /* stage it0 + kt's place and its round's parity */
   for (int kt = 0; kt < KT; kt++) {
-    const int it = it0 + kt, st = it % S;
-    if (it >= S) kiln_tma_mbar_wait(&empty[st], (it / S - 1) & 1);
+    if (it0 + kt >= S) kiln_tma_mbar_wait(&empty[st], ph ^ 1);
     kiln_tma_mbar_expect(&full[st], bytes);
     issue(kt, st);
+    if (++st == S) st = 0, ph ^= 1;
   }
 }
 
@@ -139,16 +140,18 @@ KILN__FN void kiln_tma_consume(int KT, unsigned long long *full, float (&d)[N], 
 #pragma unroll
   for (int i = 0; i < N; i++)
     d[i] = 0.f;
+  int st = it0 % S, ph = (it0 / S) & 1, prev = (st + S - 1) % S; /* kt's stage, parity; kt - 1's */
   for (int kt = 0; kt < KT; kt++) {
-    const int it = it0 + kt, st = it % S;
-    kiln_tma_mbar_wait(&full[st], (it / S) & 1);
+    kiln_tma_mbar_wait(&full[st], ph);
     kiln_wg_pin(d);
     kiln_wg_fence();
     mma(st);
     kiln_wg_commit();
     kiln_wg_wait<1>();
     kiln_wg_pin(d);
-    if (kt > 0 && (threadIdx.x & 31) == 0) kiln_mbar_arrive(&empty[(it - 1) % S]);
+    if (kt > 0 && (threadIdx.x & 31) == 0) kiln_mbar_arrive(&empty[prev]);
+    prev = st;
+    if (++st == S) st = 0, ph ^= 1;
   }
   kiln_wg_wait<0>();
   kiln_wg_pin(d);
@@ -178,10 +181,11 @@ KILN__FN bool kiln_tma_run(int KT, unsigned char *base, int stage, float (&d)[N]
  * time, 32 bytes along the rows. */
 template <int BN>
 KILN__FN void kiln_tma_fprop_mma(float (&d)[BN / 2], const unsigned char *t, int wg) {
+  const unsigned long long a = kiln_wg_desc<16, 1024>(t + wg * 64 * 128),
+                           b = kiln_wg_desc<16, 1024>(t + 128 * 128);
 #pragma unroll
   for (int ks = 0; ks < 4; ks++)
-    kiln_wgmma<BN, 0, 0>(d, kiln_wg_desc<16, 1024>(t + wg * 64 * 128 + ks * 32),
-                         kiln_wg_desc<16, 1024>(t + 128 * 128 + ks * 32));
+    kiln_wgmma<BN, 0, 0>(d, kiln_wg_desc_plus(a, ks * 32), kiln_wg_desc_plus(b, ks * 32));
 }
 
 /* The forward product Y (M, CO) of pixels [m0, m0 + 128) and channels [n0, n0 + BN): ta the
@@ -242,10 +246,11 @@ KILN__FN bool kiln_conv_fprop_tma_pairs(const kiln_tmap *ta, const kiln_tmap *tb
  * co by 64 input channels, MN-major), 16 of the reduction at a time. */
 template <int BN>
 KILN__FN void kiln_tma_dgrad_mma(float (&d)[BN / 2], const unsigned char *t, int wg) {
+  const unsigned long long a = kiln_wg_desc<16, 1024>(t + wg * 64 * 128),
+                           b = kiln_wg_desc<8192, 1024>(t + 128 * 128);
 #pragma unroll
   for (int ks = 0; ks < 4; ks++) /* B: 16 rows of 128 bytes */
-    kiln_wgmma<BN, 0, 1>(d, kiln_wg_desc<16, 1024>(t + wg * 64 * 128 + ks * 32),
-                         kiln_wg_desc<8192, 1024>(t + 128 * 128 + ks * 2048));
+    kiln_wgmma<BN, 0, 1>(d, kiln_wg_desc_plus(a, ks * 32), kiln_wg_desc_plus(b, ks * 2048));
 }
 
 /* Stage kt's copies of a stride-1 data gradient's tile (kiln_conv_dgrad_tma) into as, behind its
@@ -368,11 +373,12 @@ KILN__FN bool kiln_conv_wgrad_tma(const kiln_tmap *tx, const kiln_tmap *ty, int 
                              kiln_tma_tile2(bs + q * 8192, ty, bar, n0 + 64 * q, p);
                          },
                          [&](const unsigned char *t, int wg) {
+                           const unsigned long long a = kiln_wg_desc<8192, 1024>(t + wg * 8192),
+                                                    b = kiln_wg_desc<8192, 1024>(t + 2 * 8192);
 #pragma unroll
                            for (int ks = 0; ks < 4; ks++) /* 16 pixels: 16 rows of 128 bytes */
-                             kiln_wgmma<BN, 1, 1>(
-                                 d, kiln_wg_desc<8192, 1024>(t + wg * 8192 + ks * 2048),
-                                 kiln_wg_desc<8192, 1024>(t + 2 * 8192 + ks * 2048));
+                             kiln_wgmma<BN, 1, 1>(d, kiln_wg_desc_plus(a, ks * 2048),
+                                                  kiln_wg_desc_plus(b, ks * 2048));
                          });
 }
 
@@ -515,27 +521,33 @@ KILN__FN void kiln_tma_store_tile(kiln_bf16 *out, int m0, int n0, int rows, int 
  * one warp a scheduler ran the epilogue, which then outlasted the products (dev/README.md). The
  * epilogue threads are numbered as the two-block kernel's (threadIdx.x - 256), so its values and
  * sums are that kernel's, bitwise. Dynamic shared memory: S stages, 2 S + 4 mbarriers in 1024
- * bytes, two rooms of 128 rows of KILN_TMA_PITCH(BN) bytes, 1024 to align (KILN_TMA_WS_SMEM). */
+ * bytes, R rooms (1 or 2) of 128 rows of KILN_TMA_PITCH(BN) bytes, 1024 to align
+ * (KILN_TMA_WS_SMEM). One room leaves a stage more (5 of 128 columns, not 4); the products of the
+ * next tile wait for it only where a tile's epilogue outlasts a tile's products. */
 #define KILN_TMA_WS_THREADS 544 /* warps 0-7 multiply, 8-15 store, 16 produces */
-#define KILN_TMA_WS_SMEM(stage, S, BN) ((S) * (stage) + 1024 + 2 * 128 * KILN_TMA_PITCH(BN) + 1024)
+#define KILN_TMA_WS_SMEM(stage, S, BN, R)                                                          \
+  ((S) * (stage) + 1024 + (R)*128 * KILN_TMA_PITCH(BN) + 1024)
 
-/* The loop: issue(tile, kt, st, bar) copies stage kt of a tile (the producer), after(tile) once
- * all of a tile's copies are issued (the producer), mma(d, stage, wg) multiplies a stage into a
+/* The loop: issue(tile, kt, st, bar) copies stage kt of a tile (the producer), after(tile, r0, r1)
+ * follows each stage's copies with the producer's requests for rows [r0, r1) of the tile's
+ * epilogue operands, a few a stage (all 128 after the tile's last copies, about 1,000
+ * instructions of the one thread, can hold the next tile's first copies back), mma(d, stage, wg)
+ * multiplies a stage into a
  * multiplying warpgroup's accumulators, epi(tile, room) stores a staged tile (the epilogue's
- * threads). The stages carry on from tile to tile in the producer's order; room j % 2 takes the
- * block's tile j once its epilogue has freed it from tile j - 2. */
-template <int S, int BN, class I, class A, class M, class E>
+ * threads). The stages carry on from tile to tile in the producer's order; room j % R takes the
+ * block's tile j once its epilogue has freed it from tile j - R. */
+template <int S, int BN, int R, class I, class A, class M, class E>
 KILN__FN void kiln_tma_epilogue_ws(int tiles, int KT, unsigned char *base, int stage, I issue,
                                    A after, M mma, E epi) {
   unsigned long long *full = (unsigned long long *)(base + S * stage), *empty = full + S,
                      *ready = full + 2 * S, *freed = ready + 2;
-  static_assert((2 * S + 4) * 8 <= 1024, "kiln_tma_epilogue_ws: the barriers' room");
+  static_assert((2 * S + 4) * 8 <= 1024 && (R == 1 || R == 2), "kiln_tma_epilogue_ws");
   if (threadIdx.x == 0) {
     for (int s = 0; s < S; s++) {
       kiln_mbar_init(&full[s], 1);  /* the producer's arrival, with the stage's bytes */
       kiln_mbar_init(&empty[s], 8); /* every multiplying warp */
     }
-    for (int r = 0; r < 2; r++) {
+    for (int r = 0; r < R; r++) {
       kiln_mbar_init(&ready[r], 8); /* the multiplying warps, a tile staged */
       kiln_mbar_init(&freed[r], 8); /* the epilogue's warps, done with it */
     }
@@ -548,17 +560,21 @@ KILN__FN void kiln_tma_epilogue_ws(int tiles, int KT, unsigned char *base, int s
     if (threadIdx.x == 512)
       for (int j = 0, tile = blockIdx.x; tile < tiles; j++, tile += gridDim.x) {
         kiln_tma_produce<S>(
-            KT, full, stage, [&](int kt, int st) { issue(tile, kt, st, &full[st]); }, j * KT);
-        after(tile);
+            KT, full, stage,
+            [&](int kt, int st) {
+              issue(tile, kt, st, &full[st]);
+              after(tile, kt * 128 / KT, (kt + 1) * 128 / KT);
+            },
+            j * KT);
       }
     return;
   }
   if (threadIdx.x >= 256) { /* the epilogue's warps */
     for (int j = 0, tile = blockIdx.x; tile < tiles; j++, tile += gridDim.x) {
-      kiln_tma_mbar_wait(&ready[j & 1], (j >> 1) & 1);
-      epi(tile, rooms + (j & 1) * 128 * KILN_TMA_PITCH(BN));
+      kiln_tma_mbar_wait(&ready[j % R], (j / R) & 1);
+      epi(tile, rooms + j % R * 128 * KILN_TMA_PITCH(BN));
       __syncwarp();
-      if (lane == 0) kiln_mbar_arrive(&freed[j & 1]);
+      if (lane == 0) kiln_mbar_arrive(&freed[j % R]);
     }
     return;
   }
@@ -568,17 +584,17 @@ KILN__FN void kiln_tma_epilogue_ws(int tiles, int KT, unsigned char *base, int s
     kiln_tma_consume<S>(
         KT, full, d, [&](int st) { mma(d, base + st * stage, wg); }, j * KT);
     if (lane == 0) kiln_mbar_arrive(&empty[(j * KT + KT - 1) % S]); /* the tile's last stage */
-    if (j >= 2) kiln_tma_mbar_wait(&freed[j & 1], ((j >> 1) - 1) & 1);
-    kiln_tma_stage_tile<BN>(d, rooms + (j & 1) * 128 * KILN_TMA_PITCH(BN));
-    if (lane == 0) kiln_mbar_arrive(&ready[j & 1]); /* after the stage's closing barrier */
+    if (j >= R) kiln_tma_mbar_wait(&freed[j % R], (j / R - 1) & 1);
+    kiln_tma_stage_tile<BN>(d, rooms + j % R * 128 * KILN_TMA_PITCH(BN));
+    if (lane == 0) kiln_mbar_arrive(&ready[j % R]); /* after the stage's closing barrier */
   }
 }
 
 /* A stride-1 data gradient's tiles with warps for their epilogue: kiln_conv_dgrad_tma's products,
  * tile t of dX's pixels [128 (t / NT), + 128) and channels [BN (t % NT), + BN), NT = ceil(CI / BN)
- * tiles across. after(m0, n0) and epi(m0, n0, room) as kiln_tma_epilogue_ws's, with the tile's
- * corner. */
-template <class G, int BN, int S, class A, class E>
+ * tiles across. after(m0, n0, r0, r1) and epi(m0, n0, room) as kiln_tma_epilogue_ws's, with the
+ * tile's corner. */
+template <class G, int BN, int S, int R, class A, class E>
 KILN__FN void kiln_conv_dgrad_tma_ws(const kiln_tmap *ta, const kiln_tmap *tw, int tiles,
                                      unsigned char *smem, A after, E epi) {
   constexpr int STAGE = (128 + BN) * 128, KT = G::KH * G::KW * (G::CO / 64);
@@ -587,14 +603,14 @@ KILN__FN void kiln_conv_dgrad_tma_ws(const kiln_tmap *ta, const kiln_tmap *tw, i
                     BN <= 128 && S >= 2,
                 "kiln_conv_dgrad_tma_ws");
   unsigned char *base = kiln_align1024(smem);
-  kiln_tma_epilogue_ws<S, BN>(
+  kiln_tma_epilogue_ws<S, BN, R>(
       tiles, KT, base, STAGE,
       [&](int tile, int kt, int st, unsigned long long *bar) {
         const int m0 = tile / NT * 128, n0 = tile % NT * BN;
         const int w0 = m0 % G::W, r = m0 / G::W, h0 = r % G::H, n = r / G::H;
         kiln_tma_dgrad_issue<G, BN>(base + st * STAGE, ta, tw, bar, kt, w0, h0, n, n0);
       },
-      [&](int tile) { after(tile / NT * 128, tile % NT * BN); },
+      [&](int tile, int r0, int r1) { after(tile / NT * 128, tile % NT * BN, r0, r1); },
       [&](float(&d)[BN / 2], const unsigned char *t, int wg) { kiln_tma_dgrad_mma<BN>(d, t, wg); },
       [&](int tile, unsigned char *room) { epi(tile / NT * 128, tile % NT * BN, room); });
 }

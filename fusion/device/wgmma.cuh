@@ -26,6 +26,14 @@ template <int LBO, int SBO> KILN__FN unsigned long long kiln_wg_desc(const void 
   return (unsigned long long)((a & 0x3FFFF) >> 4) | ((unsigned long long)(LBO >> 4) << 16) |
          ((unsigned long long)(SBO >> 4) << 32) | (1ull << 62);
 }
+/* The descriptor of the operand `bytes` (a multiple of 16) past desc's: the start address field
+ * (bits 0-13, the shared address / 16) plus bytes / 16, a carry-free add, as a block's shared
+ * memory ends below 256 KB. A stage's products take one descriptor an operand and step it along
+ * the reduction with this, instead of masking and shifting each product's address again: fewer
+ * instructions between a stage's arrival and its products. */
+KILN__FN unsigned long long kiln_wg_desc_plus(unsigned long long desc, int bytes) {
+  return desc + (unsigned long long)(bytes >> 4);
+}
 
 template <int U = 0> KILN__FN void kiln_wg_fence() {
   asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
