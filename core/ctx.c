@@ -186,7 +186,9 @@ kiln_ctx *kiln__ctx_create(const kiln_ctx_options *opts) {
   /* off: slower than cuBLAS and col2im on its first H100 run (dev/README.md) */
   ctx->conv_phases = env_on("KILN_CONV_TMA_PHASES");
   ctx->conv_prefetch = !env_off("KILN_CONV_PREFETCH");
-  /* off: bitwise, but no faster on its first H100 run (air 1.019x, resnet18 1.034x; README) */
+  /* off: bitwise, but no faster on its first H100 run (air 1.019x, resnet18 1.034x; README), nor
+   * with one room and five stages (H100, 2026-12-07: air 1.052x, resnet18 1.094x; two rooms the
+   * same) */
   const char *dgrad_ws =
       getenv("KILN_CONV_DGRAD_WS"); /* 1: one room for the staged tiles, 2: two */
   ctx->conv_dgrad_ws = dgrad_ws && strcmp(dgrad_ws, "2") == 0 ? 2 : env_on("KILN_CONV_DGRAD_WS");
