@@ -189,9 +189,8 @@ kiln_ctx *kiln__ctx_create(const kiln_ctx_options *opts) {
   /* off: bitwise, but no faster on its first H100 run (air 1.019x, resnet18 1.034x; README), nor
    * with one room and five stages (H100, 2026-12-07: air 1.052x, resnet18 1.094x; two rooms the
    * same) */
-  const char *dgrad_ws =
-      getenv("KILN_CONV_DGRAD_WS"); /* 1: one room for the staged tiles, 2: two */
-  ctx->conv_dgrad_ws = dgrad_ws && strcmp(dgrad_ws, "2") == 0 ? 2 : env_on("KILN_CONV_DGRAD_WS");
+  const char *dgrad_ws = getenv("KILN_CONV_DGRAD_WS"); /* 1: the staged tiles in one room, 2: two */
+  ctx->conv_dgrad_ws = !dgrad_ws ? 0 : strcmp(dgrad_ws, "2") == 0 ? 2 : strcmp(dgrad_ws, "1") == 0;
   const char *hoist = getenv("KILN_CONV_HOIST"); /* 0 to 16 (internal.h); others: the default */
   char *end = NULL;
   long depth = hoist ? strtol(hoist, &end, 10) : -1;

@@ -105,7 +105,7 @@ static void prefetch_rows(kiln__sb *b, const kiln__ew_prog *p, const kiln__opera
     if (again) continue;
     kiln__sb_printf(
         b,
-        "    if (threadIdx.x == %d) /* the producer, its copies issued */\n"
+        "    if (threadIdx.x == %d) /* the producer, after its copies */\n"
         "      for (int r = %s; r < %s && m0 + r < M; r++)\n"
         "        kiln_tma_prefetch_l2((const unsigned char *)a.ptr[%d] + ((long long)(m0 + "
         "r) * G::CI + n0) * %zu, (G::CI - n0 < BN ? G::CI - n0 : BN) * %zu);\n",
