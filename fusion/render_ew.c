@@ -360,9 +360,10 @@ bool kiln__render_casts(const kiln__target *tg, const kiln__node *const *nodes, 
   int64_t most = 0, blocks = 0, block; /* blocks: the largest block, the shared memory's room */
   for (int t = 0; t < T && tg->cast_tiles; t++)
     if (kiln__permuted_blocks(nodes[t]->in[0], &block) && block > blocks) blocks = block;
-  if (T == 1 && blocks > 0) blocks = KILN__CAST_BLOCK_MAX; /* sizes from the arguments */
+  /* The shared memory is dynamic, the largest block's bytes (a lone cast's kernel serves blocks
+   * of every size: each launch takes its own block's), not a static array of the most. */
   kiln__sb b = {0};
-  if (blocks > 0) kiln__sb_printf(&b, "  __shared__ float kiln_blk[%lld];\n", (long long)blocks);
+  if (blocks > 0) kiln__sb_printf(&b, "  extern __shared__ float kiln_blk[];\n");
   kiln__sb_printf(&b, "  typedef long long ix;\n  switch (blockIdx.y) {\n");
   for (int t = 0; t < T; t++) {
     const kiln_tensor *x = nodes[t]->in[0], *y = nodes[t]->out;
@@ -393,6 +394,7 @@ bool kiln__render_casts(const kiln__target *tg, const kiln__node *const *nodes, 
   r->arg.nptr = 2 * T;
   char stem[64];
   snprintf(stem, sizeof stem, "k_cast_x%d%s", T, tg->cast_tiles ? "_tiles" : "");
+  r->smem = (unsigned)(blocks * (int64_t)sizeof(float)); /* at most KILN__CAST_BLOCK_MAX floats */
   return finish_multi(&b, stem, tg, most, T, r);
 }
 

@@ -584,8 +584,8 @@ Test(fusion, permuted_casts_read_dense_blocks) {
  * gradient cast back to (O, I, KH, KW) in f32 go through dense blocks in shared memory: the
  * parameters' multi-tensor cast (the image's four values at a time) and the gradient's lone cast,
  * lowered to the multi-tensor form, whose kernel takes its sizes from its arguments (one kernel
- * for every filter); all render and compile (NVRTC). Without the switch the lone cast is an
- * elementwise kernel. */
+ * for every filter); each launch takes its block's bytes of shared memory; all render and compile
+ * (NVRTC). Without the switch the lone cast is an elementwise kernel. */
 Test(fusion, filter_casts_go_through_shared_memory_with_the_switch) {
   for (int on = 0; on < 2; on++) {
     kiln_ctx *ctx = th_cpu_ctx();
@@ -605,7 +605,11 @@ Test(fusion, filter_casts_go_through_shared_memory_with_the_switch) {
     for (int g = 0; g < pg.plan.ng; g++) {
       const kiln__group *gr = &pg.plan.g[g];
       const kiln__node *n = &ctx->trace.nodes[gr->node];
-      tiles += strstr(pg.call[g].name, "_tiles_") != NULL;
+      if (strstr(pg.call[g].name, "_tiles_")) { /* a block of the filters' 64 * 9 values */
+        tiles++;
+        cr_assert_eq(pg.call[g].smem, 64 * 9 * sizeof(float), "%s: %u bytes of shared memory",
+                     pg.call[g].name, pg.call[g].smem);
+      }
       if (n->op != KILN__OP_CAST || gr->batch || n->out->dtype != KILN_DTYPE_F32 ||
           n->out->ndim != 4)
         continue;
