@@ -49,7 +49,8 @@ KILN__FN float kiln_clamp(float x, float lo, float hi) { return x < lo ? lo : (x
  * (dev/gelu_fit.py). The exponent is s + r, r the rounding error of s = -x^2 / 2, and the callers
  * take exp(s + r) as exp(s) (1 + r), so that the tail keeps its relative accuracy. |x| is capped at
  * 15 (the exponential is 0 there) where it meets the exponential, so that +-inf makes no inf * 0;
- * NaN gets through t. Returns t P(t) = Phi(-|x|) exp(x^2 / 2); *a: min(|x|, 15); *e: exp(s). */
+ * NaN gets through t. Returns t P(t) = Phi(-|x|) exp(x^2 / 2); *a: min(|x|, 15); *e: exp(s);
+ * *r: s's rounding error. */
 KILN__FN float kiln__gelu_tail(float x, float *a, float *e, float *r) {
   float t = __fdividef(1.f, fmaf(0.35f, fabsf(x), 1.f)); /* 0 for +-inf */
   float p = -0.029529655f;

@@ -57,7 +57,7 @@ template <int N> KILN__FN void kiln_wg_pin(float (&d)[N]) {
     asm volatile("" : "+f"(d[i])::"memory");
 }
 
-/* mbarriers in shared memory (64-bit words) for the warp-specialized main loop of conv.cuh. */
+/* A shared-memory pointer's address in the shared window (what PTX's shared:: operands take). */
 KILN__FN unsigned kiln_smem_addr(const void *p) { return (unsigned)__cvta_generic_to_shared(p); }
 
 /* p rounded up to 1,024 bytes by adding to it (not through an integer), so that the compiler still
@@ -65,6 +65,8 @@ KILN__FN unsigned kiln_smem_addr(const void *p) { return (unsigned)__cvta_generi
 KILN__FN unsigned char *kiln_align1024(unsigned char *p) {
   return p + ((1024u - (kiln_smem_addr(p) & 1023u)) & 1023u);
 }
+
+/* mbarriers in shared memory (64-bit words) for the warp-specialized main loop of conv.cuh. */
 KILN__FN void kiln_mbar_init(unsigned long long *bar, unsigned count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(kiln_smem_addr(bar)), "r"(count)
                : "memory");
