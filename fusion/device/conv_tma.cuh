@@ -532,10 +532,9 @@ KILN__FN void kiln_tma_store_tile(kiln_bf16 *out, int m0, int n0, int rows, int 
  * follows each stage's copies with the producer's requests for rows [r0, r1) of the tile's
  * epilogue operands, a few a stage (all 128 after the tile's last copies, about 1,000
  * instructions of the one thread, can hold the next tile's first copies back), mma(d, stage, wg)
- * multiplies a stage into a
- * multiplying warpgroup's accumulators, epi(tile, room) stores a staged tile (the epilogue's
- * threads). The stages carry on from tile to tile in the producer's order; room j % R takes the
- * block's tile j once its epilogue has freed it from tile j - R. */
+ * multiplies a stage into a multiplying warpgroup's accumulators, epi(tile, room) stores a staged
+ * tile (the epilogue's threads). The stages carry on from tile to tile in the producer's order;
+ * room j % R takes the block's tile j once its epilogue has freed it from tile j - R. */
 template <int S, int BN, int R, class I, class A, class M, class E>
 KILN__FN void kiln_tma_epilogue_ws(int tiles, int KT, unsigned char *base, int stage, I issue,
                                    A after, M mma, E epi) {
