@@ -98,6 +98,14 @@
 #                     racecheck without its cp.async tracking, under synccheck; gpu_ops/neg as a
 #                     control; air (graph mode, batch 8) with only the tiled casts checked and with
 #                     none, the host's memory sampled (racecheck stopped past 90 GiB) (issue 24)
+#   racecheck_min     dev/racecheck/probe.cu: each of the patterns the tool failed on, alone in the
+#                     smallest kernel that has it (the tiled casts at air's grid and at 8 x 9
+#                     blocks, mbarrier stages filled by plain stores, by TMA with the map a
+#                     parameter or in global memory, a bare wgmma, the library's TMA-fed forward
+#                     product with either kind of map, conv.cuh's cp.async one), each checked
+#                     natively, then each under racecheck alone (the TMA ones also without its
+#                     asynchronous-copy tracking), memcheck over all; the host's memory sampled,
+#                     racecheck stopped past 90 GiB (issue 24)
 #   windows           Nsight Compute on ResNet-18's window kernels (its stem pool and the pool's
 #                     gradient, the strided data gradients' col2im) in a replayed step: time, DRAM
 #                     throughput and bytes, achieved occupancy and what limits it, registers, L1 and
@@ -303,6 +311,32 @@ air_none \$R --kernel-name regex=^zzz \$a
 air_cast_tiles \$R --kernel-name regex=_tiles_ \$a
 END
   kill \$mon; echo \"most host memory in use: \$(sort -k2 -n $out/probe_host_mib.txt | tail -n 1)\""
+step racecheck_min 420 "(while sleep 2; do u=\$(free -m | awk '/Mem/{print \$3}'); echo \"\$SECONDS \$u\"
+    [ \$u -gt 92000 ] && pkill -f 'tool racecheck' && echo killed; done > $out/min_host_mib.txt) & mon=\$!
+  nvcc -O2 -std=c++17 -gencode arch=compute_90a,code=sm_90a -o /tmp/probe_race dev/racecheck/probe.cu &&
+    /tmp/probe_race || echo 'the probe failed natively: what follows says nothing of the tool'
+  R='compute-sanitizer --tool racecheck --print-limit 10'
+  while read -r name flags; do
+    timeout 90 \$R \$flags /tmp/probe_race \${name%_noasync} > $out/min_\$name.txt 2>&1; r=\$?
+    echo \"\$name: exit \$r; \$(grep -E 'SUMMARY|Internal Sanitizer|WRONG| ok ' $out/min_\$name.txt |
+      sort | uniq -c | tr '\\n' ' ' | cut -c1-200)\"
+  done <<END
+control
+casts_small
+casts
+mbar
+tma
+tma_global
+wgmma
+fprop
+fprop_global
+fprop_cpasync
+tma_noasync --racecheck-memcpy-async no
+fprop_noasync --racecheck-memcpy-async no
+END
+  timeout 90 compute-sanitizer --tool memcheck /tmp/probe_race > $out/min_memcheck.txt 2>&1
+  echo \"memcheck, every case: exit \$?; \$(grep -E 'ERROR SUMMARY' $out/min_memcheck.txt)\"
+  kill \$mon; echo \"most host memory in use: \$(sort -k2 -n $out/min_host_mib.txt | tail -n 1)\""
 step windows 300 "ncu --graph-profiling node --kernel-name regex:'k_max_pool|k_col2im_add' \
     --launch-count 8 --section SpeedOfLight --section Occupancy --section MemoryWorkloadAnalysis \
     --section WarpStateStats --section LaunchStats --csv --page details \

@@ -8,7 +8,9 @@
 #include <cuda.h>
 #include <cudaTypedefs.h>
 
+#ifndef KILN_TMA_WAIT_NS
 #define KILN_TMA_WAIT_NS 2000000000ull /* a lost arrival traps after 2 s, not the library's 10 */
+#endif
 #include "../../fusion/device/conv_tma.cuh"
 
 namespace tma {
