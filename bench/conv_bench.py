@@ -13,28 +13,41 @@ stages repeat theirs) and, where kiln runs the layer as another product, the red
 product has ("kiln_k": ResNet-18's 7x7 stride-2 stem over RGB runs as a 4x4 convolution over the
 image's 2x2 blocks of 16 channels, KILN_CONV_S2D, K = 256); bench/conv_compare.py reads both.
 
+Where kiln's kernel carries more than the product, a row "<product>_epi" times what PyTorch runs
+for the same work (eager, as separate kernels; its TFLOP/s count the product's FLOPs only):
+  dx_epi   air's middle layers, whose data gradient kernel applies batch norm to the layer's input
+           again, GELU's derivative, and batch norm's two backward sums over the result: the cuDNN
+           data gradient, then gelu_backward and batch_norm_backward_reduce on the layer's input
+           image (PyTorch keeps GELU's input from the forward pass: no batch norm to apply again);
+  fwd_epi  air's layers whose batch norm follows the convolution at once, whose forward kernel
+           sums each channel's values and squares for its statistics: the cuDNN forward product,
+           then batch_norm_stats on its output.
+
   python3 bench/conv_bench.py [--reps 200] [--json] [--only resnet18.]
 """
 import argparse
 import json
+import sys
 
 import torch
 
 PEAK = {"bf16": 989.4, "tf32": 494.7}
 
 # name, batch, H, W, Cin, Cout, kernel, padding, dtype, which products the workload runs, and
-# optionally a dict of: stride (1), layers (1), kiln_k (None)
+# optionally a dict of: stride (1), layers (1), kiln_k (None), epi (the products whose kernel in
+# kiln carries more work, "<product>_epi" above)
 FDW = ("fwd", "dx", "dw")
+DX_EPI, BOTH_EPI = {"epi": ("dx",)}, {"epi": ("fwd", "dx")}
 SHAPES = [
     ("cnn.conv1", 128, 28, 28, 1, 32, 3, 0, "tf32", ("fwd", "dw")),
     ("cnn.conv2", 128, 26, 26, 32, 64, 3, 0, "tf32", ("fwd", "dx", "dw")),
     ("air.whiten", 1024, 32, 32, 3, 24, 2, 0, "bf16", ("fwd",)),
     ("air.block1.conv1", 1024, 31, 31, 24, 64, 3, 1, "bf16", ("fwd", "dx", "dw")),
-    ("air.block1.conv2", 1024, 15, 15, 64, 64, 3, 1, "bf16", ("fwd", "dx", "dw")),
-    ("air.block2.conv1", 1024, 15, 15, 64, 256, 3, 1, "bf16", ("fwd", "dx", "dw")),
-    ("air.block2.conv2", 1024, 7, 7, 256, 256, 3, 1, "bf16", ("fwd", "dx", "dw")),
-    ("air.block3.conv1", 1024, 7, 7, 256, 256, 3, 1, "bf16", ("fwd", "dx", "dw")),
-    ("air.block3.conv2", 1024, 3, 3, 256, 256, 3, 1, "bf16", ("fwd", "dx", "dw")),
+    ("air.block1.conv2", 1024, 15, 15, 64, 64, 3, 1, "bf16", ("fwd", "dx", "dw"), BOTH_EPI),
+    ("air.block2.conv1", 1024, 15, 15, 64, 256, 3, 1, "bf16", ("fwd", "dx", "dw"), DX_EPI),
+    ("air.block2.conv2", 1024, 7, 7, 256, 256, 3, 1, "bf16", ("fwd", "dx", "dw"), BOTH_EPI),
+    ("air.block3.conv1", 1024, 7, 7, 256, 256, 3, 1, "bf16", ("fwd", "dx", "dw"), DX_EPI),
+    ("air.block3.conv2", 1024, 3, 3, 256, 256, 3, 1, "bf16", ("fwd", "dx", "dw"), BOTH_EPI),
     ("resnet18.stem", 128, 224, 224, 3, 64, 7, 3, "bf16", ("fwd", "dw"),
      {"stride": 2, "kiln_k": 256}),
     ("resnet18.layer1", 128, 56, 56, 64, 64, 3, 1, "bf16", FDW, {"layers": 4}),
@@ -87,9 +100,32 @@ def bench(shape, reps):
         "dw": lambda: conv_bwd(dy, x, wt, None, (s, s), (pad, pad), (1, 1), False, (0, 0), 1,
                                (False, True, False)),
     }
+    epi = extra.get("epi", ())
+    products = tuple(products) + tuple(p + "_epi" for p in epi)
+    if "dx" in epi:
+        xin = torch.randn_like(x)  # batch norm's input (the layer before's output)
+        act = torch.randn_like(x)  # GELU's input, kept by the forward pass
+        c32 = dict(device=dev, dtype=torch.float32)
+        mean, invstd = torch.randn(cin, **c32), torch.rand(cin, **c32) + 0.5
+        weight = torch.rand(cin, **c32) + 0.5
+
+        def dx_epi():
+            g = run["dx"]()[0]
+            g = torch.ops.aten.gelu_backward(g, act)
+            return torch.batch_norm_backward_reduce(g, xin, mean, invstd, weight, True, True, True)
+
+        run["dx_epi"] = dx_epi
+    if "fwd" in epi:
+        run["fwd_epi"] = lambda: torch.batch_norm_stats(run["fwd"](), 1e-5)
     rows = []
     for p in products:
-        ms = timed(run[p], reps)
+        try:
+            ms = timed(run[p], reps)
+        except RuntimeError as e:  # an op this PyTorch lacks for these dtypes: the row is left out
+            if not p.endswith("_epi"):
+                raise
+            print(f"conv_bench: {name} {p} left out: {e}", file=sys.stderr)
+            continue
         tflops = flops / (ms * 1e-3) / 1e12
         rows.append({"conv": name, "product": p, "dtype": dt, "batch": n,
                      "shape": f"{h}x{w}x{cin}->{oh}x{ow}x{cout} {k}x{k} pad {pad}"

@@ -22,7 +22,9 @@ kernel's time per step is the median over the trace's steps; layers of one shape
 share their kernels, whose time is split evenly between them. A row's "kiln_k" is the reduction
 of the product kiln runs for the layer where it is another (ResNet-18's stem over 2x2 blocks);
 its TFLOP/s count the layer's own. Prints microseconds a layer, TFLOP/s, the share of the H200's
-dense peak and the ratio to cuDNN's time. Only the standard library.
+dense peak and the ratio to cuDNN's time; for a product whose kernel in kiln carries more work
+(batch norm's and GELU's, conv_bench.py's "<product>_epi" rows), PyTorch's time for the product
+and that work and the ratio to it as well. Only the standard library.
 
   python3 bench/conv_compare.py DIR/resnet18_graph.json cudnn.jsonl --prefix resnet18.
 """
@@ -160,6 +162,8 @@ def main():
     ap.add_argument("--prefix", default="air.", help="the workload's convolutions (air., cnn.)")
     args = ap.parse_args()
     rows = layers(args.cudnn, args.prefix)
+    epi = {(r["conv"], r["product"][:-4]): r["us"] for r in rows if r["product"].endswith("_epi")}
+    rows = [r for r in rows if not r["product"].endswith("_epi")]
     ks = kernels(args.trace)
     attribute(ks, rows)
     steps = sorted({k["step"] for k in ks if k["step"] >= 0}) or [-1]
@@ -170,8 +174,8 @@ def main():
         sharing[key] = sharing.get(key, 0) + r["layers"]
     print(f"{args.trace}: {len(steps)} steps; cuDNN from {args.cudnn}\n")
     print("| conv | layers | product | kiln us | kiln TFLOP/s | % of peak | kiln kernels | "
-          "cuDNN us | kiln / cuDNN |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+          "cuDNN us | kiln / cuDNN | cuDNN + epilogue us | kiln / that |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in rows:
         want = products(r["dims"])[r["product"]]
         share = sharing[want]
@@ -183,9 +187,11 @@ def main():
         tflops = flops / (us * 1e-6) / 1e12 if mine and us > 0 else float("nan")
         names = sorted({k["name"] for k in mine})
         shown = ", ".join(n if len(n) <= 40 else n[:37] + "..." for n in names) or "none found"
+        with_epi = epi.get((r["conv"], r["product"]))
+        more = f"{with_epi:.1f} | {us / with_epi:.2f}" if with_epi else "- | -"
         print(f"| {r['conv']} | {r['layers']} | {r['product']} | {us:.1f} | {tflops:.1f} | "
               f"{100 * tflops / PEAK[r['dtype']]:.1f} | {shown} | {r['us']:.1f} | "
-              f"{us / r['us']:.2f} |")
+              f"{us / r['us']:.2f} | {more} |")
 
 
 if __name__ == "__main__":
