@@ -106,6 +106,14 @@
 #                     natively, then each under racecheck alone (the TMA ones also without its
 #                     asynchronous-copy tracking), memcheck over all; the host's memory sampled,
 #                     racecheck stopped past 90 GiB (issue 24)
+#   persist           dev/conv_engine's lab (./lab tma) on air's 15x15x64->64, 15x15x64->256 and
+#                     7x7x256->256 forward products: the one-tile-a-block kernels beside the
+#                     persistent ones (a block an SM over the tiles, the producer copying the next
+#                     tile's stages during a tile's stores), which store from the registers or,
+#                     new in the thirty-first session and not yet run, through a room of shared
+#                     memory of their own as the library's kernels do (issue 21: the short
+#                     reductions of air's 15x15 layers, 9 stages a tile, pay a tile's first
+#                     copies and its stores unhidden)
 #   windows           Nsight Compute on ResNet-18's window kernels (its stem pool and the pool's
 #                     gradient, the strided data gradients' col2im) in a replayed step: time, DRAM
 #                     throughput and bytes, achieved occupancy and what limits it, registers, L1 and
@@ -337,6 +345,11 @@ END
   timeout 90 compute-sanitizer --tool memcheck /tmp/probe_race > $out/min_memcheck.txt 2>&1
   echo \"memcheck, every case: exit \$?; \$(grep -E 'ERROR SUMMARY' $out/min_memcheck.txt)\"
   kill \$mon; echo \"most host memory in use: \$(sort -k2 -n $out/min_host_mib.txt | tail -n 1)\""
+step persist 420 "nvcc -O3 -std=c++17 -DLAB_TMA_ONLY -gencode arch=compute_90a,code=sm_90a \
+    -o /tmp/lab_tma dev/conv_engine/lab.cu -lcublas &&
+  for s in '15x15x64->64' '15x15x64->256' '7x7x256->256'; do
+    timeout 120 /tmp/lab_tma tma \$s | grep -E '^\| [0-9x>-]+ \| fwd \| (tma|wgmma)' || echo \"\$s: exit \$?\"
+  done"
 step windows 300 "ncu --graph-profiling node --kernel-name regex:'k_max_pool|k_col2im_add' \
     --launch-count 8 --section SpeedOfLight --section Occupancy --section MemoryWorkloadAnalysis \
     --section WarpStateStats --section LaunchStats --csv --page details \

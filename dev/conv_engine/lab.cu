@@ -406,6 +406,24 @@ __global__ void __launch_bounds__(KILN_TMA_THREADS, 1)
       [&](int m0, int n0, const float(&acc)[BN / 2]) { store_tile<BN>(y, m0, n0, G::M, G::CO, acc); });
 }
 
+/* fprop_tma_p storing each tile as the library's one-tile kernel does (kiln_tma_store_tile:
+ * staged as bf16 in shared memory, then 16-byte rows), in a room of its own behind the stages and
+ * their barriers, so that the producer copies the next tile's stages meanwhile */
+#define LAB_TMA_PS_SMEM(BN, S) (KILN_TMA_SMEM((128 + (BN)) * 128, S) + 128 * KILN_TMA_PITCH(BN))
+template <class G, int BN, int S>
+__global__ void __launch_bounds__(KILN_TMA_THREADS, 1)
+    fprop_tma_ps(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtensorMap tb,
+                 kiln_bf16 *y) {
+  extern __shared__ unsigned char smem[];
+  float d[BN / 2];
+  unsigned char *room = kiln_align1024(smem) + S * (128 + BN) * 128 + 16 * S;
+  kiln_conv_fprop_tma_tiles<G, BN, S>(
+      (const kiln_tmap *)&ta, (const kiln_tmap *)&tb, smem, d,
+      [&](int m0, int n0, const float(&acc)[BN / 2]) {
+        kiln_tma_store_tile<BN>(y, m0, n0, G::M, G::CO, acc, room);
+      });
+}
+
 template <class G, int BN, int S>
 __global__ void __launch_bounds__(KILN_TMA_THREADS, 1)
     dgrad_tma(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtensorMap tw,
@@ -472,16 +490,20 @@ template <class G> static CUtensorMap map_dy_rows(const kiln_bf16 *dy) {
   return tma::tiled_map(dy, 2, dims, box);
 }
 
-template <class G, int BN, int S, int SE> /* SE: 0 4-byte stores, 1 through shared memory, 2 persistent */
+/* SE: 0 4-byte stores, 1 through shared memory, 2 persistent, 3 persistent through shared memory */
+template <class G, int BN, int S, int SE>
 static void launch_fprop_tma(const CUtensorMap &a, const CUtensorMap &b, kiln_bf16 *y) {
-  constexpr int smem = KILN_TMA_SMEM((128 + BN) * 128, S);
+  constexpr int smem = SE == 3 ? LAB_TMA_PS_SMEM(BN, S) : KILN_TMA_SMEM((128 + BN) * 128, S);
   static_assert(SE != 1 || 128 * (BN * 2 + 16) <= S * (128 + BN) * 128, "the tile fits the stages");
   dim3 grid((unsigned)((G::M + 127) / 128), (G::CO + BN - 1) / BN);
-  if (SE == 2) { /* a block an SM looping over the tiles */
+  if (SE >= 2) { /* a block an SM looping over the tiles */
     static int sms;
     if (!sms) CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-    const unsigned tiles = grid.x * grid.y;
-    fprop_tma_p<G, BN, S><<<tiles < (unsigned)sms ? tiles : sms, KILN_TMA_THREADS, smem>>>(a, b, y);
+    const unsigned tiles = grid.x * grid.y, blocks = tiles < (unsigned)sms ? tiles : sms;
+    if (SE == 2)
+      fprop_tma_p<G, BN, S><<<blocks, KILN_TMA_THREADS, smem>>>(a, b, y);
+    else
+      fprop_tma_ps<G, BN, S><<<blocks, KILN_TMA_THREADS, smem>>>(a, b, y);
   } else
     fprop_tma<G, BN, S, SE == 1><<<grid, KILN_TMA_THREADS, smem>>>(a, b, y);
 }
@@ -492,6 +514,12 @@ template <class G, class GC, int BN, int S, int SE = 0> static void run_fprop_tm
   CK(cudaFuncSetAttribute(fprop_tma<GC, BN, S, SE == 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   CK(cudaFuncSetAttribute(fprop_tma_p<G, BN, S>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   CK(cudaFuncSetAttribute(fprop_tma_p<GC, BN, S>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  if constexpr (SE == 3) {
+    constexpr int ps = LAB_TMA_PS_SMEM(BN, S);
+    static_assert(ps <= 232448, "the stages and the room fit an SM's 227 KB");
+    CK(cudaFuncSetAttribute(fprop_tma_ps<G, BN, S>, cudaFuncAttributeMaxDynamicSharedMemorySize, ps));
+    CK(cudaFuncSetAttribute(fprop_tma_ps<GC, BN, S>, cudaFuncAttributeMaxDynamicSharedMemorySize, ps));
+  }
   double err;
   {
     kiln_bf16 *x = random_bf16((size_t)GC::N * GC::H * GC::W * GC::CI, 1.f, 1);
@@ -513,7 +541,10 @@ template <class G, class GC, int BN, int S, int SE = 0> static void run_fprop_tm
   float us = time_us([&] { launch_fprop_tma<G, BN, S, SE>(a, b, y); });
   double tf = 2.0 * G::M * G::CO * G::K / (us * 1e-6) / 1e12;
   printf("| %s | fwd | tma 128x%d, %d stages%s | %.1f | %.1f | %.1e |\n", name, BN, S,
-         SE == 1 ? ", stores through shared memory" : SE == 2 ? ", a block an SM over the tiles" : "",
+         SE == 1   ? ", stores through shared memory"
+         : SE == 2 ? ", a block an SM over the tiles"
+         : SE == 3 ? ", a block an SM over the tiles, stores through a room of its own"
+                   : "",
          us, tf, err);
   cudaFree(x), cudaFree(wk), cudaFree(y);
 }
@@ -723,12 +754,15 @@ template <class G, class GC> static void tma_products(const char *name, bool wid
     run_fprop_tma<G, GC, 256, 4, 1>(name);
     run_fprop_tma<G, GC, 128, 6, 2>(name);
     run_fprop_tma<G, GC, 256, 4, 2>(name);
+    run_fprop_tma<G, GC, 128, 4, 3>(name);
+    run_fprop_tma<G, GC, 256, 3, 3>(name);
   } else {
     run_fprop_wg<G, GC, 64, 4>(name);
     run_fprop_tma<G, GC, 64, 4>(name);
     run_fprop_tma<G, GC, 64, 8>(name);
     run_fprop_tma<G, GC, 64, 8, 1>(name);
     run_fprop_tma<G, GC, 64, 8, 2>(name);
+    run_fprop_tma<G, GC, 64, 8, 3>(name);
     run_fprop_tma<G, GC, 128, 4>(name);
   }
   if constexpr (G::SH == 1) {
