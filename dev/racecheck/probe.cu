@@ -63,33 +63,58 @@ __global__ void k_control(const float *x, int n, float *out) {
 constexpr int CAST_ROWS = 9;
 
 /* Tensor t of a launch: n f32 values cast to bf16; with block > 0, filters of block = C KK values
- * stored (O, C, KK) and written (O, KK, C), one filter at a time through shared memory. */
-struct cast_rows {
+ * stored (O, C, KK) and written (O, KK, C), one filter at a time through shared memory. air's nine
+ * casts of one launch (k_cast_x9_tiles): the input images, its filters, the classifier's weights */
+struct cast_row {
+  long long n;
+  int block, kk;
+};
+constexpr cast_row CAST[CAST_ROWS] = {
+    {1024ll * 32 * 32 * 3, 0, 0}, {24 * 12, 12, 4},      {64 * 216, 216, 9},
+    {64 * 576, 576, 9},           {256 * 576, 576, 9},   {256 * 2304, 2304, 9},
+    {256 * 2304, 2304, 9},        {256 * 2304, 2304, 9}, {256 * 10, 0, 0}};
+
+struct cast_ptrs {
   const float *x[CAST_ROWS];
   kiln_bf16 *y[CAST_ROWS];
-  long long n[CAST_ROWS];
-  int block[CAST_ROWS], kk[CAST_ROWS];
 };
 
-__global__ void __launch_bounds__(256) k_casts(const cast_rows a) {
+/* Tensor T's case, its sizes constants, as the generated kernel's are (each case its own loop
+ * and barriers, inlined) */
+template <int T> __device__ __forceinline__ void cast_case(const cast_ptrs &a) {
   extern __shared__ float blk[];
-  const int t = blockIdx.y;
-  const float *x = a.x[t];
-  kiln_bf16 *y = a.y[t];
-  if (a.block[t] == 0) {
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < a.n[t];
+  constexpr cast_row r = CAST[T];
+  const float *x = a.x[T];
+  kiln_bf16 *y = a.y[T];
+  if constexpr (r.block == 0) {
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < r.n;
          i += (long long)gridDim.x * blockDim.x)
       y[i] = (kiln_bf16)x[i];
-    return;
+  } else {
+    constexpr int B = r.block, KK = r.kk, C = B / KK;
+    for (long long o = blockIdx.x; o < r.n / B; o += gridDim.x) {
+      __syncthreads(); /* the last filter's values read */
+      for (int j = threadIdx.x; j < B; j += blockDim.x)
+        blk[j] = x[o * B + j];
+      __syncthreads();
+      for (int i = threadIdx.x; i < B; i += blockDim.x)
+        y[o * B + i] = (kiln_bf16)blk[i % C * KK + i / C];
+    }
   }
-  const int B = a.block[t], KK = a.kk[t], C = B / KK;
-  for (long long o = blockIdx.x; o < a.n[t] / B; o += gridDim.x) {
-    __syncthreads(); /* the last filter's values read */
-    for (int j = threadIdx.x; j < B; j += blockDim.x)
-      blk[j] = x[o * B + j];
-    __syncthreads();
-    for (int i = threadIdx.x; i < B; i += blockDim.x)
-      y[o * B + i] = (kiln_bf16)blk[i % C * KK + i / C];
+}
+
+/* blockIdx.y picks the tensor, as in kiln's multi-tensor casts */
+__global__ void __launch_bounds__(256) k_casts(const cast_ptrs a) {
+  switch (blockIdx.y) {
+  case 0: cast_case<0>(a); break;
+  case 1: cast_case<1>(a); break;
+  case 2: cast_case<2>(a); break;
+  case 3: cast_case<3>(a); break;
+  case 4: cast_case<4>(a); break;
+  case 5: cast_case<5>(a); break;
+  case 6: cast_case<6>(a); break;
+  case 7: cast_case<7>(a); break;
+  case 8: cast_case<8>(a); break;
   }
 }
 
@@ -299,23 +324,16 @@ static bool run_control() {
   return report("control", std::fabs(got - want) / mag, 1e-5);
 }
 
-/* air's nine casts of one launch (k_cast_x9_tiles): the input images, then its filters */
+/* the nine casts of CAST in one launch, each tensor's values checked */
 static bool run_casts(bool small) {
-  struct {
-    long long n;
-    int block, kk;
-  } rows[CAST_ROWS] = {{1024ll * 32 * 32 * 3, 0, 0}, {24 * 12, 12, 4},      {64 * 216, 216, 9},
-                       {64 * 576, 576, 9},           {256 * 576, 576, 9},   {256 * 2304, 2304, 9},
-                       {256 * 2304, 2304, 9},        {256 * 2304, 2304, 9}, {256 * 10, 0, 0}};
-  cast_rows a;
+  cast_ptrs a;
   std::vector<std::vector<float>> h(CAST_ROWS);
   int most = 0;
   for (int t = 0; t < CAST_ROWS; t++) {
-    h[t] = h_random((size_t)rows[t].n, 100 + t);
+    h[t] = h_random((size_t)CAST[t].n, 100 + t);
     a.x[t] = upload(h[t]);
-    CK(cudaMalloc(&a.y[t], rows[t].n * 2));
-    a.n[t] = rows[t].n, a.block[t] = rows[t].block, a.kk[t] = rows[t].kk;
-    most = std::max(most, rows[t].block);
+    CK(cudaMalloc(&a.y[t], CAST[t].n * 2));
+    most = std::max(most, CAST[t].block);
   }
   int sms;
   CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
@@ -324,10 +342,10 @@ static bool run_casts(bool small) {
   CK(cudaGetLastError());
   long long wrong = 0;
   for (int t = 0; t < CAST_ROWS; t++) {
-    std::vector<unsigned short> got = download((const unsigned short *)a.y[t], (size_t)rows[t].n),
+    std::vector<unsigned short> got = download((const unsigned short *)a.y[t], (size_t)CAST[t].n),
                                 want = bf16_bits(h[t]);
-    const int B = rows[t].block, KK = rows[t].kk;
-    for (long long i = 0; i < rows[t].n; i++) {
+    const int B = CAST[t].block, KK = CAST[t].kk;
+    for (long long i = 0; i < CAST[t].n; i++) {
       long long from = i;
       if (B) from = i / B * B + (i % B) % (B / KK) * KK + (i % B) / (B / KK);
       wrong += got[i] != want[from];
