@@ -394,33 +394,26 @@ __global__ void __launch_bounds__(KILN_TMA_THREADS, 1)
     store_tile<BN>(y, m0, n0, G::M, G::CO, d);
 }
 
-/* fprop_tma with a block looping over tiles (kiln_conv_fprop_tma_tiles), one block an SM */
-template <class G, int BN, int S>
+/* fprop_tma with a block looping over tiles (kiln_conv_fprop_tma_tiles), one block an SM, each
+ * tile stored from the registers or (STAGED) as the library's one-tile kernel stores it
+ * (kiln_tma_store_tile: staged as bf16 in shared memory, then 16-byte rows) through a room of its
+ * own behind the stages and their barriers, so that the producer copies the next tile's stages
+ * meanwhile (LAB_TMA_PS_SMEM) */
+#define LAB_TMA_PS_SMEM(BN, S) (KILN_TMA_SMEM((128 + (BN)) * 128, S) + 128 * KILN_TMA_PITCH(BN))
+template <class G, int BN, int S, bool STAGED>
 __global__ void __launch_bounds__(KILN_TMA_THREADS, 1)
     fprop_tma_p(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtensorMap tb,
                 kiln_bf16 *y) {
   extern __shared__ unsigned char smem[];
   float d[BN / 2];
-  kiln_conv_fprop_tma_tiles<G, BN, S>(
-      (const kiln_tmap *)&ta, (const kiln_tmap *)&tb, smem, d,
-      [&](int m0, int n0, const float(&acc)[BN / 2]) { store_tile<BN>(y, m0, n0, G::M, G::CO, acc); });
-}
-
-/* fprop_tma_p storing each tile as the library's one-tile kernel does (kiln_tma_store_tile:
- * staged as bf16 in shared memory, then 16-byte rows), in a room of its own behind the stages and
- * their barriers, so that the producer copies the next tile's stages meanwhile */
-#define LAB_TMA_PS_SMEM(BN, S) (KILN_TMA_SMEM((128 + (BN)) * 128, S) + 128 * KILN_TMA_PITCH(BN))
-template <class G, int BN, int S>
-__global__ void __launch_bounds__(KILN_TMA_THREADS, 1)
-    fprop_tma_ps(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtensorMap tb,
-                 kiln_bf16 *y) {
-  extern __shared__ unsigned char smem[];
-  float d[BN / 2];
-  unsigned char *room = kiln_align1024(smem) + S * (128 + BN) * 128 + 16 * S;
+  unsigned char *room = kiln_align1024(smem) + S * (128 + BN) * 128 + 16 * S; /* STAGED's */
   kiln_conv_fprop_tma_tiles<G, BN, S>(
       (const kiln_tmap *)&ta, (const kiln_tmap *)&tb, smem, d,
       [&](int m0, int n0, const float(&acc)[BN / 2]) {
-        kiln_tma_store_tile<BN>(y, m0, n0, G::M, G::CO, acc, room);
+        if constexpr (STAGED)
+          kiln_tma_store_tile<BN>(y, m0, n0, G::M, G::CO, acc, room);
+        else
+          store_tile<BN>(y, m0, n0, G::M, G::CO, acc);
       });
 }
 
@@ -500,10 +493,7 @@ static void launch_fprop_tma(const CUtensorMap &a, const CUtensorMap &b, kiln_bf
     static int sms;
     if (!sms) CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
     const unsigned tiles = grid.x * grid.y, blocks = tiles < (unsigned)sms ? tiles : sms;
-    if (SE == 2)
-      fprop_tma_p<G, BN, S><<<blocks, KILN_TMA_THREADS, smem>>>(a, b, y);
-    else
-      fprop_tma_ps<G, BN, S><<<blocks, KILN_TMA_THREADS, smem>>>(a, b, y);
+    fprop_tma_p<G, BN, S, SE == 3><<<blocks, KILN_TMA_THREADS, smem>>>(a, b, y);
   } else
     fprop_tma<G, BN, S, SE == 1><<<grid, KILN_TMA_THREADS, smem>>>(a, b, y);
 }
@@ -512,28 +502,17 @@ template <class G, class GC, int BN, int S, int SE = 0> static void run_fprop_tm
   constexpr int smem = KILN_TMA_SMEM((128 + BN) * 128, S);
   CK(cudaFuncSetAttribute(fprop_tma<G, BN, S, SE == 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   CK(cudaFuncSetAttribute(fprop_tma<GC, BN, S, SE == 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-  CK(cudaFuncSetAttribute(fprop_tma_p<G, BN, S>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-  CK(cudaFuncSetAttribute(fprop_tma_p<GC, BN, S>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-  if constexpr (SE == 3) {
-    constexpr int ps = LAB_TMA_PS_SMEM(BN, S);
-    static_assert(ps <= 232448, "the stages and the room fit an SM's 227 KB");
-    CK(cudaFuncSetAttribute(fprop_tma_ps<G, BN, S>, cudaFuncAttributeMaxDynamicSharedMemorySize, ps));
-    CK(cudaFuncSetAttribute(fprop_tma_ps<GC, BN, S>, cudaFuncAttributeMaxDynamicSharedMemorySize, ps));
+  if constexpr (SE >= 2) {
+    constexpr int ps = SE == 3 ? LAB_TMA_PS_SMEM(BN, S) : smem;
+    static_assert(ps <= 232448, "the stages (and the room) fit an SM's 227 KB");
+    CK(cudaFuncSetAttribute(fprop_tma_p<G, BN, S, SE == 3>,
+                            cudaFuncAttributeMaxDynamicSharedMemorySize, ps));
+    CK(cudaFuncSetAttribute(fprop_tma_p<GC, BN, S, SE == 3>,
+                            cudaFuncAttributeMaxDynamicSharedMemorySize, ps));
   }
-  double err;
-  {
-    kiln_bf16 *x = random_bf16((size_t)GC::N * GC::H * GC::W * GC::CI, 1.f, 1);
-    kiln_bf16 *wk = random_bf16((size_t)GC::CO * GC::K, 0.2f, 2), *y;
-    float *ref;
-    CK(cudaMalloc(&y, GC::M * GC::CO * 2));
-    CK(cudaMalloc(&ref, GC::M * GC::CO * 4));
-    CK(cudaMemset(y, 0xff, GC::M * GC::CO * 2)); /* NaN: a value never written shows */
+  const double err = fprop_error<GC>(1, [](const kiln_bf16 *x, const kiln_bf16 *wk, kiln_bf16 *y) {
     launch_fprop_tma<GC, BN, S, SE>(map_image<GC>(x, 128), map_filters<GC>(wk, BN), y);
-    ref_fprop<GC><<<(unsigned)((GC::M * GC::CO + 255) / 256), 256>>>(x, wk, ref);
-    CK(cudaDeviceSynchronize());
-    err = rel_err(y, ref, (size_t)GC::M * GC::CO);
-    cudaFree(x), cudaFree(wk), cudaFree(y), cudaFree(ref);
-  }
+  });
   kiln_bf16 *x = random_bf16((size_t)G::N * G::H * G::W * G::CI, 1.f, 3);
   kiln_bf16 *wk = random_bf16((size_t)G::CO * G::K, 0.2f, 4), *y;
   CK(cudaMalloc(&y, G::M * G::CO * 2));

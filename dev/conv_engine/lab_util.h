@@ -143,6 +143,25 @@ static double rel_err(const kiln_bf16 *a, const float *ref, size_t n) {
   return mr > 0 ? md / mr : md;
 }
 
+/* Shape G's forward product checked: random operands (seeds seed and seed + 1), the output set
+ * to NaN first (a value never written shows), run(x, wk, y), then its error against the float64
+ * reference (rel_err). */
+template <class G, class R> static double fprop_error(unsigned seed, R run) {
+  kiln_bf16 *x = random_bf16((size_t)G::N * G::H * G::W * G::CI, 1.f, seed);
+  kiln_bf16 *wk = random_bf16((size_t)G::CO * G::K, 0.2f, seed + 1), *y;
+  float *ref;
+  CK(cudaMalloc(&y, G::M * G::CO * 2));
+  CK(cudaMalloc(&ref, G::M * G::CO * 4));
+  CK(cudaMemset(y, 0xff, G::M * G::CO * 2));
+  run(x, wk, y);
+  CK(cudaGetLastError());
+  ref_fprop<G><<<(unsigned)((G::M * G::CO + 255) / 256), 256>>>(x, wk, ref);
+  CK(cudaDeviceSynchronize());
+  const double err = rel_err(y, ref, (size_t)G::M * G::CO);
+  cudaFree(x), cudaFree(wk), cudaFree(y), cudaFree(ref);
+  return err;
+}
+
 template <class F> static float time_us(F launch) {
   cudaEvent_t e0, e1;
   CK(cudaEventCreate(&e0));
