@@ -1,7 +1,8 @@
 // persist.cuh: a lab experiment, not yet in the library: the TMA-fed forward product with a block
 // looping over tiles (one block an SM), so that the producer copies the next tile's stages while
 // the multipliers store one. Run (H100, 2026-12-05, dev/README.md): no faster than a block a tile,
-// its tiles stored from the registers; lab.cu's fprop_tma_ps stores them through shared memory.
+// its tiles stored from the registers; lab.cu's fprop_tma_p<..., true> stores them through shared
+// memory.
 #pragma once
 
 #include "../../fusion/device/conv_tma.cuh"
