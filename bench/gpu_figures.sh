@@ -97,7 +97,8 @@
 #                     kernel instrumented (--kernel-name regex=^zzz), under memcheck, under
 #                     racecheck without its cp.async tracking, under synccheck; gpu_ops/neg as a
 #                     control; air (graph mode, batch 8) with only the tiled casts checked and with
-#                     none, the host's memory sampled (racecheck stopped past 90 GiB) (issue 24)
+#                     none, the host's memory sampled (past 90 GiB the process holding the most,
+#                     the tool's target, is killed) (issue 24)
 #   racecheck_min     dev/racecheck/probe.cu: each of the patterns the tool failed on, alone in the
 #                     smallest kernel that has it (the tiled casts at air's grid and at 8 x 9
 #                     blocks, mbarrier stages filled by plain stores, by TMA with the map a
@@ -105,7 +106,7 @@
 #                     product with either kind of map, conv.cuh's cp.async one), each checked
 #                     natively, then each under racecheck alone (the TMA ones also without its
 #                     asynchronous-copy tracking), memcheck over all; the host's memory sampled,
-#                     racecheck stopped past 90 GiB (issue 24)
+#                     as racecheck_probe's (issue 24)
 #   persist           dev/conv_engine's lab (./lab tma) on air's 15x15x64->64, 15x15x64->256 and
 #                     7x7x256->256 forward products: the one-tile-a-block kernels beside the
 #                     persistent ones (a block an SM over the tiles, the producer copying the next
@@ -298,7 +299,8 @@ step racecheck 300 "(while sleep 5; do free -m | awk '/Mem/{print \$3}'; done > 
   done
   kill \$mon; echo \"most host memory in use: \$(sort -n $out/host_mib.txt | tail -n 1) MiB\""
 step racecheck_probe 400 "(while sleep 2; do u=\$(free -m | awk '/Mem/{print \$3}'); echo \"\$SECONDS \$u\"
-    [ \$u -gt 92000 ] && pkill -f 'tool racecheck' && echo killed; done > $out/probe_host_mib.txt) & mon=\$!
+    [ \$u -gt 92000 ] && big=\$(ps -eo pid=,rss= --sort=-rss | awk 'NR == 1 {print \$1}') &&
+      echo \"killed \$(ps -o args= -p \$big | cut -c1-100)\" && kill -9 \$big; done > $out/probe_host_mib.txt) & mon=\$!
   b=\$(cd $build && pwd); t=\$b/tests; c='--filter gpu_ops/conv2d_filter_casts*'
   p='--filter gpu_ops/conv2d_products_fed_by_the_tensor_memory_accelerator'
   R='compute-sanitizer --tool racecheck --print-limit 10'
@@ -320,7 +322,8 @@ air_cast_tiles \$R --kernel-name regex=_tiles_ \$a
 END
   kill \$mon; echo \"most host memory in use: \$(sort -k2 -n $out/probe_host_mib.txt | tail -n 1)\""
 step racecheck_min 420 "(while sleep 2; do u=\$(free -m | awk '/Mem/{print \$3}'); echo \"\$SECONDS \$u\"
-    [ \$u -gt 92000 ] && pkill -f 'tool racecheck' && echo killed; done > $out/min_host_mib.txt) & mon=\$!
+    [ \$u -gt 92000 ] && big=\$(ps -eo pid=,rss= --sort=-rss | awk 'NR == 1 {print \$1}') &&
+      echo \"killed \$(ps -o args= -p \$big | cut -c1-100)\" && kill -9 \$big; done > $out/min_host_mib.txt) & mon=\$!
   nvcc -O2 -std=c++17 -gencode arch=compute_90a,code=sm_90a -o /tmp/probe_race dev/racecheck/probe.cu &&
     /tmp/probe_race || echo 'the probe failed natively: what follows says nothing of the tool'
   R='compute-sanitizer --tool racecheck --print-limit 10'
