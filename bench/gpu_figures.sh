@@ -110,11 +110,12 @@
 #   persist           dev/conv_engine's lab (./lab tma) on air's 15x15x64->64, 15x15x64->256 and
 #                     7x7x256->256 forward products: the one-tile-a-block kernels beside the
 #                     persistent ones (a block an SM over the tiles, the producer copying the next
-#                     tile's stages during a tile's stores), which store from the registers or,
-#                     new in the thirty-first session and not yet run, through a room of shared
-#                     memory of their own as the library's kernels do (issue 21: the short
-#                     reductions of air's 15x15 layers, 9 stages a tile, pay a tile's first
-#                     copies and its stores unhidden)
+#                     tile's stages during a tile's stores), which store from the registers or
+#                     through a room of shared memory of their own as the library's kernels do,
+#                     and on 15x15x64->64 one with all of its filters resident in shared memory,
+#                     streaming only the image (resident.cuh; both new in the thirty-first
+#                     session, not yet run) (issue 21: the short reductions of air's 15x15
+#                     layers, 9 stages a tile, pay a tile's first copies and its stores unhidden)
 #   windows           Nsight Compute on ResNet-18's window kernels (its stem pool and the pool's
 #                     gradient, the strided data gradients' col2im) in a replayed step: time, DRAM
 #                     throughput and bytes, achieved occupancy and what limits it, registers, L1 and

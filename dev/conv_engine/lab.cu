@@ -17,6 +17,9 @@
 //                    cuBLAS on im2col's columns (col2im after it for the data gradient) and the
 //                    library's wgmma kernels, every product checked first (batch 8 and 2);
 //                    NAME: only the shapes whose name holds it. -DLAB_TMA_ONLY builds this alone.
+//                    Among the forward products: one-tile blocks, persistent blocks (persist.cuh)
+//                    storing from the registers or through a room of shared memory, and for 64
+//                    output channels persistent blocks with the filters resident (resident.cuh).
 //
 // Prints one line per shape, product and config: us (median of 15 timings of 10 launches each),
 // TFLOP/s (2 M N K), and the largest error against the reference relative to the largest |ref|.
@@ -28,7 +31,8 @@
 #include "../../fusion/device/conv.cuh" /* the library's wgmma products */
 #include "conv.cuh"                     /* the mma.sync experiments (namespace lab) */
 #include "tma.cuh"                      /* the TMA-fed products' maps (namespace tma) */
-#include "persist.cuh"                  /* the persistent forward product (not yet run) */
+#include "persist.cuh"                  /* the persistent forward product */
+#include "resident.cuh"                 /* ... with the filters resident (not yet run) */
 #include "cluster.cuh"                  /* the weight gradient by pairs of blocks (not yet run) */
 
 template <class G, class T>
@@ -483,17 +487,26 @@ template <class G> static CUtensorMap map_dy_rows(const kiln_bf16 *dy) {
   return tma::tiled_map(dy, 2, dims, box);
 }
 
-/* SE: 0 4-byte stores, 1 through shared memory, 2 persistent, 3 persistent through shared memory */
+/* SE: 0 4-byte stores, 1 through shared memory, 2 persistent, 3 persistent through shared memory,
+ * 4 persistent with the filters resident (64 channels: resident.cuh) */
+template <class G, int BN, int S, int SE> constexpr int lab_fprop_smem() {
+  return SE == 4 ? LAB_TMA_RB_SMEM(G, S)
+         : SE == 3 ? LAB_TMA_PS_SMEM(BN, S)
+                   : KILN_TMA_SMEM((128 + BN) * 128, S);
+}
 template <class G, int BN, int S, int SE>
 static void launch_fprop_tma(const CUtensorMap &a, const CUtensorMap &b, kiln_bf16 *y) {
-  constexpr int smem = SE == 3 ? LAB_TMA_PS_SMEM(BN, S) : KILN_TMA_SMEM((128 + BN) * 128, S);
+  constexpr int smem = lab_fprop_smem<G, BN, S, SE>();
   static_assert(SE != 1 || 128 * (BN * 2 + 16) <= S * (128 + BN) * 128, "the tile fits the stages");
   dim3 grid((unsigned)((G::M + 127) / 128), (G::CO + BN - 1) / BN);
   if (SE >= 2) { /* a block an SM looping over the tiles */
     static int sms;
     if (!sms) CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
     const unsigned tiles = grid.x * grid.y, blocks = tiles < (unsigned)sms ? tiles : sms;
-    fprop_tma_p<G, BN, S, SE == 3><<<blocks, KILN_TMA_THREADS, smem>>>(a, b, y);
+    if constexpr (SE == 4)
+      fprop_tma_rb<G, S><<<blocks, KILN_TMA_THREADS, smem>>>(a, b, y);
+    else
+      fprop_tma_p<G, BN, S, SE == 3><<<blocks, KILN_TMA_THREADS, smem>>>(a, b, y);
   } else
     fprop_tma<G, BN, S, SE == 1><<<grid, KILN_TMA_THREADS, smem>>>(a, b, y);
 }
@@ -502,8 +515,14 @@ template <class G, class GC, int BN, int S, int SE = 0> static void run_fprop_tm
   constexpr int smem = KILN_TMA_SMEM((128 + BN) * 128, S);
   CK(cudaFuncSetAttribute(fprop_tma<G, BN, S, SE == 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   CK(cudaFuncSetAttribute(fprop_tma<GC, BN, S, SE == 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-  if constexpr (SE >= 2) {
-    constexpr int ps = SE == 3 ? LAB_TMA_PS_SMEM(BN, S) : smem;
+  if constexpr (SE == 4) {
+    static_assert(BN == 64 && lab_fprop_smem<G, BN, S, SE>() <= 232448, "fprop_tma_rb's room");
+    CK(cudaFuncSetAttribute(fprop_tma_rb<G, S>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                            lab_fprop_smem<G, BN, S, SE>()));
+    CK(cudaFuncSetAttribute(fprop_tma_rb<GC, S>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                            lab_fprop_smem<GC, BN, S, SE>()));
+  } else if constexpr (SE >= 2) {
+    constexpr int ps = lab_fprop_smem<G, BN, S, SE>();
     static_assert(ps <= 232448, "the stages (and the room) fit an SM's 227 KB");
     CK(cudaFuncSetAttribute(fprop_tma_p<G, BN, S, SE == 3>,
                             cudaFuncAttributeMaxDynamicSharedMemorySize, ps));
@@ -523,6 +542,7 @@ template <class G, class GC, int BN, int S, int SE = 0> static void run_fprop_tm
          SE == 1   ? ", stores through shared memory"
          : SE == 2 ? ", a block an SM over the tiles"
          : SE == 3 ? ", a block an SM over the tiles, stores through a room of its own"
+         : SE == 4 ? ", a block an SM over the tiles, the filters resident, stores through a room"
                    : "",
          us, tf, err);
   cudaFree(x), cudaFree(wk), cudaFree(y);
@@ -742,6 +762,10 @@ template <class G, class GC> static void tma_products(const char *name, bool wid
     run_fprop_tma<G, GC, 64, 8, 1>(name);
     run_fprop_tma<G, GC, 64, 8, 2>(name);
     run_fprop_tma<G, GC, 64, 8, 3>(name);
+    if constexpr (G::CO == 64) {
+      run_fprop_tma<G, GC, 64, 6, 4>(name);
+      run_fprop_tma<G, GC, 64, 8, 4>(name);
+    }
     run_fprop_tma<G, GC, 128, 4>(name);
   }
   if constexpr (G::SH == 1) {
