@@ -154,6 +154,14 @@ step() {
   summary+=("$(printf '%-16s rc=%-3s %4ss  %s' "$name" "$rc" "$((SECONDS - t0))" \
     "$(tail -n 1 "$out/$name.txt" | cut -c1-110)")")
 }
+# The code a step starts with to sample the host's memory every 2 s into $out/FILE, in the
+# background (mon: its pid); past 90 GiB it kills the process holding the most, a sanitizer's
+# target, and says which (a pattern for pkill would match the step's own command line too).
+watch_host() {
+  echo "(while sleep 2; do u=\$(free -m | awk '/Mem/{print \$3}'); echo \"\$SECONDS \$u\"
+    [ \$u -gt 92000 ] && big=\$(ps -eo pid=,rss= --sort=-rss | awk 'NR == 1 {print \$1}') &&
+      echo \"killed \$(ps -o args= -p \$big | cut -c1-100)\" && kill -9 \$big; done > $out/$1) & mon=\$!"
+}
 step custom_kernel 120 "$build/custom_kernel"
 step conv 300 "python3 bench/conv_bench.py --json > $out/cudnn.jsonl && mkdir -p $out/trace &&
   $build/profile_step --workload air --mode graph --trace $out/trace > /dev/null &&
@@ -299,9 +307,7 @@ step racecheck 300 "(while sleep 5; do free -m | awk '/Mem/{print \$3}'; done > 
     grep -E 'RACECHECK SUMMARY|Error|^=+ +(Error|Warning)' \$f | sort | uniq -c | head -n 8
   done
   kill \$mon; echo \"most host memory in use: \$(sort -n $out/host_mib.txt | tail -n 1) MiB\""
-step racecheck_probe 400 "(while sleep 2; do u=\$(free -m | awk '/Mem/{print \$3}'); echo \"\$SECONDS \$u\"
-    [ \$u -gt 92000 ] && big=\$(ps -eo pid=,rss= --sort=-rss | awk 'NR == 1 {print \$1}') &&
-      echo \"killed \$(ps -o args= -p \$big | cut -c1-100)\" && kill -9 \$big; done > $out/probe_host_mib.txt) & mon=\$!
+step racecheck_probe 400 "$(watch_host probe_host_mib.txt)
   b=\$(cd $build && pwd); t=\$b/tests; c='--filter gpu_ops/conv2d_filter_casts*'
   p='--filter gpu_ops/conv2d_products_fed_by_the_tensor_memory_accelerator'
   R='compute-sanitizer --tool racecheck --print-limit 10'
@@ -322,9 +328,7 @@ air_none \$R --kernel-name regex=^zzz \$a
 air_cast_tiles \$R --kernel-name regex=_tiles_ \$a
 END
   kill \$mon; echo \"most host memory in use: \$(sort -k2 -n $out/probe_host_mib.txt | tail -n 1)\""
-step racecheck_min 420 "(while sleep 2; do u=\$(free -m | awk '/Mem/{print \$3}'); echo \"\$SECONDS \$u\"
-    [ \$u -gt 92000 ] && big=\$(ps -eo pid=,rss= --sort=-rss | awk 'NR == 1 {print \$1}') &&
-      echo \"killed \$(ps -o args= -p \$big | cut -c1-100)\" && kill -9 \$big; done > $out/min_host_mib.txt) & mon=\$!
+step racecheck_min 420 "$(watch_host min_host_mib.txt)
   nvcc -O2 -std=c++17 -gencode arch=compute_90a,code=sm_90a -o /tmp/probe_race dev/racecheck/probe.cu &&
     /tmp/probe_race || echo 'the probe failed natively: what follows says nothing of the tool'
   R='compute-sanitizer --tool racecheck --print-limit 10'

@@ -398,29 +398,6 @@ __global__ void __launch_bounds__(KILN_TMA_THREADS, 1)
     store_tile<BN>(y, m0, n0, G::M, G::CO, d);
 }
 
-/* fprop_tma with a block looping over tiles (kiln_conv_fprop_tma_tiles), one block an SM, each
- * tile stored from the registers or (STAGED) as the library's one-tile kernel stores it
- * (kiln_tma_store_tile: staged as bf16 in shared memory, then 16-byte rows) through a room of its
- * own behind the stages and their barriers, so that the producer copies the next tile's stages
- * meanwhile (LAB_TMA_PS_SMEM) */
-#define LAB_TMA_PS_SMEM(BN, S) (KILN_TMA_SMEM((128 + (BN)) * 128, S) + 128 * KILN_TMA_PITCH(BN))
-template <class G, int BN, int S, bool STAGED>
-__global__ void __launch_bounds__(KILN_TMA_THREADS, 1)
-    fprop_tma_p(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtensorMap tb,
-                kiln_bf16 *y) {
-  extern __shared__ unsigned char smem[];
-  float d[BN / 2];
-  unsigned char *room = kiln_align1024(smem) + S * (128 + BN) * 128 + 16 * S; /* STAGED's */
-  kiln_conv_fprop_tma_tiles<G, BN, S>(
-      (const kiln_tmap *)&ta, (const kiln_tmap *)&tb, smem, d,
-      [&](int m0, int n0, const float(&acc)[BN / 2]) {
-        if constexpr (STAGED)
-          kiln_tma_store_tile<BN>(y, m0, n0, G::M, G::CO, acc, room);
-        else
-          store_tile<BN>(y, m0, n0, G::M, G::CO, acc);
-      });
-}
-
 template <class G, int BN, int S>
 __global__ void __launch_bounds__(KILN_TMA_THREADS, 1)
     dgrad_tma(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtensorMap tw,

@@ -1,11 +1,12 @@
 // persist.cuh: a lab experiment, not yet in the library: the TMA-fed forward product with a block
 // looping over tiles (one block an SM), so that the producer copies the next tile's stages while
 // the multipliers store one. Run (H100, 2026-12-05, dev/README.md): no faster than a block a tile,
-// its tiles stored from the registers; lab.cu's fprop_tma_p<..., true> stores them through shared
+// its tiles stored from the registers; fprop_tma_p<..., true> (below) stores them through shared
 // memory.
 #pragma once
 
 #include "../../fusion/device/conv_tma.cuh"
+#include "lab_util.h" /* store_rows */
 
 /* kiln_tma_run over several tiles a block (persistent): block b takes tiles b, b + gridDim.x, ...
  * of `tiles`, each KT stages deep. The producer runs on into the next tile's stages while the
@@ -79,3 +80,25 @@ KILN__FN void kiln_conv_fprop_tma_tiles(const kiln_tmap *ta, const kiln_tmap *tb
       [&](int tile, float(&acc)[BN / 2]) { epi(tile / NT * 128, tile % NT * BN, acc); });
 }
 
+/* fprop_tma with a block looping over tiles (kiln_conv_fprop_tma_tiles), one block an SM, each
+ * tile stored from the registers or (STAGED) as the library's one-tile kernel stores it
+ * (kiln_tma_store_tile: staged as bf16 in shared memory, then 16-byte rows) through a room of its
+ * own behind the stages and their barriers, so that the producer copies the next tile's stages
+ * meanwhile (LAB_TMA_PS_SMEM) */
+#define LAB_TMA_PS_SMEM(BN, S) (KILN_TMA_SMEM((128 + (BN)) * 128, S) + 128 * KILN_TMA_PITCH(BN))
+template <class G, int BN, int S, bool STAGED>
+__global__ void __launch_bounds__(KILN_TMA_THREADS, 1)
+    fprop_tma_p(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtensorMap tb,
+                kiln_bf16 *y) {
+  extern __shared__ unsigned char smem[];
+  float d[BN / 2];
+  unsigned char *room = kiln_align1024(smem) + S * (128 + BN) * 128 + 16 * S; /* STAGED's */
+  kiln_conv_fprop_tma_tiles<G, BN, S>(
+      (const kiln_tmap *)&ta, (const kiln_tmap *)&tb, smem, d,
+      [&](int m0, int n0, const float(&acc)[BN / 2]) {
+        if constexpr (STAGED)
+          kiln_tma_store_tile<BN>(y, m0, n0, G::M, G::CO, acc, room);
+        else
+          store_rows<BN>(y, m0 + kiln_conv_row0<false>(), n0, G::M, G::CO, acc);
+      });
+}
